@@ -1,0 +1,87 @@
+// Google Benchmark binaries for the local MLA kernel and the merge. The performance issue
+// adds machine ceilings (sgemm, STREAM-like read) measured in the same run; these report the
+// raw rates (FLOP/s, KV bytes/s) so they can be put beside those ceilings.
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "dcp/attention.h"
+#include "dcp/merge.h"
+
+namespace {
+
+// Decode: B requests, one query token each, S rows of KV on this rank.
+void BM_LocalAttentionDecode(benchmark::State& state) {
+  const int heads = static_cast<int>(state.range(0));
+  const std::int64_t rows = state.range(1);
+  const auto dtype = state.range(2) == 0 ? dcp::KvDtype::fp32 : dcp::KvDtype::bf16;
+  const int batch = 1, dc = 512, width = 576, page = 64;
+  std::mt19937 gen(7);
+  std::normal_distribution<float> normal;
+  const std::int64_t pages = (rows + page - 1) / page;
+  std::vector<float> kv32(dtype == dcp::KvDtype::fp32 ? pages * page * width : 0);
+  std::vector<dcp::bf16_t> kv16(dtype == dcp::KvDtype::bf16 ? pages * page * width : 0);
+  for (float& v : kv32) v = normal(gen);
+  for (auto& v : kv16) v = dcp::float_to_bf16(normal(gen));
+  std::vector<float> q(static_cast<std::size_t>(heads) * width);
+  for (float& v : q) v = normal(gen);
+  std::vector<std::int32_t> table(static_cast<std::size_t>(pages));
+  std::iota(table.begin(), table.end(), 0);
+  std::vector<std::int32_t> q_start = {0, 1};
+  std::vector<std::int64_t> q_pos = {rows - 1}, local_len = {rows};
+  std::vector<float> out(static_cast<std::size_t>(heads) * dc), lse(heads);
+  dcp::MlaAttentionParams p;
+  p.num_heads = heads;
+  p.softmax_scale = 0.07f;
+  p.num_requests = batch;
+  p.q_start = q_start.data();
+  p.q = q.data();
+  p.q_pos = q_pos.data();
+  p.kv = dtype == dcp::KvDtype::fp32 ? static_cast<const void*>(kv32.data()) : kv16.data();
+  p.kv_dtype = dtype;
+  p.num_pages = pages;
+  p.page_size = page;
+  p.page_table = table.data();
+  p.page_table_stride = static_cast<int>(pages);
+  p.local_len = local_len.data();
+  p.out = out.data();
+  p.lse = lse.data();
+  for (auto _ : state) {
+    dcp::mla_attention(p);
+    benchmark::DoNotOptimize(out.data());
+  }
+  const double flops = 2.0 * (width + dc) * heads * rows;
+  state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["KV_B/s"] = benchmark::Counter(static_cast<double>(rows) * width * (dtype == dcp::KvDtype::fp32 ? 4 : 2),
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_LocalAttentionDecode)
+    ->ArgNames({"heads", "rows", "bf16"})
+    ->ArgsProduct({{1, 16, 128}, {4096}, {0, 1}})
+    ->Unit(benchmark::kMillisecond);
+
+void BM_Merge(benchmark::State& state) {
+  const int parts = static_cast<int>(state.range(0));
+  const std::int64_t rows = state.range(1);
+  const int dim = 512;
+  std::mt19937 gen(3);
+  std::normal_distribution<float> normal;
+  std::vector<float> o(static_cast<std::size_t>(parts) * rows * dim), lse(static_cast<std::size_t>(parts) * rows);
+  for (float& v : o) v = normal(gen);
+  for (float& v : lse) v = normal(gen);
+  std::vector<float> out(static_cast<std::size_t>(rows) * dim), out_lse(rows);
+  for (auto _ : state) {
+    dcp::merge_attention_states(o.data(), lse.data(), parts, rows, dim, dcp::LseBase::e, out.data(), out_lse.data());
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["read_B/s"] = benchmark::Counter(static_cast<double>(o.size() + lse.size()) * 4,
+                                                  benchmark::Counter::kIsIterationInvariantRate);
+}
+BENCHMARK(BM_Merge)->ArgNames({"parts", "rows"})->ArgsProduct({{2, 4, 8}, {16 * 128}});
+
+}  // namespace
+
+BENCHMARK_MAIN();

@@ -1,0 +1,39 @@
+// Element types of the latent KV cache. bf16 is stored as 16-bit words (g++ 12 has no
+// bf16 arithmetic type); conversion to fp32 is exact, from fp32 rounds to nearest even.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+
+namespace dcp {
+
+enum class KvDtype : std::uint8_t { fp32, bf16 };
+
+constexpr std::size_t dtype_size(KvDtype t) noexcept { return t == KvDtype::fp32 ? 4 : 2; }
+constexpr std::string_view to_string(KvDtype t) noexcept {
+  return t == KvDtype::fp32 ? "fp32" : "bf16";
+}
+// Parses "fp32" / "bf16"; throws dcp::Error naming the legal values otherwise.
+KvDtype parse_kv_dtype(std::string_view name);
+
+using bf16_t = std::uint16_t;
+
+inline float bf16_to_float(bf16_t v) noexcept {
+  std::uint32_t bits = static_cast<std::uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+inline bf16_t float_to_bf16(float f) noexcept {
+  std::uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  if ((bits & 0x7f800000u) == 0x7f800000u && (bits & 0x007fffffu) != 0) {
+    return static_cast<bf16_t>((bits >> 16) | 0x0040u);  // NaN stays a (quiet) NaN
+  }
+  bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest, ties to even
+  return static_cast<bf16_t>(bits >> 16);
+}
+
+}  // namespace dcp

@@ -1,0 +1,64 @@
+// Exact merge of partial attention results.
+//
+// A shard's result for one (token, head) is the pair (O, LSE): O normalised over the shard,
+// LSE = log sum exp(scores) over it. With Z = exp(LSE) the pairs (Z, Z*O) add, so
+//
+//   m = max_k L_k,  L = m + log sum_k exp(L_k - m),  O = sum_k exp(L_k - L) O_k
+//
+// is exact up to float rounding and independent of the reduction order. Conventions:
+// - LSEs inside dcp are natural-log. Every API taking an LSE states its base; outputs are
+//   always natural log.
+// - An empty shard is (O = 0, LSE = -inf). NaN and +inf LSEs are treated as empty.
+// - If every part is empty the merge gives O = 0, LSE = -inf, never NaN.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace dcp {
+
+enum class LseBase : std::uint8_t { e, two };
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// Converts an LSE in `base` to natural log; NaN and +inf become -inf (empty).
+float lse_to_natural(float lse, LseBase base) noexcept;
+
+// acc ⊕= (o, lse): the in-place merge of one state into an accumulator.
+//   acc_o [dim], o [dim]; acc_lse and lse natural log. An empty `o` may hold garbage.
+void merge_state_into(float* acc_o, float& acc_lse, const float* o, float lse, int dim) noexcept;
+
+// Merges K partial states per row.
+//   o_parts   [K, rows, dim]  fp32, part-major
+//   lse_parts [K, rows]       in `base`
+//   out_o     [rows, dim]     may not alias o_parts
+//   out_lse   [rows]          natural log; may be null
+void merge_attention_states(const float* o_parts, const float* lse_parts, int num_parts,
+                            std::int64_t rows, int dim, LseBase base, float* out_o,
+                            float* out_lse);
+
+// The global LSE of K parts per row, and nothing else (what ag_rs needs before rescaling).
+//   lse_parts [K, rows] in `base`; out_lse [rows] natural log.
+void global_lse(const float* lse_parts, int num_parts, std::int64_t rows, LseBase base,
+                float* out_lse);
+
+// Adds an attention sink: one extra logit per row that contributes weight but no value,
+// i.e. state ⊕ (O = 0, LSE = sink). Apply exactly once per (token, head) in a merged result.
+//   o [rows, dim], lse [rows] natural log, sink_logit [rows] natural log.
+void merge_sink(float* o, float* lse, const float* sink_logit, std::int64_t rows, int dim);
+
+// An owning (O, LSE) state: convenient for tests and small host-side uses.
+struct AttnState {
+  std::vector<float> o;
+  float lse = kNegInf;
+
+  static AttnState empty(int dim) { return {std::vector<float>(static_cast<std::size_t>(dim)), kNegInf}; }
+  // a ⊕ b
+  friend AttnState merge(AttnState a, const AttnState& b) {
+    merge_state_into(a.o.data(), a.lse, b.o.data(), b.lse, static_cast<int>(a.o.size()));
+    return a;
+  }
+};
+
+}  // namespace dcp

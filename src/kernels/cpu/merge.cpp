@@ -1,0 +1,129 @@
+#include "dcp/merge.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "dcp/error.h"
+
+namespace dcp {
+
+float lse_to_natural(float lse, LseBase base) noexcept {
+  if (std::isnan(lse) || lse == std::numeric_limits<float>::infinity()) return kNegInf;
+  return base == LseBase::e ? lse : lse * std::numbers::ln2_v<float>;
+}
+
+void merge_state_into(float* acc_o, float& acc_lse, const float* o, float lse, int dim) noexcept {
+  lse = lse_to_natural(lse, LseBase::e);
+  const float acc = lse_to_natural(acc_lse, LseBase::e);
+  if (lse == kNegInf) {  // nothing to add; also scrubs a NaN accumulator LSE to -inf
+    if (acc == kNegInf) std::fill(acc_o, acc_o + dim, 0.0f);
+    acc_lse = acc;
+    return;
+  }
+  if (acc == kNegInf) {
+    std::copy(o, o + dim, acc_o);
+    acc_lse = lse;
+    return;
+  }
+  const float m = std::max(acc, lse);
+  const float wa = std::exp(acc - m);
+  const float wb = std::exp(lse - m);
+  const float inv = 1.0f / (wa + wb);
+  const float ca = wa * inv;
+  const float cb = wb * inv;
+  for (int d = 0; d < dim; ++d) acc_o[d] = ca * acc_o[d] + cb * o[d];
+  acc_lse = m + std::log(wa + wb);
+}
+
+namespace {
+
+void check_merge_args(int num_parts, std::int64_t rows, int dim) {
+  DCP_ARG_CHECK(num_parts >= 0, "num_parts = ", num_parts, " must be >= 0");
+  DCP_ARG_CHECK(rows >= 0, "rows = ", rows, " must be >= 0");
+  DCP_ARG_CHECK(dim >= 0, "dim = ", dim, " must be >= 0");
+}
+
+}  // namespace
+
+void merge_attention_states(const float* o_parts, const float* lse_parts, int num_parts,
+                            std::int64_t rows, int dim, LseBase base, float* out_o,
+                            float* out_lse) {
+  check_merge_args(num_parts, rows, dim);
+  std::vector<float> weight(static_cast<std::size_t>(num_parts));
+  for (std::int64_t row = 0; row < rows; ++row) {
+    float m = kNegInf;
+    for (int k = 0; k < num_parts; ++k) {
+      weight[k] = lse_to_natural(lse_parts[k * rows + row], base);
+      m = std::max(m, weight[k]);
+    }
+    float* o = out_o + row * dim;
+    if (m == kNegInf) {  // every part empty
+      std::fill(o, o + dim, 0.0f);
+      if (out_lse) out_lse[row] = kNegInf;
+      continue;
+    }
+    float total = 0;
+    for (int k = 0; k < num_parts; ++k) {
+      weight[k] = weight[k] == kNegInf ? 0.0f : std::exp(weight[k] - m);
+      total += weight[k];
+    }
+    const float inv = 1.0f / total;
+    std::fill(o, o + dim, 0.0f);
+    for (int k = 0; k < num_parts; ++k) {
+      if (weight[k] == 0.0f) continue;  // skip empty parts: their O may be garbage
+      const float w = weight[k] * inv;
+      const float* part = o_parts + (k * rows + row) * dim;
+      for (int d = 0; d < dim; ++d) o[d] += w * part[d];
+    }
+    if (out_lse) out_lse[row] = m + std::log(total);
+  }
+}
+
+void global_lse(const float* lse_parts, int num_parts, std::int64_t rows, LseBase base,
+                float* out_lse) {
+  check_merge_args(num_parts, rows, 0);
+  for (std::int64_t row = 0; row < rows; ++row) {
+    float m = kNegInf;
+    for (int k = 0; k < num_parts; ++k) {
+      m = std::max(m, lse_to_natural(lse_parts[k * rows + row], base));
+    }
+    if (m == kNegInf) {
+      out_lse[row] = kNegInf;
+      continue;
+    }
+    float total = 0;
+    for (int k = 0; k < num_parts; ++k) {
+      const float l = lse_to_natural(lse_parts[k * rows + row], base);
+      if (l != kNegInf) total += std::exp(l - m);
+    }
+    out_lse[row] = m + std::log(total);
+  }
+}
+
+void merge_sink(float* o, float* lse, const float* sink_logit, std::int64_t rows, int dim) {
+  check_merge_args(1, rows, dim);
+  for (std::int64_t row = 0; row < rows; ++row) {
+    float* orow = o + row * dim;
+    const float s = lse_to_natural(sink_logit[row], LseBase::e);
+    const float l = lse_to_natural(lse[row], LseBase::e);
+    if (s == kNegInf) {
+      if (l == kNegInf) std::fill(orow, orow + dim, 0.0f);
+      lse[row] = l;
+      continue;
+    }
+    if (l == kNegInf) {  // only the sink: weight without value
+      std::fill(orow, orow + dim, 0.0f);
+      lse[row] = s;
+      continue;
+    }
+    const float m = std::max(l, s);
+    const float wl = std::exp(l - m);
+    const float ws = std::exp(s - m);
+    const float c = wl / (wl + ws);
+    for (int d = 0; d < dim; ++d) orow[d] *= c;
+    lse[row] = m + std::log(wl + ws);
+  }
+}
+
+}  // namespace dcp

@@ -1,0 +1,329 @@
+// Local MLA attention: the kernel against its float64 reference, and the DCP identity:
+// striping a context over N ranks, attending locally and merging equals full attention.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "dcp/attention.h"
+#include "dcp/error.h"
+#include "dcp/layout.h"
+#include "dcp/merge.h"
+#include "dcp/reference.h"
+#include "test_util.h"
+
+namespace dcp {
+namespace {
+
+enum class Variant { causal, window, sinks, softcap, topk, non_causal, everything };
+const char* name(Variant v) {
+  switch (v) {
+    case Variant::causal: return "causal";
+    case Variant::window: return "window";
+    case Variant::sinks: return "sinks";
+    case Variant::softcap: return "softcap";
+    case Variant::topk: return "topk";
+    case Variant::non_causal: return "non_causal";
+    case Variant::everything: return "window+sinks+softcap+topk";
+  }
+  return "?";
+}
+constexpr Variant kVariants[] = {Variant::causal, Variant::window, Variant::sinks, Variant::softcap,
+                                 Variant::topk, Variant::non_causal, Variant::everything};
+
+void apply_variant(Variant v, ref::FullAttentionInput& in, test::Rng& rng) {
+  in.causal = v != Variant::non_causal;
+  if (v == Variant::window || v == Variant::everything) in.window = rng.range(1, 40);
+  if (v == Variant::sinks || v == Variant::everything) {
+    in.sinks.resize(in.num_heads);
+    for (float& s : in.sinks) s = rng.uniform(-2, 4);
+    if (in.num_heads > 1) in.sinks[0] = kNegInf;  // a head without a sink
+  }
+  if (v == Variant::softcap || v == Variant::everything) in.softcap = 1.5;
+  if (v == Variant::topk || v == Variant::everything) {
+    in.topk_k = 12;
+    const int width = in.kv_lora_rank + in.rope_dim;
+    const int requests = static_cast<int>(in.kv.size());
+    for (int b = 0; b < requests; ++b) {
+      const std::int64_t len = static_cast<std::int64_t>(in.kv[b].size()) / width;
+      for (int t = in.q_start[b]; t < in.q_start[b + 1]; ++t) {
+        // A unique global selection (shuffled prefix of the positions), padded with -1.
+        std::vector<std::int32_t> pos(static_cast<std::size_t>(len));
+        std::iota(pos.begin(), pos.end(), 0);
+        std::shuffle(pos.begin(), pos.end(), rng.engine());
+        for (int i = 0; i < in.topk_k; ++i) {
+          in.topk.push_back(i < len && rng.coin(0.85) ? pos[i] : -1);
+        }
+      }
+    }
+  }
+}
+
+test::ContextSpec random_spec(test::Rng& rng, int dcp_size, int max_len) {
+  test::ContextSpec spec;
+  const int requests = static_cast<int>(rng.range(1, 4));
+  for (int b = 0; b < requests; ++b) {
+    // Mix empty contexts, contexts shorter than N and long ones.
+    const int kind = static_cast<int>(rng.range(0, 5));
+    const std::int64_t len = kind == 0 ? 0 : kind == 1 ? rng.range(1, dcp_size) : rng.range(1, max_len);
+    spec.lengths.push_back(len);
+    spec.q_lens.push_back(static_cast<int>(rng.range(1, 4)));
+  }
+  return spec;
+}
+
+struct RankOutput {
+  std::vector<float> out, lse;
+};
+
+RankOutput run_rank(const MlaAttentionParams& p) {
+  const std::int64_t tokens = num_query_tokens(p);
+  RankOutput r;
+  // Poisoned: the kernel must write every element.
+  r.out.assign(static_cast<std::size_t>(tokens) * p.num_heads * p.kv_lora_rank, std::nanf(""));
+  r.lse.assign(static_cast<std::size_t>(tokens) * p.num_heads, std::nanf(""));
+  MlaAttentionParams q = p;
+  q.out = r.out.data();
+  q.lse = r.lse.data();
+  mla_attention(q);
+  return r;
+}
+
+TEST(Attention, KernelMatchesLocalReference) {
+  auto rng = test::make_rng();
+  for (KvDtype dtype : {KvDtype::fp32, KvDtype::bf16}) {
+    for (Variant v : kVariants) {
+      for (int n : {1, 3, 4}) {
+        const auto spec = random_spec(rng, n, 200);
+        auto in = test::random_context(spec, dtype, rng);
+        apply_variant(v, in, rng);
+        const int page = static_cast<int>(rng.range(1, 20));
+        const auto shards = test::stripe(in, n, 1, page, dtype, rng);
+        for (int r = 0; r < n; ++r) {
+          MlaAttentionParams p = test::shard_params(in, shards[r], dtype, page, n, r, 1);
+          RankOutput got = run_rank(p);
+          p.out = nullptr;
+          p.lse = nullptr;
+          MlaAttentionParams pr = p;
+          std::vector<float> dummy_out(got.out.size()), dummy_lse(got.lse.size());
+          pr.out = dummy_out.data();
+          pr.lse = dummy_lse.data();
+          const ref::AttentionResult expect = ref::mla_attention_local(pr);
+          const std::string what = std::string(name(v)) + " " + std::string(to_string(dtype)) +
+                                   " N=" + std::to_string(n) + " r=" + std::to_string(r);
+          ASSERT_TRUE(test::close(got.out, expect.out, test::kFp32Tol, (what + " O").c_str()));
+          ASSERT_TRUE(test::close(got.lse, expect.lse, {1e-12, 1e-5}, (what + " LSE").c_str()));
+        }
+      }
+    }
+  }
+}
+
+// The DCP identity, for one configuration. Sinks go to rank 0 only.
+void check_striped_equals_full(test::Rng& rng, KvDtype dtype, Variant v, int n, int interleave,
+                               int page, const test::ContextSpec& spec) {
+  auto in = test::random_context(spec, dtype, rng);
+  apply_variant(v, in, rng);
+  const auto shards = test::stripe(in, n, interleave, page, dtype, rng);
+  const std::int64_t tokens = in.q_start.back();
+  const std::int64_t rows = tokens * in.num_heads;
+  const int dc = in.kv_lora_rank;
+  std::vector<float> o_parts(static_cast<std::size_t>(n) * rows * dc), lse_parts(static_cast<std::size_t>(n) * rows);
+  for (int r = 0; r < n; ++r) {
+    MlaAttentionParams p = test::shard_params(in, shards[r], dtype, page, n, r, interleave);
+    if (r != 0) p.sinks = nullptr;
+    const RankOutput got = run_rank(p);
+    std::copy(got.out.begin(), got.out.end(), o_parts.begin() + r * rows * dc);
+    std::copy(got.lse.begin(), got.lse.end(), lse_parts.begin() + r * rows);
+  }
+  std::vector<float> out(static_cast<std::size_t>(rows) * dc, std::nanf("")), lse(rows, std::nanf(""));
+  merge_attention_states(o_parts.data(), lse_parts.data(), n, rows, dc, LseBase::e, out.data(), lse.data());
+  const ref::AttentionResult expect = ref::full_attention(in);
+  const std::string what = std::string(name(v)) + " " + std::string(to_string(dtype)) + " N=" +
+                           std::to_string(n) + " I=" + std::to_string(interleave) +
+                           " P=" + std::to_string(page);
+  const test::Tolerance tol = dtype == KvDtype::fp32 ? test::kFp32Tol : test::kBf16Tol;
+  EXPECT_TRUE(test::close(out, expect.out, tol, (what + " O").c_str()));
+  EXPECT_TRUE(test::close(lse, expect.lse, {1e-12, 1e-5}, (what + " LSE").c_str()));
+}
+
+TEST(Attention, StripedThenMergedEqualsFullAttention) {
+  auto rng = test::make_rng();
+  for (KvDtype dtype : {KvDtype::fp32, KvDtype::bf16}) {
+    for (Variant v : kVariants) {
+      for (int n : {1, 2, 3, 4, 5, 8}) {
+        const int page = static_cast<int>(rng.range(1, 24));
+        check_striped_equals_full(rng, dtype, v, n, 1, page, random_spec(rng, n, 300));
+      }
+    }
+  }
+}
+
+TEST(Attention, StripedWithInterleave) {
+  auto rng = test::make_rng();
+  for (int interleave : {2, 16}) {
+    for (int n : {2, 3, 4}) {
+      for (Variant v : {Variant::causal, Variant::window, Variant::topk}) {
+        check_striped_equals_full(rng, KvDtype::fp32, v, n, interleave, 16, random_spec(rng, n, 300));
+      }
+    }
+  }
+}
+
+TEST(Attention, DeepSeekGeometry) {
+  // The real widths (512 + 64), 16 heads, a long-ish context, decode and verify queries.
+  auto rng = test::make_rng();
+  test::ContextSpec spec;
+  spec.heads = 16;
+  spec.kv_lora_rank = 512;
+  spec.rope_dim = 64;
+  spec.lengths = {700, 3};
+  spec.q_lens = {1, 3};
+  for (KvDtype dtype : {KvDtype::fp32, KvDtype::bf16}) {
+    check_striped_equals_full(rng, dtype, Variant::causal, 4, 1, 64, spec);
+  }
+}
+
+TEST(Attention, ContextShorterThanNLeavesRanksEmpty) {
+  auto rng = test::make_rng();
+  test::ContextSpec spec;
+  spec.lengths = {2};
+  spec.q_lens = {1};
+  auto in = test::random_context(spec, KvDtype::fp32, rng);
+  const int n = 5;
+  const auto shards = test::stripe(in, n, 1, 4, KvDtype::fp32, rng);
+  for (int r = 0; r < n; ++r) {
+    const RankOutput got = run_rank(test::shard_params(in, shards[r], KvDtype::fp32, 4, n, r, 1));
+    for (float l : got.lse) {
+      if (r < 2) {
+        EXPECT_TRUE(std::isfinite(l)) << "rank " << r;
+      } else {
+        EXPECT_EQ(l, kNegInf) << "rank " << r;
+      }
+    }
+    if (r >= 2) {
+      for (float o : got.out) ASSERT_EQ(o, 0.0f);
+    }
+  }
+}
+
+TEST(Attention, SinkAddedAtMergeEqualsSinkInKernel) {
+  auto rng = test::make_rng();
+  test::ContextSpec spec;
+  spec.lengths = {90, 1, 0};
+  spec.q_lens = {2, 1, 1};
+  auto in = test::random_context(spec, KvDtype::fp32, rng);
+  apply_variant(Variant::sinks, in, rng);
+  const int n = 3;
+  const auto shards = test::stripe(in, n, 1, 8, KvDtype::fp32, rng);
+  const std::int64_t rows = in.q_start.back() * in.num_heads;
+  const int dc = in.kv_lora_rank;
+  std::vector<float> o_parts, lse_parts;
+  for (int r = 0; r < n; ++r) {
+    MlaAttentionParams p = test::shard_params(in, shards[r], KvDtype::fp32, 8, n, r, 1);
+    p.sinks = nullptr;
+    const RankOutput got = run_rank(p);
+    o_parts.insert(o_parts.end(), got.out.begin(), got.out.end());
+    lse_parts.insert(lse_parts.end(), got.lse.begin(), got.lse.end());
+  }
+  std::vector<float> out(static_cast<std::size_t>(rows) * dc), lse(rows);
+  merge_attention_states(o_parts.data(), lse_parts.data(), n, rows, dc, LseBase::e, out.data(), lse.data());
+  std::vector<float> sink_rows(rows);
+  for (std::int64_t i = 0; i < rows; ++i) sink_rows[i] = in.sinks[i % in.num_heads];
+  merge_sink(out.data(), lse.data(), sink_rows.data(), rows, dc);
+  const ref::AttentionResult expect = ref::full_attention(in);
+  EXPECT_TRUE(test::close(out, expect.out, test::kFp32Tol, "O"));
+  EXPECT_TRUE(test::close(lse, expect.lse, {1e-12, 1e-5}, "LSE"));
+}
+
+// Invalid params are rejected before anything is written.
+class AttentionValidation : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto rng = test::make_rng();
+    test::ContextSpec spec;
+    spec.lengths = {40, 9};
+    spec.q_lens = {1, 2};
+    in_ = test::random_context(spec, KvDtype::fp32, rng);
+    shards_ = test::stripe(in_, 2, 1, 4, KvDtype::fp32, rng);
+    params_ = test::shard_params(in_, shards_[1], KvDtype::fp32, 4, 2, 1, 1);
+    out_.assign(static_cast<std::size_t>(3) * in_.num_heads * in_.kv_lora_rank, 123.0f);
+    lse_.assign(static_cast<std::size_t>(3) * in_.num_heads, 123.0f);
+    params_.out = out_.data();
+    params_.lse = lse_.data();
+  }
+  void expect_rejected(const MlaAttentionParams& p, const std::string& needle) {
+    try {
+      mla_attention(p);
+      ADD_FAILURE() << "expected rejection mentioning '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.category(), ErrorCategory::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+    for (float v : out_) ASSERT_EQ(v, 123.0f) << "output written despite rejection";
+    for (float v : lse_) ASSERT_EQ(v, 123.0f) << "LSE written despite rejection";
+  }
+  ref::FullAttentionInput in_;
+  std::vector<test::Shard> shards_;
+  MlaAttentionParams params_;
+  std::vector<float> out_, lse_;
+};
+
+TEST_F(AttentionValidation, AcceptsTheBaseline) { EXPECT_NO_THROW(mla_attention(params_)); }
+
+TEST_F(AttentionValidation, RejectsPageOutsidePool) {
+  std::vector<std::int32_t> table = shards_[1].page_table;
+  table[0] = static_cast<std::int32_t>(shards_[1].num_pages);
+  MlaAttentionParams p = params_;
+  p.page_table = table.data();
+  expect_rejected(p, "outside the pool");
+}
+
+TEST_F(AttentionValidation, RejectsNegativeAndOversizedLengths) {
+  std::vector<std::int64_t> len = shards_[1].local_len;
+  len[1] = -1;
+  MlaAttentionParams p = params_;
+  p.local_len = len.data();
+  expect_rejected(p, "local_len[1] = -1");
+  len[1] = 1000;
+  expect_rejected(p, "local_len[1] = 1000");
+}
+
+TEST_F(AttentionValidation, RejectsBadShapesAndRanges) {
+  MlaAttentionParams p = params_;
+  p.num_heads = 0;
+  expect_rejected(p, "num_heads");
+  p = params_;
+  p.dcp_rank = 2;
+  expect_rejected(p, "dcp_rank = 2");
+  p = params_;
+  p.softmax_scale = std::nanf("");
+  expect_rejected(p, "softmax_scale");
+  p = params_;
+  std::vector<std::int32_t> starts = {0, 1, 1};
+  p.q_start = starts.data();
+  expect_rejected(p, "q_len 0");
+  p = params_;
+  p.window = -1;
+  expect_rejected(p, "window");
+  p = params_;
+  p.topk_k = 2;
+  expect_rejected(p, "topk must not be null");
+  p = params_;
+  std::vector<std::int32_t> topk = {0, 1, 2, 3, 4, -2};
+  p.topk = topk.data();
+  p.topk_k = 2;
+  expect_rejected(p, "topk[2][1] = -2");
+  topk = {1, 85, 0, 1, 2, 3};  // 85 is beyond request 0's 40 tokens and owned by rank 1
+  expect_rejected(p, "beyond request 0");
+  p = params_;
+  std::vector<float> sinks(in_.num_heads, std::numeric_limits<float>::infinity());
+  p.sinks = sinks.data();
+  expect_rejected(p, "sinks[0]");
+}
+
+}  // namespace
+}  // namespace dcp

@@ -1,0 +1,276 @@
+// The (O, LSE) merge: exactness against float64, order independence, adversarial LSEs.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "dcp/merge.h"
+#include "dcp/reference.h"
+#include "test_util.h"
+
+namespace dcp {
+namespace {
+
+constexpr double kNegInfD = -std::numeric_limits<double>::infinity();
+
+// A set of scored values split into K parts; every part's exact (O, LSE) in float64.
+struct Partition {
+  int dim = 0;
+  int parts = 0;
+  std::vector<double> scores;              // [M]
+  std::vector<std::vector<double>> values; // [M][dim]
+  std::vector<int> part_of;                // [M]
+
+  // The state of one part in float64 (O = 0, LSE = -inf when empty).
+  void part_state(int k, double* o, double* lse) const {
+    double m = kNegInfD;
+    for (std::size_t i = 0; i < scores.size(); ++i) if (part_of[i] == k) m = std::max(m, scores[i]);
+    std::fill(o, o + dim, 0.0);
+    *lse = kNegInfD;
+    if (m == kNegInfD) return;
+    double z = 0;
+    for (std::size_t i = 0; i < scores.size(); ++i) {
+      if (part_of[i] != k) continue;
+      const double w = std::exp(scores[i] - m);
+      z += w;
+      for (int d = 0; d < dim; ++d) o[d] += w * values[i][d];
+    }
+    for (int d = 0; d < dim; ++d) o[d] /= z;
+    *lse = m + std::log(z);
+  }
+  std::vector<double> full(double* lse) const {
+    std::vector<double> o(dim, 0.0);
+    double m = kNegInfD;
+    for (double s : scores) m = std::max(m, s);
+    *lse = kNegInfD;
+    if (m == kNegInfD) return o;
+    double z = 0;
+    for (std::size_t i = 0; i < scores.size(); ++i) {
+      const double w = std::exp(scores[i] - m);
+      z += w;
+      for (int d = 0; d < dim; ++d) o[d] += w * values[i][d];
+    }
+    for (double& v : o) v /= z;
+    *lse = m + std::log(z);
+    return o;
+  }
+  // Float parts, [K, 1, dim] and [K, 1].
+  void float_parts(std::vector<float>& o, std::vector<float>& lse) const {
+    o.assign(static_cast<std::size_t>(parts) * dim, 0.0f);
+    lse.assign(parts, kNegInf);
+    std::vector<double> od(dim);
+    for (int k = 0; k < parts; ++k) {
+      double l;
+      part_state(k, od.data(), &l);
+      for (int d = 0; d < dim; ++d) o[k * dim + d] = static_cast<float>(od[d]);
+      lse[k] = static_cast<float>(l);
+    }
+  }
+};
+
+// `spread`: part k's scores are shifted by a random offset in [0, spread].
+Partition random_partition(test::Rng& rng, int parts, int dim, double spread, double empty_prob) {
+  Partition p;
+  p.dim = dim;
+  p.parts = parts;
+  std::vector<double> offset(parts);
+  std::vector<bool> empty(parts);
+  for (int k = 0; k < parts; ++k) {
+    offset[k] = rng.uniform(0, static_cast<float>(spread));
+    empty[k] = rng.coin(empty_prob);
+  }
+  const int m = static_cast<int>(rng.range(parts, 8 * parts));
+  for (int i = 0; i < m; ++i) {
+    const int k = static_cast<int>(rng.range(0, parts - 1));
+    if (empty[k]) continue;
+    p.part_of.push_back(k);
+    p.scores.push_back(rng.normal() + offset[k]);
+    std::vector<double> v(dim);
+    for (double& x : v) x = rng.normal();
+    p.values.push_back(std::move(v));
+  }
+  return p;
+}
+
+void expect_matches_full(const Partition& p, const std::vector<float>& o, float lse) {
+  double ref_lse;
+  const std::vector<double> ref = p.full(&ref_lse);
+  EXPECT_TRUE(test::close(o, ref, test::kFp32Tol, "merged O"));
+  EXPECT_TRUE(test::close({lse}, {ref_lse}, {1e-12, 1e-6}, "merged LSE"));
+}
+
+TEST(Merge, FlatMergeEqualsFullSoftmax) {
+  auto rng = test::make_rng();
+  for (int trial = 0; trial < 300; ++trial) {
+    const int parts = static_cast<int>(rng.range(1, 9));
+    const Partition p = random_partition(rng, parts, 24, /*spread=*/3.0, /*empty=*/0.2);
+    std::vector<float> o, lse;
+    p.float_parts(o, lse);
+    std::vector<float> out(p.dim, std::nanf(""));  // poisoned: every element must be written
+    float out_lse = std::nanf("");
+    merge_attention_states(o.data(), lse.data(), parts, 1, p.dim, LseBase::e, out.data(), &out_lse);
+    expect_matches_full(p, out, out_lse);
+  }
+}
+
+TEST(Merge, AnyReductionTreeGivesTheSameResult) {
+  auto rng = test::make_rng();
+  for (int trial = 0; trial < 200; ++trial) {
+    const int parts = static_cast<int>(rng.range(2, 9));
+    const Partition p = random_partition(rng, parts, 16, 5.0, 0.2);
+    std::vector<float> o, lse;
+    p.float_parts(o, lse);
+    // A random binary tree: repeatedly merge two random live states in a random order.
+    std::vector<AttnState> live;
+    for (int k = 0; k < parts; ++k) {
+      live.push_back({std::vector<float>(o.begin() + k * p.dim, o.begin() + (k + 1) * p.dim), lse[k]});
+    }
+    std::shuffle(live.begin(), live.end(), rng.engine());
+    while (live.size() > 1) {
+      const std::size_t i = static_cast<std::size_t>(rng.range(0, static_cast<std::int64_t>(live.size()) - 2));
+      AttnState merged = rng.coin() ? merge(live[i], live[i + 1]) : merge(live[i + 1], live[i]);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i), live.begin() + static_cast<std::ptrdiff_t>(i) + 2);
+      live.insert(live.begin() + static_cast<std::ptrdiff_t>(i), std::move(merged));
+    }
+    expect_matches_full(p, live[0].o, live[0].lse);
+  }
+}
+
+TEST(Merge, AdversarialLseSpreads) {
+  auto rng = test::make_rng();
+  // Part LSEs up to 80 apart: exp(80) overflows nothing after the max is subtracted.
+  for (double spread : {0.0, 20.0, 80.0}) {
+    for (int trial = 0; trial < 100; ++trial) {
+      const int parts = static_cast<int>(rng.range(2, 8));
+      const Partition p = random_partition(rng, parts, 8, spread, 0.0);
+      std::vector<float> o, lse;
+      p.float_parts(o, lse);
+      std::vector<float> out(p.dim);
+      float out_lse;
+      merge_attention_states(o.data(), lse.data(), parts, 1, p.dim, LseBase::e, out.data(), &out_lse);
+      expect_matches_full(p, out, out_lse);
+    }
+  }
+}
+
+TEST(Merge, OneDominantShardAndAllEqualShards) {
+  const int dim = 4;
+  // Shard 0 has LSE 80 above the others: the result is shard 0 to float precision.
+  std::vector<float> o = {1, 2, 3, 4, -5, -5, -5, -5, 7, 7, 7, 7};
+  std::vector<float> lse = {80.0f, 0.0f, 0.5f};
+  std::vector<float> out(dim);
+  float out_lse;
+  merge_attention_states(o.data(), lse.data(), 3, 1, dim, LseBase::e, out.data(), &out_lse);
+  const double tail = std::exp(-80.0) + std::exp(-79.5);
+  EXPECT_TRUE(test::close(out, {1, 2, 3, 4}, {1e-12, 1e-6}, "dominant"));
+  EXPECT_TRUE(test::close({out_lse}, {80.0 + std::log1p(tail)}, {1e-14, 1e-7}, "dominant lse"));
+  // Equal LSEs: the plain average, and LSE + log K.
+  lse = {1.25f, 1.25f, 1.25f};
+  merge_attention_states(o.data(), lse.data(), 3, 1, dim, LseBase::e, out.data(), &out_lse);
+  EXPECT_TRUE(test::close(out, {1.0, 4.0 / 3, 5.0 / 3, 2.0}, {1e-12, 1e-6}, "equal"));
+  EXPECT_TRUE(test::close({out_lse}, {1.25 + std::log(3.0)}, {1e-12, 1e-6}, "equal lse"));
+}
+
+TEST(Merge, EmptyNanAndInfinitePartsAreEmpty) {
+  const int dim = 3;
+  const float nan = std::nanf("");
+  const float inf = std::numeric_limits<float>::infinity();
+  // Parts 1..3 are empty in three spellings, each with garbage O that must not leak.
+  std::vector<float> o = {1, 2, 3, nan, nan, nan, inf, inf, inf, 9, 9, 9};
+  std::vector<float> lse = {0.5f, kNegInf, nan, inf};
+  std::vector<float> out(dim);
+  float out_lse;
+  merge_attention_states(o.data(), lse.data(), 4, 1, dim, LseBase::e, out.data(), &out_lse);
+  EXPECT_TRUE(test::close(out, {1, 2, 3}, {0, 0}, "one live part"));
+  EXPECT_EQ(out_lse, 0.5f);
+  // Every part empty: O = 0 and LSE = -inf, never NaN.
+  lse = {kNegInf, nan, inf, kNegInf};
+  std::fill(out.begin(), out.end(), nan);
+  merge_attention_states(o.data(), lse.data(), 4, 1, dim, LseBase::e, out.data(), &out_lse);
+  EXPECT_TRUE(test::close(out, {0, 0, 0}, {0, 0}, "all empty"));
+  EXPECT_EQ(out_lse, kNegInf);
+  // The same through the pairwise operator.
+  AttnState acc = AttnState::empty(dim);
+  acc = merge(acc, {{nan, nan, nan}, nan});
+  acc = merge(acc, {{inf, 1, 1}, kNegInf});
+  EXPECT_TRUE(test::close(acc.o, {0, 0, 0}, {0, 0}, "pairwise all empty"));
+  EXPECT_EQ(acc.lse, kNegInf);
+  // Zero parts at all.
+  merge_attention_states(o.data(), lse.data(), 0, 1, dim, LseBase::e, out.data(), &out_lse);
+  EXPECT_EQ(out_lse, kNegInf);
+}
+
+TEST(Merge, BaseTwoLseGivesTheSameResult) {
+  auto rng = test::make_rng();
+  const Partition p = random_partition(rng, 5, 12, 4.0, 0.0);
+  std::vector<float> o, lse;
+  p.float_parts(o, lse);
+  std::vector<float> lse2(lse.size());
+  for (std::size_t k = 0; k < lse.size(); ++k) lse2[k] = static_cast<float>(lse[k] / std::log(2.0));
+  std::vector<float> out(p.dim);
+  float out_lse;
+  merge_attention_states(o.data(), lse2.data(), 5, 1, p.dim, LseBase::two, out.data(), &out_lse);
+  expect_matches_full(p, out, out_lse);  // output LSE is natural log
+  // Misreading base-2 LSEs as natural gives different weights: the base matters.
+  std::vector<float> wrong(p.dim);
+  merge_attention_states(o.data(), lse2.data(), 5, 1, p.dim, LseBase::e, wrong.data(), nullptr);
+  double ref_lse;
+  EXPECT_FALSE(test::close(wrong, p.full(&ref_lse), test::kFp32Tol, "misread base"));
+}
+
+TEST(Merge, AveragingWithoutLseIsWrong) {
+  // Two shards, one token each, values 1 and 0. Each shard's normalised O is its value, for
+  // any score, so the average is always 0.5; the true result is sigmoid(s1 - s0).
+  for (double s1 : {-3.0, 0.0, 2.0, 6.0}) {
+    const double s0 = 0.25;
+    std::vector<float> o = {1.0f, 0.0f};
+    std::vector<float> lse = {static_cast<float>(s1), static_cast<float>(s0)};
+    float out, out_lse;
+    merge_attention_states(o.data(), lse.data(), 2, 1, 1, LseBase::e, &out, &out_lse);
+    const double truth = 1.0 / (1.0 + std::exp(s0 - s1));
+    EXPECT_NEAR(out, truth, 1e-6);
+    const double average = (o[0] + o[1]) / 2.0;
+    if (std::abs(truth - 0.5) > 0.1) {
+      EXPECT_GT(std::abs(average - truth), 0.1);
+    }
+  }
+}
+
+TEST(Merge, ManyRowsGlobalLseAndSink) {
+  auto rng = test::make_rng();
+  const int parts = 3, dim = 8;
+  const std::int64_t rows = 50;
+  std::vector<double> od(static_cast<std::size_t>(parts) * rows * dim), ld(static_cast<std::size_t>(parts) * rows);
+  std::vector<float> o(od.size()), l(ld.size());
+  for (std::size_t i = 0; i < od.size(); ++i) o[i] = static_cast<float>(od[i] = rng.normal());
+  for (std::size_t i = 0; i < ld.size(); ++i) {
+    const bool empty = rng.coin(0.15);
+    l[i] = empty ? kNegInf : rng.uniform(-10, 10);
+    ld[i] = l[i];
+  }
+  const ref::AttentionResult expect = ref::merge(od, ld, parts, rows, dim);
+  std::vector<float> out(static_cast<std::size_t>(rows) * dim, std::nanf("")), out_lse(rows, std::nanf(""));
+  merge_attention_states(o.data(), l.data(), parts, rows, dim, LseBase::e, out.data(), out_lse.data());
+  EXPECT_TRUE(test::close(out, expect.out, test::kFp32Tol, "rows O"));
+  EXPECT_TRUE(test::close(out_lse, expect.lse, {1e-12, 1e-6}, "rows LSE"));
+  std::vector<float> g(rows);
+  global_lse(l.data(), parts, rows, LseBase::e, g.data());
+  EXPECT_TRUE(test::close(g, expect.lse, {1e-12, 1e-6}, "global LSE"));
+
+  // A sink is one more part with O = 0 and LSE = sink.
+  std::vector<float> sink(rows);
+  for (auto& s : sink) s = rng.uniform(-5, 5);
+  std::vector<double> od4 = od, ld4 = ld;
+  od4.resize(od.size() + static_cast<std::size_t>(rows) * dim, 0.0);
+  for (std::int64_t r = 0; r < rows; ++r) ld4.push_back(sink[r]);
+  const ref::AttentionResult with_sink = ref::merge(od4, ld4, parts + 1, rows, dim);
+  merge_sink(out.data(), out_lse.data(), sink.data(), rows, dim);
+  EXPECT_TRUE(test::close(out, with_sink.out, test::kFp32Tol, "sink O"));
+  EXPECT_TRUE(test::close(out_lse, with_sink.lse, {1e-12, 1e-6}, "sink LSE"));
+}
+
+}  // namespace
+}  // namespace dcp

@@ -1,0 +1,82 @@
+// Shared helpers for the test suite: seeded randomness, numerical comparison, and a
+// builder that stripes a full context over N ranks' paged KV pools.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "dcp/attention.h"
+#include "dcp/reference.h"
+
+namespace dcp::test {
+
+// A fresh seed each run (or DCP_TEST_SEED), printed so a failure can be replayed.
+std::uint64_t test_seed();
+
+class Rng {
+ public:
+  explicit Rng(std::uint64_t seed) : gen_(seed) {}
+  float normal(float stddev = 1.0f) { return std::normal_distribution<float>(0.0f, stddev)(gen_); }
+  float uniform(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(gen_); }
+  std::int64_t range(std::int64_t lo, std::int64_t hi_inclusive) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi_inclusive)(gen_);
+  }
+  bool coin(double p = 0.5) { return std::bernoulli_distribution(p)(gen_); }
+  std::mt19937_64& engine() { return gen_; }
+
+ private:
+  std::mt19937_64 gen_;
+};
+
+// A per-test Rng whose seed is derived from the run seed and the test's name.
+Rng make_rng();
+
+struct Tolerance {
+  double nmse;     // sum (a-b)^2 / sum b^2
+  double max_abs;  // relative to max |b| (or absolute when b is all zero)
+};
+constexpr Tolerance kFp32Tol{1e-10, 1e-4};
+constexpr Tolerance kBf16Tol{1e-10, 1e-4};  // inputs are bf16-exact, so accumulation dominates
+
+// NaN fails; infinities must match exactly; finite values within tolerance.
+::testing::AssertionResult close(const std::vector<float>& actual,
+                                 const std::vector<double>& expected, Tolerance tol,
+                                 const char* what);
+
+// One rank's paged shard of a set of requests, ready to hand to the kernel.
+struct Shard {
+  std::vector<float> kv_fp32;            // [pages * P, width] when fp32
+  std::vector<std::uint16_t> kv_bf16;    // [pages * P, width] when bf16
+  std::vector<std::int32_t> page_table;  // [B, stride]
+  std::vector<std::int64_t> local_len;   // [B]
+  std::int64_t num_pages = 0;
+  int stride = 0;
+};
+
+// Stripes each request's full context over `dcp_size` ranks: rank r stores position p iff
+// layout::owner(p) == r, at local row layout::row(p), on pages drawn in a shuffled order
+// from a pool with a few spare pages (so page ids are not the identity).
+std::vector<Shard> stripe(const ref::FullAttentionInput& in, int dcp_size, int interleave,
+                          int page_size, KvDtype dtype, Rng& rng);
+
+// Kernel params for one rank's shard, masks and queries taken from `in`.
+MlaAttentionParams shard_params(const ref::FullAttentionInput& in, const Shard& shard,
+                                KvDtype dtype, int page_size, int dcp_size, int dcp_rank,
+                                int interleave);
+
+// Random queries and contexts. kv values are rounded to bf16 when `dtype` is bf16 so that
+// the reference sees exactly what the kernel sees.
+struct ContextSpec {
+  int heads = 4;
+  int kv_lora_rank = 64;
+  int rope_dim = 16;
+  std::vector<std::int64_t> lengths;   // global context length per request
+  std::vector<int> q_lens;             // query tokens per request (the last q_len positions)
+};
+ref::FullAttentionInput random_context(const ContextSpec& spec, KvDtype dtype, Rng& rng);
+
+}  // namespace dcp::test

@@ -1,0 +1,14 @@
+// Subcommands of the `dcp` tool. Each add_* registers one subcommand and its callback.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace dcp::cli {
+
+void add_demo_command(CLI::App& app);
+
+// The exit status the subcommand that ran asked for (0 unless it failed a check).
+int exit_code();
+void set_exit_code(int code);
+
+}  // namespace dcp::cli

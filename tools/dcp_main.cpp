@@ -1,0 +1,25 @@
+// The `dcp` command line.
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <iostream>
+
+#include "commands.h"
+#include "dcp/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"dcp: decode context parallelism for MLA attention"};
+  app.require_subcommand(1);
+  dcp::cli::add_demo_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // CLI11 prints help on --help (exit 0) and names the bad flag otherwise; usage errors exit 2.
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  } catch (const dcp::Error& e) {
+    std::fprintf(stderr, "dcp: error: %s\n", e.what());
+    return e.category() == dcp::ErrorCategory::invalid_argument ? 2 : 1;
+  }
+  return dcp::cli::exit_code();
+}
