@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   CLI::App app{"dcp: decode context parallelism for MLA attention"};
   app.require_subcommand(1);
   dcp::cli::add_demo_command(app);
+  dcp::cli::add_topology_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -19,7 +20,10 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : 2;
   } catch (const dcp::Error& e) {
     std::fprintf(stderr, "dcp: error: %s\n", e.what());
-    return e.category() == dcp::ErrorCategory::invalid_argument ? 2 : 1;
+    // A configuration the user can fix (bad value, or not available here) is a usage error.
+    const bool usage = e.category() == dcp::ErrorCategory::invalid_argument ||
+                       e.category() == dcp::ErrorCategory::unsupported;
+    return usage ? 2 : 1;
   }
   return dcp::cli::exit_code();
 }

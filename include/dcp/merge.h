@@ -38,6 +38,13 @@ void merge_attention_states(const float* o_parts, const float* lse_parts, int nu
                             std::int64_t rows, int dim, LseBase base, float* out_o,
                             float* out_lse);
 
+// The same with explicit part strides (in floats), for parts packed in one buffer, e.g. the
+// a2a combine's receive buffer [K][O rows*dim | LSE rows]:
+//   part k's O rows start at o_parts + k * o_part_stride, its LSEs at lse_parts + k * lse_part_stride.
+void merge_attention_states(const float* o_parts, std::int64_t o_part_stride,
+                            const float* lse_parts, std::int64_t lse_part_stride, int num_parts,
+                            std::int64_t rows, int dim, LseBase base, float* out_o, float* out_lse);
+
 // The global LSE of K parts per row, and nothing else (what ag_rs needs before rescaling).
 //   lse_parts [K, rows] in `base`; out_lse [rows] natural log.
 void global_lse(const float* lse_parts, int num_parts, std::int64_t rows, LseBase base,

@@ -49,12 +49,20 @@ void check_merge_args(int num_parts, std::int64_t rows, int dim) {
 void merge_attention_states(const float* o_parts, const float* lse_parts, int num_parts,
                             std::int64_t rows, int dim, LseBase base, float* out_o,
                             float* out_lse) {
+  merge_attention_states(o_parts, rows * dim, lse_parts, rows, num_parts, rows, dim, base, out_o,
+                         out_lse);
+}
+
+void merge_attention_states(const float* o_parts, std::int64_t o_part_stride,
+                            const float* lse_parts, std::int64_t lse_part_stride, int num_parts,
+                            std::int64_t rows, int dim, LseBase base, float* out_o,
+                            float* out_lse) {
   check_merge_args(num_parts, rows, dim);
   std::vector<float> weight(static_cast<std::size_t>(num_parts));
   for (std::int64_t row = 0; row < rows; ++row) {
     float m = kNegInf;
     for (int k = 0; k < num_parts; ++k) {
-      weight[k] = lse_to_natural(lse_parts[k * rows + row], base);
+      weight[k] = lse_to_natural(lse_parts[k * lse_part_stride + row], base);
       m = std::max(m, weight[k]);
     }
     float* o = out_o + row * dim;
@@ -73,7 +81,7 @@ void merge_attention_states(const float* o_parts, const float* lse_parts, int nu
     for (int k = 0; k < num_parts; ++k) {
       if (weight[k] == 0.0f) continue;  // skip empty parts: their O may be garbage
       const float w = weight[k] * inv;
-      const float* part = o_parts + (k * rows + row) * dim;
+      const float* part = o_parts + k * o_part_stride + row * dim;
       for (int d = 0; d < dim; ++d) o[d] += w * part[d];
     }
     if (out_lse) out_lse[row] = m + std::log(total);

@@ -1,0 +1,73 @@
+// The DCP attention step for one rank of a DCP group of N ranks.
+//
+//   gathered Q:   q [T, H_loc, W] (this rank's TP heads) --AllGather--> [T, N*H_loc, W]
+//   replicated Q: q [T, N*H_loc, W] computed locally (no collective)
+//   local MLA attention over this rank's KV shard for all N*H_loc heads -> O_r, LSE_r
+//   combine, heads return to their TP owner:
+//     ag_rs: AllGather LSE, global LSE, rescale O_r by exp(LSE_r - LSE), ReduceScatter by head
+//     a2a:   slice O_r and LSE_r by destination head block, one packed All-to-All, local merge
+//   -> out [T, H_loc, D_c], lse [T, H_loc]: exactly attention without DCP.
+//
+// Head g of the group's N*H_loc heads belongs to dcp rank g / H_loc (contiguous blocks).
+// W = D_c + D_r. With N = 1 no collective runs and the output is the local kernel's, bitwise.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "dcp/attention.h"
+#include "dcp/comm.h"
+#include "dcp/topology.h"
+
+namespace dcp {
+
+struct DcpAttentionOptions {
+  CombineBackend backend = CombineBackend::ag_rs;
+  bool replicated_q = false;  // q holds the whole group's heads; needs an a2a-family backend
+  int local_heads = 0;        // H_loc: query heads per rank (the TP shard)
+};
+
+// Wall time of the last forward, split by phase (milliseconds).
+struct DcpStepTimings {
+  double attention_ms = 0;  // local MLA kernel
+  double comm_ms = 0;       // query gather + combine collectives
+  double other_ms = 0;      // packing, rescaling, merging
+};
+
+class DcpAttention {
+ public:
+  // `group` is the DCP group (N = group.size(); it must outlive this object). Throws on an
+  // unsupported backend, replicated Q without a2a, or local_heads < 1.
+  DcpAttention(Communicator& group, DcpAttentionOptions options);
+
+  // shard: this rank's KV shard and forward metadata (num_requests, q_start, q_pos, kv, pages,
+  //        local_len, dcp_size == N, dcp_rank == group.rank(), masks). Its q, num_heads, out,
+  //        lse and sinks fields are ignored: the step sets them.
+  // q:     gathered Q [T, H_loc, W]; replicated Q [T, N*H_loc, W]; fp32
+  // sinks: [N*H_loc] natural-log sink logit of each of the group's heads, or null; counted once
+  // out:   [T, H_loc, D_c] fp32;  lse: [T, H_loc] natural log (may be null)
+  void forward(const float* q, const MlaAttentionParams& shard, const float* sinks, float* out,
+               float* lse);
+
+  const DcpStepTimings& last_timings() const noexcept { return timings_; }
+  const DcpAttentionOptions& options() const noexcept { return options_; }
+
+  // Bytes this rank sends per forward, by the formulas (for checks and the cost model).
+  //   query gather (gathered Q only): (N-1) * T*H_loc*W*4
+  //   ag_rs: LSE gather (N-1) * T*N*H_loc*4 + reduce-scatter (N-1) * T*H_loc*D_c*4
+  //   a2a:   (N-1) * T*H_loc*(D_c + 1)*4, one collective
+  static std::uint64_t expected_bytes_sent(const DcpAttentionOptions& options, int dcp_size,
+                                           std::int64_t tokens, int kv_lora_rank, int rope_dim);
+
+ private:
+  void combine_ag_rs(std::int64_t tokens, int dc, float* out, float* lse);
+  void combine_a2a(std::int64_t tokens, int dc, float* out, float* lse);
+
+  Communicator& group_;
+  DcpAttentionOptions options_;
+  DcpStepTimings timings_;
+  // Buffers reused across forwards.
+  std::vector<float> q_gathered_, q_all_, o_local_, lse_local_, lse_all_, lse_global_, send_, recv_;
+};
+
+}  // namespace dcp

@@ -1,0 +1,63 @@
+#include "dcp/comm.h"
+
+#include "dcp/error.h"
+
+namespace dcp {
+
+std::size_t scalar_size(ScalarType t) noexcept {
+  switch (t) {
+    case ScalarType::f32: return 4;
+    case ScalarType::f64: return 8;
+    case ScalarType::i32: return 4;
+    case ScalarType::i64: return 8;
+  }
+  return 0;
+}
+
+std::string_view to_string(Collective c) noexcept {
+  switch (c) {
+    case Collective::all_gather: return "all_gather";
+    case Collective::all_to_all: return "all_to_all";
+    case Collective::reduce_scatter: return "reduce_scatter";
+    case Collective::all_reduce: return "all_reduce";
+    case Collective::broadcast: return "broadcast";
+    case Collective::barrier: return "barrier";
+    case Collective::send: return "send";
+    case Collective::count_: break;
+  }
+  return "?";
+}
+
+std::uint64_t CommStats::total_calls() const noexcept {
+  std::uint64_t n = 0;
+  for (std::size_t i = 0; i < kNumCollectives; ++i) {
+    if (static_cast<Collective>(i) != Collective::barrier) n += by_kind[i].calls;
+  }
+  return n;
+}
+
+std::uint64_t CommStats::total_bytes() const noexcept {
+  std::uint64_t n = 0;
+  for (const auto& e : by_kind) n += e.bytes_sent;
+  return n;
+}
+
+CommStats CommStats::operator-(const CommStats& earlier) const {
+  CommStats d;
+  for (std::size_t i = 0; i < kNumCollectives; ++i) {
+    d.by_kind[i].calls = by_kind[i].calls - earlier.by_kind[i].calls;
+    d.by_kind[i].bytes_sent = by_kind[i].bytes_sent - earlier.by_kind[i].bytes_sent;
+  }
+  return d;
+}
+
+void Communicator::check_root(int root, const char* what) const {
+  DCP_ARG_CHECK(root >= 0 && root < size(), what, ": root = ", root, " must be in [0, ", size(), ")");
+}
+
+void Communicator::check_peer(int peer, const char* what) const {
+  DCP_ARG_CHECK(peer >= 0 && peer < size() && peer != rank(), what, ": peer = ", peer,
+                " must be in [0, ", size(), ") and not this rank (", rank(), ")");
+}
+
+}  // namespace dcp

@@ -1,0 +1,21 @@
+// Linked when dcp is built without MPI: the API exists and says clearly that it is absent.
+#include "dcp/comm_mpi.h"
+#include "dcp/error.h"
+
+namespace dcp {
+
+bool mpi_available() noexcept { return false; }
+
+MpiSession::MpiSession(int*, char***) {
+  throw Error(ErrorCategory::unsupported,
+              "this dcp was built without MPI (install libopenmpi-dev and reconfigure with "
+              "-DDCP_WITH_MPI=ON)");
+}
+
+MpiSession::~MpiSession() = default;
+
+std::unique_ptr<Communicator> MpiSession::world() const {
+  throw Error(ErrorCategory::unsupported, "this dcp was built without MPI");
+}
+
+}  // namespace dcp

@@ -1,0 +1,188 @@
+#include "dcp/dcp_attention.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "dcp/error.h"
+#include "dcp/merge.h"
+
+namespace dcp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+DcpAttention::DcpAttention(Communicator& group, DcpAttentionOptions options)
+    : group_(group), options_(options) {
+  DCP_ARG_CHECK(options.local_heads >= 1, "local_heads = ", options.local_heads, " must be >= 1");
+  DCP_CHECK(options.backend != CombineBackend::fi_a2a, unsupported,
+            "--dcp-comm-backend fi_a2a needs Blackwell GPUs in one MNNVL domain; this build runs "
+            "on the CPU (legal: ag_rs, a2a)");
+  DCP_ARG_CHECK(!options.replicated_q || options.backend == CombineBackend::a2a,
+                "--dcp-replicate-q-proj needs an all-to-all combine (--dcp-comm-backend a2a), got ",
+                to_string(options.backend));
+}
+
+std::uint64_t DcpAttention::expected_bytes_sent(const DcpAttentionOptions& o, int n,
+                                                std::int64_t tokens, int dc, int dr) {
+  const std::uint64_t peers = static_cast<std::uint64_t>(n - 1);
+  const std::uint64_t rows = static_cast<std::uint64_t>(tokens) * o.local_heads;
+  std::uint64_t bytes = o.replicated_q ? 0 : peers * rows * (dc + dr) * 4;
+  if (o.backend == CombineBackend::ag_rs) {
+    bytes += peers * rows * n * 4 + peers * rows * dc * 4;
+  } else {
+    bytes += peers * rows * (dc + 1) * 4;
+  }
+  return bytes;
+}
+
+void DcpAttention::forward(const float* q, const MlaAttentionParams& shard, const float* sinks,
+                           float* out, float* lse) {
+  const int n = group_.size();
+  const int h_loc = options_.local_heads;
+  const int heads = n * h_loc;
+  const int dc = shard.kv_lora_rank;
+  const int width = shard.kv_lora_rank + shard.rope_dim;
+  DCP_ARG_CHECK(shard.dcp_size == n, "shard.dcp_size = ", shard.dcp_size,
+                " must equal the DCP group size ", n);
+  DCP_ARG_CHECK(shard.dcp_rank == group_.rank(), "shard.dcp_rank = ", shard.dcp_rank,
+                " must equal this rank's place in the DCP group, ", group_.rank());
+  DCP_ARG_CHECK(q != nullptr && out != nullptr, "q and out must not be null");
+  DCP_ARG_CHECK(shard.num_requests >= 0 && (shard.num_requests == 0 || shard.q_start != nullptr),
+                "shard.q_start must not be null when num_requests > 0");
+  const std::int64_t tokens = shard.num_requests > 0 ? shard.q_start[shard.num_requests] : 0;
+  timings_ = {};
+
+  MlaAttentionParams p = shard;
+  p.num_heads = heads;
+  p.sinks = group_.rank() == 0 ? sinks : nullptr;  // one rank adds the sink: counted once
+
+  // 1. The group's query [T, N*H_loc, W].
+  auto t0 = Clock::now();
+  if (options_.replicated_q || n == 1) {
+    p.q = q;
+  } else {
+    const std::size_t block = static_cast<std::size_t>(tokens) * h_loc * width;
+    q_gathered_.resize(block * n);
+    group_.all_gather(q, q_gathered_.data(), block * sizeof(float));
+    timings_.comm_ms += ms_since(t0);
+    t0 = Clock::now();
+    // [N, T, H_loc, W] -> [T, N, H_loc, W]: head g = rank * H_loc + h, a contiguous block.
+    q_all_.resize(block * n);
+    const std::size_t head_block = static_cast<std::size_t>(h_loc) * width;
+    for (int r = 0; r < n; ++r) {
+      for (std::int64_t t = 0; t < tokens; ++t) {
+        std::memcpy(q_all_.data() + (t * n + r) * head_block,
+                    q_gathered_.data() + r * block + t * head_block, head_block * sizeof(float));
+      }
+    }
+    p.q = q_all_.data();
+    timings_.other_ms += ms_since(t0);
+  }
+
+  // 2. Local attention over this rank's shard, all N*H_loc heads.
+  if (n == 1) {  // no combine: the kernel writes the result directly
+    p.out = out;
+    p.lse = lse ? lse : (lse_local_.resize(static_cast<std::size_t>(tokens) * heads), lse_local_.data());
+    t0 = Clock::now();
+    mla_attention(p);
+    timings_.attention_ms += ms_since(t0);
+    return;
+  }
+  o_local_.resize(static_cast<std::size_t>(tokens) * heads * dc);
+  lse_local_.resize(static_cast<std::size_t>(tokens) * heads);
+  p.out = o_local_.data();
+  p.lse = lse_local_.data();
+  t0 = Clock::now();
+  mla_attention(p);
+  timings_.attention_ms += ms_since(t0);
+
+  // 3. Combine; heads return to their TP owner.
+  if (options_.backend == CombineBackend::ag_rs) {
+    combine_ag_rs(tokens, dc, out, lse);
+  } else {
+    combine_a2a(tokens, dc, out, lse);
+  }
+}
+
+void DcpAttention::combine_ag_rs(std::int64_t tokens, int dc, float* out, float* lse) {
+  const int n = group_.size();
+  const int r = group_.rank();
+  const int h_loc = options_.local_heads;
+  const int heads = n * h_loc;
+  const std::size_t rows = static_cast<std::size_t>(tokens) * heads;
+  auto t0 = Clock::now();
+  lse_all_.resize(rows * n);
+  group_.all_gather(lse_local_.data(), lse_all_.data(), rows * sizeof(float));
+  timings_.comm_ms += ms_since(t0);
+
+  t0 = Clock::now();
+  lse_global_.resize(rows);
+  global_lse(lse_all_.data(), n, static_cast<std::int64_t>(rows), LseBase::e, lse_global_.data());
+  // Rescale O_r by exp(L_r - L) and lay it out by destination: [N, T, H_loc, D_c].
+  const std::size_t block = static_cast<std::size_t>(tokens) * h_loc * dc;
+  send_.resize(block * n);
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    for (int g = 0; g < heads; ++g) {
+      const std::size_t row = static_cast<std::size_t>(t) * heads + g;
+      const float l_r = lse_to_natural(lse_local_[row], LseBase::e);
+      const float l = lse_global_[row];
+      const float w = (l_r == kNegInf || l == kNegInf) ? 0.0f : std::exp(l_r - l);
+      const float* src = o_local_.data() + row * dc;
+      float* dst = send_.data() + (g / h_loc) * block + (static_cast<std::size_t>(t) * h_loc + g % h_loc) * dc;
+      if (w == 0.0f) {
+        std::fill(dst, dst + dc, 0.0f);  // an empty shard's O may be anything
+      } else {
+        for (int d = 0; d < dc; ++d) dst[d] = w * src[d];
+      }
+    }
+  }
+  timings_.other_ms += ms_since(t0);
+
+  t0 = Clock::now();
+  group_.reduce_scatter(send_.data(), out, block, ScalarType::f32, ReduceOp::sum);
+  timings_.comm_ms += ms_since(t0);
+  if (lse) {
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      for (int h = 0; h < h_loc; ++h) lse[t * h_loc + h] = lse_global_[t * heads + r * h_loc + h];
+    }
+  }
+}
+
+void DcpAttention::combine_a2a(std::int64_t tokens, int dc, float* out, float* lse) {
+  const int n = group_.size();
+  const int h_loc = options_.local_heads;
+  const int heads = n * h_loc;
+  const std::int64_t rows = tokens * h_loc;  // rows per destination
+  const std::size_t chunk = static_cast<std::size_t>(rows) * (dc + 1);  // [O rows*dc | LSE rows]
+  auto t0 = Clock::now();
+  send_.resize(chunk * n);
+  recv_.resize(chunk * n);
+  for (int j = 0; j < n; ++j) {
+    float* o_dst = send_.data() + j * chunk;
+    float* l_dst = o_dst + rows * dc;
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      const std::size_t src_row = static_cast<std::size_t>(t) * heads + j * h_loc;
+      std::memcpy(o_dst + t * h_loc * dc, o_local_.data() + src_row * dc, sizeof(float) * h_loc * dc);
+      std::memcpy(l_dst + t * h_loc, lse_local_.data() + src_row, sizeof(float) * h_loc);
+    }
+  }
+  timings_.other_ms += ms_since(t0);
+
+  t0 = Clock::now();
+  group_.all_to_all(send_.data(), recv_.data(), chunk * sizeof(float));
+  timings_.comm_ms += ms_since(t0);
+
+  t0 = Clock::now();
+  merge_attention_states(recv_.data(), static_cast<std::int64_t>(chunk), recv_.data() + rows * dc,
+                         static_cast<std::int64_t>(chunk), n, rows, dc, LseBase::e, out, lse);
+  timings_.other_ms += ms_since(t0);
+}
+
+}  // namespace dcp

@@ -1,0 +1,95 @@
+// The threads backend: every collective, splits, byte accounting, and failure handling.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "comm_checks.h"
+#include "dcp/comm_threads.h"
+#include "dcp/error.h"
+
+namespace dcp {
+namespace {
+
+constexpr int kSizes[] = {1, 2, 3, 4, 7};
+
+TEST(CommThreads, Collectives) {
+  for (int n : kSizes) {
+    SCOPED_TRACE("ranks " + std::to_string(n));
+    run_threads(n, [](Communicator& c) { test::check_collectives(c, 3 << 20); });
+  }
+}
+
+TEST(CommThreads, Split) {
+  for (int n : kSizes) {
+    run_threads(n, [](Communicator& c) { test::check_split(c); });
+  }
+}
+
+TEST(CommThreads, ByteAccounting) {
+  for (int n : kSizes) {
+    run_threads(n, [](Communicator& c) { test::check_byte_accounting(c); });
+  }
+}
+
+TEST(CommThreads, RankFailingMidCollectiveFailsTheOthers) {
+  std::atomic<int> released{0};
+  try {
+    run_threads(4, [&](Communicator& c) {
+      std::vector<float> a(16), b(64);
+      c.all_gather(a.data(), b.data(), 64);  // one collective that succeeds
+      if (c.rank() == 2) throw Error(ErrorCategory::capacity, "KV cache full on purpose");
+      try {
+        c.all_gather(a.data(), b.data(), 64);  // rank 2 never arrives
+      } catch (const Error& e) {
+        EXPECT_EQ(e.category(), ErrorCategory::comm);
+        EXPECT_NE(std::string(e.what()).find("rank 2 failed"), std::string::npos) << e.what();
+        ++released;
+        throw;
+      }
+    });
+    FAIL() << "expected the failure to be rethrown";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.category(), ErrorCategory::capacity);  // the root cause, not the fallout
+    EXPECT_NE(std::string(e.what()).find("rank 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("on purpose"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(released.load(), 3);
+}
+
+TEST(CommThreads, MissingRankTimesOutWithItsName) {
+  ThreadsOptions opt;
+  opt.timeout = std::chrono::milliseconds(200);
+  try {
+    run_threads(3, [](Communicator& c) {
+      if (c.rank() == 1) return;  // leaves without joining the collective
+      c.barrier();
+    }, opt);
+    FAIL() << "expected a timeout";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.category(), ErrorCategory::comm);
+    EXPECT_NE(std::string(e.what()).find("timed out"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank(s) 1 "), std::string::npos) << e.what();
+  }
+}
+
+TEST(CommThreads, RecvOfWrongSizeAndBadPeersAreErrors) {
+  EXPECT_THROW(run_threads(2, [](Communicator& c) {
+    std::vector<char> buf(8);
+    if (c.rank() == 0) c.send(buf.data(), 4, 1, 0);
+    else c.recv(buf.data(), 8, 0, 0);
+  }), Error);
+  EXPECT_THROW(run_threads(2, [](Communicator& c) {
+    char x = 0;
+    c.send(&x, 1, c.rank(), 0);
+  }), Error);
+  EXPECT_THROW(run_threads(2, [](Communicator& c) {
+    char x = 0;
+    c.broadcast(&x, 1, 5);
+  }), Error);
+  EXPECT_THROW(run_threads(0, [](Communicator&) {}), Error);
+}
+
+}  // namespace
+}  // namespace dcp
