@@ -12,6 +12,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   dcp::cli::add_demo_command(app);
   dcp::cli::add_topology_command(app);
+  dcp::cli::add_run_command(app);
+  dcp::cli::add_gen_checkpoint_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

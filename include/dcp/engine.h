@@ -1,0 +1,97 @@
+// The engine: requests in, tokens out. Continuous batching over one MlaModel rank; every rank
+// of the group runs the same deterministic scheduler in lockstep (same requests, same steps).
+//
+// Each step: admit waiting requests whose whole KV (prompt + max_new_tokens) fits beside what
+// running requests have reserved; run prefill chunks (at most chunked_prefill_size prompt
+// tokens per step, the upstream extend path); then one decode forward for every request that
+// has finished its prefill. Finished requests free their KV. A request larger than the whole
+// cache is rejected (never crashes); one that fits later waits in the queue.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dcp/model.h"
+
+namespace dcp {
+
+struct RequestSpec {
+  RequestId id = 0;
+  std::vector<std::int32_t> prompt;          // >= 1 token ids
+  int max_new_tokens = 1;                    // >= 1
+  // Teacher forcing: when non-empty, the token fed after step k is forced_outputs[k] instead of
+  // the greedy choice (what --verify uses to compare logits step by step).
+  std::vector<std::int32_t> forced_outputs;
+};
+
+enum class RequestState : std::uint8_t { waiting, prefill, decode, finished, rejected };
+
+struct RequestResult {
+  RequestId id = 0;
+  RequestState state = RequestState::waiting;
+  std::string error;                         // why it was rejected
+  std::vector<std::int32_t> output_tokens;   // greedy choices, one per step
+  std::vector<float> step_logits;            // [steps, vocab] when record_logits
+};
+
+struct EngineOptions {
+  int chunked_prefill_size = 2048;  // prompt tokens per step (>= 1)
+  int max_running_requests = 64;
+  bool record_logits = false;
+};
+
+struct EngineStats {
+  double prefill_ms = 0;
+  std::vector<double> decode_step_ms;         // wall time of each decode forward
+  std::vector<ForwardTimings> decode_timings; // their split
+  std::int64_t steps = 0;
+  std::int64_t decode_tokens = 0;
+  std::int64_t max_queue = 0;                 // most requests ever waiting for KV
+};
+
+class Engine {
+ public:
+  Engine(MlaModel& model, const EngineOptions& options);
+
+  // Queues a request. Throws on an invalid spec (empty prompt, max_new_tokens < 1, duplicate id,
+  // token id outside the vocabulary); the engine is unchanged then.
+  void submit(const RequestSpec& spec);
+  // One scheduling step; false once nothing is left to do.
+  bool step();
+  // Steps until every request finished or was rejected. `progress` (may be empty) is called
+  // after each step.
+  void run(const std::function<void(const Engine&)>& progress = {});
+
+  const std::vector<RequestResult>& results() const noexcept { return results_; }
+  const EngineStats& stats() const noexcept { return stats_; }
+  std::int64_t waiting() const noexcept;
+  std::int64_t running() const noexcept;
+  std::int64_t prompt_tokens_done() const noexcept { return prompt_done_; }
+  std::int64_t prompt_tokens_total() const noexcept { return prompt_total_; }
+
+ private:
+  struct Live {
+    RequestSpec spec;
+    std::size_t result = 0;   // index into results_
+    std::int64_t prefilled = 0;
+  };
+  std::int64_t pages_for(std::int64_t tokens) const;
+  std::int64_t reserved_pages() const;
+  void admit();
+  bool run_prefill();
+  bool run_decode();
+  void emit(Live& r, const float* logits);  // records a step's logits, chooses the next token
+  void finish(std::size_t live_index);
+
+  MlaModel& model_;
+  EngineOptions options_;
+  std::vector<Live> waiting_;
+  std::vector<Live> running_;
+  std::vector<RequestResult> results_;
+  EngineStats stats_;
+  std::int64_t prompt_done_ = 0, prompt_total_ = 0;
+};
+
+}  // namespace dcp

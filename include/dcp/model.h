@@ -1,0 +1,110 @@
+// The MLA decoder, one rank's share of it: TP shards of the weights, one latent KV pool per
+// layer striped over the DCP group, the DCP attention step in every layer.
+//
+// Per layer (DESIGN.md section 3): RMSNorm; q_a_proj -> q_a_layernorm -> q_b_proj (this rank's
+// heads) or q_proj; kv_a_proj_with_mqa -> kv_a_layernorm | RoPE(k_pe); absorb q_nope through
+// w_kc; the new latent rows go to their owner ranks; attention in latent space (decode: the
+// DCP step; extend: the prefix gathered in token order, then causal attention); O through w_vc;
+// optional output gate; o_proj (row-parallel, TP all-reduce); RMSNorm; SwiGLU MLP (TP sharded,
+// all-reduce). Embedding and LM head are vocab-parallel over TP.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dcp/comm.h"
+#include "dcp/dcp_attention.h"
+#include "dcp/kv_cache.h"
+#include "dcp/model_config.h"
+#include "dcp/weights.h"
+
+namespace dcp {
+
+struct ModelOptions {
+  CombineBackend backend = CombineBackend::ag_rs;
+  bool replicate_q_proj = false;  // falls back to the query gather for quantized weights
+  KvDtype kv_dtype = KvDtype::bf16;
+  int page_size = 64;
+  std::int64_t kv_capacity_tokens = 0;  // logical tokens (physical rows x N), rounded up to pages
+};
+
+enum class ForwardMode : std::uint8_t {
+  decode,  // attention through the DCP step (query exchange, shard attention, LSE combine)
+  extend,  // prefill chunk: gather the cached prefix in token order, causal attention locally
+};
+
+// One forward: the last q_len tokens of each request (already allocated in the allocator).
+struct ForwardBatch {
+  std::vector<BatchEntry> entries;
+  std::vector<std::int32_t> tokens;  // [T] input ids, request-major
+  ForwardMode mode = ForwardMode::decode;
+  bool all_logits = false;           // logits of every token (else of each request's last token)
+};
+
+// Wall time of one forward by phase (milliseconds, summed over layers).
+struct ForwardTimings {
+  double total_ms = 0;
+  double attention_ms = 0;  // local MLA attention
+  double dcp_comm_ms = 0;   // DCP query exchange and combine (and the extend gather)
+  double tp_comm_ms = 0;    // TP all-reduces and the logits gather
+  CommStats dcp_comm;       // collectives of the DCP group during this forward
+  CommStats tp_comm;        // collectives of the TP group during this forward
+};
+
+// Threads each BLAS call may use. Set 1 when ranks run as threads in one process, so that the
+// ranks, not BLAS, use the cores.
+void set_blas_threads(int threads);
+
+class MlaModel {
+ public:
+  // tp: this rank's TP group; dcp: its DCP group (a contiguous slice of tp). Loads this rank's
+  // shards from `weights`. Throws dcp::Error naming the problem: heads not divisible by TP, an
+  // MoE layer, a missing or mis-shaped tensor.
+  MlaModel(const ModelConfig& config, const WeightSource& weights, Communicator& tp, Communicator& dcp,
+           const ModelOptions& options);
+  ~MlaModel();
+  MlaModel(const MlaModel&) = delete;
+  MlaModel& operator=(const MlaModel&) = delete;
+
+  const ModelConfig& config() const noexcept { return config_; }
+  const ModelOptions& options() const noexcept { return options_; }
+  // Whether the query projection is replicated (replicate_q_proj asked and the weights allow it).
+  bool replicated_q() const noexcept;
+  int local_heads() const noexcept { return h_loc_; }
+
+  // The allocator replica of this rank (all layers share its token slots).
+  KvAllocator& allocator() noexcept { return *allocator_; }
+  // This rank's shard of layer `layer`'s latent KV.
+  KvShard& kv_shard(int layer);
+  std::size_t kv_bytes() const noexcept;  // all layers, this rank
+
+  // Runs the batch and returns logits [rows, vocab] (rows = tokens if all_logits, else requests).
+  std::vector<float> forward(const ForwardBatch& batch, ForwardTimings* timings = nullptr);
+
+  // Collective statistics of the DCP group and of the TP group.
+  Communicator& dcp_group() noexcept { return dcp_; }
+  Communicator& tp_group() noexcept { return tp_; }
+
+ private:
+  struct Layer;
+  void attention(Layer& layer, int index, const float* x, const ForwardBatch& batch, const ForwardPlan& plan,
+                 float* out, ForwardTimings& t);
+
+  ModelConfig config_;
+  ModelOptions options_;
+  Communicator& tp_;
+  Communicator& dcp_;
+  int h_loc_ = 0;        // heads per TP rank
+  int head0_ = 0;        // first head of this rank
+  std::int64_t vocab_begin_ = 0, vocab_end_ = 0, vocab_chunk_ = 0;
+  std::vector<float> embed_;    // [vocab_end - vocab_begin, hidden]
+  std::vector<float> lm_head_;  // same rows
+  std::vector<float> final_norm_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::unique_ptr<KvAllocator> allocator_;
+  std::unique_ptr<DcpAttention> dcp_step_;
+};
+
+}  // namespace dcp

@@ -1,0 +1,91 @@
+#include "ops.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "dcp/error.h"
+#include "dcp/model_config.h"
+
+namespace dcp::ops {
+
+void linear(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n, float* y,
+            std::int64_t ldx, std::int64_t ldy) {
+  if (m == 0 || n == 0) return;
+  if (ldx < 0) ldx = k;
+  if (ldy < 0) ldy = n;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
+              static_cast<int>(k), 1.0f, x, static_cast<int>(ldx), w, static_cast<int>(k), 0.0f, y,
+              static_cast<int>(ldy));
+}
+
+void matmul(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n, float* y,
+            std::int64_t ldx, std::int64_t ldw, std::int64_t ldy) {
+  if (m == 0 || n == 0) return;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
+              static_cast<int>(k), 1.0f, x, static_cast<int>(ldx), w, static_cast<int>(ldw), 0.0f, y,
+              static_cast<int>(ldy));
+}
+
+void rms_norm(float* x, std::int64_t m, std::int64_t d, const float* weight, double eps, std::int64_t ld) {
+  if (ld < 0) ld = d;
+  for (std::int64_t i = 0; i < m; ++i) {
+    float* row = x + i * ld;
+    double ss = 0;
+    for (std::int64_t j = 0; j < d; ++j) ss += static_cast<double>(row[j]) * row[j];
+    const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(d) + eps));
+    for (std::int64_t j = 0; j < d; ++j) row[j] = row[j] * inv * weight[j];
+  }
+}
+
+void silu_mul(const float* gate, const float* up, float* out, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+void set_blas_threads(int threads) { openblas_set_num_threads(std::max(1, threads)); }
+
+namespace {
+
+// DeepSeek's YaRN: the dimension at which a frequency makes `rotations` turns over max_pos.
+double correction_dim(double rotations, int dim, double base, double max_pos) {
+  return (dim * std::log(max_pos / (rotations * 2 * std::numbers::pi))) / (2 * std::log(base));
+}
+
+}  // namespace
+
+Rope::Rope(int dim, double theta, const RopeScaling* yarn) {
+  DCP_ARG_CHECK(dim >= 0 && dim % 2 == 0, "rope dim ", dim, " must be even");
+  const int half = dim / 2;
+  inv_freq_.resize(half);
+  for (int i = 0; i < half; ++i) inv_freq_[i] = 1.0 / std::pow(theta, 2.0 * i / dim);
+  if (!yarn || yarn->factor <= 1.0) return;
+  // Interpolate low frequencies by `factor`, keep high ones, ramp in between.
+  const double low = std::max(0.0, std::floor(correction_dim(yarn->beta_fast, dim, theta, yarn->original_max_position_embeddings)));
+  double high = std::min<double>(dim - 1, std::ceil(correction_dim(yarn->beta_slow, dim, theta, yarn->original_max_position_embeddings)));
+  if (low == high) high += 0.001;
+  for (int i = 0; i < half; ++i) {
+    const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+    const double extrapolate = 1.0 - ramp;  // weight of the original frequency
+    const double interp = inv_freq_[i] / yarn->factor;
+    inv_freq_[i] = interp * (1.0 - extrapolate) + inv_freq_[i] * extrapolate;
+  }
+  mscale_ = yarn_get_mscale(yarn->factor, yarn->mscale) / yarn_get_mscale(yarn->factor, yarn->mscale_all_dim);
+}
+
+void Rope::apply(float* x, std::int64_t pos) const {
+  const int half = static_cast<int>(inv_freq_.size());
+  float tmp[512];
+  DCP_CHECK(2 * half <= 512, unsupported, "rope dim ", 2 * half, " exceeds 512");
+  for (int i = 0; i < half; ++i) {
+    const double angle = static_cast<double>(pos) * inv_freq_[i];
+    const double c = std::cos(angle) * mscale_, s = std::sin(angle) * mscale_;
+    const double a = x[2 * i], b = x[2 * i + 1];
+    tmp[i] = static_cast<float>(a * c - b * s);
+    tmp[i + half] = static_cast<float>(b * c + a * s);
+  }
+  std::copy(tmp, tmp + 2 * half, x);
+}
+
+}  // namespace dcp::ops

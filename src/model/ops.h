@@ -1,0 +1,47 @@
+// Dense building blocks of the model, on fp32 row-major tensors. Projections go through BLAS.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "dcp/model_config.h"
+
+namespace dcp::ops {
+
+// y[M, N] = x[M, K] @ w[N, K]^T  (w as a torch Linear weight: [out, in]); ldx/ldy row strides.
+void linear(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n, float* y,
+            std::int64_t ldx = -1, std::int64_t ldy = -1);
+// y[M, N] = x[M, K] @ w[K, N]   (w not transposed); strides as above, ldw for w.
+void matmul(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n, float* y,
+            std::int64_t ldx, std::int64_t ldw, std::int64_t ldy);
+
+// In place: x[M, D] = x / rms(x) * weight, rows of stride ld (default D).
+void rms_norm(float* x, std::int64_t m, std::int64_t d, const float* weight, double eps, std::int64_t ld = -1);
+
+// out = silu(gate) * up, elementwise over n.
+void silu_mul(const float* gate, const float* up, float* out, std::int64_t n);
+
+// BLAS threads per call (1 when ranks run as threads, so ranks do not oversubscribe cores).
+void set_blas_threads(int threads);
+
+// Rotary embedding as the Hugging Face DeepSeek-V2/V3 code applies it: the rope dims are taken
+// as interleaved pairs (x0, x1), (x2, x3), ... and written back in rotate-half order:
+//   out[i] = a cos - b sin,  out[i + d/2] = b cos + a sin,  a = x[2i], b = x[2i+1],
+// with cos/sin of position * inv_freq[i], times YaRN's mscale.
+class Rope {
+ public:
+  Rope() = default;
+  // inv_freq and mscale from rope_theta and rope_scaling (YaRN) of the model config.
+  Rope(int dim, double theta, const RopeScaling* yarn);
+  // In place on `x` [d] at global position `pos`.
+  void apply(float* x, std::int64_t pos) const;
+  int dim() const noexcept { return static_cast<int>(inv_freq_.size() * 2); }
+  const std::vector<double>& inv_freq() const noexcept { return inv_freq_; }
+  double mscale() const noexcept { return mscale_; }
+
+ private:
+  std::vector<double> inv_freq_;
+  double mscale_ = 1.0;
+};
+
+}  // namespace dcp::ops

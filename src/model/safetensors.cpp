@@ -1,0 +1,206 @@
+#include "safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+
+#include "dcp/dtype.h"
+#include "dcp/error.h"
+
+namespace dcp::safetensors {
+namespace {
+
+float half_to_float(std::uint16_t h) noexcept {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exp = (h >> 10) & 0x1fu;
+  const std::uint32_t man = h & 0x3ffu;
+  float f;
+  if (exp == 0) {
+    f = std::ldexp(static_cast<float>(man), -24);  // zero or subnormal
+  } else if (exp == 31) {
+    f = man == 0 ? INFINITY : NAN;
+  } else {
+    f = std::ldexp(static_cast<float>(man | 0x400u), static_cast<int>(exp) - 25);
+  }
+  std::uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  bits |= sign;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+std::uint16_t float_to_half(float f) noexcept {
+  // Round to nearest even through float arithmetic; enough for writing test checkpoints.
+  std::uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  const std::uint16_t sign = static_cast<std::uint16_t>((bits >> 16) & 0x8000u);
+  const float a = std::fabs(f);
+  if (std::isnan(f)) return static_cast<std::uint16_t>(sign | 0x7e00u);
+  if (a >= 65520.0f) return static_cast<std::uint16_t>(sign | 0x7c00u);
+  if (a < 6.103515625e-05f) {  // subnormal half
+    return static_cast<std::uint16_t>(sign | static_cast<std::uint16_t>(std::nearbyint(a * 16777216.0f)));
+  }
+  int e;
+  const float m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+  auto man = static_cast<std::uint32_t>(std::nearbyint((m * 2.0f - 1.0f) * 1024.0f));
+  if (man == 1024) {
+    man = 0;
+    ++e;
+  }
+  return static_cast<std::uint16_t>(sign | static_cast<std::uint32_t>((e + 14) << 10) | man);
+}
+
+}  // namespace
+
+std::size_t dtype_bytes(const std::string& d) {
+  if (d == "F64" || d == "I64" || d == "U64") return 8;
+  if (d == "F32" || d == "I32" || d == "U32") return 4;
+  if (d == "F16" || d == "BF16" || d == "I16" || d == "U16") return 2;
+  if (d == "I8" || d == "U8" || d == "BOOL" || d == "F8_E4M3" || d == "F8_E5M2") return 1;
+  return 0;
+}
+
+File::File(const std::string& path) : path_(path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  DCP_CHECK(fd >= 0, io, "cannot open ", path, ": ", std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    throw Error(ErrorCategory::io, str("cannot stat ", path));
+  }
+  size_ = static_cast<std::size_t>(st.st_size);
+  if (size_ < 8) {
+    ::close(fd);
+    throw Error(ErrorCategory::io, str(path, ": truncated safetensors file (", size_, " bytes, no header)"));
+  }
+  void* m = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  DCP_CHECK(m != MAP_FAILED, io, "cannot map ", path, ": ", std::strerror(errno));
+  map_ = static_cast<const std::uint8_t*>(m);
+  try {
+    std::uint64_t header_len = 0;
+    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | map_[i];
+    DCP_CHECK(header_len <= size_ - 8, io, path, ": header length ", header_len,
+              " exceeds the file (", size_ - 8, " bytes after the length)");
+    data_ = map_ + 8 + header_len;
+    const std::size_t data_size = size_ - 8 - header_len;
+    nlohmann::json header;
+    try {
+      header = nlohmann::json::parse(map_ + 8, map_ + 8 + header_len);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(ErrorCategory::io, str(path, ": malformed header: ", e.what()));
+    }
+    DCP_CHECK(header.is_object(), io, path, ": header is not a JSON object");
+    for (const auto& [name, v] : header.items()) {
+      if (name == "__metadata__") continue;
+      DCP_CHECK(v.is_object() && v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
+                io, path, ": tensor '", name, "' lacks dtype, shape or data_offsets");
+      TensorInfo t;
+      try {
+        t.dtype = v["dtype"].get<std::string>();
+        t.shape = v["shape"].get<std::vector<std::int64_t>>();
+        const auto off = v["data_offsets"].get<std::vector<std::uint64_t>>();
+        DCP_CHECK(off.size() == 2, io, path, ": tensor '", name, "' data_offsets must have 2 entries");
+        t.begin = off[0];
+        t.end = off[1];
+      } catch (const nlohmann::json::exception& e) {
+        throw Error(ErrorCategory::io, str(path, ": tensor '", name, "' has a malformed entry: ", e.what()));
+      }
+      const std::size_t eb = dtype_bytes(t.dtype);
+      DCP_CHECK(eb > 0, io, path, ": tensor '", name, "' has unknown dtype '", t.dtype, "'");
+      std::uint64_t elems = 1;
+      for (std::int64_t d : t.shape) {
+        DCP_CHECK(d >= 0, io, path, ": tensor '", name, "' has a negative dimension");
+        elems *= static_cast<std::uint64_t>(d);
+      }
+      DCP_CHECK(t.begin <= t.end && t.end <= data_size, io, path, ": tensor '", name, "' data [",
+                t.begin, ", ", t.end, ") lies outside the data section of ", data_size,
+                " bytes (truncated file?)");
+      DCP_CHECK(t.end - t.begin == elems * eb, io, path, ": tensor '", name, "' claims ",
+                t.end - t.begin, " bytes but its shape and dtype ", t.dtype, " need ", elems * eb);
+      tensors_.emplace(name, std::move(t));
+    }
+  } catch (...) {
+    ::munmap(const_cast<std::uint8_t*>(map_), size_);
+    throw;
+  }
+}
+
+File::~File() {
+  if (map_) ::munmap(const_cast<std::uint8_t*>(map_), size_);
+}
+
+std::vector<float> File::read(const std::string& name, std::int64_t r0, std::int64_t r1, std::int64_t c0,
+                              std::int64_t c1) const {
+  const TensorInfo& t = tensors_.at(name);
+  const std::int64_t cols = t.shape.size() == 2 ? t.shape[1] : 1;
+  const std::uint8_t* base = data_ + t.begin;
+  std::vector<float> out(static_cast<std::size_t>((r1 - r0) * (c1 - c0)));
+  std::size_t k = 0;
+  for (std::int64_t r = r0; r < r1; ++r) {
+    for (std::int64_t c = c0; c < c1; ++c) {
+      const std::size_t i = static_cast<std::size_t>(r * cols + c);
+      if (t.dtype == "F32") {
+        std::memcpy(&out[k], base + 4 * i, 4);
+      } else if (t.dtype == "BF16") {
+        std::uint16_t h;
+        std::memcpy(&h, base + 2 * i, 2);
+        out[k] = bf16_to_float(h);
+      } else if (t.dtype == "F16") {
+        std::uint16_t h;
+        std::memcpy(&h, base + 2 * i, 2);
+        out[k] = half_to_float(h);
+      } else {
+        throw Error(ErrorCategory::unsupported, str(path_, ": tensor '", name, "' has dtype ", t.dtype,
+                                                    "; dcp loads F32, F16 and BF16 (quantized weights are not supported)"));
+      }
+      ++k;
+    }
+  }
+  return out;
+}
+
+void write_file(const std::string& path, const std::vector<NamedTensor>& tensors, const std::string& dtype) {
+  const std::size_t eb = dtype_bytes(dtype);
+  DCP_ARG_CHECK(dtype == "F32" || dtype == "F16" || dtype == "BF16", "checkpoint dtype '", dtype,
+                "' is not one of: F32, F16, BF16");
+  nlohmann::ordered_json header;
+  std::uint64_t offset = 0;
+  for (const NamedTensor& t : tensors) {
+    const std::uint64_t bytes = t.values.size() * eb;
+    header[t.name] = {{"dtype", dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  header["__metadata__"] = {{"format", "pt"}, {"writer", "dcp"}};
+  std::string text = header.dump();
+  while ((text.size() + 8) % 8 != 0) text += ' ';  // align the data section
+  std::ofstream out(path, std::ios::binary);
+  DCP_CHECK(out.good(), io, "cannot write ", path);
+  std::uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<std::uint8_t>(static_cast<std::uint64_t>(text.size()) >> (8 * i));
+  out.write(reinterpret_cast<const char*>(len), 8);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  std::vector<std::uint8_t> buf;
+  for (const NamedTensor& t : tensors) {
+    buf.resize(t.values.size() * eb);
+    for (std::size_t i = 0; i < t.values.size(); ++i) {
+      if (dtype == "F32") {
+        std::memcpy(&buf[4 * i], &t.values[i], 4);
+      } else {
+        const std::uint16_t h = dtype == "BF16" ? float_to_bf16(t.values[i]) : float_to_half(t.values[i]);
+        std::memcpy(&buf[2 * i], &h, 2);
+      }
+    }
+    out.write(reinterpret_cast<const char*>(buf.data()), static_cast<std::streamsize>(buf.size()));
+  }
+  DCP_CHECK(out.good(), io, "failed writing ", path);
+}
+
+}  // namespace dcp::safetensors

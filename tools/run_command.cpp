@@ -1,0 +1,386 @@
+// `dcp run`: the main job. Loads a model (preset or checkpoint), runs requests through the engine
+// with DCP, prints a summary, and with --verify checks the result against DCP 1 (same TP).
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <sstream>
+
+#include "commands.h"
+#include "dcp/error.h"
+#include "dcp/weights.h"
+#include "parallel_flags.h"
+#include "run_workload.h"
+
+namespace dcp::cli {
+namespace {
+
+using json = nlohmann::ordered_json;
+
+struct RunOptions {
+  ParallelFlags parallel;
+  std::string model_path;
+  std::string preset = "tiny";
+  int num_layers = 0;
+  int page_size = 64;
+  std::string kv_cache_dtype = "bf16";
+  int chunked_prefill_size = 2048;
+  std::int64_t max_total_tokens = 0;  // 0: enough for the workload
+  int batch = 4;
+  int prompt_len = 4000;
+  int max_new_tokens = 32;
+  std::uint64_t seed = 1;
+  std::string comm = "threads";
+  bool verify = true;
+  std::string json_path;
+  std::string prompt_tokens;
+  std::string dump_logits;
+};
+
+std::vector<std::int32_t> parse_ids(const std::string& text, const std::string& where) {
+  std::vector<std::int32_t> ids;
+  std::string cleaned = text;
+  std::replace(cleaned.begin(), cleaned.end(), ',', ' ');
+  std::istringstream in(cleaned);
+  std::string tok;
+  while (in >> tok) {
+    try {
+      std::size_t used = 0;
+      const long v = std::stol(tok, &used);
+      if (used != tok.size() || v < 0 || v > INT32_MAX) throw std::invalid_argument(tok);
+      ids.push_back(static_cast<std::int32_t>(v));
+    } catch (const std::exception&) {
+      throw Error(ErrorCategory::invalid_argument, str("--prompt-tokens: '", tok, "' in ", where,
+                                                       " is not a non-negative token id"));
+    }
+  }
+  return ids;
+}
+
+// One prompt per ';'-separated list, or per line of a file.
+std::vector<std::vector<std::int32_t>> read_prompts(const std::string& arg) {
+  std::vector<std::vector<std::int32_t>> prompts;
+  if (std::filesystem::is_regular_file(arg)) {
+    std::ifstream in(arg);
+    std::string line;
+    int n = 0;
+    while (std::getline(in, line)) {
+      ++n;
+      auto ids = parse_ids(line, str(arg, " line ", n));
+      if (!ids.empty()) prompts.push_back(std::move(ids));
+    }
+  } else {
+    std::istringstream in(arg);
+    std::string part;
+    while (std::getline(in, part, ';')) {
+      auto ids = parse_ids(part, "the list");
+      if (!ids.empty()) prompts.push_back(std::move(ids));
+    }
+  }
+  DCP_ARG_CHECK(!prompts.empty(), "--prompt-tokens '", arg, "' holds no token ids");
+  return prompts;
+}
+
+Workload build_workload(const RunOptions& o) {
+  Workload w;
+  DCP_ARG_CHECK(o.batch >= 1, "--batch ", o.batch, " must be >= 1");
+  DCP_ARG_CHECK(o.prompt_len >= 1, "--prompt-len ", o.prompt_len, " must be >= 1");
+  DCP_ARG_CHECK(o.max_new_tokens >= 1, "--max-new-tokens ", o.max_new_tokens, " must be >= 1");
+  DCP_ARG_CHECK(o.page_size >= 1, "--page-size ", o.page_size, " must be >= 1");
+  DCP_ARG_CHECK(o.num_layers >= 0, "--num-layers ", o.num_layers, " must be >= 1");
+  DCP_ARG_CHECK(o.max_total_tokens >= 0, "--max-total-tokens ", o.max_total_tokens, " must be >= 1");
+  if (!o.model_path.empty()) {
+    w.model = read_checkpoint_config(o.model_path);
+    if (o.num_layers > 0) {
+      DCP_ARG_CHECK(o.num_layers <= w.model.num_hidden_layers, "--num-layers ", o.num_layers,
+                    " exceeds the checkpoint's ", w.model.num_hidden_layers, " layers");
+      w.model.num_hidden_layers = o.num_layers;
+    }
+    w.model_path = o.model_path;
+  } else {
+    w.model = preset_config(o.preset, o.num_layers);
+  }
+  w.parallel = o.parallel.to_config();
+  w.comm = o.comm;
+  w.model_options.replicate_q_proj = w.parallel.replicate_q_proj;
+  w.model_options.kv_dtype = parse_kv_dtype(o.kv_cache_dtype);
+  w.model_options.page_size = o.page_size;
+  w.engine.chunked_prefill_size = o.chunked_prefill_size;
+  w.engine.record_logits = o.verify || !o.dump_logits.empty();
+
+  std::vector<std::vector<std::int32_t>> prompts;
+  if (!o.prompt_tokens.empty()) {
+    prompts = read_prompts(o.prompt_tokens);
+  } else {
+    // Mixed lengths that are not multiples of N or of the page size.
+    std::mt19937_64 gen(o.seed);
+    std::uniform_int_distribution<std::int32_t> token(0, w.model.vocab_size - 1);
+    for (int i = 0; i < o.batch; ++i) {
+      const int len = std::max(1, o.prompt_len - i * (o.prompt_len / (2 * o.batch)) - 7 * i);
+      std::vector<std::int32_t> p(static_cast<std::size_t>(len));
+      for (auto& t : p) t = token(gen);
+      prompts.push_back(std::move(p));
+    }
+  }
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    w.requests.push_back({static_cast<RequestId>(i), prompts[i], o.max_new_tokens, {}});
+    total += static_cast<std::int64_t>(prompts[i].size()) + o.max_new_tokens;
+  }
+  const std::int64_t vp = static_cast<std::int64_t>(o.page_size) * w.parallel.dcp_size;
+  w.model_options.kv_capacity_tokens =
+      o.max_total_tokens > 0 ? o.max_total_tokens : total + static_cast<std::int64_t>(prompts.size()) * vp;
+  w.progress = isatty(STDERR_FILENO) != 0;
+  return w;
+}
+
+struct Verify {
+  bool ran = false;
+  bool tokens_match = true;
+  bool near_tie = false;  // a mismatch where the reference's top two were within the logit error
+  double max_abs = 0;
+  double max_rel = 0;
+  double tolerance = 1e-3;  // relative to the largest |logit|
+  bool passed() const { return !ran || (max_rel <= tolerance && (tokens_match || near_tie)); }
+};
+
+Verify compare(const RunReport& dcp, const RunReport& ref, int vocab) {
+  Verify v;
+  v.ran = true;
+  double max_ref = 0;
+  for (std::size_t i = 0; i < dcp.results.size(); ++i) {
+    const RequestResult& a = dcp.results[i];
+    const RequestResult& b = ref.results[i];
+    if (a.state != RequestState::finished || b.state != RequestState::finished) continue;
+    const std::size_t steps = std::min(a.output_tokens.size(), b.output_tokens.size());
+    for (std::size_t k = 0; k < steps; ++k) {
+      const float* la = a.step_logits.data() + k * vocab;
+      const float* lb = b.step_logits.data() + k * vocab;
+      for (int j = 0; j < vocab; ++j) {
+        v.max_abs = std::max(v.max_abs, std::abs(static_cast<double>(la[j]) - lb[j]));
+        max_ref = std::max(max_ref, std::abs(static_cast<double>(lb[j])));
+      }
+      // The reference fed the DCP run's tokens (teacher forcing): its greedy choice at every step
+      // must equal the DCP run's, else free-running decoding would diverge there.
+      if (b.output_tokens[k] != a.output_tokens[k]) {
+        v.tokens_match = false;
+        const double gap = std::abs(static_cast<double>(lb[b.output_tokens[k]]) - lb[a.output_tokens[k]]);
+        if (gap <= 2 * v.max_abs + 1e-6) v.near_tie = true;
+      }
+    }
+  }
+  v.max_rel = max_ref > 0 ? v.max_abs / max_ref : v.max_abs;
+  return v;
+}
+
+double median(std::vector<double> x) {
+  if (x.empty()) return 0;
+  std::sort(x.begin(), x.end());
+  return x.size() % 2 ? x[x.size() / 2] : 0.5 * (x[x.size() / 2 - 1] + x[x.size() / 2]);
+}
+
+json report_json(const RunOptions& o, const Workload& w, const RunReport& r, const Verify& v) {
+  const EngineStats& s = r.stats;
+  std::vector<double> attn, dcp_comm, tp_comm, other;
+  double dcp_calls = 0, dcp_bytes = 0, tp_calls = 0;
+  for (std::size_t i = 0; i < s.decode_timings.size(); ++i) {
+    const ForwardTimings& t = s.decode_timings[i];
+    attn.push_back(t.attention_ms);
+    dcp_comm.push_back(t.dcp_comm_ms);
+    tp_comm.push_back(t.tp_comm_ms);
+    other.push_back(s.decode_step_ms[i] - t.attention_ms - t.dcp_comm_ms - t.tp_comm_ms);
+    dcp_calls += static_cast<double>(t.dcp_comm.total_calls());
+    dcp_bytes += static_cast<double>(t.dcp_comm.total_bytes());
+    tp_calls += static_cast<double>(t.tp_comm.total_calls());
+  }
+  const double steps = static_cast<double>(std::max<std::size_t>(1, s.decode_timings.size()));
+  const double layers = w.model.num_hidden_layers;
+  double decode_total = 0;
+  for (double ms : s.decode_step_ms) decode_total += ms;
+  json j;
+  j["config"] = {{"model", w.model_path.empty() ? "preset:" + o.preset : w.model_path},
+                 {"num_layers", w.model.num_hidden_layers},
+                 {"num_attention_heads", w.model.num_attention_heads},
+                 {"tp_size", w.parallel.tp_size},
+                 {"dp_size", w.parallel.dp_size},
+                 {"dcp_size", w.parallel.dcp_size},
+                 {"dcp_comm_backend", std::string(to_string(r.backend))},
+                 {"dcp_replicate_q_proj", r.replicated_q},
+                 {"page_size", o.page_size},
+                 {"kv_cache_dtype", o.kv_cache_dtype},
+                 {"chunked_prefill_size", o.chunked_prefill_size},
+                 {"comm", o.comm},
+                 {"requests", w.requests.size()},
+                 {"max_new_tokens", o.max_new_tokens},
+                 {"seed", o.seed}};
+  json ranks = json::array();
+  for (const RankKv& k : r.ranks) {
+    ranks.push_back({{"rank", k.rank}, {"dcp_rank", k.dcp_rank}, {"kv_rows_used", k.kv_rows_used},
+                     {"kv_bytes", k.kv_bytes}, {"kv_bytes_used", k.kv_bytes_used}});
+  }
+  j["kv"] = {{"logical_capacity_tokens", r.logical_capacity_tokens}, {"ranks", ranks}};
+  j["timing"] = {{"model_load_ms", r.model_load_ms},
+                 {"prefill_ms", s.prefill_ms},
+                 {"decode_steps", s.decode_step_ms.size()},
+                 {"decode_ms_per_step", median(s.decode_step_ms)},
+                 {"decode_attention_ms", median(attn)},
+                 {"decode_dcp_comm_ms", median(dcp_comm)},
+                 {"decode_tp_comm_ms", median(tp_comm)},
+                 {"decode_other_ms", median(other)},
+                 {"decode_tokens_per_s", decode_total > 0 ? 1000.0 * static_cast<double>(s.decode_tokens) / decode_total : 0.0}};
+  j["comm"] = {{"collectives_per_layer", dcp_calls / steps / layers},
+               {"bytes_per_layer_per_rank", dcp_bytes / steps / layers},
+               {"tp_collectives_per_step", tp_calls / steps}};
+  json reqs = json::array();
+  for (std::size_t i = 0; i < r.results.size(); ++i) {
+    const RequestResult& q = r.results[i];
+    json e = {{"id", q.id}, {"prompt_len", w.requests[i].prompt.size()}, {"output_tokens", q.output_tokens},
+              {"state", q.state == RequestState::finished ? "finished" : "rejected"}};
+    if (!q.error.empty()) e["error"] = q.error;
+    reqs.push_back(e);
+  }
+  j["requests"] = reqs;
+  j["verify"] = {{"ran", v.ran}, {"tokens_match", v.tokens_match}, {"near_tie", v.near_tie},
+                 {"max_abs_logit_diff", v.max_abs}, {"max_rel_logit_diff", v.max_rel},
+                 {"tolerance_rel", v.tolerance}, {"passed", v.passed()}};
+  return j;
+}
+
+void print_summary(const json& j) {
+  const json& c = j["config"];
+  std::printf("dcp run: %s, %d layers, %d heads | tp %d, dcp %d, backend %s%s | KV %s, page %d | comm %s\n",
+              c["model"].get<std::string>().c_str(), c["num_layers"].get<int>(), c["num_attention_heads"].get<int>(),
+              c["tp_size"].get<int>(), c["dcp_size"].get<int>(), c["dcp_comm_backend"].get<std::string>().c_str(),
+              c["dcp_replicate_q_proj"].get<bool>() ? " (replicated q)" : "", c["kv_cache_dtype"].get<std::string>().c_str(),
+              c["page_size"].get<int>(), c["comm"].get<std::string>().c_str());
+  const json& kv = j["kv"];
+  std::printf("KV: logical capacity %lld tokens\n", kv["logical_capacity_tokens"].get<long long>());
+  for (const json& r : kv["ranks"]) {
+    std::printf("  rank %lld (dcp rank %lld): peak %lld rows/layer, %.2f MiB used of %.2f MiB allocated\n",
+                r["rank"].get<long long>(), r["dcp_rank"].get<long long>(), r["kv_rows_used"].get<long long>(),
+                r["kv_bytes_used"].get<double>() / 1048576.0, r["kv_bytes"].get<double>() / 1048576.0);
+  }
+  const json& t = j["timing"];
+  std::printf("prefill %.1f ms | decode %lld steps, median %.2f ms/step (attention %.2f, dcp comm %.2f, tp comm %.2f, other %.2f) | %.1f tokens/s\n",
+              t["prefill_ms"].get<double>(), t["decode_steps"].get<long long>(), t["decode_ms_per_step"].get<double>(),
+              t["decode_attention_ms"].get<double>(), t["decode_dcp_comm_ms"].get<double>(),
+              t["decode_tp_comm_ms"].get<double>(), t["decode_other_ms"].get<double>(),
+              t["decode_tokens_per_s"].get<double>());
+  std::printf("comm per MLA layer per rank (decode): %.2f collectives, %.0f bytes sent\n",
+              j["comm"]["collectives_per_layer"].get<double>(), j["comm"]["bytes_per_layer_per_rank"].get<double>());
+  for (const json& r : j["requests"]) {
+    std::string toks;
+    for (const json& x : r["output_tokens"]) {
+      if (!toks.empty()) toks += ' ';
+      toks += std::to_string(x.get<int>());
+    }
+    std::string error;
+    if (r.contains("error")) {
+      error = " ";
+      error += r["error"].get<std::string>();
+    }
+    std::printf("  request %lld (prompt %lld): %s%s%s\n", r["id"].get<long long>(), r["prompt_len"].get<long long>(),
+                r["state"].get<std::string>() == "finished" ? "" : "REJECTED ",
+                toks.c_str(), error.c_str());
+  }
+  const json& v = j["verify"];
+  if (v["ran"].get<bool>()) {
+    std::printf("verify vs dcp 1: tokens %s, max |dlogit| %.3g (relative %.3g, tolerance %.0e): %s\n",
+                v["tokens_match"].get<bool>() ? "match" : (v["near_tie"].get<bool>() ? "differ at a near tie" : "DIFFER"),
+                v["max_abs_logit_diff"].get<double>(), v["max_rel_logit_diff"].get<double>(),
+                v["tolerance_rel"].get<double>(), v["passed"].get<bool>() ? "PASS" : "FAIL");
+  }
+}
+
+void dump_logits(const std::string& path, const RunReport& r, int vocab) {
+  json header;
+  header["dtype"] = "float32";
+  header["layout"] = "rows are (request, step) in the order of 'rows'; each row holds vocab logits";
+  json rows = json::array();
+  std::int64_t total = 0;
+  for (const RequestResult& q : r.results) {
+    const std::int64_t steps = static_cast<std::int64_t>(q.step_logits.size()) / vocab;
+    rows.push_back({{"request", q.id}, {"steps", steps}});
+    total += steps;
+  }
+  header["shape"] = {total, vocab};
+  header["rows"] = rows;
+  const std::string text = header.dump();
+  std::ofstream out(path, std::ios::binary);
+  DCP_CHECK(out.good(), io, "--dump-logits: cannot write ", path);
+  std::uint8_t len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<std::uint8_t>(static_cast<std::uint64_t>(text.size()) >> (8 * i));
+  out.write(reinterpret_cast<const char*>(len), 8);  // like safetensors: u64 header length, header, data
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  for (const RequestResult& q : r.results) {
+    out.write(reinterpret_cast<const char*>(q.step_logits.data()), static_cast<std::streamsize>(q.step_logits.size() * 4));
+  }
+  DCP_CHECK(out.good(), io, "--dump-logits: failed writing ", path);
+}
+
+int run(const RunOptions& o) {
+  Workload w = build_workload(o);
+  resolve(w.parallel);  // validate before any work
+  bool root = false;
+  const RunReport report = run_workload(w, &root);
+  Verify v;
+  if (o.verify) {
+    Workload ref = w;  // same TP, DCP 1, fed the DCP run's tokens
+    ref.parallel.dcp_size = 1;
+    ref.parallel.dcp_comm_backend.reset();
+    ref.parallel.replicate_q_proj = false;
+    ref.model_options.replicate_q_proj = false;
+    ref.model_options.kv_capacity_tokens = w.model_options.kv_capacity_tokens;
+    ref.engine.record_logits = true;
+    for (std::size_t i = 0; i < ref.requests.size(); ++i) ref.requests[i].forced_outputs = report.results[i].output_tokens;
+    bool ref_root = false;
+    const RunReport reference = run_workload(ref, &ref_root);
+    v = compare(report, reference, w.model.vocab_size);
+  }
+  if (!root) return 0;
+  const json j = report_json(o, w, report, v);
+  print_summary(j);
+  if (!o.json_path.empty()) {
+    std::ofstream out(o.json_path);
+    out << j.dump(2) << "\n";
+    DCP_CHECK(out.good(), io, "--json: cannot write ", o.json_path);
+  }
+  if (!o.dump_logits.empty()) dump_logits(o.dump_logits, report, w.model.vocab_size);
+  return v.passed() ? 0 : 1;
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app) {
+  auto o = std::make_shared<RunOptions>();
+  o->parallel.tp_size = 4;
+  o->parallel.dcp_size = 4;
+  CLI::App* cmd = app.add_subcommand("run", "Run requests through the MLA model with DCP (the main job)");
+  add_parallel_flags(cmd, o->parallel);
+  cmd->add_option("--model-path", o->model_path, "Hugging Face DeepSeek-V2/V3 checkpoint directory");
+  cmd->add_option("--preset", o->preset, "synthetic model: tiny, deepseek-v3, kimi-k3")->capture_default_str();
+  cmd->add_option("--num-layers", o->num_layers, "layers to run (default: the model's)");
+  cmd->add_option("--page-size", o->page_size, "KV rows per physical page")->capture_default_str();
+  cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "fp32 or bf16")->capture_default_str();
+  cmd->add_option("--chunked-prefill-size", o->chunked_prefill_size, "prompt tokens per prefill step")->capture_default_str();
+  cmd->add_option("--max-total-tokens", o->max_total_tokens, "KV capacity in tokens (default: the workload's)");
+  cmd->add_option("--batch", o->batch, "synthetic requests")->capture_default_str();
+  cmd->add_option("--prompt-len", o->prompt_len, "longest synthetic prompt")->capture_default_str();
+  cmd->add_option("--max-new-tokens", o->max_new_tokens, "tokens to generate per request")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "seed of the synthetic prompts")->capture_default_str();
+  cmd->add_option("--comm", o->comm, "threads (ranks as threads) or mpi (under mpirun)")->capture_default_str();
+  cmd->add_flag("--verify,!--no-verify", o->verify, "compare with DCP 1 (same TP) under teacher forcing")->capture_default_str();
+  cmd->add_option("--json", o->json_path, "write the summary as JSON");
+  cmd->add_option("--prompt-tokens", o->prompt_tokens, "token ids '1,2,3' (';' between prompts) or a file, one prompt per line");
+  cmd->add_option("--dump-logits", o->dump_logits, "write every step's logits (float32) with a JSON header");
+  cmd->callback([o] { set_exit_code(run(*o)); });
+}
+
+}  // namespace dcp::cli

@@ -1,0 +1,97 @@
+#include "run_workload.h"
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+
+#include "dcp/comm_mpi.h"
+#include "dcp/comm_threads.h"
+#include "dcp/error.h"
+#include "dcp/model.h"
+#include "dcp/weights.h"
+
+namespace dcp::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void print_progress(const Engine& e, int dcp_size) {
+  const std::int64_t done = e.prompt_tokens_done(), total = e.prompt_tokens_total();
+  std::fprintf(stderr, "\r\033[K[dcp %d] prefill %lld/%lld tokens | decode steps %zu | running %lld | queued %lld",
+               dcp_size, static_cast<long long>(done), static_cast<long long>(total), e.stats().decode_step_ms.size(),
+               static_cast<long long>(e.running()), static_cast<long long>(e.waiting()));
+  std::fflush(stderr);
+}
+
+// Everything one rank does; rank 0 fills `report`.
+void run_rank(const Workload& w, Communicator& world, RunReport* report) {
+  const Topology topo = resolve(w.parallel);
+  const RankPlacement& me = topo.ranks[world.rank()];
+  std::unique_ptr<Communicator> dcp = world.split(me.dcp_group, me.dcp_rank);
+  const auto t0 = Clock::now();
+  std::unique_ptr<WeightSource> weights =
+      w.model_path.empty() ? make_synthetic_weights(w.weight_seed) : open_checkpoint(w.model_path);
+  ModelOptions mo = w.model_options;
+  mo.backend = topo.backend;
+  MlaModel model(w.model, *weights, world, *dcp, mo);
+  weights.reset();
+  const double load_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+
+  Engine engine(model, w.engine);
+  for (const RequestSpec& r : w.requests) engine.submit(r);
+  std::int64_t peak_rows = 0;
+  const bool root = world.rank() == 0;
+  engine.run([&](const Engine& e) {
+    std::int64_t rows = 0;
+    for (RequestId id : model.allocator().requests()) rows += model.kv_shard(0).local_length(id);
+    peak_rows = std::max(peak_rows, rows);
+    if (root && w.progress) print_progress(e, dcp->size());
+  });
+  if (root && w.progress) std::fprintf(stderr, "\n");
+
+  // Per-rank KV figures to rank 0 (one small all-gather on the world).
+  const std::int64_t row_bytes = static_cast<std::int64_t>(model.kv_shard(0).pool().geometry().row_bytes());
+  const std::int64_t layers = model.config().num_hidden_layers;
+  RankKv mine{world.rank(), dcp->rank(), peak_rows, static_cast<std::int64_t>(model.kv_bytes()),
+              peak_rows * row_bytes * layers};
+  std::vector<RankKv> all(static_cast<std::size_t>(world.size()));
+  world.all_gather(&mine, all.data(), sizeof(RankKv));
+  // Ranks run in lockstep, so every rank holds the same results; rank 0 alone writes `report`
+  // when ranks are threads, every process fills its own under MPI.
+  if (!root && world.backend() == "threads") return;
+  report->backend = dcp->size() > 1 ? topo.backend : CombineBackend::ag_rs;
+  report->replicated_q = model.replicated_q();
+  report->logical_capacity_tokens = model.allocator().capacity_tokens();
+  report->ranks = std::move(all);
+  report->stats = engine.stats();
+  report->results = engine.results();
+  report->model_load_ms = load_ms;
+}
+
+}  // namespace
+
+RunReport run_workload(const Workload& w, bool* is_root) {
+  const Topology topo = resolve(w.parallel);
+  DCP_CHECK(w.parallel.dp_size == 1, unsupported, "--dp-size ", w.parallel.dp_size,
+            " is not supported by `dcp run` yet (legal: 1); `dcp topology` shows DP layouts");
+  RunReport report;
+  if (w.comm == "threads") {
+    set_blas_threads(1);  // ranks are the parallelism; BLAS threads would oversubscribe
+    run_threads(topo.world_size, [&](Communicator& world) { run_rank(w, world, &report); });
+    *is_root = true;
+  } else if (w.comm == "mpi") {
+    static std::unique_ptr<MpiSession> session;  // one per process, finalised at exit
+    if (!session) session = std::make_unique<MpiSession>(nullptr, nullptr);
+    std::unique_ptr<Communicator> world = session->world();
+    DCP_CHECK(world->size() == topo.world_size, invalid_argument, "--comm mpi: mpirun started ", world->size(),
+              " processes but the configuration needs ", topo.world_size, " (--tp-size ", w.parallel.tp_size, ")");
+    set_blas_threads(1);
+    run_rank(w, *world, &report);
+    *is_root = world->rank() == 0;
+  } else {
+    throw Error(ErrorCategory::invalid_argument, str("--comm '", w.comm, "' is not one of: threads, mpi"));
+  }
+  return report;
+}
+
+}  // namespace dcp::cli

@@ -1,0 +1,49 @@
+// Runs one engine workload on every rank of a TP group (threads or MPI) and reports it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dcp/comm.h"
+#include "dcp/engine.h"
+#include "dcp/model_config.h"
+#include "dcp/topology.h"
+
+namespace dcp::cli {
+
+struct Workload {
+  ModelConfig model;
+  std::string model_path;           // empty: synthetic weights
+  std::uint64_t weight_seed = 1234;
+  ParallelConfig parallel;
+  ModelOptions model_options;       // backend, replicated Q, KV dtype, page size, capacity
+  EngineOptions engine;
+  std::vector<RequestSpec> requests;
+  std::string comm = "threads";     // threads or mpi
+  bool progress = false;            // progress line on stderr (rank 0)
+};
+
+struct RankKv {
+  std::int64_t rank = 0;
+  std::int64_t dcp_rank = 0;
+  std::int64_t kv_rows_used = 0;    // peak rows held per layer
+  std::int64_t kv_bytes = 0;        // pool bytes allocated, all layers
+  std::int64_t kv_bytes_used = 0;   // peak rows x row bytes x layers
+};
+
+struct RunReport {
+  CombineBackend backend = CombineBackend::ag_rs;
+  bool replicated_q = false;
+  std::int64_t logical_capacity_tokens = 0;
+  std::vector<RankKv> ranks;
+  EngineStats stats;                // rank 0's
+  std::vector<RequestResult> results;
+  double model_load_ms = 0;
+};
+
+// Runs the workload on every rank. The report is complete on every process (ranks run in
+// lockstep); `is_root` says whether this process should print it.
+RunReport run_workload(const Workload& w, bool* is_root);
+
+}  // namespace dcp::cli
