@@ -56,6 +56,37 @@ check "demo says OK" stdout_has "^OK"
 expect 2 "demo rejects bad dtype" -- demo --kv-cache-dtype fp8
 check "names legal dtypes" stderr_has "legal: fp32, bf16"
 
+# dcp run: small workloads, the JSON keys we keep stable, verification, errors.
+tmp=$(mktemp -d)
+json_has() { grep -q -- "$1" "$tmp/run.json"; }
+expect 0 "run small with json" -- run --batch 3 --prompt-len 150 --max-new-tokens 3 --json "$tmp/run.json"
+for key in '"dcp_size": 4' '"dcp_comm_backend": "a2a"' '"tp_size": 4' '"logical_capacity_tokens"' \
+           '"kv_rows_used"' '"kv_bytes"' '"decode_ms_per_step"' '"collectives_per_layer": 2.0' \
+           '"bytes_per_layer_per_rank"' '"output_tokens"' '"tokens_match": true' '"max_abs_logit_diff"'; do
+  check "json has $key" json_has "$key"
+done
+check "summary says PASS" stdout_has "PASS"
+expect 0 "ag_rs backend, dcp 2, fp32 KV" -- run --tp-size 4 --dcp-size 2 --dcp-comm-backend ag_rs --kv-cache-dtype fp32 --batch 2 --prompt-len 90 --max-new-tokens 3 --json "$tmp/run.json"
+check "ag_rs takes 3 collectives per layer" json_has '"collectives_per_layer": 3.0'
+expect 0 "replicated q takes 1 collective" -- run --dcp-replicate-q-proj --batch 2 --prompt-len 90 --max-new-tokens 3 --json "$tmp/run.json"
+check "one packed all-to-all" json_has '"collectives_per_layer": 1.0'
+expect 0 "prompt tokens, chunk not a multiple of N" -- run --prompt-tokens "5,6,7;8" --chunked-prefill-size 3 --max-new-tokens 2 --dump-logits "$tmp/logits.bin"
+check "logits file has a header" grep -q '"shape":\[4,512\]' "$tmp/logits.bin"
+expect 2 "dcp must divide tp" -- run --tp-size 4 --dcp-size 3
+check "names --dcp-size" stderr_has "--dcp-size 3 must divide --tp-size 4"
+expect 2 "bad kv dtype" -- run --kv-cache-dtype fp8
+expect 2 "bad preset" -- run --preset llama
+check "lists presets" stderr_has "tiny, deepseek-v3, kimi-k3"
+expect 2 "bad token id" -- run --prompt-tokens "1,x"
+expect 2 "token outside vocab" -- run --prompt-tokens "100000" --max-new-tokens 1
+check "names the vocabulary" stderr_has "outside the vocabulary"
+expect 2 "tp does not divide heads" -- run --tp-size 16 --dcp-size 4 --preset tiny
+expect 1 "missing checkpoint" -- run --model-path "$tmp/none"
+expect 0 "gen-checkpoint" -- gen-checkpoint --out "$tmp/ckpt" --num-files 2 --no-q-lora
+expect 0 "run a generated checkpoint" -- run --model-path "$tmp/ckpt" --batch 2 --prompt-len 60 --max-new-tokens 3
+check "checkpoint run verifies" stdout_has "PASS"
+rm -rf "$tmp"
+
 rm -f /tmp/dcp_cli_out.$$ /tmp/dcp_cli_err.$$
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -1,0 +1,184 @@
+#include "naive_model.h"
+
+#include <cmath>
+#include <numbers>
+#include <string>
+
+namespace dcp::test {
+namespace {
+
+using Vec = std::vector<double>;
+
+struct Mat {
+  std::int64_t rows = 0, cols = 0;
+  Vec v;
+  Mat(const WeightSource& w, const std::string& name, std::int64_t r, std::int64_t c) : rows(r), cols(c) {
+    const std::vector<float> f = w.load(name, {r, c});
+    v.assign(f.begin(), f.end());
+  }
+  Vec apply(const Vec& x) const {  // y = W x
+    Vec y(static_cast<std::size_t>(rows), 0.0);
+    for (std::int64_t i = 0; i < rows; ++i) {
+      double s = 0;
+      for (std::int64_t j = 0; j < cols; ++j) s += v[i * cols + j] * x[j];
+      y[i] = s;
+    }
+    return y;
+  }
+};
+
+// DeepSeek's YaRN magnitude factor, written out here rather than taken from dcp.
+double yarn_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
+
+// 1/sqrt(q_head_dim), times mscale(factor, mscale_all_dim)^2 under YaRN (DeepSeek's attention).
+double naive_softmax_scale(const ModelConfig& c) {
+  double s = 1.0 / std::sqrt(static_cast<double>(c.qk_nope_head_dim + c.qk_rope_head_dim));
+  if (c.rope_scaling && c.rope_scaling->mscale_all_dim != 0) {
+    const double m = yarn_mscale(c.rope_scaling->factor, c.rope_scaling->mscale_all_dim);
+    s *= m * m;
+  }
+  return s;
+}
+
+Vec load_vec(const WeightSource& w, const std::string& name, std::int64_t n) {
+  const std::vector<float> f = w.load(name, {n});
+  return Vec(f.begin(), f.end());
+}
+
+Vec rms_norm(Vec x, const Vec& weight, double eps) {
+  double ss = 0;
+  for (double a : x) ss += a * a;
+  const double inv = 1.0 / std::sqrt(ss / static_cast<double>(x.size()) + eps);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] *= inv * weight[i];
+  return x;
+}
+
+// HF DeepSeek rope written out directly: de-interleave pairs, then rotate-half.
+Vec rope(const Vec& x, std::int64_t pos, const ModelConfig& c) {
+  if (c.skip_rope) return x;
+  const int d = static_cast<int>(x.size()), half = d / 2;
+  Vec inv(half);
+  double mscale = 1.0;
+  for (int i = 0; i < half; ++i) inv[i] = 1.0 / std::pow(c.rope_theta, 2.0 * i / d);
+  if (c.rope_scaling && c.rope_scaling->factor > 1) {
+    const RopeScaling& s = *c.rope_scaling;
+    const auto corr = [&](double rot) {
+      return d * std::log(s.original_max_position_embeddings / (rot * 2 * std::numbers::pi)) / (2 * std::log(c.rope_theta));
+    };
+    const double low = std::max(0.0, std::floor(corr(s.beta_fast)));
+    double high = std::min<double>(d - 1, std::ceil(corr(s.beta_slow)));
+    if (low == high) high += 0.001;
+    for (int i = 0; i < half; ++i) {
+      const double ramp = std::min(1.0, std::max(0.0, (i - low) / (high - low)));
+      const double extra_weight = 1.0 - ramp;
+      inv[i] = (inv[i] / s.factor) * (1 - extra_weight) + inv[i] * extra_weight;
+    }
+    mscale = yarn_mscale(s.factor, s.mscale) / yarn_mscale(s.factor, s.mscale_all_dim);
+  }
+  Vec perm(d), out(d);
+  for (int i = 0; i < half; ++i) {
+    perm[i] = x[2 * i];
+    perm[i + half] = x[2 * i + 1];
+  }
+  for (int i = 0; i < d; ++i) {
+    const double angle = static_cast<double>(pos) * inv[i % half];
+    const double rotated = i < half ? -perm[i + half] : perm[i - half];
+    out[i] = perm[i] * std::cos(angle) * mscale + rotated * std::sin(angle) * mscale;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<double> naive_logits(const ModelConfig& c, const WeightSource& w, const std::vector<std::int32_t>& tokens) {
+  const std::int64_t L = static_cast<std::int64_t>(tokens.size()), hidden = c.hidden_size, H = c.num_attention_heads;
+  const int nope = c.qk_nope_head_dim, rp = c.qk_rope_head_dim, vd = c.v_head_dim, qhd = c.q_head_dim();
+  const Mat embed(w, "model.embed_tokens.weight", c.vocab_size, hidden);
+  std::vector<Vec> x(static_cast<std::size_t>(L));
+  for (std::int64_t t = 0; t < L; ++t) x[t] = Vec(embed.v.begin() + tokens[t] * hidden, embed.v.begin() + (tokens[t] + 1) * hidden);
+  for (int layer = 0; layer < c.num_hidden_layers; ++layer) {
+    const std::string p = "model.layers." + std::to_string(layer) + ".";
+    const Vec in_norm = load_vec(w, p + "input_layernorm.weight", hidden);
+    const Vec post_norm = load_vec(w, p + "post_attention_layernorm.weight", hidden);
+    const Mat kv_a(w, p + "self_attn.kv_a_proj_with_mqa.weight", c.latent_width(), hidden);
+    const Vec kv_a_norm = load_vec(w, p + "self_attn.kv_a_layernorm.weight", c.kv_lora_rank);
+    const Mat kv_b(w, p + "self_attn.kv_b_proj.weight", H * (nope + vd), c.kv_lora_rank);
+    const Mat o_proj(w, p + "self_attn.o_proj.weight", hidden, H * vd);
+    const std::int64_t q_in = c.q_lora_rank ? *c.q_lora_rank : hidden;
+    const Mat q_proj(w, p + (c.q_lora_rank ? "self_attn.q_b_proj.weight" : "self_attn.q_proj.weight"), H * qhd, q_in);
+    std::vector<Mat> q_a;  // q_lora models only
+    Vec q_a_norm;
+    if (c.q_lora_rank) {
+      q_a.emplace_back(w, p + "self_attn.q_a_proj.weight", q_in, hidden);
+      q_a_norm = load_vec(w, p + "self_attn.q_a_layernorm.weight", q_in);
+    }
+    // Per position: q [H, qhd], k [H, nope + rope], v [H, vd].
+    std::vector<Vec> q(L), k(L), v(L), xn(L);
+    for (std::int64_t t = 0; t < L; ++t) {
+      xn[t] = rms_norm(x[t], in_norm, c.rms_norm_eps);
+      q[t] = c.q_lora_rank ? q_proj.apply(rms_norm(q_a[0].apply(xn[t]), q_a_norm, 1e-6)) : q_proj.apply(xn[t]);
+      const Vec kva = kv_a.apply(xn[t]);
+      const Vec ckv = rms_norm(Vec(kva.begin(), kva.begin() + c.kv_lora_rank), kv_a_norm, 1e-6);
+      const Vec k_pe = rope(Vec(kva.begin() + c.kv_lora_rank, kva.end()), t, c);
+      const Vec kvb = kv_b.apply(ckv);  // [H, nope + vd]
+      k[t].resize(static_cast<std::size_t>(H * (nope + rp)));
+      v[t].resize(static_cast<std::size_t>(H * vd));
+      for (std::int64_t h = 0; h < H; ++h) {
+        for (int i = 0; i < nope; ++i) k[t][h * (nope + rp) + i] = kvb[h * (nope + vd) + i];
+        for (int i = 0; i < rp; ++i) k[t][h * (nope + rp) + nope + i] = k_pe[i];  // shared by all heads
+        for (int i = 0; i < vd; ++i) v[t][h * vd + i] = kvb[h * (nope + vd) + nope + i];
+        const Vec q_pe = rope(Vec(q[t].begin() + h * qhd + nope, q[t].begin() + (h + 1) * qhd), t, c);
+        for (int i = 0; i < rp; ++i) q[t][h * qhd + nope + i] = q_pe[i];
+      }
+    }
+    const double scale = naive_softmax_scale(c);
+    std::vector<Mat> gate_proj;
+    if (c.attn_output_gate) gate_proj.emplace_back(w, p + "self_attn.g_proj.weight", H * vd, hidden);
+    for (std::int64_t t = 0; t < L; ++t) {
+      Vec attn(static_cast<std::size_t>(H * vd), 0.0);
+      for (std::int64_t h = 0; h < H; ++h) {
+        Vec s(static_cast<std::size_t>(t + 1));
+        double m = -INFINITY;
+        for (std::int64_t u = 0; u <= t; ++u) {
+          double dot = 0;
+          for (int i = 0; i < qhd; ++i) dot += q[t][h * qhd + i] * k[u][h * (nope + rp) + i];
+          s[u] = dot * scale;
+          m = std::max(m, s[u]);
+        }
+        double z = 0;
+        for (std::int64_t u = 0; u <= t; ++u) z += std::exp(s[u] - m);
+        for (std::int64_t u = 0; u <= t; ++u) {
+          const double pr = std::exp(s[u] - m) / z;
+          for (int i = 0; i < vd; ++i) attn[h * vd + i] += pr * v[u][h * vd + i];
+        }
+      }
+      if (c.attn_output_gate) {
+        const Vec g = gate_proj[0].apply(xn[t]);
+        for (std::size_t i = 0; i < attn.size(); ++i) attn[i] *= 1.0 / (1.0 + std::exp(-g[i]));
+      }
+      const Vec o = o_proj.apply(attn);
+      for (std::int64_t i = 0; i < hidden; ++i) x[t][i] += o[i];
+    }
+    const Mat gate(w, p + "mlp.gate_proj.weight", c.intermediate_size, hidden);
+    const Mat up(w, p + "mlp.up_proj.weight", c.intermediate_size, hidden);
+    const Mat down(w, p + "mlp.down_proj.weight", hidden, c.intermediate_size);
+    for (std::int64_t t = 0; t < L; ++t) {
+      const Vec hn = rms_norm(x[t], post_norm, c.rms_norm_eps);
+      Vec g = gate.apply(hn);
+      const Vec u = up.apply(hn);
+      for (std::size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+      const Vec d = down.apply(g);
+      for (std::int64_t i = 0; i < hidden; ++i) x[t][i] += d[i];
+    }
+  }
+  const Vec final_norm = load_vec(w, "model.norm.weight", hidden);
+  const Mat lm_head(w, "lm_head.weight", c.vocab_size, hidden);
+  std::vector<double> logits;
+  for (std::int64_t t = 0; t < L; ++t) {
+    const Vec l = lm_head.apply(rms_norm(x[t], final_norm, c.rms_norm_eps));
+    logits.insert(logits.end(), l.begin(), l.end());
+  }
+  return logits;
+}
+
+}  // namespace dcp::test

@@ -1,0 +1,363 @@
+// The MLA model and the engine: absorbed MLA with DCP equals a naive float64 model; DCP N equals
+// DCP 1; a full KV cache queues; checkpoints load, and malformed ones are refused clearly.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "dcp/comm_threads.h"
+#include "dcp/engine.h"
+#include "dcp/error.h"
+#include "dcp/model.h"
+#include "dcp/weights.h"
+#include "naive_model.h"
+#include "test_util.h"
+
+namespace dcp {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct EngineSetup {
+  int tp = 1, dcp = 1;
+  CombineBackend backend = CombineBackend::ag_rs;
+  bool replicate_q = false;
+  KvDtype kv_dtype = KvDtype::fp32;
+  int page_size = 16;
+  int chunk = 2048;
+  std::int64_t capacity = 4096;
+};
+
+// DCP N vs DCP 1 with bf16 KV: both runs are exact up to fp32 rounding order, but a layer's
+// latent rows are rounded to bf16 when stored, and a 1e-7 difference that crosses a bf16
+// rounding boundary becomes a 4e-3 difference in that element. Hence looser limits than fp32.
+constexpr test::Tolerance kBf16KvTol{1e-8, 1e-3};
+
+struct EngineRun {
+  std::vector<RequestResult> results;
+  EngineStats stats;
+};
+
+// Runs the requests on `tp` thread ranks; returns rank 0's results (every rank checks that its
+// results equal rank 0's: ranks run in lockstep).
+EngineRun run_engine(const ModelConfig& config, const WeightSource& weights, const EngineSetup& s,
+                     const std::vector<RequestSpec>& requests) {
+  EngineRun out;
+  set_blas_threads(1);
+  run_threads(s.tp, [&](Communicator& world) {
+    auto dcp = world.split(world.rank() / s.dcp, world.rank());
+    ModelOptions mo;
+    mo.backend = s.backend;
+    mo.replicate_q_proj = s.replicate_q;
+    mo.kv_dtype = s.kv_dtype;
+    mo.page_size = s.page_size;
+    mo.kv_capacity_tokens = s.capacity;
+    MlaModel model(config, weights, world, *dcp, mo);
+    EngineOptions eo;
+    eo.chunked_prefill_size = s.chunk;
+    eo.record_logits = true;
+    Engine engine(model, eo);
+    for (const RequestSpec& r : requests) engine.submit(r);
+    engine.run();
+    if (world.rank() == 0) {
+      out.results = engine.results();
+      out.stats = engine.stats();
+    }
+    world.barrier();
+    for (std::size_t i = 0; i < engine.results().size(); ++i) {
+      if (engine.results()[i].output_tokens != out.results[i].output_tokens) {
+        throw Error(ErrorCategory::internal, "ranks disagree on the generated tokens");
+      }
+    }
+  });
+  return out;
+}
+
+std::vector<std::int32_t> random_tokens(test::Rng& rng, int n, int vocab) {
+  std::vector<std::int32_t> t(static_cast<std::size_t>(n));
+  for (auto& x : t) x = static_cast<std::int32_t>(rng.range(0, vocab - 1));
+  return t;
+}
+
+ModelConfig small_config(int layers) {
+  ModelConfig c = preset_config("tiny", layers);
+  c.vocab_size = 96;  // keeps the float64 reference quick
+  return c;
+}
+
+// Step logits of the engine vs the naive model at the same positions (teacher forcing).
+void expect_engine_matches_naive(const ModelConfig& c, const WeightSource& w, const EngineSetup& s, test::Rng& rng) {
+  const std::vector<std::int32_t> prompt = random_tokens(rng, 23, c.vocab_size);
+  RequestSpec r{0, prompt, 4, random_tokens(rng, 4, c.vocab_size)};
+  const EngineRun run = run_engine(c, w, s, {r});
+  std::vector<std::int32_t> seq = prompt;
+  seq.insert(seq.end(), r.forced_outputs.begin(), r.forced_outputs.end() - 1);
+  const std::vector<double> naive = test::naive_logits(c, w, seq);
+  // Engine step k predicts position prompt + k from the sequence up to prompt - 1 + k.
+  std::vector<double> expect(naive.end() - static_cast<std::ptrdiff_t>(4 * c.vocab_size), naive.end());
+  const std::string what = "tp " + std::to_string(s.tp) + " dcp " + std::to_string(s.dcp) + " " +
+                           std::string(to_string(s.backend)) + (s.replicate_q ? " replicated-q" : "");
+  EXPECT_TRUE(test::close(run.results[0].step_logits, expect, {1e-9, 1e-4}, what.c_str()));
+}
+
+class GeneratedCheckpoint : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("dcp_test_ckpt_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  fs::path dir_;
+};
+
+TEST_F(GeneratedCheckpoint, AbsorbedDcpModelEqualsNaiveFloat64Model) {
+  auto rng = test::make_rng();
+  for (int layers : {1, 2}) {
+    const ModelConfig c = small_config(layers);
+    write_checkpoint(dir_.string(), c, *make_synthetic_weights(7), "F32", 2);
+    const auto w = open_checkpoint(dir_.string());
+    const ModelConfig loaded = read_checkpoint_config(dir_.string());
+    ASSERT_EQ(loaded.num_hidden_layers, layers);
+    EngineSetup s;
+    s.chunk = 10;  // prefill in chunks: exercises the gather path over a cached prefix
+    expect_engine_matches_naive(loaded, *w, s, rng);
+    s.tp = 2;
+    s.dcp = 2;
+    expect_engine_matches_naive(loaded, *w, s, rng);
+    s.tp = 4;
+    s.dcp = 4;
+    s.backend = CombineBackend::a2a;
+    s.replicate_q = true;
+    expect_engine_matches_naive(loaded, *w, s, rng);
+    fs::remove_all(dir_);
+  }
+}
+
+TEST(Model, VariantsEqualNaiveModel) {
+  auto rng = test::make_rng();
+  const auto w = make_synthetic_weights(11);
+  ModelConfig plain_q = small_config(1);  // DeepSeek-V2-Lite style: no q_lora
+  plain_q.q_lora_rank.reset();
+  plain_q.rope_scaling.reset();
+  ModelConfig k3 = small_config(1);  // Kimi-K3 style: output gate, no rope
+  k3.skip_rope = true;
+  k3.attn_output_gate = true;
+  k3.rope_scaling.reset();
+  for (const ModelConfig& c : {plain_q, k3}) {
+    EngineSetup s;
+    s.tp = 2;
+    s.dcp = 2;
+    s.chunk = 9;
+    expect_engine_matches_naive(c, *w, s, rng);
+  }
+}
+
+TEST(Model, DcpEqualsDcpOne) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 2);
+  const auto w = make_synthetic_weights(3);
+  // Mixed lengths in one batch, including prompts shorter than N.
+  std::vector<RequestSpec> reqs;
+  const int lengths[] = {1, 2, 3, 57, 130, 201};
+  for (int i = 0; i < 6; ++i) reqs.push_back({i, random_tokens(rng, lengths[i], c.vocab_size), 5, {}});
+  EngineSetup base;
+  base.tp = 4;
+  base.kv_dtype = KvDtype::bf16;
+  base.chunk = 61;
+  const EngineRun ref = run_engine(c, *w, base, reqs);
+  struct Case { int dcp; CombineBackend backend; bool replicate; int chunk; };
+  const Case cases[] = {{2, CombineBackend::ag_rs, false, 61}, {2, CombineBackend::a2a, true, 7},
+                        {4, CombineBackend::ag_rs, false, 13}, {4, CombineBackend::a2a, false, 61},
+                        {4, CombineBackend::a2a, true, 29}};
+  for (const Case& k : cases) {
+    EngineSetup s = base;
+    s.dcp = k.dcp;
+    s.backend = k.backend;
+    s.replicate_q = k.replicate;
+    s.chunk = k.chunk;  // not a multiple of N: chunk shares differ per rank
+    const EngineRun got = run_engine(c, *w, s, reqs);
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      const std::string what = "dcp " + std::to_string(k.dcp) + " " + std::string(to_string(k.backend)) +
+                               (k.replicate ? " replicated" : "") + " request " + std::to_string(i);
+      ASSERT_EQ(got.results[i].output_tokens, ref.results[i].output_tokens) << what;
+      std::vector<double> expect(ref.results[i].step_logits.begin(), ref.results[i].step_logits.end());
+      EXPECT_TRUE(test::close(got.results[i].step_logits, expect, kBf16KvTol, what.c_str()));
+    }
+  }
+}
+
+TEST(Model, DeepSeekV3GeometryDcpEqualsDcpOne) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("deepseek-v3", 1);
+  const auto w = make_synthetic_weights(5);
+  const std::vector<RequestSpec> reqs = {{0, random_tokens(rng, 9, c.vocab_size), 2, {}},
+                                         {1, random_tokens(rng, 3, c.vocab_size), 2, {}}};
+  EngineSetup s;
+  s.tp = 4;
+  s.kv_dtype = KvDtype::bf16;
+  s.capacity = 1024;
+  const EngineRun ref = run_engine(c, *w, s, reqs);
+  s.dcp = 4;
+  s.backend = CombineBackend::a2a;
+  const EngineRun got = run_engine(c, *w, s, reqs);
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(got.results[i].output_tokens, ref.results[i].output_tokens);
+    std::vector<double> expect(ref.results[i].step_logits.begin(), ref.results[i].step_logits.end());
+    EXPECT_TRUE(test::close(got.results[i].step_logits, expect, kBf16KvTol, "deepseek-v3"));
+  }
+}
+
+TEST(Engine, FullKvCacheQueuesAndRejectsWithoutCorruption) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 1);
+  const auto w = make_synthetic_weights(9);
+  std::vector<RequestSpec> reqs;
+  for (int i = 0; i < 5; ++i) reqs.push_back({i, random_tokens(rng, 40 + 11 * i, c.vocab_size), 6, {}});
+  EngineSetup s;
+  s.tp = 2;
+  s.dcp = 2;
+  s.page_size = 8;
+  const EngineRun ample = run_engine(c, *w, s, reqs);
+  s.capacity = 160;  // room for about two requests at a time
+  auto with_huge = reqs;
+  with_huge.push_back({99, random_tokens(rng, 300, c.vocab_size), 4, {}});  // can never fit
+  const EngineRun tight = run_engine(c, *w, s, with_huge);
+  EXPECT_GT(tight.stats.max_queue, 0) << "requests should have waited for KV";
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(tight.results[i].state, RequestState::finished);
+    EXPECT_EQ(tight.results[i].output_tokens, ample.results[i].output_tokens) << "request " << i;
+  }
+  EXPECT_EQ(tight.results.back().state, RequestState::rejected);
+  EXPECT_NE(tight.results.back().error.find("--max-total-tokens"), std::string::npos) << tight.results.back().error;
+}
+
+TEST(Engine, RejectsInvalidRequests) {
+  const ModelConfig c = preset_config("tiny", 1);
+  const auto w = make_synthetic_weights(1);
+  run_threads(1, [&](Communicator& world) {
+    auto dcp = world.split(0, 0);
+    ModelOptions mo;
+    mo.kv_capacity_tokens = 256;
+    MlaModel model(c, *w, world, *dcp, mo);
+    Engine engine(model, {});
+    EXPECT_THROW(engine.submit({1, {}, 3, {}}), Error);
+    EXPECT_THROW(engine.submit({1, {1, 2}, 0, {}}), Error);
+    EXPECT_THROW(engine.submit({1, {1, c.vocab_size}, 3, {}}), Error);
+    engine.submit({1, {1, 2}, 2, {}});
+    EXPECT_THROW(engine.submit({1, {3}, 2, {}}), Error);  // duplicate id
+    engine.run();
+    ASSERT_EQ(engine.results().size(), 1u);
+    EXPECT_EQ(engine.results()[0].output_tokens.size(), 2u);
+  });
+}
+
+// ---- loading: every malformed input is a clear error ----
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_F(GeneratedCheckpoint, RoundTripsInEveryDtype) {
+  const ModelConfig c = small_config(1);
+  const auto src = make_synthetic_weights(4);
+  const std::string name = "model.layers.0.self_attn.kv_b_proj.weight";
+  const std::vector<std::int64_t> shape = {c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank};
+  const std::vector<float> truth = src->load(name, shape);
+  for (const std::string dtype : {"F32", "BF16", "F16"}) {
+    write_checkpoint(dir_.string(), c, *src, dtype, 1);
+    const auto w = open_checkpoint(dir_.string());
+    const std::vector<float> got = w->load(name, shape, {3, 9}, {5, 17});  // a slice
+    for (std::int64_t r = 3; r < 9; ++r) {
+      for (std::int64_t k = 5; k < 17; ++k) {
+        const float t = truth[r * shape[1] + k], g = got[(r - 3) * 12 + (k - 5)];
+        const float tol = dtype == "F32" ? 0.0f : dtype == "BF16" ? std::abs(t) / 128 : std::abs(t) / 1024 + 1e-7f;
+        ASSERT_LE(std::abs(g - t), tol) << dtype << " [" << r << "," << k << "]";
+      }
+    }
+    fs::remove_all(dir_);
+  }
+}
+
+TEST_F(GeneratedCheckpoint, MalformedCheckpointsAreRefusedClearly) {
+  const ModelConfig c = small_config(1);
+  write_checkpoint(dir_.string(), c, *make_synthetic_weights(2), "BF16", 1);
+  const fs::path file = dir_ / "model.safetensors";
+  std::vector<char> bytes(static_cast<std::size_t>(fs::file_size(file)));
+  std::ifstream(file, std::ios::binary).read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  const auto write_bytes = [&](const std::vector<char>& b) {
+    std::ofstream(file, std::ios::binary | std::ios::trunc).write(b.data(), static_cast<std::streamsize>(b.size()));
+  };
+  // Truncated data.
+  write_bytes(std::vector<char>(bytes.begin(), bytes.end() - 100));
+  EXPECT_NE(error_of([&] { open_checkpoint(dir_.string()); }).find("truncated file"), std::string::npos);
+  // Truncated header.
+  write_bytes(std::vector<char>(bytes.begin(), bytes.begin() + 5));
+  EXPECT_NE(error_of([&] { open_checkpoint(dir_.string()); }).find("truncated"), std::string::npos);
+  // Header length beyond the file.
+  std::vector<char> lie = bytes;
+  lie[6] = 0x7f;
+  write_bytes(lie);
+  EXPECT_NE(error_of([&] { open_checkpoint(dir_.string()); }).find("exceeds the file"), std::string::npos);
+  // Header lies about a tensor's size: edit its shape in the JSON (same text length).
+  std::string header(bytes.begin() + 8, bytes.end());
+  const std::string shape_text = "\"shape\":[" + std::to_string(c.hidden_size) + "]";
+  const std::size_t at = header.find(shape_text);
+  ASSERT_NE(at, std::string::npos);
+  std::vector<char> lied = bytes;
+  lied[8 + at + shape_text.size() - 2] = static_cast<char>(lied[8 + at + shape_text.size() - 2] + 1);  // 128 -> 129
+  write_bytes(lied);
+  EXPECT_NE(error_of([&] { open_checkpoint(dir_.string()); }).find("need"), std::string::npos);
+  // Unknown dtype.
+  std::vector<char> dtype = bytes;
+  const std::size_t bf = std::string(dtype.begin(), dtype.end()).find("\"BF16\"");
+  dtype[bf + 1] = 'Q';
+  write_bytes(dtype);
+  EXPECT_NE(error_of([&] { open_checkpoint(dir_.string()); }).find("unknown dtype 'QF16'"), std::string::npos);
+  write_bytes(bytes);  // intact again
+  const auto w = open_checkpoint(dir_.string());
+  // Missing tensor and wrong shape, named.
+  EXPECT_NE(error_of([&] { w->load("model.layers.7.mlp.up_proj.weight", {4, 4}); }).find("missing tensor 'model.layers.7.mlp.up_proj.weight'"), std::string::npos);
+  EXPECT_NE(error_of([&] { w->load("model.norm.weight", {c.hidden_size + 1}); }).find("has shape [128]"), std::string::npos);
+  // A config with MoE layers is refused at model construction, naming the layer.
+  ModelConfig moe = c;
+  moe.n_routed_experts = 8;
+  moe.first_k_dense_replace = 0;
+  run_threads(1, [&](Communicator& world) {
+    auto dcp = world.split(0, 0);
+    ModelOptions mo;
+    mo.kv_capacity_tokens = 64;
+    const std::string why = error_of([&] { MlaModel m(moe, *w, world, *dcp, mo); });
+    EXPECT_NE(why.find("layer 0 is a mixture-of-experts layer"), std::string::npos) << why;
+  });
+  // Malformed config.json.
+  std::ofstream(dir_ / "config.json") << "{\"vocab_size\": 10,";
+  EXPECT_NE(error_of([&] { read_checkpoint_config(dir_.string()); }).find("not valid JSON"), std::string::npos);
+  std::ofstream(dir_ / "config.json") << "{\"vocab_size\": 10}";
+  EXPECT_NE(error_of([&] { read_checkpoint_config(dir_.string()); }).find("missing field 'hidden_size'"), std::string::npos);
+}
+
+TEST(Model, RefusesHeadsNotDivisibleByTp) {
+  ModelConfig c = small_config(1);
+  c.num_attention_heads = 6;
+  const auto w = make_synthetic_weights(1);
+  run_threads(4, [&](Communicator& world) {
+    auto dcp = world.split(0, world.rank());
+    ModelOptions mo;
+    mo.kv_capacity_tokens = 64;
+    const std::string why = error_of([&] { MlaModel m(c, *w, world, *dcp, mo); });
+    EXPECT_NE(why.find("--tp-size 4 must divide the model's num_attention_heads 6"), std::string::npos) << why;
+  });
+}
+
+}  // namespace
+}  // namespace dcp
