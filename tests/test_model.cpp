@@ -14,6 +14,7 @@
 #include "dcp/error.h"
 #include "dcp/model.h"
 #include "dcp/weights.h"
+#include "engine_util.h"
 #include "naive_model.h"
 #include "test_util.h"
 
@@ -22,66 +23,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct EngineSetup {
-  int tp = 1, dcp = 1;
-  CombineBackend backend = CombineBackend::ag_rs;
-  bool replicate_q = false;
-  KvDtype kv_dtype = KvDtype::fp32;
-  int page_size = 16;
-  int chunk = 2048;
-  std::int64_t capacity = 4096;
-};
-
 // DCP N vs DCP 1 with bf16 KV: both runs are exact up to fp32 rounding order, but a layer's
 // latent rows are rounded to bf16 when stored, and a 1e-7 difference that crosses a bf16
 // rounding boundary becomes a 4e-3 difference in that element. Hence looser limits than fp32.
 constexpr test::Tolerance kBf16KvTol{1e-8, 1e-3};
 
-struct EngineRun {
-  std::vector<RequestResult> results;
-  EngineStats stats;
-};
-
-// Runs the requests on `tp` thread ranks; returns rank 0's results (every rank checks that its
-// results equal rank 0's: ranks run in lockstep).
-EngineRun run_engine(const ModelConfig& config, const WeightSource& weights, const EngineSetup& s,
-                     const std::vector<RequestSpec>& requests) {
-  EngineRun out;
-  set_blas_threads(1);
-  run_threads(s.tp, [&](Communicator& world) {
-    auto dcp = world.split(world.rank() / s.dcp, world.rank());
-    ModelOptions mo;
-    mo.backend = s.backend;
-    mo.replicate_q_proj = s.replicate_q;
-    mo.kv_dtype = s.kv_dtype;
-    mo.page_size = s.page_size;
-    mo.kv_capacity_tokens = s.capacity;
-    MlaModel model(config, weights, world, *dcp, mo);
-    EngineOptions eo;
-    eo.chunked_prefill_size = s.chunk;
-    eo.record_logits = true;
-    Engine engine(model, eo);
-    for (const RequestSpec& r : requests) engine.submit(r);
-    engine.run();
-    if (world.rank() == 0) {
-      out.results = engine.results();
-      out.stats = engine.stats();
-    }
-    world.barrier();
-    for (std::size_t i = 0; i < engine.results().size(); ++i) {
-      if (engine.results()[i].output_tokens != out.results[i].output_tokens) {
-        throw Error(ErrorCategory::internal, "ranks disagree on the generated tokens");
-      }
-    }
-  });
-  return out;
-}
-
-std::vector<std::int32_t> random_tokens(test::Rng& rng, int n, int vocab) {
-  std::vector<std::int32_t> t(static_cast<std::size_t>(n));
-  for (auto& x : t) x = static_cast<std::int32_t>(rng.range(0, vocab - 1));
-  return t;
-}
+using test::EngineRun;
+using test::EngineSetup;
+using test::random_tokens;
+using test::request;
+using test::run_engine;
 
 ModelConfig small_config(int layers) {
   ModelConfig c = preset_config("tiny", layers);
@@ -92,7 +43,7 @@ ModelConfig small_config(int layers) {
 // Step logits of the engine vs the naive model at the same positions (teacher forcing).
 void expect_engine_matches_naive(const ModelConfig& c, const WeightSource& w, const EngineSetup& s, test::Rng& rng) {
   const std::vector<std::int32_t> prompt = random_tokens(rng, 23, c.vocab_size);
-  RequestSpec r{0, prompt, 4, random_tokens(rng, 4, c.vocab_size)};
+  RequestSpec r = request(0, prompt, 4, random_tokens(rng, 4, c.vocab_size));
   const EngineRun run = run_engine(c, w, s, {r});
   std::vector<std::int32_t> seq = prompt;
   seq.insert(seq.end(), r.forced_outputs.begin(), r.forced_outputs.end() - 1);
@@ -164,7 +115,7 @@ TEST(Model, DcpEqualsDcpOne) {
   // Mixed lengths in one batch, including prompts shorter than N.
   std::vector<RequestSpec> reqs;
   const int lengths[] = {1, 2, 3, 57, 130, 201};
-  for (int i = 0; i < 6; ++i) reqs.push_back({i, random_tokens(rng, lengths[i], c.vocab_size), 5, {}});
+  for (int i = 0; i < 6; ++i) reqs.push_back(request(i, random_tokens(rng, lengths[i], c.vocab_size), 5));
   EngineSetup base;
   base.tp = 4;
   base.kv_dtype = KvDtype::bf16;
@@ -195,8 +146,8 @@ TEST(Model, DeepSeekV3GeometryDcpEqualsDcpOne) {
   auto rng = test::make_rng();
   const ModelConfig c = preset_config("deepseek-v3", 1);
   const auto w = make_synthetic_weights(5);
-  const std::vector<RequestSpec> reqs = {{0, random_tokens(rng, 9, c.vocab_size), 2, {}},
-                                         {1, random_tokens(rng, 3, c.vocab_size), 2, {}}};
+  const std::vector<RequestSpec> reqs = {request(0, random_tokens(rng, 9, c.vocab_size), 2),
+                                         request(1, random_tokens(rng, 3, c.vocab_size), 2)};
   EngineSetup s;
   s.tp = 4;
   s.kv_dtype = KvDtype::bf16;
@@ -217,7 +168,7 @@ TEST(Engine, FullKvCacheQueuesAndRejectsWithoutCorruption) {
   const ModelConfig c = preset_config("tiny", 1);
   const auto w = make_synthetic_weights(9);
   std::vector<RequestSpec> reqs;
-  for (int i = 0; i < 5; ++i) reqs.push_back({i, random_tokens(rng, 40 + 11 * i, c.vocab_size), 6, {}});
+  for (int i = 0; i < 5; ++i) reqs.push_back(request(i, random_tokens(rng, 40 + 11 * i, c.vocab_size), 6));
   EngineSetup s;
   s.tp = 2;
   s.dcp = 2;
@@ -225,7 +176,7 @@ TEST(Engine, FullKvCacheQueuesAndRejectsWithoutCorruption) {
   const EngineRun ample = run_engine(c, *w, s, reqs);
   s.capacity = 160;  // room for about two requests at a time
   auto with_huge = reqs;
-  with_huge.push_back({99, random_tokens(rng, 300, c.vocab_size), 4, {}});  // can never fit
+  with_huge.push_back(request(99, random_tokens(rng, 300, c.vocab_size), 4));  // can never fit
   const EngineRun tight = run_engine(c, *w, s, with_huge);
   EXPECT_GT(tight.stats.max_queue, 0) << "requests should have waited for KV";
   for (std::size_t i = 0; i < reqs.size(); ++i) {
@@ -245,11 +196,11 @@ TEST(Engine, RejectsInvalidRequests) {
     mo.kv_capacity_tokens = 256;
     MlaModel model(c, *w, world, *dcp, mo);
     Engine engine(model, {});
-    EXPECT_THROW(engine.submit({1, {}, 3, {}}), Error);
-    EXPECT_THROW(engine.submit({1, {1, 2}, 0, {}}), Error);
-    EXPECT_THROW(engine.submit({1, {1, c.vocab_size}, 3, {}}), Error);
-    engine.submit({1, {1, 2}, 2, {}});
-    EXPECT_THROW(engine.submit({1, {3}, 2, {}}), Error);  // duplicate id
+    EXPECT_THROW(engine.submit(request(1, {}, 3)), Error);
+    EXPECT_THROW(engine.submit(request(1, {1, 2}, 0)), Error);
+    EXPECT_THROW(engine.submit(request(1, {1, c.vocab_size}, 3)), Error);
+    engine.submit(request(1, {1, 2}, 2));
+    EXPECT_THROW(engine.submit(request(1, {3}, 2)), Error);  // duplicate id
     engine.run();
     ASSERT_EQ(engine.results().size(), 1u);
     EXPECT_EQ(engine.results()[0].output_tokens.size(), 2u);

@@ -42,6 +42,9 @@ struct RunOptions {
   std::string json_path;
   std::string prompt_tokens;
   std::string dump_logits;
+  int spec_tokens = 0;
+  std::string spec_draft = "target:1";
+  std::string dcp_extend = "gather";
 };
 
 std::vector<std::int32_t> parse_ids(const std::string& text, const std::string& where) {
@@ -115,6 +118,34 @@ Workload build_workload(const RunOptions& o) {
   w.engine.chunked_prefill_size = o.chunked_prefill_size;
   w.engine.record_logits = o.verify || !o.dump_logits.empty();
 
+  DCP_ARG_CHECK(o.dcp_extend == "gather" || o.dcp_extend == "native", "--dcp-extend '", o.dcp_extend,
+                "' is not one of: gather, native");
+  w.engine.extend_mode = o.dcp_extend == "native" ? ForwardMode::extend_native : ForwardMode::extend;
+  DCP_ARG_CHECK(o.spec_tokens >= 0, "--speculative-num-draft-tokens ", o.spec_tokens, " must be >= 0");
+  if (o.spec_tokens > 0) {
+    w.engine.num_draft_tokens = o.spec_tokens;
+    if (o.spec_draft.rfind("target:", 0) == 0) {  // the target's first layers, its weights
+      int layers = 0;
+      try {
+        layers = std::stoi(o.spec_draft.substr(7));
+      } catch (const std::exception&) {
+      }
+      DCP_ARG_CHECK(layers >= 1 && layers <= w.model.num_hidden_layers, "--speculative-draft '", o.spec_draft,
+                    "': target:N needs 1 <= N <= ", w.model.num_hidden_layers);
+      w.draft_model = w.model;
+      w.draft_model->num_hidden_layers = layers;
+      w.draft_path = w.model_path;
+      w.draft_seed = w.weight_seed;
+    } else if (std::filesystem::is_directory(o.spec_draft)) {
+      w.draft_model = read_checkpoint_config(o.spec_draft);
+      w.draft_path = o.spec_draft;
+    } else {
+      w.draft_model = preset_config(o.spec_draft);
+      w.draft_seed = o.seed + 1;
+    }
+    DCP_ARG_CHECK(w.draft_model->vocab_size == w.model.vocab_size, "--speculative-draft '", o.spec_draft,
+                  "' has a vocabulary of ", w.draft_model->vocab_size, ", the target ", w.model.vocab_size);
+  }
   std::vector<std::vector<std::int32_t>> prompts;
   if (!o.prompt_tokens.empty()) {
     prompts = read_prompts(o.prompt_tokens);
@@ -131,7 +162,11 @@ Workload build_workload(const RunOptions& o) {
   }
   std::int64_t total = 0;
   for (std::size_t i = 0; i < prompts.size(); ++i) {
-    w.requests.push_back({static_cast<RequestId>(i), prompts[i], o.max_new_tokens, {}});
+    RequestSpec r;
+    r.id = static_cast<RequestId>(i);
+    r.prompt = prompts[i];
+    r.max_new_tokens = o.max_new_tokens;
+    w.requests.push_back(std::move(r));
     total += static_cast<std::int64_t>(prompts[i].size()) + o.max_new_tokens;
   }
   const std::int64_t vp = static_cast<std::int64_t>(o.page_size) * w.parallel.dcp_size;
@@ -235,6 +270,9 @@ json report_json(const RunOptions& o, const Workload& w, const RunReport& r, con
                  {"decode_tp_comm_ms", median(tp_comm)},
                  {"decode_other_ms", median(other)},
                  {"decode_tokens_per_s", decode_total > 0 ? 1000.0 * static_cast<double>(s.decode_tokens) / decode_total : 0.0}};
+  j["speculative"] = {{"num_draft_tokens", o.spec_tokens}, {"draft", o.spec_tokens > 0 ? o.spec_draft : ""},
+                      {"acceptance_rate", s.acceptance_rate()}, {"tokens_per_target_step", s.tokens_per_target_step()}};
+  j["config"]["dcp_extend"] = o.dcp_extend;
   j["comm"] = {{"collectives_per_layer", dcp_calls / steps / layers},
                {"bytes_per_layer_per_rank", dcp_bytes / steps / layers},
                {"tp_collectives_per_step", tp_calls / steps}};
@@ -290,6 +328,11 @@ void print_summary(const json& j) {
                 r["state"].get<std::string>() == "finished" ? "" : "REJECTED ",
                 toks.c_str(), error.c_str());
   }
+  if (j["speculative"]["num_draft_tokens"].get<int>() > 0) {
+    std::printf("speculative: %d draft tokens from %s, acceptance %.1f%%, %.2f tokens per target step\n",
+                j["speculative"]["num_draft_tokens"].get<int>(), j["speculative"]["draft"].get<std::string>().c_str(),
+                100 * j["speculative"]["acceptance_rate"].get<double>(), j["speculative"]["tokens_per_target_step"].get<double>());
+  }
   const json& v = j["verify"];
   if (v["ran"].get<bool>()) {
     std::printf("verify vs dcp 1: tokens %s, max |dlogit| %.3g (relative %.3g, tolerance %.0e): %s\n",
@@ -339,6 +382,8 @@ int run(const RunOptions& o) {
     ref.model_options.replicate_q_proj = false;
     ref.model_options.kv_capacity_tokens = w.model_options.kv_capacity_tokens;
     ref.engine.record_logits = true;
+    ref.engine.num_draft_tokens = 0;  // the reference decodes plainly
+    ref.draft_model.reset();
     for (std::size_t i = 0; i < ref.requests.size(); ++i) ref.requests[i].forced_outputs = report.results[i].output_tokens;
     bool ref_root = false;
     const RunReport reference = run_workload(ref, &ref_root);
@@ -380,6 +425,10 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--json", o->json_path, "write the summary as JSON");
   cmd->add_option("--prompt-tokens", o->prompt_tokens, "token ids '1,2,3' (';' between prompts) or a file, one prompt per line");
   cmd->add_option("--dump-logits", o->dump_logits, "write every step's logits (float32) with a JSON header");
+  cmd->add_option("--speculative-num-draft-tokens", o->spec_tokens, "draft tokens per step (0: off)")->capture_default_str();
+  cmd->add_option("--speculative-draft", o->spec_draft, "draft model: target:N (the target's first N layers), a preset, or a checkpoint")
+      ->capture_default_str();
+  cmd->add_option("--dcp-extend", o->dcp_extend, "prefill over a cached prefix: gather or native")->capture_default_str();
   cmd->callback([o] { set_exit_code(run(*o)); });
 }
 

@@ -35,9 +35,19 @@ void run_rank(const Workload& w, Communicator& world, RunReport* report) {
   mo.backend = topo.backend;
   MlaModel model(w.model, *weights, world, *dcp, mo);
   weights.reset();
+  std::unique_ptr<Communicator> solo_tp, solo_dcp;
+  std::unique_ptr<MlaModel> draft;
+  if (w.draft_model) {
+    solo_tp = world.split(world.rank(), 0);
+    solo_dcp = world.split(world.rank(), 0);
+    const auto draft_weights = w.draft_path.empty() ? make_synthetic_weights(w.draft_seed) : open_checkpoint(w.draft_path);
+    ModelOptions dmo = w.model_options;
+    dmo.replicate_q_proj = false;
+    draft = std::make_unique<MlaModel>(*w.draft_model, *draft_weights, *solo_tp, *solo_dcp, dmo);
+  }
   const double load_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 
-  Engine engine(model, w.engine);
+  Engine engine(model, w.engine, draft.get());
   for (const RequestSpec& r : w.requests) engine.submit(r);
   std::int64_t peak_rows = 0;
   const bool root = world.rank() == 0;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,10 @@ struct Workload {
   ModelOptions model_options;       // backend, replicated Q, KV dtype, page size, capacity
   EngineOptions engine;
   std::vector<RequestSpec> requests;
+  // Speculative decoding: the draft model, replicated on every rank (TP 1, DCP 1).
+  std::optional<ModelConfig> draft_model;
+  std::string draft_path;           // empty: synthetic weights with draft_seed
+  std::uint64_t draft_seed = 1234;
   std::string comm = "threads";     // threads or mpi
   bool progress = false;            // progress line on stderr (rank 0)
 };

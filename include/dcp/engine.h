@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,11 @@ struct RequestSpec {
   // Teacher forcing: when non-empty, the token fed after step k is forced_outputs[k] instead of
   // the greedy choice (what --verify uses to compare logits step by step).
   std::vector<std::int32_t> forced_outputs;
+  // Multi-turn: keep this request's KV when it finishes, so a later request can continue it.
+  bool keep_kv = false;
+  // Continue a finished request submitted with keep_kv: its context (prompt and outputs) stays
+  // in the KV cache and `prompt` holds the new turn's tokens, prefilled over that prefix.
+  std::optional<RequestId> continue_from;
 };
 
 enum class RequestState : std::uint8_t { waiting, prefill, decode, finished, rejected };
@@ -40,6 +46,11 @@ struct EngineOptions {
   int chunked_prefill_size = 2048;  // prompt tokens per step (>= 1)
   int max_running_requests = 64;
   bool record_logits = false;
+  // Prefill chunks over a cached prefix: ForwardMode::extend (gather, upstream) or
+  // ForwardMode::extend_native (DCP-native).
+  ForwardMode extend_mode = ForwardMode::extend;
+  // Speculative decoding: tokens the draft model proposes per step (0: off; needs a draft).
+  int num_draft_tokens = 0;
 };
 
 struct EngineStats {
@@ -49,11 +60,22 @@ struct EngineStats {
   std::int64_t steps = 0;
   std::int64_t decode_tokens = 0;
   std::int64_t max_queue = 0;                 // most requests ever waiting for KV
+  // Speculative decoding, summed over requests.
+  std::int64_t spec_verifications = 0;        // (request, target step) pairs that verified drafts
+  std::int64_t spec_proposed = 0;             // draft tokens proposed
+  std::int64_t spec_accepted = 0;             // draft tokens accepted
+  std::int64_t spec_emitted = 0;              // tokens emitted by those steps (accepted + 1 each)
+  double acceptance_rate() const { return spec_proposed ? static_cast<double>(spec_accepted) / spec_proposed : 0.0; }
+  double tokens_per_target_step() const {
+    return spec_verifications ? static_cast<double>(spec_emitted) / spec_verifications : 0.0;
+  }
 };
 
 class Engine {
  public:
-  Engine(MlaModel& model, const EngineOptions& options);
+  // `draft` (optional) is a small model replicated on every rank (TP 1, DCP 1) that proposes
+  // options.num_draft_tokens tokens per step; DCP stripes only the target's KV.
+  Engine(MlaModel& model, const EngineOptions& options, MlaModel* draft = nullptr);
 
   // Queues a request. Throws on an invalid spec (empty prompt, max_new_tokens < 1, duplicate id,
   // token id outside the vocabulary); the engine is unchanged then.
@@ -63,6 +85,8 @@ class Engine {
   // Steps until every request finished or was rejected. `progress` (may be empty) is called
   // after each step.
   void run(const std::function<void(const Engine&)>& progress = {});
+  // Drops the KV a finished keep_kv request still holds.
+  void release(RequestId id);
 
   const std::vector<RequestResult>& results() const noexcept { return results_; }
   const EngineStats& stats() const noexcept { return stats_; }
@@ -76,17 +100,25 @@ class Engine {
     RequestSpec spec;
     std::size_t result = 0;   // index into results_
     std::int64_t prefilled = 0;
+    std::vector<std::int32_t> feed;          // tokens to prefill: [last output of the turn before] + prompt
+    std::int64_t context = 0;                // tokens already in the KV when admitted (continuations)
+    std::vector<std::int32_t> draft_pending; // tokens the draft has not seen yet
   };
   std::int64_t pages_for(std::int64_t tokens) const;
   std::int64_t reserved_pages() const;
   void admit();
   bool run_prefill();
   bool run_decode();
+  bool run_speculative();
+  // Feeds each request's pending tokens to the draft, then proposes up to k tokens each.
+  std::vector<std::vector<std::int32_t>> propose(const std::vector<std::size_t>& members, const std::vector<int>& k);
   void emit(Live& r, const float* logits);  // records a step's logits, chooses the next token
   void finish(std::size_t live_index);
 
   MlaModel& model_;
+  MlaModel* draft_;
   EngineOptions options_;
+  std::vector<RequestId> kept_;  // finished requests whose KV is kept for a continuation
   std::vector<Live> waiting_;
   std::vector<Live> running_;
   std::vector<RequestResult> results_;

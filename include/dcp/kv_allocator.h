@@ -53,6 +53,9 @@ class KvAllocator {
   void truncate(RequestId request, std::int64_t new_length);
   // Releases a request's pages (shared pages when their last user goes).
   void free(RequestId request);
+  // Moves a request's pages and length to a new id (a multi-turn continuation takes over the
+  // KV of the turn before it).
+  void rename(RequestId from, RequestId to);
   // Creates `dst` holding the first `tokens` tokens of `src` by sharing its pages. `tokens`
   // must be a whole number of virtual pages and <= src's length.
   void share_prefix(RequestId src, RequestId dst, std::int64_t tokens);

@@ -31,8 +31,12 @@ struct ModelOptions {
 };
 
 enum class ForwardMode : std::uint8_t {
-  decode,  // attention through the DCP step (query exchange, shard attention, LSE combine)
-  extend,  // prefill chunk: gather the cached prefix in token order, causal attention locally
+  decode,         // attention through the DCP step (query exchange, shard attention, LSE combine)
+  extend,         // prefill chunk, upstream way: gather the cached prefix in token order, then
+                  // causal attention locally; its traffic grows with the prefix
+  extend_native,  // prefill chunk, DCP-native: the DCP step over each rank's prefix shard, plus
+                  // the intra-chunk causal part computed locally, LSE-merged; traffic grows with
+                  // the chunk only (none at all for a first chunk)
 };
 
 // One forward: the last q_len tokens of each request (already allocated in the allocator).
@@ -91,6 +95,8 @@ class MlaModel {
   struct Layer;
   void attention(Layer& layer, int index, const float* x, const ForwardBatch& batch, const ForwardPlan& plan,
                  float* out, ForwardTimings& t);
+  void extend_native(Layer& layer, const float* q, int heads_q, const float* latent, const ForwardBatch& batch,
+                     const ForwardPlan& plan, float* o, ForwardTimings& t);
 
   ModelConfig config_;
   ModelOptions options_;

@@ -19,16 +19,30 @@ std::int32_t argmax(const float* x, int n) {
 
 }  // namespace
 
-Engine::Engine(MlaModel& model, const EngineOptions& options) : model_(model), options_(options) {
+Engine::Engine(MlaModel& model, const EngineOptions& options, MlaModel* draft)
+    : model_(model), draft_(draft), options_(options) {
   DCP_ARG_CHECK(options.chunked_prefill_size >= 1, "--chunked-prefill-size ", options.chunked_prefill_size,
                 " must be >= 1");
   DCP_ARG_CHECK(options.max_running_requests >= 1, "max_running_requests must be >= 1");
+  DCP_ARG_CHECK(options.extend_mode != ForwardMode::decode, "extend_mode must be extend or extend_native");
+  DCP_ARG_CHECK(options.num_draft_tokens >= 0, "--speculative-num-draft-tokens ", options.num_draft_tokens,
+                " must be >= 0");
+  DCP_ARG_CHECK(options.num_draft_tokens == 0 || draft != nullptr,
+                "--speculative-num-draft-tokens needs a draft model (--speculative-draft)");
+  if (draft) {
+    DCP_ARG_CHECK(draft->config().vocab_size == model.config().vocab_size, "the draft model's vocabulary (",
+                  draft->config().vocab_size, ") differs from the target's (", model.config().vocab_size, ")");
+    DCP_ARG_CHECK(draft->dcp_group().size() == 1 && draft->tp_group().size() == 1,
+                  "the draft model must be replicated on every rank (TP 1, DCP 1)");
+  }
 }
 
 void Engine::submit(const RequestSpec& spec) {
   DCP_ARG_CHECK(!spec.prompt.empty(), "request ", spec.id, ": the prompt must hold >= 1 token");
   DCP_ARG_CHECK(spec.max_new_tokens >= 1, "request ", spec.id, ": --max-new-tokens ", spec.max_new_tokens,
                 " must be >= 1");
+  DCP_ARG_CHECK(spec.forced_outputs.empty() || options_.num_draft_tokens == 0, "request ", spec.id,
+                ": teacher forcing and speculative decoding do not combine");
   for (std::int32_t t : spec.prompt) {
     DCP_ARG_CHECK(t >= 0 && t < model_.config().vocab_size, "request ", spec.id, ": token id ", t,
                   " is outside the vocabulary [0, ", model_.config().vocab_size, ")");
@@ -36,11 +50,35 @@ void Engine::submit(const RequestSpec& spec) {
   for (const RequestResult& r : results_) {
     DCP_ARG_CHECK(r.id != spec.id, "request id ", spec.id, " was already submitted");
   }
+  Live live{spec, 0, 0, {}, 0, {}};
+  if (spec.continue_from) {
+    const RequestId from = *spec.continue_from;
+    const auto kept = std::find(kept_.begin(), kept_.end(), from);
+    DCP_ARG_CHECK(kept != kept_.end(), "request ", spec.id, " continues request ", from,
+                  ", which has not finished with keep_kv");
+    const RequestResult& prev = *std::find_if(results_.begin(), results_.end(), [&](const RequestResult& r) { return r.id == from; });
+    live.feed.push_back(prev.output_tokens.back());  // its last token never entered the KV
+    kept_.erase(kept);
+    // Take over the earlier turn's KV now, so nothing else can claim it.
+    model_.allocator().rename(from, spec.id);
+    if (draft_) draft_->allocator().rename(from, spec.id);
+    live.context = model_.allocator().length(spec.id);
+  }
+  live.feed.insert(live.feed.end(), spec.prompt.begin(), spec.prompt.end());
   RequestResult result;
   result.id = spec.id;
   results_.push_back(result);
-  waiting_.push_back({spec, results_.size() - 1, 0});
-  prompt_total_ += static_cast<std::int64_t>(spec.prompt.size());
+  live.result = results_.size() - 1;
+  prompt_total_ += static_cast<std::int64_t>(live.feed.size());
+  waiting_.push_back(std::move(live));
+}
+
+void Engine::release(RequestId id) {
+  const auto kept = std::find(kept_.begin(), kept_.end(), id);
+  DCP_ARG_CHECK(kept != kept_.end(), "release: request ", id, " holds no kept KV");
+  model_.allocator().free(id);
+  if (draft_) draft_->allocator().free(id);
+  kept_.erase(kept);
 }
 
 std::int64_t Engine::waiting() const noexcept { return static_cast<std::int64_t>(waiting_.size()); }
@@ -51,11 +89,15 @@ std::int64_t Engine::pages_for(std::int64_t tokens) const {
   return (tokens + vp - 1) / vp;
 }
 
+namespace {
+std::int64_t final_length(std::int64_t context, std::int64_t feed, std::int64_t max_new) { return context + feed + max_new; }
+}  // namespace
+
 std::int64_t Engine::reserved_pages() const {
   // Pages running requests will still take before they finish.
   std::int64_t r = 0;
   for (const Live& l : running_) {
-    const std::int64_t final_len = static_cast<std::int64_t>(l.spec.prompt.size()) + l.spec.max_new_tokens;
+    const std::int64_t final_len = final_length(l.context, static_cast<std::int64_t>(l.feed.size()), l.spec.max_new_tokens);
     r += pages_for(final_len) - static_cast<std::int64_t>(model_.allocator().pages(l.spec.id).size());
   }
   return r;
@@ -65,17 +107,26 @@ void Engine::admit() {
   KvAllocator& alloc = model_.allocator();
   std::int64_t budget = alloc.free_pages() - reserved_pages();
   for (auto it = waiting_.begin(); it != waiting_.end();) {
-    const std::int64_t need = pages_for(static_cast<std::int64_t>(it->spec.prompt.size()) + it->spec.max_new_tokens);
-    if (need > alloc.num_pages()) {  // can never fit: reject, keep serving the others
+    const std::int64_t final_len = final_length(it->context, static_cast<std::int64_t>(it->feed.size()), it->spec.max_new_tokens);
+    const std::int64_t held = it->context > 0 ? static_cast<std::int64_t>(alloc.pages(it->spec.id).size()) : 0;
+    const std::int64_t need = pages_for(final_len) - held;
+    if (pages_for(final_len) > alloc.num_pages()) {  // can never fit: reject, keep serving the others
       RequestResult& r = results_[it->result];
       r.state = RequestState::rejected;
-      r.error = str("needs ", it->spec.prompt.size() + it->spec.max_new_tokens, " tokens of KV; the cache holds ",
-                    alloc.capacity_tokens(), " (raise --max-total-tokens)");
+      r.error = str("needs ", final_len, " tokens of KV; the cache holds ", alloc.capacity_tokens(),
+                    " (raise --max-total-tokens)");
+      if (it->context > 0) {
+        alloc.free(it->spec.id);
+        if (draft_) draft_->allocator().free(it->spec.id);
+      }
       it = waiting_.erase(it);
       continue;
     }
     if (need > budget || static_cast<int>(running_.size()) >= options_.max_running_requests) break;  // FIFO
-    alloc.allocate(it->spec.id, 0);
+    if (it->context == 0) {
+      alloc.allocate(it->spec.id, 0);
+      if (draft_) draft_->allocator().allocate(it->spec.id, 0);
+    }
     budget -= need;
     results_[it->result].state = RequestState::prefill;
     running_.push_back(std::move(*it));
@@ -92,39 +143,51 @@ void Engine::emit(Live& l, const float* logits) {
 }
 
 void Engine::finish(std::size_t i) {
-  model_.allocator().free(running_[i].spec.id);
-  results_[running_[i].result].state = RequestState::finished;
+  Live& l = running_[i];
+  if (l.spec.keep_kv) {
+    kept_.push_back(l.spec.id);
+  } else {
+    model_.allocator().free(l.spec.id);
+    if (draft_) draft_->allocator().free(l.spec.id);
+  }
+  results_[l.result].state = RequestState::finished;
   running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
 }
 
 bool Engine::run_prefill() {
   ForwardBatch batch;
-  batch.mode = ForwardMode::extend;
+  batch.mode = options_.extend_mode;
   std::vector<std::size_t> members;
   std::int64_t budget = options_.chunked_prefill_size;
   for (std::size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Live& l = running_[i];
     if (results_[l.result].state != RequestState::prefill) continue;
-    const std::int64_t left = static_cast<std::int64_t>(l.spec.prompt.size()) - l.prefilled;
+    const std::int64_t left = static_cast<std::int64_t>(l.feed.size()) - l.prefilled;
     const std::int64_t chunk = std::min(left, budget);
     model_.allocator().extend(l.spec.id, chunk);  // admission reserved these pages
     batch.entries.push_back({l.spec.id, static_cast<std::int32_t>(chunk)});
-    batch.tokens.insert(batch.tokens.end(), l.spec.prompt.begin() + l.prefilled,
-                        l.spec.prompt.begin() + l.prefilled + chunk);
+    batch.tokens.insert(batch.tokens.end(), l.feed.begin() + l.prefilled, l.feed.begin() + l.prefilled + chunk);
     members.push_back(i);
     budget -= chunk;
   }
   if (members.empty()) return false;
   const auto t0 = Clock::now();
   const std::vector<float> logits = model_.forward(batch);
+  if (draft_) {  // the draft sees the same prompt (its own replicated KV)
+    for (const BatchEntry& e : batch.entries) draft_->allocator().extend(e.request, e.q_len);
+    ForwardBatch d = batch;
+    d.mode = ForwardMode::extend;
+    draft_->forward(d);
+  }
   stats_.prefill_ms += ms_since(t0);
   const int vocab = model_.config().vocab_size;
   for (std::size_t k = 0; k < members.size(); ++k) {
     Live& l = running_[members[k]];
     l.prefilled += batch.entries[k].q_len;
     prompt_done_ += batch.entries[k].q_len;
-    if (l.prefilled == static_cast<std::int64_t>(l.spec.prompt.size())) {
+    if (l.prefilled == static_cast<std::int64_t>(l.feed.size())) {
       emit(l, logits.data() + k * vocab);  // the prompt's last logits give the first new token
+      l.draft_pending = {results_[l.result].output_tokens.back()};
       results_[l.result].state = RequestState::decode;
     }
   }
@@ -136,6 +199,7 @@ bool Engine::run_prefill() {
 }
 
 bool Engine::run_decode() {
+  if (options_.num_draft_tokens > 0) return run_speculative();
   ForwardBatch batch;
   batch.mode = ForwardMode::decode;
   std::vector<std::size_t> members;
@@ -159,6 +223,102 @@ bool Engine::run_decode() {
   stats_.decode_tokens += static_cast<std::int64_t>(members.size());
   const int vocab = model_.config().vocab_size;
   for (std::size_t k = 0; k < members.size(); ++k) emit(running_[members[k]], logits.data() + k * vocab);
+  for (std::size_t i = running_.size(); i-- > 0;) {
+    const Live& l = running_[i];
+    if (results_[l.result].output_tokens.size() >= static_cast<std::size_t>(l.spec.max_new_tokens)) finish(i);
+  }
+  return true;
+}
+
+std::vector<std::vector<std::int32_t>> Engine::propose(const std::vector<std::size_t>& members, const std::vector<int>& k) {
+  std::vector<std::vector<std::int32_t>> drafts(members.size());
+  const int vocab = draft_->config().vocab_size;
+  const int rounds = *std::max_element(k.begin(), k.end());
+  for (int round = 0; round < rounds; ++round) {
+    // Round 0 feeds each request's pending tokens (the draft catches up); later rounds feed the
+    // previous proposal. Each round's last logits give the next proposal.
+    ForwardBatch batch;
+    batch.mode = ForwardMode::decode;
+    std::vector<std::size_t> in_round;
+    for (std::size_t m = 0; m < members.size(); ++m) {
+      if (round >= k[m]) continue;
+      Live& l = running_[members[m]];
+      const std::vector<std::int32_t> feed = round == 0 ? l.draft_pending : std::vector<std::int32_t>{drafts[m].back()};
+      draft_->allocator().extend(l.spec.id, static_cast<std::int64_t>(feed.size()));
+      batch.entries.push_back({l.spec.id, static_cast<std::int32_t>(feed.size())});
+      batch.tokens.insert(batch.tokens.end(), feed.begin(), feed.end());
+      in_round.push_back(m);
+    }
+    const std::vector<float> logits = draft_->forward(batch);
+    for (std::size_t j = 0; j < in_round.size(); ++j) drafts[in_round[j]].push_back(argmax(logits.data() + j * vocab, vocab));
+  }
+  return drafts;
+}
+
+bool Engine::run_speculative() {
+  std::vector<std::size_t> members;
+  std::vector<int> k;
+  for (std::size_t i = 0; i < running_.size(); ++i) {
+    const Live& l = running_[i];
+    const RequestResult& r = results_[l.result];
+    if (r.state != RequestState::decode) continue;
+    // Never propose past the request's budget: verification then stays inside its reserved KV.
+    const int remaining = l.spec.max_new_tokens - static_cast<int>(r.output_tokens.size());
+    members.push_back(i);
+    k.push_back(std::min(options_.num_draft_tokens, remaining - 1));
+  }
+  if (members.empty()) return false;
+  ForwardTimings t;
+  const auto t0 = Clock::now();
+  std::vector<std::vector<std::int32_t>> drafts(members.size());
+  if (*std::max_element(k.begin(), k.end()) > 0) drafts = propose(members, k);
+  // Target verification: [last, d1 .. dk] per request through the DCP step, causal on global
+  // positions; logits for every one of those tokens.
+  ForwardBatch batch;
+  batch.mode = ForwardMode::decode;
+  batch.all_logits = true;
+  std::vector<std::int64_t> base_len(members.size());
+  for (std::size_t m = 0; m < members.size(); ++m) {
+    Live& l = running_[members[m]];
+    base_len[m] = model_.allocator().length(l.spec.id);
+    model_.allocator().extend(l.spec.id, k[m] + 1);
+    batch.entries.push_back({l.spec.id, k[m] + 1});
+    batch.tokens.push_back(results_[l.result].output_tokens.back());
+    batch.tokens.insert(batch.tokens.end(), drafts[m].begin(), drafts[m].end());
+  }
+  const std::vector<float> logits = model_.forward(batch, &t);
+  stats_.decode_step_ms.push_back(ms_since(t0));
+  stats_.decode_timings.push_back(t);
+  const int vocab = model_.config().vocab_size;
+  std::size_t row = 0;
+  for (std::size_t m = 0; m < members.size(); ++m) {
+    Live& l = running_[members[m]];
+    // Greedy acceptance: keep drafts while they equal the target's choice; the first target
+    // choice that differs (or follows the last draft) is emitted as well.
+    int accepted = 0;
+    while (accepted < k[m] && argmax(logits.data() + (row + accepted) * vocab, vocab) == drafts[m][accepted]) ++accepted;
+    for (int j = 0; j <= accepted; ++j) emit(l, logits.data() + (row + j) * vocab);
+    row += static_cast<std::size_t>(k[m]) + 1;
+    // Roll back what was rejected, on every rank (target) and in the replicated draft cache.
+    model_.allocator().truncate(l.spec.id, base_len[m] + accepted + 1);
+    if (k[m] > 0) {
+      const std::int64_t draft_len = draft_->allocator().length(l.spec.id);
+      if (accepted < k[m]) {
+        draft_->allocator().truncate(l.spec.id, base_len[m] + accepted + 1);
+        l.draft_pending = {results_[l.result].output_tokens.back()};
+      } else {  // every draft accepted: the draft has not yet seen its own last proposal
+        DCP_CHECK_EQ(draft_len, base_len[m] + accepted, "draft KV length");
+        l.draft_pending = {drafts[m].back(), results_[l.result].output_tokens.back()};
+      }
+      ++stats_.spec_verifications;
+      stats_.spec_proposed += k[m];
+      stats_.spec_accepted += accepted;
+      stats_.spec_emitted += accepted + 1;
+    } else {
+      l.draft_pending.push_back(results_[l.result].output_tokens.back());
+    }
+    stats_.decode_tokens += accepted + 1;
+  }
   for (std::size_t i = running_.size(); i-- > 0;) {
     const Live& l = running_[i];
     if (results_[l.result].output_tokens.size() >= static_cast<std::size_t>(l.spec.max_new_tokens)) finish(i);

@@ -120,6 +120,14 @@ void KvAllocator::free(RequestId request) {
   requests_.erase(request);
 }
 
+void KvAllocator::rename(RequestId from, RequestId to) {
+  entry(from, "rename");
+  DCP_ARG_CHECK(!contains(to), "rename: request ", to, " already exists");
+  auto node = requests_.extract(from);
+  node.key() = to;
+  requests_.insert(std::move(node));
+}
+
 void KvAllocator::share_prefix(RequestId src, RequestId dst, std::int64_t tokens) {
   const Entry& s = entry(src, "share_prefix");
   DCP_ARG_CHECK(!contains(dst), "share_prefix: request ", dst, " already exists");

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "dcp/error.h"
+#include "dcp/merge.h"
 #include "ops.h"
 
 namespace dcp {
@@ -162,7 +163,8 @@ void MlaModel::attention(Layer& L, int index, const float* x, const ForwardBatch
   const int qhd = c.q_head_dim(), nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, v = c.v_head_dim;
   const int kvl = c.kv_lora_rank, width = c.latent_width();
   const bool decode = batch.mode == ForwardMode::decode;
-  const bool group_q = decode && replicated_q();  // the whole DCP group's heads, computed here
+  const bool native = batch.mode == ForwardMode::extend_native;
+  const bool group_q = (decode || native) && replicated_q();  // the whole DCP group's heads, computed here
   const int heads_q = group_q ? dcp_.size() * h_loc_ : h_loc_;
   const std::vector<float>& wq = group_q ? L.q_b_group : L.q_b;
   const std::vector<float>& wkc = group_q ? L.w_kc_group : L.w_kc;
@@ -210,6 +212,8 @@ void MlaModel::attention(Layer& L, int index, const float* x, const ForwardBatch
     const DcpStepTimings& st = dcp_step_->last_timings();
     t.attention_ms += st.attention_ms;
     t.dcp_comm_ms += st.comm_ms;
+  } else if (native) {
+    extend_native(L, qa.data(), heads_q, latent.data(), batch, plan, o.data(), t);
   } else {
     // Upstream extend path: each request's whole sequence, gathered in token order, then
     // ordinary causal attention over it for this rank's heads.
@@ -268,6 +272,89 @@ void MlaModel::attention(Layer& L, int index, const float* x, const ForwardBatch
     for (std::size_t i = 0; i < g.size(); ++i) vals[i] *= 1.0f / (1.0f + std::exp(-g[i]));
   }
   ops::linear(vals.data(), T, static_cast<std::int64_t>(h_loc_) * v, L.o_proj.data(), hidden, out);
+}
+
+void MlaModel::extend_native(Layer& L, const float* qa, int heads_q, const float* latent, const ForwardBatch& batch,
+                             const ForwardPlan& plan, float* o, ForwardTimings& t) {
+  const ModelConfig& c = config_;
+  const std::int64_t T = plan.num_tokens();
+  const int kvl = c.kv_lora_rank, width = c.latent_width();
+  const std::size_t rows = static_cast<std::size_t>(T) * h_loc_;
+  // 1. The chunk's queries over every rank's prefix shard: the DCP step with rank-local lengths
+  //    cut at the chunk start (the chunk's rows follow the prefix in local-row order).
+  std::vector<float> lse(rows, kNegInf);
+  std::fill(o, o + rows * kvl, 0.0f);
+  bool any_prefix = false;
+  std::vector<std::int64_t> prefix_len(static_cast<std::size_t>(plan.num_requests()));
+  for (int b = 0; b < plan.num_requests(); ++b) {
+    const std::int64_t start = plan.global_len[b] - batch.entries[b].q_len;
+    prefix_len[b] = layout::count(start, dcp_.rank(), dcp_.size());
+    any_prefix = any_prefix || start > 0;  // the same on every rank: lockstep holds
+  }
+  if (any_prefix) {
+    MlaAttentionParams p = plan.kernel_params(*L.pool);
+    p.local_len = prefix_len.data();
+    p.softmax_scale = static_cast<float>(c.softmax_scale());
+    p.causal = true;
+    dcp_step_->forward(qa, p, nullptr, o, lse.data());
+    t.attention_ms += dcp_step_->last_timings().attention_ms;
+    t.dcp_comm_ms += dcp_step_->last_timings().comm_ms;
+  }
+  // 2. The intra-chunk causal part, for this rank's heads: every rank computed the chunk's
+  //    latent rows, so no communication. Rows are rounded as the cache stores them, and
+  //    positions shift by the chunk start so that row j sits at position j.
+  const auto t0 = Clock::now();
+  std::vector<float> chunk(latent, latent + static_cast<std::size_t>(T) * width);
+  if (options_.kv_dtype == KvDtype::bf16) {
+    for (float& x : chunk) x = bf16_to_float(float_to_bf16(x));
+  }
+  std::vector<float> q_mine;
+  const float* q_own = qa;
+  if (heads_q != h_loc_) {  // replicated query: keep this rank's head block
+    q_mine.resize(rows * width);
+    for (std::int64_t i = 0; i < T; ++i) {
+      std::copy_n(qa + (i * heads_q + dcp_.rank() * h_loc_) * width, static_cast<std::size_t>(h_loc_) * width,
+                  q_mine.data() + i * h_loc_ * width);
+    }
+    q_own = q_mine.data();
+  }
+  std::vector<std::int32_t> table(static_cast<std::size_t>(plan.num_requests()));
+  std::vector<std::int64_t> lens(table.size()), rel_pos(static_cast<std::size_t>(T));
+  std::int32_t page_size = 1;
+  for (int b = 0; b < plan.num_requests(); ++b) page_size = std::max(page_size, batch.entries[b].q_len);
+  std::vector<float> pool(static_cast<std::size_t>(plan.num_requests()) * page_size * width, 0.0f);
+  for (int b = 0; b < plan.num_requests(); ++b) {  // request b's chunk is page b
+    table[b] = b;
+    lens[b] = batch.entries[b].q_len;
+    std::copy_n(chunk.data() + static_cast<std::size_t>(plan.q_start[b]) * width, lens[b] * width,
+                pool.data() + static_cast<std::size_t>(b) * page_size * width);
+    const std::int64_t start = plan.global_len[b] - lens[b];
+    for (std::int64_t i = plan.q_start[b]; i < plan.q_start[b + 1]; ++i) rel_pos[i] = plan.q_pos[i] - start;
+  }
+  MlaAttentionParams p;
+  p.num_heads = h_loc_;
+  p.kv_lora_rank = kvl;
+  p.rope_dim = c.qk_rope_head_dim;
+  p.softmax_scale = static_cast<float>(c.softmax_scale());
+  p.num_requests = plan.num_requests();
+  p.q_start = plan.q_start.data();
+  p.q = q_own;
+  p.q_pos = rel_pos.data();
+  p.kv = pool.data();
+  p.kv_dtype = KvDtype::fp32;
+  p.num_pages = plan.num_requests();
+  p.page_size = page_size;
+  p.page_table = table.data();
+  p.page_table_stride = 1;
+  p.local_len = lens.data();
+  p.causal = true;
+  std::vector<float> o_chunk(rows * kvl), lse_chunk(rows);
+  p.out = o_chunk.data();
+  p.lse = lse_chunk.data();
+  mla_attention(p);
+  // 3. Exact LSE merge of the two parts.
+  for (std::size_t r = 0; r < rows; ++r) merge_state_into(o + r * kvl, lse[r], o_chunk.data() + r * kvl, lse_chunk[r], kvl);
+  t.attention_ms += ms_since(t0);
 }
 
 std::vector<float> MlaModel::forward(const ForwardBatch& batch, ForwardTimings* timings) {

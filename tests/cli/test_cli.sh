@@ -85,6 +85,21 @@ expect 1 "missing checkpoint" -- run --model-path "$tmp/none"
 expect 0 "gen-checkpoint" -- gen-checkpoint --out "$tmp/ckpt" --num-files 2 --no-q-lora
 expect 0 "run a generated checkpoint" -- run --model-path "$tmp/ckpt" --batch 2 --prompt-len 60 --max-new-tokens 3
 check "checkpoint run verifies" stdout_has "PASS"
+# Speculative decoding and the extend paths.
+expect 0 "speculative with the target's first layer" -- run --batch 2 --prompt-len 120 --max-new-tokens 9 --speculative-num-draft-tokens 3 --speculative-draft target:1 --json "$tmp/run.json"
+check "speculative summary" stdout_has "tokens per target step"
+check "json has acceptance_rate" json_has '"acceptance_rate"'
+check "speculation verifies" json_has '"tokens_match": true'
+expect 0 "speculative with a checkpoint draft" -- run --model-path "$tmp/ckpt" --batch 2 --prompt-len 60 --max-new-tokens 5 --speculative-num-draft-tokens 2 --speculative-draft "$tmp/ckpt"
+expect 2 "draft layers out of range" -- run --speculative-num-draft-tokens 2 --speculative-draft target:9
+check "names target:N" stderr_has "target:N needs 1 <= N <= 2"
+expect 2 "draft vocabulary mismatch" -- run --speculative-num-draft-tokens 2 --speculative-draft deepseek-v3
+expect 0 "native extend" -- run --dcp-extend native --batch 2 --prompt-len 200 --chunked-prefill-size 45 --max-new-tokens 3
+check "native extend verifies" stdout_has "PASS"
+expect 2 "bad extend mode" -- run --dcp-extend scatter
+check "lists extend modes" stderr_has "gather, native"
+expect 0 "bench extend (small)" -- bench extend --prefix-lens 0,40 --chunk 8 --repeats 1 --dcp-size 2
+check "bench prints a table" stdout_has "native/gather"
 rm -rf "$tmp"
 
 rm -f /tmp/dcp_cli_out.$$ /tmp/dcp_cli_err.$$

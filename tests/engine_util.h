@@ -1,0 +1,47 @@
+// Running the engine on thread ranks, for the model, speculative and extend tests.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "dcp/engine.h"
+#include "dcp/model.h"
+#include "dcp/weights.h"
+#include "test_util.h"
+
+namespace dcp::test {
+
+struct EngineSetup {
+  int tp = 1, dcp = 1;
+  CombineBackend backend = CombineBackend::ag_rs;
+  bool replicate_q = false;
+  KvDtype kv_dtype = KvDtype::fp32;
+  int page_size = 16;
+  int chunk = 2048;
+  std::int64_t capacity = 4096;
+  ForwardMode extend_mode = ForwardMode::extend;
+  // Speculative decoding: a draft model replicated on every rank.
+  int num_draft_tokens = 0;
+  std::optional<ModelConfig> draft_config;
+  const WeightSource* draft_weights = nullptr;
+};
+
+struct EngineRun {
+  std::vector<RequestResult> results;
+  EngineStats stats;
+};
+
+// Runs `phases` of requests on `tp` thread ranks: each phase is submitted once the previous one
+// finished (a later phase may continue an earlier request). Returns rank 0's results; every rank
+// checks it produced the same tokens (ranks run in lockstep).
+EngineRun run_engine_phases(const ModelConfig& config, const WeightSource& weights, const EngineSetup& s,
+                            const std::vector<std::vector<RequestSpec>>& phases);
+inline EngineRun run_engine(const ModelConfig& config, const WeightSource& weights, const EngineSetup& s,
+                            const std::vector<RequestSpec>& requests) {
+  return run_engine_phases(config, weights, s, {requests});
+}
+
+RequestSpec request(RequestId id, std::vector<std::int32_t> prompt, int max_new, std::vector<std::int32_t> forced = {});
+std::vector<std::int32_t> random_tokens(Rng& rng, int n, int vocab);
+
+}  // namespace dcp::test
