@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iostream>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -79,13 +80,15 @@ struct RankOutput {
   std::vector<float> out, lse;
 };
 
-RankOutput run_rank(const MlaAttentionParams& p) {
+RankOutput run_rank(const MlaAttentionParams& p, KernelPath kernel = KernelPath::automatic, int threads = 1) {
   const std::int64_t tokens = num_query_tokens(p);
   RankOutput r;
   // Poisoned: the kernel must write every element.
   r.out.assign(static_cast<std::size_t>(tokens) * p.num_heads * p.kv_lora_rank, std::nanf(""));
   r.lse.assign(static_cast<std::size_t>(tokens) * p.num_heads, std::nanf(""));
   MlaAttentionParams q = p;
+  q.kernel = kernel;
+  q.num_threads = threads;
   q.out = r.out.data();
   q.lse = r.lse.data();
   mla_attention(q);
@@ -94,6 +97,8 @@ RankOutput run_rank(const MlaAttentionParams& p) {
 
 TEST(Attention, KernelMatchesLocalReference) {
   auto rng = test::make_rng();
+  for (KernelPath kernel : available_kernel_paths()) {
+  for (int threads : {1, 3}) {
   for (KvDtype dtype : {KvDtype::fp32, KvDtype::bf16}) {
     for (Variant v : kVariants) {
       for (int n : {1, 3, 4}) {
@@ -104,7 +109,7 @@ TEST(Attention, KernelMatchesLocalReference) {
         const auto shards = test::stripe(in, n, 1, page, dtype, rng);
         for (int r = 0; r < n; ++r) {
           MlaAttentionParams p = test::shard_params(in, shards[r], dtype, page, n, r, 1);
-          RankOutput got = run_rank(p);
+          RankOutput got = run_rank(p, kernel, threads);
           p.out = nullptr;
           p.lse = nullptr;
           MlaAttentionParams pr = p;
@@ -112,14 +117,58 @@ TEST(Attention, KernelMatchesLocalReference) {
           pr.out = dummy_out.data();
           pr.lse = dummy_lse.data();
           const ref::AttentionResult expect = ref::mla_attention_local(pr);
-          const std::string what = std::string(name(v)) + " " + std::string(to_string(dtype)) +
-                                   " N=" + std::to_string(n) + " r=" + std::to_string(r);
+          const std::string what = std::string(to_string(kernel)) + " threads " + std::to_string(threads) + " " +
+                                   name(v) + " " + std::string(to_string(dtype)) + " N=" + std::to_string(n) +
+                                   " r=" + std::to_string(r);
           ASSERT_TRUE(test::close(got.out, expect.out, test::kFp32Tol, (what + " O").c_str()));
           ASSERT_TRUE(test::close(got.lse, expect.lse, {1e-12, 1e-5}, (what + " LSE").c_str()));
         }
       }
     }
   }
+  }
+  }
+}
+
+TEST(Attention, EveryKernelPathWithSplitKvOnLongContexts) {
+  // Decode over a long shard: with threads > tokens the rows are split (split-KV) and the
+  // partial states merged; DeepSeek widths and 20 heads (not a multiple of the head blocks).
+  auto rng = test::make_rng();
+  test::ContextSpec spec;
+  spec.heads = 20;
+  spec.kv_lora_rank = 512;
+  spec.rope_dim = 64;
+  spec.lengths = {9000, 37};
+  spec.q_lens = {1, 2};
+  for (KvDtype dtype : {KvDtype::fp32, KvDtype::bf16}) {
+    auto in = test::random_context(spec, dtype, rng);
+    apply_variant(Variant::sinks, in, rng);
+    const auto shards = test::stripe(in, 2, 1, 64, dtype, rng);
+    MlaAttentionParams p = test::shard_params(in, shards[1], dtype, 64, 2, 1, 1);
+    std::vector<float> o(static_cast<std::size_t>(3) * spec.heads * 512), l(static_cast<std::size_t>(3) * spec.heads);
+    MlaAttentionParams pr = p;
+    pr.out = o.data();
+    pr.lse = l.data();
+    const ref::AttentionResult expect = ref::mla_attention_local(pr);
+    for (KernelPath kernel : available_kernel_paths()) {
+      for (int threads : {1, 4}) {
+        const RankOutput got = run_rank(p, kernel, threads);
+        const std::string what = std::string(to_string(kernel)) + " threads " + std::to_string(threads) + " " +
+                                 std::string(to_string(dtype));
+        EXPECT_TRUE(test::close(got.out, expect.out, test::kFp32Tol, (what + " O").c_str()));
+        EXPECT_TRUE(test::close(got.lse, expect.lse, {1e-12, 1e-5}, (what + " LSE").c_str()));
+      }
+    }
+  }
+}
+
+TEST(Attention, AutomaticPathIsTheFastestAvailable) {
+  const auto paths = available_kernel_paths();
+  ASSERT_FALSE(paths.empty());
+  EXPECT_EQ(paths.front(), KernelPath::portable);
+  std::cout << "[dcp] kernel paths on this CPU:";
+  for (KernelPath k : paths) std::cout << " " << to_string(k);
+  std::cout << "\n";
 }
 
 // The DCP identity, for one configuration. Sinks go to rank 0 only.

@@ -12,10 +12,19 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
+#include <vector>
 
 #include "dcp/dtype.h"
 
 namespace dcp {
+
+// Implementations of the local kernel. `automatic` picks the fastest this CPU runs; the others
+// force one path (tests check each against the float64 reference).
+enum class KernelPath : std::uint8_t { automatic, portable, avx2, avx512 };
+std::string_view to_string(KernelPath k) noexcept;
+// The paths this CPU can run, slowest first; `portable` is always there.
+std::vector<KernelPath> available_kernel_paths();
 
 struct MlaAttentionParams {
   // ---- geometry ----
@@ -51,6 +60,11 @@ struct MlaAttentionParams {
                                         // group (or add it later with merge_sink).
   const std::int32_t* topk = nullptr;   // [T, topk_k] globally chosen positions, -1 = none; positions
   int topk_k = 0;                       // owned by other ranks are skipped here
+
+  // ---- execution ----
+  KernelPath kernel = KernelPath::automatic;  // forcing a path this CPU lacks is an error
+  int num_threads = 1;                  // threads over tokens, and over KV ranges (split-KV) of
+                                        // long contexts; partial results are LSE-merged
 
   // ---- outputs (written in full) ----
   float* out = nullptr;                 // [T, Hq, D_c] fp32; 0 where no row is visible

@@ -1,16 +1,19 @@
-// Portable CPU implementation of local absorbed-MLA attention: tiles of KV rows, scores for
-// every head of a query token against the tile, an online softmax per head. Faster SIMD paths
-// are selected at run time on top of this one (see the performance issue); this file is the
-// baseline every fast path is checked against, alongside the float64 reference.
+// Local absorbed-MLA attention on the CPU: validation, the visible rows of each query token,
+// the work split (tokens, and KV ranges for split-KV), and the choice of kernel path: the
+// portable baseline here, or the tiled SIMD kernel (attention_simd.h) built for AVX2 and
+// AVX-512 and chosen at run time.
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <exception>
+#include <thread>
 #include <vector>
 
 #include "dcp/attention.h"
 #include "dcp/error.h"
 #include "dcp/layout.h"
 #include "dcp/merge.h"
+#include "attention_tasks.h"
 
 namespace dcp {
 
@@ -87,6 +90,25 @@ void validate(const MlaAttentionParams& p) {
   DCP_ARG_CHECK(!any_rows || p.kv != nullptr, "kv must not be null when a request has rows");
 }
 
+std::string_view to_string(KernelPath k) noexcept {
+  switch (k) {
+    case KernelPath::automatic: return "automatic";
+    case KernelPath::portable: return "portable";
+    case KernelPath::avx2: return "avx2";
+    case KernelPath::avx512: return "avx512";
+  }
+  return "?";
+}
+
+std::vector<KernelPath> available_kernel_paths() {
+  std::vector<KernelPath> paths = {KernelPath::portable};
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) paths.push_back(KernelPath::avx2);
+  if (__builtin_cpu_supports("avx512f")) paths.push_back(KernelPath::avx512);
+  return paths;
+}
+
+namespace kernels {
 namespace {
 
 constexpr int kTileRows = 32;
@@ -111,137 +133,228 @@ void scale_inplace(float* y, float a, int n) noexcept {
   for (int i = 0; i < n; ++i) y[i] *= a;
 }
 
-// Per-call scratch, sized once.
-struct Workspace {
-  std::vector<std::int64_t> rows;      // visible local rows of the current token
-  std::vector<float> tile;             // [kTileRows, width] bf16 rows converted to fp32
-  std::vector<const float*> row_ptr;   // [kTileRows]
-  std::vector<float> scores;           // [Hq, kTileRows]
-  std::vector<float> acc;              // [Hq, D_c]
-  std::vector<float> m, l;             // [Hq] running max and sum
+// The baseline: a tile of rows, a dot product per (head, row), an online softmax per head.
+class PortableKernel {
+ public:
+  explicit PortableKernel(const MlaAttentionParams& p)
+      : p_(p), width_(p.kv_lora_rank + p.rope_dim), tile_(static_cast<std::size_t>(kTileRows) * width_),
+        row_ptr_(kTileRows), scores_(static_cast<std::size_t>(kTileRows) * p.num_heads),
+        acc_(static_cast<std::size_t>(p.num_heads) * p.kv_lora_rank), m_(p.num_heads), l_(p.num_heads) {}
+
+  void run(const Task& task) {
+    const int heads = p_.num_heads, dc = p_.kv_lora_rank;
+    std::fill(acc_.begin(), acc_.end(), 0.0f);
+    std::fill(m_.begin(), m_.end(), kNegInf);
+    std::fill(l_.begin(), l_.end(), 0.0f);
+    const float* q_tok = p_.q + task.t * heads * width_;
+    for (std::int64_t start = task.first; start < task.last; start += kTileRows) {
+      const int n = static_cast<int>(std::min<std::int64_t>(kTileRows, task.last - start));
+      for (int j = 0; j < n; ++j) row_ptr_[j] = load_row(task.b, task.rows.at(start + j), tile_.data() + j * width_);
+      for (int h = 0; h < heads; ++h) {
+        const float* qh = q_tok + h * width_;
+        float* s = scores_.data() + h * kTileRows;
+        float tile_max = kNegInf;
+        for (int j = 0; j < n; ++j) {
+          float v = dot(qh, row_ptr_[j], width_) * p_.softmax_scale;
+          if (p_.softcap > 0) v = p_.softcap * std::tanh(v / p_.softcap);
+          s[j] = v;
+          tile_max = std::max(tile_max, v);
+        }
+        const float m_new = std::max(m_[h], tile_max);
+        float* acc = acc_.data() + h * dc;
+        if (m_[h] != kNegInf && m_[h] != m_new) {
+          const float c = std::exp(m_[h] - m_new);
+          l_[h] *= c;
+          scale_inplace(acc, c, dc);
+        }
+        m_[h] = m_new;
+        for (int j = 0; j < n; ++j) {
+          const float e = std::exp(s[j] - m_new);
+          l_[h] += e;
+          axpy(acc, e, row_ptr_[j], dc);
+        }
+      }
+    }
+    for (int h = 0; h < heads; ++h) {
+      float* acc = acc_.data() + h * dc;
+      if (task.add_sinks && p_.sinks && p_.sinks[h] != kNegInf) {  // one extra logit with no value
+        const float s = p_.sinks[h];
+        const float m_new = std::max(m_[h], s);
+        if (m_[h] != kNegInf) {
+          const float c = std::exp(m_[h] - m_new);
+          l_[h] *= c;
+          scale_inplace(acc, c, dc);
+        }
+        l_[h] += std::exp(s - m_new);
+        m_[h] = m_new;
+      }
+      float* o = task.out + h * dc;
+      if (l_[h] == 0.0f) {
+        std::fill(o, o + dc, 0.0f);
+        task.lse[h] = kNegInf;
+        continue;
+      }
+      const float inv = 1.0f / l_[h];
+      for (int d = 0; d < dc; ++d) o[d] = acc[d] * inv;
+      task.lse[h] = m_[h] + std::log(l_[h]);
+    }
+  }
+
+ private:
+  const float* load_row(int b, std::int64_t local_row, float* convert_to) const {
+    const std::int64_t page = p_.page_table[b * static_cast<std::int64_t>(p_.page_table_stride) + local_row / p_.page_size];
+    const std::int64_t physical = page * p_.page_size + local_row % p_.page_size;
+    if (p_.kv_dtype == KvDtype::fp32) return static_cast<const float*>(p_.kv) + physical * width_;
+    const bf16_t* src = static_cast<const bf16_t*>(p_.kv) + physical * width_;
+    for (int d = 0; d < width_; ++d) convert_to[d] = bf16_to_float(src[d]);
+    return convert_to;
+  }
+
+  const MlaAttentionParams& p_;
+  int width_;
+  std::vector<float> tile_;
+  std::vector<const float*> row_ptr_;
+  std::vector<float> scores_, acc_, m_, l_;
 };
 
-// Visible local rows of one query token, in increasing order of position.
-void collect_visible_rows(const MlaAttentionParams& p, int b, std::int64_t t, Workspace& ws) {
-  ws.rows.clear();
-  const std::int64_t len = p.local_len[b];
+}  // namespace
+
+void run_portable(const MlaAttentionParams& p, const Task* tasks, std::size_t n) {
+  PortableKernel k(p);
+  for (std::size_t i = 0; i < n; ++i) k.run(tasks[i]);
+}
+
+}  // namespace kernels
+
+namespace {
+
+using kernels::RowSet;
+using kernels::Task;
+
+// Visible rows of one query token: a range (positions grow with the local row), or for top-k a
+// list of owned local rows appended to `lists`.
+RowSet visible_rows(const MlaAttentionParams& p, int b, std::int64_t t, std::vector<std::int64_t>& lists,
+                    std::vector<std::size_t>& list_at) {
   const std::int64_t qpos = p.q_pos[t];
-  const auto visible = [&](std::int64_t pos) {
-    if (p.causal && pos > qpos) return false;
-    if (p.window > 0 && qpos - pos >= p.window) return false;
-    return true;
-  };
   if (p.topk_k > 0) {
+    list_at.push_back(lists.size());
+    std::int64_t count = 0;
     for (int i = 0; i < p.topk_k; ++i) {
       const std::int64_t pos = p.topk[t * p.topk_k + i];
       if (pos < 0 || layout::owner(pos, p.dcp_size, p.interleave) != p.dcp_rank) continue;
-      if (visible(pos)) ws.rows.push_back(layout::row(pos, p.dcp_size, p.interleave));
+      if (p.causal && pos > qpos) continue;
+      if (p.window > 0 && qpos - pos >= p.window) continue;
+      lists.push_back(layout::row(pos, p.dcp_size, p.interleave));
+      ++count;
     }
-    return;
+    return {nullptr, 0, count};  // list pointer fixed up once `lists` stops growing
   }
-  // Positions grow with the local row, so the visible rows form one range [lo, hi).
-  std::int64_t hi = len;
+  std::int64_t hi = p.local_len[b];
   if (p.causal) hi = std::min(hi, layout::count(qpos + 1, p.dcp_rank, p.dcp_size, p.interleave));
   std::int64_t lo = 0;
   if (p.window > 0) lo = layout::count(qpos - p.window + 1, p.dcp_rank, p.dcp_size, p.interleave);
-  for (std::int64_t j = lo; j < hi; ++j) ws.rows.push_back(j);
+  return {nullptr, lo, std::max<std::int64_t>(0, hi - lo)};
 }
 
-const float* load_row(const MlaAttentionParams& p, int b, std::int64_t local_row, int width,
-                      float* convert_to) {
-  const std::int64_t page =
-      p.page_table[b * static_cast<std::int64_t>(p.page_table_stride) + local_row / p.page_size];
-  const std::int64_t physical = page * p.page_size + local_row % p.page_size;
-  if (p.kv_dtype == KvDtype::fp32) {
-    return static_cast<const float*>(p.kv) + physical * width;
-  }
-  const bf16_t* src = static_cast<const bf16_t*>(p.kv) + physical * width;
-  for (int d = 0; d < width; ++d) convert_to[d] = bf16_to_float(src[d]);
-  return convert_to;
-}
+using RunFn = void (*)(const MlaAttentionParams&, const Task*, std::size_t);
 
-void attend_token(const MlaAttentionParams& p, int b, std::int64_t t, Workspace& ws) {
-  const int heads = p.num_heads;
-  const int dc = p.kv_lora_rank;
-  const int width = p.kv_lora_rank + p.rope_dim;
-  collect_visible_rows(p, b, t, ws);
-  std::fill(ws.acc.begin(), ws.acc.end(), 0.0f);
-  std::fill(ws.m.begin(), ws.m.end(), kNegInf);
-  std::fill(ws.l.begin(), ws.l.end(), 0.0f);
-  const float* q_tok = p.q + t * heads * width;
-
-  const std::int64_t n_rows = static_cast<std::int64_t>(ws.rows.size());
-  for (std::int64_t start = 0; start < n_rows; start += kTileRows) {
-    const int n = static_cast<int>(std::min<std::int64_t>(kTileRows, n_rows - start));
-    for (int j = 0; j < n; ++j) {
-      ws.row_ptr[j] = load_row(p, b, ws.rows[start + j], width, ws.tile.data() + j * width);
-    }
-    for (int h = 0; h < heads; ++h) {
-      const float* qh = q_tok + h * width;
-      float* s = ws.scores.data() + h * kTileRows;
-      float tile_max = kNegInf;
-      for (int j = 0; j < n; ++j) {
-        float v = dot(qh, ws.row_ptr[j], width) * p.softmax_scale;
-        if (p.softcap > 0) v = p.softcap * std::tanh(v / p.softcap);
-        s[j] = v;
-        tile_max = std::max(tile_max, v);
-      }
-      const float m_new = std::max(ws.m[h], tile_max);
-      float* acc = ws.acc.data() + h * dc;
-      if (ws.m[h] != kNegInf && ws.m[h] != m_new) {
-        const float c = std::exp(ws.m[h] - m_new);
-        ws.l[h] *= c;
-        scale_inplace(acc, c, dc);
-      }
-      ws.m[h] = m_new;
-      for (int j = 0; j < n; ++j) {
-        const float e = std::exp(s[j] - m_new);
-        ws.l[h] += e;
-        axpy(acc, e, ws.row_ptr[j], dc);
-      }
-    }
-  }
-
-  float* out = p.out + t * heads * dc;
-  for (int h = 0; h < heads; ++h) {
-    float* acc = ws.acc.data() + h * dc;
-    if (p.sinks && p.sinks[h] != kNegInf) {  // one extra logit with no value
-      const float s = p.sinks[h];
-      const float m_new = std::max(ws.m[h], s);
-      if (ws.m[h] != kNegInf) {
-        const float c = std::exp(ws.m[h] - m_new);
-        ws.l[h] *= c;
-        scale_inplace(acc, c, dc);
-      }
-      ws.l[h] += std::exp(s - m_new);
-      ws.m[h] = m_new;
-    }
-    float* o = out + h * dc;
-    if (ws.l[h] == 0.0f) {
-      std::fill(o, o + dc, 0.0f);
-      p.lse[t * heads + h] = kNegInf;
-      continue;
-    }
-    const float inv = 1.0f / ws.l[h];
-    for (int d = 0; d < dc; ++d) o[d] = acc[d] * inv;
-    p.lse[t * heads + h] = ws.m[h] + std::log(ws.l[h]);
+RunFn select(KernelPath k) {
+  const auto avail = available_kernel_paths();
+  if (k == KernelPath::automatic) k = avail.back();
+  DCP_CHECK(std::find(avail.begin(), avail.end(), k) != avail.end(), unsupported, "kernel path ",
+            to_string(k), " is not available on this CPU");
+  switch (k) {
+    case KernelPath::avx512: return kernels::run_avx512;
+    case KernelPath::avx2: return kernels::run_avx2;
+    default: return kernels::run_portable;
   }
 }
+
+constexpr std::int64_t kMinRowsPerSplit = 1024;  // below this a split costs more than it saves
 
 }  // namespace
 
 void mla_attention(const MlaAttentionParams& p) {
   validate(p);
-  const int width = p.kv_lora_rank + p.rope_dim;
-  Workspace ws;
-  ws.tile.resize(static_cast<std::size_t>(kTileRows) * width);
-  ws.row_ptr.resize(kTileRows);
-  ws.scores.resize(static_cast<std::size_t>(kTileRows) * p.num_heads);
-  ws.acc.resize(static_cast<std::size_t>(p.num_heads) * p.kv_lora_rank);
-  ws.m.resize(p.num_heads);
-  ws.l.resize(p.num_heads);
+  DCP_ARG_CHECK(p.num_threads >= 1, "num_threads = ", p.num_threads, " must be >= 1");
+  const RunFn run = select(p.kernel);
+  const int heads = p.num_heads, dc = p.kv_lora_rank;
+  const std::int64_t tokens = num_query_tokens(p);
+
+  std::vector<std::int64_t> lists;
+  std::vector<std::size_t> list_at;
+  std::vector<RowSet> rows(static_cast<std::size_t>(tokens));
+  std::vector<int> request_of(static_cast<std::size_t>(tokens));
   for (int b = 0; b < p.num_requests; ++b) {
-    for (std::int64_t t = p.q_start[b]; t < p.q_start[b + 1]; ++t) attend_token(p, b, t, ws);
+    for (std::int64_t t = p.q_start[b]; t < p.q_start[b + 1]; ++t) {
+      rows[t] = visible_rows(p, b, t, lists, list_at);
+      request_of[t] = b;
+    }
+  }
+  if (p.topk_k > 0) {
+    for (std::int64_t t = 0; t < tokens; ++t) rows[t].list = lists.data() + list_at[t];
+  }
+  // Split-KV: with fewer tokens than threads, cut long row ranges so every thread has work;
+  // each part writes a partial state that is LSE-merged below.
+  const int threads = p.num_threads;
+  std::int64_t splits = 1;
+  if (threads > 1 && tokens < threads) {
+    std::int64_t longest = 0;
+    for (const RowSet& r : rows) longest = std::max(longest, r.count);
+    splits = std::clamp<std::int64_t>(longest / kMinRowsPerSplit, 1, (threads + tokens - 1) / std::max<std::int64_t>(tokens, 1));
+  }
+  std::vector<float> part_out, part_lse;
+  if (splits > 1) {
+    part_out.resize(static_cast<std::size_t>(splits * tokens) * heads * dc);
+    part_lse.resize(static_cast<std::size_t>(splits * tokens) * heads);
+  }
+  std::vector<Task> tasks;
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    const RowSet& r = rows[t];
+    for (std::int64_t s = 0; s < splits; ++s) {
+      Task task;
+      task.b = request_of[t];
+      task.t = t;
+      task.rows = r;
+      task.first = r.count * s / splits;
+      task.last = r.count * (s + 1) / splits;
+      task.add_sinks = s == 0;  // the sink counts once
+      if (splits > 1) {
+        task.out = part_out.data() + static_cast<std::size_t>(s * tokens + t) * heads * dc;
+        task.lse = part_lse.data() + static_cast<std::size_t>(s * tokens + t) * heads;
+      } else {
+        task.out = p.out + t * heads * dc;
+        task.lse = p.lse + t * heads;
+      }
+      tasks.push_back(task);
+    }
+  }
+  if (threads == 1 || tasks.size() == 1) {
+    run(p, tasks.data(), tasks.size());
+  } else {
+    std::vector<std::thread> pool;
+    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads));
+    const std::size_t per = (tasks.size() + threads - 1) / threads;
+    for (int i = 0; i < threads; ++i) {
+      const std::size_t begin = std::min(tasks.size(), per * i), end = std::min(tasks.size(), per * (i + 1));
+      if (begin == end) continue;
+      pool.emplace_back([&, begin, end, i] {
+        try {
+          run(p, tasks.data() + begin, end - begin);
+        } catch (...) {
+          errors[i] = std::current_exception();
+        }
+      });
+    }
+    for (auto& th : pool) th.join();
+    for (auto& e : errors) {
+      if (e) std::rethrow_exception(e);
+    }
+  }
+  if (splits > 1) {
+    merge_attention_states(part_out.data(), static_cast<std::int64_t>(tokens) * heads * dc, part_lse.data(),
+                           static_cast<std::int64_t>(tokens) * heads, static_cast<int>(splits), tokens * heads, dc,
+                           LseBase::e, p.out, p.lse);
   }
 }
 

@@ -1,0 +1,12 @@
+// The tiled kernel at 16 floats per vector; compiled with AVX-512 (see src/CMakeLists.txt) and
+// called only when the CPU reports AVX-512F.
+#include "attention_simd.h"
+
+namespace dcp::kernels {
+
+void run_avx512(const MlaAttentionParams& p, const Task* tasks, std::size_t n) {
+  TiledKernel<16> k(p);
+  for (std::size_t i = 0; i < n; ++i) k.run(tasks[i]);
+}
+
+}  // namespace dcp::kernels

@@ -1,0 +1,37 @@
+// Internal: the unit of work the local attention kernels share. A task attends one query token
+// over part of its visible rows and writes an (O, LSE) state; split-KV tasks of one token are
+// merged afterwards with the LSE merge.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "dcp/attention.h"
+
+namespace dcp::kernels {
+
+// The visible local rows of a token: a range (causal, window: positions grow with the row), or a
+// list (top-k). Rows are at(first) .. at(last - 1).
+struct RowSet {
+  const std::int64_t* list = nullptr;  // null: the range [0, count) offset by `base`
+  std::int64_t base = 0;
+  std::int64_t count = 0;
+  std::int64_t at(std::int64_t i) const noexcept { return list ? list[i] : base + i; }
+};
+
+struct Task {
+  int b = 0;             // request
+  std::int64_t t = 0;    // query token
+  RowSet rows;
+  std::int64_t first = 0, last = 0;  // the part of `rows` this task covers
+  float* out = nullptr;  // [Hq, D_c]
+  float* lse = nullptr;  // [Hq] natural log
+  bool add_sinks = false;
+};
+
+// Each runs tasks sequentially on the calling thread.
+void run_portable(const MlaAttentionParams& p, const Task* tasks, std::size_t n);
+void run_avx2(const MlaAttentionParams& p, const Task* tasks, std::size_t n);
+void run_avx512(const MlaAttentionParams& p, const Task* tasks, std::size_t n);
+
+}  // namespace dcp::kernels
