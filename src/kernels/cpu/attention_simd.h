@@ -11,7 +11,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+#include <numeric>
 #include <vector>
 
 #include "attention_tasks.h"
@@ -27,17 +29,59 @@ namespace {
 template <int V>
 struct Simd;
 
-#define DCP_DEFINE_SIMD(WIDTH)                                              \
-  template <>                                                               \
-  struct Simd<WIDTH> {                                                      \
-    typedef float vec __attribute__((vector_size(WIDTH * 4)));              \
-    static vec load(const float* p) {                                       \
-      vec v;                                                                \
-      std::memcpy(&v, p, sizeof v);                                         \
-      return v;                                                             \
-    }                                                                       \
-    static void store(float* p, vec v) { std::memcpy(p, &v, sizeof v); }    \
-    static vec splat(float x) { return vec{} + x; }                         \
+#define DCP_DEFINE_SIMD(WIDTH)                                                                 \
+  template <>                                                                                  \
+  struct Simd<WIDTH> {                                                                         \
+    typedef float vec __attribute__((vector_size(WIDTH * 4)));                                 \
+    typedef std::int32_t ivec __attribute__((vector_size(WIDTH * 4)));                         \
+    typedef std::uint32_t uvec __attribute__((vector_size(WIDTH * 4)));                        \
+    typedef std::uint16_t hvec __attribute__((vector_size(WIDTH * 2)));                        \
+    static vec load(const float* p) {                                                          \
+      vec v;                                                                                   \
+      std::memcpy(&v, p, sizeof v);                                                            \
+      return v;                                                                                \
+    }                                                                                          \
+    static void store(float* p, vec v) { std::memcpy(p, &v, sizeof v); }                       \
+    static vec splat(float x) { return vec{} + x; }                                            \
+    static float sum(vec v) {                                                                  \
+      float s = 0;                                                                             \
+      for (int i = 0; i < WIDTH; ++i) s += v[i];                                               \
+      return s;                                                                                \
+    }                                                                                          \
+    static float max(vec v) {                                                                  \
+      float m = v[0];                                                                          \
+      for (int i = 1; i < WIDTH; ++i) m = v[i] > m ? v[i] : m;                                 \
+      return m;                                                                                \
+    }                                                                                          \
+    /* bf16 words -> fp32: the word is the top half of the float. */                          \
+    static vec widen_bf16(const std::uint16_t* p) {                                            \
+      hvec h;                                                                                  \
+      std::memcpy(&h, p, sizeof h);                                                            \
+      const uvec u = __builtin_convertvector(h, uvec) << 16;                                   \
+      vec v;                                                                                   \
+      std::memcpy(&v, &u, sizeof v);                                                           \
+      return v;                                                                                \
+    }                                                                                          \
+    /* e^x for x <= 0: x = n ln2 + r (Cody-Waite), e^r by a degree-6 polynomial, 2^n via the   \
+       exponent bits; relative error ~1e-7; inputs below -87 (and -inf) give ~1e-38. */        \
+    static vec exp(vec x) {                                                                    \
+      x = x < -87.0f ? splat(-87.0f) : x;                                                      \
+      const vec t = x * 1.44269504088896341f;                                                  \
+      const ivec n = __builtin_convertvector(t + (t >= 0 ? splat(0.5f) : splat(-0.5f)), ivec); \
+      const vec nf = __builtin_convertvector(n, vec);                                          \
+      const vec r = x - nf * 0.693145751953125f - nf * 1.428606765330187045e-06f;              \
+      vec p = splat(1.0f / 720);                                                               \
+      p = p * r + 1.0f / 120;                                                                  \
+      p = p * r + 1.0f / 24;                                                                   \
+      p = p * r + 1.0f / 6;                                                                    \
+      p = p * r + 0.5f;                                                                        \
+      p = p * r + 1.0f;                                                                        \
+      p = p * r + 1.0f;                                                                        \
+      const ivec bits = (n + 127) << 23;                                                       \
+      vec scale;                                                                               \
+      std::memcpy(&scale, &bits, sizeof scale);                                                \
+      return p * scale;                                                                        \
+    }                                                                                          \
   };
 #if defined(__AVX2__)
 DCP_DEFINE_SIMD(8)
@@ -51,7 +95,10 @@ template <int V>
 class TiledKernel {
  public:
   static constexpr int kRows = 2 * V;  // rows per tile: two vectors
-  static constexpr int kHeadBlock = 6; // heads per score block (12 accumulators)
+  // Register blocking: AVX-512 has 32 vector registers, AVX2 16.
+  static constexpr int kHeadBlock = V == 16 ? 12 : 5;   // heads per score block (2 accumulators each)
+  static constexpr int kValueHeads = V == 16 ? 6 : 2;   // heads per value block (4 accumulators each)
+  static constexpr int kTransposeHeads = 24;  // below this, scores row-wise (the transpose does not pay)
 
   explicit TiledKernel(const MlaAttentionParams& p)
       : p_(p), heads_(p.num_heads), dc_(p.kv_lora_rank), width_(p.kv_lora_rank + p.rope_dim),
@@ -83,12 +130,15 @@ class TiledKernel {
     if (p_.kv_dtype == KvDtype::fp32) return static_cast<const float*>(p_.kv) + phys * width_;
     const bf16_t* src = static_cast<const bf16_t*>(p_.kv) + phys * width_;
     float* dst = rows_buf_.data() + static_cast<std::size_t>(j) * width_;
-    for (int d = 0; d < width_; ++d) dst[d] = bf16_to_float(src[d]);
+    int d = 0;
+    for (; d + V <= width_; d += V) S::store(dst + d, S::widen_bf16(src + d));
+    for (; d < width_; ++d) dst[d] = bf16_to_float(src[d]);
     return dst;
   }
 
   void load_tile(int b, const RowSet& rows, std::int64_t start, int n) {
     for (int j = 0; j < n; ++j) row_[j] = row_ptr(b, rows.at(start + j), j);
+    if (heads_ < kTransposeHeads) return;  // row-wise scores: no transpose
     // Transpose into Kt[d][kRows]; rows past n are zero (their scores are masked anyway).
     for (int d = 0; d < width_; ++d) {
       float* dst = kt_.data() + static_cast<std::size_t>(d) * kRows;
@@ -99,29 +149,99 @@ class TiledKernel {
 
   // scores_[h][j] = (q_h . k_j) * scale, then softcap; -inf past n.
   void scores(const float* q, int n) {
-    for (int h0 = 0; h0 < heads_; h0 += kHeadBlock) {
-      const int hb = std::min(kHeadBlock, heads_ - h0);
-      vec a0[kHeadBlock], a1[kHeadBlock];
-      for (int i = 0; i < kHeadBlock; ++i) a0[i] = a1[i] = S::splat(0.0f);
-      const float* qh = q + static_cast<std::size_t>(h0) * width_;
-      for (int d = 0; d < width_; ++d) {
-        const vec k0 = S::load(kt_.data() + static_cast<std::size_t>(d) * kRows);
-        const vec k1 = S::load(kt_.data() + static_cast<std::size_t>(d) * kRows + V);
-        for (int i = 0; i < hb; ++i) {
-          const vec qv = S::splat(qh[static_cast<std::size_t>(i) * width_ + d]);
-          a0[i] += qv * k0;
-          a1[i] += qv * k1;
-        }
+    if (heads_ < kTransposeHeads) {
+      scores_rowwise(q, n);
+      return;
+    }
+    int h0 = 0;
+    for (; h0 + kHeadBlock <= heads_; h0 += kHeadBlock) score_block<kHeadBlock>(q, h0, n);
+    int left = heads_ - h0;  // the remainder, still with compile-time block sizes
+    for (; left >= 6; left -= 6, h0 += 6) score_block<6>(q, h0, n);
+    switch (left) {
+      case 5: score_block<5>(q, h0, n); break;
+      case 4: score_block<4>(q, h0, n); break;
+      case 3: score_block<3>(q, h0, n); break;
+      case 2: score_block<2>(q, h0, n); break;
+      case 1: score_block<1>(q, h0, n); break;
+      default: break;
+    }
+  }
+
+  // HB heads x kRows rows of scores; HB is a compile-time constant so the 2*HB accumulators
+  // stay in registers.
+  template <int HB>
+  void score_block(const float* q, int h0, int n) {
+    vec a0[HB], a1[HB];
+    for (int i = 0; i < HB; ++i) a0[i] = a1[i] = S::splat(0.0f);
+    const float* qh = q + static_cast<std::size_t>(h0) * width_;
+    for (int d = 0; d < width_; ++d) {
+      const vec k0 = S::load(kt_.data() + static_cast<std::size_t>(d) * kRows);
+      const vec k1 = S::load(kt_.data() + static_cast<std::size_t>(d) * kRows + V);
+      for (int i = 0; i < HB; ++i) {
+        const vec qv = S::splat(qh[static_cast<std::size_t>(i) * width_ + d]);
+        a0[i] += qv * k0;
+        a1[i] += qv * k1;
       }
-      for (int i = 0; i < hb; ++i) {
-        float* s = scores_.data() + static_cast<std::size_t>(h0 + i) * kRows;
-        S::store(s, a0[i] * S::splat(p_.softmax_scale));
-        S::store(s + V, a1[i] * S::splat(p_.softmax_scale));
-        if (p_.softcap > 0) {
-          for (int j = 0; j < n; ++j) s[j] = p_.softcap * std::tanh(s[j] / p_.softcap);
-        }
-        for (int j = n; j < kRows; ++j) s[j] = kNegInf;
+    }
+    for (int i = 0; i < HB; ++i) {
+      float* s = scores_.data() + static_cast<std::size_t>(h0 + i) * kRows;
+      S::store(s, a0[i] * S::splat(p_.softmax_scale));
+      S::store(s + V, a1[i] * S::splat(p_.softmax_scale));
+      if (p_.softcap > 0) {
+        for (int j = 0; j < n; ++j) s[j] = p_.softcap * std::tanh(s[j] / p_.softcap);
       }
+      for (int j = n; j < kRows; ++j) s[j] = kNegInf;
+    }
+  }
+
+  // Up to a few dozen heads: SIMD dot products straight from the rows, row-outer so each row
+  // stays in L1 while two heads at a time read it (transposing would cost 576 moves per row,
+  // more than these heads' FMAs).
+  void scores_rowwise(const float* q, int n) {
+    for (int j = 0; j < n; ++j) {
+      const float* k = row_[j];
+      int h = 0;
+      for (; h + 2 <= heads_; h += 2) {
+        const float* q0 = q + static_cast<std::size_t>(h) * width_;
+        const float* q1 = q0 + width_;
+        vec a0 = S::splat(0.0f), a1 = S::splat(0.0f), b0 = S::splat(0.0f), b1 = S::splat(0.0f);
+        int d = 0;
+        for (; d + 2 * V <= width_; d += 2 * V) {
+          const vec k0 = S::load(k + d), k1 = S::load(k + d + V);
+          a0 += S::load(q0 + d) * k0;
+          a1 += S::load(q0 + d + V) * k1;
+          b0 += S::load(q1 + d) * k0;
+          b1 += S::load(q1 + d + V) * k1;
+        }
+        float x = S::sum(a0 + a1), y = S::sum(b0 + b1);
+        for (; d < width_; ++d) {
+          x += q0[d] * k[d];
+          y += q1[d] * k[d];
+        }
+        scores_[static_cast<std::size_t>(h) * kRows + j] = x;
+        scores_[static_cast<std::size_t>(h + 1) * kRows + j] = y;
+      }
+      if (h < heads_) {
+        const float* q0 = q + static_cast<std::size_t>(h) * width_;
+        vec a0 = S::splat(0.0f), a1 = S::splat(0.0f);
+        int d = 0;
+        for (; d + 2 * V <= width_; d += 2 * V) {
+          a0 += S::load(q0 + d) * S::load(k + d);
+          a1 += S::load(q0 + d + V) * S::load(k + d + V);
+        }
+        float x = S::sum(a0 + a1);
+        for (; d < width_; ++d) x += q0[d] * k[d];
+        scores_[static_cast<std::size_t>(h) * kRows + j] = x;
+      }
+    }
+    for (int h = 0; h < heads_; ++h) {
+      float* s = scores_.data() + static_cast<std::size_t>(h) * kRows;
+      for (int j = 0; j < n; ++j) {
+        float v = s[j] * p_.softmax_scale;
+        if (p_.softcap > 0) v = p_.softcap * std::tanh(v / p_.softcap);
+        s[j] = v;
+      }
+      for (int j = n; j < kRows; ++j) s[j] = kNegInf;
     }
   }
 
@@ -129,8 +249,8 @@ class TiledKernel {
     // Online softmax: new running max per head, rescale, probabilities in scores_.
     for (int h = 0; h < heads_; ++h) {
       float* s = scores_.data() + static_cast<std::size_t>(h) * kRows;
-      float tile_max = kNegInf;
-      for (int j = 0; j < n; ++j) tile_max = std::max(tile_max, s[j]);
+      const vec s0 = S::load(s), s1 = S::load(s + V);
+      const float tile_max = S::max(s0 > s1 ? s0 : s1);  // rows past n hold -inf
       const float m_new = std::max(m_[h], tile_max);
       if (m_[h] != kNegInf && m_[h] != m_new) {
         const float c = std::exp(m_[h] - m_new);
@@ -142,19 +262,19 @@ class TiledKernel {
         for (; d < dc_; ++d) o[d] *= c;
       }
       m_[h] = m_new;
-      float sum = 0;
-      for (int j = 0; j < n; ++j) {
-        s[j] = std::exp(s[j] - m_new);
-        sum += s[j];
-      }
-      l_[h] += sum;
+      const vec e0 = S::exp(s0 - m_new), e1 = S::exp(s1 - m_new);
+      S::store(s, e0);
+      S::store(s + V, e1);
+      for (int j = n; j < kRows; ++j) s[j] = 0.0f;  // rows past n: exactly nothing
+      l_[h] += n == kRows ? S::sum(e0 + e1) : std::accumulate(s, s + n, 0.0f);
     }
     // O[h][d] += sum_j P[h][j] V[j][d], 4 heads x 4 vectors at a time.
-    constexpr int kHB = 4, kDB = 4 * V;
+    constexpr int kDB = 4 * V;
     int d0 = 0;
     for (; d0 + kDB <= dc_; d0 += kDB) {
       int h0 = 0;
-      for (; h0 + kHB <= heads_; h0 += kHB) value_block<kHB>(h0, d0, n);
+      for (; h0 + kValueHeads <= heads_; h0 += kValueHeads) value_block<kValueHeads>(h0, d0, n);
+      for (; h0 + 2 <= heads_; h0 += 2) value_block<2>(h0, d0, n);
       for (; h0 < heads_; ++h0) value_block<1>(h0, d0, n);
     }
     for (; d0 < dc_; ++d0) {  // a width that is not a multiple of 4 vectors
