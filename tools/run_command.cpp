@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "commands.h"
+#include "dcp/disagg.h"
 #include "dcp/error.h"
 #include "dcp/weights.h"
 #include "parallel_flags.h"
@@ -45,6 +46,8 @@ struct RunOptions {
   int spec_tokens = 0;
   std::string spec_draft = "target:1";
   std::string dcp_extend = "gather";
+  bool disaggregate = false;
+  int prefill_dcp_size = 1;
 };
 
 std::vector<std::int32_t> parse_ids(const std::string& text, const std::string& where) {
@@ -118,6 +121,14 @@ Workload build_workload(const RunOptions& o) {
   w.engine.chunked_prefill_size = o.chunked_prefill_size;
   w.engine.record_logits = o.verify || !o.dump_logits.empty();
 
+  w.disaggregate = o.disaggregate;
+  w.prefill_dcp_size = o.prefill_dcp_size;
+  DCP_ARG_CHECK(!o.disaggregate || o.prefill_dcp_size >= 1, "--prefill-dcp-size ", o.prefill_dcp_size, " must be >= 1");
+  DCP_ARG_CHECK(!o.disaggregate || o.spec_tokens == 0, "--disaggregate does not combine with --speculative-num-draft-tokens yet");
+  if (o.disaggregate) {  // refuse an unsupported pair before any rank starts
+    const KvDtype dtype = parse_kv_dtype(o.kv_cache_dtype);
+    make_transfer_plan({o.prefill_dcp_size, o.page_size, dtype}, {o.parallel.dcp_size, o.page_size, dtype}, 0, 0);
+  }
   DCP_ARG_CHECK(o.dcp_extend == "gather" || o.dcp_extend == "native", "--dcp-extend '", o.dcp_extend,
                 "' is not one of: gather, native");
   w.engine.extend_mode = o.dcp_extend == "native" ? ForwardMode::extend_native : ForwardMode::extend;
@@ -273,6 +284,13 @@ json report_json(const RunOptions& o, const Workload& w, const RunReport& r, con
   j["speculative"] = {{"num_draft_tokens", o.spec_tokens}, {"draft", o.spec_tokens > 0 ? o.spec_draft : ""},
                       {"acceptance_rate", s.acceptance_rate()}, {"tokens_per_target_step", s.tokens_per_target_step()}};
   j["config"]["dcp_extend"] = o.dcp_extend;
+  if (r.disaggregated) {
+    int failed = 0;
+    for (const RequestResult& q : r.results) failed += q.state == RequestState::rejected;
+    j["disagg"] = {{"prefill_dcp_size", o.prefill_dcp_size}, {"decode_dcp_size", w.parallel.dcp_size},
+                   {"bytes_per_decode_rank", r.bytes_per_decode_rank}, {"transfer_ms", r.transfer_ms},
+                   {"failed_requests", failed}};
+  }
   j["comm"] = {{"collectives_per_layer", dcp_calls / steps / layers},
                {"bytes_per_layer_per_rank", dcp_bytes / steps / layers},
                {"tp_collectives_per_step", tp_calls / steps}};
@@ -298,6 +316,16 @@ void print_summary(const json& j) {
               c["tp_size"].get<int>(), c["dcp_size"].get<int>(), c["dcp_comm_backend"].get<std::string>().c_str(),
               c["dcp_replicate_q_proj"].get<bool>() ? " (replicated q)" : "", c["kv_cache_dtype"].get<std::string>().c_str(),
               c["page_size"].get<int>(), c["comm"].get<std::string>().c_str());
+  if (j.contains("disagg")) {
+    const json& d = j["disagg"];
+    std::string bytes;
+    for (const json& b : d["bytes_per_decode_rank"]) {
+      if (!bytes.empty()) bytes += ", ";
+      bytes += std::to_string(b.get<long long>());
+    }
+    std::printf("disaggregated: prefill DCP %d -> decode DCP %d, KV moved in %.1f ms; bytes received per decode rank: %s\n",
+                d["prefill_dcp_size"].get<int>(), d["decode_dcp_size"].get<int>(), d["transfer_ms"].get<double>(), bytes.c_str());
+  }
   const json& kv = j["kv"];
   std::printf("KV: logical capacity %lld tokens\n", kv["logical_capacity_tokens"].get<long long>());
   for (const json& r : kv["ranks"]) {
@@ -384,10 +412,17 @@ int run(const RunOptions& o) {
     ref.engine.record_logits = true;
     ref.engine.num_draft_tokens = 0;  // the reference decodes plainly
     ref.draft_model.reset();
+    ref.disaggregate = false;  // the reference runs monolithically
+    ref.allow_idle_ranks = w.disaggregate;
+    ref.first_active_rank = w.disaggregate ? w.prefill_dcp_size : 0;  // the decode processes
     for (std::size_t i = 0; i < ref.requests.size(); ++i) ref.requests[i].forced_outputs = report.results[i].output_tokens;
     bool ref_root = false;
     const RunReport reference = run_workload(ref, &ref_root);
-    v = compare(report, reference, w.model.vocab_size);
+    // The printing rank must hold the reference's results (it is among the active ranks).
+    if (root && reference.results.size() != report.results.size()) {
+      throw Error(ErrorCategory::internal, "the --verify reference did not run on the printing rank");
+    }
+    if (root) v = compare(report, reference, w.model.vocab_size);  // only the printing rank holds every logit
   }
   if (!root) return 0;
   const json j = report_json(o, w, report, v);
@@ -427,6 +462,9 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--dump-logits", o->dump_logits, "write every step's logits (float32) with a JSON header");
   cmd->add_option("--speculative-num-draft-tokens", o->spec_tokens, "draft tokens per step (0: off)")->capture_default_str();
   cmd->add_option("--speculative-draft", o->spec_draft, "draft model: target:N (the target's first N layers), a preset, or a checkpoint")
+      ->capture_default_str();
+  cmd->add_flag("--disaggregate", o->disaggregate, "prefill on its own group, move the KV, decode on the --dcp-size group");
+  cmd->add_option("--prefill-dcp-size", o->prefill_dcp_size, "DCP (= TP) size of the prefill group with --disaggregate")
       ->capture_default_str();
   cmd->add_option("--dcp-extend", o->dcp_extend, "prefill over a cached prefix: gather or native")->capture_default_str();
   cmd->callback([o] { set_exit_code(run(*o)); });

@@ -6,6 +6,7 @@
 
 #include "dcp/comm_mpi.h"
 #include "dcp/comm_threads.h"
+#include "dcp/disagg.h"
 #include "dcp/error.h"
 #include "dcp/model.h"
 #include "dcp/weights.h"
@@ -78,6 +79,60 @@ void run_rank(const Workload& w, Communicator& world, RunReport* report) {
   report->model_load_ms = load_ms;
 }
 
+// One rank of a disaggregated run; the first decode rank fills `report`.
+void run_disagg_rank(const Workload& w, Communicator& world, RunReport* report) {
+  const std::unique_ptr<WeightSource> weights =
+      w.model_path.empty() ? make_synthetic_weights(w.weight_seed) : open_checkpoint(w.model_path);
+  DisaggConfig c;
+  c.model = w.model;
+  c.weights = weights.get();
+  c.prefill_dcp_size = w.prefill_dcp_size;
+  c.decode_tp_size = w.parallel.tp_size;
+  c.decode_dcp_size = w.parallel.dcp_size;
+  c.backend = resolve(w.parallel).backend;
+  c.model_options = w.model_options;
+  c.engine = w.engine;
+  const DisaggOutcome o = run_disaggregated(world, c, w.requests);
+  std::vector<std::int64_t> bytes(static_cast<std::size_t>(world.size()));
+  world.all_gather(&o.bytes_received, bytes.data(), sizeof(std::int64_t));
+  const bool reporter = world.rank() == w.prefill_dcp_size;  // the first decode rank
+  // Every process needs the generated tokens (a --verify run that follows is teacher-forced in
+  // lockstep on all ranks): the reporter broadcasts them as [count, tokens...] per request.
+  std::vector<std::int32_t> packed;
+  if (reporter) {
+    for (const RequestResult& r : o.results) {
+      packed.push_back(static_cast<std::int32_t>(r.output_tokens.size()));
+      packed.insert(packed.end(), r.output_tokens.begin(), r.output_tokens.end());
+    }
+  }
+  std::int64_t packed_size = static_cast<std::int64_t>(packed.size());
+  world.broadcast(&packed_size, sizeof packed_size, w.prefill_dcp_size);
+  packed.resize(static_cast<std::size_t>(packed_size));
+  world.broadcast(packed.data(), packed.size() * sizeof(std::int32_t), w.prefill_dcp_size);
+  if (!reporter && world.backend() == "threads") return;
+  if (!reporter) {  // an MPI process that will not print: the tokens are enough
+    std::size_t at = 0;
+    for (const RequestSpec& q : w.requests) {
+      RequestResult r;
+      r.id = q.id;
+      r.state = RequestState::finished;
+      const std::int32_t n = packed[at++];
+      r.output_tokens.assign(packed.begin() + static_cast<std::ptrdiff_t>(at), packed.begin() + static_cast<std::ptrdiff_t>(at + n));
+      at += static_cast<std::size_t>(n);
+      report->results.push_back(std::move(r));
+    }
+    return;
+  }
+  report->disaggregated = true;
+  report->backend = w.parallel.dcp_size > 1 ? c.backend : CombineBackend::ag_rs;
+  report->bytes_per_decode_rank.assign(bytes.begin() + w.prefill_dcp_size, bytes.end());
+  report->transfer_ms = o.transfer_ms;
+  report->logical_capacity_tokens = o.logical_capacity_tokens;
+  report->results = o.results;
+  report->stats = o.decode_stats;
+  report->stats.prefill_ms = o.prefill_ms;
+}
+
 }  // namespace
 
 RunReport run_workload(const Workload& w, bool* is_root) {
@@ -85,19 +140,43 @@ RunReport run_workload(const Workload& w, bool* is_root) {
   DCP_CHECK(w.parallel.dp_size == 1, unsupported, "--dp-size ", w.parallel.dp_size,
             " is not supported by `dcp run` yet (legal: 1); `dcp topology` shows DP layouts");
   RunReport report;
+  const int world_size = topo.world_size + (w.disaggregate ? w.prefill_dcp_size : 0);
+  const auto rank_fn = [&](Communicator& world) {
+    if (w.disaggregate) {
+      run_disagg_rank(w, world, &report);
+    } else {
+      run_rank(w, world, &report);
+    }
+  };
   if (w.comm == "threads") {
     set_blas_threads(1);  // ranks are the parallelism; BLAS threads would oversubscribe
-    run_threads(topo.world_size, [&](Communicator& world) { run_rank(w, world, &report); });
+    run_threads(world_size, rank_fn);
     *is_root = true;
   } else if (w.comm == "mpi") {
     static std::unique_ptr<MpiSession> session;  // one per process, finalised at exit
     if (!session) session = std::make_unique<MpiSession>(nullptr, nullptr);
     std::unique_ptr<Communicator> world = session->world();
-    DCP_CHECK(world->size() == topo.world_size, invalid_argument, "--comm mpi: mpirun started ", world->size(),
-              " processes but the configuration needs ", topo.world_size, " (--tp-size ", w.parallel.tp_size, ")");
+    if (w.allow_idle_ranks && world->size() > world_size) {
+      const bool active = world->rank() >= w.first_active_rank && world->rank() < w.first_active_rank + world_size;
+      std::unique_ptr<Communicator> part = world->split(active ? 0 : 1, world->rank());
+      world->barrier();
+      if (!active) {
+        world->barrier();  // wait for the active ranks to finish
+        *is_root = false;
+        return report;
+      }
+      set_blas_threads(1);
+      rank_fn(*part);
+      world->barrier();
+      *is_root = part->rank() == 0;
+      return report;
+    }
+    DCP_CHECK(world->size() == world_size, invalid_argument, "--comm mpi: mpirun started ", world->size(),
+              " processes but the configuration needs ", world_size, " (--tp-size ", w.parallel.tp_size,
+              w.disaggregate ? str(" + --prefill-dcp-size ", w.prefill_dcp_size) : std::string(), ")");
     set_blas_threads(1);
-    run_rank(w, *world, &report);
-    *is_root = world->rank() == 0;
+    rank_fn(*world);
+    *is_root = world->rank() == (w.disaggregate ? w.prefill_dcp_size : 0);
   } else {
     throw Error(ErrorCategory::invalid_argument, str("--comm '", w.comm, "' is not one of: threads, mpi"));
   }

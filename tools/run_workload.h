@@ -26,7 +26,15 @@ struct Workload {
   std::string draft_path;           // empty: synthetic weights with draft_seed
   std::uint64_t draft_seed = 1234;
   std::string comm = "threads";     // threads or mpi
+  // Disaggregation: prefill on its own group of prefill_dcp_size ranks (TP = DCP), then the KV
+  // moves to the decode group (the --tp-size / --dcp-size ranks).
+  bool disaggregate = false;
+  int prefill_dcp_size = 1;
   bool progress = false;            // progress line on stderr (rank 0)
+  // MPI: run on processes [first_active_rank, first_active_rank + world size) and let the rest
+  // wait (the --verify reference of a disaggregated run runs on the decode processes only).
+  bool allow_idle_ranks = false;
+  int first_active_rank = 0;
 };
 
 struct RankKv {
@@ -45,6 +53,10 @@ struct RunReport {
   EngineStats stats;                // rank 0's
   std::vector<RequestResult> results;
   double model_load_ms = 0;
+  // Disaggregation.
+  bool disaggregated = false;
+  std::vector<std::int64_t> bytes_per_decode_rank;
+  double transfer_ms = 0;
 };
 
 // Runs the workload on every rank. The report is complete on every process (ranks run in

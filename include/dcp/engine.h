@@ -87,6 +87,11 @@ class Engine {
   void run(const std::function<void(const Engine&)>& progress = {});
   // Drops the KV a finished keep_kv request still holds.
   void release(RequestId id);
+  // Disaggregated decode: takes over a request whose prompt KV is already in this engine's
+  // allocator (length = prompt size, moved in by transfer_kv) and whose first token the prefill
+  // side chose; it joins the running batch in decode state. Throws (capacity) and frees that
+  // request's KV if its remaining tokens do not fit beside the running requests' reservations.
+  void adopt(const RequestSpec& spec, std::int32_t first_token);
 
   const std::vector<RequestResult>& results() const noexcept { return results_; }
   const EngineStats& stats() const noexcept { return stats_; }

@@ -53,6 +53,9 @@ class LatentPool {
   void copy_page(std::int32_t from, std::int32_t to);
   // Fills every row with NaN (tests: proves unwritten rows are never read).
   void poison();
+  // Raw bytes of one row (row_bytes() of them), in the pool's dtype.
+  const std::uint8_t* raw_row(std::int64_t physical_row) const;
+  std::uint8_t* raw_row(std::int64_t physical_row);
 
  private:
   struct FreeDeleter {
@@ -96,6 +99,9 @@ class KvShard {
 
   // This rank's rows of a request, in local-row order: [local_length, width] fp32.
   std::vector<float> local_rows(RequestId request) const;
+  // One local row in the pool's own dtype (geometry().row_bytes() bytes), for transfers.
+  void read_local_raw(RequestId request, std::int64_t local_row, std::uint8_t* dst) const;
+  void write_local_raw(RequestId request, std::int64_t local_row, const std::uint8_t* src);
 
  private:
   const KvAllocator& allocator_;

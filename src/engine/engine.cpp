@@ -81,6 +81,30 @@ void Engine::release(RequestId id) {
   kept_.erase(kept);
 }
 
+void Engine::adopt(const RequestSpec& spec, std::int32_t first_token) {
+  KvAllocator& alloc = model_.allocator();
+  DCP_ARG_CHECK(alloc.contains(spec.id) && alloc.length(spec.id) == static_cast<std::int64_t>(spec.prompt.size()),
+                "adopt: request ", spec.id, " must hold exactly its ", spec.prompt.size(), " prompt tokens of KV");
+  DCP_ARG_CHECK(spec.max_new_tokens >= 1 && first_token >= 0 && first_token < model_.config().vocab_size,
+                "adopt: request ", spec.id, " needs max_new_tokens >= 1 and a first token in the vocabulary");
+  DCP_ARG_CHECK(!draft_, "adopt: speculative decoding is not supported for disaggregated requests");
+  const std::int64_t final_len = static_cast<std::int64_t>(spec.prompt.size()) + spec.max_new_tokens;
+  const std::int64_t need = pages_for(final_len) - static_cast<std::int64_t>(alloc.pages(spec.id).size());
+  if (need > alloc.free_pages() - reserved_pages()) {
+    alloc.free(spec.id);
+    throw Error(ErrorCategory::capacity, str("adopt: request ", spec.id, " needs ", need,
+                                             " more KV pages than the decode side can reserve"));
+  }
+  RequestResult result;
+  result.id = spec.id;
+  result.state = RequestState::decode;
+  result.output_tokens.push_back(first_token);
+  results_.push_back(result);
+  Live live{spec, results_.size() - 1, static_cast<std::int64_t>(spec.prompt.size()), spec.prompt, 0, {}};
+  running_.push_back(std::move(live));
+  if (spec.max_new_tokens == 1) finish(running_.size() - 1);
+}
+
 std::int64_t Engine::waiting() const noexcept { return static_cast<std::int64_t>(waiting_.size()); }
 std::int64_t Engine::running() const noexcept { return static_cast<std::int64_t>(running_.size()); }
 
@@ -145,6 +169,22 @@ void Engine::emit(Live& l, const float* logits) {
 void Engine::finish(std::size_t i) {
   Live& l = running_[i];
   if (l.spec.keep_kv) {
+    // A continuation extends both caches by the same tokens, so the draft must first see what
+    // the target's KV holds: its pending tokens but the last (which neither has consumed).
+    if (draft_ && l.draft_pending.size() > 1) {
+      const std::int32_t n = static_cast<std::int32_t>(l.draft_pending.size()) - 1;
+      draft_->allocator().extend(l.spec.id, n);
+      ForwardBatch catch_up;
+      catch_up.mode = ForwardMode::decode;
+      catch_up.entries = {{l.spec.id, n}};
+      catch_up.tokens.assign(l.draft_pending.begin(), l.draft_pending.end() - 1);
+      draft_->forward(catch_up);
+      l.draft_pending.erase(l.draft_pending.begin(), l.draft_pending.end() - 1);
+    }
+    if (draft_) {
+      DCP_CHECK_EQ(draft_->allocator().length(l.spec.id), model_.allocator().length(l.spec.id),
+                   "draft and target KV lengths of kept request ", l.spec.id);
+    }
     kept_.push_back(l.spec.id);
   } else {
     model_.allocator().free(l.spec.id);

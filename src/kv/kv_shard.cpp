@@ -68,6 +68,21 @@ std::vector<float> KvShard::local_rows(RequestId request) const {
   return out;
 }
 
+void KvShard::read_local_raw(RequestId request, std::int64_t local_row, std::uint8_t* dst) const {
+  const std::int64_t rows = local_length(request);
+  DCP_ARG_CHECK(local_row >= 0 && local_row < rows, "local row ", local_row, " of request ", request,
+                " is outside [0, ", rows, ")");
+  const std::uint8_t* src = pool_.raw_row(physical_row(request, layout_.position(local_row)));
+  std::memcpy(dst, src, pool_.geometry().row_bytes());
+}
+
+void KvShard::write_local_raw(RequestId request, std::int64_t local_row, const std::uint8_t* src) {
+  const std::int64_t rows = local_length(request);
+  DCP_ARG_CHECK(local_row >= 0 && local_row < rows, "local row ", local_row, " of request ", request,
+                " is outside [0, ", rows, ")");
+  std::memcpy(pool_.raw_row(physical_row(request, layout_.position(local_row))), src, pool_.geometry().row_bytes());
+}
+
 std::vector<float> gather_sequence(Communicator& group, const KvShard& shard, RequestId request) {
   const int n = group.size();
   DCP_ARG_CHECK(n == shard.layout().size() && group.rank() == shard.dcp_rank(),

@@ -72,6 +72,14 @@ void LatentPool::copy_page(std::int32_t from, std::int32_t to) {
   std::memmove(data_.get() + to * page_bytes, data_.get() + from * page_bytes, page_bytes);
 }
 
+const std::uint8_t* LatentPool::raw_row(std::int64_t physical_row) const {
+  return reinterpret_cast<const std::uint8_t*>(const_cast<LatentPool*>(this)->row_ptr(physical_row));
+}
+
+std::uint8_t* LatentPool::raw_row(std::int64_t physical_row) {
+  return reinterpret_cast<std::uint8_t*>(row_ptr(physical_row));
+}
+
 void LatentPool::poison() {
   const std::vector<float> nan(static_cast<std::size_t>(geometry_.width()), std::numeric_limits<float>::quiet_NaN());
   for (std::int64_t r = 0; r <= rows(); ++r) write_row(r, nan.data());

@@ -100,6 +100,15 @@ expect 2 "bad extend mode" -- run --dcp-extend scatter
 check "lists extend modes" stderr_has "gather, native"
 expect 0 "bench extend (small)" -- bench extend --prefix-lens 0,40 --chunk 8 --repeats 1 --dcp-size 2
 check "bench prints a table" stdout_has "native/gather"
+# Disaggregation.
+expect 0 "disaggregate 1 -> 4" -- run --disaggregate --prefill-dcp-size 1 --batch 3 --prompt-len 130 --max-new-tokens 4 --json "$tmp/run.json"
+check "json has bytes per decode rank" json_has '"bytes_per_decode_rank"'
+check "disaggregation verifies" json_has '"tokens_match": true'
+expect 0 "disaggregate 4 -> 4" -- run --disaggregate --prefill-dcp-size 4 --batch 2 --prompt-len 90 --max-new-tokens 3
+check "summary reports bytes moved" stdout_has "bytes received per decode rank"
+expect 2 "disaggregate 2 -> 4 is refused" -- run --disaggregate --prefill-dcp-size 2
+check "names both sizes" stderr_has "prefill DCP size 2 -> decode DCP size 4 is not supported"
+check "refused before any rank started" stderr_lines 1
 rm -rf "$tmp"
 
 rm -f /tmp/dcp_cli_out.$$ /tmp/dcp_cli_err.$$

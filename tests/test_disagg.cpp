@@ -1,0 +1,159 @@
+// Prefill/decode disaggregation: transfer plans, and decoding after a transfer equals a
+// monolithic run.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "dcp/comm_threads.h"
+#include "dcp/disagg.h"
+#include "dcp/error.h"
+#include "dcp/layout.h"
+#include "engine_util.h"
+#include "test_util.h"
+
+namespace dcp {
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(TransferPlan, EqualSizesMoveEachRanksRowsAsTheyAre) {
+  for (int n = 1; n <= 5; ++n) {
+    for (std::int64_t tokens = 0; tokens <= 150; ++tokens) {
+      for (int r = 0; r < n; ++r) {
+        const TransferPlan p = make_transfer_plan({n, 16, KvDtype::bf16}, {n, 16, KvDtype::bf16}, r, tokens);
+        ASSERT_TRUE(p.page_path);
+        ASSERT_EQ(p.src_dcp_rank, r);
+        ASSERT_EQ(p.src_first, 0);
+        ASSERT_EQ(p.src_stride, 1);
+        std::int64_t owned = 0;  // brute force: positions below `tokens` that r owns
+        for (std::int64_t q = 0; q < tokens; ++q) owned += q % n == r;
+        ASSERT_EQ(p.rows, owned) << "exact count: nothing past the last token";
+      }
+    }
+  }
+}
+
+TEST(TransferPlan, DcpOneToNRelayoutsTokens) {
+  for (int n = 1; n <= 6; ++n) {
+    for (std::int64_t tokens : {0, 1, 5, 63, 64, 65, 200}) {
+      for (int r = 0; r < n; ++r) {
+        const TransferPlan p = make_transfer_plan({1, 8, KvDtype::fp32}, {n, 8, KvDtype::fp32}, r, tokens);
+        ASSERT_EQ(p.src_dcp_rank, 0);
+        // Decode local row j must receive position r + j*N: exactly the positions it owns, in order.
+        std::vector<std::int64_t> expect;
+        for (std::int64_t q = 0; q < tokens; ++q) {
+          if (layout::owner(q, n) == r) expect.push_back(q);
+        }
+        ASSERT_EQ(p.rows, static_cast<std::int64_t>(expect.size()));
+        for (std::int64_t j = 0; j < p.rows; ++j) {
+          ASSERT_EQ(p.src_first + j * p.src_stride, expect[j]);
+          ASSERT_EQ(layout::row(expect[j], n), j);
+        }
+      }
+    }
+  }
+}
+
+TEST(TransferPlan, RejectedPairsNameBothSizes) {
+  const std::pair<int, int> bad[] = {{2, 4}, {4, 2}, {4, 1}, {3, 6}};
+  for (auto [a, b] : bad) {
+    const std::string why = error_of([&] { make_transfer_plan({a, 16, KvDtype::bf16}, {b, 16, KvDtype::bf16}, 0, 10); });
+    EXPECT_NE(why.find("prefill DCP size " + std::to_string(a) + " -> decode DCP size " + std::to_string(b)), std::string::npos) << why;
+  }
+  EXPECT_NE(error_of([&] { make_transfer_plan({2, 16, KvDtype::bf16}, {2, 64, KvDtype::bf16}, 0, 10); }).find("page sizes differ"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { make_transfer_plan({1, 16, KvDtype::fp32}, {2, 16, KvDtype::bf16}, 0, 10); }).find("KV dtypes differ"),
+            std::string::npos);
+}
+
+struct DisaggCase {
+  int prefill_dcp, decode_tp, decode_dcp, page;
+};
+
+// Runs disaggregated on threads and returns the decode side's results (first decode rank).
+DisaggOutcome run_disagg(const ModelConfig& c, const WeightSource& w, const DisaggCase& k,
+                         const std::vector<RequestSpec>& reqs, const TransportOptions& transport = {}) {
+  DisaggOutcome outcome;
+  set_blas_threads(1);
+  run_threads(k.prefill_dcp + k.decode_tp, [&](Communicator& world) {
+    DisaggConfig cfg;
+    cfg.model = c;
+    cfg.weights = &w;
+    cfg.prefill_dcp_size = k.prefill_dcp;
+    cfg.decode_tp_size = k.decode_tp;
+    cfg.decode_dcp_size = k.decode_dcp;
+    cfg.backend = CombineBackend::a2a;
+    cfg.model_options.kv_dtype = KvDtype::fp32;
+    cfg.model_options.page_size = k.page;
+    cfg.model_options.kv_capacity_tokens = 4096;
+    cfg.engine.record_logits = true;
+    cfg.engine.chunked_prefill_size = 50;
+    cfg.transport = transport;
+    cfg.poison_decode_pools = true;  // a stale row would surface as NaN logits
+    DisaggOutcome o = run_disaggregated(world, cfg, reqs);
+    if (world.rank() == k.prefill_dcp) outcome = std::move(o);
+  });
+  return outcome;
+}
+
+TEST(Disaggregation, DecodeAfterTransferEqualsMonolithic) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 2);
+  const auto w = make_synthetic_weights(51);
+  std::vector<RequestSpec> reqs;
+  const int lengths[] = {1, 7, 67, 130};  // not multiples of the page size or N
+  for (int i = 0; i < 4; ++i) reqs.push_back(test::request(i, test::random_tokens(rng, lengths[i], c.vocab_size), 5));
+  const DisaggCase cases[] = {{1, 4, 4, 1}, {1, 4, 4, 64}, {1, 2, 2, 16}, {2, 2, 2, 64}, {4, 4, 4, 1}, {2, 4, 2, 16}};
+  for (const DisaggCase& k : cases) {
+    test::EngineSetup mono;
+    mono.tp = k.decode_tp;
+    mono.dcp = k.decode_dcp;
+    mono.backend = CombineBackend::a2a;
+    mono.page_size = k.page;
+    mono.chunk = 50;
+    const auto expect = test::run_engine(c, *w, mono, reqs);
+    const DisaggOutcome got = run_disagg(c, *w, k, reqs);
+    const std::string what = std::to_string(k.prefill_dcp) + " -> " + std::to_string(k.decode_dcp) + " (decode tp " +
+                             std::to_string(k.decode_tp) + ") page " + std::to_string(k.page);
+    ASSERT_TRUE(got.is_decode);
+    std::int64_t expect_bytes = 0;  // this rank (decode DCP rank 0) receives count_0(L) rows of every layer
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_EQ(got.results[i].state, RequestState::finished) << what << " " << got.results[i].error;
+      ASSERT_EQ(got.results[i].output_tokens, expect.results[i].output_tokens) << what << " request " << i;
+      std::vector<double> e(expect.results[i].step_logits.begin(), expect.results[i].step_logits.end());
+      EXPECT_TRUE(test::close(got.results[i].step_logits, e, {1e-10, 1e-4}, what.c_str()));
+      expect_bytes += layout::count(lengths[i], 0, k.decode_dcp) * 80 * 4 * 2 + 32;  // rows x width x fp32 x layers + header
+    }
+    EXPECT_EQ(got.bytes_received, expect_bytes) << what;
+  }
+}
+
+TEST(Disaggregation, ACorruptedTransferFailsOnlyItsRequest) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 1);
+  const auto w = make_synthetic_weights(53);
+  std::vector<RequestSpec> reqs;
+  for (int i = 0; i < 3; ++i) reqs.push_back(test::request(i, test::random_tokens(rng, 40 + 9 * i, c.vocab_size), 4));
+  TransportOptions corrupt;
+  corrupt.corrupt_request = 1;
+  const DisaggCase k{1, 2, 2, 16};
+  const DisaggOutcome clean = run_disagg(c, *w, k, reqs);
+  const DisaggOutcome got = run_disagg(c, *w, k, reqs, corrupt);
+  EXPECT_EQ(got.results[1].state, RequestState::rejected);
+  EXPECT_NE(got.results[1].error.find("checksum"), std::string::npos) << got.results[1].error;
+  for (int i : {0, 2}) {
+    EXPECT_EQ(got.results[i].state, RequestState::finished);
+    EXPECT_EQ(got.results[i].output_tokens, clean.results[i].output_tokens) << "request " << i;
+  }
+}
+
+}  // namespace
+}  // namespace dcp
