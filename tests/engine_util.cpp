@@ -32,6 +32,9 @@ EngineRun run_engine_phases(const ModelConfig& config, const WeightSource& weigh
     eo.record_logits = true;
     eo.extend_mode = s.extend_mode;
     eo.num_draft_tokens = s.num_draft_tokens;
+    eo.enable_prefix_cache = s.prefix_cache;
+    eo.host_kv_capacity_tokens = s.host_tokens;
+    eo.max_running_requests = s.max_running;
     Engine engine(model, eo, draft.get());
     for (const auto& phase : phases) {
       for (const RequestSpec& r : phase) engine.submit(r);
@@ -41,6 +44,13 @@ EngineRun run_engine_phases(const ModelConfig& config, const WeightSource& weigh
       out.results = engine.results();
       out.stats = engine.stats();
     }
+    if (s.prefix_cache) {
+      std::vector<PrefixCacheStats> all(static_cast<std::size_t>(world.size()));
+      const PrefixCacheStats mine = engine.prefix_cache()->stats();
+      world.all_gather(&mine, all.data(), sizeof mine);
+      if (world.rank() == 0) out.cache_stats = all;
+    }
+    model.allocator().check_invariants();
     world.barrier();
     for (std::size_t i = 0; i < engine.results().size(); ++i) {
       if (engine.results()[i].output_tokens != out.results[i].output_tokens) {

@@ -24,11 +24,16 @@ struct EngineSetup {
   int num_draft_tokens = 0;
   std::optional<ModelConfig> draft_config;
   const WeightSource* draft_weights = nullptr;
+  // Prefix cache and host tier.
+  bool prefix_cache = false;
+  std::int64_t host_tokens = 0;
+  int max_running = 64;
 };
 
 struct EngineRun {
   std::vector<RequestResult> results;
   EngineStats stats;
+  std::vector<PrefixCacheStats> cache_stats;  // per rank, when the prefix cache is on
 };
 
 // Runs `phases` of requests on `tp` thread ranks: each phase is submitted once the previous one

@@ -48,6 +48,10 @@ struct RunOptions {
   std::string dcp_extend = "gather";
   bool disaggregate = false;
   int prefill_dcp_size = 1;
+  bool prefix_cache = false;
+  std::int64_t host_kv_tokens = 0;
+  int shared_prefix_len = 0;
+  int max_running = 64;
 };
 
 std::vector<std::int32_t> parse_ids(const std::string& text, const std::string& where) {
@@ -121,6 +125,13 @@ Workload build_workload(const RunOptions& o) {
   w.engine.chunked_prefill_size = o.chunked_prefill_size;
   w.engine.record_logits = o.verify || !o.dump_logits.empty();
 
+  w.engine.enable_prefix_cache = o.prefix_cache;
+  w.engine.host_kv_capacity_tokens = o.host_kv_tokens;
+  DCP_ARG_CHECK(o.max_running >= 1, "--max-running-requests ", o.max_running, " must be >= 1");
+  w.engine.max_running_requests = o.max_running;
+  DCP_ARG_CHECK(o.shared_prefix_len >= 0 && o.shared_prefix_len < o.prompt_len, "--shared-prefix-len ",
+                o.shared_prefix_len, " must be in [0, --prompt-len ", o.prompt_len, ")");
+  DCP_ARG_CHECK(!o.prefix_cache || !o.disaggregate, "--enable-prefix-cache does not combine with --disaggregate yet");
   w.disaggregate = o.disaggregate;
   w.prefill_dcp_size = o.prefill_dcp_size;
   DCP_ARG_CHECK(!o.disaggregate || o.prefill_dcp_size >= 1, "--prefill-dcp-size ", o.prefill_dcp_size, " must be >= 1");
@@ -164,10 +175,13 @@ Workload build_workload(const RunOptions& o) {
     // Mixed lengths that are not multiples of N or of the page size.
     std::mt19937_64 gen(o.seed);
     std::uniform_int_distribution<std::int32_t> token(0, w.model.vocab_size - 1);
+    std::vector<std::int32_t> shared(static_cast<std::size_t>(o.shared_prefix_len));
+    for (auto& t : shared) t = token(gen);
     for (int i = 0; i < o.batch; ++i) {
       const int len = std::max(1, o.prompt_len - i * (o.prompt_len / (2 * o.batch)) - 7 * i);
       std::vector<std::int32_t> p(static_cast<std::size_t>(len));
       for (auto& t : p) t = token(gen);
+      std::copy_n(shared.begin(), std::min<std::size_t>(shared.size(), p.size()), p.begin());  // a common prefix
       prompts.push_back(std::move(p));
     }
   }
@@ -284,6 +298,18 @@ json report_json(const RunOptions& o, const Workload& w, const RunReport& r, con
   j["speculative"] = {{"num_draft_tokens", o.spec_tokens}, {"draft", o.spec_tokens > 0 ? o.spec_draft : ""},
                       {"acceptance_rate", s.acceptance_rate()}, {"tokens_per_target_step", s.tokens_per_target_step()}};
   j["config"]["dcp_extend"] = o.dcp_extend;
+  if (!r.cache.empty()) {
+    json ranks_tiers = json::array();
+    for (std::size_t k = 0; k < r.cache.size(); ++k) {
+      const PrefixCacheStats& c = r.cache[k];
+      ranks_tiers.push_back({{"rank", k}, {"bytes_to_host", c.bytes_to_host}, {"bytes_to_device", c.bytes_to_device},
+                             {"pages_offloaded", c.pages_offloaded}, {"pages_reloaded", c.pages_reloaded},
+                             {"pages_dropped", c.pages_dropped}});
+    }
+    j["prefix_cache"] = {{"hit_rate", r.cache[0].hit_rate()}, {"hit_tokens", r.cache[0].hit_tokens},
+                         {"lookup_tokens", r.cache[0].lookup_tokens}, {"host_kv_capacity_tokens", o.host_kv_tokens},
+                         {"ranks", ranks_tiers}};
+  }
   if (r.disaggregated) {
     int failed = 0;
     for (const RequestResult& q : r.results) failed += q.state == RequestState::rejected;
@@ -316,6 +342,17 @@ void print_summary(const json& j) {
               c["tp_size"].get<int>(), c["dcp_size"].get<int>(), c["dcp_comm_backend"].get<std::string>().c_str(),
               c["dcp_replicate_q_proj"].get<bool>() ? " (replicated q)" : "", c["kv_cache_dtype"].get<std::string>().c_str(),
               c["page_size"].get<int>(), c["comm"].get<std::string>().c_str());
+  if (j.contains("prefix_cache")) {
+    const json& pc = j["prefix_cache"];
+    std::printf("prefix cache: hit rate %.1f%% (%lld of %lld prompt tokens); host tier %lld tokens\n",
+                100 * pc["hit_rate"].get<double>(), pc["hit_tokens"].get<long long>(), pc["lookup_tokens"].get<long long>(),
+                pc["host_kv_capacity_tokens"].get<long long>());
+    for (const json& r : pc["ranks"]) {
+      std::printf("  rank %lld: %lld B to host, %lld B back (%lld pages offloaded, %lld reloaded, %lld dropped)\n",
+                  r["rank"].get<long long>(), r["bytes_to_host"].get<long long>(), r["bytes_to_device"].get<long long>(),
+                  r["pages_offloaded"].get<long long>(), r["pages_reloaded"].get<long long>(), r["pages_dropped"].get<long long>());
+    }
+  }
   if (j.contains("disagg")) {
     const json& d = j["disagg"];
     std::string bytes;
@@ -413,6 +450,8 @@ int run(const RunOptions& o) {
     ref.engine.num_draft_tokens = 0;  // the reference decodes plainly
     ref.draft_model.reset();
     ref.disaggregate = false;  // the reference runs monolithically
+    ref.engine.enable_prefix_cache = false;  // and computes every prefix itself
+    ref.engine.host_kv_capacity_tokens = 0;
     ref.allow_idle_ranks = w.disaggregate;
     ref.first_active_rank = w.disaggregate ? w.prefill_dcp_size : 0;  // the decode processes
     for (std::size_t i = 0; i < ref.requests.size(); ++i) ref.requests[i].forced_outputs = report.results[i].output_tokens;
@@ -463,6 +502,11 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--speculative-num-draft-tokens", o->spec_tokens, "draft tokens per step (0: off)")->capture_default_str();
   cmd->add_option("--speculative-draft", o->spec_draft, "draft model: target:N (the target's first N layers), a preset, or a checkpoint")
       ->capture_default_str();
+  cmd->add_flag("--enable-prefix-cache", o->prefix_cache, "reuse KV pages of shared prompt prefixes");
+  cmd->add_option("--host-kv-capacity-tokens", o->host_kv_tokens, "host-memory KV tier for evicted prefix pages (tokens)")
+      ->capture_default_str();
+  cmd->add_option("--shared-prefix-len", o->shared_prefix_len, "synthetic prompts share their first N tokens")->capture_default_str();
+  cmd->add_option("--max-running-requests", o->max_running, "requests decoding at once (the rest queue)")->capture_default_str();
   cmd->add_flag("--disaggregate", o->disaggregate, "prefill on its own group, move the KV, decode on the --dcp-size group");
   cmd->add_option("--prefill-dcp-size", o->prefill_dcp_size, "DCP (= TP) size of the prefill group with --disaggregate")
       ->capture_default_str();

@@ -67,6 +67,11 @@ void run_rank(const Workload& w, Communicator& world, RunReport* report) {
               peak_rows * row_bytes * layers};
   std::vector<RankKv> all(static_cast<std::size_t>(world.size()));
   world.all_gather(&mine, all.data(), sizeof(RankKv));
+  std::vector<PrefixCacheStats> cache(static_cast<std::size_t>(world.size()));
+  if (engine.prefix_cache()) {
+    const PrefixCacheStats cs = engine.prefix_cache()->stats();
+    world.all_gather(&cs, cache.data(), sizeof cs);
+  }
   // Ranks run in lockstep, so every rank holds the same results; rank 0 alone writes `report`
   // when ranks are threads, every process fills its own under MPI.
   if (!root && world.backend() == "threads") return;
@@ -74,6 +79,7 @@ void run_rank(const Workload& w, Communicator& world, RunReport* report) {
   report->replicated_q = model.replicated_q();
   report->logical_capacity_tokens = model.allocator().capacity_tokens();
   report->ranks = std::move(all);
+  if (engine.prefix_cache()) report->cache = std::move(cache);
   report->stats = engine.stats();
   report->results = engine.results();
   report->model_load_ms = load_ms;

@@ -8,6 +8,7 @@
 
 #include "dcp/comm.h"
 #include "dcp/engine.h"
+#include "dcp/prefix_cache.h"
 #include "dcp/model_config.h"
 #include "dcp/topology.h"
 
@@ -53,6 +54,7 @@ struct RunReport {
   EngineStats stats;                // rank 0's
   std::vector<RequestResult> results;
   double model_load_ms = 0;
+  std::vector<PrefixCacheStats> cache;  // per rank, when the prefix cache is on
   // Disaggregation.
   bool disaggregated = false;
   std::vector<std::int64_t> bytes_per_decode_rank;

@@ -10,11 +10,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "dcp/model.h"
+#include "dcp/prefix_cache.h"
 
 namespace dcp {
 
@@ -51,6 +53,10 @@ struct EngineOptions {
   ForwardMode extend_mode = ForwardMode::extend;
   // Speculative decoding: tokens the draft model proposes per step (0: off; needs a draft).
   int num_draft_tokens = 0;
+  // Prefix cache over whole virtual pages of prompts; with a host tier of this many logical
+  // tokens (0: evicted pages are dropped).
+  bool enable_prefix_cache = false;
+  std::int64_t host_kv_capacity_tokens = 0;
 };
 
 struct EngineStats {
@@ -99,6 +105,8 @@ class Engine {
   std::int64_t running() const noexcept;
   std::int64_t prompt_tokens_done() const noexcept { return prompt_done_; }
   std::int64_t prompt_tokens_total() const noexcept { return prompt_total_; }
+  // The prefix cache, when enabled (else null).
+  const PrefixCache* prefix_cache() const noexcept { return cache_.get(); }
 
  private:
   struct Live {
@@ -108,6 +116,7 @@ class Engine {
     std::vector<std::int32_t> feed;          // tokens to prefill: [last output of the turn before] + prompt
     std::int64_t context = 0;                // tokens already in the KV when admitted (continuations)
     std::vector<std::int32_t> draft_pending; // tokens the draft has not seen yet
+    bool cacheable = false;                  // its prompt goes into the prefix cache when prefilled
   };
   std::int64_t pages_for(std::int64_t tokens) const;
   std::int64_t reserved_pages() const;
@@ -124,6 +133,7 @@ class Engine {
   MlaModel* draft_;
   EngineOptions options_;
   std::vector<RequestId> kept_;  // finished requests whose KV is kept for a continuation
+  std::unique_ptr<PrefixCache> cache_;
   std::vector<Live> waiting_;
   std::vector<Live> running_;
   std::vector<RequestResult> results_;

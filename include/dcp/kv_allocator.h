@@ -60,6 +60,16 @@ class KvAllocator {
   // must be a whole number of virtual pages and <= src's length.
   void share_prefix(RequestId src, RequestId dst, std::int64_t tokens);
 
+  // ---- pages held outside requests (the prefix cache) ----
+  // A fresh page held by the caller (refcount 1). Throws (capacity) when none is free.
+  std::int32_t acquire_page();
+  // Another holder of a page in use, and the release of one hold.
+  void retain(std::int32_t page);
+  void release(std::int32_t page);
+  // Registers a request whose first pages.size() virtual pages are `pages` (already held; each
+  // gains a reference) and whose length is those whole pages.
+  void allocate_shared(RequestId request, const std::vector<std::int32_t>& pages);
+
   bool contains(RequestId request) const noexcept { return requests_.count(request) != 0; }
   std::int64_t length(RequestId request) const;
   // The request's virtual pages (= physical page ids on every rank), in token order.
@@ -90,6 +100,7 @@ class KvAllocator {
   std::int64_t num_pages_;
   std::vector<std::int32_t> free_;  // LIFO; deterministic so every replica agrees
   std::vector<std::int32_t> refs_;  // [num_pages]
+  std::vector<std::int32_t> held_;  // [num_pages] holds from outside requests (retain/acquire)
   std::unordered_map<RequestId, Entry> requests_;
 };
 

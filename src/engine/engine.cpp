@@ -35,6 +35,15 @@ Engine::Engine(MlaModel& model, const EngineOptions& options, MlaModel* draft)
     DCP_ARG_CHECK(draft->dcp_group().size() == 1 && draft->tp_group().size() == 1,
                   "the draft model must be replicated on every rank (TP 1, DCP 1)");
   }
+  if (options.enable_prefix_cache) {
+    DCP_ARG_CHECK(!draft, "--enable-prefix-cache does not combine with speculative decoding yet");
+    std::vector<LatentPool*> pools;
+    for (int l = 0; l < model.config().num_hidden_layers; ++l) pools.push_back(&model.kv_shard(l).pool());
+    cache_ = std::make_unique<PrefixCache>(model.allocator(), pools, model.dcp_group().rank(),
+                                           options.host_kv_capacity_tokens);
+  } else {
+    DCP_ARG_CHECK(options.host_kv_capacity_tokens == 0, "--host-kv-capacity-tokens needs --enable-prefix-cache");
+  }
 }
 
 void Engine::submit(const RequestSpec& spec) {
@@ -65,6 +74,7 @@ void Engine::submit(const RequestSpec& spec) {
     live.context = model_.allocator().length(spec.id);
   }
   live.feed.insert(live.feed.end(), spec.prompt.begin(), spec.prompt.end());
+  live.cacheable = cache_ && !spec.continue_from;
   RequestResult result;
   result.id = spec.id;
   results_.push_back(result);
@@ -129,11 +139,8 @@ std::int64_t Engine::reserved_pages() const {
 
 void Engine::admit() {
   KvAllocator& alloc = model_.allocator();
-  std::int64_t budget = alloc.free_pages() - reserved_pages();
   for (auto it = waiting_.begin(); it != waiting_.end();) {
     const std::int64_t final_len = final_length(it->context, static_cast<std::int64_t>(it->feed.size()), it->spec.max_new_tokens);
-    const std::int64_t held = it->context > 0 ? static_cast<std::int64_t>(alloc.pages(it->spec.id).size()) : 0;
-    const std::int64_t need = pages_for(final_len) - held;
     if (pages_for(final_len) > alloc.num_pages()) {  // can never fit: reject, keep serving the others
       RequestResult& r = results_[it->result];
       r.state = RequestState::rejected;
@@ -146,12 +153,30 @@ void Engine::admit() {
       it = waiting_.erase(it);
       continue;
     }
-    if (need > budget || static_cast<int>(running_.size()) >= options_.max_running_requests) break;  // FIFO
+    if (static_cast<int>(running_.size()) >= options_.max_running_requests) break;
+    // A prefix-cache hit: whole pages the request shares instead of computing (pinned for now).
+    std::vector<std::int32_t> hit;
+    if (it->cacheable) hit = cache_->match(it->feed);
+    const std::int64_t held = it->context > 0 ? static_cast<std::int64_t>(alloc.pages(it->spec.id).size())
+                                              : static_cast<std::int64_t>(hit.size());
+    const std::int64_t need = pages_for(final_len) - held;
+    if (cache_ && need > alloc.free_pages() - reserved_pages()) cache_->make_room(need + reserved_pages());
+    if (need > alloc.free_pages() - reserved_pages()) {  // FIFO: wait for KV
+      if (cache_) cache_->unpin(hit);
+      break;
+    }
     if (it->context == 0) {
-      alloc.allocate(it->spec.id, 0);
+      if (hit.empty()) {
+        alloc.allocate(it->spec.id, 0);
+      } else {  // the cached prefix becomes this request's context; only the rest is prefilled
+        alloc.allocate_shared(it->spec.id, hit);
+        cache_->unpin(hit);
+        it->context = alloc.length(it->spec.id);
+        it->feed.erase(it->feed.begin(), it->feed.begin() + it->context);
+        prompt_done_ += it->context;
+      }
       if (draft_) draft_->allocator().allocate(it->spec.id, 0);
     }
-    budget -= need;
     results_[it->result].state = RequestState::prefill;
     running_.push_back(std::move(*it));
     it = waiting_.erase(it);
@@ -226,6 +251,7 @@ bool Engine::run_prefill() {
     l.prefilled += batch.entries[k].q_len;
     prompt_done_ += batch.entries[k].q_len;
     if (l.prefilled == static_cast<std::int64_t>(l.feed.size())) {
+      if (l.cacheable) cache_->insert(l.spec.prompt, l.spec.id);  // whole prompt pages, for later requests
       emit(l, logits.data() + k * vocab);  // the prompt's last logits give the first new token
       l.draft_pending = {results_[l.result].output_tokens.back()};
       results_[l.result].state = RequestState::decode;

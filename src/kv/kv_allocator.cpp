@@ -14,6 +14,7 @@ KvAllocator::KvAllocator(int dcp_size, int page_size, std::int64_t num_pages)
   DCP_ARG_CHECK(num_pages >= 0 && num_pages <= std::numeric_limits<std::int32_t>::max(),
                 "num_pages = ", num_pages, " must be in [0, 2^31)");
   refs_.assign(static_cast<std::size_t>(num_pages), 0);
+  held_.assign(static_cast<std::size_t>(num_pages), 0);
   free_.resize(static_cast<std::size_t>(num_pages));
   // Pop from the back: page 0 first.
   for (std::int64_t i = 0; i < num_pages; ++i) free_[i] = static_cast<std::int32_t>(num_pages - 1 - i);
@@ -141,8 +142,39 @@ void KvAllocator::share_prefix(RequestId src, RequestId dst, std::int64_t tokens
   requests_.emplace(dst, std::move(d));
 }
 
+std::int32_t KvAllocator::acquire_page() {
+  DCP_CHECK(!free_.empty(), capacity, "KV cache full: no free page of ", num_pages_);
+  const std::int32_t page = take_page();
+  held_[page] = 1;
+  return page;
+}
+
+void KvAllocator::retain(std::int32_t page) {
+  DCP_ARG_CHECK(page >= 0 && page < num_pages_ && refs_[page] > 0, "retain: page ", page, " is not in use");
+  ++refs_[page];
+  ++held_[page];
+}
+
+void KvAllocator::release(std::int32_t page) {
+  DCP_ARG_CHECK(page >= 0 && page < num_pages_ && held_[page] > 0, "release: page ", page, " is not held");
+  --held_[page];
+  release_page(page);
+}
+
+void KvAllocator::allocate_shared(RequestId request, const std::vector<std::int32_t>& pages) {
+  DCP_ARG_CHECK(!contains(request), "allocate_shared: request ", request, " already exists");
+  for (std::int32_t page : pages) {
+    DCP_ARG_CHECK(page >= 0 && page < num_pages_ && refs_[page] > 0, "allocate_shared: page ", page, " is not held");
+  }
+  Entry e;
+  e.length = static_cast<std::int64_t>(pages.size()) * virtual_page_size();
+  e.pages = pages;
+  for (std::int32_t page : pages) ++refs_[page];
+  requests_.emplace(request, std::move(e));
+}
+
 void KvAllocator::check_invariants() const {
-  std::vector<std::int32_t> counted(refs_.size(), 0);
+  std::vector<std::int32_t> counted(held_.begin(), held_.end());
   for (const auto& [id, e] : requests_) {
     DCP_CHECK_EQ(static_cast<std::int64_t>(e.pages.size()), pages_for(e.length), "request ", id);
     for (std::int32_t page : e.pages) {

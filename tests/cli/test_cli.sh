@@ -100,6 +100,16 @@ expect 2 "bad extend mode" -- run --dcp-extend scatter
 check "lists extend modes" stderr_has "gather, native"
 expect 0 "bench extend (small)" -- bench extend --prefix-lens 0,40 --chunk 8 --repeats 1 --dcp-size 2
 check "bench prints a table" stdout_has "native/gather"
+# Prefix cache and host tier.
+expect 0 "prefix cache with a shared prefix" -- run --enable-prefix-cache --host-kv-capacity-tokens 1024 --shared-prefix-len 200 --batch 4 --prompt-len 260 --max-new-tokens 3 --max-running-requests 1 --json "$tmp/run.json"
+check "json has the hit rate" json_has '"hit_rate"'
+check "json has per-rank tier bytes" json_has '"bytes_to_host"'
+check "cache run verifies" json_has '"tokens_match": true'
+check "summary reports the hit rate" stdout_has "prefix cache: hit rate"
+expect 2 "host tier without the cache" -- run --host-kv-capacity-tokens 100
+check "names the missing flag" stderr_has "needs --enable-prefix-cache"
+expect 2 "shared prefix longer than the prompt" -- run --shared-prefix-len 5000
+
 # Disaggregation.
 expect 0 "disaggregate 1 -> 4" -- run --disaggregate --prefill-dcp-size 1 --batch 3 --prompt-len 130 --max-new-tokens 4 --json "$tmp/run.json"
 check "json has bytes per decode rank" json_has '"bytes_per_decode_rank"'

@@ -1,0 +1,88 @@
+// Prefix caching over virtual pages, with a host-memory tier (HiCache L2).
+//
+// The cache maps whole virtual pages of prompt tokens (P*N tokens each, chained by hash: a page
+// is found only after the pages before it) to KV pages. It holds one reference on each device
+// page it keeps, so the pages outlive the requests that wrote them; requests share them by
+// reference. Under pressure, least recently used pages that no request uses move to the host
+// tier (or are dropped without one); a hit on a host page copies it back to a fresh device page.
+// One widened logical page space spans both tiers: each rank's host buffer holds only its own P
+// rows of each page, and every copy keeps the positions i of the page with i mod N = r, mapped to
+// local rows i / N. No DCP collective is involved: each rank moves its own shard.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "dcp/kv_allocator.h"
+#include "dcp/kv_cache.h"
+
+namespace dcp {
+
+struct PrefixCacheStats {
+  std::int64_t lookup_tokens = 0;          // prompt tokens looked up
+  std::int64_t hit_tokens = 0;             // of which served from the cache
+  std::int64_t pages_offloaded = 0;        // device -> host
+  std::int64_t pages_reloaded = 0;         // host -> device
+  std::int64_t pages_dropped = 0;          // evicted for good
+  std::int64_t bytes_to_host = 0;          // by this rank, all layers
+  std::int64_t bytes_to_device = 0;
+  double hit_rate() const { return lookup_tokens ? static_cast<double>(hit_tokens) / lookup_tokens : 0.0; }
+};
+
+class PrefixCache {
+ public:
+  // device: this rank's pool of every layer (sharing the allocator's page ids). host_capacity_tokens
+  // is the host tier's logical capacity (0: no host tier; evicted pages are dropped).
+  PrefixCache(KvAllocator& allocator, std::vector<LatentPool*> device, int dcp_rank, std::int64_t host_capacity_tokens);
+  ~PrefixCache();
+
+  // The device pages holding the longest cached prefix of `tokens` shorter than tokens.size()
+  // (whole virtual pages). Host pages on the path are copied back first (evicting to make room
+  // if needed; the path stops where no room can be made). The pages returned are pinned (extra
+  // reference) until unpin(): pass them to KvAllocator::allocate_shared first.
+  std::vector<std::int32_t> match(const std::vector<std::int32_t>& tokens);
+  void unpin(const std::vector<std::int32_t>& pages);
+
+  // Caches the whole prompt pages of `request`, whose KV holds `tokens` in order.
+  void insert(const std::vector<std::int32_t>& tokens, RequestId request);
+
+  // Evicts until `pages` device pages are free or nothing more can go. Returns the free count.
+  std::int64_t make_room(std::int64_t pages);
+
+  const PrefixCacheStats& stats() const noexcept { return stats_; }
+  std::int64_t device_pages() const noexcept;
+  std::int64_t host_pages() const noexcept;
+  std::int64_t host_capacity_pages() const noexcept { return host_pages_total_; }
+  // This rank's host rows of a cached page (tests: bit-exactness of offload and reload).
+  const LatentPool* host_pool(int layer) const { return host_.empty() ? nullptr : host_[static_cast<std::size_t>(layer)].get(); }
+
+ private:
+  struct Node {
+    std::uint64_t parent = 0;
+    std::vector<std::int32_t> tokens;  // the page's P*N tokens (collision check)
+    bool on_device = true;
+    std::int32_t device_page = -1;
+    std::int64_t host_page = -1;
+    std::uint64_t last_used = 0;
+    int children = 0;
+  };
+  std::uint64_t key(std::uint64_t parent, const std::int32_t* tokens) const;
+  void copy_page(bool to_host, Node& node);
+  bool offload_or_drop_one();           // frees one device page; false if nothing can go
+  bool drop_host_leaf();                // frees one host page
+  void drop(std::uint64_t key);
+
+  KvAllocator& alloc_;
+  std::vector<LatentPool*> device_;
+  std::vector<std::unique_ptr<LatentPool>> host_;
+  std::vector<std::int64_t> owned_offsets_;  // rows of a physical page this rank holds (0..P-1)
+  std::int64_t host_pages_total_ = 0;
+  std::vector<std::int64_t> host_free_;
+  std::unordered_map<std::uint64_t, Node> nodes_;
+  std::uint64_t clock_ = 0;
+  PrefixCacheStats stats_;
+};
+
+}  // namespace dcp

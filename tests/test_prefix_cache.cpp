@@ -1,0 +1,173 @@
+// Prefix cache and host tier: shared prefixes reuse KV pages, eviction to host and reload are
+// bit-exact, each rank moves 1/N of a page, pages in use are never evicted.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "dcp/error.h"
+#include "dcp/prefix_cache.h"
+#include "engine_util.h"
+#include "test_util.h"
+
+namespace dcp {
+namespace {
+
+std::vector<RequestSpec> shared_prefix_requests(test::Rng& rng, int vocab, int prefix_len, int count) {
+  const std::vector<std::int32_t> prefix = test::random_tokens(rng, prefix_len, vocab);
+  std::vector<RequestSpec> reqs;
+  for (int i = 0; i < count; ++i) {
+    std::vector<std::int32_t> prompt = prefix;
+    const auto tail = test::random_tokens(rng, 5 + 7 * i, vocab);
+    prompt.insert(prompt.end(), tail.begin(), tail.end());
+    reqs.push_back(test::request(i, prompt, 4));
+  }
+  return reqs;
+}
+
+TEST(PrefixCache, SharedPrefixesGiveIdenticalOutputsWithTheCacheOnAndOff) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 2);
+  const auto w = make_synthetic_weights(61);
+  const auto reqs = shared_prefix_requests(rng, c.vocab_size, 150, 6);
+  for (int n : {1, 2, 4}) {
+    test::EngineSetup off;
+    off.tp = 4;
+    off.dcp = n;
+    off.backend = CombineBackend::a2a;
+    off.page_size = 8;
+    off.chunk = 64;
+    off.max_running = 2;  // later requests arrive after earlier prompts are cached
+    const auto expect = test::run_engine(c, *w, off, reqs);
+    test::EngineSetup on = off;
+    on.prefix_cache = true;
+    const auto got = test::run_engine(c, *w, on, reqs);
+    const std::string what = "dcp " + std::to_string(n);
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      ASSERT_EQ(got.results[i].output_tokens, expect.results[i].output_tokens) << what << " request " << i;
+      std::vector<double> e(expect.results[i].step_logits.begin(), expect.results[i].step_logits.end());
+      EXPECT_TRUE(test::close(got.results[i].step_logits, e, {1e-10, 1e-4}, what.c_str()));
+    }
+    // The first two requests start together and miss; each later one reuses the prefix's whole
+    // virtual pages (P x N tokens each).
+    const std::int64_t vp = 8LL * n;
+    EXPECT_EQ(got.cache_stats[0].hit_tokens, 4 * (150 / vp) * vp) << what;
+  }
+}
+
+TEST(PrefixCache, UnderPressurePagesGoToTheHostTierAndComeBackExactly) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 2);
+  const auto w = make_synthetic_weights(63);
+  // Two groups of requests with different prefixes, interleaved, in a cache too small for both:
+  // the idle group's pages are offloaded and reloaded on its next hit.
+  auto a = shared_prefix_requests(rng, c.vocab_size, 96, 3);
+  auto b = shared_prefix_requests(rng, c.vocab_size, 96, 3);
+  std::vector<RequestSpec> reqs;
+  for (int i = 0; i < 3; ++i) {
+    a[i].id = 2 * i;
+    b[i].id = 2 * i + 1;
+    reqs.push_back(a[i]);
+    reqs.push_back(b[i]);
+  }
+  test::EngineSetup off;
+  off.tp = 2;
+  off.dcp = 2;
+  off.page_size = 8;  // virtual pages of 16 tokens
+  off.max_running = 1;
+  off.capacity = 208;  // 13 pages: one request plus one prefix, not two prefixes
+  const auto expect = test::run_engine(c, *w, off, reqs);
+  for (std::int64_t host : {0, 512}) {
+    test::EngineSetup on = off;
+    on.prefix_cache = true;
+    on.host_tokens = host;
+    const auto got = test::run_engine(c, *w, on, reqs);
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      ASSERT_EQ(got.results[i].output_tokens, expect.results[i].output_tokens) << "host " << host << " request " << i;
+      std::vector<double> e(expect.results[i].step_logits.begin(), expect.results[i].step_logits.end());
+      EXPECT_TRUE(test::close(got.results[i].step_logits, e, {1e-10, 1e-4}, "pressure"));
+    }
+    const PrefixCacheStats& st = got.cache_stats[0];
+    if (host > 0) {
+      EXPECT_GT(st.pages_offloaded, 0);
+      EXPECT_GT(st.pages_reloaded, 0);
+    } else {
+      EXPECT_EQ(st.pages_offloaded, 0);
+      EXPECT_GT(st.pages_dropped, 0);
+    }
+    // Each rank moves its own rows only: exactly P rows x row bytes x layers per page.
+    const std::int64_t per_page = 8 * 80 * 4 * 2;  // P x (kv_lora + rope) x fp32 x layers
+    for (const PrefixCacheStats& r : got.cache_stats) {
+      EXPECT_EQ(r.bytes_to_host, r.pages_offloaded * per_page);
+      EXPECT_EQ(r.bytes_to_device, r.pages_reloaded * per_page);
+    }
+  }
+}
+
+// Direct: offload is a copy of exactly this rank's rows; reload restores them bit for bit; a page
+// a request still uses is never evicted.
+TEST(PrefixCache, OffloadAndReloadAreBitExactAndInUsePagesStay) {
+  auto rng = test::make_rng();
+  const int n = 3, page = 4, layers = 2;
+  const std::int64_t vp = page * n;
+  const LatentGeometry geo{8, 4, KvDtype::bf16};
+  for (int rank = 0; rank < n; ++rank) {
+    KvAllocator alloc(n, page, 6);
+    std::vector<std::unique_ptr<LatentPool>> pools;
+    std::vector<std::unique_ptr<KvShard>> shards;
+    std::vector<LatentPool*> raw;
+    for (int l = 0; l < layers; ++l) {
+      pools.push_back(std::make_unique<LatentPool>(6, page, geo));
+      shards.push_back(std::make_unique<KvShard>(alloc, *pools.back(), rank));
+      raw.push_back(pools.back().get());
+    }
+    PrefixCache cache(alloc, raw, rank, 10 * vp);
+    const std::vector<std::int32_t> prompt = test::random_tokens(rng, static_cast<int>(2 * vp + 1), 100);
+    alloc.allocate(1, static_cast<std::int64_t>(prompt.size()));
+    std::vector<float> rows(prompt.size() * geo.width());
+    for (float& v : rows) v = rng.normal();
+    for (auto& s : shards) s->write(1, 0, static_cast<std::int64_t>(prompt.size()), rows.data());
+    const std::vector<std::int32_t> pages = alloc.pages(1);
+    // Snapshot this rank's raw rows of the two whole pages.
+    std::vector<std::vector<std::uint8_t>> before;
+    for (int l = 0; l < layers; ++l) {
+      for (int k = 0; k < 2; ++k) {
+        for (int r = 0; r < page; ++r) {
+          const std::uint8_t* p = pools[l]->raw_row(static_cast<std::int64_t>(pages[k]) * page + r);
+          before.emplace_back(p, p + geo.row_bytes());
+        }
+      }
+    }
+    cache.insert(prompt, 1);
+    EXPECT_EQ(cache.device_pages(), 2);
+    // Request 1 still uses the pages: nothing can be evicted.
+    cache.make_room(6);
+    EXPECT_EQ(cache.device_pages(), 2) << "evicted a page in use";
+    alloc.free(1);
+    cache.make_room(6);  // now they go to the host tier
+    EXPECT_EQ(cache.device_pages(), 0);
+    EXPECT_EQ(cache.host_pages(), 2);
+    EXPECT_EQ(cache.stats().bytes_to_host, 2LL * page * static_cast<std::int64_t>(geo.row_bytes()) * layers);
+    // Scribble over the freed device pages, then reload through a hit.
+    for (int l = 0; l < layers; ++l) pools[l]->poison();
+    const std::vector<std::int32_t> hit = cache.match(prompt);
+    ASSERT_EQ(hit.size(), 2u);
+    std::size_t i = 0;
+    for (int l = 0; l < layers; ++l) {
+      for (int k = 0; k < 2; ++k) {
+        for (int r = 0; r < page; ++r, ++i) {
+          const std::uint8_t* p = pools[l]->raw_row(static_cast<std::int64_t>(hit[k]) * page + r);
+          ASSERT_EQ(std::memcmp(p, before[i].data(), geo.row_bytes()), 0) << "rank " << rank << " layer " << l << " page " << k;
+        }
+      }
+    }
+    alloc.allocate_shared(2, hit);
+    cache.unpin(hit);
+    alloc.check_invariants();
+    EXPECT_EQ(alloc.length(2), 2 * vp);
+  }
+}
+
+}  // namespace
+}  // namespace dcp
