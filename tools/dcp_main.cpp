@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   dcp::cli::add_run_command(app);
   dcp::cli::add_gen_checkpoint_command(app);
   dcp::cli::add_bench_command(app);
+  dcp::cli::add_plan_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -21,17 +21,27 @@ std::int64_t KvShard::local_length(RequestId request) const {
   return layout_.local_length(allocator_.length(request));
 }
 
+namespace {
+
+// Physical row of local row j of a request with these pages (one virtual page = physical page).
+inline std::int64_t physical_of_local(const std::vector<std::int32_t>& pages, int page_size, std::int64_t j) {
+  return static_cast<std::int64_t>(pages[static_cast<std::size_t>(j / page_size)]) * page_size + j % page_size;
+}
+
+}  // namespace
+
 std::int64_t KvShard::write(RequestId request, std::int64_t start, std::int64_t length, const float* rows) {
   const std::int64_t len = allocator_.length(request);
   DCP_ARG_CHECK(start >= 0 && length >= 0 && start + length <= len, "write: tokens [", start, ", ",
                 start + length, ") are outside request ", request, " of length ", len);
   const int w = pool_.geometry().width();
   const int n = layout_.size();
-  // The first owned position at or after start, then every N-th.
+  const std::vector<std::int32_t>& pages = allocator_.pages(request);
+  // The first owned position at or after start, then every N-th; position p is local row p / N.
   std::int64_t first = start + ((layout_.rank() - start) % n + n) % n;
   std::int64_t stored = 0;
   for (std::int64_t p = first; p < start + length; p += n, ++stored) {
-    pool_.write_row(physical_row(request, p), rows + (p - start) * w);
+    pool_.write_row(physical_of_local(pages, pool_.page_size(), layout_.local_row(p)), rows + (p - start) * w);
   }
   return stored;
 }
@@ -60,11 +70,11 @@ std::vector<float> KvShard::local_rows(RequestId request) const {
   const std::int64_t len = allocator_.length(request);
   const int w = pool_.geometry().width();
   const int n = layout_.size();
-  std::vector<float> out(static_cast<std::size_t>(layout_.local_length(len)) * w);
-  std::int64_t j = 0;
-  for (std::int64_t p = layout_.rank(); p < len; p += n, ++j) {
-    pool_.read_row(physical_row(request, p), out.data() + j * w);
-  }
+  const std::int64_t rows = layout_.local_length(len);
+  std::vector<float> out(static_cast<std::size_t>(rows) * w);
+  const std::vector<std::int32_t>& pages = allocator_.pages(request);
+  (void)n;
+  for (std::int64_t j = 0; j < rows; ++j) pool_.read_row(physical_of_local(pages, pool_.page_size(), j), out.data() + j * w);
   return out;
 }
 

@@ -110,6 +110,19 @@ expect 2 "host tier without the cache" -- run --host-kv-capacity-tokens 100
 check "names the missing flag" stderr_has "needs --enable-prefix-cache"
 expect 2 "shared prefix longer than the prompt" -- run --shared-prefix-len 5000
 
+# The cost model and the small benchmarks.
+expect 0 "plan on H200" -- plan --preset deepseek-v3 --num-layers 61 --tp-size 8 --batch 16 --contexts 32768,131072
+check "plan recommends" stdout_has "-> context 131072: DCP"
+check "plan explains capacity" stdout_has "without DCP the KV does not fit"
+expect 0 "plan as json" -- plan --hardware this-cpu --preset tiny --tp-size 4 --contexts 4096 --json
+check "plan json has rows" stdout_has '"per_layer"'
+expect 2 "plan rejects unknown hardware" -- plan --hardware tpu
+check "lists hardware presets" stderr_has "this-cpu, h200-nvlink"
+expect 0 "bench comm (small)" -- bench comm --ranks 2 --tokens 1 --repeats 2
+check "bench comm prints ratios" stdout_has "ratio"
+expect 0 "bench attention (small)" -- bench attention --contexts 256 --heads 4 --batches 1 --dtypes bf16 --repeats 1
+check "bench attention prints ceilings" stdout_has "ceilings measured now"
+
 # Disaggregation.
 expect 0 "disaggregate 1 -> 4" -- run --disaggregate --prefill-dcp-size 1 --batch 3 --prompt-len 130 --max-new-tokens 4 --json "$tmp/run.json"
 check "json has bytes per decode rank" json_has '"bytes_per_decode_rank"'

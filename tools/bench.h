@@ -1,0 +1,52 @@
+// The benchmarks behind `dcp bench`, one file each; bench_command.cpp registers the CLI.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dcp/comm.h"
+
+namespace dcp::cli {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0);
+double median(std::vector<double> x);
+std::vector<std::int64_t> parse_list(const std::string& text, const char* flag);
+// Cheap deterministic fill (the values only need to be varied and finite).
+void fill(float* x, std::size_t n, std::uint64_t seed);
+
+struct ExtendBenchOptions {
+  std::string preset = "tiny";
+  int num_layers = 1;
+  int dcp_size = 4;
+  int chunk = 256;
+  std::string prefix_lens = "0,256,1024,4096,16384";
+  int repeats = 5;
+  std::string csv;
+};
+
+struct ExtendRow {
+  std::int64_t prefix = 0;
+  double gather_ms = 0, native_ms = 0;           // median forward time
+  double gather_bytes = 0, native_bytes = 0;     // DCP bytes sent per rank per layer
+};
+
+std::vector<ExtendRow> bench_extend(const ExtendBenchOptions& o);
+
+struct AttentionBenchOptions {
+  std::string contexts = "4096,32768,131072";
+  std::string heads = "1,4,16,128";
+  std::string batches = "1,8";
+  std::string dtypes = "fp32,bf16";
+  int threads = 1;
+  int repeats = 3;
+  std::string csv, svg;
+};
+
+void bench_attention(const AttentionBenchOptions& o);
+void bench_merge(int repeats);
+void bench_comm_rank(Communicator& c, int heads_per_rank, int tokens, int repeats);
+
+}  // namespace dcp::cli

@@ -1,0 +1,179 @@
+// dcp bench attention: the local kernel against same-run ceilings and a two-GEMM peer.
+#include <cblas.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <random>
+#include <sstream>
+
+#include "bench.h"
+#include "bench_util.h"
+#include "dcp/attention.h"
+#include "dcp/comm_mpi.h"
+#include "dcp/comm_threads.h"
+#include "dcp/dcp_attention.h"
+#include "dcp/error.h"
+#include "dcp/kv_cache.h"
+#include "dcp/merge.h"
+#include "dcp/model.h"
+#include "dcp/weights.h"
+
+namespace dcp::cli {
+
+namespace {
+
+// The peer: per request, scores = Q K^T (sgemm), a row softmax, O = P V (sgemm), on a contiguous
+// fp32 copy of the rows (buffers allocated once, outside the timed loop).
+struct TwoGemmPeer {
+  int heads;
+  std::int64_t rows;
+  const float* kv;  // [B, rows, 576]
+  std::vector<float> scores, out;
+  TwoGemmPeer(int h, std::int64_t r, const float* k)
+      : heads(h), rows(r), kv(k), scores(static_cast<std::size_t>(h) * r), out(static_cast<std::size_t>(h) * 512) {}
+  void run(const float* q, int batch, float scale) {
+    for (int b = 0; b < batch; ++b) {
+      const float* k = kv + static_cast<std::size_t>(b) * rows * 576;
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, heads, static_cast<int>(rows), 576, scale,
+                  q + static_cast<std::size_t>(b) * heads * 576, 576, k, 576, 0.0f, scores.data(), static_cast<int>(rows));
+      for (int h = 0; h < heads; ++h) {
+        float* s = scores.data() + static_cast<std::size_t>(h) * rows;
+        const float m = *std::max_element(s, s + rows);
+        float z = 0;
+        for (std::int64_t j = 0; j < rows; ++j) z += (s[j] = std::exp(s[j] - m));
+        const float inv = 1.0f / z;
+        for (std::int64_t j = 0; j < rows; ++j) s[j] *= inv;
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, heads, 512, static_cast<int>(rows), 1.0f, scores.data(),
+                  static_cast<int>(rows), k, 576, 0.0f, out.data(), 512);
+    }
+  }
+};
+
+}  // namespace
+
+void bench_attention(const AttentionBenchOptions& o) {
+  DCP_ARG_CHECK(o.threads >= 1 && o.repeats >= 1, "--threads and --repeats must be >= 1");
+  const auto contexts = parse_list(o.contexts, "--contexts");
+  const auto heads = parse_list(o.heads, "--heads");
+  const auto batches = parse_list(o.batches, "--batches");
+  std::vector<KvDtype> dtypes;
+  std::stringstream dl(o.dtypes);
+  for (std::string d; std::getline(dl, d, ',');) dtypes.push_back(parse_kv_dtype(d));
+  const double gemm = measure_sgemm_gflops(o.threads);
+  const double read = measure_read_gbps(o.threads);
+  openblas_set_num_threads(o.threads);
+  const auto paths = available_kernel_paths();
+  std::printf("local MLA decode attention, %d thread(s), kernel %s; ceilings measured now: sgemm %.1f GFLOP/s, read %.1f GB/s\n",
+              o.threads, std::string(to_string(paths.back())).c_str(), gemm, read);
+  std::printf("peer: two OpenBLAS sgemms + softmax on contiguous fp32 rows; PyTorch: not measured (python3-torch is not installed)\n");
+  std::printf("%3s %7s %4s %5s | %9s %9s %6s %8s %6s | %9s %7s\n", "B", "S", "Hq", "KV", "ms", "GFLOP/s", "%gemm",
+              "KV GB/s", "%read", "peer ms", "speedup");
+  std::ofstream csv;
+  if (!o.csv.empty()) {
+    csv.open(o.csv);
+    csv << "batch,context,heads,kv_dtype,threads,ms,gflops,pct_sgemm,kv_gbps,pct_read,peer_ms,speedup_vs_peer,sgemm_gflops,read_gbps\n";
+  }
+  std::vector<Series> series;
+  for (std::int64_t batch : batches) {
+    for (std::int64_t ctx : contexts) {
+      const std::int64_t page = 64, pages_per = (ctx + page - 1) / page;
+      std::vector<float> kv32(static_cast<std::size_t>(batch * ctx) * 576);
+      fill(kv32.data(), kv32.size(), static_cast<std::uint64_t>(ctx));
+      std::vector<bf16_t> kv16;
+      std::vector<std::int32_t> table(static_cast<std::size_t>(batch * pages_per));
+      for (std::size_t i = 0; i < table.size(); ++i) table[i] = static_cast<std::int32_t>(i);
+      // The pool holds each request's rows contiguously, one page after another.
+      std::vector<float> pool32(static_cast<std::size_t>(batch * pages_per * page) * 576, 0.0f);
+      for (std::int64_t b = 0; b < batch; ++b) {
+        std::copy_n(kv32.data() + b * ctx * 576, ctx * 576, pool32.data() + b * pages_per * page * 576);
+      }
+      for (std::int64_t h : heads) {
+        std::vector<float> q(static_cast<std::size_t>(batch * h) * 576);
+        fill(q.data(), q.size(), 99);
+        TwoGemmPeer peer(static_cast<int>(h), ctx, kv32.data());
+        peer.run(q.data(), static_cast<int>(batch), 0.07f);
+        std::vector<double> peer_ms;
+        for (int r = 0; r < o.repeats; ++r) {
+          const auto t0 = Clock::now();
+          peer.run(q.data(), static_cast<int>(batch), 0.07f);
+          peer_ms.push_back(ms_since(t0));
+        }
+        const double peer_t = median(peer_ms);
+        for (KvDtype dtype : dtypes) {
+          if (dtype == KvDtype::bf16 && kv16.empty()) {
+            kv16.resize(pool32.size());
+            for (std::size_t i = 0; i < pool32.size(); ++i) kv16[i] = float_to_bf16(pool32[i]);
+          }
+          std::vector<std::int32_t> q_start(static_cast<std::size_t>(batch) + 1);
+          std::vector<std::int64_t> q_pos(static_cast<std::size_t>(batch), ctx - 1), local_len(static_cast<std::size_t>(batch), ctx);
+          for (std::int64_t b = 0; b <= batch; ++b) q_start[b] = static_cast<std::int32_t>(b);
+          std::vector<float> out(static_cast<std::size_t>(batch * h) * 512), lse(static_cast<std::size_t>(batch * h));
+          MlaAttentionParams p;
+          p.num_heads = static_cast<int>(h);
+          p.softmax_scale = 0.07f;
+          p.num_requests = static_cast<int>(batch);
+          p.q_start = q_start.data();
+          p.q = q.data();
+          p.q_pos = q_pos.data();
+          p.kv = dtype == KvDtype::fp32 ? static_cast<const void*>(pool32.data()) : kv16.data();
+          p.kv_dtype = dtype;
+          p.num_pages = static_cast<std::int64_t>(table.size());
+          p.page_size = static_cast<int>(page);
+          p.page_table = table.data();
+          p.page_table_stride = static_cast<int>(pages_per);
+          p.local_len = local_len.data();
+          p.num_threads = o.threads;
+          p.out = out.data();
+          p.lse = lse.data();
+          mla_attention(p);
+          std::vector<double> ms;
+          for (int r = 0; r < o.repeats; ++r) {
+            const auto t0 = Clock::now();
+            mla_attention(p);
+            ms.push_back(ms_since(t0));
+          }
+          const double t = median(ms);
+          const double flops = 2.0 * (576 + 512) * static_cast<double>(h * ctx * batch);
+          const double bytes = static_cast<double>(batch * ctx) * 576 * dtype_size(dtype);
+          const double gflops = flops / t / 1e6, gbps = bytes / t / 1e6;
+          std::printf("%3lld %7lld %4lld %5s | %9.2f %9.1f %5.0f%% %8.1f %5.0f%% | %9.2f %6.2fx\n", static_cast<long long>(batch),
+                      static_cast<long long>(ctx), static_cast<long long>(h), std::string(to_string(dtype)).c_str(), t, gflops,
+                      100 * gflops / gemm, gbps, 100 * gbps / read, peer_t, peer_t / t);
+          std::fflush(stdout);
+          if (csv.is_open()) {
+            csv << batch << "," << ctx << "," << h << "," << to_string(dtype) << "," << o.threads << "," << t << "," << gflops
+                << "," << gflops / gemm << "," << gbps << "," << gbps / read << "," << peer_t << "," << peer_t / t << ","
+                << gemm << "," << read << "\n";
+          }
+          if (batch == batches.front() && ctx == contexts.back()) {
+            const std::string name = str("S=", ctx, " B=", batch, " ", to_string(dtype));
+            auto it = std::find_if(series.begin(), series.end(), [&](const Series& x) { return x.name == name; });
+            if (it == series.end()) {
+              series.push_back({name, {}, {}});
+              it = series.end() - 1;
+            }
+            it->x.push_back(static_cast<double>(h));
+            it->y.push_back(gflops);
+          }
+        }
+      }
+    }
+  }
+  if (!o.svg.empty()) {
+    series.push_back({"sgemm ceiling", {}, {}});
+    for (std::int64_t h : heads) {
+      series.back().x.push_back(static_cast<double>(h));
+      series.back().y.push_back(gemm);
+    }
+    write_svg_chart(o.svg, str("local MLA decode attention, ", o.threads, " thread(s)"), "query heads", "GFLOP/s", series, true);
+  }
+}
+
+
+}  // namespace dcp::cli
