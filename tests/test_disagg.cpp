@@ -15,14 +15,7 @@
 namespace dcp {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 TEST(TransferPlan, EqualSizesMoveEachRanksRowsAsTheyAre) {
   for (int n = 1; n <= 5; ++n) {

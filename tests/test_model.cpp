@@ -209,14 +209,7 @@ TEST(Engine, RejectsInvalidRequests) {
 
 // ---- loading: every malformed input is a clear error ----
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 TEST_F(GeneratedCheckpoint, RoundTripsInEveryDtype) {
   const ModelConfig c = small_config(1);

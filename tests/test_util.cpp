@@ -6,6 +6,7 @@
 #include <numeric>
 #include <string>
 
+#include "dcp/error.h"
 #include "dcp/layout.h"
 
 namespace dcp::test {
@@ -65,6 +66,15 @@ Rng make_rng() {
                                          << " = " << max_rel << " (limit " << tol.max_abs << ")";
   }
   return ::testing::AssertionSuccess();
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 std::vector<Shard> stripe(const ref::FullAttentionInput& in, int dcp_size, int interleave,

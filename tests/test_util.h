@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -46,6 +48,9 @@ constexpr Tolerance kBf16Tol{1e-10, 1e-4};  // inputs are bf16-exact, so accumul
 ::testing::AssertionResult close(const std::vector<float>& actual,
                                  const std::vector<double>& expected, Tolerance tol,
                                  const char* what);
+
+// The message of the dcp::Error that f throws, or "" if it throws none.
+std::string error_of(const std::function<void()>& f);
 
 // One rank's paged shard of a set of requests, ready to hand to the kernel.
 struct Shard {
