@@ -99,7 +99,15 @@ void expect_matches_full(const Partition& p, const std::vector<float>& o, float 
   double ref_lse;
   const std::vector<double> ref = p.full(&ref_lse);
   EXPECT_TRUE(test::close(o, ref, test::kFp32Tol, "merged O"));
-  EXPECT_TRUE(test::close({lse}, {ref_lse}, {1e-12, 1e-6}, "merged LSE"));
+  // The parts' LSEs are fp32: each carries ~6e-8 x |LSE_k| of rounding, which the merged LSE
+  // inherits in absolute terms (a merged LSE near 0 can come from parts near 80).
+  double scale = 1.0;
+  for (double s : p.scores) scale = std::max(scale, std::abs(s) + std::log(static_cast<double>(p.scores.size())));
+  if (std::isinf(ref_lse)) {
+    EXPECT_EQ(lse, ref_lse);
+  } else {
+    EXPECT_NEAR(lse, ref_lse, 1e-6 * scale) << "merged LSE";
+  }
 }
 
 TEST(Merge, FlatMergeEqualsFullSoftmax) {

@@ -46,6 +46,22 @@ struct AttentionBenchOptions {
 };
 
 void bench_attention(const AttentionBenchOptions& o);
+
+struct EngineBenchOptions {
+  std::string preset = "tiny";
+  int num_layers = 2;
+  int ranks = 4;                 // TP size; DCP is 1 (TP only) or this
+  std::int64_t context = 4096;   // prompt tokens per request
+  int new_tokens = 16;
+  double kv_budget_mib = 4;      // KV bytes per rank, the same for both runs
+  std::string concurrency = "1,2,4,8,16";
+};
+struct EngineBenchRow {
+  int dcp = 1, concurrency = 0;
+  std::int64_t capacity_tokens = 0, peak_running = 0, decode_tokens = 0;
+  double tokens_per_s = 0, median_step_ms = 0, attention_ms = 0, comm_ms = 0;
+};
+std::vector<EngineBenchRow> bench_engine(const EngineBenchOptions& o);
 void bench_merge(int repeats);
 void bench_comm_rank(Communicator& c, int heads_per_rank, int tokens, int repeats);
 

@@ -74,6 +74,23 @@ void add_bench_command(CLI::App& app) {
     }
   });
 
+  auto eo = std::make_shared<EngineBenchOptions>();
+  CLI::App* en = bench->add_subcommand("engine", "Decode throughput vs concurrency at a fixed per-rank KV budget: TP only vs TP + DCP");
+  en->add_option("--preset", eo->preset, "model geometry")->capture_default_str();
+  en->add_option("--num-layers", eo->num_layers, "layers")->capture_default_str();
+  en->add_option("--ranks", eo->ranks, "TP size (ranks as threads); DCP 1 vs DCP = ranks")->capture_default_str();
+  en->add_option("--context", eo->context, "prompt tokens per request")->capture_default_str();
+  en->add_option("--new-tokens", eo->new_tokens, "tokens generated per request")->capture_default_str();
+  en->add_option("--kv-budget-mib", eo->kv_budget_mib, "KV memory per rank (MiB), the same for both")->capture_default_str();
+  en->add_option("--concurrency", eo->concurrency, "requests submitted at once")->capture_default_str();
+  en->callback([eo] {
+    std::printf("decode throughput, %s %d layers, TP %d, context %lld, %d new tokens, %.1f MiB KV per rank\n", eo->preset.c_str(),
+                eo->num_layers, eo->ranks, static_cast<long long>(eo->context), eo->new_tokens, eo->kv_budget_mib);
+    std::printf("%4s %5s %12s %8s %10s %12s %10s %9s %9s\n", "dcp", "conc", "kv tokens", "running", "tokens",
+                "tokens/s", "step ms", "attn ms", "comm ms");
+    bench_engine(*eo);
+  });
+
   auto o = std::make_shared<ExtendBenchOptions>();
   CLI::App* ext = bench->add_subcommand("extend", "Extend (prefill chunk over a cached prefix): gather vs DCP-native");
   ext->add_option("--preset", o->preset, "model geometry")->capture_default_str();
