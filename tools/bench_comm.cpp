@@ -67,8 +67,9 @@ void bench_merge(int repeats) {
     const double owned = static_cast<double>(tokens / 4);
     report(str("KV write ", tokens, " tokens (1/4 owned) ", to_string(dtype)), owned * 576 * (4 + dtype_size(dtype)),
            [&] { shard.write(1, 0, tokens, rows.data()); });
+    std::vector<float> gathered(static_cast<std::size_t>(owned) * 576);
     report(str("KV gather local rows ", to_string(dtype)), owned * 576 * (4 + dtype_size(dtype)),
-           [&] { auto v = shard.local_rows(1); (void)v; });
+           [&] { shard.local_rows(1, gathered.data()); });
   }
 }
 

@@ -99,6 +99,8 @@ class KvShard {
 
   // This rank's rows of a request, in local-row order: [local_length, width] fp32.
   std::vector<float> local_rows(RequestId request) const;
+  // The same into a caller's buffer of local_length(request) * width floats (no allocation).
+  void local_rows(RequestId request, float* out) const;
   // One local row in the pool's own dtype (geometry().row_bytes() bytes), for transfers.
   void read_local_raw(RequestId request, std::int64_t local_row, std::uint8_t* dst) const;
   void write_local_raw(RequestId request, std::int64_t local_row, const std::uint8_t* src);

@@ -70,11 +70,9 @@ std::vector<float> KvShard::local_rows(RequestId request) const {
   const std::int64_t len = allocator_.length(request);
   const int w = pool_.geometry().width();
   const int n = layout_.size();
-  const std::int64_t rows = layout_.local_length(len);
-  std::vector<float> out(static_cast<std::size_t>(rows) * w);
-  const std::vector<std::int32_t>& pages = allocator_.pages(request);
   (void)n;
-  for (std::int64_t j = 0; j < rows; ++j) pool_.read_row(physical_of_local(pages, pool_.page_size(), j), out.data() + j * w);
+  std::vector<float> out(static_cast<std::size_t>(layout_.local_length(len)) * w);
+  local_rows(request, out.data());
   return out;
 }
 
@@ -91,6 +89,13 @@ void KvShard::write_local_raw(RequestId request, std::int64_t local_row, const s
   DCP_ARG_CHECK(local_row >= 0 && local_row < rows, "local row ", local_row, " of request ", request,
                 " is outside [0, ", rows, ")");
   std::memcpy(pool_.raw_row(physical_row(request, layout_.position(local_row))), src, pool_.geometry().row_bytes());
+}
+
+void KvShard::local_rows(RequestId request, float* out) const {
+  const std::int64_t rows = layout_.local_length(allocator_.length(request));
+  const int w = pool_.geometry().width();
+  const std::vector<std::int32_t>& pages = allocator_.pages(request);
+  for (std::int64_t j = 0; j < rows; ++j) pool_.read_row(physical_of_local(pages, pool_.page_size(), j), out + j * w);
 }
 
 std::vector<float> gather_sequence(Communicator& group, const KvShard& shard, RequestId request) {
