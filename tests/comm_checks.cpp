@@ -16,12 +16,12 @@
 namespace dcp::test {
 namespace {
 
-#define EXPECT_OR_THROW(cond, ...)                                                         \
-  do {                                                                                     \
-    if (!(cond)) {                                                                         \
-      throw Error(ErrorCategory::internal,                                                 \
+#define EXPECT_OR_THROW(cond, ...)                                                               \
+  do {                                                                                           \
+    if (!(cond)) {                                                                               \
+      throw Error(ErrorCategory::internal,                                                       \
                   str("check failed: " #cond " (", __FILE__, ":", __LINE__, ") ", __VA_ARGS__)); \
-    }                                                                                      \
+    }                                                                                            \
   } while (0)
 
 // A byte that depends on who sent it, to whom, and where: catches misplaced chunks.
@@ -40,12 +40,13 @@ template <typename T>
 void check_all_reduce_type(Communicator& comm, ScalarType type, std::size_t count) {
   const int n = comm.size(), r = comm.rank();
   std::vector<T> send(count), recv(count);
-  for (std::size_t i = 0; i < count; ++i) send[i] = static_cast<T>((r + 1) * 3 + static_cast<int>(i % 13));
+  for (std::size_t i = 0; i < count; ++i)
+    send[i] = static_cast<T>((r + 1) * 3 + static_cast<int>(i % 13));
   for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::min}) {
     comm.all_reduce(send.data(), recv.data(), count, type, op);
     for (std::size_t i = 0; i < count; ++i) {
       const int base = static_cast<int>(i % 13);
-      const T expect = op == ReduceOp::sum ? static_cast<T>(3 * n * (n + 1) / 2 + n * base)
+      const T expect = op == ReduceOp::sum   ? static_cast<T>(3 * n * (n + 1) / 2 + n * base)
                        : op == ReduceOp::max ? static_cast<T>(n * 3 + base)
                                              : static_cast<T>(3 + base);
       EXPECT_OR_THROW(recv[i] == expect, "all_reduce op ", static_cast<int>(op), " element ", i);
@@ -54,8 +55,9 @@ void check_all_reduce_type(Communicator& comm, ScalarType type, std::size_t coun
   std::vector<T> inplace = send;  // in place: send == recv
   comm.all_reduce(inplace.data(), inplace.data(), count, type, ReduceOp::sum);
   for (std::size_t i = 0; i < count; ++i) {
-    EXPECT_OR_THROW(inplace[i] == static_cast<T>(3 * n * (n + 1) / 2 + n * static_cast<int>(i % 13)),
-                    "in-place all_reduce element ", i);
+    EXPECT_OR_THROW(
+        inplace[i] == static_cast<T>(3 * n * (n + 1) / 2 + n * static_cast<int>(i % 13)),
+        "in-place all_reduce element ", i);
   }
 }
 
@@ -70,7 +72,8 @@ void check_collectives(Communicator& comm, std::size_t max_bytes) {
     comm.all_gather(send.data(), recv.data(), bytes);
     for (int j = 0; j < n; ++j) {
       for (std::size_t i = 0; i < bytes; ++i) {
-        EXPECT_OR_THROW(recv[j * bytes + i] == pattern(j, 0, i), "all_gather bytes ", bytes, " from ", j, " at ", i);
+        EXPECT_OR_THROW(recv[j * bytes + i] == pattern(j, 0, i), "all_gather bytes ", bytes,
+                        " from ", j, " at ", i);
       }
     }
     std::vector<std::uint8_t> inplace(bytes * n, 0xee);
@@ -86,7 +89,8 @@ void check_collectives(Communicator& comm, std::size_t max_bytes) {
     comm.all_to_all(a2a_send.data(), a2a_recv.data(), bytes);
     for (int j = 0; j < n; ++j) {
       for (std::size_t i = 0; i < bytes; ++i) {
-        EXPECT_OR_THROW(a2a_recv[j * bytes + i] == pattern(j, r, i), "all_to_all bytes ", bytes, " from ", j);
+        EXPECT_OR_THROW(a2a_recv[j * bytes + i] == pattern(j, r, i), "all_to_all bytes ", bytes,
+                        " from ", j);
       }
     }
 
@@ -104,15 +108,19 @@ void check_collectives(Communicator& comm, std::size_t max_bytes) {
     const std::size_t count = bytes / 4;
     std::vector<float> rs_send(count * n), rs_recv(count, -1.0f);
     for (int j = 0; j < n; ++j) {
-      for (std::size_t k = 0; k < count; ++k) rs_send[j * count + k] = static_cast<float>(r * 100 + j * 10 + static_cast<int>(k % 9));
+      for (std::size_t k = 0; k < count; ++k)
+        rs_send[j * count + k] = static_cast<float>(r * 100 + j * 10 + static_cast<int>(k % 9));
     }
     comm.reduce_scatter(rs_send.data(), rs_recv.data(), count, ScalarType::f32, ReduceOp::sum);
     for (std::size_t k = 0; k < count; ++k) {
-      const float expect = static_cast<float>(100 * n * (n - 1) / 2 + n * (r * 10 + static_cast<int>(k % 9)));
-      EXPECT_OR_THROW(rs_recv[k] == expect, "reduce_scatter element ", k, ": ", rs_recv[k], " vs ", expect);
+      const float expect =
+          static_cast<float>(100 * n * (n - 1) / 2 + n * (r * 10 + static_cast<int>(k % 9)));
+      EXPECT_OR_THROW(rs_recv[k] == expect, "reduce_scatter element ", k, ": ", rs_recv[k], " vs ",
+                      expect);
     }
 
-    // point to point: a ring with two tags; ordered so that blocking (rendezvous) sends cannot deadlock.
+    // point to point: a ring with two tags; ordered so that blocking (rendezvous) sends cannot
+    // deadlock.
     if (n > 1) {
       const int next = (r + 1) % n, prev = (r + n - 1) % n;
       std::vector<std::uint8_t> m1(bytes), m2(bytes), got1(bytes), got2(bytes);
@@ -132,7 +140,8 @@ void check_collectives(Communicator& comm, std::size_t max_bytes) {
         comm.send(m2.data(), bytes, next, 2);
       }
       for (std::size_t i = 0; i < bytes; ++i) {
-        EXPECT_OR_THROW(got1[i] == pattern(prev, r, i) && got2[i] == pattern(prev, r, i + 1), "send/recv bytes ", bytes);
+        EXPECT_OR_THROW(got1[i] == pattern(prev, r, i) && got2[i] == pattern(prev, r, i + 1),
+                        "send/recv bytes ", bytes);
       }
     }
   }
@@ -183,7 +192,8 @@ void check_byte_accounting(Communicator& comm) {
   EXPECT_OR_THROW(d[Collective::all_to_all].bytes_sent == peers * 256, "all_to_all bytes");
   EXPECT_OR_THROW(d[Collective::reduce_scatter].bytes_sent == peers * 256, "reduce_scatter bytes");
   EXPECT_OR_THROW(d[Collective::all_reduce].bytes_sent == 2 * peers * 256, "all_reduce bytes");
-  EXPECT_OR_THROW(d[Collective::broadcast].bytes_sent == (comm.rank() == 0 ? peers * 100 : 0), "broadcast bytes");
+  EXPECT_OR_THROW(d[Collective::broadcast].bytes_sent == (comm.rank() == 0 ? peers * 100 : 0),
+                  "broadcast bytes");
   EXPECT_OR_THROW(d.total_calls() == 5, "calls ", d.total_calls());
 }
 
@@ -237,7 +247,8 @@ void check_step_once(Communicator& comm, Rng& rng, CombineBackend backend, bool 
   std::vector<float> out(static_cast<std::size_t>(tokens) * h_loc * dc, std::nanf("")),
       lse(static_cast<std::size_t>(tokens) * h_loc, std::nanf(""));
   const CommStats before = comm.stats();
-  step.forward(q_mine.data(), shard, in.sinks.empty() ? nullptr : in.sinks.data(), out.data(), lse.data());
+  step.forward(q_mine.data(), shard, in.sinks.empty() ? nullptr : in.sinks.data(), out.data(),
+               lse.data());
   const CommStats d = comm.stats() - before;
 
   // Expected: full attention, this rank's head block.
@@ -251,8 +262,9 @@ void check_step_once(Communicator& comm, Rng& rng, CombineBackend backend, bool 
       expect_l.push_back(full.lse[row]);
     }
   }
-  const std::string what = str("N=", n, " rank ", r, " ", to_string(backend), replicated ? " replicated-q" : " gathered-q",
-                               " mask ", static_cast<int>(mask), " tokens ", tokens);
+  const std::string what = str("N=", n, " rank ", r, " ", to_string(backend),
+                               replicated ? " replicated-q" : " gathered-q", " mask ",
+                               static_cast<int>(mask), " tokens ", tokens);
   const auto o_ok = close(out, expect_o, kFp32Tol, "O");
   EXPECT_OR_THROW(o_ok, what, ": ", o_ok.message());
   const auto l_ok = close(lse, expect_l, {1e-12, 1e-5}, "LSE");
@@ -260,11 +272,14 @@ void check_step_once(Communicator& comm, Rng& rng, CombineBackend backend, bool 
 
   // Traffic: the formula, and one collective for a2a with replicated Q.
   const DcpAttentionOptions opts{backend, replicated, h_loc};
-  EXPECT_OR_THROW(d.total_bytes() == DcpAttention::expected_bytes_sent(opts, n, tokens, dc, in.rope_dim),
-                  what, ": bytes ", d.total_bytes(), " vs formula ",
-                  DcpAttention::expected_bytes_sent(opts, n, tokens, dc, in.rope_dim));
-  const std::uint64_t expect_calls = n == 1 ? 0 : (replicated ? 0 : 1) + (backend == CombineBackend::ag_rs ? 2 : 1);
-  EXPECT_OR_THROW(d.total_calls() == expect_calls, what, ": ", d.total_calls(), " collectives, expected ", expect_calls);
+  EXPECT_OR_THROW(
+      d.total_bytes() == DcpAttention::expected_bytes_sent(opts, n, tokens, dc, in.rope_dim), what,
+      ": bytes ", d.total_bytes(), " vs formula ",
+      DcpAttention::expected_bytes_sent(opts, n, tokens, dc, in.rope_dim));
+  const std::uint64_t expect_calls =
+      n == 1 ? 0 : (replicated ? 0 : 1) + (backend == CombineBackend::ag_rs ? 2 : 1);
+  EXPECT_OR_THROW(d.total_calls() == expect_calls, what, ": ", d.total_calls(),
+                  " collectives, expected ", expect_calls);
 }
 
 }  // namespace

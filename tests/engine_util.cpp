@@ -5,7 +5,8 @@
 
 namespace dcp::test {
 
-EngineRun run_engine_phases(const ModelConfig& config, const WeightSource& weights, const EngineSetup& s,
+EngineRun run_engine_phases(const ModelConfig& config, const WeightSource& weights,
+                            const EngineSetup& s,
                             const std::vector<std::vector<RequestSpec>>& phases) {
   EngineRun out;
   set_blas_threads(1);
@@ -25,7 +26,8 @@ EngineRun run_engine_phases(const ModelConfig& config, const WeightSource& weigh
       solo_dcp = world.split(world.rank(), 0);
       ModelOptions dmo = mo;
       dmo.replicate_q_proj = false;
-      draft = std::make_unique<MlaModel>(*s.draft_config, *s.draft_weights, *solo_tp, *solo_dcp, dmo);
+      draft =
+          std::make_unique<MlaModel>(*s.draft_config, *s.draft_weights, *solo_tp, *solo_dcp, dmo);
     }
     EngineOptions eo;
     eo.chunked_prefill_size = s.chunk;
@@ -61,7 +63,8 @@ EngineRun run_engine_phases(const ModelConfig& config, const WeightSource& weigh
   return out;
 }
 
-RequestSpec request(RequestId id, std::vector<std::int32_t> prompt, int max_new, std::vector<std::int32_t> forced) {
+RequestSpec request(RequestId id, std::vector<std::int32_t> prompt, int max_new,
+                    std::vector<std::int32_t> forced) {
   RequestSpec r;
   r.id = id;
   r.prompt = std::move(prompt);

@@ -39,14 +39,16 @@ struct EngineRun {
 // Runs `phases` of requests on `tp` thread ranks: each phase is submitted once the previous one
 // finished (a later phase may continue an earlier request). Returns rank 0's results; every rank
 // checks it produced the same tokens (ranks run in lockstep).
-EngineRun run_engine_phases(const ModelConfig& config, const WeightSource& weights, const EngineSetup& s,
+EngineRun run_engine_phases(const ModelConfig& config, const WeightSource& weights,
+                            const EngineSetup& s,
                             const std::vector<std::vector<RequestSpec>>& phases);
-inline EngineRun run_engine(const ModelConfig& config, const WeightSource& weights, const EngineSetup& s,
-                            const std::vector<RequestSpec>& requests) {
+inline EngineRun run_engine(const ModelConfig& config, const WeightSource& weights,
+                            const EngineSetup& s, const std::vector<RequestSpec>& requests) {
   return run_engine_phases(config, weights, s, {requests});
 }
 
-RequestSpec request(RequestId id, std::vector<std::int32_t> prompt, int max_new, std::vector<std::int32_t> forced = {});
+RequestSpec request(RequestId id, std::vector<std::int32_t> prompt, int max_new,
+                    std::vector<std::int32_t> forced = {});
 std::vector<std::int32_t> random_tokens(Rng& rng, int n, int vocab);
 
 }  // namespace dcp::test

@@ -12,7 +12,8 @@ using Vec = std::vector<double>;
 struct Mat {
   std::int64_t rows = 0, cols = 0;
   Vec v;
-  Mat(const WeightSource& w, const std::string& name, std::int64_t r, std::int64_t c) : rows(r), cols(c) {
+  Mat(const WeightSource& w, const std::string& name, std::int64_t r, std::int64_t c)
+      : rows(r), cols(c) {
     const std::vector<float> f = w.load(name, {r, c});
     v.assign(f.begin(), f.end());
   }
@@ -28,7 +29,9 @@ struct Mat {
 };
 
 // DeepSeek's YaRN magnitude factor, written out here rather than taken from dcp.
-double yarn_mscale(double scale, double mscale) { return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0; }
+double yarn_mscale(double scale, double mscale) {
+  return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+}
 
 // 1/sqrt(q_head_dim), times mscale(factor, mscale_all_dim)^2 under YaRN (DeepSeek's attention).
 double naive_softmax_scale(const ModelConfig& c) {
@@ -63,7 +66,8 @@ Vec rope(const Vec& x, std::int64_t pos, const ModelConfig& c) {
   if (c.rope_scaling && c.rope_scaling->factor > 1) {
     const RopeScaling& s = *c.rope_scaling;
     const auto corr = [&](double rot) {
-      return d * std::log(s.original_max_position_embeddings / (rot * 2 * std::numbers::pi)) / (2 * std::log(c.rope_theta));
+      return d * std::log(s.original_max_position_embeddings / (rot * 2 * std::numbers::pi)) /
+             (2 * std::log(c.rope_theta));
     };
     const double low = std::max(0.0, std::floor(corr(s.beta_fast)));
     double high = std::min<double>(d - 1, std::ceil(corr(s.beta_slow)));
@@ -90,12 +94,16 @@ Vec rope(const Vec& x, std::int64_t pos, const ModelConfig& c) {
 
 }  // namespace
 
-std::vector<double> naive_logits(const ModelConfig& c, const WeightSource& w, const std::vector<std::int32_t>& tokens) {
-  const std::int64_t L = static_cast<std::int64_t>(tokens.size()), hidden = c.hidden_size, H = c.num_attention_heads;
-  const int nope = c.qk_nope_head_dim, rp = c.qk_rope_head_dim, vd = c.v_head_dim, qhd = c.q_head_dim();
+std::vector<double> naive_logits(const ModelConfig& c, const WeightSource& w,
+                                 const std::vector<std::int32_t>& tokens) {
+  const std::int64_t L = static_cast<std::int64_t>(tokens.size()), hidden = c.hidden_size,
+                     H = c.num_attention_heads;
+  const int nope = c.qk_nope_head_dim, rp = c.qk_rope_head_dim, vd = c.v_head_dim,
+            qhd = c.q_head_dim();
   const Mat embed(w, "model.embed_tokens.weight", c.vocab_size, hidden);
   std::vector<Vec> x(static_cast<std::size_t>(L));
-  for (std::int64_t t = 0; t < L; ++t) x[t] = Vec(embed.v.begin() + tokens[t] * hidden, embed.v.begin() + (tokens[t] + 1) * hidden);
+  for (std::int64_t t = 0; t < L; ++t)
+    x[t] = Vec(embed.v.begin() + tokens[t] * hidden, embed.v.begin() + (tokens[t] + 1) * hidden);
   for (int layer = 0; layer < c.num_hidden_layers; ++layer) {
     const std::string p = "model.layers." + std::to_string(layer) + ".";
     const Vec in_norm = load_vec(w, p + "input_layernorm.weight", hidden);
@@ -105,7 +113,9 @@ std::vector<double> naive_logits(const ModelConfig& c, const WeightSource& w, co
     const Mat kv_b(w, p + "self_attn.kv_b_proj.weight", H * (nope + vd), c.kv_lora_rank);
     const Mat o_proj(w, p + "self_attn.o_proj.weight", hidden, H * vd);
     const std::int64_t q_in = c.q_lora_rank ? *c.q_lora_rank : hidden;
-    const Mat q_proj(w, p + (c.q_lora_rank ? "self_attn.q_b_proj.weight" : "self_attn.q_proj.weight"), H * qhd, q_in);
+    const Mat q_proj(w,
+                     p + (c.q_lora_rank ? "self_attn.q_b_proj.weight" : "self_attn.q_proj.weight"),
+                     H * qhd, q_in);
     std::vector<Mat> q_a;  // q_lora models only
     Vec q_a_norm;
     if (c.q_lora_rank) {
@@ -116,7 +126,8 @@ std::vector<double> naive_logits(const ModelConfig& c, const WeightSource& w, co
     std::vector<Vec> q(L), k(L), v(L), xn(L);
     for (std::int64_t t = 0; t < L; ++t) {
       xn[t] = rms_norm(x[t], in_norm, c.rms_norm_eps);
-      q[t] = c.q_lora_rank ? q_proj.apply(rms_norm(q_a[0].apply(xn[t]), q_a_norm, 1e-6)) : q_proj.apply(xn[t]);
+      q[t] = c.q_lora_rank ? q_proj.apply(rms_norm(q_a[0].apply(xn[t]), q_a_norm, 1e-6))
+                           : q_proj.apply(xn[t]);
       const Vec kva = kv_a.apply(xn[t]);
       const Vec ckv = rms_norm(Vec(kva.begin(), kva.begin() + c.kv_lora_rank), kv_a_norm, 1e-6);
       const Vec k_pe = rope(Vec(kva.begin() + c.kv_lora_rank, kva.end()), t, c);
@@ -125,15 +136,18 @@ std::vector<double> naive_logits(const ModelConfig& c, const WeightSource& w, co
       v[t].resize(static_cast<std::size_t>(H * vd));
       for (std::int64_t h = 0; h < H; ++h) {
         for (int i = 0; i < nope; ++i) k[t][h * (nope + rp) + i] = kvb[h * (nope + vd) + i];
-        for (int i = 0; i < rp; ++i) k[t][h * (nope + rp) + nope + i] = k_pe[i];  // shared by all heads
+        for (int i = 0; i < rp; ++i)
+          k[t][h * (nope + rp) + nope + i] = k_pe[i];  // shared by all heads
         for (int i = 0; i < vd; ++i) v[t][h * vd + i] = kvb[h * (nope + vd) + nope + i];
-        const Vec q_pe = rope(Vec(q[t].begin() + h * qhd + nope, q[t].begin() + (h + 1) * qhd), t, c);
+        const Vec q_pe =
+            rope(Vec(q[t].begin() + h * qhd + nope, q[t].begin() + (h + 1) * qhd), t, c);
         for (int i = 0; i < rp; ++i) q[t][h * qhd + nope + i] = q_pe[i];
       }
     }
     const double scale = naive_softmax_scale(c);
     std::vector<Mat> gate_proj;
-    if (c.attn_output_gate) gate_proj.emplace_back(w, p + "self_attn.g_proj.weight", H * vd, hidden);
+    if (c.attn_output_gate)
+      gate_proj.emplace_back(w, p + "self_attn.g_proj.weight", H * vd, hidden);
     for (std::int64_t t = 0; t < L; ++t) {
       Vec attn(static_cast<std::size_t>(H * vd), 0.0);
       for (std::int64_t h = 0; h < H; ++h) {

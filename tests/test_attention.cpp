@@ -32,8 +32,9 @@ const char* name(Variant v) {
   }
   return "?";
 }
-constexpr Variant kVariants[] = {Variant::causal, Variant::window, Variant::sinks, Variant::softcap,
-                                 Variant::topk, Variant::non_causal, Variant::everything};
+constexpr Variant kVariants[] = {Variant::causal,    Variant::window, Variant::sinks,
+                                 Variant::softcap,   Variant::topk,   Variant::non_causal,
+                                 Variant::everything};
 
 void apply_variant(Variant v, ref::FullAttentionInput& in, test::Rng& rng) {
   in.causal = v != Variant::non_causal;
@@ -69,7 +70,9 @@ test::ContextSpec random_spec(test::Rng& rng, int dcp_size, int max_len) {
   for (int b = 0; b < requests; ++b) {
     // Mix empty contexts, contexts shorter than N and long ones.
     const int kind = static_cast<int>(rng.range(0, 5));
-    const std::int64_t len = kind == 0 ? 0 : kind == 1 ? rng.range(1, dcp_size) : rng.range(1, max_len);
+    const std::int64_t len = kind == 0   ? 0
+                             : kind == 1 ? rng.range(1, dcp_size)
+                                         : rng.range(1, max_len);
     spec.lengths.push_back(len);
     spec.q_lens.push_back(static_cast<int>(rng.range(1, 4)));
   }
@@ -80,7 +83,8 @@ struct RankOutput {
   std::vector<float> out, lse;
 };
 
-RankOutput run_rank(const MlaAttentionParams& p, KernelPath kernel = KernelPath::automatic, int threads = 1) {
+RankOutput run_rank(const MlaAttentionParams& p, KernelPath kernel = KernelPath::automatic,
+                    int threads = 1) {
   const std::int64_t tokens = num_query_tokens(p);
   RankOutput r;
   // Poisoned: the kernel must write every element.
@@ -98,35 +102,36 @@ RankOutput run_rank(const MlaAttentionParams& p, KernelPath kernel = KernelPath:
 TEST(Attention, KernelMatchesLocalReference) {
   auto rng = test::make_rng();
   for (KernelPath kernel : available_kernel_paths()) {
-  for (int threads : {1, 3}) {
-  for (KvDtype dtype : {KvDtype::fp32, KvDtype::bf16}) {
-    for (Variant v : kVariants) {
-      for (int n : {1, 3, 4}) {
-        const auto spec = random_spec(rng, n, 200);
-        auto in = test::random_context(spec, dtype, rng);
-        apply_variant(v, in, rng);
-        const int page = static_cast<int>(rng.range(1, 20));
-        const auto shards = test::stripe(in, n, 1, page, dtype, rng);
-        for (int r = 0; r < n; ++r) {
-          MlaAttentionParams p = test::shard_params(in, shards[r], dtype, page, n, r, 1);
-          RankOutput got = run_rank(p, kernel, threads);
-          p.out = nullptr;
-          p.lse = nullptr;
-          MlaAttentionParams pr = p;
-          std::vector<float> dummy_out(got.out.size()), dummy_lse(got.lse.size());
-          pr.out = dummy_out.data();
-          pr.lse = dummy_lse.data();
-          const ref::AttentionResult expect = ref::mla_attention_local(pr);
-          const std::string what = std::string(to_string(kernel)) + " threads " + std::to_string(threads) + " " +
-                                   name(v) + " " + std::string(to_string(dtype)) + " N=" + std::to_string(n) +
-                                   " r=" + std::to_string(r);
-          ASSERT_TRUE(test::close(got.out, expect.out, test::kFp32Tol, (what + " O").c_str()));
-          ASSERT_TRUE(test::close(got.lse, expect.lse, {1e-12, 1e-5}, (what + " LSE").c_str()));
+    for (int threads : {1, 3}) {
+      for (KvDtype dtype : {KvDtype::fp32, KvDtype::bf16}) {
+        for (Variant v : kVariants) {
+          for (int n : {1, 3, 4}) {
+            const auto spec = random_spec(rng, n, 200);
+            auto in = test::random_context(spec, dtype, rng);
+            apply_variant(v, in, rng);
+            const int page = static_cast<int>(rng.range(1, 20));
+            const auto shards = test::stripe(in, n, 1, page, dtype, rng);
+            for (int r = 0; r < n; ++r) {
+              MlaAttentionParams p = test::shard_params(in, shards[r], dtype, page, n, r, 1);
+              RankOutput got = run_rank(p, kernel, threads);
+              p.out = nullptr;
+              p.lse = nullptr;
+              MlaAttentionParams pr = p;
+              std::vector<float> dummy_out(got.out.size()), dummy_lse(got.lse.size());
+              pr.out = dummy_out.data();
+              pr.lse = dummy_lse.data();
+              const ref::AttentionResult expect = ref::mla_attention_local(pr);
+              const std::string what = std::string(to_string(kernel)) + " threads " +
+                                       std::to_string(threads) + " " + name(v) + " " +
+                                       std::string(to_string(dtype)) + " N=" + std::to_string(n) +
+                                       " r=" + std::to_string(r);
+              ASSERT_TRUE(test::close(got.out, expect.out, test::kFp32Tol, (what + " O").c_str()));
+              ASSERT_TRUE(test::close(got.lse, expect.lse, {1e-12, 1e-5}, (what + " LSE").c_str()));
+            }
+          }
         }
       }
     }
-  }
-  }
   }
 }
 
@@ -145,7 +150,8 @@ TEST(Attention, EveryKernelPathWithSplitKvOnLongContexts) {
     apply_variant(Variant::sinks, in, rng);
     const auto shards = test::stripe(in, 2, 1, 64, dtype, rng);
     MlaAttentionParams p = test::shard_params(in, shards[1], dtype, 64, 2, 1, 1);
-    std::vector<float> o(static_cast<std::size_t>(3) * spec.heads * 512), l(static_cast<std::size_t>(3) * spec.heads);
+    std::vector<float> o(static_cast<std::size_t>(3) * spec.heads * 512),
+        l(static_cast<std::size_t>(3) * spec.heads);
     MlaAttentionParams pr = p;
     pr.out = o.data();
     pr.lse = l.data();
@@ -153,8 +159,8 @@ TEST(Attention, EveryKernelPathWithSplitKvOnLongContexts) {
     for (KernelPath kernel : available_kernel_paths()) {
       for (int threads : {1, 4}) {
         const RankOutput got = run_rank(p, kernel, threads);
-        const std::string what = std::string(to_string(kernel)) + " threads " + std::to_string(threads) + " " +
-                                 std::string(to_string(dtype));
+        const std::string what = std::string(to_string(kernel)) + " threads " +
+                                 std::to_string(threads) + " " + std::string(to_string(dtype));
         EXPECT_TRUE(test::close(got.out, expect.out, test::kFp32Tol, (what + " O").c_str()));
         EXPECT_TRUE(test::close(got.lse, expect.lse, {1e-12, 1e-5}, (what + " LSE").c_str()));
       }
@@ -180,7 +186,8 @@ void check_striped_equals_full(test::Rng& rng, KvDtype dtype, Variant v, int n, 
   const std::int64_t tokens = in.q_start.back();
   const std::int64_t rows = tokens * in.num_heads;
   const int dc = in.kv_lora_rank;
-  std::vector<float> o_parts(static_cast<std::size_t>(n) * rows * dc), lse_parts(static_cast<std::size_t>(n) * rows);
+  std::vector<float> o_parts(static_cast<std::size_t>(n) * rows * dc),
+      lse_parts(static_cast<std::size_t>(n) * rows);
   for (int r = 0; r < n; ++r) {
     MlaAttentionParams p = test::shard_params(in, shards[r], dtype, page, n, r, interleave);
     if (r != 0) p.sinks = nullptr;
@@ -188,11 +195,13 @@ void check_striped_equals_full(test::Rng& rng, KvDtype dtype, Variant v, int n, 
     std::copy(got.out.begin(), got.out.end(), o_parts.begin() + r * rows * dc);
     std::copy(got.lse.begin(), got.lse.end(), lse_parts.begin() + r * rows);
   }
-  std::vector<float> out(static_cast<std::size_t>(rows) * dc, std::nanf("")), lse(rows, std::nanf(""));
-  merge_attention_states(o_parts.data(), lse_parts.data(), n, rows, dc, LseBase::e, out.data(), lse.data());
+  std::vector<float> out(static_cast<std::size_t>(rows) * dc, std::nanf("")),
+      lse(rows, std::nanf(""));
+  merge_attention_states(o_parts.data(), lse_parts.data(), n, rows, dc, LseBase::e, out.data(),
+                         lse.data());
   const ref::AttentionResult expect = ref::full_attention(in);
-  const std::string what = std::string(name(v)) + " " + std::string(to_string(dtype)) + " N=" +
-                           std::to_string(n) + " I=" + std::to_string(interleave) +
+  const std::string what = std::string(name(v)) + " " + std::string(to_string(dtype)) +
+                           " N=" + std::to_string(n) + " I=" + std::to_string(interleave) +
                            " P=" + std::to_string(page);
   const test::Tolerance tol = dtype == KvDtype::fp32 ? test::kFp32Tol : test::kBf16Tol;
   EXPECT_TRUE(test::close(out, expect.out, tol, (what + " O").c_str()));
@@ -216,7 +225,8 @@ TEST(Attention, StripedWithInterleave) {
   for (int interleave : {2, 16}) {
     for (int n : {2, 3, 4}) {
       for (Variant v : {Variant::causal, Variant::window, Variant::topk}) {
-        check_striped_equals_full(rng, KvDtype::fp32, v, n, interleave, 16, random_spec(rng, n, 300));
+        check_striped_equals_full(rng, KvDtype::fp32, v, n, interleave, 16,
+                                  random_spec(rng, n, 300));
       }
     }
   }
@@ -279,7 +289,8 @@ TEST(Attention, SinkAddedAtMergeEqualsSinkInKernel) {
     lse_parts.insert(lse_parts.end(), got.lse.begin(), got.lse.end());
   }
   std::vector<float> out(static_cast<std::size_t>(rows) * dc), lse(rows);
-  merge_attention_states(o_parts.data(), lse_parts.data(), n, rows, dc, LseBase::e, out.data(), lse.data());
+  merge_attention_states(o_parts.data(), lse_parts.data(), n, rows, dc, LseBase::e, out.data(),
+                         lse.data());
   std::vector<float> sink_rows(rows);
   for (std::int64_t i = 0; i < rows; ++i) sink_rows[i] = in.sinks[i % in.num_heads];
   merge_sink(out.data(), lse.data(), sink_rows.data(), rows, dc);
@@ -321,7 +332,9 @@ class AttentionValidation : public ::testing::Test {
   std::vector<float> out_, lse_;
 };
 
-TEST_F(AttentionValidation, AcceptsTheBaseline) { EXPECT_NO_THROW(mla_attention(params_)); }
+TEST_F(AttentionValidation, AcceptsTheBaseline) {
+  EXPECT_NO_THROW(mla_attention(params_));
+}
 
 TEST_F(AttentionValidation, RejectsPageOutsidePool) {
   std::vector<std::int32_t> table = shards_[1].page_table;

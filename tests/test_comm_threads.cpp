@@ -62,10 +62,13 @@ TEST(CommThreads, MissingRankTimesOutWithItsName) {
   ThreadsOptions opt;
   opt.timeout = std::chrono::milliseconds(200);
   try {
-    run_threads(3, [](Communicator& c) {
-      if (c.rank() == 1) return;  // leaves without joining the collective
-      c.barrier();
-    }, opt);
+    run_threads(
+        3,
+        [](Communicator& c) {
+          if (c.rank() == 1) return;  // leaves without joining the collective
+          c.barrier();
+        },
+        opt);
     FAIL() << "expected a timeout";
   } catch (const Error& e) {
     EXPECT_EQ(e.category(), ErrorCategory::comm);
@@ -75,19 +78,27 @@ TEST(CommThreads, MissingRankTimesOutWithItsName) {
 }
 
 TEST(CommThreads, RecvOfWrongSizeAndBadPeersAreErrors) {
-  EXPECT_THROW(run_threads(2, [](Communicator& c) {
-    std::vector<char> buf(8);
-    if (c.rank() == 0) c.send(buf.data(), 4, 1, 0);
-    else c.recv(buf.data(), 8, 0, 0);
-  }), Error);
-  EXPECT_THROW(run_threads(2, [](Communicator& c) {
-    char x = 0;
-    c.send(&x, 1, c.rank(), 0);
-  }), Error);
-  EXPECT_THROW(run_threads(2, [](Communicator& c) {
-    char x = 0;
-    c.broadcast(&x, 1, 5);
-  }), Error);
+  EXPECT_THROW(run_threads(2,
+                           [](Communicator& c) {
+                             std::vector<char> buf(8);
+                             if (c.rank() == 0)
+                               c.send(buf.data(), 4, 1, 0);
+                             else
+                               c.recv(buf.data(), 8, 0, 0);
+                           }),
+               Error);
+  EXPECT_THROW(run_threads(2,
+                           [](Communicator& c) {
+                             char x = 0;
+                             c.send(&x, 1, c.rank(), 0);
+                           }),
+               Error);
+  EXPECT_THROW(run_threads(2,
+                           [](Communicator& c) {
+                             char x = 0;
+                             c.broadcast(&x, 1, 5);
+                           }),
+               Error);
   EXPECT_THROW(run_threads(0, [](Communicator&) {}), Error);
 }
 

@@ -21,7 +21,8 @@ TEST(TransferPlan, EqualSizesMoveEachRanksRowsAsTheyAre) {
   for (int n = 1; n <= 5; ++n) {
     for (std::int64_t tokens = 0; tokens <= 150; ++tokens) {
       for (int r = 0; r < n; ++r) {
-        const TransferPlan p = make_transfer_plan({n, 16, KvDtype::bf16}, {n, 16, KvDtype::bf16}, r, tokens);
+        const TransferPlan p =
+            make_transfer_plan({n, 16, KvDtype::bf16}, {n, 16, KvDtype::bf16}, r, tokens);
         ASSERT_TRUE(p.page_path);
         ASSERT_EQ(p.src_dcp_rank, r);
         ASSERT_EQ(p.src_first, 0);
@@ -38,9 +39,11 @@ TEST(TransferPlan, DcpOneToNRelayoutsTokens) {
   for (int n = 1; n <= 6; ++n) {
     for (std::int64_t tokens : {0, 1, 5, 63, 64, 65, 200}) {
       for (int r = 0; r < n; ++r) {
-        const TransferPlan p = make_transfer_plan({1, 8, KvDtype::fp32}, {n, 8, KvDtype::fp32}, r, tokens);
+        const TransferPlan p =
+            make_transfer_plan({1, 8, KvDtype::fp32}, {n, 8, KvDtype::fp32}, r, tokens);
         ASSERT_EQ(p.src_dcp_rank, 0);
-        // Decode local row j must receive position r + j*N: exactly the positions it owns, in order.
+        // Decode local row j must receive position r + j*N: exactly the positions it owns, in
+        // order.
         std::vector<std::int64_t> expect;
         for (std::int64_t q = 0; q < tokens; ++q) {
           if (layout::owner(q, n) == r) expect.push_back(q);
@@ -58,12 +61,21 @@ TEST(TransferPlan, DcpOneToNRelayoutsTokens) {
 TEST(TransferPlan, RejectedPairsNameBothSizes) {
   const std::pair<int, int> bad[] = {{2, 4}, {4, 2}, {4, 1}, {3, 6}};
   for (auto [a, b] : bad) {
-    const std::string why = error_of([&] { make_transfer_plan({a, 16, KvDtype::bf16}, {b, 16, KvDtype::bf16}, 0, 10); });
-    EXPECT_NE(why.find("prefill DCP size " + std::to_string(a) + " -> decode DCP size " + std::to_string(b)), std::string::npos) << why;
+    const std::string why = error_of([&] {
+      make_transfer_plan({a, 16, KvDtype::bf16}, {b, 16, KvDtype::bf16}, 0, 10);
+    });
+    EXPECT_NE(why.find("prefill DCP size " + std::to_string(a) + " -> decode DCP size " +
+                       std::to_string(b)),
+              std::string::npos)
+        << why;
   }
-  EXPECT_NE(error_of([&] { make_transfer_plan({2, 16, KvDtype::bf16}, {2, 64, KvDtype::bf16}, 0, 10); }).find("page sizes differ"),
+  EXPECT_NE(error_of([&] {
+              make_transfer_plan({2, 16, KvDtype::bf16}, {2, 64, KvDtype::bf16}, 0, 10);
+            }).find("page sizes differ"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { make_transfer_plan({1, 16, KvDtype::fp32}, {2, 16, KvDtype::bf16}, 0, 10); }).find("KV dtypes differ"),
+  EXPECT_NE(error_of([&] {
+              make_transfer_plan({1, 16, KvDtype::fp32}, {2, 16, KvDtype::bf16}, 0, 10);
+            }).find("KV dtypes differ"),
             std::string::npos);
 }
 
@@ -73,7 +85,8 @@ struct DisaggCase {
 
 // Runs disaggregated on threads and returns the decode side's results (first decode rank).
 DisaggOutcome run_disagg(const ModelConfig& c, const WeightSource& w, const DisaggCase& k,
-                         const std::vector<RequestSpec>& reqs, const TransportOptions& transport = {}) {
+                         const std::vector<RequestSpec>& reqs,
+                         const TransportOptions& transport = {}) {
   DisaggOutcome outcome;
   set_blas_threads(1);
   run_threads(k.prefill_dcp + k.decode_tp, [&](Communicator& world) {
@@ -103,8 +116,10 @@ TEST(Disaggregation, DecodeAfterTransferEqualsMonolithic) {
   const auto w = make_synthetic_weights(51);
   std::vector<RequestSpec> reqs;
   const int lengths[] = {1, 7, 67, 130};  // not multiples of the page size or N
-  for (int i = 0; i < 4; ++i) reqs.push_back(test::request(i, test::random_tokens(rng, lengths[i], c.vocab_size), 5));
-  const DisaggCase cases[] = {{1, 4, 4, 1}, {1, 4, 4, 64}, {1, 2, 2, 16}, {2, 2, 2, 64}, {4, 4, 4, 1}, {2, 4, 2, 16}};
+  for (int i = 0; i < 4; ++i)
+    reqs.push_back(test::request(i, test::random_tokens(rng, lengths[i], c.vocab_size), 5));
+  const DisaggCase cases[] = {{1, 4, 4, 1},  {1, 4, 4, 64}, {1, 2, 2, 16},
+                              {2, 2, 2, 64}, {4, 4, 4, 1},  {2, 4, 2, 16}};
   for (const DisaggCase& k : cases) {
     test::EngineSetup mono;
     mono.tp = k.decode_tp;
@@ -114,16 +129,22 @@ TEST(Disaggregation, DecodeAfterTransferEqualsMonolithic) {
     mono.chunk = 50;
     const auto expect = test::run_engine(c, *w, mono, reqs);
     const DisaggOutcome got = run_disagg(c, *w, k, reqs);
-    const std::string what = std::to_string(k.prefill_dcp) + " -> " + std::to_string(k.decode_dcp) + " (decode tp " +
-                             std::to_string(k.decode_tp) + ") page " + std::to_string(k.page);
+    const std::string what = std::to_string(k.prefill_dcp) + " -> " + std::to_string(k.decode_dcp) +
+                             " (decode tp " + std::to_string(k.decode_tp) + ") page " +
+                             std::to_string(k.page);
     ASSERT_TRUE(got.is_decode);
-    std::int64_t expect_bytes = 0;  // this rank (decode DCP rank 0) receives count_0(L) rows of every layer
+    std::int64_t expect_bytes =
+        0;  // this rank (decode DCP rank 0) receives count_0(L) rows of every layer
     for (int i = 0; i < 4; ++i) {
-      ASSERT_EQ(got.results[i].state, RequestState::finished) << what << " " << got.results[i].error;
-      ASSERT_EQ(got.results[i].output_tokens, expect.results[i].output_tokens) << what << " request " << i;
-      std::vector<double> e(expect.results[i].step_logits.begin(), expect.results[i].step_logits.end());
+      ASSERT_EQ(got.results[i].state, RequestState::finished)
+          << what << " " << got.results[i].error;
+      ASSERT_EQ(got.results[i].output_tokens, expect.results[i].output_tokens)
+          << what << " request " << i;
+      std::vector<double> e(expect.results[i].step_logits.begin(),
+                            expect.results[i].step_logits.end());
       EXPECT_TRUE(test::close(got.results[i].step_logits, e, {1e-10, 1e-4}, what.c_str()));
-      expect_bytes += layout::count(lengths[i], 0, k.decode_dcp) * 80 * 4 * 2 + 32;  // rows x width x fp32 x layers + header
+      expect_bytes += layout::count(lengths[i], 0, k.decode_dcp) * 80 * 4 * 2 +
+                      32;  // rows x width x fp32 x layers + header
     }
     EXPECT_EQ(got.bytes_received, expect_bytes) << what;
   }
@@ -134,7 +155,8 @@ TEST(Disaggregation, ACorruptedTransferFailsOnlyItsRequest) {
   const ModelConfig c = preset_config("tiny", 1);
   const auto w = make_synthetic_weights(53);
   std::vector<RequestSpec> reqs;
-  for (int i = 0; i < 3; ++i) reqs.push_back(test::request(i, test::random_tokens(rng, 40 + 9 * i, c.vocab_size), 4));
+  for (int i = 0; i < 3; ++i)
+    reqs.push_back(test::request(i, test::random_tokens(rng, 40 + 9 * i, c.vocab_size), 4));
   TransportOptions corrupt;
   corrupt.corrupt_request = 1;
   const DisaggCase k{1, 2, 2, 16};

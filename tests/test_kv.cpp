@@ -65,7 +65,8 @@ struct Snapshot {
   std::vector<std::int32_t> refs;
   explicit Snapshot(const KvAllocator& a) : free_pages(a.free_pages()) {
     for (RequestId id : a.requests()) requests[id] = {a.length(id), a.pages(id)};
-    for (std::int64_t p = 0; p < a.num_pages(); ++p) refs.push_back(a.ref_count(static_cast<std::int32_t>(p)));
+    for (std::int64_t p = 0; p < a.num_pages(); ++p)
+      refs.push_back(a.ref_count(static_cast<std::int32_t>(p)));
   }
   bool operator==(const Snapshot&) const = default;
 };
@@ -77,7 +78,10 @@ TEST(KvCache, BalanceAndCapacity) {
       EXPECT_EQ(g.allocators[0]->capacity_tokens(), 40LL * page * n);  // physical rows x N
       EXPECT_EQ(g.allocators[0]->capacity_tokens(), g.pools[0]->rows() * n);
       for (std::int64_t len = 0; len <= 300 && len <= g.allocators[0]->capacity_tokens(); ++len) {
-        g.all([&](KvAllocator& a, KvShard&) { a.allocate(len, len); return 0; });
+        g.all([&](KvAllocator& a, KvShard&) {
+          a.allocate(len, len);
+          return 0;
+        });
         std::int64_t lo = len, hi = 0;
         for (int r = 0; r < n; ++r) {
           const std::int64_t rows = g.shards[r]->local_length(len);
@@ -87,7 +91,10 @@ TEST(KvCache, BalanceAndCapacity) {
           hi = std::max(hi, rows);
         }
         ASSERT_LE(hi - lo, 1);
-        g.all([&](KvAllocator& a, KvShard&) { a.free(len); return 0; });
+        g.all([&](KvAllocator& a, KvShard&) {
+          a.free(len);
+          return 0;
+        });
       }
     }
   }
@@ -123,7 +130,10 @@ TEST(KvCache, RandomOperationsAgainstAModel) {
           if (kind == 0) {  // allocate and write
             const RequestId id = next_id++;
             const std::int64_t len = rng.range(0, 3 * vp);
-            g.all([&](KvAllocator& a, KvShard&) { a.allocate(id, len); return 0; });
+            g.all([&](KvAllocator& a, KvShard&) {
+              a.allocate(id, len);
+              return 0;
+            });
             const auto rows = random_rows(rng, len, w);
             g.all([&](KvAllocator&, KvShard& s) { return s.write(id, 0, len, rows.data()); });
             model[id] = rows;
@@ -131,7 +141,10 @@ TEST(KvCache, RandomOperationsAgainstAModel) {
             const RequestId id = pick();
             const std::int64_t len = static_cast<std::int64_t>(model[id].size()) / w;
             const std::int64_t more = rng.range(0, 2 * vp);
-            g.all([&](KvAllocator& a, KvShard& s) { s.apply(a.extend(id, more)); return 0; });
+            g.all([&](KvAllocator& a, KvShard& s) {
+              s.apply(a.extend(id, more));
+              return 0;
+            });
             const auto rows = random_rows(rng, more, w);
             g.all([&](KvAllocator&, KvShard& s) { return s.write(id, len, more, rows.data()); });
             model[id].insert(model[id].end(), rows.begin(), rows.end());
@@ -139,18 +152,27 @@ TEST(KvCache, RandomOperationsAgainstAModel) {
             const RequestId id = pick();
             const std::int64_t len = static_cast<std::int64_t>(model[id].size()) / w;
             const std::int64_t keep = rng.range(0, len);
-            g.all([&](KvAllocator& a, KvShard&) { a.truncate(id, keep); return 0; });
+            g.all([&](KvAllocator& a, KvShard&) {
+              a.truncate(id, keep);
+              return 0;
+            });
             model[id].resize(static_cast<std::size_t>(keep) * w);
           } else if (kind == 4) {  // share a whole-page prefix
             const RequestId src = pick();
             const std::int64_t len = static_cast<std::int64_t>(model[src].size()) / w;
             const std::int64_t tokens = rng.range(0, len / vp) * vp;
             const RequestId id = next_id++;
-            g.all([&](KvAllocator& a, KvShard&) { a.share_prefix(src, id, tokens); return 0; });
+            g.all([&](KvAllocator& a, KvShard&) {
+              a.share_prefix(src, id, tokens);
+              return 0;
+            });
             model[id].assign(model[src].begin(), model[src].begin() + tokens * w);
           } else {  // free
             const RequestId id = pick();
-            g.all([&](KvAllocator& a, KvShard&) { a.free(id); return 0; });
+            g.all([&](KvAllocator& a, KvShard&) {
+              a.free(id);
+              return 0;
+            });
             model.erase(id);
           }
         } catch (const Error& e) {
@@ -160,7 +182,8 @@ TEST(KvCache, RandomOperationsAgainstAModel) {
         }
         for (const auto& a : g.allocators) a->check_invariants();
         for (int r = 1; r < n; ++r) {
-          ASSERT_TRUE(Snapshot(*g.allocators[r]) == Snapshot(*g.allocators[0])) << "replicas diverged";
+          ASSERT_TRUE(Snapshot(*g.allocators[r]) == Snapshot(*g.allocators[0]))
+              << "replicas diverged";
         }
         if (op % 50 == 0 || op == 2499) {  // every request's content is intact
           for (const auto& [id, rows] : model) {
@@ -169,7 +192,11 @@ TEST(KvCache, RandomOperationsAgainstAModel) {
         }
       }
       EXPECT_GT(refusals, 0) << "the pool never filled: the test is too gentle";
-      for (const auto& [id, rows] : model) g.all([&](KvAllocator& a, KvShard&) { a.free(id); return 0; });
+      for (const auto& [id, rows] : model)
+        g.all([&](KvAllocator& a, KvShard&) {
+          a.free(id);
+          return 0;
+        });
       EXPECT_EQ(g.allocators[0]->free_pages(), 24) << "pages leaked";
     }
   }
@@ -184,14 +211,21 @@ TEST(KvCache, ChunkedWritesThenGatherAreExact) {
         Group g(n, page, 64, geo);
         const std::int64_t len = rng.range(1, std::min<std::int64_t>(400, 64LL * page * n / 2));
         auto rows = random_rows(rng, len, geo.width());
-        if (dtype == KvDtype::bf16) for (float& v : rows) v = bf16_to_float(float_to_bf16(v));
-        g.all([&](KvAllocator& a, KvShard&) { a.allocate(7, 0); return 0; });
+        if (dtype == KvDtype::bf16)
+          for (float& v : rows) v = bf16_to_float(float_to_bf16(v));
+        g.all([&](KvAllocator& a, KvShard&) {
+          a.allocate(7, 0);
+          return 0;
+        });
         // Chunks with arbitrary boundaries, alternating the two write paths.
         std::int64_t at = 0;
         bool fixed_shape = false;
         while (at < len) {
           const std::int64_t chunk = std::min(len - at, rng.range(1, 37));
-          g.all([&](KvAllocator& a, KvShard& s) { s.apply(a.extend(7, chunk)); return 0; });
+          g.all([&](KvAllocator& a, KvShard& s) {
+            s.apply(a.extend(7, chunk));
+            return 0;
+          });
           for (int r = 0; r < n; ++r) {
             KvShard& s = *g.shards[r];
             if (fixed_shape) {
@@ -239,7 +273,8 @@ TEST(KvCache, PlannerAgreesWithBruteForce) {
       for (RequestId id = 0; id < 6; ++id) {
         const std::int64_t len = rng.range(1, 500);
         a.allocate(id, len);
-        batch.push_back({id, static_cast<std::int32_t>(rng.range(1, std::min<std::int64_t>(len, 5)))});
+        batch.push_back(
+            {id, static_cast<std::int32_t>(rng.range(1, std::min<std::int64_t>(len, 5)))});
       }
       for (int r = 0; r < n; ++r) {
         const ForwardPlan plan = plan_forward(a, batch, r);
@@ -251,7 +286,8 @@ TEST(KvCache, PlannerAgreesWithBruteForce) {
           for (std::int64_t p = 0; p < len; ++p) {
             if (p % n != r) continue;
             // Local row `owned` must resolve, through the page table, to p's physical row.
-            const std::int64_t phys = plan.page_table[b * plan.page_table_stride + owned / page] * page + owned % page;
+            const std::int64_t phys =
+                plan.page_table[b * plan.page_table_stride + owned / page] * page + owned % page;
             ASSERT_EQ(phys, a.slot(id, p) / n) << "rank " << r << " request " << id << " p " << p;
             ++owned;
           }
@@ -295,7 +331,10 @@ TEST(KvCache, PlannedShardsAttendLikeFullAttention) {
   std::vector<BatchEntry> batch;
   for (RequestId id = 0; id < 3; ++id) {
     const std::int64_t len = spec.lengths[id];
-    g.all([&](KvAllocator& a, KvShard& s) { a.allocate(id, len); return s.write(id, 0, len, in.kv[id].data()); });
+    g.all([&](KvAllocator& a, KvShard& s) {
+      a.allocate(id, len);
+      return s.write(id, 0, len, in.kv[id].data());
+    });
     batch.push_back({id, spec.q_lens[id]});
   }
   const std::int64_t rows = 7 * heads;
@@ -314,7 +353,8 @@ TEST(KvCache, PlannedShardsAttendLikeFullAttention) {
     lse_parts.insert(lse_parts.end(), lse.begin(), lse.end());
   }
   std::vector<float> out(static_cast<std::size_t>(rows) * geo.kv_lora_rank), lse(rows);
-  merge_attention_states(o_parts.data(), lse_parts.data(), n, rows, geo.kv_lora_rank, LseBase::e, out.data(), lse.data());
+  merge_attention_states(o_parts.data(), lse_parts.data(), n, rows, geo.kv_lora_rank, LseBase::e,
+                         out.data(), lse.data());
   const auto expect = ref::full_attention(in);
   EXPECT_TRUE(test::close(out, expect.out, test::kBf16Tol, "O"));
   EXPECT_TRUE(test::close(lse, expect.lse, {1e-12, 1e-5}, "LSE"));
@@ -339,15 +379,23 @@ TEST(KvCache, ErrorsNameTheProblemAndChangeNothing) {
   expect_error([&] { a.allocate(1, 1); }, ErrorCategory::invalid_argument, "already exists");
   expect_error([&] { a.extend(9, 1); }, ErrorCategory::invalid_argument, "unknown request 9");
   expect_error([&] { a.free(9); }, ErrorCategory::invalid_argument, "unknown request 9");
-  expect_error([&] { a.truncate(1, 11); }, ErrorCategory::invalid_argument, "[0, current length 10]");
-  expect_error([&] { a.share_prefix(1, 2, 4); }, ErrorCategory::invalid_argument, "multiple of the virtual page size 8");
+  expect_error([&] { a.truncate(1, 11); }, ErrorCategory::invalid_argument,
+               "[0, current length 10]");
+  expect_error([&] { a.share_prefix(1, 2, 4); }, ErrorCategory::invalid_argument,
+               "multiple of the virtual page size 8");
   expect_error([&] { a.allocate(3, -1); }, ErrorCategory::invalid_argument, "must be >= 0");
-  expect_error([&] { (void)plan_forward(a, {{1, 11}}, 0); }, ErrorCategory::invalid_argument, "q_len 11");
+  expect_error(
+      [&] {
+        (void)plan_forward(a, {{1, 11}}, 0);
+      },
+      ErrorCategory::invalid_argument, "q_len 11");
   LatentPool pool(3, 4, kSmall);
   KvShard shard(a, pool, 0);
   std::vector<float> row(60);
-  expect_error([&] { shard.write(1, 8, 5, row.data()); }, ErrorCategory::invalid_argument, "outside request 1");
-  expect_error([&] { pool.write_row(13, row.data()); }, ErrorCategory::invalid_argument, "outside the pool");
+  expect_error([&] { shard.write(1, 8, 5, row.data()); }, ErrorCategory::invalid_argument,
+               "outside request 1");
+  expect_error([&] { pool.write_row(13, row.data()); }, ErrorCategory::invalid_argument,
+               "outside the pool");
   EXPECT_THROW(KvShard(a, pool, 2), Error);
   LatentPool other(4, 4, kSmall);
   EXPECT_THROW(KvShard(a, other, 0), Error);
@@ -359,11 +407,24 @@ TEST(KvCache, CopyOnWriteKeepsSharedPrefixesIntact) {
   const int w = kSmall.width();
   auto rng = test::make_rng();
   const auto a_rows = random_rows(rng, 8, w);
-  g.all([&](KvAllocator& a, KvShard& s) { a.allocate(1, 8); return s.write(1, 0, 8, a_rows.data()); });
-  g.all([&](KvAllocator& a, KvShard&) { a.share_prefix(1, 2, 8); return 0; });
-  g.all([&](KvAllocator& a, KvShard&) { a.truncate(1, 6); return 0; });
+  g.all([&](KvAllocator& a, KvShard& s) {
+    a.allocate(1, 8);
+    return s.write(1, 0, 8, a_rows.data());
+  });
+  g.all([&](KvAllocator& a, KvShard&) {
+    a.share_prefix(1, 2, 8);
+    return 0;
+  });
+  g.all([&](KvAllocator& a, KvShard&) {
+    a.truncate(1, 6);
+    return 0;
+  });
   std::vector<PageCopy> copies;
-  g.all([&](KvAllocator& a, KvShard& s) { copies = a.extend(1, 2); s.apply(copies); return 0; });
+  g.all([&](KvAllocator& a, KvShard& s) {
+    copies = a.extend(1, 2);
+    s.apply(copies);
+    return 0;
+  });
   ASSERT_EQ(copies.size(), 1u);
   const auto b_rows = random_rows(rng, 2, w);
   g.all([&](KvAllocator&, KvShard& s) { return s.write(1, 6, 2, b_rows.data()); });

@@ -82,7 +82,8 @@ TEST(Layout, ChunkSharesPartitionEveryChunk) {
           }
           ASSERT_EQ(share.rows, static_cast<std::int64_t>(rows.size()));
           for (std::size_t k = 0; k < rows.size(); ++k) {
-            ASSERT_EQ(rows[k], share.first_row + static_cast<std::int64_t>(k)) << "owned rows of a chunk are contiguous";
+            ASSERT_EQ(rows[k], share.first_row + static_cast<std::int64_t>(k))
+                << "owned rows of a chunk are contiguous";
           }
           total += share.rows;
         }
@@ -151,7 +152,8 @@ TEST(Layout, RejectsInvalidArguments) {
 }
 
 static_assert(layout::owner(10, 4) == 2 && layout::row(10, 4) == 2);
-static_assert(layout::count(0, 0, 4) == 0 && layout::count(1, 0, 4) == 1 && layout::count(1, 1, 4) == 0);
+static_assert(layout::count(0, 0, 4) == 0 && layout::count(1, 0, 4) == 1 &&
+              layout::count(1, 1, 4) == 0);
 
 }  // namespace
 }  // namespace dcp

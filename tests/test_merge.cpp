@@ -20,14 +20,15 @@ constexpr double kNegInfD = -std::numeric_limits<double>::infinity();
 struct Partition {
   int dim = 0;
   int parts = 0;
-  std::vector<double> scores;              // [M]
-  std::vector<std::vector<double>> values; // [M][dim]
-  std::vector<int> part_of;                // [M]
+  std::vector<double> scores;               // [M]
+  std::vector<std::vector<double>> values;  // [M][dim]
+  std::vector<int> part_of;                 // [M]
 
   // The state of one part in float64 (O = 0, LSE = -inf when empty).
   void part_state(int k, double* o, double* lse) const {
     double m = kNegInfD;
-    for (std::size_t i = 0; i < scores.size(); ++i) if (part_of[i] == k) m = std::max(m, scores[i]);
+    for (std::size_t i = 0; i < scores.size(); ++i)
+      if (part_of[i] == k) m = std::max(m, scores[i]);
     std::fill(o, o + dim, 0.0);
     *lse = kNegInfD;
     if (m == kNegInfD) return;
@@ -102,7 +103,8 @@ void expect_matches_full(const Partition& p, const std::vector<float>& o, float 
   // The parts' LSEs are fp32: each carries ~6e-8 x |LSE_k| of rounding, which the merged LSE
   // inherits in absolute terms (a merged LSE near 0 can come from parts near 80).
   double scale = 1.0;
-  for (double s : p.scores) scale = std::max(scale, std::abs(s) + std::log(static_cast<double>(p.scores.size())));
+  for (double s : p.scores)
+    scale = std::max(scale, std::abs(s) + std::log(static_cast<double>(p.scores.size())));
   if (std::isinf(ref_lse)) {
     EXPECT_EQ(lse, ref_lse);
   } else {
@@ -134,13 +136,16 @@ TEST(Merge, AnyReductionTreeGivesTheSameResult) {
     // A random binary tree: repeatedly merge two random live states in a random order.
     std::vector<AttnState> live;
     for (int k = 0; k < parts; ++k) {
-      live.push_back({std::vector<float>(o.begin() + k * p.dim, o.begin() + (k + 1) * p.dim), lse[k]});
+      live.push_back(
+          {std::vector<float>(o.begin() + k * p.dim, o.begin() + (k + 1) * p.dim), lse[k]});
     }
     std::shuffle(live.begin(), live.end(), rng.engine());
     while (live.size() > 1) {
-      const std::size_t i = static_cast<std::size_t>(rng.range(0, static_cast<std::int64_t>(live.size()) - 2));
+      const std::size_t i =
+          static_cast<std::size_t>(rng.range(0, static_cast<std::int64_t>(live.size()) - 2));
       AttnState merged = rng.coin() ? merge(live[i], live[i + 1]) : merge(live[i + 1], live[i]);
-      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i), live.begin() + static_cast<std::ptrdiff_t>(i) + 2);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i),
+                 live.begin() + static_cast<std::ptrdiff_t>(i) + 2);
       live.insert(live.begin() + static_cast<std::ptrdiff_t>(i), std::move(merged));
     }
     expect_matches_full(p, live[0].o, live[0].lse);
@@ -158,7 +163,8 @@ TEST(Merge, AdversarialLseSpreads) {
       p.float_parts(o, lse);
       std::vector<float> out(p.dim);
       float out_lse;
-      merge_attention_states(o.data(), lse.data(), parts, 1, p.dim, LseBase::e, out.data(), &out_lse);
+      merge_attention_states(o.data(), lse.data(), parts, 1, p.dim, LseBase::e, out.data(),
+                             &out_lse);
       expect_matches_full(p, out, out_lse);
     }
   }
@@ -251,7 +257,8 @@ TEST(Merge, ManyRowsGlobalLseAndSink) {
   auto rng = test::make_rng();
   const int parts = 3, dim = 8;
   const std::int64_t rows = 50;
-  std::vector<double> od(static_cast<std::size_t>(parts) * rows * dim), ld(static_cast<std::size_t>(parts) * rows);
+  std::vector<double> od(static_cast<std::size_t>(parts) * rows * dim),
+      ld(static_cast<std::size_t>(parts) * rows);
   std::vector<float> o(od.size()), l(ld.size());
   for (std::size_t i = 0; i < od.size(); ++i) o[i] = static_cast<float>(od[i] = rng.normal());
   for (std::size_t i = 0; i < ld.size(); ++i) {
@@ -260,8 +267,10 @@ TEST(Merge, ManyRowsGlobalLseAndSink) {
     ld[i] = l[i];
   }
   const ref::AttentionResult expect = ref::merge(od, ld, parts, rows, dim);
-  std::vector<float> out(static_cast<std::size_t>(rows) * dim, std::nanf("")), out_lse(rows, std::nanf(""));
-  merge_attention_states(o.data(), l.data(), parts, rows, dim, LseBase::e, out.data(), out_lse.data());
+  std::vector<float> out(static_cast<std::size_t>(rows) * dim, std::nanf("")),
+      out_lse(rows, std::nanf(""));
+  merge_attention_states(o.data(), l.data(), parts, rows, dim, LseBase::e, out.data(),
+                         out_lse.data());
   EXPECT_TRUE(test::close(out, expect.out, test::kFp32Tol, "rows O"));
   EXPECT_TRUE(test::close(out_lse, expect.lse, {1e-12, 1e-6}, "rows LSE"));
   std::vector<float> g(rows);

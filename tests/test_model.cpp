@@ -43,7 +43,8 @@ ModelConfig small_config(int layers) {
 }
 
 // Step logits of the engine vs the naive model at the same positions (teacher forcing).
-void expect_engine_matches_naive(const ModelConfig& c, const WeightSource& w, const EngineSetup& s, test::Rng& rng) {
+void expect_engine_matches_naive(const ModelConfig& c, const WeightSource& w, const EngineSetup& s,
+                                 test::Rng& rng) {
   const std::vector<std::int32_t> prompt = random_tokens(rng, 23, c.vocab_size);
   RequestSpec r = request(0, prompt, 4, random_tokens(rng, 4, c.vocab_size));
   const EngineRun run = run_engine(c, w, s, {r});
@@ -51,17 +52,20 @@ void expect_engine_matches_naive(const ModelConfig& c, const WeightSource& w, co
   seq.insert(seq.end(), r.forced_outputs.begin(), r.forced_outputs.end() - 1);
   const std::vector<double> naive = test::naive_logits(c, w, seq);
   // Engine step k predicts position prompt + k from the sequence up to prompt - 1 + k.
-  std::vector<double> expect(naive.end() - static_cast<std::ptrdiff_t>(4 * c.vocab_size), naive.end());
+  std::vector<double> expect(naive.end() - static_cast<std::ptrdiff_t>(4 * c.vocab_size),
+                             naive.end());
   const std::string what = "tp " + std::to_string(s.tp) + " dcp " + std::to_string(s.dcp) + " " +
-                           std::string(to_string(s.backend)) + (s.replicate_q ? " replicated-q" : "");
+                           std::string(to_string(s.backend)) +
+                           (s.replicate_q ? " replicated-q" : "");
   EXPECT_TRUE(test::close(run.results[0].step_logits, expect, {1e-9, 1e-4}, what.c_str()));
 }
 
 class GeneratedCheckpoint : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("dcp_test_ckpt_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    dir_ = fs::temp_directory_path() /
+           ("dcp_test_ckpt_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
@@ -117,10 +121,18 @@ TEST(Model, DcpEqualsDcpOne) {
   // Mixed lengths in one batch, including prompts shorter than N.
   std::vector<RequestSpec> reqs;
   const int lengths[] = {1, 2, 3, 57, 130, 201};
-  for (int i = 0; i < 6; ++i) reqs.push_back(request(i, random_tokens(rng, lengths[i], c.vocab_size), 5));
-  struct Case { int dcp; CombineBackend backend; bool replicate; int chunk; };
-  const Case cases[] = {{2, CombineBackend::ag_rs, false, 61}, {2, CombineBackend::a2a, true, 7},
-                        {4, CombineBackend::ag_rs, false, 13}, {4, CombineBackend::a2a, false, 61},
+  for (int i = 0; i < 6; ++i)
+    reqs.push_back(request(i, random_tokens(rng, lengths[i], c.vocab_size), 5));
+  struct Case {
+    int dcp;
+    CombineBackend backend;
+    bool replicate;
+    int chunk;
+  };
+  const Case cases[] = {{2, CombineBackend::ag_rs, false, 61},
+                        {2, CombineBackend::a2a, true, 7},
+                        {4, CombineBackend::ag_rs, false, 13},
+                        {4, CombineBackend::a2a, false, 61},
                         {4, CombineBackend::a2a, true, 29}};
   for (KvDtype dtype : {KvDtype::fp32, KvDtype::bf16}) {
     EngineSetup base;
@@ -132,7 +144,8 @@ TEST(Model, DcpEqualsDcpOne) {
     // reference's tokens (teacher forcing), logits within the bf16 limits.
     std::vector<RequestSpec> run = reqs;
     if (dtype == KvDtype::bf16) {
-      for (std::size_t i = 0; i < run.size(); ++i) run[i].forced_outputs = ref.results[i].output_tokens;
+      for (std::size_t i = 0; i < run.size(); ++i)
+        run[i].forced_outputs = ref.results[i].output_tokens;
     }
     const test::Tolerance tol = dtype == KvDtype::fp32 ? test::Tolerance{1e-10, 1e-4} : kBf16KvTol;
     for (const Case& k : cases) {
@@ -143,13 +156,15 @@ TEST(Model, DcpEqualsDcpOne) {
       s.chunk = k.chunk;  // not a multiple of N: chunk shares differ per rank
       const EngineRun got = run_engine(c, *w, s, run);
       for (std::size_t i = 0; i < reqs.size(); ++i) {
-        const std::string what = std::string(to_string(dtype)) + " dcp " + std::to_string(k.dcp) + " " +
-                                 std::string(to_string(k.backend)) + (k.replicate ? " replicated" : "") + " request " +
+        const std::string what = std::string(to_string(dtype)) + " dcp " + std::to_string(k.dcp) +
+                                 " " + std::string(to_string(k.backend)) +
+                                 (k.replicate ? " replicated" : "") + " request " +
                                  std::to_string(i);
         if (dtype == KvDtype::fp32) {
           ASSERT_EQ(got.results[i].output_tokens, ref.results[i].output_tokens) << what;
         }
-        std::vector<double> expect(ref.results[i].step_logits.begin(), ref.results[i].step_logits.end());
+        std::vector<double> expect(ref.results[i].step_logits.begin(),
+                                   ref.results[i].step_logits.end());
         EXPECT_TRUE(test::close(got.results[i].step_logits, expect, tol, what.c_str()));
       }
     }
@@ -172,7 +187,8 @@ TEST(Model, DeepSeekV3GeometryDcpEqualsDcpOne) {
   const EngineRun got = run_engine(c, *w, s, reqs);
   for (std::size_t i = 0; i < reqs.size(); ++i) {
     EXPECT_EQ(got.results[i].output_tokens, ref.results[i].output_tokens);
-    std::vector<double> expect(ref.results[i].step_logits.begin(), ref.results[i].step_logits.end());
+    std::vector<double> expect(ref.results[i].step_logits.begin(),
+                               ref.results[i].step_logits.end());
     EXPECT_TRUE(test::close(got.results[i].step_logits, expect, kBf16KvTol, "deepseek-v3"));
   }
 }
@@ -182,7 +198,8 @@ TEST(Engine, FullKvCacheQueuesAndRejectsWithoutCorruption) {
   const ModelConfig c = preset_config("tiny", 1);
   const auto w = make_synthetic_weights(9);
   std::vector<RequestSpec> reqs;
-  for (int i = 0; i < 5; ++i) reqs.push_back(request(i, random_tokens(rng, 40 + 11 * i, c.vocab_size), 6));
+  for (int i = 0; i < 5; ++i)
+    reqs.push_back(request(i, random_tokens(rng, 40 + 11 * i, c.vocab_size), 6));
   EngineSetup s;
   s.tp = 2;
   s.dcp = 2;
@@ -198,7 +215,8 @@ TEST(Engine, FullKvCacheQueuesAndRejectsWithoutCorruption) {
     EXPECT_EQ(tight.results[i].output_tokens, ample.results[i].output_tokens) << "request " << i;
   }
   EXPECT_EQ(tight.results.back().state, RequestState::rejected);
-  EXPECT_NE(tight.results.back().error.find("--max-total-tokens"), std::string::npos) << tight.results.back().error;
+  EXPECT_NE(tight.results.back().error.find("--max-total-tokens"), std::string::npos)
+      << tight.results.back().error;
 }
 
 TEST(Engine, RejectsInvalidRequests) {
@@ -229,7 +247,8 @@ TEST_F(GeneratedCheckpoint, RoundTripsInEveryDtype) {
   const ModelConfig c = small_config(1);
   const auto src = make_synthetic_weights(4);
   const std::string name = "model.layers.0.self_attn.kv_b_proj.weight";
-  const std::vector<std::int64_t> shape = {c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank};
+  const std::vector<std::int64_t> shape = {
+      c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank};
   const std::vector<float> truth = src->load(name, shape);
   for (const std::string dtype : {"F32", "BF16", "F16"}) {
     write_checkpoint(dir_.string(), c, *src, dtype, 1);
@@ -238,7 +257,9 @@ TEST_F(GeneratedCheckpoint, RoundTripsInEveryDtype) {
     for (std::int64_t r = 3; r < 9; ++r) {
       for (std::int64_t k = 5; k < 17; ++k) {
         const float t = truth[r * shape[1] + k], g = got[(r - 3) * 12 + (k - 5)];
-        const float tol = dtype == "F32" ? 0.0f : dtype == "BF16" ? std::abs(t) / 128 : std::abs(t) / 1024 + 1e-7f;
+        const float tol = dtype == "F32"    ? 0.0f
+                          : dtype == "BF16" ? std::abs(t) / 128
+                                            : std::abs(t) / 1024 + 1e-7f;
         ASSERT_LE(std::abs(g - t), tol) << dtype << " [" << r << "," << k << "]";
       }
     }
@@ -251,13 +272,16 @@ TEST_F(GeneratedCheckpoint, MalformedCheckpointsAreRefusedClearly) {
   write_checkpoint(dir_.string(), c, *make_synthetic_weights(2), "BF16", 1);
   const fs::path file = dir_ / "model.safetensors";
   std::vector<char> bytes(static_cast<std::size_t>(fs::file_size(file)));
-  std::ifstream(file, std::ios::binary).read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ifstream(file, std::ios::binary)
+      .read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
   const auto write_bytes = [&](const std::vector<char>& b) {
-    std::ofstream(file, std::ios::binary | std::ios::trunc).write(b.data(), static_cast<std::streamsize>(b.size()));
+    std::ofstream(file, std::ios::binary | std::ios::trunc)
+        .write(b.data(), static_cast<std::streamsize>(b.size()));
   };
   // Truncated data.
   write_bytes(std::vector<char>(bytes.begin(), bytes.end() - 100));
-  EXPECT_NE(error_of([&] { open_checkpoint(dir_.string()); }).find("truncated file"), std::string::npos);
+  EXPECT_NE(error_of([&] { open_checkpoint(dir_.string()); }).find("truncated file"),
+            std::string::npos);
   // Truncated header.
   write_bytes(std::vector<char>(bytes.begin(), bytes.begin() + 5));
   EXPECT_NE(error_of([&] { open_checkpoint(dir_.string()); }).find("truncated"), std::string::npos);
@@ -265,14 +289,16 @@ TEST_F(GeneratedCheckpoint, MalformedCheckpointsAreRefusedClearly) {
   std::vector<char> lie = bytes;
   lie[6] = 0x7f;
   write_bytes(lie);
-  EXPECT_NE(error_of([&] { open_checkpoint(dir_.string()); }).find("exceeds the file"), std::string::npos);
+  EXPECT_NE(error_of([&] { open_checkpoint(dir_.string()); }).find("exceeds the file"),
+            std::string::npos);
   // Header lies about a tensor's size: edit its shape in the JSON (same text length).
   std::string header(bytes.begin() + 8, bytes.end());
   const std::string shape_text = "\"shape\":[" + std::to_string(c.hidden_size) + "]";
   const std::size_t at = header.find(shape_text);
   ASSERT_NE(at, std::string::npos);
   std::vector<char> lied = bytes;
-  lied[8 + at + shape_text.size() - 2] = static_cast<char>(lied[8 + at + shape_text.size() - 2] + 1);  // 128 -> 129
+  lied[8 + at + shape_text.size() - 2] =
+      static_cast<char>(lied[8 + at + shape_text.size() - 2] + 1);  // 128 -> 129
   write_bytes(lied);
   EXPECT_NE(error_of([&] { open_checkpoint(dir_.string()); }).find("need"), std::string::npos);
   // Unknown dtype.
@@ -280,12 +306,18 @@ TEST_F(GeneratedCheckpoint, MalformedCheckpointsAreRefusedClearly) {
   const std::size_t bf = std::string(dtype.begin(), dtype.end()).find("\"BF16\"");
   dtype[bf + 1] = 'Q';
   write_bytes(dtype);
-  EXPECT_NE(error_of([&] { open_checkpoint(dir_.string()); }).find("unknown dtype 'QF16'"), std::string::npos);
+  EXPECT_NE(error_of([&] { open_checkpoint(dir_.string()); }).find("unknown dtype 'QF16'"),
+            std::string::npos);
   write_bytes(bytes);  // intact again
   const auto w = open_checkpoint(dir_.string());
   // Missing tensor and wrong shape, named.
-  EXPECT_NE(error_of([&] { w->load("model.layers.7.mlp.up_proj.weight", {4, 4}); }).find("missing tensor 'model.layers.7.mlp.up_proj.weight'"), std::string::npos);
-  EXPECT_NE(error_of([&] { w->load("model.norm.weight", {c.hidden_size + 1}); }).find("has shape [128]"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              w->load("model.layers.7.mlp.up_proj.weight", {4, 4});
+            }).find("missing tensor 'model.layers.7.mlp.up_proj.weight'"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of([&] { w->load("model.norm.weight", {c.hidden_size + 1}); }).find("has shape [128]"),
+      std::string::npos);
   // A config with MoE layers is refused at model construction, naming the layer.
   ModelConfig moe = c;
   moe.n_routed_experts = 8;
@@ -299,9 +331,12 @@ TEST_F(GeneratedCheckpoint, MalformedCheckpointsAreRefusedClearly) {
   });
   // Malformed config.json.
   std::ofstream(dir_ / "config.json") << "{\"vocab_size\": 10,";
-  EXPECT_NE(error_of([&] { read_checkpoint_config(dir_.string()); }).find("not valid JSON"), std::string::npos);
+  EXPECT_NE(error_of([&] { read_checkpoint_config(dir_.string()); }).find("not valid JSON"),
+            std::string::npos);
   std::ofstream(dir_ / "config.json") << "{\"vocab_size\": 10}";
-  EXPECT_NE(error_of([&] { read_checkpoint_config(dir_.string()); }).find("missing field 'hidden_size'"), std::string::npos);
+  EXPECT_NE(
+      error_of([&] { read_checkpoint_config(dir_.string()); }).find("missing field 'hidden_size'"),
+      std::string::npos);
 }
 
 TEST(Model, RefusesHeadsNotDivisibleByTp) {
@@ -313,7 +348,9 @@ TEST(Model, RefusesHeadsNotDivisibleByTp) {
     ModelOptions mo;
     mo.kv_capacity_tokens = 64;
     const std::string why = error_of([&] { MlaModel m(c, *w, world, *dcp, mo); });
-    EXPECT_NE(why.find("--tp-size 4 must divide the model's num_attention_heads 6"), std::string::npos) << why;
+    EXPECT_NE(why.find("--tp-size 4 must divide the model's num_attention_heads 6"),
+              std::string::npos)
+        << why;
   });
 }
 

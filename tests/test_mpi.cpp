@@ -30,9 +30,15 @@ void on_all_ranks(F&& check) {
   EXPECT_EQ(any, 0) << "a check failed on some rank (see stderr)";
 }
 
-TEST(CommMpi, Collectives) { on_all_ranks([](Communicator& c) { test::check_collectives(c, 1 << 20); }); }
-TEST(CommMpi, Split) { on_all_ranks([](Communicator& c) { test::check_split(c); }); }
-TEST(CommMpi, ByteAccounting) { on_all_ranks([](Communicator& c) { test::check_byte_accounting(c); }); }
+TEST(CommMpi, Collectives) {
+  on_all_ranks([](Communicator& c) { test::check_collectives(c, 1 << 20); });
+}
+TEST(CommMpi, Split) {
+  on_all_ranks([](Communicator& c) { test::check_split(c); });
+}
+TEST(CommMpi, ByteAccounting) {
+  on_all_ranks([](Communicator& c) { test::check_byte_accounting(c); });
+}
 
 TEST(DcpAttentionMpi, EqualsFullAttentionOnEveryConfiguration) {
   std::uint64_t seed = test::test_seed();  // rank 0's seed for everyone

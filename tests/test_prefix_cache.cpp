@@ -14,7 +14,8 @@
 namespace dcp {
 namespace {
 
-std::vector<RequestSpec> shared_prefix_requests(test::Rng& rng, int vocab, int prefix_len, int count) {
+std::vector<RequestSpec> shared_prefix_requests(test::Rng& rng, int vocab, int prefix_len,
+                                                int count) {
   const std::vector<std::int32_t> prefix = test::random_tokens(rng, prefix_len, vocab);
   std::vector<RequestSpec> reqs;
   for (int i = 0; i < count; ++i) {
@@ -45,8 +46,10 @@ TEST(PrefixCache, SharedPrefixesGiveIdenticalOutputsWithTheCacheOnAndOff) {
     const auto got = test::run_engine(c, *w, on, reqs);
     const std::string what = "dcp " + std::to_string(n);
     for (std::size_t i = 0; i < reqs.size(); ++i) {
-      ASSERT_EQ(got.results[i].output_tokens, expect.results[i].output_tokens) << what << " request " << i;
-      std::vector<double> e(expect.results[i].step_logits.begin(), expect.results[i].step_logits.end());
+      ASSERT_EQ(got.results[i].output_tokens, expect.results[i].output_tokens)
+          << what << " request " << i;
+      std::vector<double> e(expect.results[i].step_logits.begin(),
+                            expect.results[i].step_logits.end());
       EXPECT_TRUE(test::close(got.results[i].step_logits, e, {1e-10, 1e-4}, what.c_str()));
     }
     // The first two requests start together and miss; each later one reuses the prefix's whole
@@ -84,8 +87,10 @@ TEST(PrefixCache, UnderPressurePagesGoToTheHostTierAndComeBackExactly) {
     on.host_tokens = host;
     const auto got = test::run_engine(c, *w, on, reqs);
     for (std::size_t i = 0; i < reqs.size(); ++i) {
-      ASSERT_EQ(got.results[i].output_tokens, expect.results[i].output_tokens) << "host " << host << " request " << i;
-      std::vector<double> e(expect.results[i].step_logits.begin(), expect.results[i].step_logits.end());
+      ASSERT_EQ(got.results[i].output_tokens, expect.results[i].output_tokens)
+          << "host " << host << " request " << i;
+      std::vector<double> e(expect.results[i].step_logits.begin(),
+                            expect.results[i].step_logits.end());
       EXPECT_TRUE(test::close(got.results[i].step_logits, e, {1e-10, 1e-4}, "pressure"));
     }
     const PrefixCacheStats& st = got.cache_stats[0];
@@ -123,7 +128,8 @@ TEST(PrefixCache, OffloadAndReloadAreBitExactAndInUsePagesStay) {
       raw.push_back(pools.back().get());
     }
     PrefixCache cache(alloc, raw, rank, 10 * vp);
-    const std::vector<std::int32_t> prompt = test::random_tokens(rng, static_cast<int>(2 * vp + 1), 100);
+    const std::vector<std::int32_t> prompt =
+        test::random_tokens(rng, static_cast<int>(2 * vp + 1), 100);
     alloc.allocate(1, static_cast<std::int64_t>(prompt.size()));
     std::vector<float> rows(prompt.size() * geo.width());
     for (float& v : rows) v = rng.normal();
@@ -148,7 +154,8 @@ TEST(PrefixCache, OffloadAndReloadAreBitExactAndInUsePagesStay) {
     cache.make_room(6);  // now they go to the host tier
     EXPECT_EQ(cache.device_pages(), 0);
     EXPECT_EQ(cache.host_pages(), 2);
-    EXPECT_EQ(cache.stats().bytes_to_host, 2LL * page * static_cast<std::int64_t>(geo.row_bytes()) * layers);
+    EXPECT_EQ(cache.stats().bytes_to_host,
+              2LL * page * static_cast<std::int64_t>(geo.row_bytes()) * layers);
     // Scribble over the freed device pages, then reload through a hit.
     for (int l = 0; l < layers; ++l) pools[l]->poison();
     const std::vector<std::int32_t> hit = cache.match(prompt);
@@ -158,7 +165,8 @@ TEST(PrefixCache, OffloadAndReloadAreBitExactAndInUsePagesStay) {
       for (int k = 0; k < 2; ++k) {
         for (int r = 0; r < page; ++r, ++i) {
           const std::uint8_t* p = pools[l]->raw_row(static_cast<std::int64_t>(hit[k]) * page + r);
-          ASSERT_EQ(std::memcmp(p, before[i].data(), geo.row_bytes()), 0) << "rank " << rank << " layer " << l << " page " << k;
+          ASSERT_EQ(std::memcmp(p, before[i].data(), geo.row_bytes()), 0)
+              << "rank " << rank << " layer " << l << " page " << k;
         }
       }
     }

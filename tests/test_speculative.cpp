@@ -23,7 +23,8 @@ std::vector<RequestSpec> mixed_requests(test::Rng& rng, int vocab) {
   std::vector<RequestSpec> reqs;
   const int lengths[] = {1, 3, 45, 90};  // prompts shorter than N too
   const int max_new[] = {9, 7, 11, 8};   // not multiples of k + 1: requests end mid-speculation
-  for (int i = 0; i < 4; ++i) reqs.push_back(request(i, random_tokens(rng, lengths[i], vocab), max_new[i]));
+  for (int i = 0; i < 4; ++i)
+    reqs.push_back(request(i, random_tokens(rng, lengths[i], vocab), max_new[i]));
   return reqs;
 }
 
@@ -40,13 +41,22 @@ TEST(Speculative, GreedyAcceptanceEqualsPlainGreedyDecoding) {
 
   // Three drafts: the target itself (everything accepted), its first layer, and an unrelated
   // model (almost everything rejected): every acceptance path runs.
-  struct Draft { const char* name; ModelConfig config; const WeightSource* w; };
+  struct Draft {
+    const char* name;
+    ModelConfig config;
+    const WeightSource* w;
+  };
   const Draft drafts[] = {{"target copy", target, weights.get()},
                           {"first layer", preset_config("tiny", 1), weights.get()},
                           {"unrelated", preset_config("tiny", 1), other_weights.get()}};
-  struct Case { int dcp; CombineBackend backend; int k; };
-  const Case cases[] = {{1, CombineBackend::ag_rs, 1}, {2, CombineBackend::a2a, 2}, {4, CombineBackend::ag_rs, 3},
-                        {4, CombineBackend::a2a, 4}, {2, CombineBackend::ag_rs, 4}, {4, CombineBackend::a2a, 1}};
+  struct Case {
+    int dcp;
+    CombineBackend backend;
+    int k;
+  };
+  const Case cases[] = {{1, CombineBackend::ag_rs, 1}, {2, CombineBackend::a2a, 2},
+                        {4, CombineBackend::ag_rs, 3}, {4, CombineBackend::a2a, 4},
+                        {2, CombineBackend::ag_rs, 4}, {4, CombineBackend::a2a, 1}};
   for (const Draft& d : drafts) {
     for (const Case& c : cases) {
       EngineSetup s = plain;
@@ -59,14 +69,17 @@ TEST(Speculative, GreedyAcceptanceEqualsPlainGreedyDecoding) {
       const std::string what = std::string(d.name) + " dcp " + std::to_string(c.dcp) + " " +
                                std::string(to_string(c.backend)) + " k " + std::to_string(c.k);
       for (std::size_t i = 0; i < reqs.size(); ++i) {
-        ASSERT_EQ(got.results[i].output_tokens, reference.results[i].output_tokens) << what << " request " << i;
+        ASSERT_EQ(got.results[i].output_tokens, reference.results[i].output_tokens)
+            << what << " request " << i;
         // Each emitted token's logits come from the verification forward: equal to plain decode's.
-        std::vector<double> e(reference.results[i].step_logits.begin(), reference.results[i].step_logits.end());
+        std::vector<double> e(reference.results[i].step_logits.begin(),
+                              reference.results[i].step_logits.end());
         EXPECT_TRUE(test::close(got.results[i].step_logits, e, {1e-10, 1e-4}, what.c_str()));
       }
       EXPECT_GT(got.stats.spec_proposed, 0) << what;
       if (std::string(d.name) == "target copy") {
-        EXPECT_EQ(got.stats.spec_accepted, got.stats.spec_proposed) << what << ": an exact draft is always accepted";
+        EXPECT_EQ(got.stats.spec_accepted, got.stats.spec_proposed)
+            << what << ": an exact draft is always accepted";
       }
       EXPECT_GE(got.stats.tokens_per_target_step(), 1.0) << what;
     }
@@ -93,7 +106,8 @@ TEST(Extend, GatherAndNativeEqualDcpOne) {
   const auto w = make_synthetic_weights(31);
   std::vector<RequestSpec> reqs;
   const int lengths[] = {2, 5, 64, 133};
-  for (int i = 0; i < 4; ++i) reqs.push_back(request(i, random_tokens(rng, lengths[i], c.vocab_size), 4));
+  for (int i = 0; i < 4; ++i)
+    reqs.push_back(request(i, random_tokens(rng, lengths[i], c.vocab_size), 4));
   for (int chunk : {1, 3, 7, 50}) {  // chunks of 1..3 tokens leave prefixes shorter than N
     EngineSetup ref;
     ref.tp = 4;
@@ -107,11 +121,13 @@ TEST(Extend, GatherAndNativeEqualDcpOne) {
         s.replicate_q = n == 4;
         s.extend_mode = mode;
         const auto got = run_engine(c, *w, s, reqs);
-        const std::string what = std::string(mode == ForwardMode::extend ? "gather" : "native") + " chunk " +
-                                 std::to_string(chunk) + " dcp " + std::to_string(n);
+        const std::string what = std::string(mode == ForwardMode::extend ? "gather" : "native") +
+                                 " chunk " + std::to_string(chunk) + " dcp " + std::to_string(n);
         for (std::size_t i = 0; i < reqs.size(); ++i) {
-          ASSERT_EQ(got.results[i].output_tokens, expect.results[i].output_tokens) << what << " request " << i;
-          std::vector<double> e(expect.results[i].step_logits.begin(), expect.results[i].step_logits.end());
+          ASSERT_EQ(got.results[i].output_tokens, expect.results[i].output_tokens)
+              << what << " request " << i;
+          std::vector<double> e(expect.results[i].step_logits.begin(),
+                                expect.results[i].step_logits.end());
           EXPECT_TRUE(test::close(got.results[i].step_logits, e, {1e-10, 1e-4}, what.c_str()));
         }
       }
@@ -138,7 +154,8 @@ TEST(Extend, MultiTurnContinuationEqualsOneLongPrompt) {
     ASSERT_EQ(turns.results.size(), 2u);
     // The same conversation as one prompt: first prompt, first answer, second prompt.
     std::vector<std::int32_t> whole = first.prompt;
-    whole.insert(whole.end(), turns.results[0].output_tokens.begin(), turns.results[0].output_tokens.end());
+    whole.insert(whole.end(), turns.results[0].output_tokens.begin(),
+                 turns.results[0].output_tokens.end());
     whole.insert(whole.end(), second.prompt.begin(), second.prompt.end());
     EngineSetup one = s;  // the reference: DCP 1 and the gather path, whatever mode is tested
     one.dcp = 1;
@@ -148,7 +165,8 @@ TEST(Extend, MultiTurnContinuationEqualsOneLongPrompt) {
     EXPECT_EQ(turns.results[1].output_tokens, single.results[0].output_tokens) << what;
     // Tokens alone are a weak check (the residual stream dominates a tiny random model): the
     // second turn's logits must match the single prompt's too.
-    std::vector<double> e(single.results[0].step_logits.begin(), single.results[0].step_logits.end());
+    std::vector<double> e(single.results[0].step_logits.begin(),
+                          single.results[0].step_logits.end());
     EXPECT_TRUE(test::close(turns.results[1].step_logits, e, {1e-10, 1e-4}, what));
   }
 }

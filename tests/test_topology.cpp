@@ -126,8 +126,10 @@ TEST(Topology, BackendAutoRuleAndRejections) {
   c.pcp_size = 2;
   EXPECT_NE(rejection(c).find("prefill context parallelism"), std::string::npos);
   EXPECT_NE(rejection(config(8, 1, false, 0)).find("--dcp-size 0 must be >= 1"), std::string::npos);
-  EXPECT_NE(rejection(config(8, 3, true, 1)).find("--dp-size 3 must divide --tp-size 8"), std::string::npos);
-  EXPECT_NE(rejection(config(6, 1, false, 4)).find("legal --dcp-size values: 1, 2, 3, 6"), std::string::npos);
+  EXPECT_NE(rejection(config(8, 3, true, 1)).find("--dp-size 3 must divide --tp-size 8"),
+            std::string::npos);
+  EXPECT_NE(rejection(config(6, 1, false, 4)).find("legal --dcp-size values: 1, 2, 3, 6"),
+            std::string::npos);
   EXPECT_THROW(parse_combine_backend("nccl"), Error);
   EXPECT_THROW(Platform::parse("tpu"), Error);
 }

@@ -43,8 +43,8 @@ Rng make_rng() {
     const double a = actual[i];
     const double b = expected[i];
     if (std::isnan(a) || std::isnan(b)) {
-      return ::testing::AssertionFailure() << what << "[" << i << "]: NaN (actual " << a
-                                           << ", expected " << b << ")";
+      return ::testing::AssertionFailure()
+             << what << "[" << i << "]: NaN (actual " << a << ", expected " << b << ")";
     }
     if (std::isinf(a) || std::isinf(b)) {
       if (a != b) {
@@ -61,9 +61,9 @@ Rng make_rng() {
   const double nmse = ref > 0 ? err / ref : err;
   const double max_rel = max_ref > 0 ? max_abs / max_ref : max_abs;
   if (nmse > tol.nmse || max_rel > tol.max_abs) {
-    return ::testing::AssertionFailure() << what << ": nmse " << nmse << " (limit " << tol.nmse
-                                         << "), max abs " << max_abs << " / max |ref| " << max_ref
-                                         << " = " << max_rel << " (limit " << tol.max_abs << ")";
+    return ::testing::AssertionFailure()
+           << what << ": nmse " << nmse << " (limit " << tol.nmse << "), max abs " << max_abs
+           << " / max |ref| " << max_ref << " = " << max_rel << " (limit " << tol.max_abs << ")";
   }
   return ::testing::AssertionSuccess();
 }
@@ -101,8 +101,10 @@ std::vector<Shard> stripe(const ref::FullAttentionInput& in, int dcp_size, int i
     s.page_table.assign(static_cast<std::size_t>(requests) * s.stride, -1);
     const std::size_t elems = static_cast<std::size_t>(s.num_pages) * page_size * width;
     // Poison: rows nobody wrote (spare pages, tails of partial pages) must never be read.
-    if (dtype == KvDtype::fp32) s.kv_fp32.assign(elems, std::nanf(""));
-    else s.kv_bf16.assign(elems, 0x7fc0);
+    if (dtype == KvDtype::fp32)
+      s.kv_fp32.assign(elems, std::nanf(""));
+    else
+      s.kv_bf16.assign(elems, 0x7fc0);
     std::size_t next = 0;
     for (int b = 0; b < requests; ++b) {
       const std::int64_t pages = (s.local_len[b] + page_size - 1) / page_size;
@@ -111,11 +113,14 @@ std::vector<Shard> stripe(const ref::FullAttentionInput& in, int dcp_size, int i
       for (std::int64_t p = 0; p < len; ++p) {
         if (layout::owner(p, dcp_size, interleave) != r) continue;
         const std::int64_t row = layout::row(p, dcp_size, interleave);
-        const std::int64_t phys = s.page_table[b * s.stride + row / page_size] * page_size + row % page_size;
+        const std::int64_t phys =
+            s.page_table[b * s.stride + row / page_size] * page_size + row % page_size;
         for (int d = 0; d < width; ++d) {
           const float v = in.kv[b][p * width + d];
-          if (dtype == KvDtype::fp32) s.kv_fp32[phys * width + d] = v;
-          else s.kv_bf16[phys * width + d] = float_to_bf16(v);
+          if (dtype == KvDtype::fp32)
+            s.kv_fp32[phys * width + d] = v;
+          else
+            s.kv_bf16[phys * width + d] = float_to_bf16(v);
         }
       }
     }

@@ -7,8 +7,8 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
-#include <string>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "dcp/attention.h"
@@ -79,8 +79,8 @@ struct ContextSpec {
   int heads = 4;
   int kv_lora_rank = 64;
   int rope_dim = 16;
-  std::vector<std::int64_t> lengths;   // global context length per request
-  std::vector<int> q_lens;             // query tokens per request (the last q_len positions)
+  std::vector<std::int64_t> lengths;  // global context length per request
+  std::vector<int> q_lens;            // query tokens per request (the last q_len positions)
 };
 ref::FullAttentionInput random_context(const ContextSpec& spec, KvDtype dtype, Rng& rng);
 

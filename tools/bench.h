@@ -29,8 +29,8 @@ struct ExtendBenchOptions {
 
 struct ExtendRow {
   std::int64_t prefix = 0;
-  double gather_ms = 0, native_ms = 0;           // median forward time
-  double gather_bytes = 0, native_bytes = 0;     // DCP bytes sent per rank per layer
+  double gather_ms = 0, native_ms = 0;        // median forward time
+  double gather_bytes = 0, native_bytes = 0;  // DCP bytes sent per rank per layer
 };
 
 std::vector<ExtendRow> bench_extend(const ExtendBenchOptions& o);
@@ -50,10 +50,10 @@ void bench_attention(const AttentionBenchOptions& o);
 struct EngineBenchOptions {
   std::string preset = "tiny";
   int num_layers = 2;
-  int ranks = 4;                 // TP size; DCP is 1 (TP only) or this
-  std::int64_t context = 4096;   // prompt tokens per request
+  int ranks = 4;                // TP size; DCP is 1 (TP only) or this
+  std::int64_t context = 4096;  // prompt tokens per request
   int new_tokens = 16;
-  double kv_budget_mib = 4;      // KV bytes per rank, the same for both runs
+  double kv_budget_mib = 4;  // KV bytes per rank, the same for both runs
   std::string concurrency = "1,2,4,8,16";
 };
 struct EngineBenchRow {

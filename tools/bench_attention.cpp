@@ -35,12 +35,17 @@ struct TwoGemmPeer {
   const float* kv;  // [B, rows, 576]
   std::vector<float> scores, out;
   TwoGemmPeer(int h, std::int64_t r, const float* k)
-      : heads(h), rows(r), kv(k), scores(static_cast<std::size_t>(h) * r), out(static_cast<std::size_t>(h) * 512) {}
+      : heads(h),
+        rows(r),
+        kv(k),
+        scores(static_cast<std::size_t>(h) * r),
+        out(static_cast<std::size_t>(h) * 512) {}
   void run(const float* q, int batch, float scale) {
     for (int b = 0; b < batch; ++b) {
       const float* k = kv + static_cast<std::size_t>(b) * rows * 576;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, heads, static_cast<int>(rows), 576, scale,
-                  q + static_cast<std::size_t>(b) * heads * 576, 576, k, 576, 0.0f, scores.data(), static_cast<int>(rows));
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, heads, static_cast<int>(rows), 576,
+                  scale, q + static_cast<std::size_t>(b) * heads * 576, 576, k, 576, 0.0f,
+                  scores.data(), static_cast<int>(rows));
       for (int h = 0; h < heads; ++h) {
         float* s = scores.data() + static_cast<std::size_t>(h) * rows;
         const float m = *std::max_element(s, s + rows);
@@ -49,8 +54,8 @@ struct TwoGemmPeer {
         const float inv = 1.0f / z;
         for (std::int64_t j = 0; j < rows; ++j) s[j] *= inv;
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, heads, 512, static_cast<int>(rows), 1.0f, scores.data(),
-                  static_cast<int>(rows), k, 576, 0.0f, out.data(), 512);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, heads, 512, static_cast<int>(rows),
+                  1.0f, scores.data(), static_cast<int>(rows), k, 576, 0.0f, out.data(), 512);
     }
   }
 };
@@ -69,15 +74,20 @@ void bench_attention(const AttentionBenchOptions& o) {
   const double read = measure_read_gbps(o.threads);
   openblas_set_num_threads(o.threads);
   const auto paths = available_kernel_paths();
-  std::printf("local MLA decode attention, %d thread(s), kernel %s; ceilings measured now: sgemm %.1f GFLOP/s, read %.1f GB/s\n",
-              o.threads, std::string(to_string(paths.back())).c_str(), gemm, read);
-  std::printf("peer: two OpenBLAS sgemms + softmax on contiguous fp32 rows; PyTorch: not measured (python3-torch is not installed)\n");
-  std::printf("%3s %7s %4s %5s | %9s %9s %6s %8s %6s | %9s %7s\n", "B", "S", "Hq", "KV", "ms", "GFLOP/s", "%gemm",
-              "KV GB/s", "%read", "peer ms", "speedup");
+  std::printf(
+      "local MLA decode attention, %d thread(s), kernel %s; ceilings measured now: sgemm %.1f "
+      "GFLOP/s, read %.1f GB/s\n",
+      o.threads, std::string(to_string(paths.back())).c_str(), gemm, read);
+  std::printf(
+      "peer: two OpenBLAS sgemms + softmax on contiguous fp32 rows; PyTorch: not measured "
+      "(python3-torch is not installed)\n");
+  std::printf("%3s %7s %4s %5s | %9s %9s %6s %8s %6s | %9s %7s\n", "B", "S", "Hq", "KV", "ms",
+              "GFLOP/s", "%gemm", "KV GB/s", "%read", "peer ms", "speedup");
   std::ofstream csv;
   if (!o.csv.empty()) {
     csv.open(o.csv);
-    csv << "batch,context,heads,kv_dtype,threads,ms,gflops,pct_sgemm,kv_gbps,pct_read,peer_ms,speedup_vs_peer,sgemm_gflops,read_gbps\n";
+    csv << "batch,context,heads,kv_dtype,threads,ms,gflops,pct_sgemm,kv_gbps,pct_read,peer_ms,"
+           "speedup_vs_peer,sgemm_gflops,read_gbps\n";
   }
   std::vector<Series> series;
   for (std::int64_t batch : batches) {
@@ -91,7 +101,8 @@ void bench_attention(const AttentionBenchOptions& o) {
       // The pool holds each request's rows contiguously, one page after another.
       std::vector<float> pool32(static_cast<std::size_t>(batch * pages_per * page) * 576, 0.0f);
       for (std::int64_t b = 0; b < batch; ++b) {
-        std::copy_n(kv32.data() + b * ctx * 576, ctx * 576, pool32.data() + b * pages_per * page * 576);
+        std::copy_n(kv32.data() + b * ctx * 576, ctx * 576,
+                    pool32.data() + b * pages_per * page * 576);
       }
       for (std::int64_t h : heads) {
         std::vector<float> q(static_cast<std::size_t>(batch * h) * 576);
@@ -111,9 +122,11 @@ void bench_attention(const AttentionBenchOptions& o) {
             for (std::size_t i = 0; i < pool32.size(); ++i) kv16[i] = float_to_bf16(pool32[i]);
           }
           std::vector<std::int32_t> q_start(static_cast<std::size_t>(batch) + 1);
-          std::vector<std::int64_t> q_pos(static_cast<std::size_t>(batch), ctx - 1), local_len(static_cast<std::size_t>(batch), ctx);
+          std::vector<std::int64_t> q_pos(static_cast<std::size_t>(batch), ctx - 1),
+              local_len(static_cast<std::size_t>(batch), ctx);
           for (std::int64_t b = 0; b <= batch; ++b) q_start[b] = static_cast<std::int32_t>(b);
-          std::vector<float> out(static_cast<std::size_t>(batch * h) * 512), lse(static_cast<std::size_t>(batch * h));
+          std::vector<float> out(static_cast<std::size_t>(batch * h) * 512),
+              lse(static_cast<std::size_t>(batch * h));
           MlaAttentionParams p;
           p.num_heads = static_cast<int>(h);
           p.softmax_scale = 0.07f;
@@ -142,18 +155,21 @@ void bench_attention(const AttentionBenchOptions& o) {
           const double flops = 2.0 * (576 + 512) * static_cast<double>(h * ctx * batch);
           const double bytes = static_cast<double>(batch * ctx) * 576 * dtype_size(dtype);
           const double gflops = flops / t / 1e6, gbps = bytes / t / 1e6;
-          std::printf("%3lld %7lld %4lld %5s | %9.2f %9.1f %5.0f%% %8.1f %5.0f%% | %9.2f %6.2fx\n", static_cast<long long>(batch),
-                      static_cast<long long>(ctx), static_cast<long long>(h), std::string(to_string(dtype)).c_str(), t, gflops,
+          std::printf("%3lld %7lld %4lld %5s | %9.2f %9.1f %5.0f%% %8.1f %5.0f%% | %9.2f %6.2fx\n",
+                      static_cast<long long>(batch), static_cast<long long>(ctx),
+                      static_cast<long long>(h), std::string(to_string(dtype)).c_str(), t, gflops,
                       100 * gflops / gemm, gbps, 100 * gbps / read, peer_t, peer_t / t);
           std::fflush(stdout);
           if (csv.is_open()) {
-            csv << batch << "," << ctx << "," << h << "," << to_string(dtype) << "," << o.threads << "," << t << "," << gflops
-                << "," << gflops / gemm << "," << gbps << "," << gbps / read << "," << peer_t << "," << peer_t / t << ","
-                << gemm << "," << read << "\n";
+            csv << batch << "," << ctx << "," << h << "," << to_string(dtype) << "," << o.threads
+                << "," << t << "," << gflops << "," << gflops / gemm << "," << gbps << ","
+                << gbps / read << "," << peer_t << "," << peer_t / t << "," << gemm << "," << read
+                << "\n";
           }
           if (batch == batches.front() && ctx == contexts.back()) {
             const std::string name = str("S=", ctx, " B=", batch, " ", to_string(dtype));
-            auto it = std::find_if(series.begin(), series.end(), [&](const Series& x) { return x.name == name; });
+            auto it = std::find_if(series.begin(), series.end(),
+                                   [&](const Series& x) { return x.name == name; });
             if (it == series.end()) {
               series.push_back({name, {}, {}});
               it = series.end() - 1;
@@ -171,9 +187,9 @@ void bench_attention(const AttentionBenchOptions& o) {
       series.back().x.push_back(static_cast<double>(h));
       series.back().y.push_back(gemm);
     }
-    write_svg_chart(o.svg, str("local MLA decode attention, ", o.threads, " thread(s)"), "query heads", "GFLOP/s", series, true);
+    write_svg_chart(o.svg, str("local MLA decode attention, ", o.threads, " thread(s)"),
+                    "query heads", "GFLOP/s", series, true);
   }
 }
-
 
 }  // namespace dcp::cli

@@ -1,4 +1,5 @@
-// dcp bench merge and dcp bench comm: merge/KV bandwidth, and the DCP step's collectives against raw ones.
+// dcp bench merge and dcp bench comm: merge/KV bandwidth, and the DCP step's collectives against
+// raw ones.
 #include <cblas.h>
 
 #include <algorithm>
@@ -46,13 +47,16 @@ void bench_merge(int repeats) {
   // Merge K partial states of 64 x 128 rows of 512 (large enough to leave the caches).
   for (int parts : {2, 4, 8}) {
     const std::int64_t rows = 64 * 128;
-    std::vector<float> o(static_cast<std::size_t>(parts * rows) * 512), lse(static_cast<std::size_t>(parts * rows));
+    std::vector<float> o(static_cast<std::size_t>(parts * rows) * 512),
+        lse(static_cast<std::size_t>(parts * rows));
     fill(o.data(), o.size(), 3);
     fill(lse.data(), lse.size(), 4);
-    std::vector<float> out(static_cast<std::size_t>(rows) * 512), out_lse(static_cast<std::size_t>(rows));
+    std::vector<float> out(static_cast<std::size_t>(rows) * 512),
+        out_lse(static_cast<std::size_t>(rows));
     const double bytes = 4.0 * (o.size() + lse.size() + out.size() + out_lse.size());
     report(str("merge ", parts, " parts x 8192 rows x 512"), bytes, [&] {
-      merge_attention_states(o.data(), lse.data(), parts, rows, 512, LseBase::e, out.data(), out_lse.data());
+      merge_attention_states(o.data(), lse.data(), parts, rows, 512, LseBase::e, out.data(),
+                             out_lse.data());
     });
   }
   // KV write (owner-only, fp32 -> bf16) and gather (local rows back to fp32), one rank of DCP 4.
@@ -65,8 +69,8 @@ void bench_merge(int repeats) {
     std::vector<float> rows(static_cast<std::size_t>(tokens) * 576);
     fill(rows.data(), rows.size(), 5);
     const double owned = static_cast<double>(tokens / 4);
-    report(str("KV write ", tokens, " tokens (1/4 owned) ", to_string(dtype)), owned * 576 * (4 + dtype_size(dtype)),
-           [&] { shard.write(1, 0, tokens, rows.data()); });
+    report(str("KV write ", tokens, " tokens (1/4 owned) ", to_string(dtype)),
+           owned * 576 * (4 + dtype_size(dtype)), [&] { shard.write(1, 0, tokens, rows.data()); });
     std::vector<float> gathered(static_cast<std::size_t>(owned) * 576);
     report(str("KV gather local rows ", to_string(dtype)), owned * 576 * (4 + dtype_size(dtype)),
            [&] { shard.local_rows(1, gathered.data()); });
@@ -97,7 +101,8 @@ void bench_comm_rank(Communicator& c, int heads_per_rank, int tokens, int repeat
   shard.local_len = local_len.data();  // an empty shard: the step is its communication
   shard.dcp_size = n;
   shard.dcp_rank = c.rank();
-  std::vector<float> out(static_cast<std::size_t>(tokens) * heads_per_rank * dc), lse(static_cast<std::size_t>(tokens) * heads_per_rank);
+  std::vector<float> out(static_cast<std::size_t>(tokens) * heads_per_rank * dc),
+      lse(static_cast<std::size_t>(tokens) * heads_per_rank);
   const auto time = [&](const std::function<void()>& f) {
     f();
     std::vector<double> ms;
@@ -114,7 +119,8 @@ void bench_comm_rank(Communicator& c, int heads_per_rank, int tokens, int repeat
   for (CombineBackend b : {CombineBackend::ag_rs, CombineBackend::a2a}) {
     DcpAttention step(c, {b, false, heads_per_rank});
     const std::size_t rows = static_cast<std::size_t>(tokens) * heads_per_rank;
-    const double step_ms = time([&] { step.forward(q.data(), shard, nullptr, out.data(), lse.data()); });
+    const double step_ms =
+        time([&] { step.forward(q.data(), shard, nullptr, out.data(), lse.data()); });
     // Raw collectives moving the same bytes: the query all-gather, then the combine's collectives.
     std::vector<float> qg(q.size() * n), a(rows * n * (dc + 1)), r(rows * n * (dc + 1));
     const double raw_ms = time([&] {
@@ -127,11 +133,10 @@ void bench_comm_rank(Communicator& c, int heads_per_rank, int tokens, int repeat
       }
     });
     if (c.rank() == 0) {
-      std::printf("%6s %5d %7d %9s | %10.3f %10.3f %8.2f\n", std::string(c.backend()).c_str(), n, tokens,
-                  std::string(to_string(b)).c_str(), step_ms, raw_ms, step_ms / raw_ms);
+      std::printf("%6s %5d %7d %9s | %10.3f %10.3f %8.2f\n", std::string(c.backend()).c_str(), n,
+                  tokens, std::string(to_string(b)).c_str(), step_ms, raw_ms, step_ms / raw_ms);
     }
   }
 }
-
 
 }  // namespace dcp::cli

@@ -4,14 +4,13 @@
 //   dcp bench comm       the DCP step's collectives vs raw collectives of the same bytes
 //   dcp bench extend     time and DCP bytes per extend (prefill chunk over a cached prefix),
 //                        gather path vs DCP-native path, against prefix length.
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 
@@ -24,23 +23,29 @@
 namespace dcp::cli {
 
 void add_bench_command(CLI::App& app) {
-  CLI::App* bench = app.add_subcommand("bench", "Benchmarks, each against a baseline measured in the same run");
+  CLI::App* bench =
+      app.add_subcommand("bench", "Benchmarks, each against a baseline measured in the same run");
   bench->require_subcommand(1);
   auto ao = std::make_shared<AttentionBenchOptions>();
-  CLI::App* att = bench->add_subcommand("attention", "Local MLA decode attention vs sgemm / read ceilings and a two-GEMM peer");
+  CLI::App* att = bench->add_subcommand(
+      "attention", "Local MLA decode attention vs sgemm / read ceilings and a two-GEMM peer");
   att->add_option("--contexts", ao->contexts, "rank-local context lengths")->capture_default_str();
   att->add_option("--heads", ao->heads, "query heads")->capture_default_str();
   att->add_option("--batches", ao->batches, "requests per call")->capture_default_str();
   att->add_option("--dtypes", ao->dtypes, "KV dtypes")->capture_default_str();
-  att->add_option("--threads", ao->threads, "threads (kernel split-KV and BLAS alike)")->capture_default_str();
-  att->add_option("--repeats", ao->repeats, "timed calls per point (median)")->capture_default_str();
+  att->add_option("--threads", ao->threads, "threads (kernel split-KV and BLAS alike)")
+      ->capture_default_str();
+  att->add_option("--repeats", ao->repeats, "timed calls per point (median)")
+      ->capture_default_str();
   att->add_option("--csv", ao->csv, "write the table as CSV");
   att->add_option("--svg", ao->svg, "write a plot (GFLOP/s vs heads) as SVG");
   att->callback([ao] { bench_attention(*ao); });
 
   auto merge_repeats = std::make_shared<int>(5);
-  CLI::App* mg = bench->add_subcommand("merge", "LSE merge and KV write/gather against the read ceiling");
-  mg->add_option("--repeats", *merge_repeats, "timed calls per point (median)")->capture_default_str();
+  CLI::App* mg =
+      bench->add_subcommand("merge", "LSE merge and KV write/gather against the read ceiling");
+  mg->add_option("--repeats", *merge_repeats, "timed calls per point (median)")
+      ->capture_default_str();
   mg->callback([merge_repeats] { bench_merge(*merge_repeats); });
 
   struct CommOptions {
@@ -50,16 +55,22 @@ void add_bench_command(CLI::App& app) {
     std::string tokens = "1,8,64";
   };
   auto co = std::make_shared<CommOptions>();
-  CLI::App* cm = bench->add_subcommand("comm", "The DCP step's collectives (empty shard) vs raw collectives of the same bytes");
-  cm->add_option("--comm", co->comm, "threads or mpi (under mpirun: the world's size is N)")->capture_default_str();
+  CLI::App* cm = bench->add_subcommand(
+      "comm", "The DCP step's collectives (empty shard) vs raw collectives of the same bytes");
+  cm->add_option("--comm", co->comm, "threads or mpi (under mpirun: the world's size is N)")
+      ->capture_default_str();
   cm->add_option("--ranks", co->ranks, "DCP sizes to run as threads")->capture_default_str();
   cm->add_option("--heads-per-rank", co->heads_per_rank, "H_loc")->capture_default_str();
   cm->add_option("--tokens", co->tokens, "query tokens per step (batch)")->capture_default_str();
-  cm->add_option("--repeats", co->repeats, "timed steps (median, slowest rank)")->capture_default_str();
+  cm->add_option("--repeats", co->repeats, "timed steps (median, slowest rank)")
+      ->capture_default_str();
   cm->callback([co] {
-    std::printf("DCP step on an empty shard (query gather + combine) vs the same bytes as raw collectives, H_loc %d\n",
-                co->heads_per_rank);
-    std::printf("%6s %5s %7s %9s | %10s %10s %8s\n", "comm", "N", "tokens", "backend", "step ms", "raw ms", "ratio");
+    std::printf(
+        "DCP step on an empty shard (query gather + combine) vs the same bytes as raw collectives, "
+        "H_loc %d\n",
+        co->heads_per_rank);
+    std::printf("%6s %5s %7s %9s | %10s %10s %8s\n", "comm", "N", "tokens", "backend", "step ms",
+                "raw ms", "ratio");
     for (std::int64_t tokens : parse_list(co->tokens, "--tokens")) {
       if (co->comm == "mpi") {
         static std::unique_ptr<MpiSession> session;
@@ -68,52 +79,73 @@ void add_bench_command(CLI::App& app) {
         bench_comm_rank(*world, co->heads_per_rank, static_cast<int>(tokens), co->repeats);
       } else {
         for (std::int64_t n : parse_list(co->ranks, "--ranks")) {
-          run_threads(static_cast<int>(n), [&](Communicator& c) { bench_comm_rank(c, co->heads_per_rank, static_cast<int>(tokens), co->repeats); });
+          run_threads(static_cast<int>(n), [&](Communicator& c) {
+            bench_comm_rank(c, co->heads_per_rank, static_cast<int>(tokens), co->repeats);
+          });
         }
       }
     }
   });
 
   auto eo = std::make_shared<EngineBenchOptions>();
-  CLI::App* en = bench->add_subcommand("engine", "Decode throughput vs concurrency at a fixed per-rank KV budget: TP only vs TP + DCP");
+  CLI::App* en = bench->add_subcommand(
+      "engine",
+      "Decode throughput vs concurrency at a fixed per-rank KV budget: TP only vs TP + DCP");
   en->add_option("--preset", eo->preset, "model geometry")->capture_default_str();
   en->add_option("--num-layers", eo->num_layers, "layers")->capture_default_str();
-  en->add_option("--ranks", eo->ranks, "TP size (ranks as threads); DCP 1 vs DCP = ranks")->capture_default_str();
+  en->add_option("--ranks", eo->ranks, "TP size (ranks as threads); DCP 1 vs DCP = ranks")
+      ->capture_default_str();
   en->add_option("--context", eo->context, "prompt tokens per request")->capture_default_str();
-  en->add_option("--new-tokens", eo->new_tokens, "tokens generated per request")->capture_default_str();
-  en->add_option("--kv-budget-mib", eo->kv_budget_mib, "KV memory per rank (MiB), the same for both")->capture_default_str();
-  en->add_option("--concurrency", eo->concurrency, "requests submitted at once")->capture_default_str();
+  en->add_option("--new-tokens", eo->new_tokens, "tokens generated per request")
+      ->capture_default_str();
+  en->add_option("--kv-budget-mib", eo->kv_budget_mib,
+                 "KV memory per rank (MiB), the same for both")
+      ->capture_default_str();
+  en->add_option("--concurrency", eo->concurrency, "requests submitted at once")
+      ->capture_default_str();
   en->callback([eo] {
-    std::printf("decode throughput, %s %d layers, TP %d, context %lld, %d new tokens, %.1f MiB KV per rank\n", eo->preset.c_str(),
-                eo->num_layers, eo->ranks, static_cast<long long>(eo->context), eo->new_tokens, eo->kv_budget_mib);
-    std::printf("%4s %5s %12s %8s %10s %12s %10s %9s %9s\n", "dcp", "conc", "kv tokens", "running", "tokens",
-                "tokens/s", "step ms", "attn ms", "comm ms");
+    std::printf(
+        "decode throughput, %s %d layers, TP %d, context %lld, %d new tokens, %.1f MiB KV per "
+        "rank\n",
+        eo->preset.c_str(), eo->num_layers, eo->ranks, static_cast<long long>(eo->context),
+        eo->new_tokens, eo->kv_budget_mib);
+    std::printf("%4s %5s %12s %8s %10s %12s %10s %9s %9s\n", "dcp", "conc", "kv tokens", "running",
+                "tokens", "tokens/s", "step ms", "attn ms", "comm ms");
     bench_engine(*eo);
   });
 
   auto o = std::make_shared<ExtendBenchOptions>();
-  CLI::App* ext = bench->add_subcommand("extend", "Extend (prefill chunk over a cached prefix): gather vs DCP-native");
+  CLI::App* ext = bench->add_subcommand(
+      "extend", "Extend (prefill chunk over a cached prefix): gather vs DCP-native");
   ext->add_option("--preset", o->preset, "model geometry")->capture_default_str();
   ext->add_option("--num-layers", o->num_layers, "layers")->capture_default_str();
-  ext->add_option("--dcp-size", o->dcp_size, "DCP size (= TP size; ranks as threads)")->capture_default_str();
+  ext->add_option("--dcp-size", o->dcp_size, "DCP size (= TP size; ranks as threads)")
+      ->capture_default_str();
   ext->add_option("--chunk", o->chunk, "tokens per extend")->capture_default_str();
-  ext->add_option("--prefix-lens", o->prefix_lens, "comma-separated prefix lengths")->capture_default_str();
-  ext->add_option("--repeats", o->repeats, "timed extends per point (median reported)")->capture_default_str();
+  ext->add_option("--prefix-lens", o->prefix_lens, "comma-separated prefix lengths")
+      ->capture_default_str();
+  ext->add_option("--repeats", o->repeats, "timed extends per point (median reported)")
+      ->capture_default_str();
   ext->add_option("--csv", o->csv, "also write the table as CSV");
   ext->callback([o] {
     const auto rows = bench_extend(*o);
-    std::printf("extend of %d tokens, %s, %d layer(s), DCP %d (threads); bytes are DCP bytes sent per rank per layer\n",
-                o->chunk, o->preset.c_str(), o->num_layers, o->dcp_size);
-    std::printf("%10s %14s %14s %16s %16s %12s\n", "prefix", "gather ms", "native ms", "gather bytes", "native bytes", "native/gather");
+    std::printf(
+        "extend of %d tokens, %s, %d layer(s), DCP %d (threads); bytes are DCP bytes sent per rank "
+        "per layer\n",
+        o->chunk, o->preset.c_str(), o->num_layers, o->dcp_size);
+    std::printf("%10s %14s %14s %16s %16s %12s\n", "prefix", "gather ms", "native ms",
+                "gather bytes", "native bytes", "native/gather");
     for (const auto& r : rows) {
-      std::printf("%10lld %14.2f %14.2f %16.0f %16.0f %12.2f\n", static_cast<long long>(r.prefix), r.gather_ms,
-                  r.native_ms, r.gather_bytes, r.native_bytes, r.gather_ms > 0 ? r.native_ms / r.gather_ms : 0.0);
+      std::printf("%10lld %14.2f %14.2f %16.0f %16.0f %12.2f\n", static_cast<long long>(r.prefix),
+                  r.gather_ms, r.native_ms, r.gather_bytes, r.native_bytes,
+                  r.gather_ms > 0 ? r.native_ms / r.gather_ms : 0.0);
     }
     if (!o->csv.empty()) {
       std::ofstream out(o->csv);
       out << "prefix,gather_ms,native_ms,gather_bytes_per_rank_layer,native_bytes_per_rank_layer\n";
       for (const auto& r : rows) {
-        out << r.prefix << "," << r.gather_ms << "," << r.native_ms << "," << r.gather_bytes << "," << r.native_bytes << "\n";
+        out << r.prefix << "," << r.gather_ms << "," << r.native_ms << "," << r.gather_bytes << ","
+            << r.native_bytes << "\n";
       }
       DCP_CHECK(out.good(), io, "--csv: cannot write ", o->csv);
     }

@@ -17,7 +17,8 @@
 namespace dcp::cli {
 
 std::vector<EngineBenchRow> bench_engine(const EngineBenchOptions& o) {
-  DCP_ARG_CHECK(o.ranks >= 1 && o.context >= 1 && o.new_tokens >= 2, "--ranks, --context >= 1 and --new-tokens >= 2");
+  DCP_ARG_CHECK(o.ranks >= 1 && o.context >= 1 && o.new_tokens >= 2,
+                "--ranks, --context >= 1 and --new-tokens >= 2");
   const ModelConfig config = preset_config(o.preset, o.num_layers);
   const std::size_t row_bytes = static_cast<std::size_t>(config.latent_width()) * 2;  // bf16
   const auto concurrency = parse_list(o.concurrency, "--concurrency");
@@ -25,7 +26,10 @@ std::vector<EngineBenchRow> bench_engine(const EngineBenchOptions& o) {
   set_blas_threads(1);
   for (int dcp : {1, o.ranks}) {
     // The same bytes per rank for both: tokens the group can hold = budget / (row x layers) x N.
-    const std::int64_t capacity = static_cast<std::int64_t>(o.kv_budget_mib * 1048576.0 / (row_bytes * config.num_hidden_layers)) * dcp;
+    const std::int64_t capacity =
+        static_cast<std::int64_t>(o.kv_budget_mib * 1048576.0 /
+                                  (row_bytes * config.num_hidden_layers)) *
+        dcp;
     for (std::int64_t c : concurrency) {
       EngineBenchRow r;
       r.dcp = dcp;
@@ -59,7 +63,8 @@ std::vector<EngineBenchRow> bench_engine(const EngineBenchOptions& o) {
         double decode_ms = 0;
         for (double ms : engine.stats().decode_step_ms) decode_ms += ms;
         r.decode_tokens = engine.stats().decode_tokens;
-        r.tokens_per_s = decode_ms > 0 ? 1000.0 * static_cast<double>(r.decode_tokens) / decode_ms : 0;
+        r.tokens_per_s =
+            decode_ms > 0 ? 1000.0 * static_cast<double>(r.decode_tokens) / decode_ms : 0;
         r.peak_running = peak_running;
         std::vector<double> step = engine.stats().decode_step_ms;
         r.median_step_ms = step.empty() ? 0 : median(step);
@@ -74,7 +79,8 @@ std::vector<EngineBenchRow> bench_engine(const EngineBenchOptions& o) {
       rows.push_back(r);
       std::printf("%4d %5d %12lld %8lld %10lld %12.1f %10.2f %9.2f %9.2f\n", r.dcp, r.concurrency,
                   static_cast<long long>(r.capacity_tokens), static_cast<long long>(r.peak_running),
-                  static_cast<long long>(r.decode_tokens), r.tokens_per_s, r.median_step_ms, r.attention_ms, r.comm_ms);
+                  static_cast<long long>(r.decode_tokens), r.tokens_per_s, r.median_step_ms,
+                  r.attention_ms, r.comm_ms);
       std::fflush(stdout);
     }
   }

@@ -26,7 +26,8 @@
 namespace dcp::cli {
 
 std::vector<ExtendRow> bench_extend(const ExtendBenchOptions& o) {
-  DCP_ARG_CHECK(o.dcp_size >= 1 && o.chunk >= 1 && o.repeats >= 1, "--dcp-size, --chunk and --repeats must be >= 1");
+  DCP_ARG_CHECK(o.dcp_size >= 1 && o.chunk >= 1 && o.repeats >= 1,
+                "--dcp-size, --chunk and --repeats must be >= 1");
   const ModelConfig config = preset_config(o.preset, o.num_layers);
   const std::vector<std::int64_t> prefixes = parse_list(o.prefix_lens, "--prefix-lens");
   const std::int64_t longest = *std::max_element(prefixes.begin(), prefixes.end());
@@ -73,7 +74,8 @@ std::vector<ExtendRow> bench_extend(const ExtendBenchOptions& o) {
           model.forward(b, &t);
           ms.push_back(t.total_ms);
           bytes = static_cast<double>(t.dcp_comm.total_bytes()) / config.num_hidden_layers;
-          model.allocator().truncate(id, prefix);  // roll back: every repeat extends the same prefix
+          model.allocator().truncate(id,
+                                     prefix);  // roll back: every repeat extends the same prefix
         }
         if (world.rank() != 0) continue;
         if (mode == ForwardMode::extend) {
@@ -90,6 +92,5 @@ std::vector<ExtendRow> bench_extend(const ExtendBenchOptions& o) {
   });
   return rows;
 }
-
 
 }  // namespace dcp::cli

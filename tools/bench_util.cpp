@@ -13,17 +13,21 @@
 namespace dcp::cli {
 namespace {
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 }  // namespace
 
 double measure_sgemm_gflops(int threads, int n) {
   openblas_set_num_threads(threads);
   std::vector<float> a(static_cast<std::size_t>(n) * n, 0.5f), b(a.size(), 0.25f), c(a.size());
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
+              0.0f, c.data(), n);
   double best = 0;
   for (int rep = 0; rep < 3; ++rep) {
     const auto t0 = Clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
+                0.0f, c.data(), n);
     best = std::max(best, 2.0 * n * n * n / seconds_since(t0) / 1e9);
   }
   return best;
@@ -57,36 +61,52 @@ void write_svg_chart(const std::string& path, const std::string& title, const st
   if (x1 <= x0) x1 = x0 + 1;
   if (y1 <= 0) y1 = 1;
   y1 *= 1.1;
-  const auto px = [&](double x) { return L + ((log_x ? std::log10(x) : x) - x0) / (x1 - x0) * (W - L - R); };
+  const auto px = [&](double x) {
+    return L + ((log_x ? std::log10(x) : x) - x0) / (x1 - x0) * (W - L - R);
+  };
   const auto py = [&](double y) { return H - B - y / y1 * (H - T - B); };
-  static const char* colours[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#17becf", "#7f7f7f"};
+  static const char* colours[] = {"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e",
+                                  "#9467bd", "#8c564b", "#17becf", "#7f7f7f"};
   std::ofstream out(path);
   DCP_CHECK(out.good(), io, "cannot write ", path);
-  out << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H << "' font-family='sans-serif' font-size='12'>\n"
+  out << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H
+      << "' font-family='sans-serif' font-size='12'>\n"
       << "<rect width='100%' height='100%' fill='white'/>\n"
-      << "<text x='" << W / 2 << "' y='20' text-anchor='middle' font-size='14'>" << title << "</text>\n"
-      << "<line x1='" << L << "' y1='" << H - B << "' x2='" << W - R << "' y2='" << H - B << "' stroke='black'/>\n"
-      << "<line x1='" << L << "' y1='" << T << "' x2='" << L << "' y2='" << H - B << "' stroke='black'/>\n"
-      << "<text x='" << (L + W - R) / 2 << "' y='" << H - 12 << "' text-anchor='middle'>" << x_label << "</text>\n"
-      << "<text x='16' y='" << (T + H - B) / 2 << "' text-anchor='middle' transform='rotate(-90 16 " << (T + H - B) / 2 << ")'>" << y_label << "</text>\n";
+      << "<text x='" << W / 2 << "' y='20' text-anchor='middle' font-size='14'>" << title
+      << "</text>\n"
+      << "<line x1='" << L << "' y1='" << H - B << "' x2='" << W - R << "' y2='" << H - B
+      << "' stroke='black'/>\n"
+      << "<line x1='" << L << "' y1='" << T << "' x2='" << L << "' y2='" << H - B
+      << "' stroke='black'/>\n"
+      << "<text x='" << (L + W - R) / 2 << "' y='" << H - 12 << "' text-anchor='middle'>" << x_label
+      << "</text>\n"
+      << "<text x='16' y='" << (T + H - B) / 2 << "' text-anchor='middle' transform='rotate(-90 16 "
+      << (T + H - B) / 2 << ")'>" << y_label << "</text>\n";
   for (int k = 0; k <= 4; ++k) {
     const double y = y1 * k / 4;
-    out << "<text x='" << L - 6 << "' y='" << py(y) + 4 << "' text-anchor='end'>" << std::round(y * 10) / 10 << "</text>\n"
-        << "<line x1='" << L << "' y1='" << py(y) << "' x2='" << W - R << "' y2='" << py(y) << "' stroke='#ddd'/>\n";
+    out << "<text x='" << L - 6 << "' y='" << py(y) + 4 << "' text-anchor='end'>"
+        << std::round(y * 10) / 10 << "</text>\n"
+        << "<line x1='" << L << "' y1='" << py(y) << "' x2='" << W - R << "' y2='" << py(y)
+        << "' stroke='#ddd'/>\n";
   }
   std::vector<double> ticks;
   for (const Series& s : series) ticks.insert(ticks.end(), s.x.begin(), s.x.end());
   std::sort(ticks.begin(), ticks.end());
   ticks.erase(std::unique(ticks.begin(), ticks.end()), ticks.end());
-  for (double x : ticks) out << "<text x='" << px(x) << "' y='" << H - B + 16 << "' text-anchor='middle'>" << x << "</text>\n";
+  for (double x : ticks)
+    out << "<text x='" << px(x) << "' y='" << H - B + 16 << "' text-anchor='middle'>" << x
+        << "</text>\n";
   for (std::size_t i = 0; i < series.size(); ++i) {
     const Series& s = series[i];
     const char* c = colours[i % 8];
     out << "<polyline fill='none' stroke='" << c << "' stroke-width='2' points='";
     for (std::size_t k = 0; k < s.x.size(); ++k) out << px(s.x[k]) << "," << py(s.y[k]) << " ";
     out << "'/>\n";
-    for (std::size_t k = 0; k < s.x.size(); ++k) out << "<circle cx='" << px(s.x[k]) << "' cy='" << py(s.y[k]) << "' r='3' fill='" << c << "'/>\n";
-    out << "<text x='" << W - R + 10 << "' y='" << T + 16 * (i + 1) << "' fill='" << c << "'>" << s.name << "</text>\n";
+    for (std::size_t k = 0; k < s.x.size(); ++k)
+      out << "<circle cx='" << px(s.x[k]) << "' cy='" << py(s.y[k]) << "' r='3' fill='" << c
+          << "'/>\n";
+    out << "<text x='" << W - R + 10 << "' y='" << T + 16 * (i + 1) << "' fill='" << c << "'>"
+        << s.name << "</text>\n";
   }
   out << "</svg>\n";
 }

@@ -1,6 +1,5 @@
 // The `dcp` command line.
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <iostream>
 

@@ -53,7 +53,8 @@ int run_demo(const DemoOptions& opt) {
     const std::int64_t len = opt.context - 37 * b;  // mixed lengths, none a multiple of N
     std::vector<float> kv(static_cast<std::size_t>(std::max<std::int64_t>(len, 0)) * width);
     for (float& v : kv) v = bf16_to_float(float_to_bf16(normal(gen)));
-    if (dtype == KvDtype::fp32) for (float& v : kv) v += 1e-3f * normal(gen);
+    if (dtype == KvDtype::fp32)
+      for (float& v : kv) v += 1e-3f * normal(gen);
     in.kv.push_back(std::move(kv));
     in.q_pos.push_back(std::max<std::int64_t>(len - 1, 0));
     for (int i = 0; i < heads * width; ++i) in.q.push_back(normal(gen));
@@ -61,17 +62,22 @@ int run_demo(const DemoOptions& opt) {
   }
   const std::int64_t rows = static_cast<std::int64_t>(opt.batch) * heads;
 
-  std::vector<float> o_parts(static_cast<std::size_t>(n) * rows * dc), lse_parts(static_cast<std::size_t>(n) * rows);
+  std::vector<float> o_parts(static_cast<std::size_t>(n) * rows * dc),
+      lse_parts(static_cast<std::size_t>(n) * rows);
   double local_ms = 0;
-  std::printf("dcp demo: %d requests, contexts up to %d tokens, %d heads, latent %d+%d, %s KV, page %d, DCP %d\n",
-              opt.batch, opt.context, heads, dc, dr, std::string(to_string(dtype)).c_str(), opt.page_size, n);
+  std::printf(
+      "dcp demo: %d requests, contexts up to %d tokens, %d heads, latent %d+%d, %s KV, page %d, "
+      "DCP %d\n",
+      opt.batch, opt.context, heads, dc, dr, std::string(to_string(dtype)).c_str(), opt.page_size,
+      n);
   for (int r = 0; r < n; ++r) {
     // Rank r's shard: its owned rows, compact, in pages 0, 1, 2, ... per request.
     std::vector<std::int64_t> local_len(opt.batch);
     int stride = 0;
     for (int b = 0; b < opt.batch; ++b) {
       local_len[b] = layout::count(static_cast<std::int64_t>(in.kv[b].size()) / width, r, n);
-      stride = std::max<int>(stride, static_cast<int>((local_len[b] + opt.page_size - 1) / opt.page_size));
+      stride = std::max<int>(stride,
+                             static_cast<int>((local_len[b] + opt.page_size - 1) / opt.page_size));
     }
     stride = std::max(stride, 1);
     std::vector<std::int32_t> table(static_cast<std::size_t>(opt.batch) * stride);
@@ -82,11 +88,14 @@ int run_demo(const DemoOptions& opt) {
     for (int b = 0; b < opt.batch; ++b) {
       const std::int64_t len = static_cast<std::int64_t>(in.kv[b].size()) / width;
       for (std::int64_t p = r; p < len; p += n) {
-        const std::int64_t row = static_cast<std::int64_t>(b) * stride * opt.page_size + layout::row(p, n);
+        const std::int64_t row =
+            static_cast<std::int64_t>(b) * stride * opt.page_size + layout::row(p, n);
         for (int d = 0; d < width; ++d) {
           const float v = in.kv[b][p * width + d];
-          if (dtype == KvDtype::fp32) pool32[row * width + d] = v;
-          else pool16[row * width + d] = float_to_bf16(v);
+          if (dtype == KvDtype::fp32)
+            pool32[row * width + d] = v;
+          else
+            pool16[row * width + d] = float_to_bf16(v);
         }
       }
     }
@@ -112,12 +121,15 @@ int run_demo(const DemoOptions& opt) {
     p.lse = lse_parts.data() + r * rows;
     const auto t0 = std::chrono::steady_clock::now();
     mla_attention(p);
-    local_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    local_ms +=
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     std::printf("  rank %d: %lld KV rows, local attention done\n", r,
-                static_cast<long long>(std::accumulate(local_len.begin(), local_len.end(), std::int64_t{0})));
+                static_cast<long long>(
+                    std::accumulate(local_len.begin(), local_len.end(), std::int64_t{0})));
   }
   std::vector<float> out(static_cast<std::size_t>(rows) * dc), lse(rows);
-  merge_attention_states(o_parts.data(), lse_parts.data(), n, rows, dc, LseBase::e, out.data(), lse.data());
+  merge_attention_states(o_parts.data(), lse_parts.data(), n, rows, dc, LseBase::e, out.data(),
+                         lse.data());
   const ref::AttentionResult full = ref::full_attention(in);
 
   const auto errors = [&](const std::vector<float>& o) {
@@ -137,9 +149,11 @@ int run_demo(const DemoOptions& opt) {
   }
   const auto [avg_nmse, avg_max] = errors(averaged);
   double lse_err = 0;
-  for (std::int64_t i = 0; i < rows; ++i) lse_err = std::max(lse_err, std::abs(lse[i] - full.lse[i]));
+  for (std::int64_t i = 0; i < rows; ++i)
+    lse_err = std::max(lse_err, std::abs(lse[i] - full.lse[i]));
   std::printf("local attention on %d shards: %.1f ms in all\n", n, local_ms);
-  std::printf("LSE merge vs float64 full attention: nmse %.3g, max |dO| %.3g, max |dLSE| %.3g\n", nmse, max_abs, lse_err);
+  std::printf("LSE merge vs float64 full attention: nmse %.3g, max |dO| %.3g, max |dLSE| %.3g\n",
+              nmse, max_abs, lse_err);
   std::printf("averaging O without LSE (wrong):     nmse %.3g, max |dO| %.3g\n", avg_nmse, avg_max);
   const bool ok = nmse < 1e-9 && (n == 1 || avg_nmse > 100 * nmse);
   std::printf("%s\n", ok ? "OK: the merged result equals full attention up to float rounding"
@@ -151,10 +165,12 @@ int run_demo(const DemoOptions& opt) {
 
 void add_demo_command(CLI::App& app) {
   auto opt = std::make_shared<DemoOptions>();
-  CLI::App* cmd = app.add_subcommand("demo", "Stripe random contexts over N shards, attend, merge, compare with full attention");
+  CLI::App* cmd = app.add_subcommand(
+      "demo", "Stripe random contexts over N shards, attend, merge, compare with full attention");
   cmd->add_option("--dcp-size", opt->dcp_size, "DCP group size N")->capture_default_str();
   cmd->add_option("--heads", opt->heads, "query heads")->capture_default_str();
-  cmd->add_option("--context", opt->context, "context length of the first request")->capture_default_str();
+  cmd->add_option("--context", opt->context, "context length of the first request")
+      ->capture_default_str();
   cmd->add_option("--batch", opt->batch, "requests")->capture_default_str();
   cmd->add_option("--page-size", opt->page_size, "rows per KV page")->capture_default_str();
   cmd->add_option("--kv-cache-dtype", opt->kv_dtype, "fp32 or bf16")->capture_default_str();
@@ -162,7 +178,11 @@ void add_demo_command(CLI::App& app) {
   cmd->callback([opt] { set_exit_code(run_demo(*opt)); });
 }
 
-int exit_code() { return g_exit_code; }
-void set_exit_code(int code) { g_exit_code = code; }
+int exit_code() {
+  return g_exit_code;
+}
+void set_exit_code(int code) {
+  g_exit_code = code;
+}
 
 }  // namespace dcp::cli

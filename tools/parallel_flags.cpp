@@ -21,7 +21,8 @@ void add_parallel_flags(CLI::App* cmd, ParallelFlags& f) {
   cmd->add_flag("--enable-dp-attention", f.enable_dp_attention,
                 "attention data parallelism: DP replicas share the TP world (attn_tp = tp / dp)");
   cmd->add_option("--dcp-size,--decode-context-parallel-size", f.dcp_size,
-                  "decode context parallel size N")->capture_default_str();
+                  "decode context parallel size N")
+      ->capture_default_str();
   cmd->add_option("--pcp-size", f.pcp_size, "prefill context parallel size (exclusive with DCP)")
       ->capture_default_str();
   cmd->add_option("--dcp-comm-backend", f.dcp_comm_backend,

@@ -5,12 +5,11 @@
 //                     DcpAttention::expected_bytes_sent)
 //   capacity          (memory - weights) / (layers x latent row bytes) rows per rank, x N tokens
 // DCP pays when T_attn(S) - T_attn(S/N) > T_comm, or when the KV does not fit without it.
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "commands.h"
@@ -24,11 +23,11 @@ namespace {
 
 struct Hardware {
   std::string name;
-  double compute_flops = 0;    // attention kernel rate per rank (FLOP/s)
-  double bandwidth = 0;        // KV read bandwidth per rank (B/s)
-  double link_bandwidth = 0;   // per-rank collective bandwidth (B/s)
-  double link_latency = 0;     // per collective (s)
-  double memory_bytes = 0;     // per rank
+  double compute_flops = 0;   // attention kernel rate per rank (FLOP/s)
+  double bandwidth = 0;       // KV read bandwidth per rank (B/s)
+  double link_bandwidth = 0;  // per-rank collective bandwidth (B/s)
+  double link_latency = 0;    // per collective (s)
+  double memory_bytes = 0;    // per rank
   std::string source;
 };
 
@@ -37,14 +36,27 @@ Hardware hardware_preset(const std::string& name) {
     // Measured on the development VM, one core per rank (dcp bench attention, 2026-11-29):
     // ~80 GFLOP/s for many heads, ~9.5 GB/s KV read for few; collectives between thread ranks
     // (dcp run decode split) cost ~0.3 ms each, mostly scheduling on 2 cores.
-    return {name, 80e9, 9.5e9, 5e9, 300e-6, 24.0 * (1ull << 30) / 4, "measured here: dcp bench attention, dcp run"};
+    return {name,
+            80e9,
+            9.5e9,
+            5e9,
+            300e-6,
+            24.0 * (1ull << 30) / 4,
+            "measured here: dcp bench attention, dcp run"};
   }
   if (name == "h200-nvlink") {
     // Assumed, not measured: ~4 TB/s of the 4.8 TB/s HBM3e, ~400 TFLOP/s effective bf16 for
     // absorbed MLA decode, NVLink 4 at ~350 GB/s per rank for all-to-all, ~15 us per collective.
-    return {name, 400e12, 4.0e12, 350e9, 15e-6, 141.0 * (1ull << 30), "assumed datasheet-level figures (8x H200, NVLink 4)"};
+    return {name,
+            400e12,
+            4.0e12,
+            350e9,
+            15e-6,
+            141.0 * (1ull << 30),
+            "assumed datasheet-level figures (8x H200, NVLink 4)"};
   }
-  throw Error(ErrorCategory::invalid_argument, str("--hardware '", name, "' is not one of: this-cpu, h200-nvlink"));
+  throw Error(ErrorCategory::invalid_argument,
+              str("--hardware '", name, "' is not one of: this-cpu, h200-nvlink"));
 }
 
 struct PlanOptions {
@@ -56,7 +68,8 @@ struct PlanOptions {
   int batch = 16;
   std::string contexts = "32768,131072,1048576";
   std::string kv_dtype = "bf16";
-  double compute_gflops = 0, bandwidth_gbps = 0, link_gbps = 0, link_latency_us = -1, memory_gib = 0;
+  double compute_gflops = 0, bandwidth_gbps = 0, link_gbps = 0, link_latency_us = -1,
+         memory_gib = 0;
   double weights_gib = -1;  // per rank; default: the dense weights of the config
   bool json = false;
 };
@@ -70,7 +83,8 @@ double weights_bytes_per_rank(const ModelConfig& c, int tp) {
   } else {
     per_layer += heads * c.q_head_dim() * h / tp;
   }
-  per_layer += c.latent_width() * h + heads * (c.qk_nope_head_dim + c.v_head_dim) * c.kv_lora_rank / tp;
+  per_layer +=
+      c.latent_width() * h + heads * (c.qk_nope_head_dim + c.v_head_dim) * c.kv_lora_rank / tp;
   per_layer += h * heads * c.v_head_dim / tp * (c.attn_output_gate ? 2 : 1);
   per_layer += 3.0 * c.intermediate_size * h / tp;
   return 2.0 * (per_layer * c.num_hidden_layers + 2.0 * c.vocab_size * h / tp);
@@ -88,7 +102,8 @@ struct Row {
 };
 
 void plan(const PlanOptions& o) {
-  ModelConfig c = o.model_path.empty() ? preset_config(o.preset, o.num_layers) : read_checkpoint_config(o.model_path);
+  ModelConfig c = o.model_path.empty() ? preset_config(o.preset, o.num_layers)
+                                       : read_checkpoint_config(o.model_path);
   if (o.num_layers > 0) c.num_hidden_layers = o.num_layers;
   Hardware hw = hardware_preset(o.hardware);
   if (o.compute_gflops > 0) hw.compute_flops = o.compute_gflops * 1e9;
@@ -102,7 +117,8 @@ void plan(const PlanOptions& o) {
   const KvDtype dtype = parse_kv_dtype(o.kv_dtype);
   const int h_loc = c.num_attention_heads / o.tp_size;
   const double row_bytes = static_cast<double>(c.latent_width()) * dtype_size(dtype);
-  const double weights = o.weights_gib >= 0 ? o.weights_gib * (1ull << 30) : weights_bytes_per_rank(c, o.tp_size);
+  const double weights =
+      o.weights_gib >= 0 ? o.weights_gib * (1ull << 30) : weights_bytes_per_rank(c, o.tp_size);
   std::vector<std::int64_t> contexts;
   std::stringstream in(o.contexts);
   for (std::string s; std::getline(in, s, ',');) contexts.push_back(std::stoll(s));
@@ -111,8 +127,13 @@ void plan(const PlanOptions& o) {
   for (std::int64_t s : contexts) {
     for (int n = 1; n <= o.tp_size; ++n) {
       if (o.tp_size % n) continue;
-      struct Mode { const char* name; CombineBackend b; bool rq; };
-      const Mode modes[] = {{"ag_rs", CombineBackend::ag_rs, false}, {"a2a", CombineBackend::a2a, false},
+      struct Mode {
+        const char* name;
+        CombineBackend b;
+        bool rq;
+      };
+      const Mode modes[] = {{"ag_rs", CombineBackend::ag_rs, false},
+                            {"a2a", CombineBackend::a2a, false},
                             {"a2a+replicated-q", CombineBackend::a2a, true}};
       for (const Mode& m : modes) {
         if (n == 1 && m.b != CombineBackend::ag_rs) continue;
@@ -121,12 +142,14 @@ void plan(const PlanOptions& o) {
         r.dcp = n;
         r.backend = n == 1 ? "none" : m.name;
         // Per rank: N*H_loc heads over S/N rows for each of B requests.
-        const double flops = 2.0 * (c.latent_width() + c.kv_lora_rank) * h_loc * n * (static_cast<double>(s) / n) * o.batch;
+        const double flops = 2.0 * (c.latent_width() + c.kv_lora_rank) * h_loc * n *
+                             (static_cast<double>(s) / n) * o.batch;
         r.kv_bytes = static_cast<double>(o.batch) * s / n * row_bytes;
         r.attn_ms = 1e3 * std::max(flops / hw.compute_flops, r.kv_bytes / hw.bandwidth);
         if (n > 1) {
           const DcpAttentionOptions opt{m.b, m.rq, h_loc};
-          r.comm_bytes = static_cast<double>(DcpAttention::expected_bytes_sent(opt, n, o.batch, c.kv_lora_rank, c.qk_rope_head_dim));
+          r.comm_bytes = static_cast<double>(DcpAttention::expected_bytes_sent(
+              opt, n, o.batch, c.kv_lora_rank, c.qk_rope_head_dim));
           r.collectives = (m.rq ? 0 : 1) + (m.b == CombineBackend::ag_rs ? 2 : 1);
           r.comm_ms = 1e3 * (r.collectives * hw.link_latency + r.comm_bytes / hw.link_bandwidth);
         }
@@ -141,54 +164,75 @@ void plan(const PlanOptions& o) {
   if (o.json) {
     nlohmann::ordered_json j;
     j["model"] = c.name;
-    j["hardware"] = {{"name", hw.name}, {"compute_flops", hw.compute_flops}, {"bandwidth", hw.bandwidth},
-                     {"link_bandwidth", hw.link_bandwidth}, {"link_latency_s", hw.link_latency},
-                     {"memory_bytes", hw.memory_bytes}, {"source", hw.source}};
+    j["hardware"] = {{"name", hw.name},
+                     {"compute_flops", hw.compute_flops},
+                     {"bandwidth", hw.bandwidth},
+                     {"link_bandwidth", hw.link_bandwidth},
+                     {"link_latency_s", hw.link_latency},
+                     {"memory_bytes", hw.memory_bytes},
+                     {"source", hw.source}};
     j["tp_size"] = o.tp_size;
     j["batch"] = o.batch;
     j["weights_bytes_per_rank"] = weights;
     nlohmann::ordered_json arr = nlohmann::ordered_json::array();
     for (const Row& r : rows) {
-      arr.push_back({{"context", r.context}, {"dcp_size", r.dcp}, {"backend", r.backend}, {"attention_ms", r.attn_ms},
-                     {"comm_ms", r.comm_ms}, {"total_ms", r.total_ms}, {"kv_bytes_per_rank", r.kv_bytes},
-                     {"comm_bytes_per_rank", r.comm_bytes}, {"collectives", r.collectives},
-                     {"capacity_tokens", r.capacity_tokens}, {"fits", r.fits}});
+      arr.push_back({{"context", r.context},
+                     {"dcp_size", r.dcp},
+                     {"backend", r.backend},
+                     {"attention_ms", r.attn_ms},
+                     {"comm_ms", r.comm_ms},
+                     {"total_ms", r.total_ms},
+                     {"kv_bytes_per_rank", r.kv_bytes},
+                     {"comm_bytes_per_rank", r.comm_bytes},
+                     {"collectives", r.collectives},
+                     {"capacity_tokens", r.capacity_tokens},
+                     {"fits", r.fits}});
     }
     j["per_layer"] = arr;
     std::cout << j.dump(2) << "\n";
     return;
   }
-  std::printf("dcp plan: %s (%d heads, %d layers), TP %d (H_loc %d), batch %d, %s KV, hardware %s\n", c.name.c_str(),
-              c.num_attention_heads, c.num_hidden_layers, o.tp_size, h_loc, o.batch, o.kv_dtype.c_str(), hw.name.c_str());
-  std::printf("  %.0f GFLOP/s, %.0f GB/s KV read, link %.0f GB/s + %.0f us per collective, %.0f GiB per rank, weights %.2f GiB per rank (%s)\n",
-              hw.compute_flops / 1e9, hw.bandwidth / 1e9, hw.link_bandwidth / 1e9, hw.link_latency * 1e6,
-              hw.memory_bytes / (1ull << 30), weights / (1ull << 30), hw.source.c_str());
-  std::printf("%9s %4s %17s | %10s %10s %10s | %12s %6s\n", "context", "dcp", "backend", "attn ms", "comm ms", "layer ms",
-              "capacity", "fits");
+  std::printf(
+      "dcp plan: %s (%d heads, %d layers), TP %d (H_loc %d), batch %d, %s KV, hardware %s\n",
+      c.name.c_str(), c.num_attention_heads, c.num_hidden_layers, o.tp_size, h_loc, o.batch,
+      o.kv_dtype.c_str(), hw.name.c_str());
+  std::printf(
+      "  %.0f GFLOP/s, %.0f GB/s KV read, link %.0f GB/s + %.0f us per collective, %.0f GiB per "
+      "rank, weights %.2f GiB per rank (%s)\n",
+      hw.compute_flops / 1e9, hw.bandwidth / 1e9, hw.link_bandwidth / 1e9, hw.link_latency * 1e6,
+      hw.memory_bytes / (1ull << 30), weights / (1ull << 30), hw.source.c_str());
+  std::printf("%9s %4s %17s | %10s %10s %10s | %12s %6s\n", "context", "dcp", "backend", "attn ms",
+              "comm ms", "layer ms", "capacity", "fits");
   for (std::int64_t s : contexts) {
     const Row* best = nullptr;
     const Row* base = nullptr;
     for (const Row& r : rows) {
       if (r.context != s) continue;
       if (r.dcp == 1) base = &r;
-      std::printf("%9lld %4d %17s | %10.3f %10.3f %10.3f | %12.3g %6s\n", static_cast<long long>(s), r.dcp, r.backend.c_str(),
-                  r.attn_ms, r.comm_ms, r.total_ms, r.capacity_tokens, r.fits ? "yes" : "no");
+      std::printf("%9lld %4d %17s | %10.3f %10.3f %10.3f | %12.3g %6s\n", static_cast<long long>(s),
+                  r.dcp, r.backend.c_str(), r.attn_ms, r.comm_ms, r.total_ms, r.capacity_tokens,
+                  r.fits ? "yes" : "no");
       if (r.fits && (!best || r.total_ms < best->total_ms)) best = &r;
     }
     if (!best) {
-      std::printf("  -> context %lld: no configuration holds batch %d x %lld tokens; lower the batch or raise TP\n",
-                  static_cast<long long>(s), o.batch, static_cast<long long>(s));
+      std::printf(
+          "  -> context %lld: no configuration holds batch %d x %lld tokens; lower the batch or "
+          "raise TP\n",
+          static_cast<long long>(s), o.batch, static_cast<long long>(s));
     } else if (best->dcp == 1) {
-      std::printf("  -> context %lld: no DCP (the collective costs more than the KV reads it saves)\n", static_cast<long long>(s));
+      std::printf(
+          "  -> context %lld: no DCP (the collective costs more than the KV reads it saves)\n",
+          static_cast<long long>(s));
     } else {
       char why[96];
       if (base && !base->fits) {
         std::snprintf(why, sizeof why, " (without DCP the KV does not fit)");
       } else {
-        std::snprintf(why, sizeof why, " (%.2fx faster than DCP 1)", base ? base->total_ms / best->total_ms : 0.0);
+        std::snprintf(why, sizeof why, " (%.2fx faster than DCP 1)",
+                      base ? base->total_ms / best->total_ms : 0.0);
       }
-      std::printf("  -> context %lld: DCP %d with %s, %.3f ms per layer%s\n", static_cast<long long>(s), best->dcp,
-                  best->backend.c_str(), best->total_ms, why);
+      std::printf("  -> context %lld: DCP %d with %s, %.3f ms per layer%s\n",
+                  static_cast<long long>(s), best->dcp, best->backend.c_str(), best->total_ms, why);
     }
   }
 }
@@ -197,14 +241,17 @@ void plan(const PlanOptions& o) {
 
 void add_plan_command(CLI::App& app) {
   auto o = std::make_shared<PlanOptions>();
-  CLI::App* cmd = app.add_subcommand("plan", "Cost model: predicted per-layer times and capacity per DCP size and backend");
-  cmd->add_option("--preset", o->preset, "model geometry: tiny, deepseek-v3, kimi-k3")->capture_default_str();
+  CLI::App* cmd = app.add_subcommand(
+      "plan", "Cost model: predicted per-layer times and capacity per DCP size and backend");
+  cmd->add_option("--preset", o->preset, "model geometry: tiny, deepseek-v3, kimi-k3")
+      ->capture_default_str();
   cmd->add_option("--model-path", o->model_path, "checkpoint whose config.json gives the geometry");
   cmd->add_option("--num-layers", o->num_layers, "layers (default: the model's)");
   cmd->add_option("--hardware", o->hardware, "this-cpu or h200-nvlink")->capture_default_str();
   cmd->add_option("--tp-size", o->tp_size, "tensor parallel size")->capture_default_str();
   cmd->add_option("--batch", o->batch, "decode batch")->capture_default_str();
-  cmd->add_option("--contexts", o->contexts, "comma-separated context lengths")->capture_default_str();
+  cmd->add_option("--contexts", o->contexts, "comma-separated context lengths")
+      ->capture_default_str();
   cmd->add_option("--kv-cache-dtype", o->kv_dtype, "fp32 or bf16")->capture_default_str();
   cmd->add_option("--compute-gflops", o->compute_gflops, "override the attention rate per rank");
   cmd->add_option("--bandwidth-gbps", o->bandwidth_gbps, "override the KV read bandwidth per rank");

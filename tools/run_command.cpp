@@ -1,7 +1,5 @@
 // `dcp run`: the main job. Loads a model (preset or checkpoint), runs requests through the engine
 // with DCP, prints a summary, and with --verify checks the result against DCP 1 (same TP).
-#include <nlohmann/json.hpp>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 
@@ -105,7 +104,8 @@ Workload build_workload(const RunOptions& o) {
   DCP_ARG_CHECK(o.max_new_tokens >= 1, "--max-new-tokens ", o.max_new_tokens, " must be >= 1");
   DCP_ARG_CHECK(o.page_size >= 1, "--page-size ", o.page_size, " must be >= 1");
   DCP_ARG_CHECK(o.num_layers >= 0, "--num-layers ", o.num_layers, " must be >= 1");
-  DCP_ARG_CHECK(o.max_total_tokens >= 0, "--max-total-tokens ", o.max_total_tokens, " must be >= 1");
+  DCP_ARG_CHECK(o.max_total_tokens >= 0, "--max-total-tokens ", o.max_total_tokens,
+                " must be >= 1");
   if (!o.model_path.empty()) {
     w.model = read_checkpoint_config(o.model_path);
     if (o.num_layers > 0) {
@@ -129,21 +129,28 @@ Workload build_workload(const RunOptions& o) {
   w.engine.host_kv_capacity_tokens = o.host_kv_tokens;
   DCP_ARG_CHECK(o.max_running >= 1, "--max-running-requests ", o.max_running, " must be >= 1");
   w.engine.max_running_requests = o.max_running;
-  DCP_ARG_CHECK(o.shared_prefix_len >= 0 && o.shared_prefix_len < o.prompt_len, "--shared-prefix-len ",
-                o.shared_prefix_len, " must be in [0, --prompt-len ", o.prompt_len, ")");
-  DCP_ARG_CHECK(!o.prefix_cache || !o.disaggregate, "--enable-prefix-cache does not combine with --disaggregate yet");
+  DCP_ARG_CHECK(o.shared_prefix_len >= 0 && o.shared_prefix_len < o.prompt_len,
+                "--shared-prefix-len ", o.shared_prefix_len, " must be in [0, --prompt-len ",
+                o.prompt_len, ")");
+  DCP_ARG_CHECK(!o.prefix_cache || !o.disaggregate,
+                "--enable-prefix-cache does not combine with --disaggregate yet");
   w.disaggregate = o.disaggregate;
   w.prefill_dcp_size = o.prefill_dcp_size;
-  DCP_ARG_CHECK(!o.disaggregate || o.prefill_dcp_size >= 1, "--prefill-dcp-size ", o.prefill_dcp_size, " must be >= 1");
-  DCP_ARG_CHECK(!o.disaggregate || o.spec_tokens == 0, "--disaggregate does not combine with --speculative-num-draft-tokens yet");
+  DCP_ARG_CHECK(!o.disaggregate || o.prefill_dcp_size >= 1, "--prefill-dcp-size ",
+                o.prefill_dcp_size, " must be >= 1");
+  DCP_ARG_CHECK(!o.disaggregate || o.spec_tokens == 0,
+                "--disaggregate does not combine with --speculative-num-draft-tokens yet");
   if (o.disaggregate) {  // refuse an unsupported pair before any rank starts
     const KvDtype dtype = parse_kv_dtype(o.kv_cache_dtype);
-    make_transfer_plan({o.prefill_dcp_size, o.page_size, dtype}, {o.parallel.dcp_size, o.page_size, dtype}, 0, 0);
+    make_transfer_plan({o.prefill_dcp_size, o.page_size, dtype},
+                       {o.parallel.dcp_size, o.page_size, dtype}, 0, 0);
   }
-  DCP_ARG_CHECK(o.dcp_extend == "gather" || o.dcp_extend == "native", "--dcp-extend '", o.dcp_extend,
-                "' is not one of: gather, native");
-  w.engine.extend_mode = o.dcp_extend == "native" ? ForwardMode::extend_native : ForwardMode::extend;
-  DCP_ARG_CHECK(o.spec_tokens >= 0, "--speculative-num-draft-tokens ", o.spec_tokens, " must be >= 0");
+  DCP_ARG_CHECK(o.dcp_extend == "gather" || o.dcp_extend == "native", "--dcp-extend '",
+                o.dcp_extend, "' is not one of: gather, native");
+  w.engine.extend_mode =
+      o.dcp_extend == "native" ? ForwardMode::extend_native : ForwardMode::extend;
+  DCP_ARG_CHECK(o.spec_tokens >= 0, "--speculative-num-draft-tokens ", o.spec_tokens,
+                " must be >= 0");
   if (o.spec_tokens > 0) {
     w.engine.num_draft_tokens = o.spec_tokens;
     if (o.spec_draft.rfind("target:", 0) == 0) {  // the target's first layers, its weights
@@ -152,8 +159,8 @@ Workload build_workload(const RunOptions& o) {
         layers = std::stoi(o.spec_draft.substr(7));
       } catch (const std::exception&) {
       }
-      DCP_ARG_CHECK(layers >= 1 && layers <= w.model.num_hidden_layers, "--speculative-draft '", o.spec_draft,
-                    "': target:N needs 1 <= N <= ", w.model.num_hidden_layers);
+      DCP_ARG_CHECK(layers >= 1 && layers <= w.model.num_hidden_layers, "--speculative-draft '",
+                    o.spec_draft, "': target:N needs 1 <= N <= ", w.model.num_hidden_layers);
       w.draft_model = w.model;
       w.draft_model->num_hidden_layers = layers;
       w.draft_path = w.model_path;
@@ -165,8 +172,9 @@ Workload build_workload(const RunOptions& o) {
       w.draft_model = preset_config(o.spec_draft);
       w.draft_seed = o.seed + 1;
     }
-    DCP_ARG_CHECK(w.draft_model->vocab_size == w.model.vocab_size, "--speculative-draft '", o.spec_draft,
-                  "' has a vocabulary of ", w.draft_model->vocab_size, ", the target ", w.model.vocab_size);
+    DCP_ARG_CHECK(w.draft_model->vocab_size == w.model.vocab_size, "--speculative-draft '",
+                  o.spec_draft, "' has a vocabulary of ", w.draft_model->vocab_size,
+                  ", the target ", w.model.vocab_size);
   }
   std::vector<std::vector<std::int32_t>> prompts;
   if (!o.prompt_tokens.empty()) {
@@ -181,7 +189,8 @@ Workload build_workload(const RunOptions& o) {
       const int len = std::max(1, o.prompt_len - i * (o.prompt_len / (2 * o.batch)) - 7 * i);
       std::vector<std::int32_t> p(static_cast<std::size_t>(len));
       for (auto& t : p) t = token(gen);
-      std::copy_n(shared.begin(), std::min<std::size_t>(shared.size(), p.size()), p.begin());  // a common prefix
+      std::copy_n(shared.begin(), std::min<std::size_t>(shared.size(), p.size()),
+                  p.begin());  // a common prefix
       prompts.push_back(std::move(p));
     }
   }
@@ -195,8 +204,9 @@ Workload build_workload(const RunOptions& o) {
     total += static_cast<std::int64_t>(prompts[i].size()) + o.max_new_tokens;
   }
   const std::int64_t vp = static_cast<std::int64_t>(o.page_size) * w.parallel.dcp_size;
-  w.model_options.kv_capacity_tokens =
-      o.max_total_tokens > 0 ? o.max_total_tokens : total + static_cast<std::int64_t>(prompts.size()) * vp;
+  w.model_options.kv_capacity_tokens = o.max_total_tokens > 0
+                                           ? o.max_total_tokens
+                                           : total + static_cast<std::int64_t>(prompts.size()) * vp;
   w.progress = isatty(STDERR_FILENO) != 0;
   return w;
 }
@@ -231,7 +241,8 @@ Verify compare(const RunReport& dcp, const RunReport& ref, int vocab) {
       // must equal the DCP run's, else free-running decoding would diverge there.
       if (b.output_tokens[k] != a.output_tokens[k]) {
         v.tokens_match = false;
-        const double gap = std::abs(static_cast<double>(lb[b.output_tokens[k]]) - lb[a.output_tokens[k]]);
+        const double gap =
+            std::abs(static_cast<double>(lb[b.output_tokens[k]]) - lb[a.output_tokens[k]]);
         if (gap <= 2 * v.max_abs + 1e-6) v.near_tie = true;
       }
     }
@@ -282,39 +293,53 @@ json report_json(const RunOptions& o, const Workload& w, const RunReport& r, con
                  {"seed", o.seed}};
   json ranks = json::array();
   for (const RankKv& k : r.ranks) {
-    ranks.push_back({{"rank", k.rank}, {"dcp_rank", k.dcp_rank}, {"kv_rows_used", k.kv_rows_used},
-                     {"kv_bytes", k.kv_bytes}, {"kv_bytes_used", k.kv_bytes_used}});
+    ranks.push_back({{"rank", k.rank},
+                     {"dcp_rank", k.dcp_rank},
+                     {"kv_rows_used", k.kv_rows_used},
+                     {"kv_bytes", k.kv_bytes},
+                     {"kv_bytes_used", k.kv_bytes_used}});
   }
   j["kv"] = {{"logical_capacity_tokens", r.logical_capacity_tokens}, {"ranks", ranks}};
-  j["timing"] = {{"model_load_ms", r.model_load_ms},
-                 {"prefill_ms", s.prefill_ms},
-                 {"decode_steps", s.decode_step_ms.size()},
-                 {"decode_ms_per_step", median(s.decode_step_ms)},
-                 {"decode_attention_ms", median(attn)},
-                 {"decode_dcp_comm_ms", median(dcp_comm)},
-                 {"decode_tp_comm_ms", median(tp_comm)},
-                 {"decode_other_ms", median(other)},
-                 {"decode_tokens_per_s", decode_total > 0 ? 1000.0 * static_cast<double>(s.decode_tokens) / decode_total : 0.0}};
-  j["speculative"] = {{"num_draft_tokens", o.spec_tokens}, {"draft", o.spec_tokens > 0 ? o.spec_draft : ""},
-                      {"acceptance_rate", s.acceptance_rate()}, {"tokens_per_target_step", s.tokens_per_target_step()}};
+  j["timing"] = {
+      {"model_load_ms", r.model_load_ms},
+      {"prefill_ms", s.prefill_ms},
+      {"decode_steps", s.decode_step_ms.size()},
+      {"decode_ms_per_step", median(s.decode_step_ms)},
+      {"decode_attention_ms", median(attn)},
+      {"decode_dcp_comm_ms", median(dcp_comm)},
+      {"decode_tp_comm_ms", median(tp_comm)},
+      {"decode_other_ms", median(other)},
+      {"decode_tokens_per_s",
+       decode_total > 0 ? 1000.0 * static_cast<double>(s.decode_tokens) / decode_total : 0.0}};
+  j["speculative"] = {{"num_draft_tokens", o.spec_tokens},
+                      {"draft", o.spec_tokens > 0 ? o.spec_draft : ""},
+                      {"acceptance_rate", s.acceptance_rate()},
+                      {"tokens_per_target_step", s.tokens_per_target_step()}};
   j["config"]["dcp_extend"] = o.dcp_extend;
   if (!r.cache.empty()) {
     json ranks_tiers = json::array();
     for (std::size_t k = 0; k < r.cache.size(); ++k) {
       const PrefixCacheStats& c = r.cache[k];
-      ranks_tiers.push_back({{"rank", k}, {"bytes_to_host", c.bytes_to_host}, {"bytes_to_device", c.bytes_to_device},
-                             {"pages_offloaded", c.pages_offloaded}, {"pages_reloaded", c.pages_reloaded},
+      ranks_tiers.push_back({{"rank", k},
+                             {"bytes_to_host", c.bytes_to_host},
+                             {"bytes_to_device", c.bytes_to_device},
+                             {"pages_offloaded", c.pages_offloaded},
+                             {"pages_reloaded", c.pages_reloaded},
                              {"pages_dropped", c.pages_dropped}});
     }
-    j["prefix_cache"] = {{"hit_rate", r.cache[0].hit_rate()}, {"hit_tokens", r.cache[0].hit_tokens},
-                         {"lookup_tokens", r.cache[0].lookup_tokens}, {"host_kv_capacity_tokens", o.host_kv_tokens},
+    j["prefix_cache"] = {{"hit_rate", r.cache[0].hit_rate()},
+                         {"hit_tokens", r.cache[0].hit_tokens},
+                         {"lookup_tokens", r.cache[0].lookup_tokens},
+                         {"host_kv_capacity_tokens", o.host_kv_tokens},
                          {"ranks", ranks_tiers}};
   }
   if (r.disaggregated) {
     int failed = 0;
     for (const RequestResult& q : r.results) failed += q.state == RequestState::rejected;
-    j["disagg"] = {{"prefill_dcp_size", o.prefill_dcp_size}, {"decode_dcp_size", w.parallel.dcp_size},
-                   {"bytes_per_decode_rank", r.bytes_per_decode_rank}, {"transfer_ms", r.transfer_ms},
+    j["disagg"] = {{"prefill_dcp_size", o.prefill_dcp_size},
+                   {"decode_dcp_size", w.parallel.dcp_size},
+                   {"bytes_per_decode_rank", r.bytes_per_decode_rank},
+                   {"transfer_ms", r.transfer_ms},
                    {"failed_requests", failed}};
   }
   j["comm"] = {{"collectives_per_layer", dcp_calls / steps / layers},
@@ -323,34 +348,47 @@ json report_json(const RunOptions& o, const Workload& w, const RunReport& r, con
   json reqs = json::array();
   for (std::size_t i = 0; i < r.results.size(); ++i) {
     const RequestResult& q = r.results[i];
-    json e = {{"id", q.id}, {"prompt_len", w.requests[i].prompt.size()}, {"output_tokens", q.output_tokens},
+    json e = {{"id", q.id},
+              {"prompt_len", w.requests[i].prompt.size()},
+              {"output_tokens", q.output_tokens},
               {"state", q.state == RequestState::finished ? "finished" : "rejected"}};
     if (!q.error.empty()) e["error"] = q.error;
     reqs.push_back(e);
   }
   j["requests"] = reqs;
-  j["verify"] = {{"ran", v.ran}, {"tokens_match", v.tokens_match}, {"near_tie", v.near_tie},
-                 {"max_abs_logit_diff", v.max_abs}, {"max_rel_logit_diff", v.max_rel},
-                 {"tolerance_rel", v.tolerance}, {"passed", v.passed()}};
+  j["verify"] = {{"ran", v.ran},
+                 {"tokens_match", v.tokens_match},
+                 {"near_tie", v.near_tie},
+                 {"max_abs_logit_diff", v.max_abs},
+                 {"max_rel_logit_diff", v.max_rel},
+                 {"tolerance_rel", v.tolerance},
+                 {"passed", v.passed()}};
   return j;
 }
 
 void print_summary(const json& j) {
   const json& c = j["config"];
-  std::printf("dcp run: %s, %d layers, %d heads | tp %d, dcp %d, backend %s%s | KV %s, page %d | comm %s\n",
-              c["model"].get<std::string>().c_str(), c["num_layers"].get<int>(), c["num_attention_heads"].get<int>(),
-              c["tp_size"].get<int>(), c["dcp_size"].get<int>(), c["dcp_comm_backend"].get<std::string>().c_str(),
-              c["dcp_replicate_q_proj"].get<bool>() ? " (replicated q)" : "", c["kv_cache_dtype"].get<std::string>().c_str(),
-              c["page_size"].get<int>(), c["comm"].get<std::string>().c_str());
+  std::printf(
+      "dcp run: %s, %d layers, %d heads | tp %d, dcp %d, backend %s%s | KV %s, page %d | comm %s\n",
+      c["model"].get<std::string>().c_str(), c["num_layers"].get<int>(),
+      c["num_attention_heads"].get<int>(), c["tp_size"].get<int>(), c["dcp_size"].get<int>(),
+      c["dcp_comm_backend"].get<std::string>().c_str(),
+      c["dcp_replicate_q_proj"].get<bool>() ? " (replicated q)" : "",
+      c["kv_cache_dtype"].get<std::string>().c_str(), c["page_size"].get<int>(),
+      c["comm"].get<std::string>().c_str());
   if (j.contains("prefix_cache")) {
     const json& pc = j["prefix_cache"];
-    std::printf("prefix cache: hit rate %.1f%% (%lld of %lld prompt tokens); host tier %lld tokens\n",
-                100 * pc["hit_rate"].get<double>(), pc["hit_tokens"].get<long long>(), pc["lookup_tokens"].get<long long>(),
-                pc["host_kv_capacity_tokens"].get<long long>());
+    std::printf(
+        "prefix cache: hit rate %.1f%% (%lld of %lld prompt tokens); host tier %lld tokens\n",
+        100 * pc["hit_rate"].get<double>(), pc["hit_tokens"].get<long long>(),
+        pc["lookup_tokens"].get<long long>(), pc["host_kv_capacity_tokens"].get<long long>());
     for (const json& r : pc["ranks"]) {
-      std::printf("  rank %lld: %lld B to host, %lld B back (%lld pages offloaded, %lld reloaded, %lld dropped)\n",
-                  r["rank"].get<long long>(), r["bytes_to_host"].get<long long>(), r["bytes_to_device"].get<long long>(),
-                  r["pages_offloaded"].get<long long>(), r["pages_reloaded"].get<long long>(), r["pages_dropped"].get<long long>());
+      std::printf(
+          "  rank %lld: %lld B to host, %lld B back (%lld pages offloaded, %lld reloaded, %lld "
+          "dropped)\n",
+          r["rank"].get<long long>(), r["bytes_to_host"].get<long long>(),
+          r["bytes_to_device"].get<long long>(), r["pages_offloaded"].get<long long>(),
+          r["pages_reloaded"].get<long long>(), r["pages_dropped"].get<long long>());
     }
   }
   if (j.contains("disagg")) {
@@ -360,24 +398,32 @@ void print_summary(const json& j) {
       if (!bytes.empty()) bytes += ", ";
       bytes += std::to_string(b.get<long long>());
     }
-    std::printf("disaggregated: prefill DCP %d -> decode DCP %d, KV moved in %.1f ms; bytes received per decode rank: %s\n",
-                d["prefill_dcp_size"].get<int>(), d["decode_dcp_size"].get<int>(), d["transfer_ms"].get<double>(), bytes.c_str());
+    std::printf(
+        "disaggregated: prefill DCP %d -> decode DCP %d, KV moved in %.1f ms; bytes received per "
+        "decode rank: %s\n",
+        d["prefill_dcp_size"].get<int>(), d["decode_dcp_size"].get<int>(),
+        d["transfer_ms"].get<double>(), bytes.c_str());
   }
   const json& kv = j["kv"];
   std::printf("KV: logical capacity %lld tokens\n", kv["logical_capacity_tokens"].get<long long>());
   for (const json& r : kv["ranks"]) {
-    std::printf("  rank %lld (dcp rank %lld): peak %lld rows/layer, %.2f MiB used of %.2f MiB allocated\n",
-                r["rank"].get<long long>(), r["dcp_rank"].get<long long>(), r["kv_rows_used"].get<long long>(),
-                r["kv_bytes_used"].get<double>() / 1048576.0, r["kv_bytes"].get<double>() / 1048576.0);
+    std::printf(
+        "  rank %lld (dcp rank %lld): peak %lld rows/layer, %.2f MiB used of %.2f MiB allocated\n",
+        r["rank"].get<long long>(), r["dcp_rank"].get<long long>(),
+        r["kv_rows_used"].get<long long>(), r["kv_bytes_used"].get<double>() / 1048576.0,
+        r["kv_bytes"].get<double>() / 1048576.0);
   }
   const json& t = j["timing"];
-  std::printf("prefill %.1f ms | decode %lld steps, median %.2f ms/step (attention %.2f, dcp comm %.2f, tp comm %.2f, other %.2f) | %.1f tokens/s\n",
-              t["prefill_ms"].get<double>(), t["decode_steps"].get<long long>(), t["decode_ms_per_step"].get<double>(),
-              t["decode_attention_ms"].get<double>(), t["decode_dcp_comm_ms"].get<double>(),
-              t["decode_tp_comm_ms"].get<double>(), t["decode_other_ms"].get<double>(),
-              t["decode_tokens_per_s"].get<double>());
+  std::printf(
+      "prefill %.1f ms | decode %lld steps, median %.2f ms/step (attention %.2f, dcp comm %.2f, tp "
+      "comm %.2f, other %.2f) | %.1f tokens/s\n",
+      t["prefill_ms"].get<double>(), t["decode_steps"].get<long long>(),
+      t["decode_ms_per_step"].get<double>(), t["decode_attention_ms"].get<double>(),
+      t["decode_dcp_comm_ms"].get<double>(), t["decode_tp_comm_ms"].get<double>(),
+      t["decode_other_ms"].get<double>(), t["decode_tokens_per_s"].get<double>());
   std::printf("comm per MLA layer per rank (decode): %.2f collectives, %.0f bytes sent\n",
-              j["comm"]["collectives_per_layer"].get<double>(), j["comm"]["bytes_per_layer_per_rank"].get<double>());
+              j["comm"]["collectives_per_layer"].get<double>(),
+              j["comm"]["bytes_per_layer_per_rank"].get<double>());
   for (const json& r : j["requests"]) {
     std::string toks;
     for (const json& x : r["output_tokens"]) {
@@ -389,21 +435,28 @@ void print_summary(const json& j) {
       error = " ";
       error += r["error"].get<std::string>();
     }
-    std::printf("  request %lld (prompt %lld): %s%s%s\n", r["id"].get<long long>(), r["prompt_len"].get<long long>(),
-                r["state"].get<std::string>() == "finished" ? "" : "REJECTED ",
-                toks.c_str(), error.c_str());
+    std::printf("  request %lld (prompt %lld): %s%s%s\n", r["id"].get<long long>(),
+                r["prompt_len"].get<long long>(),
+                r["state"].get<std::string>() == "finished" ? "" : "REJECTED ", toks.c_str(),
+                error.c_str());
   }
   if (j["speculative"]["num_draft_tokens"].get<int>() > 0) {
-    std::printf("speculative: %d draft tokens from %s, acceptance %.1f%%, %.2f tokens per target step\n",
-                j["speculative"]["num_draft_tokens"].get<int>(), j["speculative"]["draft"].get<std::string>().c_str(),
-                100 * j["speculative"]["acceptance_rate"].get<double>(), j["speculative"]["tokens_per_target_step"].get<double>());
+    std::printf(
+        "speculative: %d draft tokens from %s, acceptance %.1f%%, %.2f tokens per target step\n",
+        j["speculative"]["num_draft_tokens"].get<int>(),
+        j["speculative"]["draft"].get<std::string>().c_str(),
+        100 * j["speculative"]["acceptance_rate"].get<double>(),
+        j["speculative"]["tokens_per_target_step"].get<double>());
   }
   const json& v = j["verify"];
   if (v["ran"].get<bool>()) {
-    std::printf("verify vs dcp 1: tokens %s, max |dlogit| %.3g (relative %.3g, tolerance %.0e): %s\n",
-                v["tokens_match"].get<bool>() ? "match" : (v["near_tie"].get<bool>() ? "differ at a near tie" : "DIFFER"),
-                v["max_abs_logit_diff"].get<double>(), v["max_rel_logit_diff"].get<double>(),
-                v["tolerance_rel"].get<double>(), v["passed"].get<bool>() ? "PASS" : "FAIL");
+    std::printf(
+        "verify vs dcp 1: tokens %s, max |dlogit| %.3g (relative %.3g, tolerance %.0e): %s\n",
+        v["tokens_match"].get<bool>()
+            ? "match"
+            : (v["near_tie"].get<bool>() ? "differ at a near tie" : "DIFFER"),
+        v["max_abs_logit_diff"].get<double>(), v["max_rel_logit_diff"].get<double>(),
+        v["tolerance_rel"].get<double>(), v["passed"].get<bool>() ? "PASS" : "FAIL");
   }
 }
 
@@ -424,11 +477,14 @@ void dump_logits(const std::string& path, const RunReport& r, int vocab) {
   std::ofstream out(path, std::ios::binary);
   DCP_CHECK(out.good(), io, "--dump-logits: cannot write ", path);
   std::uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<std::uint8_t>(static_cast<std::uint64_t>(text.size()) >> (8 * i));
-  out.write(reinterpret_cast<const char*>(len), 8);  // like safetensors: u64 header length, header, data
+  for (int i = 0; i < 8; ++i)
+    len[i] = static_cast<std::uint8_t>(static_cast<std::uint64_t>(text.size()) >> (8 * i));
+  out.write(reinterpret_cast<const char*>(len),
+            8);  // like safetensors: u64 header length, header, data
   out.write(text.data(), static_cast<std::streamsize>(text.size()));
   for (const RequestResult& q : r.results) {
-    out.write(reinterpret_cast<const char*>(q.step_logits.data()), static_cast<std::streamsize>(q.step_logits.size() * 4));
+    out.write(reinterpret_cast<const char*>(q.step_logits.data()),
+              static_cast<std::streamsize>(q.step_logits.size() * 4));
   }
   DCP_CHECK(out.good(), io, "--dump-logits: failed writing ", path);
 }
@@ -449,19 +505,23 @@ int run(const RunOptions& o) {
     ref.engine.record_logits = true;
     ref.engine.num_draft_tokens = 0;  // the reference decodes plainly
     ref.draft_model.reset();
-    ref.disaggregate = false;  // the reference runs monolithically
+    ref.disaggregate = false;                // the reference runs monolithically
     ref.engine.enable_prefix_cache = false;  // and computes every prefix itself
     ref.engine.host_kv_capacity_tokens = 0;
     ref.allow_idle_ranks = w.disaggregate;
     ref.first_active_rank = w.disaggregate ? w.prefill_dcp_size : 0;  // the decode processes
-    for (std::size_t i = 0; i < ref.requests.size(); ++i) ref.requests[i].forced_outputs = report.results[i].output_tokens;
+    for (std::size_t i = 0; i < ref.requests.size(); ++i)
+      ref.requests[i].forced_outputs = report.results[i].output_tokens;
     bool ref_root = false;
     const RunReport reference = run_workload(ref, &ref_root);
     // The printing rank must hold the reference's results (it is among the active ranks).
     if (root && reference.results.size() != report.results.size()) {
-      throw Error(ErrorCategory::internal, "the --verify reference did not run on the printing rank");
+      throw Error(ErrorCategory::internal,
+                  "the --verify reference did not run on the printing rank");
     }
-    if (root) v = compare(report, reference, w.model.vocab_size);  // only the printing rank holds every logit
+    if (root)
+      v = compare(report, reference,
+                  w.model.vocab_size);  // only the printing rank holds every logit
   }
   if (!root) return 0;
   const json j = report_json(o, w, report, v);
@@ -481,36 +541,60 @@ void add_run_command(CLI::App& app) {
   auto o = std::make_shared<RunOptions>();
   o->parallel.tp_size = 4;
   o->parallel.dcp_size = 4;
-  CLI::App* cmd = app.add_subcommand("run", "Run requests through the MLA model with DCP (the main job)");
+  CLI::App* cmd =
+      app.add_subcommand("run", "Run requests through the MLA model with DCP (the main job)");
   add_parallel_flags(cmd, o->parallel);
-  cmd->add_option("--model-path", o->model_path, "Hugging Face DeepSeek-V2/V3 checkpoint directory");
-  cmd->add_option("--preset", o->preset, "synthetic model: tiny, deepseek-v3, kimi-k3")->capture_default_str();
+  cmd->add_option("--model-path", o->model_path,
+                  "Hugging Face DeepSeek-V2/V3 checkpoint directory");
+  cmd->add_option("--preset", o->preset, "synthetic model: tiny, deepseek-v3, kimi-k3")
+      ->capture_default_str();
   cmd->add_option("--num-layers", o->num_layers, "layers to run (default: the model's)");
   cmd->add_option("--page-size", o->page_size, "KV rows per physical page")->capture_default_str();
   cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "fp32 or bf16")->capture_default_str();
-  cmd->add_option("--chunked-prefill-size", o->chunked_prefill_size, "prompt tokens per prefill step")->capture_default_str();
-  cmd->add_option("--max-total-tokens", o->max_total_tokens, "KV capacity in tokens (default: the workload's)");
+  cmd->add_option("--chunked-prefill-size", o->chunked_prefill_size,
+                  "prompt tokens per prefill step")
+      ->capture_default_str();
+  cmd->add_option("--max-total-tokens", o->max_total_tokens,
+                  "KV capacity in tokens (default: the workload's)");
   cmd->add_option("--batch", o->batch, "synthetic requests")->capture_default_str();
   cmd->add_option("--prompt-len", o->prompt_len, "longest synthetic prompt")->capture_default_str();
-  cmd->add_option("--max-new-tokens", o->max_new_tokens, "tokens to generate per request")->capture_default_str();
+  cmd->add_option("--max-new-tokens", o->max_new_tokens, "tokens to generate per request")
+      ->capture_default_str();
   cmd->add_option("--seed", o->seed, "seed of the synthetic prompts")->capture_default_str();
-  cmd->add_option("--comm", o->comm, "threads (ranks as threads) or mpi (under mpirun)")->capture_default_str();
-  cmd->add_flag("--verify,!--no-verify", o->verify, "compare with DCP 1 (same TP) under teacher forcing")->capture_default_str();
+  cmd->add_option("--comm", o->comm, "threads (ranks as threads) or mpi (under mpirun)")
+      ->capture_default_str();
+  cmd->add_flag("--verify,!--no-verify", o->verify,
+                "compare with DCP 1 (same TP) under teacher forcing")
+      ->capture_default_str();
   cmd->add_option("--json", o->json_path, "write the summary as JSON");
-  cmd->add_option("--prompt-tokens", o->prompt_tokens, "token ids '1,2,3' (';' between prompts) or a file, one prompt per line");
-  cmd->add_option("--dump-logits", o->dump_logits, "write every step's logits (float32) with a JSON header");
-  cmd->add_option("--speculative-num-draft-tokens", o->spec_tokens, "draft tokens per step (0: off)")->capture_default_str();
-  cmd->add_option("--speculative-draft", o->spec_draft, "draft model: target:N (the target's first N layers), a preset, or a checkpoint")
+  cmd->add_option("--prompt-tokens", o->prompt_tokens,
+                  "token ids '1,2,3' (';' between prompts) or a file, one prompt per line");
+  cmd->add_option("--dump-logits", o->dump_logits,
+                  "write every step's logits (float32) with a JSON header");
+  cmd->add_option("--speculative-num-draft-tokens", o->spec_tokens,
+                  "draft tokens per step (0: off)")
       ->capture_default_str();
-  cmd->add_flag("--enable-prefix-cache", o->prefix_cache, "reuse KV pages of shared prompt prefixes");
-  cmd->add_option("--host-kv-capacity-tokens", o->host_kv_tokens, "host-memory KV tier for evicted prefix pages (tokens)")
+  cmd->add_option("--speculative-draft", o->spec_draft,
+                  "draft model: target:N (the target's first N layers), a preset, or a checkpoint")
       ->capture_default_str();
-  cmd->add_option("--shared-prefix-len", o->shared_prefix_len, "synthetic prompts share their first N tokens")->capture_default_str();
-  cmd->add_option("--max-running-requests", o->max_running, "requests decoding at once (the rest queue)")->capture_default_str();
-  cmd->add_flag("--disaggregate", o->disaggregate, "prefill on its own group, move the KV, decode on the --dcp-size group");
-  cmd->add_option("--prefill-dcp-size", o->prefill_dcp_size, "DCP (= TP) size of the prefill group with --disaggregate")
+  cmd->add_flag("--enable-prefix-cache", o->prefix_cache,
+                "reuse KV pages of shared prompt prefixes");
+  cmd->add_option("--host-kv-capacity-tokens", o->host_kv_tokens,
+                  "host-memory KV tier for evicted prefix pages (tokens)")
       ->capture_default_str();
-  cmd->add_option("--dcp-extend", o->dcp_extend, "prefill over a cached prefix: gather or native")->capture_default_str();
+  cmd->add_option("--shared-prefix-len", o->shared_prefix_len,
+                  "synthetic prompts share their first N tokens")
+      ->capture_default_str();
+  cmd->add_option("--max-running-requests", o->max_running,
+                  "requests decoding at once (the rest queue)")
+      ->capture_default_str();
+  cmd->add_flag("--disaggregate", o->disaggregate,
+                "prefill on its own group, move the KV, decode on the --dcp-size group");
+  cmd->add_option("--prefill-dcp-size", o->prefill_dcp_size,
+                  "DCP (= TP) size of the prefill group with --disaggregate")
+      ->capture_default_str();
+  cmd->add_option("--dcp-extend", o->dcp_extend, "prefill over a cached prefix: gather or native")
+      ->capture_default_str();
   cmd->callback([o] { set_exit_code(run(*o)); });
 }
 

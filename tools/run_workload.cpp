@@ -18,9 +18,12 @@ using Clock = std::chrono::steady_clock;
 
 void print_progress(const Engine& e, int dcp_size) {
   const std::int64_t done = e.prompt_tokens_done(), total = e.prompt_tokens_total();
-  std::fprintf(stderr, "\r\033[K[dcp %d] prefill %lld/%lld tokens | decode steps %zu | running %lld | queued %lld",
-               dcp_size, static_cast<long long>(done), static_cast<long long>(total), e.stats().decode_step_ms.size(),
-               static_cast<long long>(e.running()), static_cast<long long>(e.waiting()));
+  std::fprintf(
+      stderr,
+      "\r\033[K[dcp %d] prefill %lld/%lld tokens | decode steps %zu | running %lld | queued %lld",
+      dcp_size, static_cast<long long>(done), static_cast<long long>(total),
+      e.stats().decode_step_ms.size(), static_cast<long long>(e.running()),
+      static_cast<long long>(e.waiting()));
   std::fflush(stderr);
 }
 
@@ -41,7 +44,8 @@ void run_rank(const Workload& w, Communicator& world, RunReport* report) {
   if (w.draft_model) {
     solo_tp = world.split(world.rank(), 0);
     solo_dcp = world.split(world.rank(), 0);
-    const auto draft_weights = w.draft_path.empty() ? make_synthetic_weights(w.draft_seed) : open_checkpoint(w.draft_path);
+    const auto draft_weights =
+        w.draft_path.empty() ? make_synthetic_weights(w.draft_seed) : open_checkpoint(w.draft_path);
     ModelOptions dmo = w.model_options;
     dmo.replicate_q_proj = false;
     draft = std::make_unique<MlaModel>(*w.draft_model, *draft_weights, *solo_tp, *solo_dcp, dmo);
@@ -61,7 +65,8 @@ void run_rank(const Workload& w, Communicator& world, RunReport* report) {
   if (root && w.progress) std::fprintf(stderr, "\n");
 
   // Per-rank KV figures to rank 0 (one small all-gather on the world).
-  const std::int64_t row_bytes = static_cast<std::int64_t>(model.kv_shard(0).pool().geometry().row_bytes());
+  const std::int64_t row_bytes =
+      static_cast<std::int64_t>(model.kv_shard(0).pool().geometry().row_bytes());
   const std::int64_t layers = model.config().num_hidden_layers;
   RankKv mine{world.rank(), dcp->rank(), peak_rows, static_cast<std::int64_t>(model.kv_bytes()),
               peak_rows * row_bytes * layers};
@@ -123,7 +128,8 @@ void run_disagg_rank(const Workload& w, Communicator& world, RunReport* report) 
       r.id = q.id;
       r.state = RequestState::finished;
       const std::int32_t n = packed[at++];
-      r.output_tokens.assign(packed.begin() + static_cast<std::ptrdiff_t>(at), packed.begin() + static_cast<std::ptrdiff_t>(at + n));
+      r.output_tokens.assign(packed.begin() + static_cast<std::ptrdiff_t>(at),
+                             packed.begin() + static_cast<std::ptrdiff_t>(at + n));
       at += static_cast<std::size_t>(n);
       report->results.push_back(std::move(r));
     }
@@ -163,7 +169,8 @@ RunReport run_workload(const Workload& w, bool* is_root) {
     if (!session) session = std::make_unique<MpiSession>(nullptr, nullptr);
     std::unique_ptr<Communicator> world = session->world();
     if (w.allow_idle_ranks && world->size() > world_size) {
-      const bool active = world->rank() >= w.first_active_rank && world->rank() < w.first_active_rank + world_size;
+      const bool active =
+          world->rank() >= w.first_active_rank && world->rank() < w.first_active_rank + world_size;
       std::unique_ptr<Communicator> part = world->split(active ? 0 : 1, world->rank());
       world->barrier();
       if (!active) {
@@ -177,14 +184,16 @@ RunReport run_workload(const Workload& w, bool* is_root) {
       *is_root = part->rank() == 0;
       return report;
     }
-    DCP_CHECK(world->size() == world_size, invalid_argument, "--comm mpi: mpirun started ", world->size(),
-              " processes but the configuration needs ", world_size, " (--tp-size ", w.parallel.tp_size,
-              w.disaggregate ? str(" + --prefill-dcp-size ", w.prefill_dcp_size) : std::string(), ")");
+    DCP_CHECK(
+        world->size() == world_size, invalid_argument, "--comm mpi: mpirun started ", world->size(),
+        " processes but the configuration needs ", world_size, " (--tp-size ", w.parallel.tp_size,
+        w.disaggregate ? str(" + --prefill-dcp-size ", w.prefill_dcp_size) : std::string(), ")");
     set_blas_threads(1);
     rank_fn(*world);
     *is_root = world->rank() == (w.disaggregate ? w.prefill_dcp_size : 0);
   } else {
-    throw Error(ErrorCategory::invalid_argument, str("--comm '", w.comm, "' is not one of: threads, mpi"));
+    throw Error(ErrorCategory::invalid_argument,
+                str("--comm '", w.comm, "' is not one of: threads, mpi"));
   }
   return report;
 }

@@ -1,9 +1,8 @@
 // `dcp topology`: validate a parallel configuration and print the groups it implies.
-#include <nlohmann/json.hpp>
-
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "dcp/topology.h"
@@ -20,19 +19,30 @@ struct TopologyOptions {
 nlohmann::ordered_json to_json(const Topology& t) {
   nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
   for (const RankPlacement& p : t.ranks) {
-    ranks.push_back({{"global_rank", p.global_rank}, {"tp_rank", p.tp_rank}, {"dp_rank", p.dp_rank},
-                     {"attn_tp_rank", p.attn_tp_rank}, {"attn_tp_group", p.attn_tp_group},
-                     {"dcp_rank", p.dcp_rank}, {"dcp_group", p.dcp_group}});
+    ranks.push_back({{"global_rank", p.global_rank},
+                     {"tp_rank", p.tp_rank},
+                     {"dp_rank", p.dp_rank},
+                     {"attn_tp_rank", p.attn_tp_rank},
+                     {"attn_tp_group", p.attn_tp_group},
+                     {"dcp_rank", p.dcp_rank},
+                     {"dcp_group", p.dcp_group}});
   }
   const ParallelConfig& c = t.config;
-  return {{"tp_size", c.tp_size}, {"dp_size", c.dp_size},
-          {"enable_dp_attention", c.enable_dp_attention}, {"dcp_size", c.dcp_size},
-          {"pcp_size", c.pcp_size}, {"dcp_comm_backend", std::string(to_string(t.backend))},
+  return {{"tp_size", c.tp_size},
+          {"dp_size", c.dp_size},
+          {"enable_dp_attention", c.enable_dp_attention},
+          {"dcp_size", c.dcp_size},
+          {"pcp_size", c.pcp_size},
+          {"dcp_comm_backend", std::string(to_string(t.backend))},
           {"dcp_comm_backend_auto", !c.dcp_comm_backend.has_value()},
-          {"dcp_replicate_q_proj", c.replicate_q_proj}, {"platform", c.platform.name},
-          {"world_size", t.world_size}, {"attn_tp_size", t.attn_tp_size},
-          {"num_attn_tp_groups", t.num_attn_tp_groups}, {"num_dcp_groups", t.num_dcp_groups},
-          {"dcp_groups", t.dcp_groups()}, {"ranks", ranks}};
+          {"dcp_replicate_q_proj", c.replicate_q_proj},
+          {"platform", c.platform.name},
+          {"world_size", t.world_size},
+          {"attn_tp_size", t.attn_tp_size},
+          {"num_attn_tp_groups", t.num_attn_tp_groups},
+          {"num_dcp_groups", t.num_dcp_groups},
+          {"dcp_groups", t.dcp_groups()},
+          {"ranks", ranks}};
 }
 
 void print_text(const Topology& t) {
@@ -40,12 +50,14 @@ void print_text(const Topology& t) {
   std::printf("world size %d: tp %d, dp %d%s, attention TP %d (%d group%s)\n", t.world_size,
               c.tp_size, c.dp_size, c.enable_dp_attention ? " (DP attention)" : "", t.attn_tp_size,
               t.num_attn_tp_groups, t.num_attn_tp_groups == 1 ? "" : "s");
-  std::printf("DCP size %d: %d group%s; combine backend %s%s; query %s; platform %s\n", c.dcp_size,
-              t.num_dcp_groups, t.num_dcp_groups == 1 ? "" : "s", std::string(to_string(t.backend)).c_str(),
-              c.dcp_comm_backend ? "" : " (auto)",
-              c.replicate_q_proj ? "replicated projection" : (c.dcp_size > 1 ? "all-gather" : "local"),
-              c.platform.name.c_str());
-  std::printf("%6s %6s %6s %10s %10s %8s %9s\n", "rank", "tp", "dp", "attn_tp", "attn_grp", "dcp", "dcp_grp");
+  std::printf(
+      "DCP size %d: %d group%s; combine backend %s%s; query %s; platform %s\n", c.dcp_size,
+      t.num_dcp_groups, t.num_dcp_groups == 1 ? "" : "s", std::string(to_string(t.backend)).c_str(),
+      c.dcp_comm_backend ? "" : " (auto)",
+      c.replicate_q_proj ? "replicated projection" : (c.dcp_size > 1 ? "all-gather" : "local"),
+      c.platform.name.c_str());
+  std::printf("%6s %6s %6s %10s %10s %8s %9s\n", "rank", "tp", "dp", "attn_tp", "attn_grp", "dcp",
+              "dcp_grp");
   for (const RankPlacement& p : t.ranks) {
     std::printf("%6d %6d %6d %10d %10d %8d %9d\n", p.global_rank, p.tp_rank, p.dp_rank,
                 p.attn_tp_rank, p.attn_tp_group, p.dcp_rank, p.dcp_group);
@@ -56,7 +68,8 @@ void print_text(const Topology& t) {
 
 void add_topology_command(CLI::App& app) {
   auto opt = std::make_shared<TopologyOptions>();
-  CLI::App* cmd = app.add_subcommand("topology", "Validate a parallel configuration and print its rank groups");
+  CLI::App* cmd =
+      app.add_subcommand("topology", "Validate a parallel configuration and print its rank groups");
   add_parallel_flags(cmd, opt->parallel);
   cmd->add_flag("--json", opt->json, "print one JSON object instead of a table");
   cmd->callback([opt] {

@@ -28,47 +28,51 @@ std::vector<KernelPath> available_kernel_paths();
 
 struct MlaAttentionParams {
   // ---- geometry ----
-  int num_heads = 0;            // Hq: heads attended here (N * H_loc after a DCP query gather)
-  int kv_lora_rank = 512;       // D_c: latent width, also the output width
-  int rope_dim = 64;            // D_r: a latent row is D_c + D_r wide
-  float softmax_scale = 0.0f;   // multiplies q.k (before softcap)
+  int num_heads = 0;           // Hq: heads attended here (N * H_loc after a DCP query gather)
+  int kv_lora_rank = 512;      // D_c: latent width, also the output width
+  int rope_dim = 64;           // D_r: a latent row is D_c + D_r wide
+  float softmax_scale = 0.0f;  // multiplies q.k (before softcap)
 
   // ---- queries: T tokens over B requests ----
-  int num_requests = 0;                     // B
-  const std::int32_t* q_start = nullptr;    // [B + 1] request b has tokens [q_start[b], q_start[b+1]), >= 1 each
-  const float* q = nullptr;                 // [T, Hq, D_c + D_r] fp32: q_nope_out | q_pe
-  const std::int64_t* q_pos = nullptr;      // [T] global position of each query token in its sequence
+  int num_requests = 0;  // B
+  const std::int32_t* q_start =
+      nullptr;               // [B + 1] request b has tokens [q_start[b], q_start[b+1]), >= 1 each
+  const float* q = nullptr;  // [T, Hq, D_c + D_r] fp32: q_nope_out | q_pe
+  const std::int64_t* q_pos = nullptr;  // [T] global position of each query token in its sequence
 
   // ---- this rank's shard of the paged latent KV cache ----
-  const void* kv = nullptr;                 // [num_pages * page_size, D_c + D_r] of kv_dtype
+  const void* kv = nullptr;  // [num_pages * page_size, D_c + D_r] of kv_dtype
   KvDtype kv_dtype = KvDtype::fp32;
   std::int64_t num_pages = 0;
-  int page_size = 0;                        // P rows per physical page
-  const std::int32_t* page_table = nullptr; // [B, page_table_stride] physical page of local rows [j*P, (j+1)*P)
+  int page_size = 0;  // P rows per physical page
+  const std::int32_t* page_table =
+      nullptr;  // [B, page_table_stride] physical page of local rows [j*P, (j+1)*P)
   int page_table_stride = 0;
-  const std::int64_t* local_len = nullptr;  // [B] rank-local rows: layout count of the global length
-  int dcp_size = 1;                         // N: local row j of rank r sits at global position
-  int dcp_rank = 0;                         //    layout::position(j, r, N, interleave)
+  const std::int64_t* local_len =
+      nullptr;       // [B] rank-local rows: layout count of the global length
+  int dcp_size = 1;  // N: local row j of rank r sits at global position
+  int dcp_rank = 0;  //    layout::position(j, r, N, interleave)
   int interleave = 1;
 
   // ---- masks and logit transforms, all on global positions ----
-  bool causal = true;                   // a row is visible iff its position <= q_pos
-  std::int64_t window = 0;              // > 0: also iff q_pos - position < window
-  float softcap = 0.0f;                 // > 0: score = softcap * tanh(score / softcap)
-  const float* sinks = nullptr;         // [Hq] natural-log sink logit per head, or null. It is added to
-                                        // this shard's denominator: pass it on exactly one rank of a
-                                        // group (or add it later with merge_sink).
-  const std::int32_t* topk = nullptr;   // [T, topk_k] globally chosen positions, -1 = none; positions
-  int topk_k = 0;                       // owned by other ranks are skipped here
+  bool causal = true;            // a row is visible iff its position <= q_pos
+  std::int64_t window = 0;       // > 0: also iff q_pos - position < window
+  float softcap = 0.0f;          // > 0: score = softcap * tanh(score / softcap)
+  const float* sinks = nullptr;  // [Hq] natural-log sink logit per head, or null. It is added to
+                                 // this shard's denominator: pass it on exactly one rank of a
+                                 // group (or add it later with merge_sink).
+  const std::int32_t* topk =
+      nullptr;     // [T, topk_k] globally chosen positions, -1 = none; positions
+  int topk_k = 0;  // owned by other ranks are skipped here
 
   // ---- execution ----
   KernelPath kernel = KernelPath::automatic;  // forcing a path this CPU lacks is an error
-  int num_threads = 1;                  // threads over tokens, and over KV ranges (split-KV) of
-                                        // long contexts; partial results are LSE-merged
+  int num_threads = 1;  // threads over tokens, and over KV ranges (split-KV) of
+                        // long contexts; partial results are LSE-merged
 
   // ---- outputs (written in full) ----
-  float* out = nullptr;                 // [T, Hq, D_c] fp32; 0 where no row is visible
-  float* lse = nullptr;                 // [T, Hq] fp32 natural log; -inf where no row is visible
+  float* out = nullptr;  // [T, Hq, D_c] fp32; 0 where no row is visible
+  float* lse = nullptr;  // [T, Hq] fp32 natural log; -inf where no row is visible
 };
 
 // Total query tokens T = q_start[num_requests] (after validation).

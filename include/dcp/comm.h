@@ -34,7 +34,14 @@ enum class ReduceOp : std::uint8_t { sum, max, min };
 std::size_t scalar_size(ScalarType t) noexcept;
 
 enum class Collective : std::uint8_t {
-  all_gather, all_to_all, reduce_scatter, all_reduce, broadcast, barrier, send, count_
+  all_gather,
+  all_to_all,
+  reduce_scatter,
+  all_reduce,
+  broadcast,
+  barrier,
+  send,
+  count_
 };
 constexpr std::size_t kNumCollectives = static_cast<std::size_t>(Collective::count_);
 std::string_view to_string(Collective c) noexcept;

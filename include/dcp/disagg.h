@@ -37,24 +37,24 @@ struct TransferPlan {
   int prefill_dcp_size = 1;
   int decode_dcp_size = 1;
   int decode_rank = 0;
-  std::int64_t tokens = 0;      // the exact sequence length
+  std::int64_t tokens = 0;  // the exact sequence length
   int src_dcp_rank = 0;
   std::int64_t src_first = 0;
   std::int64_t src_stride = 1;
-  std::int64_t rows = 0;        // layout count of `tokens` on decode_rank
-  bool page_path = false;       // equal DCP sizes: rows move as the prefill rank holds them
+  std::int64_t rows = 0;   // layout count of `tokens` on decode_rank
+  bool page_path = false;  // equal DCP sizes: rows move as the prefill rank holds them
 };
 
 // Pure function of its arguments; throws dcp::Error(invalid_argument) naming both DCP sizes
 // for an unsupported pair, and on page size or dtype mismatches.
-TransferPlan make_transfer_plan(const KvLayoutSpec& prefill, const KvLayoutSpec& decode, int decode_rank,
-                                std::int64_t tokens);
+TransferPlan make_transfer_plan(const KvLayoutSpec& prefill, const KvLayoutSpec& decode,
+                                int decode_rank, std::int64_t tokens);
 
 // Who is who in the world communicator, for the transport.
 struct DisaggRoles {
-  std::vector<int> prefill_ranks;  // world ranks of the prefill group, in prefill DCP-rank order
-                                   // (prefill_ranks[k] has DCP rank k % prefill dcp size)
-  std::vector<int> decode_ranks;   // world ranks of the decode group
+  std::vector<int> prefill_ranks;    // world ranks of the prefill group, in prefill DCP-rank order
+                                     // (prefill_ranks[k] has DCP rank k % prefill dcp size)
+  std::vector<int> decode_ranks;     // world ranks of the decode group
   std::vector<int> decode_dcp_rank;  // DCP rank of each decode rank
   KvLayoutSpec prefill, decode;
 };
@@ -67,7 +67,7 @@ struct TransferItem {
 struct TransferResult {
   RequestId request = 0;
   bool ok = false;
-  std::string error;            // why it failed (checksum, capacity)
+  std::string error;                // why it failed (checksum, capacity)
   std::int64_t bytes_received = 0;  // on this decode rank
 };
 
@@ -82,20 +82,23 @@ struct TransportOptions {
 // request whose payload fails its checksum on any decode rank, or does not fit, fails on every
 // decode rank and leaves every other request's KV untouched. Returns the decode side's results
 // (empty on prefill ranks).
-std::vector<TransferResult> transfer_kv(Communicator& world, Communicator* decode_group, const DisaggRoles& roles,
-                                        const std::vector<TransferItem>& items, const std::vector<KvShard*>& shards,
-                                        KvAllocator* decode_allocator, const TransportOptions& options = {});
+std::vector<TransferResult> transfer_kv(Communicator& world, Communicator* decode_group,
+                                        const DisaggRoles& roles,
+                                        const std::vector<TransferItem>& items,
+                                        const std::vector<KvShard*>& shards,
+                                        KvAllocator* decode_allocator,
+                                        const TransportOptions& options = {});
 
 // ---- a whole disaggregated deployment, one call per world rank ----
 
 struct DisaggConfig {
   ModelConfig model;
   const WeightSource* weights = nullptr;
-  int prefill_dcp_size = 1;     // prefill group: TP = DCP = this, world ranks [0, prefill_dcp_size)
-  int decode_tp_size = 1;       // decode group: the next decode_tp_size world ranks
+  int prefill_dcp_size = 1;  // prefill group: TP = DCP = this, world ranks [0, prefill_dcp_size)
+  int decode_tp_size = 1;    // decode group: the next decode_tp_size world ranks
   int decode_dcp_size = 1;
   CombineBackend backend = CombineBackend::ag_rs;
-  ModelOptions model_options;   // page size, KV dtype, capacity (both sides)
+  ModelOptions model_options;  // page size, KV dtype, capacity (both sides)
   EngineOptions engine;
   TransportOptions transport;
   bool poison_decode_pools = false;  // tests: NaN everywhere before transfer (stale rows show)
@@ -103,9 +106,9 @@ struct DisaggConfig {
 
 struct DisaggOutcome {
   bool is_decode = false;
-  std::vector<RequestResult> results;    // on decode ranks: first token (prefill) + decode steps
-  std::vector<TransferResult> transfers; // on decode ranks
-  std::int64_t bytes_received = 0;       // by this decode rank
+  std::vector<RequestResult> results;     // on decode ranks: first token (prefill) + decode steps
+  std::vector<TransferResult> transfers;  // on decode ranks
+  std::int64_t bytes_received = 0;        // by this decode rank
   std::int64_t logical_capacity_tokens = 0;  // of the decode side's KV cache
   double prefill_ms = 0, transfer_ms = 0;
   EngineStats decode_stats;
@@ -114,6 +117,7 @@ struct DisaggOutcome {
 // Prefill on the prefill group (max_new_tokens 1, KV kept), first tokens broadcast, KV moved by
 // transfer_kv, decode adopts and finishes the requests. World size must be
 // prefill_dcp_size + decode_tp_size.
-DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& config, const std::vector<RequestSpec>& requests);
+DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& config,
+                                const std::vector<RequestSpec>& requests);
 
 }  // namespace dcp

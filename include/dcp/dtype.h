@@ -10,7 +10,9 @@ namespace dcp {
 
 enum class KvDtype : std::uint8_t { fp32, bf16 };
 
-constexpr std::size_t dtype_size(KvDtype t) noexcept { return t == KvDtype::fp32 ? 4 : 2; }
+constexpr std::size_t dtype_size(KvDtype t) noexcept {
+  return t == KvDtype::fp32 ? 4 : 2;
+}
 constexpr std::string_view to_string(KvDtype t) noexcept {
   return t == KvDtype::fp32 ? "fp32" : "bf16";
 }

@@ -22,8 +22,8 @@ namespace dcp {
 
 struct RequestSpec {
   RequestId id = 0;
-  std::vector<std::int32_t> prompt;          // >= 1 token ids
-  int max_new_tokens = 1;                    // >= 1
+  std::vector<std::int32_t> prompt;  // >= 1 token ids
+  int max_new_tokens = 1;            // >= 1
   // Teacher forcing: when non-empty, the token fed after step k is forced_outputs[k] instead of
   // the greedy choice (what --verify uses to compare logits step by step).
   std::vector<std::int32_t> forced_outputs;
@@ -39,9 +39,9 @@ enum class RequestState : std::uint8_t { waiting, prefill, decode, finished, rej
 struct RequestResult {
   RequestId id = 0;
   RequestState state = RequestState::waiting;
-  std::string error;                         // why it was rejected
-  std::vector<std::int32_t> output_tokens;   // greedy choices, one per step
-  std::vector<float> step_logits;            // [steps, vocab] when record_logits
+  std::string error;                        // why it was rejected
+  std::vector<std::int32_t> output_tokens;  // greedy choices, one per step
+  std::vector<float> step_logits;           // [steps, vocab] when record_logits
 };
 
 struct EngineOptions {
@@ -61,17 +61,19 @@ struct EngineOptions {
 
 struct EngineStats {
   double prefill_ms = 0;
-  std::vector<double> decode_step_ms;         // wall time of each decode forward
-  std::vector<ForwardTimings> decode_timings; // their split
+  std::vector<double> decode_step_ms;          // wall time of each decode forward
+  std::vector<ForwardTimings> decode_timings;  // their split
   std::int64_t steps = 0;
   std::int64_t decode_tokens = 0;
-  std::int64_t max_queue = 0;                 // most requests ever waiting for KV
+  std::int64_t max_queue = 0;  // most requests ever waiting for KV
   // Speculative decoding, summed over requests.
-  std::int64_t spec_verifications = 0;        // (request, target step) pairs that verified drafts
-  std::int64_t spec_proposed = 0;             // draft tokens proposed
-  std::int64_t spec_accepted = 0;             // draft tokens accepted
-  std::int64_t spec_emitted = 0;              // tokens emitted by those steps (accepted + 1 each)
-  double acceptance_rate() const { return spec_proposed ? static_cast<double>(spec_accepted) / spec_proposed : 0.0; }
+  std::int64_t spec_verifications = 0;  // (request, target step) pairs that verified drafts
+  std::int64_t spec_proposed = 0;       // draft tokens proposed
+  std::int64_t spec_accepted = 0;       // draft tokens accepted
+  std::int64_t spec_emitted = 0;        // tokens emitted by those steps (accepted + 1 each)
+  double acceptance_rate() const {
+    return spec_proposed ? static_cast<double>(spec_accepted) / spec_proposed : 0.0;
+  }
   double tokens_per_target_step() const {
     return spec_verifications ? static_cast<double>(spec_emitted) / spec_verifications : 0.0;
   }
@@ -111,12 +113,12 @@ class Engine {
  private:
   struct Live {
     RequestSpec spec;
-    std::size_t result = 0;   // index into results_
+    std::size_t result = 0;  // index into results_
     std::int64_t prefilled = 0;
-    std::vector<std::int32_t> feed;          // tokens to prefill: [last output of the turn before] + prompt
-    std::int64_t context = 0;                // tokens already in the KV when admitted (continuations)
-    std::vector<std::int32_t> draft_pending; // tokens the draft has not seen yet
-    bool cacheable = false;                  // its prompt goes into the prefix cache when prefilled
+    std::vector<std::int32_t> feed;  // tokens to prefill: [last output of the turn before] + prompt
+    std::int64_t context = 0;        // tokens already in the KV when admitted (continuations)
+    std::vector<std::int32_t> draft_pending;  // tokens the draft has not seen yet
+    bool cacheable = false;  // its prompt goes into the prefix cache when prefilled
   };
   std::int64_t pages_for(std::int64_t tokens) const;
   std::int64_t reserved_pages() const;
@@ -125,7 +127,8 @@ class Engine {
   bool run_decode();
   bool run_speculative();
   // Feeds each request's pending tokens to the draft, then proposes up to k tokens each.
-  std::vector<std::vector<std::int32_t>> propose(const std::vector<std::size_t>& members, const std::vector<int>& k);
+  std::vector<std::vector<std::int32_t>> propose(const std::vector<std::size_t>& members,
+                                                 const std::vector<int>& k);
   void emit(Live& r, const float* logits);  // records a step's logits, chooses the next token
   void finish(std::size_t live_index);
 

@@ -48,25 +48,25 @@ std::string str(Args&&... args) {
 }  // namespace dcp
 
 // DCP_CHECK(cond, category, message parts...): throws dcp::Error when cond is false.
-#define DCP_CHECK(cond, category, ...)                                                        \
-  do {                                                                                        \
-    if (!(cond)) {                                                                            \
+#define DCP_CHECK(cond, category, ...)                                                      \
+  do {                                                                                      \
+    if (!(cond)) {                                                                          \
       ::dcp::throw_error(::dcp::ErrorCategory::category, ::dcp::str(__VA_ARGS__), __FILE__, \
-                         __LINE__);                                                           \
-    }                                                                                         \
+                         __LINE__);                                                         \
+    }                                                                                       \
   } while (0)
 
 #define DCP_ARG_CHECK(cond, ...) DCP_CHECK(cond, invalid_argument, __VA_ARGS__)
 
 // DCP_CHECK_EQ(a, b, context...): prints both values on failure (internal invariants).
-#define DCP_CHECK_EQ(a, b, ...)                                                              \
-  do {                                                                                       \
-    const auto& dcp_check_a_ = (a);                                                          \
-    const auto& dcp_check_b_ = (b);                                                          \
-    if (!(dcp_check_a_ == dcp_check_b_)) {                                                   \
-      ::dcp::throw_error(::dcp::ErrorCategory::internal,                                     \
-                         ::dcp::str(#a " == " #b " failed (", dcp_check_a_, " vs ",         \
-                                    dcp_check_b_, ") ", ##__VA_ARGS__),                      \
-                         __FILE__, __LINE__);                                                \
-    }                                                                                        \
+#define DCP_CHECK_EQ(a, b, ...)                                                                   \
+  do {                                                                                            \
+    const auto& dcp_check_a_ = (a);                                                               \
+    const auto& dcp_check_b_ = (b);                                                               \
+    if (!(dcp_check_a_ == dcp_check_b_)) {                                                        \
+      ::dcp::throw_error(::dcp::ErrorCategory::internal,                                          \
+                         ::dcp::str(#a " == " #b " failed (", dcp_check_a_, " vs ", dcp_check_b_, \
+                                    ") ", ##__VA_ARGS__),                                         \
+                         __FILE__, __LINE__);                                                     \
+    }                                                                                             \
   } while (0)

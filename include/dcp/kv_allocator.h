@@ -33,8 +33,10 @@ class KvAllocator {
   KvAllocator(int dcp_size, int page_size, std::int64_t num_pages);
 
   int dcp_size() const noexcept { return dcp_size_; }
-  int page_size() const noexcept { return page_size_; }                    // P, physical
-  std::int64_t virtual_page_size() const noexcept { return static_cast<std::int64_t>(page_size_) * dcp_size_; }
+  int page_size() const noexcept { return page_size_; }  // P, physical
+  std::int64_t virtual_page_size() const noexcept {
+    return static_cast<std::int64_t>(page_size_) * dcp_size_;
+  }
   std::int64_t num_pages() const noexcept { return num_pages_; }
   // Logical capacity in tokens: physical rows x N.
   std::int64_t capacity_tokens() const noexcept { return num_pages_ * virtual_page_size(); }
@@ -76,7 +78,9 @@ class KvAllocator {
   const std::vector<std::int32_t>& pages(RequestId request) const;
   // Virtual slot of token position p (0 <= p < length).
   std::int64_t slot(RequestId request, std::int64_t p) const;
-  std::int32_t ref_count(std::int32_t page) const { return refs_.at(static_cast<std::size_t>(page)); }
+  std::int32_t ref_count(std::int32_t page) const {
+    return refs_.at(static_cast<std::size_t>(page));
+  }
   std::vector<RequestId> requests() const;
 
   // Checks every invariant (refcounts match references, free list disjoint from used pages,

@@ -25,7 +25,9 @@ struct LatentGeometry {
   int rope_dim = 64;       // D_r
   KvDtype dtype = KvDtype::bf16;
   int width() const noexcept { return kv_lora_rank + rope_dim; }
-  std::size_t row_bytes() const noexcept { return static_cast<std::size_t>(width()) * dtype_size(dtype); }
+  std::size_t row_bytes() const noexcept {
+    return static_cast<std::size_t>(width()) * dtype_size(dtype);
+  }
 };
 
 class LatentPool {
@@ -33,7 +35,8 @@ class LatentPool {
   // Throws unless num_pages >= 0, page_size >= 1 and the geometry is positive.
   LatentPool(std::int64_t num_pages, int page_size, LatentGeometry geometry);
   // Enough pages per rank for `logical_tokens` tokens striped over `dcp_size` ranks.
-  static LatentPool for_tokens(std::int64_t logical_tokens, int dcp_size, int page_size, LatentGeometry g);
+  static LatentPool for_tokens(std::int64_t logical_tokens, int dcp_size, int page_size,
+                               LatentGeometry g);
   // As many whole pages (plus the dummy row) as fit in `bytes` on this rank.
   static LatentPool for_bytes(std::size_t bytes, int page_size, LatentGeometry g);
 
@@ -42,7 +45,9 @@ class LatentPool {
   std::int64_t rows() const noexcept { return num_pages_ * page_size_; }  // excludes the dummy row
   std::int64_t dummy_row() const noexcept { return rows(); }
   const LatentGeometry& geometry() const noexcept { return geometry_; }
-  std::size_t bytes() const noexcept { return static_cast<std::size_t>(rows() + 1) * geometry_.row_bytes(); }
+  std::size_t bytes() const noexcept {
+    return static_cast<std::size_t>(rows() + 1) * geometry_.row_bytes();
+  }
   const void* data() const noexcept { return data_.get(); }
 
   // Stores one fp32 row (converted to the pool dtype) at a physical row (the dummy row allowed).
@@ -113,7 +118,8 @@ class KvShard {
 
 // Reassembles a request's whole latent sequence in token order from the N shards of the group
 // (one padded all-gather). Returns [length, width] fp32 on every rank.
-std::vector<float> gather_sequence(Communicator& dcp_group, const KvShard& shard, RequestId request);
+std::vector<float> gather_sequence(Communicator& dcp_group, const KvShard& shard,
+                                   RequestId request);
 
 // One request of a forward batch: its last q_len tokens (already allocated and written, or
 // about to be written) are the queries; for decode q_len is 1, for verification k+1.
@@ -127,13 +133,13 @@ struct ForwardPlan {
   int dcp_size = 1;
   int dcp_rank = 0;
   int page_size = 0;
-  std::vector<std::int32_t> q_start;      // [B + 1]
-  std::vector<std::int64_t> q_pos;        // [T] global positions of the query tokens
-  std::vector<std::int64_t> global_len;   // [B] sequence length including the queries
-  std::vector<std::int64_t> local_len;    // [B] layout count of global_len on this rank
-  std::vector<std::int32_t> page_table;   // [B, stride]
+  std::vector<std::int32_t> q_start;     // [B + 1]
+  std::vector<std::int64_t> q_pos;       // [T] global positions of the query tokens
+  std::vector<std::int64_t> global_len;  // [B] sequence length including the queries
+  std::vector<std::int64_t> local_len;   // [B] layout count of global_len on this rank
+  std::vector<std::int32_t> page_table;  // [B, stride]
   int page_table_stride = 0;
-  std::vector<ChunkShare> write_share;    // [B] this rank's rows of the query tokens' chunk
+  std::vector<ChunkShare> write_share;  // [B] this rank's rows of the query tokens' chunk
 
   int num_requests() const noexcept { return static_cast<int>(local_len.size()); }
   std::int64_t num_tokens() const noexcept { return q_start.empty() ? 0 : q_start.back(); }
@@ -143,6 +149,7 @@ struct ForwardPlan {
 };
 
 // Throws if a request is unknown or q_len is outside [1, length].
-ForwardPlan plan_forward(const KvAllocator& allocator, const std::vector<BatchEntry>& batch, int dcp_rank);
+ForwardPlan plan_forward(const KvAllocator& allocator, const std::vector<BatchEntry>& batch,
+                         int dcp_rank);
 
 }  // namespace dcp

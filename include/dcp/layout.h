@@ -58,9 +58,7 @@ class ShardLayout {
   int rank() const noexcept { return rank_; }
   int interleave() const noexcept { return interleave_; }
 
-  bool owns(std::int64_t p) const noexcept {
-    return layout::owner(p, size_, interleave_) == rank_;
-  }
+  bool owns(std::int64_t p) const noexcept { return layout::owner(p, size_, interleave_) == rank_; }
   std::int64_t local_row(std::int64_t p) const noexcept {
     return layout::row(p, size_, interleave_);
   }

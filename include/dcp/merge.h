@@ -35,12 +35,12 @@ void merge_state_into(float* acc_o, float& acc_lse, const float* o, float lse, i
 //   out_o     [rows, dim]     may not alias o_parts
 //   out_lse   [rows]          natural log; may be null
 void merge_attention_states(const float* o_parts, const float* lse_parts, int num_parts,
-                            std::int64_t rows, int dim, LseBase base, float* out_o,
-                            float* out_lse);
+                            std::int64_t rows, int dim, LseBase base, float* out_o, float* out_lse);
 
 // The same with explicit part strides (in floats), for parts packed in one buffer, e.g. the
 // a2a combine's receive buffer [K][O rows*dim | LSE rows]:
-//   part k's O rows start at o_parts + k * o_part_stride, its LSEs at lse_parts + k * lse_part_stride.
+//   part k's O rows start at o_parts + k * o_part_stride, its LSEs at lse_parts + k *
+//   lse_part_stride.
 void merge_attention_states(const float* o_parts, std::int64_t o_part_stride,
                             const float* lse_parts, std::int64_t lse_part_stride, int num_parts,
                             std::int64_t rows, int dim, LseBase base, float* out_o, float* out_lse);
@@ -60,7 +60,9 @@ struct AttnState {
   std::vector<float> o;
   float lse = kNegInf;
 
-  static AttnState empty(int dim) { return {std::vector<float>(static_cast<std::size_t>(dim)), kNegInf}; }
+  static AttnState empty(int dim) {
+    return {std::vector<float>(static_cast<std::size_t>(dim)), kNegInf};
+  }
   // a ⊕ b
   friend AttnState merge(AttnState a, const AttnState& b) {
     merge_state_into(a.o.data(), a.lse, b.o.data(), b.lse, static_cast<int>(a.o.size()));

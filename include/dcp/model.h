@@ -44,7 +44,7 @@ struct ForwardBatch {
   std::vector<BatchEntry> entries;
   std::vector<std::int32_t> tokens;  // [T] input ids, request-major
   ForwardMode mode = ForwardMode::decode;
-  bool all_logits = false;           // logits of every token (else of each request's last token)
+  bool all_logits = false;  // logits of every token (else of each request's last token)
 };
 
 // Wall time of one forward by phase (milliseconds, summed over layers).
@@ -66,8 +66,8 @@ class MlaModel {
   // tp: this rank's TP group; dcp: its DCP group (a contiguous slice of tp). Loads this rank's
   // shards from `weights`. Throws dcp::Error naming the problem: heads not divisible by TP, an
   // MoE layer, a missing or mis-shaped tensor.
-  MlaModel(const ModelConfig& config, const WeightSource& weights, Communicator& tp, Communicator& dcp,
-           const ModelOptions& options);
+  MlaModel(const ModelConfig& config, const WeightSource& weights, Communicator& tp,
+           Communicator& dcp, const ModelOptions& options);
   ~MlaModel();
   MlaModel(const MlaModel&) = delete;
   MlaModel& operator=(const MlaModel&) = delete;
@@ -93,17 +93,18 @@ class MlaModel {
 
  private:
   struct Layer;
-  void attention(Layer& layer, int index, const float* x, const ForwardBatch& batch, const ForwardPlan& plan,
+  void attention(Layer& layer, const float* x, const ForwardBatch& batch, const ForwardPlan& plan,
                  float* out, ForwardTimings& t);
-  void extend_native(Layer& layer, const float* q, int heads_q, const float* latent, const ForwardBatch& batch,
-                     const ForwardPlan& plan, float* o, ForwardTimings& t);
+  void extend_native(Layer& layer, const float* q, int heads_q, const float* latent,
+                     const ForwardBatch& batch, const ForwardPlan& plan, float* o,
+                     ForwardTimings& t);
 
   ModelConfig config_;
   ModelOptions options_;
   Communicator& tp_;
   Communicator& dcp_;
-  int h_loc_ = 0;        // heads per TP rank
-  int head0_ = 0;        // first head of this rank
+  int h_loc_ = 0;  // heads per TP rank
+  int head0_ = 0;  // first head of this rank
   std::int64_t vocab_begin_ = 0, vocab_end_ = 0, vocab_chunk_ = 0;
   std::vector<float> embed_;    // [vocab_end - vocab_begin, hidden]
   std::vector<float> lm_head_;  // same rows

@@ -8,7 +8,7 @@
 
 namespace dcp {
 
-struct RopeScaling {       // rope_scaling with type "yarn"
+struct RopeScaling {  // rope_scaling with type "yarn"
   double factor = 1.0;
   double original_max_position_embeddings = 4096;
   double beta_fast = 32;
@@ -21,10 +21,10 @@ struct ModelConfig {
   std::string name = "custom";
   int vocab_size = 0;
   int hidden_size = 0;
-  int intermediate_size = 0;           // dense MLP
+  int intermediate_size = 0;  // dense MLP
   int num_hidden_layers = 0;
   int num_attention_heads = 0;
-  std::optional<int> q_lora_rank;      // null: plain q_proj (DeepSeek-V2-Lite)
+  std::optional<int> q_lora_rank;  // null: plain q_proj (DeepSeek-V2-Lite)
   int kv_lora_rank = 512;
   int qk_nope_head_dim = 128;
   int qk_rope_head_dim = 64;
@@ -32,9 +32,9 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000;
   std::optional<RopeScaling> rope_scaling;
-  bool skip_rope = false;              // Kimi-K3: no rotary embedding
-  bool attn_output_gate = false;       // Kimi-K3: x * sigmoid(g_proj(hidden)) before o_proj
-  bool quantized = false;              // config has quantization_config
+  bool skip_rope = false;         // Kimi-K3: no rotary embedding
+  bool attn_output_gate = false;  // Kimi-K3: x * sigmoid(g_proj(hidden)) before o_proj
+  bool quantized = false;         // config has quantization_config
   // Mixture of experts: layer i is MoE iff n_routed_experts > 0, i >= first_k_dense_replace and
   // i % moe_layer_freq == 0. dcp runs dense layers only.
   int n_routed_experts = 0;

@@ -21,21 +21,25 @@
 namespace dcp {
 
 struct PrefixCacheStats {
-  std::int64_t lookup_tokens = 0;          // prompt tokens looked up
-  std::int64_t hit_tokens = 0;             // of which served from the cache
-  std::int64_t pages_offloaded = 0;        // device -> host
-  std::int64_t pages_reloaded = 0;         // host -> device
-  std::int64_t pages_dropped = 0;          // evicted for good
-  std::int64_t bytes_to_host = 0;          // by this rank, all layers
+  std::int64_t lookup_tokens = 0;    // prompt tokens looked up
+  std::int64_t hit_tokens = 0;       // of which served from the cache
+  std::int64_t pages_offloaded = 0;  // device -> host
+  std::int64_t pages_reloaded = 0;   // host -> device
+  std::int64_t pages_dropped = 0;    // evicted for good
+  std::int64_t bytes_to_host = 0;    // by this rank, all layers
   std::int64_t bytes_to_device = 0;
-  double hit_rate() const { return lookup_tokens ? static_cast<double>(hit_tokens) / lookup_tokens : 0.0; }
+  double hit_rate() const {
+    return lookup_tokens ? static_cast<double>(hit_tokens) / lookup_tokens : 0.0;
+  }
 };
 
 class PrefixCache {
  public:
-  // device: this rank's pool of every layer (sharing the allocator's page ids). host_capacity_tokens
-  // is the host tier's logical capacity (0: no host tier; evicted pages are dropped).
-  PrefixCache(KvAllocator& allocator, std::vector<LatentPool*> device, int dcp_rank, std::int64_t host_capacity_tokens);
+  // device: this rank's pool of every layer (sharing the allocator's page ids).
+  // host_capacity_tokens is the host tier's logical capacity (0: no host tier; evicted pages are
+  // dropped).
+  PrefixCache(KvAllocator& allocator, std::vector<LatentPool*> device, int dcp_rank,
+              std::int64_t host_capacity_tokens);
   ~PrefixCache();
 
   // The device pages holding the longest cached prefix of `tokens` shorter than tokens.size()
@@ -56,7 +60,9 @@ class PrefixCache {
   std::int64_t host_pages() const noexcept;
   std::int64_t host_capacity_pages() const noexcept { return host_pages_total_; }
   // This rank's host rows of a cached page (tests: bit-exactness of offload and reload).
-  const LatentPool* host_pool(int layer) const { return host_.empty() ? nullptr : host_[static_cast<std::size_t>(layer)].get(); }
+  const LatentPool* host_pool(int layer) const {
+    return host_.empty() ? nullptr : host_[static_cast<std::size_t>(layer)].get();
+  }
 
  private:
   struct Node {
@@ -70,8 +76,8 @@ class PrefixCache {
   };
   std::uint64_t key(std::uint64_t parent, const std::int32_t* tokens) const;
   void copy_page(bool to_host, Node& node);
-  bool offload_or_drop_one();           // frees one device page; false if nothing can go
-  bool drop_host_leaf();                // frees one host page
+  bool offload_or_drop_one();  // frees one device page; false if nothing can go
+  bool drop_host_leaf();       // frees one host page
   void drop(std::uint64_t key);
 
   KvAllocator& alloc_;

@@ -24,15 +24,15 @@ struct FullAttentionInput {
   int kv_lora_rank = 512;
   int rope_dim = 64;
   double softmax_scale = 0;
-  std::vector<std::int32_t> q_start;       // [B + 1]
-  std::vector<float> q;                    // [T, Hq, D_c + D_r]
-  std::vector<std::int64_t> q_pos;         // [T]
-  std::vector<std::vector<float>> kv;      // per request: [len_b, D_c + D_r], row i at position i
+  std::vector<std::int32_t> q_start;   // [B + 1]
+  std::vector<float> q;                // [T, Hq, D_c + D_r]
+  std::vector<std::int64_t> q_pos;     // [T]
+  std::vector<std::vector<float>> kv;  // per request: [len_b, D_c + D_r], row i at position i
   bool causal = true;
   std::int64_t window = 0;
   double softcap = 0;
-  std::vector<float> sinks;                // [Hq] or empty
-  std::vector<std::int32_t> topk;          // [T, topk_k] or empty
+  std::vector<float> sinks;        // [Hq] or empty
+  std::vector<std::int32_t> topk;  // [T, topk_k] or empty
   int topk_k = 0;
 };
 

@@ -23,9 +23,9 @@ CombineBackend parse_combine_backend(std::string_view name);
 // What the hardware offers the combine.
 struct Platform {
   std::string name = "cpu";
-  bool has_all_to_all = true;   // an all-to-all path exists (threads, MPI, NCCL)
-  bool blackwell = false;       // Blackwell GPUs
-  bool mnnvl = false;           // the DCP group shares one MNNVL domain
+  bool has_all_to_all = true;  // an all-to-all path exists (threads, MPI, NCCL)
+  bool blackwell = false;      // Blackwell GPUs
+  bool mnnvl = false;          // the DCP group shares one MNNVL domain
 
   static Platform cpu() { return {}; }
   static Platform cuda() { return {"cuda", true, false, false}; }
@@ -35,17 +35,19 @@ struct Platform {
 };
 
 struct ParallelConfig {
-  int tp_size = 1;                                  // --tp-size
-  int dp_size = 1;                                  // --dp-size
-  bool enable_dp_attention = false;                 // --enable-dp-attention
-  int dcp_size = 1;                                 // --dcp-size / --decode-context-parallel-size
-  int pcp_size = 1;                                 // --pcp-size: prefill context parallelism
-  std::optional<CombineBackend> dcp_comm_backend;   // --dcp-comm-backend; empty = auto
-  bool replicate_q_proj = false;                    // --dcp-replicate-q-proj
+  int tp_size = 1;                                 // --tp-size
+  int dp_size = 1;                                 // --dp-size
+  bool enable_dp_attention = false;                // --enable-dp-attention
+  int dcp_size = 1;                                // --dcp-size / --decode-context-parallel-size
+  int pcp_size = 1;                                // --pcp-size: prefill context parallelism
+  std::optional<CombineBackend> dcp_comm_backend;  // --dcp-comm-backend; empty = auto
+  bool replicate_q_proj = false;                   // --dcp-replicate-q-proj
   Platform platform;
 
   int world_size() const noexcept { return enable_dp_attention ? tp_size : tp_size * dp_size; }
-  int attn_tp_size() const noexcept { return enable_dp_attention && dp_size > 0 ? tp_size / dp_size : tp_size; }
+  int attn_tp_size() const noexcept {
+    return enable_dp_attention && dp_size > 0 ? tp_size / dp_size : tp_size;
+  }
 };
 
 // Throws dcp::Error(invalid_argument or unsupported) naming the flag and the legal values.

@@ -50,6 +50,7 @@ void write_checkpoint(const std::string& dir, const ModelConfig& config, const W
                       const std::string& dtype = "BF16", int num_files = 1);
 
 // The names and shapes of every tensor a dense DeepSeek-V2/V3 checkpoint of `config` holds.
-std::vector<std::pair<std::string, std::vector<std::int64_t>>> checkpoint_tensors(const ModelConfig& config);
+std::vector<std::pair<std::string, std::vector<std::int64_t>>> checkpoint_tensors(
+    const ModelConfig& config);
 
 }  // namespace dcp

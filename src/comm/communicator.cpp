@@ -1,5 +1,4 @@
 #include "dcp/comm.h"
-
 #include "dcp/error.h"
 
 namespace dcp {
@@ -52,7 +51,8 @@ CommStats CommStats::operator-(const CommStats& earlier) const {
 }
 
 void Communicator::check_root(int root, const char* what) const {
-  DCP_ARG_CHECK(root >= 0 && root < size(), what, ": root = ", root, " must be in [0, ", size(), ")");
+  DCP_ARG_CHECK(root >= 0 && root < size(), what, ": root = ", root, " must be in [0, ", size(),
+                ")");
 }
 
 void Communicator::check_peer(int peer, const char* what) const {

@@ -18,7 +18,8 @@ void check(int code, const char* what) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(code, text, &len);
-  throw Error(ErrorCategory::comm, str("MPI ", what, " failed: ", std::string(text, static_cast<std::size_t>(len))));
+  throw Error(ErrorCategory::comm,
+              str("MPI ", what, " failed: ", std::string(text, static_cast<std::size_t>(len))));
 }
 
 MPI_Datatype mpi_type(ScalarType t) {
@@ -41,8 +42,8 @@ MPI_Op mpi_op(ReduceOp op) {
 }
 
 int mpi_count(std::size_t n, const char* what) {
-  DCP_CHECK(n <= static_cast<std::size_t>(std::numeric_limits<int>::max()), unsupported, what,
-            ": ", n, " elements exceed MPI's int count limit");
+  DCP_CHECK(n <= static_cast<std::size_t>(std::numeric_limits<int>::max()), unsupported, what, ": ",
+            n, " elements exceed MPI's int count limit");
   return static_cast<int>(n);
 }
 
@@ -64,7 +65,8 @@ class MpiCommunicator final : public Communicator {
   std::string_view backend() const noexcept override { return "mpi"; }
 
   void all_gather(const void* send, void* recv, std::size_t bytes) override {
-    const void* src = send == static_cast<const std::byte*>(recv) + rank_ * bytes ? MPI_IN_PLACE : send;
+    const void* src =
+        send == static_cast<const std::byte*>(recv) + rank_ * bytes ? MPI_IN_PLACE : send;
     const int n = mpi_count(bytes, "all_gather");
     check(MPI_Allgather(src, n, MPI_BYTE, recv, n, MPI_BYTE, comm_), "Allgather");
     count(Collective::all_gather, (size_ - 1) * bytes);
@@ -76,14 +78,16 @@ class MpiCommunicator final : public Communicator {
     count(Collective::all_to_all, (size_ - 1) * bytes);
   }
 
-  void reduce_scatter(const void* send, void* recv, std::size_t n, ScalarType type, ReduceOp op) override {
+  void reduce_scatter(const void* send, void* recv, std::size_t n, ScalarType type,
+                      ReduceOp op) override {
     check(MPI_Reduce_scatter_block(send, recv, mpi_count(n, "reduce_scatter"), mpi_type(type),
                                    mpi_op(op), comm_),
           "Reduce_scatter_block");
     count(Collective::reduce_scatter, (size_ - 1) * n * scalar_size(type));
   }
 
-  void all_reduce(const void* send, void* recv, std::size_t n, ScalarType type, ReduceOp op) override {
+  void all_reduce(const void* send, void* recv, std::size_t n, ScalarType type,
+                  ReduceOp op) override {
     const void* src = send == recv ? MPI_IN_PLACE : send;
     check(MPI_Allreduce(src, recv, mpi_count(n, "all_reduce"), mpi_type(type), mpi_op(op), comm_),
           "Allreduce");
@@ -132,7 +136,9 @@ class MpiCommunicator final : public Communicator {
 
 }  // namespace
 
-bool mpi_available() noexcept { return true; }
+bool mpi_available() noexcept {
+  return true;
+}
 
 MpiSession::MpiSession(int* argc, char*** argv) {
   int initialized = 0;

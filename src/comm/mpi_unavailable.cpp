@@ -4,7 +4,9 @@
 
 namespace dcp {
 
-bool mpi_available() noexcept { return false; }
+bool mpi_available() noexcept {
+  return false;
+}
 
 MpiSession::MpiSession(int*, char***) {
   throw Error(ErrorCategory::unsupported,

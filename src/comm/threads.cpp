@@ -2,8 +2,6 @@
 // buffer pointers, waits for all, reads what it needs straight from its peers' buffers, and
 // waits again so that no buffer is released while a peer still reads it. Waits poll a
 // world-wide abort flag and a deadline, so one failing rank never leaves the others hanging.
-#include "dcp/comm_threads.h"
-
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -18,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "dcp/comm_threads.h"
 #include "dcp/error.h"
 #include "reduce.h"
 
@@ -58,7 +57,9 @@ struct Posted {
 
 struct Group {
   Group(std::shared_ptr<World> w, std::vector<int> ranks)
-      : world(std::move(w)), world_ranks(std::move(ranks)), posted(world_ranks.size()),
+      : world(std::move(w)),
+        world_ranks(std::move(ranks)),
+        posted(world_ranks.size()),
         arrived_gen(world_ranks.size(), 0) {}
   const std::shared_ptr<World> world;
   const std::vector<int> world_ranks;  // group rank -> world rank
@@ -74,7 +75,8 @@ struct Group {
 
   // Waits on `cv` until `done()`, failing on abort or timeout. Caller holds `lk`.
   template <typename Done, typename Missing>
-  void wait(std::unique_lock<std::mutex>& lk, int rank, std::string_view what, Done done, Missing missing) {
+  void wait(std::unique_lock<std::mutex>& lk, int rank, std::string_view what, Done done,
+            Missing missing) {
     const auto deadline = Clock::now() + world->timeout;
     while (!done()) {
       if (world->aborted.load()) {
@@ -82,8 +84,8 @@ struct Group {
                                              " abandoned: ", world->abort_message()));
       }
       if (Clock::now() > deadline) {
-        const std::string why = str(what, " timed out after ", world->timeout.count(),
-                                    " ms waiting for ", missing());
+        const std::string why =
+            str(what, " timed out after ", world->timeout.count(), " ms waiting for ", missing());
         world->abort(world_ranks[rank], why);
         throw Error(ErrorCategory::comm, why);
       }
@@ -101,13 +103,16 @@ struct Group {
       cv.notify_all();
       return;
     }
-    wait(lk, rank, what, [&] { return generation != gen; }, [&] {
-      std::string ranks;
-      for (int r = 0; r < size(); ++r) {
-        if (arrived_gen[r] != gen) ranks += (ranks.empty() ? "" : ", ") + std::to_string(world_ranks[r]);
-      }
-      return str("rank(s) ", ranks, " that never arrived");
-    });
+    wait(
+        lk, rank, what, [&] { return generation != gen; },
+        [&] {
+          std::string ranks;
+          for (int r = 0; r < size(); ++r) {
+            if (arrived_gen[r] != gen)
+              ranks += (ranks.empty() ? "" : ", ") + std::to_string(world_ranks[r]);
+          }
+          return str("rank(s) ", ranks, " that never arrived");
+        });
   }
 };
 
@@ -142,7 +147,8 @@ class ThreadCommunicator final : public Communicator {
     count(Collective::all_to_all, (size() - 1) * bytes);
   }
 
-  void reduce_scatter(const void* send, void* recv, std::size_t n, ScalarType type, ReduceOp op) override {
+  void reduce_scatter(const void* send, void* recv, std::size_t n, ScalarType type,
+                      ReduceOp op) override {
     const std::size_t bytes = n * scalar_size(type);
     post(send, recv);
     g_->barrier(rank_, "reduce_scatter");
@@ -151,9 +157,11 @@ class ThreadCommunicator final : public Communicator {
     count(Collective::reduce_scatter, (size() - 1) * bytes);
   }
 
-  void all_reduce(const void* send, void* recv, std::size_t n, ScalarType type, ReduceOp op) override {
+  void all_reduce(const void* send, void* recv, std::size_t n, ScalarType type,
+                  ReduceOp op) override {
     const std::size_t bytes = n * scalar_size(type);
-    std::vector<std::byte> result(bytes);  // peers may read `send` (== recv in place) until the 2nd barrier
+    std::vector<std::byte> result(
+        bytes);  // peers may read `send` (== recv in place) until the 2nd barrier
     post(send, recv);
     g_->barrier(rank_, "all_reduce");
     reduce_chunk(result.data(), 0, n, type, op);
@@ -192,8 +200,9 @@ class ThreadCommunicator final : public Communicator {
     check_peer(peer, "recv");
     std::unique_lock lk(g_->mu);
     auto& box = g_->mail[{peer, rank_, tag}];
-    g_->wait(lk, rank_, "recv", [&] { return !box.empty(); },
-             [&] { return str("a message from rank ", g_->world_ranks[peer], " with tag ", tag); });
+    g_->wait(
+        lk, rank_, "recv", [&] { return !box.empty(); },
+        [&] { return str("a message from rank ", g_->world_ranks[peer], " with tag ", tag); });
     std::vector<std::byte> msg = std::move(box.front());
     box.pop_front();
     DCP_CHECK(msg.size() == bytes, comm, "recv from rank ", peer, " tag ", tag, ": expected ",
@@ -231,7 +240,8 @@ class ThreadCommunicator final : public Communicator {
       mine = g_->posted[leader].made;
     }
     g_->barrier(rank_, "split");
-    const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+    const int new_rank =
+        static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
     return std::make_unique<ThreadCommunicator>(std::move(mine), new_rank);
   }
 
@@ -248,7 +258,8 @@ class ThreadCommunicator final : public Communicator {
     std::vector<std::byte> acc(bytes);
     std::memcpy(acc.data(), static_cast<const std::byte*>(g_->posted[0].send) + offset, bytes);
     for (int j = 1; j < size(); ++j) {
-      detail::reduce_into(acc.data(), static_cast<const std::byte*>(g_->posted[j].send) + offset, n, type, op);
+      detail::reduce_into(acc.data(), static_cast<const std::byte*>(g_->posted[j].send) + offset, n,
+                          type, op);
     }
     std::memcpy(dst, acc.data(), bytes);
   }
@@ -259,7 +270,8 @@ class ThreadCommunicator final : public Communicator {
 
 }  // namespace
 
-void run_threads(int ranks, const std::function<void(Communicator&)>& fn, const ThreadsOptions& options) {
+void run_threads(int ranks, const std::function<void(Communicator&)>& fn,
+                 const ThreadsOptions& options) {
   DCP_ARG_CHECK(ranks >= 1, "ranks = ", ranks, " must be >= 1");
   DCP_ARG_CHECK(options.timeout.count() > 0, "timeout must be > 0 ms");
   auto world = std::make_shared<World>(options.timeout);

@@ -12,8 +12,7 @@ ShardLayout::ShardLayout(int dcp_size, int dcp_rank, int interleave)
   DCP_ARG_CHECK(interleave >= 1, "interleave = ", interleave, " must be >= 1");
 }
 
-WidenedPages::WidenedPages(int dcp_size, std::int64_t physical_pages, int page_size,
-                           int interleave)
+WidenedPages::WidenedPages(int dcp_size, std::int64_t physical_pages, int page_size, int interleave)
     : size_(dcp_size), pages_(physical_pages), page_size_(page_size), interleave_(interleave) {
   DCP_ARG_CHECK(dcp_size >= 1, "dcp_size = ", dcp_size, " must be >= 1");
   DCP_ARG_CHECK(page_size >= 1, "page_size = ", page_size, " must be >= 1");

@@ -89,7 +89,8 @@ void DcpAttention::forward(const float* q, const MlaAttentionParams& shard, cons
   // 2. Local attention over this rank's shard, all N*H_loc heads.
   if (n == 1) {  // no combine: the kernel writes the result directly
     p.out = out;
-    p.lse = lse ? lse : (lse_local_.resize(static_cast<std::size_t>(tokens) * heads), lse_local_.data());
+    p.lse = lse ? lse
+                : (lse_local_.resize(static_cast<std::size_t>(tokens) * heads), lse_local_.data());
     t0 = Clock::now();
     mla_attention(p);
     timings_.attention_ms += ms_since(t0);
@@ -135,7 +136,8 @@ void DcpAttention::combine_ag_rs(std::int64_t tokens, int dc, float* out, float*
       const float l = lse_global_[row];
       const float w = (l_r == kNegInf || l == kNegInf) ? 0.0f : std::exp(l_r - l);
       const float* src = o_local_.data() + row * dc;
-      float* dst = send_.data() + (g / h_loc) * block + (static_cast<std::size_t>(t) * h_loc + g % h_loc) * dc;
+      float* dst = send_.data() + (g / h_loc) * block +
+                   (static_cast<std::size_t>(t) * h_loc + g % h_loc) * dc;
       if (w == 0.0f) {
         std::fill(dst, dst + dc, 0.0f);  // an empty shard's O may be anything
       } else {
@@ -159,7 +161,7 @@ void DcpAttention::combine_a2a(std::int64_t tokens, int dc, float* out, float* l
   const int n = group_.size();
   const int h_loc = options_.local_heads;
   const int heads = n * h_loc;
-  const std::int64_t rows = tokens * h_loc;  // rows per destination
+  const std::int64_t rows = tokens * h_loc;                             // rows per destination
   const std::size_t chunk = static_cast<std::size_t>(rows) * (dc + 1);  // [O rows*dc | LSE rows]
   auto t0 = Clock::now();
   send_.resize(chunk * n);
@@ -169,7 +171,8 @@ void DcpAttention::combine_a2a(std::int64_t tokens, int dc, float* out, float* l
     float* l_dst = o_dst + rows * dc;
     for (std::int64_t t = 0; t < tokens; ++t) {
       const std::size_t src_row = static_cast<std::size_t>(t) * heads + j * h_loc;
-      std::memcpy(o_dst + t * h_loc * dc, o_local_.data() + src_row * dc, sizeof(float) * h_loc * dc);
+      std::memcpy(o_dst + t * h_loc * dc, o_local_.data() + src_row * dc,
+                  sizeof(float) * h_loc * dc);
       std::memcpy(l_dst + t * h_loc, lse_local_.data() + src_row, sizeof(float) * h_loc);
     }
   }

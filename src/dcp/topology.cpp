@@ -13,7 +13,9 @@ std::string divisors(int n) {
   return s;
 }
 
-void reject(const std::string& message) { throw Error(ErrorCategory::invalid_argument, message); }
+void reject(const std::string& message) {
+  throw Error(ErrorCategory::invalid_argument, message);
+}
 
 }  // namespace
 
@@ -60,11 +62,14 @@ void validate(const ParallelConfig& c) {
     reject(str("--dcp-size ", c.dcp_size, " must divide the attention TP size ", attn_tp,
                " (--tp-size ", c.tp_size, " / --dp-size ", c.dp_size,
                " with --enable-dp-attention): a DCP group may not cross a DP replica; legal "
-               "--dcp-size values: ", divisors(attn_tp)));
+               "--dcp-size values: ",
+               divisors(attn_tp)));
   }
   if (c.dcp_size > 1 && c.pcp_size > 1) {
-    reject(str("--dcp-size ", c.dcp_size, " cannot be combined with prefill context parallelism "
-               "(--pcp-size ", c.pcp_size, "); use one of them"));
+    reject(str("--dcp-size ", c.dcp_size,
+               " cannot be combined with prefill context parallelism "
+               "(--pcp-size ",
+               c.pcp_size, "); use one of them"));
   }
   if (c.dcp_comm_backend && *c.dcp_comm_backend != CombineBackend::ag_rs && c.dcp_size == 1) {
     reject(str("--dcp-comm-backend ", to_string(*c.dcp_comm_backend),
@@ -73,19 +78,22 @@ void validate(const ParallelConfig& c) {
   if (c.dcp_comm_backend == CombineBackend::fi_a2a && !(c.platform.blackwell && c.platform.mnnvl)) {
     throw Error(ErrorCategory::unsupported,
                 str("--dcp-comm-backend fi_a2a needs Blackwell GPUs whose DCP group shares one "
-                    "MNNVL domain; platform '", c.platform.name, "' has none (legal here: ag_rs",
+                    "MNNVL domain; platform '",
+                    c.platform.name, "' has none (legal here: ag_rs",
                     c.platform.has_all_to_all ? ", a2a" : "", ")"));
   }
   if (c.dcp_comm_backend == CombineBackend::a2a && !c.platform.has_all_to_all) {
     throw Error(ErrorCategory::unsupported, str("--dcp-comm-backend a2a needs an all-to-all path; "
-                                                "platform '", c.platform.name, "' has none (legal: ag_rs)"));
+                                                "platform '",
+                                                c.platform.name, "' has none (legal: ag_rs)"));
   }
   if (c.replicate_q_proj) {
     if (c.dcp_size == 1) reject("--dcp-replicate-q-proj needs --dcp-size > 1");
     const CombineBackend b = effective_backend(c);
     if (b == CombineBackend::ag_rs) {
-      reject(str("--dcp-replicate-q-proj needs an all-to-all combine (--dcp-comm-backend a2a or "
-                 "fi_a2a); the effective backend is ag_rs"));
+      reject(
+          str("--dcp-replicate-q-proj needs an all-to-all combine (--dcp-comm-backend a2a or "
+              "fi_a2a); the effective backend is ag_rs"));
     }
   }
 }

@@ -6,12 +6,15 @@
 
 namespace dcp {
 
-DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c, const std::vector<RequestSpec>& requests) {
+DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
+                                const std::vector<RequestSpec>& requests) {
   using Clock = std::chrono::steady_clock;
   const int a = c.prefill_dcp_size, t = c.decode_tp_size;
-  DCP_ARG_CHECK(world.size() == a + t, "disaggregation needs ", a + t, " ranks (--prefill-dcp-size ", a,
-                " + --tp-size ", t, "), the world has ", world.size());
-  DCP_ARG_CHECK(t % c.decode_dcp_size == 0, "--dcp-size ", c.decode_dcp_size, " must divide --tp-size ", t);
+  DCP_ARG_CHECK(world.size() == a + t, "disaggregation needs ", a + t,
+                " ranks (--prefill-dcp-size ", a, " + --tp-size ", t, "), the world has ",
+                world.size());
+  DCP_ARG_CHECK(t % c.decode_dcp_size == 0, "--dcp-size ", c.decode_dcp_size,
+                " must divide --tp-size ", t);
   DCP_ARG_CHECK(c.weights != nullptr, "disaggregation needs weights");
   const KvLayoutSpec pre{a, c.model_options.page_size, c.model_options.kv_dtype};
   const KvLayoutSpec dec{c.decode_dcp_size, c.model_options.page_size, c.model_options.kv_dtype};
@@ -34,7 +37,8 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c, cons
   const int vocab = c.model.vocab_size;
   const std::size_t n = requests.size();
   // 1. Prefill: the prompt and the first token; the KV stays for the transfer.
-  std::vector<float> first(n * static_cast<std::size_t>(1 + vocab), 0.0f);  // [token, logits...] per request
+  std::vector<float> first(n * static_cast<std::size_t>(1 + vocab),
+                           0.0f);  // [token, logits...] per request
   auto t0 = Clock::now();
   if (!is_decode) {
     EngineOptions eo = c.engine;
@@ -51,9 +55,11 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c, cons
     prefill.run();
     for (std::size_t i = 0; i < n; ++i) {
       const RequestResult& r = prefill.results()[i];
-      DCP_CHECK(r.state == RequestState::finished, capacity, "prefill could not run request ", r.id, ": ", r.error);
+      DCP_CHECK(r.state == RequestState::finished, capacity, "prefill could not run request ", r.id,
+                ": ", r.error);
       first[i * (1 + vocab)] = static_cast<float>(r.output_tokens[0]);
-      std::copy(r.step_logits.begin(), r.step_logits.end(), first.begin() + static_cast<std::ptrdiff_t>(i * (1 + vocab) + 1));
+      std::copy(r.step_logits.begin(), r.step_logits.end(),
+                first.begin() + static_cast<std::ptrdiff_t>(i * (1 + vocab) + 1));
     }
   }
   out.prefill_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -69,7 +75,8 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c, cons
     roles.decode_dcp_rank.push_back(r % c.decode_dcp_size);
   }
   std::vector<TransferItem> items;
-  for (const RequestSpec& r : requests) items.push_back({r.id, static_cast<std::int64_t>(r.prompt.size())});
+  for (const RequestSpec& r : requests)
+    items.push_back({r.id, static_cast<std::int64_t>(r.prompt.size())});
   std::vector<KvShard*> shards;
   for (int l = 0; l < c.model.num_hidden_layers; ++l) shards.push_back(&model.kv_shard(l));
   t0 = Clock::now();
@@ -87,8 +94,9 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c, cons
     merged[i].id = requests[i].id;
     merged[i].output_tokens.push_back(static_cast<std::int32_t>(first[i * (1 + vocab)]));
     if (c.engine.record_logits) {
-      merged[i].step_logits.assign(first.begin() + static_cast<std::ptrdiff_t>(i * (1 + vocab) + 1),
-                                   first.begin() + static_cast<std::ptrdiff_t>((i + 1) * (1 + vocab)));
+      merged[i].step_logits.assign(
+          first.begin() + static_cast<std::ptrdiff_t>(i * (1 + vocab) + 1),
+          first.begin() + static_cast<std::ptrdiff_t>((i + 1) * (1 + vocab)));
     }
     if (!out.transfers[i].ok) {
       merged[i].state = RequestState::rejected;
@@ -104,10 +112,12 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c, cons
   }
   decode.run();
   for (const RequestResult& r : decode.results()) {
-    auto it = std::find_if(merged.begin(), merged.end(), [&](const RequestResult& m) { return m.id == r.id; });
+    auto it = std::find_if(merged.begin(), merged.end(),
+                           [&](const RequestResult& m) { return m.id == r.id; });
     it->state = r.state;
     it->output_tokens = r.output_tokens;
-    if (c.engine.record_logits) it->step_logits.insert(it->step_logits.end(), r.step_logits.begin(), r.step_logits.end());
+    if (c.engine.record_logits)
+      it->step_logits.insert(it->step_logits.end(), r.step_logits.begin(), r.step_logits.end());
   }
   out.results = std::move(merged);
   out.logical_capacity_tokens = model.allocator().capacity_tokens();

@@ -21,35 +21,39 @@ std::int32_t argmax(const float* x, int n) {
 
 Engine::Engine(MlaModel& model, const EngineOptions& options, MlaModel* draft)
     : model_(model), draft_(draft), options_(options) {
-  DCP_ARG_CHECK(options.chunked_prefill_size >= 1, "--chunked-prefill-size ", options.chunked_prefill_size,
-                " must be >= 1");
+  DCP_ARG_CHECK(options.chunked_prefill_size >= 1, "--chunked-prefill-size ",
+                options.chunked_prefill_size, " must be >= 1");
   DCP_ARG_CHECK(options.max_running_requests >= 1, "max_running_requests must be >= 1");
-  DCP_ARG_CHECK(options.extend_mode != ForwardMode::decode, "extend_mode must be extend or extend_native");
-  DCP_ARG_CHECK(options.num_draft_tokens >= 0, "--speculative-num-draft-tokens ", options.num_draft_tokens,
-                " must be >= 0");
+  DCP_ARG_CHECK(options.extend_mode != ForwardMode::decode,
+                "extend_mode must be extend or extend_native");
+  DCP_ARG_CHECK(options.num_draft_tokens >= 0, "--speculative-num-draft-tokens ",
+                options.num_draft_tokens, " must be >= 0");
   DCP_ARG_CHECK(options.num_draft_tokens == 0 || draft != nullptr,
                 "--speculative-num-draft-tokens needs a draft model (--speculative-draft)");
   if (draft) {
-    DCP_ARG_CHECK(draft->config().vocab_size == model.config().vocab_size, "the draft model's vocabulary (",
-                  draft->config().vocab_size, ") differs from the target's (", model.config().vocab_size, ")");
+    DCP_ARG_CHECK(draft->config().vocab_size == model.config().vocab_size,
+                  "the draft model's vocabulary (", draft->config().vocab_size,
+                  ") differs from the target's (", model.config().vocab_size, ")");
     DCP_ARG_CHECK(draft->dcp_group().size() == 1 && draft->tp_group().size() == 1,
                   "the draft model must be replicated on every rank (TP 1, DCP 1)");
   }
   if (options.enable_prefix_cache) {
     DCP_ARG_CHECK(!draft, "--enable-prefix-cache does not combine with speculative decoding yet");
     std::vector<LatentPool*> pools;
-    for (int l = 0; l < model.config().num_hidden_layers; ++l) pools.push_back(&model.kv_shard(l).pool());
+    for (int l = 0; l < model.config().num_hidden_layers; ++l)
+      pools.push_back(&model.kv_shard(l).pool());
     cache_ = std::make_unique<PrefixCache>(model.allocator(), pools, model.dcp_group().rank(),
                                            options.host_kv_capacity_tokens);
   } else {
-    DCP_ARG_CHECK(options.host_kv_capacity_tokens == 0, "--host-kv-capacity-tokens needs --enable-prefix-cache");
+    DCP_ARG_CHECK(options.host_kv_capacity_tokens == 0,
+                  "--host-kv-capacity-tokens needs --enable-prefix-cache");
   }
 }
 
 void Engine::submit(const RequestSpec& spec) {
   DCP_ARG_CHECK(!spec.prompt.empty(), "request ", spec.id, ": the prompt must hold >= 1 token");
-  DCP_ARG_CHECK(spec.max_new_tokens >= 1, "request ", spec.id, ": --max-new-tokens ", spec.max_new_tokens,
-                " must be >= 1");
+  DCP_ARG_CHECK(spec.max_new_tokens >= 1, "request ", spec.id, ": --max-new-tokens ",
+                spec.max_new_tokens, " must be >= 1");
   DCP_ARG_CHECK(spec.forced_outputs.empty() || options_.num_draft_tokens == 0, "request ", spec.id,
                 ": teacher forcing and speculative decoding do not combine");
   for (std::int32_t t : spec.prompt) {
@@ -65,7 +69,8 @@ void Engine::submit(const RequestSpec& spec) {
     const auto kept = std::find(kept_.begin(), kept_.end(), from);
     DCP_ARG_CHECK(kept != kept_.end(), "request ", spec.id, " continues request ", from,
                   ", which has not finished with keep_kv");
-    const RequestResult& prev = *std::find_if(results_.begin(), results_.end(), [&](const RequestResult& r) { return r.id == from; });
+    const RequestResult& prev = *std::find_if(results_.begin(), results_.end(),
+                                              [&](const RequestResult& r) { return r.id == from; });
     live.feed.push_back(prev.output_tokens.back());  // its last token never entered the KV
     kept_.erase(kept);
     // Take over the earlier turn's KV now, so nothing else can claim it.
@@ -93,13 +98,18 @@ void Engine::release(RequestId id) {
 
 void Engine::adopt(const RequestSpec& spec, std::int32_t first_token) {
   KvAllocator& alloc = model_.allocator();
-  DCP_ARG_CHECK(alloc.contains(spec.id) && alloc.length(spec.id) == static_cast<std::int64_t>(spec.prompt.size()),
-                "adopt: request ", spec.id, " must hold exactly its ", spec.prompt.size(), " prompt tokens of KV");
-  DCP_ARG_CHECK(spec.max_new_tokens >= 1 && first_token >= 0 && first_token < model_.config().vocab_size,
-                "adopt: request ", spec.id, " needs max_new_tokens >= 1 and a first token in the vocabulary");
+  DCP_ARG_CHECK(alloc.contains(spec.id) &&
+                    alloc.length(spec.id) == static_cast<std::int64_t>(spec.prompt.size()),
+                "adopt: request ", spec.id, " must hold exactly its ", spec.prompt.size(),
+                " prompt tokens of KV");
+  DCP_ARG_CHECK(
+      spec.max_new_tokens >= 1 && first_token >= 0 && first_token < model_.config().vocab_size,
+      "adopt: request ", spec.id, " needs max_new_tokens >= 1 and a first token in the vocabulary");
   DCP_ARG_CHECK(!draft_, "adopt: speculative decoding is not supported for disaggregated requests");
-  const std::int64_t final_len = static_cast<std::int64_t>(spec.prompt.size()) + spec.max_new_tokens;
-  const std::int64_t need = pages_for(final_len) - static_cast<std::int64_t>(alloc.pages(spec.id).size());
+  const std::int64_t final_len =
+      static_cast<std::int64_t>(spec.prompt.size()) + spec.max_new_tokens;
+  const std::int64_t need =
+      pages_for(final_len) - static_cast<std::int64_t>(alloc.pages(spec.id).size());
   if (need > alloc.free_pages() - reserved_pages()) {
     alloc.free(spec.id);
     throw Error(ErrorCategory::capacity, str("adopt: request ", spec.id, " needs ", need,
@@ -110,13 +120,18 @@ void Engine::adopt(const RequestSpec& spec, std::int32_t first_token) {
   result.state = RequestState::decode;
   result.output_tokens.push_back(first_token);
   results_.push_back(result);
-  Live live{spec, results_.size() - 1, static_cast<std::int64_t>(spec.prompt.size()), spec.prompt, 0, {}};
+  Live live{
+      spec, results_.size() - 1, static_cast<std::int64_t>(spec.prompt.size()), spec.prompt, 0, {}};
   running_.push_back(std::move(live));
   if (spec.max_new_tokens == 1) finish(running_.size() - 1);
 }
 
-std::int64_t Engine::waiting() const noexcept { return static_cast<std::int64_t>(waiting_.size()); }
-std::int64_t Engine::running() const noexcept { return static_cast<std::int64_t>(running_.size()); }
+std::int64_t Engine::waiting() const noexcept {
+  return static_cast<std::int64_t>(waiting_.size());
+}
+std::int64_t Engine::running() const noexcept {
+  return static_cast<std::int64_t>(running_.size());
+}
 
 std::int64_t Engine::pages_for(std::int64_t tokens) const {
   const std::int64_t vp = model_.allocator().virtual_page_size();
@@ -124,15 +139,19 @@ std::int64_t Engine::pages_for(std::int64_t tokens) const {
 }
 
 namespace {
-std::int64_t final_length(std::int64_t context, std::int64_t feed, std::int64_t max_new) { return context + feed + max_new; }
+std::int64_t final_length(std::int64_t context, std::int64_t feed, std::int64_t max_new) {
+  return context + feed + max_new;
+}
 }  // namespace
 
 std::int64_t Engine::reserved_pages() const {
   // Pages running requests will still take before they finish.
   std::int64_t r = 0;
   for (const Live& l : running_) {
-    const std::int64_t final_len = final_length(l.context, static_cast<std::int64_t>(l.feed.size()), l.spec.max_new_tokens);
-    r += pages_for(final_len) - static_cast<std::int64_t>(model_.allocator().pages(l.spec.id).size());
+    const std::int64_t final_len =
+        final_length(l.context, static_cast<std::int64_t>(l.feed.size()), l.spec.max_new_tokens);
+    r += pages_for(final_len) -
+         static_cast<std::int64_t>(model_.allocator().pages(l.spec.id).size());
   }
   return r;
 }
@@ -140,8 +159,10 @@ std::int64_t Engine::reserved_pages() const {
 void Engine::admit() {
   KvAllocator& alloc = model_.allocator();
   for (auto it = waiting_.begin(); it != waiting_.end();) {
-    const std::int64_t final_len = final_length(it->context, static_cast<std::int64_t>(it->feed.size()), it->spec.max_new_tokens);
-    if (pages_for(final_len) > alloc.num_pages()) {  // can never fit: reject, keep serving the others
+    const std::int64_t final_len = final_length(
+        it->context, static_cast<std::int64_t>(it->feed.size()), it->spec.max_new_tokens);
+    if (pages_for(final_len) >
+        alloc.num_pages()) {  // can never fit: reject, keep serving the others
       RequestResult& r = results_[it->result];
       r.state = RequestState::rejected;
       r.error = str("needs ", final_len, " tokens of KV; the cache holds ", alloc.capacity_tokens(),
@@ -157,10 +178,12 @@ void Engine::admit() {
     // A prefix-cache hit: whole pages the request shares instead of computing (pinned for now).
     std::vector<std::int32_t> hit;
     if (it->cacheable) hit = cache_->match(it->feed);
-    const std::int64_t held = it->context > 0 ? static_cast<std::int64_t>(alloc.pages(it->spec.id).size())
-                                              : static_cast<std::int64_t>(hit.size());
+    const std::int64_t held = it->context > 0
+                                  ? static_cast<std::int64_t>(alloc.pages(it->spec.id).size())
+                                  : static_cast<std::int64_t>(hit.size());
     const std::int64_t need = pages_for(final_len) - held;
-    if (cache_ && need > alloc.free_pages() - reserved_pages()) cache_->make_room(need + reserved_pages());
+    if (cache_ && need > alloc.free_pages() - reserved_pages())
+      cache_->make_room(need + reserved_pages());
     if (need > alloc.free_pages() - reserved_pages()) {  // FIFO: wait for KV
       if (cache_) cache_->unpin(hit);
       break;
@@ -231,7 +254,8 @@ bool Engine::run_prefill() {
     const std::int64_t chunk = std::min(left, budget);
     model_.allocator().extend(l.spec.id, chunk);  // admission reserved these pages
     batch.entries.push_back({l.spec.id, static_cast<std::int32_t>(chunk)});
-    batch.tokens.insert(batch.tokens.end(), l.feed.begin() + l.prefilled, l.feed.begin() + l.prefilled + chunk);
+    batch.tokens.insert(batch.tokens.end(), l.feed.begin() + l.prefilled,
+                        l.feed.begin() + l.prefilled + chunk);
     members.push_back(i);
     budget -= chunk;
   }
@@ -251,7 +275,8 @@ bool Engine::run_prefill() {
     l.prefilled += batch.entries[k].q_len;
     prompt_done_ += batch.entries[k].q_len;
     if (l.prefilled == static_cast<std::int64_t>(l.feed.size())) {
-      if (l.cacheable) cache_->insert(l.spec.prompt, l.spec.id);  // whole prompt pages, for later requests
+      if (l.cacheable)
+        cache_->insert(l.spec.prompt, l.spec.id);  // whole prompt pages, for later requests
       emit(l, logits.data() + k * vocab);  // the prompt's last logits give the first new token
       l.draft_pending = {results_[l.result].output_tokens.back()};
       results_[l.result].state = RequestState::decode;
@@ -259,7 +284,8 @@ bool Engine::run_prefill() {
   }
   for (std::size_t i = running_.size(); i-- > 0;) {  // max_new_tokens == 1 ends here
     const Live& l = running_[i];
-    if (results_[l.result].output_tokens.size() >= static_cast<std::size_t>(l.spec.max_new_tokens)) finish(i);
+    if (results_[l.result].output_tokens.size() >= static_cast<std::size_t>(l.spec.max_new_tokens))
+      finish(i);
   }
   return true;
 }
@@ -274,7 +300,8 @@ bool Engine::run_decode() {
     RequestResult& r = results_[l.result];
     if (r.state != RequestState::decode) continue;
     const std::size_t k = r.output_tokens.size() - 1;  // feed the last emitted token
-    const std::int32_t token = k < l.spec.forced_outputs.size() ? l.spec.forced_outputs[k] : r.output_tokens[k];
+    const std::int32_t token =
+        k < l.spec.forced_outputs.size() ? l.spec.forced_outputs[k] : r.output_tokens[k];
     model_.allocator().extend(l.spec.id, 1);
     batch.entries.push_back({l.spec.id, 1});
     batch.tokens.push_back(token);
@@ -288,15 +315,18 @@ bool Engine::run_decode() {
   stats_.decode_timings.push_back(t);
   stats_.decode_tokens += static_cast<std::int64_t>(members.size());
   const int vocab = model_.config().vocab_size;
-  for (std::size_t k = 0; k < members.size(); ++k) emit(running_[members[k]], logits.data() + k * vocab);
+  for (std::size_t k = 0; k < members.size(); ++k)
+    emit(running_[members[k]], logits.data() + k * vocab);
   for (std::size_t i = running_.size(); i-- > 0;) {
     const Live& l = running_[i];
-    if (results_[l.result].output_tokens.size() >= static_cast<std::size_t>(l.spec.max_new_tokens)) finish(i);
+    if (results_[l.result].output_tokens.size() >= static_cast<std::size_t>(l.spec.max_new_tokens))
+      finish(i);
   }
   return true;
 }
 
-std::vector<std::vector<std::int32_t>> Engine::propose(const std::vector<std::size_t>& members, const std::vector<int>& k) {
+std::vector<std::vector<std::int32_t>> Engine::propose(const std::vector<std::size_t>& members,
+                                                       const std::vector<int>& k) {
   std::vector<std::vector<std::int32_t>> drafts(members.size());
   const int vocab = draft_->config().vocab_size;
   const int rounds = *std::max_element(k.begin(), k.end());
@@ -309,14 +339,16 @@ std::vector<std::vector<std::int32_t>> Engine::propose(const std::vector<std::si
     for (std::size_t m = 0; m < members.size(); ++m) {
       if (round >= k[m]) continue;
       Live& l = running_[members[m]];
-      const std::vector<std::int32_t> feed = round == 0 ? l.draft_pending : std::vector<std::int32_t>{drafts[m].back()};
+      const std::vector<std::int32_t> feed =
+          round == 0 ? l.draft_pending : std::vector<std::int32_t>{drafts[m].back()};
       draft_->allocator().extend(l.spec.id, static_cast<std::int64_t>(feed.size()));
       batch.entries.push_back({l.spec.id, static_cast<std::int32_t>(feed.size())});
       batch.tokens.insert(batch.tokens.end(), feed.begin(), feed.end());
       in_round.push_back(m);
     }
     const std::vector<float> logits = draft_->forward(batch);
-    for (std::size_t j = 0; j < in_round.size(); ++j) drafts[in_round[j]].push_back(argmax(logits.data() + j * vocab, vocab));
+    for (std::size_t j = 0; j < in_round.size(); ++j)
+      drafts[in_round[j]].push_back(argmax(logits.data() + j * vocab, vocab));
   }
   return drafts;
 }
@@ -362,7 +394,9 @@ bool Engine::run_speculative() {
     // Greedy acceptance: keep drafts while they equal the target's choice; the first target
     // choice that differs (or follows the last draft) is emitted as well.
     int accepted = 0;
-    while (accepted < k[m] && argmax(logits.data() + (row + accepted) * vocab, vocab) == drafts[m][accepted]) ++accepted;
+    while (accepted < k[m] &&
+           argmax(logits.data() + (row + accepted) * vocab, vocab) == drafts[m][accepted])
+      ++accepted;
     for (int j = 0; j <= accepted; ++j) emit(l, logits.data() + (row + j) * vocab);
     row += static_cast<std::size_t>(k[m]) + 1;
     // Roll back what was rejected, on every rank (target) and in the replicated draft cache.
@@ -387,7 +421,8 @@ bool Engine::run_speculative() {
   }
   for (std::size_t i = running_.size(); i-- > 0;) {
     const Live& l = running_[i];
-    if (results_[l.result].output_tokens.size() >= static_cast<std::size_t>(l.spec.max_new_tokens)) finish(i);
+    if (results_[l.result].output_tokens.size() >= static_cast<std::size_t>(l.spec.max_new_tokens))
+      finish(i);
   }
   return true;
 }

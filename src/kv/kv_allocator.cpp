@@ -17,7 +17,8 @@ KvAllocator::KvAllocator(int dcp_size, int page_size, std::int64_t num_pages)
   held_.assign(static_cast<std::size_t>(num_pages), 0);
   free_.resize(static_cast<std::size_t>(num_pages));
   // Pop from the back: page 0 first.
-  for (std::int64_t i = 0; i < num_pages; ++i) free_[i] = static_cast<std::int32_t>(num_pages - 1 - i);
+  for (std::int64_t i = 0; i < num_pages; ++i)
+    free_[i] = static_cast<std::int32_t>(num_pages - 1 - i);
 }
 
 const KvAllocator::Entry& KvAllocator::entry(RequestId request, const char* what) const {
@@ -26,7 +27,9 @@ const KvAllocator::Entry& KvAllocator::entry(RequestId request, const char* what
   return it->second;
 }
 
-std::int64_t KvAllocator::length(RequestId request) const { return entry(request, "length").length; }
+std::int64_t KvAllocator::length(RequestId request) const {
+  return entry(request, "length").length;
+}
 
 const std::vector<std::int32_t>& KvAllocator::pages(RequestId request) const {
   return entry(request, "pages").pages;
@@ -99,14 +102,16 @@ std::vector<PageCopy> KvAllocator::extend(RequestId request, std::int64_t n) {
     copies.push_back({shared, mine});
   }
   e.length += n;
-  while (static_cast<std::int64_t>(e.pages.size()) < pages_for(e.length)) e.pages.push_back(take_page());
+  while (static_cast<std::int64_t>(e.pages.size()) < pages_for(e.length))
+    e.pages.push_back(take_page());
   return copies;
 }
 
 void KvAllocator::truncate(RequestId request, std::int64_t new_length) {
   const Entry& current = entry(request, "truncate");
   DCP_ARG_CHECK(new_length >= 0 && new_length <= current.length, "truncate: new length ",
-                new_length, " must be in [0, current length ", current.length, "] of request ", request);
+                new_length, " must be in [0, current length ", current.length, "] of request ",
+                request);
   Entry& e = requests_[request];
   e.length = new_length;
   while (static_cast<std::int64_t>(e.pages.size()) > pages_for(new_length)) {
@@ -150,13 +155,15 @@ std::int32_t KvAllocator::acquire_page() {
 }
 
 void KvAllocator::retain(std::int32_t page) {
-  DCP_ARG_CHECK(page >= 0 && page < num_pages_ && refs_[page] > 0, "retain: page ", page, " is not in use");
+  DCP_ARG_CHECK(page >= 0 && page < num_pages_ && refs_[page] > 0, "retain: page ", page,
+                " is not in use");
   ++refs_[page];
   ++held_[page];
 }
 
 void KvAllocator::release(std::int32_t page) {
-  DCP_ARG_CHECK(page >= 0 && page < num_pages_ && held_[page] > 0, "release: page ", page, " is not held");
+  DCP_ARG_CHECK(page >= 0 && page < num_pages_ && held_[page] > 0, "release: page ", page,
+                " is not held");
   --held_[page];
   release_page(page);
 }
@@ -164,7 +171,8 @@ void KvAllocator::release(std::int32_t page) {
 void KvAllocator::allocate_shared(RequestId request, const std::vector<std::int32_t>& pages) {
   DCP_ARG_CHECK(!contains(request), "allocate_shared: request ", request, " already exists");
   for (std::int32_t page : pages) {
-    DCP_ARG_CHECK(page >= 0 && page < num_pages_ && refs_[page] > 0, "allocate_shared: page ", page, " is not held");
+    DCP_ARG_CHECK(page >= 0 && page < num_pages_ && refs_[page] > 0, "allocate_shared: page ", page,
+                  " is not held");
   }
   Entry e;
   e.length = static_cast<std::int64_t>(pages.size()) * virtual_page_size();

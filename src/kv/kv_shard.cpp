@@ -8,9 +8,10 @@ namespace dcp {
 
 KvShard::KvShard(const KvAllocator& allocator, LatentPool& pool, int dcp_rank)
     : allocator_(allocator), pool_(pool), layout_(allocator.dcp_size(), dcp_rank) {
-  DCP_ARG_CHECK(allocator.num_pages() == pool.num_pages() && allocator.page_size() == pool.page_size(),
-                "allocator (", allocator.num_pages(), " pages of ", allocator.page_size(),
-                ") and pool (", pool.num_pages(), " pages of ", pool.page_size(), ") disagree");
+  DCP_ARG_CHECK(
+      allocator.num_pages() == pool.num_pages() && allocator.page_size() == pool.page_size(),
+      "allocator (", allocator.num_pages(), " pages of ", allocator.page_size(), ") and pool (",
+      pool.num_pages(), " pages of ", pool.page_size(), ") disagree");
 }
 
 std::int64_t KvShard::physical_row(RequestId request, std::int64_t p) const {
@@ -24,13 +25,16 @@ std::int64_t KvShard::local_length(RequestId request) const {
 namespace {
 
 // Physical row of local row j of a request with these pages (one virtual page = physical page).
-inline std::int64_t physical_of_local(const std::vector<std::int32_t>& pages, int page_size, std::int64_t j) {
-  return static_cast<std::int64_t>(pages[static_cast<std::size_t>(j / page_size)]) * page_size + j % page_size;
+inline std::int64_t physical_of_local(const std::vector<std::int32_t>& pages, int page_size,
+                                      std::int64_t j) {
+  return static_cast<std::int64_t>(pages[static_cast<std::size_t>(j / page_size)]) * page_size +
+         j % page_size;
 }
 
 }  // namespace
 
-std::int64_t KvShard::write(RequestId request, std::int64_t start, std::int64_t length, const float* rows) {
+std::int64_t KvShard::write(RequestId request, std::int64_t start, std::int64_t length,
+                            const float* rows) {
   const std::int64_t len = allocator_.length(request);
   DCP_ARG_CHECK(start >= 0 && length >= 0 && start + length <= len, "write: tokens [", start, ", ",
                 start + length, ") are outside request ", request, " of length ", len);
@@ -41,7 +45,8 @@ std::int64_t KvShard::write(RequestId request, std::int64_t start, std::int64_t 
   std::int64_t first = start + ((layout_.rank() - start) % n + n) % n;
   std::int64_t stored = 0;
   for (std::int64_t p = first; p < start + length; p += n, ++stored) {
-    pool_.write_row(physical_of_local(pages, pool_.page_size(), layout_.local_row(p)), rows + (p - start) * w);
+    pool_.write_row(physical_of_local(pages, pool_.page_size(), layout_.local_row(p)),
+                    rows + (p - start) * w);
   }
   return stored;
 }
@@ -78,31 +83,34 @@ std::vector<float> KvShard::local_rows(RequestId request) const {
 
 void KvShard::read_local_raw(RequestId request, std::int64_t local_row, std::uint8_t* dst) const {
   const std::int64_t rows = local_length(request);
-  DCP_ARG_CHECK(local_row >= 0 && local_row < rows, "local row ", local_row, " of request ", request,
-                " is outside [0, ", rows, ")");
+  DCP_ARG_CHECK(local_row >= 0 && local_row < rows, "local row ", local_row, " of request ",
+                request, " is outside [0, ", rows, ")");
   const std::uint8_t* src = pool_.raw_row(physical_row(request, layout_.position(local_row)));
   std::memcpy(dst, src, pool_.geometry().row_bytes());
 }
 
 void KvShard::write_local_raw(RequestId request, std::int64_t local_row, const std::uint8_t* src) {
   const std::int64_t rows = local_length(request);
-  DCP_ARG_CHECK(local_row >= 0 && local_row < rows, "local row ", local_row, " of request ", request,
-                " is outside [0, ", rows, ")");
-  std::memcpy(pool_.raw_row(physical_row(request, layout_.position(local_row))), src, pool_.geometry().row_bytes());
+  DCP_ARG_CHECK(local_row >= 0 && local_row < rows, "local row ", local_row, " of request ",
+                request, " is outside [0, ", rows, ")");
+  std::memcpy(pool_.raw_row(physical_row(request, layout_.position(local_row))), src,
+              pool_.geometry().row_bytes());
 }
 
 void KvShard::local_rows(RequestId request, float* out) const {
   const std::int64_t rows = layout_.local_length(allocator_.length(request));
   const int w = pool_.geometry().width();
   const std::vector<std::int32_t>& pages = allocator_.pages(request);
-  for (std::int64_t j = 0; j < rows; ++j) pool_.read_row(physical_of_local(pages, pool_.page_size(), j), out + j * w);
+  for (std::int64_t j = 0; j < rows; ++j)
+    pool_.read_row(physical_of_local(pages, pool_.page_size(), j), out + j * w);
 }
 
 std::vector<float> gather_sequence(Communicator& group, const KvShard& shard, RequestId request) {
   const int n = group.size();
   DCP_ARG_CHECK(n == shard.layout().size() && group.rank() == shard.dcp_rank(),
-                "gather_sequence: group (rank ", group.rank(), " of ", n, ") does not match the shard (rank ",
-                shard.dcp_rank(), " of ", shard.layout().size(), ")");
+                "gather_sequence: group (rank ", group.rank(), " of ", n,
+                ") does not match the shard (rank ", shard.dcp_rank(), " of ",
+                shard.layout().size(), ")");
   const std::int64_t len = shard.allocator().length(request);
   const int w = shard.pool().geometry().width();
   const std::int64_t max_rows = layout::count(len, 0, n);  // rank 0 holds the most rows
@@ -118,7 +126,8 @@ std::vector<float> gather_sequence(Communicator& group, const KvShard& shard, Re
   return seq;
 }
 
-ForwardPlan plan_forward(const KvAllocator& allocator, const std::vector<BatchEntry>& batch, int dcp_rank) {
+ForwardPlan plan_forward(const KvAllocator& allocator, const std::vector<BatchEntry>& batch,
+                         int dcp_rank) {
   const int n = allocator.dcp_size();
   const ShardLayout layout(n, dcp_rank);
   ForwardPlan plan;
@@ -133,15 +142,16 @@ ForwardPlan plan_forward(const KvAllocator& allocator, const std::vector<BatchEn
   for (std::size_t b = 0; b < batch.size(); ++b) {
     const BatchEntry& e = batch[b];
     const std::int64_t len = allocator.length(e.request);
-    DCP_ARG_CHECK(e.q_len >= 1 && e.q_len <= len, "plan_forward: request ", e.request, " has q_len ",
-                  e.q_len, "; legal: [1, its length ", len, "]");
+    DCP_ARG_CHECK(e.q_len >= 1 && e.q_len <= len, "plan_forward: request ", e.request,
+                  " has q_len ", e.q_len, "; legal: [1, its length ", len, "]");
     plan.global_len.push_back(len);
     plan.local_len.push_back(layout.local_length(len));  // local counts, never global lengths
     for (std::int64_t p = len - e.q_len; p < len; ++p) plan.q_pos.push_back(p);
     plan.q_start.push_back(plan.q_start.back() + e.q_len);
     plan.write_share.push_back(layout.chunk_share(len - e.q_len, e.q_len));
     const auto& pages = allocator.pages(e.request);
-    std::copy(pages.begin(), pages.end(), plan.page_table.begin() + static_cast<std::ptrdiff_t>(b * stride));
+    std::copy(pages.begin(), pages.end(),
+              plan.page_table.begin() + static_cast<std::ptrdiff_t>(b * stride));
   }
   return plan;
 }

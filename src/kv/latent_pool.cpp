@@ -8,14 +8,17 @@
 
 namespace dcp {
 
-void LatentPool::FreeDeleter::operator()(std::byte* p) const noexcept { std::free(p); }
+void LatentPool::FreeDeleter::operator()(std::byte* p) const noexcept {
+  std::free(p);
+}
 
 LatentPool::LatentPool(std::int64_t num_pages, int page_size, LatentGeometry geometry)
     : num_pages_(num_pages), page_size_(page_size), geometry_(geometry) {
   DCP_ARG_CHECK(num_pages >= 0, "num_pages = ", num_pages, " must be >= 0");
   DCP_ARG_CHECK(page_size >= 1, "page_size = ", page_size, " must be >= 1");
   DCP_ARG_CHECK(geometry.kv_lora_rank >= 1 && geometry.rope_dim >= 0, "latent geometry ",
-                geometry.kv_lora_rank, "+", geometry.rope_dim, " must have kv_lora_rank >= 1, rope_dim >= 0");
+                geometry.kv_lora_rank, "+", geometry.rope_dim,
+                " must have kv_lora_rank >= 1, rope_dim >= 0");
   const std::size_t size = (bytes() + 63) / 64 * 64;
   auto* p = static_cast<std::byte*>(std::aligned_alloc(64, size));
   DCP_CHECK(p != nullptr, capacity, "cannot allocate a KV pool of ", size, " bytes");
@@ -23,7 +26,8 @@ LatentPool::LatentPool(std::int64_t num_pages, int page_size, LatentGeometry geo
   data_.reset(p);
 }
 
-LatentPool LatentPool::for_tokens(std::int64_t logical_tokens, int dcp_size, int page_size, LatentGeometry g) {
+LatentPool LatentPool::for_tokens(std::int64_t logical_tokens, int dcp_size, int page_size,
+                                  LatentGeometry g) {
   DCP_ARG_CHECK(logical_tokens >= 0, "KV capacity ", logical_tokens, " tokens must be >= 0");
   DCP_ARG_CHECK(dcp_size >= 1 && page_size >= 1, "dcp_size and page_size must be >= 1");
   const std::int64_t per_page = static_cast<std::int64_t>(page_size) * dcp_size;
@@ -73,7 +77,8 @@ void LatentPool::copy_page(std::int32_t from, std::int32_t to) {
 }
 
 const std::uint8_t* LatentPool::raw_row(std::int64_t physical_row) const {
-  return reinterpret_cast<const std::uint8_t*>(const_cast<LatentPool*>(this)->row_ptr(physical_row));
+  return reinterpret_cast<const std::uint8_t*>(
+      const_cast<LatentPool*>(this)->row_ptr(physical_row));
 }
 
 std::uint8_t* LatentPool::raw_row(std::int64_t physical_row) {
@@ -81,7 +86,8 @@ std::uint8_t* LatentPool::raw_row(std::int64_t physical_row) {
 }
 
 void LatentPool::poison() {
-  const std::vector<float> nan(static_cast<std::size_t>(geometry_.width()), std::numeric_limits<float>::quiet_NaN());
+  const std::vector<float> nan(static_cast<std::size_t>(geometry_.width()),
+                               std::numeric_limits<float>::quiet_NaN());
   for (std::int64_t r = 0; r <= rows(); ++r) write_row(r, nan.data());
 }
 

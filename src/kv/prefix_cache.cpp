@@ -11,7 +11,8 @@ PrefixCache::PrefixCache(KvAllocator& allocator, std::vector<LatentPool*> device
                          std::int64_t host_capacity_tokens)
     : alloc_(allocator), device_(std::move(device)) {
   DCP_ARG_CHECK(!device_.empty(), "prefix cache: no device pools");
-  DCP_ARG_CHECK(host_capacity_tokens >= 0, "--host-kv-capacity-tokens ", host_capacity_tokens, " must be >= 0");
+  DCP_ARG_CHECK(host_capacity_tokens >= 0, "--host-kv-capacity-tokens ", host_capacity_tokens,
+                " must be >= 0");
   const int n = alloc_.dcp_size(), p = alloc_.page_size();
   // The slots of a virtual page this rank owns (i mod N = r), as rows i / N of its physical page.
   for (std::int64_t i = 0; i < static_cast<std::int64_t>(p) * n; ++i) {
@@ -19,7 +20,8 @@ PrefixCache::PrefixCache(KvAllocator& allocator, std::vector<LatentPool*> device
   }
   host_pages_total_ = host_capacity_tokens / alloc_.virtual_page_size();
   if (host_pages_total_ > 0) {
-    for (LatentPool* d : device_) host_.push_back(std::make_unique<LatentPool>(host_pages_total_, p, d->geometry()));
+    for (LatentPool* d : device_)
+      host_.push_back(std::make_unique<LatentPool>(host_pages_total_, p, d->geometry()));
     for (std::int64_t i = host_pages_total_; i-- > 0;) host_free_.push_back(i);
   }
 }
@@ -52,7 +54,8 @@ void PrefixCache::copy_page(bool to_host, Node& node) {
   for (std::size_t l = 0; l < device_.size(); ++l) {
     const std::size_t rb = device_[l]->geometry().row_bytes();
     for (std::int64_t off : owned_offsets_) {
-      std::uint8_t* dev = device_[l]->raw_row(static_cast<std::int64_t>(node.device_page) * p + off);
+      std::uint8_t* dev =
+          device_[l]->raw_row(static_cast<std::int64_t>(node.device_page) * p + off);
       std::uint8_t* host = host_[l]->raw_row(node.host_page * p + off);
       if (to_host) {
         std::memcpy(host, dev, rb);
@@ -136,7 +139,8 @@ std::int64_t PrefixCache::make_room(std::int64_t pages) {
 
 std::vector<std::int32_t> PrefixCache::match(const std::vector<std::int32_t>& tokens) {
   const std::int64_t vp = alloc_.virtual_page_size();
-  const std::int64_t usable = (static_cast<std::int64_t>(tokens.size()) - 1) / vp;  // leave >= 1 token to prefill
+  const std::int64_t usable =
+      (static_cast<std::int64_t>(tokens.size()) - 1) / vp;  // leave >= 1 token to prefill
   stats_.lookup_tokens += static_cast<std::int64_t>(tokens.size());
   std::vector<std::int32_t> pages;
   std::uint64_t parent = 0;
@@ -144,7 +148,9 @@ std::vector<std::int32_t> PrefixCache::match(const std::vector<std::int32_t>& to
     const std::int32_t* t = tokens.data() + k * vp;
     const std::uint64_t h = key(parent, t);
     auto it = nodes_.find(h);
-    if (it == nodes_.end() || it->second.parent != parent || !std::equal(t, t + vp, it->second.tokens.begin())) break;
+    if (it == nodes_.end() || it->second.parent != parent ||
+        !std::equal(t, t + vp, it->second.tokens.begin()))
+      break;
     Node& node = it->second;
     node.last_used = ++clock_;
     if (!node.on_device) {  // bring it back: a fresh device page, this rank's rows copied in
@@ -172,14 +178,16 @@ void PrefixCache::unpin(const std::vector<std::int32_t>& pages) {
 void PrefixCache::insert(const std::vector<std::int32_t>& tokens, RequestId request) {
   const std::int64_t vp = alloc_.virtual_page_size();
   const std::vector<std::int32_t>& pages = alloc_.pages(request);
-  const std::int64_t whole = std::min<std::int64_t>(static_cast<std::int64_t>(tokens.size()), alloc_.length(request)) / vp;
+  const std::int64_t whole =
+      std::min<std::int64_t>(static_cast<std::int64_t>(tokens.size()), alloc_.length(request)) / vp;
   std::uint64_t parent = 0;
   for (std::int64_t k = 0; k < whole; ++k) {
     const std::int32_t* t = tokens.data() + k * vp;
     const std::uint64_t h = key(parent, t);
     auto it = nodes_.find(h);
     if (it != nodes_.end()) {
-      if (it->second.parent != parent || !std::equal(t, t + vp, it->second.tokens.begin())) return;  // collision: stop
+      if (it->second.parent != parent || !std::equal(t, t + vp, it->second.tokens.begin()))
+        return;  // collision: stop
       it->second.last_used = ++clock_;
     } else {
       Node node;

@@ -1,8 +1,7 @@
 // Checkpoint directories: config.json plus safetensors files, optionally with an index.
-#include <nlohmann/json.hpp>
-
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "dcp/error.h"
@@ -35,7 +34,8 @@ class CheckpointWeights final : public WeightSource {
       } catch (const nlohmann::json::exception& e) {
         throw Error(ErrorCategory::io, str(index.string(), ": malformed: ", e.what()));
       }
-      DCP_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), io, index.string(), ": no weight_map");
+      DCP_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), io, index.string(),
+                ": no weight_map");
       std::map<std::string, bool> seen;
       for (const auto& [name, file] : j["weight_map"].items()) {
         const std::string f = file.get<std::string>();
@@ -58,8 +58,8 @@ class CheckpointWeights final : public WeightSource {
     }
   }
 
-  std::vector<float> load(const std::string& name, const std::vector<std::int64_t>& shape, Range rows,
-                          Range cols) const override {
+  std::vector<float> load(const std::string& name, const std::vector<std::int64_t>& shape,
+                          Range rows, Range cols) const override {
     const auto it = where_.find(name);
     DCP_CHECK(it != where_.end(), io, "checkpoint ", dir_, ": missing tensor '", name, "'");
     const auto& info = it->second->tensors().at(name);
@@ -71,7 +71,9 @@ class CheckpointWeights final : public WeightSource {
                             cols.whole() ? 0 : cols.begin, cols.whole() ? n_cols : cols.end);
   }
   bool contains(const std::string& name) const override { return where_.count(name) != 0; }
-  std::string describe() const override { return str("checkpoint ", dir_, " (", files_.size(), " files)"); }
+  std::string describe() const override {
+    return str("checkpoint ", dir_, " (", files_.size(), " files)");
+  }
 
  private:
   static std::string shape_str(const std::vector<std::int64_t>& s) {
@@ -96,7 +98,8 @@ ModelConfig read_checkpoint_config(const std::string& dir) {
   return parse_model_config(read_text(p));
 }
 
-std::vector<std::pair<std::string, std::vector<std::int64_t>>> checkpoint_tensors(const ModelConfig& c) {
+std::vector<std::pair<std::string, std::vector<std::int64_t>>> checkpoint_tensors(
+    const ModelConfig& c) {
   using Shape = std::vector<std::int64_t>;
   std::vector<std::pair<std::string, Shape>> t;
   const std::int64_t h = c.hidden_size, heads = c.num_attention_heads;
@@ -113,8 +116,10 @@ std::vector<std::pair<std::string, std::vector<std::int64_t>>> checkpoint_tensor
     }
     t.push_back({p + "self_attn.kv_a_proj_with_mqa.weight", Shape{c.latent_width(), h}});
     t.push_back({p + "self_attn.kv_a_layernorm.weight", Shape{c.kv_lora_rank}});
-    t.push_back({p + "self_attn.kv_b_proj.weight", Shape{heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}});
-    if (c.attn_output_gate) t.push_back({p + "self_attn.g_proj.weight", Shape{heads * c.v_head_dim, h}});
+    t.push_back({p + "self_attn.kv_b_proj.weight",
+                 Shape{heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}});
+    if (c.attn_output_gate)
+      t.push_back({p + "self_attn.g_proj.weight", Shape{heads * c.v_head_dim, h}});
     t.push_back({p + "self_attn.o_proj.weight", Shape{h, heads * c.v_head_dim}});
     t.push_back({p + "post_attention_layernorm.weight", Shape{h}});
     t.push_back({p + "mlp.gate_proj.weight", Shape{c.intermediate_size, h}});
@@ -146,13 +151,17 @@ void write_checkpoint(const std::string& dir, const ModelConfig& config, const W
                                       : str("model-", f + 1, "-of-", num_files, ".safetensors");
   }
   for (int f = 0; f < num_files; ++f) {
-    const std::string name = num_files == 1 ? std::string("model.safetensors")
-                                            : str("model-", f + 1, "-of-", num_files, ".safetensors");
+    const std::string name = num_files == 1
+                                 ? std::string("model.safetensors")
+                                 : str("model-", f + 1, "-of-", num_files, ".safetensors");
     safetensors::write_file((fs::path(dir) / name).string(), per_file[f], dtype);
   }
   if (num_files > 1) {
     std::ofstream idx(fs::path(dir) / "model.safetensors.index.json");
-    idx << nlohmann::ordered_json{{"metadata", nlohmann::ordered_json::object()}, {"weight_map", weight_map}}.dump(2) << "\n";
+    idx << nlohmann::ordered_json{{"metadata", nlohmann::ordered_json::object()},
+                                  {"weight_map", weight_map}}
+               .dump(2)
+        << "\n";
   }
 }
 

@@ -21,28 +21,30 @@ constexpr double kLatentNormEps = 1e-6;  // q_a_layernorm / kv_a_layernorm (Deep
 
 }  // namespace
 
-void set_blas_threads(int threads) { ops::set_blas_threads(threads); }
+void set_blas_threads(int threads) {
+  ops::set_blas_threads(threads);
+}
 
 struct MlaModel::Layer {
   std::vector<float> input_norm, post_norm;
-  std::vector<float> q_a, q_a_norm;   // [q_lora, hidden], [q_lora] (q_lora models)
-  std::vector<float> q_b;             // [H_loc * qhd, q_in]   q_in = q_lora or hidden
-  std::vector<float> q_b_group;       // [N * H_loc * qhd, q_in] replicated query projection
-  std::vector<float> kv_a, kv_a_norm; // [kv_lora + rope, hidden], [kv_lora]
-  std::vector<float> w_kc;            // [H_loc, nope, kv_lora]
-  std::vector<float> w_kc_group;      // [N * H_loc, nope, kv_lora]
-  std::vector<float> w_vc;            // [H_loc, v, kv_lora]
-  std::vector<float> g_proj;          // [H_loc * v, hidden] (output gate)
-  std::vector<float> o_proj;          // [hidden, H_loc * v]
-  std::vector<float> gate, up, down;  // [I_loc, hidden], [I_loc, hidden], [hidden, I_loc]
+  std::vector<float> q_a, q_a_norm;    // [q_lora, hidden], [q_lora] (q_lora models)
+  std::vector<float> q_b;              // [H_loc * qhd, q_in]   q_in = q_lora or hidden
+  std::vector<float> q_b_group;        // [N * H_loc * qhd, q_in] replicated query projection
+  std::vector<float> kv_a, kv_a_norm;  // [kv_lora + rope, hidden], [kv_lora]
+  std::vector<float> w_kc;             // [H_loc, nope, kv_lora]
+  std::vector<float> w_kc_group;       // [N * H_loc, nope, kv_lora]
+  std::vector<float> w_vc;             // [H_loc, v, kv_lora]
+  std::vector<float> g_proj;           // [H_loc * v, hidden] (output gate)
+  std::vector<float> o_proj;           // [hidden, H_loc * v]
+  std::vector<float> gate, up, down;   // [I_loc, hidden], [I_loc, hidden], [hidden, I_loc]
   std::int64_t i_loc = 0;
   std::unique_ptr<LatentPool> pool;
   std::unique_ptr<KvShard> shard;
   ops::Rope rope;
 };
 
-MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicator& tp, Communicator& dcp,
-                   const ModelOptions& options)
+MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicator& tp,
+                   Communicator& dcp, const ModelOptions& options)
     : config_(config), options_(options), tp_(tp), dcp_(dcp) {
   config.validate();
   const ModelConfig& c = config_;
@@ -54,8 +56,9 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
   DCP_ARG_CHECK(options.kv_capacity_tokens >= 1, "KV capacity ", options.kv_capacity_tokens,
                 " tokens must be >= 1");
   for (int i = 0; i < c.num_hidden_layers; ++i) {
-    DCP_CHECK(!c.is_moe_layer(i), unsupported, "layer ", i, " is a mixture-of-experts layer (n_routed_experts ",
-              c.n_routed_experts, ", first_k_dense_replace ", c.first_k_dense_replace,
+    DCP_CHECK(!c.is_moe_layer(i), unsupported, "layer ", i,
+              " is a mixture-of-experts layer (n_routed_experts ", c.n_routed_experts,
+              ", first_k_dense_replace ", c.first_k_dense_replace,
               "); dcp runs dense MLP layers only");
   }
   h_loc_ = c.num_attention_heads / tp_size;
@@ -64,8 +67,9 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
   const std::int64_t hidden = c.hidden_size, q_in = c.q_lora_rank ? *c.q_lora_rank : hidden;
   const bool replicate = replicated_q();
   if (options.replicate_q_proj && !replicate && tp.rank() == 0) {
-    std::fprintf(stderr, "dcp: note: --dcp-replicate-q-proj needs unquantized 16-bit or fp32 weights; "
-                         "this checkpoint is quantized, so the query all-gather is used instead\n");
+    std::fprintf(stderr,
+                 "dcp: note: --dcp-replicate-q-proj needs unquantized 16-bit or fp32 weights; "
+                 "this checkpoint is quantized, so the query all-gather is used instead\n");
   }
   const int group_head0 = (tp.rank() - dcp.rank()) * h_loc_;  // first head of the DCP group
 
@@ -82,17 +86,23 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
   allocator_ = std::make_unique<KvAllocator>(n, options.page_size, pages);
 
   // Splits kv_b_proj rows of heads [h0, h0 + count) into w_kc and w_vc.
-  const auto load_kv_b = [&](const std::string& p, int h0, int count, std::vector<float>* kc, std::vector<float>* vc) {
-    const std::vector<float> kv_b = w.load(p + "self_attn.kv_b_proj.weight",
-                                           {static_cast<std::int64_t>(c.num_attention_heads) * (nope + v), kvl},
-                                           {static_cast<std::int64_t>(h0) * (nope + v), static_cast<std::int64_t>(h0 + count) * (nope + v)});
+  const auto load_kv_b = [&](const std::string& p, int h0, int count, std::vector<float>* kc,
+                             std::vector<float>* vc) {
+    const std::vector<float> kv_b =
+        w.load(p + "self_attn.kv_b_proj.weight",
+               {static_cast<std::int64_t>(c.num_attention_heads) * (nope + v), kvl},
+               {static_cast<std::int64_t>(h0) * (nope + v),
+                static_cast<std::int64_t>(h0 + count) * (nope + v)});
     kc->resize(static_cast<std::size_t>(count) * nope * kvl);
     if (vc) vc->resize(static_cast<std::size_t>(count) * v * kvl);
     for (int h = 0; h < count; ++h) {
       const float* src = kv_b.data() + static_cast<std::size_t>(h) * (nope + v) * kvl;
-      std::copy(src, src + static_cast<std::size_t>(nope) * kvl, kc->data() + static_cast<std::size_t>(h) * nope * kvl);
-      if (vc) std::copy(src + static_cast<std::size_t>(nope) * kvl, src + static_cast<std::size_t>(nope + v) * kvl,
-                        vc->data() + static_cast<std::size_t>(h) * v * kvl);
+      std::copy(src, src + static_cast<std::size_t>(nope) * kvl,
+                kc->data() + static_cast<std::size_t>(h) * nope * kvl);
+      if (vc)
+        std::copy(src + static_cast<std::size_t>(nope) * kvl,
+                  src + static_cast<std::size_t>(nope + v) * kvl,
+                  vc->data() + static_cast<std::size_t>(h) * v * kvl);
     }
   };
   const std::int64_t inter = c.intermediate_size;
@@ -103,33 +113,42 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
     const std::int64_t heads_all = c.num_attention_heads;
     L->input_norm = w.load(p + "input_layernorm.weight", {hidden});
     L->post_norm = w.load(p + "post_attention_layernorm.weight", {hidden});
-    const std::string q_name = c.q_lora_rank ? p + "self_attn.q_b_proj.weight" : p + "self_attn.q_proj.weight";
+    const std::string q_name =
+        c.q_lora_rank ? p + "self_attn.q_b_proj.weight" : p + "self_attn.q_proj.weight";
     if (c.q_lora_rank) {
       L->q_a = w.load(p + "self_attn.q_a_proj.weight", {q_in, hidden});
       L->q_a_norm = w.load(p + "self_attn.q_a_layernorm.weight", {q_in});
     }
-    L->q_b = w.load(q_name, {heads_all * qhd, q_in}, {static_cast<std::int64_t>(head0_) * qhd, static_cast<std::int64_t>(head0_ + h_loc_) * qhd});
+    L->q_b = w.load(q_name, {heads_all * qhd, q_in},
+                    {static_cast<std::int64_t>(head0_) * qhd,
+                     static_cast<std::int64_t>(head0_ + h_loc_) * qhd});
     if (replicate) {
       L->q_b_group = w.load(q_name, {heads_all * qhd, q_in},
-                            {static_cast<std::int64_t>(group_head0) * qhd, static_cast<std::int64_t>(group_head0 + n * h_loc_) * qhd});
+                            {static_cast<std::int64_t>(group_head0) * qhd,
+                             static_cast<std::int64_t>(group_head0 + n * h_loc_) * qhd});
       load_kv_b(p, group_head0, n * h_loc_, &L->w_kc_group, nullptr);
     }
     L->kv_a = w.load(p + "self_attn.kv_a_proj_with_mqa.weight", {c.latent_width(), hidden});
     L->kv_a_norm = w.load(p + "self_attn.kv_a_layernorm.weight", {kvl});
     load_kv_b(p, head0_, h_loc_, &L->w_kc, &L->w_vc);
     if (c.attn_output_gate) {
-      L->g_proj = w.load(p + "self_attn.g_proj.weight", {heads_all * v, hidden},
-                         {static_cast<std::int64_t>(head0_) * v, static_cast<std::int64_t>(head0_ + h_loc_) * v});
+      L->g_proj = w.load(
+          p + "self_attn.g_proj.weight", {heads_all * v, hidden},
+          {static_cast<std::int64_t>(head0_) * v, static_cast<std::int64_t>(head0_ + h_loc_) * v});
     }
-    L->o_proj = w.load(p + "self_attn.o_proj.weight", {hidden, heads_all * v}, {},
-                       {static_cast<std::int64_t>(head0_) * v, static_cast<std::int64_t>(head0_ + h_loc_) * v});
+    L->o_proj = w.load(
+        p + "self_attn.o_proj.weight", {hidden, heads_all * v}, {},
+        {static_cast<std::int64_t>(head0_) * v, static_cast<std::int64_t>(head0_ + h_loc_) * v});
     L->i_loc = i1 - i0;
     L->gate = w.load(p + "mlp.gate_proj.weight", {inter, hidden}, {i0, i1});
     L->up = w.load(p + "mlp.up_proj.weight", {inter, hidden}, {i0, i1});
     L->down = w.load(p + "mlp.down_proj.weight", {hidden, inter}, {}, {i0, i1});
-    L->pool = std::make_unique<LatentPool>(pages, options.page_size, LatentGeometry{kvl, c.qk_rope_head_dim, options.kv_dtype});
+    L->pool = std::make_unique<LatentPool>(
+        pages, options.page_size, LatentGeometry{kvl, c.qk_rope_head_dim, options.kv_dtype});
     L->shard = std::make_unique<KvShard>(*allocator_, *L->pool, dcp.rank());
-    if (!c.skip_rope) L->rope = ops::Rope(c.qk_rope_head_dim, c.rope_theta, c.rope_scaling ? &*c.rope_scaling : nullptr);
+    if (!c.skip_rope)
+      L->rope =
+          ops::Rope(c.qk_rope_head_dim, c.rope_theta, c.rope_scaling ? &*c.rope_scaling : nullptr);
     layers_.push_back(std::move(L));
   }
   DcpAttentionOptions step;
@@ -146,7 +165,8 @@ bool MlaModel::replicated_q() const noexcept {
 }
 
 KvShard& MlaModel::kv_shard(int layer) {
-  DCP_ARG_CHECK(layer >= 0 && layer < static_cast<int>(layers_.size()), "layer ", layer, " out of range");
+  DCP_ARG_CHECK(layer >= 0 && layer < static_cast<int>(layers_.size()), "layer ", layer,
+                " out of range");
   return *layers_[layer]->shard;
 }
 
@@ -156,15 +176,17 @@ std::size_t MlaModel::kv_bytes() const noexcept {
   return b;
 }
 
-void MlaModel::attention(Layer& L, int index, const float* x, const ForwardBatch& batch, const ForwardPlan& plan,
-                         float* out, ForwardTimings& t) {
+void MlaModel::attention(Layer& L, const float* x, const ForwardBatch& batch,
+                         const ForwardPlan& plan, float* out, ForwardTimings& t) {
   const ModelConfig& c = config_;
   const std::int64_t T = plan.num_tokens(), hidden = c.hidden_size;
-  const int qhd = c.q_head_dim(), nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim, v = c.v_head_dim;
+  const int qhd = c.q_head_dim(), nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim,
+            v = c.v_head_dim;
   const int kvl = c.kv_lora_rank, width = c.latent_width();
   const bool decode = batch.mode == ForwardMode::decode;
   const bool native = batch.mode == ForwardMode::extend_native;
-  const bool group_q = (decode || native) && replicated_q();  // the whole DCP group's heads, computed here
+  const bool group_q =
+      (decode || native) && replicated_q();  // the whole DCP group's heads, computed here
   const int heads_q = group_q ? dcp_.size() * h_loc_ : h_loc_;
   const std::vector<float>& wq = group_q ? L.q_b_group : L.q_b;
   const std::vector<float>& wkc = group_q ? L.w_kc_group : L.w_kc;
@@ -185,17 +207,20 @@ void MlaModel::attention(Layer& L, int index, const float* x, const ForwardBatch
   ops::linear(x, T, hidden, L.kv_a.data(), width, latent.data());
   ops::rms_norm(latent.data(), T, kvl, L.kv_a_norm.data(), kLatentNormEps, width);
   if (!c.skip_rope) {
-    for (std::int64_t i = 0; i < T; ++i) L.rope.apply(latent.data() + i * width + kvl, plan.q_pos[i]);
+    for (std::int64_t i = 0; i < T; ++i)
+      L.rope.apply(latent.data() + i * width + kvl, plan.q_pos[i]);
   }
   for (int b = 0; b < plan.num_requests(); ++b) {  // each rank stores only the rows it owns
     const std::int64_t len = plan.global_len[b], q_len = batch.entries[b].q_len;
-    L.shard->write(batch.entries[b].request, len - q_len, q_len, latent.data() + plan.q_start[b] * width);
+    L.shard->write(batch.entries[b].request, len - q_len, q_len,
+                   latent.data() + plan.q_start[b] * width);
   }
   // Absorbed query [T, heads_q, kv_lora + rope] = q_nope @ w_kc | RoPE(q_pe).
   std::vector<float> qa(static_cast<std::size_t>(T) * heads_q * width);
   for (int h = 0; h < heads_q; ++h) {
-    ops::matmul(q.data() + h * qhd, T, nope, wkc.data() + static_cast<std::size_t>(h) * nope * kvl, kvl,
-                qa.data() + h * width, static_cast<std::int64_t>(heads_q) * qhd, kvl, static_cast<std::int64_t>(heads_q) * width);
+    ops::matmul(q.data() + h * qhd, T, nope, wkc.data() + static_cast<std::size_t>(h) * nope * kvl,
+                kvl, qa.data() + h * width, static_cast<std::int64_t>(heads_q) * qhd, kvl,
+                static_cast<std::int64_t>(heads_q) * width);
     for (std::int64_t i = 0; i < T; ++i) {
       float* pe = qa.data() + (i * heads_q + h) * width + kvl;
       std::copy_n(q.data() + (i * heads_q + h) * qhd + nope, rope, pe);
@@ -223,13 +248,16 @@ void MlaModel::attention(Layer& L, int index, const float* x, const ForwardBatch
     std::vector<std::int32_t> table;
     std::vector<std::int64_t> lens;
     int stride = 1;
-    for (int b = 0; b < plan.num_requests(); ++b) stride = std::max<int>(stride, static_cast<int>((plan.global_len[b] + kPage - 1) / kPage));
+    for (int b = 0; b < plan.num_requests(); ++b)
+      stride = std::max<int>(stride, static_cast<int>((plan.global_len[b] + kPage - 1) / kPage));
     table.assign(static_cast<std::size_t>(plan.num_requests()) * stride, 0);
     for (int b = 0; b < plan.num_requests(); ++b) {
       const std::vector<float> seq = gather_sequence(dcp_, *L.shard, batch.entries[b].request);
-      const std::int64_t first_page = static_cast<std::int64_t>(seq_pool.size()) / (static_cast<std::int64_t>(kPage) * width);
+      const std::int64_t first_page =
+          static_cast<std::int64_t>(seq_pool.size()) / (static_cast<std::int64_t>(kPage) * width);
       const std::int64_t n_pages = (plan.global_len[b] + kPage - 1) / kPage;
-      for (std::int64_t j = 0; j < n_pages; ++j) table[b * stride + j] = static_cast<std::int32_t>(first_page + j);
+      for (std::int64_t j = 0; j < n_pages; ++j)
+        table[b * stride + j] = static_cast<std::int32_t>(first_page + j);
       seq_pool.insert(seq_pool.end(), seq.begin(), seq.end());
       seq_pool.resize(static_cast<std::size_t>(first_page + n_pages) * kPage * width, 0.0f);
       lens.push_back(plan.global_len[b]);
@@ -246,7 +274,8 @@ void MlaModel::attention(Layer& L, int index, const float* x, const ForwardBatch
     p.q_pos = plan.q_pos.data();
     p.kv = seq_pool.data();
     p.kv_dtype = KvDtype::fp32;  // exact copies of the stored rows (bf16 widens exactly)
-    p.num_pages = static_cast<std::int64_t>(seq_pool.size()) / (static_cast<std::int64_t>(kPage) * width);
+    p.num_pages =
+        static_cast<std::int64_t>(seq_pool.size()) / (static_cast<std::int64_t>(kPage) * width);
     p.page_size = kPage;
     p.page_table = table.data();
     p.page_table_stride = stride;
@@ -259,12 +288,12 @@ void MlaModel::attention(Layer& L, int index, const float* x, const ForwardBatch
     mla_attention(p);
     t.attention_ms += ms_since(t1);
   }
-  (void)index;
   // Values: [T, H_loc, v] = O @ w_vc^T per head; optional gate; o_proj (row-parallel partial).
   std::vector<float> vals(static_cast<std::size_t>(T) * h_loc_ * v);
   for (int h = 0; h < h_loc_; ++h) {
-    ops::linear(o.data() + h * kvl, T, kvl, L.w_vc.data() + static_cast<std::size_t>(h) * v * kvl, v,
-                vals.data() + h * v, static_cast<std::int64_t>(h_loc_) * kvl, static_cast<std::int64_t>(h_loc_) * v);
+    ops::linear(o.data() + h * kvl, T, kvl, L.w_vc.data() + static_cast<std::size_t>(h) * v * kvl,
+                v, vals.data() + h * v, static_cast<std::int64_t>(h_loc_) * kvl,
+                static_cast<std::int64_t>(h_loc_) * v);
   }
   if (c.attn_output_gate) {
     std::vector<float> g(vals.size());
@@ -274,8 +303,9 @@ void MlaModel::attention(Layer& L, int index, const float* x, const ForwardBatch
   ops::linear(vals.data(), T, static_cast<std::int64_t>(h_loc_) * v, L.o_proj.data(), hidden, out);
 }
 
-void MlaModel::extend_native(Layer& L, const float* qa, int heads_q, const float* latent, const ForwardBatch& batch,
-                             const ForwardPlan& plan, float* o, ForwardTimings& t) {
+void MlaModel::extend_native(Layer& L, const float* qa, int heads_q, const float* latent,
+                             const ForwardBatch& batch, const ForwardPlan& plan, float* o,
+                             ForwardTimings& t) {
   const ModelConfig& c = config_;
   const std::int64_t T = plan.num_tokens();
   const int kvl = c.kv_lora_rank, width = c.latent_width();
@@ -313,15 +343,16 @@ void MlaModel::extend_native(Layer& L, const float* qa, int heads_q, const float
   if (heads_q != h_loc_) {  // replicated query: keep this rank's head block
     q_mine.resize(rows * width);
     for (std::int64_t i = 0; i < T; ++i) {
-      std::copy_n(qa + (i * heads_q + dcp_.rank() * h_loc_) * width, static_cast<std::size_t>(h_loc_) * width,
-                  q_mine.data() + i * h_loc_ * width);
+      std::copy_n(qa + (i * heads_q + dcp_.rank() * h_loc_) * width,
+                  static_cast<std::size_t>(h_loc_) * width, q_mine.data() + i * h_loc_ * width);
     }
     q_own = q_mine.data();
   }
   std::vector<std::int32_t> table(static_cast<std::size_t>(plan.num_requests()));
   std::vector<std::int64_t> lens(table.size()), rel_pos(static_cast<std::size_t>(T));
   std::int32_t page_size = 1;
-  for (int b = 0; b < plan.num_requests(); ++b) page_size = std::max(page_size, batch.entries[b].q_len);
+  for (int b = 0; b < plan.num_requests(); ++b)
+    page_size = std::max(page_size, batch.entries[b].q_len);
   std::vector<float> pool(static_cast<std::size_t>(plan.num_requests()) * page_size * width, 0.0f);
   for (int b = 0; b < plan.num_requests(); ++b) {  // request b's chunk is page b
     table[b] = b;
@@ -329,7 +360,8 @@ void MlaModel::extend_native(Layer& L, const float* qa, int heads_q, const float
     std::copy_n(chunk.data() + static_cast<std::size_t>(plan.q_start[b]) * width, lens[b] * width,
                 pool.data() + static_cast<std::size_t>(b) * page_size * width);
     const std::int64_t start = plan.global_len[b] - lens[b];
-    for (std::int64_t i = plan.q_start[b]; i < plan.q_start[b + 1]; ++i) rel_pos[i] = plan.q_pos[i] - start;
+    for (std::int64_t i = plan.q_start[b]; i < plan.q_start[b + 1]; ++i)
+      rel_pos[i] = plan.q_pos[i] - start;
   }
   MlaAttentionParams p;
   p.num_heads = h_loc_;
@@ -353,7 +385,8 @@ void MlaModel::extend_native(Layer& L, const float* qa, int heads_q, const float
   p.lse = lse_chunk.data();
   mla_attention(p);
   // 3. Exact LSE merge of the two parts.
-  for (std::size_t r = 0; r < rows; ++r) merge_state_into(o + r * kvl, lse[r], o_chunk.data() + r * kvl, lse_chunk[r], kvl);
+  for (std::size_t r = 0; r < rows; ++r)
+    merge_state_into(o + r * kvl, lse[r], o_chunk.data() + r * kvl, lse_chunk[r], kvl);
   t.attention_ms += ms_since(t0);
 }
 
@@ -365,10 +398,11 @@ std::vector<float> MlaModel::forward(const ForwardBatch& batch, ForwardTimings* 
   const std::int64_t hidden = c.hidden_size;
   const ForwardPlan plan = plan_forward(*allocator_, batch.entries, dcp_.rank());
   const std::int64_t T = plan.num_tokens();
-  DCP_ARG_CHECK(static_cast<std::int64_t>(batch.tokens.size()) == T, "forward: ", batch.tokens.size(),
-                " token ids for ", T, " query tokens");
+  DCP_ARG_CHECK(static_cast<std::int64_t>(batch.tokens.size()) == T,
+                "forward: ", batch.tokens.size(), " token ids for ", T, " query tokens");
   for (std::int32_t id : batch.tokens) {
-    DCP_ARG_CHECK(id >= 0 && id < c.vocab_size, "token id ", id, " is outside the vocabulary [0, ", c.vocab_size, ")");
+    DCP_ARG_CHECK(id >= 0 && id < c.vocab_size, "token id ", id, " is outside the vocabulary [0, ",
+                  c.vocab_size, ")");
   }
   // Vocab-parallel embedding: each rank fills its rows, the TP all-reduce completes them.
   std::vector<float> x(static_cast<std::size_t>(T * hidden), 0.0f);
@@ -387,7 +421,7 @@ std::vector<float> MlaModel::forward(const ForwardBatch& batch, ForwardTimings* 
     Layer& L = *layers_[li];
     xn = x;
     ops::rms_norm(xn.data(), T, hidden, L.input_norm.data(), c.rms_norm_eps);
-    attention(L, static_cast<int>(li), xn.data(), batch, plan, y.data(), t);
+    attention(L, xn.data(), batch, plan, y.data(), t);
     t0 = Clock::now();
     if (tp_.size() > 1) tp_.all_reduce(y.data(), y.data(), y.size(), ScalarType::f32);
     t.tp_comm_ms += ms_since(t0);
@@ -414,13 +448,16 @@ std::vector<float> MlaModel::forward(const ForwardBatch& batch, ForwardTimings* 
   }
   const std::int64_t R = static_cast<std::int64_t>(rows.size());
   std::vector<float> h(static_cast<std::size_t>(R * hidden));
-  for (std::int64_t r = 0; r < R; ++r) std::copy_n(x.data() + rows[r] * hidden, hidden, h.data() + r * hidden);
+  for (std::int64_t r = 0; r < R; ++r)
+    std::copy_n(x.data() + rows[r] * hidden, hidden, h.data() + r * hidden);
   ops::rms_norm(h.data(), R, hidden, final_norm_.data(), c.rms_norm_eps);
   std::vector<float> local(static_cast<std::size_t>(R * vocab_chunk_), 0.0f);
-  ops::linear(h.data(), R, hidden, lm_head_.data(), vocab_end_ - vocab_begin_, local.data(), hidden, vocab_chunk_);
+  ops::linear(h.data(), R, hidden, lm_head_.data(), vocab_end_ - vocab_begin_, local.data(), hidden,
+              vocab_chunk_);
   std::vector<float> logits(static_cast<std::size_t>(R) * c.vocab_size);
   if (tp_.size() == 1) {
-    for (std::int64_t r = 0; r < R; ++r) std::copy_n(local.data() + r * vocab_chunk_, c.vocab_size, logits.data() + r * c.vocab_size);
+    for (std::int64_t r = 0; r < R; ++r)
+      std::copy_n(local.data() + r * vocab_chunk_, c.vocab_size, logits.data() + r * c.vocab_size);
   } else {
     std::vector<float> all(local.size() * tp_.size());
     t0 = Clock::now();
@@ -428,9 +465,11 @@ std::vector<float> MlaModel::forward(const ForwardBatch& batch, ForwardTimings* 
     t.tp_comm_ms += ms_since(t0);
     for (int k = 0; k < tp_.size(); ++k) {
       const std::int64_t begin = k * vocab_chunk_;
-      const std::int64_t count = std::max<std::int64_t>(0, std::min<std::int64_t>(c.vocab_size, begin + vocab_chunk_) - begin);
+      const std::int64_t count = std::max<std::int64_t>(
+          0, std::min<std::int64_t>(c.vocab_size, begin + vocab_chunk_) - begin);
       for (std::int64_t r = 0; r < R; ++r) {
-        std::copy_n(all.data() + (k * R + r) * vocab_chunk_, count, logits.data() + r * c.vocab_size + begin);
+        std::copy_n(all.data() + (k * R + r) * vocab_chunk_, count,
+                    logits.data() + r * c.vocab_size + begin);
       }
     }
   }

@@ -1,8 +1,7 @@
 #include "dcp/model_config.h"
 
-#include <nlohmann/json.hpp>
-
 #include <cmath>
+#include <nlohmann/json.hpp>
 
 #include "dcp/error.h"
 
@@ -33,8 +32,8 @@ void ModelConfig::validate() const {
   positive(kv_lora_rank, "kv_lora_rank");
   positive(qk_nope_head_dim, "qk_nope_head_dim");
   positive(v_head_dim, "v_head_dim");
-  DCP_CHECK(qk_rope_head_dim >= 0 && qk_rope_head_dim % 2 == 0, io, "model config: qk_rope_head_dim = ",
-            qk_rope_head_dim, " must be even and >= 0");
+  DCP_CHECK(qk_rope_head_dim >= 0 && qk_rope_head_dim % 2 == 0, io,
+            "model config: qk_rope_head_dim = ", qk_rope_head_dim, " must be even and >= 0");
   if (q_lora_rank) positive(*q_lora_rank, "q_lora_rank");
   DCP_CHECK(rms_norm_eps > 0, io, "model config: rms_norm_eps must be > 0");
   DCP_CHECK(rope_theta > 0, io, "model config: rope_theta must be > 0");
@@ -48,7 +47,8 @@ T get(const nlohmann::json& j, const char* key) {
   try {
     return j[key].get<T>();
   } catch (const nlohmann::json::exception& e) {
-    throw Error(ErrorCategory::io, str("config.json: field '", key, "' has the wrong type: ", e.what()));
+    throw Error(ErrorCategory::io,
+                str("config.json: field '", key, "' has the wrong type: ", e.what()));
   }
 }
 
@@ -75,7 +75,8 @@ ModelConfig parse_model_config(const std::string& text) {
   c.intermediate_size = get<int>(j, "intermediate_size");
   c.num_hidden_layers = get<int>(j, "num_hidden_layers");
   c.num_attention_heads = get<int>(j, "num_attention_heads");
-  if (j.contains("q_lora_rank") && !j["q_lora_rank"].is_null()) c.q_lora_rank = get<int>(j, "q_lora_rank");
+  if (j.contains("q_lora_rank") && !j["q_lora_rank"].is_null())
+    c.q_lora_rank = get<int>(j, "q_lora_rank");
   c.kv_lora_rank = get<int>(j, "kv_lora_rank");
   c.qk_nope_head_dim = get<int>(j, "qk_nope_head_dim");
   c.qk_rope_head_dim = get<int>(j, "qk_rope_head_dim");
@@ -84,12 +85,14 @@ ModelConfig parse_model_config(const std::string& text) {
   c.rope_theta = get_or<double>(j, "rope_theta", 10000.0);
   if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
     const auto& rs = j["rope_scaling"];
-    const std::string type = get_or<std::string>(rs, "type", get_or<std::string>(rs, "rope_type", ""));
+    const std::string type =
+        get_or<std::string>(rs, "type", get_or<std::string>(rs, "rope_type", ""));
     DCP_CHECK(type == "yarn", unsupported, "config.json: rope_scaling type '", type,
               "' is not supported (legal: yarn)");
     RopeScaling s;
     s.factor = get<double>(rs, "factor");
-    s.original_max_position_embeddings = get_or<double>(rs, "original_max_position_embeddings", 4096);
+    s.original_max_position_embeddings =
+        get_or<double>(rs, "original_max_position_embeddings", 4096);
     s.beta_fast = get_or<double>(rs, "beta_fast", 32);
     s.beta_slow = get_or<double>(rs, "beta_slow", 1);
     s.mscale = get_or<double>(rs, "mscale", 1);
@@ -115,7 +118,8 @@ std::string model_config_to_json(const ModelConfig& c) {
   j["intermediate_size"] = c.intermediate_size;
   j["num_hidden_layers"] = c.num_hidden_layers;
   j["num_attention_heads"] = c.num_attention_heads;
-  j["q_lora_rank"] = c.q_lora_rank ? nlohmann::ordered_json(*c.q_lora_rank) : nlohmann::ordered_json(nullptr);
+  j["q_lora_rank"] =
+      c.q_lora_rank ? nlohmann::ordered_json(*c.q_lora_rank) : nlohmann::ordered_json(nullptr);
   j["kv_lora_rank"] = c.kv_lora_rank;
   j["qk_nope_head_dim"] = c.qk_nope_head_dim;
   j["qk_rope_head_dim"] = c.qk_rope_head_dim;
@@ -124,16 +128,20 @@ std::string model_config_to_json(const ModelConfig& c) {
   j["rope_theta"] = c.rope_theta;
   if (c.rope_scaling) {
     const RopeScaling& s = *c.rope_scaling;
-    j["rope_scaling"] = {{"type", "yarn"}, {"factor", s.factor},
+    j["rope_scaling"] = {{"type", "yarn"},
+                         {"factor", s.factor},
                          {"original_max_position_embeddings", s.original_max_position_embeddings},
-                         {"beta_fast", s.beta_fast}, {"beta_slow", s.beta_slow},
-                         {"mscale", s.mscale}, {"mscale_all_dim", s.mscale_all_dim}};
+                         {"beta_fast", s.beta_fast},
+                         {"beta_slow", s.beta_slow},
+                         {"mscale", s.mscale},
+                         {"mscale_all_dim", s.mscale_all_dim}};
   } else {
     j["rope_scaling"] = nullptr;
   }
   if (c.skip_rope) j["skip_rope"] = true;
   if (c.attn_output_gate) j["attn_output_gate"] = true;
-  j["n_routed_experts"] = c.n_routed_experts > 0 ? nlohmann::ordered_json(c.n_routed_experts) : nlohmann::ordered_json(nullptr);
+  j["n_routed_experts"] = c.n_routed_experts > 0 ? nlohmann::ordered_json(c.n_routed_experts)
+                                                 : nlohmann::ordered_json(nullptr);
   j["first_k_dense_replace"] = c.first_k_dense_replace;
   j["moe_layer_freq"] = c.moe_layer_freq;
   return j.dump(2);

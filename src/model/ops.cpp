@@ -11,8 +11,8 @@
 
 namespace dcp::ops {
 
-void linear(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n, float* y,
-            std::int64_t ldx, std::int64_t ldy) {
+void linear(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n,
+            float* y, std::int64_t ldx, std::int64_t ldy) {
   if (m == 0 || n == 0) return;
   if (ldx < 0) ldx = k;
   if (ldy < 0) ldy = n;
@@ -21,15 +21,16 @@ void linear(const float* x, std::int64_t m, std::int64_t k, const float* w, std:
               static_cast<int>(ldy));
 }
 
-void matmul(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n, float* y,
-            std::int64_t ldx, std::int64_t ldw, std::int64_t ldy) {
+void matmul(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n,
+            float* y, std::int64_t ldx, std::int64_t ldw, std::int64_t ldy) {
   if (m == 0 || n == 0) return;
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), 1.0f, x, static_cast<int>(ldx), w, static_cast<int>(ldw), 0.0f, y,
-              static_cast<int>(ldy));
+              static_cast<int>(k), 1.0f, x, static_cast<int>(ldx), w, static_cast<int>(ldw), 0.0f,
+              y, static_cast<int>(ldy));
 }
 
-void rms_norm(float* x, std::int64_t m, std::int64_t d, const float* weight, double eps, std::int64_t ld) {
+void rms_norm(float* x, std::int64_t m, std::int64_t d, const float* weight, double eps,
+              std::int64_t ld) {
   if (ld < 0) ld = d;
   for (std::int64_t i = 0; i < m; ++i) {
     float* row = x + i * ld;
@@ -44,7 +45,9 @@ void silu_mul(const float* gate, const float* up, float* out, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
-void set_blas_threads(int threads) { openblas_set_num_threads(std::max(1, threads)); }
+void set_blas_threads(int threads) {
+  openblas_set_num_threads(std::max(1, threads));
+}
 
 namespace {
 
@@ -62,8 +65,12 @@ Rope::Rope(int dim, double theta, const RopeScaling* yarn) {
   for (int i = 0; i < half; ++i) inv_freq_[i] = 1.0 / std::pow(theta, 2.0 * i / dim);
   if (!yarn || yarn->factor <= 1.0) return;
   // Interpolate low frequencies by `factor`, keep high ones, ramp in between.
-  const double low = std::max(0.0, std::floor(correction_dim(yarn->beta_fast, dim, theta, yarn->original_max_position_embeddings)));
-  double high = std::min<double>(dim - 1, std::ceil(correction_dim(yarn->beta_slow, dim, theta, yarn->original_max_position_embeddings)));
+  const double low =
+      std::max(0.0, std::floor(correction_dim(yarn->beta_fast, dim, theta,
+                                              yarn->original_max_position_embeddings)));
+  double high =
+      std::min<double>(dim - 1, std::ceil(correction_dim(yarn->beta_slow, dim, theta,
+                                                         yarn->original_max_position_embeddings)));
   if (low == high) high += 0.001;
   for (int i = 0; i < half; ++i) {
     const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
@@ -71,7 +78,8 @@ Rope::Rope(int dim, double theta, const RopeScaling* yarn) {
     const double interp = inv_freq_[i] / yarn->factor;
     inv_freq_[i] = interp * (1.0 - extrapolate) + inv_freq_[i] * extrapolate;
   }
-  mscale_ = yarn_get_mscale(yarn->factor, yarn->mscale) / yarn_get_mscale(yarn->factor, yarn->mscale_all_dim);
+  mscale_ = yarn_get_mscale(yarn->factor, yarn->mscale) /
+            yarn_get_mscale(yarn->factor, yarn->mscale_all_dim);
 }
 
 void Rope::apply(float* x, std::int64_t pos) const {

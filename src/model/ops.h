@@ -9,14 +9,15 @@
 namespace dcp::ops {
 
 // y[M, N] = x[M, K] @ w[N, K]^T  (w as a torch Linear weight: [out, in]); ldx/ldy row strides.
-void linear(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n, float* y,
-            std::int64_t ldx = -1, std::int64_t ldy = -1);
+void linear(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n,
+            float* y, std::int64_t ldx = -1, std::int64_t ldy = -1);
 // y[M, N] = x[M, K] @ w[K, N]   (w not transposed); strides as above, ldw for w.
-void matmul(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n, float* y,
-            std::int64_t ldx, std::int64_t ldw, std::int64_t ldy);
+void matmul(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n,
+            float* y, std::int64_t ldx, std::int64_t ldw, std::int64_t ldy);
 
 // In place: x[M, D] = x / rms(x) * weight, rows of stride ld (default D).
-void rms_norm(float* x, std::int64_t m, std::int64_t d, const float* weight, double eps, std::int64_t ld = -1);
+void rms_norm(float* x, std::int64_t m, std::int64_t d, const float* weight, double eps,
+              std::int64_t ld = -1);
 
 // out = silu(gate) * up, elementwise over n.
 void silu_mul(const float* gate, const float* up, float* out, std::int64_t n);

@@ -5,11 +5,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <nlohmann/json.hpp>
-
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "dcp/dtype.h"
 #include "dcp/error.h"
@@ -45,7 +44,8 @@ std::uint16_t float_to_half(float f) noexcept {
   if (std::isnan(f)) return static_cast<std::uint16_t>(sign | 0x7e00u);
   if (a >= 65520.0f) return static_cast<std::uint16_t>(sign | 0x7c00u);
   if (a < 6.103515625e-05f) {  // subnormal half
-    return static_cast<std::uint16_t>(sign | static_cast<std::uint16_t>(std::nearbyint(a * 16777216.0f)));
+    return static_cast<std::uint16_t>(sign |
+                                      static_cast<std::uint16_t>(std::nearbyint(a * 16777216.0f)));
   }
   int e;
   const float m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
@@ -78,7 +78,8 @@ File::File(const std::string& path) : path_(path) {
   size_ = static_cast<std::size_t>(st.st_size);
   if (size_ < 8) {
     ::close(fd);
-    throw Error(ErrorCategory::io, str(path, ": truncated safetensors file (", size_, " bytes, no header)"));
+    throw Error(ErrorCategory::io,
+                str(path, ": truncated safetensors file (", size_, " bytes, no header)"));
   }
   void* m = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
@@ -100,18 +101,21 @@ File::File(const std::string& path) : path_(path) {
     DCP_CHECK(header.is_object(), io, path, ": header is not a JSON object");
     for (const auto& [name, v] : header.items()) {
       if (name == "__metadata__") continue;
-      DCP_CHECK(v.is_object() && v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
-                io, path, ": tensor '", name, "' lacks dtype, shape or data_offsets");
+      DCP_CHECK(
+          v.is_object() && v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
+          io, path, ": tensor '", name, "' lacks dtype, shape or data_offsets");
       TensorInfo t;
       try {
         t.dtype = v["dtype"].get<std::string>();
         t.shape = v["shape"].get<std::vector<std::int64_t>>();
         const auto off = v["data_offsets"].get<std::vector<std::uint64_t>>();
-        DCP_CHECK(off.size() == 2, io, path, ": tensor '", name, "' data_offsets must have 2 entries");
+        DCP_CHECK(off.size() == 2, io, path, ": tensor '", name,
+                  "' data_offsets must have 2 entries");
         t.begin = off[0];
         t.end = off[1];
       } catch (const nlohmann::json::exception& e) {
-        throw Error(ErrorCategory::io, str(path, ": tensor '", name, "' has a malformed entry: ", e.what()));
+        throw Error(ErrorCategory::io,
+                    str(path, ": tensor '", name, "' has a malformed entry: ", e.what()));
       }
       const std::size_t eb = dtype_bytes(t.dtype);
       DCP_CHECK(eb > 0, io, path, ": tensor '", name, "' has unknown dtype '", t.dtype, "'");
@@ -137,8 +141,8 @@ File::~File() {
   if (map_) ::munmap(const_cast<std::uint8_t*>(map_), size_);
 }
 
-std::vector<float> File::read(const std::string& name, std::int64_t r0, std::int64_t r1, std::int64_t c0,
-                              std::int64_t c1) const {
+std::vector<float> File::read(const std::string& name, std::int64_t r0, std::int64_t r1,
+                              std::int64_t c0, std::int64_t c1) const {
   const TensorInfo& t = tensors_.at(name);
   const std::int64_t cols = t.shape.size() == 2 ? t.shape[1] : 1;
   const std::uint8_t* base = data_ + t.begin;
@@ -158,8 +162,9 @@ std::vector<float> File::read(const std::string& name, std::int64_t r0, std::int
         std::memcpy(&h, base + 2 * i, 2);
         out[k] = half_to_float(h);
       } else {
-        throw Error(ErrorCategory::unsupported, str(path_, ": tensor '", name, "' has dtype ", t.dtype,
-                                                    "; dcp loads F32, F16 and BF16 (quantized weights are not supported)"));
+        throw Error(ErrorCategory::unsupported,
+                    str(path_, ": tensor '", name, "' has dtype ", t.dtype,
+                        "; dcp loads F32, F16 and BF16 (quantized weights are not supported)"));
       }
       ++k;
     }
@@ -167,7 +172,8 @@ std::vector<float> File::read(const std::string& name, std::int64_t r0, std::int
   return out;
 }
 
-void write_file(const std::string& path, const std::vector<NamedTensor>& tensors, const std::string& dtype) {
+void write_file(const std::string& path, const std::vector<NamedTensor>& tensors,
+                const std::string& dtype) {
   const std::size_t eb = dtype_bytes(dtype);
   DCP_ARG_CHECK(dtype == "F32" || dtype == "F16" || dtype == "BF16", "checkpoint dtype '", dtype,
                 "' is not one of: F32, F16, BF16");
@@ -175,7 +181,8 @@ void write_file(const std::string& path, const std::vector<NamedTensor>& tensors
   std::uint64_t offset = 0;
   for (const NamedTensor& t : tensors) {
     const std::uint64_t bytes = t.values.size() * eb;
-    header[t.name] = {{"dtype", dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    header[t.name] = {
+        {"dtype", dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   header["__metadata__"] = {{"format", "pt"}, {"writer", "dcp"}};
@@ -184,7 +191,8 @@ void write_file(const std::string& path, const std::vector<NamedTensor>& tensors
   std::ofstream out(path, std::ios::binary);
   DCP_CHECK(out.good(), io, "cannot write ", path);
   std::uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<std::uint8_t>(static_cast<std::uint64_t>(text.size()) >> (8 * i));
+  for (int i = 0; i < 8; ++i)
+    len[i] = static_cast<std::uint8_t>(static_cast<std::uint64_t>(text.size()) >> (8 * i));
   out.write(reinterpret_cast<const char*>(len), 8);
   out.write(text.data(), static_cast<std::streamsize>(text.size()));
   std::vector<std::uint8_t> buf;
@@ -194,7 +202,8 @@ void write_file(const std::string& path, const std::vector<NamedTensor>& tensors
       if (dtype == "F32") {
         std::memcpy(&buf[4 * i], &t.values[i], 4);
       } else {
-        const std::uint16_t h = dtype == "BF16" ? float_to_bf16(t.values[i]) : float_to_half(t.values[i]);
+        const std::uint16_t h =
+            dtype == "BF16" ? float_to_bf16(t.values[i]) : float_to_half(t.values[i]);
         std::memcpy(&buf[2 * i], &h, 2);
       }
     }

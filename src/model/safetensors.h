@@ -12,7 +12,7 @@
 namespace dcp::safetensors {
 
 struct TensorInfo {
-  std::string dtype;                 // "F32", "F16", "BF16", ...
+  std::string dtype;  // "F32", "F16", "BF16", ...
   std::vector<std::int64_t> shape;
   std::uint64_t begin = 0, end = 0;  // byte offsets into the data section
 };
@@ -29,8 +29,8 @@ class File {
   const std::map<std::string, TensorInfo>& tensors() const noexcept { return tensors_; }
   const std::string& path() const noexcept { return path_; }
   // Rows [r0, r1) x cols [c0, c1) of a 1-D or 2-D tensor, converted to fp32.
-  std::vector<float> read(const std::string& name, std::int64_t r0, std::int64_t r1, std::int64_t c0,
-                          std::int64_t c1) const;
+  std::vector<float> read(const std::string& name, std::int64_t r0, std::int64_t r1,
+                          std::int64_t c0, std::int64_t c1) const;
 
  private:
   std::string path_;
@@ -49,6 +49,7 @@ struct NamedTensor {
   std::vector<std::int64_t> shape;
   std::vector<float> values;
 };
-void write_file(const std::string& path, const std::vector<NamedTensor>& tensors, const std::string& dtype);
+void write_file(const std::string& path, const std::vector<NamedTensor>& tensors,
+                const std::string& dtype);
 
 }  // namespace dcp::safetensors

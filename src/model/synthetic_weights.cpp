@@ -25,8 +25,8 @@ class SyntheticWeights final : public WeightSource {
  public:
   explicit SyntheticWeights(std::uint64_t seed) : seed_(seed) {}
 
-  std::vector<float> load(const std::string& name, const std::vector<std::int64_t>& shape, Range rows,
-                          Range cols) const override {
+  std::vector<float> load(const std::string& name, const std::vector<std::int64_t>& shape,
+                          Range rows, Range cols) const override {
     DCP_ARG_CHECK(shape.size() == 1 || shape.size() == 2, "tensor ", name, ": rank ", shape.size(),
                   " is not 1 or 2");
     const std::int64_t n_rows = shape[0];
@@ -39,7 +39,7 @@ class SyntheticWeights final : public WeightSource {
     const bool is_embedding = name.find("embed_tokens") != std::string::npos;
     const bool is_vector = shape.size() == 1;
     // Uniform(-1, 1) has variance 1/3: scale to unit variance, then by 1/sqrt(fan_in).
-    const float amp = is_vector ? 0.1f
+    const float amp = is_vector      ? 0.1f
                       : is_embedding ? std::sqrt(3.0f)
                                      : std::sqrt(3.0f / static_cast<float>(n_cols));
     std::vector<float> out(static_cast<std::size_t>((r1 - r0) * (c1 - c0)));

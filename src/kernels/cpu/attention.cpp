@@ -2,18 +2,19 @@
 // the work split (tokens, and KV ranges for split-KV), and the choice of kernel path: the
 // portable baseline here, or the tiled SIMD kernel (attention_simd.h) built for AVX2 and
 // AVX-512 and chosen at run time.
+#include "dcp/attention.h"
+
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <exception>
+#include <limits>
 #include <thread>
 #include <vector>
 
-#include "dcp/attention.h"
+#include "attention_tasks.h"
 #include "dcp/error.h"
 #include "dcp/layout.h"
 #include "dcp/merge.h"
-#include "attention_tasks.h"
 
 namespace dcp {
 
@@ -25,8 +26,8 @@ void validate(const MlaAttentionParams& p) {
   DCP_ARG_CHECK(p.num_heads >= 1, "num_heads = ", p.num_heads, " must be >= 1");
   DCP_ARG_CHECK(p.kv_lora_rank >= 1, "kv_lora_rank = ", p.kv_lora_rank, " must be >= 1");
   DCP_ARG_CHECK(p.rope_dim >= 0, "rope_dim = ", p.rope_dim, " must be >= 0");
-  DCP_ARG_CHECK(std::isfinite(p.softmax_scale) && p.softmax_scale > 0, "softmax_scale = ",
-                p.softmax_scale, " must be finite and > 0");
+  DCP_ARG_CHECK(std::isfinite(p.softmax_scale) && p.softmax_scale > 0,
+                "softmax_scale = ", p.softmax_scale, " must be finite and > 0");
   DCP_ARG_CHECK(p.num_requests >= 0, "num_requests = ", p.num_requests, " must be >= 0");
   DCP_ARG_CHECK(p.dcp_size >= 1, "dcp_size = ", p.dcp_size, " must be >= 1");
   DCP_ARG_CHECK(p.dcp_rank >= 0 && p.dcp_rank < p.dcp_size, "dcp_rank = ", p.dcp_rank,
@@ -51,8 +52,8 @@ void validate(const MlaAttentionParams& p) {
   }
   const std::int64_t tokens = num_query_tokens(p);
   DCP_ARG_CHECK(p.q && p.q_pos && p.out && p.lse, "q, q_pos, out and lse must not be null");
-  DCP_ARG_CHECK(p.topk_k == 0 || p.topk != nullptr, "topk must not be null when topk_k = ",
-                p.topk_k);
+  DCP_ARG_CHECK(p.topk_k == 0 || p.topk != nullptr,
+                "topk must not be null when topk_k = ", p.topk_k);
   for (std::int64_t t = 0; t < tokens; ++t) {
     DCP_ARG_CHECK(p.q_pos[t] >= 0, "q_pos[", t, "] = ", p.q_pos[t], " must be >= 0");
   }
@@ -70,7 +71,8 @@ void validate(const MlaAttentionParams& p) {
                   " must be in [0, page_table_stride * page_size = ", max_rows, "]");
     const std::int64_t pages = (len + p.page_size - 1) / p.page_size;
     for (std::int64_t j = 0; j < pages; ++j) {
-      const std::int32_t page = p.page_table[b * static_cast<std::int64_t>(p.page_table_stride) + j];
+      const std::int32_t page =
+          p.page_table[b * static_cast<std::int64_t>(p.page_table_stride) + j];
       DCP_ARG_CHECK(page >= 0 && page < p.num_pages, "page_table[", b, "][", j, "] = ", page,
                     " is outside the pool [0, num_pages = ", p.num_pages, ")");
     }
@@ -103,7 +105,8 @@ std::string_view to_string(KernelPath k) noexcept {
 std::vector<KernelPath> available_kernel_paths() {
   std::vector<KernelPath> paths = {KernelPath::portable};
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) paths.push_back(KernelPath::avx2);
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    paths.push_back(KernelPath::avx2);
   if (__builtin_cpu_supports("avx512f")) paths.push_back(KernelPath::avx512);
   return paths;
 }
@@ -137,9 +140,14 @@ void scale_inplace(float* y, float a, int n) noexcept {
 class PortableKernel {
  public:
   explicit PortableKernel(const MlaAttentionParams& p)
-      : p_(p), width_(p.kv_lora_rank + p.rope_dim), tile_(static_cast<std::size_t>(kTileRows) * width_),
-        row_ptr_(kTileRows), scores_(static_cast<std::size_t>(kTileRows) * p.num_heads),
-        acc_(static_cast<std::size_t>(p.num_heads) * p.kv_lora_rank), m_(p.num_heads), l_(p.num_heads) {}
+      : p_(p),
+        width_(p.kv_lora_rank + p.rope_dim),
+        tile_(static_cast<std::size_t>(kTileRows) * width_),
+        row_ptr_(kTileRows),
+        scores_(static_cast<std::size_t>(kTileRows) * p.num_heads),
+        acc_(static_cast<std::size_t>(p.num_heads) * p.kv_lora_rank),
+        m_(p.num_heads),
+        l_(p.num_heads) {}
 
   void run(const Task& task) {
     const int heads = p_.num_heads, dc = p_.kv_lora_rank;
@@ -149,7 +157,8 @@ class PortableKernel {
     const float* q_tok = p_.q + task.t * heads * width_;
     for (std::int64_t start = task.first; start < task.last; start += kTileRows) {
       const int n = static_cast<int>(std::min<std::int64_t>(kTileRows, task.last - start));
-      for (int j = 0; j < n; ++j) row_ptr_[j] = load_row(task.b, task.rows.at(start + j), tile_.data() + j * width_);
+      for (int j = 0; j < n; ++j)
+        row_ptr_[j] = load_row(task.b, task.rows.at(start + j), tile_.data() + j * width_);
       for (int h = 0; h < heads; ++h) {
         const float* qh = q_tok + h * width_;
         float* s = scores_.data() + h * kTileRows;
@@ -202,7 +211,8 @@ class PortableKernel {
 
  private:
   const float* load_row(int b, std::int64_t local_row, float* convert_to) const {
-    const std::int64_t page = p_.page_table[b * static_cast<std::int64_t>(p_.page_table_stride) + local_row / p_.page_size];
+    const std::int64_t page = p_.page_table[b * static_cast<std::int64_t>(p_.page_table_stride) +
+                                            local_row / p_.page_size];
     const std::int64_t physical = page * p_.page_size + local_row % p_.page_size;
     if (p_.kv_dtype == KvDtype::fp32) return static_cast<const float*>(p_.kv) + physical * width_;
     const bf16_t* src = static_cast<const bf16_t*>(p_.kv) + physical * width_;
@@ -233,8 +243,8 @@ using kernels::Task;
 
 // Visible rows of one query token: a range (positions grow with the local row), or for top-k a
 // list of owned local rows appended to `lists`.
-RowSet visible_rows(const MlaAttentionParams& p, int b, std::int64_t t, std::vector<std::int64_t>& lists,
-                    std::vector<std::size_t>& list_at) {
+RowSet visible_rows(const MlaAttentionParams& p, int b, std::int64_t t,
+                    std::vector<std::int64_t>& lists, std::vector<std::size_t>& list_at) {
   const std::int64_t qpos = p.q_pos[t];
   if (p.topk_k > 0) {
     list_at.push_back(lists.size());
@@ -301,7 +311,8 @@ void mla_attention(const MlaAttentionParams& p) {
   if (threads > 1 && tokens < threads) {
     std::int64_t longest = 0;
     for (const RowSet& r : rows) longest = std::max(longest, r.count);
-    splits = std::clamp<std::int64_t>(longest / kMinRowsPerSplit, 1, (threads + tokens - 1) / std::max<std::int64_t>(tokens, 1));
+    splits = std::clamp<std::int64_t>(longest / kMinRowsPerSplit, 1,
+                                      (threads + tokens - 1) / std::max<std::int64_t>(tokens, 1));
   }
   std::vector<float> part_out, part_lse;
   if (splits > 1) {
@@ -336,7 +347,8 @@ void mla_attention(const MlaAttentionParams& p) {
     std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads));
     const std::size_t per = (tasks.size() + threads - 1) / threads;
     for (int i = 0; i < threads; ++i) {
-      const std::size_t begin = std::min(tasks.size(), per * i), end = std::min(tasks.size(), per * (i + 1));
+      const std::size_t begin = std::min(tasks.size(), per * i),
+                        end = std::min(tasks.size(), per * (i + 1));
       if (begin == end) continue;
       pool.emplace_back([&, begin, end, i] {
         try {
@@ -352,9 +364,9 @@ void mla_attention(const MlaAttentionParams& p) {
     }
   }
   if (splits > 1) {
-    merge_attention_states(part_out.data(), static_cast<std::int64_t>(tokens) * heads * dc, part_lse.data(),
-                           static_cast<std::int64_t>(tokens) * heads, static_cast<int>(splits), tokens * heads, dc,
-                           LseBase::e, p.out, p.lse);
+    merge_attention_states(part_out.data(), static_cast<std::int64_t>(tokens) * heads * dc,
+                           part_lse.data(), static_cast<std::int64_t>(tokens) * heads,
+                           static_cast<int>(splits), tokens * heads, dc, LseBase::e, p.out, p.lse);
   }
 }
 

@@ -53,7 +53,7 @@ struct Simd;
       for (int i = 1; i < WIDTH; ++i) m = v[i] > m ? v[i] : m;                                 \
       return m;                                                                                \
     }                                                                                          \
-    /* bf16 words -> fp32: the word is the top half of the float. */                          \
+    /* bf16 words -> fp32: the word is the top half of the float. */                           \
     static vec widen_bf16(const std::uint16_t* p) {                                            \
       hvec h;                                                                                  \
       std::memcpy(&h, p, sizeof h);                                                            \
@@ -96,15 +96,24 @@ class TiledKernel {
  public:
   static constexpr int kRows = 2 * V;  // rows per tile: two vectors
   // Register blocking: AVX-512 has 32 vector registers, AVX2 16.
-  static constexpr int kHeadBlock = V == 16 ? 12 : 5;   // heads per score block (2 accumulators each)
-  static constexpr int kValueHeads = V == 16 ? 6 : 2;   // heads per value block (4 accumulators each)
-  static constexpr int kTransposeHeads = 24;  // below this, scores row-wise (the transpose does not pay)
+  static constexpr int kHeadBlock =
+      V == 16 ? 12 : 5;  // heads per score block (2 accumulators each)
+  static constexpr int kValueHeads =
+      V == 16 ? 6 : 2;  // heads per value block (4 accumulators each)
+  static constexpr int kTransposeHeads =
+      24;  // below this, scores row-wise (the transpose does not pay)
 
   explicit TiledKernel(const MlaAttentionParams& p)
-      : p_(p), heads_(p.num_heads), dc_(p.kv_lora_rank), width_(p.kv_lora_rank + p.rope_dim),
-        kt_(static_cast<std::size_t>(width_) * kRows), rows_buf_(static_cast<std::size_t>(kRows) * width_),
-        scores_(static_cast<std::size_t>(heads_) * kRows), acc_(static_cast<std::size_t>(heads_) * dc_),
-        m_(heads_), l_(heads_) {}
+      : p_(p),
+        heads_(p.num_heads),
+        dc_(p.kv_lora_rank),
+        width_(p.kv_lora_rank + p.rope_dim),
+        kt_(static_cast<std::size_t>(width_) * kRows),
+        rows_buf_(static_cast<std::size_t>(kRows) * width_),
+        scores_(static_cast<std::size_t>(heads_) * kRows),
+        acc_(static_cast<std::size_t>(heads_) * dc_),
+        m_(heads_),
+        l_(heads_) {}
 
   void run(const Task& task) {
     std::fill(acc_.begin(), acc_.end(), 0.0f);
@@ -125,7 +134,8 @@ class TiledKernel {
   using vec = typename S::vec;
 
   const float* row_ptr(int b, std::int64_t local_row, int j) {
-    const std::int64_t page = p_.page_table[b * static_cast<std::int64_t>(p_.page_table_stride) + local_row / p_.page_size];
+    const std::int64_t page = p_.page_table[b * static_cast<std::int64_t>(p_.page_table_stride) +
+                                            local_row / p_.page_size];
     const std::int64_t phys = page * p_.page_size + local_row % p_.page_size;
     if (p_.kv_dtype == KvDtype::fp32) return static_cast<const float*>(p_.kv) + phys * width_;
     const bf16_t* src = static_cast<const bf16_t*>(p_.kv) + phys * width_;
@@ -280,7 +290,8 @@ class TiledKernel {
     for (; d0 < dc_; ++d0) {  // a width that is not a multiple of 4 vectors
       for (int h = 0; h < heads_; ++h) {
         float a = 0;
-        for (int j = 0; j < n; ++j) a += scores_[static_cast<std::size_t>(h) * kRows + j] * row_[j][d0];
+        for (int j = 0; j < n; ++j)
+          a += scores_[static_cast<std::size_t>(h) * kRows + j] * row_[j][d0];
         acc_[static_cast<std::size_t>(h) * dc_ + d0] += a;
       }
     }
@@ -290,11 +301,13 @@ class TiledKernel {
   void value_block(int h0, int d0, int n) {
     vec a[HB][4];
     for (int i = 0; i < HB; ++i) {
-      for (int k = 0; k < 4; ++k) a[i][k] = S::load(acc_.data() + static_cast<std::size_t>(h0 + i) * dc_ + d0 + k * V);
+      for (int k = 0; k < 4; ++k)
+        a[i][k] = S::load(acc_.data() + static_cast<std::size_t>(h0 + i) * dc_ + d0 + k * V);
     }
     for (int j = 0; j < n; ++j) {
       const float* v = row_[j] + d0;
-      const vec v0 = S::load(v), v1 = S::load(v + V), v2 = S::load(v + 2 * V), v3 = S::load(v + 3 * V);
+      const vec v0 = S::load(v), v1 = S::load(v + V), v2 = S::load(v + 2 * V),
+                v3 = S::load(v + 3 * V);
       for (int i = 0; i < HB; ++i) {
         const vec pv = S::splat(scores_[static_cast<std::size_t>(h0 + i) * kRows + j]);
         a[i][0] += pv * v0;
@@ -304,7 +317,8 @@ class TiledKernel {
       }
     }
     for (int i = 0; i < HB; ++i) {
-      for (int k = 0; k < 4; ++k) S::store(acc_.data() + static_cast<std::size_t>(h0 + i) * dc_ + d0 + k * V, a[i][k]);
+      for (int k = 0; k < 4; ++k)
+        S::store(acc_.data() + static_cast<std::size_t>(h0 + i) * dc_ + d0 + k * V, a[i][k]);
     }
   }
 
@@ -339,9 +353,9 @@ class TiledKernel {
   std::vector<float> kt_;        // [width, kRows]
   std::vector<float> rows_buf_;  // [kRows, width] widened bf16 rows
   const float* row_[kRows] = {};
-  std::vector<float> scores_;    // [heads, kRows]
-  std::vector<float> acc_;       // [heads, dc]
-  std::vector<float> m_, l_;     // [heads]
+  std::vector<float> scores_;  // [heads, kRows]
+  std::vector<float> acc_;     // [heads, dc]
+  std::vector<float> m_, l_;   // [heads]
 };
 
 }  // namespace

@@ -20,12 +20,12 @@ struct RowSet {
 };
 
 struct Task {
-  int b = 0;             // request
-  std::int64_t t = 0;    // query token
+  int b = 0;           // request
+  std::int64_t t = 0;  // query token
   RowSet rows;
   std::int64_t first = 0, last = 0;  // the part of `rows` this task covers
-  float* out = nullptr;  // [Hq, D_c]
-  float* lse = nullptr;  // [Hq] natural log
+  float* out = nullptr;              // [Hq, D_c]
+  float* lse = nullptr;              // [Hq] natural log
   bool add_sinks = false;
 };
 

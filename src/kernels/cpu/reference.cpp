@@ -57,7 +57,8 @@ AttentionResult mla_attention_local(const MlaAttentionParams& p) {
   r.lse.assign(static_cast<std::size_t>(tokens) * heads, kNegInfD);
 
   const auto row_values = [&](int b, std::int64_t j) {
-    const std::int64_t page = p.page_table[b * static_cast<std::int64_t>(p.page_table_stride) + j / p.page_size];
+    const std::int64_t page =
+        p.page_table[b * static_cast<std::int64_t>(p.page_table_stride) + j / p.page_size];
     const std::int64_t phys = page * p.page_size + j % p.page_size;
     std::vector<double> v(width);
     for (int d = 0; d < width; ++d) {
