@@ -1,5 +1,6 @@
 #include "run_workload.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -27,17 +28,61 @@ void print_progress(const Engine& e, int dcp_size) {
   std::fflush(stderr);
 }
 
+// Every rank gets every replica's results (tokens and logits), in request-id order: each DP
+// replica's TP rank 0 contributes its own, packed as floats (ids and tokens are exact in fp32).
+std::vector<RequestResult> gather_results(Communicator& world, bool contribute, const std::vector<RequestResult>& mine) {
+  std::vector<float> packed;
+  if (contribute) {
+    for (const RequestResult& r : mine) {
+      packed.push_back(static_cast<float>(r.id));
+      packed.push_back(static_cast<float>(r.state));
+      packed.push_back(static_cast<float>(r.output_tokens.size()));
+      for (std::int32_t t : r.output_tokens) packed.push_back(static_cast<float>(t));
+      packed.push_back(static_cast<float>(r.step_logits.size()));
+      packed.insert(packed.end(), r.step_logits.begin(), r.step_logits.end());
+    }
+  }
+  std::int64_t size = static_cast<std::int64_t>(packed.size());
+  std::vector<std::int64_t> sizes(static_cast<std::size_t>(world.size()));
+  world.all_gather(&size, sizes.data(), sizeof size);
+  const std::int64_t longest = *std::max_element(sizes.begin(), sizes.end());
+  packed.resize(static_cast<std::size_t>(longest));
+  std::vector<float> all(static_cast<std::size_t>(longest) * sizes.size());
+  world.all_gather(packed.data(), all.data(), packed.size() * sizeof(float));
+  std::vector<RequestResult> out;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    const float* p = all.data() + k * static_cast<std::size_t>(longest);
+    const float* end = p + sizes[k];
+    while (p < end) {
+      RequestResult r;
+      r.id = static_cast<RequestId>(*p++);
+      r.state = static_cast<RequestState>(static_cast<int>(*p++));
+      const std::size_t n = static_cast<std::size_t>(*p++);
+      for (std::size_t i = 0; i < n; ++i) r.output_tokens.push_back(static_cast<std::int32_t>(*p++));
+      const std::size_t m = static_cast<std::size_t>(*p++);
+      r.step_logits.assign(p, p + m);
+      p += m;
+      out.push_back(std::move(r));
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const RequestResult& a, const RequestResult& b) { return a.id < b.id; });
+  return out;
+}
+
 // Everything one rank does; rank 0 fills `report`.
 void run_rank(const Workload& w, Communicator& world, RunReport* report) {
   const Topology topo = resolve(w.parallel);
   const RankPlacement& me = topo.ranks[world.rank()];
+  // Each DP replica is its own TP group serving every dp_size-th request; DCP groups are
+  // contiguous slices of it (their indices are global, so one split forms them all).
+  std::unique_ptr<Communicator> replica = world.split(me.dp_rank, me.tp_rank);
   std::unique_ptr<Communicator> dcp = world.split(me.dcp_group, me.dcp_rank);
   const auto t0 = Clock::now();
   std::unique_ptr<WeightSource> weights =
       w.model_path.empty() ? make_synthetic_weights(w.weight_seed) : open_checkpoint(w.model_path);
   ModelOptions mo = w.model_options;
   mo.backend = topo.backend;
-  MlaModel model(w.model, *weights, world, *dcp, mo);
+  MlaModel model(w.model, *weights, *replica, *dcp, mo);
   weights.reset();
   std::unique_ptr<Communicator> solo_tp, solo_dcp;
   std::unique_ptr<MlaModel> draft;
@@ -53,7 +98,9 @@ void run_rank(const Workload& w, Communicator& world, RunReport* report) {
   const double load_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 
   Engine engine(model, w.engine, draft.get());
-  for (const RequestSpec& r : w.requests) engine.submit(r);
+  for (std::size_t i = 0; i < w.requests.size(); ++i) {
+    if (static_cast<int>(i % static_cast<std::size_t>(w.parallel.dp_size)) == me.dp_rank) engine.submit(w.requests[i]);
+  }
   std::int64_t peak_rows = 0;
   const bool root = world.rank() == 0;
   engine.run([&](const Engine& e) {
@@ -77,6 +124,7 @@ void run_rank(const Workload& w, Communicator& world, RunReport* report) {
     const PrefixCacheStats cs = engine.prefix_cache()->stats();
     world.all_gather(&cs, cache.data(), sizeof cs);
   }
+  std::vector<RequestResult> results = gather_results(world, me.tp_rank == 0, engine.results());
   // Ranks run in lockstep, so every rank holds the same results; rank 0 alone writes `report`
   // when ranks are threads, every process fills its own under MPI.
   if (!root && world.backend() == "threads") return;
@@ -86,7 +134,7 @@ void run_rank(const Workload& w, Communicator& world, RunReport* report) {
   report->ranks = std::move(all);
   if (engine.prefix_cache()) report->cache = std::move(cache);
   report->stats = engine.stats();
-  report->results = engine.results();
+  report->results = std::move(results);
   report->model_load_ms = load_ms;
 }
 
@@ -149,8 +197,13 @@ void run_disagg_rank(const Workload& w, Communicator& world, RunReport* report) 
 
 RunReport run_workload(const Workload& w, bool* is_root) {
   const Topology topo = resolve(w.parallel);
-  DCP_CHECK(w.parallel.dp_size == 1, unsupported, "--dp-size ", w.parallel.dp_size,
-            " is not supported by `dcp run` yet (legal: 1); `dcp topology` shows DP layouts");
+  DCP_CHECK(!(w.parallel.enable_dp_attention && w.parallel.dp_size > 1), unsupported,
+            "--enable-dp-attention with --dp-size ", w.parallel.dp_size,
+            " is not supported by `dcp run` yet (its MLP runs TP across replicas over gathered tokens); "
+            "without --enable-dp-attention, --dp-size runs independent replicas; `dcp topology` shows "
+            "DP-attention layouts");
+  DCP_CHECK(!(w.disaggregate && w.parallel.dp_size > 1), unsupported, "--disaggregate with --dp-size ",
+            w.parallel.dp_size, " is not supported (legal: 1)");
   RunReport report;
   const int world_size = topo.world_size + (w.disaggregate ? w.prefill_dcp_size : 0);
   const auto rank_fn = [&](Communicator& world) {

@@ -123,6 +123,14 @@ check "bench comm prints ratios" stdout_has "ratio"
 expect 0 "bench attention (small)" -- bench attention --contexts 256 --heads 4 --batches 1 --dtypes bf16 --repeats 1
 check "bench attention prints ceilings" stdout_has "ceilings measured now"
 
+# Data parallelism: independent replicas of TP x DCP.
+expect 0 "two DP replicas" -- run --dp-size 2 --tp-size 2 --dcp-size 2 --batch 3 --prompt-len 120 --max-new-tokens 3 --json "$tmp/run.json"
+check "dp run verifies" json_has '"tokens_match": true'
+check "json has dp size" json_has '"dp_size": 2'
+check "every request answered" json_has '"id": 2'
+expect 2 "dp attention in run is refused" -- run --enable-dp-attention --dp-size 2 --tp-size 4 --dcp-size 2
+check "names the flag" stderr_has "--enable-dp-attention with --dp-size 2"
+
 # Disaggregation.
 expect 0 "disaggregate 1 -> 4" -- run --disaggregate --prefill-dcp-size 1 --batch 3 --prompt-len 130 --max-new-tokens 4 --json "$tmp/run.json"
 check "json has bytes per decode rank" json_has '"bytes_per_decode_rank"'
