@@ -48,9 +48,8 @@ TEST(PrefixCache, SharedPrefixesGiveIdenticalOutputsWithTheCacheOnAndOff) {
     for (std::size_t i = 0; i < reqs.size(); ++i) {
       ASSERT_EQ(got.results[i].output_tokens, expect.results[i].output_tokens)
           << what << " request " << i;
-      std::vector<double> e(expect.results[i].step_logits.begin(),
-                            expect.results[i].step_logits.end());
-      EXPECT_TRUE(test::close(got.results[i].step_logits, e, {1e-10, 1e-4}, what.c_str()));
+      EXPECT_TRUE(test::close_runs(got.results[i].step_logits, expect.results[i].step_logits,
+                                   {1e-10, 1e-4}, what.c_str()));
     }
     // The first two requests start together and miss; each later one reuses the prefix's whole
     // virtual pages (P x N tokens each).
@@ -89,9 +88,8 @@ TEST(PrefixCache, UnderPressurePagesGoToTheHostTierAndComeBackExactly) {
     for (std::size_t i = 0; i < reqs.size(); ++i) {
       ASSERT_EQ(got.results[i].output_tokens, expect.results[i].output_tokens)
           << "host " << host << " request " << i;
-      std::vector<double> e(expect.results[i].step_logits.begin(),
-                            expect.results[i].step_logits.end());
-      EXPECT_TRUE(test::close(got.results[i].step_logits, e, {1e-10, 1e-4}, "pressure"));
+      EXPECT_TRUE(test::close_runs(got.results[i].step_logits, expect.results[i].step_logits,
+                                   {1e-10, 1e-4}, "pressure"));
     }
     const PrefixCacheStats& st = got.cache_stats[0];
     if (host > 0) {

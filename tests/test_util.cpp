@@ -68,6 +68,12 @@ Rng make_rng() {
   return ::testing::AssertionSuccess();
 }
 
+::testing::AssertionResult close_runs(const std::vector<float>& actual,
+                                      const std::vector<float>& expected, Tolerance tol,
+                                      const char* what) {
+  return close(actual, std::vector<double>(expected.begin(), expected.end()), tol, what);
+}
+
 std::string error_of(const std::function<void()>& f) {
   try {
     f();

@@ -52,6 +52,11 @@ constexpr Tolerance kBf16Tol{1e-10, 1e-4};  // inputs are bf16-exact, so accumul
 // The message of the dcp::Error that f throws, or "" if it throws none.
 std::string error_of(const std::function<void()>& f);
 
+// The same between two runs' float values (step logits against a reference run's).
+::testing::AssertionResult close_runs(const std::vector<float>& actual,
+                                      const std::vector<float>& expected, Tolerance tol,
+                                      const char* what);
+
 // One rank's paged shard of a set of requests, ready to hand to the kernel.
 struct Shard {
   std::vector<float> kv_fp32;            // [pages * P, width] when fp32
