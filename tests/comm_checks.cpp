@@ -270,12 +270,24 @@ void check_step_once(Communicator& comm, Rng& rng, CombineBackend backend, bool 
   const auto l_ok = close(lse, expect_l, {1e-12, 1e-5}, "LSE");
   EXPECT_OR_THROW(l_ok, what, ": ", l_ok.message());
 
-  // Traffic: the formula, and one collective for a2a with replicated Q.
+  // Traffic, by the formulas of the issue (written out here, not taken from the code under test):
+  // with H = N x H_loc heads, the query gather sends (N-1)/N of T x H x W x 4; a2a sends (N-1)/N
+  // of T x H x (D x 4 + 4) in one collective; ag_rs all-gathers T x H LSEs and reduce-scatters
+  // (N-1)/N of T x H x D x 4.
+  const std::uint64_t heads_all = static_cast<std::uint64_t>(n) * h_loc, peers = n - 1, T = tokens;
+  const std::uint64_t row = static_cast<std::uint64_t>(width);  // D + rope
+  const std::uint64_t q_gather = replicated ? 0 : peers * T * heads_all * row * 4 / n;
+  const std::uint64_t combine =
+      backend == CombineBackend::a2a
+          ? peers * T * heads_all * (dc * 4 + 4) / n
+          : peers * T * heads_all * 4 + peers * T * heads_all * dc * 4 / n;
+  EXPECT_OR_THROW(d.total_bytes() == q_gather + combine, what, ": bytes ", d.total_bytes(),
+                  " vs formula ", q_gather + combine);
+  // The library's own formula (used by dcp plan) must say the same.
   const DcpAttentionOptions opts{backend, replicated, h_loc};
   EXPECT_OR_THROW(
-      d.total_bytes() == DcpAttention::expected_bytes_sent(opts, n, tokens, dc, in.rope_dim), what,
-      ": bytes ", d.total_bytes(), " vs formula ",
-      DcpAttention::expected_bytes_sent(opts, n, tokens, dc, in.rope_dim));
+      DcpAttention::expected_bytes_sent(opts, n, tokens, dc, in.rope_dim) == q_gather + combine,
+      what, ": expected_bytes_sent disagrees with the formula");
   const std::uint64_t expect_calls =
       n == 1 ? 0 : (replicated ? 0 : 1) + (backend == CombineBackend::ag_rs ? 2 : 1);
   EXPECT_OR_THROW(d.total_calls() == expect_calls, what, ": ", d.total_calls(),

@@ -168,7 +168,7 @@ TEST(Attention, EveryKernelPathWithSplitKvOnLongContexts) {
   }
 }
 
-TEST(Attention, AutomaticPathIsTheFastestAvailable) {
+TEST(Attention, PortablePathIsAlwaysAvailable) {
   const auto paths = available_kernel_paths();
   ASSERT_FALSE(paths.empty());
   EXPECT_EQ(paths.front(), KernelPath::portable);

@@ -1,5 +1,5 @@
-// `dcp demo`: the DCP identity on random data. Stripes random contexts over N shards,
-// runs local attention on each shard, merges with the LSE merge and compares with full
+// `dcp demo`: the DCP identity on random data. Stripes random contexts over N shards through the
+// KV cache, runs local attention on each shard, merges with the LSE merge and compares with full
 // attention in float64; also shows what averaging without the LSE would give.
 #include <chrono>
 #include <cmath>
@@ -12,7 +12,7 @@
 #include "dcp/attention.h"
 #include "dcp/dtype.h"
 #include "dcp/error.h"
-#include "dcp/layout.h"
+#include "dcp/kv_cache.h"
 #include "dcp/merge.h"
 #include "dcp/reference.h"
 
@@ -34,7 +34,7 @@ struct DemoOptions {
 int run_demo(const DemoOptions& opt) {
   DCP_ARG_CHECK(opt.dcp_size >= 1, "--dcp-size ", opt.dcp_size, " must be >= 1");
   DCP_ARG_CHECK(opt.heads >= 1, "--heads ", opt.heads, " must be >= 1");
-  DCP_ARG_CHECK(opt.context >= 0, "--context ", opt.context, " must be >= 0");
+  DCP_ARG_CHECK(opt.context >= 1, "--context ", opt.context, " must be >= 1");
   DCP_ARG_CHECK(opt.batch >= 1, "--batch ", opt.batch, " must be >= 1");
   DCP_ARG_CHECK(opt.page_size >= 1, "--page-size ", opt.page_size, " must be >= 1");
   const KvDtype dtype = parse_kv_dtype(opt.kv_dtype);
@@ -50,13 +50,14 @@ int run_demo(const DemoOptions& opt) {
   in.softmax_scale = 1.0 / std::sqrt(192.0);  // DeepSeek: 1/sqrt(qk_nope + qk_rope)
   in.q_start = {0};
   for (int b = 0; b < opt.batch; ++b) {
-    const std::int64_t len = opt.context - 37 * b;  // mixed lengths, none a multiple of N
-    std::vector<float> kv(static_cast<std::size_t>(std::max<std::int64_t>(len, 0)) * width);
+    // Mixed lengths, none a multiple of N; at least the query token itself.
+    const std::int64_t len = std::max<std::int64_t>(1, opt.context - 37 * b);
+    std::vector<float> kv(static_cast<std::size_t>(len) * width);
     for (float& v : kv) v = bf16_to_float(float_to_bf16(normal(gen)));
     if (dtype == KvDtype::fp32)
       for (float& v : kv) v += 1e-3f * normal(gen);
     in.kv.push_back(std::move(kv));
-    in.q_pos.push_back(std::max<std::int64_t>(len - 1, 0));
+    in.q_pos.push_back(len - 1);
     for (int i = 0; i < heads * width; ++i) in.q.push_back(normal(gen));
     in.q_start.push_back(b + 1);
   }
@@ -70,53 +71,28 @@ int run_demo(const DemoOptions& opt) {
       "DCP %d\n",
       opt.batch, opt.context, heads, dc, dr, std::string(to_string(dtype)).c_str(), opt.page_size,
       n);
+  // Each rank's shard through the KV cache, as the engine builds it: an allocator replica, the
+  // rank's pool, owner-only writes, and the planner's rank-local lengths and page tables.
+  const std::int64_t vp = static_cast<std::int64_t>(opt.page_size) * n;
+  std::int64_t pages = 0;
+  for (const auto& kv : in.kv)
+    pages += (static_cast<std::int64_t>(kv.size()) / width + vp - 1) / vp;
   for (int r = 0; r < n; ++r) {
-    // Rank r's shard: its owned rows, compact, in pages 0, 1, 2, ... per request.
-    std::vector<std::int64_t> local_len(opt.batch);
-    int stride = 0;
-    for (int b = 0; b < opt.batch; ++b) {
-      local_len[b] = layout::count(static_cast<std::int64_t>(in.kv[b].size()) / width, r, n);
-      stride = std::max<int>(stride,
-                             static_cast<int>((local_len[b] + opt.page_size - 1) / opt.page_size));
-    }
-    stride = std::max(stride, 1);
-    std::vector<std::int32_t> table(static_cast<std::size_t>(opt.batch) * stride);
-    std::iota(table.begin(), table.end(), 0);
-    const std::size_t pool_rows = table.size() * opt.page_size;
-    std::vector<float> pool32(dtype == KvDtype::fp32 ? pool_rows * width : 0);
-    std::vector<bf16_t> pool16(dtype == KvDtype::bf16 ? pool_rows * width : 0);
+    KvAllocator alloc(n, opt.page_size, pages);
+    LatentPool pool(pages, opt.page_size, {dc, dr, dtype});
+    KvShard shard(alloc, pool, r);
+    std::vector<BatchEntry> batch;
     for (int b = 0; b < opt.batch; ++b) {
       const std::int64_t len = static_cast<std::int64_t>(in.kv[b].size()) / width;
-      for (std::int64_t p = r; p < len; p += n) {
-        const std::int64_t row =
-            static_cast<std::int64_t>(b) * stride * opt.page_size + layout::row(p, n);
-        for (int d = 0; d < width; ++d) {
-          const float v = in.kv[b][p * width + d];
-          if (dtype == KvDtype::fp32)
-            pool32[row * width + d] = v;
-          else
-            pool16[row * width + d] = float_to_bf16(v);
-        }
-      }
+      alloc.allocate(b, len);
+      shard.write(b, 0, len, in.kv[b].data());
+      batch.push_back({b, 1});  // decode: the last token is the query
     }
-    MlaAttentionParams p;
+    const ForwardPlan plan = plan_forward(alloc, batch, r);
+    MlaAttentionParams p = plan.kernel_params(pool);
     p.num_heads = heads;
-    p.kv_lora_rank = dc;
-    p.rope_dim = dr;
     p.softmax_scale = static_cast<float>(in.softmax_scale);
-    p.num_requests = opt.batch;
-    p.q_start = in.q_start.data();
     p.q = in.q.data();
-    p.q_pos = in.q_pos.data();
-    p.kv = dtype == KvDtype::fp32 ? static_cast<const void*>(pool32.data()) : pool16.data();
-    p.kv_dtype = dtype;
-    p.num_pages = static_cast<std::int64_t>(table.size());
-    p.page_size = opt.page_size;
-    p.page_table = table.data();
-    p.page_table_stride = stride;
-    p.local_len = local_len.data();
-    p.dcp_size = n;
-    p.dcp_rank = r;
     p.out = o_parts.data() + r * rows * dc;
     p.lse = lse_parts.data() + r * rows;
     const auto t0 = std::chrono::steady_clock::now();
@@ -124,8 +100,8 @@ int run_demo(const DemoOptions& opt) {
     local_ms +=
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     std::printf("  rank %d: %lld KV rows, local attention done\n", r,
-                static_cast<long long>(
-                    std::accumulate(local_len.begin(), local_len.end(), std::int64_t{0})));
+                static_cast<long long>(std::accumulate(plan.local_len.begin(), plan.local_len.end(),
+                                                       std::int64_t{0})));
   }
   std::vector<float> out(static_cast<std::size_t>(rows) * dc), lse(rows);
   merge_attention_states(o_parts.data(), lse_parts.data(), n, rows, dc, LseBase::e, out.data(),

@@ -30,7 +30,8 @@ void print_progress(const Engine& e, int dcp_size) {
 
 // Every rank gets every replica's results (tokens and logits), in request-id order: each DP
 // replica's TP rank 0 contributes its own, packed as floats (ids and tokens are exact in fp32).
-std::vector<RequestResult> gather_results(Communicator& world, bool contribute, const std::vector<RequestResult>& mine) {
+std::vector<RequestResult> gather_results(Communicator& world, bool contribute,
+                                          const std::vector<RequestResult>& mine) {
   std::vector<float> packed;
   if (contribute) {
     for (const RequestResult& r : mine) {
@@ -58,14 +59,16 @@ std::vector<RequestResult> gather_results(Communicator& world, bool contribute, 
       r.id = static_cast<RequestId>(*p++);
       r.state = static_cast<RequestState>(static_cast<int>(*p++));
       const std::size_t n = static_cast<std::size_t>(*p++);
-      for (std::size_t i = 0; i < n; ++i) r.output_tokens.push_back(static_cast<std::int32_t>(*p++));
+      for (std::size_t i = 0; i < n; ++i)
+        r.output_tokens.push_back(static_cast<std::int32_t>(*p++));
       const std::size_t m = static_cast<std::size_t>(*p++);
       r.step_logits.assign(p, p + m);
       p += m;
       out.push_back(std::move(r));
     }
   }
-  std::sort(out.begin(), out.end(), [](const RequestResult& a, const RequestResult& b) { return a.id < b.id; });
+  std::sort(out.begin(), out.end(),
+            [](const RequestResult& a, const RequestResult& b) { return a.id < b.id; });
   return out;
 }
 
@@ -99,7 +102,8 @@ void run_rank(const Workload& w, Communicator& world, RunReport* report) {
 
   Engine engine(model, w.engine, draft.get());
   for (std::size_t i = 0; i < w.requests.size(); ++i) {
-    if (static_cast<int>(i % static_cast<std::size_t>(w.parallel.dp_size)) == me.dp_rank) engine.submit(w.requests[i]);
+    if (static_cast<int>(i % static_cast<std::size_t>(w.parallel.dp_size)) == me.dp_rank)
+      engine.submit(w.requests[i]);
   }
   std::int64_t peak_rows = 0;
   const bool root = world.rank() == 0;
@@ -154,41 +158,17 @@ void run_disagg_rank(const Workload& w, Communicator& world, RunReport* report) 
   const DisaggOutcome o = run_disaggregated(world, c, w.requests);
   std::vector<std::int64_t> bytes(static_cast<std::size_t>(world.size()));
   world.all_gather(&o.bytes_received, bytes.data(), sizeof(std::int64_t));
-  const bool reporter = world.rank() == w.prefill_dcp_size;  // the first decode rank
-  // Every process needs the generated tokens (a --verify run that follows is teacher-forced in
-  // lockstep on all ranks): the reporter broadcasts them as [count, tokens...] per request.
-  std::vector<std::int32_t> packed;
-  if (reporter) {
-    for (const RequestResult& r : o.results) {
-      packed.push_back(static_cast<std::int32_t>(r.output_tokens.size()));
-      packed.insert(packed.end(), r.output_tokens.begin(), r.output_tokens.end());
-    }
-  }
-  std::int64_t packed_size = static_cast<std::int64_t>(packed.size());
-  world.broadcast(&packed_size, sizeof packed_size, w.prefill_dcp_size);
-  packed.resize(static_cast<std::size_t>(packed_size));
-  world.broadcast(packed.data(), packed.size() * sizeof(std::int32_t), w.prefill_dcp_size);
+  // Every process gets every result (a --verify run that follows is teacher-forced in lockstep
+  // on all ranks): the first decode rank contributes them.
+  const bool reporter = world.rank() == w.prefill_dcp_size;
+  std::vector<RequestResult> results = gather_results(world, reporter, o.results);
   if (!reporter && world.backend() == "threads") return;
-  if (!reporter) {  // an MPI process that will not print: the tokens are enough
-    std::size_t at = 0;
-    for (const RequestSpec& q : w.requests) {
-      RequestResult r;
-      r.id = q.id;
-      r.state = RequestState::finished;
-      const std::int32_t n = packed[at++];
-      r.output_tokens.assign(packed.begin() + static_cast<std::ptrdiff_t>(at),
-                             packed.begin() + static_cast<std::ptrdiff_t>(at + n));
-      at += static_cast<std::size_t>(n);
-      report->results.push_back(std::move(r));
-    }
-    return;
-  }
   report->disaggregated = true;
   report->backend = w.parallel.dcp_size > 1 ? c.backend : CombineBackend::ag_rs;
   report->bytes_per_decode_rank.assign(bytes.begin() + w.prefill_dcp_size, bytes.end());
   report->transfer_ms = o.transfer_ms;
   report->logical_capacity_tokens = o.logical_capacity_tokens;
-  report->results = o.results;
+  report->results = std::move(results);
   report->stats = o.decode_stats;
   report->stats.prefill_ms = o.prefill_ms;
 }
@@ -197,13 +177,14 @@ void run_disagg_rank(const Workload& w, Communicator& world, RunReport* report) 
 
 RunReport run_workload(const Workload& w, bool* is_root) {
   const Topology topo = resolve(w.parallel);
-  DCP_CHECK(!(w.parallel.enable_dp_attention && w.parallel.dp_size > 1), unsupported,
-            "--enable-dp-attention with --dp-size ", w.parallel.dp_size,
-            " is not supported by `dcp run` yet (its MLP runs TP across replicas over gathered tokens); "
-            "without --enable-dp-attention, --dp-size runs independent replicas; `dcp topology` shows "
-            "DP-attention layouts");
-  DCP_CHECK(!(w.disaggregate && w.parallel.dp_size > 1), unsupported, "--disaggregate with --dp-size ",
-            w.parallel.dp_size, " is not supported (legal: 1)");
+  DCP_CHECK(
+      !(w.parallel.enable_dp_attention && w.parallel.dp_size > 1), unsupported,
+      "--enable-dp-attention with --dp-size ", w.parallel.dp_size,
+      " is not supported by `dcp run` yet (its MLP runs TP across replicas over gathered tokens); "
+      "without --enable-dp-attention, --dp-size runs independent replicas; `dcp topology` shows "
+      "DP-attention layouts");
+  DCP_CHECK(!(w.disaggregate && w.parallel.dp_size > 1), unsupported,
+            "--disaggregate with --dp-size ", w.parallel.dp_size, " is not supported (legal: 1)");
   RunReport report;
   const int world_size = topo.world_size + (w.disaggregate ? w.prefill_dcp_size : 0);
   const auto rank_fn = [&](Communicator& world) {

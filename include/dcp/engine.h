@@ -131,6 +131,7 @@ class Engine {
                                                  const std::vector<int>& k);
   void emit(Live& r, const float* logits);  // records a step's logits, chooses the next token
   void finish(std::size_t live_index);
+  void finish_completed();  // every running request that has all its tokens
 
   MlaModel& model_;
   MlaModel* draft_;

@@ -16,6 +16,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "dcp/layout.h"
+
 namespace dcp {
 
 using RequestId = std::int64_t;
@@ -32,14 +34,14 @@ class KvAllocator {
   // Throws unless dcp_size >= 1, page_size >= 1, num_pages >= 0 and fits an int32 page id.
   KvAllocator(int dcp_size, int page_size, std::int64_t num_pages);
 
-  int dcp_size() const noexcept { return dcp_size_; }
-  int page_size() const noexcept { return page_size_; }  // P, physical
-  std::int64_t virtual_page_size() const noexcept {
-    return static_cast<std::int64_t>(page_size_) * dcp_size_;
-  }
-  std::int64_t num_pages() const noexcept { return num_pages_; }
+  // The slot mapping (owner(v), physical(v), page sizes): the layout's widened page math.
+  const WidenedPages& widened() const noexcept { return widened_; }
+  int dcp_size() const noexcept { return widened_.dcp_size(); }
+  int page_size() const noexcept { return widened_.page_size(); }  // P, physical
+  std::int64_t virtual_page_size() const noexcept { return widened_.virtual_page_size(); }
+  std::int64_t num_pages() const noexcept { return widened_.physical_pages(); }
   // Logical capacity in tokens: physical rows x N.
-  std::int64_t capacity_tokens() const noexcept { return num_pages_ * virtual_page_size(); }
+  std::int64_t capacity_tokens() const noexcept { return widened_.virtual_capacity(); }
   std::int64_t free_pages() const noexcept { return static_cast<std::int64_t>(free_.size()); }
   // Tokens that could still be placed in free pages.
   std::int64_t free_tokens() const noexcept { return free_pages() * virtual_page_size(); }
@@ -99,9 +101,7 @@ class KvAllocator {
   std::int32_t take_page();
   void release_page(std::int32_t page);
 
-  int dcp_size_;
-  int page_size_;
-  std::int64_t num_pages_;
+  WidenedPages widened_;
   std::vector<std::int32_t> free_;  // LIFO; deterministic so every replica agrees
   std::vector<std::int32_t> refs_;  // [num_pages]
   std::vector<std::int32_t> held_;  // [num_pages] holds from outside requests (retain/acquire)

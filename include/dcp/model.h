@@ -95,6 +95,12 @@ class MlaModel {
   struct Layer;
   void attention(Layer& layer, const float* x, const ForwardBatch& batch, const ForwardPlan& plan,
                  float* out, ForwardTimings& t);
+  // Causal attention of this rank's heads over one contiguous fp32 sequence per request, row j
+  // at position j (no sharding): the gather path's whole sequences, the native path's chunks.
+  //   q [T, H_loc, W], seqs[b] [lens[b], W], q_pos [T], out [T, H_loc, D_c], lse [T, H_loc]
+  void attend_contiguous(const float* q, const std::vector<const float*>& seqs,
+                         const std::vector<std::int64_t>& lens, const std::int32_t* q_start,
+                         const std::int64_t* q_pos, float* out, float* lse) const;
   void extend_native(Layer& layer, const float* q, int heads_q, const float* latent,
                      const ForwardBatch& batch, const ForwardPlan& plan, float* o,
                      ForwardTimings& t);

@@ -242,6 +242,16 @@ void Engine::finish(std::size_t i) {
   running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
 }
 
+void Engine::finish_completed() {
+  for (std::size_t i = running_.size(); i-- > 0;) {
+    const Live& l = running_[i];
+    if (results_[l.result].output_tokens.size() >=
+        static_cast<std::size_t>(l.spec.max_new_tokens)) {
+      finish(i);
+    }
+  }
+}
+
 bool Engine::run_prefill() {
   ForwardBatch batch;
   batch.mode = options_.extend_mode;
@@ -282,11 +292,7 @@ bool Engine::run_prefill() {
       results_[l.result].state = RequestState::decode;
     }
   }
-  for (std::size_t i = running_.size(); i-- > 0;) {  // max_new_tokens == 1 ends here
-    const Live& l = running_[i];
-    if (results_[l.result].output_tokens.size() >= static_cast<std::size_t>(l.spec.max_new_tokens))
-      finish(i);
-  }
+  finish_completed();  // max_new_tokens == 1 ends here
   return true;
 }
 
@@ -317,11 +323,7 @@ bool Engine::run_decode() {
   const int vocab = model_.config().vocab_size;
   for (std::size_t k = 0; k < members.size(); ++k)
     emit(running_[members[k]], logits.data() + k * vocab);
-  for (std::size_t i = running_.size(); i-- > 0;) {
-    const Live& l = running_[i];
-    if (results_[l.result].output_tokens.size() >= static_cast<std::size_t>(l.spec.max_new_tokens))
-      finish(i);
-  }
+  finish_completed();
   return true;
 }
 
@@ -419,11 +421,7 @@ bool Engine::run_speculative() {
     }
     stats_.decode_tokens += accepted + 1;
   }
-  for (std::size_t i = running_.size(); i-- > 0;) {
-    const Live& l = running_[i];
-    if (results_[l.result].output_tokens.size() >= static_cast<std::size_t>(l.spec.max_new_tokens))
-      finish(i);
-  }
+  finish_completed();
   return true;
 }
 

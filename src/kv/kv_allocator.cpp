@@ -8,11 +8,9 @@
 namespace dcp {
 
 KvAllocator::KvAllocator(int dcp_size, int page_size, std::int64_t num_pages)
-    : dcp_size_(dcp_size), page_size_(page_size), num_pages_(num_pages) {
-  DCP_ARG_CHECK(dcp_size >= 1, "dcp_size = ", dcp_size, " must be >= 1");
-  DCP_ARG_CHECK(page_size >= 1, "page_size = ", page_size, " must be >= 1");
-  DCP_ARG_CHECK(num_pages >= 0 && num_pages <= std::numeric_limits<std::int32_t>::max(),
-                "num_pages = ", num_pages, " must be in [0, 2^31)");
+    : widened_(dcp_size, num_pages, page_size) {  // validates dcp_size, page_size, num_pages >= 0
+  DCP_ARG_CHECK(num_pages <= std::numeric_limits<std::int32_t>::max(), "num_pages = ", num_pages,
+                " must be in [0, 2^31)");
   refs_.assign(static_cast<std::size_t>(num_pages), 0);
   held_.assign(static_cast<std::size_t>(num_pages), 0);
   free_.resize(static_cast<std::size_t>(num_pages));
@@ -79,7 +77,7 @@ void KvAllocator::allocate(RequestId request, std::int64_t n) {
   const std::int64_t need = pages_for(n);
   DCP_CHECK(need <= free_pages(), capacity, "KV cache full: request ", request, " needs ", n,
             " tokens (", need, " pages of ", virtual_page_size(), " slots), ", free_pages(),
-            " pages free of ", num_pages_);
+            " pages free of ", num_pages());
   Entry e;
   e.length = n;
   for (std::int64_t i = 0; i < need; ++i) e.pages.push_back(take_page());
@@ -91,7 +89,7 @@ std::vector<PageCopy> KvAllocator::extend(RequestId request, std::int64_t n) {
   DCP_ARG_CHECK(n >= 0, "extend: token count ", n, " must be >= 0");
   const std::int64_t need = pages_needed(request, current.length + n);
   DCP_CHECK(need <= free_pages(), capacity, "KV cache full: request ", request, " cannot grow by ",
-            n, " tokens (needs ", need, " pages, ", free_pages(), " free of ", num_pages_, ")");
+            n, " tokens (needs ", need, " pages, ", free_pages(), " free of ", num_pages(), ")");
   Entry& e = requests_[request];
   std::vector<PageCopy> copies;
   if (n > 0 && e.length % virtual_page_size() != 0 && refs_[e.pages.back()] > 1) {
@@ -148,21 +146,21 @@ void KvAllocator::share_prefix(RequestId src, RequestId dst, std::int64_t tokens
 }
 
 std::int32_t KvAllocator::acquire_page() {
-  DCP_CHECK(!free_.empty(), capacity, "KV cache full: no free page of ", num_pages_);
+  DCP_CHECK(!free_.empty(), capacity, "KV cache full: no free page of ", num_pages());
   const std::int32_t page = take_page();
   held_[page] = 1;
   return page;
 }
 
 void KvAllocator::retain(std::int32_t page) {
-  DCP_ARG_CHECK(page >= 0 && page < num_pages_ && refs_[page] > 0, "retain: page ", page,
+  DCP_ARG_CHECK(page >= 0 && page < num_pages() && refs_[page] > 0, "retain: page ", page,
                 " is not in use");
   ++refs_[page];
   ++held_[page];
 }
 
 void KvAllocator::release(std::int32_t page) {
-  DCP_ARG_CHECK(page >= 0 && page < num_pages_ && held_[page] > 0, "release: page ", page,
+  DCP_ARG_CHECK(page >= 0 && page < num_pages() && held_[page] > 0, "release: page ", page,
                 " is not held");
   --held_[page];
   release_page(page);
@@ -171,8 +169,8 @@ void KvAllocator::release(std::int32_t page) {
 void KvAllocator::allocate_shared(RequestId request, const std::vector<std::int32_t>& pages) {
   DCP_ARG_CHECK(!contains(request), "allocate_shared: request ", request, " already exists");
   for (std::int32_t page : pages) {
-    DCP_ARG_CHECK(page >= 0 && page < num_pages_ && refs_[page] > 0, "allocate_shared: page ", page,
-                  " is not held");
+    DCP_ARG_CHECK(page >= 0 && page < num_pages() && refs_[page] > 0, "allocate_shared: page ",
+                  page, " is not held");
   }
   Entry e;
   e.length = static_cast<std::int64_t>(pages.size()) * virtual_page_size();
@@ -186,7 +184,7 @@ void KvAllocator::check_invariants() const {
   for (const auto& [id, e] : requests_) {
     DCP_CHECK_EQ(static_cast<std::int64_t>(e.pages.size()), pages_for(e.length), "request ", id);
     for (std::int32_t page : e.pages) {
-      DCP_CHECK(page >= 0 && page < num_pages_, internal, "request ", id, " holds page ", page);
+      DCP_CHECK(page >= 0 && page < num_pages(), internal, "request ", id, " holds page ", page);
       ++counted[page];
     }
   }

@@ -15,7 +15,7 @@ KvShard::KvShard(const KvAllocator& allocator, LatentPool& pool, int dcp_rank)
 }
 
 std::int64_t KvShard::physical_row(RequestId request, std::int64_t p) const {
-  return allocator_.slot(request, p) / allocator_.dcp_size();  // physical(v) = v / N
+  return allocator_.widened().physical(allocator_.slot(request, p));
 }
 
 std::int64_t KvShard::local_length(RequestId request) const {

@@ -13,15 +13,16 @@ PrefixCache::PrefixCache(KvAllocator& allocator, std::vector<LatentPool*> device
   DCP_ARG_CHECK(!device_.empty(), "prefix cache: no device pools");
   DCP_ARG_CHECK(host_capacity_tokens >= 0, "--host-kv-capacity-tokens ", host_capacity_tokens,
                 " must be >= 0");
-  const int n = alloc_.dcp_size(), p = alloc_.page_size();
-  // The slots of a virtual page this rank owns (i mod N = r), as rows i / N of its physical page.
-  for (std::int64_t i = 0; i < static_cast<std::int64_t>(p) * n; ++i) {
-    if (i % n == dcp_rank) owned_offsets_.push_back(i / n);
+  const WidenedPages& w = alloc_.widened();
+  // The slots of a virtual page this rank owns (owner(i) = r), as rows physical(i) of its page.
+  for (std::int64_t i = 0; i < w.virtual_page_size(); ++i) {
+    if (w.owner(i) == dcp_rank) owned_offsets_.push_back(w.physical(i));
   }
   host_pages_total_ = host_capacity_tokens / alloc_.virtual_page_size();
   if (host_pages_total_ > 0) {
     for (LatentPool* d : device_)
-      host_.push_back(std::make_unique<LatentPool>(host_pages_total_, p, d->geometry()));
+      host_.push_back(
+          std::make_unique<LatentPool>(host_pages_total_, w.page_size(), d->geometry()));
     for (std::int64_t i = host_pages_total_; i-- > 0;) host_free_.push_back(i);
   }
 }

@@ -243,49 +243,17 @@ void MlaModel::attention(Layer& L, const float* x, const ForwardBatch& batch,
     // Upstream extend path: each request's whole sequence, gathered in token order, then
     // ordinary causal attention over it for this rank's heads.
     const auto t0 = Clock::now();
-    constexpr int kPage = 64;
-    std::vector<float> seq_pool;
-    std::vector<std::int32_t> table;
-    std::vector<std::int64_t> lens;
-    int stride = 1;
-    for (int b = 0; b < plan.num_requests(); ++b)
-      stride = std::max<int>(stride, static_cast<int>((plan.global_len[b] + kPage - 1) / kPage));
-    table.assign(static_cast<std::size_t>(plan.num_requests()) * stride, 0);
+    std::vector<std::vector<float>> seqs;
     for (int b = 0; b < plan.num_requests(); ++b) {
-      const std::vector<float> seq = gather_sequence(dcp_, *L.shard, batch.entries[b].request);
-      const std::int64_t first_page =
-          static_cast<std::int64_t>(seq_pool.size()) / (static_cast<std::int64_t>(kPage) * width);
-      const std::int64_t n_pages = (plan.global_len[b] + kPage - 1) / kPage;
-      for (std::int64_t j = 0; j < n_pages; ++j)
-        table[b * stride + j] = static_cast<std::int32_t>(first_page + j);
-      seq_pool.insert(seq_pool.end(), seq.begin(), seq.end());
-      seq_pool.resize(static_cast<std::size_t>(first_page + n_pages) * kPage * width, 0.0f);
-      lens.push_back(plan.global_len[b]);
+      seqs.push_back(gather_sequence(dcp_, *L.shard, batch.entries[b].request));
     }
     t.dcp_comm_ms += ms_since(t0);
-    MlaAttentionParams p;
-    p.num_heads = h_loc_;
-    p.kv_lora_rank = kvl;
-    p.rope_dim = rope;
-    p.softmax_scale = static_cast<float>(c.softmax_scale());
-    p.num_requests = plan.num_requests();
-    p.q_start = plan.q_start.data();
-    p.q = qa.data();
-    p.q_pos = plan.q_pos.data();
-    p.kv = seq_pool.data();
-    p.kv_dtype = KvDtype::fp32;  // exact copies of the stored rows (bf16 widens exactly)
-    p.num_pages =
-        static_cast<std::int64_t>(seq_pool.size()) / (static_cast<std::int64_t>(kPage) * width);
-    p.page_size = kPage;
-    p.page_table = table.data();
-    p.page_table_stride = stride;
-    p.local_len = lens.data();
-    p.causal = true;
+    std::vector<const float*> rows;
+    for (const auto& seq : seqs) rows.push_back(seq.data());
     std::vector<float> lse(static_cast<std::size_t>(T) * h_loc_);
-    p.out = o.data();
-    p.lse = lse.data();
     const auto t1 = Clock::now();
-    mla_attention(p);
+    attend_contiguous(qa.data(), rows, plan.global_len, plan.q_start.data(), plan.q_pos.data(),
+                      o.data(), lse.data());
     t.attention_ms += ms_since(t1);
   }
   // Values: [T, H_loc, v] = O @ w_vc^T per head; optional gate; o_proj (row-parallel partial).
@@ -301,6 +269,43 @@ void MlaModel::attention(Layer& L, const float* x, const ForwardBatch& batch,
     for (std::size_t i = 0; i < g.size(); ++i) vals[i] *= 1.0f / (1.0f + std::exp(-g[i]));
   }
   ops::linear(vals.data(), T, static_cast<std::int64_t>(h_loc_) * v, L.o_proj.data(), hidden, out);
+}
+
+void MlaModel::attend_contiguous(const float* q, const std::vector<const float*>& seqs,
+                                 const std::vector<std::int64_t>& lens, const std::int32_t* q_start,
+                                 const std::int64_t* q_pos, float* out, float* lse) const {
+  const ModelConfig& c = config_;
+  const int width = c.latent_width();
+  const std::size_t requests = seqs.size();
+  // One page per request, as long as the longest sequence.
+  std::int64_t page = 1;
+  for (std::int64_t len : lens) page = std::max(page, len);
+  std::vector<float> pool(requests * static_cast<std::size_t>(page) * width, 0.0f);
+  std::vector<std::int32_t> table(requests);
+  for (std::size_t b = 0; b < requests; ++b) {
+    table[b] = static_cast<std::int32_t>(b);
+    std::copy_n(seqs[b], lens[b] * width, pool.data() + b * static_cast<std::size_t>(page) * width);
+  }
+  MlaAttentionParams p;
+  p.num_heads = h_loc_;
+  p.kv_lora_rank = c.kv_lora_rank;
+  p.rope_dim = c.qk_rope_head_dim;
+  p.softmax_scale = static_cast<float>(c.softmax_scale());
+  p.num_requests = static_cast<int>(requests);
+  p.q_start = q_start;
+  p.q = q;
+  p.q_pos = q_pos;
+  p.kv = pool.data();
+  p.kv_dtype = KvDtype::fp32;  // exact copies of the stored rows (bf16 widens exactly)
+  p.num_pages = static_cast<std::int64_t>(requests);
+  p.page_size = static_cast<int>(page);
+  p.page_table = table.data();
+  p.page_table_stride = 1;
+  p.local_len = lens.data();
+  p.causal = true;
+  p.out = out;
+  p.lse = lse;
+  mla_attention(p);
 }
 
 void MlaModel::extend_native(Layer& L, const float* qa, int heads_q, const float* latent,
@@ -348,42 +353,19 @@ void MlaModel::extend_native(Layer& L, const float* qa, int heads_q, const float
     }
     q_own = q_mine.data();
   }
-  std::vector<std::int32_t> table(static_cast<std::size_t>(plan.num_requests()));
-  std::vector<std::int64_t> lens(table.size()), rel_pos(static_cast<std::size_t>(T));
-  std::int32_t page_size = 1;
-  for (int b = 0; b < plan.num_requests(); ++b)
-    page_size = std::max(page_size, batch.entries[b].q_len);
-  std::vector<float> pool(static_cast<std::size_t>(plan.num_requests()) * page_size * width, 0.0f);
-  for (int b = 0; b < plan.num_requests(); ++b) {  // request b's chunk is page b
-    table[b] = b;
-    lens[b] = batch.entries[b].q_len;
-    std::copy_n(chunk.data() + static_cast<std::size_t>(plan.q_start[b]) * width, lens[b] * width,
-                pool.data() + static_cast<std::size_t>(b) * page_size * width);
+  std::vector<const float*> chunks;
+  std::vector<std::int64_t> lens, rel_pos(static_cast<std::size_t>(T));
+  for (int b = 0; b < plan.num_requests(); ++b) {
+    chunks.push_back(chunk.data() + static_cast<std::size_t>(plan.q_start[b]) * width);
+    lens.push_back(batch.entries[b].q_len);
     const std::int64_t start = plan.global_len[b] - lens[b];
     for (std::int64_t i = plan.q_start[b]; i < plan.q_start[b + 1]; ++i)
       rel_pos[i] = plan.q_pos[i] - start;
   }
-  MlaAttentionParams p;
-  p.num_heads = h_loc_;
-  p.kv_lora_rank = kvl;
-  p.rope_dim = c.qk_rope_head_dim;
-  p.softmax_scale = static_cast<float>(c.softmax_scale());
-  p.num_requests = plan.num_requests();
-  p.q_start = plan.q_start.data();
-  p.q = q_own;
-  p.q_pos = rel_pos.data();
-  p.kv = pool.data();
-  p.kv_dtype = KvDtype::fp32;
-  p.num_pages = plan.num_requests();
-  p.page_size = page_size;
-  p.page_table = table.data();
-  p.page_table_stride = 1;
-  p.local_len = lens.data();
-  p.causal = true;
-  std::vector<float> o_chunk(rows * kvl), lse_chunk(rows);
-  p.out = o_chunk.data();
-  p.lse = lse_chunk.data();
-  mla_attention(p);
+  std::vector<float> o_chunk(static_cast<std::size_t>(T) * h_loc_ * kvl);
+  std::vector<float> lse_chunk(static_cast<std::size_t>(T) * h_loc_);
+  attend_contiguous(q_own, chunks, lens, plan.q_start.data(), rel_pos.data(), o_chunk.data(),
+                    lse_chunk.data());
   // 3. Exact LSE merge of the two parts.
   for (std::size_t r = 0; r < rows; ++r)
     merge_state_into(o + r * kvl, lse[r], o_chunk.data() + r * kvl, lse_chunk[r], kvl);

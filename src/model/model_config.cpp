@@ -148,6 +148,7 @@ std::string model_config_to_json(const ModelConfig& c) {
 }
 
 ModelConfig preset_config(const std::string& name, int num_layers) {
+  DCP_ARG_CHECK(num_layers >= 0, "--num-layers ", num_layers, " must be >= 1");
   ModelConfig c;
   c.name = name;
   if (name == "tiny") {
@@ -179,18 +180,13 @@ ModelConfig preset_config(const std::string& name, int num_layers) {
     c.rope_theta = 10000;
     c.rope_scaling = RopeScaling{40, 4096, 32, 1, 1.0, 1.0};
   } else if (name == "kimi-k3") {
-    // Kimi-K3's attention: 96 heads, output gate, no rotary embedding.
-    c.vocab_size = 4096;
-    c.hidden_size = 7168;
-    c.intermediate_size = 1024;
-    c.num_hidden_layers = 2;
+    // Kimi-K3's attention: DeepSeek-V3's latent geometry with 96 heads, an output gate and no
+    // rotary embedding.
+    c = preset_config("deepseek-v3");
+    c.name = name;
     c.num_attention_heads = 96;
-    c.q_lora_rank = 1536;
-    c.kv_lora_rank = 512;
-    c.qk_nope_head_dim = 128;
-    c.qk_rope_head_dim = 64;
-    c.v_head_dim = 128;
     c.rope_theta = 50000;
+    c.rope_scaling.reset();
     c.skip_rope = true;
     c.attn_output_gate = true;
   } else {
@@ -198,7 +194,6 @@ ModelConfig preset_config(const std::string& name, int num_layers) {
                 str("--preset '", name, "' is not one of: tiny, deepseek-v3, kimi-k3"));
   }
   if (num_layers > 0) c.num_hidden_layers = num_layers;
-  DCP_ARG_CHECK(num_layers >= 0, "--num-layers ", num_layers, " must be >= 1");
   return c;
 }
 

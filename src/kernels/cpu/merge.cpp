@@ -111,26 +111,10 @@ void global_lse(const float* lse_parts, int num_parts, std::int64_t rows, LseBas
 
 void merge_sink(float* o, float* lse, const float* sink_logit, std::int64_t rows, int dim) {
   check_merge_args(1, rows, dim);
+  // A sink is one more state: weight exp(sink), no value.
+  const std::vector<float> no_value(static_cast<std::size_t>(dim), 0.0f);
   for (std::int64_t row = 0; row < rows; ++row) {
-    float* orow = o + row * dim;
-    const float s = lse_to_natural(sink_logit[row], LseBase::e);
-    const float l = lse_to_natural(lse[row], LseBase::e);
-    if (s == kNegInf) {
-      if (l == kNegInf) std::fill(orow, orow + dim, 0.0f);
-      lse[row] = l;
-      continue;
-    }
-    if (l == kNegInf) {  // only the sink: weight without value
-      std::fill(orow, orow + dim, 0.0f);
-      lse[row] = s;
-      continue;
-    }
-    const float m = std::max(l, s);
-    const float wl = std::exp(l - m);
-    const float ws = std::exp(s - m);
-    const float c = wl / (wl + ws);
-    for (int d = 0; d < dim; ++d) orow[d] *= c;
-    lse[row] = m + std::log(wl + ws);
+    merge_state_into(o + row * dim, lse[row], no_value.data(), sink_logit[row], dim);
   }
 }
 
