@@ -168,6 +168,51 @@ TEST(Attention, EveryKernelPathWithSplitKvOnLongContexts) {
   }
 }
 
+TEST(Attention, EveryHeadCountAndWidthOnEveryPath) {
+  // The SIMD paths switch kernels by head count (row-wise below 8 heads, heads-in-lanes above)
+  // and block heads, rows and columns in registers; these head counts hit every block size and
+  // remainder, and the widths include ones no vector width divides.
+  auto rng = test::make_rng();
+  const int head_counts[] = {1,  2,  5,  7,  8,  9,  15, 16, 17,  23,
+                             31, 32, 33, 47, 48, 49, 64, 65, 100, 128};
+  struct Width {
+    int dc, dr;
+  };
+  const Width widths[] = {{512, 64}, {37, 5}, {16, 0}, {80, 16}};
+  for (int heads : head_counts) {
+    for (const Width w : widths) {
+      test::ContextSpec spec = random_spec(rng, 3, 700);  // several 48-row tiles per rank
+      spec.heads = heads;
+      spec.kv_lora_rank = w.dc;
+      spec.rope_dim = w.dr;
+      const KvDtype dtype = rng.range(0, 1) ? KvDtype::bf16 : KvDtype::fp32;
+      auto in = test::random_context(spec, dtype, rng);
+      const Variant v = kVariants[rng.range(0, 6)];
+      apply_variant(v, in, rng);
+      const int page = static_cast<int>(rng.range(1, 20));
+      const auto shards = test::stripe(in, 3, 1, page, dtype, rng);
+      const int r = static_cast<int>(rng.range(0, 2));
+      MlaAttentionParams p = test::shard_params(in, shards[r], dtype, page, 3, r, 1);
+      const std::int64_t tokens = num_query_tokens(p);
+      std::vector<float> o(static_cast<std::size_t>(tokens) * heads * w.dc),
+          l(static_cast<std::size_t>(tokens) * heads);
+      MlaAttentionParams pr = p;
+      pr.out = o.data();
+      pr.lse = l.data();
+      const ref::AttentionResult expect = ref::mla_attention_local(pr);
+      for (KernelPath kernel : available_kernel_paths()) {
+        const RankOutput got = run_rank(p, kernel);
+        const std::string what = std::string(to_string(kernel)) + " heads " +
+                                 std::to_string(heads) + " width " + std::to_string(w.dc) + "+" +
+                                 std::to_string(w.dr) + " " + name(v) + " " +
+                                 std::string(to_string(dtype));
+        ASSERT_TRUE(test::close(got.out, expect.out, test::kFp32Tol, (what + " O").c_str()));
+        ASSERT_TRUE(test::close(got.lse, expect.lse, {1e-12, 1e-5}, (what + " LSE").c_str()));
+      }
+    }
+  }
+}
+
 TEST(Attention, PortablePathIsAlwaysAvailable) {
   const auto paths = available_kernel_paths();
   ASSERT_FALSE(paths.empty());

@@ -29,6 +29,17 @@ struct Task {
   bool add_sinks = false;
 };
 
+// From this many query heads the SIMD paths use the heads-in-lanes kernel (attention_lanes.h);
+// below it, the row-wise one (attention_rows.h). Measured with `dcp bench attention`.
+constexpr int kLaneKernelMinHeads = 8;
+
+// The physical row of request b's local row in the paged pool.
+inline std::int64_t physical_row(const MlaAttentionParams& p, int b, std::int64_t local_row) {
+  const std::int64_t page =
+      p.page_table[b * static_cast<std::int64_t>(p.page_table_stride) + local_row / p.page_size];
+  return page * p.page_size + local_row % p.page_size;
+}
+
 // Each runs tasks sequentially on the calling thread.
 void run_portable(const MlaAttentionParams& p, const Task* tasks, std::size_t n);
 void run_avx2(const MlaAttentionParams& p, const Task* tasks, std::size_t n);

@@ -1,0 +1,308 @@
+// The SIMD kernel for many query heads (a rank attends N * H_loc heads after a DCP query gather:
+// 16 to 128 on real models). Per query token the work is two small matrix products with an
+// online softmax between them, and it is compute-bound, so it is laid out as GEMM micro-kernels:
+//
+//   scores  S[j][h] = sum_d K[j][d] * Qt[d][h]   heads in lanes: broadcast K[j][d], load Qt
+//   values  O[h][d] = sum_j P[j][h] * V[j][d]    columns in lanes: broadcast P[j][h], load V
+//
+// Qt (the token's query, transposed and pre-scaled) is packed once per task and reused by every
+// KV tile; rows are read straight from the paged pool (bf16 rows widened once per tile), so
+// nothing per row is transposed. With heads in the lanes of S, the online softmax is elementwise
+// over head vectors (no horizontal reductions), and its rescale of O is folded into the value
+// micro-kernel's load of its accumulators.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "attention_tasks.h"
+#include "dcp/attention.h"
+#include "dcp/merge.h"
+#include "simd.h"
+
+namespace dcp::kernels {
+namespace {
+
+template <int V>
+class LaneKernel {
+ public:
+  // Rows per KV tile: a multiple of every score row block below, so a tile splits evenly.
+  static constexpr int kRows = 48;
+
+  explicit LaneKernel(const MlaAttentionParams& p)
+      : p_(p),
+        heads_(p.num_heads),
+        lanes_((p.num_heads + V - 1) / V * V),
+        dc_(p.kv_lora_rank),
+        width_(p.kv_lora_rank + p.rope_dim),
+        qt_(static_cast<std::size_t>(width_) * lanes_),
+        s_(static_cast<std::size_t>(kRows) * lanes_),
+        acc_(static_cast<std::size_t>(heads_) * dc_),
+        m_(lanes_),
+        l_(lanes_),
+        corr_(lanes_),
+        rows_buf_(static_cast<std::size_t>(kRows) * width_),
+        zero_row_(width_, 0.0f),
+        row_bytes_per_elem_(static_cast<int>(dtype_size(p.kv_dtype))) {}
+
+  void run(const Task& task) {
+    pack_query(p_.q + task.t * heads_ * width_);
+    std::fill(acc_.begin(), acc_.end(), 0.0f);
+    std::fill(m_.begin(), m_.end(), kNegInf);
+    std::fill(l_.begin(), l_.end(), 0.0f);
+    for (std::int64_t start = task.first; start < task.last; start += kRows) {
+      const int n = static_cast<int>(std::min<std::int64_t>(kRows, task.last - start));
+      load_tile(task.b, task.rows, start, n);
+      next_tile(task.b, task.rows, start + kRows,
+                static_cast<int>(std::clamp<std::int64_t>(task.last - start - kRows, 0, kRows)));
+      scores(n);
+      softmax(n);
+      values(n);
+    }
+    finish(task.out, task.lse, task.add_sinks);
+  }
+
+ private:
+  using S = Simd<V>;
+  using vec = typename S::vec;
+
+  // Qt[d][h] = q[h][d] * scale; padding lanes (h >= heads) are zero and are never written out.
+  __attribute__((noinline)) void pack_query(const float* q) {
+    std::fill(qt_.begin(), qt_.end(), 0.0f);
+    for (int h = 0; h < heads_; ++h) {
+      const float* qh = q + static_cast<std::size_t>(h) * width_;
+      for (int d = 0; d < width_; ++d)
+        qt_[static_cast<std::size_t>(d) * lanes_ + h] = qh[d] * p_.softmax_scale;
+    }
+  }
+
+  // Row pointers for the tile; past n they point at a zero row, so score blocks never run short.
+  __attribute__((noinline)) void load_tile(int b, const RowSet& rows, std::int64_t start, int n) {
+    for (int j = 0; j < n; ++j) {
+      const std::int64_t phys = physical_row(p_, b, rows.at(start + j));
+      if (p_.kv_dtype == KvDtype::fp32) {
+        row_[j] = static_cast<const float*>(p_.kv) + phys * width_;
+      } else {
+        float* dst = rows_buf_.data() + static_cast<std::size_t>(j) * width_;
+        S::widen_bf16_row(static_cast<const bf16_t*>(p_.kv) + phys * width_, dst, width_);
+        row_[j] = dst;
+      }
+    }
+    for (int j = n; j < kRows; ++j) row_[j] = zero_row_.data();
+  }
+
+  // The next tile's rows (null past the task's end), which the value pass prefetches a few lines
+  // at a time: with few heads computing a row takes about as long as reading it, so the two must
+  // overlap, and spreading the prefetches keeps the line-fill buffers free. (The score
+  // micro-kernel has no registers to spare for it.)
+  void next_tile(int b, const RowSet& rows, std::int64_t start, int n) {
+    const std::int64_t bytes = static_cast<std::int64_t>(width_) * row_bytes_per_elem_;
+    for (int j = 0; j < kRows; ++j) {
+      next_[j] =
+          j < n ? static_cast<const char*>(p_.kv) + physical_row(p_, b, rows.at(start + j)) * bytes
+                : nullptr;
+    }
+  }
+
+  // ---- scores: S[j][h] for j < n (rounded up to the row block) -------------------------------
+  void scores(int n) {
+    const int vecs = lanes_ / V;
+    int v0 = 0;
+    // Register blocks (accumulators RB x HB, plus HB query vectors and one broadcast) sized for
+    // 32 vector registers with AVX-512 and 16 with AVX2.
+    if constexpr (V == 16) {
+      for (; v0 + 4 <= vecs; v0 += 4) score_rows<6, 4>(v0, n);
+      if (vecs - v0 == 3) score_rows<8, 3>(v0, n);
+      if (vecs - v0 == 2) score_rows<12, 2>(v0, n);
+      if (vecs - v0 == 1) score_rows<8, 1>(v0, n);
+    } else {
+      for (; v0 + 2 <= vecs; v0 += 2) score_rows<6, 2>(v0, n);
+      if (vecs - v0 == 1) score_rows<12, 1>(v0, n);
+    }
+    if (p_.softcap > 0) {
+      for (int j = 0; j < n; ++j) {
+        float* s = s_.data() + static_cast<std::size_t>(j) * lanes_;
+        for (int h = 0; h < heads_; ++h) s[h] = p_.softcap * std::tanh(s[h] / p_.softcap);
+      }
+    }
+  }
+
+  template <int RB, int HB>
+  void score_rows(int v0, int n) {
+    static_assert(kRows % RB == 0);
+    for (int j0 = 0; j0 < n; j0 += RB) score_block<RB, HB>(j0, v0);
+  }
+
+  template <int RB, int HB>
+  __attribute__((noinline)) void score_block(int j0, int v0) {
+    vec acc[RB][HB];
+    for (int r = 0; r < RB; ++r) {
+      for (int i = 0; i < HB; ++i) acc[r][i] = S::splat(0.0f);
+    }
+    const float* k[RB];
+    for (int r = 0; r < RB; ++r) k[r] = row_[j0 + r];
+    const float* qt = qt_.data() + static_cast<std::size_t>(v0) * V;
+    for (int d = 0; d < width_; ++d, qt += lanes_) {
+      vec qv[HB];
+      for (int i = 0; i < HB; ++i) qv[i] = S::load(qt + i * V);
+      for (int r = 0; r < RB; ++r) {
+        const vec kb = S::splat(k[r][d]);
+        for (int i = 0; i < HB; ++i) acc[r][i] += kb * qv[i];
+      }
+    }
+    for (int r = 0; r < RB; ++r) {
+      float* s = s_.data() + static_cast<std::size_t>(j0 + r) * lanes_ + v0 * V;
+      for (int i = 0; i < HB; ++i) S::store(s + i * V, acc[r][i]);
+    }
+  }
+
+  // ---- online softmax, elementwise over head vectors ------------------------------------------
+  // After it: s_[j] holds P[j] = exp(S[j] - m_new) for j < n and 0 up to the next value row
+  // block; corr_ = exp(m_old - m_new), which the value pass applies to O as it loads it.
+  __attribute__((noinline)) void softmax(int n) {
+    for (int v = 0; v < lanes_; v += V) {
+      vec mx = S::load(s_.data() + v);
+      for (int j = 1; j < n; ++j) {
+        const vec x = S::load(s_.data() + static_cast<std::size_t>(j) * lanes_ + v);
+        mx = x > mx ? x : mx;
+      }
+      const vec m_old = S::load(m_.data() + v);
+      const vec m_new = mx > m_old ? mx : m_old;
+      // m_old = -inf (first tile): exp clamps to ~1e-38, multiplying an O and an l that are 0.
+      const vec c = S::exp(m_old - m_new);
+      vec sum = S::splat(0.0f);
+      for (int j = 0; j < n; ++j) {
+        float* s = s_.data() + static_cast<std::size_t>(j) * lanes_ + v;
+        const vec e = S::exp(S::load(s) - m_new);
+        S::store(s, e);
+        sum += e;
+      }
+      S::store(m_.data() + v, m_new);
+      S::store(l_.data() + v, S::load(l_.data() + v) * c + sum);
+      S::store(corr_.data() + v, c);
+    }
+  }
+
+  // ---- values: O[h][d] = O[h][d] * corr[h] + sum_j P[j][h] V[j][d] -----------------------------
+  // Here the columns are in the lanes and the probabilities are broadcast: a block of HB heads x
+  // 4 vectors of columns needs 4 loads and HB broadcasts per row, whatever the head count (heads
+  // in lanes would leave 16 heads a single vector, one load per FMA).
+  static constexpr int kValueHeads = V == 16 ? 6 : 2;
+
+  void values(int n) {
+    int d0 = 0;
+    for (; d0 + 4 * V <= dc_; d0 += 4 * V) {
+      value_heads<4>(d0, n);
+      prefetch_next(d0 * row_bytes_per_elem_, (d0 + 4 * V) * row_bytes_per_elem_);
+    }
+    for (; d0 + V <= dc_; d0 += V) value_heads<1>(d0, n);
+    for (; d0 < dc_; ++d0) value_scalar(d0, n);  // a width that is not a multiple of V
+    prefetch_next(d0 * row_bytes_per_elem_, width_ * row_bytes_per_elem_);
+  }
+
+  template <int DV>
+  void value_heads(int d0, int n) {
+    int h0 = 0;
+    for (; h0 + kValueHeads <= heads_; h0 += kValueHeads) value_block<kValueHeads, DV>(h0, d0, n);
+    switch (heads_ - h0) {  // the remainder, with compile-time block sizes
+      case 5:
+        if constexpr (kValueHeads > 5) value_block<5, DV>(h0, d0, n);
+        break;
+      case 4:
+        if constexpr (kValueHeads > 4) value_block<4, DV>(h0, d0, n);
+        break;
+      case 3:
+        if constexpr (kValueHeads > 3) value_block<3, DV>(h0, d0, n);
+        break;
+      case 2:
+        if constexpr (kValueHeads > 2) value_block<2, DV>(h0, d0, n);
+        break;
+      case 1: value_block<1, DV>(h0, d0, n); break;
+      default: break;
+    }
+  }
+
+  template <int HB, int DV>
+  __attribute__((noinline)) void value_block(int h0, int d0, int n) {
+    vec acc[HB][DV];
+    for (int i = 0; i < HB; ++i) {
+      const vec c = S::splat(corr_[h0 + i]);
+      const float* o = acc_.data() + static_cast<std::size_t>(h0 + i) * dc_ + d0;
+      for (int k = 0; k < DV; ++k) acc[i][k] = S::load(o + k * V) * c;
+    }
+    const float* pj = s_.data() + h0;
+    for (int j = 0; j < n; ++j, pj += lanes_) {
+      const float* vrow = row_[j] + d0;
+      vec vv[DV];
+      for (int k = 0; k < DV; ++k) vv[k] = S::load(vrow + k * V);
+      for (int i = 0; i < HB; ++i) {
+        const vec pb = S::splat(pj[i]);
+        for (int k = 0; k < DV; ++k) acc[i][k] += pb * vv[k];
+      }
+    }
+    for (int i = 0; i < HB; ++i) {
+      float* o = acc_.data() + static_cast<std::size_t>(h0 + i) * dc_ + d0;
+      for (int k = 0; k < DV; ++k) S::store(o + k * V, acc[i][k]);
+    }
+  }
+
+  void value_scalar(int d, int n) {
+    for (int h = 0; h < heads_; ++h) {
+      float a = acc_[static_cast<std::size_t>(h) * dc_ + d] * corr_[h];
+      for (int j = 0; j < n; ++j) a += s_[static_cast<std::size_t>(j) * lanes_ + h] * row_[j][d];
+      acc_[static_cast<std::size_t>(h) * dc_ + d] = a;
+    }
+  }
+
+  // The cache lines starting in bytes [from, to) of each of the next tile's rows.
+  void prefetch_next(int from, int to) const {
+    from = (from + 63) / 64 * 64;
+    for (int off = from; off < to; off += 64) {
+      for (int j = 0; j < kRows && next_[j]; ++j) __builtin_prefetch(next_[j] + off);
+    }
+  }
+
+  // ---- out[h][d] = O[h][d] / l[h], LSE = m + log l, with the sink as one valueless logit ------
+  void finish(float* out, float* lse, bool add_sinks) {
+    for (int h = 0; h < heads_; ++h) {
+      float scale = 1.0f;
+      if (add_sinks && p_.sinks && p_.sinks[h] != kNegInf) {
+        const float s = p_.sinks[h];
+        const float m_new = std::max(m_[h], s);
+        if (m_[h] != kNegInf) {
+          scale = std::exp(m_[h] - m_new);
+          l_[h] *= scale;
+        }
+        l_[h] += std::exp(s - m_new);
+        m_[h] = m_new;
+      }
+      float* o = out + static_cast<std::size_t>(h) * dc_;
+      if (l_[h] == 0.0f) {
+        std::fill(o, o + dc_, 0.0f);
+        lse[h] = kNegInf;
+        continue;
+      }
+      const float f = scale / l_[h];
+      const float* acc = acc_.data() + static_cast<std::size_t>(h) * dc_;
+      for (int d = 0; d < dc_; ++d) o[d] = acc[d] * f;
+      lse[h] = m_[h] + std::log(l_[h]);
+    }
+  }
+
+  const MlaAttentionParams& p_;
+  int heads_, lanes_, dc_, width_;
+  std::vector<float> qt_;            // [width, lanes] scaled query, transposed
+  std::vector<float> s_;             // [kRows, lanes] scores, then probabilities
+  std::vector<float> acc_;           // [heads, dc] unnormalised output
+  std::vector<float> m_, l_, corr_;  // [lanes] running max, denominator, this tile's rescale
+  std::vector<float> rows_buf_;      // [kRows, width] widened bf16 rows
+  std::vector<float> zero_row_;      // [width]
+  int row_bytes_per_elem_;
+  const float* row_[kRows] = {};
+  const char* next_[kRows] = {};  // the next tile's stored rows, for prefetching
+};
+
+}  // namespace
+}  // namespace dcp::kernels
