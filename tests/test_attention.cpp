@@ -213,6 +213,77 @@ TEST(Attention, EveryHeadCountAndWidthOnEveryPath) {
   }
 }
 
+TEST(Attention, AmxPathIsWithinItsBf16RoundingOfTheReference) {
+  if (!amx_bf16_available()) GTEST_SKIP() << "this CPU or OS offers no AMX-BF16";
+  // The path rounds q * scale and the probabilities to bf16. With bf16-exact queries and a
+  // power-of-two scale the first rounding is exact, so what remains is P: each weight within
+  // 2^-9 of its value, the denominator kept in fp32, hence |O - O_ref| <= 2^-8 * max|V|. The
+  // scores are exact products summed in fp32, so the LSE is as accurate as the fp32 paths'.
+  auto rng = test::make_rng();
+  struct Width {
+    int dc, dr;
+  };
+  for (int heads : {1, 5, 16, 17, 33, 128}) {
+    for (const Width w : {Width{512, 64}, Width{37, 5}, Width{80, 16}}) {
+      test::ContextSpec spec = random_spec(rng, 3, 700);
+      spec.heads = heads;
+      spec.kv_lora_rank = w.dc;
+      spec.rope_dim = w.dr;
+      auto in = test::random_context(spec, KvDtype::bf16, rng);
+      const Variant v = kVariants[rng.range(0, 6)];
+      apply_variant(v, in, rng);
+      in.softmax_scale = 0.125;
+      for (float& x : in.q) x = bf16_to_float(float_to_bf16(x));
+      double max_v = 0;
+      for (const auto& rows : in.kv) {
+        for (std::size_t i = 0; i < rows.size(); ++i) {
+          if (static_cast<int>(i % (w.dc + w.dr)) < w.dc)
+            max_v = std::max<double>(max_v, std::abs(rows[i]));
+        }
+      }
+      const int page = static_cast<int>(rng.range(1, 70));
+      const auto shards = test::stripe(in, 3, 1, page, KvDtype::bf16, rng);
+      const int r = static_cast<int>(rng.range(0, 2));
+      MlaAttentionParams p = test::shard_params(in, shards[r], KvDtype::bf16, page, 3, r, 1);
+      const std::int64_t tokens = num_query_tokens(p);
+      std::vector<float> o(static_cast<std::size_t>(tokens) * heads * w.dc),
+          l(static_cast<std::size_t>(tokens) * heads);
+      MlaAttentionParams pr = p;
+      pr.out = o.data();
+      pr.lse = l.data();
+      const ref::AttentionResult expect = ref::mla_attention_local(pr);
+      for (int threads : {1, 3}) {
+        const RankOutput got = run_rank(p, KernelPath::amx_bf16, threads);
+        const std::string what = "heads " + std::to_string(heads) + " width " +
+                                 std::to_string(w.dc) + "+" + std::to_string(w.dr) + " " + name(v) +
+                                 " threads " + std::to_string(threads);
+        double worst = 0;
+        for (std::size_t i = 0; i < got.out.size(); ++i)
+          worst = std::max(worst, std::abs(got.out[i] - expect.out[i]));
+        ASSERT_LE(worst, std::ldexp(max_v, -8)) << what;
+        ASSERT_TRUE(test::close(got.lse, expect.lse, {1e-12, 1e-5}, (what + " LSE").c_str()));
+      }
+    }
+  }
+}
+
+TEST(Attention, AmxPathRefusesWhatItCannotRun) {
+  auto rng = test::make_rng();
+  test::ContextSpec spec;
+  spec.lengths = {40};
+  spec.q_lens = {1};
+  auto in = test::random_context(spec, KvDtype::fp32, rng);
+  const auto shards = test::stripe(in, 1, 1, 16, KvDtype::fp32, rng);
+  MlaAttentionParams p = test::shard_params(in, shards[0], KvDtype::fp32, 16, 1, 0, 1);
+  const std::string err = test::error_of([&] { run_rank(p, KernelPath::amx_bf16); });
+  if (amx_bf16_available()) {
+    EXPECT_NE(err.find("kernel path amx_bf16 needs kv_dtype bf16, got fp32"), std::string::npos)
+        << err;
+  } else {
+    EXPECT_NE(err.find("kernel path amx_bf16 is not available"), std::string::npos) << err;
+  }
+}
+
 TEST(Attention, PortablePathIsAlwaysAvailable) {
   const auto paths = available_kernel_paths();
   ASSERT_FALSE(paths.empty());

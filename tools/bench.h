@@ -39,7 +39,7 @@ struct AttentionBenchOptions {
   std::string contexts = "4096,32768,131072";
   std::string heads = "1,4,16,128";
   std::string batches = "1,8";
-  std::string dtypes = "fp32,bf16";
+  std::string dtypes = "fp32,bf16,bf16-amx";
   int threads = 1;
   int repeats = 3;
   std::string csv, svg;

@@ -67,9 +67,26 @@ void bench_attention(const AttentionBenchOptions& o) {
   const auto contexts = parse_list(o.contexts, "--contexts");
   const auto heads = parse_list(o.heads, "--heads");
   const auto batches = parse_list(o.batches, "--batches");
-  std::vector<KvDtype> dtypes;
+  // Each entry is a KV dtype on the fastest exact path, or bf16-amx: bf16 KV on the AMX path.
+  struct Variant {
+    std::string label;
+    KvDtype dtype;
+    KernelPath kernel;
+  };
+  std::vector<Variant> variants;
   std::stringstream dl(o.dtypes);
-  for (std::string d; std::getline(dl, d, ',');) dtypes.push_back(parse_kv_dtype(d));
+  for (std::string d; std::getline(dl, d, ',');) {
+    if (d == "bf16-amx") {
+      if (amx_bf16_available()) {
+        variants.push_back({d, KvDtype::bf16, KernelPath::amx_bf16});
+      } else {
+        std::printf("bf16-amx: not measured (no AMX-BF16 on this CPU or OS)\n");
+      }
+      continue;
+    }
+    const KvDtype dtype = parse_kv_dtype(d);
+    variants.push_back({std::string(to_string(dtype)), dtype, KernelPath::automatic});
+  }
   const double gemm = measure_sgemm_gflops(o.threads);
   const double read = measure_read_gbps(o.threads);
   openblas_set_num_threads(o.threads);
@@ -81,7 +98,7 @@ void bench_attention(const AttentionBenchOptions& o) {
   std::printf(
       "peer: two OpenBLAS sgemms + softmax on contiguous fp32 rows; PyTorch: not measured "
       "(python3-torch is not installed)\n");
-  std::printf("%3s %7s %4s %5s | %9s %9s %6s %8s %6s | %9s %7s\n", "B", "S", "Hq", "KV", "ms",
+  std::printf("%3s %7s %4s %8s | %9s %9s %6s %8s %6s | %9s %7s\n", "B", "S", "Hq", "KV", "ms",
               "GFLOP/s", "%gemm", "KV GB/s", "%read", "peer ms", "speedup");
   std::ofstream csv;
   if (!o.csv.empty()) {
@@ -116,7 +133,8 @@ void bench_attention(const AttentionBenchOptions& o) {
           peer_ms.push_back(ms_since(t0));
         }
         const double peer_t = median(peer_ms);
-        for (KvDtype dtype : dtypes) {
+        for (const Variant& variant : variants) {
+          const KvDtype dtype = variant.dtype;
           if (dtype == KvDtype::bf16 && kv16.empty()) {
             kv16.resize(pool32.size());
             for (std::size_t i = 0; i < pool32.size(); ++i) kv16[i] = float_to_bf16(pool32[i]);
@@ -142,6 +160,7 @@ void bench_attention(const AttentionBenchOptions& o) {
           p.page_table_stride = static_cast<int>(pages_per);
           p.local_len = local_len.data();
           p.num_threads = o.threads;
+          p.kernel = variant.kernel;
           p.out = out.data();
           p.lse = lse.data();
           mla_attention(p);
@@ -155,19 +174,19 @@ void bench_attention(const AttentionBenchOptions& o) {
           const double flops = 2.0 * (576 + 512) * static_cast<double>(h * ctx * batch);
           const double bytes = static_cast<double>(batch * ctx) * 576 * dtype_size(dtype);
           const double gflops = flops / t / 1e6, gbps = bytes / t / 1e6;
-          std::printf("%3lld %7lld %4lld %5s | %9.2f %9.1f %5.0f%% %8.1f %5.0f%% | %9.2f %6.2fx\n",
+          std::printf("%3lld %7lld %4lld %8s | %9.2f %9.1f %5.0f%% %8.1f %5.0f%% | %9.2f %6.2fx\n",
                       static_cast<long long>(batch), static_cast<long long>(ctx),
-                      static_cast<long long>(h), std::string(to_string(dtype)).c_str(), t, gflops,
+                      static_cast<long long>(h), variant.label.c_str(), t, gflops,
                       100 * gflops / gemm, gbps, 100 * gbps / read, peer_t, peer_t / t);
           std::fflush(stdout);
           if (csv.is_open()) {
-            csv << batch << "," << ctx << "," << h << "," << to_string(dtype) << "," << o.threads
+            csv << batch << "," << ctx << "," << h << "," << variant.label << "," << o.threads
                 << "," << t << "," << gflops << "," << gflops / gemm << "," << gbps << ","
                 << gbps / read << "," << peer_t << "," << peer_t / t << "," << gemm << "," << read
                 << "\n";
           }
           if (batch == batches.front() && ctx == contexts.back()) {
-            const std::string name = str("S=", ctx, " B=", batch, " ", to_string(dtype));
+            const std::string name = str("S=", ctx, " B=", batch, " ", variant.label);
             auto it = std::find_if(series.begin(), series.end(),
                                    [&](const Series& x) { return x.name == name; });
             if (it == series.end()) {

@@ -32,7 +32,10 @@ void add_bench_command(CLI::App& app) {
   att->add_option("--contexts", ao->contexts, "rank-local context lengths")->capture_default_str();
   att->add_option("--heads", ao->heads, "query heads")->capture_default_str();
   att->add_option("--batches", ao->batches, "requests per call")->capture_default_str();
-  att->add_option("--dtypes", ao->dtypes, "KV dtypes")->capture_default_str();
+  att->add_option("--dtypes", ao->dtypes,
+                  "KV dtypes on the fastest exact path (fp32, bf16), or bf16-amx: bf16 KV on the "
+                  "opt-in AMX path")
+      ->capture_default_str();
   att->add_option("--threads", ao->threads, "threads (kernel split-KV and BLAS alike)")
       ->capture_default_str();
   att->add_option("--repeats", ao->repeats, "timed calls per point (median)")

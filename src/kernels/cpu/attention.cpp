@@ -98,6 +98,7 @@ std::string_view to_string(KernelPath k) noexcept {
     case KernelPath::portable: return "portable";
     case KernelPath::avx2: return "avx2";
     case KernelPath::avx512: return "avx512";
+    case KernelPath::amx_bf16: return "amx_bf16";
   }
   return "?";
 }
@@ -110,6 +111,8 @@ std::vector<KernelPath> available_kernel_paths() {
   if (__builtin_cpu_supports("avx512f")) paths.push_back(KernelPath::avx512);
   return paths;
 }
+
+bool amx_bf16_available() { return kernels::amx_bf16_supported(); }
 
 namespace kernels {
 namespace {
@@ -268,7 +271,15 @@ RowSet visible_rows(const MlaAttentionParams& p, int b, std::int64_t t,
 
 using RunFn = void (*)(const MlaAttentionParams&, const Task*, std::size_t);
 
-RunFn select(KernelPath k) {
+RunFn select(KernelPath k, KvDtype kv_dtype) {
+  if (k == KernelPath::amx_bf16) {
+    DCP_CHECK(amx_bf16_available(), unsupported,
+              "kernel path amx_bf16 is not available: it needs a CPU with AMX-BF16 and an OS "
+              "that grants the tile state");
+    DCP_ARG_CHECK(kv_dtype == KvDtype::bf16, "kernel path amx_bf16 needs kv_dtype bf16, got ",
+                  to_string(kv_dtype));
+    return kernels::run_amx_bf16;
+  }
   const auto avail = available_kernel_paths();
   if (k == KernelPath::automatic) k = avail.back();
   DCP_CHECK(std::find(avail.begin(), avail.end(), k) != avail.end(), unsupported, "kernel path ",
@@ -287,7 +298,7 @@ constexpr std::int64_t kMinRowsPerSplit = 1024;  // below this a split costs mor
 void mla_attention(const MlaAttentionParams& p) {
   validate(p);
   DCP_ARG_CHECK(p.num_threads >= 1, "num_threads = ", p.num_threads, " must be >= 1");
-  const RunFn run = select(p.kernel);
+  const RunFn run = select(p.kernel, p.kv_dtype);
   const int heads = p.num_heads, dc = p.kv_lora_rank;
   const std::int64_t tokens = num_query_tokens(p);
 

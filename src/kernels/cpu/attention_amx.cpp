@@ -1,0 +1,285 @@
+// The AMX path for bf16 KV (KernelPath::amx_bf16): both products of a KV tile run on the AMX
+// tile unit (TDPBF16PS: bf16 pairs, fp32 accumulation), the online softmax on AVX-512 with the
+// heads in the lanes. Like GPU MLA kernels it rounds the scaled query and the probabilities to
+// bf16; the LSE keeps fp32 probabilities. Compiled with AMX and AVX-512 flags (src/CMakeLists.txt)
+// and called only when amx_bf16_available().
+//
+//   scores  C[16 rows][16 heads]  += K tile [16 rows][32 cols]   x Qv [16 col pairs][16 heads]
+//   values  C[16 heads][16 cols]  += Pt     [16 heads][32 rows]  x Vv [16 row pairs][16 cols]
+//
+// Qv (query pairs, VNNI layout) is packed once per task; K rows are copied into a zero-padded
+// tile buffer; Vv interleaves the words of row pairs; Pt is the probabilities transposed.
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "attention_tasks.h"
+#include "dcp/merge.h"
+#include "simd.h"
+
+namespace dcp::kernels {
+namespace {
+
+constexpr int kTileRows = 64;  // KV rows per tile: two 32-row K chunks of the value product
+
+struct TileConfig {  // the LDTILECFG memory layout, palette 1
+  std::uint8_t palette = 1, start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t bytes_per_row[16] = {};
+  std::uint8_t rows[16] = {};
+};
+
+// tmm0: accumulator, tmm1: A, tmm2: B; all 16 rows x 64 bytes.
+void configure_tiles() {
+  TileConfig c;
+  for (int t = 0; t < 3; ++t) {
+    c.bytes_per_row[t] = 64;
+    c.rows[t] = 16;
+  }
+  _tile_loadconfig(&c);
+}
+
+std::uint16_t to_bf16(float f) {
+  return float_to_bf16(f);
+}
+
+class AmxKernel {
+ public:
+  explicit AmxKernel(const MlaAttentionParams& p)
+      : p_(p),
+        heads_(p.num_heads),
+        lanes_((p.num_heads + 15) / 16 * 16),
+        dc_(p.kv_lora_rank),
+        dcp_((p.kv_lora_rank + 15) / 16 * 16),
+        width_(p.kv_lora_rank + p.rope_dim),
+        wp_((p.kv_lora_rank + p.rope_dim + 31) / 32 * 32),
+        qv_(static_cast<std::size_t>(wp_ / 2) * lanes_),
+        kbuf_(static_cast<std::size_t>(kTileRows) * wp_),
+        s_(static_cast<std::size_t>(kTileRows) * lanes_),
+        pt_(static_cast<std::size_t>(lanes_) * kTileRows),
+        vv_(static_cast<std::size_t>(kTileRows / 2) * dcp_),
+        acc_(static_cast<std::size_t>(lanes_) * dcp_),
+        m_(lanes_),
+        l_(lanes_),
+        corr_(lanes_) {}
+
+  void run(const Task& task) {
+    pack_query(p_.q + task.t * heads_ * width_);
+    std::fill(acc_.begin(), acc_.end(), 0.0f);
+    std::fill(m_.begin(), m_.end(), kNegInf);
+    std::fill(l_.begin(), l_.end(), 0.0f);
+    for (std::int64_t start = task.first; start < task.last; start += kTileRows) {
+      const int n = static_cast<int>(std::min<std::int64_t>(kTileRows, task.last - start));
+      load_tile(task.b, task.rows, start, n);
+      scores(n);
+      softmax(n);
+      values(n);
+    }
+    finish(task.out, task.lse, task.add_sinks);
+  }
+
+ private:
+  using S = Simd<16>;
+  using vec = S::vec;
+
+  // Qv[c][h] = the bf16 pair (q[h][2c], q[h][2c+1]) * scale; zero past the width and the heads.
+  void pack_query(const float* q) {
+    std::fill(qv_.begin(), qv_.end(), 0u);
+    for (int h = 0; h < heads_; ++h) {
+      const float* qh = q + static_cast<std::size_t>(h) * width_;
+      for (int d = 0; d < width_; ++d) {
+        const std::uint32_t word = to_bf16(qh[d] * p_.softmax_scale);
+        qv_[static_cast<std::size_t>(d / 2) * lanes_ + h] |= d % 2 ? word << 16 : word;
+      }
+    }
+  }
+
+  // Rows into kbuf_ (bf16, zero-padded to wp_ columns; rows past n are zero), then the value
+  // operand: Vv[i][d] = the pair (V[2i][d], V[2i+1][d]).
+  void load_tile(int b, const RowSet& rows, std::int64_t start, int n) {
+    const bf16_t* pool = static_cast<const bf16_t*>(p_.kv);
+    for (int j = 0; j < kTileRows; ++j) {
+      std::uint16_t* dst = kbuf_.data() + static_cast<std::size_t>(j) * wp_;
+      if (j < n) {
+        std::memcpy(dst, pool + physical_row(p_, b, rows.at(start + j)) * width_, width_ * 2);
+        std::fill(dst + width_, dst + wp_, std::uint16_t{0});
+      } else {
+        std::fill(dst, dst + wp_, std::uint16_t{0});
+      }
+    }
+    // Word interleave of two rows: output word 2k is a[k], 2k+1 is b[k].
+    alignas(64) std::uint16_t lo_idx[32], hi_idx[32];
+    for (int k = 0; k < 16; ++k) {
+      lo_idx[2 * k] = static_cast<std::uint16_t>(k);
+      lo_idx[2 * k + 1] = static_cast<std::uint16_t>(32 + k);
+      hi_idx[2 * k] = static_cast<std::uint16_t>(16 + k);
+      hi_idx[2 * k + 1] = static_cast<std::uint16_t>(48 + k);
+    }
+    const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_load_si512(hi_idx);
+    for (int i = 0; i < (n + 1) / 2; ++i) {
+      const std::uint16_t* a = kbuf_.data() + static_cast<std::size_t>(2 * i) * wp_;
+      const std::uint16_t* c = a + wp_;
+      std::uint32_t* out = vv_.data() + static_cast<std::size_t>(i) * dcp_;
+      int d = 0;
+      for (; d + 32 <= dc_; d += 32) {
+        const __m512i va = _mm512_loadu_si512(a + d), vc = _mm512_loadu_si512(c + d);
+        _mm512_storeu_si512(out + d, _mm512_permutex2var_epi16(va, lo, vc));
+        _mm512_storeu_si512(out + d + 16, _mm512_permutex2var_epi16(va, hi, vc));
+      }
+      for (; d < dcp_; ++d) {
+        out[d] = d < dc_ ? static_cast<std::uint32_t>(a[d]) | static_cast<std::uint32_t>(c[d]) << 16
+                         : 0u;
+      }
+    }
+    for (int i = (n + 1) / 2; i < kTileRows / 2; ++i) {
+      std::fill_n(vv_.data() + static_cast<std::size_t>(i) * dcp_, dcp_, 0u);
+    }
+  }
+
+  // S[j][h] for the tile's 16-row blocks that hold rows.
+  void scores(int n) {
+    const int row_blocks = (n + 15) / 16;
+    for (int hb = 0; hb < lanes_; hb += 16) {
+      for (int rb = 0; rb < row_blocks; ++rb) {
+        _tile_zero(0);
+        for (int c = 0; c < wp_; c += 32) {
+          _tile_loadd(1, kbuf_.data() + static_cast<std::size_t>(rb) * 16 * wp_ + c, wp_ * 2);
+          _tile_loadd(2, qv_.data() + static_cast<std::size_t>(c / 2) * lanes_ + hb, lanes_ * 4);
+          _tile_dpbf16ps(0, 1, 2);
+        }
+        _tile_stored(0, s_.data() + static_cast<std::size_t>(rb) * 16 * lanes_ + hb, lanes_ * 4);
+      }
+    }
+    if (p_.softcap > 0) {
+      for (int j = 0; j < n; ++j) {
+        float* s = s_.data() + static_cast<std::size_t>(j) * lanes_;
+        for (int h = 0; h < heads_; ++h) s[h] = p_.softcap * std::tanh(s[h] / p_.softcap);
+      }
+    }
+  }
+
+  // Online softmax with heads in lanes; P goes to pt_ transposed and in bf16 (zero past n).
+  void softmax(int n) {
+    for (int v = 0; v < lanes_; v += 16) {
+      vec mx = S::load(s_.data() + v);
+      for (int j = 1; j < n; ++j) {
+        const vec x = S::load(s_.data() + static_cast<std::size_t>(j) * lanes_ + v);
+        mx = x > mx ? x : mx;
+      }
+      const vec m_old = S::load(m_.data() + v);
+      const vec m_new = mx > m_old ? mx : m_old;
+      const vec c = S::exp(m_old - m_new);  // m_old = -inf: ~1e-38 times an O and l of 0
+      vec sum = S::splat(0.0f);
+      alignas(64) float e[16];
+      for (int j = 0; j < kTileRows; ++j) {
+        if (j < n) {
+          const vec x =
+              S::exp(S::load(s_.data() + static_cast<std::size_t>(j) * lanes_ + v) - m_new);
+          sum += x;
+          S::store(e, x);
+          for (int i = 0; i < 16; ++i)
+            pt_[static_cast<std::size_t>(v + i) * kTileRows + j] = to_bf16(e[i]);
+        } else {
+          for (int i = 0; i < 16; ++i) pt_[static_cast<std::size_t>(v + i) * kTileRows + j] = 0;
+        }
+      }
+      S::store(m_.data() + v, m_new);
+      S::store(l_.data() + v, S::load(l_.data() + v) * c + sum);
+      S::store(corr_.data() + v, c);
+    }
+  }
+
+  // O[h][d] = O[h][d] * corr[h] + sum_j P[h][j] V[j][d]; the rescale only where the max moved.
+  void values(int n) {
+    for (int h = 0; h < lanes_; ++h) {
+      if (corr_[h] == 1.0f) continue;
+      float* o = acc_.data() + static_cast<std::size_t>(h) * dcp_;
+      const vec c = S::splat(corr_[h]);
+      for (int d = 0; d < dcp_; d += 16) S::store(o + d, S::load(o + d) * c);
+    }
+    const int chunks = (n + 31) / 32;
+    for (int hb = 0; hb < lanes_; hb += 16) {
+      for (int db = 0; db < dcp_; db += 16) {
+        float* o = acc_.data() + static_cast<std::size_t>(hb) * dcp_ + db;
+        _tile_loadd(0, o, dcp_ * 4);
+        for (int k = 0; k < chunks; ++k) {
+          _tile_loadd(1, pt_.data() + static_cast<std::size_t>(hb) * kTileRows + k * 32,
+                      kTileRows * 2);
+          _tile_loadd(2, vv_.data() + static_cast<std::size_t>(k) * 16 * dcp_ + db, dcp_ * 4);
+          _tile_dpbf16ps(0, 1, 2);
+        }
+        _tile_stored(0, o, dcp_ * 4);
+      }
+    }
+  }
+
+  void finish(float* out, float* lse, bool add_sinks) {
+    for (int h = 0; h < heads_; ++h) {
+      float scale = 1.0f;
+      if (add_sinks && p_.sinks && p_.sinks[h] != kNegInf) {  // one extra logit with no value
+        const float s = p_.sinks[h];
+        const float m_new = std::max(m_[h], s);
+        if (m_[h] != kNegInf) {
+          scale = std::exp(m_[h] - m_new);
+          l_[h] *= scale;
+        }
+        l_[h] += std::exp(s - m_new);
+        m_[h] = m_new;
+      }
+      float* o = out + static_cast<std::size_t>(h) * dc_;
+      if (l_[h] == 0.0f) {
+        std::fill(o, o + dc_, 0.0f);
+        lse[h] = kNegInf;
+        continue;
+      }
+      const float f = scale / l_[h];
+      const float* acc = acc_.data() + static_cast<std::size_t>(h) * dcp_;
+      for (int d = 0; d < dc_; ++d) o[d] = acc[d] * f;
+      lse[h] = m_[h] + std::log(l_[h]);
+    }
+  }
+
+  const MlaAttentionParams& p_;
+  int heads_, lanes_, dc_, dcp_, width_, wp_;
+  std::vector<std::uint32_t> qv_;    // [wp/2, lanes] query pairs
+  std::vector<std::uint16_t> kbuf_;  // [kTileRows, wp] the tile's rows, zero-padded
+  std::vector<float> s_;             // [kTileRows, lanes] scores
+  std::vector<std::uint16_t> pt_;    // [lanes, kTileRows] probabilities, transposed, bf16
+  std::vector<std::uint32_t> vv_;    // [kTileRows/2, dcp] row pairs of the value columns
+  std::vector<float> acc_;           // [lanes, dcp] unnormalised output
+  std::vector<float> m_, l_, corr_;  // [lanes]
+};
+
+}  // namespace
+
+bool amx_bf16_supported() {
+  // CPUID.(7,0):EDX bit 22 AMX-BF16, bit 24 AMX-TILE; CPUID.(7,1):EAX bit 5 AVX512-BF16 (not
+  // needed) - plus the kernel's permission to use the tile data state (Linux >= 5.16).
+  static const bool ok = [] {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw")) return false;
+    unsigned a, b, c, d;
+    __asm__("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(7), "c"(0));
+    if (!(d & (1u << 22)) || !(d & (1u << 24))) return false;
+    constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return ok;
+}
+
+void run_amx_bf16(const MlaAttentionParams& p, const Task* tasks, std::size_t n) {
+  configure_tiles();  // per thread: the tile configuration is thread state
+  {
+    AmxKernel k(p);
+    for (std::size_t i = 0; i < n; ++i) k.run(tasks[i]);
+  }
+  _tile_release();
+}
+
+}  // namespace dcp::kernels
