@@ -34,10 +34,11 @@ struct Hardware {
 Hardware hardware_preset(const std::string& name) {
   if (name == "this-cpu") {
     // Measured on the development VM, one core per rank (dcp bench attention, 2026-11-29):
-    // ~80 GFLOP/s for many heads, ~9.5 GB/s KV read for few; collectives between thread ranks
+    // ~140 GFLOP/s for many heads (heads-in-lanes kernel, second session; 80 before it),
+    // ~9.5 GB/s KV read for few; collectives between thread ranks
     // (dcp run decode split) cost ~0.3 ms each, mostly scheduling on 2 cores.
     return {name,
-            80e9,
+            140e9,
             9.5e9,
             5e9,
             300e-6,
