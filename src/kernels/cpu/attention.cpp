@@ -1,7 +1,8 @@
 // Local absorbed-MLA attention on the CPU: validation, the visible rows of each query token,
 // the work split (tokens, and KV ranges for split-KV), and the choice of kernel path: the
-// portable baseline here, or the tiled SIMD kernel (attention_simd.h) built for AVX2 and
-// AVX-512 and chosen at run time.
+// portable baseline here, the SIMD kernels (attention_rows.h for few heads, attention_lanes.h
+// for many) built for AVX2 and AVX-512 and chosen at run time, or the opt-in AMX path
+// (attention_amx.cpp).
 #include "dcp/attention.h"
 
 #include <algorithm>
