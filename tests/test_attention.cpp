@@ -99,6 +99,25 @@ RankOutput run_rank(const MlaAttentionParams& p, KernelPath kernel = KernelPath:
   return r;
 }
 
+// The float64 reference for one rank's params (it validates them, so it gets scratch outputs).
+ref::AttentionResult local_reference(MlaAttentionParams p) {
+  const std::int64_t tokens = num_query_tokens(p);
+  std::vector<float> out(static_cast<std::size_t>(tokens) * p.num_heads * p.kv_lora_rank),
+      lse(static_cast<std::size_t>(tokens) * p.num_heads);
+  p.out = out.data();
+  p.lse = lse.data();
+  return ref::mla_attention_local(p);
+}
+
+// An exact path against the reference: fp32 tolerances for O, tighter for the LSE.
+::testing::AssertionResult matches_reference(const RankOutput& got,
+                                             const ref::AttentionResult& expect,
+                                             const std::string& what) {
+  auto o = test::close(got.out, expect.out, test::kFp32Tol, (what + " O").c_str());
+  if (!o) return o;
+  return test::close(got.lse, expect.lse, {1e-12, 1e-5}, (what + " LSE").c_str());
+}
+
 TEST(Attention, KernelMatchesLocalReference) {
   auto rng = test::make_rng();
   for (KernelPath kernel : available_kernel_paths()) {
@@ -113,20 +132,12 @@ TEST(Attention, KernelMatchesLocalReference) {
             const auto shards = test::stripe(in, n, 1, page, dtype, rng);
             for (int r = 0; r < n; ++r) {
               MlaAttentionParams p = test::shard_params(in, shards[r], dtype, page, n, r, 1);
-              RankOutput got = run_rank(p, kernel, threads);
-              p.out = nullptr;
-              p.lse = nullptr;
-              MlaAttentionParams pr = p;
-              std::vector<float> dummy_out(got.out.size()), dummy_lse(got.lse.size());
-              pr.out = dummy_out.data();
-              pr.lse = dummy_lse.data();
-              const ref::AttentionResult expect = ref::mla_attention_local(pr);
+              const RankOutput got = run_rank(p, kernel, threads);
               const std::string what = std::string(to_string(kernel)) + " threads " +
                                        std::to_string(threads) + " " + name(v) + " " +
                                        std::string(to_string(dtype)) + " N=" + std::to_string(n) +
                                        " r=" + std::to_string(r);
-              ASSERT_TRUE(test::close(got.out, expect.out, test::kFp32Tol, (what + " O").c_str()));
-              ASSERT_TRUE(test::close(got.lse, expect.lse, {1e-12, 1e-5}, (what + " LSE").c_str()));
+              ASSERT_TRUE(matches_reference(got, local_reference(p), what));
             }
           }
         }
@@ -150,19 +161,13 @@ TEST(Attention, EveryKernelPathWithSplitKvOnLongContexts) {
     apply_variant(Variant::sinks, in, rng);
     const auto shards = test::stripe(in, 2, 1, 64, dtype, rng);
     MlaAttentionParams p = test::shard_params(in, shards[1], dtype, 64, 2, 1, 1);
-    std::vector<float> o(static_cast<std::size_t>(3) * spec.heads * 512),
-        l(static_cast<std::size_t>(3) * spec.heads);
-    MlaAttentionParams pr = p;
-    pr.out = o.data();
-    pr.lse = l.data();
-    const ref::AttentionResult expect = ref::mla_attention_local(pr);
+    const ref::AttentionResult expect = local_reference(p);
     for (KernelPath kernel : available_kernel_paths()) {
       for (int threads : {1, 4}) {
         const RankOutput got = run_rank(p, kernel, threads);
         const std::string what = std::string(to_string(kernel)) + " threads " +
                                  std::to_string(threads) + " " + std::string(to_string(dtype));
-        EXPECT_TRUE(test::close(got.out, expect.out, test::kFp32Tol, (what + " O").c_str()));
-        EXPECT_TRUE(test::close(got.lse, expect.lse, {1e-12, 1e-5}, (what + " LSE").c_str()));
+        EXPECT_TRUE(matches_reference(got, expect, what));
       }
     }
   }
@@ -193,21 +198,14 @@ TEST(Attention, EveryHeadCountAndWidthOnEveryPath) {
       const auto shards = test::stripe(in, 3, 1, page, dtype, rng);
       const int r = static_cast<int>(rng.range(0, 2));
       MlaAttentionParams p = test::shard_params(in, shards[r], dtype, page, 3, r, 1);
-      const std::int64_t tokens = num_query_tokens(p);
-      std::vector<float> o(static_cast<std::size_t>(tokens) * heads * w.dc),
-          l(static_cast<std::size_t>(tokens) * heads);
-      MlaAttentionParams pr = p;
-      pr.out = o.data();
-      pr.lse = l.data();
-      const ref::AttentionResult expect = ref::mla_attention_local(pr);
+      const ref::AttentionResult expect = local_reference(p);
       for (KernelPath kernel : available_kernel_paths()) {
         const RankOutput got = run_rank(p, kernel);
         const std::string what = std::string(to_string(kernel)) + " heads " +
                                  std::to_string(heads) + " width " + std::to_string(w.dc) + "+" +
                                  std::to_string(w.dr) + " " + name(v) + " " +
                                  std::string(to_string(dtype));
-        ASSERT_TRUE(test::close(got.out, expect.out, test::kFp32Tol, (what + " O").c_str()));
-        ASSERT_TRUE(test::close(got.lse, expect.lse, {1e-12, 1e-5}, (what + " LSE").c_str()));
+        ASSERT_TRUE(matches_reference(got, expect, what));
       }
     }
   }
@@ -245,13 +243,7 @@ TEST(Attention, AmxPathIsWithinItsBf16RoundingOfTheReference) {
       const auto shards = test::stripe(in, 3, 1, page, KvDtype::bf16, rng);
       const int r = static_cast<int>(rng.range(0, 2));
       MlaAttentionParams p = test::shard_params(in, shards[r], KvDtype::bf16, page, 3, r, 1);
-      const std::int64_t tokens = num_query_tokens(p);
-      std::vector<float> o(static_cast<std::size_t>(tokens) * heads * w.dc),
-          l(static_cast<std::size_t>(tokens) * heads);
-      MlaAttentionParams pr = p;
-      pr.out = o.data();
-      pr.lse = l.data();
-      const ref::AttentionResult expect = ref::mla_attention_local(pr);
+      const ref::AttentionResult expect = local_reference(p);
       for (int threads : {1, 3}) {
         const RankOutput got = run_rank(p, KernelPath::amx_bf16, threads);
         const std::string what = "heads " + std::to_string(heads) + " width " +

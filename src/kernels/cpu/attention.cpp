@@ -113,7 +113,9 @@ std::vector<KernelPath> available_kernel_paths() {
   return paths;
 }
 
-bool amx_bf16_available() { return kernels::amx_bf16_supported(); }
+bool amx_bf16_available() {
+  return kernels::amx_bf16_supported();
+}
 
 namespace kernels {
 namespace {
@@ -188,29 +190,7 @@ class PortableKernel {
         }
       }
     }
-    for (int h = 0; h < heads; ++h) {
-      float* acc = acc_.data() + h * dc;
-      if (task.add_sinks && p_.sinks && p_.sinks[h] != kNegInf) {  // one extra logit with no value
-        const float s = p_.sinks[h];
-        const float m_new = std::max(m_[h], s);
-        if (m_[h] != kNegInf) {
-          const float c = std::exp(m_[h] - m_new);
-          l_[h] *= c;
-          scale_inplace(acc, c, dc);
-        }
-        l_[h] += std::exp(s - m_new);
-        m_[h] = m_new;
-      }
-      float* o = task.out + h * dc;
-      if (l_[h] == 0.0f) {
-        std::fill(o, o + dc, 0.0f);
-        task.lse[h] = kNegInf;
-        continue;
-      }
-      const float inv = 1.0f / l_[h];
-      for (int d = 0; d < dc; ++d) o[d] = acc[d] * inv;
-      task.lse[h] = m_[h] + std::log(l_[h]);
-    }
+    write_task_state(p_, task, acc_.data(), dc, m_.data(), l_.data());
   }
 
  private:
@@ -232,6 +212,24 @@ class PortableKernel {
 };
 
 }  // namespace
+
+void write_task_state(const MlaAttentionParams& p, const Task& task, const float* acc,
+                      std::size_t acc_stride, const float* m, const float* l) {
+  const int heads = p.num_heads, dc = p.kv_lora_rank;
+  for (int h = 0; h < heads; ++h) {
+    float* o = task.out + static_cast<std::size_t>(h) * dc;
+    if (l[h] == 0.0f) {
+      std::fill(o, o + dc, 0.0f);
+      task.lse[h] = kNegInf;
+      continue;
+    }
+    const float inv = 1.0f / l[h];
+    const float* a = acc + h * acc_stride;
+    for (int d = 0; d < dc; ++d) o[d] = a[d] * inv;
+    task.lse[h] = m[h] + std::log(l[h]);
+  }
+  if (task.add_sinks && p.sinks) merge_sink(task.out, task.lse, p.sinks, heads, dc);
+}
 
 void run_portable(const MlaAttentionParams& p, const Task* tasks, std::size_t n) {
   PortableKernel k(p);

@@ -45,9 +45,20 @@ void configure_tiles() {
   _tile_loadconfig(&c);
 }
 
-std::uint16_t to_bf16(float f) {
-  return float_to_bf16(f);
-}
+// Word interleave of two rows of 32 words (vpermt2w indices): output word 2k is a[k] and 2k+1
+// is b[k], for k over the low (lo) or the high (hi) 16 words.
+struct InterleaveIndices {
+  alignas(64) std::uint16_t lo[32], hi[32];
+  constexpr InterleaveIndices() : lo{}, hi{} {
+    for (int k = 0; k < 16; ++k) {
+      lo[2 * k] = static_cast<std::uint16_t>(k);
+      lo[2 * k + 1] = static_cast<std::uint16_t>(32 + k);
+      hi[2 * k] = static_cast<std::uint16_t>(16 + k);
+      hi[2 * k + 1] = static_cast<std::uint16_t>(48 + k);
+    }
+  }
+};
+constexpr InterleaveIndices kInterleave;
 
 class AmxKernel {
  public:
@@ -81,7 +92,7 @@ class AmxKernel {
       softmax(n);
       values(n);
     }
-    finish(task.out, task.lse, task.add_sinks);
+    write_task_state(p_, task, acc_.data(), dcp_, m_.data(), l_.data());
   }
 
  private:
@@ -94,7 +105,7 @@ class AmxKernel {
     for (int h = 0; h < heads_; ++h) {
       const float* qh = q + static_cast<std::size_t>(h) * width_;
       for (int d = 0; d < width_; ++d) {
-        const std::uint32_t word = to_bf16(qh[d] * p_.softmax_scale);
+        const std::uint32_t word = float_to_bf16(qh[d] * p_.softmax_scale);
         qv_[static_cast<std::size_t>(d / 2) * lanes_ + h] |= d % 2 ? word << 16 : word;
       }
     }
@@ -113,15 +124,7 @@ class AmxKernel {
         std::fill(dst, dst + wp_, std::uint16_t{0});
       }
     }
-    // Word interleave of two rows: output word 2k is a[k], 2k+1 is b[k].
-    alignas(64) std::uint16_t lo_idx[32], hi_idx[32];
-    for (int k = 0; k < 16; ++k) {
-      lo_idx[2 * k] = static_cast<std::uint16_t>(k);
-      lo_idx[2 * k + 1] = static_cast<std::uint16_t>(32 + k);
-      hi_idx[2 * k] = static_cast<std::uint16_t>(16 + k);
-      hi_idx[2 * k + 1] = static_cast<std::uint16_t>(48 + k);
-    }
-    const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_load_si512(hi_idx);
+    const __m512i lo = _mm512_load_si512(kInterleave.lo), hi = _mm512_load_si512(kInterleave.hi);
     for (int i = 0; i < (n + 1) / 2; ++i) {
       const std::uint16_t* a = kbuf_.data() + static_cast<std::size_t>(2 * i) * wp_;
       const std::uint16_t* c = a + wp_;
@@ -184,7 +187,7 @@ class AmxKernel {
           sum += x;
           S::store(e, x);
           for (int i = 0; i < 16; ++i)
-            pt_[static_cast<std::size_t>(v + i) * kTileRows + j] = to_bf16(e[i]);
+            pt_[static_cast<std::size_t>(v + i) * kTileRows + j] = float_to_bf16(e[i]);
         } else {
           for (int i = 0; i < 16; ++i) pt_[static_cast<std::size_t>(v + i) * kTileRows + j] = 0;
         }
@@ -216,32 +219,6 @@ class AmxKernel {
         }
         _tile_stored(0, o, dcp_ * 4);
       }
-    }
-  }
-
-  void finish(float* out, float* lse, bool add_sinks) {
-    for (int h = 0; h < heads_; ++h) {
-      float scale = 1.0f;
-      if (add_sinks && p_.sinks && p_.sinks[h] != kNegInf) {  // one extra logit with no value
-        const float s = p_.sinks[h];
-        const float m_new = std::max(m_[h], s);
-        if (m_[h] != kNegInf) {
-          scale = std::exp(m_[h] - m_new);
-          l_[h] *= scale;
-        }
-        l_[h] += std::exp(s - m_new);
-        m_[h] = m_new;
-      }
-      float* o = out + static_cast<std::size_t>(h) * dc_;
-      if (l_[h] == 0.0f) {
-        std::fill(o, o + dc_, 0.0f);
-        lse[h] = kNegInf;
-        continue;
-      }
-      const float f = scale / l_[h];
-      const float* acc = acc_.data() + static_cast<std::size_t>(h) * dcp_;
-      for (int d = 0; d < dc_; ++d) o[d] = acc[d] * f;
-      lse[h] = m_[h] + std::log(l_[h]);
     }
   }
 

@@ -50,7 +50,7 @@ class RowKernel {
       scores(q, n);
       softmax_and_values(n);
     }
-    finish(task.out, task.lse, task.add_sinks);
+    write_task_state(p_, task, acc_.data(), dc_, m_.data(), l_.data());
   }
 
  private:
@@ -183,32 +183,6 @@ class RowKernel {
     for (int i = 0; i < HB; ++i) {
       for (int k = 0; k < 4; ++k)
         S::store(acc_.data() + static_cast<std::size_t>(h0 + i) * dc_ + d0 + k * V, a[i][k]);
-    }
-  }
-
-  void finish(float* out, float* lse, bool add_sinks) {
-    for (int h = 0; h < heads_; ++h) {
-      float* acc = acc_.data() + static_cast<std::size_t>(h) * dc_;
-      if (add_sinks && p_.sinks && p_.sinks[h] != kNegInf) {  // one extra logit with no value
-        const float s = p_.sinks[h];
-        const float m_new = std::max(m_[h], s);
-        if (m_[h] != kNegInf) {
-          const float c = std::exp(m_[h] - m_new);
-          l_[h] *= c;
-          for (int d = 0; d < dc_; ++d) acc[d] *= c;
-        }
-        l_[h] += std::exp(s - m_new);
-        m_[h] = m_new;
-      }
-      float* o = out + static_cast<std::size_t>(h) * dc_;
-      if (l_[h] == 0.0f) {
-        std::fill(o, o + dc_, 0.0f);
-        lse[h] = kNegInf;
-        continue;
-      }
-      const float inv = 1.0f / l_[h];
-      for (int d = 0; d < dc_; ++d) o[d] = acc[d] * inv;
-      lse[h] = m_[h] + std::log(l_[h]);
     }
   }
 

@@ -29,16 +29,22 @@ struct Task {
   bool add_sinks = false;
 };
 
-// From this many query heads the SIMD paths use the heads-in-lanes kernel (attention_lanes.h);
-// below it, the row-wise one (attention_rows.h). Measured with `dcp bench attention`.
-constexpr int kLaneKernelMinHeads = 8;
-
-// The physical row of request b's local row in the paged pool.
+// The physical row of request b's local row in the paged pool. Internal linkage: the per-ISA
+// files include this, and one shared inline copy could carry another file's instructions.
+namespace {
 inline std::int64_t physical_row(const MlaAttentionParams& p, int b, std::int64_t local_row) {
   const std::int64_t page =
       p.page_table[b * static_cast<std::int64_t>(p.page_table_stride) + local_row / p.page_size];
   return page * p.page_size + local_row % p.page_size;
 }
+}  // namespace
+
+// Writes a task's (O, LSE) from the online-softmax state every kernel ends with: running max m,
+// denominator l and unnormalised output acc ([heads, acc_stride]) per head. out = acc / l and
+// lse = m + log l, or 0 and -inf where no row was visible; then the sink, if the task carries
+// it, as the merge of a valueless state (merge_sink).
+void write_task_state(const MlaAttentionParams& p, const Task& task, const float* acc,
+                      std::size_t acc_stride, const float* m, const float* l);
 
 // Each runs tasks sequentially on the calling thread.
 void run_portable(const MlaAttentionParams& p, const Task* tasks, std::size_t n);
