@@ -16,21 +16,9 @@
 #include <vector>
 
 #include "dcp/dtype.h"
+#include "dcp/kernel_path.h"
 
 namespace dcp {
-
-// Implementations of the local kernel. `automatic` picks the fastest exact path this CPU runs;
-// the others force one (tests check each against the float64 reference).
-//
-// `amx_bf16` is opt-in and never automatic: for bf16 KV only, it runs both products on AMX
-// tiles and, like GPU MLA kernels, rounds the scaled query and the softmax probabilities to
-// bf16 (outputs within about 2^-8 of the value scale; the LSE stays fp32-accurate).
-enum class KernelPath : std::uint8_t { automatic, portable, avx2, avx512, amx_bf16 };
-std::string_view to_string(KernelPath k) noexcept;
-// The exact paths this CPU can run, slowest first; `portable` is always there.
-std::vector<KernelPath> available_kernel_paths();
-// Whether this CPU has AMX-BF16 and the OS lets this process use the tile state.
-bool amx_bf16_available();
 
 struct MlaAttentionParams {
   // ---- geometry ----

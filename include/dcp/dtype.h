@@ -6,6 +6,8 @@
 #include <cstring>
 #include <string_view>
 
+#include "dcp/kernel_path.h"
+
 namespace dcp {
 
 enum class KvDtype : std::uint8_t { fp32, bf16 };
@@ -38,5 +40,10 @@ inline bf16_t float_to_bf16(float f) noexcept {
   const bool is_nan = (bits & 0x7fffffffu) > 0x7f800000u;
   return static_cast<bf16_t>(is_nan ? quiet_nan : rounded);
 }
+
+// float_to_bf16 over n values, bit for bit, on the widest SIMD path this CPU has (or the one
+// forced by `path`; amx_bf16 is an attention-only path and is refused).
+void floats_to_bf16(const float* src, bf16_t* dst, std::size_t n,
+                    KernelPath path = KernelPath::automatic);
 
 }  // namespace dcp

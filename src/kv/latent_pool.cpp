@@ -53,8 +53,7 @@ void LatentPool::write_row(std::int64_t physical_row, const float* src) {
   if (geometry_.dtype == KvDtype::fp32) {
     std::memcpy(dst, src, sizeof(float) * w);
   } else {
-    auto* d = reinterpret_cast<bf16_t*>(dst);
-    for (int i = 0; i < w; ++i) d[i] = float_to_bf16(src[i]);
+    floats_to_bf16(src, reinterpret_cast<bf16_t*>(dst), static_cast<std::size_t>(w));
   }
 }
 

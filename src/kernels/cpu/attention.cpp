@@ -93,30 +93,6 @@ void validate(const MlaAttentionParams& p) {
   DCP_ARG_CHECK(!any_rows || p.kv != nullptr, "kv must not be null when a request has rows");
 }
 
-std::string_view to_string(KernelPath k) noexcept {
-  switch (k) {
-    case KernelPath::automatic: return "automatic";
-    case KernelPath::portable: return "portable";
-    case KernelPath::avx2: return "avx2";
-    case KernelPath::avx512: return "avx512";
-    case KernelPath::amx_bf16: return "amx_bf16";
-  }
-  return "?";
-}
-
-std::vector<KernelPath> available_kernel_paths() {
-  std::vector<KernelPath> paths = {KernelPath::portable};
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    paths.push_back(KernelPath::avx2);
-  if (__builtin_cpu_supports("avx512f")) paths.push_back(KernelPath::avx512);
-  return paths;
-}
-
-bool amx_bf16_available() {
-  return kernels::amx_bf16_supported();
-}
-
 namespace kernels {
 namespace {
 
@@ -279,11 +255,7 @@ RunFn select(KernelPath k, KvDtype kv_dtype) {
                   to_string(kv_dtype));
     return kernels::run_amx_bf16;
   }
-  const auto avail = available_kernel_paths();
-  if (k == KernelPath::automatic) k = avail.back();
-  DCP_CHECK(std::find(avail.begin(), avail.end(), k) != avail.end(), unsupported, "kernel path ",
-            to_string(k), " is not available on this CPU");
-  switch (k) {
+  switch (resolve_exact_path(k)) {
     case KernelPath::avx512: return kernels::run_avx512;
     case KernelPath::avx2: return kernels::run_avx2;
     default: return kernels::run_portable;

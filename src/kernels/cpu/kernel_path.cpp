@@ -1,0 +1,43 @@
+// Names of the CPU kernel paths and which of them this CPU can run.
+#include "dcp/kernel_path.h"
+
+#include <algorithm>
+
+#include "attention_tasks.h"
+#include "dcp/error.h"
+
+namespace dcp {
+
+std::string_view to_string(KernelPath k) noexcept {
+  switch (k) {
+    case KernelPath::automatic: return "automatic";
+    case KernelPath::portable: return "portable";
+    case KernelPath::avx2: return "avx2";
+    case KernelPath::avx512: return "avx512";
+    case KernelPath::amx_bf16: return "amx_bf16";
+  }
+  return "?";
+}
+
+std::vector<KernelPath> available_kernel_paths() {
+  std::vector<KernelPath> paths = {KernelPath::portable};
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    paths.push_back(KernelPath::avx2);
+  if (__builtin_cpu_supports("avx512f")) paths.push_back(KernelPath::avx512);
+  return paths;
+}
+
+KernelPath resolve_exact_path(KernelPath k) {
+  const auto avail = available_kernel_paths();
+  if (k == KernelPath::automatic) return avail.back();
+  DCP_CHECK(std::find(avail.begin(), avail.end(), k) != avail.end(), unsupported, "kernel path ",
+            to_string(k), " is not available on this CPU");
+  return k;
+}
+
+bool amx_bf16_available() {
+  return kernels::amx_bf16_supported();
+}
+
+}  // namespace dcp
