@@ -1,8 +1,9 @@
 // The row-wise SIMD kernel for a few query heads (decode without a large query gather). With
 // 1-4 heads the operation is bandwidth-bound: each KV row is read once, every head takes a SIMD
 // dot product with it while it sits in L1, then an online softmax per head and
-// O[h] += P[h][j] V[j] register-blocked over heads x 4 vectors. bf16 rows are widened once per
-// tile. Many heads use attention_lanes.h instead.
+// O[h] += P[h][j] V[j] register-blocked over heads x 4 vectors. bf16 rows are widened in
+// registers as they are used (RowElements): a row is never copied. Many heads use
+// attention_lanes.h instead.
 #pragma once
 
 #include <algorithm>
@@ -21,10 +22,59 @@
 namespace dcp::kernels {
 namespace {
 
+// How the row kernel reads a KV row: 2V elements ("a chunk") at a time as two vectors.
+//
+// fp32: the chunk's two halves. bf16: one load of 2V words, split into the even elements
+// (word << 16) and the odd ones (word & 0xffff0000), which costs one instruction per vector;
+// widening in order costs a shuffle per vector and writing widened rows to a buffer cost a
+// store and a reload per element, which kept bf16 reads at 30-60% of the bandwidth. The order
+// does not matter to a dot product or to an axpy as long as the query copy and the accumulators
+// use the same one: `position` maps element d of a row to its place in them.
+template <int V, typename Kv>
+struct RowElements;
+
 template <int V>
+struct RowElements<V, float> {
+  using vec = typename Simd<V>::vec;
+  static void load_chunk(const float* row, int d, vec& a, vec& b) {
+    a = Simd<V>::load(row + d);
+    b = Simd<V>::load(row + d + V);
+  }
+  static float element(const float* row, int d) { return row[d]; }
+  static int position(int d, int /*n*/) { return d; }
+};
+
+template <int V>
+struct RowElements<V, bf16_t> {
+  using vec = typename Simd<V>::vec;
+  using uvec = typename Simd<V>::uvec;
+  static void load_chunk(const bf16_t* row, int d, vec& even, vec& odd) {
+    uvec words;
+    std::memcpy(&words, row + d, sizeof words);
+    const uvec e = words << 16, o = words & 0xffff0000u;
+    std::memcpy(&even, &e, sizeof even);
+    std::memcpy(&odd, &o, sizeof odd);
+  }
+  static float element(const bf16_t* row, int d) { return bf16_to_float(row[d]); }
+  // In each whole chunk of a row of n elements, evens first; a partial last chunk in order.
+  static int position(int d, int n) {
+    constexpr int kChunk = 2 * V;
+    if (d >= n / kChunk * kChunk) return d;
+    const int r = d % kChunk;
+    return d - r + (r % 2) * V + r / 2;
+  }
+};
+
+template <int V, typename Kv>
 class RowKernel {
  public:
   static constexpr int kRows = 2 * V;  // rows per tile: two vectors
+  // Score blocks of heads x rows, each with 2 accumulators: 4 x 2 or 2 x 4 fill AVX-512's 32
+  // registers with the query and row chunks, 2 x 2 AVX2's 16. More heads per block means each
+  // (bf16) row chunk is widened fewer times, more rows means fewer query loads.
+  static constexpr int kScoreHeads = V == 16 ? 4 : 2;
+  template <int HB>
+  static constexpr int kScoreRows = HB == kScoreHeads ? 2 : 4 / HB*(V / 8);
   static constexpr int kValueHeads =
       V == 16 ? 6 : 2;  // heads per value block (4 accumulators each)
 
@@ -33,7 +83,8 @@ class RowKernel {
         heads_(p.num_heads),
         dc_(p.kv_lora_rank),
         width_(p.kv_lora_rank + p.rope_dim),
-        rows_buf_(static_cast<std::size_t>(kRows) * width_),
+        q_(static_cast<std::size_t>(heads_) * width_),
+        unsplit_(static_cast<std::size_t>(dc_)),
         scores_(static_cast<std::size_t>(heads_) * kRows),
         acc_(static_cast<std::size_t>(heads_) * dc_),
         m_(heads_),
@@ -43,71 +94,63 @@ class RowKernel {
     std::fill(acc_.begin(), acc_.end(), 0.0f);
     std::fill(m_.begin(), m_.end(), kNegInf);
     std::fill(l_.begin(), l_.end(), 0.0f);
+    // The token's query in the order the rows are read in.
     const float* q = p_.q + task.t * heads_ * width_;
+    for (int h = 0; h < heads_; ++h)
+      for (int d = 0; d < width_; ++d)
+        q_[static_cast<std::size_t>(h) * width_ + E::position(d, width_)] =
+            q[static_cast<std::size_t>(h) * width_ + d];
     for (std::int64_t start = task.first; start < task.last; start += kRows) {
       const int n = static_cast<int>(std::min<std::int64_t>(kRows, task.last - start));
       load_tile(task.b, task.rows, start, n);
-      scores(q, n);
+      next_tile(task.b, task.rows, start + kRows, task.last);
+      scores(q_.data(), n);
       softmax_and_values(n);
+    }
+    // Accumulators back into row order.
+    for (int h = 0; h < heads_; ++h) {
+      float* a = acc_.data() + static_cast<std::size_t>(h) * dc_;
+      for (int d = 0; d < dc_; ++d) unsplit_[d] = a[E::position(d, dc_)];
+      std::copy(unsplit_.begin(), unsplit_.end(), a);
     }
     write_task_state(p_, task, acc_.data(), dc_, m_.data(), l_.data());
   }
 
  private:
   using S = Simd<V>;
+  using E = RowElements<V, Kv>;
   using vec = typename S::vec;
 
-  const float* row_ptr(int b, std::int64_t local_row, int j) {
-    const std::int64_t phys = physical_row(p_, b, local_row);
-    if (p_.kv_dtype == KvDtype::fp32) return static_cast<const float*>(p_.kv) + phys * width_;
-    float* dst = rows_buf_.data() + static_cast<std::size_t>(j) * width_;
-    S::widen_bf16_row(static_cast<const bf16_t*>(p_.kv) + phys * width_, dst, width_);
-    return dst;
-  }
-
   void load_tile(int b, const RowSet& rows, std::int64_t start, int n) {
-    for (int j = 0; j < n; ++j) row_[j] = row_ptr(b, rows.at(start + j), j);
+    const auto* kv = static_cast<const Kv*>(p_.kv);
+    for (int j = 0; j < n; ++j) row_[j] = kv + physical_row(p_, b, rows.at(start + j)) * width_;
   }
 
-  // scores_[h][j] = (q_h . k_j) * scale, then softcap; -inf past n. Row-outer so each row stays
-  // in L1 while two heads at a time read it.
+  // The next tile's rows (null past `last`), which the value pass prefetches a block of lines
+  // at a time. With 4 heads a row takes about as long to compute as to read, and without this
+  // the two did not overlap (4 heads ran at ~55% of the read bandwidth, 1 head at ~90%).
+  void next_tile(int b, const RowSet& rows, std::int64_t start, std::int64_t last) {
+    const auto* kv = static_cast<const Kv*>(p_.kv);
+    for (int j = 0; j < kRows; ++j)
+      next_[j] = start + j < last ? kv + physical_row(p_, b, rows.at(start + j)) * width_ : nullptr;
+  }
+
+  // The cache lines starting in elements [from, to) of each of the next tile's rows.
+  void prefetch_next(int from, int to) const {
+    constexpr int kLine = 64 / static_cast<int>(sizeof(Kv));
+    for (int d = (from + kLine - 1) / kLine * kLine; d < to; d += kLine)
+      for (int j = 0; j < kRows && next_[j]; ++j) __builtin_prefetch(next_[j] + d);
+  }
+
+  // scores_[h][j] = (q_h . k_j) * scale, then softcap; -inf past n. Blocks of rows, so each
+  // row stays in L1 while every head reads it.
   void scores(const float* q, int n) {
-    for (int j = 0; j < n; ++j) {
-      const float* k = row_[j];
-      int h = 0;
-      for (; h + 2 <= heads_; h += 2) {
-        const float* q0 = q + static_cast<std::size_t>(h) * width_;
-        const float* q1 = q0 + width_;
-        vec a0 = S::splat(0.0f), a1 = S::splat(0.0f), b0 = S::splat(0.0f), b1 = S::splat(0.0f);
-        int d = 0;
-        for (; d + 2 * V <= width_; d += 2 * V) {
-          const vec k0 = S::load(k + d), k1 = S::load(k + d + V);
-          a0 += S::load(q0 + d) * k0;
-          a1 += S::load(q0 + d + V) * k1;
-          b0 += S::load(q1 + d) * k0;
-          b1 += S::load(q1 + d + V) * k1;
-        }
-        float x = S::sum(a0 + a1), y = S::sum(b0 + b1);
-        for (; d < width_; ++d) {
-          x += q0[d] * k[d];
-          y += q1[d] * k[d];
-        }
-        scores_[static_cast<std::size_t>(h) * kRows + j] = x;
-        scores_[static_cast<std::size_t>(h + 1) * kRows + j] = y;
-      }
-      if (h < heads_) {
-        const float* q0 = q + static_cast<std::size_t>(h) * width_;
-        vec a0 = S::splat(0.0f), a1 = S::splat(0.0f);
-        int d = 0;
-        for (; d + 2 * V <= width_; d += 2 * V) {
-          a0 += S::load(q0 + d) * S::load(k + d);
-          a1 += S::load(q0 + d + V) * S::load(k + d + V);
-        }
-        float x = S::sum(a0 + a1);
-        for (; d < width_; ++d) x += q0[d] * k[d];
-        scores_[static_cast<std::size_t>(h) * kRows + j] = x;
-      }
+    int h0 = 0;
+    for (; h0 + kScoreHeads <= heads_; h0 += kScoreHeads) score_heads<kScoreHeads>(q, h0, n);
+    if constexpr (kScoreHeads > 2) {
+      if (h0 + 2 <= heads_) score_heads<2>(q, h0, n), h0 += 2;
     }
+    if (h0 < heads_) score_heads<1>(q, h0, n);
     for (int h = 0; h < heads_; ++h) {
       float* s = scores_.data() + static_cast<std::size_t>(h) * kRows;
       for (int j = 0; j < n; ++j) {
@@ -116,6 +159,50 @@ class RowKernel {
         s[j] = v;
       }
       for (int j = n; j < kRows; ++j) s[j] = kNegInf;
+    }
+  }
+
+  // Scores of HB heads from h0 against rows [0, n): blocks of rows, each row chunk loaded once
+  // for the HB heads and each query chunk once for the block's rows.
+  template <int HB>
+  void score_heads(const float* q, int h0, int n) {
+    constexpr int R = kScoreRows<HB>;
+    int j0 = 0;
+    for (; j0 + R <= n; j0 += R) score_block<R, HB>(q, h0, j0);
+    for (; j0 < n; ++j0) score_block<1, HB>(q, h0, j0);
+  }
+
+  template <int R, int HB>
+  void score_block(const float* q, int h0, int j0) {
+    const float* qh[HB];
+    for (int i = 0; i < HB; ++i) qh[i] = q + static_cast<std::size_t>(h0 + i) * width_;
+    vec a[R][HB], b[R][HB];
+    for (int r = 0; r < R; ++r) {
+      for (int i = 0; i < HB; ++i) a[r][i] = b[r][i] = S::splat(0.0f);
+    }
+    int d = 0;
+    for (; d + 2 * V <= width_; d += 2 * V) {
+      vec q0[HB], q1[HB];
+      for (int i = 0; i < HB; ++i) {
+        q0[i] = S::load(qh[i] + d);
+        q1[i] = S::load(qh[i] + d + V);
+      }
+      for (int r = 0; r < R; ++r) {
+        vec k0, k1;
+        E::load_chunk(row_[j0 + r], d, k0, k1);
+        for (int i = 0; i < HB; ++i) {
+          a[r][i] += q0[i] * k0;
+          b[r][i] += q1[i] * k1;
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int i = 0; i < HB; ++i) {
+        float x = S::sum(a[r][i] + b[r][i]);
+        for (int e = d; e < width_; ++e)  // past the last whole chunk the order is the row's
+          x += qh[i][e] * E::element(row_[j0 + r], e);
+        scores_[static_cast<std::size_t>(h0 + i) * kRows + j0 + r] = x;
+      }
     }
   }
 
@@ -148,15 +235,20 @@ class RowKernel {
     for (; d0 + kDB <= dc_; d0 += kDB) {
       int h0 = 0;
       for (; h0 + kValueHeads <= heads_; h0 += kValueHeads) value_block<kValueHeads>(h0, d0, n);
+      if constexpr (kValueHeads > 4) {
+        if (h0 + 4 <= heads_) value_block<4>(h0, d0, n), h0 += 4;
+      }
       for (; h0 + 2 <= heads_; h0 += 2) value_block<2>(h0, d0, n);
       for (; h0 < heads_; ++h0) value_block<1>(h0, d0, n);
+      prefetch_next(d0, d0 + kDB);
     }
+    prefetch_next(d0, width_);
     for (; d0 < dc_; ++d0) {  // a width that is not a multiple of 4 vectors
       for (int h = 0; h < heads_; ++h) {
         float a = 0;
         for (int j = 0; j < n; ++j)
-          a += scores_[static_cast<std::size_t>(h) * kRows + j] * row_[j][d0];
-        acc_[static_cast<std::size_t>(h) * dc_ + d0] += a;
+          a += scores_[static_cast<std::size_t>(h) * kRows + j] * E::element(row_[j], d0);
+        acc_[static_cast<std::size_t>(h) * dc_ + E::position(d0, dc_)] += a;
       }
     }
   }
@@ -169,9 +261,9 @@ class RowKernel {
         a[i][k] = S::load(acc_.data() + static_cast<std::size_t>(h0 + i) * dc_ + d0 + k * V);
     }
     for (int j = 0; j < n; ++j) {
-      const float* v = row_[j] + d0;
-      const vec v0 = S::load(v), v1 = S::load(v + V), v2 = S::load(v + 2 * V),
-                v3 = S::load(v + 3 * V);
+      vec v0, v1, v2, v3;
+      E::load_chunk(row_[j], d0, v0, v1);
+      E::load_chunk(row_[j], d0 + 2 * V, v2, v3);
       for (int i = 0; i < HB; ++i) {
         const vec pv = S::splat(scores_[static_cast<std::size_t>(h0 + i) * kRows + j]);
         a[i][0] += pv * v0;
@@ -188,10 +280,12 @@ class RowKernel {
 
   const MlaAttentionParams& p_;
   int heads_, dc_, width_;
-  std::vector<float> rows_buf_;  // [kRows, width] widened bf16 rows
-  const float* row_[kRows] = {};
+  std::vector<float> q_;        // [heads, width] the token's query, in E::position order
+  std::vector<float> unsplit_;  // [dc] one head's accumulators back in row order
+  const Kv* row_[kRows] = {};
+  const Kv* next_[kRows] = {};
   std::vector<float> scores_;  // [heads, kRows]
-  std::vector<float> acc_;     // [heads, dc]
+  std::vector<float> acc_;     // [heads, dc] in E::position order
   std::vector<float> m_, l_;   // [heads]
 };
 

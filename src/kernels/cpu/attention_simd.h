@@ -20,8 +20,11 @@ void run_simd(const MlaAttentionParams& p, const Task* tasks, std::size_t n) {
   if (p.num_heads >= kLaneKernelMinHeads) {
     LaneKernel<V> k(p);
     for (std::size_t i = 0; i < n; ++i) k.run(tasks[i]);
+  } else if (p.kv_dtype == KvDtype::bf16) {
+    RowKernel<V, bf16_t> k(p);
+    for (std::size_t i = 0; i < n; ++i) k.run(tasks[i]);
   } else {
-    RowKernel<V> k(p);
+    RowKernel<V, float> k(p);
     for (std::size_t i = 0; i < n; ++i) k.run(tasks[i]);
   }
 }

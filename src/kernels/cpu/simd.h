@@ -8,6 +8,31 @@
 namespace dcp::kernels {
 namespace {
 
+// Horizontal sum and max by halving (log2(width) steps): a loop over the lanes compiles to a
+// serial chain of scalar adds, which the row-wise kernel paid for every (head, row) score.
+typedef float Lanes4 __attribute__((vector_size(16)));
+#if defined(__AVX2__)
+typedef float Lanes8 __attribute__((vector_size(32)));
+template <typename Op>
+Lanes4 halve(Lanes8 v, Op op) {
+  return op(__builtin_shufflevector(v, v, 0, 1, 2, 3), __builtin_shufflevector(v, v, 4, 5, 6, 7));
+}
+#endif
+#if defined(__AVX512F__)
+typedef float Lanes16 __attribute__((vector_size(64)));
+template <typename Op>
+Lanes4 halve(Lanes16 v, Op op) {
+  return halve(op(__builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7),
+                  __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15)),
+               op);
+}
+#endif
+template <typename Op>
+float reduce4(Lanes4 v, Op op) {
+  v = op(v, __builtin_shufflevector(v, v, 2, 3, 0, 1));
+  return op(v, __builtin_shufflevector(v, v, 1, 0, 3, 2))[0];
+}
+
 // GCC vector extensions; a vector_size cannot depend on a template argument, so each width is
 // spelled out.
 template <int V>
@@ -29,14 +54,12 @@ struct Simd;
     /* Not vec{} + x: 0 + x is not x for x = -0, so that costs an add before each broadcast. */ \
     static vec splat(float x) { return x - vec{}; }                                             \
     static float sum(vec v) {                                                                   \
-      float s = 0;                                                                              \
-      for (int i = 0; i < WIDTH; ++i) s += v[i];                                                \
-      return s;                                                                                 \
+      const auto add = [](auto a, auto b) { return a + b; };                                    \
+      return reduce4(halve(v, add), add);                                                       \
     }                                                                                           \
     static float max(vec v) {                                                                   \
-      float m = v[0];                                                                           \
-      for (int i = 1; i < WIDTH; ++i) m = v[i] > m ? v[i] : m;                                  \
-      return m;                                                                                 \
+      const auto larger = [](auto a, auto b) { return a > b ? a : b; };                         \
+      return reduce4(halve(v, larger), larger);                                                 \
     }                                                                                           \
     /* bf16 words -> fp32: the word is the top half of the float. */                            \
     static vec widen_bf16(const std::uint16_t* p) {                                             \
