@@ -102,7 +102,7 @@ class LaneKernel {
     for (int j = 0; j < kRows; ++j) {
       next_[j] =
           j < n ? static_cast<const char*>(p_.kv) + physical_row(p_, b, rows.at(start + j)) * bytes
-                : nullptr;
+                : reinterpret_cast<const char*>(zero_row_.data());  // cached: harmless
     }
   }
 
@@ -197,38 +197,41 @@ class LaneKernel {
   void values(int n) {
     int d0 = 0;
     for (; d0 + 4 * V <= dc_; d0 += 4 * V) {
-      value_heads<4>(d0, n);
-      prefetch_next(d0 * row_bytes_per_elem_, (d0 + 4 * V) * row_bytes_per_elem_);
+      const int to = d0 + 4 * V < dc_ ? d0 + 4 * V : width_;  // the last block takes the rope part
+      value_heads<4>(d0, n, d0 * row_bytes_per_elem_, to * row_bytes_per_elem_);
     }
-    for (; d0 + V <= dc_; d0 += V) value_heads<1>(d0, n);
+    for (; d0 + V <= dc_; d0 += V) value_heads<1>(d0, n, 0, 0);
     for (; d0 < dc_; ++d0) value_scalar(d0, n);  // a width that is not a multiple of V
-    prefetch_next(d0 * row_bytes_per_elem_, width_ * row_bytes_per_elem_);
+    if (dc_ < 4 * V) prefetch_next(0, width_ * row_bytes_per_elem_);
   }
 
+  // The first head block of each column block also prefetches bytes [pf_from, pf_to) of the
+  // next tile's rows, one row per iteration, so the reads spread over the block's FMAs.
   template <int DV>
-  void value_heads(int d0, int n) {
+  void value_heads(int d0, int n, int pf_from, int pf_to) {
     int h0 = 0;
-    for (; h0 + kValueHeads <= heads_; h0 += kValueHeads) value_block<kValueHeads, DV>(h0, d0, n);
+    for (; h0 + kValueHeads <= heads_; h0 += kValueHeads, pf_to = pf_from)
+      value_block<kValueHeads, DV>(h0, d0, n, pf_from, pf_to);
     switch (heads_ - h0) {  // the remainder, with compile-time block sizes
       case 5:
-        if constexpr (kValueHeads > 5) value_block<5, DV>(h0, d0, n);
+        if constexpr (kValueHeads > 5) value_block<5, DV>(h0, d0, n, pf_from, pf_to);
         break;
       case 4:
-        if constexpr (kValueHeads > 4) value_block<4, DV>(h0, d0, n);
+        if constexpr (kValueHeads > 4) value_block<4, DV>(h0, d0, n, pf_from, pf_to);
         break;
       case 3:
-        if constexpr (kValueHeads > 3) value_block<3, DV>(h0, d0, n);
+        if constexpr (kValueHeads > 3) value_block<3, DV>(h0, d0, n, pf_from, pf_to);
         break;
       case 2:
-        if constexpr (kValueHeads > 2) value_block<2, DV>(h0, d0, n);
+        if constexpr (kValueHeads > 2) value_block<2, DV>(h0, d0, n, pf_from, pf_to);
         break;
-      case 1: value_block<1, DV>(h0, d0, n); break;
+      case 1: value_block<1, DV>(h0, d0, n, pf_from, pf_to); break;
       default: break;
     }
   }
 
   template <int HB, int DV>
-  __attribute__((noinline)) void value_block(int h0, int d0, int n) {
+  __attribute__((noinline)) void value_block(int h0, int d0, int n, int pf_from, int pf_to) {
     vec acc[HB][DV];
     for (int i = 0; i < HB; ++i) {
       const vec c = S::splat(corr_[h0 + i]);
@@ -237,6 +240,7 @@ class LaneKernel {
     }
     const float* pj = s_.data() + h0;
     for (int j = 0; j < n; ++j, pj += lanes_) {
+      for (int off = pf_from; off < pf_to; off += 64) __builtin_prefetch(next_[j] + off);
       const float* vrow = row_[j] + d0;
       vec vv[DV];
       for (int k = 0; k < DV; ++k) vv[k] = S::load(vrow + k * V);
@@ -263,7 +267,7 @@ class LaneKernel {
   void prefetch_next(int from, int to) const {
     from = (from + 63) / 64 * 64;
     for (int off = from; off < to; off += 64) {
-      for (int j = 0; j < kRows && next_[j]; ++j) __builtin_prefetch(next_[j] + off);
+      for (int j = 0; j < kRows; ++j) __builtin_prefetch(next_[j] + off);
     }
   }
 

@@ -233,6 +233,10 @@ class RowKernel {
     constexpr int kDB = 4 * V;
     int d0 = 0;
     for (; d0 + kDB <= dc_; d0 += kDB) {
+      // The first head block prefetches these columns of the next tile's rows, a row per
+      // iteration, so the reads spread over its FMAs; the last one takes the rest of the row.
+      pf_from_ = d0;
+      pf_to_ = d0 + 2 * kDB > dc_ ? width_ : d0 + kDB;
       int h0 = 0;
       for (; h0 + kValueHeads <= heads_; h0 += kValueHeads) value_block<kValueHeads>(h0, d0, n);
       if constexpr (kValueHeads > 4) {
@@ -240,9 +244,8 @@ class RowKernel {
       }
       for (; h0 + 2 <= heads_; h0 += 2) value_block<2>(h0, d0, n);
       for (; h0 < heads_; ++h0) value_block<1>(h0, d0, n);
-      prefetch_next(d0, d0 + kDB);
     }
-    prefetch_next(d0, width_);
+    if (dc_ < kDB) prefetch_next(0, width_);
     for (; d0 < dc_; ++d0) {  // a width that is not a multiple of 4 vectors
       for (int h = 0; h < heads_; ++h) {
         float a = 0;
@@ -260,7 +263,13 @@ class RowKernel {
       for (int k = 0; k < 4; ++k)
         a[i][k] = S::load(acc_.data() + static_cast<std::size_t>(h0 + i) * dc_ + d0 + k * V);
     }
+    constexpr int kLine = 64 / static_cast<int>(sizeof(Kv));
+    const int pf_from = pf_from_ / kLine * kLine, pf_to = pf_to_;
+    pf_to_ = pf_from_;  // once per column block
     for (int j = 0; j < n; ++j) {
+      if (next_[j]) {
+        for (int d = pf_from; d < pf_to; d += kLine) __builtin_prefetch(next_[j] + d);
+      }
       vec v0, v1, v2, v3;
       E::load_chunk(row_[j], d0, v0, v1);
       E::load_chunk(row_[j], d0 + 2 * V, v2, v3);
@@ -284,9 +293,10 @@ class RowKernel {
   std::vector<float> unsplit_;  // [dc] one head's accumulators back in row order
   const Kv* row_[kRows] = {};
   const Kv* next_[kRows] = {};
-  std::vector<float> scores_;  // [heads, kRows]
-  std::vector<float> acc_;     // [heads, dc] in E::position order
-  std::vector<float> m_, l_;   // [heads]
+  int pf_from_ = 0, pf_to_ = 0;  // elements of next_ rows the next value block prefetches
+  std::vector<float> scores_;    // [heads, kRows]
+  std::vector<float> acc_;       // [heads, dc] in E::position order
+  std::vector<float> m_, l_;     // [heads]
 };
 
 }  // namespace
