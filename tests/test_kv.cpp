@@ -9,6 +9,7 @@
 #include "dcp/comm_threads.h"
 #include "dcp/error.h"
 #include "dcp/kv_cache.h"
+#include "dcp/memory.h"
 #include "dcp/merge.h"
 #include "dcp/reference.h"
 #include "test_util.h"
@@ -70,6 +71,25 @@ struct Snapshot {
   }
   bool operator==(const Snapshot&) const = default;
 };
+
+TEST(HugePageBuffer, IsZeroedAlignedAndSizedAsAsked) {
+  // Large: 2 MiB-aligned so the kernel can back it with huge pages; small: a cache line.
+  for (const std::size_t bytes : {std::size_t{5} << 20, std::size_t{100}, std::size_t{0}}) {
+    HugePageBuffer buf(bytes);
+    ASSERT_NE(buf.data(), nullptr);
+    EXPECT_EQ(buf.size(), bytes);
+    const std::size_t align = bytes >= (std::size_t{2} << 20) ? std::size_t{2} << 20 : 64;
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(buf.data()) % align, 0u) << bytes << " bytes";
+    EXPECT_TRUE(
+        std::all_of(buf.data(), buf.data() + bytes, [](std::byte b) { return b == std::byte{0}; }));
+    if (bytes < (std::size_t{2} << 20)) {
+      EXPECT_FALSE(buf.huge_pages());
+    }
+  }
+  HugePageBuffer moved = HugePageBuffer(std::size_t{3} << 20);
+  moved.data()[(std::size_t{3} << 20) - 1] = std::byte{7};  // writable to its last byte
+  EXPECT_EQ(moved.data()[(std::size_t{3} << 20) - 1], std::byte{7});
+}
 
 TEST(KvCache, BalanceAndCapacity) {
   for (int n = 1; n <= 8; ++n) {

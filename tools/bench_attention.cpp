@@ -19,6 +19,7 @@
 #include "dcp/dcp_attention.h"
 #include "dcp/error.h"
 #include "dcp/kv_cache.h"
+#include "dcp/memory.h"
 #include "dcp/merge.h"
 #include "dcp/model.h"
 #include "dcp/weights.h"
@@ -112,14 +113,16 @@ void bench_attention(const AttentionBenchOptions& o) {
       const std::int64_t page = 64, pages_per = (ctx + page - 1) / page;
       std::vector<float> kv32(static_cast<std::size_t>(batch * ctx) * 576);
       fill(kv32.data(), kv32.size(), static_cast<std::uint64_t>(ctx));
-      std::vector<bf16_t> kv16;
+      HugePageBuffer kv16_buf;
       std::vector<std::int32_t> table(static_cast<std::size_t>(batch * pages_per));
       for (std::size_t i = 0; i < table.size(); ++i) table[i] = static_cast<std::int32_t>(i);
-      // The pool holds each request's rows contiguously, one page after another.
-      std::vector<float> pool32(static_cast<std::size_t>(batch * pages_per * page) * 576, 0.0f);
+      // The pool holds each request's rows contiguously, one page after another, in memory
+      // allocated as LatentPool allocates it (huge pages where the kernel allows).
+      const std::size_t pool_elems = static_cast<std::size_t>(batch * pages_per * page) * 576;
+      HugePageBuffer pool32_buf(pool_elems * sizeof(float));
+      auto* pool32 = reinterpret_cast<float*>(pool32_buf.data());
       for (std::int64_t b = 0; b < batch; ++b) {
-        std::copy_n(kv32.data() + b * ctx * 576, ctx * 576,
-                    pool32.data() + b * pages_per * page * 576);
+        std::copy_n(kv32.data() + b * ctx * 576, ctx * 576, pool32 + b * pages_per * page * 576);
       }
       for (std::int64_t h : heads) {
         std::vector<float> q(static_cast<std::size_t>(batch * h) * 576);
@@ -135,9 +138,9 @@ void bench_attention(const AttentionBenchOptions& o) {
         const double peer_t = median(peer_ms);
         for (const Variant& variant : variants) {
           const KvDtype dtype = variant.dtype;
-          if (dtype == KvDtype::bf16 && kv16.empty()) {
-            kv16.resize(pool32.size());
-            for (std::size_t i = 0; i < pool32.size(); ++i) kv16[i] = float_to_bf16(pool32[i]);
+          if (dtype == KvDtype::bf16 && kv16_buf.size() == 0) {
+            kv16_buf = HugePageBuffer(pool_elems * sizeof(bf16_t));
+            floats_to_bf16(pool32, reinterpret_cast<bf16_t*>(kv16_buf.data()), pool_elems);
           }
           std::vector<std::int32_t> q_start(static_cast<std::size_t>(batch) + 1);
           std::vector<std::int64_t> q_pos(static_cast<std::size_t>(batch), ctx - 1),
@@ -152,7 +155,8 @@ void bench_attention(const AttentionBenchOptions& o) {
           p.q_start = q_start.data();
           p.q = q.data();
           p.q_pos = q_pos.data();
-          p.kv = dtype == KvDtype::fp32 ? static_cast<const void*>(pool32.data()) : kv16.data();
+          p.kv = dtype == KvDtype::fp32 ? static_cast<const void*>(pool32)
+                                        : static_cast<const void*>(kv16_buf.data());
           p.kv_dtype = dtype;
           p.num_pages = static_cast<std::int64_t>(table.size());
           p.page_size = static_cast<int>(page);

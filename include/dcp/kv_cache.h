@@ -17,6 +17,7 @@
 #include "dcp/dtype.h"
 #include "dcp/kv_allocator.h"
 #include "dcp/layout.h"
+#include "dcp/memory.h"
 
 namespace dcp {
 
@@ -48,7 +49,7 @@ class LatentPool {
   std::size_t bytes() const noexcept {
     return static_cast<std::size_t>(rows() + 1) * geometry_.row_bytes();
   }
-  const void* data() const noexcept { return data_.get(); }
+  const void* data() const noexcept { return data_.data(); }
 
   // Stores one fp32 row (converted to the pool dtype) at a physical row (the dummy row allowed).
   void write_row(std::int64_t physical_row, const float* src);
@@ -63,14 +64,11 @@ class LatentPool {
   std::uint8_t* raw_row(std::int64_t physical_row);
 
  private:
-  struct FreeDeleter {
-    void operator()(std::byte* p) const noexcept;
-  };
   std::byte* row_ptr(std::int64_t physical_row);
   std::int64_t num_pages_;
   int page_size_;
   LatentGeometry geometry_;
-  std::unique_ptr<std::byte, FreeDeleter> data_;  // 64-byte aligned
+  HugePageBuffer data_;
 };
 
 class KvShard {

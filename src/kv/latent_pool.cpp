@@ -8,10 +8,6 @@
 
 namespace dcp {
 
-void LatentPool::FreeDeleter::operator()(std::byte* p) const noexcept {
-  std::free(p);
-}
-
 LatentPool::LatentPool(std::int64_t num_pages, int page_size, LatentGeometry geometry)
     : num_pages_(num_pages), page_size_(page_size), geometry_(geometry) {
   DCP_ARG_CHECK(num_pages >= 0, "num_pages = ", num_pages, " must be >= 0");
@@ -19,11 +15,7 @@ LatentPool::LatentPool(std::int64_t num_pages, int page_size, LatentGeometry geo
   DCP_ARG_CHECK(geometry.kv_lora_rank >= 1 && geometry.rope_dim >= 0, "latent geometry ",
                 geometry.kv_lora_rank, "+", geometry.rope_dim,
                 " must have kv_lora_rank >= 1, rope_dim >= 0");
-  const std::size_t size = (bytes() + 63) / 64 * 64;
-  auto* p = static_cast<std::byte*>(std::aligned_alloc(64, size));
-  DCP_CHECK(p != nullptr, capacity, "cannot allocate a KV pool of ", size, " bytes");
-  std::memset(p, 0, size);
-  data_.reset(p);
+  data_ = HugePageBuffer(bytes(), "a KV pool");
 }
 
 LatentPool LatentPool::for_tokens(std::int64_t logical_tokens, int dcp_size, int page_size,
@@ -44,7 +36,7 @@ LatentPool LatentPool::for_bytes(std::size_t bytes, int page_size, LatentGeometr
 std::byte* LatentPool::row_ptr(std::int64_t physical_row) {
   DCP_ARG_CHECK(physical_row >= 0 && physical_row <= rows(), "physical row ", physical_row,
                 " is outside the pool [0, ", rows(), "] (", rows(), " = dummy row)");
-  return data_.get() + static_cast<std::size_t>(physical_row) * geometry_.row_bytes();
+  return data_.data() + static_cast<std::size_t>(physical_row) * geometry_.row_bytes();
 }
 
 void LatentPool::write_row(std::int64_t physical_row, const float* src) {
@@ -72,7 +64,7 @@ void LatentPool::copy_page(std::int32_t from, std::int32_t to) {
   DCP_ARG_CHECK(from >= 0 && from < num_pages_ && to >= 0 && to < num_pages_, "copy_page ", from,
                 " -> ", to, ": pages must be in [0, ", num_pages_, ")");
   const std::size_t page_bytes = geometry_.row_bytes() * page_size_;
-  std::memmove(data_.get() + to * page_bytes, data_.get() + from * page_bytes, page_bytes);
+  std::memmove(data_.data() + to * page_bytes, data_.data() + from * page_bytes, page_bytes);
 }
 
 const std::uint8_t* LatentPool::raw_row(std::int64_t physical_row) const {
