@@ -7,8 +7,9 @@
 //   scores  C[16 rows][16 heads]  += K tile [16 rows][32 cols]   x Qv [16 col pairs][16 heads]
 //   values  C[16 heads][16 cols]  += Pt     [16 heads][32 rows]  x Vv [16 row pairs][16 cols]
 //
-// Qv (query pairs, VNNI layout) is packed once per task; K rows are copied into a zero-padded
-// tile buffer; Vv interleaves the words of row pairs; Pt is the probabilities transposed.
+// Qv (query pairs, VNNI layout) is packed once per task; K is loaded from the pool in place
+// where a block's rows are consecutive (else from a zero-padded copy); Vv interleaves the words
+// of row pairs; Pt is the probabilities transposed.
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -35,14 +36,21 @@ struct TileConfig {  // the LDTILECFG memory layout, palette 1
   std::uint8_t rows[16] = {};
 };
 
-// tmm0: accumulator, tmm1: A, tmm2: B; all 16 rows x 64 bytes.
-void configure_tiles() {
+// tmm0: accumulator, tmm1: A, tmm2: B; all 16 rows x 64 bytes. A constant in memory, not a
+// local: GCC 12 does not see that LDTILECFG reads its operand and dropped the stores to a local
+// configuration's bytes_per_row (the instruction then faults).
+constexpr TileConfig make_tile_config() {
   TileConfig c;
   for (int t = 0; t < 3; ++t) {
     c.bytes_per_row[t] = 64;
     c.rows[t] = 16;
   }
-  _tile_loadconfig(&c);
+  return c;
+}
+alignas(64) constexpr TileConfig kTileConfig = make_tile_config();
+
+void configure_tiles() {
+  _tile_loadconfig(&kTileConfig);
 }
 
 // Word interleave of two rows of 32 words (vpermt2w indices): output word 2k is a[k] and 2k+1
@@ -72,6 +80,7 @@ class AmxKernel {
         wp_((p.kv_lora_rank + p.rope_dim + 31) / 32 * 32),
         qv_(static_cast<std::size_t>(wp_ / 2) * lanes_),
         kbuf_(static_cast<std::size_t>(kTileRows) * wp_),
+        zero_row_(static_cast<std::size_t>(wp_), 0),
         s_(static_cast<std::size_t>(kTileRows) * lanes_),
         pt_(static_cast<std::size_t>(lanes_) * kTileRows),
         vv_(static_cast<std::size_t>(kTileRows / 2) * dcp_),
@@ -111,23 +120,33 @@ class AmxKernel {
     }
   }
 
-  // Rows into kbuf_ (bf16, zero-padded to wp_ columns; rows past n are zero), then the value
-  // operand: Vv[i][d] = the pair (V[2i][d], V[2i+1][d]).
+  // The score operand per 16-row block: straight from the pool when the block's rows are
+  // consecutive there at a stride the tile can load (the common case: a page holds a request's
+  // rows in order), else copied into kbuf_ zero-padded to wp_ columns. Then the value operand:
+  // Vv[i][d] = the pair (V[2i][d], V[2i+1][d]), interleaved from the rows where they are.
   void load_tile(int b, const RowSet& rows, std::int64_t start, int n) {
     const bf16_t* pool = static_cast<const bf16_t*>(p_.kv);
-    for (int j = 0; j < kTileRows; ++j) {
-      std::uint16_t* dst = kbuf_.data() + static_cast<std::size_t>(j) * wp_;
-      if (j < n) {
-        std::memcpy(dst, pool + physical_row(p_, b, rows.at(start + j)) * width_, width_ * 2);
-        std::fill(dst + width_, dst + wp_, std::uint16_t{0});
-      } else {
-        std::fill(dst, dst + wp_, std::uint16_t{0});
+    for (int j = 0; j < n; ++j) row_[j] = pool + physical_row(p_, b, rows.at(start + j)) * width_;
+    for (int j = n; j < kTileRows; ++j) row_[j] = zero_row_.data();
+    for (int rb = 0; rb < kTileRows / 16; ++rb) {
+      const bf16_t* const* r = row_ + rb * 16;
+      bool direct = wp_ == width_ && rb * 16 + 16 <= n;
+      for (int i = 1; i < 16 && direct; ++i) direct = r[i] == r[0] + i * width_;
+      if (direct) {
+        kblock_[rb] = r[0];
+        continue;
       }
+      std::uint16_t* dst = kbuf_.data() + static_cast<std::size_t>(rb) * 16 * wp_;
+      for (int i = 0; i < 16; ++i, dst += wp_) {
+        std::memcpy(dst, r[i], width_ * 2);
+        std::fill(dst + width_, dst + wp_, std::uint16_t{0});
+      }
+      kblock_[rb] = kbuf_.data() + static_cast<std::size_t>(rb) * 16 * wp_;
     }
     const __m512i lo = _mm512_load_si512(kInterleave.lo), hi = _mm512_load_si512(kInterleave.hi);
     for (int i = 0; i < (n + 1) / 2; ++i) {
-      const std::uint16_t* a = kbuf_.data() + static_cast<std::size_t>(2 * i) * wp_;
-      const std::uint16_t* c = a + wp_;
+      const std::uint16_t* a = row_[2 * i];
+      const std::uint16_t* c = row_[2 * i + 1];
       std::uint32_t* out = vv_.data() + static_cast<std::size_t>(i) * dcp_;
       int d = 0;
       for (; d + 32 <= dc_; d += 32) {
@@ -152,7 +171,7 @@ class AmxKernel {
       for (int rb = 0; rb < row_blocks; ++rb) {
         _tile_zero(0);
         for (int c = 0; c < wp_; c += 32) {
-          _tile_loadd(1, kbuf_.data() + static_cast<std::size_t>(rb) * 16 * wp_ + c, wp_ * 2);
+          _tile_loadd(1, kblock_[rb] + c, wp_ * 2);
           _tile_loadd(2, qv_.data() + static_cast<std::size_t>(c / 2) * lanes_ + hb, lanes_ * 4);
           _tile_dpbf16ps(0, 1, 2);
         }
@@ -224,9 +243,12 @@ class AmxKernel {
 
   const MlaAttentionParams& p_;
   int heads_, lanes_, dc_, dcp_, width_, wp_;
-  std::vector<std::uint32_t> qv_;    // [wp/2, lanes] query pairs
-  std::vector<std::uint16_t> kbuf_;  // [kTileRows, wp] the tile's rows, zero-padded
-  std::vector<float> s_;             // [kTileRows, lanes] scores
+  std::vector<std::uint32_t> qv_;        // [wp/2, lanes] query pairs
+  std::vector<std::uint16_t> kbuf_;      // [kTileRows, wp] rows of blocks not loadable in place
+  std::vector<std::uint16_t> zero_row_;  // [wp] stands for rows past n
+  const bf16_t* row_[kTileRows] = {};    // the tile's rows in the pool
+  const std::uint16_t* kblock_[kTileRows / 16] = {};  // each 16-row block's score operand
+  std::vector<float> s_;                              // [kTileRows, lanes] scores
   std::vector<std::uint16_t> pt_;    // [lanes, kTileRows] probabilities, transposed, bf16
   std::vector<std::uint32_t> vv_;    // [kTileRows/2, dcp] row pairs of the value columns
   std::vector<float> acc_;           // [lanes, dcp] unnormalised output
