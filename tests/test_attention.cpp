@@ -212,6 +212,51 @@ TEST(Attention, EveryHeadCountAndWidthOnEveryPath) {
   }
 }
 
+TEST(Attention, BlockedQueryLayoutIsReadInPlace) {
+  // q_head_block: the query as a DCP gather leaves it, [Hq / H, T, H, W]. Every path, and the
+  // reference, must read it as the plain [T, Hq, W] query it permutes.
+  auto rng = test::make_rng();
+  for (const int heads : {4, 12, 32}) {
+    test::ContextSpec spec = random_spec(rng, 2, 300);
+    spec.heads = heads;
+    const KvDtype dtype = heads == 12 ? KvDtype::bf16 : KvDtype::fp32;
+    auto in = test::random_context(spec, dtype, rng);
+    const auto shards = test::stripe(in, 2, 1, 16, dtype, rng);
+    MlaAttentionParams p = test::shard_params(in, shards[0], dtype, 16, 2, 0, 1);
+    const ref::AttentionResult expect = local_reference(p);
+    const std::int64_t tokens = num_query_tokens(p);
+    const int width = p.kv_lora_rank + p.rope_dim;
+    for (const int block : {1, heads / 4, heads / 2, heads}) {
+      std::vector<float> blocked(static_cast<std::size_t>(tokens) * heads * width);
+      for (std::int64_t t = 0; t < tokens; ++t) {
+        for (int h = 0; h < heads; ++h) {
+          const std::size_t at =
+              ((static_cast<std::size_t>(h / block) * tokens + t) * block + h % block) * width;
+          std::copy_n(p.q + (t * heads + h) * width, width, blocked.data() + at);
+        }
+      }
+      MlaAttentionParams pb = p;
+      pb.q = blocked.data();
+      pb.q_head_block = block;
+      const ref::AttentionResult ref_blocked = local_reference(pb);  // same values, same order
+      EXPECT_TRUE(ref_blocked.out == expect.out && ref_blocked.lse == expect.lse)
+          << "reference, block " << block;
+      if (dtype == KvDtype::bf16 && amx_bf16_available()) {  // approximate: against itself
+        const RankOutput plain = run_rank(p, KernelPath::amx_bf16),
+                         got = run_rank(pb, KernelPath::amx_bf16);
+        EXPECT_TRUE(got.out == plain.out && got.lse == plain.lse) << "amx_bf16 block " << block;
+      }
+      for (KernelPath kernel : available_kernel_paths()) {
+        const RankOutput got = run_rank(pb, kernel);
+        EXPECT_TRUE(matches_reference(got, expect,
+                                      std::string(to_string(kernel)) + " heads " +
+                                          std::to_string(heads) + " block " +
+                                          std::to_string(block)));
+      }
+    }
+  }
+}
+
 TEST(Attention, AmxPathIsWithinItsBf16RoundingOfTheReference) {
   if (!amx_bf16_available()) GTEST_SKIP() << "this CPU or OS offers no AMX-BF16";
   // The path rounds q * scale and the probabilities to bf16. With bf16-exact queries and a
@@ -480,6 +525,9 @@ TEST_F(AttentionValidation, RejectsBadShapesAndRanges) {
   p = params_;
   p.window = -1;
   expect_rejected(p, "window");
+  p = params_;
+  p.q_head_block = p.num_heads + 1;
+  expect_rejected(p, "q_head_block");
   p = params_;
   p.topk_k = 2;
   expect_rejected(p, "topk must not be null");

@@ -69,10 +69,10 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   cm->callback([co] {
     std::printf(
-        "DCP step on an empty shard (query gather + combine) vs the same bytes as raw collectives, "
-        "H_loc %d\n",
+        "DCP step on an empty shard minus its local kernel (query gather + combine) vs the same "
+        "bytes as raw collectives, H_loc %d\n",
         co->heads_per_rank);
-    std::printf("%6s %5s %7s %9s | %10s %10s %8s\n", "comm", "N", "tokens", "backend", "step ms",
+    std::printf("%6s %5s %7s %9s | %10s %10s %8s\n", "comm", "N", "tokens", "backend", "combine ms",
                 "raw ms", "ratio");
     for (std::int64_t tokens : parse_list(co->tokens, "--tokens")) {
       if (co->comm == "mpi") {

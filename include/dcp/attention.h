@@ -31,7 +31,11 @@ struct MlaAttentionParams {
   int num_requests = 0;  // B
   const std::int32_t* q_start =
       nullptr;               // [B + 1] request b has tokens [q_start[b], q_start[b+1]), >= 1 each
-  const float* q = nullptr;  // [T, Hq, D_c + D_r] fp32: q_nope_out | q_pe
+  const float* q = nullptr;  // [T, Hq, D_c + D_r] fp32: q_nope_out | q_pe (but see below)
+  // > 0: q is [Hq / q_head_block, T, q_head_block, D_c + D_r] instead, blocks of heads one
+  // after another: what a DCP query all-gather of each rank's [T, H_loc, W] produces, read in
+  // place (no permutation). Must divide num_heads. 0: the plain layout.
+  int q_head_block = 0;
   const std::int64_t* q_pos = nullptr;  // [T] global position of each query token in its sequence
 
   // ---- this rank's shard of the paged latent KV cache ----
@@ -71,6 +75,15 @@ struct MlaAttentionParams {
 
 // Total query tokens T = q_start[num_requests] (after validation).
 std::int64_t num_query_tokens(const MlaAttentionParams& p);
+
+// Head h of query token t (of `tokens` = num_query_tokens(p)) under either query layout.
+inline const float* query_head(const MlaAttentionParams& p, std::int64_t tokens, std::int64_t t,
+                               int h) {
+  const std::int64_t width = p.kv_lora_rank + p.rope_dim;
+  if (p.q_head_block <= 0) return p.q + (t * p.num_heads + h) * width;
+  const int block = h / p.q_head_block, in_block = h % p.q_head_block;
+  return p.q + ((block * tokens + t) * p.q_head_block + in_block) * width;
+}
 
 // Checks every shape, pointer, page id, length and mask argument; throws dcp::Error naming the
 // field and its legal range. Called by mla_attention before any computation.

@@ -41,8 +41,8 @@ class DcpAttention {
   DcpAttention(Communicator& group, DcpAttentionOptions options);
 
   // shard: this rank's KV shard and forward metadata (num_requests, q_start, q_pos, kv, pages,
-  //        local_len, dcp_size == N, dcp_rank == group.rank(), masks). Its q, num_heads, out,
-  //        lse and sinks fields are ignored: the step sets them.
+  //        local_len, dcp_size == N, dcp_rank == group.rank(), masks). Its q, q_head_block,
+  //        num_heads, out, lse and sinks fields are ignored: the step sets them.
   // q:     gathered Q [T, H_loc, W]; replicated Q [T, N*H_loc, W]; fp32
   // sinks: [N*H_loc] natural-log sink logit of each of the group's heads, or null; counted once
   // out:   [T, H_loc, D_c] fp32;  lse: [T, H_loc] natural log (may be null)
@@ -67,7 +67,7 @@ class DcpAttention {
   DcpAttentionOptions options_;
   DcpStepTimings timings_;
   // Buffers reused across forwards.
-  std::vector<float> q_gathered_, q_all_, o_local_, lse_local_, lse_all_, lse_global_, send_, recv_;
+  std::vector<float> q_gathered_, o_local_, lse_local_, lse_all_, lse_global_, send_, recv_;
 };
 
 }  // namespace dcp

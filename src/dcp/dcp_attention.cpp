@@ -67,23 +67,15 @@ void DcpAttention::forward(const float* q, const MlaAttentionParams& shard, cons
   auto t0 = Clock::now();
   if (options_.replicated_q || n == 1) {
     p.q = q;
+    p.q_head_block = 0;
   } else {
     const std::size_t block = static_cast<std::size_t>(tokens) * h_loc * width;
     q_gathered_.resize(block * n);
     group_.all_gather(q, q_gathered_.data(), block * sizeof(float));
     timings_.comm_ms += ms_since(t0);
-    t0 = Clock::now();
-    // [N, T, H_loc, W] -> [T, N, H_loc, W]: head g = rank * H_loc + h, a contiguous block.
-    q_all_.resize(block * n);
-    const std::size_t head_block = static_cast<std::size_t>(h_loc) * width;
-    for (int r = 0; r < n; ++r) {
-      for (std::int64_t t = 0; t < tokens; ++t) {
-        std::memcpy(q_all_.data() + (t * n + r) * head_block,
-                    q_gathered_.data() + r * block + t * head_block, head_block * sizeof(float));
-      }
-    }
-    p.q = q_all_.data();
-    timings_.other_ms += ms_since(t0);
+    // [N, T, H_loc, W]: head g = rank * H_loc + h; the kernel reads it in place.
+    p.q = q_gathered_.data();
+    p.q_head_block = h_loc;
   }
 
   // 2. Local attention over this rank's shard, all N*H_loc heads.

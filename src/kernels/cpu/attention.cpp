@@ -53,6 +53,9 @@ void validate(const MlaAttentionParams& p) {
   }
   const std::int64_t tokens = num_query_tokens(p);
   DCP_ARG_CHECK(p.q && p.q_pos && p.out && p.lse, "q, q_pos, out and lse must not be null");
+  DCP_ARG_CHECK(p.q_head_block >= 0 && (p.q_head_block == 0 || p.num_heads % p.q_head_block == 0),
+                "q_head_block = ", p.q_head_block, " must be 0 (plain [T, Hq, W] query) or divide ",
+                "num_heads = ", p.num_heads);
   DCP_ARG_CHECK(p.topk_k == 0 || p.topk != nullptr,
                 "topk must not be null when topk_k = ", p.topk_k);
   for (std::int64_t t = 0; t < tokens; ++t) {
@@ -136,13 +139,12 @@ class PortableKernel {
     std::fill(acc_.begin(), acc_.end(), 0.0f);
     std::fill(m_.begin(), m_.end(), kNegInf);
     std::fill(l_.begin(), l_.end(), 0.0f);
-    const float* q_tok = p_.q + task.t * heads * width_;
     for (std::int64_t start = task.first; start < task.last; start += kTileRows) {
       const int n = static_cast<int>(std::min<std::int64_t>(kTileRows, task.last - start));
       for (int j = 0; j < n; ++j)
         row_ptr_[j] = load_row(task.b, task.rows.at(start + j), tile_.data() + j * width_);
       for (int h = 0; h < heads; ++h) {
-        const float* qh = q_tok + h * width_;
+        const float* qh = query_head(p_, tokens_, task.t, h);
         float* s = scores_.data() + h * kTileRows;
         float tile_max = kNegInf;
         for (int j = 0; j < n; ++j) {
@@ -182,6 +184,7 @@ class PortableKernel {
 
   const MlaAttentionParams& p_;
   int width_;
+  std::int64_t tokens_ = num_query_tokens(p_);  // T, for query_head
   std::vector<float> tile_;
   std::vector<const float*> row_ptr_;
   std::vector<float> scores_, acc_, m_, l_;
@@ -302,6 +305,9 @@ void mla_attention(const MlaAttentionParams& p) {
     part_lse.resize(static_cast<std::size_t>(splits * tokens) * heads);
   }
   std::vector<Task> tasks;
+  // A task that sees no rows (a rank holding none of a short request, an empty split) is written
+  // here: zeros, LSE -inf, plus the sink. Kernels would pack the query for nothing.
+  const std::vector<float> no_rows(static_cast<std::size_t>(heads), 0.0f);  // l = 0 for all heads
   for (std::int64_t t = 0; t < tokens; ++t) {
     const RowSet& r = rows[t];
     for (std::int64_t s = 0; s < splits; ++s) {
@@ -319,10 +325,16 @@ void mla_attention(const MlaAttentionParams& p) {
         task.out = p.out + t * heads * dc;
         task.lse = p.lse + t * heads;
       }
-      tasks.push_back(task);
+      if (task.first == task.last) {
+        kernels::write_task_state(p, task, nullptr, 0, no_rows.data(), no_rows.data());
+      } else {
+        tasks.push_back(task);
+      }
     }
   }
-  if (threads == 1 || tasks.size() == 1) {
+  if (tasks.empty()) {
+    // nothing for the kernels
+  } else if (threads == 1 || tasks.size() == 1) {
     run(p, tasks.data(), tasks.size());
   } else {
     std::vector<std::thread> pool;

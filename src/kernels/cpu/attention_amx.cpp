@@ -90,7 +90,7 @@ class AmxKernel {
         corr_(lanes_) {}
 
   void run(const Task& task) {
-    pack_query(p_.q + task.t * heads_ * width_);
+    pack_query(task.t);
     std::fill(acc_.begin(), acc_.end(), 0.0f);
     std::fill(m_.begin(), m_.end(), kNegInf);
     std::fill(l_.begin(), l_.end(), 0.0f);
@@ -109,10 +109,10 @@ class AmxKernel {
   using vec = S::vec;
 
   // Qv[c][h] = the bf16 pair (q[h][2c], q[h][2c+1]) * scale; zero past the width and the heads.
-  void pack_query(const float* q) {
+  void pack_query(std::int64_t t) {
     std::fill(qv_.begin(), qv_.end(), 0u);
     for (int h = 0; h < heads_; ++h) {
-      const float* qh = q + static_cast<std::size_t>(h) * width_;
+      const float* qh = query_head(p_, tokens_, t, h);
       for (int d = 0; d < width_; ++d) {
         const std::uint32_t word = float_to_bf16(qh[d] * p_.softmax_scale);
         qv_[static_cast<std::size_t>(d / 2) * lanes_ + h] |= d % 2 ? word << 16 : word;
@@ -243,6 +243,7 @@ class AmxKernel {
 
   const MlaAttentionParams& p_;
   int heads_, lanes_, dc_, dcp_, width_, wp_;
+  std::int64_t tokens_ = num_query_tokens(p_);  // T, for query_head
   std::vector<std::uint32_t> qv_;        // [wp/2, lanes] query pairs
   std::vector<std::uint16_t> kbuf_;      // [kTileRows, wp] rows of blocks not loadable in place
   std::vector<std::uint16_t> zero_row_;  // [wp] stands for rows past n

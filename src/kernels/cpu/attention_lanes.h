@@ -48,7 +48,7 @@ class LaneKernel {
         row_bytes_per_elem_(static_cast<int>(dtype_size(p.kv_dtype))) {}
 
   void run(const Task& task) {
-    pack_query(p_.q + task.t * heads_ * width_);
+    pack_query(task.t);
     std::fill(acc_.begin(), acc_.end(), 0.0f);
     std::fill(m_.begin(), m_.end(), kNegInf);
     std::fill(l_.begin(), l_.end(), 0.0f);
@@ -69,10 +69,10 @@ class LaneKernel {
   using vec = typename S::vec;
 
   // Qt[d][h] = q[h][d] * scale; padding lanes (h >= heads) are zero and are never written out.
-  void pack_query(const float* q) {
+  void pack_query(std::int64_t t) {
     std::fill(qt_.begin(), qt_.end(), 0.0f);
     for (int h = 0; h < heads_; ++h) {
-      const float* qh = q + static_cast<std::size_t>(h) * width_;
+      const float* qh = query_head(p_, tokens_, t, h);
       for (int d = 0; d < width_; ++d)
         qt_[static_cast<std::size_t>(d) * lanes_ + h] = qh[d] * p_.softmax_scale;
     }
@@ -273,6 +273,7 @@ class LaneKernel {
 
   const MlaAttentionParams& p_;
   int heads_, lanes_, dc_, width_;
+  std::int64_t tokens_ = num_query_tokens(p_);  // T, for query_head
   std::vector<float> qt_;            // [width, lanes] scaled query, transposed
   std::vector<float> s_;             // [kRows, lanes] scores, then probabilities
   std::vector<float> acc_;           // [heads, dc] unnormalised output

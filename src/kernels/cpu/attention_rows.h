@@ -95,11 +95,11 @@ class RowKernel {
     std::fill(m_.begin(), m_.end(), kNegInf);
     std::fill(l_.begin(), l_.end(), 0.0f);
     // The token's query in the order the rows are read in.
-    const float* q = p_.q + task.t * heads_ * width_;
-    for (int h = 0; h < heads_; ++h)
+    for (int h = 0; h < heads_; ++h) {
+      const float* qh = query_head(p_, tokens_, task.t, h);
       for (int d = 0; d < width_; ++d)
-        q_[static_cast<std::size_t>(h) * width_ + E::position(d, width_)] =
-            q[static_cast<std::size_t>(h) * width_ + d];
+        q_[static_cast<std::size_t>(h) * width_ + E::position(d, width_)] = qh[d];
+    }
     for (std::int64_t start = task.first; start < task.last; start += kRows) {
       const int n = static_cast<int>(std::min<std::int64_t>(kRows, task.last - start));
       load_tile(task.b, task.rows, start, n);
@@ -289,6 +289,7 @@ class RowKernel {
 
   const MlaAttentionParams& p_;
   int heads_, dc_, width_;
+  std::int64_t tokens_ = num_query_tokens(p_);  // T, for query_head
   std::vector<float> q_;        // [heads, width] the token's query, in E::position order
   std::vector<float> unsplit_;  // [dc] one head's accumulators back in row order
   const Kv* row_[kRows] = {};

@@ -87,7 +87,7 @@ AttentionResult mla_attention_local(const MlaAttentionParams& p) {
         for (std::int64_t j = 0; j < p.local_len[b]; ++j) candidates.push_back(j);
       }
       for (int h = 0; h < heads; ++h) {
-        const float* qh = p.q + (t * heads + h) * width;
+        const float* qh = query_head(p, tokens, t, h);
         std::vector<double> logits;
         std::vector<const double*> values;
         for (std::int64_t j : candidates) {
