@@ -62,6 +62,20 @@ struct EngineBenchRow {
   double tokens_per_s = 0, median_step_ms = 0, attention_ms = 0, comm_ms = 0;
 };
 std::vector<EngineBenchRow> bench_engine(const EngineBenchOptions& o);
+
+// Decode step time against context length, split into attention / DCP communication / other per
+// MLA layer, beside the predictions of `dcp plan` for the same configuration.
+struct StepBenchOptions {
+  std::string preset = "deepseek-v3";
+  int num_layers = 1;
+  int ranks = 2;  // TP size; DCP is 1 (TP only) and this
+  std::string backend = "a2a";
+  int batch = 1;
+  std::string contexts = "1024,2048,4096";
+  int new_tokens = 8;
+  std::string hardware = "this-cpu";
+};
+void bench_step(const StepBenchOptions& o);
 void bench_merge(int repeats);
 void bench_comm_rank(Communicator& c, int heads_per_rank, int tokens, int repeats);
 

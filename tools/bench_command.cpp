@@ -1,6 +1,7 @@
 // `dcp bench ...`: measurements, each beside a baseline taken in the same run.
 //   dcp bench attention  local MLA decode attention vs sgemm / read ceilings and a two-GEMM peer
 //   dcp bench merge      LSE merge and KV write/gather vs the read ceiling
+//   dcp bench step       decode step vs context, its components beside dcp plan
 //   dcp bench comm       the DCP step's collectives vs raw collectives of the same bytes
 //   dcp bench extend     time and DCP bytes per extend (prefill chunk over a cached prefix),
 //                        gather path vs DCP-native path, against prefix length.
@@ -116,6 +117,23 @@ void add_bench_command(CLI::App& app) {
                 "tokens", "tokens/s", "step ms", "attn ms", "comm ms");
     bench_engine(*eo);
   });
+
+  auto so = std::make_shared<StepBenchOptions>();
+  CLI::App* st = bench->add_subcommand(
+      "step", "Decode step vs context: attention / DCP comm / other, beside dcp plan");
+  st->add_option("--preset", so->preset, "model geometry")->capture_default_str();
+  st->add_option("--num-layers", so->num_layers, "layers")->capture_default_str();
+  st->add_option("--ranks", so->ranks, "TP size (ranks as threads); DCP 1 and this")
+      ->capture_default_str();
+  st->add_option("--dcp-comm-backend", so->backend, "ag_rs or a2a")->capture_default_str();
+  st->add_option("--batch", so->batch, "requests decoded together")->capture_default_str();
+  st->add_option("--contexts", so->contexts, "comma-separated prompt lengths")
+      ->capture_default_str();
+  st->add_option("--new-tokens", so->new_tokens, "tokens generated per request")
+      ->capture_default_str();
+  st->add_option("--hardware", so->hardware, "dcp plan hardware preset to compare with")
+      ->capture_default_str();
+  st->callback([so] { bench_step(*so); });
 
   auto o = std::make_shared<ExtendBenchOptions>();
   CLI::App* ext = bench->add_subcommand(

@@ -1,6 +1,7 @@
 // dcp bench engine: decode throughput against concurrency at a fixed per-rank KV budget,
 // TP only (DCP 1: every rank holds the whole KV) against TP + DCP at the same rank count (each
-// rank holds 1/N): the TP-only run saturates once its replicated KV fills the budget.
+// rank holds 1/N): the TP-only run saturates once its replicated KV fills the budget. And
+// dcp bench step: the decode step against context, its components beside `dcp plan`.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -13,8 +14,27 @@
 #include "dcp/error.h"
 #include "dcp/model.h"
 #include "dcp/weights.h"
+#include "plan_model.h"
 
 namespace dcp::cli {
+namespace {
+
+// `count` requests of `context` random prompt tokens (the same on every rank: fixed seed).
+void submit_random_requests(Engine& engine, std::int64_t count, std::int64_t context,
+                            int new_tokens, int vocab_size) {
+  std::mt19937 gen(5);
+  std::uniform_int_distribution<std::int32_t> tok(0, vocab_size - 1);
+  for (std::int64_t i = 0; i < count; ++i) {
+    RequestSpec q;
+    q.id = i;
+    q.prompt.resize(static_cast<std::size_t>(context));
+    for (auto& t : q.prompt) t = tok(gen);
+    q.max_new_tokens = new_tokens;
+    engine.submit(q);
+  }
+}
+
+}  // namespace
 
 std::vector<EngineBenchRow> bench_engine(const EngineBenchOptions& o) {
   DCP_ARG_CHECK(o.ranks >= 1 && o.context >= 1 && o.new_tokens >= 2,
@@ -47,16 +67,7 @@ std::vector<EngineBenchRow> bench_engine(const EngineBenchOptions& o) {
         EngineOptions eo;
         eo.chunked_prefill_size = 4096;
         Engine engine(model, eo);
-        std::mt19937 gen(5);
-        std::uniform_int_distribution<std::int32_t> tok(0, config.vocab_size - 1);
-        for (std::int64_t i = 0; i < c; ++i) {
-          RequestSpec q;
-          q.id = i;
-          q.prompt.resize(static_cast<std::size_t>(o.context));
-          for (auto& t : q.prompt) t = tok(gen);
-          q.max_new_tokens = o.new_tokens;
-          engine.submit(q);
-        }
+        submit_random_requests(engine, c, o.context, o.new_tokens, config.vocab_size);
         std::int64_t peak_running = 0;
         engine.run([&](const Engine& e) { peak_running = std::max(peak_running, e.running()); });
         if (world.rank() != 0) return;
@@ -85,6 +96,66 @@ std::vector<EngineBenchRow> bench_engine(const EngineBenchOptions& o) {
     }
   }
   return rows;
+}
+
+void bench_step(const StepBenchOptions& o) {
+  DCP_ARG_CHECK(o.ranks >= 1 && o.batch >= 1 && o.new_tokens >= 2,
+                "--ranks, --batch >= 1 and --new-tokens >= 2");
+  const ModelConfig config = preset_config(o.preset, o.num_layers);
+  const Hardware hw = hardware_preset(o.hardware);
+  const CombineBackend backend = parse_combine_backend(o.backend);
+  DCP_ARG_CHECK(config.num_attention_heads % o.ranks == 0, "--ranks ", o.ranks,
+                " must divide the model's ", config.num_attention_heads, " heads");
+  const int h_loc = config.num_attention_heads / o.ranks;
+  const int layers = config.num_hidden_layers;
+  set_blas_threads(1);
+  std::printf(
+      "decode step against context, %s %d layer(s), TP %d, batch %d, bf16 KV, %s combine; per "
+      "MLA layer and rank, medians over %d decode steps; plan: dcp plan --hardware %s\n",
+      o.preset.c_str(), layers, o.ranks, o.batch, o.backend.c_str(), o.new_tokens - 1,
+      o.hardware.c_str());
+  std::printf("%8s %4s | %9s %9s %6s | %9s %9s %6s | %9s %9s\n", "context", "dcp", "attn ms",
+              "plan ms", "error", "comm ms", "plan ms", "error", "other ms", "step ms");
+  for (std::int64_t context : parse_list(o.contexts, "--contexts")) {
+    for (int dcp : {1, o.ranks}) {
+      std::vector<double> attn, comm, other, step;
+      run_threads(o.ranks, [&](Communicator& world) {
+        auto group = world.split(world.rank() / dcp, world.rank());
+        const auto weights = make_synthetic_weights(1234);
+        ModelOptions mo;
+        mo.backend = dcp > 1 ? backend : CombineBackend::ag_rs;
+        mo.kv_dtype = KvDtype::bf16;
+        mo.kv_capacity_tokens = o.batch * (context + o.new_tokens);
+        MlaModel model(config, *weights, world, *group, mo);
+        EngineOptions eo;
+        eo.chunked_prefill_size = 4096;
+        Engine engine(model, eo);
+        submit_random_requests(engine, o.batch, context, o.new_tokens, config.vocab_size);
+        engine.run();
+        if (world.rank() != 0) return;
+        const auto& stats = engine.stats();
+        for (std::size_t i = 0; i < stats.decode_timings.size(); ++i) {
+          const ForwardTimings& t = stats.decode_timings[i];
+          attn.push_back(t.attention_ms / layers);
+          comm.push_back(t.dcp_comm_ms / layers);
+          step.push_back(stats.decode_step_ms[i]);
+          other.push_back(stats.decode_step_ms[i] - t.attention_ms - t.dcp_comm_ms);
+        }
+      });
+      // The decode steps see contexts from `context` to context + new_tokens - 1.
+      const LayerPrediction plan = predict_layer(config, hw, h_loc, dcp, backend, false, o.batch,
+                                                 context + o.new_tokens / 2, KvDtype::bf16);
+      const double a = median(attn), c = median(comm);
+      const auto error = [](double measured, double predicted) {
+        return measured > 0 ? 100.0 * (predicted - measured) / measured : 0.0;
+      };
+      std::printf("%8lld %4d | %9.3f %9.3f %5.0f%% | %9.3f %9.3f %5.0f%% | %9.2f %9.2f\n",
+                  static_cast<long long>(context), dcp, a, plan.attn_ms, error(a, plan.attn_ms), c,
+                  plan.comm_ms, dcp > 1 ? error(c, plan.comm_ms) : 0.0, median(other),
+                  median(step));
+      std::fflush(stdout);
+    }
+  }
 }
 
 }  // namespace dcp::cli

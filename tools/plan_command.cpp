@@ -17,48 +17,10 @@
 #include "dcp/error.h"
 #include "dcp/model_config.h"
 #include "dcp/weights.h"
+#include "plan_model.h"
 
 namespace dcp::cli {
 namespace {
-
-struct Hardware {
-  std::string name;
-  double compute_flops = 0;   // attention kernel rate per rank (FLOP/s)
-  double bandwidth = 0;       // KV read bandwidth per rank (B/s)
-  double link_bandwidth = 0;  // per-rank collective bandwidth (B/s)
-  double link_latency = 0;    // per collective (s)
-  double memory_bytes = 0;    // per rank
-  std::string source;
-};
-
-Hardware hardware_preset(const std::string& name) {
-  if (name == "this-cpu") {
-    // Measured on the development VM, one core per rank (dcp bench attention, 2026-11-29):
-    // ~140 GFLOP/s for many heads (heads-in-lanes kernel, second session; 80 before it),
-    // ~9.5 GB/s KV read for few; collectives between thread ranks
-    // (dcp run decode split) cost ~0.3 ms each, mostly scheduling on 2 cores.
-    return {name,
-            140e9,
-            9.5e9,
-            5e9,
-            300e-6,
-            24.0 * (1ull << 30) / 4,
-            "measured here: dcp bench attention, dcp run"};
-  }
-  if (name == "h200-nvlink") {
-    // Assumed, not measured: ~4 TB/s of the 4.8 TB/s HBM3e, ~400 TFLOP/s effective bf16 for
-    // absorbed MLA decode, NVLink 4 at ~350 GB/s per rank for all-to-all, ~15 us per collective.
-    return {name,
-            400e12,
-            4.0e12,
-            350e9,
-            15e-6,
-            141.0 * (1ull << 30),
-            "assumed datasheet-level figures (8x H200, NVLink 4)"};
-  }
-  throw Error(ErrorCategory::invalid_argument,
-              str("--hardware '", name, "' is not one of: this-cpu, h200-nvlink"));
-}
 
 struct PlanOptions {
   std::string preset = "deepseek-v3";
@@ -74,22 +36,6 @@ struct PlanOptions {
   double weights_gib = -1;  // per rank; default: the dense weights of the config
   bool json = false;
 };
-
-// Dense weights held per rank (bf16): replicated down-projections and norms, TP shards of the rest.
-double weights_bytes_per_rank(const ModelConfig& c, int tp) {
-  const double h = c.hidden_size, heads = c.num_attention_heads;
-  double per_layer = 0;
-  if (c.q_lora_rank) {
-    per_layer += *c.q_lora_rank * h + heads * c.q_head_dim() * *c.q_lora_rank / tp;
-  } else {
-    per_layer += heads * c.q_head_dim() * h / tp;
-  }
-  per_layer +=
-      c.latent_width() * h + heads * (c.qk_nope_head_dim + c.v_head_dim) * c.kv_lora_rank / tp;
-  per_layer += h * heads * c.v_head_dim / tp * (c.attn_output_gate ? 2 : 1);
-  per_layer += 3.0 * c.intermediate_size * h / tp;
-  return 2.0 * (per_layer * c.num_hidden_layers + 2.0 * c.vocab_size * h / tp);
-}
 
 struct Row {
   std::int64_t context = 0;
@@ -142,18 +88,12 @@ void plan(const PlanOptions& o) {
         r.context = s;
         r.dcp = n;
         r.backend = n == 1 ? "none" : m.name;
-        // Per rank: N*H_loc heads over S/N rows for each of B requests.
-        const double flops = 2.0 * (c.latent_width() + c.kv_lora_rank) * h_loc * n *
-                             (static_cast<double>(s) / n) * o.batch;
-        r.kv_bytes = static_cast<double>(o.batch) * s / n * row_bytes;
-        r.attn_ms = 1e3 * std::max(flops / hw.compute_flops, r.kv_bytes / hw.bandwidth);
-        if (n > 1) {
-          const DcpAttentionOptions opt{m.b, m.rq, h_loc};
-          r.comm_bytes = static_cast<double>(DcpAttention::expected_bytes_sent(
-              opt, n, o.batch, c.kv_lora_rank, c.qk_rope_head_dim));
-          r.collectives = (m.rq ? 0 : 1) + (m.b == CombineBackend::ag_rs ? 2 : 1);
-          r.comm_ms = 1e3 * (r.collectives * hw.link_latency + r.comm_bytes / hw.link_bandwidth);
-        }
+        const LayerPrediction pr = predict_layer(c, hw, h_loc, n, m.b, m.rq, o.batch, s, dtype);
+        r.kv_bytes = pr.kv_bytes;
+        r.attn_ms = pr.attn_ms;
+        r.comm_bytes = pr.comm_bytes;
+        r.collectives = pr.collectives;
+        r.comm_ms = pr.comm_ms;
         r.total_ms = r.attn_ms + r.comm_ms;
         const double free_bytes = std::max(0.0, hw.memory_bytes - weights);
         r.capacity_tokens = free_bytes / (row_bytes * c.num_hidden_layers) * n;

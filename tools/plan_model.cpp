@@ -1,0 +1,76 @@
+#include "plan_model.h"
+
+#include <algorithm>
+
+#include "dcp/dcp_attention.h"
+#include "dcp/error.h"
+
+namespace dcp::cli {
+
+Hardware hardware_preset(const std::string& name) {
+  if (name == "this-cpu") {
+    // Measured on the development VM (2 vCPUs), one rank per core with every core busy, which is
+    // how `dcp run` and `dcp bench step` run (third session, 2026-11-29):
+    // - attention: `dcp bench attention --threads 2 --heads 64,128 --dtypes bf16` gives
+    //   208-233 GFLOP/s for both cores, ~110 per rank (one thread alone: 123-137);
+    // - KV read ~9.5 GB/s per rank;
+    // - a collective between two thread ranks inside a decode step costs ~0.2 ms, mostly
+    //   waiting for the other rank (`dcp bench step` at context 1024: 0.42 ms for a2a's two).
+    return {name,
+            110e9,
+            9.5e9,
+            5e9,
+            200e-6,
+            24.0 * (1ull << 30) / 4,
+            "measured here: dcp bench attention --threads 2, dcp bench step"};
+  }
+  if (name == "h200-nvlink") {
+    // Assumed, not measured: ~4 TB/s of the 4.8 TB/s HBM3e, ~400 TFLOP/s effective bf16 for
+    // absorbed MLA decode, NVLink 4 at ~350 GB/s per rank for all-to-all, ~15 us per collective.
+    return {name,
+            400e12,
+            4.0e12,
+            350e9,
+            15e-6,
+            141.0 * (1ull << 30),
+            "assumed datasheet-level figures (8x H200, NVLink 4)"};
+  }
+  throw Error(ErrorCategory::invalid_argument,
+              str("--hardware '", name, "' is not one of: this-cpu, h200-nvlink"));
+}
+
+double weights_bytes_per_rank(const ModelConfig& c, int tp) {
+  const double h = c.hidden_size, heads = c.num_attention_heads;
+  double per_layer = 0;
+  if (c.q_lora_rank) {
+    per_layer += *c.q_lora_rank * h + heads * c.q_head_dim() * *c.q_lora_rank / tp;
+  } else {
+    per_layer += heads * c.q_head_dim() * h / tp;
+  }
+  per_layer +=
+      c.latent_width() * h + heads * (c.qk_nope_head_dim + c.v_head_dim) * c.kv_lora_rank / tp;
+  per_layer += h * heads * c.v_head_dim / tp * (c.attn_output_gate ? 2 : 1);
+  per_layer += 3.0 * c.intermediate_size * h / tp;
+  return 2.0 * (per_layer * c.num_hidden_layers + 2.0 * c.vocab_size * h / tp);
+}
+
+LayerPrediction predict_layer(const ModelConfig& c, const Hardware& hw, int h_loc, int dcp,
+                              CombineBackend backend, bool replicated_q, int batch,
+                              std::int64_t context, KvDtype dtype) {
+  LayerPrediction r;
+  const double row_bytes = static_cast<double>(c.latent_width()) * dtype_size(dtype);
+  const double flops = 2.0 * (c.latent_width() + c.kv_lora_rank) * h_loc * dcp *
+                       (static_cast<double>(context) / dcp) * batch;
+  r.kv_bytes = static_cast<double>(batch) * context / dcp * row_bytes;
+  r.attn_ms = 1e3 * std::max(flops / hw.compute_flops, r.kv_bytes / hw.bandwidth);
+  if (dcp > 1) {
+    const DcpAttentionOptions opt{backend, replicated_q, h_loc};
+    r.comm_bytes = static_cast<double>(
+        DcpAttention::expected_bytes_sent(opt, dcp, batch, c.kv_lora_rank, c.qk_rope_head_dim));
+    r.collectives = (replicated_q ? 0 : 1) + (backend == CombineBackend::ag_rs ? 2 : 1);
+    r.comm_ms = 1e3 * (r.collectives * hw.link_latency + r.comm_bytes / hw.link_bandwidth);
+  }
+  return r;
+}
+
+}  // namespace dcp::cli
