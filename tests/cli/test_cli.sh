@@ -121,7 +121,11 @@ check "lists hardware presets" stderr_has "this-cpu, h200-nvlink"
 expect 0 "bench comm (small)" -- bench comm --ranks 2 --tokens 1 --repeats 2
 check "bench comm prints ratios" stdout_has "ratio"
 expect 0 "bench attention (small)" -- bench attention --contexts 256 --heads 4 --batches 1 --dtypes bf16 --repeats 1
-check "bench attention prints ceilings" stdout_has "ceilings measured now"
+check "bench attention prints ceilings" stdout_has "ceilings (sgemm GFLOP/s, read GB/s) are measured again"
+expect 0 "bench step (small)" -- bench step --preset tiny --contexts 64 --new-tokens 3
+check "bench step prints the plan beside the measurement" stdout_has "plan ms"
+expect 2 "bench step rejects a bad backend" -- bench step --preset tiny --contexts 64 --dcp-comm-backend bogus
+check "bench step names the flag" stderr_has "--dcp-comm-backend 'bogus'"
 
 # Data parallelism: independent replicas of TP x DCP.
 expect 0 "two DP replicas" -- run --dp-size 2 --tp-size 2 --dcp-size 2 --batch 3 --prompt-len 120 --max-new-tokens 3 --json "$tmp/run.json"
