@@ -257,6 +257,62 @@ TEST(Attention, BlockedQueryLayoutIsReadInPlace) {
   }
 }
 
+TEST(Attention, BlockedOutputLayoutWritesEachBlockInPlace) {
+  // out_head_block: the outputs in per-destination blocks [T, H, D_c] + [T, H] at a stride, as
+  // the a2a combine sends them. Every path, with split-KV threads (parts merged per block) and
+  // without; padding between blocks must stay untouched.
+  auto rng = test::make_rng();
+  test::ContextSpec spec;
+  spec.heads = 12;
+  spec.kv_lora_rank = 37;
+  spec.rope_dim = 5;
+  spec.lengths = {9000, 40};  // long enough that 4 threads split the KV range
+  spec.q_lens = {1, 2};
+  for (const KvDtype dtype : {KvDtype::fp32, KvDtype::bf16}) {
+    auto in = test::random_context(spec, dtype, rng);
+    apply_variant(Variant::sinks, in, rng);
+    const auto shards = test::stripe(in, 2, 1, 16, dtype, rng);
+    MlaAttentionParams p = test::shard_params(in, shards[1], dtype, 16, 2, 1, 1);
+    const ref::AttentionResult expect = local_reference(p);
+    const std::int64_t tokens = num_query_tokens(p);
+    const int heads = p.num_heads, dc = p.kv_lora_rank;
+    for (const int block : {1, 3, 4, 12}) {
+      const std::int64_t rows = tokens * block, stride = rows * (dc + 1) + 5;
+      const float sentinel = 12345.0f;
+      for (KernelPath kernel : available_kernel_paths()) {
+        for (int threads : {1, 4}) {
+          std::vector<float> buf(static_cast<std::size_t>(stride * (heads / block)), sentinel);
+          MlaAttentionParams pb = p;
+          pb.kernel = kernel;
+          pb.num_threads = threads;
+          pb.out = buf.data();
+          pb.lse = buf.data() + rows * dc;
+          pb.out_head_block = block;
+          pb.out_block_stride = stride;
+          mla_attention(pb);
+          RankOutput got;  // back to the plain layout
+          got.out.resize(static_cast<std::size_t>(tokens) * heads * dc);
+          got.lse.resize(static_cast<std::size_t>(tokens) * heads);
+          for (std::int64_t t = 0; t < tokens; ++t) {
+            for (int h = 0; h < heads; ++h) {
+              const std::int64_t at = (h / block) * stride, i = t * block + h % block;
+              std::copy_n(buf.data() + at + i * dc, dc, got.out.data() + (t * heads + h) * dc);
+              got.lse[t * heads + h] = buf[at + rows * dc + i];
+            }
+          }
+          const std::string what = std::string(to_string(kernel)) + " threads " +
+                                   std::to_string(threads) + " block " + std::to_string(block);
+          EXPECT_TRUE(matches_reference(got, expect, what));
+          for (int k = 0; k < heads / block; ++k) {
+            for (int e = 0; e < 5; ++e)
+              EXPECT_EQ(buf[k * stride + rows * (dc + 1) + e], sentinel) << what;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Attention, AmxPathIsWithinItsBf16RoundingOfTheReference) {
   if (!amx_bf16_available()) GTEST_SKIP() << "this CPU or OS offers no AMX-BF16";
   // The path rounds q * scale and the probabilities to bf16. With bf16-exact queries and a
@@ -528,6 +584,10 @@ TEST_F(AttentionValidation, RejectsBadShapesAndRanges) {
   p = params_;
   p.q_head_block = p.num_heads + 1;
   expect_rejected(p, "q_head_block");
+  p = params_;
+  p.out_head_block = 1;
+  p.out_block_stride = 1;
+  expect_rejected(p, "out_block_stride");
   p = params_;
   p.topk_k = 2;
   expect_rejected(p, "topk must not be null");

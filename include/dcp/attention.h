@@ -71,6 +71,12 @@ struct MlaAttentionParams {
   // ---- outputs (written in full) ----
   float* out = nullptr;  // [T, Hq, D_c] fp32; 0 where no row is visible
   float* lse = nullptr;  // [T, Hq] fp32 natural log; -inf where no row is visible
+  // > 0: the outputs are in blocks of out_head_block heads instead, block k holding
+  // [T, out_head_block, D_c] at out + k * out_block_stride and [T, out_head_block] at
+  // lse + k * out_block_stride (floats): one block per destination of a DCP all-to-all, so the
+  // kernel's output is the send buffer. Must divide num_heads; the stride must hold a block's O.
+  int out_head_block = 0;
+  std::int64_t out_block_stride = 0;
 };
 
 // Total query tokens T = q_start[num_requests] (after validation).

@@ -81,6 +81,7 @@ void DcpAttention::forward(const float* q, const MlaAttentionParams& shard, cons
   // 2. Local attention over this rank's shard, all N*H_loc heads.
   if (n == 1) {  // no combine: the kernel writes the result directly
     p.out = out;
+    p.out_head_block = 0;
     p.lse = lse ? lse
                 : (lse_local_.resize(static_cast<std::size_t>(tokens) * heads), lse_local_.data());
     t0 = Clock::now();
@@ -88,10 +89,23 @@ void DcpAttention::forward(const float* q, const MlaAttentionParams& shard, cons
     timings_.attention_ms += ms_since(t0);
     return;
   }
-  o_local_.resize(static_cast<std::size_t>(tokens) * heads * dc);
-  lse_local_.resize(static_cast<std::size_t>(tokens) * heads);
-  p.out = o_local_.data();
-  p.lse = lse_local_.data();
+  if (options_.backend == CombineBackend::a2a) {
+    // The kernel writes the all-to-all's send buffer itself: block j (heads of rank j) is chunk
+    // j, [O rows*dc | LSE rows] with rows = T * H_loc, so nothing is packed.
+    const std::int64_t rows = tokens * h_loc;
+    const std::size_t chunk = static_cast<std::size_t>(rows) * (dc + 1);
+    send_.resize(chunk * n);
+    p.out = send_.data();
+    p.lse = send_.data() + rows * dc;
+    p.out_head_block = h_loc;
+    p.out_block_stride = static_cast<std::int64_t>(chunk);
+  } else {
+    o_local_.resize(static_cast<std::size_t>(tokens) * heads * dc);
+    lse_local_.resize(static_cast<std::size_t>(tokens) * heads);
+    p.out = o_local_.data();
+    p.lse = lse_local_.data();
+    p.out_head_block = 0;
+  }
   t0 = Clock::now();
   mla_attention(p);
   timings_.attention_ms += ms_since(t0);
@@ -152,25 +166,11 @@ void DcpAttention::combine_ag_rs(std::int64_t tokens, int dc, float* out, float*
 void DcpAttention::combine_a2a(std::int64_t tokens, int dc, float* out, float* lse) {
   const int n = group_.size();
   const int h_loc = options_.local_heads;
-  const int heads = n * h_loc;
   const std::int64_t rows = tokens * h_loc;                             // rows per destination
   const std::size_t chunk = static_cast<std::size_t>(rows) * (dc + 1);  // [O rows*dc | LSE rows]
-  auto t0 = Clock::now();
-  send_.resize(chunk * n);
+  // send_ holds the kernel's output already laid out by destination (forward).
   recv_.resize(chunk * n);
-  for (int j = 0; j < n; ++j) {
-    float* o_dst = send_.data() + j * chunk;
-    float* l_dst = o_dst + rows * dc;
-    for (std::int64_t t = 0; t < tokens; ++t) {
-      const std::size_t src_row = static_cast<std::size_t>(t) * heads + j * h_loc;
-      std::memcpy(o_dst + t * h_loc * dc, o_local_.data() + src_row * dc,
-                  sizeof(float) * h_loc * dc);
-      std::memcpy(l_dst + t * h_loc, lse_local_.data() + src_row, sizeof(float) * h_loc);
-    }
-  }
-  timings_.other_ms += ms_since(t0);
-
-  t0 = Clock::now();
+  auto t0 = Clock::now();
   group_.all_to_all(send_.data(), recv_.data(), chunk * sizeof(float));
   timings_.comm_ms += ms_since(t0);
 

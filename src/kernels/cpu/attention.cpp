@@ -53,6 +53,14 @@ void validate(const MlaAttentionParams& p) {
   }
   const std::int64_t tokens = num_query_tokens(p);
   DCP_ARG_CHECK(p.q && p.q_pos && p.out && p.lse, "q, q_pos, out and lse must not be null");
+  DCP_ARG_CHECK(
+      p.out_head_block >= 0 && (p.out_head_block == 0 || p.num_heads % p.out_head_block == 0),
+      "out_head_block = ", p.out_head_block,
+      " must be 0 (plain outputs) or divide num_heads = ", p.num_heads);
+  DCP_ARG_CHECK(
+      p.out_head_block == 0 || p.out_block_stride >= tokens * p.out_head_block * p.kv_lora_rank,
+      "out_block_stride = ", p.out_block_stride, " must hold a block's output (T * ",
+      "out_head_block * kv_lora_rank = ", tokens * p.out_head_block * p.kv_lora_rank, ")");
   DCP_ARG_CHECK(p.q_head_block >= 0 && (p.q_head_block == 0 || p.num_heads % p.q_head_block == 0),
                 "q_head_block = ", p.q_head_block, " must be 0 (plain [T, Hq, W] query) or divide ",
                 "num_heads = ", p.num_heads);
@@ -194,20 +202,25 @@ class PortableKernel {
 
 void write_task_state(const MlaAttentionParams& p, const Task& task, const float* acc,
                       std::size_t acc_stride, const float* m, const float* l) {
-  const int heads = p.num_heads, dc = p.kv_lora_rank;
-  for (int h = 0; h < heads; ++h) {
-    float* o = task.out + static_cast<std::size_t>(h) * dc;
-    if (l[h] == 0.0f) {
-      std::fill(o, o + dc, 0.0f);
-      task.lse[h] = kNegInf;
-      continue;
+  const int heads = p.num_heads, dc = p.kv_lora_rank, hb = task.head_block;
+  for (int h0 = 0; h0 < heads; h0 += hb) {
+    float* out = task.out + (h0 / hb) * task.block_stride;
+    float* lse = task.lse + (h0 / hb) * task.block_stride;
+    for (int i = 0; i < hb; ++i) {
+      const int h = h0 + i;
+      float* o = out + static_cast<std::size_t>(i) * dc;
+      if (l[h] == 0.0f) {
+        std::fill(o, o + dc, 0.0f);
+        lse[i] = kNegInf;
+        continue;
+      }
+      const float inv = 1.0f / l[h];
+      const float* a = acc + h * acc_stride;
+      for (int d = 0; d < dc; ++d) o[d] = a[d] * inv;
+      lse[i] = m[h] + std::log(l[h]);
     }
-    const float inv = 1.0f / l[h];
-    const float* a = acc + h * acc_stride;
-    for (int d = 0; d < dc; ++d) o[d] = a[d] * inv;
-    task.lse[h] = m[h] + std::log(l[h]);
+    if (task.add_sinks && p.sinks) merge_sink(out, lse, p.sinks + h0, hb, dc);
   }
-  if (task.add_sinks && p.sinks) merge_sink(task.out, task.lse, p.sinks, heads, dc);
 }
 
 void run_portable(const MlaAttentionParams& p, const Task* tasks, std::size_t n) {
@@ -275,6 +288,7 @@ void mla_attention(const MlaAttentionParams& p) {
   const RunFn run = select(p.kernel, p.kv_dtype);
   const int heads = p.num_heads, dc = p.kv_lora_rank;
   const std::int64_t tokens = num_query_tokens(p);
+  const int out_block = p.out_head_block > 0 ? p.out_head_block : heads;
 
   std::vector<std::int64_t> lists;
   std::vector<std::size_t> list_at;
@@ -318,12 +332,15 @@ void mla_attention(const MlaAttentionParams& p) {
       task.first = r.count * s / splits;
       task.last = r.count * (s + 1) / splits;
       task.add_sinks = s == 0;  // the sink counts once
-      if (splits > 1) {
+      if (splits > 1) {         // parts in the plain layout; merged into p's below
         task.out = part_out.data() + static_cast<std::size_t>(s * tokens + t) * heads * dc;
         task.lse = part_lse.data() + static_cast<std::size_t>(s * tokens + t) * heads;
+        task.head_block = heads;
       } else {
-        task.out = p.out + t * heads * dc;
-        task.lse = p.lse + t * heads;
+        task.out = p.out + t * out_block * dc;
+        task.lse = p.lse + t * out_block;
+        task.head_block = out_block;
+        task.block_stride = p.out_block_stride;
       }
       if (task.first == task.last) {
         kernels::write_task_state(p, task, nullptr, 0, no_rows.data(), no_rows.data());
@@ -357,10 +374,21 @@ void mla_attention(const MlaAttentionParams& p) {
       if (e) std::rethrow_exception(e);
     }
   }
-  if (splits > 1) {
+  if (splits > 1 && out_block == heads) {
     merge_attention_states(part_out.data(), static_cast<std::int64_t>(tokens) * heads * dc,
                            part_lse.data(), static_cast<std::int64_t>(tokens) * heads,
                            static_cast<int>(splits), tokens * heads, dc, LseBase::e, p.out, p.lse);
+  } else if (splits > 1) {  // one merge per token and output block
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      for (int h0 = 0; h0 < heads; h0 += out_block) {
+        const std::int64_t row = t * heads + h0, at = (h0 / out_block) * p.out_block_stride;
+        merge_attention_states(part_out.data() + row * dc,
+                               static_cast<std::int64_t>(tokens) * heads * dc,
+                               part_lse.data() + row, static_cast<std::int64_t>(tokens) * heads,
+                               static_cast<int>(splits), out_block, dc, LseBase::e,
+                               p.out + at + t * out_block * dc, p.lse + at + t * out_block);
+      }
+    }
   }
 }
 

@@ -24,8 +24,10 @@ struct Task {
   std::int64_t t = 0;  // query token
   RowSet rows;
   std::int64_t first = 0, last = 0;  // the part of `rows` this task covers
-  float* out = nullptr;              // [Hq, D_c]
-  float* lse = nullptr;              // [Hq] natural log
+  float* out = nullptr;              // [Hq, D_c] (heads of block k at + k * block_stride)
+  float* lse = nullptr;              // [Hq] natural log (likewise)
+  int head_block = 0;                // heads per output block (Hq: one block)
+  std::int64_t block_stride = 0;     // floats between output blocks
   bool add_sinks = false;
 };
 
