@@ -68,6 +68,16 @@ struct InterleaveIndices {
 };
 constexpr InterleaveIndices kInterleave;
 
+// Word offsets of Pt's rows h = 0..15 ([lanes][kTileRows / 2] words), for the P scatter. A
+// constant array, not an __m512i: a vector global would run AVX-512 code at program start.
+struct PtColumn {
+  alignas(64) int offset[16];
+  constexpr PtColumn() : offset{} {
+    for (int h = 0; h < 16; ++h) offset[h] = h * (kTileRows / 2);
+  }
+};
+constexpr PtColumn kPtColumn;
+
 class AmxKernel {
  public:
   explicit AmxKernel(const MlaAttentionParams& p)
@@ -107,6 +117,15 @@ class AmxKernel {
  private:
   using S = Simd<16>;
   using vec = S::vec;
+  using uvec = S::uvec;
+
+  // dcp::float_to_bf16 on 16 lanes (the word in the low half).
+  static uvec round_to_bf16(vec x) {
+    uvec bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    const uvec rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    return (bits & 0x7fffffffu) > 0x7f800000u ? (bits >> 16) | 0x40u : rounded;
+  }
 
   // Qv[c][h] = the bf16 pair (q[h][2c], q[h][2c+1]) * scale; zero past the width and the heads.
   void pack_query(std::int64_t t) {
@@ -198,18 +217,23 @@ class AmxKernel {
       const vec m_new = mx > m_old ? mx : m_old;
       const vec c = S::exp(m_old - m_new);  // m_old = -inf: ~1e-38 times an O and l of 0
       vec sum = S::splat(0.0f);
-      alignas(64) float e[16];
-      for (int j = 0; j < kTileRows; ++j) {
-        if (j < n) {
-          const vec x =
-              S::exp(S::load(s_.data() + static_cast<std::size_t>(j) * lanes_ + v) - m_new);
-          sum += x;
-          S::store(e, x);
-          for (int i = 0; i < 16; ++i)
-            pt_[static_cast<std::size_t>(v + i) * kTileRows + j] = float_to_bf16(e[i]);
-        } else {
-          for (int i = 0; i < 16; ++i) pt_[static_cast<std::size_t>(v + i) * kTileRows + j] = 0;
-        }
+      // P for rows j, j+1 as one bf16 pair per head: the 32-bit word k of Pt's row h. Each pair
+      // vector (heads in lanes) is scattered down its column of Pt, viewed as [lanes][32] words.
+      const auto probability = [&](int j) {
+        if (j >= n) return S::splat(0.0f);  // rows past n: exactly nothing
+        const vec x = S::exp(S::load(s_.data() + static_cast<std::size_t>(j) * lanes_ + v) - m_new);
+        sum += x;
+        return x;
+      };
+      auto* pt_words =
+          reinterpret_cast<int*>(pt_.data()) + static_cast<std::size_t>(v) * (kTileRows / 2);
+      const __m512i column = _mm512_load_si512(kPtColumn.offset);
+      for (int k = 0; k < kTileRows / 2; ++k) {
+        const uvec pair = round_to_bf16(probability(2 * k)) | round_to_bf16(probability(2 * k + 1))
+                                                                  << 16;
+        __m512i words;
+        std::memcpy(&words, &pair, sizeof words);
+        _mm512_i32scatter_epi32(pt_words + k, column, words, 4);
       }
       S::store(m_.data() + v, m_new);
       S::store(l_.data() + v, S::load(l_.data() + v) * c + sum);
@@ -244,7 +268,7 @@ class AmxKernel {
   const MlaAttentionParams& p_;
   int heads_, lanes_, dc_, dcp_, width_, wp_;
   std::int64_t tokens_ = num_query_tokens(p_);  // T, for query_head
-  std::vector<std::uint32_t> qv_;        // [wp/2, lanes] query pairs
+  std::vector<std::uint32_t> qv_;               // [wp/2, lanes] query pairs
   std::vector<std::uint16_t> kbuf_;      // [kTileRows, wp] rows of blocks not loadable in place
   std::vector<std::uint16_t> zero_row_;  // [wp] stands for rows past n
   const bf16_t* row_[kTileRows] = {};    // the tile's rows in the pool
