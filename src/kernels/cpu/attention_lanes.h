@@ -147,6 +147,9 @@ class LaneKernel {
     const float* k[RB];
     for (int r = 0; r < RB; ++r) k[r] = row_[j0 + r];
     const float* qt = qt_.data() + static_cast<std::size_t>(v0) * V;
+    // GCC bumps each row pointer separately (RB adds per step): unrolled, those adds are spread
+    // over four steps of FMAs (A/B: 16 heads 8-12% faster, 128 heads 5%; 8 gains nothing).
+#pragma GCC unroll 4
     for (int d = 0; d < width_; ++d, qt += lanes_) {
       vec qv[HB];
       for (int i = 0; i < HB; ++i) qv[i] = S::load(qt + i * V);
@@ -274,9 +277,9 @@ class LaneKernel {
   const MlaAttentionParams& p_;
   int heads_, lanes_, dc_, width_;
   std::int64_t tokens_ = num_query_tokens(p_);  // T, for query_head
-  std::vector<float> qt_;            // [width, lanes] scaled query, transposed
-  std::vector<float> s_;             // [kRows, lanes] scores, then probabilities
-  std::vector<float> acc_;           // [heads, dc] unnormalised output
+  std::vector<float> qt_;                       // [width, lanes] scaled query, transposed
+  std::vector<float> s_;                        // [kRows, lanes] scores, then probabilities
+  std::vector<float> acc_;                      // [heads, dc] unnormalised output
   std::vector<float> m_, l_, corr_;  // [lanes] running max, denominator, this tile's rescale
   std::vector<float> rows_buf_;      // [kRows, width] widened bf16 rows
   std::vector<float> zero_row_;      // [width]
