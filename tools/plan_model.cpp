@@ -11,13 +11,14 @@ Hardware hardware_preset(const std::string& name) {
   if (name == "this-cpu") {
     // Measured on the development VM (2 vCPUs), one rank per core with every core busy, which is
     // how `dcp run` and `dcp bench step` run (third session, 2026-11-29):
-    // - attention: `dcp bench attention --threads 2 --heads 64,128 --dtypes bf16` gives
-    //   208-233 GFLOP/s for both cores, ~110 per rank (one thread alone: 123-137);
+    // - attention: `dcp bench attention --threads 2 --contexts 2048,8192 --heads 64,128
+    //   --dtypes bf16` gives 218-259 GFLOP/s for both cores, ~120 per rank (one thread alone:
+    //   128-137);
     // - KV read ~9.5 GB/s per rank;
     // - a collective between two thread ranks inside a decode step costs ~0.2 ms, mostly
     //   waiting for the other rank (`dcp bench step` at context 1024: 0.42 ms for a2a's two).
     return {name,
-            110e9,
+            120e9,
             9.5e9,
             5e9,
             200e-6,
