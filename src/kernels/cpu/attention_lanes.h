@@ -243,7 +243,8 @@ class LaneKernel {
     }
     const float* pj = s_.data() + h0;
     for (int j = 0; j < n; ++j, pj += lanes_) {
-      for (int off = pf_from; off < pf_to; off += 64) __builtin_prefetch(next_[j] + off);
+      // Into L2 (T1): the next tile is not read before this one's values are done with L1.
+      for (int off = pf_from; off < pf_to; off += 64) __builtin_prefetch(next_[j] + off, 0, 2);
       const float* vrow = row_[j] + d0;
       vec vv[DV];
       for (int k = 0; k < DV; ++k) vv[k] = S::load(vrow + k * V);

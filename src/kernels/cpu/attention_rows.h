@@ -271,7 +271,7 @@ class RowKernel {
     pf_to_ = pf_from_;  // once per column block
     for (int j = 0; j < n; ++j) {
       if (next_[j]) {
-        for (int d = pf_from; d < pf_to; d += kLine) __builtin_prefetch(next_[j] + d);
+        for (int d = pf_from; d < pf_to; d += kLine) __builtin_prefetch(next_[j] + d, 0, 2);
       }
       vec v0, v1, v2, v3;
       E::load_chunk(row_[j], d0, v0, v1);
