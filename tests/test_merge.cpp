@@ -7,6 +7,7 @@
 #include <numeric>
 #include <vector>
 
+#include "dcp/error.h"
 #include "dcp/merge.h"
 #include "dcp/reference.h"
 #include "test_util.h"
@@ -110,6 +111,42 @@ void expect_matches_full(const Partition& p, const std::vector<float>& o, float 
   } else {
     EXPECT_NEAR(lse, ref_lse, 1e-6 * scale) << "merged LSE";
   }
+}
+
+TEST(Merge, WeightedSumOnEveryPathMatchesFloat64) {
+  // The merge's inner loop on each SIMD path, for part counts 0..9 and widths with every tail
+  // length, against a float64 sum; out must be written exactly to dim.
+  auto rng = test::make_rng();
+  std::vector<KernelPath> paths = available_kernel_paths();
+  paths.push_back(KernelPath::automatic);
+  for (KernelPath path : paths) {
+    for (int k = 0; k <= 9; ++k) {
+      for (int dim : {0, 1, 5, 15, 16, 17, 31, 33, 512}) {
+        std::vector<std::vector<float>> data(static_cast<std::size_t>(k));
+        std::vector<const float*> parts;
+        std::vector<float> w(static_cast<std::size_t>(k));
+        for (int i = 0; i < k; ++i) {
+          data[i].resize(static_cast<std::size_t>(dim));
+          for (float& x : data[i]) x = static_cast<float>(rng.uniform(-4, 4));
+          parts.push_back(data[i].data());
+          w[i] = static_cast<float>(rng.uniform(0, 1));
+        }
+        std::vector<float> out(static_cast<std::size_t>(dim) + 3, 777.0f);
+        weighted_sum(parts.data(), w.data(), k, dim, out.data(), path);
+        for (int d = 0; d < dim; ++d) {
+          double expect = 0, scale = 0;
+          for (int i = 0; i < k; ++i) {
+            expect += static_cast<double>(w[i]) * data[i][d];
+            scale += std::abs(static_cast<double>(w[i]) * data[i][d]);
+          }
+          ASSERT_NEAR(out[d], expect, 1e-6 * scale + 1e-30)
+              << to_string(path) << " k " << k << " dim " << dim << " d " << d;
+        }
+        for (int d = dim; d < dim + 3; ++d) ASSERT_EQ(out[d], 777.0f) << "wrote past dim " << dim;
+      }
+    }
+  }
+  EXPECT_THROW(weighted_sum(nullptr, nullptr, 0, 0, nullptr, KernelPath::amx_bf16), Error);
 }
 
 TEST(Merge, FlatMergeEqualsFullSoftmax) {

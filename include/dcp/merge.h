@@ -16,6 +16,8 @@
 #include <limits>
 #include <vector>
 
+#include "dcp/kernel_path.h"
+
 namespace dcp {
 
 enum class LseBase : std::uint8_t { e, two };
@@ -44,6 +46,12 @@ void merge_attention_states(const float* o_parts, const float* lse_parts, int nu
 void merge_attention_states(const float* o_parts, std::int64_t o_part_stride,
                             const float* lse_parts, std::int64_t lse_part_stride, int num_parts,
                             std::int64_t rows, int dim, LseBase base, float* out_o, float* out_lse);
+
+// The merge's inner loop, out[d] = sum_k weights[k] * parts[k][d] for d < dim, one pass over
+// out, on the widest SIMD path this CPU has (or `path`; amx_bf16 is refused). Exposed so that
+// each path is tested.
+void weighted_sum(const float* const* parts, const float* weights, int num_parts, int dim,
+                  float* out, KernelPath path = KernelPath::automatic);
 
 // The global LSE of K parts per row, and nothing else (what ag_rs needs before rescaling).
 //   lse_parts [K, rows] in `base`; out_lse [rows] natural log.

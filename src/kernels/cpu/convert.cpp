@@ -4,6 +4,7 @@
 #include "convert_paths.h"
 #include "dcp/error.h"
 #include "dcp/kernel_path.h"
+#include "simd_dispatch.h"
 
 namespace dcp {
 namespace {
@@ -15,14 +16,9 @@ void floats_to_bf16_portable(const float* src, bf16_t* dst, std::size_t n) {
 }
 
 ConvertFn select_conversion(KernelPath path) {
-  DCP_ARG_CHECK(path != KernelPath::amx_bf16,
-                "kernel path amx_bf16 is an attention path; the bf16 conversion runs on "
-                "automatic, portable, avx2 or avx512");
-  switch (resolve_exact_path(path)) {
-    case KernelPath::avx512: return kernels::floats_to_bf16_avx512;
-    case KernelPath::avx2: return kernels::floats_to_bf16_avx2;
-    default: return floats_to_bf16_portable;
-  }
+  return kernels::select_simd_copy<ConvertFn>(path, "the bf16 conversion", floats_to_bf16_portable,
+                                              kernels::floats_to_bf16_avx2,
+                                              kernels::floats_to_bf16_avx512);
 }
 
 }  // namespace

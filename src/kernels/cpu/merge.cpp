@@ -5,6 +5,9 @@
 #include <numbers>
 
 #include "dcp/error.h"
+#include "dcp/kernel_path.h"
+#include "merge_simd.h"
+#include "simd_dispatch.h"
 
 namespace dcp {
 
@@ -38,6 +41,19 @@ void merge_state_into(float* acc_o, float& acc_lse, const float* o, float lse, i
 
 namespace {
 
+using WeightedSumFn = void (*)(const float* const*, const float*, int, int, float*);
+
+void weighted_sum_portable(const float* const* parts, const float* weights, int num_parts, int dim,
+                           float* out) {
+  kernels::weighted_sum_lanes(parts, weights, num_parts, dim, out);
+}
+
+WeightedSumFn select_weighted_sum(KernelPath path) {
+  return kernels::select_simd_copy<WeightedSumFn>(path, "the merge", weighted_sum_portable,
+                                                  kernels::weighted_sum_avx2,
+                                                  kernels::weighted_sum_avx512);
+}
+
 void check_merge_args(int num_parts, std::int64_t rows, int dim) {
   DCP_ARG_CHECK(num_parts >= 0, "num_parts = ", num_parts, " must be >= 0");
   DCP_ARG_CHECK(rows >= 0, "rows = ", rows, " must be >= 0");
@@ -58,7 +74,9 @@ void merge_attention_states(const float* o_parts, std::int64_t o_part_stride,
                             std::int64_t rows, int dim, LseBase base, float* out_o,
                             float* out_lse) {
   check_merge_args(num_parts, rows, dim);
+  static const WeightedSumFn sum = select_weighted_sum(KernelPath::automatic);  // chosen once
   std::vector<float> weight(static_cast<std::size_t>(num_parts));
+  std::vector<const float*> part(static_cast<std::size_t>(num_parts));
   for (std::int64_t row = 0; row < rows; ++row) {
     float m = kNegInf;
     for (int k = 0; k < num_parts; ++k) {
@@ -76,16 +94,24 @@ void merge_attention_states(const float* o_parts, std::int64_t o_part_stride,
       weight[k] = weight[k] == kNegInf ? 0.0f : std::exp(weight[k] - m);
       total += weight[k];
     }
+    // One pass over the row with every part that holds anything (an empty part's O may be
+    // garbage), each weighted by its share of the total.
     const float inv = 1.0f / total;
-    std::fill(o, o + dim, 0.0f);
+    int used = 0;
     for (int k = 0; k < num_parts; ++k) {
-      if (weight[k] == 0.0f) continue;  // skip empty parts: their O may be garbage
-      const float w = weight[k] * inv;
-      const float* part = o_parts + k * o_part_stride + row * dim;
-      for (int d = 0; d < dim; ++d) o[d] += w * part[d];
+      if (weight[k] == 0.0f) continue;
+      weight[used] = weight[k] * inv;
+      part[used++] = o_parts + k * o_part_stride + row * dim;
     }
+    sum(part.data(), weight.data(), used, dim, o);
     if (out_lse) out_lse[row] = m + std::log(total);
   }
+}
+
+void weighted_sum(const float* const* parts, const float* weights, int num_parts, int dim,
+                  float* out, KernelPath path) {
+  check_merge_args(num_parts, 0, dim);
+  select_weighted_sum(path)(parts, weights, num_parts, dim, out);
 }
 
 void global_lse(const float* lse_parts, int num_parts, std::int64_t rows, LseBase base,
