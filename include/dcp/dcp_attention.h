@@ -1,11 +1,13 @@
 // The DCP attention step for one rank of a DCP group of N ranks.
 //
-//   gathered Q:   q [T, H_loc, W] (this rank's TP heads) --AllGather--> [T, N*H_loc, W]
+//   gathered Q:   q [T, H_loc, W] (this rank's TP heads) --AllGather--> [N, T, H_loc, W],
+//                 which the kernel reads in place (q_head_block = H_loc)
 //   replicated Q: q [T, N*H_loc, W] computed locally (no collective)
 //   local MLA attention over this rank's KV shard for all N*H_loc heads -> O_r, LSE_r
 //   combine, heads return to their TP owner:
 //     ag_rs: AllGather LSE, global LSE, rescale O_r by exp(LSE_r - LSE), ReduceScatter by head
-//     a2a:   slice O_r and LSE_r by destination head block, one packed All-to-All, local merge
+//     a2a:   the kernel writes O_r and LSE_r by destination head block straight into the send
+//            buffer (out_head_block = H_loc), one packed All-to-All, local merge
 //   -> out [T, H_loc, D_c], lse [T, H_loc]: exactly attention without DCP.
 //
 // Head g of the group's N*H_loc heads belongs to dcp rank g / H_loc (contiguous blocks).
@@ -68,6 +70,7 @@ class DcpAttention {
   DcpStepTimings timings_;
   // Buffers reused across forwards.
   std::vector<float> q_gathered_, o_local_, lse_local_, lse_all_, lse_global_, send_, recv_;
+  // (o_local_ serves ag_rs; a2a's kernel output is send_ itself.)
 };
 
 }  // namespace dcp
