@@ -64,6 +64,8 @@ class DcpAttention {
  private:
   void combine_ag_rs(std::int64_t tokens, int dc, float* out, float* lse);
   void combine_a2a(std::int64_t tokens, int dc, float* out, float* lse);
+  // One destination's part of the a2a send buffer: [O T*H_loc*dc | LSE T*H_loc] floats.
+  std::size_t a2a_chunk_floats(std::int64_t tokens, int dc) const;
 
   Communicator& group_;
   DcpAttentionOptions options_;

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -19,14 +20,15 @@ void HugePageBuffer::FreeDeleter::operator()(std::byte* p) const noexcept {
 HugePageBuffer::HugePageBuffer(std::size_t bytes, std::string_view what) : size_(bytes) {
   // Small buffers keep cache-line alignment: rounding them up to 2 MiB would waste memory.
   const std::size_t align = bytes >= kHugePage ? kHugePage : 64;
-  const std::size_t rounded = (bytes + align - 1) / align * align;
-  auto* p = static_cast<std::byte*>(std::aligned_alloc(align, rounded == 0 ? align : rounded));
+  // aligned_alloc wants a multiple of the alignment, and at least one (bytes may be 0).
+  const std::size_t allocated = std::max(align, (bytes + align - 1) / align * align);
+  auto* p = static_cast<std::byte*>(std::aligned_alloc(align, allocated));
   DCP_CHECK(p != nullptr, capacity, "cannot allocate ", what, " of ", bytes, " bytes");
   data_.reset(p);
   // Advice only: without THP (or with it set to "never") the buffer is simply 4 KiB-paged. It
   // must come before the first touch, which the zero fill is.
-  if (align == kHugePage) huge_pages_ = madvise(p, rounded, MADV_HUGEPAGE) == 0;
-  std::memset(p, 0, rounded == 0 ? align : rounded);
+  if (align == kHugePage) huge_pages_ = madvise(p, allocated, MADV_HUGEPAGE) == 0;
+  std::memset(p, 0, allocated);
 }
 
 }  // namespace dcp

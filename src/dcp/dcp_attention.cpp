@@ -92,7 +92,7 @@ void DcpAttention::forward(const float* q, const MlaAttentionParams& shard, cons
     // The kernel writes the all-to-all's send buffer itself: block j (heads of rank j) is chunk
     // j, [O rows*dc | LSE rows] with rows = T * H_loc, so nothing is packed.
     const std::int64_t rows = tokens * h_loc;
-    const std::size_t chunk = static_cast<std::size_t>(rows) * (dc + 1);
+    const std::size_t chunk = a2a_chunk_floats(tokens, dc);
     send_.resize(chunk * n);
     p.out = send_.data();
     p.lse = send_.data() + rows * dc;
@@ -143,11 +143,8 @@ void DcpAttention::combine_ag_rs(std::int64_t tokens, int dc, float* out, float*
       const float* src = o_local_.data() + row * dc;
       float* dst = send_.data() + (g / h_loc) * block +
                    (static_cast<std::size_t>(t) * h_loc + g % h_loc) * dc;
-      if (w == 0.0f) {
-        std::fill(dst, dst + dc, 0.0f);  // an empty shard's O may be anything
-      } else {
-        for (int d = 0; d < dc; ++d) dst[d] = w * src[d];
-      }
+      // dst = w * src, or zeros for an empty shard (whose O may be anything): a sum of 1 or 0.
+      weighted_sum(&src, &w, w == 0.0f ? 0 : 1, dc, dst);
     }
   }
   timings_.other_ms += ms_since(t0);
@@ -162,11 +159,15 @@ void DcpAttention::combine_ag_rs(std::int64_t tokens, int dc, float* out, float*
   }
 }
 
+std::size_t DcpAttention::a2a_chunk_floats(std::int64_t tokens, int dc) const {
+  return static_cast<std::size_t>(tokens) * options_.local_heads * (dc + 1);
+}
+
 void DcpAttention::combine_a2a(std::int64_t tokens, int dc, float* out, float* lse) {
   const int n = group_.size();
   const int h_loc = options_.local_heads;
-  const std::int64_t rows = tokens * h_loc;                             // rows per destination
-  const std::size_t chunk = static_cast<std::size_t>(rows) * (dc + 1);  // [O rows*dc | LSE rows]
+  const std::int64_t rows = tokens * h_loc;  // rows per destination
+  const std::size_t chunk = a2a_chunk_floats(tokens, dc);
   // send_ holds the kernel's output already laid out by destination (forward).
   recv_.resize(chunk * n);
   auto t0 = Clock::now();

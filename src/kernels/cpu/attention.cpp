@@ -181,9 +181,7 @@ class PortableKernel {
 
  private:
   const float* load_row(int b, std::int64_t local_row, float* convert_to) const {
-    const std::int64_t page = p_.page_table[b * static_cast<std::int64_t>(p_.page_table_stride) +
-                                            local_row / p_.page_size];
-    const std::int64_t physical = page * p_.page_size + local_row % p_.page_size;
+    const std::int64_t physical = physical_row(p_, b, local_row);
     if (p_.kv_dtype == KvDtype::fp32) return static_cast<const float*>(p_.kv) + physical * width_;
     const bf16_t* src = static_cast<const bf16_t*>(p_.kv) + physical * width_;
     for (int d = 0; d < width_; ++d) convert_to[d] = bf16_to_float(src[d]);
@@ -349,10 +347,8 @@ void mla_attention(const MlaAttentionParams& p) {
       }
     }
   }
-  if (tasks.empty()) {
-    // nothing for the kernels
-  } else if (threads == 1 || tasks.size() == 1) {
-    run(p, tasks.data(), tasks.size());
+  if (threads == 1 || tasks.size() <= 1) {
+    if (!tasks.empty()) run(p, tasks.data(), tasks.size());
   } else {
     std::vector<std::thread> pool;
     std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads));
@@ -374,11 +370,7 @@ void mla_attention(const MlaAttentionParams& p) {
       if (e) std::rethrow_exception(e);
     }
   }
-  if (splits > 1 && out_block == heads) {
-    merge_attention_states(part_out.data(), static_cast<std::int64_t>(tokens) * heads * dc,
-                           part_lse.data(), static_cast<std::int64_t>(tokens) * heads,
-                           static_cast<int>(splits), tokens * heads, dc, LseBase::e, p.out, p.lse);
-  } else if (splits > 1) {  // one merge per token and output block
+  if (splits > 1) {  // the parts of each token and output block into their place
     for (std::int64_t t = 0; t < tokens; ++t) {
       for (int h0 = 0; h0 < heads; h0 += out_block) {
         const std::int64_t row = t * heads + h0, at = (h0 / out_block) * p.out_block_stride;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "attention_tasks.h"
+#include "convert_simd.h"
 #include "dcp/merge.h"
 #include "simd.h"
 
@@ -123,8 +124,8 @@ class AmxKernel {
   static uvec round_to_bf16(vec x) {
     uvec bits;
     std::memcpy(&bits, &x, sizeof bits);
-    const uvec rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    return (bits & 0x7fffffffu) > 0x7f800000u ? (bits >> 16) | 0x40u : rounded;
+    round_to_bf16_words(bits);
+    return bits;
   }
 
   // Qv[c][h] = the bf16 pair (q[h][2c], q[h][2c+1]) * scale; zero past the width and the heads.

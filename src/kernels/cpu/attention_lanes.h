@@ -93,16 +93,16 @@ class LaneKernel {
     for (int j = n; j < kRows; ++j) row_[j] = zero_row_.data();
   }
 
-  // The next tile's rows (null past the task's end), which the value pass prefetches a few lines
-  // at a time: with few heads computing a row takes about as long as reading it, so the two must
-  // overlap, and spreading the prefetches keeps the line-fill buffers free. (The score
-  // micro-kernel has no registers to spare for it.)
+  // The next tile's rows (the zero row past the task's end: cached, so prefetching it is
+  // harmless and the hot loop needs no test), which the value pass prefetches a few lines at a
+  // time so that reading overlaps computing; spreading the prefetches keeps the line-fill
+  // buffers free. (The score micro-kernel has no registers to spare for it.)
   void next_tile(int b, const RowSet& rows, std::int64_t start, int n) {
     const std::int64_t bytes = static_cast<std::int64_t>(width_) * row_bytes_per_elem_;
     for (int j = 0; j < kRows; ++j) {
       next_[j] =
           j < n ? static_cast<const char*>(p_.kv) + physical_row(p_, b, rows.at(start + j)) * bytes
-                : reinterpret_cast<const char*>(zero_row_.data());  // cached: harmless
+                : reinterpret_cast<const char*>(zero_row_.data());
     }
   }
 
@@ -200,7 +200,8 @@ class LaneKernel {
   void values(int n) {
     int d0 = 0;
     for (; d0 + 4 * V <= dc_; d0 += 4 * V) {
-      const int to = d0 + 4 * V < dc_ ? d0 + 4 * V : width_;  // the last block takes the rope part
+      // The last 4-vector block prefetches the rest of the row (columns past it, the rope part).
+      const int to = d0 + 8 * V <= dc_ ? d0 + 4 * V : width_;
       value_heads<4>(d0, n, d0 * row_bytes_per_elem_, to * row_bytes_per_elem_);
     }
     for (; d0 + V <= dc_; d0 += V) value_heads<1>(d0, n, 0, 0);
@@ -215,21 +216,18 @@ class LaneKernel {
     int h0 = 0;
     for (; h0 + kValueHeads <= heads_; h0 += kValueHeads, pf_to = pf_from)
       value_block<kValueHeads, DV>(h0, d0, n, pf_from, pf_to);
-    switch (heads_ - h0) {  // the remainder, with compile-time block sizes
-      case 5:
-        if constexpr (kValueHeads > 5) value_block<5, DV>(h0, d0, n, pf_from, pf_to);
-        break;
-      case 4:
-        if constexpr (kValueHeads > 4) value_block<4, DV>(h0, d0, n, pf_from, pf_to);
-        break;
-      case 3:
-        if constexpr (kValueHeads > 3) value_block<3, DV>(h0, d0, n, pf_from, pf_to);
-        break;
-      case 2:
-        if constexpr (kValueHeads > 2) value_block<2, DV>(h0, d0, n, pf_from, pf_to);
-        break;
-      case 1: value_block<1, DV>(h0, d0, n, pf_from, pf_to); break;
-      default: break;
+    if (h0 < heads_) value_remainder<DV>(heads_ - h0, h0, d0, n, pf_from, pf_to);
+  }
+
+  // The last `left` (< kValueHeads) heads, as one block of a compile-time size.
+  template <int DV, int HB = kValueHeads - 1>
+  void value_remainder(int left, int h0, int d0, int n, int pf_from, int pf_to) {
+    if constexpr (HB >= 1) {
+      if (left == HB) {
+        value_block<HB, DV>(h0, d0, n, pf_from, pf_to);
+      } else {
+        value_remainder<DV, HB - 1>(left, h0, d0, n, pf_from, pf_to);
+      }
     }
   }
 
@@ -271,7 +269,7 @@ class LaneKernel {
   void prefetch_next(int from, int to) const {
     from = (from + 63) / 64 * 64;
     for (int off = from; off < to; off += 64) {
-      for (int j = 0; j < kRows; ++j) __builtin_prefetch(next_[j] + off);
+      for (int j = 0; j < kRows; ++j) __builtin_prefetch(next_[j] + off, 0, 2);
     }
   }
 

@@ -41,6 +41,7 @@ struct RowElements<V, float> {
     b = Simd<V>::load(row + d + V);
   }
   static float element(const float* row, int d) { return row[d]; }
+  static constexpr bool kReorders = false;  // position(d) = d
   static int position(int d, int /*n*/) { return d; }
 };
 
@@ -56,6 +57,7 @@ struct RowElements<V, bf16_t> {
     std::memcpy(&odd, &o, sizeof odd);
   }
   static float element(const bf16_t* row, int d) { return bf16_to_float(row[d]); }
+  static constexpr bool kReorders = true;
   // In each whole chunk of a row of n elements, evens first; a partial last chunk in order.
   static int position(int d, int n) {
     constexpr int kChunk = 2 * V;
@@ -85,6 +87,7 @@ class RowKernel {
         width_(p.kv_lora_rank + p.rope_dim),
         q_(static_cast<std::size_t>(heads_) * width_),
         unsplit_(static_cast<std::size_t>(dc_)),
+        zero_row_(static_cast<std::size_t>(width_)),
         scores_(static_cast<std::size_t>(heads_) * kRows),
         acc_(static_cast<std::size_t>(heads_) * dc_),
         m_(heads_),
@@ -107,11 +110,12 @@ class RowKernel {
       scores(q_.data(), n);
       softmax_and_values(n);
     }
-    // Accumulators back into row order.
-    for (int h = 0; h < heads_; ++h) {
-      float* a = acc_.data() + static_cast<std::size_t>(h) * dc_;
-      for (int d = 0; d < dc_; ++d) unsplit_[d] = a[E::position(d, dc_)];
-      std::copy(unsplit_.begin(), unsplit_.end(), a);
+    if constexpr (E::kReorders) {  // accumulators back into row order
+      for (int h = 0; h < heads_; ++h) {
+        float* a = acc_.data() + static_cast<std::size_t>(h) * dc_;
+        for (int d = 0; d < dc_; ++d) unsplit_[d] = a[E::position(d, dc_)];
+        std::copy(unsplit_.begin(), unsplit_.end(), a);
+      }
     }
     write_task_state(p_, task, acc_.data(), dc_, m_.data(), l_.data());
   }
@@ -126,20 +130,22 @@ class RowKernel {
     for (int j = 0; j < n; ++j) row_[j] = kv + physical_row(p_, b, rows.at(start + j)) * width_;
   }
 
-  // The next tile's rows (null past `last`), which the value pass prefetches a block of lines
-  // at a time. With 4 heads a row takes about as long to compute as to read, and without this
-  // the two did not overlap (4 heads ran at ~55% of the read bandwidth, 1 head at ~90%).
+  // The next tile's rows (the zero row past `last`: cached, so prefetching it is harmless and
+  // the hot loop needs no test), which the value pass prefetches a block of lines at a time. With 4
+  // heads a row takes about as long to compute as to read, and without this the two did not overlap
+  // (4 heads ran at ~55% of the read bandwidth, 1 head at ~90%).
   void next_tile(int b, const RowSet& rows, std::int64_t start, std::int64_t last) {
     const auto* kv = static_cast<const Kv*>(p_.kv);
     for (int j = 0; j < kRows; ++j)
-      next_[j] = start + j < last ? kv + physical_row(p_, b, rows.at(start + j)) * width_ : nullptr;
+      next_[j] = start + j < last ? kv + physical_row(p_, b, rows.at(start + j)) * width_
+                                  : zero_row_.data();
   }
 
   // The cache lines starting in elements [from, to) of each of the next tile's rows.
   void prefetch_next(int from, int to) const {
     constexpr int kLine = 64 / static_cast<int>(sizeof(Kv));
     for (int d = (from + kLine - 1) / kLine * kLine; d < to; d += kLine)
-      for (int j = 0; j < kRows && next_[j]; ++j) __builtin_prefetch(next_[j] + d);
+      for (int j = 0; j < kRows; ++j) __builtin_prefetch(next_[j] + d, 0, 2);
   }
 
   // scores_[h][j] = (q_h . k_j) * scale, then softcap; -inf past n. Blocks of rows, so each
@@ -270,9 +276,7 @@ class RowKernel {
     const int pf_from = pf_from_ / kLine * kLine, pf_to = pf_to_;
     pf_to_ = pf_from_;  // once per column block
     for (int j = 0; j < n; ++j) {
-      if (next_[j]) {
-        for (int d = pf_from; d < pf_to; d += kLine) __builtin_prefetch(next_[j] + d, 0, 2);
-      }
+      for (int d = pf_from; d < pf_to; d += kLine) __builtin_prefetch(next_[j] + d, 0, 2);
       vec v0, v1, v2, v3;
       E::load_chunk(row_[j], d0, v0, v1);
       E::load_chunk(row_[j], d0 + 2 * V, v2, v3);
@@ -295,6 +299,7 @@ class RowKernel {
   std::int64_t tokens_ = num_query_tokens(p_);  // T, for query_head
   std::vector<float> q_;        // [heads, width] the token's query, in E::position order
   std::vector<float> unsplit_;  // [dc] one head's accumulators back in row order
+  std::vector<Kv> zero_row_;    // [width] stands for rows past the task's end
   const Kv* row_[kRows] = {};
   const Kv* next_[kRows] = {};
   int pf_from_ = 0, pf_to_ = 0;  // elements of next_ rows the next value block prefetches
