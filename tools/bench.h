@@ -42,6 +42,7 @@ struct AttentionBenchOptions {
   std::string dtypes = "fp32,bf16,bf16-amx";
   int threads = 1;
   int repeats = 3;
+  std::string torch_python = "/usr/bin/python3";  // runs tools/torch_peer.py; "off" skips it
   std::string csv, svg;
 };
 

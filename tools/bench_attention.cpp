@@ -1,4 +1,4 @@
-// dcp bench attention: the local kernel against same-run ceilings and a two-GEMM peer.
+// dcp bench attention: the local kernel against same-run ceilings, a two-GEMM peer and PyTorch.
 #include <cblas.h>
 
 #include <algorithm>
@@ -23,6 +23,7 @@
 #include "dcp/merge.h"
 #include "dcp/model.h"
 #include "dcp/weights.h"
+#include "torch_peer.h"
 
 namespace dcp::cli {
 
@@ -61,6 +62,13 @@ struct TwoGemmPeer {
   }
 };
 
+// `value` right-aligned in `width` columns with `decimals` decimals.
+std::string format_fixed(double value, int width, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%*.*f", width, decimals, value);
+  return buf;
+}
+
 }  // namespace
 
 void bench_attention(const AttentionBenchOptions& o) {
@@ -93,17 +101,31 @@ void bench_attention(const AttentionBenchOptions& o) {
       "local MLA decode attention, %d thread(s), kernel %s; the ceilings (sgemm GFLOP/s, read "
       "GB/s) are measured again before each group of rows: this machine's speed drifts\n",
       o.threads, std::string(to_string(paths.back())).c_str());
-  std::printf(
-      "peer: two OpenBLAS sgemms + softmax on contiguous fp32 rows; PyTorch: not measured "
-      "(python3-torch is not installed)\n");
-  std::printf("%3s %7s %4s %8s | %9s %9s %6s %8s %6s | %9s %7s | %6s %5s\n", "B", "S", "Hq", "KV",
-              "ms", "GFLOP/s", "%gemm", "KV GB/s", "%read", "peer ms", "speedup", "sgemm", "read");
+  std::printf("peer: two OpenBLAS sgemms + softmax on contiguous fp32 rows\n");
+  const TorchPeer torch(o.torch_python, o.threads);
+  if (torch.available()) {
+    std::printf(
+        "torch: %s, baddbmm + softmax + bmm in the KV dtype (bf16 rows: bf16 scores and "
+        "softmax), buffers allocated once, same thread count\n",
+        torch.version().c_str());
+  } else {
+    std::printf("torch: not measured (%s)\n", torch.reason().c_str());
+  }
+  std::string torch_dtypes;  // the dtypes the rows compare against
+  for (const Variant& v : variants) {
+    const std::string d(to_string(v.dtype));
+    if (torch_dtypes.find(d) == std::string::npos)
+      torch_dtypes += (torch_dtypes.empty() ? "" : ",") + d;
+  }
+  std::printf("%3s %7s %4s %8s | %9s %9s %6s %8s %6s | %9s %7s | %9s %8s | %6s %5s\n", "B", "S",
+              "Hq", "KV", "ms", "GFLOP/s", "%gemm", "KV GB/s", "%read", "peer ms", "speedup",
+              "torch ms", "vs torch", "sgemm", "read");
   std::vector<double> gemm_seen;  // for the plot's ceiling line
   std::ofstream csv;
   if (!o.csv.empty()) {
     csv.open(o.csv);
     csv << "batch,context,heads,kv_dtype,threads,ms,gflops,pct_sgemm,kv_gbps,pct_read,peer_ms,"
-           "speedup_vs_peer,sgemm_gflops,read_gbps\n";
+           "speedup_vs_peer,torch_ms,speedup_vs_torch,sgemm_gflops,read_gbps\n";
   }
   std::vector<Series> series;
   for (std::int64_t batch : batches) {
@@ -134,6 +156,8 @@ void bench_attention(const AttentionBenchOptions& o) {
           peer_ms.push_back(ms_since(t0));
         }
         const double peer_t = median(peer_ms);
+        const auto torch_ms = torch.available() ? torch.time(batch, ctx, h, o.repeats, torch_dtypes)
+                                                : std::map<std::string, double>{};
         const double gemm = measure_sgemm_gflops(o.threads);
         const double read = measure_read_gbps(o.threads);
         openblas_set_num_threads(o.threads);
@@ -180,18 +204,28 @@ void bench_attention(const AttentionBenchOptions& o) {
           const double flops = 2.0 * (576 + 512) * static_cast<double>(h * ctx * batch);
           const double bytes = static_cast<double>(batch * ctx) * 576 * dtype_size(dtype);
           const double gflops = flops / t / 1e6, gbps = bytes / t / 1e6;
+          const auto torch_it = torch_ms.find(std::string(to_string(dtype)));
+          const std::string torch_cols =
+              torch_it == torch_ms.end() ? str(std::string(9, ' '), " ", std::string(7, ' '), "-")
+                                         : format_fixed(torch_it->second, 9, 2) + " " +
+                                               format_fixed(torch_it->second / t, 7, 2) + "x";
           std::printf(
-              "%3lld %7lld %4lld %8s | %9.2f %9.1f %5.0f%% %8.1f %5.0f%% | %9.2f %6.2fx | %6.1f "
-              "%5.1f\n",
+              "%3lld %7lld %4lld %8s | %9.2f %9.1f %5.0f%% %8.1f %5.0f%% | %9.2f %6.2fx | %s | "
+              "%6.1f %5.1f\n",
               static_cast<long long>(batch), static_cast<long long>(ctx), static_cast<long long>(h),
               variant.label.c_str(), t, gflops, 100 * gflops / gemm, gbps, 100 * gbps / read,
-              peer_t, peer_t / t, gemm, read);
+              peer_t, peer_t / t, torch_cols.c_str(), gemm, read);
           std::fflush(stdout);
           if (csv.is_open()) {
             csv << batch << "," << ctx << "," << h << "," << variant.label << "," << o.threads
                 << "," << t << "," << gflops << "," << gflops / gemm << "," << gbps << ","
-                << gbps / read << "," << peer_t << "," << peer_t / t << "," << gemm << "," << read
-                << "\n";
+                << gbps / read << "," << peer_t << "," << peer_t / t << ",";
+            if (torch_it != torch_ms.end()) {
+              csv << torch_it->second << "," << torch_it->second / t;
+            } else {
+              csv << ",";
+            }
+            csv << "," << gemm << "," << read << "\n";
           }
           if (batch == batches.front() && ctx == contexts.back()) {
             const std::string name = str("S=", ctx, " B=", batch, " ", variant.label);

@@ -41,6 +41,10 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   att->add_option("--repeats", ao->repeats, "timed calls per point (median)")
       ->capture_default_str();
+  att->add_option("--torch-python", ao->torch_python,
+                  "Python that runs the PyTorch peer (Debian's python3-torch lives under "
+                  "/usr/bin/python3), or off")
+      ->capture_default_str();
   att->add_option("--csv", ao->csv, "write the table as CSV");
   att->add_option("--svg", ao->svg, "write a plot (GFLOP/s vs heads) as SVG");
   att->callback([ao] { bench_attention(*ao); });

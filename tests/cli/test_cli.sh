@@ -122,6 +122,22 @@ expect 0 "bench comm (small)" -- bench comm --ranks 2 --tokens 1 --repeats 2
 check "bench comm prints ratios" stdout_has "ratio"
 expect 0 "bench attention (small)" -- bench attention --contexts 256 --heads 4 --batches 1 --dtypes bf16 --repeats 1
 check "bench attention prints ceilings" stdout_has "ceilings (sgemm GFLOP/s, read GB/s) are measured again"
+# The PyTorch peer: a stand-in interpreter speaks the peer's protocol, so the columns are checked
+# without torch; interpreters that cannot import torch or fail are reported, not fatal.
+cat >"$tmp/fake_python" <<'FAKE'
+#!/bin/sh
+if [ "$2" = "--version" ]; then echo "torch 0.0-fake"; exit 0; fi
+echo "bf16 4.25"
+FAKE
+printf '#!/bin/sh\nexit 3\n' >"$tmp/no_torch_python"
+chmod +x "$tmp/fake_python" "$tmp/no_torch_python"
+expect 0 "bench attention with a torch peer" -- bench attention --contexts 256 --heads 4 --batches 1 --dtypes bf16 --repeats 1 --torch-python "$tmp/fake_python"
+check "names the torch version" stdout_has "torch: torch 0.0-fake"
+check "prints the torch time" stdout_has "|      4.25 "
+expect 0 "bench attention, torch off" -- bench attention --contexts 256 --heads 4 --batches 1 --dtypes fp32 --repeats 1 --torch-python off
+check "says the peer is off" stdout_has "torch: not measured (disabled by --torch-python off)"
+expect 0 "bench attention, no torch" -- bench attention --contexts 256 --heads 4 --batches 1 --dtypes fp32 --repeats 1 --torch-python "$tmp/no_torch_python"
+check "says torch is missing" stdout_has "cannot import torch (Debian: apt-get install python3-torch)"
 expect 0 "bench step (small)" -- bench step --preset tiny --contexts 64 --new-tokens 3
 check "bench step prints the plan beside the measurement" stdout_has "plan ms"
 expect 2 "bench step rejects a bad backend" -- bench step --preset tiny --contexts 64 --dcp-comm-backend bogus
