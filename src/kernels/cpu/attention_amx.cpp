@@ -9,7 +9,8 @@
 //
 // Qv (query pairs, VNNI layout) is packed once per task; K is loaded from the pool in place
 // where a block's rows are consecutive (else from a zero-padded copy); Vv interleaves the words
-// of row pairs; Pt is the probabilities transposed.
+// of row pairs; Pt is the probabilities transposed. Both products run on the same micro-kernels
+// (block_2x2 and its 4 x 1 / 1 x 4 forms), four accumulator tiles at a time.
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -28,7 +29,13 @@
 namespace dcp::kernels {
 namespace {
 
-constexpr int kTileRows = 64;  // KV rows per tile: two 32-row K chunks of the value product
+// KV rows per tile. Each tile loads and stores the whole output accumulator (lanes x 512 fp32,
+// 256 KB at 128 heads) through the value product's tiles, so many heads want long tiles; few
+// heads want short ones, whose operands stay in L1.
+constexpr int kMaxTileRows = 256;
+int tile_rows_for(int lanes) {
+  return lanes >= 128 ? 256 : 128;
+}
 
 struct TileConfig {  // the LDTILECFG memory layout, palette 1
   std::uint8_t palette = 1, start_row = 0;
@@ -37,12 +44,12 @@ struct TileConfig {  // the LDTILECFG memory layout, palette 1
   std::uint8_t rows[16] = {};
 };
 
-// tmm0: accumulator, tmm1: A, tmm2: B; all 16 rows x 64 bytes. A constant in memory, not a
-// local: GCC 12 does not see that LDTILECFG reads its operand and dropped the stores to a local
-// configuration's bytes_per_row (the instruction then faults).
+// All eight tiles 16 rows x 64 bytes: tmm0-3 accumulate, tmm4-7 hold operands. A constant in
+// memory, not a local: GCC 12 does not see that LDTILECFG reads its operand and dropped the
+// stores to a local configuration's bytes_per_row (the instruction then faults).
 constexpr TileConfig make_tile_config() {
   TileConfig c;
-  for (int t = 0; t < 3; ++t) {
+  for (int t = 0; t < 8; ++t) {
     c.bytes_per_row[t] = 64;
     c.rows[t] = 16;
   }
@@ -69,16 +76,6 @@ struct InterleaveIndices {
 };
 constexpr InterleaveIndices kInterleave;
 
-// Word offsets of Pt's rows h = 0..15 ([lanes][kTileRows / 2] words), for the P scatter. A
-// constant array, not an __m512i: a vector global would run AVX-512 code at program start.
-struct PtColumn {
-  alignas(64) int offset[16];
-  constexpr PtColumn() : offset{} {
-    for (int h = 0; h < 16; ++h) offset[h] = h * (kTileRows / 2);
-  }
-};
-constexpr PtColumn kPtColumn;
-
 class AmxKernel {
  public:
   explicit AmxKernel(const MlaAttentionParams& p)
@@ -89,12 +86,13 @@ class AmxKernel {
         dcp_((p.kv_lora_rank + 15) / 16 * 16),
         width_(p.kv_lora_rank + p.rope_dim),
         wp_((p.kv_lora_rank + p.rope_dim + 31) / 32 * 32),
+        tile_rows_(tile_rows_for(lanes_)),
         qv_(static_cast<std::size_t>(wp_ / 2) * lanes_),
-        kbuf_(static_cast<std::size_t>(kTileRows) * wp_),
+        kbuf_(static_cast<std::size_t>(tile_rows_) * wp_),
         zero_row_(static_cast<std::size_t>(wp_), 0),
-        s_(static_cast<std::size_t>(kTileRows) * lanes_),
-        pt_(static_cast<std::size_t>(lanes_) * kTileRows),
-        vv_(static_cast<std::size_t>(kTileRows / 2) * dcp_),
+        s_(static_cast<std::size_t>(tile_rows_) * lanes_),
+        pt_(static_cast<std::size_t>(lanes_) * tile_rows_),
+        vv_(static_cast<std::size_t>(tile_rows_ / 2) * dcp_),
         acc_(static_cast<std::size_t>(lanes_) * dcp_),
         m_(lanes_),
         l_(lanes_),
@@ -105,8 +103,8 @@ class AmxKernel {
     std::fill(acc_.begin(), acc_.end(), 0.0f);
     std::fill(m_.begin(), m_.end(), kNegInf);
     std::fill(l_.begin(), l_.end(), 0.0f);
-    for (std::int64_t start = task.first; start < task.last; start += kTileRows) {
-      const int n = static_cast<int>(std::min<std::int64_t>(kTileRows, task.last - start));
+    for (std::int64_t start = task.first; start < task.last; start += tile_rows_) {
+      const int n = static_cast<int>(std::min<std::int64_t>(tile_rows_, task.last - start));
       load_tile(task.b, task.rows, start, n);
       scores(n);
       softmax(n);
@@ -147,8 +145,8 @@ class AmxKernel {
   void load_tile(int b, const RowSet& rows, std::int64_t start, int n) {
     const bf16_t* pool = static_cast<const bf16_t*>(p_.kv);
     for (int j = 0; j < n; ++j) row_[j] = pool + physical_row(p_, b, rows.at(start + j)) * width_;
-    for (int j = n; j < kTileRows; ++j) row_[j] = zero_row_.data();
-    for (int rb = 0; rb < kTileRows / 16; ++rb) {
+    for (int j = n; j < tile_rows_; ++j) row_[j] = zero_row_.data();
+    for (int rb = 0; rb < tile_rows_ / 16; ++rb) {
       const bf16_t* const* r = row_ + rb * 16;
       bool direct = wp_ == width_ && rb * 16 + 16 <= n;
       for (int i = 1; i < 16 && direct; ++i) direct = r[i] == r[0] + i * width_;
@@ -179,23 +177,47 @@ class AmxKernel {
                          : 0u;
       }
     }
-    for (int i = (n + 1) / 2; i < kTileRows / 2; ++i) {
+    for (int i = (n + 1) / 2; i < tile_rows_ / 2; ++i) {
       std::fill_n(vv_.data() + static_cast<std::size_t>(i) * dcp_, dcp_, 0u);
     }
   }
 
-  // S[j][h] for the tile's 16-row blocks that hold rows.
+  // S[j][h] for the tile's 16-row blocks that hold rows: 2 row blocks x 2 head blocks, or 4 row
+  // blocks x 1 for the last odd head block. Blocks past n multiply zero rows (kblock_ covers
+  // the whole tile).
   void scores(int n) {
-    const int row_blocks = (n + 15) / 16;
-    for (int hb = 0; hb < lanes_; hb += 16) {
-      for (int rb = 0; rb < row_blocks; ++rb) {
-        _tile_zero(0);
-        for (int c = 0; c < wp_; c += 32) {
-          _tile_loadd(1, kblock_[rb] + c, wp_ * 2);
-          _tile_loadd(2, qv_.data() + static_cast<std::size_t>(c / 2) * lanes_ + hb, lanes_ * 4);
-          _tile_dpbf16ps(0, 1, 2);
-        }
-        _tile_stored(0, s_.data() + static_cast<std::size_t>(rb) * 16 * lanes_ + hb, lanes_ * 4);
+    const int row_blocks = (n + 15) / 16, steps = wp_ / 32;
+    const auto k_stream = [&](int rb, int count) {
+      TileStream k{{}, 64, wp_ * 2};
+      for (int i = 0; i < count; ++i) k.base[i] = reinterpret_cast<const char*>(kblock_[rb + i]);
+      return k;
+    };
+    const auto q_stream = [&](int hb, int count) {
+      TileStream q{{}, std::size_t{16} * lanes_ * 4, lanes_ * 4};
+      for (int i = 0; i < count; ++i) q.base[i] = reinterpret_cast<const char*>(&qv_[hb + 16 * i]);
+      return q;
+    };
+    const auto s_block = [&](int rb, int hb) {
+      return s_.data() + static_cast<std::size_t>(rb) * 16 * lanes_ + hb;
+    };
+    const int s_stride = lanes_ * 4;
+    int hb = 0;
+    for (; hb + 32 <= lanes_; hb += 32) {
+      for (int rb = 0; rb < row_blocks; rb += 2) {
+        const AccTiles c{
+            {s_block(rb, hb), s_block(rb, hb + 16), s_block(rb + 1, hb), s_block(rb + 1, hb + 16)},
+            s_stride,
+            false};
+        block_2x2(c, k_stream(rb, 2), q_stream(hb, 2), steps);
+      }
+    }
+    for (; hb < lanes_; hb += 16) {
+      for (int rb = 0; rb < row_blocks; rb += 4) {
+        const AccTiles c{
+            {s_block(rb, hb), s_block(rb + 1, hb), s_block(rb + 2, hb), s_block(rb + 3, hb)},
+            s_stride,
+            false};
+        block_4x1(c, k_stream(rb, 4), q_stream(hb, 1), steps);
       }
     }
     if (p_.softcap > 0) {
@@ -227,9 +249,12 @@ class AmxKernel {
         return x;
       };
       auto* pt_words =
-          reinterpret_cast<int*>(pt_.data()) + static_cast<std::size_t>(v) * (kTileRows / 2);
-      const __m512i column = _mm512_load_si512(kPtColumn.offset);
-      for (int k = 0; k < kTileRows / 2; ++k) {
+          reinterpret_cast<int*>(pt_.data()) + static_cast<std::size_t>(v) * (tile_rows_ / 2);
+      // Word offsets of Pt's rows v..v+15 from row v: the scatter's indices.
+      const __m512i column =
+          _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                             _mm512_set1_epi32(tile_rows_ / 2));
+      for (int k = 0; k < tile_rows_ / 2; ++k) {
         const uvec pair = round_to_bf16(probability(2 * k)) | round_to_bf16(probability(2 * k + 1))
                                                                   << 16;
         __m512i words;
@@ -243,6 +268,8 @@ class AmxKernel {
   }
 
   // O[h][d] = O[h][d] * corr[h] + sum_j P[h][j] V[j][d]; the rescale only where the max moved.
+  // 2 head blocks x 2 column blocks, or 1 x 4 for the last odd head block; single blocks for
+  // leftover columns.
   void values(int n) {
     for (int h = 0; h < lanes_; ++h) {
       if (corr_[h] == 1.0f) continue;
@@ -250,33 +277,165 @@ class AmxKernel {
       const vec c = S::splat(corr_[h]);
       for (int d = 0; d < dcp_; d += 16) S::store(o + d, S::load(o + d) * c);
     }
-    const int chunks = (n + 31) / 32;
-    for (int hb = 0; hb < lanes_; hb += 16) {
-      for (int db = 0; db < dcp_; db += 16) {
-        float* o = acc_.data() + static_cast<std::size_t>(hb) * dcp_ + db;
-        _tile_loadd(0, o, dcp_ * 4);
-        for (int k = 0; k < chunks; ++k) {
-          _tile_loadd(1, pt_.data() + static_cast<std::size_t>(hb) * kTileRows + k * 32,
-                      kTileRows * 2);
-          _tile_loadd(2, vv_.data() + static_cast<std::size_t>(k) * 16 * dcp_ + db, dcp_ * 4);
-          _tile_dpbf16ps(0, 1, 2);
-        }
-        _tile_stored(0, o, dcp_ * 4);
+    const int steps = (n + 31) / 32;
+    const auto p_stream = [&](int hb, int count) {
+      TileStream pt{{}, 64, tile_rows_ * 2};
+      for (int i = 0; i < count; ++i) {
+        pt.base[i] =
+            reinterpret_cast<const char*>(&pt_[static_cast<std::size_t>(hb + 16 * i) * tile_rows_]);
+      }
+      return pt;
+    };
+    const auto v_stream = [&](int db, int count) {
+      TileStream v{{}, std::size_t{16} * dcp_ * 4, dcp_ * 4};
+      for (int i = 0; i < count; ++i) v.base[i] = reinterpret_cast<const char*>(&vv_[db + 16 * i]);
+      return v;
+    };
+    const auto o_block = [&](int hb, int db) {
+      return acc_.data() + static_cast<std::size_t>(hb) * dcp_ + db;
+    };
+    const int o_stride = dcp_ * 4;
+    int hb = 0;
+    for (; hb + 32 <= lanes_; hb += 32) {
+      int db = 0;
+      for (; db + 32 <= dcp_; db += 32) {
+        const AccTiles c{{o_block(hb, db), o_block(hb, db + 16), o_block(hb + 16, db),
+                          o_block(hb + 16, db + 16)},
+                         o_stride,
+                         true};
+        block_2x2(c, p_stream(hb, 2), v_stream(db, 2), steps);
+      }
+      for (; db < dcp_; db += 16) {
+        block_1x1(o_block(hb, db), o_stride, p_stream(hb, 1), v_stream(db, 1), steps);
+        block_1x1(o_block(hb + 16, db), o_stride, p_stream(hb + 16, 1), v_stream(db, 1), steps);
+      }
+    }
+    for (; hb < lanes_; hb += 16) {
+      int db = 0;
+      for (; db + 64 <= dcp_; db += 64) {
+        const AccTiles c{
+            {o_block(hb, db), o_block(hb, db + 16), o_block(hb, db + 32), o_block(hb, db + 48)},
+            o_stride,
+            true};
+        block_1x4(c, p_stream(hb, 1), v_stream(db, 4), steps);
+      }
+      for (; db < dcp_; db += 16) {
+        block_1x1(o_block(hb, db), o_stride, p_stream(hb, 1), v_stream(db, 1), steps);
       }
     }
   }
 
+  // Operand tiles over the steps of a product: tile i of step s starts at base[i] + s * step
+  // bytes, its 16 rows `stride` bytes apart.
+  struct TileStream {
+    const char* base[4];
+    std::size_t step;
+    int stride;
+    const void* at(int i, int s) const { return base[i] + static_cast<std::size_t>(s) * step; }
+  };
+  // Four 16 x 16 fp32 accumulators in tmm0-3, zeroed first or loaded from `out`.
+  struct AccTiles {
+    float* out[4];
+    int stride;
+    bool accumulate;
+  };
+
+  // The micro-kernels keep four accumulators in flight: one chain of TDPBF16PS would wait on the
+  // instruction's latency, several times its issue interval. tmm4-7 hold operands.
+  static void load_acc(const AccTiles& c) {
+    if (c.accumulate) {
+      _tile_loadd(0, c.out[0], c.stride);
+      _tile_loadd(1, c.out[1], c.stride);
+      _tile_loadd(2, c.out[2], c.stride);
+      _tile_loadd(3, c.out[3], c.stride);
+    } else {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+  }
+  static void store_acc(const AccTiles& c) {
+    _tile_stored(0, c.out[0], c.stride);
+    _tile_stored(1, c.out[1], c.stride);
+    _tile_stored(2, c.out[2], c.stride);
+    _tile_stored(3, c.out[3], c.stride);
+  }
+
+  // C[2i + j] += A_i x B_j: each operand loaded once for two products.
+  static void block_2x2(const AccTiles& c, const TileStream& a, const TileStream& b, int steps) {
+    load_acc(c);
+    for (int s = 0; s < steps; ++s) {
+      _tile_loadd(4, a.at(0, s), a.stride);
+      _tile_loadd(6, b.at(0, s), b.stride);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_loadd(7, b.at(1, s), b.stride);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_loadd(5, a.at(1, s), a.stride);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    store_acc(c);
+  }
+
+  // C[i] += A_i x B_0; the A tiles alternate between tmm4 and tmm5.
+  static void block_4x1(const AccTiles& c, const TileStream& a, const TileStream& b, int steps) {
+    load_acc(c);
+    for (int s = 0; s < steps; ++s) {
+      _tile_loadd(6, b.at(0, s), b.stride);
+      _tile_loadd(4, a.at(0, s), a.stride);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_loadd(5, a.at(1, s), a.stride);
+      _tile_dpbf16ps(1, 5, 6);
+      _tile_loadd(4, a.at(2, s), a.stride);
+      _tile_dpbf16ps(2, 4, 6);
+      _tile_loadd(5, a.at(3, s), a.stride);
+      _tile_dpbf16ps(3, 5, 6);
+    }
+    store_acc(c);
+  }
+
+  // C[j] += A_0 x B_j; the B tiles alternate between tmm6 and tmm7.
+  static void block_1x4(const AccTiles& c, const TileStream& a, const TileStream& b, int steps) {
+    load_acc(c);
+    for (int s = 0; s < steps; ++s) {
+      _tile_loadd(4, a.at(0, s), a.stride);
+      _tile_loadd(6, b.at(0, s), b.stride);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_loadd(7, b.at(1, s), b.stride);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_loadd(6, b.at(2, s), b.stride);
+      _tile_dpbf16ps(2, 4, 6);
+      _tile_loadd(7, b.at(3, s), b.stride);
+      _tile_dpbf16ps(3, 4, 7);
+    }
+    store_acc(c);
+  }
+
+  // One accumulated block, for columns no wider block covers.
+  static void block_1x1(float* out, int stride, const TileStream& a, const TileStream& b,
+                        int steps) {
+    _tile_loadd(0, out, stride);
+    for (int s = 0; s < steps; ++s) {
+      _tile_loadd(4, a.at(0, s), a.stride);
+      _tile_loadd(6, b.at(0, s), b.stride);
+      _tile_dpbf16ps(0, 4, 6);
+    }
+    _tile_stored(0, out, stride);
+  }
+
   const MlaAttentionParams& p_;
   int heads_, lanes_, dc_, dcp_, width_, wp_;
+  int tile_rows_;                               // tile_rows_for(lanes_), a multiple of 64
   std::int64_t tokens_ = num_query_tokens(p_);  // T, for query_head
   std::vector<std::uint32_t> qv_;               // [wp/2, lanes] query pairs
-  std::vector<std::uint16_t> kbuf_;      // [kTileRows, wp] rows of blocks not loadable in place
-  std::vector<std::uint16_t> zero_row_;  // [wp] stands for rows past n
-  const bf16_t* row_[kTileRows] = {};    // the tile's rows in the pool
-  const std::uint16_t* kblock_[kTileRows / 16] = {};  // each 16-row block's score operand
-  std::vector<float> s_;                              // [kTileRows, lanes] scores
-  std::vector<std::uint16_t> pt_;    // [lanes, kTileRows] probabilities, transposed, bf16
-  std::vector<std::uint32_t> vv_;    // [kTileRows/2, dcp] row pairs of the value columns
+  std::vector<std::uint16_t> kbuf_;       // [tile_rows_, wp] rows of blocks not loadable in place
+  std::vector<std::uint16_t> zero_row_;   // [wp] stands for rows past n
+  const bf16_t* row_[kMaxTileRows] = {};  // the tile's rows in the pool
+  const std::uint16_t* kblock_[kMaxTileRows / 16] = {};  // each 16-row block's score operand
+  std::vector<float> s_;                                 // [tile_rows_, lanes] scores
+  std::vector<std::uint16_t> pt_;    // [lanes, tile_rows_] probabilities, transposed, bf16
+  std::vector<std::uint32_t> vv_;    // [tile_rows_/2, dcp] row pairs of the value columns
   std::vector<float> acc_;           // [lanes, dcp] unnormalised output
   std::vector<float> m_, l_, corr_;  // [lanes]
 };
