@@ -31,6 +31,7 @@ struct RunOptions {
   int num_layers = 0;
   int page_size = 64;
   std::string kv_cache_dtype = "bf16";
+  std::string attention_kernel = "automatic";
   int chunked_prefill_size = 2048;
   std::int64_t max_total_tokens = 0;  // 0: enough for the workload
   int batch = 4;
@@ -97,6 +98,28 @@ std::vector<std::vector<std::int32_t>> read_prompts(const std::string& arg) {
   return prompts;
 }
 
+// --attention-kernel: a path this CPU runs, checked before any rank starts. amx_bf16 reads bf16 KV.
+KernelPath parse_attention_kernel(const std::string& name, KvDtype kv_dtype) {
+  KernelPath k = KernelPath::automatic;
+  try {
+    k = parse_kernel_path(name);
+    if (k == KernelPath::amx_bf16) {
+      DCP_CHECK(amx_bf16_available(), unsupported, "this CPU or OS offers no AMX-BF16");
+      DCP_ARG_CHECK(kv_dtype == KvDtype::bf16, "amx_bf16 needs --kv-cache-dtype bf16");
+    } else {
+      resolve_exact_path(k);
+    }
+  } catch (const Error& e) {
+    throw Error(e.category(), str("--attention-kernel ", name, ": ", e.what()));
+  }
+  return k;
+}
+
+// The path that runs: automatic resolved to this CPU's fastest exact path.
+std::string kernel_name(KernelPath k) {
+  return std::string(to_string(k == KernelPath::amx_bf16 ? k : resolve_exact_path(k)));
+}
+
 Workload build_workload(const RunOptions& o) {
   Workload w;
   DCP_ARG_CHECK(o.batch >= 1, "--batch ", o.batch, " must be >= 1");
@@ -122,6 +145,8 @@ Workload build_workload(const RunOptions& o) {
   w.model_options.replicate_q_proj = w.parallel.replicate_q_proj;
   w.model_options.kv_dtype = parse_kv_dtype(o.kv_cache_dtype);
   w.model_options.page_size = o.page_size;
+  w.model_options.attention_kernel =
+      parse_attention_kernel(o.attention_kernel, w.model_options.kv_dtype);
   w.engine.chunked_prefill_size = o.chunked_prefill_size;
   w.engine.record_logits = o.verify || !o.dump_logits.empty();
 
@@ -286,6 +311,7 @@ json report_json(const RunOptions& o, const Workload& w, const RunReport& r, con
                  {"dcp_replicate_q_proj", r.replicated_q},
                  {"page_size", o.page_size},
                  {"kv_cache_dtype", o.kv_cache_dtype},
+                 {"attention_kernel", kernel_name(w.model_options.attention_kernel)},
                  {"chunked_prefill_size", o.chunked_prefill_size},
                  {"comm", o.comm},
                  {"requests", w.requests.size()},
@@ -369,13 +395,14 @@ json report_json(const RunOptions& o, const Workload& w, const RunReport& r, con
 void print_summary(const json& j) {
   const json& c = j["config"];
   std::printf(
-      "dcp run: %s, %d layers, %d heads | tp %d, dcp %d, backend %s%s | KV %s, page %d | comm %s\n",
+      "dcp run: %s, %d layers, %d heads | tp %d, dcp %d, backend %s%s | KV %s, page %d, kernel %s "
+      "| comm %s\n",
       c["model"].get<std::string>().c_str(), c["num_layers"].get<int>(),
       c["num_attention_heads"].get<int>(), c["tp_size"].get<int>(), c["dcp_size"].get<int>(),
       c["dcp_comm_backend"].get<std::string>().c_str(),
       c["dcp_replicate_q_proj"].get<bool>() ? " (replicated q)" : "",
       c["kv_cache_dtype"].get<std::string>().c_str(), c["page_size"].get<int>(),
-      c["comm"].get<std::string>().c_str());
+      c["attention_kernel"].get<std::string>().c_str(), c["comm"].get<std::string>().c_str());
   if (j.contains("prefix_cache")) {
     const json& pc = j["prefix_cache"];
     std::printf(
@@ -551,6 +578,10 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--num-layers", o->num_layers, "layers to run (default: the model's)");
   cmd->add_option("--page-size", o->page_size, "KV rows per physical page")->capture_default_str();
   cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "fp32 or bf16")->capture_default_str();
+  cmd->add_option("--attention-kernel", o->attention_kernel,
+                  "local attention kernel: automatic (fastest exact path), portable, avx2, avx512, "
+                  "or amx_bf16 (bf16 KV; rounds q and P to bf16)")
+      ->capture_default_str();
   cmd->add_option("--chunked-prefill-size", o->chunked_prefill_size,
                   "prompt tokens per prefill step")
       ->capture_default_str();

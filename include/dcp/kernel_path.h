@@ -17,6 +17,8 @@ namespace dcp {
 // bf16 (outputs within about 2^-8 of the value scale; the LSE stays fp32-accurate).
 enum class KernelPath : std::uint8_t { automatic, portable, avx2, avx512, amx_bf16 };
 std::string_view to_string(KernelPath k) noexcept;
+// The inverse of to_string; dcp::Error (invalid_argument) listing the legal names otherwise.
+KernelPath parse_kernel_path(std::string_view name);
 // The exact paths this CPU can run, slowest first; `portable` is always there.
 std::vector<KernelPath> available_kernel_paths();
 // `automatic` -> the fastest of those; any other exact path is returned if this CPU runs it,

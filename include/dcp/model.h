@@ -16,6 +16,7 @@
 
 #include "dcp/comm.h"
 #include "dcp/dcp_attention.h"
+#include "dcp/kernel_path.h"
 #include "dcp/kv_cache.h"
 #include "dcp/model_config.h"
 #include "dcp/weights.h"
@@ -28,6 +29,9 @@ struct ModelOptions {
   KvDtype kv_dtype = KvDtype::bf16;
   int page_size = 64;
   std::int64_t kv_capacity_tokens = 0;  // logical tokens (physical rows x N), rounded up to pages
+  // The local attention kernel over the KV pool (KernelPath::amx_bf16 needs bf16 KV). Attention
+  // over gathered fp32 copies (the gather extend path, the intra-chunk part) stays automatic.
+  KernelPath attention_kernel = KernelPath::automatic;
 };
 
 enum class ForwardMode : std::uint8_t {

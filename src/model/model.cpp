@@ -231,6 +231,7 @@ void MlaModel::attention(Layer& L, const float* x, const ForwardBatch& batch,
   std::vector<float> o(static_cast<std::size_t>(T) * h_loc_ * kvl);
   if (decode) {
     MlaAttentionParams p = plan.kernel_params(*L.pool);
+    p.kernel = options_.attention_kernel;
     p.softmax_scale = static_cast<float>(c.softmax_scale());
     p.causal = true;
     dcp_step_->forward(qa.data(), p, nullptr, o.data(), nullptr);
@@ -328,6 +329,7 @@ void MlaModel::extend_native(Layer& L, const float* qa, int heads_q, const float
   }
   if (any_prefix) {
     MlaAttentionParams p = plan.kernel_params(*L.pool);
+    p.kernel = options_.attention_kernel;
     p.local_len = prefix_len.data();
     p.softmax_scale = static_cast<float>(c.softmax_scale());
     p.causal = true;

@@ -148,6 +148,16 @@ expect 0 "two DP replicas" -- run --dp-size 2 --tp-size 2 --dcp-size 2 --batch 3
 check "dp run verifies" json_has '"tokens_match": true'
 check "json has dp size" json_has '"dp_size": 2'
 check "every request answered" json_has '"id": 2'
+# Forcing the local attention kernel.
+expect 0 "run on the portable kernel" -- run --attention-kernel portable --batch 2 --prompt-len 70 --max-new-tokens 2 --json "$tmp/run.json"
+check "json names the kernel" json_has '"attention_kernel": "portable"'
+check "portable run verifies" json_has '"tokens_match": true'
+expect 0 "automatic names the path it resolves to" -- run --batch 1 --prompt-len 20 --max-new-tokens 1 --json "$tmp/run.json"
+check "no 'automatic' in the summary" json_has '"attention_kernel": "\(portable\|avx2\|avx512\)"'
+expect 2 "unknown kernel is refused" -- run --attention-kernel bogus
+check "names the flag and the legal paths" stderr_has "--attention-kernel bogus: kernel path 'bogus' is not one of: automatic, portable, avx2, avx512, amx_bf16"
+expect 2 "amx on fp32 KV is refused" -- run --attention-kernel amx_bf16 --kv-cache-dtype fp32
+check "says why" stderr_has "--attention-kernel amx_bf16: \(amx_bf16 needs --kv-cache-dtype bf16\|this CPU or OS offers no AMX-BF16\)"
 expect 2 "dp attention in run is refused" -- run --enable-dp-attention --dp-size 2 --tp-size 4 --dcp-size 2
 check "names the flag" stderr_has "--enable-dp-attention with --dp-size 2"
 

@@ -19,6 +19,16 @@ std::string_view to_string(KernelPath k) noexcept {
   return "?";
 }
 
+KernelPath parse_kernel_path(std::string_view name) {
+  for (KernelPath k : {KernelPath::automatic, KernelPath::portable, KernelPath::avx2,
+                       KernelPath::avx512, KernelPath::amx_bf16}) {
+    if (name == to_string(k)) return k;
+  }
+  DCP_CHECK(false, invalid_argument, "kernel path '", name,
+            "' is not one of: automatic, portable, avx2, avx512, amx_bf16");
+  return KernelPath::automatic;
+}
+
 std::vector<KernelPath> available_kernel_paths() {
   std::vector<KernelPath> paths = {KernelPath::portable};
   __builtin_cpu_init();
