@@ -10,18 +10,21 @@ namespace dcp::cli {
 Hardware hardware_preset(const std::string& name) {
   if (name == "this-cpu") {
     // Measured on the development VM (2 vCPUs), one rank per core with every core busy, which is
-    // how `dcp run` and `dcp bench step` run (third session, 2026-11-29):
+    // how `dcp run` and `dcp bench step` run (2026-11-29):
     // - attention: `dcp bench attention --threads 2 --contexts 2048,8192 --heads 64,128
-    //   --dtypes bf16` gives 218-259 GFLOP/s for both cores, ~120 per rank (one thread alone:
-    //   128-137);
+    //   --dtypes bf16` gives 203-293 GFLOP/s for both cores, median 272, ~135 per rank (fourth
+    //   session; 218-259 in the third, when this was 120);
     // - KV read ~9.5 GB/s per rank;
-    // - a collective between two thread ranks inside a decode step costs ~0.2 ms, mostly
-    //   waiting for the other rank (`dcp bench step` at context 1024: 0.42 ms for a2a's two).
+    // - a collective between two thread ranks inside a decode step costs ~0.09 ms, calibrated
+    //   on `dcp bench step --contexts 1024 --new-tokens 24` (fourth session): the rank that
+    //   waited least spent 0.225-0.237 ms in a2a's two collectives per layer, ~0.056 of it the
+    //   bytes at 5 GB/s. Alone (`dcp bench comm --ranks 2 --tokens 1 --heads-per-rank 64`) the
+    //   same collectives take ~0.026 ms each; inside a step the peer thread shares a busy core.
     return {name,
-            120e9,
+            135e9,
             9.5e9,
             5e9,
-            200e-6,
+            90e-6,
             24.0 * (1ull << 30) / 4,
             "measured here: dcp bench attention --threads 2, dcp bench step"};
   }

@@ -140,6 +140,7 @@ expect 0 "bench attention, no torch" -- bench attention --contexts 256 --heads 4
 check "says torch is missing" stdout_has "cannot import torch (Debian: apt-get install python3-torch)"
 expect 0 "bench step (small)" -- bench step --preset tiny --contexts 64 --new-tokens 3
 check "bench step prints the plan beside the measurement" stdout_has "plan ms"
+check "bench step separates waiting from the transfer" stdout_has "least ms"
 expect 2 "bench step rejects a bad backend" -- bench step --preset tiny --contexts 64 --dcp-comm-backend bogus
 check "bench step names the flag" stderr_has "--dcp-comm-backend 'bogus'"
 
