@@ -115,7 +115,7 @@ ref::AttentionResult local_reference(MlaAttentionParams p) {
                                              const std::string& what) {
   auto o = test::close(got.out, expect.out, test::kFp32Tol, (what + " O").c_str());
   if (!o) return o;
-  return test::close(got.lse, expect.lse, {1e-12, 1e-5}, (what + " LSE").c_str());
+  return test::lse_close(got.lse, expect.lse, what + " LSE");
 }
 
 TEST(Attention, KernelMatchesLocalReference) {
@@ -356,7 +356,7 @@ TEST(Attention, AmxPathIsWithinItsBf16RoundingOfTheReference) {
         for (std::size_t i = 0; i < got.out.size(); ++i)
           worst = std::max(worst, std::abs(got.out[i] - expect.out[i]));
         ASSERT_LE(worst, std::ldexp(max_v, -8)) << what;
-        ASSERT_TRUE(test::close(got.lse, expect.lse, {1e-12, 1e-5}, (what + " LSE").c_str()));
+        ASSERT_TRUE(test::lse_close(got.lse, expect.lse, what + " LSE"));
       }
     }
   }
@@ -416,7 +416,7 @@ void check_striped_equals_full(test::Rng& rng, KvDtype dtype, Variant v, int n, 
                            " P=" + std::to_string(page);
   const test::Tolerance tol = dtype == KvDtype::fp32 ? test::kFp32Tol : test::kBf16Tol;
   EXPECT_TRUE(test::close(out, expect.out, tol, (what + " O").c_str()));
-  EXPECT_TRUE(test::close(lse, expect.lse, {1e-12, 1e-5}, (what + " LSE").c_str()));
+  EXPECT_TRUE(test::lse_close(lse, expect.lse, what + " LSE"));
 }
 
 TEST(Attention, StripedThenMergedEqualsFullAttention) {
@@ -507,7 +507,7 @@ TEST(Attention, SinkAddedAtMergeEqualsSinkInKernel) {
   merge_sink(out.data(), lse.data(), sink_rows.data(), rows, dc);
   const ref::AttentionResult expect = ref::full_attention(in);
   EXPECT_TRUE(test::close(out, expect.out, test::kFp32Tol, "O"));
-  EXPECT_TRUE(test::close(lse, expect.lse, {1e-12, 1e-5}, "LSE"));
+  EXPECT_TRUE(test::lse_close(lse, expect.lse, "LSE"));
 }
 
 // Invalid params are rejected before anything is written.

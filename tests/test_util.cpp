@@ -68,6 +68,35 @@ Rng make_rng() {
   return ::testing::AssertionSuccess();
 }
 
+// The LSE is a log: its error is absolute (e^lse is off by a factor 1 + err), and adding a
+// constant to every score shifts it without changing O. So it is checked against an absolute
+// bound on the scale of the largest |LSE| (at least 1), not a relative one, which fails LSEs near
+// zero whose absolute error is a few ulps of 1.
+::testing::AssertionResult lse_close(const std::vector<float>& got,
+                                     const std::vector<double>& expect, const std::string& what) {
+  if (got.size() != expect.size()) {
+    return ::testing::AssertionFailure()
+           << what << ": " << got.size() << " values, expected " << expect.size();
+  }
+  double scale = 1, worst = 0;
+  std::size_t at = 0;
+  for (double x : expect) {
+    if (std::isfinite(x)) scale = std::max(scale, std::abs(x));
+  }
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (std::isinf(expect[i]) && got[i] == expect[i]) continue;  // no rows: -inf both
+    const double err = std::abs(got[i] - expect[i]);
+    if (!(err <= worst)) {  // NaN counts as the worst
+      worst = err;
+      at = i;
+    }
+  }
+  if (worst <= 1e-5 * scale) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << what << ": |LSE error| " << worst << " at " << at << " (got " << got[at]
+         << ", expected " << expect[at] << ") exceeds 1e-5 x " << scale;
+}
+
 ::testing::AssertionResult close_runs(const std::vector<float>& actual,
                                       const std::vector<float>& expected, Tolerance tol,
                                       const char* what) {
