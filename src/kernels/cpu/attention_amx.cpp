@@ -24,6 +24,7 @@
 #include "attention_tasks.h"
 #include "convert_simd.h"
 #include "dcp/merge.h"
+#include "line_vector.h"
 #include "simd.h"
 
 namespace dcp::kernels {
@@ -76,6 +77,20 @@ struct InterleaveIndices {
 };
 constexpr InterleaveIndices kInterleave;
 
+// The work buffers, kept per thread (thread_buffers). Nothing carries over between calls:
+// every buffer is written before it is read, except zero_row, which only ever holds zeros.
+struct AmxBuffers {
+  LineVector<std::uint32_t> qv, vv;
+  LineVector<std::uint16_t> kbuf, zero_row, pt;
+  LineVector<float> s, acc, m, l, corr;
+};
+
+template <typename T>
+LineVector<T>& sized(LineVector<T>& v, std::size_t n) {
+  v.resize(n);  // keeps the capacity: no new pages once a call of this size has run
+  return v;
+}
+
 class AmxKernel {
  public:
   explicit AmxKernel(const MlaAttentionParams& p)
@@ -87,16 +102,17 @@ class AmxKernel {
         width_(p.kv_lora_rank + p.rope_dim),
         wp_((p.kv_lora_rank + p.rope_dim + 31) / 32 * 32),
         tile_rows_(tile_rows_for(lanes_)),
-        qv_(static_cast<std::size_t>(wp_ / 2) * lanes_),
-        kbuf_(static_cast<std::size_t>(tile_rows_) * wp_),
-        zero_row_(static_cast<std::size_t>(wp_), 0),
-        s_(static_cast<std::size_t>(tile_rows_) * lanes_),
-        pt_(static_cast<std::size_t>(lanes_) * tile_rows_),
-        vv_(static_cast<std::size_t>(tile_rows_ / 2) * dcp_),
-        acc_(static_cast<std::size_t>(lanes_) * dcp_),
-        m_(lanes_),
-        l_(lanes_),
-        corr_(lanes_) {}
+        buf_(thread_buffers<AmxBuffers>()),
+        qv_(sized(buf_.qv, static_cast<std::size_t>(wp_ / 2) * lanes_)),
+        kbuf_(sized(buf_.kbuf, static_cast<std::size_t>(tile_rows_) * wp_)),
+        zero_row_(sized(buf_.zero_row, static_cast<std::size_t>(wp_))),
+        s_(sized(buf_.s, static_cast<std::size_t>(tile_rows_) * lanes_)),
+        pt_(sized(buf_.pt, static_cast<std::size_t>(lanes_) * tile_rows_)),
+        vv_(sized(buf_.vv, static_cast<std::size_t>(tile_rows_ / 2) * dcp_)),
+        acc_(sized(buf_.acc, static_cast<std::size_t>(lanes_) * dcp_)),
+        m_(sized(buf_.m, lanes_)),
+        l_(sized(buf_.l, lanes_)),
+        corr_(sized(buf_.corr, lanes_)) {}
 
   void run(const Task& task) {
     pack_query(task.t);
@@ -127,11 +143,25 @@ class AmxKernel {
   }
 
   // Qv[c][h] = the bf16 pair (q[h][2c], q[h][2c+1]) * scale; zero past the width and the heads.
+  // 32 elements of a head at a time become 16 pairs, scattered down the head's column of Qv.
   void pack_query(std::int64_t t) {
+    using Halves = std::uint16_t __attribute__((vector_size(32)));
     std::fill(qv_.begin(), qv_.end(), 0u);
+    const vec scale = S::splat(p_.softmax_scale);
+    const __m512i column =
+        _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                           _mm512_set1_epi32(lanes_));
     for (int h = 0; h < heads_; ++h) {
       const float* qh = query_head(p_, tokens_, t, h);
-      for (int d = 0; d < width_; ++d) {
+      int d = 0;
+      for (; d + 32 <= width_; d += 32) {
+        alignas(64) Halves words[2] = {
+            __builtin_convertvector(round_to_bf16(S::load(qh + d) * scale), Halves),
+            __builtin_convertvector(round_to_bf16(S::load(qh + d + 16) * scale), Halves)};
+        _mm512_i32scatter_epi32(qv_.data() + static_cast<std::size_t>(d / 2) * lanes_ + h, column,
+                                _mm512_load_si512(words), 4);
+      }
+      for (; d < width_; ++d) {
         const std::uint32_t word = float_to_bf16(qh[d] * p_.softmax_scale);
         qv_[static_cast<std::size_t>(d / 2) * lanes_ + h] |= d % 2 ? word << 16 : word;
       }
@@ -428,16 +458,17 @@ class AmxKernel {
   int heads_, lanes_, dc_, dcp_, width_, wp_;
   int tile_rows_;                               // tile_rows_for(lanes_), a multiple of 64
   std::int64_t tokens_ = num_query_tokens(p_);  // T, for query_head
-  std::vector<std::uint32_t> qv_;               // [wp/2, lanes] query pairs
-  std::vector<std::uint16_t> kbuf_;       // [tile_rows_, wp] rows of blocks not loadable in place
-  std::vector<std::uint16_t> zero_row_;   // [wp] stands for rows past n
+  AmxBuffers& buf_;                             // this thread's, sized below
+  LineVector<std::uint32_t>& qv_;               // [wp/2, lanes] query pairs
+  LineVector<std::uint16_t>& kbuf_;       // [tile_rows_, wp] rows of blocks not loadable in place
+  LineVector<std::uint16_t>& zero_row_;   // [wp] stands for rows past n
   const bf16_t* row_[kMaxTileRows] = {};  // the tile's rows in the pool
   const std::uint16_t* kblock_[kMaxTileRows / 16] = {};  // each 16-row block's score operand
-  std::vector<float> s_;                                 // [tile_rows_, lanes] scores
-  std::vector<std::uint16_t> pt_;    // [lanes, tile_rows_] probabilities, transposed, bf16
-  std::vector<std::uint32_t> vv_;    // [tile_rows_/2, dcp] row pairs of the value columns
-  std::vector<float> acc_;           // [lanes, dcp] unnormalised output
-  std::vector<float> m_, l_, corr_;  // [lanes]
+  LineVector<float>& s_;                                 // [tile_rows_, lanes] scores
+  LineVector<std::uint16_t>& pt_;     // [lanes, tile_rows_] probabilities, transposed, bf16
+  LineVector<std::uint32_t>& vv_;     // [tile_rows_/2, dcp] row pairs of the value columns
+  LineVector<float>& acc_;            // [lanes, dcp] unnormalised output
+  LineVector<float>&m_, &l_, &corr_;  // [lanes]
 };
 
 }  // namespace

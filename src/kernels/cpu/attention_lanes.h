@@ -20,6 +20,7 @@
 #include "attention_tasks.h"
 #include "dcp/attention.h"
 #include "dcp/merge.h"
+#include "line_vector.h"
 #include "simd.h"
 
 namespace dcp::kernels {
@@ -276,12 +277,12 @@ class LaneKernel {
   const MlaAttentionParams& p_;
   int heads_, lanes_, dc_, width_;
   std::int64_t tokens_ = num_query_tokens(p_);  // T, for query_head
-  std::vector<float> qt_;                       // [width, lanes] scaled query, transposed
-  std::vector<float> s_;                        // [kRows, lanes] scores, then probabilities
-  std::vector<float> acc_;                      // [heads, dc] unnormalised output
-  std::vector<float> m_, l_, corr_;  // [lanes] running max, denominator, this tile's rescale
-  std::vector<float> rows_buf_;      // [kRows, width] widened bf16 rows
-  std::vector<float> zero_row_;      // [width]
+  LineVector<float> qt_;                        // [width, lanes] scaled query, transposed
+  LineVector<float> s_;                         // [kRows, lanes] scores, then probabilities
+  LineVector<float> acc_;                       // [heads, dc] unnormalised output
+  LineVector<float> m_, l_, corr_;  // [lanes] running max, denominator, this tile's rescale
+  LineVector<float> rows_buf_;      // [kRows, width] widened bf16 rows
+  LineVector<float> zero_row_;      // [width]
   int row_bytes_per_elem_;
   const float* row_[kRows] = {};
   const char* next_[kRows] = {};  // the next tile's stored rows, for prefetching

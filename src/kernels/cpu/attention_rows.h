@@ -17,6 +17,7 @@
 #include "dcp/attention.h"
 #include "dcp/layout.h"
 #include "dcp/merge.h"
+#include "line_vector.h"
 #include "simd.h"
 
 namespace dcp::kernels {
@@ -297,15 +298,15 @@ class RowKernel {
   const MlaAttentionParams& p_;
   int heads_, dc_, width_;
   std::int64_t tokens_ = num_query_tokens(p_);  // T, for query_head
-  std::vector<float> q_;        // [heads, width] the token's query, in E::position order
-  std::vector<float> unsplit_;  // [dc] one head's accumulators back in row order
-  std::vector<Kv> zero_row_;    // [width] stands for rows past the task's end
+  LineVector<float> q_;        // [heads, width] the token's query, in E::position order
+  LineVector<float> unsplit_;  // [dc] one head's accumulators back in row order
+  LineVector<Kv> zero_row_;    // [width] stands for rows past the task's end
   const Kv* row_[kRows] = {};
   const Kv* next_[kRows] = {};
   int pf_from_ = 0, pf_to_ = 0;  // elements of next_ rows the next value block prefetches
-  std::vector<float> scores_;    // [heads, kRows]
-  std::vector<float> acc_;       // [heads, dc] in E::position order
-  std::vector<float> m_, l_;     // [heads]
+  LineVector<float> scores_;     // [heads, kRows]
+  LineVector<float> acc_;        // [heads, dc] in E::position order
+  LineVector<float> m_, l_;      // [heads]
 };
 
 }  // namespace
