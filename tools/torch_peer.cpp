@@ -35,10 +35,16 @@ struct ChildResult {
   std::string output;
 };
 
-// Runs `command` through the shell with stderr folded into stdout.
-ChildResult run_child(const std::string& command) {
+// Exit status of coreutils `timeout` when the limit expired.
+constexpr int kTimedOut = 124;
+
+// Runs `command` through the shell with stderr folded into stdout, killed after `limit_s`
+// seconds (coreutils `timeout`), so a child that hangs cannot hang the benchmark.
+ChildResult run_child(const std::string& command, int limit_s) {
   ChildResult r;
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  const std::string line =
+      "timeout --kill-after=10 " + std::to_string(limit_s) + " " + command + " 2>&1";
+  FILE* pipe = popen(line.c_str(), "r");
   if (pipe == nullptr) return r;
   std::array<char, 512> buf{};
   while (std::fgets(buf.data(), static_cast<int>(buf.size()), pipe) != nullptr)
@@ -51,6 +57,11 @@ ChildResult run_child(const std::string& command) {
 std::string first_line(const std::string& s) {
   return s.substr(0, s.find('\n'));
 }
+
+// Wall-clock limits: importing torch, and one point (the largest default point, 8 x 128K rows
+// at 128 heads, takes about a minute for both dtypes).
+constexpr int kProbeLimitS = 300;
+constexpr int kPointLimitS = 1800;
 
 }  // namespace
 
@@ -65,10 +76,12 @@ TorchPeer::TorchPeer(const std::string& python, int threads) : python_(python), 
     return;
   }
   const ChildResult probe =
-      run_child(shell_quote(python_) + " " + shell_quote(script_) + " --version");
+      run_child(shell_quote(python_) + " " + shell_quote(script_) + " --version", kProbeLimitS);
   if (probe.status == 0) {
     available_ = true;
     version_ = first_line(probe.output);
+  } else if (probe.status == kTimedOut) {
+    reason_ = python_ + " did not import torch within " + std::to_string(kProbeLimitS) + " s";
   } else if (probe.status == 3) {
     reason_ = python_ + " cannot import torch (Debian: apt-get install python3-torch)";
   } else {
@@ -83,7 +96,9 @@ std::map<std::string, double> TorchPeer::time(std::int64_t batch, std::int64_t c
   std::ostringstream cmd;
   cmd << shell_quote(python_) << " " << shell_quote(script_) << " " << batch << " " << context
       << " " << heads << " " << threads_ << " " << repeats << " " << shell_quote(dtypes);
-  const ChildResult r = run_child(cmd.str());
+  const ChildResult r = run_child(cmd.str(), kPointLimitS);
+  DCP_CHECK(r.status != kTimedOut, io, "PyTorch peer timed out after ", kPointLimitS, " s (",
+            cmd.str(), ")");
   DCP_CHECK(r.status == 0, io, "PyTorch peer failed (", cmd.str(), "): ", r.output);
   std::map<std::string, double> ms;
   std::istringstream lines(r.output);

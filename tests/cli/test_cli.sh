@@ -130,7 +130,8 @@ if [ "$2" = "--version" ]; then echo "torch 0.0-fake"; exit 0; fi
 echo "bf16 4.25"
 FAKE
 printf '#!/bin/sh\nexit 3\n' >"$tmp/no_torch_python"
-chmod +x "$tmp/fake_python" "$tmp/no_torch_python"
+printf '#!/bin/sh\nexit 124\n' >"$tmp/slow_python"  # what `timeout` reports when it fires
+chmod +x "$tmp/fake_python" "$tmp/no_torch_python" "$tmp/slow_python"
 expect 0 "bench attention with a torch peer" -- bench attention --contexts 256 --heads 4 --batches 1 --dtypes bf16 --repeats 1 --torch-python "$tmp/fake_python"
 check "names the torch version" stdout_has "torch: torch 0.0-fake"
 check "prints the torch time" stdout_has "|      4.25 "
@@ -138,6 +139,8 @@ expect 0 "bench attention, torch off" -- bench attention --contexts 256 --heads 
 check "says the peer is off" stdout_has "torch: not measured (disabled by --torch-python off)"
 expect 0 "bench attention, no torch" -- bench attention --contexts 256 --heads 4 --batches 1 --dtypes fp32 --repeats 1 --torch-python "$tmp/no_torch_python"
 check "says torch is missing" stdout_has "cannot import torch (Debian: apt-get install python3-torch)"
+expect 0 "bench attention, torch import times out" -- bench attention --contexts 256 --heads 4 --batches 1 --dtypes fp32 --repeats 1 --torch-python "$tmp/slow_python"
+check "says it timed out" stdout_has "did not import torch within 300 s"
 expect 0 "bench step (small)" -- bench step --preset tiny --contexts 64 --new-tokens 3
 check "bench step prints the plan beside the measurement" stdout_has "plan ms"
 check "bench step separates waiting from the transfer" stdout_has "least ms"
