@@ -26,6 +26,7 @@
 #include "dcp/merge.h"
 #include "line_vector.h"
 #include "simd.h"
+#include "transpose.h"
 
 namespace dcp::kernels {
 namespace {
@@ -76,50 +77,6 @@ struct InterleaveIndices {
   }
 };
 constexpr InterleaveIndices kInterleave;
-
-// r[i][j] -> r[j][i] for a 16 x 16 block of 32-bit words. The query packing and the P layout
-// both turn heads-in-lanes vectors into per-head rows; a scatter per vector wrote 16 cache lines
-// each and cost a third of a 512-row call at 128 heads. Written with vector shuffles: GCC 12
-// warns on the unpack intrinsics (their masked forms start from an undefined vector).
-using Words = std::uint32_t __attribute__((vector_size(64)));
-
-void transpose_16x16(Words (&r)[16]) {
-  Words t[16], u[16];
-  for (int i = 0; i < 16; i += 2) {  // 32-bit interleave of row pairs, per 128-bit lane
-    t[i] = __builtin_shufflevector(r[i], r[i + 1], 0, 16, 1, 17, 4, 20, 5, 21, 8, 24, 9, 25, 12, 28,
-                                   13, 29);
-    t[i + 1] = __builtin_shufflevector(r[i], r[i + 1], 2, 18, 3, 19, 6, 22, 7, 23, 10, 26, 11, 27,
-                                       14, 30, 15, 31);
-  }
-  // 64-bit interleave: 128-bit lane j of u[4i + m] is column 4j + m of rows 4i..4i+3.
-  for (int i = 0; i < 16; i += 4) {
-    for (int h = 0; h < 2; ++h) {
-      u[i + 2 * h] = __builtin_shufflevector(t[i + h], t[i + h + 2], 0, 1, 16, 17, 4, 5, 20, 21, 8,
-                                             9, 24, 25, 12, 13, 28, 29);
-      u[i + 2 * h + 1] = __builtin_shufflevector(t[i + h], t[i + h + 2], 2, 3, 18, 19, 6, 7, 22, 23,
-                                                 10, 11, 26, 27, 14, 15, 30, 31);
-    }
-  }
-  // Column 4j + m is 128-bit lane j of u[m], u[4 + m], u[8 + m], u[12 + m].
-  for (int m = 0; m < 4; ++m) {
-    const Words x0 = __builtin_shufflevector(u[m], u[4 + m], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19,
-                                             20, 21, 22, 23);  // lanes 0, 1 of each
-    const Words x1 = __builtin_shufflevector(u[m], u[4 + m], 8, 9, 10, 11, 12, 13, 14, 15, 24, 25,
-                                             26, 27, 28, 29, 30, 31);  // lanes 2, 3
-    const Words y0 = __builtin_shufflevector(u[8 + m], u[12 + m], 0, 1, 2, 3, 4, 5, 6, 7, 16, 17,
-                                             18, 19, 20, 21, 22, 23);
-    const Words y1 = __builtin_shufflevector(u[8 + m], u[12 + m], 8, 9, 10, 11, 12, 13, 14, 15, 24,
-                                             25, 26, 27, 28, 29, 30, 31);
-    r[m] =
-        __builtin_shufflevector(x0, y0, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
-    r[4 + m] =
-        __builtin_shufflevector(x0, y0, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-    r[8 + m] =
-        __builtin_shufflevector(x1, y1, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
-    r[12 + m] =
-        __builtin_shufflevector(x1, y1, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-  }
-}
 
 // The work buffers, kept per thread (thread_buffers). Nothing carries over between calls:
 // every buffer is written before it is read, except zero_row, which only ever holds zeros.
@@ -197,7 +154,7 @@ class AmxKernel {
     for (int hb = 0; hb < heads_; hb += 16) {
       const int block = std::min(16, heads_ - hb);
       for (int d = 0; d < whole; d += 32) {
-        Words r[16] = {};
+        Words16 r[16] = {};
         for (int i = 0; i < block; ++i) {
           const float* qh = query_head(p_, tokens_, t, hb + i) + d;
           const Halves halves[2] = {
@@ -334,7 +291,7 @@ class AmxKernel {
       auto* pt_words = reinterpret_cast<std::uint32_t*>(pt_.data());
       const int row_words = tile_rows_ / 2;
       for (int k0 = 0; k0 < row_words; k0 += 16) {
-        Words r[16];
+        Words16 r[16];
         for (int k = 0; k < 16; ++k) {
           const int j = 2 * (k0 + k);
           const uvec pair = round_to_bf16(probability(j)) | round_to_bf16(probability(j + 1)) << 16;

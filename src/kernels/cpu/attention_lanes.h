@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "attention_tasks.h"
@@ -22,6 +23,7 @@
 #include "dcp/merge.h"
 #include "line_vector.h"
 #include "simd.h"
+#include "transpose.h"
 
 namespace dcp::kernels {
 namespace {
@@ -70,12 +72,37 @@ class LaneKernel {
   using vec = typename S::vec;
 
   // Qt[d][h] = q[h][d] * scale; padding lanes (h >= heads) are zero and are never written out.
+  // 16 heads x 16 columns at a time through a register transpose, so that every store writes a
+  // run of heads (one at a time, each store hit a different cache line).
   void pack_query(std::int64_t t) {
     std::fill(qt_.begin(), qt_.end(), 0.0f);
-    for (int h = 0; h < heads_; ++h) {
-      const float* qh = query_head(p_, tokens_, t, h);
-      for (int d = 0; d < width_; ++d)
-        qt_[static_cast<std::size_t>(d) * lanes_ + h] = qh[d] * p_.softmax_scale;
+    const float scale = p_.softmax_scale;
+    const int whole = width_ / 16 * 16;
+    for (int hb = 0; hb < heads_; hb += 16) {
+      const int block = std::min(16, heads_ - hb);
+      for (int d = 0; d < whole; d += 16) {
+        Words16 r[16] = {};
+        for (int i = 0; i < block; ++i) {
+          const float* qh = query_head(p_, tokens_, t, hb + i) + d;
+          float scaled[16];
+          for (int e = 0; e < 16; ++e) scaled[e] = qh[e] * scale;
+          std::memcpy(&r[i], scaled, sizeof scaled);
+        }
+        transpose_16x16(r);
+        for (int k = 0; k < 16; ++k) {
+          float* dst = qt_.data() + static_cast<std::size_t>(d + k) * lanes_ + hb;
+          if (block == 16) {
+            std::memcpy(dst, &r[k], sizeof r[k]);  // one vector store
+          } else {
+            std::memcpy(dst, &r[k], sizeof(float) * block);
+          }
+        }
+      }
+      for (int h = hb; h < hb + block; ++h) {  // the last width % 16 columns
+        const float* qh = query_head(p_, tokens_, t, h);
+        for (int d = whole; d < width_; ++d)
+          qt_[static_cast<std::size_t>(d) * lanes_ + h] = qh[d] * scale;
+      }
     }
   }
 
