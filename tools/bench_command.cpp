@@ -1,5 +1,6 @@
 // `dcp bench ...`: measurements, each beside a baseline taken in the same run.
-//   dcp bench attention  local MLA decode attention vs sgemm / read ceilings and a two-GEMM peer
+//   dcp bench attention  local MLA decode attention vs sgemm / read ceilings, a two-GEMM peer
+//                        and PyTorch (where python3-torch is installed)
 //   dcp bench merge      LSE merge and KV write/gather vs the read ceiling
 //   dcp bench step       decode step vs context, its components beside dcp plan
 //   dcp bench comm       the DCP step's collectives vs raw collectives of the same bytes

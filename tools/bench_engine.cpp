@@ -121,7 +121,7 @@ void bench_step(const StepBenchOptions& o) {
               "plan ms", "error", "comm ms", "least ms", "plan ms", "error", "other ms", "step ms");
   for (std::int64_t context : parse_list(o.contexts, "--contexts")) {
     for (int dcp : {1, o.ranks}) {
-      std::vector<double> attn, comm, other, step;
+      std::vector<double> attn, other, step;
       std::vector<std::vector<double>> rank_comm(static_cast<std::size_t>(o.ranks));
       run_threads(o.ranks, [&](Communicator& world) {
         auto group = world.split(world.rank() / dcp, world.rank());
@@ -144,7 +144,6 @@ void bench_step(const StepBenchOptions& o) {
         for (std::size_t i = 0; i < stats.decode_timings.size(); ++i) {
           const ForwardTimings& t = stats.decode_timings[i];
           attn.push_back(t.attention_ms / layers);
-          comm.push_back(t.dcp_comm_ms / layers);
           step.push_back(stats.decode_step_ms[i]);
           other.push_back(stats.decode_step_ms[i] - t.attention_ms - t.dcp_comm_ms);
         }
@@ -152,12 +151,13 @@ void bench_step(const StepBenchOptions& o) {
       // The decode steps see contexts from `context` to context + new_tokens - 1.
       const LayerPrediction plan = predict_layer(config, hw, h_loc, dcp, backend, false, o.batch,
                                                  context + o.new_tokens / 2, KvDtype::bf16);
-      std::vector<double> least(rank_comm[0].size());  // ranks run the same steps in lockstep
+      // Per step, the DCP collectives of rank 0 and of the rank that waited least (ranks run the
+      // same steps in lockstep).
+      std::vector<double> least(rank_comm[0]);
       for (std::size_t i = 0; i < least.size(); ++i) {
-        least[i] = rank_comm[0][i];
         for (const auto& r : rank_comm) least[i] = std::min(least[i], r.at(i));
       }
-      const double a = median(attn), c = median(comm), l = median(least);
+      const double a = median(attn), c = median(rank_comm[0]), l = median(least);
       const auto error = [](double measured, double predicted) {
         return measured > 0 ? 100.0 * (predicted - measured) / measured : 0.0;
       };

@@ -383,7 +383,9 @@ class AmxKernel {
   };
 
   // The micro-kernels keep four accumulators in flight: one chain of TDPBF16PS would wait on the
-  // instruction's latency, several times its issue interval. tmm4-7 hold operands.
+  // instruction's latency, several times its issue interval. tmm4-7 hold operands. Each shape is
+  // written out: GCC's tile intrinsics paste the tile number into the asm text, so it must be a
+  // literal, not a template argument or a loop index.
   static void load_acc(const AccTiles& c) {
     if (c.accumulate) {
       _tile_loadd(0, c.out[0], c.stride);

@@ -77,7 +77,7 @@ class RowKernel {
   // (bf16) row chunk is widened fewer times, more rows means fewer query loads.
   static constexpr int kScoreHeads = V == 16 ? 4 : 2;
   template <int HB>
-  static constexpr int kScoreRows = HB == kScoreHeads ? 2 : 4 / HB*(V / 8);
+  static constexpr int kScoreRows = HB == kScoreHeads ? 2 : (4 / HB) * (V / 8);
   static constexpr int kValueHeads =
       V == 16 ? 6 : 2;  // heads per value block (4 accumulators each)
 

@@ -54,6 +54,12 @@ WeightedSumFn select_weighted_sum(KernelPath path) {
                                                   kernels::weighted_sum_avx512);
 }
 
+// The automatic choice is made once: the merge and ag_rs's rescale call this per row.
+WeightedSumFn weighted_sum_for(KernelPath path) {
+  static const WeightedSumFn best = select_weighted_sum(KernelPath::automatic);
+  return path == KernelPath::automatic ? best : select_weighted_sum(path);
+}
+
 void check_merge_args(int num_parts, std::int64_t rows, int dim) {
   DCP_ARG_CHECK(num_parts >= 0, "num_parts = ", num_parts, " must be >= 0");
   DCP_ARG_CHECK(rows >= 0, "rows = ", rows, " must be >= 0");
@@ -74,7 +80,7 @@ void merge_attention_states(const float* o_parts, std::int64_t o_part_stride,
                             std::int64_t rows, int dim, LseBase base, float* out_o,
                             float* out_lse) {
   check_merge_args(num_parts, rows, dim);
-  static const WeightedSumFn sum = select_weighted_sum(KernelPath::automatic);  // chosen once
+  const WeightedSumFn sum = weighted_sum_for(KernelPath::automatic);
   std::vector<float> weight(static_cast<std::size_t>(num_parts));
   std::vector<const float*> part(static_cast<std::size_t>(num_parts));
   for (std::int64_t row = 0; row < rows; ++row) {
@@ -111,7 +117,7 @@ void merge_attention_states(const float* o_parts, std::int64_t o_part_stride,
 void weighted_sum(const float* const* parts, const float* weights, int num_parts, int dim,
                   float* out, KernelPath path) {
   check_merge_args(num_parts, 0, dim);
-  select_weighted_sum(path)(parts, weights, num_parts, dim, out);
+  weighted_sum_for(path)(parts, weights, num_parts, dim, out);
 }
 
 void global_lse(const float* lse_parts, int num_parts, std::int64_t rows, LseBase base,
