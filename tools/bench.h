@@ -43,6 +43,7 @@ struct AttentionBenchOptions {
   int threads = 1;
   int repeats = 3;
   std::string torch_python = "/usr/bin/python3";  // runs tools/torch_peer.py; "off" skips it
+  std::string cache = "cold";                     // cold: flush the caches before each timed call
   std::string csv, svg;
 };
 
@@ -77,7 +78,7 @@ struct StepBenchOptions {
   std::string hardware = "this-cpu";
 };
 void bench_step(const StepBenchOptions& o);
-void bench_merge(int repeats);
+void bench_merge(int repeats, const std::string& cache);
 void bench_comm_rank(Communicator& c, int heads_per_rank, int tokens, int repeats);
 
 }  // namespace dcp::cli

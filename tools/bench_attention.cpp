@@ -73,6 +73,7 @@ std::string format_fixed(double value, int width, int decimals) {
 
 void bench_attention(const AttentionBenchOptions& o) {
   DCP_ARG_CHECK(o.threads >= 1 && o.repeats >= 1, "--threads and --repeats must be >= 1");
+  const bool cold = parse_cache_state(o.cache, "--cache") == CacheState::cold;
   const auto contexts = parse_list(o.contexts, "--contexts");
   const auto heads = parse_list(o.heads, "--heads");
   const auto batches = parse_list(o.batches, "--batches");
@@ -102,7 +103,17 @@ void bench_attention(const AttentionBenchOptions& o) {
       "GB/s) are measured again before each group of rows: this machine's speed drifts\n",
       o.threads, std::string(to_string(paths.back())).c_str());
   std::printf("peer: two OpenBLAS sgemms + softmax on contiguous fp32 rows\n");
-  const TorchPeer torch(o.torch_python, o.threads);
+  CacheFlusher memory;  // also the read ceiling's buffer
+  if (cold) {
+    std::printf(
+        "cache: cold, every timed call (kernel and peers) follows a %.0f MiB read that evicts the "
+        "caches (--cache warm repeats calls instead)\n",
+        static_cast<double>(memory.bytes()) / (1 << 20));
+  } else {
+    std::printf("cache: warm, calls repeat on whatever the caches kept (L3: %.0f MiB)\n",
+                static_cast<double>(last_level_cache_bytes()) / (1 << 20));
+  }
+  const TorchPeer torch(o.torch_python, o.threads, cold ? memory.bytes() : 0);
   if (torch.available()) {
     std::printf(
         "torch: %s, baddbmm + softmax + bmm in the KV dtype (bf16 rows: bf16 scores and "
@@ -151,6 +162,7 @@ void bench_attention(const AttentionBenchOptions& o) {
         peer.run(q.data(), static_cast<int>(batch), 0.07f);
         std::vector<double> peer_ms;
         for (int r = 0; r < o.repeats; ++r) {
+          if (cold) memory.flush(o.threads);
           const auto t0 = Clock::now();
           peer.run(q.data(), static_cast<int>(batch), 0.07f);
           peer_ms.push_back(ms_since(t0));
@@ -159,7 +171,7 @@ void bench_attention(const AttentionBenchOptions& o) {
         const auto torch_ms = torch.available() ? torch.time(batch, ctx, h, o.repeats, torch_dtypes)
                                                 : std::map<std::string, double>{};
         const double gemm = measure_sgemm_gflops(o.threads);
-        const double read = measure_read_gbps(o.threads);
+        const double read = memory.read_gbps(o.threads);
         openblas_set_num_threads(o.threads);
         gemm_seen.push_back(gemm);
         for (const Variant& variant : variants) {
@@ -196,6 +208,7 @@ void bench_attention(const AttentionBenchOptions& o) {
           mla_attention(p);
           std::vector<double> ms;
           for (int r = 0; r < o.repeats; ++r) {
+            if (cold) memory.flush(o.threads);
             const auto t0 = Clock::now();
             mla_attention(p);
             ms.push_back(ms_since(t0));

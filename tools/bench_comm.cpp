@@ -28,15 +28,21 @@ namespace dcp::cli {
 
 // ---- merge and KV write/gather against the read ceiling ----
 
-void bench_merge(int repeats) {
-  const double read = measure_read_gbps(1);
-  openblas_set_num_threads(1);
+void bench_merge(int repeats, const std::string& cache) {
+  DCP_ARG_CHECK(repeats >= 1, "--repeats = ", repeats, " must be >= 1");
+  const bool cold = parse_cache_state(cache, "--cache") == CacheState::cold;
+  CacheFlusher memory;
+  const double read = memory.read_gbps(1);
   std::printf("merge and KV write/gather, 1 thread; read ceiling measured now: %.1f GB/s\n", read);
+  std::printf("cache: %s\n", cold
+                                 ? "cold, a read twice the last-level cache before every timed call"
+                                 : "warm, calls repeat on whatever the caches kept");
   std::printf("%-34s %10s %10s %8s\n", "operation", "ms", "GB/s", "%read");
   const auto report = [&](const std::string& what, double bytes, const std::function<void()>& f) {
     f();
     std::vector<double> ms;
     for (int r = 0; r < repeats; ++r) {
+      if (cold) memory.flush();
       const auto t0 = Clock::now();
       f();
       ms.push_back(ms_since(t0));
@@ -44,7 +50,7 @@ void bench_merge(int repeats) {
     const double t = median(ms), gbps = bytes / t / 1e6;
     std::printf("%-34s %10.3f %10.1f %7.0f%%\n", what.c_str(), t, gbps, 100 * gbps / read);
   };
-  // Merge K partial states of 64 x 128 rows of 512 (large enough to leave the caches).
+  // Merge K partial states of 64 x 128 rows of 512.
   for (int parts : {2, 4, 8}) {
     const std::int64_t rows = 64 * 128;
     std::vector<float> o(static_cast<std::size_t>(parts * rows) * 512),

@@ -46,16 +46,27 @@ void add_bench_command(CLI::App& app) {
                   "Python that runs the PyTorch peer (Debian's python3-torch lives under "
                   "/usr/bin/python3), or off")
       ->capture_default_str();
+  att->add_option("--cache", ao->cache,
+                  "cold: read a buffer twice the last-level cache before every timed call (decode "
+                  "reads each layer's KV once per step); warm: repeat calls on warm caches")
+      ->capture_default_str();
   att->add_option("--csv", ao->csv, "write the table as CSV");
   att->add_option("--svg", ao->svg, "write a plot (GFLOP/s vs heads) as SVG");
   att->callback([ao] { bench_attention(*ao); });
 
-  auto merge_repeats = std::make_shared<int>(5);
+  struct MergeOptions {
+    int repeats = 5;
+    std::string cache = "cold";
+  };
+  auto mo = std::make_shared<MergeOptions>();
   CLI::App* mg =
       bench->add_subcommand("merge", "LSE merge and KV write/gather against the read ceiling");
-  mg->add_option("--repeats", *merge_repeats, "timed calls per point (median)")
+  mg->add_option("--repeats", mo->repeats, "timed calls per point (median)")->capture_default_str();
+  mg->add_option("--cache", mo->cache,
+                 "cold: flush the caches before every timed call; warm: repeat calls on warm "
+                 "caches")
       ->capture_default_str();
-  mg->callback([merge_repeats] { bench_merge(*merge_repeats); });
+  mg->callback([mo] { bench_merge(mo->repeats, mo->cache); });
 
   struct CommOptions {
     std::string comm = "threads";

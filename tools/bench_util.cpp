@@ -1,6 +1,7 @@
 #include "bench_util.h"
 
 #include <cblas.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -34,21 +35,40 @@ double measure_sgemm_gflops(int threads, int n) {
   return best;
 }
 
-double measure_read_gbps(int threads, std::size_t bytes) {
-  openblas_set_num_threads(threads);
-  // Huge pages where the kernel allows, like the KV pools the kernels read.
-  HugePageBuffer buf(bytes);
-  auto* x = reinterpret_cast<float*>(buf.data());
-  const std::size_t n = bytes / sizeof(float);
-  std::fill(x, x + n, 1.0f);
-  double best = 0;
-  volatile float sink = 0;
-  for (int rep = 0; rep < 5; ++rep) {
-    const auto t0 = Clock::now();
-    sink = sink + cblas_sasum(static_cast<int>(n), x, 1);
-    best = std::max(best, static_cast<double>(bytes) / seconds_since(t0) / 1e9);
+std::size_t last_level_cache_bytes() {
+  for (int name : {_SC_LEVEL4_CACHE_SIZE, _SC_LEVEL3_CACHE_SIZE, _SC_LEVEL2_CACHE_SIZE}) {
+    const long size = sysconf(name);
+    if (size > 0) return static_cast<std::size_t>(size);
   }
+  return 0;
+}
+
+CacheFlusher::CacheFlusher()
+    : buffer_(std::max(std::size_t{256} << 20, 2 * last_level_cache_bytes()),
+              "the cache-flush buffer") {
+  auto* x = reinterpret_cast<float*>(buffer_.data());
+  std::fill(x, x + buffer_.size() / sizeof(float), 1.0f);
+}
+
+double CacheFlusher::flush(int threads) {
+  openblas_set_num_threads(threads);
+  const auto* x = reinterpret_cast<const float*>(buffer_.data());
+  static volatile float sink = 0;  // keeps the sum, so the read cannot be dropped
+  const auto t0 = Clock::now();
+  sink = sink + cblas_sasum(static_cast<int>(buffer_.size() / sizeof(float)), x, 1);
+  return static_cast<double>(buffer_.size()) / seconds_since(t0) / 1e9;
+}
+
+double CacheFlusher::read_gbps(int threads, int reads) {
+  double best = 0;
+  for (int r = 0; r < reads; ++r) best = std::max(best, flush(threads));
   return best;
+}
+
+CacheState parse_cache_state(const std::string& text, const std::string& flag) {
+  DCP_ARG_CHECK(text == "cold" || text == "warm", flag, " '", text,
+                "' is not a cache state: legal values are cold, warm");
+  return text == "cold" ? CacheState::cold : CacheState::warm;
 }
 
 void write_svg_chart(const std::string& path, const std::string& title, const std::string& x_label,

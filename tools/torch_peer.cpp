@@ -65,7 +65,8 @@ constexpr int kPointLimitS = 1800;
 
 }  // namespace
 
-TorchPeer::TorchPeer(const std::string& python, int threads) : python_(python), threads_(threads) {
+TorchPeer::TorchPeer(const std::string& python, int threads, std::size_t flush_bytes)
+    : python_(python), threads_(threads), flush_bytes_(flush_bytes) {
   if (python == "off") {
     reason_ = "disabled by --torch-python off";
     return;
@@ -95,7 +96,8 @@ std::map<std::string, double> TorchPeer::time(std::int64_t batch, std::int64_t c
   DCP_CHECK(available_, unsupported, "the PyTorch peer is not available: ", reason_);
   std::ostringstream cmd;
   cmd << shell_quote(python_) << " " << shell_quote(script_) << " " << batch << " " << context
-      << " " << heads << " " << threads_ << " " << repeats << " " << shell_quote(dtypes);
+      << " " << heads << " " << threads_ << " " << repeats << " " << shell_quote(dtypes) << " "
+      << flush_bytes_;
   const ChildResult r = run_child(cmd.str(), kPointLimitS);
   DCP_CHECK(r.status != kTimedOut, io, "PyTorch peer timed out after ", kPointLimitS, " s (",
             cmd.str(), ")");

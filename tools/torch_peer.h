@@ -1,6 +1,7 @@
 // The PyTorch peer of `dcp bench attention`: tools/torch_peer.py, run in a child process.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -11,8 +12,9 @@ class TorchPeer {
  public:
   // Finds torch_peer.py next to the dcp binary and checks that `python` imports torch, timing a
   // tiny shape. python "off" disables the peer. When unusable, available() is false and
-  // reason() says why in one line.
-  TorchPeer(const std::string& python, int threads);
+  // reason() says why in one line. With flush_bytes > 0 the child reads that many bytes before
+  // every timed call, as the benchmark does for its own calls on a cold cache.
+  TorchPeer(const std::string& python, int threads, std::size_t flush_bytes);
 
   bool available() const { return available_; }
   const std::string& reason() const { return reason_; }
@@ -26,6 +28,7 @@ class TorchPeer {
  private:
   std::string python_, script_, version_, reason_;
   int threads_ = 1;
+  std::size_t flush_bytes_ = 0;
   bool available_ = false;
 };
 

@@ -9,7 +9,11 @@ loop; each timed call is three ops writing into those buffers:
     P = softmax(S)        (in place)
     O = P V               (bmm)                 V: the first 512 columns of K, a strided view
 
-Usage: torch_peer.py BATCH CONTEXT HEADS THREADS REPEATS DTYPE[,DTYPE...]
+With FLUSH_BYTES > 0, every timed call follows an untimed read of a buffer that large (the
+benchmark passes twice the last-level cache), so that the call finds the KV in memory, not in
+cache, as the benchmark's own calls do.
+
+Usage: torch_peer.py BATCH CONTEXT HEADS THREADS REPEATS DTYPE[,DTYPE...] FLUSH_BYTES
        torch_peer.py --version
 Prints one line per dtype: "<dtype> <median ms>" (or "torch <version>"). Exits 3 if torch
 cannot be imported, so the caller can report the peer as not measured.
@@ -29,11 +33,12 @@ def main() -> int:
             return 3
         print(f"torch {torch.__version__}")
         return 0
-    if len(sys.argv) != 7:
+    if len(sys.argv) != 8:
         print(__doc__, file=sys.stderr)
         return 2
     batch, context, heads, threads, repeats = (int(a) for a in sys.argv[1:6])
     dtypes = sys.argv[6].split(",")
+    flush_bytes = int(sys.argv[7])
     # BLAS under torch keeps its own thread pool; pin it to the same count before import.
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(threads)
@@ -44,6 +49,7 @@ def main() -> int:
         return 3
     torch.set_num_threads(threads)
     torch.manual_seed(7)
+    flush = torch.ones(flush_bytes // 4, dtype=torch.float32) if flush_bytes > 0 else None
     names = {"fp32": torch.float32, "bf16": torch.bfloat16}
     for name in dtypes:
         if name not in names:
@@ -65,6 +71,8 @@ def main() -> int:
         step()  # warm-up: first-call dispatch and primitive creation stay out of the timing
         times = []
         for _ in range(repeats):
+            if flush is not None:
+                flush.sum()
             t0 = time.perf_counter()
             step()
             times.append((time.perf_counter() - t0) * 1e3)

@@ -122,11 +122,22 @@ expect 0 "bench comm (small)" -- bench comm --ranks 2 --tokens 1 --repeats 2
 check "bench comm prints ratios" stdout_has "ratio"
 expect 0 "bench attention (small)" -- bench attention --contexts 256 --heads 4 --batches 1 --dtypes bf16 --repeats 1
 check "bench attention prints ceilings" stdout_has "ceilings (sgemm GFLOP/s, read GB/s) are measured again"
+check "bench attention flushes the caches by default" stdout_has "cache: cold, every timed call"
+expect 0 "bench attention on warm caches" -- bench attention --contexts 256 --heads 4 --batches 1 --dtypes fp32 --repeats 1 --cache warm --torch-python off
+check "says the caches are warm" stdout_has "cache: warm"
+expect 2 "bench attention rejects a bad cache state" -- bench attention --contexts 256 --cache hot
+check "names the flag and the legal values" stderr_has "--cache 'hot' is not a cache state: legal values are cold, warm"
+expect 0 "bench merge, one repeat" -- bench merge --repeats 1
+check "bench merge flushes by default" stdout_has "cache: cold"
+expect 2 "bench merge rejects a bad cache state" -- bench merge --cache lukewarm
+check "bench merge names the flag" stderr_has "--cache 'lukewarm' is not a cache state"
 # The PyTorch peer: a stand-in interpreter speaks the peer's protocol, so the columns are checked
 # without torch; interpreters that cannot import torch or fail are reported, not fatal.
 cat >"$tmp/fake_python" <<'FAKE'
 #!/bin/sh
 if [ "$2" = "--version" ]; then echo "torch 0.0-fake"; exit 0; fi
+# script, batch, context, heads, threads, repeats, dtypes, flush bytes (> 0 on a cold cache)
+[ $# -eq 8 ] && [ "$8" -gt 0 ] || { echo "bad arguments: $*"; exit 2; }
 echo "bf16 4.25"
 FAKE
 printf '#!/bin/sh\nexit 3\n' >"$tmp/no_torch_python"
