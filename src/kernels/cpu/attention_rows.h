@@ -19,6 +19,7 @@
 #include "dcp/merge.h"
 #include "line_vector.h"
 #include "simd.h"
+#include "tile_prefetch.h"
 
 namespace dcp::kernels {
 namespace {
@@ -89,6 +90,7 @@ class RowKernel {
         q_(static_cast<std::size_t>(heads_) * width_),
         unsplit_(static_cast<std::size_t>(dc_)),
         zero_row_(static_cast<std::size_t>(width_)),
+        prefetch_(width_ * static_cast<int>(sizeof(Kv)), zero_row_.data()),
         scores_(static_cast<std::size_t>(heads_) * kRows),
         acc_(static_cast<std::size_t>(heads_) * dc_),
         m_(heads_),
@@ -110,6 +112,7 @@ class RowKernel {
       next_tile(task.b, task.rows, start + kRows, task.last);
       scores(q_.data(), n);
       softmax_and_values(n);
+      prefetch_.rest();
     }
     if constexpr (E::kReorders) {  // accumulators back into row order
       for (int h = 0; h < heads_; ++h) {
@@ -131,23 +134,19 @@ class RowKernel {
     for (int j = 0; j < n; ++j) row_[j] = kv + physical_row(p_, b, rows.at(start + j)) * width_;
   }
 
-  // The next tile's rows (the zero row past `last`: cached, so prefetching it is harmless and
-  // the hot loop needs no test), which the value pass prefetches a block of lines at a time. With 4
-  // heads a row takes about as long to compute as to read, and without this the two did not overlap
-  // (4 heads ran at ~55% of the read bandwidth, 1 head at ~90%).
+  // The next tile's rows, which both passes prefetch a few lines at a time (tile_prefetch.h).
+  // With 4 heads a row takes about as long to compute as to read; without prefetching the two
+  // did not overlap (4 heads ran at ~55% of the read bandwidth, 1 head at ~90%).
   void next_tile(int b, const RowSet& rows, std::int64_t start, std::int64_t last) {
     const auto* kv = static_cast<const Kv*>(p_.kv);
     for (int j = 0; j < kRows; ++j)
-      next_[j] = start + j < last ? kv + physical_row(p_, b, rows.at(start + j)) * width_
-                                  : zero_row_.data();
+      prefetch_.set_row(
+          j, start + j < last ? kv + physical_row(p_, b, rows.at(start + j)) * width_ : nullptr);
+    prefetch_.restart();
   }
 
-  // The cache lines starting in elements [from, to) of each of the next tile's rows.
-  void prefetch_next(int from, int to) const {
-    constexpr int kLine = 64 / static_cast<int>(sizeof(Kv));
-    for (int d = (from + kLine - 1) / kLine * kLine; d < to; d += kLine)
-      for (int j = 0; j < kRows; ++j) __builtin_prefetch(next_[j] + d, 0, 2);
-  }
+  // The share of a tile's prefetching done by the score pass: its share of the FMAs.
+  double score_share() const { return static_cast<double>(width_) / (width_ + dc_); }
 
   // scores_[h][j] = (q_h . k_j) * scale, then softcap; -inf past n. Blocks of rows, so each
   // row stays in L1 while every head reads it.
@@ -170,13 +169,21 @@ class RowKernel {
   }
 
   // Scores of HB heads from h0 against rows [0, n): blocks of rows, each row chunk loaded once
-  // for the HB heads and each query chunk once for the block's rows.
+  // for the HB heads and each query chunk once for the block's rows. The first head block also
+  // prefetches the score pass's share of the next tile, a few lines after each block.
   template <int HB>
   void score_heads(const float* q, int h0, int n) {
     constexpr int R = kScoreRows<HB>;
+    const int pf = h0 == 0 ? prefetch_.lines_per_step(score_share(), n / R + n % R) : 0;
     int j0 = 0;
-    for (; j0 + R <= n; j0 += R) score_block<R, HB>(q, h0, j0);
-    for (; j0 < n; ++j0) score_block<1, HB>(q, h0, j0);
+    for (; j0 + R <= n; j0 += R) {
+      score_block<R, HB>(q, h0, j0);
+      prefetch_.lines(pf);
+    }
+    for (; j0 < n; ++j0) {
+      score_block<1, HB>(q, h0, j0);
+      prefetch_.lines(pf);
+    }
   }
 
   template <int R, int HB>
@@ -241,21 +248,20 @@ class RowKernel {
     }
     // O[h][d] += sum_j P[h][j] V[j][d], 4 heads x 4 vectors at a time.
     constexpr int kDB = 4 * V;
+    // The first head block of each column block prefetches the rest of the next tile, a few
+    // lines per row.
+    const int pf = prefetch_.lines_per_step(1 - score_share(), dc_ / kDB * n);
     int d0 = 0;
     for (; d0 + kDB <= dc_; d0 += kDB) {
-      // The first head block prefetches these columns of the next tile's rows, a row per
-      // iteration, so the reads spread over its FMAs; the last one takes the rest of the row.
-      pf_from_ = d0;
-      pf_to_ = d0 + 2 * kDB > dc_ ? width_ : d0 + kDB;
-      int h0 = 0;
-      for (; h0 + kValueHeads <= heads_; h0 += kValueHeads) value_block<kValueHeads>(h0, d0, n);
+      int h0 = 0, first = pf;
+      for (; h0 + kValueHeads <= heads_; h0 += kValueHeads, first = 0)
+        value_block<kValueHeads>(h0, d0, n, first);
       if constexpr (kValueHeads > 4) {
-        if (h0 + 4 <= heads_) value_block<4>(h0, d0, n), h0 += 4;
+        if (h0 + 4 <= heads_) value_block<4>(h0, d0, n, first), h0 += 4, first = 0;
       }
-      for (; h0 + 2 <= heads_; h0 += 2) value_block<2>(h0, d0, n);
-      for (; h0 < heads_; ++h0) value_block<1>(h0, d0, n);
+      for (; h0 + 2 <= heads_; h0 += 2, first = 0) value_block<2>(h0, d0, n, first);
+      for (; h0 < heads_; ++h0, first = 0) value_block<1>(h0, d0, n, first);
     }
-    if (dc_ < kDB) prefetch_next(0, width_);
     for (; d0 < dc_; ++d0) {  // a width that is not a multiple of 4 vectors
       for (int h = 0; h < heads_; ++h) {
         float a = 0;
@@ -267,17 +273,14 @@ class RowKernel {
   }
 
   template <int HB>
-  void value_block(int h0, int d0, int n) {
+  void value_block(int h0, int d0, int n, int prefetch_lines) {
     vec a[HB][4];
     for (int i = 0; i < HB; ++i) {
       for (int k = 0; k < 4; ++k)
         a[i][k] = S::load(acc_.data() + static_cast<std::size_t>(h0 + i) * dc_ + d0 + k * V);
     }
-    constexpr int kLine = 64 / static_cast<int>(sizeof(Kv));
-    const int pf_from = pf_from_ / kLine * kLine, pf_to = pf_to_;
-    pf_to_ = pf_from_;  // once per column block
     for (int j = 0; j < n; ++j) {
-      for (int d = pf_from; d < pf_to; d += kLine) __builtin_prefetch(next_[j] + d, 0, 2);
+      prefetch_.lines(prefetch_lines);
       vec v0, v1, v2, v3;
       E::load_chunk(row_[j], d0, v0, v1);
       E::load_chunk(row_[j], d0 + 2 * V, v2, v3);
@@ -298,15 +301,14 @@ class RowKernel {
   const MlaAttentionParams& p_;
   int heads_, dc_, width_;
   std::int64_t tokens_ = num_query_tokens(p_);  // T, for query_head
-  LineVector<float> q_;        // [heads, width] the token's query, in E::position order
-  LineVector<float> unsplit_;  // [dc] one head's accumulators back in row order
-  LineVector<Kv> zero_row_;    // [width] stands for rows past the task's end
+  LineVector<float> q_;           // [heads, width] the token's query, in E::position order
+  LineVector<float> unsplit_;     // [dc] one head's accumulators back in row order
+  LineVector<Kv> zero_row_;       // [width] stands for rows past the task's end
+  TilePrefetch<kRows> prefetch_;  // the next tile's rows
   const Kv* row_[kRows] = {};
-  const Kv* next_[kRows] = {};
-  int pf_from_ = 0, pf_to_ = 0;  // elements of next_ rows the next value block prefetches
-  LineVector<float> scores_;     // [heads, kRows]
-  LineVector<float> acc_;        // [heads, dc] in E::position order
-  LineVector<float> m_, l_;      // [heads]
+  LineVector<float> scores_;  // [heads, kRows]
+  LineVector<float> acc_;     // [heads, dc] in E::position order
+  LineVector<float> m_, l_;   // [heads]
 };
 
 }  // namespace
