@@ -23,6 +23,7 @@
 #include "dcp/merge.h"
 #include "line_vector.h"
 #include "simd.h"
+#include "tile_prefetch.h"
 #include "transpose.h"
 
 namespace dcp::kernels {
@@ -48,7 +49,7 @@ class LaneKernel {
         corr_(lanes_),
         rows_buf_(static_cast<std::size_t>(kRows) * width_),
         zero_row_(width_, 0.0f),
-        row_bytes_per_elem_(static_cast<int>(dtype_size(p.kv_dtype))) {}
+        prefetch_(width_ * static_cast<int>(dtype_size(p.kv_dtype)), zero_row_.data()) {}
 
   void run(const Task& task) {
     pack_query(task.t);
@@ -58,11 +59,11 @@ class LaneKernel {
     for (std::int64_t start = task.first; start < task.last; start += kRows) {
       const int n = static_cast<int>(std::min<std::int64_t>(kRows, task.last - start));
       load_tile(task.b, task.rows, start, n);
-      next_tile(task.b, task.rows, start + kRows,
-                static_cast<int>(std::clamp<std::int64_t>(task.last - start - kRows, 0, kRows)));
+      next_tile(task.b, task.rows, start + kRows, task.last);
       scores(n);
       softmax(n);
       values(n);
+      prefetch_.rest();
     }
     write_task_state(p_, task, acc_.data(), dc_, m_.data(), l_.data());
   }
@@ -121,17 +122,27 @@ class LaneKernel {
     for (int j = n; j < kRows; ++j) row_[j] = zero_row_.data();
   }
 
-  // The next tile's rows (the zero row past the task's end: cached, so prefetching it is
-  // harmless and the hot loop needs no test), which the value pass prefetches a few lines at a
-  // time so that reading overlaps computing; spreading the prefetches keeps the line-fill
-  // buffers free. (The score micro-kernel has no registers to spare for it.)
-  void next_tile(int b, const RowSet& rows, std::int64_t start, int n) {
-    const std::int64_t bytes = static_cast<std::int64_t>(width_) * row_bytes_per_elem_;
+  // The next tile's rows, which the passes prefetch a few lines at a time (tile_prefetch.h).
+  void next_tile(int b, const RowSet& rows, std::int64_t start, std::int64_t last) {
+    const std::int64_t bytes = static_cast<std::int64_t>(width_) * dtype_size(p_.kv_dtype);
     for (int j = 0; j < kRows; ++j) {
-      next_[j] =
-          j < n ? static_cast<const char*>(p_.kv) + physical_row(p_, b, rows.at(start + j)) * bytes
-                : reinterpret_cast<const char*>(zero_row_.data());
+      prefetch_.set_row(j, start + j < last ? static_cast<const char*>(p_.kv) +
+                                                  physical_row(p_, b, rows.at(start + j)) * bytes
+                                            : nullptr);
     }
+    prefetch_.restart();
+  }
+
+  // With up to 32 heads a tile takes about as long to read as to compute, and the score pass
+  // takes its share of the prefetching (its share of the FMAs), a few lines per cache line of
+  // its rows: with the value pass alone asking, its first head blocks stalled on full line-fill
+  // buffers and the memory idled during the scores (cold cache, 16 heads: scores took 36% of the
+  // time and values 60%; spread over both passes, 16 heads -9%, 32 heads -7%). With more heads
+  // the reads hide behind the value pass alone, and the extra work in the score micro-kernel
+  // cost 8-12% (A/B at 64 and 128 heads).
+  bool prefetch_in_scores() const { return lanes_ <= 32; }
+  double score_share() const {
+    return prefetch_in_scores() ? static_cast<double>(width_) / (width_ + dc_) : 0.0;
   }
 
   // ---- scores: S[j][h] for j < n (rounded up to the row block) -------------------------------
@@ -161,13 +172,24 @@ class LaneKernel {
   template <int RB, int HB>
   void score_rows(int v0, int n) {
     static_assert(kRows % RB == 0);
-    for (int j0 = 0; j0 < n; j0 += RB) score_block<RB, HB>(j0, v0);
+    if constexpr (HB <= 2) {  // every block when there are at most 32 heads
+      if (prefetch_in_scores()) {
+        const int lines = prefetch_.lines_per_step(
+            score_share(), (n + RB - 1) / RB * ((width_ + kLineFloats - 1) / kLineFloats));
+        for (int j0 = 0; j0 < n; j0 += RB) score_block<RB, HB, true>(j0, v0, lines);
+        return;
+      }
+    }
+    for (int j0 = 0; j0 < n; j0 += RB) score_block<RB, HB, false>(j0, v0, 0);
   }
 
   // The micro-kernels (score_block, value_block) are out of line on purpose: inlined into the
   // task loop, GCC spilled their accumulators (128 heads went from 77% to 45% of sgemm).
-  template <int RB, int HB>
-  __attribute__((noinline)) void score_block(int j0, int v0) {
+  static constexpr int kLineFloats = 16;  // a cache line of the rows the score pass reads
+
+  // With kPrefetch, `prefetch_lines` lines of the next tile after each cache line of the rows.
+  template <int RB, int HB, bool kPrefetch>
+  __attribute__((noinline)) void score_block(int j0, int v0, int prefetch_lines) {
     vec acc[RB][HB];
     for (int r = 0; r < RB; ++r) {
       for (int i = 0; i < HB; ++i) acc[r][i] = S::splat(0.0f);
@@ -175,15 +197,20 @@ class LaneKernel {
     const float* k[RB];
     for (int r = 0; r < RB; ++r) k[r] = row_[j0 + r];
     const float* qt = qt_.data() + static_cast<std::size_t>(v0) * V;
-    // GCC bumps each row pointer separately (RB adds per step): unrolled, those adds are spread
-    // over four steps of FMAs (A/B: 16 heads 8-12% faster, 128 heads 5%; 8 gains nothing).
+    for (int d0 = 0; d0 < width_; d0 += kPrefetch ? kLineFloats : width_) {
+      if constexpr (kPrefetch) prefetch_.lines(prefetch_lines);
+      const int d1 = kPrefetch ? std::min(d0 + kLineFloats, width_) : width_;
+      // GCC bumps each row pointer separately (RB adds per step): unrolled, those adds are
+      // spread over four steps of FMAs (A/B: 16 heads 8-12% faster, 128 heads 5%; 8 gains
+      // nothing).
 #pragma GCC unroll 4
-    for (int d = 0; d < width_; ++d, qt += lanes_) {
-      vec qv[HB];
-      for (int i = 0; i < HB; ++i) qv[i] = S::load(qt + i * V);
-      for (int r = 0; r < RB; ++r) {
-        const vec kb = S::splat(k[r][d]);
-        for (int i = 0; i < HB; ++i) acc[r][i] += kb * qv[i];
+      for (int d = d0; d < d1; ++d, qt += lanes_) {
+        vec qv[HB];
+        for (int i = 0; i < HB; ++i) qv[i] = S::load(qt + i * V);
+        for (int r = 0; r < RB; ++r) {
+          const vec kb = S::splat(k[r][d]);
+          for (int i = 0; i < HB; ++i) acc[r][i] += kb * qv[i];
+        }
       }
     }
     for (int r = 0; r < RB; ++r) {
@@ -226,41 +253,41 @@ class LaneKernel {
   static constexpr int kValueHeads = V == 16 ? 6 : 2;
 
   void values(int n) {
+    // The rest of the next tile, a few lines per row of the 4-vector column blocks: of every
+    // head block when the score pass prefetches too (the requests then spread over the whole
+    // tile), else of the first head block only (with 64 and more heads, asking in every block
+    // measured 4% slower).
+    const int blocks = prefetch_in_scores() ? (heads_ + kValueHeads - 1) / kValueHeads : 1;
+    const int pf = prefetch_.lines_per_step(1 - score_share(), dc_ / (4 * V) * n * blocks);
     int d0 = 0;
-    for (; d0 + 4 * V <= dc_; d0 += 4 * V) {
-      // The last 4-vector block prefetches the rest of the row (columns past it, the rope part).
-      const int to = d0 + 8 * V <= dc_ ? d0 + 4 * V : width_;
-      value_heads<4>(d0, n, d0 * row_bytes_per_elem_, to * row_bytes_per_elem_);
-    }
-    for (; d0 + V <= dc_; d0 += V) value_heads<1>(d0, n, 0, 0);
+    for (; d0 + 4 * V <= dc_; d0 += 4 * V) value_heads<4>(d0, n, pf);
+    for (; d0 + V <= dc_; d0 += V) value_heads<1>(d0, n, 0);
     for (; d0 < dc_; ++d0) value_scalar(d0, n);  // a width that is not a multiple of V
-    if (dc_ < 4 * V) prefetch_next(0, width_ * row_bytes_per_elem_);
   }
 
-  // The first head block of each column block also prefetches bytes [pf_from, pf_to) of the
-  // next tile's rows, one row per iteration, so the reads spread over the block's FMAs.
   template <int DV>
-  void value_heads(int d0, int n, int pf_from, int pf_to) {
+  void value_heads(int d0, int n, int prefetch_lines) {
     int h0 = 0;
-    for (; h0 + kValueHeads <= heads_; h0 += kValueHeads, pf_to = pf_from)
-      value_block<kValueHeads, DV>(h0, d0, n, pf_from, pf_to);
-    if (h0 < heads_) value_remainder<DV>(heads_ - h0, h0, d0, n, pf_from, pf_to);
+    const int later = prefetch_in_scores() ? prefetch_lines : 0;  // blocks after the first
+    for (; h0 + kValueHeads <= heads_; h0 += kValueHeads, prefetch_lines = later)
+      value_block<kValueHeads, DV>(h0, d0, n, prefetch_lines);
+    if (h0 < heads_) value_remainder<DV>(heads_ - h0, h0, d0, n, prefetch_lines);
   }
 
   // The last `left` (< kValueHeads) heads, as one block of a compile-time size.
   template <int DV, int HB = kValueHeads - 1>
-  void value_remainder(int left, int h0, int d0, int n, int pf_from, int pf_to) {
+  void value_remainder(int left, int h0, int d0, int n, int prefetch_lines) {
     if constexpr (HB >= 1) {
       if (left == HB) {
-        value_block<HB, DV>(h0, d0, n, pf_from, pf_to);
+        value_block<HB, DV>(h0, d0, n, prefetch_lines);
       } else {
-        value_remainder<DV, HB - 1>(left, h0, d0, n, pf_from, pf_to);
+        value_remainder<DV, HB - 1>(left, h0, d0, n, prefetch_lines);
       }
     }
   }
 
   template <int HB, int DV>
-  __attribute__((noinline)) void value_block(int h0, int d0, int n, int pf_from, int pf_to) {
+  __attribute__((noinline)) void value_block(int h0, int d0, int n, int prefetch_lines) {
     vec acc[HB][DV];
     for (int i = 0; i < HB; ++i) {
       const vec c = S::splat(corr_[h0 + i]);
@@ -269,8 +296,7 @@ class LaneKernel {
     }
     const float* pj = s_.data() + h0;
     for (int j = 0; j < n; ++j, pj += lanes_) {
-      // Into L2 (T1): the next tile is not read before this one's values are done with L1.
-      for (int off = pf_from; off < pf_to; off += 64) __builtin_prefetch(next_[j] + off, 0, 2);
+      prefetch_.lines(prefetch_lines);
       const float* vrow = row_[j] + d0;
       vec vv[DV];
       for (int k = 0; k < DV; ++k) vv[k] = S::load(vrow + k * V);
@@ -293,14 +319,6 @@ class LaneKernel {
     }
   }
 
-  // The cache lines starting in bytes [from, to) of each of the next tile's rows.
-  void prefetch_next(int from, int to) const {
-    from = (from + 63) / 64 * 64;
-    for (int off = from; off < to; off += 64) {
-      for (int j = 0; j < kRows; ++j) __builtin_prefetch(next_[j] + off, 0, 2);
-    }
-  }
-
   const MlaAttentionParams& p_;
   int heads_, lanes_, dc_, width_;
   std::int64_t tokens_ = num_query_tokens(p_);  // T, for query_head
@@ -310,9 +328,8 @@ class LaneKernel {
   LineVector<float> m_, l_, corr_;  // [lanes] running max, denominator, this tile's rescale
   LineVector<float> rows_buf_;      // [kRows, width] widened bf16 rows
   LineVector<float> zero_row_;      // [width]
-  int row_bytes_per_elem_;
+  TilePrefetch<kRows> prefetch_;    // the next tile's rows
   const float* row_[kRows] = {};
-  const char* next_[kRows] = {};  // the next tile's stored rows, for prefetching
 };
 
 }  // namespace
