@@ -1,6 +1,9 @@
 // Google Benchmark binaries for the local MLA kernel and the merge. The performance issue
 // adds machine ceilings (sgemm, STREAM-like read) measured in the same run; these report the
-// raw rates (FLOP/s, KV bytes/s) so they can be put beside those ceilings.
+// raw rates (FLOP/s, KV bytes/s) so they can be put beside those ceilings. They repeat each call
+// on warm caches, and this host's 480 MiB L3 holds KV of tens of MiB after a few calls: for
+// decode as it runs (each layer's KV read once per step, from memory), use `dcp bench attention`
+// and `dcp bench merge`, which flush the caches before every timed call.
 #include <benchmark/benchmark.h>
 
 #include <cmath>

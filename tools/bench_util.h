@@ -24,7 +24,9 @@ class CacheFlusher {
  public:
   // Twice the last-level cache (sysconf), and at least 256 MiB.
   CacheFlusher();
-  // Reads the whole buffer with OpenBLAS sasum on `threads` threads; returns that read's GB/s.
+  // Reads the whole buffer on `threads` threads; returns that read's GB/s. Plain threads, not
+  // OpenBLAS: OpenBLAS's workers spin for a while after a call, and a spinning worker took a
+  // core from the next timed call (two-thread kernel calls then ran at one-thread speed).
   double flush(int threads = 1);
   // STREAM-like read bandwidth (GB/s): the best of `reads` flushes.
   double read_gbps(int threads, int reads = 5);
