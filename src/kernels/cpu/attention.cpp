@@ -7,15 +7,14 @@
 
 #include <algorithm>
 #include <cmath>
-#include <exception>
 #include <limits>
-#include <thread>
 #include <vector>
 
 #include "attention_tasks.h"
 #include "dcp/error.h"
 #include "dcp/layout.h"
 #include "dcp/merge.h"
+#include "dcp/worker_pool.h"
 
 namespace dcp {
 
@@ -350,25 +349,14 @@ void mla_attention(const MlaAttentionParams& p) {
   if (threads == 1 || tasks.size() <= 1) {
     if (!tasks.empty()) run(p, tasks.data(), tasks.size());
   } else {
-    std::vector<std::thread> pool;
-    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(threads));
-    const std::size_t per = (tasks.size() + threads - 1) / threads;
-    for (int i = 0; i < threads; ++i) {
+    // Contiguous runs of tasks, one per thread, on this thread and its kept workers.
+    const int parts = static_cast<int>(std::min<std::size_t>(threads, tasks.size()));
+    const std::size_t per = (tasks.size() + parts - 1) / parts;
+    this_thread_worker_pool(parts - 1).run(parts, [&](int i) {
       const std::size_t begin = std::min(tasks.size(), per * i),
                         end = std::min(tasks.size(), per * (i + 1));
-      if (begin == end) continue;
-      pool.emplace_back([&, begin, end, i] {
-        try {
-          run(p, tasks.data() + begin, end - begin);
-        } catch (...) {
-          errors[i] = std::current_exception();
-        }
-      });
-    }
-    for (auto& th : pool) th.join();
-    for (auto& e : errors) {
-      if (e) std::rethrow_exception(e);
-    }
+      if (begin < end) run(p, tasks.data() + begin, end - begin);
+    });
   }
   if (splits > 1) {  // the parts of each token and output block into their place
     for (std::int64_t t = 0; t < tokens; ++t) {
