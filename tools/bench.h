@@ -57,6 +57,7 @@ struct EngineBenchOptions {
   int new_tokens = 16;
   double kv_budget_mib = 4;  // KV bytes per rank, the same for both runs
   std::string concurrency = "1,2,4,8,16";
+  std::string csv, svg;  // the table as CSV; tokens/s against concurrency as SVG
 };
 struct EngineBenchRow {
   int dcp = 1, concurrency = 0;
@@ -76,9 +77,27 @@ struct StepBenchOptions {
   std::string contexts = "1024,2048,4096";
   int new_tokens = 8;
   std::string hardware = "this-cpu";
+  std::string csv, svg;  // the table as CSV; the components against context as SVG
 };
 void bench_step(const StepBenchOptions& o);
-void bench_merge(int repeats, const std::string& cache);
-void bench_comm_rank(Communicator& c, int heads_per_rank, int tokens, int repeats);
+struct MergeBenchOptions {
+  int repeats = 5;
+  std::string cache = "cold";
+  std::string csv, svg;  // the table as CSV; merge GB/s against parts as SVG
+};
+void bench_merge(const MergeBenchOptions& o);
+
+// One point of `dcp bench comm`: the DCP step's combine against raw collectives of its bytes.
+struct CommBenchRow {
+  std::string comm, backend;
+  int n = 0, tokens = 0;
+  double combine_ms = 0, raw_ms = 0;
+};
+// Both backends at one token count; every rank calls it, rank 0 prints and gets the rows.
+std::vector<CommBenchRow> bench_comm_rank(Communicator& c, int heads_per_rank, int tokens,
+                                          int repeats);
+// The table as CSV and the ratios against tokens as SVG (each skipped when its path is empty).
+void write_comm_results(const std::vector<CommBenchRow>& rows, const std::string& csv,
+                        const std::string& svg);
 
 }  // namespace dcp::cli

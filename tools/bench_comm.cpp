@@ -28,9 +28,10 @@ namespace dcp::cli {
 
 // ---- merge and KV write/gather against the read ceiling ----
 
-void bench_merge(int repeats, const std::string& cache) {
-  DCP_ARG_CHECK(repeats >= 1, "--repeats = ", repeats, " must be >= 1");
-  const bool cold = parse_cache_state(cache, "--cache") == CacheState::cold;
+void bench_merge(const MergeBenchOptions& o) {
+  DCP_ARG_CHECK(o.repeats >= 1, "--repeats = ", o.repeats, " must be >= 1");
+  const int repeats = o.repeats;
+  const bool cold = parse_cache_state(o.cache, "--cache") == CacheState::cold;
   CacheFlusher memory;
   const double read = memory.read_gbps(1);
   std::printf("merge and KV write/gather, 1 thread; read ceiling measured now: %.1f GB/s\n", read);
@@ -38,6 +39,8 @@ void bench_merge(int repeats, const std::string& cache) {
                                  ? "cold, a read twice the last-level cache before every timed call"
                                  : "warm, calls repeat on whatever the caches kept");
   std::printf("%-34s %10s %10s %8s\n", "operation", "ms", "GB/s", "%read");
+  std::vector<std::vector<std::string>> table;
+  Series merge{"merge", {}, {}}, ceiling{"read ceiling", {}, {}};
   const auto report = [&](const std::string& what, double bytes, const std::function<void()>& f) {
     f();
     std::vector<double> ms;
@@ -49,21 +52,28 @@ void bench_merge(int repeats, const std::string& cache) {
     }
     const double t = median(ms), gbps = bytes / t / 1e6;
     std::printf("%-34s %10.3f %10.1f %7.0f%%\n", what.c_str(), t, gbps, 100 * gbps / read);
+    std::fflush(stdout);
+    table.push_back({what, str(t), str(gbps), str(gbps / read), str(read), o.cache});
+    return gbps;
   };
   // Merge K partial states of 64 x 128 rows of 512.
   for (int parts : {2, 4, 8}) {
     const std::int64_t rows = 64 * 128;
-    std::vector<float> o(static_cast<std::size_t>(parts * rows) * 512),
+    std::vector<float> o_parts(static_cast<std::size_t>(parts * rows) * 512),
         lse(static_cast<std::size_t>(parts * rows));
-    fill(o.data(), o.size(), 3);
+    fill(o_parts.data(), o_parts.size(), 3);
     fill(lse.data(), lse.size(), 4);
     std::vector<float> out(static_cast<std::size_t>(rows) * 512),
         out_lse(static_cast<std::size_t>(rows));
-    const double bytes = 4.0 * (o.size() + lse.size() + out.size() + out_lse.size());
-    report(str("merge ", parts, " parts x 8192 rows x 512"), bytes, [&] {
-      merge_attention_states(o.data(), lse.data(), parts, rows, 512, LseBase::e, out.data(),
+    const double bytes = 4.0 * (o_parts.size() + lse.size() + out.size() + out_lse.size());
+    const double gbps = report(str("merge ", parts, " parts x 8192 rows x 512"), bytes, [&] {
+      merge_attention_states(o_parts.data(), lse.data(), parts, rows, 512, LseBase::e, out.data(),
                              out_lse.data());
     });
+    merge.x.push_back(parts);
+    merge.y.push_back(gbps);
+    ceiling.x.push_back(parts);
+    ceiling.y.push_back(read);
   }
   // KV write (owner-only, fp32 -> bf16) and gather (local rows back to fp32), one rank of DCP 4.
   for (KvDtype dtype : {KvDtype::fp32, KvDtype::bf16}) {
@@ -81,11 +91,20 @@ void bench_merge(int repeats, const std::string& cache) {
     report(str("KV gather local rows ", to_string(dtype)), owned * 576 * (4 + dtype_size(dtype)),
            [&] { shard.local_rows(1, gathered.data()); });
   }
+  if (!o.csv.empty()) {
+    write_csv(o.csv, {"operation", "ms", "gbps", "fraction_of_read", "read_gbps", "cache"}, table);
+  }
+  if (!o.svg.empty()) {
+    write_svg_chart(o.svg, str("LSE merge of K parts, 1 thread, ", o.cache, " caches"), "parts",
+                    "GB/s", {merge, ceiling}, false);
+  }
 }
 
 // ---- the DCP step's communication against raw collectives of the same bytes ----
 
-void bench_comm_rank(Communicator& c, int heads_per_rank, int tokens, int repeats) {
+std::vector<CommBenchRow> bench_comm_rank(Communicator& c, int heads_per_rank, int tokens,
+                                          int repeats) {
+  std::vector<CommBenchRow> results;
   const int n = c.size(), width = 576, dc = 512;
   std::vector<float> q(static_cast<std::size_t>(tokens) * heads_per_rank * width);
   fill(q.data(), q.size(), 7);
@@ -147,7 +166,36 @@ void bench_comm_rank(Communicator& c, int heads_per_rank, int tokens, int repeat
     if (c.rank() == 0) {
       std::printf("%6s %5d %7d %9s | %10.3f %10.3f %8.2f\n", std::string(c.backend()).c_str(), n,
                   tokens, std::string(to_string(b)).c_str(), step_ms, raw_ms, step_ms / raw_ms);
+      std::fflush(stdout);
+      results.push_back(
+          {std::string(c.backend()), std::string(to_string(b)), n, tokens, step_ms, raw_ms});
     }
+  }
+  return results;
+}
+
+void write_comm_results(const std::vector<CommBenchRow>& rows, const std::string& csv,
+                        const std::string& svg) {
+  if (!csv.empty()) {
+    std::vector<std::vector<std::string>> table;
+    for (const CommBenchRow& r : rows) {
+      table.push_back({r.comm, str(r.n), str(r.tokens), r.backend, str(r.combine_ms), str(r.raw_ms),
+                       str(r.combine_ms / r.raw_ms)});
+    }
+    write_csv(csv, {"comm", "n", "tokens", "backend", "combine_ms", "raw_ms", "ratio"}, table);
+  }
+  if (!svg.empty()) {
+    std::vector<Series> series;  // one per (comm, N, backend), ratio against tokens
+    for (const CommBenchRow& r : rows) {
+      const std::string name = str(r.comm, " N=", r.n, " ", r.backend);
+      auto it = std::find_if(series.begin(), series.end(),
+                             [&](const Series& s) { return s.name == name; });
+      if (it == series.end()) it = series.insert(series.end(), Series{name, {}, {}});
+      it->x.push_back(r.tokens);
+      it->y.push_back(r.combine_ms / r.raw_ms);
+    }
+    write_svg_chart(svg, "DCP combine / raw collectives of the same bytes", "query tokens",
+                    "time ratio", series, true);
   }
 }
 

@@ -54,11 +54,7 @@ void add_bench_command(CLI::App& app) {
   att->add_option("--svg", ao->svg, "write a plot (GFLOP/s vs heads) as SVG");
   att->callback([ao] { bench_attention(*ao); });
 
-  struct MergeOptions {
-    int repeats = 5;
-    std::string cache = "cold";
-  };
-  auto mo = std::make_shared<MergeOptions>();
+  auto mo = std::make_shared<MergeBenchOptions>();
   CLI::App* mg =
       bench->add_subcommand("merge", "LSE merge and KV write/gather against the read ceiling");
   mg->add_option("--repeats", mo->repeats, "timed calls per point (median)")->capture_default_str();
@@ -66,13 +62,16 @@ void add_bench_command(CLI::App& app) {
                  "cold: flush the caches before every timed call; warm: repeat calls on warm "
                  "caches")
       ->capture_default_str();
-  mg->callback([mo] { bench_merge(mo->repeats, mo->cache); });
+  mg->add_option("--csv", mo->csv, "write the table as CSV");
+  mg->add_option("--svg", mo->svg, "write a plot (merge GB/s vs parts, read ceiling) as SVG");
+  mg->callback([mo] { bench_merge(*mo); });
 
   struct CommOptions {
     std::string comm = "threads";
     std::string ranks = "2,4";
     int heads_per_rank = 16, repeats = 20;
     std::string tokens = "1,8,64";
+    std::string csv, svg;
   };
   auto co = std::make_shared<CommOptions>();
   CLI::App* cm = bench->add_subcommand(
@@ -84,6 +83,8 @@ void add_bench_command(CLI::App& app) {
   cm->add_option("--tokens", co->tokens, "query tokens per step (batch)")->capture_default_str();
   cm->add_option("--repeats", co->repeats, "timed steps (median, slowest rank)")
       ->capture_default_str();
+  cm->add_option("--csv", co->csv, "write the table as CSV (rank 0)");
+  cm->add_option("--svg", co->svg, "write a plot (ratio vs tokens) as SVG (rank 0)");
   cm->callback([co] {
     std::printf(
         "DCP step on an empty shard minus its local kernel (query gather + combine) vs the same "
@@ -91,20 +92,28 @@ void add_bench_command(CLI::App& app) {
         co->heads_per_rank);
     std::printf("%6s %5s %7s %9s | %10s %10s %8s\n", "comm", "N", "tokens", "backend", "combine ms",
                 "raw ms", "ratio");
+    std::vector<CommBenchRow> rows;  // rank 0's
+    bool rank0 = true;               // under MPI, whether this process is rank 0
     for (std::int64_t tokens : parse_list(co->tokens, "--tokens")) {
       if (co->comm == "mpi") {
         static std::unique_ptr<MpiSession> session;
         if (!session) session = std::make_unique<MpiSession>(nullptr, nullptr);
         auto world = session->world();
-        bench_comm_rank(*world, co->heads_per_rank, static_cast<int>(tokens), co->repeats);
+        rank0 = world->rank() == 0;
+        const auto got =
+            bench_comm_rank(*world, co->heads_per_rank, static_cast<int>(tokens), co->repeats);
+        rows.insert(rows.end(), got.begin(), got.end());
       } else {
         for (std::int64_t n : parse_list(co->ranks, "--ranks")) {
           run_threads(static_cast<int>(n), [&](Communicator& c) {
-            bench_comm_rank(c, co->heads_per_rank, static_cast<int>(tokens), co->repeats);
+            const auto got =
+                bench_comm_rank(c, co->heads_per_rank, static_cast<int>(tokens), co->repeats);
+            if (c.rank() == 0) rows.insert(rows.end(), got.begin(), got.end());
           });
         }
       }
     }
+    if (rank0) write_comm_results(rows, co->csv, co->svg);
   });
 
   auto eo = std::make_shared<EngineBenchOptions>();
@@ -123,6 +132,8 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   en->add_option("--concurrency", eo->concurrency, "requests submitted at once")
       ->capture_default_str();
+  en->add_option("--csv", eo->csv, "write the table as CSV");
+  en->add_option("--svg", eo->svg, "write a plot (tokens/s vs concurrency) as SVG");
   en->callback([eo] {
     std::printf(
         "decode throughput, %s %d layers, TP %d, context %lld, %d new tokens, %.1f MiB KV per "
@@ -149,6 +160,8 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   st->add_option("--hardware", so->hardware, "dcp plan hardware preset to compare with")
       ->capture_default_str();
+  st->add_option("--csv", so->csv, "write the table as CSV");
+  st->add_option("--svg", so->svg, "write a plot (the components vs context) as SVG");
   st->callback([so] { bench_step(*so); });
 
   auto o = std::make_shared<ExtendBenchOptions>();

@@ -101,6 +101,20 @@ CacheState parse_cache_state(const std::string& text, const std::string& flag) {
   return text == "cold" ? CacheState::cold : CacheState::warm;
 }
 
+void write_csv(const std::string& path, const std::vector<std::string>& columns,
+               const std::vector<std::vector<std::string>>& rows) {
+  std::ofstream out(path);
+  DCP_CHECK(out.good(), io, "cannot write ", path);
+  const auto line = [&](const std::vector<std::string>& cells) {
+    DCP_CHECK_EQ(cells.size(), columns.size(), "cells per CSV row");
+    for (std::size_t i = 0; i < cells.size(); ++i) out << (i ? "," : "") << cells[i];
+    out << "\n";
+  };
+  line(columns);
+  for (const auto& r : rows) line(r);
+  DCP_CHECK(out.good(), io, "cannot write ", path);
+}
+
 void write_svg_chart(const std::string& path, const std::string& title, const std::string& x_label,
                      const std::string& y_label, const std::vector<Series>& series, bool log_x) {
   const double W = 720, H = 420, L = 70, R = 180, T = 40, B = 50;

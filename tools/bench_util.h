@@ -44,6 +44,11 @@ enum class CacheState { cold, warm };
 // Parses "cold" or "warm"; the error names `flag` and the legal values.
 CacheState parse_cache_state(const std::string& text, const std::string& flag);
 
+// Writes a benchmark's table as CSV: a header of column names, then one line per row (cells as
+// given, one per column). Throws dcp::Error (io) naming the path when it cannot be written.
+void write_csv(const std::string& path, const std::vector<std::string>& columns,
+               const std::vector<std::vector<std::string>>& rows);
+
 struct Series {
   std::string name;
   std::vector<double> x, y;

@@ -118,8 +118,10 @@ expect 0 "plan as json" -- plan --hardware this-cpu --preset tiny --tp-size 4 --
 check "plan json has rows" stdout_has '"per_layer"'
 expect 2 "plan rejects unknown hardware" -- plan --hardware tpu
 check "lists hardware presets" stderr_has "this-cpu, h200-nvlink"
-expect 0 "bench comm (small)" -- bench comm --ranks 2 --tokens 1 --repeats 2
+expect 0 "bench comm (small)" -- bench comm --ranks 2 --tokens 1,2 --repeats 2 --csv "$tmp/comm.csv" --svg "$tmp/comm.svg"
 check "bench comm prints ratios" stdout_has "ratio"
+check "bench comm writes both backends at both token counts" [ "$(grep -c '^threads,2,' "$tmp/comm.csv")" -eq 4 ]
+check "bench comm plots a series per backend" [ "$(grep -c "<polyline" "$tmp/comm.svg")" -eq 2 ]
 expect 0 "bench attention (small)" -- bench attention --contexts 256 --heads 4 --batches 1 --dtypes bf16 --repeats 1
 check "bench attention prints ceilings" stdout_has "ceilings (sgemm GFLOP/s, read GB/s) are measured again"
 check "bench attention flushes the caches by default" stdout_has "cache: cold, every timed call"
@@ -127,8 +129,11 @@ expect 0 "bench attention on warm caches" -- bench attention --contexts 256 --he
 check "says the caches are warm" stdout_has "cache: warm"
 expect 2 "bench attention rejects a bad cache state" -- bench attention --contexts 256 --cache hot
 check "names the flag and the legal values" stderr_has "--cache 'hot' is not a cache state: legal values are cold, warm"
-expect 0 "bench merge, one repeat" -- bench merge --repeats 1
+expect 0 "bench merge, one repeat" -- bench merge --repeats 1 --csv "$tmp/merge.csv" --svg "$tmp/merge.svg"
 check "bench merge flushes by default" stdout_has "cache: cold"
+check "bench merge writes its CSV" grep -q "^operation,ms,gbps,fraction_of_read,read_gbps,cache$" "$tmp/merge.csv"
+check "one CSV line per operation" [ "$(wc -l <"$tmp/merge.csv")" -eq 8 ]
+check "bench merge writes its plot" grep -q "<polyline" "$tmp/merge.svg"
 expect 2 "bench merge rejects a bad cache state" -- bench merge --cache lukewarm
 check "bench merge names the flag" stderr_has "--cache 'lukewarm' is not a cache state"
 # The PyTorch peer: a stand-in interpreter speaks the peer's protocol, so the columns are checked
@@ -152,9 +157,14 @@ expect 0 "bench attention, no torch" -- bench attention --contexts 256 --heads 4
 check "says torch is missing" stdout_has "cannot import torch (Debian: apt-get install python3-torch)"
 expect 0 "bench attention, torch import times out" -- bench attention --contexts 256 --heads 4 --batches 1 --dtypes fp32 --repeats 1 --torch-python "$tmp/slow_python"
 check "says it timed out" stdout_has "did not import torch within 300 s"
-expect 0 "bench step (small)" -- bench step --preset tiny --contexts 64 --new-tokens 3
+expect 0 "bench step (small)" -- bench step --preset tiny --contexts 64 --new-tokens 3 --csv "$tmp/step.csv" --svg "$tmp/step.svg"
+check "bench step writes DCP 1 and 2" [ "$(grep -c '^64,[12],' "$tmp/step.csv")" -eq 2 ]
+check "bench step plots attention beside the plan" grep -q "plan attention, DCP 2" "$tmp/step.svg"
 check "bench step prints the plan beside the measurement" stdout_has "plan ms"
 check "bench step separates waiting from the transfer" stdout_has "least ms"
+expect 0 "bench engine (small)" -- bench engine --context 128 --concurrency 1,2 --new-tokens 2 --csv "$tmp/engine.csv" --svg "$tmp/engine.svg"
+check "bench engine writes TP only and TP + DCP at each concurrency" [ "$(grep -c '^[14],[12],' "$tmp/engine.csv")" -eq 4 ]
+check "bench engine plots both" grep -q "TP 4, DCP 4" "$tmp/engine.svg"
 expect 2 "bench step rejects a bad backend" -- bench step --preset tiny --contexts 64 --dcp-comm-backend bogus
 check "bench step names the flag" stderr_has "--dcp-comm-backend 'bogus'"
 
