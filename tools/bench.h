@@ -24,7 +24,7 @@ struct ExtendBenchOptions {
   int chunk = 256;
   std::string prefix_lens = "0,256,1024,4096,16384";
   int repeats = 5;
-  std::string csv;
+  std::string csv, svg;
 };
 
 struct ExtendRow {

@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "bench.h"
+#include "bench_util.h"
 #include "commands.h"
 #include "dcp/comm_mpi.h"
 #include "dcp/comm_threads.h"
@@ -177,6 +178,7 @@ void add_bench_command(CLI::App& app) {
   ext->add_option("--repeats", o->repeats, "timed extends per point (median reported)")
       ->capture_default_str();
   ext->add_option("--csv", o->csv, "also write the table as CSV");
+  ext->add_option("--svg", o->svg, "write a plot (gather and native ms vs prefix) as SVG");
   ext->callback([o] {
     const auto rows = bench_extend(*o);
     std::printf(
@@ -198,6 +200,18 @@ void add_bench_command(CLI::App& app) {
             << r.native_bytes << "\n";
       }
       DCP_CHECK(out.good(), io, "--csv: cannot write ", o->csv);
+    }
+    if (!o->svg.empty()) {
+      Series gather{"gather (all-gather the prefix)", {}, {}}, native{"DCP-native", {}, {}};
+      for (const auto& r : rows) {
+        const auto x = static_cast<double>(std::max<std::int64_t>(r.prefix, 1));  // log axis
+        gather.x.push_back(x);
+        gather.y.push_back(r.gather_ms);
+        native.x.push_back(x);
+        native.y.push_back(r.native_ms);
+      }
+      write_svg_chart(o->svg, str("extend of ", o->chunk, " tokens, DCP ", o->dcp_size),
+                      "prefix tokens (0 plotted at 1)", "ms", {gather, native}, true);
     }
   });
 }

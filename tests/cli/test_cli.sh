@@ -98,8 +98,9 @@ expect 0 "native extend" -- run --dcp-extend native --batch 2 --prompt-len 200 -
 check "native extend verifies" stdout_has "PASS"
 expect 2 "bad extend mode" -- run --dcp-extend scatter
 check "lists extend modes" stderr_has "gather, native"
-expect 0 "bench extend (small)" -- bench extend --prefix-lens 0,40 --chunk 8 --repeats 1 --dcp-size 2
+expect 0 "bench extend (small)" -- bench extend --prefix-lens 0,40 --chunk 8 --repeats 1 --dcp-size 2 --svg "$tmp/extend.svg"
 check "bench prints a table" stdout_has "native/gather"
+check "bench extend plots both paths" [ "$(grep -c "<polyline" "$tmp/extend.svg")" -eq 2 ]
 # Prefix cache and host tier.
 expect 0 "prefix cache with a shared prefix" -- run --enable-prefix-cache --host-kv-capacity-tokens 1024 --shared-prefix-len 200 --batch 4 --prompt-len 260 --max-new-tokens 3 --max-running-requests 1 --json "$tmp/run.json"
 check "json has the hit rate" json_has '"hit_rate"'
