@@ -150,30 +150,23 @@ class AmxKernel {
     using Halves = std::uint16_t __attribute__((vector_size(32)));
     std::fill(qv_.begin(), qv_.end(), 0u);
     const vec scale = S::splat(p_.softmax_scale);
-    const int whole = width_ / 32 * 32;
-    for (int hb = 0; hb < heads_; hb += 16) {
-      const int block = std::min(16, heads_ - hb);
-      for (int d = 0; d < whole; d += 32) {
-        Words16 r[16] = {};
-        for (int i = 0; i < block; ++i) {
-          const float* qh = query_head(p_, tokens_, t, hb + i) + d;
+    heads_to_lanes(
+        heads_, width_ / 2,
+        [&](int h, int c, Words16& row) {
+          const float* qh = query_head(p_, tokens_, t, h) + 2 * c;
           const Halves halves[2] = {
               __builtin_convertvector(round_to_bf16(S::load(qh) * scale), Halves),
               __builtin_convertvector(round_to_bf16(S::load(qh + 16) * scale), Halves)};
-          std::memcpy(&r[i], halves, sizeof r[i]);
-        }
-        transpose_16x16(r);
-        for (int k = 0; k < 16; ++k) {
-          std::memcpy(qv_.data() + static_cast<std::size_t>(d / 2 + k) * lanes_ + hb, &r[k],
-                      sizeof r[k]);
-        }
-      }
-      for (int h = hb; h < hb + block; ++h) {  // the last width % 32 elements
-        const float* qh = query_head(p_, tokens_, t, h);
-        for (int d = whole; d < width_; ++d) {
-          const std::uint32_t word = float_to_bf16(qh[d] * p_.softmax_scale);
-          qv_[static_cast<std::size_t>(d / 2) * lanes_ + h] |= d % 2 ? word << 16 : word;
-        }
+          std::memcpy(&row, halves, sizeof row);
+        },
+        [&](int c, int hb, int, const Words16& row) {  // lanes_ is a multiple of 16
+          std::memcpy(qv_.data() + static_cast<std::size_t>(c) * lanes_ + hb, &row, sizeof row);
+        });
+    for (int h = 0; h < heads_; ++h) {  // the last width % 32 elements
+      const float* qh = query_head(p_, tokens_, t, h);
+      for (int d = width_ / 32 * 32; d < width_; ++d) {
+        const std::uint32_t word = float_to_bf16(qh[d] * p_.softmax_scale);
+        qv_[static_cast<std::size_t>(d / 2) * lanes_ + h] |= d % 2 ? word << 16 : word;
       }
     }
   }

@@ -49,7 +49,7 @@ class LaneKernel {
         corr_(lanes_),
         rows_buf_(static_cast<std::size_t>(kRows) * width_),
         zero_row_(width_, 0.0f),
-        prefetch_(width_ * static_cast<int>(dtype_size(p.kv_dtype)), zero_row_.data()) {}
+        prefetch_(width_ * static_cast<int>(dtype_size(p.kv_dtype))) {}
 
   void run(const Task& task) {
     pack_query(task.t);
@@ -78,32 +78,26 @@ class LaneKernel {
   void pack_query(std::int64_t t) {
     std::fill(qt_.begin(), qt_.end(), 0.0f);
     const float scale = p_.softmax_scale;
-    const int whole = width_ / 16 * 16;
-    for (int hb = 0; hb < heads_; hb += 16) {
-      const int block = std::min(16, heads_ - hb);
-      for (int d = 0; d < whole; d += 16) {
-        Words16 r[16] = {};
-        for (int i = 0; i < block; ++i) {
-          const float* qh = query_head(p_, tokens_, t, hb + i) + d;
+    heads_to_lanes(
+        heads_, width_,
+        [&](int h, int d, Words16& row) {
+          const float* qh = query_head(p_, tokens_, t, h) + d;
           float scaled[16];
           for (int e = 0; e < 16; ++e) scaled[e] = qh[e] * scale;
-          std::memcpy(&r[i], scaled, sizeof scaled);
-        }
-        transpose_16x16(r);
-        for (int k = 0; k < 16; ++k) {
-          float* dst = qt_.data() + static_cast<std::size_t>(d + k) * lanes_ + hb;
+          std::memcpy(&row, scaled, sizeof scaled);
+        },
+        [&](int d, int hb, int block, const Words16& row) {
+          float* dst = qt_.data() + static_cast<std::size_t>(d) * lanes_ + hb;
           if (block == 16) {
-            std::memcpy(dst, &r[k], sizeof r[k]);  // one vector store
-          } else {
-            std::memcpy(dst, &r[k], sizeof(float) * block);
+            std::memcpy(dst, &row, sizeof row);  // one vector store
+          } else {  // lanes_ may end before 16 heads do (AVX2: a multiple of 8)
+            std::memcpy(dst, &row, sizeof(float) * block);
           }
-        }
-      }
-      for (int h = hb; h < hb + block; ++h) {  // the last width % 16 columns
-        const float* qh = query_head(p_, tokens_, t, h);
-        for (int d = whole; d < width_; ++d)
-          qt_[static_cast<std::size_t>(d) * lanes_ + h] = qh[d] * scale;
-      }
+        });
+    for (int h = 0; h < heads_; ++h) {  // the last width % 16 columns
+      const float* qh = query_head(p_, tokens_, t, h);
+      for (int d = width_ / 16 * 16; d < width_; ++d)
+        qt_[static_cast<std::size_t>(d) * lanes_ + h] = qh[d] * scale;
     }
   }
 
@@ -125,12 +119,12 @@ class LaneKernel {
   // The next tile's rows, which the passes prefetch a few lines at a time (tile_prefetch.h).
   void next_tile(int b, const RowSet& rows, std::int64_t start, std::int64_t last) {
     const std::int64_t bytes = static_cast<std::int64_t>(width_) * dtype_size(p_.kv_dtype);
-    for (int j = 0; j < kRows; ++j) {
-      prefetch_.set_row(j, start + j < last ? static_cast<const char*>(p_.kv) +
-                                                  physical_row(p_, b, rows.at(start + j)) * bytes
-                                            : nullptr);
+    const int n = static_cast<int>(std::clamp<std::int64_t>(last - start, 0, kRows));
+    prefetch_.restart(n);
+    for (int j = 0; j < n; ++j) {
+      prefetch_.set_row(
+          j, static_cast<const char*>(p_.kv) + physical_row(p_, b, rows.at(start + j)) * bytes);
     }
-    prefetch_.restart();
   }
 
   // With up to 32 heads a tile takes about as long to read as to compute, and the score pass

@@ -89,8 +89,7 @@ class RowKernel {
         width_(p.kv_lora_rank + p.rope_dim),
         q_(static_cast<std::size_t>(heads_) * width_),
         unsplit_(static_cast<std::size_t>(dc_)),
-        zero_row_(static_cast<std::size_t>(width_)),
-        prefetch_(width_ * static_cast<int>(sizeof(Kv)), zero_row_.data()),
+        prefetch_(width_ * static_cast<int>(sizeof(Kv))),
         scores_(static_cast<std::size_t>(heads_) * kRows),
         acc_(static_cast<std::size_t>(heads_) * dc_),
         m_(heads_),
@@ -139,10 +138,10 @@ class RowKernel {
   // did not overlap (4 heads ran at ~55% of the read bandwidth, 1 head at ~90%).
   void next_tile(int b, const RowSet& rows, std::int64_t start, std::int64_t last) {
     const auto* kv = static_cast<const Kv*>(p_.kv);
-    for (int j = 0; j < kRows; ++j)
-      prefetch_.set_row(
-          j, start + j < last ? kv + physical_row(p_, b, rows.at(start + j)) * width_ : nullptr);
-    prefetch_.restart();
+    const int n = static_cast<int>(std::clamp<std::int64_t>(last - start, 0, kRows));
+    prefetch_.restart(n);
+    for (int j = 0; j < n; ++j)
+      prefetch_.set_row(j, kv + physical_row(p_, b, rows.at(start + j)) * width_);
   }
 
   // The share of a tile's prefetching done by the score pass. It asks between blocks of rows,
@@ -307,7 +306,6 @@ class RowKernel {
   std::int64_t tokens_ = num_query_tokens(p_);  // T, for query_head
   LineVector<float> q_;           // [heads, width] the token's query, in E::position order
   LineVector<float> unsplit_;     // [dc] one head's accumulators back in row order
-  LineVector<Kv> zero_row_;       // [width] stands for rows past the task's end
   TilePrefetch<kRows> prefetch_;  // the next tile's rows
   const Kv* row_[kRows] = {};
   LineVector<float> scores_;  // [heads, kRows]

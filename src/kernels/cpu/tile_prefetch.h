@@ -25,22 +25,16 @@ namespace {
 template <int kRows>
 class TilePrefetch {
  public:
-  // `zero_row` stands for rows past the task's end (cached, so prefetching it is harmless).
-  TilePrefetch(int row_bytes, const void* zero_row)
-      : line_count_((row_bytes + 63) / 64), zero_(static_cast<const char*>(zero_row)) {
-    std::fill(row_, row_ + kRows + 1, zero_);
-  }
+  explicit TilePrefetch(int row_bytes) : line_count_((row_bytes + 63) / 64) {}
 
-  // The next tile's row j (j < kRows), or nullptr past its end.
-  void set_row(int j, const void* row) {
-    row_[j] = row != nullptr ? static_cast<const char*>(row) : zero_;
-  }
-
-  // Starts over at the next tile's first line.
-  void restart() {
+  // Starts on the next tile, whose `rows` rows (at most kRows; 0 past the task's end) the caller
+  // then gives with set_row.
+  void restart(int rows) {
+    rows_ = rows;
     j_ = 0;
     line_ = 0;
   }
+  void set_row(int j, const void* row) { row_[j] = static_cast<const char*>(row); }
 
   // Lines per call to lines() for a pass that makes `steps` calls and requests `share` of the
   // tile (rounded up, so the passes finish the tile early rather than late).
@@ -50,25 +44,24 @@ class TilePrefetch {
   }
 
   // Requests the next `count` lines into L2 (T1: the tile is read after this one is done with
-  // L1).
+  // L1); nothing once the whole tile has been requested.
   void lines(int count) {
-    for (int k = 0; k < count; ++k) {
+    for (int k = 0; k < count && j_ < rows_; ++k) {
       __builtin_prefetch(row_[j_] + 64 * line_, 0, 2);
       if (++line_ == line_count_) {
         line_ = 0;
-        j_ = std::min(j_ + 1, kRows);  // row_[kRows] is the zero row
+        ++j_;
       }
     }
   }
 
   // Requests whatever of the tile the steps have not.
-  void rest() { lines((kRows - j_) * line_count_ - line_); }
+  void rest() { lines((rows_ - j_) * line_count_ - line_); }
 
  private:
   int line_count_;
-  const char* zero_;
-  const char* row_[kRows + 1];
-  int j_ = 0, line_ = 0;
+  int rows_ = 0, j_ = 0, line_ = 0;
+  const char* row_[kRows] = {};
 };
 
 }  // namespace

@@ -6,6 +6,7 @@
 // build lowers the same code to 256-bit shuffles.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 namespace dcp::kernels {
@@ -49,6 +50,24 @@ void transpose_16x16(Words16 (&r)[16]) {
         __builtin_shufflevector(x1, y1, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
     r[12 + m] =
         __builtin_shufflevector(x1, y1, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  }
+}
+
+// Per-head rows of words into per-word rows of heads (the heads in the lanes), 16 x 16 words at
+// a time. For each block of up to 16 heads from hb and each whole block of 16 words from w,
+// fill(h, w, row) puts words w..w+15 of head h in `row`; after the transpose, row k holds word
+// w + k of heads hb..hb+block-1 (zero past them), and store(w + k, hb, block, row) writes it.
+// Words past the last whole block are left to the caller.
+template <typename Fill, typename Store>
+void heads_to_lanes(int heads, int words, Fill fill, Store store) {
+  for (int hb = 0; hb < heads; hb += 16) {
+    const int block = std::min(16, heads - hb);
+    for (int w = 0; w + 16 <= words; w += 16) {
+      Words16 r[16] = {};
+      for (int i = 0; i < block; ++i) fill(hb + i, w, r[i]);
+      transpose_16x16(r);
+      for (int k = 0; k < 16; ++k) store(w + k, hb, block, r[k]);
+    }
   }
 }
 
