@@ -45,13 +45,13 @@ constexpr Tolerance kFp32Tol{1e-10, 1e-4};
 constexpr Tolerance kBf16Tol{1e-10, 1e-4};  // inputs are bf16-exact, so accumulation dominates
 
 // NaN fails; infinities must match exactly; finite values within tolerance.
+::testing::AssertionResult close(const std::vector<float>& actual,
+                                 const std::vector<double>& expected, Tolerance tol,
+                                 const char* what);
 // LSE against a float64 reference: |error| <= 1e-5 x max(1, max |LSE|), -inf matching -inf.
 // Absolute, since the LSE is a log (see test_util.cpp).
 ::testing::AssertionResult lse_close(const std::vector<float>& got,
                                      const std::vector<double>& expect, const std::string& what);
-::testing::AssertionResult close(const std::vector<float>& actual,
-                                 const std::vector<double>& expected, Tolerance tol,
-                                 const char* what);
 
 // The message of the dcp::Error that f throws, or "" if it throws none.
 std::string error_of(const std::function<void()>& f);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <set>
 #include <stdexcept>
 #include <thread>
@@ -38,14 +39,20 @@ TEST(WorkerPool, EveryPartRunsOnceOnItsOwnThread) {
 }
 
 TEST(WorkerPool, PartsRunAtTheSameTime) {
-  // Each part waits until all have started: this finishes only if they run concurrently.
+  // Each part waits (up to 10 s, so a serial pool fails instead of hanging) until all have
+  // started: every part sees all three only if they run concurrently.
   WorkerPool pool(2);
   std::atomic<int> started{0};
-  pool.run(3, [&](int) {
+  std::vector<int> saw_all(3, 0);
+  pool.run(3, [&](int i) {
     started.fetch_add(1);
-    while (started.load() < 3) std::this_thread::yield();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (started.load() < 3 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+    saw_all[i] = started.load() == 3;
   });
-  EXPECT_EQ(started.load(), 3);
+  EXPECT_EQ(saw_all, std::vector<int>(3, 1));
 }
 
 TEST(WorkerPool, ErrorsReachTheCallerAndThePoolKeepsWorking) {

@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <random>
@@ -132,12 +131,9 @@ void bench_attention(const AttentionBenchOptions& o) {
               "Hq", "KV", "ms", "GFLOP/s", "%gemm", "KV GB/s", "%read", "peer ms", "speedup",
               "torch ms", "vs torch", "sgemm", "read");
   std::vector<double> gemm_seen;  // for the plot's ceiling line
-  std::ofstream csv;
-  if (!o.csv.empty()) {
-    csv.open(o.csv);
-    csv << "batch,context,heads,kv_dtype,threads,ms,gflops,pct_sgemm,kv_gbps,pct_read,peer_ms,"
-           "speedup_vs_peer,torch_ms,speedup_vs_torch,sgemm_gflops,read_gbps\n";
-  }
+  CsvFile csv(o.csv, {"batch", "context", "heads", "kv_dtype", "threads", "ms", "gflops",
+                      "pct_sgemm", "kv_gbps", "pct_read", "peer_ms", "speedup_vs_peer", "torch_ms",
+                      "speedup_vs_torch", "sgemm_gflops", "read_gbps"});
   std::vector<Series> series;
   for (std::int64_t batch : batches) {
     for (std::int64_t ctx : contexts) {
@@ -229,27 +225,14 @@ void bench_attention(const AttentionBenchOptions& o) {
               variant.label.c_str(), t, gflops, 100 * gflops / gemm, gbps, 100 * gbps / read,
               peer_t, peer_t / t, torch_cols.c_str(), gemm, read);
           std::fflush(stdout);
-          if (csv.is_open()) {
-            csv << batch << "," << ctx << "," << h << "," << variant.label << "," << o.threads
-                << "," << t << "," << gflops << "," << gflops / gemm << "," << gbps << ","
-                << gbps / read << "," << peer_t << "," << peer_t / t << ",";
-            if (torch_it != torch_ms.end()) {
-              csv << torch_it->second << "," << torch_it->second / t;
-            } else {
-              csv << ",";
-            }
-            csv << "," << gemm << "," << read << "\n";
-          }
+          const bool has_torch = torch_it != torch_ms.end();
+          csv.row({str(batch), str(ctx), str(h), variant.label, str(o.threads), str(t), str(gflops),
+                   str(gflops / gemm), str(gbps), str(gbps / read), str(peer_t), str(peer_t / t),
+                   has_torch ? str(torch_it->second) : "",
+                   has_torch ? str(torch_it->second / t) : "", str(gemm), str(read)});
           if (batch == batches.front() && ctx == contexts.back()) {
-            const std::string name = str("S=", ctx, " B=", batch, " ", variant.label);
-            auto it = std::find_if(series.begin(), series.end(),
-                                   [&](const Series& x) { return x.name == name; });
-            if (it == series.end()) {
-              series.push_back({name, {}, {}});
-              it = series.end() - 1;
-            }
-            it->x.push_back(static_cast<double>(h));
-            it->y.push_back(gflops);
+            add_point(series, str("S=", ctx, " B=", batch, " ", variant.label),
+                      static_cast<double>(h), gflops);
           }
         }
       }

@@ -6,7 +6,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <random>
@@ -39,7 +38,7 @@ void bench_merge(const MergeBenchOptions& o) {
                                  ? "cold, a read twice the last-level cache before every timed call"
                                  : "warm, calls repeat on whatever the caches kept");
   std::printf("%-34s %10s %10s %8s\n", "operation", "ms", "GB/s", "%read");
-  std::vector<std::vector<std::string>> table;
+  CsvFile csv(o.csv, {"operation", "ms", "gbps", "fraction_of_read", "read_gbps", "cache"});
   Series merge{"merge", {}, {}}, ceiling{"read ceiling", {}, {}};
   const auto report = [&](const std::string& what, double bytes, const std::function<void()>& f) {
     f();
@@ -53,7 +52,7 @@ void bench_merge(const MergeBenchOptions& o) {
     const double t = median(ms), gbps = bytes / t / 1e6;
     std::printf("%-34s %10.3f %10.1f %7.0f%%\n", what.c_str(), t, gbps, 100 * gbps / read);
     std::fflush(stdout);
-    table.push_back({what, str(t), str(gbps), str(gbps / read), str(read), o.cache});
+    csv.row({what, str(t), str(gbps), str(gbps / read), str(read), o.cache});
     return gbps;
   };
   // Merge K partial states of 64 x 128 rows of 512.
@@ -90,9 +89,6 @@ void bench_merge(const MergeBenchOptions& o) {
     std::vector<float> gathered(static_cast<std::size_t>(owned) * 576);
     report(str("KV gather local rows ", to_string(dtype)), owned * 576 * (4 + dtype_size(dtype)),
            [&] { shard.local_rows(1, gathered.data()); });
-  }
-  if (!o.csv.empty()) {
-    write_csv(o.csv, {"operation", "ms", "gbps", "fraction_of_read", "read_gbps", "cache"}, table);
   }
   if (!o.svg.empty()) {
     write_svg_chart(o.svg, str("LSE merge of K parts, 1 thread, ", o.cache, " caches"), "parts",
@@ -176,23 +172,15 @@ std::vector<CommBenchRow> bench_comm_rank(Communicator& c, int heads_per_rank, i
 
 void write_comm_results(const std::vector<CommBenchRow>& rows, const std::string& csv,
                         const std::string& svg) {
-  if (!csv.empty()) {
-    std::vector<std::vector<std::string>> table;
-    for (const CommBenchRow& r : rows) {
-      table.push_back({r.comm, str(r.n), str(r.tokens), r.backend, str(r.combine_ms), str(r.raw_ms),
-                       str(r.combine_ms / r.raw_ms)});
-    }
-    write_csv(csv, {"comm", "n", "tokens", "backend", "combine_ms", "raw_ms", "ratio"}, table);
+  CsvFile table(csv, {"comm", "n", "tokens", "backend", "combine_ms", "raw_ms", "ratio"});
+  for (const CommBenchRow& r : rows) {
+    table.row({r.comm, str(r.n), str(r.tokens), r.backend, str(r.combine_ms), str(r.raw_ms),
+               str(r.combine_ms / r.raw_ms)});
   }
   if (!svg.empty()) {
     std::vector<Series> series;  // one per (comm, N, backend), ratio against tokens
     for (const CommBenchRow& r : rows) {
-      const std::string name = str(r.comm, " N=", r.n, " ", r.backend);
-      auto it = std::find_if(series.begin(), series.end(),
-                             [&](const Series& s) { return s.name == name; });
-      if (it == series.end()) it = series.insert(series.end(), Series{name, {}, {}});
-      it->x.push_back(r.tokens);
-      it->y.push_back(r.combine_ms / r.raw_ms);
+      add_point(series, str(r.comm, " N=", r.n, " ", r.backend), r.tokens, r.combine_ms / r.raw_ms);
     }
     write_svg_chart(svg, "DCP combine / raw collectives of the same bytes", "query tokens",
                     "time ratio", series, true);

@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -192,14 +191,11 @@ void add_bench_command(CLI::App& app) {
                   r.gather_ms, r.native_ms, r.gather_bytes, r.native_bytes,
                   r.gather_ms > 0 ? r.native_ms / r.gather_ms : 0.0);
     }
-    if (!o->csv.empty()) {
-      std::ofstream out(o->csv);
-      out << "prefix,gather_ms,native_ms,gather_bytes_per_rank_layer,native_bytes_per_rank_layer\n";
-      for (const auto& r : rows) {
-        out << r.prefix << "," << r.gather_ms << "," << r.native_ms << "," << r.gather_bytes << ","
-            << r.native_bytes << "\n";
-      }
-      DCP_CHECK(out.good(), io, "--csv: cannot write ", o->csv);
+    CsvFile csv(o->csv, {"prefix", "gather_ms", "native_ms", "gather_bytes_per_rank_layer",
+                         "native_bytes_per_rank_layer"});
+    for (const auto& r : rows) {
+      csv.row({str(r.prefix), str(r.gather_ms), str(r.native_ms), str(r.gather_bytes),
+               str(r.native_bytes)});
     }
     if (!o->svg.empty()) {
       Series gather{"gather (all-gather the prefix)", {}, {}}, native{"DCP-native", {}, {}};

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <random>
 
 #include "bench.h"
@@ -35,6 +34,11 @@ void submit_random_requests(Engine& engine, std::int64_t count, std::int64_t con
   }
 }
 
+// TP only, then TP + DCP over all `ranks` (once when there is one rank).
+std::vector<int> dcp_sizes(int ranks) {
+  return ranks > 1 ? std::vector<int>{1, ranks} : std::vector<int>{1};
+}
+
 }  // namespace
 
 std::vector<EngineBenchRow> bench_engine(const EngineBenchOptions& o) {
@@ -44,8 +48,11 @@ std::vector<EngineBenchRow> bench_engine(const EngineBenchOptions& o) {
   const std::size_t row_bytes = static_cast<std::size_t>(config.latent_width()) * 2;  // bf16
   const auto concurrency = parse_list(o.concurrency, "--concurrency");
   std::vector<EngineBenchRow> rows;
+  CsvFile csv(o.csv, {"dcp", "concurrency", "kv_tokens", "peak_running", "decode_tokens",
+                      "tokens_per_s", "median_step_ms", "attention_ms", "comm_ms"});
+  std::vector<Series> series;  // tokens/s against concurrency, per DCP size
   set_blas_threads(1);
-  for (int dcp : {1, o.ranks}) {
+  for (int dcp : dcp_sizes(o.ranks)) {
     // The same bytes per rank for both: tokens the group can hold = budget / (row x layers) x N.
     const std::int64_t capacity =
         static_cast<std::int64_t>(o.kv_budget_mib * 1048576.0 /
@@ -94,32 +101,13 @@ std::vector<EngineBenchRow> bench_engine(const EngineBenchOptions& o) {
                   static_cast<long long>(r.decode_tokens), r.tokens_per_s, r.median_step_ms,
                   r.attention_ms, r.comm_ms);
       std::fflush(stdout);
+      csv.row({str(r.dcp), str(r.concurrency), str(r.capacity_tokens), str(r.peak_running),
+               str(r.decode_tokens), str(r.tokens_per_s), str(r.median_step_ms),
+               str(r.attention_ms), str(r.comm_ms)});
+      add_point(series, str("TP ", o.ranks, ", DCP ", dcp), r.concurrency, r.tokens_per_s);
     }
-  }
-  if (!o.csv.empty()) {
-    std::vector<std::vector<std::string>> table;
-    for (const EngineBenchRow& r : rows) {
-      table.push_back({str(r.dcp), str(r.concurrency), str(r.capacity_tokens), str(r.peak_running),
-                       str(r.decode_tokens), str(r.tokens_per_s), str(r.median_step_ms),
-                       str(r.attention_ms), str(r.comm_ms)});
-    }
-    write_csv(o.csv,
-              {"dcp", "concurrency", "kv_tokens", "peak_running", "decode_tokens", "tokens_per_s",
-               "median_step_ms", "attention_ms", "comm_ms"},
-              table);
   }
   if (!o.svg.empty()) {
-    std::vector<Series> series;
-    for (int dcp : {1, o.ranks}) {
-      Series s{str("TP ", o.ranks, ", DCP ", dcp), {}, {}};
-      for (const EngineBenchRow& r : rows) {
-        if (r.dcp != dcp) continue;
-        s.x.push_back(r.concurrency);
-        s.y.push_back(r.tokens_per_s);
-      }
-      series.push_back(s);
-      if (o.ranks == 1) break;
-    }
     write_svg_chart(o.svg, str("decode throughput at ", o.kv_budget_mib, " MiB KV per rank"),
                     "requests submitted", "tokens/s", series, true);
   }
@@ -147,17 +135,11 @@ void bench_step(const StepBenchOptions& o) {
       "the rank that waited least (it arrived last), the transfer the plan models\n");
   std::printf("%8s %4s | %9s %9s %6s | %9s %9s %9s %6s | %9s %9s\n", "context", "dcp", "attn ms",
               "plan ms", "error", "comm ms", "least ms", "plan ms", "error", "other ms", "step ms");
-  std::vector<std::vector<std::string>> table;
+  CsvFile csv(o.csv, {"context", "dcp", "attention_ms", "plan_attention_ms", "comm_ms",
+                      "least_comm_ms", "plan_comm_ms", "other_ms", "step_ms"});
   std::vector<Series> series;  // attention (measured, plan) per DCP size, then DCP comm
-  const auto point = [&](const std::string& name, double x, double y) {
-    auto it =
-        std::find_if(series.begin(), series.end(), [&](const Series& s) { return s.name == name; });
-    if (it == series.end()) it = series.insert(series.end(), Series{name, {}, {}});
-    it->x.push_back(x);
-    it->y.push_back(y);
-  };
   for (std::int64_t context : parse_list(o.contexts, "--contexts")) {
-    for (int dcp : {1, o.ranks}) {
+    for (int dcp : dcp_sizes(o.ranks)) {
       std::vector<double> attn, other, step;
       std::vector<std::vector<double>> rank_comm(static_cast<std::size_t>(o.ranks));
       run_threads(o.ranks, [&](Communicator& world) {
@@ -203,23 +185,16 @@ void bench_step(const StepBenchOptions& o) {
                   l, plan.comm_ms, dcp > 1 ? error(l, plan.comm_ms) : 0.0, median(other),
                   median(step));
       std::fflush(stdout);
-      table.push_back({str(context), str(dcp), str(a), str(plan.attn_ms), str(c), str(l),
-                       str(plan.comm_ms), str(median(other)), str(median(step))});
+      csv.row({str(context), str(dcp), str(a), str(plan.attn_ms), str(c), str(l), str(plan.comm_ms),
+               str(median(other)), str(median(step))});
       const auto x = static_cast<double>(context);
-      point(str("attention, DCP ", dcp), x, a);
-      point(str("plan attention, DCP ", dcp), x, plan.attn_ms);
+      add_point(series, str("attention, DCP ", dcp), x, a);
+      add_point(series, str("plan attention, DCP ", dcp), x, plan.attn_ms);
       if (dcp > 1) {
-        point(str("DCP comm (least), DCP ", dcp), x, l);
-        point(str("plan comm, DCP ", dcp), x, plan.comm_ms);
+        add_point(series, str("DCP comm (least), DCP ", dcp), x, l);
+        add_point(series, str("plan comm, DCP ", dcp), x, plan.comm_ms);
       }
-      if (o.ranks == 1) break;
     }
-  }
-  if (!o.csv.empty()) {
-    write_csv(o.csv,
-              {"context", "dcp", "attention_ms", "plan_attention_ms", "comm_ms", "least_comm_ms",
-               "plan_comm_ms", "other_ms", "step_ms"},
-              table);
   }
   if (!o.svg.empty()) {
     write_svg_chart(o.svg, str("decode step per MLA layer and rank, ", o.preset, ", TP ", o.ranks),

@@ -101,18 +101,30 @@ CacheState parse_cache_state(const std::string& text, const std::string& flag) {
   return text == "cold" ? CacheState::cold : CacheState::warm;
 }
 
-void write_csv(const std::string& path, const std::vector<std::string>& columns,
-               const std::vector<std::vector<std::string>>& rows) {
-  std::ofstream out(path);
-  DCP_CHECK(out.good(), io, "cannot write ", path);
-  const auto line = [&](const std::vector<std::string>& cells) {
-    DCP_CHECK_EQ(cells.size(), columns.size(), "cells per CSV row");
-    for (std::size_t i = 0; i < cells.size(); ++i) out << (i ? "," : "") << cells[i];
-    out << "\n";
-  };
+CsvFile::CsvFile(const std::string& path, const std::vector<std::string>& columns)
+    : path_(path), columns_(columns.size()) {
+  if (path_.empty()) return;
+  out_.open(path_);
   line(columns);
-  for (const auto& r : rows) line(r);
-  DCP_CHECK(out.good(), io, "cannot write ", path);
+}
+
+void CsvFile::row(const std::vector<std::string>& cells) {
+  DCP_CHECK_EQ(cells.size(), columns_, "cells per CSV row");
+  if (!path_.empty()) line(cells);
+}
+
+void CsvFile::line(const std::vector<std::string>& cells) {
+  for (std::size_t i = 0; i < cells.size(); ++i) out_ << (i ? "," : "") << cells[i];
+  out_ << std::endl;  // flushed: the file is whole up to the last row measured
+  DCP_CHECK(out_.good(), io, "cannot write ", path_);
+}
+
+void add_point(std::vector<Series>& chart, const std::string& name, double x, double y) {
+  auto it =
+      std::find_if(chart.begin(), chart.end(), [&](const Series& s) { return s.name == name; });
+  if (it == chart.end()) it = chart.insert(chart.end(), Series{name, {}, {}});
+  it->x.push_back(x);
+  it->y.push_back(y);
 }
 
 void write_svg_chart(const std::string& path, const std::string& title, const std::string& x_label,

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -44,15 +45,27 @@ enum class CacheState { cold, warm };
 // Parses "cold" or "warm"; the error names `flag` and the legal values.
 CacheState parse_cache_state(const std::string& text, const std::string& flag);
 
-// Writes a benchmark's table as CSV: a header of column names, then one line per row (cells as
-// given, one per column). Throws dcp::Error (io) naming the path when it cannot be written.
-void write_csv(const std::string& path, const std::vector<std::string>& columns,
-               const std::vector<std::vector<std::string>>& rows);
+// A benchmark's table as CSV: the column names, then a line per row, each written as the
+// benchmark prints it (a long run that is stopped keeps what it measured). An empty path writes
+// nothing. Throws dcp::Error (io) naming the path when it cannot be written.
+class CsvFile {
+ public:
+  CsvFile(const std::string& path, const std::vector<std::string>& columns);
+  void row(const std::vector<std::string>& cells);  // one cell per column
+
+ private:
+  void line(const std::vector<std::string>& cells);
+  std::string path_;
+  std::size_t columns_;
+  std::ofstream out_;
+};
 
 struct Series {
   std::string name;
   std::vector<double> x, y;
 };
+// Appends (x, y) to the series called `name`, which is added to `chart` the first time.
+void add_point(std::vector<Series>& chart, const std::string& name, double x, double y);
 // Writes an SVG line chart (log-scale x when log_x), one polyline per series.
 void write_svg_chart(const std::string& path, const std::string& title, const std::string& x_label,
                      const std::string& y_label, const std::vector<Series>& series, bool log_x);

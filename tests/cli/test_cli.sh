@@ -137,6 +137,8 @@ check "one CSV line per operation" [ "$(wc -l <"$tmp/merge.csv")" -eq 8 ]
 check "bench merge writes its plot" grep -q "<polyline" "$tmp/merge.svg"
 expect 2 "bench merge rejects a bad cache state" -- bench merge --cache lukewarm
 check "bench merge names the flag" stderr_has "--cache 'lukewarm' is not a cache state"
+expect 1 "bench step with an unwritable CSV" -- bench step --preset tiny --contexts 64 --new-tokens 3 --csv /nonexistent-dir/step.csv
+check "says which file it cannot write" stderr_has "cannot write /nonexistent-dir/step.csv"
 # The PyTorch peer: a stand-in interpreter speaks the peer's protocol, so the columns are checked
 # without torch; interpreters that cannot import torch or fail are reported, not fatal.
 cat >"$tmp/fake_python" <<'FAKE'

@@ -20,13 +20,14 @@ std::string_view to_string(KernelPath k) noexcept {
 }
 
 KernelPath parse_kernel_path(std::string_view name) {
+  std::string legal;
   for (KernelPath k : {KernelPath::automatic, KernelPath::portable, KernelPath::avx2,
                        KernelPath::avx512, KernelPath::amx_bf16}) {
     if (name == to_string(k)) return k;
+    legal += (legal.empty() ? "" : ", ") + std::string(to_string(k));
   }
-  DCP_CHECK(false, invalid_argument, "kernel path '", name,
-            "' is not one of: automatic, portable, avx2, avx512, amx_bf16");
-  return KernelPath::automatic;
+  throw_error(ErrorCategory::invalid_argument,
+              str("kernel path '", name, "' is not one of: ", legal), __FILE__, __LINE__);
 }
 
 std::vector<KernelPath> available_kernel_paths() {
