@@ -177,7 +177,9 @@ class AmxKernel {
   // Vv[i][d] = the pair (V[2i][d], V[2i+1][d]), interleaved from the rows where they are.
   void load_tile(int b, const RowSet& rows, std::int64_t start, int n) {
     const bf16_t* pool = static_cast<const bf16_t*>(p_.kv);
-    for (int j = 0; j < n; ++j) row_[j] = pool + physical_row(p_, b, rows.at(start + j)) * width_;
+    std::int64_t phys[kMaxTileRows];
+    physical_rows(p_, b, rows, start, n, phys);
+    for (int j = 0; j < n; ++j) row_[j] = pool + phys[j] * width_;
     for (int j = n; j < tile_rows_; ++j) row_[j] = zero_row_.data();
     for (int rb = 0; rb < tile_rows_ / 16; ++rb) {
       const bf16_t* const* r = row_ + rb * 16;

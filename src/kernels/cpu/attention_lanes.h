@@ -103,13 +103,14 @@ class LaneKernel {
 
   // Row pointers for the tile; past n they point at a zero row, so score blocks never run short.
   void load_tile(int b, const RowSet& rows, std::int64_t start, int n) {
+    std::int64_t phys[kRows];
+    physical_rows(p_, b, rows, start, n, phys);
     for (int j = 0; j < n; ++j) {
-      const std::int64_t phys = physical_row(p_, b, rows.at(start + j));
       if (p_.kv_dtype == KvDtype::fp32) {
-        row_[j] = static_cast<const float*>(p_.kv) + phys * width_;
+        row_[j] = static_cast<const float*>(p_.kv) + phys[j] * width_;
       } else {
         float* dst = rows_buf_.data() + static_cast<std::size_t>(j) * width_;
-        S::widen_bf16_row(static_cast<const bf16_t*>(p_.kv) + phys * width_, dst, width_);
+        S::widen_bf16_row(static_cast<const bf16_t*>(p_.kv) + phys[j] * width_, dst, width_);
         row_[j] = dst;
       }
     }
@@ -121,10 +122,10 @@ class LaneKernel {
     const std::int64_t bytes = static_cast<std::int64_t>(width_) * dtype_size(p_.kv_dtype);
     const int n = static_cast<int>(std::clamp<std::int64_t>(last - start, 0, kRows));
     prefetch_.restart(n);
-    for (int j = 0; j < n; ++j) {
-      prefetch_.set_row(
-          j, static_cast<const char*>(p_.kv) + physical_row(p_, b, rows.at(start + j)) * bytes);
-    }
+    std::int64_t phys[kRows];
+    physical_rows(p_, b, rows, start, n, phys);
+    for (int j = 0; j < n; ++j)
+      prefetch_.set_row(j, static_cast<const char*>(p_.kv) + phys[j] * bytes);
   }
 
   // With up to 32 heads a tile takes about as long to read as to compute, and the score pass

@@ -130,7 +130,9 @@ class RowKernel {
 
   void load_tile(int b, const RowSet& rows, std::int64_t start, int n) {
     const auto* kv = static_cast<const Kv*>(p_.kv);
-    for (int j = 0; j < n; ++j) row_[j] = kv + physical_row(p_, b, rows.at(start + j)) * width_;
+    std::int64_t phys[kRows];
+    physical_rows(p_, b, rows, start, n, phys);
+    for (int j = 0; j < n; ++j) row_[j] = kv + phys[j] * width_;
   }
 
   // The next tile's rows, which both passes prefetch a few lines at a time (tile_prefetch.h).
@@ -140,8 +142,9 @@ class RowKernel {
     const auto* kv = static_cast<const Kv*>(p_.kv);
     const int n = static_cast<int>(std::clamp<std::int64_t>(last - start, 0, kRows));
     prefetch_.restart(n);
-    for (int j = 0; j < n; ++j)
-      prefetch_.set_row(j, kv + physical_row(p_, b, rows.at(start + j)) * width_);
+    std::int64_t phys[kRows];
+    physical_rows(p_, b, rows, start, n, phys);
+    for (int j = 0; j < n; ++j) prefetch_.set_row(j, kv + phys[j] * width_);
   }
 
   // The share of a tile's prefetching done by the score pass. It asks between blocks of rows,

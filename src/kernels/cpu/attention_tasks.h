@@ -39,6 +39,28 @@ inline std::int64_t physical_row(const MlaAttentionParams& p, int b, std::int64_
       p.page_table[b * static_cast<std::int64_t>(p.page_table_stride) + local_row / p.page_size];
   return page * p.page_size + local_row % p.page_size;
 }
+
+// The physical rows of entries first .. first + n - 1 of `rows` into phys. A range walks its
+// pages with one division per call instead of one per row; a top-k list maps row by row.
+inline void physical_rows(const MlaAttentionParams& p, int b, const RowSet& rows,
+                          std::int64_t first, int n, std::int64_t* phys) {
+  if (rows.list || n <= 0) {
+    for (int j = 0; j < n; ++j) phys[j] = physical_row(p, b, rows.at(first + j));
+    return;
+  }
+  const std::int32_t* table = p.page_table + b * static_cast<std::int64_t>(p.page_table_stride);
+  const std::int64_t local = rows.base + first;
+  std::int64_t page = local / p.page_size, offset = local % p.page_size;
+  std::int64_t start = static_cast<std::int64_t>(table[page]) * p.page_size;
+  for (int j = 0;;) {
+    phys[j] = start + offset;
+    if (++j == n) return;
+    if (++offset == p.page_size) {  // the next row is on the request's next page
+      offset = 0;
+      start = static_cast<std::int64_t>(table[++page]) * p.page_size;
+    }
+  }
+}
 }  // namespace
 
 // Writes a task's (O, LSE) from the online-softmax state every kernel ends with: running max m,
