@@ -87,6 +87,15 @@ struct MergeBenchOptions {
 };
 void bench_merge(const MergeBenchOptions& o);
 
+// A Google Benchmark JSON file (bench/bench_kernels --benchmark_out=FILE) as a table, CSV and SVG:
+// the measure y (real_time or cpu_time in ms, or a user counter) against the argument x, a series
+// per benchmark family and combination of its other arguments.
+struct PlotBenchOptions {
+  std::string json, x, y = "real_time";
+  std::string csv, svg;
+};
+void bench_plot(const PlotBenchOptions& o);
+
 // One point of `dcp bench comm`: the DCP step's combine against raw collectives of its bytes.
 struct CommBenchRow {
   std::string comm, backend;

@@ -6,6 +6,7 @@
 //   dcp bench comm       the DCP step's collectives vs raw collectives of the same bytes
 //   dcp bench extend     time and DCP bytes per extend (prefill chunk over a cached prefix),
 //                        gather path vs DCP-native path, against prefix length.
+//   dcp bench plot       a table, CSV and SVG plot of the Google Benchmark binaries' JSON
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -210,6 +211,21 @@ void add_bench_command(CLI::App& app) {
                       "prefix tokens (0 plotted at 1)", "ms", {gather, native}, true);
     }
   });
+
+  auto po = std::make_shared<PlotBenchOptions>();
+  CLI::App* plot = bench->add_subcommand(
+      "plot",
+      "Table, CSV and SVG plot of a Google Benchmark JSON file (bench/bench_kernels "
+      "--benchmark_out=FILE --benchmark_out_format=json)");
+  plot->add_option("--json", po->json, "the Google Benchmark JSON file")->required();
+  plot->add_option("--x", po->x, "the benchmark argument on the x axis (e.g. heads, parts)")
+      ->required();
+  plot->add_option("--y", po->y,
+                   "the measure: real_time or cpu_time (ms), or a user counter (e.g. FLOP/s)")
+      ->capture_default_str();
+  plot->add_option("--csv", po->csv, "write the table as CSV");
+  plot->add_option("--svg", po->svg, "write the plot as SVG");
+  plot->callback([po] { bench_plot(*po); });
 }
 
 }  // namespace dcp::cli

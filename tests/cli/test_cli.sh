@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Command-line behaviour of `dcp`: exit codes, one-line errors naming the flag, JSON output.
-# Usage: test_cli.sh path/to/dcp
+# Usage: test_cli.sh path/to/dcp [path/to/bench_kernels]
 set -u
 dcp="$1"
+bench_kernels="${2:-}"  # the Google Benchmark binary, for `dcp bench plot` end to end
 passed=0
 failed=0
 
@@ -198,6 +199,42 @@ check "summary reports bytes moved" stdout_has "bytes received per decode rank"
 expect 2 "disaggregate 2 -> 4 is refused" -- run --disaggregate --prefill-dcp-size 2
 check "names both sizes" stderr_has "prefill DCP size 2 -> decode DCP size 4 is not supported"
 check "refused before any rank started" stderr_lines 1
+
+# bench plot: the Google Benchmark binary's JSON as a table, CSV and SVG.
+if [ -n "$bench_kernels" ]; then
+  # Two repetitions: the file then holds two runs per point plus aggregates, which are skipped.
+  "$bench_kernels" --benchmark_filter='BM_Merge' --benchmark_min_time=0.01 \
+    --benchmark_repetitions=2 --benchmark_out="$tmp/gb.json" --benchmark_out_format=json \
+    >/dev/null 2>&1
+  check "bench_kernels wrote its JSON" grep -q '"BM_Merge/parts:8/rows:2048"' "$tmp/gb.json"
+  expect 0 "bench plot of bench_kernels" -- bench plot --json "$tmp/gb.json" --x parts --y read_B/s --csv "$tmp/gb.csv" --svg "$tmp/gb.svg"
+  check "a row per parts" [ "$(grep -c '^BM_Merge rows=2048 ' /tmp/dcp_cli_out.$$)" -eq 3 ]
+  check "csv has a header and three rows" [ "$(wc -l <"$tmp/gb.csv")" -eq 4 ]
+  check "one series plotted" [ "$(grep -c "<polyline" "$tmp/gb.svg")" -eq 1 ]
+fi
+# A file written by hand: positional arguments, two families, and only aggregates (with
+# --benchmark_report_aggregates_only), of which the medians count.
+cat >"$tmp/agg.json" <<'JSON'
+{"benchmarks": [
+ {"name": "BM_A/8/1_median", "run_name": "BM_A/8/1", "run_type": "aggregate", "aggregate_name": "median", "real_time": 2000, "time_unit": "us"},
+ {"name": "BM_A/8/1_mean", "run_name": "BM_A/8/1", "run_type": "aggregate", "aggregate_name": "mean", "real_time": 5000, "time_unit": "us"},
+ {"name": "BM_A/16/1_median", "run_name": "BM_A/16/1", "run_type": "aggregate", "aggregate_name": "median", "real_time": 3, "time_unit": "ms"},
+ {"name": "BM_B/8/2_median", "run_name": "BM_B/8/2", "run_type": "aggregate", "aggregate_name": "median", "real_time": 7000000, "time_unit": "ns"}
+]}
+JSON
+expect 0 "bench plot of aggregates" -- bench plot --json "$tmp/agg.json" --x arg0 --csv "$tmp/agg.csv"
+check "the median, in ms" grep -q '^BM_A arg1=1,8,2$' "$tmp/agg.csv"
+check "ms values kept" grep -q '^BM_A arg1=1,16,3$' "$tmp/agg.csv"
+check "a series per family and other arguments" grep -q '^BM_B arg1=2,8,7$' "$tmp/agg.csv"
+expect 1 "bench plot of a missing file" -- bench plot --json "$tmp/none.json" --x parts
+check "names --json" stderr_has "--json $tmp/none.json: cannot open"
+echo '{"context": {}}' >"$tmp/nobench.json"
+expect 1 "bench plot of other JSON" -- bench plot --json "$tmp/nobench.json" --x parts
+check "says what is missing" stderr_has "no 'benchmarks' array"
+expect 2 "bench plot, unknown --x" -- bench plot --json "$tmp/agg.json" --x heads
+check "lists the arguments" stderr_has "--x heads is not an argument .*(arguments: arg0, arg1)"
+expect 2 "bench plot, unknown --y" -- bench plot --json "$tmp/agg.json" --x arg0 --y FLOP/s
+check "lists the measures" stderr_has "--y FLOP/s is not a measure .*(measures: real_time)"
 rm -rf "$tmp"
 
 rm -f /tmp/dcp_cli_out.$$ /tmp/dcp_cli_err.$$
