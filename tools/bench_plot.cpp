@@ -93,8 +93,10 @@ void bench_plot(const PlotBenchOptions& o) {
 
   // Plain runs; with --benchmark_report_aggregates_only there are none, and the medians stand in.
   std::vector<Run> runs;
+  // (A run that failed, SkipWithError, has no measures worth plotting.)
   for (const auto& entry : doc["benchmarks"]) {
-    if (entry.value("run_type", std::string("iteration")) == "iteration") {
+    if (entry.value("run_type", std::string("iteration")) == "iteration" &&
+        !entry.value("error_occurred", false)) {
       runs.push_back(parse_run(entry));
     }
   }

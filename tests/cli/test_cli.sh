@@ -222,6 +222,15 @@ cat >"$tmp/agg.json" <<'JSON'
  {"name": "BM_B/8/2_median", "run_name": "BM_B/8/2", "run_type": "aggregate", "aggregate_name": "median", "real_time": 7000000, "time_unit": "ns"}
 ]}
 JSON
+# A run that failed (SkipWithError) is left out.
+cat >"$tmp/err.json" <<'JSON'
+{"benchmarks": [
+ {"name": "BM_C/1", "run_name": "BM_C/1", "run_type": "iteration", "real_time": 4, "time_unit": "ms"},
+ {"name": "BM_C/2", "run_name": "BM_C/2", "run_type": "iteration", "error_occurred": true, "error_message": "no AMX", "real_time": 0, "time_unit": "ms"}
+]}
+JSON
+expect 0 "bench plot skips failed runs" -- bench plot --json "$tmp/err.json" --x arg0 --csv "$tmp/err.csv"
+check "only the run that worked" [ "$(wc -l <"$tmp/err.csv")" -eq 2 ]
 expect 0 "bench plot of aggregates" -- bench plot --json "$tmp/agg.json" --x arg0 --csv "$tmp/agg.csv"
 check "the median, in ms" grep -q '^BM_A arg1=1,8,2$' "$tmp/agg.csv"
 check "ms values kept" grep -q '^BM_A arg1=1,16,3$' "$tmp/agg.csv"
