@@ -119,13 +119,10 @@ class LaneKernel {
 
   // The next tile's rows, which the passes prefetch a few lines at a time (tile_prefetch.h).
   void next_tile(int b, const RowSet& rows, std::int64_t start, std::int64_t last) {
-    const std::int64_t bytes = static_cast<std::int64_t>(width_) * dtype_size(p_.kv_dtype);
     const int n = static_cast<int>(std::clamp<std::int64_t>(last - start, 0, kRows));
-    prefetch_.restart(n);
     std::int64_t phys[kRows];
     physical_rows(p_, b, rows, start, n, phys);
-    for (int j = 0; j < n; ++j)
-      prefetch_.set_row(j, static_cast<const char*>(p_.kv) + phys[j] * bytes);
+    prefetch_.restart(p_.kv, phys, n);
   }
 
   // With up to 32 heads a tile takes about as long to read as to compute, and the score pass

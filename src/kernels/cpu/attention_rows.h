@@ -139,12 +139,10 @@ class RowKernel {
   // With 4 heads a row takes about as long to compute as to read; without prefetching the two
   // did not overlap (4 heads ran at ~55% of the read bandwidth, 1 head at ~90%).
   void next_tile(int b, const RowSet& rows, std::int64_t start, std::int64_t last) {
-    const auto* kv = static_cast<const Kv*>(p_.kv);
     const int n = static_cast<int>(std::clamp<std::int64_t>(last - start, 0, kRows));
-    prefetch_.restart(n);
     std::int64_t phys[kRows];
     physical_rows(p_, b, rows, start, n, phys);
-    for (int j = 0; j < n; ++j) prefetch_.set_row(j, kv + phys[j] * width_);
+    prefetch_.restart(p_.kv, phys, n);
   }
 
   // The share of a tile's prefetching done by the score pass. It asks between blocks of rows,
@@ -152,7 +150,6 @@ class RowKernel {
   // measured 3-6% faster than its share of the FMAs, about half (A/B, cold cache, 32K rows, 1
   // and 4 heads, fp32 and bf16; 0.1 was slower than 0.3).
   static constexpr double kScoreShare = 0.25;
-  double score_share() const { return kScoreShare; }
 
   // scores_[h][j] = (q_h . k_j) * scale, then softcap; -inf past n. Blocks of rows, so each
   // row stays in L1 while every head reads it.
@@ -180,7 +177,7 @@ class RowKernel {
   template <int HB>
   void score_heads(const float* q, int h0, int n) {
     constexpr int R = kScoreRows<HB>;
-    const int pf = h0 == 0 ? prefetch_.lines_per_step(score_share(), n / R + n % R) : 0;
+    const int pf = h0 == 0 ? prefetch_.lines_per_step(kScoreShare, n / R + n % R) : 0;
     int j0 = 0;
     for (; j0 + R <= n; j0 += R) {
       score_block<R, HB>(q, h0, j0);
@@ -256,7 +253,7 @@ class RowKernel {
     constexpr int kDB = 4 * V;
     // The first head block of each column block prefetches the rest of the next tile, a few
     // lines per row.
-    const int pf = prefetch_.lines_per_step(1 - score_share(), dc_ / kDB * n);
+    const int pf = prefetch_.lines_per_step(1 - kScoreShare, dc_ / kDB * n);
     int d0 = 0;
     for (; d0 + kDB <= dc_; d0 += kDB) {
       int h0 = 0, first = pf;
