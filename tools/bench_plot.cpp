@@ -49,21 +49,23 @@ Run parse_run(const nlohmann::json& entry) {
 }
 
 // Seconds per time unit of Google Benchmark's "time_unit" field.
-double seconds_per(const std::string& unit) {
+double seconds_per(const std::string& unit, const std::string& path) {
   if (unit == "ns") return 1e-9;
   if (unit == "us") return 1e-6;
   if (unit == "ms") return 1e-3;
   if (unit == "s") return 1.0;
-  throw_error(ErrorCategory::io, str("unknown time_unit '", unit, "'"), __FILE__, __LINE__);
+  throw_error(ErrorCategory::io, str("--json ", path, ": unknown time_unit '", unit, "'"), __FILE__,
+              __LINE__);
 }
 
 // The measure y of an entry: times in milliseconds, counters as written.
-bool measure(const nlohmann::json& entry, const std::string& y, double& value) {
+bool measure(const nlohmann::json& entry, const std::string& y, const std::string& path,
+             double& value) {
   const auto it = entry.find(y);
   if (it == entry.end() || !it->is_number()) return false;
   value = it->get<double>();
   if (y == "real_time" || y == "cpu_time") {
-    value *= seconds_per(entry.value("time_unit", std::string("ns"))) * 1e3;
+    value *= seconds_per(entry.value("time_unit", std::string("ns")), path) * 1e3;
   }
   return true;
 }
@@ -137,7 +139,7 @@ void bench_plot(const PlotBenchOptions& o) {
       }
     }
     double y = 0;
-    if (!has_x || !measure(*run.entry, o.y, y)) continue;
+    if (!has_x || !measure(*run.entry, o.y, o.json, y)) continue;
     if (!points.count(label)) order.push_back(label);
     points[label][x].push_back(y);
   }

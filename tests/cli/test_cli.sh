@@ -235,6 +235,9 @@ expect 0 "bench plot of aggregates" -- bench plot --json "$tmp/agg.json" --x arg
 check "the median, in ms" grep -q '^BM_A arg1=1,8,2$' "$tmp/agg.csv"
 check "ms values kept" grep -q '^BM_A arg1=1,16,3$' "$tmp/agg.csv"
 check "a series per family and other arguments" grep -q '^BM_B arg1=2,8,7$' "$tmp/agg.csv"
+echo '{"benchmarks": [{"name": "BM_D/1", "real_time": 1, "time_unit": "fortnights"}]}' >"$tmp/unit.json"
+expect 1 "bench plot, unknown time unit" -- bench plot --json "$tmp/unit.json" --x arg0
+check "names the file and the unit" stderr_has "--json $tmp/unit.json: unknown time_unit 'fortnights'"
 expect 1 "bench plot of a missing file" -- bench plot --json "$tmp/none.json" --x parts
 check "names --json" stderr_has "--json $tmp/none.json: cannot open"
 echo '{"context": {}}' >"$tmp/nobench.json"
