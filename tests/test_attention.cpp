@@ -259,8 +259,9 @@ TEST(Attention, BlockedQueryLayoutIsReadInPlace) {
 
 TEST(Attention, BlockedOutputLayoutWritesEachBlockInPlace) {
   // out_head_block: the outputs in per-destination blocks [T, H, D_c] + [T, H] at a stride, as
-  // the a2a combine sends them. Every path, with split-KV threads (parts merged per block) and
-  // without; padding between blocks must stay untouched.
+  // the combines send them: the a2a chunk [O | LSE] (lse_block_stride 0), or ag_rs's O blocks
+  // with the LSE blocks apart at their own stride. Every path, with split-KV threads (parts
+  // merged per block) and without; padding between blocks must stay untouched.
   auto rng = test::make_rng();
   test::ContextSpec spec;
   spec.heads = 12;
@@ -268,6 +269,8 @@ TEST(Attention, BlockedOutputLayoutWritesEachBlockInPlace) {
   spec.rope_dim = 5;
   spec.lengths = {9000, 40};  // long enough that 4 threads split the KV range
   spec.q_lens = {1, 2};
+  const float sentinel = 12345.0f;
+  const int pad = 5;
   for (const KvDtype dtype : {KvDtype::fp32, KvDtype::bf16}) {
     auto in = test::random_context(spec, dtype, rng);
     apply_variant(Variant::sinks, in, rng);
@@ -277,35 +280,49 @@ TEST(Attention, BlockedOutputLayoutWritesEachBlockInPlace) {
     const std::int64_t tokens = num_query_tokens(p);
     const int heads = p.num_heads, dc = p.kv_lora_rank;
     for (const int block : {1, 3, 4, 12}) {
-      const std::int64_t rows = tokens * block, stride = rows * (dc + 1) + 5;
-      const float sentinel = 12345.0f;
-      for (KernelPath kernel : available_kernel_paths()) {
-        for (int threads : {1, 4}) {
-          std::vector<float> buf(static_cast<std::size_t>(stride * (heads / block)), sentinel);
-          MlaAttentionParams pb = p;
-          pb.kernel = kernel;
-          pb.num_threads = threads;
-          pb.out = buf.data();
-          pb.lse = buf.data() + rows * dc;
-          pb.out_head_block = block;
-          pb.out_block_stride = stride;
-          mla_attention(pb);
-          RankOutput got;  // back to the plain layout
-          got.out.resize(static_cast<std::size_t>(tokens) * heads * dc);
-          got.lse.resize(static_cast<std::size_t>(tokens) * heads);
-          for (std::int64_t t = 0; t < tokens; ++t) {
-            for (int h = 0; h < heads; ++h) {
-              const std::int64_t at = (h / block) * stride, i = t * block + h % block;
-              std::copy_n(buf.data() + at + i * dc, dc, got.out.data() + (t * heads + h) * dc);
-              got.lse[t * heads + h] = buf[at + rows * dc + i];
+      const int blocks = heads / block;
+      const std::int64_t rows = tokens * block;
+      for (const bool lse_apart : {false, true}) {
+        // a2a: chunk k = [O rows*dc | LSE rows | pad]; ag_rs: O blocks [rows*dc | pad] and
+        // LSE blocks [rows | pad] in a buffer of their own.
+        const std::int64_t stride = lse_apart ? rows * dc + pad : rows * (dc + 1) + pad;
+        const std::int64_t lse_stride = lse_apart ? rows + pad : stride;
+        for (KernelPath kernel : available_kernel_paths()) {
+          for (int threads : {1, 4}) {
+            std::vector<float> buf(static_cast<std::size_t>(stride * blocks), sentinel);
+            std::vector<float> lse_buf(static_cast<std::size_t>(lse_stride * blocks), sentinel);
+            MlaAttentionParams pb = p;
+            pb.kernel = kernel;
+            pb.num_threads = threads;
+            pb.out = buf.data();
+            pb.lse = lse_apart ? lse_buf.data() : buf.data() + rows * dc;
+            pb.out_head_block = block;
+            pb.out_block_stride = stride;
+            pb.lse_block_stride = lse_apart ? lse_stride : 0;
+            mla_attention(pb);
+            RankOutput got;  // back to the plain layout
+            got.out.resize(static_cast<std::size_t>(tokens) * heads * dc);
+            got.lse.resize(static_cast<std::size_t>(tokens) * heads);
+            for (std::int64_t t = 0; t < tokens; ++t) {
+              for (int h = 0; h < heads; ++h) {
+                const std::int64_t k = h / block, i = t * block + h % block;
+                std::copy_n(buf.data() + k * stride + i * dc, dc,
+                            got.out.data() + (t * heads + h) * dc);
+                got.lse[t * heads + h] = pb.lse[k * lse_stride + i];
+              }
             }
-          }
-          const std::string what = std::string(to_string(kernel)) + " threads " +
-                                   std::to_string(threads) + " block " + std::to_string(block);
-          EXPECT_TRUE(matches_reference(got, expect, what));
-          for (int k = 0; k < heads / block; ++k) {
-            for (int e = 0; e < 5; ++e)
-              EXPECT_EQ(buf[k * stride + rows * (dc + 1) + e], sentinel) << what;
+            const std::string what = std::string(to_string(kernel)) + " threads " +
+                                     std::to_string(threads) + " block " + std::to_string(block) +
+                                     (lse_apart ? " lse apart" : "");
+            EXPECT_TRUE(matches_reference(got, expect, what));
+            for (int k = 0; k < blocks; ++k) {
+              for (int e = 0; e < pad; ++e) {
+                EXPECT_EQ(buf[k * stride + stride - pad + e], sentinel) << what;
+                if (lse_apart) {
+                  EXPECT_EQ(lse_buf[k * lse_stride + rows + e], sentinel) << what;
+                }
+              }
+            }
           }
         }
       }
@@ -589,6 +606,11 @@ TEST_F(AttentionValidation, RejectsBadShapesAndRanges) {
   p.out_head_block = 1;
   p.out_block_stride = 1;
   expect_rejected(p, "out_block_stride");
+  p.out_block_stride = num_query_tokens(p) * p.kv_lora_rank;
+  p.lse_block_stride = num_query_tokens(p) - 1;
+  expect_rejected(p, "lse_block_stride");
+  p.lse_block_stride = -1;
+  expect_rejected(p, "lse_block_stride");
   p = params_;
   p.topk_k = 2;
   expect_rejected(p, "topk must not be null");

@@ -143,6 +143,15 @@ TEST(Merge, WeightedSumOnEveryPathMatchesFloat64) {
               << to_string(path) << " k " << k << " dim " << dim << " d " << d;
         }
         for (int d = dim; d < dim + 3; ++d) ASSERT_EQ(out[d], 777.0f) << "wrote past dim " << dim;
+        if (k == 0) continue;
+        // In place (ag_rs's rescale): out is part 0 itself, and the sums are the same.
+        std::vector<float> in_place = data[0];
+        std::vector<const float*> aliased = parts;
+        aliased[0] = in_place.data();
+        weighted_sum(aliased.data(), w.data(), k, dim, in_place.data(), path);
+        for (int d = 0; d < dim; ++d) {
+          ASSERT_EQ(in_place[d], out[d]) << to_string(path) << " in place, k " << k << " d " << d;
+        }
       }
     }
   }

@@ -73,10 +73,13 @@ struct MlaAttentionParams {
   float* lse = nullptr;  // [T, Hq] fp32 natural log; -inf where no row is visible
   // > 0: the outputs are in blocks of out_head_block heads instead, block k holding
   // [T, out_head_block, D_c] at out + k * out_block_stride and [T, out_head_block] at
-  // lse + k * out_block_stride (floats): one block per destination of a DCP all-to-all, so the
-  // kernel's output is the send buffer. Must divide num_heads; the stride must hold a block's O.
+  // lse + k * lse_block_stride (floats): one block per destination of a DCP collective, so the
+  // kernel's output is the send buffer. Must divide num_heads; the strides must hold a block.
+  // lse_block_stride = 0 uses out_block_stride (an all-to-all chunk [O | LSE] per destination);
+  // ag_rs keeps its LSEs apart, T * out_head_block floats per block, for their all-gather.
   int out_head_block = 0;
   std::int64_t out_block_stride = 0;
+  std::int64_t lse_block_stride = 0;
 };
 
 // Total query tokens T = q_start[num_requests] (after validation).

@@ -5,7 +5,9 @@
 //   replicated Q: q [T, N*H_loc, W] computed locally (no collective)
 //   local MLA attention over this rank's KV shard for all N*H_loc heads -> O_r, LSE_r
 //   combine, heads return to their TP owner:
-//     ag_rs: AllGather LSE, global LSE, rescale O_r by exp(LSE_r - LSE), ReduceScatter by head
+//     ag_rs: the kernel writes O_r by destination head block (out_head_block = H_loc) and LSE_r
+//            beside it; AllGather LSE, global LSE, rescale O_r in place by exp(LSE_r - LSE),
+//            ReduceScatter by head
 //     a2a:   the kernel writes O_r and LSE_r by destination head block straight into the send
 //            buffer (out_head_block = H_loc), one packed All-to-All, local merge
 //   -> out [T, H_loc, D_c], lse [T, H_loc]: exactly attention without DCP.
@@ -71,8 +73,8 @@ class DcpAttention {
   DcpAttentionOptions options_;
   DcpStepTimings timings_;
   // Buffers reused across forwards.
-  std::vector<float> q_gathered_, o_local_, lse_local_, lse_all_, lse_global_, send_, recv_;
-  // (o_local_ serves ag_rs; a2a's kernel output is send_ itself.)
+  // Both backends have the kernel write its O into send_, laid out by destination.
+  std::vector<float> q_gathered_, lse_local_, lse_all_, lse_global_, send_, recv_;
 };
 
 }  // namespace dcp

@@ -99,11 +99,16 @@ void DcpAttention::forward(const float* q, const MlaAttentionParams& shard, cons
     p.out_head_block = h_loc;
     p.out_block_stride = static_cast<std::int64_t>(chunk);
   } else {
-    o_local_.resize(static_cast<std::size_t>(tokens) * heads * dc);
-    lse_local_.resize(static_cast<std::size_t>(tokens) * heads);
-    p.out = o_local_.data();
+    // ag_rs: O straight into the reduce-scatter's layout [N, T, H_loc, D_c], and the LSEs in the
+    // same order [N, T, H_loc] in a buffer of their own, all-gathered before the rescale.
+    const std::int64_t rows = tokens * h_loc;
+    send_.resize(static_cast<std::size_t>(rows * dc) * n);
+    lse_local_.resize(static_cast<std::size_t>(rows) * n);
+    p.out = send_.data();
     p.lse = lse_local_.data();
-    p.out_head_block = 0;
+    p.out_head_block = h_loc;
+    p.out_block_stride = rows * dc;
+    p.lse_block_stride = rows;
   }
   t0 = Clock::now();
   mla_attention(p);
@@ -120,42 +125,34 @@ void DcpAttention::forward(const float* q, const MlaAttentionParams& shard, cons
 void DcpAttention::combine_ag_rs(std::int64_t tokens, int dc, float* out, float* lse) {
   const int n = group_.size();
   const int r = group_.rank();
-  const int h_loc = options_.local_heads;
-  const int heads = n * h_loc;
-  const std::size_t rows = static_cast<std::size_t>(tokens) * heads;
+  const std::size_t rows = static_cast<std::size_t>(tokens) * options_.local_heads * n;
   auto t0 = Clock::now();
   lse_all_.resize(rows * n);
   group_.all_gather(lse_local_.data(), lse_all_.data(), rows * sizeof(float));
   timings_.comm_ms += ms_since(t0);
 
   t0 = Clock::now();
+  // Every rank holds its rows in the same order (destination, token, head), so the global LSE
+  // is row by row. Rescale O_r by exp(L_r - L) in place: send_ is the kernel's output.
   lse_global_.resize(rows);
   global_lse(lse_all_.data(), n, static_cast<std::int64_t>(rows), LseBase::e, lse_global_.data());
-  // Rescale O_r by exp(L_r - L) and lay it out by destination: [N, T, H_loc, D_c].
-  const std::size_t block = static_cast<std::size_t>(tokens) * h_loc * dc;
-  send_.resize(block * n);
-  for (std::int64_t t = 0; t < tokens; ++t) {
-    for (int g = 0; g < heads; ++g) {
-      const std::size_t row = static_cast<std::size_t>(t) * heads + g;
-      const float l_r = lse_to_natural(lse_local_[row], LseBase::e);
-      const float l = lse_global_[row];
-      const float w = (l_r == kNegInf || l == kNegInf) ? 0.0f : std::exp(l_r - l);
-      const float* src = o_local_.data() + row * dc;
-      float* dst = send_.data() + (g / h_loc) * block +
-                   (static_cast<std::size_t>(t) * h_loc + g % h_loc) * dc;
-      // dst = w * src, or zeros for an empty shard (whose O may be anything): a sum of 1 or 0.
-      weighted_sum(&src, &w, w == 0.0f ? 0 : 1, dc, dst);
-    }
+  for (std::size_t row = 0; row < rows; ++row) {
+    const float l_r = lse_local_[row], l = lse_global_[row];
+    const float w = (l_r == kNegInf || l == kNegInf) ? 0.0f : std::exp(l_r - l);
+    float* o = send_.data() + row * dc;
+    // o = w * o, or zeros for an empty shard (whose O may be anything): a sum of 1 or 0 parts.
+    const float* src = o;
+    weighted_sum(&src, &w, w == 0.0f ? 0 : 1, dc, o);
   }
   timings_.other_ms += ms_since(t0);
 
   t0 = Clock::now();
+  const std::size_t block = rows / n * dc;
   group_.reduce_scatter(send_.data(), out, block, ScalarType::f32, ReduceOp::sum);
   timings_.comm_ms += ms_since(t0);
-  if (lse) {
-    for (std::int64_t t = 0; t < tokens; ++t) {
-      for (int h = 0; h < h_loc; ++h) lse[t * h_loc + h] = lse_global_[t * heads + r * h_loc + h];
-    }
+  if (lse) {  // this rank's block of the global LSEs is [T, H_loc] already
+    const float* mine = lse_global_.data() + rows / n * r;
+    std::copy(mine, mine + rows / n, lse);
   }
 }
 

@@ -61,6 +61,10 @@ void validate(const MlaAttentionParams& p) {
       p.out_head_block == 0 || p.out_block_stride >= tokens * p.out_head_block * p.kv_lora_rank,
       "out_block_stride = ", p.out_block_stride, " must hold a block's output (T * ",
       "out_head_block * kv_lora_rank = ", tokens * p.out_head_block * p.kv_lora_rank, ")");
+  DCP_ARG_CHECK(p.lse_block_stride == 0 || p.lse_block_stride >= tokens * p.out_head_block,
+                "lse_block_stride = ", p.lse_block_stride,
+                " must be 0 (the LSEs follow out_block_stride) or hold a block's LSEs (T * ",
+                "out_head_block = ", tokens * p.out_head_block, ")");
   DCP_ARG_CHECK(p.q_head_block >= 0 && (p.q_head_block == 0 || p.num_heads % p.q_head_block == 0),
                 "q_head_block = ", p.q_head_block, " must be 0 (plain [T, Hq, W] query) or divide ",
                 "num_heads = ", p.num_heads);
@@ -203,7 +207,7 @@ void write_task_state(const MlaAttentionParams& p, const Task& task, const float
   const int heads = p.num_heads, dc = p.kv_lora_rank, hb = task.head_block;
   for (int h0 = 0; h0 < heads; h0 += hb) {
     float* out = task.out + (h0 / hb) * task.block_stride;
-    float* lse = task.lse + (h0 / hb) * task.block_stride;
+    float* lse = task.lse + (h0 / hb) * task.lse_block_stride;
     for (int i = 0; i < hb; ++i) {
       const int h = h0 + i;
       float* o = out + static_cast<std::size_t>(i) * dc;
@@ -232,6 +236,11 @@ namespace {
 
 using kernels::RowSet;
 using kernels::Task;
+
+// Floats between the LSE blocks of a blocked output (0 in the params: those of O).
+std::int64_t lse_block_stride(const MlaAttentionParams& p) {
+  return p.lse_block_stride > 0 ? p.lse_block_stride : p.out_block_stride;
+}
 
 // Visible rows of one query token: a range (positions grow with the local row), or for top-k a
 // list of owned local rows appended to `lists`.
@@ -348,6 +357,7 @@ void mla_attention(const MlaAttentionParams& p) {
         task.lse = p.lse + t * out_block;
         task.head_block = out_block;
         task.block_stride = p.out_block_stride;
+        task.lse_block_stride = lse_block_stride(p);
       }
       if (task.first == task.last) {
         kernels::write_task_state(p, task, nullptr, 0, no_rows.data(), no_rows.data());
@@ -371,12 +381,13 @@ void mla_attention(const MlaAttentionParams& p) {
   if (splits > 1) {  // the parts of each token and output block into their place
     for (std::int64_t t = 0; t < tokens; ++t) {
       for (int h0 = 0; h0 < heads; h0 += out_block) {
-        const std::int64_t row = t * heads + h0, at = (h0 / out_block) * p.out_block_stride;
+        const std::int64_t row = t * heads + h0, block = h0 / out_block;
         merge_attention_states(part_out.data() + row * dc,
                                static_cast<std::int64_t>(tokens) * heads * dc,
                                part_lse.data() + row, static_cast<std::int64_t>(tokens) * heads,
                                static_cast<int>(splits), out_block, dc, LseBase::e,
-                               p.out + at + t * out_block * dc, p.lse + at + t * out_block);
+                               p.out + block * p.out_block_stride + t * out_block * dc,
+                               p.lse + block * lse_block_stride(p) + t * out_block);
       }
     }
   }

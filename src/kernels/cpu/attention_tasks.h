@@ -23,11 +23,12 @@ struct Task {
   int b = 0;           // request
   std::int64_t t = 0;  // query token
   RowSet rows;
-  std::int64_t first = 0, last = 0;  // the part of `rows` this task covers
-  float* out = nullptr;              // [Hq, D_c] (heads of block k at + k * block_stride)
-  float* lse = nullptr;              // [Hq] natural log (likewise)
-  int head_block = 0;                // heads per output block (Hq: one block)
-  std::int64_t block_stride = 0;     // floats between output blocks
+  std::int64_t first = 0, last = 0;   // the part of `rows` this task covers
+  float* out = nullptr;               // [Hq, D_c] (heads of block k at + k * block_stride)
+  float* lse = nullptr;               // [Hq] natural log (likewise)
+  int head_block = 0;                 // heads per output block (Hq: one block)
+  std::int64_t block_stride = 0;      // floats between output blocks
+  std::int64_t lse_block_stride = 0;  // floats between LSE blocks
   bool add_sinks = false;
 };
 
