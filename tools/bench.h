@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cli_checks.h"  // parse_list
 #include "dcp/comm.h"
 
 namespace dcp::cli {
@@ -13,7 +14,6 @@ namespace dcp::cli {
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0);
 double median(std::vector<double> x);
-std::vector<std::int64_t> parse_list(const std::string& text, const char* flag);
 // Cheap deterministic fill (the values only need to be varied and finite).
 void fill(float* x, std::size_t n, std::uint64_t seed);
 

@@ -18,6 +18,7 @@
 
 #include "bench.h"
 #include "bench_util.h"
+#include "cli_checks.h"
 #include "commands.h"
 #include "dcp/comm_mpi.h"
 #include "dcp/comm_threads.h"
@@ -32,16 +33,25 @@ void add_bench_command(CLI::App& app) {
   auto ao = std::make_shared<AttentionBenchOptions>();
   CLI::App* att = bench->add_subcommand(
       "attention", "Local MLA decode attention vs sgemm / read ceilings and a two-GEMM peer");
-  att->add_option("--contexts", ao->contexts, "rank-local context lengths")->capture_default_str();
-  att->add_option("--heads", ao->heads, "query heads")->capture_default_str();
-  att->add_option("--batches", ao->batches, "requests per call")->capture_default_str();
+  att->add_option("--contexts", ao->contexts, "rank-local context lengths")
+      ->check(list_at_least(1))
+      ->capture_default_str();
+  att->add_option("--heads", ao->heads, "query heads")
+      ->check(list_at_least(1))
+      ->capture_default_str();
+  att->add_option("--batches", ao->batches, "requests per call")
+      ->check(list_at_least(1))
+      ->capture_default_str();
   att->add_option("--dtypes", ao->dtypes,
                   "KV dtypes on the fastest exact path (fp32, bf16), or bf16-amx: bf16 KV on the "
                   "opt-in AMX path")
+      ->check(list_of({"fp32", "bf16", "bf16-amx"}))
       ->capture_default_str();
   att->add_option("--threads", ao->threads, "threads (kernel split-KV and BLAS alike)")
+      ->check(at_least(1))
       ->capture_default_str();
   att->add_option("--repeats", ao->repeats, "timed calls per point (median)")
+      ->check(at_least(1))
       ->capture_default_str();
   att->add_option("--torch-python", ao->torch_python,
                   "Python that runs the PyTorch peer (Debian's python3-torch lives under "
@@ -50,6 +60,7 @@ void add_bench_command(CLI::App& app) {
   att->add_option("--cache", ao->cache,
                   "cold: read a buffer twice the last-level cache before every timed call (decode "
                   "reads each layer's KV once per step); warm: repeat calls on warm caches")
+      ->check(one_of({"cold", "warm"}))
       ->capture_default_str();
   att->add_option("--csv", ao->csv, "write the table as CSV");
   att->add_option("--svg", ao->svg, "write a plot (GFLOP/s vs heads) as SVG");
@@ -58,10 +69,13 @@ void add_bench_command(CLI::App& app) {
   auto mo = std::make_shared<MergeBenchOptions>();
   CLI::App* mg =
       bench->add_subcommand("merge", "LSE merge and KV write/gather against the read ceiling");
-  mg->add_option("--repeats", mo->repeats, "timed calls per point (median)")->capture_default_str();
+  mg->add_option("--repeats", mo->repeats, "timed calls per point (median)")
+      ->check(at_least(1))
+      ->capture_default_str();
   mg->add_option("--cache", mo->cache,
                  "cold: flush the caches before every timed call; warm: repeat calls on warm "
                  "caches")
+      ->check(one_of({"cold", "warm"}))
       ->capture_default_str();
   mg->add_option("--csv", mo->csv, "write the table as CSV");
   mg->add_option("--svg", mo->svg, "write a plot (merge GB/s vs parts, read ceiling) as SVG");
@@ -78,11 +92,19 @@ void add_bench_command(CLI::App& app) {
   CLI::App* cm = bench->add_subcommand(
       "comm", "The DCP step's collectives (empty shard) vs raw collectives of the same bytes");
   cm->add_option("--comm", co->comm, "threads or mpi (under mpirun: the world's size is N)")
+      ->check(one_of({"threads", "mpi"}))
       ->capture_default_str();
-  cm->add_option("--ranks", co->ranks, "DCP sizes to run as threads")->capture_default_str();
-  cm->add_option("--heads-per-rank", co->heads_per_rank, "H_loc")->capture_default_str();
-  cm->add_option("--tokens", co->tokens, "query tokens per step (batch)")->capture_default_str();
+  cm->add_option("--ranks", co->ranks, "DCP sizes to run as threads")
+      ->check(list_at_least(1))
+      ->capture_default_str();
+  cm->add_option("--heads-per-rank", co->heads_per_rank, "H_loc")
+      ->check(at_least(1))
+      ->capture_default_str();
+  cm->add_option("--tokens", co->tokens, "query tokens per step (batch)")
+      ->check(list_at_least(1))
+      ->capture_default_str();
   cm->add_option("--repeats", co->repeats, "timed steps (median, slowest rank)")
+      ->check(at_least(1))
       ->capture_default_str();
   cm->add_option("--csv", co->csv, "write the table as CSV (rank 0)");
   cm->add_option("--svg", co->svg, "write a plot (ratio vs tokens) as SVG (rank 0)");
@@ -122,16 +144,24 @@ void add_bench_command(CLI::App& app) {
       "engine",
       "Decode throughput vs concurrency at a fixed per-rank KV budget: TP only vs TP + DCP");
   en->add_option("--preset", eo->preset, "model geometry")->capture_default_str();
-  en->add_option("--num-layers", eo->num_layers, "layers")->capture_default_str();
-  en->add_option("--ranks", eo->ranks, "TP size (ranks as threads); DCP 1 vs DCP = ranks")
+  en->add_option("--num-layers", eo->num_layers, "layers")
+      ->check(at_least(1))
       ->capture_default_str();
-  en->add_option("--context", eo->context, "prompt tokens per request")->capture_default_str();
+  en->add_option("--ranks", eo->ranks, "TP size (ranks as threads); DCP 1 vs DCP = ranks")
+      ->check(at_least(1))
+      ->capture_default_str();
+  en->add_option("--context", eo->context, "prompt tokens per request")
+      ->check(at_least(1))
+      ->capture_default_str();
   en->add_option("--new-tokens", eo->new_tokens, "tokens generated per request")
+      ->check(at_least(2))
       ->capture_default_str();
   en->add_option("--kv-budget-mib", eo->kv_budget_mib,
                  "KV memory per rank (MiB), the same for both")
+      ->check(positive())
       ->capture_default_str();
   en->add_option("--concurrency", eo->concurrency, "requests submitted at once")
+      ->check(list_at_least(1))
       ->capture_default_str();
   en->add_option("--csv", eo->csv, "write the table as CSV");
   en->add_option("--svg", eo->svg, "write a plot (tokens/s vs concurrency) as SVG");
@@ -150,14 +180,23 @@ void add_bench_command(CLI::App& app) {
   CLI::App* st = bench->add_subcommand(
       "step", "Decode step vs context: attention / DCP comm / other, beside dcp plan");
   st->add_option("--preset", so->preset, "model geometry")->capture_default_str();
-  st->add_option("--num-layers", so->num_layers, "layers")->capture_default_str();
-  st->add_option("--ranks", so->ranks, "TP size (ranks as threads); DCP 1 and this")
+  st->add_option("--num-layers", so->num_layers, "layers")
+      ->check(at_least(1))
       ->capture_default_str();
-  st->add_option("--dcp-comm-backend", so->backend, "ag_rs or a2a")->capture_default_str();
-  st->add_option("--batch", so->batch, "requests decoded together")->capture_default_str();
+  st->add_option("--ranks", so->ranks, "TP size (ranks as threads); DCP 1 and this")
+      ->check(at_least(1))
+      ->capture_default_str();
+  st->add_option("--dcp-comm-backend", so->backend, "ag_rs or a2a")
+      ->check(one_of({"ag_rs", "a2a"}))
+      ->capture_default_str();
+  st->add_option("--batch", so->batch, "requests decoded together")
+      ->check(at_least(1))
+      ->capture_default_str();
   st->add_option("--contexts", so->contexts, "comma-separated prompt lengths")
+      ->check(list_at_least(1))
       ->capture_default_str();
   st->add_option("--new-tokens", so->new_tokens, "tokens generated per request")
+      ->check(at_least(2))
       ->capture_default_str();
   st->add_option("--hardware", so->hardware, "dcp plan hardware preset to compare with")
       ->capture_default_str();
@@ -169,13 +208,20 @@ void add_bench_command(CLI::App& app) {
   CLI::App* ext = bench->add_subcommand(
       "extend", "Extend (prefill chunk over a cached prefix): gather vs DCP-native");
   ext->add_option("--preset", o->preset, "model geometry")->capture_default_str();
-  ext->add_option("--num-layers", o->num_layers, "layers")->capture_default_str();
-  ext->add_option("--dcp-size", o->dcp_size, "DCP size (= TP size; ranks as threads)")
+  ext->add_option("--num-layers", o->num_layers, "layers")
+      ->check(at_least(1))
       ->capture_default_str();
-  ext->add_option("--chunk", o->chunk, "tokens per extend")->capture_default_str();
+  ext->add_option("--dcp-size", o->dcp_size, "DCP size (= TP size; ranks as threads)")
+      ->check(at_least(1))
+      ->capture_default_str();
+  ext->add_option("--chunk", o->chunk, "tokens per extend")
+      ->check(at_least(1))
+      ->capture_default_str();
   ext->add_option("--prefix-lens", o->prefix_lens, "comma-separated prefix lengths")
+      ->check(list_at_least(0))
       ->capture_default_str();
   ext->add_option("--repeats", o->repeats, "timed extends per point (median reported)")
+      ->check(at_least(1))
       ->capture_default_str();
   ext->add_option("--csv", o->csv, "also write the table as CSV");
   ext->add_option("--svg", o->svg, "write a plot (gather and native ms vs prefix) as SVG");

@@ -8,7 +8,6 @@
 #include <functional>
 #include <memory>
 #include <random>
-#include <sstream>
 
 #include "bench.h"
 #include "bench_util.h"
@@ -23,22 +22,6 @@
 #include "dcp/weights.h"
 
 namespace dcp::cli {
-
-std::vector<std::int64_t> parse_list(const std::string& text, const char* flag) {
-  std::vector<std::int64_t> v;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    try {
-      v.push_back(std::stoll(item));
-    } catch (const std::exception&) {
-      throw Error(ErrorCategory::invalid_argument, str(flag, ": '", item, "' is not an integer"));
-    }
-    DCP_ARG_CHECK(v.back() >= 0, flag, ": ", v.back(), " must be >= 0");
-  }
-  DCP_ARG_CHECK(!v.empty(), flag, " is empty");
-  return v;
-}
 
 double median(std::vector<double> x) {
   std::sort(x.begin(), x.end());

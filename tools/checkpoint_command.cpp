@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "cli_checks.h"
 #include "commands.h"
 #include "dcp/weights.h"
 
@@ -21,11 +22,15 @@ void add_gen_checkpoint_command(CLI::App& app) {
   cmd->add_option("--preset", o->preset, "geometry: tiny, deepseek-v3, kimi-k3")
       ->capture_default_str();
   cmd->add_option("--out", o->out, "output directory")->required();
-  cmd->add_option("--dtype", o->dtype, "tensor dtype: BF16, F16, F32")->capture_default_str();
-  cmd->add_option("--num-layers", o->num_layers, "layers (default: the preset's)");
-  cmd->add_option("--num-files", o->num_files, "safetensors files (> 1 writes an index)")
+  cmd->add_option("--dtype", o->dtype, "tensor dtype: BF16, F16, F32")
+      ->check(one_of({"BF16", "F16", "F32"}))
       ->capture_default_str();
-  cmd->add_option("--seed", o->seed, "weight seed")->capture_default_str();
+  cmd->add_option("--num-layers", o->num_layers, "layers (default: the preset's)")
+      ->check(at_least(1));
+  cmd->add_option("--num-files", o->num_files, "safetensors files (> 1 writes an index)")
+      ->check(at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--seed", o->seed, "weight seed")->check(at_least(0))->capture_default_str();
   cmd->add_flag("--no-q-lora", o->no_q_lora,
                 "plain q_proj (q_lora_rank null, as DeepSeek-V2-Lite)");
   cmd->callback([o] {

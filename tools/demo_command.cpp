@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "cli_checks.h"
 #include "commands.h"
 #include "dcp/attention.h"
 #include "dcp/dtype.h"
@@ -149,8 +150,10 @@ void add_demo_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--batch", opt->batch, "requests")->capture_default_str();
   cmd->add_option("--page-size", opt->page_size, "rows per KV page")->capture_default_str();
-  cmd->add_option("--kv-cache-dtype", opt->kv_dtype, "fp32 or bf16")->capture_default_str();
-  cmd->add_option("--seed", opt->seed, "random seed")->capture_default_str();
+  cmd->add_option("--kv-cache-dtype", opt->kv_dtype, "fp32 or bf16")
+      ->check(one_of({"fp32", "bf16"}))
+      ->capture_default_str();
+  cmd->add_option("--seed", opt->seed, "random seed")->check(at_least(0))->capture_default_str();
   cmd->callback([opt] { set_exit_code(run_demo(*opt)); });
 }
 

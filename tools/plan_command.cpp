@@ -10,8 +10,8 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
+#include "cli_checks.h"
 #include "commands.h"
 #include "dcp/dcp_attention.h"
 #include "dcp/error.h"
@@ -66,9 +66,7 @@ void plan(const PlanOptions& o) {
   const double row_bytes = static_cast<double>(c.latent_width()) * dtype_size(dtype);
   const double weights =
       o.weights_gib >= 0 ? o.weights_gib * (1ull << 30) : weights_bytes_per_rank(c, o.tp_size);
-  std::vector<std::int64_t> contexts;
-  std::stringstream in(o.contexts);
-  for (std::string s; std::getline(in, s, ',');) contexts.push_back(std::stoll(s));
+  const std::vector<std::int64_t> contexts = parse_list(o.contexts, "--contexts");
 
   std::vector<Row> rows;
   for (std::int64_t s : contexts) {
@@ -187,19 +185,30 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--preset", o->preset, "model geometry: tiny, deepseek-v3, kimi-k3")
       ->capture_default_str();
   cmd->add_option("--model-path", o->model_path, "checkpoint whose config.json gives the geometry");
-  cmd->add_option("--num-layers", o->num_layers, "layers (default: the model's)");
+  cmd->add_option("--num-layers", o->num_layers, "layers (default: the model's)")
+      ->check(at_least(1));
   cmd->add_option("--hardware", o->hardware, "this-cpu or h200-nvlink")->capture_default_str();
-  cmd->add_option("--tp-size", o->tp_size, "tensor parallel size")->capture_default_str();
-  cmd->add_option("--batch", o->batch, "decode batch")->capture_default_str();
-  cmd->add_option("--contexts", o->contexts, "comma-separated context lengths")
+  cmd->add_option("--tp-size", o->tp_size, "tensor parallel size")
+      ->check(at_least(1))
       ->capture_default_str();
-  cmd->add_option("--kv-cache-dtype", o->kv_dtype, "fp32 or bf16")->capture_default_str();
-  cmd->add_option("--compute-gflops", o->compute_gflops, "override the attention rate per rank");
-  cmd->add_option("--bandwidth-gbps", o->bandwidth_gbps, "override the KV read bandwidth per rank");
-  cmd->add_option("--link-gbps", o->link_gbps, "override the collective bandwidth per rank");
-  cmd->add_option("--link-latency-us", o->link_latency_us, "override the latency per collective");
-  cmd->add_option("--memory-gib", o->memory_gib, "override the memory per rank");
-  cmd->add_option("--weights-gib", o->weights_gib, "override the weights per rank");
+  cmd->add_option("--batch", o->batch, "decode batch")->check(at_least(1))->capture_default_str();
+  cmd->add_option("--contexts", o->contexts, "comma-separated context lengths")
+      ->check(list_at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--kv-cache-dtype", o->kv_dtype, "fp32 or bf16")
+      ->check(one_of({"fp32", "bf16"}))
+      ->capture_default_str();
+  cmd->add_option("--compute-gflops", o->compute_gflops, "override the attention rate per rank")
+      ->check(positive());
+  cmd->add_option("--bandwidth-gbps", o->bandwidth_gbps, "override the KV read bandwidth per rank")
+      ->check(positive());
+  cmd->add_option("--link-gbps", o->link_gbps, "override the collective bandwidth per rank")
+      ->check(positive());
+  cmd->add_option("--link-latency-us", o->link_latency_us, "override the latency per collective")
+      ->check(non_negative());
+  cmd->add_option("--memory-gib", o->memory_gib, "override the memory per rank")->check(positive());
+  cmd->add_option("--weights-gib", o->weights_gib, "override the weights per rank")
+      ->check(non_negative());
   cmd->add_flag("--json", o->json, "print one JSON object");
   cmd->callback([o] { plan(*o); });
 }

@@ -12,6 +12,7 @@
 #include <random>
 #include <sstream>
 
+#include "cli_checks.h"
 #include "commands.h"
 #include "dcp/disagg.h"
 #include "dcp/error.h"
@@ -575,9 +576,12 @@ void add_run_command(CLI::App& app) {
                   "Hugging Face DeepSeek-V2/V3 checkpoint directory");
   cmd->add_option("--preset", o->preset, "synthetic model: tiny, deepseek-v3, kimi-k3")
       ->capture_default_str();
-  cmd->add_option("--num-layers", o->num_layers, "layers to run (default: the model's)");
+  cmd->add_option("--num-layers", o->num_layers, "layers to run (default: the model's)")
+      ->check(at_least(1));
   cmd->add_option("--page-size", o->page_size, "KV rows per physical page")->capture_default_str();
-  cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "fp32 or bf16")->capture_default_str();
+  cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "fp32 or bf16")
+      ->check(one_of({"fp32", "bf16"}))
+      ->capture_default_str();
   cmd->add_option("--attention-kernel", o->attention_kernel,
                   "local attention kernel: automatic (fastest exact path), portable, avx2, avx512, "
                   "or amx_bf16 (bf16 KV; rounds q and P to bf16)")
@@ -586,12 +590,14 @@ void add_run_command(CLI::App& app) {
                   "prompt tokens per prefill step")
       ->capture_default_str();
   cmd->add_option("--max-total-tokens", o->max_total_tokens,
-                  "KV capacity in tokens (default: the workload's)");
+                  "KV capacity in tokens (default, or 0: what the workload needs)");
   cmd->add_option("--batch", o->batch, "synthetic requests")->capture_default_str();
   cmd->add_option("--prompt-len", o->prompt_len, "longest synthetic prompt")->capture_default_str();
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "tokens to generate per request")
       ->capture_default_str();
-  cmd->add_option("--seed", o->seed, "seed of the synthetic prompts")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "seed of the synthetic prompts")
+      ->check(at_least(0))
+      ->capture_default_str();
   cmd->add_option("--comm", o->comm, "threads (ranks as threads) or mpi (under mpirun)")
       ->capture_default_str();
   cmd->add_flag("--verify,!--no-verify", o->verify,
@@ -623,6 +629,7 @@ void add_run_command(CLI::App& app) {
                 "prefill on its own group, move the KV, decode on the --dcp-size group");
   cmd->add_option("--prefill-dcp-size", o->prefill_dcp_size,
                   "DCP (= TP) size of the prefill group with --disaggregate")
+      ->check(at_least(1))
       ->capture_default_str();
   cmd->add_option("--dcp-extend", o->dcp_extend, "prefill over a cached prefix: gather or native")
       ->capture_default_str();

@@ -29,6 +29,7 @@ check() {
 }
 stderr_has() { grep -q -- "$1" /tmp/dcp_cli_err.$$; }
 stdout_has() { grep -q -- "$1" /tmp/dcp_cli_out.$$; }
+stdout_empty() { [ ! -s /tmp/dcp_cli_out.$$ ]; }
 stderr_lines() { [ "$(wc -l </tmp/dcp_cli_err.$$)" -eq "$1" ]; }
 
 expect 0 "seed example TP64 DP4 DCP16" -- topology --tp-size 64 --dp-size 4 --enable-dp-attention --dcp-size 16 --json
@@ -55,7 +56,7 @@ expect 0 "help" -- --help
 expect 0 "demo (small)" -- demo --context 300 --heads 4 --dcp-size 3 --batch 2 --page-size 7
 check "demo says OK" stdout_has "^OK"
 expect 2 "demo rejects bad dtype" -- demo --kv-cache-dtype fp8
-check "names legal dtypes" stderr_has "legal: fp32, bf16"
+check "names the flag and legal dtypes" stderr_has "--kv-cache-dtype: .fp8. is not one of: fp32, bf16"
 
 # dcp run: small workloads, the JSON keys we keep stable, verification, errors.
 tmp=$(mktemp -d)
@@ -130,14 +131,14 @@ check "bench attention flushes the caches by default" stdout_has "cache: cold, e
 expect 0 "bench attention on warm caches" -- bench attention --contexts 256 --heads 4 --batches 1 --dtypes fp32 --repeats 1 --cache warm --torch-python off
 check "says the caches are warm" stdout_has "cache: warm"
 expect 2 "bench attention rejects a bad cache state" -- bench attention --contexts 256 --cache hot
-check "names the flag and the legal values" stderr_has "--cache 'hot' is not a cache state: legal values are cold, warm"
+check "names the flag and the legal values" stderr_has "--cache: 'hot' is not one of: cold, warm"
 expect 0 "bench merge, one repeat" -- bench merge --repeats 1 --csv "$tmp/merge.csv" --svg "$tmp/merge.svg"
 check "bench merge flushes by default" stdout_has "cache: cold"
 check "bench merge writes its CSV" grep -q "^operation,ms,gbps,fraction_of_read,read_gbps,cache$" "$tmp/merge.csv"
 check "one CSV line per operation" [ "$(wc -l <"$tmp/merge.csv")" -eq 8 ]
 check "bench merge writes its plot" grep -q "<polyline" "$tmp/merge.svg"
 expect 2 "bench merge rejects a bad cache state" -- bench merge --cache lukewarm
-check "bench merge names the flag" stderr_has "--cache 'lukewarm' is not a cache state"
+check "bench merge names the flag" stderr_has "--cache: 'lukewarm' is not one of: cold, warm"
 expect 1 "bench step with an unwritable CSV" -- bench step --preset tiny --contexts 64 --new-tokens 3 --csv /nonexistent-dir/step.csv
 check "says which file it cannot write" stderr_has "cannot write /nonexistent-dir/step.csv"
 # The PyTorch peer: a stand-in interpreter speaks the peer's protocol, so the columns are checked
@@ -170,7 +171,7 @@ expect 0 "bench engine (small)" -- bench engine --context 128 --concurrency 1,2 
 check "bench engine writes TP only and TP + DCP at each concurrency" [ "$(grep -c '^[14],[12],' "$tmp/engine.csv")" -eq 4 ]
 check "bench engine plots both" grep -q "TP 4, DCP 4" "$tmp/engine.svg"
 expect 2 "bench step rejects a bad backend" -- bench step --preset tiny --contexts 64 --dcp-comm-backend bogus
-check "bench step names the flag" stderr_has "--dcp-comm-backend 'bogus'"
+check "bench step names the flag" stderr_has "--dcp-comm-backend: 'bogus' is not one of: ag_rs, a2a"
 
 # Data parallelism: independent replicas of TP x DCP.
 expect 0 "two DP replicas" -- run --dp-size 2 --tp-size 2 --dcp-size 2 --batch 3 --prompt-len 120 --max-new-tokens 3 --json "$tmp/run.json"
@@ -199,6 +200,45 @@ check "summary reports bytes moved" stdout_has "bytes received per decode rank"
 expect 2 "disaggregate 2 -> 4 is refused" -- run --disaggregate --prefill-dcp-size 2
 check "names both sizes" stderr_has "prefill DCP size 2 -> decode DCP size 4 is not supported"
 check "refused before any rank started" stderr_lines 1
+
+# Bad values stop a command while its flags are parsed: exit 2, the flag and the legal values
+# named, nothing printed to stdout (each of these once crashed, ran on or printed a table first).
+# bad_value DESCRIPTION MESSAGE -- ARGS...
+bad_value() {
+  local what="$1" message="$2"
+  shift 2
+  expect 2 "$what" "$@"
+  check "$what: names the flag" stderr_has "$message"
+  check "$what: prints nothing first" stdout_empty
+}
+bad_value "bench attention, context 0" "--contexts: 0 must be >= 1" -- bench attention --contexts 0
+bad_value "bench attention, heads 0" "--heads: 0 must be >= 1" -- bench attention --heads 0
+bad_value "bench attention, batch 0" "--batches: 0 must be >= 1" -- bench attention --batches 4,0
+bad_value "bench attention, dtype" "--dtypes: 'fp8' is not one of: fp32, bf16, bf16-amx" -- bench attention --dtypes fp32,fp8
+bad_value "bench attention, trailing junk" "--contexts: '12k' is not an integer" -- bench attention --contexts 12k
+bad_value "bench comm, 0 repeats" "--repeats: 0 must be >= 1" -- bench comm --repeats 0
+bad_value "bench comm, 0 ranks" "--ranks: 0 must be >= 1" -- bench comm --ranks 2,0
+bad_value "bench comm, 0 tokens" "--tokens: 0 must be >= 1" -- bench comm --tokens 0
+bad_value "bench comm, 0 heads" "--heads-per-rank: 0 must be >= 1" -- bench comm --heads-per-rank 0
+bad_value "bench comm, unknown comm" "--comm: 'tcp' is not one of: threads, mpi" -- bench comm --comm tcp
+bad_value "bench engine, 0 layers" "--num-layers: 0 must be >= 1" -- bench engine --num-layers 0
+bad_value "bench engine, 0 concurrency" "--concurrency: 0 must be >= 1" -- bench engine --concurrency 0
+bad_value "bench engine, KV budget" "--kv-budget-mib: -1 must be > 0" -- bench engine --kv-budget-mib -1
+bad_value "bench engine, 1 new token" "--new-tokens: 1 must be >= 2" -- bench engine --new-tokens 1
+bad_value "bench step, context 0" "--contexts: 0 must be >= 1" -- bench step --contexts 0
+bad_value "bench extend, 0 layers" "--num-layers: 0 must be >= 1" -- bench extend --num-layers 0
+bad_value "plan, context not a number" "--contexts: 'x' is not an integer" -- plan --contexts 1024,x
+bad_value "plan, context 0" "--contexts: 0 must be >= 1" -- plan --contexts 0
+bad_value "plan, link bandwidth" "--link-gbps: -1 must be > 0" -- plan --link-gbps -1
+bad_value "plan, latency" "--link-latency-us: -5 must be >= 0" -- plan --link-latency-us -5
+bad_value "plan, memory" "--memory-gib: 0 must be > 0" -- plan --memory-gib 0
+bad_value "plan, dtype" "--kv-cache-dtype: 'fp8' is not one of: fp32, bf16" -- plan --kv-cache-dtype fp8
+bad_value "run, 0 layers" "--num-layers: 0 must be >= 1" -- run --num-layers 0
+bad_value "run, prefill DCP size" "--prefill-dcp-size: 0 must be >= 1" -- run --prefill-dcp-size 0
+bad_value "run, seed" "--seed: -1 must be >= 0" -- run --seed -1
+bad_value "gen-checkpoint, dtype" "--dtype: 'F8' is not one of: BF16, F16, F32" -- gen-checkpoint --out "$tmp/x" --dtype F8
+bad_value "gen-checkpoint, 0 files" "--num-files: 0 must be >= 1" -- gen-checkpoint --out "$tmp/x" --num-files 0
+check "gen-checkpoint wrote nothing" [ ! -e "$tmp/x" ]
 
 # bench plot: the Google Benchmark binary's JSON as a table, CSV and SVG.
 if [ -n "$bench_kernels" ]; then

@@ -1,0 +1,126 @@
+#include "cli_checks.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "dcp/error.h"
+
+namespace dcp::cli {
+namespace {
+
+std::string joined(const std::vector<std::string>& names) {
+  std::string s;
+  for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+// The whole text as an integer, or false (CLI11's own conversion runs after the validators).
+bool whole_integer(const std::string& text, long long& value) {
+  std::size_t used = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    return false;
+  }
+  return used == text.size();
+}
+
+std::string integer_at_least(const std::string& text, long long min) {
+  long long v = 0;
+  if (!whole_integer(text, v)) return "'" + text + "' is not an integer";
+  if (v < min) return text + " must be >= " + std::to_string(min);
+  return {};
+}
+
+std::string real_above(const std::string& text, bool allow_zero) {
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || !std::isfinite(v))
+    return "'" + text + "' is not a number";
+  if (allow_zero ? v < 0 : v <= 0) return text + (allow_zero ? " must be >= 0" : " must be > 0");
+  return {};
+}
+
+std::vector<std::string> items(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) out.push_back(item);
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::int64_t> parse_list(const std::string& text, const char* flag) {
+  std::vector<std::int64_t> v;
+  for (const auto& item : items(text)) {
+    long long x = 0;
+    DCP_ARG_CHECK(whole_integer(item, x), flag, ": '", item, "' is not an integer");
+    DCP_ARG_CHECK(x >= 0, flag, ": ", x, " must be >= 0");
+    v.push_back(x);
+  }
+  DCP_ARG_CHECK(!v.empty(), flag, " is empty");
+  return v;
+}
+
+CLI::Validator at_least(long long min) {
+  return CLI::Validator([min](std::string& s) { return integer_at_least(s, min); },
+                        "(>= " + std::to_string(min) + ")");
+}
+
+CLI::Validator positive() {
+  return CLI::Validator([](std::string& s) { return real_above(s, false); }, "(> 0)");
+}
+
+CLI::Validator non_negative() {
+  return CLI::Validator([](std::string& s) { return real_above(s, true); }, "(>= 0)");
+}
+
+CLI::Validator list_at_least(long long min) {
+  return CLI::Validator(
+      [min](std::string& s) -> std::string {
+        const auto list = items(s);
+        if (list.empty()) return "the list is empty";
+        for (const auto& item : list) {
+          const std::string err = integer_at_least(item, min);
+          if (!err.empty()) return err;
+        }
+        return {};
+      },
+      "(each >= " + std::to_string(min) + ")");
+}
+
+CLI::Validator one_of(std::vector<std::string> legal) {
+  const std::string desc = "{" + joined(legal) + "}";
+  return CLI::Validator(
+      [legal](std::string& s) -> std::string {
+        for (const auto& l : legal) {
+          if (s == l) return {};
+        }
+        return "'" + s + "' is not one of: " + joined(legal);
+      },
+      desc);
+}
+
+CLI::Validator list_of(std::vector<std::string> legal) {
+  const std::string desc = "{" + joined(legal) + "}, comma-separated";
+  return CLI::Validator(
+      [legal](std::string& s) -> std::string {
+        const auto list = items(s);
+        if (list.empty()) return "the list is empty";
+        for (const auto& item : list) {
+          bool ok = false;
+          for (const auto& l : legal) ok = ok || item == l;
+          if (!ok) return "'" + item + "' is not one of: " + joined(legal);
+        }
+        return {};
+      },
+      desc);
+}
+
+}  // namespace dcp::cli

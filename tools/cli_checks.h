@@ -1,0 +1,23 @@
+// Value checks for the command line, run by CLI11 while it parses: a bad value stops the command
+// before it prints or allocates anything, and the error names the flag (CLI11 puts it in front:
+// "--repeats: 0 must be >= 1") and the legal values.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dcp::cli {
+
+// A comma-separated list of integers >= 0; dcp::Error naming `flag` otherwise.
+std::vector<std::int64_t> parse_list(const std::string& text, const char* flag);
+
+CLI::Validator at_least(long long min);       // an integer >= min
+CLI::Validator positive();                    // a real number > 0
+CLI::Validator non_negative();                // a real number >= 0
+CLI::Validator list_at_least(long long min);  // comma-separated integers, each >= min
+CLI::Validator one_of(std::vector<std::string> legal);
+CLI::Validator list_of(std::vector<std::string> legal);  // comma-separated, each one of `legal`
+
+}  // namespace dcp::cli
