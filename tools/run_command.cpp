@@ -239,12 +239,17 @@ Workload build_workload(const RunOptions& o) {
 
 struct Verify {
   bool ran = false;
+  int requests = 0;        // requests both runs finished: the ones compared
+  std::int64_t steps = 0;  // decode steps compared
   bool tokens_match = true;
   bool near_tie = false;  // a mismatch where the reference's top two were within the logit error
   double max_abs = 0;
   double max_rel = 0;
   double tolerance = 1e-3;  // relative to the largest |logit|
-  bool passed() const { return !ran || (max_rel <= tolerance && (tokens_match || near_tie)); }
+  // A verification that compared nothing fails: it cannot vouch for anything.
+  bool passed() const {
+    return !ran || (steps > 0 && max_rel <= tolerance && (tokens_match || near_tie));
+  }
 };
 
 Verify compare(const RunReport& dcp, const RunReport& ref, int vocab) {
@@ -256,6 +261,8 @@ Verify compare(const RunReport& dcp, const RunReport& ref, int vocab) {
     const RequestResult& b = ref.results[i];
     if (a.state != RequestState::finished || b.state != RequestState::finished) continue;
     const std::size_t steps = std::min(a.output_tokens.size(), b.output_tokens.size());
+    v.requests += 1;
+    v.steps += static_cast<std::int64_t>(steps);
     for (std::size_t k = 0; k < steps; ++k) {
       const float* la = a.step_logits.data() + k * vocab;
       const float* lb = b.step_logits.data() + k * vocab;
@@ -384,6 +391,8 @@ json report_json(const RunOptions& o, const Workload& w, const RunReport& r, con
   }
   j["requests"] = reqs;
   j["verify"] = {{"ran", v.ran},
+                 {"requests_compared", v.requests},
+                 {"steps_compared", v.steps},
                  {"tokens_match", v.tokens_match},
                  {"near_tie", v.near_tie},
                  {"max_abs_logit_diff", v.max_abs},
@@ -458,15 +467,11 @@ void print_summary(const json& j) {
       if (!toks.empty()) toks += ' ';
       toks += std::to_string(x.get<int>());
     }
-    std::string error;
-    if (r.contains("error")) {
-      error = " ";
-      error += r["error"].get<std::string>();
-    }
-    std::printf("  request %lld (prompt %lld): %s%s%s\n", r["id"].get<long long>(),
+    const bool finished = r["state"].get<std::string>() == "finished";
+    const std::string why = r.contains("error") ? ": " + r["error"].get<std::string>() : "";
+    std::printf("  request %lld (prompt %lld): %s\n", r["id"].get<long long>(),
                 r["prompt_len"].get<long long>(),
-                r["state"].get<std::string>() == "finished" ? "" : "REJECTED ", toks.c_str(),
-                error.c_str());
+                finished ? toks.c_str() : ("REJECTED" + why).c_str());
   }
   if (j["speculative"]["num_draft_tokens"].get<int>() > 0) {
     std::printf(
@@ -477,9 +482,13 @@ void print_summary(const json& j) {
         j["speculative"]["tokens_per_target_step"].get<double>());
   }
   const json& v = j["verify"];
-  if (v["ran"].get<bool>()) {
+  if (v["ran"].get<bool>() && v["steps_compared"].get<long long>() == 0) {
+    std::printf("verify vs dcp 1: nothing to compare, no request finished in both runs: FAIL\n");
+  } else if (v["ran"].get<bool>()) {
     std::printf(
-        "verify vs dcp 1: tokens %s, max |dlogit| %.3g (relative %.3g, tolerance %.0e): %s\n",
+        "verify vs dcp 1 (%d requests, %lld steps): tokens %s, max |dlogit| %.3g (relative %.3g, "
+        "tolerance %.0e): %s\n",
+        v["requests_compared"].get<int>(), v["steps_compared"].get<long long>(),
         v["tokens_match"].get<bool>()
             ? "match"
             : (v["near_tie"].get<bool>() ? "differ at a near tie" : "DIFFER"),

@@ -28,8 +28,8 @@ void print_progress(const Engine& e, int dcp_size) {
   std::fflush(stderr);
 }
 
-// Every rank gets every replica's results (tokens and logits), in request-id order: each DP
-// replica's TP rank 0 contributes its own, packed as floats (ids and tokens are exact in fp32).
+// Every rank gets every replica's results (tokens, logits, errors), in request-id order: each DP
+// replica's TP rank 0 contributes its own, packed as floats (ids, tokens and bytes are exact).
 std::vector<RequestResult> gather_results(Communicator& world, bool contribute,
                                           const std::vector<RequestResult>& mine) {
   std::vector<float> packed;
@@ -41,6 +41,9 @@ std::vector<RequestResult> gather_results(Communicator& world, bool contribute,
       for (std::int32_t t : r.output_tokens) packed.push_back(static_cast<float>(t));
       packed.push_back(static_cast<float>(r.step_logits.size()));
       packed.insert(packed.end(), r.step_logits.begin(), r.step_logits.end());
+      packed.push_back(static_cast<float>(r.error.size()));  // why it was rejected, a byte each
+      for (const char c : r.error)
+        packed.push_back(static_cast<float>(static_cast<unsigned char>(c)));
     }
   }
   std::int64_t size = static_cast<std::int64_t>(packed.size());
@@ -64,6 +67,9 @@ std::vector<RequestResult> gather_results(Communicator& world, bool contribute,
       const std::size_t m = static_cast<std::size_t>(*p++);
       r.step_logits.assign(p, p + m);
       p += m;
+      const std::size_t e = static_cast<std::size_t>(*p++);
+      for (std::size_t i = 0; i < e; ++i)
+        r.error.push_back(static_cast<char>(static_cast<int>(*p++)));
       out.push_back(std::move(r));
     }
   }

@@ -68,6 +68,14 @@ for key in '"dcp_size": 4' '"dcp_comm_backend": "a2a"' '"tp_size": 4' '"logical_
   check "json has $key" json_has "$key"
 done
 check "summary says PASS" stdout_has "PASS"
+check "verify says what it compared" stdout_has "verify vs dcp 1 (3 requests, 9 steps): tokens match"
+check "json counts the compared steps" json_has '"steps_compared": 9'
+# Every request rejected: each says why, and a verification that compared nothing fails.
+expect 1 "run with every request rejected" -- run --num-layers 1 --max-total-tokens 1 --json "$tmp/run.json"
+check "says why each was rejected" stdout_has "request 0 (prompt 4000): REJECTED: needs 4032 tokens of KV; the cache holds 256 (raise --max-total-tokens)"
+check "verify does not pass on nothing" stdout_has "verify vs dcp 1: nothing to compare, no request finished in both runs: FAIL"
+check "json says the reason" json_has '"error": "needs 4032 tokens of KV'
+check "json says not passed" json_has '"passed": false'
 expect 0 "ag_rs backend, dcp 2, fp32 KV" -- run --tp-size 4 --dcp-size 2 --dcp-comm-backend ag_rs --kv-cache-dtype fp32 --batch 2 --prompt-len 90 --max-new-tokens 3 --json "$tmp/run.json"
 check "ag_rs takes 3 collectives per layer" json_has '"collectives_per_layer": 3.0'
 expect 0 "replicated q takes 1 collective" -- run --dcp-replicate-q-proj --batch 2 --prompt-len 90 --max-new-tokens 3 --json "$tmp/run.json"

@@ -19,6 +19,7 @@ trap 'rm -rf "$tmp"' EXIT
   --max-new-tokens 4 --chunked-prefill-size 50 --json "$tmp/run.json" >"$tmp/out" 2>"$tmp/err" || {
   echo "mpirun failed"; cat "$tmp/out" "$tmp/err"; exit 1; }
 grep -q '"tokens_match": true' "$tmp/run.json" || { echo "verification did not match"; cat "$tmp/out"; exit 1; }
+grep -q '"passed": true' "$tmp/run.json" || { echo "verification did not pass"; cat "$tmp/out"; exit 1; }
 [ -z "$expect_dcp" ] || grep -q "\"dcp_size\": $expect_dcp" "$tmp/run.json" || { echo "wrong dcp size"; exit 1; }
 [ "$(grep -c '^dcp run:' "$tmp/out")" -eq 1 ] || { echo "expected exactly one summary (rank 0)"; cat "$tmp/out"; exit 1; }
 echo "1 passed, 0 failed"
