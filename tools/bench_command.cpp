@@ -62,8 +62,9 @@ void add_bench_command(CLI::App& app) {
                   "reads each layer's KV once per step); warm: repeat calls on warm caches")
       ->check(one_of({"cold", "warm"}))
       ->capture_default_str();
-  att->add_option("--csv", ao->csv, "write the table as CSV");
-  att->add_option("--svg", ao->svg, "write a plot (GFLOP/s vs heads) as SVG");
+  att->add_option("--csv", ao->csv, "write the table as CSV")->check(writable_file());
+  att->add_option("--svg", ao->svg, "write a plot (GFLOP/s vs heads) as SVG")
+      ->check(writable_file());
   att->callback([ao] { bench_attention(*ao); });
 
   auto mo = std::make_shared<MergeBenchOptions>();
@@ -77,8 +78,9 @@ void add_bench_command(CLI::App& app) {
                  "caches")
       ->check(one_of({"cold", "warm"}))
       ->capture_default_str();
-  mg->add_option("--csv", mo->csv, "write the table as CSV");
-  mg->add_option("--svg", mo->svg, "write a plot (merge GB/s vs parts, read ceiling) as SVG");
+  mg->add_option("--csv", mo->csv, "write the table as CSV")->check(writable_file());
+  mg->add_option("--svg", mo->svg, "write a plot (merge GB/s vs parts, read ceiling) as SVG")
+      ->check(writable_file());
   mg->callback([mo] { bench_merge(*mo); });
 
   struct CommOptions {
@@ -106,8 +108,9 @@ void add_bench_command(CLI::App& app) {
   cm->add_option("--repeats", co->repeats, "timed steps (median, slowest rank)")
       ->check(at_least(1))
       ->capture_default_str();
-  cm->add_option("--csv", co->csv, "write the table as CSV (rank 0)");
-  cm->add_option("--svg", co->svg, "write a plot (ratio vs tokens) as SVG (rank 0)");
+  cm->add_option("--csv", co->csv, "write the table as CSV (rank 0)")->check(writable_file());
+  cm->add_option("--svg", co->svg, "write a plot (ratio vs tokens) as SVG (rank 0)")
+      ->check(writable_file());
   cm->callback([co] {
     std::printf(
         "DCP step on an empty shard minus its local kernel (query gather + combine) vs the same "
@@ -163,8 +166,9 @@ void add_bench_command(CLI::App& app) {
   en->add_option("--concurrency", eo->concurrency, "requests submitted at once")
       ->check(list_at_least(1))
       ->capture_default_str();
-  en->add_option("--csv", eo->csv, "write the table as CSV");
-  en->add_option("--svg", eo->svg, "write a plot (tokens/s vs concurrency) as SVG");
+  en->add_option("--csv", eo->csv, "write the table as CSV")->check(writable_file());
+  en->add_option("--svg", eo->svg, "write a plot (tokens/s vs concurrency) as SVG")
+      ->check(writable_file());
   en->callback([eo] {
     std::printf(
         "decode throughput, %s %d layers, TP %d, context %lld, %d new tokens, %.1f MiB KV per "
@@ -200,8 +204,9 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   st->add_option("--hardware", so->hardware, "dcp plan hardware preset to compare with")
       ->capture_default_str();
-  st->add_option("--csv", so->csv, "write the table as CSV");
-  st->add_option("--svg", so->svg, "write a plot (the components vs context) as SVG");
+  st->add_option("--csv", so->csv, "write the table as CSV")->check(writable_file());
+  st->add_option("--svg", so->svg, "write a plot (the components vs context) as SVG")
+      ->check(writable_file());
   st->callback([so] { bench_step(*so); });
 
   auto o = std::make_shared<ExtendBenchOptions>();
@@ -223,8 +228,9 @@ void add_bench_command(CLI::App& app) {
   ext->add_option("--repeats", o->repeats, "timed extends per point (median reported)")
       ->check(at_least(1))
       ->capture_default_str();
-  ext->add_option("--csv", o->csv, "also write the table as CSV");
-  ext->add_option("--svg", o->svg, "write a plot (gather and native ms vs prefix) as SVG");
+  ext->add_option("--csv", o->csv, "also write the table as CSV")->check(writable_file());
+  ext->add_option("--svg", o->svg, "write a plot (gather and native ms vs prefix) as SVG")
+      ->check(writable_file());
   ext->callback([o] {
     const auto rows = bench_extend(*o);
     std::printf(
@@ -269,8 +275,8 @@ void add_bench_command(CLI::App& app) {
   plot->add_option("--y", po->y,
                    "the measure: real_time or cpu_time (ms), or a user counter (e.g. FLOP/s)")
       ->capture_default_str();
-  plot->add_option("--csv", po->csv, "write the table as CSV");
-  plot->add_option("--svg", po->svg, "write the plot as SVG");
+  plot->add_option("--csv", po->csv, "write the table as CSV")->check(writable_file());
+  plot->add_option("--svg", po->svg, "write the plot as SVG")->check(writable_file());
   plot->callback([po] { bench_plot(*po); });
 }
 

@@ -1,6 +1,9 @@
 #include "cli_checks.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <filesystem>
 #include <sstream>
 
 #include "dcp/error.h"
@@ -121,6 +124,23 @@ CLI::Validator list_of(std::vector<std::string> legal) {
         return {};
       },
       desc);
+}
+
+CLI::Validator writable_file() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        namespace fs = std::filesystem;
+        std::error_code ec;
+        if (fs::is_directory(s, ec)) return "'" + s + "' is a directory, not a file";
+        const fs::path dir = fs::path(s).has_parent_path() ? fs::path(s).parent_path() : ".";
+        if (!fs::is_directory(dir, ec))
+          return "cannot write '" + s + "': no directory " + dir.string();
+        if (access(dir.c_str(), W_OK) != 0) {
+          return "cannot write '" + s + "': directory " + dir.string() + " is not writable";
+        }
+        return {};
+      },
+      "FILE");
 }
 
 }  // namespace dcp::cli

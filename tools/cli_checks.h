@@ -19,5 +19,8 @@ CLI::Validator non_negative();                // a real number >= 0
 CLI::Validator list_at_least(long long min);  // comma-separated integers, each >= min
 CLI::Validator one_of(std::vector<std::string> legal);
 CLI::Validator list_of(std::vector<std::string> legal);  // comma-separated, each one of `legal`
+// A file the command will write: its directory must exist and be writable, so that a long
+// benchmark does not run only to fail at the end.
+CLI::Validator writable_file();
 
 }  // namespace dcp::cli

@@ -27,6 +27,9 @@ int main(int argc, char** argv) {
     const bool usage = e.category() == dcp::ErrorCategory::invalid_argument ||
                        e.category() == dcp::ErrorCategory::unsupported;
     return usage ? 2 : 1;
+  } catch (const std::exception& e) {  // a library below ours threw: still one line, no abort
+    std::fprintf(stderr, "dcp: error: %s\n", e.what());
+    return 1;
   }
   return dcp::cli::exit_code();
 }

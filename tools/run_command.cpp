@@ -612,11 +612,12 @@ void add_run_command(CLI::App& app) {
   cmd->add_flag("--verify,!--no-verify", o->verify,
                 "compare with DCP 1 (same TP) under teacher forcing")
       ->capture_default_str();
-  cmd->add_option("--json", o->json_path, "write the summary as JSON");
+  cmd->add_option("--json", o->json_path, "write the summary as JSON")->check(writable_file());
   cmd->add_option("--prompt-tokens", o->prompt_tokens,
                   "token ids '1,2,3' (';' between prompts) or a file, one prompt per line");
   cmd->add_option("--dump-logits", o->dump_logits,
-                  "write every step's logits (float32) with a JSON header");
+                  "write every step's logits (float32) with a JSON header")
+      ->check(writable_file());
   cmd->add_option("--speculative-num-draft-tokens", o->spec_tokens,
                   "draft tokens per step (0: off)")
       ->capture_default_str();

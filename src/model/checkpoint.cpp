@@ -134,7 +134,9 @@ std::vector<std::pair<std::string, std::vector<std::int64_t>>> checkpoint_tensor
 void write_checkpoint(const std::string& dir, const ModelConfig& config, const WeightSource& source,
                       const std::string& dtype, int num_files) {
   DCP_ARG_CHECK(num_files >= 1, "num_files = ", num_files, " must be >= 1");
-  fs::create_directories(dir);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  DCP_CHECK(!ec, io, "cannot create the checkpoint directory ", dir, ": ", ec.message());
   {
     std::ofstream cfg(fs::path(dir) / "config.json");
     cfg << model_config_to_json(config) << "\n";

@@ -147,8 +147,9 @@ check "one CSV line per operation" [ "$(wc -l <"$tmp/merge.csv")" -eq 8 ]
 check "bench merge writes its plot" grep -q "<polyline" "$tmp/merge.svg"
 expect 2 "bench merge rejects a bad cache state" -- bench merge --cache lukewarm
 check "bench merge names the flag" stderr_has "--cache: 'lukewarm' is not one of: cold, warm"
-expect 1 "bench step with an unwritable CSV" -- bench step --preset tiny --contexts 64 --new-tokens 3 --csv /nonexistent-dir/step.csv
-check "says which file it cannot write" stderr_has "cannot write /nonexistent-dir/step.csv"
+expect 2 "bench step with an unwritable CSV" -- bench step --preset tiny --contexts 64 --new-tokens 3 --csv /nonexistent-dir/step.csv
+check "says which file it cannot write, before running" stderr_has "--csv: cannot write '/nonexistent-dir/step.csv'"
+check "ran nothing" stdout_empty
 # The PyTorch peer: a stand-in interpreter speaks the peer's protocol, so the columns are checked
 # without torch; interpreters that cannot import torch or fail are reported, not fatal.
 cat >"$tmp/fake_python" <<'FAKE'
@@ -247,6 +248,14 @@ bad_value "run, seed" "--seed: -1 must be >= 0" -- run --seed -1
 bad_value "gen-checkpoint, dtype" "--dtype: 'F8' is not one of: BF16, F16, F32" -- gen-checkpoint --out "$tmp/x" --dtype F8
 bad_value "gen-checkpoint, 0 files" "--num-files: 0 must be >= 1" -- gen-checkpoint --out "$tmp/x" --num-files 0
 check "gen-checkpoint wrote nothing" [ ! -e "$tmp/x" ]
+# Output files are checked before the work: a benchmark must not run for minutes and then fail.
+bad_value "bench attention, CSV in a missing directory" "--csv: cannot write '$tmp/none/a.csv': no directory $tmp/none" -- bench attention --csv "$tmp/none/a.csv"
+bad_value "bench merge, plot onto a directory" "--svg: '$tmp' is a directory, not a file" -- bench merge --svg "$tmp"
+bad_value "run, JSON in a missing directory" "--json: cannot write '$tmp/none/r.json'" -- run --json "$tmp/none/r.json"
+bad_value "run, logits in a missing directory" "--dump-logits: cannot write '$tmp/none/l.bin'" -- run --dump-logits "$tmp/none/l.bin"
+touch "$tmp/plain"
+expect 1 "gen-checkpoint under a file" -- gen-checkpoint --out "$tmp/plain/ckpt"
+check "names --out and says why, in one line" stderr_has "^dcp: error: --out: cannot create the checkpoint directory $tmp/plain/ckpt: Not a directory"
 
 # bench plot: the Google Benchmark binary's JSON as a table, CSV and SVG.
 if [ -n "$bench_kernels" ]; then
