@@ -526,7 +526,22 @@ void dump_logits(const std::string& path, const RunReport& r, int vocab) {
   DCP_CHECK(out.good(), io, "--dump-logits: failed writing ", path);
 }
 
+// The process count of the mpirun that started us (OpenMPI, or MPICH's Hydra), else 1.
+int launcher_world_size() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+    if (const char* v = std::getenv(var)) return std::max(1, std::atoi(v));
+  }
+  return 1;
+}
+
 int run(const RunOptions& o) {
+  if (o.comm == "threads" && launcher_world_size() > 1) {  // each process would run the whole job
+    std::fprintf(stderr,
+                 "dcp: warning: started by mpirun with %d processes but --comm threads: every "
+                 "process runs the whole job on its own; pass --comm mpi for one rank per "
+                 "process\n",
+                 launcher_world_size());
+  }
   Workload w = build_workload(o);
   resolve(w.parallel);  // validate before any work
   bool root = false;
@@ -608,6 +623,7 @@ void add_run_command(CLI::App& app) {
       ->check(at_least(0))
       ->capture_default_str();
   cmd->add_option("--comm", o->comm, "threads (ranks as threads) or mpi (under mpirun)")
+      ->check(one_of({"threads", "mpi"}))
       ->capture_default_str();
   cmd->add_flag("--verify,!--no-verify", o->verify,
                 "compare with DCP 1 (same TP) under teacher forcing")

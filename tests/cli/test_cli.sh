@@ -70,6 +70,11 @@ done
 check "summary says PASS" stdout_has "PASS"
 check "verify says what it compared" stdout_has "verify vs dcp 1 (3 requests, 9 steps): tokens match"
 check "json counts the compared steps" json_has '"steps_compared": 9'
+# Started by mpirun (its environment) without --comm mpi: a warning, and the job still runs.
+OMPI_COMM_WORLD_SIZE=2 expect 0 "threads under mpirun" -- run --num-layers 1 --batch 1 --prompt-len 20 --max-new-tokens 2
+check "warns to pass --comm mpi" stderr_has "started by mpirun with 2 processes but --comm threads.*pass --comm mpi"
+expect 0 "threads, no mpirun" -- run --num-layers 1 --batch 1 --prompt-len 20 --max-new-tokens 2
+check "no warning" sh -c "! grep -q warning /tmp/dcp_cli_err.$$"
 # Every request rejected: each says why, and a verification that compared nothing fails.
 expect 1 "run with every request rejected" -- run --num-layers 1 --max-total-tokens 1 --json "$tmp/run.json"
 check "says why each was rejected" stdout_has "request 0 (prompt 4000): REJECTED: needs 4032 tokens of KV; the cache holds 256 (raise --max-total-tokens)"
