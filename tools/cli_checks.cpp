@@ -57,6 +57,26 @@ std::vector<std::string> items(const std::string& text) {
   return out;
 }
 
+// "" when `item` is one of `legal`, else the error.
+std::string membership(const std::string& item, const std::vector<std::string>& legal) {
+  for (const auto& l : legal) {
+    if (item == l) return {};
+  }
+  return "'" + item + "' is not one of: " + joined(legal);
+}
+
+// The first error `check` finds among a comma-separated list's items ("" if none).
+template <typename Check>
+std::string first_error(const std::string& text, Check check) {
+  const auto list = items(text);
+  if (list.empty()) return "the list is empty";
+  for (const auto& item : list) {
+    std::string err = check(item);
+    if (!err.empty()) return err;
+  }
+  return {};
+}
+
 }  // namespace
 
 std::vector<std::int64_t> parse_list(const std::string& text, const char* flag) {
@@ -86,42 +106,22 @@ CLI::Validator non_negative() {
 
 CLI::Validator list_at_least(long long min) {
   return CLI::Validator(
-      [min](std::string& s) -> std::string {
-        const auto list = items(s);
-        if (list.empty()) return "the list is empty";
-        for (const auto& item : list) {
-          const std::string err = integer_at_least(item, min);
-          if (!err.empty()) return err;
-        }
-        return {};
+      [min](std::string& s) {
+        return first_error(s, [min](const std::string& x) { return integer_at_least(x, min); });
       },
       "(each >= " + std::to_string(min) + ")");
 }
 
 CLI::Validator one_of(std::vector<std::string> legal) {
   const std::string desc = "{" + joined(legal) + "}";
-  return CLI::Validator(
-      [legal](std::string& s) -> std::string {
-        for (const auto& l : legal) {
-          if (s == l) return {};
-        }
-        return "'" + s + "' is not one of: " + joined(legal);
-      },
-      desc);
+  return CLI::Validator([legal](std::string& s) { return membership(s, legal); }, desc);
 }
 
 CLI::Validator list_of(std::vector<std::string> legal) {
   const std::string desc = "{" + joined(legal) + "}, comma-separated";
   return CLI::Validator(
-      [legal](std::string& s) -> std::string {
-        const auto list = items(s);
-        if (list.empty()) return "the list is empty";
-        for (const auto& item : list) {
-          bool ok = false;
-          for (const auto& l : legal) ok = ok || item == l;
-          if (!ok) return "'" + item + "' is not one of: " + joined(legal);
-        }
-        return {};
+      [legal](std::string& s) {
+        return first_error(s, [&legal](const std::string& x) { return membership(x, legal); });
       },
       desc);
 }
