@@ -112,6 +112,15 @@ void add_bench_command(CLI::App& app) {
   cm->add_option("--svg", co->svg, "write a plot (ratio vs tokens) as SVG (rank 0)")
       ->check(writable_file());
   cm->callback([co] {
+    if (co->comm == "threads") {  // every rank's query and combine buffers hold N blocks
+      const auto ranks = parse_list(co->ranks, "--ranks"),
+                 tokens = parse_list(co->tokens, "--tokens");
+      const double n = static_cast<double>(*std::max_element(ranks.begin(), ranks.end()));
+      const double t = static_cast<double>(*std::max_element(tokens.begin(), tokens.end()));
+      check_fits_in_memory(6.0 * n * n * t * co->heads_per_rank * (512 + 64) * sizeof(float),
+                           str("--ranks ", n, " as threads with --tokens ", t),
+                           "lower --ranks or --tokens, or run one rank per process (--comm mpi)");
+    }
     std::printf(
         "DCP step on an empty shard minus its local kernel (query gather + combine) vs the same "
         "bytes as raw collectives, H_loc %d\n",

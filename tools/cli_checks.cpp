@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <sstream>
 
@@ -77,6 +78,12 @@ std::string first_error(const std::string& text, Check check) {
   return {};
 }
 
+std::string format_gib(double gib) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, gib < 10 ? "%.1f" : "%.0f", gib);
+  return buf;
+}
+
 }  // namespace
 
 std::vector<std::int64_t> parse_list(const std::string& text, const char* flag) {
@@ -89,6 +96,16 @@ std::vector<std::int64_t> parse_list(const std::string& text, const char* flag) 
   }
   DCP_ARG_CHECK(!v.empty(), flag, " is empty");
   return v;
+}
+
+double physical_memory_bytes() {
+  return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+}
+
+void check_fits_in_memory(double bytes, const std::string& what, const std::string& fix) {
+  const double have = physical_memory_bytes(), gib = 1024.0 * 1024.0 * 1024.0;
+  DCP_CHECK(bytes <= have, capacity, what, " needs about ", format_gib(bytes / gib),
+            " GiB, more than this machine's ", format_gib(have / gib), " GiB of memory; ", fix);
 }
 
 CLI::Validator at_least(long long min) {

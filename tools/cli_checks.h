@@ -19,6 +19,13 @@ CLI::Validator non_negative();                // a real number >= 0
 CLI::Validator list_at_least(long long min);  // comma-separated integers, each >= min
 CLI::Validator one_of(std::vector<std::string> legal);
 CLI::Validator list_of(std::vector<std::string> legal);  // comma-separated, each one of `legal`
+// This machine's physical memory in bytes.
+double physical_memory_bytes();
+// Throws dcp::Error (capacity) when `bytes` exceed the physical memory: "<what> needs about X
+// GiB, more than this machine's Y GiB of memory; <fix>". For requests that would otherwise run
+// for minutes and then die to the out-of-memory killer.
+void check_fits_in_memory(double bytes, const std::string& what, const std::string& fix);
+
 // A file the command will write: its directory must exist and be writable, so that a long
 // benchmark does not run only to fail at the end.
 CLI::Validator writable_file();

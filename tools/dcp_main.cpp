@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
+#include <new>
 
 #include "commands.h"
 #include "dcp/error.h"
@@ -27,6 +28,11 @@ int main(int argc, char** argv) {
     const bool usage = e.category() == dcp::ErrorCategory::invalid_argument ||
                        e.category() == dcp::ErrorCategory::unsupported;
     return usage ? 2 : 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "dcp: error: out of memory: the configuration asks for more than this "
+                 "machine can allocate\n");
+    return 1;
   } catch (const std::exception& e) {  // a library below ours threw: still one line, no abort
     std::fprintf(stderr, "dcp: error: %s\n", e.what());
     return 1;

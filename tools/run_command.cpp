@@ -142,6 +142,10 @@ Workload build_workload(const RunOptions& o) {
     w.model = preset_config(o.preset, o.num_layers);
   }
   w.parallel = o.parallel.to_config();
+  // Checked again by every rank's model; here it fails before any rank thread starts.
+  DCP_ARG_CHECK(w.model.num_attention_heads % w.parallel.tp_size == 0, "--tp-size ",
+                w.parallel.tp_size, " must divide the model's num_attention_heads ",
+                w.model.num_attention_heads);
   w.comm = o.comm;
   w.model_options.replicate_q_proj = w.parallel.replicate_q_proj;
   w.model_options.kv_dtype = parse_kv_dtype(o.kv_cache_dtype);
@@ -202,17 +206,47 @@ Workload build_workload(const RunOptions& o) {
                   o.spec_draft, "' has a vocabulary of ", w.draft_model->vocab_size,
                   ", the target ", w.model.vocab_size);
   }
+  // Prompt lengths first: a workload too large for this machine is refused before its prompts
+  // are generated (gigabytes of tokens for --prompt-len 2000000000) or its KV pools allocated.
   std::vector<std::vector<std::int32_t>> prompts;
+  std::vector<std::int64_t> lengths;
   if (!o.prompt_tokens.empty()) {
     prompts = read_prompts(o.prompt_tokens);
+    for (const auto& p : prompts) lengths.push_back(static_cast<std::int64_t>(p.size()));
   } else {
-    // Mixed lengths that are not multiples of N or of the page size.
+    for (int i = 0; i < o.batch; ++i) {  // mixed lengths, not multiples of N or of the page size
+      lengths.push_back(std::max<std::int64_t>(
+          1, o.prompt_len - static_cast<std::int64_t>(i) * (o.prompt_len / (2 * o.batch)) - 7 * i));
+    }
+  }
+  std::int64_t total = 0;
+  for (const std::int64_t len : lengths) total += len + o.max_new_tokens;
+  const std::int64_t vp = static_cast<std::int64_t>(o.page_size) * w.parallel.dcp_size;
+  const std::int64_t capacity = o.max_total_tokens > 0
+                                    ? o.max_total_tokens
+                                    : total + static_cast<std::int64_t>(lengths.size()) * vp;
+  w.model_options.kv_capacity_tokens = capacity;
+  {
+    // Every rank of this process holds capacity / N rows per layer; the --verify reference, run
+    // afterwards at DCP 1, holds all of them on every rank.
+    const double ranks_here = o.comm == "mpi" ? 1.0 : w.parallel.world_size();
+    const double row_bytes = static_cast<double>(w.model.latent_width()) *
+                             dtype_size(w.model_options.kv_dtype) * w.model.num_hidden_layers;
+    const double rows = static_cast<double>(capacity) / (o.verify ? 1 : w.parallel.dcp_size);
+    const bool asked = o.max_total_tokens > 0;
+    check_fits_in_memory(
+        ranks_here * rows * row_bytes,
+        str("a KV cache of ", capacity, " tokens",
+            asked ? " (--max-total-tokens)" : " (the prompts and --max-new-tokens)", " over ",
+            w.model.num_hidden_layers, " layers"),
+        asked ? "lower --max-total-tokens" : "lower --prompt-len, --batch or --max-new-tokens");
+  }
+  if (o.prompt_tokens.empty()) {
     std::mt19937_64 gen(o.seed);
     std::uniform_int_distribution<std::int32_t> token(0, w.model.vocab_size - 1);
     std::vector<std::int32_t> shared(static_cast<std::size_t>(o.shared_prefix_len));
     for (auto& t : shared) t = token(gen);
-    for (int i = 0; i < o.batch; ++i) {
-      const int len = std::max(1, o.prompt_len - i * (o.prompt_len / (2 * o.batch)) - 7 * i);
+    for (const std::int64_t len : lengths) {
       std::vector<std::int32_t> p(static_cast<std::size_t>(len));
       for (auto& t : p) t = token(gen);
       std::copy_n(shared.begin(), std::min<std::size_t>(shared.size(), p.size()),
@@ -220,19 +254,13 @@ Workload build_workload(const RunOptions& o) {
       prompts.push_back(std::move(p));
     }
   }
-  std::int64_t total = 0;
   for (std::size_t i = 0; i < prompts.size(); ++i) {
     RequestSpec r;
     r.id = static_cast<RequestId>(i);
     r.prompt = prompts[i];
     r.max_new_tokens = o.max_new_tokens;
     w.requests.push_back(std::move(r));
-    total += static_cast<std::int64_t>(prompts[i].size()) + o.max_new_tokens;
   }
-  const std::int64_t vp = static_cast<std::int64_t>(o.page_size) * w.parallel.dcp_size;
-  w.model_options.kv_capacity_tokens = o.max_total_tokens > 0
-                                           ? o.max_total_tokens
-                                           : total + static_cast<std::int64_t>(prompts.size()) * vp;
   w.progress = isatty(STDERR_FILENO) != 0;
   return w;
 }

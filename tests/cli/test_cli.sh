@@ -96,6 +96,7 @@ expect 2 "bad token id" -- run --prompt-tokens "1,x"
 expect 2 "token outside vocab" -- run --prompt-tokens "100000" --max-new-tokens 1
 check "names the vocabulary" stderr_has "outside the vocabulary"
 expect 2 "tp does not divide heads" -- run --tp-size 16 --dcp-size 4 --preset tiny
+check "refused before any rank starts (no 'rank N:')" stderr_has "^dcp: error: --tp-size 16 must divide the model's num_attention_heads 8"
 expect 1 "missing checkpoint" -- run --model-path "$tmp/none"
 expect 0 "gen-checkpoint" -- gen-checkpoint --out "$tmp/ckpt" --num-files 2 --no-q-lora
 expect 0 "run a generated checkpoint" -- run --model-path "$tmp/ckpt" --batch 2 --prompt-len 60 --max-new-tokens 3
@@ -258,6 +259,17 @@ bad_value "bench attention, CSV in a missing directory" "--csv: cannot write '$t
 bad_value "bench merge, plot onto a directory" "--svg: '$tmp' is a directory, not a file" -- bench merge --svg "$tmp"
 bad_value "run, JSON in a missing directory" "--json: cannot write '$tmp/none/r.json'" -- run --json "$tmp/none/r.json"
 bad_value "run, logits in a missing directory" "--dump-logits: cannot write '$tmp/none/l.bin'" -- run --dump-logits "$tmp/none/l.bin"
+# Workloads far beyond this machine's memory are refused at once, naming what to lower (they
+# used to generate gigabytes of prompt tokens, or start 100000 rank threads, until killed).
+expect 1 "run, prompts too long for memory" -- run --prompt-len 2000000000
+check "says the KV size and what to lower" stderr_has "a KV cache of 6500001110 tokens (the prompts and --max-new-tokens) over 2 layers needs about .* GiB, more than this machine's .* GiB of memory; lower --prompt-len, --batch or --max-new-tokens"
+expect 1 "run, capacity too large for memory" -- run --max-total-tokens 100000000000
+check "names --max-total-tokens" stderr_has "(--max-total-tokens) over 2 layers needs about .*; lower --max-total-tokens"
+expect 1 "bench comm, too many thread ranks" -- bench comm --ranks 2,100000 --tokens 1
+check "says to lower --ranks" stderr_has "--ranks 100000 as threads with --tokens 1 needs about .*; lower --ranks or --tokens"
+check "ran nothing" stdout_empty
+expect 1 "demo over 2e9 rows (4.6 TB of KV)" -- demo --context 2000000000 --heads 1 --dcp-size 1
+check "one line, out of memory" stderr_has "^dcp: error: out of memory"
 touch "$tmp/plain"
 expect 1 "gen-checkpoint under a file" -- gen-checkpoint --out "$tmp/plain/ckpt"
 check "names --out and says why, in one line" stderr_has "^dcp: error: --out: cannot create the checkpoint directory $tmp/plain/ckpt: Not a directory"
