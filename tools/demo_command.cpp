@@ -40,6 +40,14 @@ int run_demo(const DemoOptions& opt) {
   DCP_ARG_CHECK(opt.page_size >= 1, "--page-size ", opt.page_size, " must be >= 1");
   const KvDtype dtype = parse_kv_dtype(opt.kv_dtype);
   const int n = opt.dcp_size, heads = opt.heads, dc = 512, dr = 64, width = dc + dr;
+  {  // the full contexts in fp32 and the shards built from them, about twice the full KV
+    double rows_total = 0;
+    for (int b = 0; b < opt.batch; ++b) rows_total += std::max(1.0, opt.context - 37.0 * b);
+    check_fits_in_memory(2.0 * rows_total * width * sizeof(float) +
+                             static_cast<double>(n) * opt.batch * heads * dc * sizeof(float),
+                         str("--context ", opt.context, " x --batch ", opt.batch),
+                         "lower --context or --batch");
+  }
   std::mt19937_64 gen(opt.seed);
   std::normal_distribution<float> normal;
 

@@ -268,8 +268,8 @@ check "names --max-total-tokens" stderr_has "(--max-total-tokens) over 2 layers 
 expect 1 "bench comm, too many thread ranks" -- bench comm --ranks 2,100000 --tokens 1
 check "says to lower --ranks" stderr_has "--ranks 100000 as threads with --tokens 1 needs about .*; lower --ranks or --tokens"
 check "ran nothing" stdout_empty
-expect 1 "demo over 2e9 rows (4.6 TB of KV)" -- demo --context 2000000000 --heads 1 --dcp-size 1
-check "one line, out of memory" stderr_has "^dcp: error: out of memory"
+expect 1 "demo over 2e9 rows" -- demo --context 2000000000 --heads 1 --dcp-size 1
+check "says the size and what to lower" stderr_has "^dcp: error: --context 2000000000 x --batch 2 needs about .*; lower --context or --batch"
 touch "$tmp/plain"
 expect 1 "gen-checkpoint under a file" -- gen-checkpoint --out "$tmp/plain/ckpt"
 check "names --out and says why, in one line" stderr_has "^dcp: error: --out: cannot create the checkpoint directory $tmp/plain/ckpt: Not a directory"
