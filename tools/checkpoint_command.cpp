@@ -37,12 +37,9 @@ void add_gen_checkpoint_command(CLI::App& app) {
   cmd->callback([o] {
     ModelConfig c = preset_config(o->preset, o->num_layers);
     if (o->no_q_lora) c.q_lora_rank.reset();
-    try {
+    with_flag("--out", [&] {
       write_checkpoint(o->out, c, *make_synthetic_weights(o->seed), o->dtype, o->num_files);
-    } catch (const Error& e) {  // name the flag the path came from
-      if (e.category() != ErrorCategory::io) throw;
-      throw Error(ErrorCategory::io, str("--out: ", e.what()));
-    }
+    });
     std::printf("wrote %s: %s, %d layers, %s\n", o->out.c_str(), o->preset.c_str(),
                 c.num_hidden_layers, o->dtype.c_str());
   });

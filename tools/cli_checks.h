@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "dcp/error.h"
+
 namespace dcp::cli {
 
 // A comma-separated list of integers >= 0; dcp::Error naming `flag` otherwise.
@@ -19,6 +21,17 @@ CLI::Validator non_negative();                // a real number >= 0
 CLI::Validator list_at_least(long long min);  // comma-separated integers, each >= min
 CLI::Validator one_of(std::vector<std::string> legal);
 CLI::Validator list_of(std::vector<std::string> legal);  // comma-separated, each one of `legal`
+// Runs f(); a dcp::Error it throws comes back with "<flag>: " in front, same category: for
+// library calls that take a path or value straight from one flag.
+template <typename F>
+auto with_flag(const char* flag, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    throw Error(e.category(), str(flag, ": ", e.what()));
+  }
+}
+
 // This machine's physical memory in bytes.
 double physical_memory_bytes();
 // Throws dcp::Error (capacity) when `bytes` exceed the physical memory: "<what> needs about X

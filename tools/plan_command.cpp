@@ -49,8 +49,10 @@ struct Row {
 };
 
 void plan(const PlanOptions& o) {
-  ModelConfig c = o.model_path.empty() ? preset_config(o.preset, o.num_layers)
-                                       : read_checkpoint_config(o.model_path);
+  ModelConfig c =
+      o.model_path.empty()
+          ? preset_config(o.preset, o.num_layers)
+          : with_flag("--model-path", [&] { return read_checkpoint_config(o.model_path); });
   if (o.num_layers > 0) c.num_hidden_layers = o.num_layers;
   Hardware hw = hardware_preset(o.hardware);
   if (o.compute_gflops > 0) hw.compute_flops = o.compute_gflops * 1e9;

@@ -68,8 +68,9 @@ std::vector<std::int32_t> parse_ids(const std::string& text, const std::string& 
       if (used != tok.size() || v < 0 || v > INT32_MAX) throw std::invalid_argument(tok);
       ids.push_back(static_cast<std::int32_t>(v));
     } catch (const std::exception&) {
-      throw Error(ErrorCategory::invalid_argument, str("--prompt-tokens: '", tok, "' in ", where,
-                                                       " is not a non-negative token id"));
+      throw Error(ErrorCategory::invalid_argument,
+                  str("--prompt-tokens: '", tok, "' in ", where,
+                      " is not a token id (an integer in [0, 2^31))"));
     }
   }
   return ids;
@@ -131,7 +132,7 @@ Workload build_workload(const RunOptions& o) {
   DCP_ARG_CHECK(o.max_total_tokens >= 0, "--max-total-tokens ", o.max_total_tokens,
                 " must be >= 1");
   if (!o.model_path.empty()) {
-    w.model = read_checkpoint_config(o.model_path);
+    w.model = with_flag("--model-path", [&] { return read_checkpoint_config(o.model_path); });
     if (o.num_layers > 0) {
       DCP_ARG_CHECK(o.num_layers <= w.model.num_hidden_layers, "--num-layers ", o.num_layers,
                     " exceeds the checkpoint's ", w.model.num_hidden_layers, " layers");
@@ -196,7 +197,8 @@ Workload build_workload(const RunOptions& o) {
       w.draft_path = w.model_path;
       w.draft_seed = w.weight_seed;
     } else if (std::filesystem::is_directory(o.spec_draft)) {
-      w.draft_model = read_checkpoint_config(o.spec_draft);
+      w.draft_model =
+          with_flag("--speculative-draft", [&] { return read_checkpoint_config(o.spec_draft); });
       w.draft_path = o.spec_draft;
     } else {
       w.draft_model = preset_config(o.spec_draft);

@@ -94,7 +94,7 @@ std::unique_ptr<WeightSource> open_checkpoint(const std::string& dir) {
 
 ModelConfig read_checkpoint_config(const std::string& dir) {
   const fs::path p = fs::path(dir) / "config.json";
-  DCP_CHECK(fs::exists(p), io, "--model-path ", dir, " has no config.json");
+  DCP_CHECK(fs::exists(p), io, "checkpoint directory ", dir, " has no config.json");
   return parse_model_config(read_text(p));
 }
 

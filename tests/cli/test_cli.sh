@@ -98,6 +98,11 @@ check "names the vocabulary" stderr_has "outside the vocabulary"
 expect 2 "tp does not divide heads" -- run --tp-size 16 --dcp-size 4 --preset tiny
 check "refused before any rank starts (no 'rank N:')" stderr_has "^dcp: error: --tp-size 16 must divide the model's num_attention_heads 8"
 expect 1 "missing checkpoint" -- run --model-path "$tmp/none"
+check "names --model-path" stderr_has "^dcp: error: --model-path: checkpoint directory $tmp/none has no config.json"
+expect 1 "draft checkpoint without a config" -- run --speculative-num-draft-tokens 2 --speculative-draft "$tmp"
+check "names --speculative-draft, not --model-path" stderr_has "^dcp: error: --speculative-draft: checkpoint directory $tmp has no config.json"
+expect 2 "token id beyond int32" -- run --prompt-tokens "99999999999"
+check "says what a token id is" stderr_has "'99999999999' in the list is not a token id (an integer in \[0, 2^31))"
 expect 0 "gen-checkpoint" -- gen-checkpoint --out "$tmp/ckpt" --num-files 2 --no-q-lora
 expect 0 "run a generated checkpoint" -- run --model-path "$tmp/ckpt" --batch 2 --prompt-len 60 --max-new-tokens 3
 check "checkpoint run verifies" stdout_has "PASS"
