@@ -178,16 +178,7 @@ void add_bench_command(CLI::App& app) {
   en->add_option("--csv", eo->csv, "write the table as CSV")->check(writable_file());
   en->add_option("--svg", eo->svg, "write a plot (tokens/s vs concurrency) as SVG")
       ->check(writable_file());
-  en->callback([eo] {
-    std::printf(
-        "decode throughput, %s %d layers, TP %d, context %lld, %d new tokens, %.1f MiB KV per "
-        "rank\n",
-        eo->preset.c_str(), eo->num_layers, eo->ranks, static_cast<long long>(eo->context),
-        eo->new_tokens, eo->kv_budget_mib);
-    std::printf("%4s %5s %12s %8s %10s %12s %10s %9s %9s\n", "dcp", "conc", "kv tokens", "running",
-                "tokens", "tokens/s", "step ms", "attn ms", "comm ms");
-    bench_engine(*eo);
-  });
+  en->callback([eo] { bench_engine(*eo); });
 
   auto so = std::make_shared<StepBenchOptions>();
   CLI::App* st = bench->add_subcommand(

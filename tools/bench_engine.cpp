@@ -45,6 +45,15 @@ std::vector<EngineBenchRow> bench_engine(const EngineBenchOptions& o) {
   DCP_ARG_CHECK(o.ranks >= 1 && o.context >= 1 && o.new_tokens >= 2,
                 "--ranks, --context >= 1 and --new-tokens >= 2");
   const ModelConfig config = preset_config(o.preset, o.num_layers);
+  DCP_ARG_CHECK(config.num_attention_heads % o.ranks == 0, "--ranks ", o.ranks,
+                " must divide the model's ", config.num_attention_heads, " heads");
+  std::printf(
+      "decode throughput, %s %d layers, TP %d, context %lld, %d new tokens, %.1f MiB KV per "
+      "rank\n",
+      o.preset.c_str(), o.num_layers, o.ranks, static_cast<long long>(o.context), o.new_tokens,
+      o.kv_budget_mib);
+  std::printf("%4s %5s %12s %8s %10s %12s %10s %9s %9s\n", "dcp", "conc", "kv tokens", "running",
+              "tokens", "tokens/s", "step ms", "attn ms", "comm ms");
   const std::size_t row_bytes = static_cast<std::size_t>(config.latent_width()) * 2;  // bf16
   const auto concurrency = parse_list(o.concurrency, "--concurrency");
   std::vector<EngineBenchRow> rows;

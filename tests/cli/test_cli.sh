@@ -245,6 +245,7 @@ bad_value "bench engine, 0 layers" "--num-layers: 0 must be >= 1" -- bench engin
 bad_value "bench engine, 0 concurrency" "--concurrency: 0 must be >= 1" -- bench engine --concurrency 0
 bad_value "bench engine, KV budget" "--kv-budget-mib: -1 must be > 0" -- bench engine --kv-budget-mib -1
 bad_value "bench engine, 1 new token" "--new-tokens: 1 must be >= 2" -- bench engine --new-tokens 1
+bad_value "bench engine, ranks not dividing the heads" "^dcp: error: --ranks 3 must divide the model's 8 heads" -- bench engine --ranks 3
 bad_value "bench step, context 0" "--contexts: 0 must be >= 1" -- bench step --contexts 0
 bad_value "bench extend, 0 layers" "--num-layers: 0 must be >= 1" -- bench extend --num-layers 0
 bad_value "plan, context not a number" "--contexts: 'x' is not an integer" -- plan --contexts 1024,x
