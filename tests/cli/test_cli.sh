@@ -248,6 +248,7 @@ bad_value "bench engine, 1 new token" "--new-tokens: 1 must be >= 2" -- bench en
 bad_value "bench engine, ranks not dividing the heads" "^dcp: error: --ranks 3 must divide the model's 8 heads" -- bench engine --ranks 3
 bad_value "bench step, context 0" "--contexts: 0 must be >= 1" -- bench step --contexts 0
 bad_value "bench extend, 0 layers" "--num-layers: 0 must be >= 1" -- bench extend --num-layers 0
+bad_value "bench extend, size not dividing the heads" "^dcp: error: --dcp-size 3 must divide the model's 8 heads" -- bench extend --dcp-size 3
 bad_value "plan, context not a number" "--contexts: 'x' is not an integer" -- plan --contexts 1024,x
 bad_value "plan, context 0" "--contexts: 0 must be >= 1" -- plan --contexts 0
 bad_value "plan, link bandwidth" "--link-gbps: -1 must be > 0" -- plan --link-gbps -1
