@@ -71,7 +71,6 @@ std::string format_fixed(double value, int width, int decimals) {
 }  // namespace
 
 void bench_attention(const AttentionBenchOptions& o) {
-  DCP_ARG_CHECK(o.threads >= 1 && o.repeats >= 1, "--threads and --repeats must be >= 1");
   const bool cold = parse_cache_state(o.cache, "--cache") == CacheState::cold;
   const auto contexts = parse_list(o.contexts, "--contexts");
   const auto heads = parse_list(o.heads, "--heads");

@@ -28,7 +28,6 @@ namespace dcp::cli {
 // ---- merge and KV write/gather against the read ceiling ----
 
 void bench_merge(const MergeBenchOptions& o) {
-  DCP_ARG_CHECK(o.repeats >= 1, "--repeats = ", o.repeats, " must be >= 1");
   const int repeats = o.repeats;
   const bool cold = parse_cache_state(o.cache, "--cache") == CacheState::cold;
   CacheFlusher memory;

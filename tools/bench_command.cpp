@@ -112,11 +112,12 @@ void add_bench_command(CLI::App& app) {
   cm->add_option("--svg", co->svg, "write a plot (ratio vs tokens) as SVG (rank 0)")
       ->check(writable_file());
   cm->callback([co] {
+    const auto ranks = parse_list(co->ranks, "--ranks"),
+               token_counts = parse_list(co->tokens, "--tokens");
     if (co->comm == "threads") {  // every rank's query and combine buffers hold N blocks
-      const auto ranks = parse_list(co->ranks, "--ranks"),
-                 tokens = parse_list(co->tokens, "--tokens");
       const double n = static_cast<double>(*std::max_element(ranks.begin(), ranks.end()));
-      const double t = static_cast<double>(*std::max_element(tokens.begin(), tokens.end()));
+      const double t =
+          static_cast<double>(*std::max_element(token_counts.begin(), token_counts.end()));
       check_fits_in_memory(6.0 * n * n * t * co->heads_per_rank * (512 + 64) * sizeof(float),
                            str("--ranks ", n, " as threads with --tokens ", t),
                            "lower --ranks or --tokens, or run one rank per process (--comm mpi)");
@@ -129,7 +130,7 @@ void add_bench_command(CLI::App& app) {
                 "raw ms", "ratio");
     std::vector<CommBenchRow> rows;  // rank 0's
     bool rank0 = true;               // under MPI, whether this process is rank 0
-    for (std::int64_t tokens : parse_list(co->tokens, "--tokens")) {
+    for (std::int64_t tokens : token_counts) {
       if (co->comm == "mpi") {
         static std::unique_ptr<MpiSession> session;
         if (!session) session = std::make_unique<MpiSession>(nullptr, nullptr);
@@ -139,7 +140,7 @@ void add_bench_command(CLI::App& app) {
             bench_comm_rank(*world, co->heads_per_rank, static_cast<int>(tokens), co->repeats);
         rows.insert(rows.end(), got.begin(), got.end());
       } else {
-        for (std::int64_t n : parse_list(co->ranks, "--ranks")) {
+        for (std::int64_t n : ranks) {
           run_threads(static_cast<int>(n), [&](Communicator& c) {
             const auto got =
                 bench_comm_rank(c, co->heads_per_rank, static_cast<int>(tokens), co->repeats);

@@ -42,11 +42,8 @@ std::vector<int> dcp_sizes(int ranks) {
 }  // namespace
 
 std::vector<EngineBenchRow> bench_engine(const EngineBenchOptions& o) {
-  DCP_ARG_CHECK(o.ranks >= 1 && o.context >= 1 && o.new_tokens >= 2,
-                "--ranks, --context >= 1 and --new-tokens >= 2");
   const ModelConfig config = preset_config(o.preset, o.num_layers);
-  DCP_ARG_CHECK(config.num_attention_heads % o.ranks == 0, "--ranks ", o.ranks,
-                " must divide the model's ", config.num_attention_heads, " heads");
+  check_divides_heads(config, o.ranks, "--ranks");
   std::printf(
       "decode throughput, %s %d layers, TP %d, context %lld, %d new tokens, %.1f MiB KV per "
       "rank\n",
@@ -124,13 +121,10 @@ std::vector<EngineBenchRow> bench_engine(const EngineBenchOptions& o) {
 }
 
 void bench_step(const StepBenchOptions& o) {
-  DCP_ARG_CHECK(o.ranks >= 1 && o.batch >= 1 && o.new_tokens >= 2,
-                "--ranks, --batch >= 1 and --new-tokens >= 2");
   const ModelConfig config = preset_config(o.preset, o.num_layers);
   const Hardware hw = hardware_preset(o.hardware);
   const CombineBackend backend = parse_combine_backend(o.backend);
-  DCP_ARG_CHECK(config.num_attention_heads % o.ranks == 0, "--ranks ", o.ranks,
-                " must divide the model's ", config.num_attention_heads, " heads");
+  check_divides_heads(config, o.ranks, "--ranks");
   const int h_loc = config.num_attention_heads / o.ranks;
   const int layers = config.num_hidden_layers;
   set_blas_threads(1);

@@ -26,11 +26,8 @@
 namespace dcp::cli {
 
 std::vector<ExtendRow> bench_extend(const ExtendBenchOptions& o) {
-  DCP_ARG_CHECK(o.dcp_size >= 1 && o.chunk >= 1 && o.repeats >= 1,
-                "--dcp-size, --chunk and --repeats must be >= 1");
   const ModelConfig config = preset_config(o.preset, o.num_layers);
-  DCP_ARG_CHECK(config.num_attention_heads % o.dcp_size == 0, "--dcp-size ", o.dcp_size,
-                " must divide the model's ", config.num_attention_heads, " heads");
+  check_divides_heads(config, o.dcp_size, "--dcp-size");
   const std::vector<std::int64_t> prefixes = parse_list(o.prefix_lens, "--prefix-lens");
   const std::int64_t longest = *std::max_element(prefixes.begin(), prefixes.end());
   std::vector<ExtendRow> rows(prefixes.size());

@@ -98,6 +98,11 @@ std::vector<std::int64_t> parse_list(const std::string& text, const char* flag) 
   return v;
 }
 
+void check_divides_heads(const ModelConfig& model, int size, const char* flag) {
+  DCP_ARG_CHECK(size >= 1 && model.num_attention_heads % size == 0, flag, " ", size,
+                " must divide the model's ", model.num_attention_heads, " attention heads");
+}
+
 double physical_memory_bytes() {
   return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dcp/error.h"
+#include "dcp/model_config.h"
 
 namespace dcp::cli {
 
@@ -31,6 +32,9 @@ auto with_flag(const char* flag, F&& f) -> decltype(f()) {
     throw Error(e.category(), str(flag, ": ", e.what()));
   }
 }
+
+// `flag` (a TP or DCP size) must divide the model's attention heads; dcp::Error otherwise.
+void check_divides_heads(const ModelConfig& model, int size, const char* flag);
 
 // This machine's physical memory in bytes.
 double physical_memory_bytes();

@@ -60,9 +60,7 @@ void plan(const PlanOptions& o) {
   if (o.link_gbps > 0) hw.link_bandwidth = o.link_gbps * 1e9;
   if (o.link_latency_us >= 0) hw.link_latency = o.link_latency_us * 1e-6;
   if (o.memory_gib > 0) hw.memory_bytes = o.memory_gib * (1ull << 30);
-  DCP_ARG_CHECK(o.tp_size >= 1 && c.num_attention_heads % o.tp_size == 0, "--tp-size ", o.tp_size,
-                " must divide the model's ", c.num_attention_heads, " heads");
-  DCP_ARG_CHECK(o.batch >= 1, "--batch ", o.batch, " must be >= 1");
+  check_divides_heads(c, o.tp_size, "--tp-size");
   const KvDtype dtype = parse_kv_dtype(o.kv_dtype);
   const int h_loc = c.num_attention_heads / o.tp_size;
   const double row_bytes = static_cast<double>(c.latent_width()) * dtype_size(dtype);

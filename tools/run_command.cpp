@@ -128,9 +128,6 @@ Workload build_workload(const RunOptions& o) {
   DCP_ARG_CHECK(o.prompt_len >= 1, "--prompt-len ", o.prompt_len, " must be >= 1");
   DCP_ARG_CHECK(o.max_new_tokens >= 1, "--max-new-tokens ", o.max_new_tokens, " must be >= 1");
   DCP_ARG_CHECK(o.page_size >= 1, "--page-size ", o.page_size, " must be >= 1");
-  DCP_ARG_CHECK(o.num_layers >= 0, "--num-layers ", o.num_layers, " must be >= 1");
-  DCP_ARG_CHECK(o.max_total_tokens >= 0, "--max-total-tokens ", o.max_total_tokens,
-                " must be >= 1");
   if (!o.model_path.empty()) {
     w.model = with_flag("--model-path", [&] { return read_checkpoint_config(o.model_path); });
     if (o.num_layers > 0) {
@@ -144,9 +141,7 @@ Workload build_workload(const RunOptions& o) {
   }
   w.parallel = o.parallel.to_config();
   // Checked again by every rank's model; here it fails before any rank thread starts.
-  DCP_ARG_CHECK(w.model.num_attention_heads % w.parallel.tp_size == 0, "--tp-size ",
-                w.parallel.tp_size, " must divide the model's num_attention_heads ",
-                w.model.num_attention_heads);
+  check_divides_heads(w.model, w.parallel.tp_size, "--tp-size");
   w.comm = o.comm;
   w.model_options.replicate_q_proj = w.parallel.replicate_q_proj;
   w.model_options.kv_dtype = parse_kv_dtype(o.kv_cache_dtype);
@@ -644,7 +639,8 @@ void add_run_command(CLI::App& app) {
                   "prompt tokens per prefill step")
       ->capture_default_str();
   cmd->add_option("--max-total-tokens", o->max_total_tokens,
-                  "KV capacity in tokens (default, or 0: what the workload needs)");
+                  "KV capacity in tokens (default, or 0: what the workload needs)")
+      ->check(at_least(0));
   cmd->add_option("--batch", o->batch, "synthetic requests")->capture_default_str();
   cmd->add_option("--prompt-len", o->prompt_len, "longest synthetic prompt")->capture_default_str();
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "tokens to generate per request")

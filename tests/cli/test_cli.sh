@@ -96,7 +96,7 @@ expect 2 "bad token id" -- run --prompt-tokens "1,x"
 expect 2 "token outside vocab" -- run --prompt-tokens "100000" --max-new-tokens 1
 check "names the vocabulary" stderr_has "outside the vocabulary"
 expect 2 "tp does not divide heads" -- run --tp-size 16 --dcp-size 4 --preset tiny
-check "refused before any rank starts (no 'rank N:')" stderr_has "^dcp: error: --tp-size 16 must divide the model's num_attention_heads 8"
+check "refused before any rank starts (no 'rank N:')" stderr_has "^dcp: error: --tp-size 16 must divide the model's 8 attention heads"
 expect 1 "missing checkpoint" -- run --model-path "$tmp/none"
 check "names --model-path" stderr_has "^dcp: error: --model-path: checkpoint directory $tmp/none has no config.json"
 expect 1 "draft checkpoint without a config" -- run --speculative-num-draft-tokens 2 --speculative-draft "$tmp"
@@ -245,10 +245,12 @@ bad_value "bench engine, 0 layers" "--num-layers: 0 must be >= 1" -- bench engin
 bad_value "bench engine, 0 concurrency" "--concurrency: 0 must be >= 1" -- bench engine --concurrency 0
 bad_value "bench engine, KV budget" "--kv-budget-mib: -1 must be > 0" -- bench engine --kv-budget-mib -1
 bad_value "bench engine, 1 new token" "--new-tokens: 1 must be >= 2" -- bench engine --new-tokens 1
-bad_value "bench engine, ranks not dividing the heads" "^dcp: error: --ranks 3 must divide the model's 8 heads" -- bench engine --ranks 3
+bad_value "bench engine, ranks not dividing the heads" "^dcp: error: --ranks 3 must divide the model's 8 attention heads" -- bench engine --ranks 3
 bad_value "bench step, context 0" "--contexts: 0 must be >= 1" -- bench step --contexts 0
 bad_value "bench extend, 0 layers" "--num-layers: 0 must be >= 1" -- bench extend --num-layers 0
-bad_value "bench extend, size not dividing the heads" "^dcp: error: --dcp-size 3 must divide the model's 8 heads" -- bench extend --dcp-size 3
+bad_value "bench step, ranks not dividing the heads" "^dcp: error: --ranks 3 must divide the model's 8 attention heads" -- bench step --preset tiny --ranks 3
+bad_value "plan, TP not dividing the heads" "^dcp: error: --tp-size 3 must divide the model's 8 attention heads" -- plan --preset tiny --tp-size 3
+bad_value "bench extend, size not dividing the heads" "^dcp: error: --dcp-size 3 must divide the model's 8 attention heads" -- bench extend --dcp-size 3
 bad_value "plan, context not a number" "--contexts: 'x' is not an integer" -- plan --contexts 1024,x
 bad_value "plan, context 0" "--contexts: 0 must be >= 1" -- plan --contexts 0
 bad_value "plan, link bandwidth" "--link-gbps: -1 must be > 0" -- plan --link-gbps -1
