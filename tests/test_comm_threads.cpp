@@ -2,7 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm_checks.h"
@@ -30,6 +32,31 @@ TEST(CommThreads, Split) {
 TEST(CommThreads, ByteAccounting) {
   for (int n : kSizes) {
     run_threads(n, [](Communicator& c) { test::check_byte_accounting(c); });
+  }
+}
+
+// A barrier spins for a while, then sleeps: ranks arriving within the spin and long after it
+// (here up to 20 ms late) must all meet, each collective seeing the data of its own round.
+TEST(CommThreads, RanksArrivingAtDifferentTimesMeetInEveryRound) {
+  const std::chrono::microseconds delays[] = {
+      std::chrono::microseconds(0), std::chrono::microseconds(30), std::chrono::microseconds(2000),
+      std::chrono::microseconds(20000)};
+  for (int n : {2, 3, 5}) {
+    SCOPED_TRACE("ranks " + std::to_string(n));
+    run_threads(n, [&](Communicator& c) {
+      for (int round = 0; round < 12; ++round) {
+        std::this_thread::sleep_for(delays[(round + c.rank()) % 4]);
+        const int mine = 100 * round + c.rank();
+        std::vector<int> all(static_cast<std::size_t>(c.size()), -1);
+        c.all_gather(&mine, all.data(), sizeof mine);
+        for (int j = 0; j < c.size(); ++j)
+          ASSERT_EQ(all[j], 100 * round + j) << "rank " << c.rank();
+        std::vector<int> sum(1, 0);
+        std::vector<int> ones(static_cast<std::size_t>(c.size()), round);
+        c.reduce_scatter(ones.data(), sum.data(), 1, ScalarType::i32, ReduceOp::sum);
+        ASSERT_EQ(sum[0], round * c.size()) << "rank " << c.rank();
+      }
+    });
   }
 }
 
