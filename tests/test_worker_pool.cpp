@@ -38,6 +38,29 @@ TEST(WorkerPool, EveryPartRunsOnceOnItsOwnThread) {
   }
 }
 
+// Workers and the caller poll for a while before they sleep: runs that start soon after the last
+// and long after it (workers asleep), and parts that finish at once or late (the caller asleep),
+// must each run every part exactly once and return only when all have.
+TEST(WorkerPool, RunsAfterShortAndLongPausesRunEveryPart) {
+  const std::chrono::microseconds pauses[] = {std::chrono::microseconds(0),
+                                              std::chrono::microseconds(30),
+                                              std::chrono::microseconds(2000),
+                                              std::chrono::microseconds(20000)};
+  WorkerPool pool(3);
+  for (int round = 0; round < 16; ++round) {
+    std::this_thread::sleep_for(pauses[round % 4]);
+    const int count = 1 + round % 4;
+    std::vector<std::atomic<int>> runs(4);
+    pool.run(count, [&](int i) {
+      if (i == count - 1) std::this_thread::sleep_for(pauses[(round / 4) % 4]);
+      runs[i].fetch_add(1);
+    });
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(runs[i].load(), i < count ? 1 : 0) << "round " << round << ", part " << i;
+    }
+  }
+}
+
 TEST(WorkerPool, PartsRunAtTheSameTime) {
   // Each part waits (up to 10 s, so a serial pool fails instead of hanging) until all have
   // started: every part sees all three only if they run concurrently.

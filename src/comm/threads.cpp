@@ -2,8 +2,7 @@
 // buffer pointers, waits for all, reads what it needs straight from its peers' buffers, and
 // waits again so that no buffer is released while a peer still reads it. Waits poll a
 // world-wide abort flag and a deadline, so one failing rank never leaves the others hanging.
-// A barrier first spins for a short while, yielding its core, and only then sleeps: waking a
-// sleeping thread took ~30 us here, ten times what a small collective's copies cost.
+// A barrier polls for a short while before it sleeps (core/spin_wait.h).
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -18,6 +17,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/spin_wait.h"
 #include "dcp/comm_threads.h"
 #include "dcp/error.h"
 #include "reduce.h"
@@ -27,10 +27,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr auto kPoll = std::chrono::milliseconds(10);
-// How long a barrier spins before it sleeps: long enough for peers that are a few copies or a
-// short kernel behind, short enough that a rank waiting on a long computation (prefill, dense
-// layers) sleeps instead of competing for a core.
-constexpr auto kSpin = std::chrono::microseconds(200);
 
 // Shared by every group made under one run_threads call.
 struct World {
@@ -113,7 +109,9 @@ struct Group {
       return;
     }
     lk.unlock();
-    if (spin_until_changed(gen)) return;
+    if (detail::spin_until([&] { return generation.load(std::memory_order_acquire) != gen; })) {
+      return;
+    }
     lk.lock();
     wait(
         lk, rank, what, [&] { return generation.load(std::memory_order_relaxed) != gen; },
@@ -125,19 +123,6 @@ struct Group {
           }
           return str("rank(s) ", ranks, " that never arrived");
         });
-  }
-
-  // Spins up to kSpin for the generation to move past `gen`, yielding the core between checks so
-  // that a peer sharing it (more ranks than cores) can get there. False: still waiting.
-  bool spin_until_changed(std::uint64_t gen) const {
-    const auto until = Clock::now() + kSpin;
-    do {
-      for (int i = 0; i < 64; ++i) {
-        if (generation.load(std::memory_order_acquire) != gen) return true;
-      }
-      std::this_thread::yield();
-    } while (Clock::now() < until);
-    return false;
   }
 };
 

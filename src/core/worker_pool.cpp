@@ -2,6 +2,7 @@
 
 #include <memory>
 
+#include "core/spin_wait.h"
 #include "dcp/error.h"
 
 namespace dcp {
@@ -15,7 +16,7 @@ WorkerPool::WorkerPool(int workers) {
 WorkerPool::~WorkerPool() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    stop_ = true;
+    stop_.store(true, std::memory_order_release);
   }
   start_.notify_all();
   for (std::thread& t : threads_) t.join();
@@ -32,9 +33,10 @@ void WorkerPool::run(int count, const std::function<void(int)>& job) {
               "on the same thread's pool)");
     job_ = &job;
     count_ = count;
-    running_ = count - 1;
+    running_.store(count - 1, std::memory_order_relaxed);
     errors_.assign(static_cast<std::size_t>(count), nullptr);
-    ++generation_;
+    // Release: a worker that sees the new generation while it polls sees the job above too.
+    generation_.fetch_add(1, std::memory_order_release);
   }
   if (count > 1) start_.notify_all();
   std::exception_ptr mine;
@@ -43,8 +45,9 @@ void WorkerPool::run(int count, const std::function<void(int)>& job) {
   } catch (...) {
     mine = std::current_exception();
   }
+  detail::spin_until([this] { return running_.load(std::memory_order_acquire) == 0; });
   std::unique_lock<std::mutex> lock(mutex_);
-  finished_.wait(lock, [this] { return running_ == 0; });
+  finished_.wait(lock, [this] { return running_.load(std::memory_order_relaxed) == 0; });
   job_ = nullptr;
   errors_[0] = mine;
   for (const std::exception_ptr& e : errors_) {
@@ -60,10 +63,17 @@ bool WorkerPool::busy() {
 void WorkerPool::work(int worker) {
   std::uint64_t seen = 0;
   std::unique_lock<std::mutex> lock(mutex_);
+  const auto next = [&] {
+    return stop_.load(std::memory_order_acquire) ||
+           generation_.load(std::memory_order_acquire) != seen;
+  };
   for (;;) {
-    start_.wait(lock, [&] { return stop_ || generation_ != seen; });
+    lock.unlock();
+    detail::spin_until(next);  // then the mutex, and sleep only if nothing came
+    lock.lock();
+    start_.wait(lock, next);
     if (stop_) return;
-    seen = generation_;
+    seen = generation_.load(std::memory_order_relaxed);
     const int part = worker + 1;
     if (part >= count_) continue;  // this run needs fewer parts
     const std::function<void(int)>* job = job_;
@@ -76,7 +86,7 @@ void WorkerPool::work(int worker) {
     }
     lock.lock();
     errors_[static_cast<std::size_t>(part)] = error;
-    if (--running_ == 0) finished_.notify_one();
+    if (running_.fetch_sub(1, std::memory_order_acq_rel) == 1) finished_.notify_one();
   }
 }
 
