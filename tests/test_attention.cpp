@@ -212,6 +212,43 @@ TEST(Attention, EveryHeadCountAndWidthOnEveryPath) {
   }
 }
 
+TEST(Attention, PrefillChunksInTokenBlocksMatchTheReference) {
+  // Prefill and verification attend many consecutive tokens of a request: with up to 32 heads
+  // they run in blocks (the rows every token of a block sees in one task, each token's own last
+  // rows in another, LSE-merged). Long query runs cross block boundaries and leave remainders;
+  // a short shard leaves blocks too small to form; threads cut the tasks by their work.
+  auto rng = test::make_rng();
+  for (const int heads : {1, 3, 8, 16, 32, 33}) {
+    for (const KvDtype dtype : {KvDtype::fp32, KvDtype::bf16}) {
+      for (const Variant v : {Variant::causal, Variant::sinks, Variant::softcap,
+                              Variant::non_causal, Variant::window}) {
+        test::ContextSpec spec;
+        spec.heads = heads;
+        spec.lengths = {rng.range(150, 500), rng.range(2, 40), rng.range(60, 300)};
+        spec.q_lens = {static_cast<int>(rng.range(20, 140)), 2, static_cast<int>(rng.range(5, 60))};
+        spec.q_lens[1] = static_cast<int>(std::min<std::int64_t>(spec.lengths[1], 7));
+        auto in = test::random_context(spec, dtype, rng);
+        apply_variant(v, in, rng);
+        const int n = static_cast<int>(rng.range(1, 3));
+        const int page = static_cast<int>(rng.range(1, 20));
+        const auto shards = test::stripe(in, n, 1, page, dtype, rng);
+        const int r = static_cast<int>(rng.range(0, n - 1));
+        MlaAttentionParams p = test::shard_params(in, shards[r], dtype, page, n, r, 1);
+        const ref::AttentionResult expect = local_reference(p);
+        for (KernelPath kernel : available_kernel_paths()) {
+          for (int threads : {1, 2, 3}) {
+            const std::string what = std::string(to_string(kernel)) + " heads " +
+                                     std::to_string(heads) + " " + name(v) + " " +
+                                     std::string(to_string(dtype)) + " N=" + std::to_string(n) +
+                                     " threads " + std::to_string(threads);
+            ASSERT_TRUE(matches_reference(run_rank(p, kernel, threads), expect, what));
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Attention, BlockedQueryLayoutIsReadInPlace) {
   // q_head_block: the query as a DCP gather leaves it, [Hq / H, T, H, W]. Every path, and the
   // reference, must read it as the plain [T, Hq, W] query it permutes.

@@ -501,7 +501,7 @@ void run_amx_bf16(const MlaAttentionParams& p, const Task* tasks, std::size_t n)
   configure_tiles();  // per thread: the tile configuration is thread state
   {
     AmxKernel k(p);
-    for (std::size_t i = 0; i < n; ++i) k.run(tasks[i]);
+    for (std::size_t i = 0; i < n; ++i) for_each_token(k, tasks[i]);
   }
   _tile_release();
 }

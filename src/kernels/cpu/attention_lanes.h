@@ -7,9 +7,11 @@
 //
 // Qt (the token's query, transposed and pre-scaled) is packed once per task and reused by every
 // KV tile; rows are read straight from the paged pool (bf16 rows widened once per tile), so
-// nothing per row is transposed. With heads in the lanes of S, the online softmax is elementwise
-// over head vectors (no horizontal reductions), and its rescale of O is folded into the value
-// micro-kernel's load of its accumulators.
+// nothing per row is transposed. A task over a block of tokens (prefill, verification) puts all
+// their heads in the lanes, token after token, so each row is read once for the whole block. With
+// heads in the lanes of S, the online softmax is elementwise over head vectors (no horizontal
+// reductions), and its rescale of O is folded into the value micro-kernel's load of its
+// accumulators.
 #pragma once
 
 #include <algorithm>
@@ -37,25 +39,20 @@ class LaneKernel {
 
   explicit LaneKernel(const MlaAttentionParams& p)
       : p_(p),
-        heads_(p.num_heads),
-        lanes_((p.num_heads + V - 1) / V * V),
         dc_(p.kv_lora_rank),
         width_(p.kv_lora_rank + p.rope_dim),
-        qt_(static_cast<std::size_t>(width_) * lanes_),
-        s_(static_cast<std::size_t>(kRows) * lanes_),
-        acc_(static_cast<std::size_t>(heads_) * dc_),
-        m_(lanes_),
-        l_(lanes_),
-        corr_(lanes_),
         rows_buf_(static_cast<std::size_t>(kRows) * width_),
         zero_row_(width_, 0.0f),
-        prefetch_(width_ * static_cast<int>(dtype_size(p.kv_dtype))) {}
+        prefetch_(width_ * static_cast<int>(dtype_size(p.kv_dtype))) {
+    size_for(p.num_heads);
+  }
 
   void run(const Task& task) {
+    size_for(task.tokens * p_.num_heads);
     pack_query(task.t);
-    std::fill(acc_.begin(), acc_.end(), 0.0f);
-    std::fill(m_.begin(), m_.end(), kNegInf);
-    std::fill(l_.begin(), l_.end(), 0.0f);
+    std::fill(acc_.begin(), acc_.begin() + static_cast<std::ptrdiff_t>(heads_) * dc_, 0.0f);
+    std::fill(m_.begin(), m_.begin() + lanes_, kNegInf);
+    std::fill(l_.begin(), l_.begin() + lanes_, 0.0f);
     for (std::int64_t start = task.first; start < task.last; start += kRows) {
       const int n = static_cast<int>(std::min<std::int64_t>(kRows, task.last - start));
       load_tile(task.b, task.rows, start, n);
@@ -72,16 +69,35 @@ class LaneKernel {
   using S = Simd<V>;
   using vec = typename S::vec;
 
+  // Query vectors (heads x tokens) of the task at hand; the buffers grow to the largest seen.
+  void size_for(int heads) {
+    heads_ = heads;
+    lanes_ = (heads + V - 1) / V * V;
+    const std::size_t lanes = static_cast<std::size_t>(lanes_);
+    if (m_.size() >= lanes && acc_.size() >= static_cast<std::size_t>(heads_) * dc_) return;
+    qt_.resize(static_cast<std::size_t>(width_) * lanes);
+    s_.resize(static_cast<std::size_t>(kRows) * lanes);
+    acc_.resize(static_cast<std::size_t>(heads_) * dc_);
+    m_.resize(lanes);
+    l_.resize(lanes);
+    corr_.resize(lanes);
+  }
+
   // Qt[d][h] = q[h][d] * scale; padding lanes (h >= heads) are zero and are never written out.
   // 16 heads x 16 columns at a time through a register transpose, so that every store writes a
-  // run of heads (one at a time, each store hit a different cache line).
+  // run of heads (one at a time, each store hit a different cache line). Lane h of a block task
+  // is head h % H of token t + h / H.
+  const float* query_lane(std::int64_t t, int h) const {
+    return query_head(p_, tokens_, t + h / p_.num_heads, h % p_.num_heads);
+  }
+
   void pack_query(std::int64_t t) {
-    std::fill(qt_.begin(), qt_.end(), 0.0f);
+    std::fill(qt_.begin(), qt_.begin() + static_cast<std::ptrdiff_t>(width_) * lanes_, 0.0f);
     const float scale = p_.softmax_scale;
     heads_to_lanes(
         heads_, width_,
         [&](int h, int d, Words16& row) {
-          const float* qh = query_head(p_, tokens_, t, h) + d;
+          const float* qh = query_lane(t, h) + d;
           float scaled[16];
           for (int e = 0; e < 16; ++e) scaled[e] = qh[e] * scale;
           std::memcpy(&row, scaled, sizeof scaled);
@@ -95,7 +111,7 @@ class LaneKernel {
           }
         });
     for (int h = 0; h < heads_; ++h) {  // the last width % 16 columns
-      const float* qh = query_head(p_, tokens_, t, h);
+      const float* qh = query_lane(t, h);
       for (int d = width_ / 16 * 16; d < width_; ++d)
         qt_[static_cast<std::size_t>(d) * lanes_ + h] = qh[d] * scale;
     }
@@ -355,9 +371,10 @@ class LaneKernel {
   }
 
   const MlaAttentionParams& p_;
-  int heads_, lanes_, dc_, width_;
+  int heads_ = 0, lanes_ = 0;  // query vectors of the current task (size_for), and padded to V
+  int dc_, width_;
   std::int64_t tokens_ = num_query_tokens(p_);  // T, for query_head
-  LineVector<float> qt_;                        // [width, lanes] scaled query, transposed
+  LineVector<float> qt_;                        // [width, lanes] scaled queries, transposed
   LineVector<float> s_;                         // [kRows, lanes] scores, then probabilities
   LineVector<float> acc_;                       // [heads, dc] unnormalised output
   LineVector<float> m_, l_, corr_;  // [lanes] running max, denominator, this tile's rescale

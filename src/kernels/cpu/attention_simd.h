@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 
 #include "attention_lanes.h"
 #include "attention_rows.h"
@@ -17,15 +18,32 @@ constexpr int kLaneKernelMinHeads = 8;
 
 template <int V>
 void run_simd(const MlaAttentionParams& p, const Task* tasks, std::size_t n) {
+  // A block of tokens is heads x tokens query vectors over one set of rows: the lanes kernel's
+  // shape whatever the head count.
+  bool blocks = false;
+  for (std::size_t i = 0; i < n; ++i) blocks = blocks || tasks[i].tokens > 1;
   if (p.num_heads >= kLaneKernelMinHeads) {
     LaneKernel<V> k(p);
     for (std::size_t i = 0; i < n; ++i) k.run(tasks[i]);
-  } else if (p.kv_dtype == KvDtype::bf16) {
+    return;
+  }
+  std::optional<LaneKernel<V>> lanes;
+  if (blocks) lanes.emplace(p);
+  const auto each = [&](auto& rows_kernel) {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (tasks[i].tokens > 1) {
+        lanes->run(tasks[i]);
+      } else {
+        rows_kernel.run(tasks[i]);
+      }
+    }
+  };
+  if (p.kv_dtype == KvDtype::bf16) {
     RowKernel<V, bf16_t> k(p);
-    for (std::size_t i = 0; i < n; ++i) k.run(tasks[i]);
+    each(k);
   } else {
     RowKernel<V, float> k(p);
-    for (std::size_t i = 0; i < n; ++i) k.run(tasks[i]);
+    each(k);
   }
 }
 

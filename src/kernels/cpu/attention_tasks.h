@@ -1,6 +1,7 @@
-// Internal: the unit of work the local attention kernels share. A task attends one query token
-// over part of its visible rows and writes an (O, LSE) state; split-KV tasks of one token are
-// merged afterwards with the LSE merge.
+// Internal: the unit of work the local attention kernels share. A task attends one query token, or
+// a block of consecutive tokens of one request, over part of their visible rows and writes an
+// (O, LSE) state per token; the parts of one token (split-KV, or a block's shared rows and the
+// token's own) are merged afterwards with the LSE merge.
 #pragma once
 
 #include <cstddef>
@@ -21,7 +22,12 @@ struct RowSet {
 
 struct Task {
   int b = 0;           // request
-  std::int64_t t = 0;  // query token
+  std::int64_t t = 0;  // query token (the first of the block)
+  // Query tokens t .. t + tokens - 1, all over the same rows (prefill and verification: a block's
+  // rows are read once for all its tokens). Kernels that do not block run the tokens one by one
+  // (for_each_token). Token i writes at out + i * out_token_stride, lse + i * lse_token_stride.
+  int tokens = 1;
+  std::int64_t out_token_stride = 0, lse_token_stride = 0;
   RowSet rows;
   std::int64_t first = 0, last = 0;   // the part of `rows` this task covers
   float* out = nullptr;               // [Hq, D_c] (heads of block k at + k * block_stride)
@@ -65,11 +71,34 @@ inline void physical_rows(const MlaAttentionParams& p, int b, const RowSet& rows
 }  // namespace
 
 // Writes a task's (O, LSE) from the online-softmax state every kernel ends with: running max m,
-// denominator l and unnormalised output acc ([heads, acc_stride]) per head. out = acc / l and
-// lse = m + log l, or 0 and -inf where no row was visible; then the sink, if the task carries
-// it, as the merge of a valueless state (merge_sink).
+// denominator l and unnormalised output acc ([heads, acc_stride]) per head, the heads of token i
+// of a block at i * num_heads. out = acc / l and lse = m + log l, or 0 and -inf where no row was
+// visible; then the sink, if the task carries it, as the merge of a valueless state (merge_sink).
 void write_task_state(const MlaAttentionParams& p, const Task& task, const float* acc,
                       std::size_t acc_stride, const float* m, const float* l);
+
+// At most this many heads x tokens in one block task (the heads-in-lanes kernel's 128-head shape).
+constexpr int kMaxBlockLanes = 128;
+
+// Token i of a block task as a task of its own.
+inline Task token_of(const Task& block, int i) {
+  Task one = block;
+  one.tokens = 1;
+  one.t = block.t + i;
+  one.out = block.out + i * block.out_token_stride;
+  one.lse = block.lse + i * block.lse_token_stride;
+  return one;
+}
+
+// Runs a task on a kernel that attends one token at a time.
+template <typename Kernel>
+void for_each_token(Kernel& kernel, const Task& task) {
+  if (task.tokens == 1) {
+    kernel.run(task);
+    return;
+  }
+  for (int i = 0; i < task.tokens; ++i) kernel.run(token_of(task, i));
+}
 
 // Each runs tasks sequentially on the calling thread.
 void run_portable(const MlaAttentionParams& p, const Task* tasks, std::size_t n);
