@@ -301,6 +301,60 @@ struct SplitParts {  // split-KV partial states, [splits, T, Hq, D_c] and [split
   std::vector<float> out, lse;
 };
 
+// Token blocks (prefill, verification): consecutive query tokens of one request whose visible
+// rows all start at row 0 (no window, no top-k) share the rows below the smallest of their limits.
+// One task attends those rows for the whole block (each row read once for all its tokens, heads x
+// tokens in the lanes), and each token's remaining rows (under one per N tokens after the block's
+// first, from the causal mask) are a task of their own; mla_attention LSE-merges the two parts.
+struct TokenBlocks {
+  std::vector<std::int64_t> shared;  // [T] rows the token shares with its block, -1 outside one;
+                                     // empty: no block at all
+  std::vector<std::int64_t> size;    // [T] the block's tokens, at its first token (else 0)
+};
+
+TokenBlocks plan_token_blocks(const MlaAttentionParams& p, const std::vector<RowSet>& rows) {
+  // From 64 heads one token fills the lanes kernel: blocks of two tokens were 2-4% slower there
+  // (the extra parts and merges, for no gain in rows read per FLOP).
+  const int block_tokens = kernels::kMaxBlockLanes / p.num_heads;
+  TokenBlocks blocks;
+  if (block_tokens < 4 || p.topk_k > 0 || p.window > 0) return blocks;
+  const std::size_t tokens = rows.size();
+  for (int b = 0; b < p.num_requests; ++b) {
+    for (std::int64_t t0 = p.q_start[b]; t0 < p.q_start[b + 1]; t0 += block_tokens) {
+      const std::int64_t t1 = std::min<std::int64_t>(t0 + block_tokens, p.q_start[b + 1]);
+      std::int64_t common = rows[t0].count;
+      for (std::int64_t t = t0; t < t1; ++t) common = std::min(common, rows[t].count);
+      if (t1 - t0 < 2 || common < kMinBlockRows) continue;
+      if (blocks.shared.empty()) {
+        blocks.shared.assign(tokens, -1);
+        blocks.size.assign(tokens, 0);
+      }
+      for (std::int64_t t = t0; t < t1; ++t) blocks.shared[t] = common;
+      blocks.size[t0] = t1 - t0;
+    }
+  }
+  return blocks;
+}
+
+// Where to cut a task list into `workers` contiguous runs of about equal work (rows x tokens: a
+// block task does the work of many one-token tasks). Run i is tasks [cut[i], cut[i + 1]).
+std::vector<std::size_t> cut_by_work(const std::vector<Task>& tasks, int workers) {
+  const auto work = [](const Task& task) {
+    return static_cast<double>(task.last - task.first) * task.tokens;
+  };
+  double total = 0;
+  for (const Task& task : tasks) total += work(task);
+  std::vector<std::size_t> cut(static_cast<std::size_t>(workers) + 1, tasks.size());
+  cut[0] = 0;
+  double sum = 0;
+  int next = 1;
+  for (std::size_t i = 0; i < tasks.size() && next < workers; ++i) {
+    sum += work(tasks[i]);
+    while (next < workers && sum >= total * next / workers) cut[next++] = i + 1;
+  }
+  return cut;
+}
+
 }  // namespace
 
 void mla_attention(const MlaAttentionParams& p) {
@@ -334,33 +388,12 @@ void mla_attention(const MlaAttentionParams& p) {
     splits = std::clamp<std::int64_t>(longest / kMinRowsPerSplit, 1,
                                       (threads + tokens - 1) / std::max<std::int64_t>(tokens, 1));
   }
-  // Token blocks (prefill, verification): consecutive query tokens of one request whose visible
-  // rows all start at row 0 (no window, no top-k) share the rows below the smallest of their
-  // limits. One task attends those rows for the whole block (each row read once for all its
-  // tokens, heads x tokens in the lanes), and each token's remaining rows (under N per token
-  // after the first, with causal masking) are a task of their own; the two parts are LSE-merged
-  // below. Split-KV and blocks exclude each other: blocks need several tokens, splits fewer tokens
-  // than threads.
-  // From 64 heads a token alone fills the lanes kernel (at 64 heads, blocks of two tokens were
-  // 2-4% slower: the extra parts and merges, for no gain in rows read per FLOP).
-  const int block_tokens = kernels::kMaxBlockLanes / heads;
-  const bool blocking = splits == 1 && block_tokens >= 4 && p.topk_k == 0 && p.window == 0;
-  std::vector<std::int64_t> shared(static_cast<std::size_t>(tokens), -1);     // -1: not in a block
-  std::vector<std::int64_t> block_size(static_cast<std::size_t>(tokens), 0);  // at a block's start
-  bool any_block = false;
-  if (blocking) {
-    for (int b = 0; b < p.num_requests; ++b) {
-      for (std::int64_t t0 = p.q_start[b]; t0 < p.q_start[b + 1]; t0 += block_tokens) {
-        const std::int64_t t1 = std::min<std::int64_t>(t0 + block_tokens, p.q_start[b + 1]);
-        std::int64_t common = rows[t0].count;
-        for (std::int64_t t = t0; t < t1; ++t) common = std::min(common, rows[t].count);
-        if (t1 - t0 < 2 || common < kMinBlockRows) continue;
-        for (std::int64_t t = t0; t < t1; ++t) shared[t] = common;
-        block_size[t0] = t1 - t0;
-        any_block = true;
-      }
-    }
-  }
+  // Split-KV and token blocks exclude each other: blocks need several tokens of a request,
+  // splits fewer tokens than threads.
+  const TokenBlocks blocks = splits == 1 ? plan_token_blocks(p, rows) : TokenBlocks{};
+  const bool any_block = !blocks.shared.empty();
+  const std::vector<std::int64_t>& shared = blocks.shared;
+  const std::vector<std::int64_t>& block_size = blocks.size;
   const std::int64_t parts = any_block ? 2 : splits;  // part states per token, where merged
   // The parts' states, kept per calling thread: a fresh 2 x 128 x 512 buffer per call was
   // zero-filled for nothing (every part is written), 8% of a two-thread AMX call at 128 heads
@@ -393,7 +426,7 @@ void mla_attention(const MlaAttentionParams& p) {
   };
   for (std::int64_t t = 0; t < tokens; ++t) {
     const RowSet& r = rows[t];
-    if (shared[t] >= 0) {
+    if (any_block && shared[t] >= 0) {
       if (block_size[t] > 0) {  // the block's shared rows, for all its tokens
         Task block;
         block.b = request_of[t];
@@ -439,20 +472,9 @@ void mla_attention(const MlaAttentionParams& p) {
   if (threads == 1 || tasks.size() <= 1) {
     if (!tasks.empty()) run(p, tasks.data(), tasks.size());
   } else {
-    // Contiguous runs of tasks, one per thread, cut where each holds about as many rows x tokens
-    // (a block task does the work of many one-token tasks).
+    // Contiguous runs of tasks, one per thread, on this thread and its kept workers.
     const int workers = static_cast<int>(std::min<std::size_t>(threads, tasks.size()));
-    std::vector<std::size_t> cut(static_cast<std::size_t>(workers) + 1, tasks.size());
-    cut[0] = 0;
-    double total = 0;
-    for (const Task& task : tasks)
-      total += static_cast<double>(task.last - task.first) * task.tokens;
-    double sum = 0;
-    int next = 1;
-    for (std::size_t i = 0; i < tasks.size() && next < workers; ++i) {
-      sum += static_cast<double>(tasks[i].last - tasks[i].first) * tasks[i].tokens;
-      while (next < workers && sum >= total * next / workers) cut[next++] = i + 1;
-    }
+    const std::vector<std::size_t> cut = cut_by_work(tasks, workers);
     this_thread_worker_pool(workers - 1).run(workers, [&](int i) {
       if (cut[i] < cut[i + 1]) run(p, tasks.data() + cut[i], cut[i + 1] - cut[i]);
     });
