@@ -367,12 +367,41 @@ TEST(Attention, BlockedOutputLayoutWritesEachBlockInPlace) {
   }
 }
 
+// The AMX path rounds q * scale and the probabilities to bf16. With bf16-exact queries and a
+// power-of-two scale the first rounding is exact, so what remains is P: each weight within 2^-9
+// of its value, the denominator kept in fp32, hence |O - O_ref| <= 2^-8 * max|V|. The scores are
+// exact products summed in fp32, so the LSE is as accurate as the fp32 paths'. Makes `in` such a
+// context and checks one rank of it (N = 3 ranks, or `n`) at 1 and 3 threads.
+void check_amx_within_rounding(ref::FullAttentionInput& in, test::Rng& rng, const std::string& what,
+                               int n = 3) {
+  in.softmax_scale = 0.125;
+  for (float& x : in.q) x = bf16_to_float(float_to_bf16(x));
+  const int width = in.kv_lora_rank + in.rope_dim;
+  double max_v = 0;
+  for (const auto& rows : in.kv) {
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      if (static_cast<int>(i % width) < in.kv_lora_rank)
+        max_v = std::max<double>(max_v, std::abs(rows[i]));
+    }
+  }
+  const int page = static_cast<int>(rng.range(1, 70));
+  const auto shards = test::stripe(in, n, 1, page, KvDtype::bf16, rng);
+  const int r = static_cast<int>(rng.range(0, n - 1));
+  MlaAttentionParams p = test::shard_params(in, shards[r], KvDtype::bf16, page, n, r, 1);
+  const ref::AttentionResult expect = local_reference(p);
+  for (int threads : {1, 3}) {
+    const RankOutput got = run_rank(p, KernelPath::amx_bf16, threads);
+    const std::string where = what + " threads " + std::to_string(threads);
+    double worst = 0;
+    for (std::size_t i = 0; i < got.out.size(); ++i)
+      worst = std::max(worst, std::abs(got.out[i] - expect.out[i]));
+    ASSERT_LE(worst, std::ldexp(max_v, -8)) << where;
+    ASSERT_TRUE(test::lse_close(got.lse, expect.lse, where + " LSE"));
+  }
+}
+
 TEST(Attention, AmxPathIsWithinItsBf16RoundingOfTheReference) {
   if (!amx_bf16_available()) GTEST_SKIP() << "this CPU or OS offers no AMX-BF16";
-  // The path rounds q * scale and the probabilities to bf16. With bf16-exact queries and a
-  // power-of-two scale the first rounding is exact, so what remains is P: each weight within
-  // 2^-9 of its value, the denominator kept in fp32, hence |O - O_ref| <= 2^-8 * max|V|. The
-  // scores are exact products summed in fp32, so the LSE is as accurate as the fp32 paths'.
   auto rng = test::make_rng();
   struct Width {
     int dc, dr;
@@ -387,31 +416,32 @@ TEST(Attention, AmxPathIsWithinItsBf16RoundingOfTheReference) {
       auto in = test::random_context(spec, KvDtype::bf16, rng);
       const Variant v = kVariants[rng.range(0, 6)];
       apply_variant(v, in, rng);
-      in.softmax_scale = 0.125;
-      for (float& x : in.q) x = bf16_to_float(float_to_bf16(x));
-      double max_v = 0;
-      for (const auto& rows : in.kv) {
-        for (std::size_t i = 0; i < rows.size(); ++i) {
-          if (static_cast<int>(i % (w.dc + w.dr)) < w.dc)
-            max_v = std::max<double>(max_v, std::abs(rows[i]));
-        }
-      }
-      const int page = static_cast<int>(rng.range(1, 70));
-      const auto shards = test::stripe(in, 3, 1, page, KvDtype::bf16, rng);
-      const int r = static_cast<int>(rng.range(0, 2));
-      MlaAttentionParams p = test::shard_params(in, shards[r], KvDtype::bf16, page, 3, r, 1);
-      const ref::AttentionResult expect = local_reference(p);
-      for (int threads : {1, 3}) {
-        const RankOutput got = run_rank(p, KernelPath::amx_bf16, threads);
-        const std::string what = "heads " + std::to_string(heads) + " width " +
-                                 std::to_string(w.dc) + "+" + std::to_string(w.dr) + " " + name(v) +
-                                 " threads " + std::to_string(threads);
-        double worst = 0;
-        for (std::size_t i = 0; i < got.out.size(); ++i)
-          worst = std::max(worst, std::abs(got.out[i] - expect.out[i]));
-        ASSERT_LE(worst, std::ldexp(max_v, -8)) << what;
-        ASSERT_TRUE(test::lse_close(got.lse, expect.lse, what + " LSE"));
-      }
+      check_amx_within_rounding(in, rng,
+                                "heads " + std::to_string(heads) + " width " +
+                                    std::to_string(w.dc) + "+" + std::to_string(w.dr) + " " +
+                                    name(v));
+    }
+  }
+}
+
+TEST(Attention, AmxPathInTokenBlocksIsWithinItsBf16Rounding) {
+  // Prefill chunks on the AMX path: blocks of up to 128 / heads tokens, heads x tokens in the
+  // tile lanes (so 128 lanes and 256-row tiles with 8 or more heads), across block boundaries.
+  if (!amx_bf16_available()) GTEST_SKIP() << "this CPU or OS offers no AMX-BF16";
+  auto rng = test::make_rng();
+  for (const int heads : {1, 3, 8, 16, 32}) {
+    for (const Variant v :
+         {Variant::causal, Variant::sinks, Variant::softcap, Variant::non_causal}) {
+      test::ContextSpec spec;
+      spec.heads = heads;
+      spec.kv_lora_rank = 80;
+      spec.rope_dim = 16;
+      spec.lengths = {rng.range(300, 900), rng.range(60, 300)};
+      spec.q_lens = {static_cast<int>(rng.range(20, 140)), static_cast<int>(rng.range(5, 60))};
+      auto in = test::random_context(spec, KvDtype::bf16, rng);
+      apply_variant(v, in, rng);
+      check_amx_within_rounding(in, rng, "heads " + std::to_string(heads) + " " + name(v),
+                                static_cast<int>(rng.range(1, 3)));
     }
   }
 }

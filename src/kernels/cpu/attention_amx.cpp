@@ -96,26 +96,28 @@ class AmxKernel {
  public:
   explicit AmxKernel(const MlaAttentionParams& p)
       : p_(p),
-        heads_(p.num_heads),
-        lanes_((p.num_heads + 15) / 16 * 16),
         dc_(p.kv_lora_rank),
         dcp_((p.kv_lora_rank + 15) / 16 * 16),
         width_(p.kv_lora_rank + p.rope_dim),
         wp_((p.kv_lora_rank + p.rope_dim + 31) / 32 * 32),
-        tile_rows_(tile_rows_for(lanes_)),
         buf_(thread_buffers<AmxBuffers>()),
-        qv_(sized(buf_.qv, static_cast<std::size_t>(wp_ / 2) * lanes_)),
-        kbuf_(sized(buf_.kbuf, static_cast<std::size_t>(tile_rows_) * wp_)),
+        qv_(buf_.qv),
+        kbuf_(buf_.kbuf),
         zero_row_(sized(buf_.zero_row, static_cast<std::size_t>(wp_))),
-        s_(sized(buf_.s, static_cast<std::size_t>(tile_rows_) * lanes_)),
-        pt_(sized(buf_.pt, static_cast<std::size_t>(lanes_) * tile_rows_)),
-        vv_(sized(buf_.vv, static_cast<std::size_t>(tile_rows_ / 2) * dcp_)),
-        acc_(sized(buf_.acc, static_cast<std::size_t>(lanes_) * dcp_)),
-        m_(sized(buf_.m, lanes_)),
-        l_(sized(buf_.l, lanes_)),
-        corr_(sized(buf_.corr, lanes_)) {}
+        s_(buf_.s),
+        pt_(buf_.pt),
+        vv_(buf_.vv),
+        acc_(buf_.acc),
+        m_(buf_.m),
+        l_(buf_.l),
+        corr_(buf_.corr) {
+    size_for(p.num_heads);
+  }
 
+  // A task over a block of tokens (prefill, verification) puts all their heads in the lanes,
+  // token after token: lane h is head h % H of token t + h / H.
   void run(const Task& task) {
+    size_for(task.tokens * p_.num_heads);
     pack_query(task.t);
     std::fill(acc_.begin(), acc_.end(), 0.0f);
     std::fill(m_.begin(), m_.end(), kNegInf);
@@ -135,6 +137,28 @@ class AmxKernel {
   using vec = S::vec;
   using uvec = S::uvec;
 
+  // Query vectors (heads x tokens) of the task at hand, and the buffers for them.
+  void size_for(int heads) {
+    if (heads == heads_) return;
+    heads_ = heads;
+    lanes_ = (heads + 15) / 16 * 16;
+    tile_rows_ = tile_rows_for(lanes_);
+    const std::size_t lanes = static_cast<std::size_t>(lanes_), rows = tile_rows_;
+    sized(qv_, static_cast<std::size_t>(wp_ / 2) * lanes);
+    sized(kbuf_, rows * wp_);
+    sized(s_, rows * lanes);
+    sized(pt_, lanes * rows);
+    sized(vv_, rows / 2 * dcp_);
+    sized(acc_, lanes * dcp_);
+    sized(m_, lanes);
+    sized(l_, lanes);
+    sized(corr_, lanes);
+  }
+
+  const float* query_lane(std::int64_t t, int h) const {
+    return query_head(p_, tokens_, t + h / p_.num_heads, h % p_.num_heads);
+  }
+
   // dcp::float_to_bf16 on 16 lanes (the word in the low half).
   static uvec round_to_bf16(vec x) {
     uvec bits;
@@ -153,7 +177,7 @@ class AmxKernel {
     heads_to_lanes(
         heads_, width_ / 2,
         [&](int h, int c, Words16& row) {
-          const float* qh = query_head(p_, tokens_, t, h) + 2 * c;
+          const float* qh = query_lane(t, h) + 2 * c;
           const Halves halves[2] = {
               __builtin_convertvector(round_to_bf16(S::load(qh) * scale), Halves),
               __builtin_convertvector(round_to_bf16(S::load(qh + 16) * scale), Halves)};
@@ -163,7 +187,7 @@ class AmxKernel {
           std::memcpy(qv_.data() + static_cast<std::size_t>(c) * lanes_ + hb, &row, sizeof row);
         });
     for (int h = 0; h < heads_; ++h) {  // the last width % 32 elements
-      const float* qh = query_head(p_, tokens_, t, h);
+      const float* qh = query_lane(t, h);
       for (int d = width_ / 32 * 32; d < width_; ++d) {
         const std::uint32_t word = float_to_bf16(qh[d] * p_.softmax_scale);
         qv_[static_cast<std::size_t>(d / 2) * lanes_ + h] |= d % 2 ? word << 16 : word;
@@ -464,8 +488,9 @@ class AmxKernel {
   }
 
   const MlaAttentionParams& p_;
-  int heads_, lanes_, dc_, dcp_, width_, wp_;
-  int tile_rows_;                               // tile_rows_for(lanes_), a multiple of 64
+  int heads_ = 0, lanes_ = 0;  // query vectors of the current task (size_for), padded to 16
+  int dc_, dcp_, width_, wp_;
+  int tile_rows_ = 0;                           // tile_rows_for(lanes_), a multiple of 64
   std::int64_t tokens_ = num_query_tokens(p_);  // T, for query_head
   AmxBuffers& buf_;                             // this thread's, sized below
   LineVector<std::uint32_t>& qv_;               // [wp/2, lanes] query pairs
@@ -501,7 +526,7 @@ void run_amx_bf16(const MlaAttentionParams& p, const Task* tasks, std::size_t n)
   configure_tiles();  // per thread: the tile configuration is thread state
   {
     AmxKernel k(p);
-    for (std::size_t i = 0; i < n; ++i) for_each_token(k, tasks[i]);
+    for (std::size_t i = 0; i < n; ++i) k.run(tasks[i]);
   }
   _tile_release();
 }

@@ -24,8 +24,9 @@ struct Task {
   int b = 0;           // request
   std::int64_t t = 0;  // query token (the first of the block)
   // Query tokens t .. t + tokens - 1, all over the same rows (prefill and verification: a block's
-  // rows are read once for all its tokens). Kernels that do not block run the tokens one by one
-  // (for_each_token). Token i writes at out + i * out_token_stride, lse + i * lse_token_stride.
+  // rows are read once for all its tokens): the lanes and AMX kernels put heads x tokens in their
+  // lanes, the portable one runs the tokens one by one (for_each_token). Token i writes at
+  // out + i * out_token_stride, lse + i * lse_token_stride.
   int tokens = 1;
   std::int64_t out_token_stride = 0, lse_token_stride = 0;
   RowSet rows;
