@@ -53,6 +53,7 @@ struct World {
 struct Posted {
   const void* send = nullptr;
   void* recv = nullptr;
+  const void* reduced = nullptr;  // all_reduce: this rank's chunk of the result
   int color = 0, key = 0;
   std::shared_ptr<struct Group> made;  // split: the group a leader created
 };
@@ -162,21 +163,38 @@ class ThreadCommunicator final : public Communicator {
     const std::size_t bytes = n * scalar_size(type);
     post(send, recv);
     g_->barrier(rank_, "reduce_scatter");
-    reduce_chunk(recv, rank_ * bytes, n, type, op);  // in rank order: identical on every rank
+    // Into a private buffer first: recv may be part of a send buffer that peers still read.
+    acc_.resize(bytes);
+    reduce_chunk(acc_.data(), rank_ * bytes, n, type, op);  // in rank order: identical everywhere
+    if (bytes > 0) std::memcpy(recv, acc_.data(), bytes);
     g_->barrier(rank_, "reduce_scatter");
     count(Collective::reduce_scatter, (size() - 1) * bytes);
   }
 
+  // Reduce-scatter, then all-gather: each rank reduces its 1/N of the elements (in rank order,
+  // so the result is identical everywhere) into a buffer of its own, and then every rank copies
+  // all chunks into recv. Reducing the whole buffer on every rank did N times the work.
   void all_reduce(const void* send, void* recv, std::size_t n, ScalarType type,
                   ReduceOp op) override {
-    const std::size_t bytes = n * scalar_size(type);
-    std::vector<std::byte> result(
-        bytes);  // peers may read `send` (== recv in place) until the 2nd barrier
+    const std::size_t elem = scalar_size(type), bytes = n * elem;
+    const auto chunk_begin = [&](int r) { return n * r / size() * elem; };
+    const std::size_t lo = chunk_begin(rank_), hi = chunk_begin(rank_ + 1);
     post(send, recv);
     g_->barrier(rank_, "all_reduce");
-    reduce_chunk(result.data(), 0, n, type, op);
-    g_->barrier(rank_, "all_reduce");
-    if (bytes > 0) std::memcpy(recv, result.data(), bytes);
+    reduced_.resize(hi - lo);
+    reduce_chunk(reduced_.data(), lo, (hi - lo) / elem, type, op);  // rank order, as above
+    {
+      std::lock_guard lk(g_->mu);
+      g_->posted[rank_].reduced = reduced_.data();
+    }
+    g_->barrier(rank_, "all_reduce");  // every chunk reduced; no rank reads `send` any more
+    for (int j = 0; j < size(); ++j) {
+      const std::size_t begin = chunk_begin(j), end = chunk_begin(j + 1);
+      if (end > begin) {
+        std::memcpy(static_cast<std::byte*>(recv) + begin, g_->posted[j].reduced, end - begin);
+      }
+    }
+    g_->barrier(rank_, "all_reduce");  // no rank reads this rank's chunk any more
     count(Collective::all_reduce, 2 * (size() - 1) * bytes / size());
   }
 
@@ -261,21 +279,23 @@ class ThreadCommunicator final : public Communicator {
     g_->posted[rank_].send = send;
     g_->posted[rank_].recv = recv;
   }
-  // dst = reduction over ranks (in rank order) of chunk at byte `offset` of each send buffer.
-  void reduce_chunk(void* dst, std::size_t offset, std::size_t n, ScalarType type, ReduceOp op) {
+  // acc = reduction over ranks (in rank order) of the n elements at byte `offset` of each send
+  // buffer. acc must be this rank's own (no peer reads it before the next barrier).
+  void reduce_chunk(std::byte* acc, std::size_t offset, std::size_t n, ScalarType type,
+                    ReduceOp op) {
     const std::size_t bytes = n * scalar_size(type);
     if (bytes == 0) return;
-    std::vector<std::byte> acc(bytes);
-    std::memcpy(acc.data(), static_cast<const std::byte*>(g_->posted[0].send) + offset, bytes);
+    std::memcpy(acc, static_cast<const std::byte*>(g_->posted[0].send) + offset, bytes);
     for (int j = 1; j < size(); ++j) {
-      detail::reduce_into(acc.data(), static_cast<const std::byte*>(g_->posted[j].send) + offset, n,
-                          type, op);
+      detail::reduce_into(acc, static_cast<const std::byte*>(g_->posted[j].send) + offset, n, type,
+                          op);
     }
-    std::memcpy(dst, acc.data(), bytes);
   }
 
   std::shared_ptr<Group> g_;
   int rank_;
+  std::vector<std::byte> acc_;      // reduce_scatter: this rank's reduced chunk before recv
+  std::vector<std::byte> reduced_;  // all_reduce: this rank's reduced chunk, read by its peers
 };
 
 }  // namespace
