@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what dcp needs from Debian's packages (only when missing), then configures and
-# builds one CMake preset (default: release). Usage: scripts/setup.sh [release|debug|asan]
+# builds one CMake preset (default: release). Usage: scripts/setup.sh [release|debug|asan|tsan]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 preset="${1:-release}"
