@@ -39,6 +39,9 @@ struct AttentionBenchOptions {
   std::string contexts = "4096,32768,131072";
   std::string heads = "1,4,16,128";
   std::string batches = "1,8";
+  // Query tokens per request: 1 is decode; T > 1 is a prefill chunk (or a verification) of the
+  // context's last T positions, causal.
+  int query_tokens = 1;
   std::string dtypes = "fp32,bf16,bf16-amx";
   int threads = 1;
   int repeats = 3;

@@ -29,33 +29,39 @@ namespace dcp::cli {
 namespace {
 
 // The peer: per request, scores = Q K^T (sgemm), a row softmax, O = P V (sgemm), on a contiguous
-// fp32 copy of the rows (buffers allocated once, outside the timed loop).
+// fp32 copy of the rows (buffers allocated once, outside the timed loop). With T query tokens the
+// request's T x heads query rows go through the same two products, token i seeing the first
+// rows - T + i + 1 rows (the causal mask, applied in the softmax).
 struct TwoGemmPeer {
-  int heads;
+  int heads, tokens;
   std::int64_t rows;
   const float* kv;  // [B, rows, 576]
   std::vector<float> scores, out;
-  TwoGemmPeer(int h, std::int64_t r, const float* k)
+  TwoGemmPeer(int h, int t, std::int64_t r, const float* k)
       : heads(h),
+        tokens(t),
         rows(r),
         kv(k),
-        scores(static_cast<std::size_t>(h) * r),
-        out(static_cast<std::size_t>(h) * 512) {}
+        scores(static_cast<std::size_t>(h) * t * r),
+        out(static_cast<std::size_t>(h) * t * 512) {}
   void run(const float* q, int batch, float scale) {
+    const int m_rows = heads * tokens;
     for (int b = 0; b < batch; ++b) {
       const float* k = kv + static_cast<std::size_t>(b) * rows * 576;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, heads, static_cast<int>(rows), 576,
-                  scale, q + static_cast<std::size_t>(b) * heads * 576, 576, k, 576, 0.0f,
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m_rows, static_cast<int>(rows), 576,
+                  scale, q + static_cast<std::size_t>(b) * m_rows * 576, 576, k, 576, 0.0f,
                   scores.data(), static_cast<int>(rows));
-      for (int h = 0; h < heads; ++h) {
-        float* s = scores.data() + static_cast<std::size_t>(h) * rows;
-        const float m = *std::max_element(s, s + rows);
+      for (int r = 0; r < m_rows; ++r) {
+        float* s = scores.data() + static_cast<std::size_t>(r) * rows;
+        const std::int64_t seen = rows - tokens + r / heads + 1;
+        const float m = *std::max_element(s, s + seen);
         float z = 0;
-        for (std::int64_t j = 0; j < rows; ++j) z += (s[j] = std::exp(s[j] - m));
+        for (std::int64_t j = 0; j < seen; ++j) z += (s[j] = std::exp(s[j] - m));
         const float inv = 1.0f / z;
-        for (std::int64_t j = 0; j < rows; ++j) s[j] *= inv;
+        for (std::int64_t j = 0; j < seen; ++j) s[j] *= inv;
+        std::fill(s + seen, s + rows, 0.0f);
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, heads, 512, static_cast<int>(rows),
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m_rows, 512, static_cast<int>(rows),
                   1.0f, scores.data(), static_cast<int>(rows), k, 576, 0.0f, out.data(), 512);
     }
   }
@@ -75,6 +81,11 @@ void bench_attention(const AttentionBenchOptions& o) {
   const auto contexts = parse_list(o.contexts, "--contexts");
   const auto heads = parse_list(o.heads, "--heads");
   const auto batches = parse_list(o.batches, "--batches");
+  const std::int64_t tq = o.query_tokens;
+  DCP_ARG_CHECK(tq <= *std::min_element(contexts.begin(), contexts.end()), "--query-tokens ", tq,
+                " exceeds the shortest of --contexts, ",
+                *std::min_element(contexts.begin(), contexts.end()),
+                ": the chunk is the context's last positions");
   // Each entry is a KV dtype on the fastest exact path, or bf16-amx: bf16 KV on the AMX path.
   struct Variant {
     std::string label;
@@ -97,9 +108,16 @@ void bench_attention(const AttentionBenchOptions& o) {
   }
   const auto paths = available_kernel_paths();
   std::printf(
-      "local MLA decode attention, %d thread(s), kernel %s; the ceilings (sgemm GFLOP/s, read "
+      "local MLA %s attention, %d thread(s), kernel %s; the ceilings (sgemm GFLOP/s, read "
       "GB/s) are measured again before each group of rows: this machine's speed drifts\n",
-      o.threads, std::string(to_string(paths.back())).c_str());
+      tq == 1 ? "decode" : "prefill-chunk", o.threads,
+      std::string(to_string(paths.back())).c_str());
+  if (tq > 1) {
+    std::printf(
+        "query tokens: %lld per request, the context's last positions, causal (FLOPs count the "
+        "rows each token sees)\n",
+        static_cast<long long>(tq));
+  }
   std::printf("peer: two OpenBLAS sgemms + softmax on contiguous fp32 rows\n");
   CacheFlusher memory;  // also the read ceiling's buffer
   if (cold) {
@@ -111,12 +129,15 @@ void bench_attention(const AttentionBenchOptions& o) {
     std::printf("cache: warm, calls repeat on whatever the caches kept (L3: %.0f MiB)\n",
                 static_cast<double>(last_level_cache_bytes()) / (1 << 20));
   }
-  const TorchPeer torch(o.torch_python, o.threads, cold ? memory.bytes() : 0);
+  // The PyTorch peer times decode only (one query token per request).
+  const TorchPeer torch(tq == 1 ? o.torch_python : "off", o.threads, cold ? memory.bytes() : 0);
   if (torch.available()) {
     std::printf(
         "torch: %s, baddbmm + softmax + bmm in the KV dtype (bf16 rows: bf16 scores and "
         "softmax), buffers allocated once, same thread count\n",
         torch.version().c_str());
+  } else if (tq > 1) {
+    std::printf("torch: not measured (it times decode, --query-tokens 1)\n");
   } else {
     std::printf("torch: not measured (%s)\n", torch.reason().c_str());
   }
@@ -130,9 +151,9 @@ void bench_attention(const AttentionBenchOptions& o) {
               "Hq", "KV", "ms", "GFLOP/s", "%gemm", "KV GB/s", "%read", "peer ms", "speedup",
               "torch ms", "vs torch", "sgemm", "read");
   std::vector<double> gemm_seen;  // for the plot's ceiling line
-  CsvFile csv(o.csv, {"batch", "context", "heads", "kv_dtype", "threads", "ms", "gflops",
-                      "pct_sgemm", "kv_gbps", "pct_read", "peer_ms", "speedup_vs_peer", "torch_ms",
-                      "speedup_vs_torch", "sgemm_gflops", "read_gbps"});
+  CsvFile csv(o.csv, {"batch", "context", "query_tokens", "heads", "kv_dtype", "threads", "ms",
+                      "gflops", "pct_sgemm", "kv_gbps", "pct_read", "peer_ms", "speedup_vs_peer",
+                      "torch_ms", "speedup_vs_torch", "sgemm_gflops", "read_gbps"});
   std::vector<Series> series;
   for (std::int64_t batch : batches) {
     for (std::int64_t ctx : contexts) {
@@ -151,9 +172,9 @@ void bench_attention(const AttentionBenchOptions& o) {
         std::copy_n(kv32.data() + b * ctx * 576, ctx * 576, pool32 + b * pages_per * page * 576);
       }
       for (std::int64_t h : heads) {
-        std::vector<float> q(static_cast<std::size_t>(batch * h) * 576);
+        std::vector<float> q(static_cast<std::size_t>(batch * tq * h) * 576);
         fill(q.data(), q.size(), 99);
-        TwoGemmPeer peer(static_cast<int>(h), ctx, kv32.data());
+        TwoGemmPeer peer(static_cast<int>(h), static_cast<int>(tq), ctx, kv32.data());
         // The peer's BLAS on the benchmark's thread count: OpenBLAS starts with every core.
         openblas_set_num_threads(o.threads);
         peer.run(q.data(), static_cast<int>(batch), 0.07f);
@@ -177,11 +198,12 @@ void bench_attention(const AttentionBenchOptions& o) {
             floats_to_bf16(pool32, reinterpret_cast<bf16_t*>(kv16_buf.data()), pool_elems);
           }
           std::vector<std::int32_t> q_start(static_cast<std::size_t>(batch) + 1);
-          std::vector<std::int64_t> q_pos(static_cast<std::size_t>(batch), ctx - 1),
+          std::vector<std::int64_t> q_pos(static_cast<std::size_t>(batch * tq)),
               local_len(static_cast<std::size_t>(batch), ctx);
-          for (std::int64_t b = 0; b <= batch; ++b) q_start[b] = static_cast<std::int32_t>(b);
-          std::vector<float> out(static_cast<std::size_t>(batch * h) * 512),
-              lse(static_cast<std::size_t>(batch * h));
+          for (std::int64_t b = 0; b <= batch; ++b) q_start[b] = static_cast<std::int32_t>(b * tq);
+          for (std::int64_t i = 0; i < batch * tq; ++i) q_pos[i] = ctx - tq + i % tq;
+          std::vector<float> out(static_cast<std::size_t>(batch * tq * h) * 512),
+              lse(static_cast<std::size_t>(batch * tq * h));
           MlaAttentionParams p;
           p.num_heads = static_cast<int>(h);
           p.softmax_scale = 0.07f;
@@ -210,7 +232,9 @@ void bench_attention(const AttentionBenchOptions& o) {
             ms.push_back(ms_since(t0));
           }
           const double t = median(ms);
-          const double flops = 2.0 * (576 + 512) * static_cast<double>(h * ctx * batch);
+          // Rows seen: ctx for decode; for a causal chunk, ctx - T + 1 .. ctx.
+          const double seen = static_cast<double>(tq) * (ctx - tq) + tq * (tq + 1) / 2.0;
+          const double flops = 2.0 * (576 + 512) * static_cast<double>(h * batch) * seen;
           const double bytes = static_cast<double>(batch * ctx) * 576 * dtype_size(dtype);
           const double gflops = flops / t / 1e6, gbps = bytes / t / 1e6;
           const auto torch_it = torch_ms.find(std::string(to_string(dtype)));
@@ -226,9 +250,9 @@ void bench_attention(const AttentionBenchOptions& o) {
               peer_t, peer_t / t, torch_cols.c_str(), gemm, read);
           std::fflush(stdout);
           const bool has_torch = torch_it != torch_ms.end();
-          csv.row({str(batch), str(ctx), str(h), variant.label, str(o.threads), str(t), str(gflops),
-                   str(gflops / gemm), str(gbps), str(gbps / read), str(peer_t), str(peer_t / t),
-                   has_torch ? str(torch_it->second) : "",
+          csv.row({str(batch), str(ctx), str(tq), str(h), variant.label, str(o.threads), str(t),
+                   str(gflops), str(gflops / gemm), str(gbps), str(gbps / read), str(peer_t),
+                   str(peer_t / t), has_torch ? str(torch_it->second) : "",
                    has_torch ? str(torch_it->second / t) : "", str(gemm), str(read)});
           if (batch == batches.front() && ctx == contexts.back()) {
             add_point(series, str("S=", ctx, " B=", batch, " ", variant.label),
@@ -244,7 +268,9 @@ void bench_attention(const AttentionBenchOptions& o) {
       series.back().x.push_back(static_cast<double>(h));
       series.back().y.push_back(median(gemm_seen));
     }
-    write_svg_chart(o.svg, str("local MLA decode attention, ", o.threads, " thread(s)"),
+    write_svg_chart(o.svg,
+                    str("local MLA ", tq == 1 ? "decode" : str("prefill-chunk (T=", tq, ")"),
+                        " attention, ", o.threads, " thread(s)"),
                     "query heads", "GFLOP/s", series, true);
   }
 }

@@ -42,6 +42,11 @@ void add_bench_command(CLI::App& app) {
   att->add_option("--batches", ao->batches, "requests per call")
       ->check(list_at_least(1))
       ->capture_default_str();
+  att->add_option("--query-tokens", ao->query_tokens,
+                  "query tokens per request: 1 is decode, T > 1 a causal prefill chunk of the "
+                  "context's last T positions (no PyTorch peer then)")
+      ->check(at_least(1))
+      ->capture_default_str();
   att->add_option("--dtypes", ao->dtypes,
                   "KV dtypes on the fastest exact path (fp32, bf16), or bf16-amx: bf16 KV on the "
                   "opt-in AMX path")

@@ -148,6 +148,9 @@ expect 0 "bench attention (small)" -- bench attention --contexts 256 --heads 4 -
 check "bench attention prints ceilings" stdout_has "ceilings (sgemm GFLOP/s, read GB/s) are measured again"
 check "bench attention flushes the caches by default" stdout_has "cache: cold, every timed call"
 expect 0 "bench attention on warm caches" -- bench attention --contexts 256 --heads 4 --batches 1 --dtypes fp32 --repeats 1 --cache warm --torch-python off
+expect 0 "bench attention, a prefill chunk" -- bench attention --query-tokens 64 --contexts 256 --heads 4 --batches 2 --dtypes fp32 --repeats 1 --cache warm --csv "$tmp/chunk.csv"
+check "bench attention names the chunk" stdout_has "prefill-chunk attention"
+check "bench attention's CSV has the query tokens" grep -q "^2,256,64,4,fp32," "$tmp/chunk.csv"
 check "says the caches are warm" stdout_has "cache: warm"
 expect 2 "bench attention rejects a bad cache state" -- bench attention --contexts 256 --cache hot
 check "names the flag and the legal values" stderr_has "--cache: 'hot' is not one of: cold, warm"
@@ -236,6 +239,8 @@ bad_value "bench attention, heads 0" "--heads: 0 must be >= 1" -- bench attentio
 bad_value "bench attention, batch 0" "--batches: 0 must be >= 1" -- bench attention --batches 4,0
 bad_value "bench attention, dtype" "--dtypes: 'fp8' is not one of: fp32, bf16, bf16-amx" -- bench attention --dtypes fp32,fp8
 bad_value "bench attention, trailing junk" "--contexts: '12k' is not an integer" -- bench attention --contexts 12k
+bad_value "bench attention, 0 query tokens" "--query-tokens: 0 must be >= 1" -- bench attention --query-tokens 0
+bad_value "bench attention, a chunk longer than a context" "--query-tokens 300 exceeds the shortest of --contexts, 256" -- bench attention --query-tokens 300 --contexts 4096,256
 bad_value "bench comm, 0 repeats" "--repeats: 0 must be >= 1" -- bench comm --repeats 0
 bad_value "bench comm, 0 ranks" "--ranks: 0 must be >= 1" -- bench comm --ranks 2,0
 bad_value "bench comm, 0 tokens" "--tokens: 0 must be >= 1" -- bench comm --tokens 0
