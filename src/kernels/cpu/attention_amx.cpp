@@ -86,12 +86,6 @@ struct AmxBuffers {
   LineVector<float> s, acc, m, l, corr;
 };
 
-template <typename T>
-LineVector<T>& sized(LineVector<T>& v, std::size_t n) {
-  v.resize(n);  // keeps the capacity: no new pages once a call of this size has run
-  return v;
-}
-
 class AmxKernel {
  public:
   explicit AmxKernel(const MlaAttentionParams& p)
@@ -103,7 +97,7 @@ class AmxKernel {
         buf_(thread_buffers<AmxBuffers>()),
         qv_(buf_.qv),
         kbuf_(buf_.kbuf),
-        zero_row_(sized(buf_.zero_row, static_cast<std::size_t>(wp_))),
+        zero_row_(buf_.zero_row),
         s_(buf_.s),
         pt_(buf_.pt),
         vv_(buf_.vv),
@@ -111,6 +105,7 @@ class AmxKernel {
         m_(buf_.m),
         l_(buf_.l),
         corr_(buf_.corr) {
+    grow_to(zero_row_, static_cast<std::size_t>(wp_));
     size_for(p.num_heads);
   }
 
@@ -119,9 +114,9 @@ class AmxKernel {
   void run(const Task& task) {
     size_for(task.tokens * p_.num_heads);
     pack_query(task.t);
-    std::fill(acc_.begin(), acc_.end(), 0.0f);
-    std::fill(m_.begin(), m_.end(), kNegInf);
-    std::fill(l_.begin(), l_.end(), 0.0f);
+    std::fill_n(acc_.begin(), static_cast<std::size_t>(lanes_) * dcp_, 0.0f);
+    std::fill_n(m_.begin(), lanes_, kNegInf);
+    std::fill_n(l_.begin(), lanes_, 0.0f);
     for (std::int64_t start = task.first; start < task.last; start += tile_rows_) {
       const int n = static_cast<int>(std::min<std::int64_t>(tile_rows_, task.last - start));
       load_tile(task.b, task.rows, start, n);
@@ -137,22 +132,21 @@ class AmxKernel {
   using vec = S::vec;
   using uvec = S::uvec;
 
-  // Query vectors (heads x tokens) of the task at hand, and the buffers for them.
+  // Query vectors (heads x tokens) of the task at hand; the buffers grow to the largest seen.
   void size_for(int heads) {
-    if (heads == heads_) return;
     heads_ = heads;
     lanes_ = (heads + 15) / 16 * 16;
     tile_rows_ = tile_rows_for(lanes_);
     const std::size_t lanes = static_cast<std::size_t>(lanes_), rows = tile_rows_;
-    sized(qv_, static_cast<std::size_t>(wp_ / 2) * lanes);
-    sized(kbuf_, rows * wp_);
-    sized(s_, rows * lanes);
-    sized(pt_, lanes * rows);
-    sized(vv_, rows / 2 * dcp_);
-    sized(acc_, lanes * dcp_);
-    sized(m_, lanes);
-    sized(l_, lanes);
-    sized(corr_, lanes);
+    grow_to(qv_, static_cast<std::size_t>(wp_ / 2) * lanes);
+    grow_to(kbuf_, rows * wp_);
+    grow_to(s_, rows * lanes);
+    grow_to(pt_, lanes * rows);
+    grow_to(vv_, rows / 2 * dcp_);
+    grow_to(acc_, lanes * dcp_);
+    grow_to(m_, lanes);
+    grow_to(l_, lanes);
+    grow_to(corr_, lanes);
   }
 
   const float* query_lane(std::int64_t t, int h) const {
@@ -172,7 +166,7 @@ class AmxKernel {
   // Qv, one per pair.
   void pack_query(std::int64_t t) {
     using Halves = std::uint16_t __attribute__((vector_size(32)));
-    std::fill(qv_.begin(), qv_.end(), 0u);
+    std::fill_n(qv_.begin(), static_cast<std::size_t>(wp_ / 2) * lanes_, 0u);
     const vec scale = S::splat(p_.softmax_scale);
     heads_to_lanes(
         heads_, width_ / 2,
@@ -492,7 +486,7 @@ class AmxKernel {
   int dc_, dcp_, width_, wp_;
   int tile_rows_ = 0;                           // tile_rows_for(lanes_), a multiple of 64
   std::int64_t tokens_ = num_query_tokens(p_);  // T, for query_head
-  AmxBuffers& buf_;                             // this thread's, sized below
+  AmxBuffers& buf_;                             // this thread's, grown by size_for
   LineVector<std::uint32_t>& qv_;               // [wp/2, lanes] query pairs
   LineVector<std::uint16_t>& kbuf_;       // [tile_rows_, wp] rows of blocks not loadable in place
   LineVector<std::uint16_t>& zero_row_;   // [wp] stands for rows past n

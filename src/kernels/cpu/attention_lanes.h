@@ -74,13 +74,12 @@ class LaneKernel {
     heads_ = heads;
     lanes_ = (heads + V - 1) / V * V;
     const std::size_t lanes = static_cast<std::size_t>(lanes_);
-    if (m_.size() >= lanes && acc_.size() >= static_cast<std::size_t>(heads_) * dc_) return;
-    qt_.resize(static_cast<std::size_t>(width_) * lanes);
-    s_.resize(static_cast<std::size_t>(kRows) * lanes);
-    acc_.resize(static_cast<std::size_t>(heads_) * dc_);
-    m_.resize(lanes);
-    l_.resize(lanes);
-    corr_.resize(lanes);
+    grow_to(qt_, static_cast<std::size_t>(width_) * lanes);
+    grow_to(s_, static_cast<std::size_t>(kRows) * lanes);
+    grow_to(acc_, static_cast<std::size_t>(heads_) * dc_);
+    grow_to(m_, lanes);
+    grow_to(l_, lanes);
+    grow_to(corr_, lanes);
   }
 
   // Qt[d][h] = q[h][d] * scale; padding lanes (h >= heads) are zero and are never written out.

@@ -18,23 +18,21 @@ constexpr int kLaneKernelMinHeads = 8;
 
 template <int V>
 void run_simd(const MlaAttentionParams& p, const Task* tasks, std::size_t n) {
-  // A block of tokens is heads x tokens query vectors over one set of rows: the lanes kernel's
-  // shape whatever the head count.
-  bool blocks = false;
-  for (std::size_t i = 0; i < n; ++i) blocks = blocks || tasks[i].tokens > 1;
   if (p.num_heads >= kLaneKernelMinHeads) {
     LaneKernel<V> k(p);
     for (std::size_t i = 0; i < n; ++i) k.run(tasks[i]);
     return;
   }
+  // A block of tokens is heads x tokens query vectors over one set of rows: the lanes kernel's
+  // shape whatever the head count. Made on the first block task.
   std::optional<LaneKernel<V>> lanes;
-  if (blocks) lanes.emplace(p);
   const auto each = [&](auto& rows_kernel) {
     for (std::size_t i = 0; i < n; ++i) {
-      if (tasks[i].tokens > 1) {
-        lanes->run(tasks[i]);
-      } else {
+      if (tasks[i].tokens == 1) {
         rows_kernel.run(tasks[i]);
+      } else {
+        if (!lanes) lanes.emplace(p);
+        lanes->run(tasks[i]);
       }
     }
   };

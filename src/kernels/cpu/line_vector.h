@@ -25,6 +25,14 @@ struct LineAligned {
 template <typename T>
 using LineVector = std::vector<T, LineAligned<T>>;
 
+// Makes `v` hold at least n elements; never shrinks it. A kernel that alternates between a block
+// task (many lanes) and one-token tasks keeps its largest buffers instead of growing them again,
+// and zero-filling the new part, at every switch. Such a kernel touches only the part it uses.
+template <typename T>
+void grow_to(LineVector<T>& v, std::size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
 // A kernel's work buffers, kept per thread between calls. Decode calls a kernel once per layer,
 // and buffers of a few hundred KB come fresh from mmap, so each call faulted its pages in and
 // zeroed them again (the AMX path: a fifth of a 512-row call at 128 heads). One kernel object
