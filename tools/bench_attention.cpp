@@ -82,10 +82,9 @@ void bench_attention(const AttentionBenchOptions& o) {
   const auto heads = parse_list(o.heads, "--heads");
   const auto batches = parse_list(o.batches, "--batches");
   const std::int64_t tq = o.query_tokens;
-  DCP_ARG_CHECK(tq <= *std::min_element(contexts.begin(), contexts.end()), "--query-tokens ", tq,
-                " exceeds the shortest of --contexts, ",
-                *std::min_element(contexts.begin(), contexts.end()),
-                ": the chunk is the context's last positions");
+  const std::int64_t shortest = *std::min_element(contexts.begin(), contexts.end());
+  DCP_ARG_CHECK(tq <= shortest, "--query-tokens ", tq, " exceeds the shortest of --contexts, ",
+                shortest, ": the chunk is the context's last positions");
   // Each entry is a KV dtype on the fastest exact path, or bf16-amx: bf16 KV on the AMX path.
   struct Variant {
     std::string label;

@@ -26,6 +26,18 @@
 
 namespace dcp::cli {
 
+namespace {
+
+// Every benchmark's --csv (the table) and --svg (`plot`, e.g. "a plot (GFLOP/s vs heads)"), both
+// checked as they parse, so that a long run does not end on a file it cannot write.
+void add_output_files(CLI::App* cmd, std::string& csv, std::string& svg, const std::string& plot,
+                      const std::string& note = "") {
+  cmd->add_option("--csv", csv, "write the table as CSV" + note)->check(writable_file());
+  cmd->add_option("--svg", svg, "write " + plot + " as SVG" + note)->check(writable_file());
+}
+
+}  // namespace
+
 void add_bench_command(CLI::App& app) {
   CLI::App* bench =
       app.add_subcommand("bench", "Benchmarks, each against a baseline measured in the same run");
@@ -67,9 +79,7 @@ void add_bench_command(CLI::App& app) {
                   "reads each layer's KV once per step); warm: repeat calls on warm caches")
       ->check(one_of({"cold", "warm"}))
       ->capture_default_str();
-  att->add_option("--csv", ao->csv, "write the table as CSV")->check(writable_file());
-  att->add_option("--svg", ao->svg, "write a plot (GFLOP/s vs heads) as SVG")
-      ->check(writable_file());
+  add_output_files(att, ao->csv, ao->svg, "a plot (GFLOP/s vs heads)");
   att->callback([ao] { bench_attention(*ao); });
 
   auto mo = std::make_shared<MergeBenchOptions>();
@@ -83,9 +93,7 @@ void add_bench_command(CLI::App& app) {
                  "caches")
       ->check(one_of({"cold", "warm"}))
       ->capture_default_str();
-  mg->add_option("--csv", mo->csv, "write the table as CSV")->check(writable_file());
-  mg->add_option("--svg", mo->svg, "write a plot (merge GB/s vs parts, read ceiling) as SVG")
-      ->check(writable_file());
+  add_output_files(mg, mo->csv, mo->svg, "a plot (merge GB/s vs parts, read ceiling)");
   mg->callback([mo] { bench_merge(*mo); });
 
   struct CommOptions {
@@ -113,9 +121,7 @@ void add_bench_command(CLI::App& app) {
   cm->add_option("--repeats", co->repeats, "timed steps (median, slowest rank)")
       ->check(at_least(1))
       ->capture_default_str();
-  cm->add_option("--csv", co->csv, "write the table as CSV (rank 0)")->check(writable_file());
-  cm->add_option("--svg", co->svg, "write a plot (ratio vs tokens) as SVG (rank 0)")
-      ->check(writable_file());
+  add_output_files(cm, co->csv, co->svg, "a plot (ratio vs tokens)", " (rank 0)");
   cm->callback([co] {
     const auto ranks = parse_list(co->ranks, "--ranks"),
                token_counts = parse_list(co->tokens, "--tokens");
@@ -181,9 +187,7 @@ void add_bench_command(CLI::App& app) {
   en->add_option("--concurrency", eo->concurrency, "requests submitted at once")
       ->check(list_at_least(1))
       ->capture_default_str();
-  en->add_option("--csv", eo->csv, "write the table as CSV")->check(writable_file());
-  en->add_option("--svg", eo->svg, "write a plot (tokens/s vs concurrency) as SVG")
-      ->check(writable_file());
+  add_output_files(en, eo->csv, eo->svg, "a plot (tokens/s vs concurrency)");
   en->callback([eo] { bench_engine(*eo); });
 
   auto so = std::make_shared<StepBenchOptions>();
@@ -210,9 +214,7 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   st->add_option("--hardware", so->hardware, "dcp plan hardware preset to compare with")
       ->capture_default_str();
-  st->add_option("--csv", so->csv, "write the table as CSV")->check(writable_file());
-  st->add_option("--svg", so->svg, "write a plot (the components vs context) as SVG")
-      ->check(writable_file());
+  add_output_files(st, so->csv, so->svg, "a plot (the components vs context)");
   st->callback([so] { bench_step(*so); });
 
   auto o = std::make_shared<ExtendBenchOptions>();
@@ -234,9 +236,7 @@ void add_bench_command(CLI::App& app) {
   ext->add_option("--repeats", o->repeats, "timed extends per point (median reported)")
       ->check(at_least(1))
       ->capture_default_str();
-  ext->add_option("--csv", o->csv, "also write the table as CSV")->check(writable_file());
-  ext->add_option("--svg", o->svg, "write a plot (gather and native ms vs prefix) as SVG")
-      ->check(writable_file());
+  add_output_files(ext, o->csv, o->svg, "a plot (gather and native ms vs prefix)");
   ext->callback([o] {
     const auto rows = bench_extend(*o);
     std::printf(
@@ -281,8 +281,7 @@ void add_bench_command(CLI::App& app) {
   plot->add_option("--y", po->y,
                    "the measure: real_time or cpu_time (ms), or a user counter (e.g. FLOP/s)")
       ->capture_default_str();
-  plot->add_option("--csv", po->csv, "write the table as CSV")->check(writable_file());
-  plot->add_option("--svg", po->svg, "write the plot as SVG")->check(writable_file());
+  add_output_files(plot, po->csv, po->svg, "the plot");
   plot->callback([po] { bench_plot(*po); });
 }
 

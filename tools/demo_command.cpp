@@ -33,11 +33,6 @@ struct DemoOptions {
 };
 
 int run_demo(const DemoOptions& opt) {
-  DCP_ARG_CHECK(opt.dcp_size >= 1, "--dcp-size ", opt.dcp_size, " must be >= 1");
-  DCP_ARG_CHECK(opt.heads >= 1, "--heads ", opt.heads, " must be >= 1");
-  DCP_ARG_CHECK(opt.context >= 1, "--context ", opt.context, " must be >= 1");
-  DCP_ARG_CHECK(opt.batch >= 1, "--batch ", opt.batch, " must be >= 1");
-  DCP_ARG_CHECK(opt.page_size >= 1, "--page-size ", opt.page_size, " must be >= 1");
   const KvDtype dtype = parse_kv_dtype(opt.kv_dtype);
   const int n = opt.dcp_size, heads = opt.heads, dc = 512, dr = 64, width = dc + dr;
   {  // the full contexts in fp32 and the shards built from them, about twice the full KV
@@ -152,12 +147,17 @@ void add_demo_command(CLI::App& app) {
   auto opt = std::make_shared<DemoOptions>();
   CLI::App* cmd = app.add_subcommand(
       "demo", "Stripe random contexts over N shards, attend, merge, compare with full attention");
-  cmd->add_option("--dcp-size", opt->dcp_size, "DCP group size N")->capture_default_str();
-  cmd->add_option("--heads", opt->heads, "query heads")->capture_default_str();
-  cmd->add_option("--context", opt->context, "context length of the first request")
+  cmd->add_option("--dcp-size", opt->dcp_size, "DCP group size N")
+      ->check(at_least(1))
       ->capture_default_str();
-  cmd->add_option("--batch", opt->batch, "requests")->capture_default_str();
-  cmd->add_option("--page-size", opt->page_size, "rows per KV page")->capture_default_str();
+  cmd->add_option("--heads", opt->heads, "query heads")->check(at_least(1))->capture_default_str();
+  cmd->add_option("--context", opt->context, "context length of the first request")
+      ->check(at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--batch", opt->batch, "requests")->check(at_least(1))->capture_default_str();
+  cmd->add_option("--page-size", opt->page_size, "rows per KV page")
+      ->check(at_least(1))
+      ->capture_default_str();
   cmd->add_option("--kv-cache-dtype", opt->kv_dtype, "fp32 or bf16")
       ->check(one_of({"fp32", "bf16"}))
       ->capture_default_str();

@@ -123,11 +123,7 @@ std::string kernel_name(KernelPath k) {
 }
 
 Workload build_workload(const RunOptions& o) {
-  Workload w;
-  DCP_ARG_CHECK(o.batch >= 1, "--batch ", o.batch, " must be >= 1");
-  DCP_ARG_CHECK(o.prompt_len >= 1, "--prompt-len ", o.prompt_len, " must be >= 1");
-  DCP_ARG_CHECK(o.max_new_tokens >= 1, "--max-new-tokens ", o.max_new_tokens, " must be >= 1");
-  DCP_ARG_CHECK(o.page_size >= 1, "--page-size ", o.page_size, " must be >= 1");
+  Workload w;  // single flags' ranges and names are checked as they parse (add_run_command)
   if (!o.model_path.empty()) {
     w.model = with_flag("--model-path", [&] { return read_checkpoint_config(o.model_path); });
     if (o.num_layers > 0) {
@@ -153,30 +149,22 @@ Workload build_workload(const RunOptions& o) {
 
   w.engine.enable_prefix_cache = o.prefix_cache;
   w.engine.host_kv_capacity_tokens = o.host_kv_tokens;
-  DCP_ARG_CHECK(o.max_running >= 1, "--max-running-requests ", o.max_running, " must be >= 1");
   w.engine.max_running_requests = o.max_running;
-  DCP_ARG_CHECK(o.shared_prefix_len >= 0 && o.shared_prefix_len < o.prompt_len,
-                "--shared-prefix-len ", o.shared_prefix_len, " must be in [0, --prompt-len ",
-                o.prompt_len, ")");
+  DCP_ARG_CHECK(o.shared_prefix_len < o.prompt_len, "--shared-prefix-len ", o.shared_prefix_len,
+                " must be below --prompt-len ", o.prompt_len);
   DCP_ARG_CHECK(!o.prefix_cache || !o.disaggregate,
                 "--enable-prefix-cache does not combine with --disaggregate yet");
   w.disaggregate = o.disaggregate;
   w.prefill_dcp_size = o.prefill_dcp_size;
-  DCP_ARG_CHECK(!o.disaggregate || o.prefill_dcp_size >= 1, "--prefill-dcp-size ",
-                o.prefill_dcp_size, " must be >= 1");
   DCP_ARG_CHECK(!o.disaggregate || o.spec_tokens == 0,
                 "--disaggregate does not combine with --speculative-num-draft-tokens yet");
   if (o.disaggregate) {  // refuse an unsupported pair before any rank starts
-    const KvDtype dtype = parse_kv_dtype(o.kv_cache_dtype);
+    const KvDtype dtype = w.model_options.kv_dtype;
     make_transfer_plan({o.prefill_dcp_size, o.page_size, dtype},
-                       {o.parallel.dcp_size, o.page_size, dtype}, 0, 0);
+                       {w.parallel.dcp_size, o.page_size, dtype}, 0, 0);
   }
-  DCP_ARG_CHECK(o.dcp_extend == "gather" || o.dcp_extend == "native", "--dcp-extend '",
-                o.dcp_extend, "' is not one of: gather, native");
   w.engine.extend_mode =
       o.dcp_extend == "native" ? ForwardMode::extend_native : ForwardMode::extend;
-  DCP_ARG_CHECK(o.spec_tokens >= 0, "--speculative-num-draft-tokens ", o.spec_tokens,
-                " must be >= 0");
   if (o.spec_tokens > 0) {
     w.engine.num_draft_tokens = o.spec_tokens;
     if (o.spec_draft.rfind("target:", 0) == 0) {  // the target's first layers, its weights
@@ -627,7 +615,9 @@ void add_run_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--num-layers", o->num_layers, "layers to run (default: the model's)")
       ->check(at_least(1));
-  cmd->add_option("--page-size", o->page_size, "KV rows per physical page")->capture_default_str();
+  cmd->add_option("--page-size", o->page_size, "KV rows per physical page")
+      ->check(at_least(1))
+      ->capture_default_str();
   cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "fp32 or bf16")
       ->check(one_of({"fp32", "bf16"}))
       ->capture_default_str();
@@ -637,13 +627,19 @@ void add_run_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--chunked-prefill-size", o->chunked_prefill_size,
                   "prompt tokens per prefill step")
+      ->check(at_least(1))
       ->capture_default_str();
   cmd->add_option("--max-total-tokens", o->max_total_tokens,
                   "KV capacity in tokens (default, or 0: what the workload needs)")
       ->check(at_least(0));
-  cmd->add_option("--batch", o->batch, "synthetic requests")->capture_default_str();
-  cmd->add_option("--prompt-len", o->prompt_len, "longest synthetic prompt")->capture_default_str();
+  cmd->add_option("--batch", o->batch, "synthetic requests")
+      ->check(at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--prompt-len", o->prompt_len, "longest synthetic prompt")
+      ->check(at_least(1))
+      ->capture_default_str();
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "tokens to generate per request")
+      ->check(at_least(1))
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "seed of the synthetic prompts")
       ->check(at_least(0))
@@ -662,6 +658,7 @@ void add_run_command(CLI::App& app) {
       ->check(writable_file());
   cmd->add_option("--speculative-num-draft-tokens", o->spec_tokens,
                   "draft tokens per step (0: off)")
+      ->check(at_least(0))
       ->capture_default_str();
   cmd->add_option("--speculative-draft", o->spec_draft,
                   "draft model: target:N (the target's first N layers), a preset, or a checkpoint")
@@ -670,12 +667,15 @@ void add_run_command(CLI::App& app) {
                 "reuse KV pages of shared prompt prefixes");
   cmd->add_option("--host-kv-capacity-tokens", o->host_kv_tokens,
                   "host-memory KV tier for evicted prefix pages (tokens)")
+      ->check(at_least(0))
       ->capture_default_str();
   cmd->add_option("--shared-prefix-len", o->shared_prefix_len,
                   "synthetic prompts share their first N tokens")
+      ->check(at_least(0))
       ->capture_default_str();
   cmd->add_option("--max-running-requests", o->max_running,
                   "requests decoding at once (the rest queue)")
+      ->check(at_least(1))
       ->capture_default_str();
   cmd->add_flag("--disaggregate", o->disaggregate,
                 "prefill on its own group, move the KV, decode on the --dcp-size group");
@@ -684,6 +684,7 @@ void add_run_command(CLI::App& app) {
       ->check(at_least(1))
       ->capture_default_str();
   cmd->add_option("--dcp-extend", o->dcp_extend, "prefill over a cached prefix: gather or native")
+      ->check(one_of({"gather", "native"}))
       ->capture_default_str();
   cmd->callback([o] { set_exit_code(run(*o)); });
 }

@@ -117,8 +117,6 @@ check "names target:N" stderr_has "target:N needs 1 <= N <= 2"
 expect 2 "draft vocabulary mismatch" -- run --speculative-num-draft-tokens 2 --speculative-draft deepseek-v3
 expect 0 "native extend" -- run --dcp-extend native --batch 2 --prompt-len 200 --chunked-prefill-size 45 --max-new-tokens 3
 check "native extend verifies" stdout_has "PASS"
-expect 2 "bad extend mode" -- run --dcp-extend scatter
-check "lists extend modes" stderr_has "gather, native"
 expect 0 "bench extend (small)" -- bench extend --prefix-lens 0,40 --chunk 8 --repeats 1 --dcp-size 2 --svg "$tmp/extend.svg"
 check "bench prints a table" stdout_has "native/gather"
 check "bench extend plots both paths" [ "$(grep -c "<polyline" "$tmp/extend.svg")" -eq 2 ]
@@ -265,6 +263,24 @@ bad_value "plan, dtype" "--kv-cache-dtype: 'fp8' is not one of: fp32, bf16" -- p
 bad_value "run, 0 layers" "--num-layers: 0 must be >= 1" -- run --num-layers 0
 bad_value "run, prefill DCP size" "--prefill-dcp-size: 0 must be >= 1" -- run --prefill-dcp-size 0
 bad_value "run, seed" "--seed: -1 must be >= 0" -- run --seed -1
+# Each refused while the flags parse: chunked-prefill-size and the host tier used to fail inside a
+# rank (after the ranks had started), the others after the workload options were read.
+bad_value "run, 0 batch" "--batch: 0 must be >= 1" -- run --batch 0
+bad_value "run, 0 prompt length" "--prompt-len: 0 must be >= 1" -- run --prompt-len 0
+bad_value "run, 0 new tokens" "--max-new-tokens: 0 must be >= 1" -- run --max-new-tokens 0
+bad_value "run, 0 page size" "--page-size: 0 must be >= 1" -- run --page-size 0
+bad_value "run, 0 prefill chunk" "--chunked-prefill-size: 0 must be >= 1" -- run --chunked-prefill-size 0
+bad_value "run, negative host tier" "--host-kv-capacity-tokens: -1 must be >= 0" -- run --enable-prefix-cache --host-kv-capacity-tokens -1
+bad_value "run, 0 running requests" "--max-running-requests: 0 must be >= 1" -- run --max-running-requests 0
+bad_value "run, negative draft tokens" "--speculative-num-draft-tokens: -1 must be >= 0" -- run --speculative-num-draft-tokens -1
+bad_value "run, negative shared prefix" "--shared-prefix-len: -1 must be >= 0" -- run --shared-prefix-len -1
+bad_value "run, shared prefix as long as the prompt" "--shared-prefix-len 4000 must be below --prompt-len 4000" -- run --shared-prefix-len 4000
+bad_value "run, extend mode" "--dcp-extend: 'scatter' is not one of: gather, native" -- run --dcp-extend scatter
+bad_value "demo, 0 DCP size" "--dcp-size: 0 must be >= 1" -- demo --dcp-size 0
+bad_value "demo, 0 heads" "--heads: 0 must be >= 1" -- demo --heads 0
+bad_value "demo, 0 context" "--context: 0 must be >= 1" -- demo --context 0
+bad_value "demo, 0 batch" "--batch: 0 must be >= 1" -- demo --batch 0
+bad_value "demo, 0 page size" "--page-size: 0 must be >= 1" -- demo --page-size 0
 bad_value "gen-checkpoint, dtype" "--dtype: 'F8' is not one of: BF16, F16, F32" -- gen-checkpoint --out "$tmp/x" --dtype F8
 bad_value "gen-checkpoint, 0 files" "--num-files: 0 must be >= 1" -- gen-checkpoint --out "$tmp/x" --num-files 0
 check "gen-checkpoint wrote nothing" [ ! -e "$tmp/x" ]
