@@ -28,6 +28,8 @@ check() {
   if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $what"; fi
 }
 stderr_has() { grep -q -- "$1" /tmp/dcp_cli_err.$$; }
+# The captured stderr exists and does not match (a missing file must not pass as "no match").
+stderr_lacks() { [ -f /tmp/dcp_cli_err.$$ ] && ! grep -q -- "$1" /tmp/dcp_cli_err.$$; }
 stdout_has() { grep -q -- "$1" /tmp/dcp_cli_out.$$; }
 stdout_empty() { [ ! -s /tmp/dcp_cli_out.$$ ]; }
 stderr_lines() { [ "$(wc -l </tmp/dcp_cli_err.$$)" -eq "$1" ]; }
@@ -74,7 +76,7 @@ check "json counts the compared steps" json_has '"steps_compared": 9'
 OMPI_COMM_WORLD_SIZE=2 expect 0 "threads under mpirun" -- run --num-layers 1 --batch 1 --prompt-len 20 --max-new-tokens 2
 check "warns to pass --comm mpi" stderr_has "started by mpirun with 2 processes but --comm threads.*pass --comm mpi"
 expect 0 "threads, no mpirun" -- run --num-layers 1 --batch 1 --prompt-len 20 --max-new-tokens 2
-check "no warning" sh -c "! grep -q warning /tmp/dcp_cli_err.$$"
+check "no warning" stderr_lacks warning
 # Every request rejected: each says why, and a verification that compared nothing fails.
 expect 1 "run with every request rejected" -- run --num-layers 1 --max-total-tokens 1 --json "$tmp/run.json"
 check "says why each was rejected" stdout_has "request 0 (prompt 4000): REJECTED: needs 4032 tokens of KV; the cache holds 256 (raise --max-total-tokens)"
