@@ -174,12 +174,13 @@ TEST(Attention, EveryKernelPathWithSplitKvOnLongContexts) {
 }
 
 TEST(Attention, EveryHeadCountAndWidthOnEveryPath) {
-  // The SIMD paths switch kernels by head count (row-wise below 8 heads, heads-in-lanes above)
-  // and block heads, rows and columns in registers; these head counts hit every block size and
-  // remainder, and the widths include ones no vector width divides.
+  // The SIMD paths switch kernels by head count and dtype (row-wise up to 7, 9 or 11 heads,
+  // heads-in-lanes above: attention_simd.h) and block heads, rows and columns in registers; these
+  // head counts hit every switch, block size and remainder, and the widths include ones no vector
+  // width divides.
   auto rng = test::make_rng();
-  const int head_counts[] = {1,  2,  5,  7,  8,  9,  15, 16, 17,  23,
-                             31, 32, 33, 47, 48, 49, 64, 65, 100, 128};
+  const int head_counts[] = {1,  2,  5,  7,  8,  9,  10, 11, 12, 13, 15,  16,
+                             17, 23, 31, 32, 33, 47, 48, 49, 64, 65, 100, 128};
   struct Width {
     int dc, dr;
   };

@@ -12,13 +12,22 @@
 namespace dcp::kernels {
 namespace {
 
-// From this many query heads the heads-in-lanes kernel; below it, the row-wise one. Measured
-// with `dcp bench attention` (equal at 8 heads, row-wise ahead at 4).
-constexpr int kLaneKernelMinHeads = 8;
+// From this many query heads the heads-in-lanes kernel; below it, the row-wise one. With AVX-512
+// the lanes kernel leaves lanes idle below 16 heads, and on cold caches (decode reads each layer's
+// KV from memory) the row kernel was faster up to 9 heads with fp32 rows and 11 with bf16 ones
+// (`dcp bench attention --heads 8,9,10,11,12,16`, B 1 and 8, 4K and 32K rows, interleaved with
+// the lanes kernel: 8 heads fp32 -6..-13%, bf16 -16..-31%; 9 heads fp32 -5..-9%; 9 to 11 heads
+// bf16 up to -25%; even at 10 heads fp32 and 12 bf16; the lanes kernel ahead from 11 and 16).
+// AVX2's 8-lane vectors hold 8 heads without padding: the lanes kernel from 8 there, as before.
+template <int V>
+int lane_kernel_min_heads(KvDtype dtype) {
+  if constexpr (V == 16) return dtype == KvDtype::bf16 ? 12 : 10;
+  return 8;
+}
 
 template <int V>
 void run_simd(const MlaAttentionParams& p, const Task* tasks, std::size_t n) {
-  if (p.num_heads >= kLaneKernelMinHeads) {
+  if (p.num_heads >= lane_kernel_min_heads<V>(p.kv_dtype)) {
     LaneKernel<V> k(p);
     for (std::size_t i = 0; i < n; ++i) k.run(tasks[i]);
     return;
