@@ -281,8 +281,7 @@ void MlaModel::attend_contiguous(const float* q, const std::vector<const float*>
   const std::size_t requests = seqs.size();
   // One page per request, as long as the longest sequence. A single request is its own page, read
   // in place; otherwise the sequences are copied into one pool. The kernel reads no row past a
-  // request's length, so the pool's tails are left uninitialized (zero-filling them cost 2.8% of a
-  // DeepSeek prefill).
+  // request's length, so the pool's tails are left uninitialized rather than zero-filled.
   std::int64_t page = 1;
   for (std::int64_t len : lens) page = std::max(page, len);
   std::unique_ptr<float[]> pool;
