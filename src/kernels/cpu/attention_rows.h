@@ -42,6 +42,7 @@ struct RowElements<V, float> {
     a = Simd<V>::load(row + d);
     b = Simd<V>::load(row + d + V);
   }
+  static vec load_vector(const float* row, int d) { return Simd<V>::load(row + d); }
   static float element(const float* row, int d) { return row[d]; }
   static constexpr bool kReorders = false;  // position(d) = d
   static int position(int d, int /*n*/) { return d; }
@@ -58,6 +59,8 @@ struct RowElements<V, bf16_t> {
     std::memcpy(&even, &e, sizeof even);
     std::memcpy(&odd, &o, sizeof odd);
   }
+  // V elements in order (past the last whole chunk, where position(d) = d).
+  static vec load_vector(const bf16_t* row, int d) { return Simd<V>::widen_bf16(row + d); }
   static float element(const bf16_t* row, int d) { return bf16_to_float(row[d]); }
   static constexpr bool kReorders = true;
   // In each whole chunk of a row of n elements, evens first; a partial last chunk in order.
@@ -215,6 +218,15 @@ class RowKernel {
           b[r][i] += q1[i] * k1;
         }
       }
+    }
+    if (d + V <= width_) {  // half a chunk left (the tiny preset's 80-wide rows: 64 + 16)
+      vec qv[HB];
+      for (int i = 0; i < HB; ++i) qv[i] = S::load(qh[i] + d);
+      for (int r = 0; r < R; ++r) {
+        const vec k = E::load_vector(row_[j0 + r], d);
+        for (int i = 0; i < HB; ++i) a[r][i] += qv[i] * k;
+      }
+      d += V;
     }
     for (int r = 0; r < R; ++r) {
       for (int i = 0; i < HB; ++i) {
