@@ -174,17 +174,17 @@ TEST(Attention, EveryKernelPathWithSplitKvOnLongContexts) {
 }
 
 TEST(Attention, EveryHeadCountAndWidthOnEveryPath) {
-  // The SIMD paths switch kernels by head count and dtype (row-wise up to 7, 9 or 11 heads,
-  // heads-in-lanes above: attention_simd.h) and block heads, rows and columns in registers; these
+  // The SIMD paths switch kernels by head count, width and dtype (row-wise up to 7 heads, or 9 or
+  // 11 at the MLA width: attention_simd.h) and block heads, rows and columns in registers; these
   // head counts hit every switch, block size and remainder, and the widths include ones no vector
-  // width divides.
+  // width divides and one (80) that ends in half a row-kernel chunk.
   auto rng = test::make_rng();
   const int head_counts[] = {1,  2,  5,  7,  8,  9,  10, 11, 12, 13, 15,  16,
                              17, 23, 31, 32, 33, 47, 48, 49, 64, 65, 100, 128};
   struct Width {
     int dc, dr;
   };
-  const Width widths[] = {{512, 64}, {37, 5}, {16, 0}, {80, 16}};
+  const Width widths[] = {{512, 64}, {37, 5}, {16, 0}, {80, 16}, {64, 16}};
   for (int heads : head_counts) {
     for (const Width w : widths) {
       for (const KvDtype dtype : {KvDtype::fp32, KvDtype::bf16}) {  // bf16 reads its own way
