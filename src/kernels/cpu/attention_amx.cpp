@@ -149,10 +149,6 @@ class AmxKernel {
     grow_to(corr_, lanes);
   }
 
-  const float* query_lane(std::int64_t t, int h) const {
-    return query_head(p_, tokens_, t + h / p_.num_heads, h % p_.num_heads);
-  }
-
   // dcp::float_to_bf16 on 16 lanes (the word in the low half).
   static uvec round_to_bf16(vec x) {
     uvec bits;
@@ -171,7 +167,7 @@ class AmxKernel {
     heads_to_lanes(
         heads_, width_ / 2,
         [&](int h, int c, Words16& row) {
-          const float* qh = query_lane(t, h) + 2 * c;
+          const float* qh = query_lane(p_, tokens_, t, h) + 2 * c;
           const Halves halves[2] = {
               __builtin_convertvector(round_to_bf16(S::load(qh) * scale), Halves),
               __builtin_convertvector(round_to_bf16(S::load(qh + 16) * scale), Halves)};
@@ -181,7 +177,7 @@ class AmxKernel {
           std::memcpy(qv_.data() + static_cast<std::size_t>(c) * lanes_ + hb, &row, sizeof row);
         });
     for (int h = 0; h < heads_; ++h) {  // the last width % 32 elements
-      const float* qh = query_lane(t, h);
+      const float* qh = query_lane(p_, tokens_, t, h);
       for (int d = width_ / 32 * 32; d < width_; ++d) {
         const std::uint32_t word = float_to_bf16(qh[d] * p_.softmax_scale);
         qv_[static_cast<std::size_t>(d / 2) * lanes_ + h] |= d % 2 ? word << 16 : word;
@@ -485,7 +481,7 @@ class AmxKernel {
   int heads_ = 0, lanes_ = 0;  // query vectors of the current task (size_for), padded to 16
   int dc_, dcp_, width_, wp_;
   int tile_rows_ = 0;                           // tile_rows_for(lanes_), a multiple of 64
-  std::int64_t tokens_ = num_query_tokens(p_);  // T, for query_head
+  std::int64_t tokens_ = num_query_tokens(p_);  // T, for query_lane
   AmxBuffers& buf_;                             // this thread's, grown by size_for
   LineVector<std::uint32_t>& qv_;               // [wp/2, lanes] query pairs
   LineVector<std::uint16_t>& kbuf_;       // [tile_rows_, wp] rows of blocks not loadable in place

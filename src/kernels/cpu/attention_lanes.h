@@ -84,19 +84,15 @@ class LaneKernel {
 
   // Qt[d][h] = q[h][d] * scale; padding lanes (h >= heads) are zero and are never written out.
   // 16 heads x 16 columns at a time through a register transpose, so that every store writes a
-  // run of heads (one at a time, each store hit a different cache line). Lane h of a block task
-  // is head h % H of token t + h / H.
-  const float* query_lane(std::int64_t t, int h) const {
-    return query_head(p_, tokens_, t + h / p_.num_heads, h % p_.num_heads);
-  }
-
+  // run of heads (one at a time, each store hit a different cache line). A block task's lanes are
+  // its tokens' heads (query_lane).
   void pack_query(std::int64_t t) {
     std::fill(qt_.begin(), qt_.begin() + static_cast<std::ptrdiff_t>(width_) * lanes_, 0.0f);
     const float scale = p_.softmax_scale;
     heads_to_lanes(
         heads_, width_,
         [&](int h, int d, Words16& row) {
-          const float* qh = query_lane(t, h) + d;
+          const float* qh = query_lane(p_, tokens_, t, h) + d;
           float scaled[16];
           for (int e = 0; e < 16; ++e) scaled[e] = qh[e] * scale;
           std::memcpy(&row, scaled, sizeof scaled);
@@ -110,7 +106,7 @@ class LaneKernel {
           }
         });
     for (int h = 0; h < heads_; ++h) {  // the last width % 16 columns
-      const float* qh = query_lane(t, h);
+      const float* qh = query_lane(p_, tokens_, t, h);
       for (int d = width_ / 16 * 16; d < width_; ++d)
         qt_[static_cast<std::size_t>(d) * lanes_ + h] = qh[d] * scale;
     }
@@ -175,18 +171,14 @@ class LaneKernel {
     }
   }
 
-  // The width of every released MLA model's latent row (kv_lora_rank 512 + rope_dim 64). Known at
-  // compile time, it lets a block of contiguous rows be read from one base pointer, each row at a
-  // constant displacement, where other widths need a pointer per row in the general registers.
-  static constexpr int kMlaWidth = 576;
-
   // Blocks of RB rows through row pointers. With kWideRows, blocks of kWideRows rows instead where
-  // the width is kMlaWidth and the block's rows lie one after another (a block that crosses a
-  // page, or holds the padding of the last tile, still takes RB at a time). One head vector has
-  // only 8 accumulators per 8 rows, just enough to cover the FMA latency, and 12 row pointers
-  // spilled the general registers. From one base pointer, 16 rows made 16 heads 5-7% faster
-  // (cold cache, 32K rows, fp32 and bf16), and 12 rows of two head vectors made 32 heads fp32
-  // 6% faster than 12 through pointers.
+  // the width is kMlaWidth (known at compile time: each row at a constant displacement from one
+  // base pointer, where other widths need a pointer per row in the general registers) and the
+  // block's rows lie one after another (a block that crosses a page, or holds the padding of the
+  // last tile, still takes RB at a time). One head vector has only 8 accumulators per 8 rows, just
+  // enough to cover the FMA latency, and 12 row pointers spilled the general registers. From one
+  // base pointer, 16 rows made 16 heads 5-7% faster (cold cache, 32K rows, fp32 and bf16), and 12
+  // rows of two head vectors made 32 heads fp32 6% faster than 12 through pointers.
   template <int RB, int HB, int kWideRows = 0>
   void score_rows(int v0, int n) {
     static_assert(kRows % RB == 0 && (kWideRows == 0 || kRows % kWideRows == 0));
@@ -372,7 +364,7 @@ class LaneKernel {
   const MlaAttentionParams& p_;
   int heads_ = 0, lanes_ = 0;  // query vectors of the current task (size_for), and padded to V
   int dc_, width_;
-  std::int64_t tokens_ = num_query_tokens(p_);  // T, for query_head
+  std::int64_t tokens_ = num_query_tokens(p_);  // T, for query_lane
   LineVector<float> qt_;                        // [width, lanes] scaled queries, transposed
   LineVector<float> s_;                         // [kRows, lanes] scores, then probabilities
   LineVector<float> acc_;                       // [heads, dc] unnormalised output

@@ -24,7 +24,6 @@ namespace {
 // other widths switch at 8, as AVX2 does (its 8 lanes hold 8 heads without padding).
 template <int V>
 int lane_kernel_min_heads(const MlaAttentionParams& p) {
-  constexpr int kMlaWidth = 512 + 64;
   if (V == 16 && p.kv_lora_rank + p.rope_dim == kMlaWidth)
     return p.kv_dtype == KvDtype::bf16 ? 12 : 10;
   return 8;

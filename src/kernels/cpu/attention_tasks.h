@@ -81,6 +81,20 @@ void write_task_state(const MlaAttentionParams& p, const Task& task, const float
 // At most this many heads x tokens in one block task (the heads-in-lanes kernel's 128-head shape).
 constexpr int kMaxBlockLanes = 128;
 
+// The width of every released MLA model's latent row (kv_lora_rank 512 + rope_dim 64): the lanes
+// kernel reads contiguous rows of it from one base pointer, and the kernel switch was measured
+// at it.
+constexpr int kMlaWidth = 512 + 64;
+
+// Lane h of a block task: head h % H of token t + h / H (T query tokens in all, for query_head).
+// Internal linkage, as physical_row.
+namespace {
+inline const float* query_lane(const MlaAttentionParams& p, std::int64_t tokens, std::int64_t t,
+                               int h) {
+  return query_head(p, tokens, t + h / p.num_heads, h % p.num_heads);
+}
+}  // namespace
+
 // Token i of a block task as a task of its own.
 inline Task token_of(const Task& block, int i) {
   Task one = block;
