@@ -1,6 +1,6 @@
 #include "engine_util.h"
 
-#include "dcp/comm_threads.h"
+#include "dcp/deployment.h"
 #include "dcp/error.h"
 
 namespace dcp::test {
@@ -8,59 +8,64 @@ namespace dcp::test {
 EngineRun run_engine_phases(const ModelConfig& config, const WeightSource& weights,
                             const EngineSetup& s,
                             const std::vector<std::vector<RequestSpec>>& phases) {
-  EngineRun out;
-  set_blas_threads(1);
-  run_threads(s.tp, [&](Communicator& world) {
-    auto dcp = world.split(world.rank() / s.dcp, world.rank());
-    ModelOptions mo;
-    mo.backend = s.backend;
-    mo.replicate_q_proj = s.replicate_q;
-    mo.kv_dtype = s.kv_dtype;
-    mo.page_size = s.page_size;
-    mo.kv_capacity_tokens = s.capacity;
-    MlaModel model(config, weights, world, *dcp, mo);
-    std::unique_ptr<Communicator> solo_tp, solo_dcp;
-    std::unique_ptr<MlaModel> draft;
-    if (s.draft_config) {  // replicated: TP 1 and DCP 1 on every rank
-      solo_tp = world.split(world.rank(), 0);
-      solo_dcp = world.split(world.rank(), 0);
-      ModelOptions dmo = mo;
-      dmo.replicate_q_proj = false;
-      draft =
-          std::make_unique<MlaModel>(*s.draft_config, *s.draft_weights, *solo_tp, *solo_dcp, dmo);
-    }
-    EngineOptions eo;
-    eo.chunked_prefill_size = s.chunk;
-    eo.record_logits = true;
-    eo.extend_mode = s.extend_mode;
-    eo.num_draft_tokens = s.num_draft_tokens;
-    eo.enable_prefix_cache = s.prefix_cache;
-    eo.host_kv_capacity_tokens = s.host_tokens;
-    eo.max_running_requests = s.max_running;
-    Engine engine(model, eo, draft.get());
+  ParallelConfig parallel;
+  parallel.tp_size = s.tp;
+  parallel.dcp_size = s.dcp;
+  if (s.dcp > 1) parallel.dcp_comm_backend = s.backend;
+  parallel.replicate_q_proj = s.replicate_q && s.dcp > 1;
+  const Topology topo = resolve(parallel);
+  ModelSource model;
+  model.config = config;
+  model.weights = &weights;
+  std::optional<ModelSource> draft;
+  if (s.draft_config) {
+    draft.emplace();
+    draft->config = *s.draft_config;
+    draft->weights = s.draft_weights;
+  }
+  ModelOptions mo;
+  mo.replicate_q_proj = s.replicate_q;
+  mo.kv_dtype = s.kv_dtype;
+  mo.page_size = s.page_size;
+  mo.kv_capacity_tokens = s.capacity;
+  EngineOptions eo;
+  eo.chunked_prefill_size = s.chunk;
+  eo.record_logits = true;
+  eo.extend_mode = s.extend_mode;
+  eo.num_draft_tokens = s.num_draft_tokens;
+  eo.enable_prefix_cache = s.prefix_cache;
+  eo.host_kv_capacity_tokens = s.host_tokens;
+  eo.max_running_requests = s.max_running;
+
+  LaunchOptions lo;
+  lo.world_size = topo.world_size;
+  const auto launched = launch<EngineRun>(lo, 0, [&](Communicator& world) {
+    RankSystem sys(world, topo, model, mo, eo, draft);
+    Engine& engine = sys.engine();
     for (const auto& phase : phases) {
       for (const RequestSpec& r : phase) engine.submit(r);
       engine.run();
     }
-    if (world.rank() == 0) {
-      out.results = engine.results();
-      out.stats = engine.stats();
-    }
+    EngineRun out;
+    out.results = engine.results();
+    out.stats = engine.stats();
     if (s.prefix_cache) {
-      std::vector<PrefixCacheStats> all(static_cast<std::size_t>(world.size()));
+      out.cache_stats.resize(static_cast<std::size_t>(world.size()));
       const PrefixCacheStats mine = engine.prefix_cache()->stats();
-      world.all_gather(&mine, all.data(), sizeof mine);
-      if (world.rank() == 0) out.cache_stats = all;
+      world.all_gather(&mine, out.cache_stats.data(), sizeof mine);
     }
-    model.allocator().check_invariants();
-    world.barrier();
-    for (std::size_t i = 0; i < engine.results().size(); ++i) {
-      if (engine.results()[i].output_tokens != out.results[i].output_tokens) {
+    sys.model().allocator().check_invariants();
+    // Ranks run in lockstep: every rank must have produced the same tokens. The gathered list
+    // holds each request once per rank, in rank order (a stable sort by id).
+    const std::vector<RequestResult> all = gather_results(world, true, engine.results());
+    const std::size_t ranks = static_cast<std::size_t>(world.size());
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      if (all[i].output_tokens != all[i - i % ranks].output_tokens)
         throw Error(ErrorCategory::internal, "ranks disagree on the generated tokens");
-      }
     }
+    return out;
   });
-  return out;
+  return launched.report;
 }
 
 RequestSpec request(RequestId id, std::vector<std::int32_t> prompt, int max_new,

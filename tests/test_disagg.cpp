@@ -91,12 +91,12 @@ DisaggOutcome run_disagg(const ModelConfig& c, const WeightSource& w, const Disa
   set_blas_threads(1);
   run_threads(k.prefill_dcp + k.decode_tp, [&](Communicator& world) {
     DisaggConfig cfg;
-    cfg.model = c;
-    cfg.weights = &w;
+    cfg.model.config = c;
+    cfg.model.weights = &w;
     cfg.prefill_dcp_size = k.prefill_dcp;
-    cfg.decode_tp_size = k.decode_tp;
-    cfg.decode_dcp_size = k.decode_dcp;
-    cfg.backend = CombineBackend::a2a;
+    cfg.decode.tp_size = k.decode_tp;
+    cfg.decode.dcp_size = k.decode_dcp;
+    if (k.decode_dcp > 1) cfg.decode.dcp_comm_backend = CombineBackend::a2a;
     cfg.model_options.kv_dtype = KvDtype::fp32;
     cfg.model_options.page_size = k.page;
     cfg.model_options.kv_capacity_tokens = 4096;

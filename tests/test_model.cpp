@@ -213,7 +213,7 @@ TEST(Engine, FullKvCacheQueuesAndRejectsWithoutCorruption) {
     EXPECT_EQ(tight.results[i].output_tokens, ample.results[i].output_tokens) << "request " << i;
   }
   EXPECT_EQ(tight.results.back().state, RequestState::rejected);
-  EXPECT_NE(tight.results.back().error.find("--max-total-tokens"), std::string::npos)
+  EXPECT_NE(tight.results.back().error.find("raise kv_capacity_tokens"), std::string::npos)
       << tight.results.back().error;
 }
 
@@ -346,7 +346,7 @@ TEST(Model, RefusesHeadsNotDivisibleByTp) {
     ModelOptions mo;
     mo.kv_capacity_tokens = 64;
     const std::string why = error_of([&] { MlaModel m(c, *w, world, *dcp, mo); });
-    EXPECT_NE(why.find("--tp-size 4 must divide the model's num_attention_heads 6"),
+    EXPECT_NE(why.find("tp_size = 4 must divide the model's num_attention_heads 6"),
               std::string::npos)
         << why;
   });

@@ -40,9 +40,9 @@ TEST(Topology, SeedExampleTp64Dp4) {
   }
   // DCP 32 divides TP 64 (what upstream checks) but crosses a DP replica: rejected.
   const std::string why = rejection(config(64, 4, true, 32));
-  EXPECT_NE(why.find("--dcp-size 32"), std::string::npos) << why;
+  EXPECT_NE(why.find("dcp_size = 32"), std::string::npos) << why;
   EXPECT_NE(why.find("attention TP size 16"), std::string::npos) << why;
-  EXPECT_NE(why.find("legal --dcp-size values: 1, 2, 4, 8, 16"), std::string::npos) << why;
+  EXPECT_NE(why.find("legal dcp_size values: 1, 2, 4, 8, 16"), std::string::npos) << why;
 }
 
 TEST(Topology, ExhaustiveSmallConfigurations) {
@@ -109,7 +109,7 @@ TEST(Topology, BackendAutoRuleAndRejections) {
 
   c = config(8, 1, false, 1);
   c.dcp_comm_backend = CombineBackend::a2a;
-  EXPECT_NE(rejection(c).find("needs --dcp-size > 1"), std::string::npos);
+  EXPECT_NE(rejection(c).find("needs dcp_size > 1"), std::string::npos);
   c.dcp_comm_backend = CombineBackend::ag_rs;
   EXPECT_EQ(rejection(c), "");
 
@@ -117,18 +117,18 @@ TEST(Topology, BackendAutoRuleAndRejections) {
   c.replicate_q_proj = true;
   EXPECT_EQ(rejection(c), "");  // auto resolves to a2a
   c.dcp_comm_backend = CombineBackend::ag_rs;
-  EXPECT_NE(rejection(c).find("--dcp-replicate-q-proj needs an all-to-all"), std::string::npos);
+  EXPECT_NE(rejection(c).find("replicate_q_proj needs an all-to-all"), std::string::npos);
   c = config(8, 1, false, 1);
   c.replicate_q_proj = true;
-  EXPECT_NE(rejection(c).find("--dcp-replicate-q-proj needs --dcp-size > 1"), std::string::npos);
+  EXPECT_NE(rejection(c).find("replicate_q_proj needs dcp_size > 1"), std::string::npos);
 
   c = config(8, 1, false, 2);
   c.pcp_size = 2;
   EXPECT_NE(rejection(c).find("prefill context parallelism"), std::string::npos);
-  EXPECT_NE(rejection(config(8, 1, false, 0)).find("--dcp-size 0 must be >= 1"), std::string::npos);
-  EXPECT_NE(rejection(config(8, 3, true, 1)).find("--dp-size 3 must divide --tp-size 8"),
+  EXPECT_NE(rejection(config(8, 1, false, 0)).find("dcp_size = 0 must be >= 1"), std::string::npos);
+  EXPECT_NE(rejection(config(8, 3, true, 1)).find("dp_size = 3 must divide tp_size = 8"),
             std::string::npos);
-  EXPECT_NE(rejection(config(6, 1, false, 4)).find("legal --dcp-size values: 1, 2, 3, 6"),
+  EXPECT_NE(rejection(config(6, 1, false, 4)).find("legal dcp_size values: 1, 2, 3, 6"),
             std::string::npos);
   EXPECT_THROW(parse_combine_backend("nccl"), Error);
   EXPECT_THROW(Platform::parse("tpu"), Error);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "dcp/comm.h"
+#include "dcp/deployment.h"
 #include "dcp/dtype.h"
 #include "dcp/engine.h"
 #include "dcp/kv_cache.h"
@@ -92,12 +93,11 @@ std::vector<TransferResult> transfer_kv(Communicator& world, Communicator* decod
 // ---- a whole disaggregated deployment, one call per world rank ----
 
 struct DisaggConfig {
-  ModelConfig model;
-  const WeightSource* weights = nullptr;
+  ModelSource model;
   int prefill_dcp_size = 1;  // prefill group: TP = DCP = this, world ranks [0, prefill_dcp_size)
-  int decode_tp_size = 1;    // decode group: the next decode_tp_size world ranks
-  int decode_dcp_size = 1;
-  CombineBackend backend = CombineBackend::ag_rs;
+  // The decode group, the next decode.tp_size world ranks (tp_size, dcp_size, backend; one
+  // replica, no attention DP).
+  ParallelConfig decode;
   ModelOptions model_options;  // page size, KV dtype, capacity (both sides)
   EngineOptions engine;
   TransportOptions transport;
@@ -116,8 +116,14 @@ struct DisaggOutcome {
 
 // Prefill on the prefill group (max_new_tokens 1, KV kept), first tokens broadcast, KV moved by
 // transfer_kv, decode adopts and finishes the requests. World size must be
-// prefill_dcp_size + decode_tp_size.
+// prefill_dcp_size + decode.tp_size.
 DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& config,
                                 const std::vector<RequestSpec>& requests);
+
+// A whole disaggregated run through the deployment's launcher (threads or MPI): spec.parallel is
+// the decode group, spec.requests the workload; speculative decoding and the prefix cache are
+// refused. The report is the first decode rank's; every process receives every result.
+Launched<DeploymentReport> run_disaggregated_deployment(const DeploymentSpec& spec,
+                                                        int prefill_dcp_size);
 
 }  // namespace dcp

@@ -51,8 +51,9 @@ class KvAllocator {
   // Registers a request holding its first n >= 0 tokens. Throws (capacity) if the pages are
   // not free, (invalid_argument) if the id exists; either way nothing changes.
   void allocate(RequestId request, std::int64_t n);
-  // Grows a request by n >= 0 tokens. Returns the page copies to apply (copy on write).
-  std::vector<PageCopy> extend(RequestId request, std::int64_t n);
+  // Grows a request by n >= 0 tokens. Returns the page copies every rank must apply to its pools
+  // (copy on write) before the new tokens are written: MlaModel::extend does.
+  [[nodiscard]] std::vector<PageCopy> extend(RequestId request, std::int64_t n);
   // Shrinks a request to new_length <= length (speculative rollback); frees whole pages.
   void truncate(RequestId request, std::int64_t new_length);
   // Releases a request's pages (shared pages when their last user goes).

@@ -82,8 +82,12 @@ class MlaModel {
   bool replicated_q() const noexcept;
   int local_heads() const noexcept { return h_loc_; }
 
-  // The allocator replica of this rank (all layers share its token slots).
+  // The allocator replica of this rank (all layers share its token slots). Grow requests through
+  // extend(), which applies copy-on-write page copies to every layer.
   KvAllocator& allocator() noexcept { return *allocator_; }
+  // Grows `request` by n tokens and copies any shared page it will write into a private one, in
+  // every layer's pool. Throws like KvAllocator::extend (nothing changes then).
+  void extend(RequestId request, std::int64_t n);
   // This rank's shard of layer `layer`'s latent KV.
   KvShard& kv_shard(int layer);
   std::size_t kv_bytes() const noexcept;  // all layers, this rank

@@ -17,7 +17,7 @@ namespace dcp {
 
 enum class CombineBackend : std::uint8_t { ag_rs, a2a, fi_a2a };
 std::string_view to_string(CombineBackend b) noexcept;
-// Parses "ag_rs" / "a2a" / "fi_a2a"; throws naming --dcp-comm-backend and the legal values.
+// Parses "ag_rs" / "a2a" / "fi_a2a"; throws naming dcp_comm_backend and the legal values.
 CombineBackend parse_combine_backend(std::string_view name);
 
 // What the hardware offers the combine.
@@ -30,7 +30,7 @@ struct Platform {
   static Platform cpu() { return {}; }
   static Platform cuda() { return {"cuda", true, false, false}; }
   static Platform blackwell_mnnvl() { return {"blackwell-mnnvl", true, true, true}; }
-  // Parses "cpu" / "cuda" / "blackwell-mnnvl"; throws naming --platform otherwise.
+  // Parses "cpu" / "cuda" / "blackwell-mnnvl"; throws naming platform otherwise.
   static Platform parse(std::string_view name);
 };
 
@@ -50,7 +50,8 @@ struct ParallelConfig {
   }
 };
 
-// Throws dcp::Error(invalid_argument or unsupported) naming the flag and the legal values.
+// Throws dcp::Error(invalid_argument or unsupported) naming the parameter and the legal values
+// ("dcp_size = 3 must divide tp_size = 4"); the command line shows its flags instead.
 void validate(const ParallelConfig& c);
 
 // The auto rule: fi_a2a on Blackwell when the group shares one MNNVL domain, else a2a where an

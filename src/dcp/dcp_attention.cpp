@@ -21,10 +21,10 @@ DcpAttention::DcpAttention(Communicator& group, DcpAttentionOptions options)
     : group_(group), options_(options) {
   DCP_ARG_CHECK(options.local_heads >= 1, "local_heads = ", options.local_heads, " must be >= 1");
   DCP_CHECK(options.backend != CombineBackend::fi_a2a, unsupported,
-            "--dcp-comm-backend fi_a2a needs Blackwell GPUs in one MNNVL domain; this build runs "
+            "backend = fi_a2a needs Blackwell GPUs in one MNNVL domain; this build runs "
             "on the CPU (legal: ag_rs, a2a)");
   DCP_ARG_CHECK(!options.replicated_q || options.backend == CombineBackend::a2a,
-                "--dcp-replicate-q-proj needs an all-to-all combine (--dcp-comm-backend a2a), got ",
+                "replicated_q needs an all-to-all combine (backend = a2a), got ",
                 to_string(options.backend));
 }
 

@@ -32,7 +32,7 @@ CombineBackend parse_combine_backend(std::string_view name) {
   if (name == "ag_rs") return CombineBackend::ag_rs;
   if (name == "a2a") return CombineBackend::a2a;
   if (name == "fi_a2a") return CombineBackend::fi_a2a;
-  reject(str("--dcp-comm-backend '", std::string(name), "' is not one of: ag_rs, a2a, fi_a2a"));
+  reject(str("dcp_comm_backend = '", std::string(name), "' is not one of: ag_rs, a2a, fi_a2a"));
   return CombineBackend::ag_rs;
 }
 
@@ -40,59 +40,58 @@ Platform Platform::parse(std::string_view name) {
   if (name == "cpu") return cpu();
   if (name == "cuda") return cuda();
   if (name == "blackwell-mnnvl") return blackwell_mnnvl();
-  reject(str("--platform '", std::string(name), "' is not one of: cpu, cuda, blackwell-mnnvl"));
+  reject(str("platform = '", std::string(name), "' is not one of: cpu, cuda, blackwell-mnnvl"));
   return cpu();
 }
 
 void validate(const ParallelConfig& c) {
-  if (c.tp_size < 1) reject(str("--tp-size ", c.tp_size, " must be >= 1"));
-  if (c.dp_size < 1) reject(str("--dp-size ", c.dp_size, " must be >= 1"));
-  if (c.dcp_size < 1) reject(str("--dcp-size ", c.dcp_size, " must be >= 1"));
-  if (c.pcp_size < 1) reject(str("--pcp-size ", c.pcp_size, " must be >= 1"));
+  if (c.tp_size < 1) reject(str("tp_size = ", c.tp_size, " must be >= 1"));
+  if (c.dp_size < 1) reject(str("dp_size = ", c.dp_size, " must be >= 1"));
+  if (c.dcp_size < 1) reject(str("dcp_size = ", c.dcp_size, " must be >= 1"));
+  if (c.pcp_size < 1) reject(str("pcp_size = ", c.pcp_size, " must be >= 1"));
   if (c.enable_dp_attention && c.tp_size % c.dp_size != 0) {
-    reject(str("--dp-size ", c.dp_size, " must divide --tp-size ", c.tp_size,
-               " with --enable-dp-attention; legal --dp-size values: ", divisors(c.tp_size)));
+    reject(str("dp_size = ", c.dp_size, " must divide tp_size = ", c.tp_size,
+               " with enable_dp_attention; legal dp_size values: ", divisors(c.tp_size)));
   }
   if (c.tp_size % c.dcp_size != 0) {
-    reject(str("--dcp-size ", c.dcp_size, " must divide --tp-size ", c.tp_size,
-               "; legal --dcp-size values: ", divisors(c.tp_size)));
+    reject(str("dcp_size = ", c.dcp_size, " must divide tp_size = ", c.tp_size,
+               "; legal dcp_size values: ", divisors(c.tp_size)));
   }
   const int attn_tp = c.attn_tp_size();
   if (attn_tp % c.dcp_size != 0) {
-    reject(str("--dcp-size ", c.dcp_size, " must divide the attention TP size ", attn_tp,
-               " (--tp-size ", c.tp_size, " / --dp-size ", c.dp_size,
-               " with --enable-dp-attention): a DCP group may not cross a DP replica; legal "
-               "--dcp-size values: ",
+    reject(str("dcp_size = ", c.dcp_size, " must divide the attention TP size ", attn_tp,
+               " (tp_size = ", c.tp_size, " / dp_size = ", c.dp_size,
+               " with enable_dp_attention): a DCP group may not cross a DP replica; legal "
+               "dcp_size values: ",
                divisors(attn_tp)));
   }
   if (c.dcp_size > 1 && c.pcp_size > 1) {
-    reject(str("--dcp-size ", c.dcp_size,
-               " cannot be combined with prefill context parallelism "
-               "(--pcp-size ",
-               c.pcp_size, "); use one of them"));
+    reject(str("dcp_size = ", c.dcp_size,
+               " cannot be combined with prefill context parallelism (pcp_size = ", c.pcp_size,
+               "); use one of them"));
   }
   if (c.dcp_comm_backend && *c.dcp_comm_backend != CombineBackend::ag_rs && c.dcp_size == 1) {
-    reject(str("--dcp-comm-backend ", to_string(*c.dcp_comm_backend),
-               " needs --dcp-size > 1 (legal with --dcp-size 1: ag_rs, or leave it unset)"));
+    reject(str("dcp_comm_backend = ", to_string(*c.dcp_comm_backend),
+               " needs dcp_size > 1 (legal with dcp_size = 1: ag_rs, or leave it unset)"));
   }
   if (c.dcp_comm_backend == CombineBackend::fi_a2a && !(c.platform.blackwell && c.platform.mnnvl)) {
     throw Error(ErrorCategory::unsupported,
-                str("--dcp-comm-backend fi_a2a needs Blackwell GPUs whose DCP group shares one "
+                str("dcp_comm_backend = fi_a2a needs Blackwell GPUs whose DCP group shares one "
                     "MNNVL domain; platform '",
                     c.platform.name, "' has none (legal here: ag_rs",
                     c.platform.has_all_to_all ? ", a2a" : "", ")"));
   }
   if (c.dcp_comm_backend == CombineBackend::a2a && !c.platform.has_all_to_all) {
-    throw Error(ErrorCategory::unsupported, str("--dcp-comm-backend a2a needs an all-to-all path; "
+    throw Error(ErrorCategory::unsupported, str("dcp_comm_backend = a2a needs an all-to-all path; "
                                                 "platform '",
                                                 c.platform.name, "' has none (legal: ag_rs)"));
   }
   if (c.replicate_q_proj) {
-    if (c.dcp_size == 1) reject("--dcp-replicate-q-proj needs --dcp-size > 1");
+    if (c.dcp_size == 1) reject("replicate_q_proj needs dcp_size > 1");
     const CombineBackend b = effective_backend(c);
     if (b == CombineBackend::ag_rs) {
       reject(
-          str("--dcp-replicate-q-proj needs an all-to-all combine (--dcp-comm-backend a2a or "
+          str("replicate_q_proj needs an all-to-all combine (dcp_comm_backend = a2a or "
               "fi_a2a); the effective backend is ag_rs"));
     }
   }

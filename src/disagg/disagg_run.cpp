@@ -1,50 +1,58 @@
 // A disaggregated deployment in one world: a prefill group, then a decode group.
-#include <chrono>
+#include <algorithm>
 
 #include "dcp/disagg.h"
 #include "dcp/error.h"
+#include "dcp/timing.h"
 
 namespace dcp {
+namespace {
+
+// The prefill side is one group with TP = DCP = prefill_dcp_size.
+ParallelConfig prefill_side(int prefill_dcp_size) {
+  ParallelConfig p;
+  p.tp_size = prefill_dcp_size;
+  p.dcp_size = prefill_dcp_size;
+  return p;
+}
+
+}  // namespace
 
 DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
                                 const std::vector<RequestSpec>& requests) {
-  using Clock = std::chrono::steady_clock;
-  const int a = c.prefill_dcp_size, t = c.decode_tp_size;
-  DCP_ARG_CHECK(world.size() == a + t, "disaggregation needs ", a + t,
-                " ranks (--prefill-dcp-size ", a, " + --tp-size ", t, "), the world has ",
-                world.size());
-  DCP_ARG_CHECK(t % c.decode_dcp_size == 0, "--dcp-size ", c.decode_dcp_size,
-                " must divide --tp-size ", t);
-  DCP_ARG_CHECK(c.weights != nullptr, "disaggregation needs weights");
+  const int a = c.prefill_dcp_size, t = c.decode.tp_size;
+  DCP_ARG_CHECK(c.decode.dp_size == 1, "disaggregation: decode dp_size = ", c.decode.dp_size,
+                " is not supported (legal: 1)");
+  const Topology prefill_topo = resolve(prefill_side(a));
+  const Topology decode_topo = resolve(c.decode);
+  DCP_ARG_CHECK(world.size() == a + t, "disaggregation needs ", a + t, " ranks (prefill_dcp_size ",
+                a, " + decode tp_size ", t, "), the world has ", world.size());
   const KvLayoutSpec pre{a, c.model_options.page_size, c.model_options.kv_dtype};
-  const KvLayoutSpec dec{c.decode_dcp_size, c.model_options.page_size, c.model_options.kv_dtype};
+  const KvLayoutSpec dec{c.decode.dcp_size, c.model_options.page_size, c.model_options.kv_dtype};
   make_transfer_plan(pre, dec, 0, 0);  // refuses unsupported pairs before any work
 
   const bool is_decode = world.rank() >= a;
-  auto side = world.split(is_decode ? 1 : 0, world.rank());  // the side's TP group
-  const int side_rank = side->rank();
-  auto dcp = side->split(side_rank / (is_decode ? c.decode_dcp_size : a), side_rank);
-  ModelOptions mo = c.model_options;
-  mo.backend = dcp->size() > 1 ? c.backend : CombineBackend::ag_rs;
-  mo.replicate_q_proj = mo.replicate_q_proj && dcp->size() > 1;
-  MlaModel model(c.model, *c.weights, *side, *dcp, mo);
+  const auto side = world.split(is_decode ? 1 : 0, world.rank());
+  EngineOptions prefill_options = c.engine;
+  prefill_options.record_logits = true;
+  prefill_options.num_draft_tokens = 0;
+  RankSystem sys(*side, is_decode ? decode_topo : prefill_topo, c.model, c.model_options,
+                 is_decode ? c.engine : prefill_options);
+  MlaModel& model = sys.model();
   if (is_decode && c.poison_decode_pools) {
-    for (int l = 0; l < c.model.num_hidden_layers; ++l) model.kv_shard(l).pool().poison();
+    for (int l = 0; l < model.config().num_hidden_layers; ++l) model.kv_shard(l).pool().poison();
   }
 
   DisaggOutcome out;
   out.is_decode = is_decode;
-  const int vocab = c.model.vocab_size;
+  const int vocab = model.config().vocab_size;
   const std::size_t n = requests.size();
   // 1. Prefill: the prompt and the first token; the KV stays for the transfer.
   std::vector<float> first(n * static_cast<std::size_t>(1 + vocab),
                            0.0f);  // [token, logits...] per request
   auto t0 = Clock::now();
   if (!is_decode) {
-    EngineOptions eo = c.engine;
-    eo.record_logits = true;
-    eo.num_draft_tokens = 0;
-    Engine prefill(model, eo);
+    Engine& prefill = sys.engine();
     for (const RequestSpec& r : requests) {
       RequestSpec p = r;
       p.max_new_tokens = 1;
@@ -62,7 +70,7 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
                 first.begin() + static_cast<std::ptrdiff_t>(i * (1 + vocab) + 1));
     }
   }
-  out.prefill_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  out.prefill_ms = ms_since(t0);
   world.broadcast(first.data(), first.size() * sizeof(float), 0);
 
   // 2. Transfer.
@@ -72,23 +80,23 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
   for (int r = 0; r < a; ++r) roles.prefill_ranks.push_back(r);
   for (int r = 0; r < t; ++r) {
     roles.decode_ranks.push_back(a + r);
-    roles.decode_dcp_rank.push_back(r % c.decode_dcp_size);
+    roles.decode_dcp_rank.push_back(decode_topo.ranks[static_cast<std::size_t>(r)].dcp_rank);
   }
   std::vector<TransferItem> items;
   for (const RequestSpec& r : requests)
     items.push_back({r.id, static_cast<std::int64_t>(r.prompt.size())});
   std::vector<KvShard*> shards;
-  for (int l = 0; l < c.model.num_hidden_layers; ++l) shards.push_back(&model.kv_shard(l));
+  for (int l = 0; l < model.config().num_hidden_layers; ++l) shards.push_back(&model.kv_shard(l));
   t0 = Clock::now();
-  out.transfers = transfer_kv(world, is_decode ? dcp.get() : nullptr, roles, items, shards,
+  out.transfers = transfer_kv(world, is_decode ? &sys.dcp_group() : nullptr, roles, items, shards,
                               is_decode ? &model.allocator() : nullptr, c.transport);
-  out.transfer_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  out.transfer_ms = ms_since(t0);
   for (const TransferResult& r : out.transfers) out.bytes_received += r.bytes_received;
   world.barrier();
   if (!is_decode) return out;  // the prefill side's kept KV dies with its model
 
   // 3. Decode: adopt what arrived, finish it.
-  Engine decode(model, c.engine);
+  Engine& decode = sys.engine();
   std::vector<RequestResult> merged(n);
   for (std::size_t i = 0; i < n; ++i) {
     merged[i].id = requests[i].id;
@@ -123,6 +131,42 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
   out.logical_capacity_tokens = model.allocator().capacity_tokens();
   out.decode_stats = decode.stats();
   return out;
+}
+
+Launched<DeploymentReport> run_disaggregated_deployment(const DeploymentSpec& spec,
+                                                        int prefill_dcp_size) {
+  DCP_ARG_CHECK(!spec.draft && spec.engine.num_draft_tokens == 0,
+                "disaggregation does not combine with speculative decoding yet");
+  DCP_ARG_CHECK(!spec.engine.enable_prefix_cache,
+                "disaggregation does not combine with the prefix cache yet");
+  DisaggConfig c;
+  c.model = spec.model;
+  c.prefill_dcp_size = prefill_dcp_size;
+  c.decode = spec.parallel;
+  c.model_options = spec.model_options;
+  c.engine = spec.engine;
+  resolve(prefill_side(prefill_dcp_size));
+  const Topology decode_topo = resolve(spec.parallel);
+  LaunchOptions lo;
+  lo.transport = spec.transport;
+  lo.world_size = prefill_dcp_size + decode_topo.world_size;
+  const int reporter = prefill_dcp_size;  // the first decode rank
+  return launch<DeploymentReport>(lo, reporter, [&](Communicator& world) {
+    const DisaggOutcome o = run_disaggregated(world, c, spec.requests);
+    DeploymentReport report;
+    std::vector<std::int64_t> bytes(static_cast<std::size_t>(world.size()));
+    world.all_gather(&o.bytes_received, bytes.data(), sizeof(std::int64_t));
+    // Every rank gets every result (a teacher-forced rerun follows in lockstep on all ranks).
+    report.results = gather_results(world, world.rank() == reporter, o.results);
+    report.disaggregated = true;
+    report.backend = spec.parallel.dcp_size > 1 ? decode_topo.backend : CombineBackend::ag_rs;
+    report.bytes_per_decode_rank.assign(bytes.begin() + prefill_dcp_size, bytes.end());
+    report.transfer_ms = o.transfer_ms;
+    report.logical_capacity_tokens = o.logical_capacity_tokens;
+    report.stats = o.decode_stats;
+    report.stats.prefill_ms = o.prefill_ms;
+    return report;
+  });
 }
 
 }  // namespace dcp

@@ -21,15 +21,16 @@ std::int32_t argmax(const float* x, int n) {
 
 Engine::Engine(MlaModel& model, const EngineOptions& options, MlaModel* draft)
     : model_(model), draft_(draft), options_(options) {
-  DCP_ARG_CHECK(options.chunked_prefill_size >= 1, "--chunked-prefill-size ",
-                options.chunked_prefill_size, " must be >= 1");
-  DCP_ARG_CHECK(options.max_running_requests >= 1, "max_running_requests must be >= 1");
+  DCP_ARG_CHECK(options.chunked_prefill_size >= 1,
+                "chunked_prefill_size = ", options.chunked_prefill_size, " must be >= 1");
+  DCP_ARG_CHECK(options.max_running_requests >= 1,
+                "max_running_requests = ", options.max_running_requests, " must be >= 1");
   DCP_ARG_CHECK(options.extend_mode != ForwardMode::decode,
                 "extend_mode must be extend or extend_native");
-  DCP_ARG_CHECK(options.num_draft_tokens >= 0, "--speculative-num-draft-tokens ",
-                options.num_draft_tokens, " must be >= 0");
+  DCP_ARG_CHECK(options.num_draft_tokens >= 0, "num_draft_tokens = ", options.num_draft_tokens,
+                " must be >= 0");
   DCP_ARG_CHECK(options.num_draft_tokens == 0 || draft != nullptr,
-                "--speculative-num-draft-tokens needs a draft model (--speculative-draft)");
+                "num_draft_tokens > 0 needs a draft model");
   if (draft) {
     DCP_ARG_CHECK(draft->config().vocab_size == model.config().vocab_size,
                   "the draft model's vocabulary (", draft->config().vocab_size,
@@ -38,7 +39,7 @@ Engine::Engine(MlaModel& model, const EngineOptions& options, MlaModel* draft)
                   "the draft model must be replicated on every rank (TP 1, DCP 1)");
   }
   if (options.enable_prefix_cache) {
-    DCP_ARG_CHECK(!draft, "--enable-prefix-cache does not combine with speculative decoding yet");
+    DCP_ARG_CHECK(!draft, "enable_prefix_cache does not combine with speculative decoding yet");
     std::vector<LatentPool*> pools;
     for (int l = 0; l < model.config().num_hidden_layers; ++l)
       pools.push_back(&model.kv_shard(l).pool());
@@ -46,14 +47,14 @@ Engine::Engine(MlaModel& model, const EngineOptions& options, MlaModel* draft)
                                            options.host_kv_capacity_tokens);
   } else {
     DCP_ARG_CHECK(options.host_kv_capacity_tokens == 0,
-                  "--host-kv-capacity-tokens needs --enable-prefix-cache");
+                  "host_kv_capacity_tokens > 0 needs enable_prefix_cache");
   }
 }
 
 void Engine::submit(const RequestSpec& spec) {
   DCP_ARG_CHECK(!spec.prompt.empty(), "request ", spec.id, ": the prompt must hold >= 1 token");
-  DCP_ARG_CHECK(spec.max_new_tokens >= 1, "request ", spec.id, ": --max-new-tokens ",
-                spec.max_new_tokens, " must be >= 1");
+  DCP_ARG_CHECK(spec.max_new_tokens >= 1, "request ", spec.id,
+                ": max_new_tokens = ", spec.max_new_tokens, " must be >= 1");
   DCP_ARG_CHECK(spec.forced_outputs.empty() || options_.num_draft_tokens == 0, "request ", spec.id,
                 ": teacher forcing and speculative decoding do not combine");
   for (std::int32_t t : spec.prompt) {
@@ -166,7 +167,7 @@ void Engine::admit() {
       RequestResult& r = results_[it->result];
       r.state = RequestState::rejected;
       r.error = str("needs ", final_len, " tokens of KV; the cache holds ", alloc.capacity_tokens(),
-                    " (raise --max-total-tokens)");
+                    " (raise kv_capacity_tokens)");
       if (it->context > 0) {
         alloc.free(it->spec.id);
         if (draft_) draft_->allocator().free(it->spec.id);
@@ -221,7 +222,7 @@ void Engine::finish(std::size_t i) {
     // the target's KV holds: its pending tokens but the last (which neither has consumed).
     if (draft_ && l.draft_pending.size() > 1) {
       const std::int32_t n = static_cast<std::int32_t>(l.draft_pending.size()) - 1;
-      draft_->allocator().extend(l.spec.id, n);
+      draft_->extend(l.spec.id, n);
       ForwardBatch catch_up;
       catch_up.mode = ForwardMode::decode;
       catch_up.entries = {{l.spec.id, n}};
@@ -262,7 +263,7 @@ bool Engine::run_prefill() {
     if (results_[l.result].state != RequestState::prefill) continue;
     const std::int64_t left = static_cast<std::int64_t>(l.feed.size()) - l.prefilled;
     const std::int64_t chunk = std::min(left, budget);
-    model_.allocator().extend(l.spec.id, chunk);  // admission reserved these pages
+    model_.extend(l.spec.id, chunk);  // admission reserved these pages
     batch.entries.push_back({l.spec.id, static_cast<std::int32_t>(chunk)});
     batch.tokens.insert(batch.tokens.end(), l.feed.begin() + l.prefilled,
                         l.feed.begin() + l.prefilled + chunk);
@@ -273,7 +274,7 @@ bool Engine::run_prefill() {
   const auto t0 = Clock::now();
   const std::vector<float> logits = model_.forward(batch);
   if (draft_) {  // the draft sees the same prompt (its own replicated KV)
-    for (const BatchEntry& e : batch.entries) draft_->allocator().extend(e.request, e.q_len);
+    for (const BatchEntry& e : batch.entries) draft_->extend(e.request, e.q_len);
     ForwardBatch d = batch;
     d.mode = ForwardMode::extend;
     draft_->forward(d);
@@ -308,7 +309,7 @@ bool Engine::run_decode() {
     const std::size_t k = r.output_tokens.size() - 1;  // feed the last emitted token
     const std::int32_t token =
         k < l.spec.forced_outputs.size() ? l.spec.forced_outputs[k] : r.output_tokens[k];
-    model_.allocator().extend(l.spec.id, 1);
+    model_.extend(l.spec.id, 1);
     batch.entries.push_back({l.spec.id, 1});
     batch.tokens.push_back(token);
     members.push_back(i);
@@ -343,7 +344,7 @@ std::vector<std::vector<std::int32_t>> Engine::propose(const std::vector<std::si
       Live& l = running_[members[m]];
       const std::vector<std::int32_t> feed =
           round == 0 ? l.draft_pending : std::vector<std::int32_t>{drafts[m].back()};
-      draft_->allocator().extend(l.spec.id, static_cast<std::int64_t>(feed.size()));
+      draft_->extend(l.spec.id, static_cast<std::int64_t>(feed.size()));
       batch.entries.push_back({l.spec.id, static_cast<std::int32_t>(feed.size())});
       batch.tokens.insert(batch.tokens.end(), feed.begin(), feed.end());
       in_round.push_back(m);
@@ -381,7 +382,7 @@ bool Engine::run_speculative() {
   for (std::size_t m = 0; m < members.size(); ++m) {
     Live& l = running_[members[m]];
     base_len[m] = model_.allocator().length(l.spec.id);
-    model_.allocator().extend(l.spec.id, k[m] + 1);
+    model_.extend(l.spec.id, k[m] + 1);
     batch.entries.push_back({l.spec.id, k[m] + 1});
     batch.tokens.push_back(results_[l.result].output_tokens.back());
     batch.tokens.insert(batch.tokens.end(), drafts[m].begin(), drafts[m].end());

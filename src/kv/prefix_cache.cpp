@@ -11,7 +11,7 @@ PrefixCache::PrefixCache(KvAllocator& allocator, std::vector<LatentPool*> device
                          std::int64_t host_capacity_tokens)
     : alloc_(allocator), device_(std::move(device)) {
   DCP_ARG_CHECK(!device_.empty(), "prefix cache: no device pools");
-  DCP_ARG_CHECK(host_capacity_tokens >= 0, "--host-kv-capacity-tokens ", host_capacity_tokens,
+  DCP_ARG_CHECK(host_capacity_tokens >= 0, "host_kv_capacity_tokens = ", host_capacity_tokens,
                 " must be >= 0");
   const WidenedPages& w = alloc_.widened();
   // The slots of a virtual page this rank owns (owner(i) = r), as rows physical(i) of its page.

@@ -24,7 +24,7 @@ std::string read_text(const fs::path& p) {
 class CheckpointWeights final : public WeightSource {
  public:
   explicit CheckpointWeights(const std::string& dir) : dir_(dir) {
-    DCP_CHECK(fs::is_directory(dir), io, "--model-path ", dir, " is not a directory");
+    DCP_CHECK(fs::is_directory(dir), io, "model_path = ", dir, " is not a directory");
     std::vector<fs::path> files;
     const fs::path index = fs::path(dir) / "model.safetensors.index.json";
     if (fs::exists(index)) {
@@ -48,7 +48,7 @@ class CheckpointWeights final : public WeightSource {
       }
       std::sort(files.begin(), files.end());
     }
-    DCP_CHECK(!files.empty(), io, "--model-path ", dir, " holds no .safetensors files");
+    DCP_CHECK(!files.empty(), io, "model_path = ", dir, " holds no .safetensors files");
     for (const fs::path& f : files) {
       files_.push_back(std::make_unique<safetensors::File>(f.string()));
       for (const auto& [name, info] : files_.back()->tensors()) {

@@ -50,10 +50,13 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
   config.validate();
   const ModelConfig& c = config_;
   const int tp_size = tp.size(), n = dcp.size();
-  DCP_ARG_CHECK(c.num_attention_heads % tp_size == 0, "--tp-size ", tp_size,
+  DCP_ARG_CHECK(c.num_attention_heads % tp_size == 0, "tp_size = ", tp_size,
                 " must divide the model's num_attention_heads ", c.num_attention_heads);
-  DCP_ARG_CHECK(tp_size % n == 0, "--dcp-size ", n, " must divide --tp-size ", tp_size);
-  DCP_ARG_CHECK(options.page_size >= 1, "--page-size ", options.page_size, " must be >= 1");
+  ParallelConfig groups;  // the one containment rule: a DCP group is a slice of the TP group
+  groups.tp_size = tp_size;
+  groups.dcp_size = n;
+  validate(groups);
+  DCP_ARG_CHECK(options.page_size >= 1, "page_size = ", options.page_size, " must be >= 1");
   DCP_ARG_CHECK(options.kv_capacity_tokens >= 1, "KV capacity ", options.kv_capacity_tokens,
                 " tokens must be >= 1");
   for (int i = 0; i < c.num_hidden_layers; ++i) {
@@ -69,7 +72,8 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
   const bool replicate = replicated_q();
   if (options.replicate_q_proj && !replicate && tp.rank() == 0) {
     std::fprintf(stderr,
-                 "dcp: note: --dcp-replicate-q-proj needs unquantized 16-bit or fp32 weights; "
+                 "dcp: note: replicating the query projection needs unquantized 16-bit or fp32 "
+                 "weights; "
                  "this checkpoint is quantized, so the query all-gather is used instead\n");
   }
   const int group_head0 = (tp.rank() - dcp.rank()) * h_loc_;  // first head of the DCP group
@@ -169,6 +173,11 @@ KvShard& MlaModel::kv_shard(int layer) {
   DCP_ARG_CHECK(layer >= 0 && layer < static_cast<int>(layers_.size()), "layer ", layer,
                 " out of range");
   return *layers_[layer]->shard;
+}
+
+void MlaModel::extend(RequestId request, std::int64_t n) {
+  const std::vector<PageCopy> copies = allocator_->extend(request, n);
+  for (const auto& L : layers_) L->shard->apply(copies);
 }
 
 std::size_t MlaModel::kv_bytes() const noexcept {

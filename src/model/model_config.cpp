@@ -148,7 +148,7 @@ std::string model_config_to_json(const ModelConfig& c) {
 }
 
 ModelConfig preset_config(const std::string& name, int num_layers) {
-  DCP_ARG_CHECK(num_layers >= 0, "--num-layers ", num_layers, " must be >= 1");
+  DCP_ARG_CHECK(num_layers >= 0, "num_layers = ", num_layers, " must be >= 0 (0: the preset's)");
   ModelConfig c;
   c.name = name;
   if (name == "tiny") {
@@ -191,7 +191,7 @@ ModelConfig preset_config(const std::string& name, int num_layers) {
     c.attn_output_gate = true;
   } else {
     throw Error(ErrorCategory::invalid_argument,
-                str("--preset '", name, "' is not one of: tiny, deepseek-v3, kimi-k3"));
+                str("preset = '", name, "' is not one of: tiny, deepseek-v3, kimi-k3"));
   }
   if (num_layers > 0) c.num_hidden_layers = num_layers;
   return c;

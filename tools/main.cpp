@@ -4,7 +4,8 @@
 #include <iostream>
 #include <new>
 
-#include "commands.h"
+#include "cli/commands.h"
+#include "cli/flag_names.h"
 #include "dcp/error.h"
 
 int main(int argc, char** argv) {
@@ -23,7 +24,7 @@ int main(int argc, char** argv) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
   } catch (const dcp::Error& e) {
-    std::fprintf(stderr, "dcp: error: %s\n", e.what());
+    std::fprintf(stderr, "dcp: error: %s\n", dcp::cli::with_flag_names(e.what()).c_str());
     // A configuration the user can fix (bad value, or not available here) is a usage error.
     const bool usage = e.category() == dcp::ErrorCategory::invalid_argument ||
                        e.category() == dcp::ErrorCategory::unsupported;

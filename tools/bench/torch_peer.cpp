@@ -1,5 +1,5 @@
-// Runs tools/torch_peer.py as a child process and parses its "<dtype> <ms>" lines.
-#include "torch_peer.h"
+// Runs tools/bench/torch_peer.py as a child process and parses its "<dtype> <ms>" lines.
+#include "bench/torch_peer.h"
 
 #include <sys/wait.h>
 #include <unistd.h>

@@ -10,8 +10,9 @@
 #include <random>
 #include <sstream>
 
-#include "bench.h"
-#include "bench_util.h"
+#include "bench/bench.h"
+#include "bench/bench_util.h"
+#include "bench/torch_peer.h"
 #include "dcp/attention.h"
 #include "dcp/comm_mpi.h"
 #include "dcp/comm_threads.h"
@@ -22,7 +23,6 @@
 #include "dcp/merge.h"
 #include "dcp/model.h"
 #include "dcp/weights.h"
-#include "torch_peer.h"
 
 namespace dcp::cli {
 
@@ -272,6 +272,48 @@ void bench_attention(const AttentionBenchOptions& o) {
                         " attention, ", o.threads, " thread(s)"),
                     "query heads", "GFLOP/s", series, true);
   }
+}
+
+void add_attention_bench(CLI::App* bench) {
+  auto ao = std::make_shared<AttentionBenchOptions>();
+  CLI::App* att = bench->add_subcommand(
+      "attention", "Local MLA decode attention vs sgemm / read ceilings and a two-GEMM peer");
+  att->add_option("--contexts", ao->contexts, "rank-local context lengths")
+      ->check(list_at_least(1))
+      ->capture_default_str();
+  att->add_option("--heads", ao->heads, "query heads")
+      ->check(list_at_least(1))
+      ->capture_default_str();
+  att->add_option("--batches", ao->batches, "requests per call")
+      ->check(list_at_least(1))
+      ->capture_default_str();
+  att->add_option("--query-tokens", ao->query_tokens,
+                  "query tokens per request: 1 is decode, T > 1 a causal prefill chunk of the "
+                  "context's last T positions (no PyTorch peer then)")
+      ->check(at_least(1))
+      ->capture_default_str();
+  att->add_option("--dtypes", ao->dtypes,
+                  "KV dtypes on the fastest exact path (fp32, bf16), or bf16-amx: bf16 KV on the "
+                  "opt-in AMX path")
+      ->check(list_of({"fp32", "bf16", "bf16-amx"}))
+      ->capture_default_str();
+  att->add_option("--threads", ao->threads, "threads (kernel split-KV and BLAS alike)")
+      ->check(at_least(1))
+      ->capture_default_str();
+  att->add_option("--repeats", ao->repeats, "timed calls per point (median)")
+      ->check(at_least(1))
+      ->capture_default_str();
+  att->add_option("--torch-python", ao->torch_python,
+                  "Python that runs the PyTorch peer (Debian's python3-torch lives under "
+                  "/usr/bin/python3), or off")
+      ->capture_default_str();
+  att->add_option("--cache", ao->cache,
+                  "cold: read a buffer twice the last-level cache before every timed call (decode "
+                  "reads each layer's KV once per step); warm: repeat calls on warm caches")
+      ->check(one_of({"cold", "warm"}))
+      ->capture_default_str();
+  add_output_files(att, ao->csv, ao->svg, "a plot (GFLOP/s vs heads)");
+  att->callback([ao] { bench_attention(*ao); });
 }
 
 }  // namespace dcp::cli

@@ -1,21 +1,39 @@
-// The benchmarks behind `dcp bench`, one file each; bench_command.cpp registers the CLI.
+// The benchmarks behind `dcp bench`, one file each: its options, its function, and the
+// add_*_bench that registers its subcommand under `dcp bench`.
 #pragma once
 
-#include <chrono>
+#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "cli_checks.h"  // parse_list
+#include "cli/cli_checks.h"  // parse_list
 #include "dcp/comm.h"
+#include "dcp/engine.h"
+#include "dcp/timing.h"
 
 namespace dcp::cli {
 
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t0);
-double median(std::vector<double> x);
+void add_attention_bench(CLI::App* bench);
+void add_merge_bench(CLI::App* bench);
+void add_comm_bench(CLI::App* bench);
+void add_engine_bench(CLI::App* bench);
+void add_step_bench(CLI::App* bench);
+void add_extend_bench(CLI::App* bench);
+void add_plot_bench(CLI::App* bench);
+
+// Every benchmark's --csv (the table) and --svg (`plot`, e.g. "a plot (GFLOP/s vs heads)"), both
+// checked as they parse, so that a long run does not end on a file it cannot write.
+void add_output_files(CLI::App* cmd, std::string& csv, std::string& svg, const std::string& plot,
+                      const std::string& note = "");
+
 // Cheap deterministic fill (the values only need to be varied and finite).
 void fill(float* x, std::size_t n, std::uint64_t seed);
+// `count` requests (ids 0..count-1) of `context` random prompt tokens, the same on every call.
+std::vector<RequestSpec> random_requests(std::int64_t count, std::int64_t context, int new_tokens,
+                                         int vocab_size);
+// TP only, then TP + DCP over all `ranks` (once when there is one rank).
+std::vector<int> dcp_sizes(int ranks);
 
 struct ExtendBenchOptions {
   std::string preset = "tiny";

@@ -17,7 +17,7 @@
 #include "dcp/error.h"
 #include "dcp/model_config.h"
 #include "dcp/weights.h"
-#include "plan_model.h"
+#include "plan/plan_model.h"
 
 namespace dcp::cli {
 namespace {

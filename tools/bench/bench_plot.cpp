@@ -10,8 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "bench.h"
-#include "bench_util.h"
+#include "bench/bench.h"
+#include "bench/bench_util.h"
 #include "dcp/error.h"
 
 namespace dcp::cli {
@@ -186,6 +186,22 @@ void bench_plot(const PlotBenchOptions& o) {
     const bool log_x = x_min > 0 && x_max / x_min > 8;
     write_svg_chart(o.svg, str(o.y, " against ", o.x), o.x, o.y + unit, chart, log_x);
   }
+}
+
+void add_plot_bench(CLI::App* bench) {
+  auto po = std::make_shared<PlotBenchOptions>();
+  CLI::App* plot = bench->add_subcommand(
+      "plot",
+      "Table, CSV and SVG plot of a Google Benchmark JSON file (bench/bench_kernels "
+      "--benchmark_out=FILE --benchmark_out_format=json)");
+  plot->add_option("--json", po->json, "the Google Benchmark JSON file")->required();
+  plot->add_option("--x", po->x, "the benchmark argument on the x axis (e.g. heads, parts)")
+      ->required();
+  plot->add_option("--y", po->y,
+                   "the measure: real_time or cpu_time (ms), or a user counter (e.g. FLOP/s)")
+      ->capture_default_str();
+  add_output_files(plot, po->csv, po->svg, "the plot");
+  plot->callback([po] { bench_plot(*po); });
 }
 
 }  // namespace dcp::cli

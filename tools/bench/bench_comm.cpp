@@ -1,5 +1,4 @@
-// dcp bench merge and dcp bench comm: merge/KV bandwidth, and the DCP step's collectives against
-// raw ones.
+// dcp bench comm: the DCP step's collectives against raw collectives of the same bytes.
 #include <cblas.h>
 
 #include <algorithm>
@@ -11,8 +10,8 @@
 #include <random>
 #include <sstream>
 
-#include "bench.h"
-#include "bench_util.h"
+#include "bench/bench.h"
+#include "bench/bench_util.h"
 #include "dcp/attention.h"
 #include "dcp/comm_mpi.h"
 #include "dcp/comm_threads.h"
@@ -24,76 +23,6 @@
 #include "dcp/weights.h"
 
 namespace dcp::cli {
-
-// ---- merge and KV write/gather against the read ceiling ----
-
-void bench_merge(const MergeBenchOptions& o) {
-  const int repeats = o.repeats;
-  const bool cold = parse_cache_state(o.cache, "--cache") == CacheState::cold;
-  CacheFlusher memory;
-  const double read = memory.read_gbps(1);
-  std::printf("merge and KV write/gather, 1 thread; read ceiling measured now: %.1f GB/s\n", read);
-  std::printf("cache: %s\n", cold
-                                 ? "cold, a read twice the last-level cache before every timed call"
-                                 : "warm, calls repeat on whatever the caches kept");
-  std::printf("%-34s %10s %10s %8s\n", "operation", "ms", "GB/s", "%read");
-  CsvFile csv(o.csv, {"operation", "ms", "gbps", "fraction_of_read", "read_gbps", "cache"});
-  Series merge{"merge", {}, {}}, ceiling{"read ceiling", {}, {}};
-  const auto report = [&](const std::string& what, double bytes, const std::function<void()>& f) {
-    f();
-    std::vector<double> ms;
-    for (int r = 0; r < repeats; ++r) {
-      if (cold) memory.flush();
-      const auto t0 = Clock::now();
-      f();
-      ms.push_back(ms_since(t0));
-    }
-    const double t = median(ms), gbps = bytes / t / 1e6;
-    std::printf("%-34s %10.3f %10.1f %7.0f%%\n", what.c_str(), t, gbps, 100 * gbps / read);
-    std::fflush(stdout);
-    csv.row({what, str(t), str(gbps), str(gbps / read), str(read), o.cache});
-    return gbps;
-  };
-  // Merge K partial states of 64 x 128 rows of 512.
-  for (int parts : {2, 4, 8}) {
-    const std::int64_t rows = 64 * 128;
-    std::vector<float> o_parts(static_cast<std::size_t>(parts * rows) * 512),
-        lse(static_cast<std::size_t>(parts * rows));
-    fill(o_parts.data(), o_parts.size(), 3);
-    fill(lse.data(), lse.size(), 4);
-    std::vector<float> out(static_cast<std::size_t>(rows) * 512),
-        out_lse(static_cast<std::size_t>(rows));
-    const double bytes = 4.0 * (o_parts.size() + lse.size() + out.size() + out_lse.size());
-    const double gbps = report(str("merge ", parts, " parts x 8192 rows x 512"), bytes, [&] {
-      merge_attention_states(o_parts.data(), lse.data(), parts, rows, 512, LseBase::e, out.data(),
-                             out_lse.data());
-    });
-    merge.x.push_back(parts);
-    merge.y.push_back(gbps);
-    ceiling.x.push_back(parts);
-    ceiling.y.push_back(read);
-  }
-  // KV write (owner-only, fp32 -> bf16) and gather (local rows back to fp32), one rank of DCP 4.
-  for (KvDtype dtype : {KvDtype::fp32, KvDtype::bf16}) {
-    const std::int64_t tokens = 65536;
-    KvAllocator alloc(4, 64, tokens / 256 + 1);
-    LatentPool pool(alloc.num_pages(), 64, {512, 64, dtype});
-    KvShard shard(alloc, pool, 1);
-    alloc.allocate(1, tokens);
-    std::vector<float> rows(static_cast<std::size_t>(tokens) * 576);
-    fill(rows.data(), rows.size(), 5);
-    const double owned = static_cast<double>(tokens / 4);
-    report(str("KV write ", tokens, " tokens (1/4 owned) ", to_string(dtype)),
-           owned * 576 * (4 + dtype_size(dtype)), [&] { shard.write(1, 0, tokens, rows.data()); });
-    std::vector<float> gathered(static_cast<std::size_t>(owned) * 576);
-    report(str("KV gather local rows ", to_string(dtype)), owned * 576 * (4 + dtype_size(dtype)),
-           [&] { shard.local_rows(1, gathered.data()); });
-  }
-  if (!o.svg.empty()) {
-    write_svg_chart(o.svg, str("LSE merge of K parts, 1 thread, ", o.cache, " caches"), "parts",
-                    "GB/s", {merge, ceiling}, false);
-  }
-}
 
 // ---- the DCP step's communication against raw collectives of the same bytes ----
 
@@ -184,6 +113,75 @@ void write_comm_results(const std::vector<CommBenchRow>& rows, const std::string
     write_svg_chart(svg, "DCP combine / raw collectives of the same bytes", "query tokens",
                     "time ratio", series, true);
   }
+}
+
+void add_comm_bench(CLI::App* bench) {
+  struct CommOptions {
+    std::string comm = "threads";
+    std::string ranks = "2,4";
+    int heads_per_rank = 16, repeats = 20;
+    std::string tokens = "1,8,64";
+    std::string csv, svg;
+  };
+  auto co = std::make_shared<CommOptions>();
+  CLI::App* cm = bench->add_subcommand(
+      "comm", "The DCP step's collectives (empty shard) vs raw collectives of the same bytes");
+  cm->add_option("--comm", co->comm, "threads or mpi (under mpirun: the world's size is N)")
+      ->check(one_of({"threads", "mpi"}))
+      ->capture_default_str();
+  cm->add_option("--ranks", co->ranks, "DCP sizes to run as threads")
+      ->check(list_at_least(1))
+      ->capture_default_str();
+  cm->add_option("--heads-per-rank", co->heads_per_rank, "H_loc")
+      ->check(at_least(1))
+      ->capture_default_str();
+  cm->add_option("--tokens", co->tokens, "query tokens per step (batch)")
+      ->check(list_at_least(1))
+      ->capture_default_str();
+  cm->add_option("--repeats", co->repeats, "timed steps (median, slowest rank)")
+      ->check(at_least(1))
+      ->capture_default_str();
+  add_output_files(cm, co->csv, co->svg, "a plot (ratio vs tokens)", " (rank 0)");
+  cm->callback([co] {
+    const auto ranks = parse_list(co->ranks, "--ranks"),
+               token_counts = parse_list(co->tokens, "--tokens");
+    if (co->comm == "threads") {  // every rank's query and combine buffers hold N blocks
+      const double n = static_cast<double>(*std::max_element(ranks.begin(), ranks.end()));
+      const double t =
+          static_cast<double>(*std::max_element(token_counts.begin(), token_counts.end()));
+      check_fits_in_memory(6.0 * n * n * t * co->heads_per_rank * (512 + 64) * sizeof(float),
+                           str("--ranks ", n, " as threads with --tokens ", t),
+                           "lower --ranks or --tokens, or run one rank per process (--comm mpi)");
+    }
+    std::printf(
+        "DCP step on an empty shard minus its local kernel (query gather + combine) vs the same "
+        "bytes as raw collectives, H_loc %d\n",
+        co->heads_per_rank);
+    std::printf("%6s %5s %7s %9s | %10s %10s %8s\n", "comm", "N", "tokens", "backend", "combine ms",
+                "raw ms", "ratio");
+    std::vector<CommBenchRow> rows;  // rank 0's
+    bool rank0 = true;               // under MPI, whether this process is rank 0
+    for (std::int64_t tokens : token_counts) {
+      if (co->comm == "mpi") {
+        static std::unique_ptr<MpiSession> session;
+        if (!session) session = std::make_unique<MpiSession>(nullptr, nullptr);
+        auto world = session->world();
+        rank0 = world->rank() == 0;
+        const auto got =
+            bench_comm_rank(*world, co->heads_per_rank, static_cast<int>(tokens), co->repeats);
+        rows.insert(rows.end(), got.begin(), got.end());
+      } else {
+        for (std::int64_t n : ranks) {
+          run_threads(static_cast<int>(n), [&](Communicator& c) {
+            const auto got =
+                bench_comm_rank(c, co->heads_per_rank, static_cast<int>(tokens), co->repeats);
+            if (c.rank() == 0) rows.insert(rows.end(), got.begin(), got.end());
+          });
+        }
+      }
+    }
+    if (rank0) write_comm_results(rows, co->csv, co->svg);
+  });
 }
 
 }  // namespace dcp::cli

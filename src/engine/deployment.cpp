@@ -1,0 +1,298 @@
+#include "dcp/deployment.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "dcp/comm_mpi.h"
+#include "dcp/comm_threads.h"
+#include "dcp/error.h"
+#include "dcp/timing.h"
+
+namespace dcp {
+
+std::string_view to_string(RankTransport t) noexcept {
+  return t == RankTransport::mpi ? "mpi" : "threads";
+}
+
+RankTransport parse_rank_transport(std::string_view name) {
+  if (name == "threads") return RankTransport::threads;
+  if (name == "mpi") return RankTransport::mpi;
+  throw Error(ErrorCategory::invalid_argument,
+              str("comm = '", name, "' is not one of: threads, mpi"));
+}
+
+namespace {
+
+// A WeightSource the caller owns, handed out behind the same interface as an opened one.
+class BorrowedWeights final : public WeightSource {
+ public:
+  explicit BorrowedWeights(const WeightSource& w) : w_(w) {}
+  std::vector<float> load(const std::string& name, const std::vector<std::int64_t>& shape,
+                          Range rows, Range cols) const override {
+    return w_.load(name, shape, rows, cols);
+  }
+  bool contains(const std::string& name) const override { return w_.contains(name); }
+  std::string describe() const override { return w_.describe(); }
+
+ private:
+  const WeightSource& w_;
+};
+
+}  // namespace
+
+std::unique_ptr<WeightSource> ModelSource::open() const {
+  if (weights) return std::make_unique<BorrowedWeights>(*weights);
+  if (!path.empty()) return open_checkpoint(path);
+  return make_synthetic_weights(synthetic_seed);
+}
+
+RankGroups carve_groups(Communicator& world, const Topology& topology) {
+  DCP_ARG_CHECK(world.size() == topology.world_size, "the world has ", world.size(),
+                " ranks; the topology needs world_size = ", topology.world_size);
+  const RankPlacement& me = topology.ranks[static_cast<std::size_t>(world.rank())];
+  RankGroups g;
+  // Without attention DP each replica is its own TP group; with it the TP group is the world.
+  g.tp = world.split(topology.config.enable_dp_attention ? 0 : me.dp_rank, me.tp_rank);
+  g.dcp = world.split(me.dcp_group, me.dcp_rank);
+  return g;
+}
+
+RankGroups solo_groups(Communicator& world) {
+  RankGroups g;
+  g.tp = world.split(world.rank(), 0);
+  g.dcp = world.split(world.rank(), 0);
+  return g;
+}
+
+RankSystem::RankSystem(Communicator& world, const Topology& topology, const ModelSource& model,
+                       const ModelOptions& model_options, const EngineOptions& engine_options,
+                       const std::optional<ModelSource>& draft)
+    : placement_(topology.ranks.at(static_cast<std::size_t>(world.rank()))),
+      groups_(carve_groups(world, topology)) {
+  const auto t0 = Clock::now();
+  ModelOptions mo = model_options;
+  const bool striped = groups_.dcp->size() > 1;
+  mo.backend = striped ? topology.backend : CombineBackend::ag_rs;
+  mo.replicate_q_proj = model_options.replicate_q_proj && striped;
+  {
+    const std::unique_ptr<WeightSource> weights = model.open();
+    model_ = std::make_unique<MlaModel>(model.config, *weights, *groups_.tp, *groups_.dcp, mo);
+  }
+  if (draft) {  // replicated: TP 1 and DCP 1 on every rank
+    draft_groups_ = solo_groups(world);
+    ModelOptions dmo = model_options;
+    dmo.backend = CombineBackend::ag_rs;
+    dmo.replicate_q_proj = false;
+    const std::unique_ptr<WeightSource> weights = draft->open();
+    draft_ = std::make_unique<MlaModel>(draft->config, *weights, *draft_groups_.tp,
+                                        *draft_groups_.dcp, dmo);
+  }
+  load_ms_ = ms_since(t0);
+  engine_ = std::make_unique<Engine>(*model_, engine_options, draft_.get());
+}
+
+RankSystem::~RankSystem() = default;
+
+// ---- running ranks ----
+
+void launch_ranks(const LaunchOptions& o, const std::function<void(Communicator&, bool)>& fn) {
+  DCP_ARG_CHECK(o.world_size >= 1, "world_size = ", o.world_size, " must be >= 1");
+  if (o.transport == RankTransport::threads) {
+    set_blas_threads(1);  // ranks are the parallelism; BLAS threads would oversubscribe
+    run_threads(o.world_size, [&](Communicator& world) { fn(world, o.world_size == 1); });
+    return;
+  }
+  static std::unique_ptr<MpiSession> session;  // one per process, finalised at exit
+  if (!session) session = std::make_unique<MpiSession>(nullptr, nullptr);
+  std::unique_ptr<Communicator> world = session->world();
+  if (!o.first_active_rank) {
+    DCP_ARG_CHECK(world->size() == o.world_size, "comm = mpi: mpirun started ", world->size(),
+                  " processes but the configuration needs world_size = ", o.world_size);
+    set_blas_threads(1);
+    fn(*world, true);
+    return;
+  }
+  const int first = *o.first_active_rank;
+  DCP_ARG_CHECK(first >= 0 && first + o.world_size <= world->size(), "comm = mpi: ranks [", first,
+                ", ", first + o.world_size, ") do not fit the ", world->size(),
+                " processes mpirun started");
+  const bool active = world->rank() >= first && world->rank() < first + o.world_size;
+  std::unique_ptr<Communicator> part = world->split(active ? 0 : 1, world->rank());
+  world->barrier();
+  if (active) {
+    set_blas_threads(1);
+    fn(*part, true);
+  }
+  world->barrier();  // the idle processes wait for the active ones
+}
+
+// ---- results as bytes ----
+
+namespace {
+
+class ByteWriter {
+ public:
+  explicit ByteWriter(std::vector<std::uint8_t>& out) : out_(out) {}
+  void i64(std::int64_t v) { raw(&v, sizeof v); }
+  void raw(const void* p, std::size_t n) {
+    const auto* b = static_cast<const std::uint8_t*>(p);
+    out_.insert(out_.end(), b, b + n);
+  }
+
+ private:
+  std::vector<std::uint8_t>& out_;
+};
+
+class ByteReader {
+ public:
+  explicit ByteReader(const std::vector<std::uint8_t>& in) : in_(in) {}
+  bool done() const noexcept { return at_ == in_.size(); }
+  std::int64_t i64() {
+    std::int64_t v = 0;
+    raw(&v, sizeof v);
+    return v;
+  }
+  // A count of items of `item_bytes` each that must fit in what is left.
+  std::size_t count(std::size_t item_bytes) {
+    const std::int64_t n = i64();
+    DCP_CHECK(n >= 0 && static_cast<std::size_t>(n) <= (in_.size() - at_) / item_bytes, internal,
+              "packed results: a count of ", n, " overruns the buffer");
+    return static_cast<std::size_t>(n);
+  }
+  void raw(void* p, std::size_t n) {
+    DCP_CHECK(n <= in_.size() - at_, internal, "packed results end early");
+    if (n > 0) std::memcpy(p, in_.data() + at_, n);
+    at_ += n;
+  }
+
+ private:
+  const std::vector<std::uint8_t>& in_;
+  std::size_t at_ = 0;
+};
+
+}  // namespace
+
+std::vector<std::uint8_t> pack_results(const std::vector<RequestResult>& results) {
+  std::vector<std::uint8_t> bytes;
+  ByteWriter w(bytes);
+  for (const RequestResult& r : results) {
+    w.i64(r.id);
+    w.i64(static_cast<std::int64_t>(r.state));
+    w.i64(static_cast<std::int64_t>(r.output_tokens.size()));
+    w.raw(r.output_tokens.data(), r.output_tokens.size() * sizeof(std::int32_t));
+    w.i64(static_cast<std::int64_t>(r.step_logits.size()));
+    w.raw(r.step_logits.data(), r.step_logits.size() * sizeof(float));
+    w.i64(static_cast<std::int64_t>(r.error.size()));
+    w.raw(r.error.data(), r.error.size());
+  }
+  return bytes;
+}
+
+std::vector<RequestResult> unpack_results(const std::vector<std::uint8_t>& bytes) {
+  std::vector<RequestResult> out;
+  ByteReader in(bytes);
+  while (!in.done()) {
+    RequestResult r;
+    r.id = in.i64();
+    r.state = static_cast<RequestState>(in.i64());
+    r.output_tokens.resize(in.count(sizeof(std::int32_t)));
+    in.raw(r.output_tokens.data(), r.output_tokens.size() * sizeof(std::int32_t));
+    r.step_logits.resize(in.count(sizeof(float)));
+    in.raw(r.step_logits.data(), r.step_logits.size() * sizeof(float));
+    r.error.resize(in.count(1));
+    in.raw(r.error.data(), r.error.size());
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<RequestResult> gather_results(Communicator& world, bool contribute,
+                                          const std::vector<RequestResult>& mine) {
+  const std::vector<std::uint8_t> packed =
+      contribute ? pack_results(mine) : std::vector<std::uint8_t>{};
+  const std::int64_t size = static_cast<std::int64_t>(packed.size());
+  std::vector<std::int64_t> sizes(static_cast<std::size_t>(world.size()));
+  world.all_gather(&size, sizes.data(), sizeof size);
+  const std::size_t longest =
+      static_cast<std::size_t>(*std::max_element(sizes.begin(), sizes.end()));
+  std::vector<std::uint8_t> send(packed);
+  send.resize(longest);  // all_gather moves equal blocks: pad to the longest
+  std::vector<std::uint8_t> all(longest * sizes.size());
+  if (longest > 0) world.all_gather(send.data(), all.data(), longest);
+  std::vector<RequestResult> out;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    const auto begin = all.begin() + static_cast<std::ptrdiff_t>(k * longest);
+    std::vector<RequestResult> part =
+        unpack_results(std::vector<std::uint8_t>(begin, begin + sizes[k]));
+    std::move(part.begin(), part.end(), std::back_inserter(out));
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const RequestResult& a, const RequestResult& b) { return a.id < b.id; });
+  return out;
+}
+
+// ---- a whole run ----
+
+namespace {
+
+DeploymentReport run_rank(const DeploymentSpec& spec, const Topology& topo, Communicator& world) {
+  RankSystem sys(world, topo, spec.model, spec.model_options, spec.engine, spec.draft);
+  MlaModel& model = sys.model();
+  Engine& engine = sys.engine();
+  const RankPlacement& me = sys.placement();
+  const std::size_t replicas = static_cast<std::size_t>(spec.parallel.dp_size);
+  for (std::size_t i = 0; i < spec.requests.size(); ++i) {
+    if (static_cast<int>(i % replicas) == me.dp_rank) engine.submit(spec.requests[i]);
+  }
+  std::int64_t peak_rows = 0, peak_running = 0;
+  engine.run([&](const Engine& e) {
+    std::int64_t rows = 0;
+    for (RequestId id : model.allocator().requests()) rows += model.kv_shard(0).local_length(id);
+    peak_rows = std::max(peak_rows, rows);
+    peak_running = std::max(peak_running, e.running());
+    if (world.rank() == 0 && spec.on_step) spec.on_step(e);
+  });
+
+  // Per-rank figures to every rank (small all-gathers on the world).
+  const std::int64_t row_bytes =
+      static_cast<std::int64_t>(model.kv_shard(0).pool().geometry().row_bytes());
+  const std::int64_t layers = model.config().num_hidden_layers;
+  const RankKv mine{world.rank(), sys.dcp_group().rank(), peak_rows,
+                    static_cast<std::int64_t>(model.kv_bytes()), peak_rows * row_bytes * layers};
+  DeploymentReport report;
+  report.ranks.resize(static_cast<std::size_t>(world.size()));
+  world.all_gather(&mine, report.ranks.data(), sizeof(RankKv));
+  if (engine.prefix_cache()) {
+    const PrefixCacheStats cs = engine.prefix_cache()->stats();
+    report.cache.resize(static_cast<std::size_t>(world.size()));
+    world.all_gather(&cs, report.cache.data(), sizeof cs);
+  }
+  // Each replica's TP rank 0 contributes its requests; every rank gets them all.
+  report.results = gather_results(world, me.tp_rank == 0, engine.results());
+  report.backend = sys.dcp_group().size() > 1 ? topo.backend : CombineBackend::ag_rs;
+  report.replicated_q = model.replicated_q();
+  report.logical_capacity_tokens = model.allocator().capacity_tokens();
+  report.stats = engine.stats();
+  report.peak_running = peak_running;
+  report.model_load_ms = sys.load_ms();
+  return report;
+}
+
+}  // namespace
+
+Launched<DeploymentReport> run_deployment(const DeploymentSpec& spec,
+                                          std::optional<int> first_active_rank) {
+  const Topology topo = resolve(spec.parallel);
+  DCP_CHECK(!(spec.parallel.enable_dp_attention && spec.parallel.dp_size > 1), unsupported,
+            "enable_dp_attention with dp_size = ", spec.parallel.dp_size,
+            " is not supported by the deployment yet (its MLP runs TP across replicas over "
+            "gathered tokens); without enable_dp_attention, dp_size runs independent replicas");
+  LaunchOptions lo;
+  lo.transport = spec.transport;
+  lo.world_size = topo.world_size;
+  lo.first_active_rank = first_active_rank;
+  return launch<DeploymentReport>(lo, 0,
+                                  [&](Communicator& world) { return run_rank(spec, topo, world); });
+}
+
+}  // namespace dcp

@@ -1,0 +1,200 @@
+// `dcp run`: the main job. Loads a model (preset or checkpoint), runs requests through the
+// library deployment with DCP, prints a summary, and with --verify checks the result against
+// DCP 1 (same TP).
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+
+#include "cli/cli_checks.h"
+#include "cli/commands.h"
+#include "cli/run_report.h"
+#include "cli/run_workload.h"
+#include "dcp/disagg.h"
+#include "dcp/error.h"
+
+namespace dcp::cli {
+namespace {
+
+// The process count of the mpirun that started us (OpenMPI, or MPICH's Hydra), else 1.
+int launcher_world_size() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+    if (const char* v = std::getenv(var)) return std::max(1, std::atoi(v));
+  }
+  return 1;
+}
+
+void print_progress(const Engine& e, int dcp_size) {
+  const std::int64_t done = e.prompt_tokens_done(), total = e.prompt_tokens_total();
+  std::fprintf(
+      stderr,
+      "\r\033[K[dcp %d] prefill %lld/%lld tokens | decode steps %zu | running %lld | queued %lld",
+      dcp_size, static_cast<long long>(done), static_cast<long long>(total),
+      e.stats().decode_step_ms.size(), static_cast<long long>(e.running()),
+      static_cast<long long>(e.waiting()));
+  std::fflush(stderr);
+}
+
+Launched<DeploymentReport> deploy(const Workload& w, std::optional<int> first_active_rank = {}) {
+  return w.disaggregate ? run_disaggregated_deployment(w.spec, w.prefill_dcp_size)
+                        : run_deployment(w.spec, first_active_rank);
+}
+
+// The --verify reference: the same requests at the same TP with DCP 1, monolithic, no draft or
+// prefix cache, fed the DCP run's tokens (teacher forcing).
+Workload reference_of(const Workload& w, const DeploymentReport& report) {
+  Workload ref = w;
+  DeploymentSpec& s = ref.spec;
+  s.parallel.dcp_size = 1;
+  s.parallel.dcp_comm_backend.reset();
+  s.parallel.replicate_q_proj = false;
+  s.model_options.replicate_q_proj = false;
+  s.engine.record_logits = true;
+  s.engine.num_draft_tokens = 0;
+  s.draft.reset();
+  s.engine.enable_prefix_cache = false;
+  s.engine.host_kv_capacity_tokens = 0;
+  s.on_step = nullptr;
+  ref.disaggregate = false;
+  for (std::size_t i = 0; i < s.requests.size(); ++i)
+    s.requests[i].forced_outputs = report.results[i].output_tokens;
+  return ref;
+}
+
+int run(const RunOptions& o) {
+  if (o.comm == "threads" && launcher_world_size() > 1) {  // each process would run the whole job
+    std::fprintf(stderr,
+                 "dcp: warning: started by mpirun with %d processes but --comm threads: every "
+                 "process runs the whole job on its own; pass --comm mpi for one rank per "
+                 "process\n",
+                 launcher_world_size());
+  }
+  Workload w = build_workload(o);
+  resolve(w.spec.parallel);  // validate before any work
+  const bool progress = isatty(STDERR_FILENO) != 0;
+  if (progress) {
+    const int n = w.spec.parallel.dcp_size;
+    w.spec.on_step = [n](const Engine& e) { print_progress(e, n); };
+  }
+  const Launched<DeploymentReport> run = deploy(w);
+  if (progress && run.reporting) std::fprintf(stderr, "\n");
+  const DeploymentReport& report = run.report;
+  Verify v;
+  if (o.verify) {
+    // A disaggregated run's reference runs on its decode processes only.
+    const std::optional<int> first = w.disaggregate && w.spec.transport == RankTransport::mpi
+                                         ? std::optional<int>(w.prefill_dcp_size)
+                                         : std::nullopt;
+    const Launched<DeploymentReport> ref = run_deployment(reference_of(w, report).spec, first);
+    // The printing process must hold the reference's results (it is among the active ones).
+    if (run.reporting && ref.report.results.size() != report.results.size()) {
+      throw Error(ErrorCategory::internal,
+                  "the --verify reference did not run on the printing rank");
+    }
+    if (run.reporting) v = compare(report, ref.report, w.spec.model.config.vocab_size);
+  }
+  if (!run.reporting) return 0;
+  const nlohmann::ordered_json j = report_json(o, w, report, v);
+  print_summary(j);
+  if (!o.json_path.empty()) {
+    std::ofstream out(o.json_path);
+    out << j.dump(2) << "\n";
+    DCP_CHECK(out.good(), io, "--json: cannot write ", o.json_path);
+  }
+  if (!o.dump_logits.empty()) dump_logits(o.dump_logits, report, w.spec.model.config.vocab_size);
+  return v.passed() ? 0 : 1;
+}
+
+}  // namespace
+
+void add_run_command(CLI::App& app) {
+  auto o = std::make_shared<RunOptions>();
+  o->parallel.tp_size = 4;
+  o->parallel.dcp_size = 4;
+  CLI::App* cmd =
+      app.add_subcommand("run", "Run requests through the MLA model with DCP (the main job)");
+  add_parallel_flags(cmd, o->parallel);
+  cmd->add_option("--model-path", o->model_path,
+                  "Hugging Face DeepSeek-V2/V3 checkpoint directory");
+  cmd->add_option("--preset", o->preset, "synthetic model: tiny, deepseek-v3, kimi-k3")
+      ->capture_default_str();
+  cmd->add_option("--num-layers", o->num_layers, "layers to run (default: the model's)")
+      ->check(at_least(1));
+  cmd->add_option("--page-size", o->page_size, "KV rows per physical page")
+      ->check(at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "fp32 or bf16")
+      ->check(one_of({"fp32", "bf16"}))
+      ->capture_default_str();
+  cmd->add_option("--attention-kernel", o->attention_kernel,
+                  "local attention kernel: automatic (fastest exact path), portable, avx2, avx512, "
+                  "or amx_bf16 (bf16 KV; rounds q and P to bf16)")
+      ->capture_default_str();
+  cmd->add_option("--chunked-prefill-size", o->chunked_prefill_size,
+                  "prompt tokens per prefill step")
+      ->check(at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--max-total-tokens", o->max_total_tokens,
+                  "KV capacity in tokens (default, or 0: what the workload needs)")
+      ->check(at_least(0));
+  cmd->add_option("--batch", o->batch, "synthetic requests")
+      ->check(at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--prompt-len", o->prompt_len, "longest synthetic prompt")
+      ->check(at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--max-new-tokens", o->max_new_tokens, "tokens to generate per request")
+      ->check(at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--seed", o->seed, "seed of the synthetic prompts")
+      ->check(at_least(0))
+      ->capture_default_str();
+  cmd->add_option("--comm", o->comm, "threads (ranks as threads) or mpi (under mpirun)")
+      ->check(one_of({"threads", "mpi"}))
+      ->capture_default_str();
+  cmd->add_flag("--verify,!--no-verify", o->verify,
+                "compare with DCP 1 (same TP) under teacher forcing")
+      ->capture_default_str();
+  cmd->add_option("--json", o->json_path, "write the summary as JSON")->check(writable_file());
+  cmd->add_option("--prompt-tokens", o->prompt_tokens,
+                  "token ids '1,2,3' (';' between prompts) or a file, one prompt per line");
+  cmd->add_option("--dump-logits", o->dump_logits,
+                  "write every step's logits (float32) with a JSON header")
+      ->check(writable_file());
+  cmd->add_option("--speculative-num-draft-tokens", o->spec_tokens,
+                  "draft tokens per step (0: off)")
+      ->check(at_least(0))
+      ->capture_default_str();
+  cmd->add_option("--speculative-draft", o->spec_draft,
+                  "draft model: target:N (the target's first N layers), a preset, or a checkpoint")
+      ->capture_default_str();
+  cmd->add_flag("--enable-prefix-cache", o->prefix_cache,
+                "reuse KV pages of shared prompt prefixes");
+  cmd->add_option("--host-kv-capacity-tokens", o->host_kv_tokens,
+                  "host-memory KV tier for evicted prefix pages (tokens)")
+      ->check(at_least(0))
+      ->capture_default_str();
+  cmd->add_option("--shared-prefix-len", o->shared_prefix_len,
+                  "synthetic prompts share their first N tokens")
+      ->check(at_least(0))
+      ->capture_default_str();
+  cmd->add_option("--max-running-requests", o->max_running,
+                  "requests decoding at once (the rest queue)")
+      ->check(at_least(1))
+      ->capture_default_str();
+  cmd->add_flag("--disaggregate", o->disaggregate,
+                "prefill on its own group, move the KV, decode on the --dcp-size group");
+  cmd->add_option("--prefill-dcp-size", o->prefill_dcp_size,
+                  "DCP (= TP) size of the prefill group with --disaggregate")
+      ->check(at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--dcp-extend", o->dcp_extend, "prefill over a cached prefix: gather or native")
+      ->check(one_of({"gather", "native"}))
+      ->capture_default_str();
+  cmd->callback([o] { set_exit_code(run(*o)); });
+}
+
+}  // namespace dcp::cli

@@ -1,0 +1,224 @@
+// `dcp run`'s workload: flags in, a DeploymentSpec out.
+#include "cli/run_workload.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "cli/cli_checks.h"
+#include "dcp/disagg.h"
+#include "dcp/error.h"
+#include "dcp/weights.h"
+
+namespace dcp::cli {
+namespace {
+
+std::vector<std::int32_t> parse_ids(const std::string& text, const std::string& where) {
+  std::vector<std::int32_t> ids;
+  std::string cleaned = text;
+  std::replace(cleaned.begin(), cleaned.end(), ',', ' ');
+  std::istringstream in(cleaned);
+  std::string tok;
+  while (in >> tok) {
+    try {
+      std::size_t used = 0;
+      const long v = std::stol(tok, &used);
+      if (used != tok.size() || v < 0 || v > INT32_MAX) throw std::invalid_argument(tok);
+      ids.push_back(static_cast<std::int32_t>(v));
+    } catch (const std::exception&) {
+      throw Error(ErrorCategory::invalid_argument,
+                  str("--prompt-tokens: '", tok, "' in ", where,
+                      " is not a token id (an integer in [0, 2^31))"));
+    }
+  }
+  return ids;
+}
+
+// One prompt per ';'-separated list, or per line of a file.
+std::vector<std::vector<std::int32_t>> read_prompts(const std::string& arg) {
+  std::vector<std::vector<std::int32_t>> prompts;
+  if (std::filesystem::is_regular_file(arg)) {
+    std::ifstream in(arg);
+    std::string line;
+    int n = 0;
+    while (std::getline(in, line)) {
+      ++n;
+      auto ids = parse_ids(line, str(arg, " line ", n));
+      if (!ids.empty()) prompts.push_back(std::move(ids));
+    }
+  } else {
+    std::istringstream in(arg);
+    std::string part;
+    while (std::getline(in, part, ';')) {
+      auto ids = parse_ids(part, "the list");
+      if (!ids.empty()) prompts.push_back(std::move(ids));
+    }
+  }
+  DCP_ARG_CHECK(!prompts.empty(), "--prompt-tokens '", arg, "' holds no token ids");
+  return prompts;
+}
+
+// --attention-kernel: a path this CPU runs, checked before any rank starts. amx_bf16 reads bf16 KV.
+KernelPath parse_attention_kernel(const std::string& name, KvDtype kv_dtype) {
+  KernelPath k = KernelPath::automatic;
+  try {
+    k = parse_kernel_path(name);
+    if (k == KernelPath::amx_bf16) {
+      DCP_CHECK(amx_bf16_available(), unsupported, "this CPU or OS offers no AMX-BF16");
+      DCP_ARG_CHECK(kv_dtype == KvDtype::bf16, "amx_bf16 needs --kv-cache-dtype bf16");
+    } else {
+      resolve_exact_path(k);
+    }
+  } catch (const Error& e) {
+    throw Error(e.category(), str("--attention-kernel ", name, ": ", e.what()));
+  }
+  return k;
+}
+
+}  // namespace
+
+std::string kernel_name(KernelPath k) {
+  return std::string(to_string(k == KernelPath::amx_bf16 ? k : resolve_exact_path(k)));
+}
+
+Workload build_workload(const RunOptions& o) {
+  // Single flags' ranges and names were checked as they parsed (add_run_command).
+  Workload w;
+  DeploymentSpec& s = w.spec;
+  if (!o.model_path.empty()) {
+    s.model.config =
+        with_flag("--model-path", [&] { return read_checkpoint_config(o.model_path); });
+    if (o.num_layers > 0) {
+      DCP_ARG_CHECK(o.num_layers <= s.model.config.num_hidden_layers, "--num-layers ", o.num_layers,
+                    " exceeds the checkpoint's ", s.model.config.num_hidden_layers, " layers");
+      s.model.config.num_hidden_layers = o.num_layers;
+    }
+    s.model.path = o.model_path;
+    w.model_label = o.model_path;
+  } else {
+    s.model.config = preset_config(o.preset, o.num_layers);
+    w.model_label = "preset:" + o.preset;
+  }
+  s.parallel = o.parallel.to_config();
+  // Checked again by every rank's model; here it fails before any rank thread starts.
+  check_divides_heads(s.model.config, s.parallel.tp_size, "--tp-size");
+  s.transport = parse_rank_transport(o.comm);
+  s.model_options.replicate_q_proj = s.parallel.replicate_q_proj;
+  s.model_options.kv_dtype = parse_kv_dtype(o.kv_cache_dtype);
+  s.model_options.page_size = o.page_size;
+  s.model_options.attention_kernel =
+      parse_attention_kernel(o.attention_kernel, s.model_options.kv_dtype);
+  s.engine.chunked_prefill_size = o.chunked_prefill_size;
+  s.engine.record_logits = o.verify || !o.dump_logits.empty();
+
+  s.engine.enable_prefix_cache = o.prefix_cache;
+  s.engine.host_kv_capacity_tokens = o.host_kv_tokens;
+  s.engine.max_running_requests = o.max_running;
+  DCP_ARG_CHECK(o.shared_prefix_len < o.prompt_len, "--shared-prefix-len ", o.shared_prefix_len,
+                " must be below --prompt-len ", o.prompt_len);
+  DCP_ARG_CHECK(!o.prefix_cache || !o.disaggregate,
+                "--enable-prefix-cache does not combine with --disaggregate yet");
+  w.disaggregate = o.disaggregate;
+  w.prefill_dcp_size = o.prefill_dcp_size;
+  DCP_ARG_CHECK(!o.disaggregate || o.spec_tokens == 0,
+                "--disaggregate does not combine with --speculative-num-draft-tokens yet");
+  if (o.disaggregate) {  // refuse an unsupported pair before any rank starts
+    const KvDtype dtype = s.model_options.kv_dtype;
+    make_transfer_plan({o.prefill_dcp_size, o.page_size, dtype},
+                       {s.parallel.dcp_size, o.page_size, dtype}, 0, 0);
+  }
+  s.engine.extend_mode =
+      o.dcp_extend == "native" ? ForwardMode::extend_native : ForwardMode::extend;
+  if (o.spec_tokens > 0) {
+    s.engine.num_draft_tokens = o.spec_tokens;
+    if (o.spec_draft.rfind("target:", 0) == 0) {  // the target's first layers, its weights
+      long long layers = 0;  // the whole rest must be the integer: "target:3x" is refused
+      const std::string count = o.spec_draft.substr(7);
+      std::size_t used = 0;
+      try {
+        layers = std::stoll(count, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != count.size() || count.empty()) layers = 0;
+      DCP_ARG_CHECK(layers >= 1 && layers <= s.model.config.num_hidden_layers,
+                    "--speculative-draft '", o.spec_draft,
+                    "': target:N needs 1 <= N <= ", s.model.config.num_hidden_layers);
+      s.draft = s.model;
+      s.draft->config.num_hidden_layers = static_cast<int>(layers);
+    } else if (std::filesystem::is_directory(o.spec_draft)) {
+      s.draft.emplace();
+      s.draft->config =
+          with_flag("--speculative-draft", [&] { return read_checkpoint_config(o.spec_draft); });
+      s.draft->path = o.spec_draft;
+    } else {
+      s.draft.emplace();
+      s.draft->config = preset_config(o.spec_draft);
+      s.draft->synthetic_seed = o.seed + 1;
+    }
+    DCP_ARG_CHECK(s.draft->config.vocab_size == s.model.config.vocab_size, "--speculative-draft '",
+                  o.spec_draft, "' has a vocabulary of ", s.draft->config.vocab_size,
+                  ", the target ", s.model.config.vocab_size);
+  }
+  // Prompt lengths first: a workload too large for this machine is refused before its prompts
+  // are generated (gigabytes of tokens for --prompt-len 2000000000) or its KV pools allocated.
+  std::vector<std::vector<std::int32_t>> prompts;
+  std::vector<std::int64_t> lengths;
+  if (!o.prompt_tokens.empty()) {
+    prompts = read_prompts(o.prompt_tokens);
+    for (const auto& p : prompts) lengths.push_back(static_cast<std::int64_t>(p.size()));
+  } else {
+    for (int i = 0; i < o.batch; ++i) {  // mixed lengths, not multiples of N or of the page size
+      lengths.push_back(std::max<std::int64_t>(
+          1, o.prompt_len - static_cast<std::int64_t>(i) * (o.prompt_len / (2 * o.batch)) - 7 * i));
+    }
+  }
+  std::int64_t total = 0;
+  for (const std::int64_t len : lengths) total += len + o.max_new_tokens;
+  const std::int64_t vp = static_cast<std::int64_t>(o.page_size) * s.parallel.dcp_size;
+  const std::int64_t capacity = o.max_total_tokens > 0
+                                    ? o.max_total_tokens
+                                    : total + static_cast<std::int64_t>(lengths.size()) * vp;
+  s.model_options.kv_capacity_tokens = capacity;
+  {
+    // Every rank of this process holds capacity / N rows per layer; the --verify reference, run
+    // afterwards at DCP 1, holds all of them on every rank.
+    const double ranks_here = o.comm == "mpi" ? 1.0 : s.parallel.world_size();
+    const double row_bytes = static_cast<double>(s.model.config.latent_width()) *
+                             dtype_size(s.model_options.kv_dtype) *
+                             s.model.config.num_hidden_layers;
+    const double rows = static_cast<double>(capacity) / (o.verify ? 1 : s.parallel.dcp_size);
+    const bool asked = o.max_total_tokens > 0;
+    check_fits_in_memory(
+        ranks_here * rows * row_bytes,
+        str("a KV cache of ", capacity, " tokens",
+            asked ? " (--max-total-tokens)" : " (the prompts and --max-new-tokens)", " over ",
+            s.model.config.num_hidden_layers, " layers"),
+        asked ? "lower --max-total-tokens" : "lower --prompt-len, --batch or --max-new-tokens");
+  }
+  if (o.prompt_tokens.empty()) {
+    std::mt19937_64 gen(o.seed);
+    std::uniform_int_distribution<std::int32_t> token(0, s.model.config.vocab_size - 1);
+    std::vector<std::int32_t> shared(static_cast<std::size_t>(o.shared_prefix_len));
+    for (auto& t : shared) t = token(gen);
+    for (const std::int64_t len : lengths) {
+      std::vector<std::int32_t> p(static_cast<std::size_t>(len));
+      for (auto& t : p) t = token(gen);
+      std::copy_n(shared.begin(), std::min<std::size_t>(shared.size(), p.size()),
+                  p.begin());  // a common prefix
+      prompts.push_back(std::move(p));
+    }
+  }
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    RequestSpec r;
+    r.id = static_cast<RequestId>(i);
+    r.prompt = prompts[i];
+    r.max_new_tokens = o.max_new_tokens;
+    s.requests.push_back(std::move(r));
+  }
+  return w;
+}
+
+}  // namespace dcp::cli
