@@ -45,16 +45,50 @@ TEST(DcpAttention, SizeOneIsBitwiseTheLocalKernel) {
   EXPECT_EQ(std::memcmp(direct_lse.data(), stepped_lse.data(), 9 * sizeof(float)), 0);
 }
 
-TEST(DcpAttention, RejectsMisconfiguration) {
-  run_threads(2, [](Communicator& c) {
-    EXPECT_THROW(DcpAttention(c, {CombineBackend::fi_a2a, false, 2}), Error);
-    EXPECT_THROW(DcpAttention(c, {CombineBackend::ag_rs, true, 2}), Error);
-    EXPECT_THROW(DcpAttention(c, {CombineBackend::a2a, false, 0}), Error);
+TEST(DcpAttention, RejectsMisconfigurationNamingTheParameterAndWritingNothing) {
+  auto rng = test::make_rng();
+  test::ContextSpec spec;
+  spec.heads = 4;
+  spec.lengths = {9};
+  spec.q_lens = {1};
+  const auto in = test::random_context(spec, KvDtype::fp32, rng);
+  const auto shards = test::stripe(in, 2, 1, 4, KvDtype::fp32, rng);
+  run_threads(2, [&](Communicator& c) {
+    using test::throws_error;
+    EXPECT_TRUE(throws_error(
+        [&] {
+          DcpAttention(c, {CombineBackend::fi_a2a, false, 2});
+        },
+        ErrorCategory::unsupported, "backend = fi_a2a needs Blackwell"));
+    EXPECT_TRUE(throws_error(
+        [&] {
+          DcpAttention(c, {CombineBackend::ag_rs, true, 2});
+        },
+        ErrorCategory::invalid_argument, "replicated_q needs an all-to-all combine"));
+    EXPECT_TRUE(throws_error(
+        [&] {
+          DcpAttention(c, {CombineBackend::a2a, false, 0});
+        },
+        ErrorCategory::invalid_argument, "local_heads = 0 must be >= 1"));
+
+    // A valid step given metadata for another group: refused before any collective or write.
     DcpAttention step(c, {CombineBackend::a2a, false, 2});
-    MlaAttentionParams p;
-    p.dcp_size = 3;  // not the group size
-    float x = 0;
-    EXPECT_THROW(step.forward(&x, p, nullptr, &x, &x), Error);
+    const std::size_t rows = 2;  // one token, H_loc heads
+    std::vector<float> out(rows * in.kv_lora_rank, 7.0f), lse(rows, 7.0f);
+    const CommStats before = c.stats();
+    MlaAttentionParams p =
+        test::shard_params(in, shards[c.rank()], KvDtype::fp32, 4, 2, c.rank(), 1);
+    p.dcp_size = 3;
+    EXPECT_TRUE(throws_error([&] { step.forward(in.q.data(), p, nullptr, out.data(), lse.data()); },
+                             ErrorCategory::invalid_argument,
+                             "shard.dcp_size = 3 must equal the DCP group size 2"));
+    p.dcp_size = 2;
+    p.dcp_rank = 1 - c.rank();
+    EXPECT_TRUE(throws_error([&] { step.forward(in.q.data(), p, nullptr, out.data(), lse.data()); },
+                             ErrorCategory::invalid_argument, "must equal this rank's place"));
+    EXPECT_EQ(c.stats().total_calls(), before.total_calls()) << "a collective ran";
+    for (float x : out) ASSERT_EQ(x, 7.0f) << "the output was written";
+    for (float x : lse) ASSERT_EQ(x, 7.0f) << "the LSE was written";
   });
 }
 

@@ -191,52 +191,6 @@ TEST(Model, DeepSeekV3GeometryDcpEqualsDcpOne) {
   }
 }
 
-TEST(Engine, FullKvCacheQueuesAndRejectsWithoutCorruption) {
-  auto rng = test::make_rng();
-  const ModelConfig c = preset_config("tiny", 1);
-  const auto w = make_synthetic_weights(9);
-  std::vector<RequestSpec> reqs;
-  for (int i = 0; i < 5; ++i)
-    reqs.push_back(request(i, random_tokens(rng, 40 + 11 * i, c.vocab_size), 6));
-  EngineSetup s;
-  s.tp = 2;
-  s.dcp = 2;
-  s.page_size = 8;
-  const EngineRun ample = run_engine(c, *w, s, reqs);
-  s.capacity = 160;  // room for about two requests at a time
-  auto with_huge = reqs;
-  with_huge.push_back(request(99, random_tokens(rng, 300, c.vocab_size), 4));  // can never fit
-  const EngineRun tight = run_engine(c, *w, s, with_huge);
-  EXPECT_GT(tight.stats.max_queue, 0) << "requests should have waited for KV";
-  for (std::size_t i = 0; i < reqs.size(); ++i) {
-    EXPECT_EQ(tight.results[i].state, RequestState::finished);
-    EXPECT_EQ(tight.results[i].output_tokens, ample.results[i].output_tokens) << "request " << i;
-  }
-  EXPECT_EQ(tight.results.back().state, RequestState::rejected);
-  EXPECT_NE(tight.results.back().error.find("raise kv_capacity_tokens"), std::string::npos)
-      << tight.results.back().error;
-}
-
-TEST(Engine, RejectsInvalidRequests) {
-  const ModelConfig c = preset_config("tiny", 1);
-  const auto w = make_synthetic_weights(1);
-  run_threads(1, [&](Communicator& world) {
-    auto dcp = world.split(0, 0);
-    ModelOptions mo;
-    mo.kv_capacity_tokens = 256;
-    MlaModel model(c, *w, world, *dcp, mo);
-    Engine engine(model, {});
-    EXPECT_THROW(engine.submit(request(1, {}, 3)), Error);
-    EXPECT_THROW(engine.submit(request(1, {1, 2}, 0)), Error);
-    EXPECT_THROW(engine.submit(request(1, {1, c.vocab_size}, 3)), Error);
-    engine.submit(request(1, {1, 2}, 2));
-    EXPECT_THROW(engine.submit(request(1, {3}, 2)), Error);  // duplicate id
-    engine.run();
-    ASSERT_EQ(engine.results().size(), 1u);
-    EXPECT_EQ(engine.results()[0].output_tokens.size(), 2u);
-  });
-}
-
 // ---- loading: every malformed input is a clear error ----
 
 using test::error_of;

@@ -112,6 +112,23 @@ std::string error_of(const std::function<void()>& f) {
   return "";
 }
 
+::testing::AssertionResult throws_error(const std::function<void()>& f, ErrorCategory category,
+                                        const std::string& needle) {
+  try {
+    f();
+  } catch (const Error& e) {
+    if (e.category() != category) {
+      return ::testing::AssertionFailure() << "category " << to_string(e.category()) << ", not "
+                                           << to_string(category) << ": " << e.what();
+    }
+    if (std::string(e.what()).find(needle) == std::string::npos) {
+      return ::testing::AssertionFailure() << "'" << e.what() << "' lacks '" << needle << "'";
+    }
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << "no dcp::Error thrown (expected '" << needle << "')";
+}
+
 std::vector<Shard> stripe(const ref::FullAttentionInput& in, int dcp_size, int interleave,
                           int page_size, KvDtype dtype, Rng& rng) {
   const int width = in.kv_lora_rank + in.rope_dim;

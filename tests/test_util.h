@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "dcp/attention.h"
+#include "dcp/error.h"
 #include "dcp/reference.h"
 
 namespace dcp::test {
@@ -55,6 +56,9 @@ constexpr Tolerance kBf16Tol{1e-10, 1e-4};  // inputs are bf16-exact, so accumul
 
 // The message of the dcp::Error that f throws, or "" if it throws none.
 std::string error_of(const std::function<void()>& f);
+// Success when f throws a dcp::Error of `category` whose message contains `needle`.
+::testing::AssertionResult throws_error(const std::function<void()>& f, ErrorCategory category,
+                                        const std::string& needle);
 
 // The same between two runs' float values (step logits against a reference run's).
 ::testing::AssertionResult close_runs(const std::vector<float>& actual,

@@ -131,6 +131,7 @@ struct ForwardPlan {
   int dcp_size = 1;
   int dcp_rank = 0;
   int page_size = 0;
+  std::vector<RequestId> requests;       // [B]
   std::vector<std::int32_t> q_start;     // [B + 1]
   std::vector<std::int64_t> q_pos;       // [T] global positions of the query tokens
   std::vector<std::int64_t> global_len;  // [B] sequence length including the queries

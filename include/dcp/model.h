@@ -34,15 +34,6 @@ struct ModelOptions {
   KernelPath attention_kernel = KernelPath::automatic;
 };
 
-enum class ForwardMode : std::uint8_t {
-  decode,         // attention through the DCP step (query exchange, shard attention, LSE combine)
-  extend,         // prefill chunk, upstream way: gather the cached prefix in token order, then
-                  // causal attention locally; its traffic grows with the prefix
-  extend_native,  // prefill chunk, DCP-native: the DCP step over each rank's prefix shard, plus
-                  // the intra-chunk causal part computed locally, LSE-merged; traffic grows with
-                  // the chunk only (none at all for a first chunk)
-};
-
 // One forward: the last q_len tokens of each request (already allocated in the allocator).
 struct ForwardBatch {
   std::vector<BatchEntry> entries;
@@ -103,15 +94,6 @@ class MlaModel {
   struct Layer;
   void attention(Layer& layer, const float* x, const ForwardBatch& batch, const ForwardPlan& plan,
                  float* out, ForwardTimings& t);
-  // Causal attention of this rank's heads over one contiguous fp32 sequence per request, row j
-  // at position j (no sharding): the gather path's whole sequences, the native path's chunks.
-  //   q [T, H_loc, W], seqs[b] [lens[b], W], q_pos [T], out [T, H_loc, D_c], lse [T, H_loc]
-  void attend_contiguous(const float* q, const std::vector<const float*>& seqs,
-                         const std::vector<std::int64_t>& lens, const std::int32_t* q_start,
-                         const std::int64_t* q_pos, float* out, float* lse) const;
-  void extend_native(Layer& layer, const float* q, int heads_q, const float* latent,
-                     const ForwardBatch& batch, const ForwardPlan& plan, float* o,
-                     ForwardTimings& t);
 
   ModelConfig config_;
   ModelOptions options_;

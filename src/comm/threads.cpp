@@ -20,12 +20,12 @@
 #include "core/spin_wait.h"
 #include "dcp/comm_threads.h"
 #include "dcp/error.h"
+#include "dcp/timing.h"
 #include "reduce.h"
 
 namespace dcp {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 constexpr auto kPoll = std::chrono::milliseconds(10);
 
 // Shared by every group made under one run_threads call.

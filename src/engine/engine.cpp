@@ -1,17 +1,12 @@
 #include "dcp/engine.h"
 
 #include <algorithm>
-#include <chrono>
 
 #include "dcp/error.h"
+#include "dcp/timing.h"
 
 namespace dcp {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
 
 std::int32_t argmax(const float* x, int n) {
   return static_cast<std::int32_t>(std::max_element(x, x + n) - x);  // first maximum: deterministic

@@ -150,6 +150,7 @@ ForwardPlan plan_forward(const KvAllocator& allocator, const std::vector<BatchEn
     const std::int64_t len = allocator.length(e.request);
     DCP_ARG_CHECK(e.q_len >= 1 && e.q_len <= len, "plan_forward: request ", e.request,
                   " has q_len ", e.q_len, "; legal: [1, its length ", len, "]");
+    plan.requests.push_back(e.request);
     plan.global_len.push_back(len);
     plan.local_len.push_back(layout.local_length(len));  // local counts, never global lengths
     for (std::int64_t p = len - e.q_len; p < len; ++p) plan.q_pos.push_back(p);

@@ -1,23 +1,17 @@
 #include "dcp/model.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <memory>
 
 #include "dcp/error.h"
-#include "dcp/merge.h"
+#include "dcp/timing.h"
 #include "ops.h"
 
 namespace dcp {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
 constexpr double kLatentNormEps = 1e-6;  // q_a_layernorm / kv_a_layernorm (DeepSeek's default)
 
 }  // namespace
@@ -160,6 +154,8 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
   step.backend = n == 1 ? CombineBackend::ag_rs : options.backend;
   step.replicated_q = replicate;
   step.local_heads = h_loc_;
+  step.softmax_scale = static_cast<float>(c.softmax_scale());
+  step.kernel = options.attention_kernel;
   dcp_step_ = std::make_unique<DcpAttention>(dcp, step);
 }
 
@@ -237,36 +233,12 @@ void MlaModel::attention(Layer& L, const float* x, const ForwardBatch& batch,
       if (!c.skip_rope) L.rope.apply(pe, plan.q_pos[i]);
     }
   }
-  // Attention in latent space -> O [T, H_loc, kv_lora].
+  // Attention in latent space -> O [T, H_loc, kv_lora] (decode, gather- or native extend).
   std::vector<float> o(static_cast<std::size_t>(T) * h_loc_ * kvl);
-  if (decode) {
-    MlaAttentionParams p = plan.kernel_params(*L.pool);
-    p.kernel = options_.attention_kernel;
-    p.softmax_scale = static_cast<float>(c.softmax_scale());
-    p.causal = true;
-    dcp_step_->forward(qa.data(), p, nullptr, o.data(), nullptr);
-    const DcpStepTimings& st = dcp_step_->last_timings();
-    t.attention_ms += st.attention_ms;
-    t.dcp_comm_ms += st.comm_ms;
-  } else if (native) {
-    extend_native(L, qa.data(), heads_q, latent.data(), batch, plan, o.data(), t);
-  } else {
-    // Upstream extend path: each request's whole sequence, gathered in token order, then
-    // ordinary causal attention over it for this rank's heads.
-    const auto t0 = Clock::now();
-    std::vector<std::vector<float>> seqs;
-    for (int b = 0; b < plan.num_requests(); ++b) {
-      seqs.push_back(gather_sequence(dcp_, *L.shard, batch.entries[b].request));
-    }
-    t.dcp_comm_ms += ms_since(t0);
-    std::vector<const float*> rows;
-    for (const auto& seq : seqs) rows.push_back(seq.data());
-    std::vector<float> lse(static_cast<std::size_t>(T) * h_loc_);
-    const auto t1 = Clock::now();
-    attend_contiguous(qa.data(), rows, plan.global_len, plan.q_start.data(), plan.q_pos.data(),
-                      o.data(), lse.data());
-    t.attention_ms += ms_since(t1);
-  }
+  dcp_step_->attend(batch.mode, qa.data(), latent.data(), *L.shard, plan, o.data());
+  const DcpStepTimings& st = dcp_step_->last_timings();
+  t.attention_ms += st.attention_ms;
+  t.dcp_comm_ms += st.comm_ms;
   // Values: [T, H_loc, v] = O @ w_vc^T per head; optional gate; o_proj (row-parallel partial).
   std::vector<float> vals(static_cast<std::size_t>(T) * h_loc_ * v);
   for (int h = 0; h < h_loc_; ++h) {
@@ -280,116 +252,6 @@ void MlaModel::attention(Layer& L, const float* x, const ForwardBatch& batch,
     for (std::size_t i = 0; i < g.size(); ++i) vals[i] *= 1.0f / (1.0f + std::exp(-g[i]));
   }
   ops::linear(vals.data(), T, static_cast<std::int64_t>(h_loc_) * v, L.o_proj.data(), hidden, out);
-}
-
-void MlaModel::attend_contiguous(const float* q, const std::vector<const float*>& seqs,
-                                 const std::vector<std::int64_t>& lens, const std::int32_t* q_start,
-                                 const std::int64_t* q_pos, float* out, float* lse) const {
-  const ModelConfig& c = config_;
-  const int width = c.latent_width();
-  const std::size_t requests = seqs.size();
-  // One page per request, as long as the longest sequence. A single request is its own page, read
-  // in place; otherwise the sequences are copied into one pool. The kernel reads no row past a
-  // request's length, so the pool's tails are left uninitialized rather than zero-filled.
-  std::int64_t page = 1;
-  for (std::int64_t len : lens) page = std::max(page, len);
-  std::unique_ptr<float[]> pool;
-  const float* kv = seqs.empty() ? nullptr : seqs[0];
-  std::vector<std::int32_t> table(requests);
-  for (std::size_t b = 0; b < requests; ++b) table[b] = static_cast<std::int32_t>(b);
-  if (requests > 1) {
-    pool.reset(new float[requests * static_cast<std::size_t>(page) * width]);
-    for (std::size_t b = 0; b < requests; ++b) {
-      std::copy_n(seqs[b], lens[b] * width,
-                  pool.get() + b * static_cast<std::size_t>(page) * width);
-    }
-    kv = pool.get();
-  }
-  MlaAttentionParams p;
-  p.num_heads = h_loc_;
-  p.kv_lora_rank = c.kv_lora_rank;
-  p.rope_dim = c.qk_rope_head_dim;
-  p.softmax_scale = static_cast<float>(c.softmax_scale());
-  p.num_requests = static_cast<int>(requests);
-  p.q_start = q_start;
-  p.q = q;
-  p.q_pos = q_pos;
-  p.kv = kv;
-  p.kv_dtype = KvDtype::fp32;  // exact copies of the stored rows (bf16 widens exactly)
-  p.num_pages = static_cast<std::int64_t>(requests);
-  p.page_size = static_cast<int>(page);
-  p.page_table = table.data();
-  p.page_table_stride = 1;
-  p.local_len = lens.data();
-  p.causal = true;
-  p.out = out;
-  p.lse = lse;
-  mla_attention(p);
-}
-
-void MlaModel::extend_native(Layer& L, const float* qa, int heads_q, const float* latent,
-                             const ForwardBatch& batch, const ForwardPlan& plan, float* o,
-                             ForwardTimings& t) {
-  const ModelConfig& c = config_;
-  const std::int64_t T = plan.num_tokens();
-  const int kvl = c.kv_lora_rank, width = c.latent_width();
-  const std::size_t rows = static_cast<std::size_t>(T) * h_loc_;
-  // 1. The chunk's queries over every rank's prefix shard: the DCP step with rank-local lengths
-  //    cut at the chunk start (the chunk's rows follow the prefix in local-row order).
-  std::vector<float> lse(rows, kNegInf);
-  std::fill(o, o + rows * kvl, 0.0f);
-  bool any_prefix = false;
-  std::vector<std::int64_t> prefix_len(static_cast<std::size_t>(plan.num_requests()));
-  for (int b = 0; b < plan.num_requests(); ++b) {
-    const std::int64_t start = plan.global_len[b] - batch.entries[b].q_len;
-    prefix_len[b] = layout::count(start, dcp_.rank(), dcp_.size());
-    any_prefix = any_prefix || start > 0;  // the same on every rank: lockstep holds
-  }
-  if (any_prefix) {
-    MlaAttentionParams p = plan.kernel_params(*L.pool);
-    p.kernel = options_.attention_kernel;
-    p.local_len = prefix_len.data();
-    p.softmax_scale = static_cast<float>(c.softmax_scale());
-    p.causal = true;
-    dcp_step_->forward(qa, p, nullptr, o, lse.data());
-    t.attention_ms += dcp_step_->last_timings().attention_ms;
-    t.dcp_comm_ms += dcp_step_->last_timings().comm_ms;
-  }
-  // 2. The intra-chunk causal part, for this rank's heads: every rank computed the chunk's
-  //    latent rows, so no communication. Rows are rounded as the cache stores them, and
-  //    positions shift by the chunk start so that row j sits at position j.
-  const auto t0 = Clock::now();
-  std::vector<float> chunk(latent, latent + static_cast<std::size_t>(T) * width);
-  if (options_.kv_dtype == KvDtype::bf16) {
-    for (float& x : chunk) x = bf16_to_float(float_to_bf16(x));
-  }
-  std::vector<float> q_mine;
-  const float* q_own = qa;
-  if (heads_q != h_loc_) {  // replicated query: keep this rank's head block
-    q_mine.resize(rows * width);
-    for (std::int64_t i = 0; i < T; ++i) {
-      std::copy_n(qa + (i * heads_q + dcp_.rank() * h_loc_) * width,
-                  static_cast<std::size_t>(h_loc_) * width, q_mine.data() + i * h_loc_ * width);
-    }
-    q_own = q_mine.data();
-  }
-  std::vector<const float*> chunks;
-  std::vector<std::int64_t> lens, rel_pos(static_cast<std::size_t>(T));
-  for (int b = 0; b < plan.num_requests(); ++b) {
-    chunks.push_back(chunk.data() + static_cast<std::size_t>(plan.q_start[b]) * width);
-    lens.push_back(batch.entries[b].q_len);
-    const std::int64_t start = plan.global_len[b] - lens[b];
-    for (std::int64_t i = plan.q_start[b]; i < plan.q_start[b + 1]; ++i)
-      rel_pos[i] = plan.q_pos[i] - start;
-  }
-  std::vector<float> o_chunk(static_cast<std::size_t>(T) * h_loc_ * kvl);
-  std::vector<float> lse_chunk(static_cast<std::size_t>(T) * h_loc_);
-  attend_contiguous(q_own, chunks, lens, plan.q_start.data(), rel_pos.data(), o_chunk.data(),
-                    lse_chunk.data());
-  // 3. Exact LSE merge of the two parts.
-  for (std::size_t r = 0; r < rows; ++r)
-    merge_state_into(o + r * kvl, lse[r], o_chunk.data() + r * kvl, lse_chunk[r], kvl);
-  t.attention_ms += ms_since(t0);
 }
 
 std::vector<float> MlaModel::forward(const ForwardBatch& batch, ForwardTimings* timings) {

@@ -1,0 +1,148 @@
+// The engine: scheduling, admission by KV capacity, request validation, and the KV it grows.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "dcp/deployment.h"
+#include "dcp/engine.h"
+#include "dcp/error.h"
+#include "dcp/layout.h"
+#include "dcp/model.h"
+#include "dcp/weights.h"
+#include "engine_util.h"
+#include "test_util.h"
+
+namespace dcp {
+namespace {
+
+using test::EngineRun;
+using test::EngineSetup;
+using test::random_tokens;
+using test::request;
+using test::run_engine;
+
+TEST(Engine, FullKvCacheQueuesAndRejectsWithoutCorruption) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 1);
+  const auto w = make_synthetic_weights(9);
+  std::vector<RequestSpec> reqs;
+  for (int i = 0; i < 5; ++i)
+    reqs.push_back(request(i, random_tokens(rng, 40 + 11 * i, c.vocab_size), 6));
+  EngineSetup s;
+  s.tp = 2;
+  s.dcp = 2;
+  s.page_size = 8;
+  const EngineRun ample = run_engine(c, *w, s, reqs);
+  s.capacity = 160;  // room for about two requests at a time
+  auto with_huge = reqs;
+  with_huge.push_back(request(99, random_tokens(rng, 300, c.vocab_size), 4));  // can never fit
+  const EngineRun tight = run_engine(c, *w, s, with_huge);
+  EXPECT_GT(tight.stats.max_queue, 0) << "requests should have waited for KV";
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(tight.results[i].state, RequestState::finished);
+    EXPECT_EQ(tight.results[i].output_tokens, ample.results[i].output_tokens) << "request " << i;
+  }
+  EXPECT_EQ(tight.results.back().state, RequestState::rejected);
+  EXPECT_NE(tight.results.back().error.find("raise kv_capacity_tokens"), std::string::npos)
+      << tight.results.back().error;
+}
+
+TEST(Engine, RejectsInvalidRequestsNamingThemAndChangingNothing) {
+  const ModelConfig c = preset_config("tiny", 1);
+  const auto w = make_synthetic_weights(1);
+  const Topology topo = resolve(ParallelConfig{});
+  ModelSource src;
+  src.config = c;
+  src.weights = w.get();
+  ModelOptions mo;
+  mo.kv_capacity_tokens = 256;
+  LaunchOptions lo;
+  launch_ranks(lo, [&](Communicator& world, bool) {
+    RankSystem sys(world, topo, src, mo, EngineOptions{});
+    Engine& engine = sys.engine();
+    using test::throws_error;
+    const auto bad = ErrorCategory::invalid_argument;
+    EXPECT_TRUE(throws_error([&] { engine.submit(request(1, {}, 3)); }, bad,
+                             "request 1: the prompt must hold >= 1 token"));
+    EXPECT_TRUE(throws_error(
+        [&] {
+          engine.submit(request(1, {1, 2}, 0));
+        },
+        bad, "request 1: max_new_tokens = 0 must be >= 1"));
+    EXPECT_TRUE(throws_error(
+        [&] {
+          engine.submit(request(1, {1, c.vocab_size}, 3));
+        },
+        bad, "is outside the vocabulary"));
+    EXPECT_TRUE(engine.results().empty()) << "a refused request left a result behind";
+    EXPECT_EQ(engine.waiting(), 0);
+    engine.submit(request(1, {1, 2}, 2));
+    EXPECT_TRUE(throws_error([&] { engine.submit(request(1, {3}, 2)); }, bad,
+                             "request id 1 was already submitted"));
+    EXPECT_EQ(engine.waiting(), 1);
+    EXPECT_EQ(engine.prompt_tokens_total(), 2);
+    engine.run();
+    ASSERT_EQ(engine.results().size(), 1u);
+    EXPECT_EQ(engine.results()[0].output_tokens.size(), 2u);
+    EXPECT_TRUE(sys.model().allocator().requests().empty()) << "finished requests hold KV";
+  });
+}
+
+// A request that writes into a page it shares (a prefix page, after a rollback into it) gets a
+// private copy first, in every layer: MlaModel::extend applies the allocator's copies.
+TEST(Engine, GrowingIntoASharedPageCopiesItInEveryLayer) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 2);
+  const auto w = make_synthetic_weights(3);
+  ParallelConfig pc;
+  pc.tp_size = 2;
+  pc.dcp_size = 2;
+  const Topology topo = resolve(pc);
+  ModelSource src;
+  src.config = c;
+  src.weights = w.get();
+  ModelOptions mo;
+  mo.kv_dtype = KvDtype::fp32;
+  mo.page_size = 4;  // virtual pages of 8 tokens
+  mo.kv_capacity_tokens = 64;
+  const std::vector<std::int32_t> prompt = random_tokens(rng, 8, c.vocab_size);
+  const std::vector<std::int32_t> more = random_tokens(rng, 2, c.vocab_size);
+  launch_ranks({RankTransport::threads, 2, {}}, [&](Communicator& world, bool) {
+    RankSystem sys(world, topo, src, mo, EngineOptions{});
+    MlaModel& model = sys.model();
+    KvAllocator& alloc = model.allocator();
+    alloc.allocate(1, 0);
+    model.extend(1, 8);
+    ForwardBatch fill;
+    fill.mode = ForwardMode::extend;
+    fill.entries = {{1, 8}};
+    fill.tokens = prompt;
+    model.forward(fill);
+    alloc.share_prefix(1, 2, 8);  // request 2 holds the same page
+    std::vector<std::vector<float>> before;
+    for (int l = 0; l < c.num_hidden_layers; ++l) before.push_back(model.kv_shard(l).local_rows(2));
+    alloc.truncate(1, 6);  // request 1 rolls back into the shared page...
+    model.extend(1, 2);    // ...and grows again: it must write a copy
+    ForwardBatch step;
+    step.mode = ForwardMode::decode;
+    step.entries = {{1, 2}};
+    step.tokens = more;
+    model.forward(step);
+    const std::size_t kept =
+        static_cast<std::size_t>(layout::count(6, sys.dcp_group().rank(), 2) * c.latent_width());
+    for (int l = 0; l < c.num_hidden_layers; ++l) {
+      EXPECT_EQ(model.kv_shard(l).local_rows(2), before[l])
+          << "layer " << l << ": the sharer's prefix was overwritten";
+      const std::vector<float> mine = model.kv_shard(l).local_rows(1);
+      EXPECT_TRUE(std::equal(before[l].begin(), before[l].begin() + kept, mine.begin()))
+          << "layer " << l << ": the private copy lacks the prefix rows";
+    }
+    EXPECT_NE(alloc.pages(1)[0], alloc.pages(2)[0]) << "no private copy was made";
+    alloc.check_invariants();
+  });
+}
+
+}  // namespace
+}  // namespace dcp
