@@ -1,24 +1,31 @@
 #!/usr/bin/env bash
 # Command-line behaviour of `dcp`: exit codes, one-line errors naming the flag, JSON output.
-# Usage: test_cli.sh path/to/dcp [path/to/bench_kernels]
+# One behaviour per case, each its own ctest test (cli.CASE), each runnable alone:
+#   test_cli.sh CASE path/to/dcp [path/to/bench_kernels]
+#   test_cli.sh --list
 set -u
-dcp="$1"
-bench_kernels="${2:-}"  # the Google Benchmark binary, for `dcp bench plot` end to end
+case_name="${1:-}"
+dcp="${2:-}"
+bench_kernels="${3:-}"  # the Google Benchmark binary, for `dcp bench plot` end to end
 passed=0
 failed=0
+tmp=$(mktemp -d)
+out="$tmp/.stdout"
+err="$tmp/.stderr"
+trap 'rm -rf "$tmp"' EXIT
 
 # expect CODE DESCRIPTION -- ARGS... : runs dcp ARGS, checks the exit status; keeps output.
 expect() {
   local want="$1" what="$2"
   shift 3
-  "$dcp" "$@" >/tmp/dcp_cli_out.$$ 2>/tmp/dcp_cli_err.$$
+  "$dcp" "$@" >"$out" 2>"$err"
   local got=$?
   if [ "$got" -eq "$want" ]; then
     passed=$((passed + 1))
   else
     failed=$((failed + 1))
     echo "FAIL: $what: exit $got, expected $want (dcp $*)"
-    sed 's/^/  stderr: /' /tmp/dcp_cli_err.$$ | head -5
+    sed 's/^/  stderr: /' "$err" | head -5
   fi
 }
 # check DESCRIPTION COMMAND...: a shell condition on the last outputs.
@@ -27,206 +34,14 @@ check() {
   shift
   if "$@"; then passed=$((passed + 1)); else failed=$((failed + 1)); echo "FAIL: $what"; fi
 }
-stderr_has() { grep -q -- "$1" /tmp/dcp_cli_err.$$; }
+stderr_has() { grep -q -- "$1" "$err"; }
 # The captured stderr exists and does not match (a missing file must not pass as "no match").
-stderr_lacks() { [ -f /tmp/dcp_cli_err.$$ ] && ! grep -q -- "$1" /tmp/dcp_cli_err.$$; }
-stdout_has() { grep -q -- "$1" /tmp/dcp_cli_out.$$; }
-stdout_empty() { [ ! -s /tmp/dcp_cli_out.$$ ]; }
-stderr_lines() { [ "$(wc -l </tmp/dcp_cli_err.$$)" -eq "$1" ]; }
-
-expect 0 "seed example TP64 DP4 DCP16" -- topology --tp-size 64 --dp-size 4 --enable-dp-attention --dcp-size 16 --json
-check "four DCP groups" stdout_has '"num_dcp_groups": 4'
-check "attention TP 16" stdout_has '"attn_tp_size": 16'
-check "auto backend is a2a on cpu" stdout_has '"dcp_comm_backend": "a2a"'
-
-expect 2 "DCP 32 crosses a DP replica" -- topology --tp-size 64 --dp-size 4 --enable-dp-attention --dcp-size 32
-check "one line on stderr" stderr_lines 1
-check "names --dcp-size and legal values" stderr_has "--dcp-size 32 .*legal --dcp-size values: 1, 2, 4, 8, 16"
-
-expect 2 "fi_a2a without MNNVL" -- topology --tp-size 4 --dcp-size 2 --dcp-comm-backend fi_a2a
-check "names fi_a2a" stderr_has "fi_a2a needs Blackwell"
-expect 0 "fi_a2a on blackwell-mnnvl" -- topology --tp-size 4 --dcp-size 2 --dcp-comm-backend fi_a2a --platform blackwell-mnnvl
-expect 2 "unknown backend" -- topology --dcp-comm-backend nccl
-check "lists legal backends" stderr_has "ag_rs, a2a, fi_a2a"
-expect 2 "replicated q with ag_rs" -- topology --tp-size 4 --dcp-size 4 --dcp-comm-backend ag_rs --dcp-replicate-q-proj
-check "names the flag" stderr_has "--dcp-replicate-q-proj"
-expect 0 "alias --decode-context-parallel-size" -- topology --tp-size 4 --decode-context-parallel-size 4 --no-dcp-replicate-q-proj
-check "alias took effect" stdout_has "DCP size 4: 1 group"
-expect 2 "non-numeric size" -- topology --dcp-size x
-expect 2 "unknown subcommand" -- frobnicate
-expect 0 "help" -- --help
-expect 0 "demo (small)" -- demo --context 300 --heads 4 --dcp-size 3 --batch 2 --page-size 7
-check "demo says OK" stdout_has "^OK"
-expect 2 "demo rejects bad dtype" -- demo --kv-cache-dtype fp8
-check "names the flag and legal dtypes" stderr_has "--kv-cache-dtype: .fp8. is not one of: fp32, bf16"
-
-# dcp run: small workloads, the JSON keys we keep stable, verification, errors.
-tmp=$(mktemp -d)
+stderr_lacks() { [ -f "$err" ] && ! grep -q -- "$1" "$err"; }
+stdout_has() { grep -q -- "$1" "$out"; }
+stdout_empty() { [ ! -s "$out" ]; }
+stderr_lines() { [ "$(wc -l <"$err")" -eq "$1" ]; }
 json_has() { grep -q -- "$1" "$tmp/run.json"; }
-expect 0 "run small with json" -- run --batch 3 --prompt-len 150 --max-new-tokens 3 --json "$tmp/run.json"
-for key in '"dcp_size": 4' '"dcp_comm_backend": "a2a"' '"tp_size": 4' '"logical_capacity_tokens"' \
-           '"kv_rows_used"' '"kv_bytes"' '"decode_ms_per_step"' '"collectives_per_layer": 2.0' \
-           '"bytes_per_layer_per_rank"' '"output_tokens"' '"tokens_match": true' '"max_abs_logit_diff"'; do
-  check "json has $key" json_has "$key"
-done
-check "summary says PASS" stdout_has "PASS"
-check "verify says what it compared" stdout_has "verify vs dcp 1 (3 requests, 9 steps): tokens match"
-check "json counts the compared steps" json_has '"steps_compared": 9'
-# Started by mpirun (its environment) without --comm mpi: a warning, and the job still runs.
-OMPI_COMM_WORLD_SIZE=2 expect 0 "threads under mpirun" -- run --num-layers 1 --batch 1 --prompt-len 20 --max-new-tokens 2
-check "warns to pass --comm mpi" stderr_has "started by mpirun with 2 processes but --comm threads.*pass --comm mpi"
-expect 0 "threads, no mpirun" -- run --num-layers 1 --batch 1 --prompt-len 20 --max-new-tokens 2
-check "no warning" stderr_lacks warning
-# Every request rejected: each says why, and a verification that compared nothing fails.
-expect 1 "run with every request rejected" -- run --num-layers 1 --max-total-tokens 1 --json "$tmp/run.json"
-check "says why each was rejected" stdout_has "request 0 (prompt 4000): REJECTED: needs 4032 tokens of KV; the cache holds 256 (raise --max-total-tokens)"
-check "verify does not pass on nothing" stdout_has "verify vs dcp 1: nothing to compare, no request finished in both runs: FAIL"
-check "json says the reason" json_has '"error": "needs 4032 tokens of KV'
-check "json says not passed" json_has '"passed": false'
-expect 0 "ag_rs backend, dcp 2, fp32 KV" -- run --tp-size 4 --dcp-size 2 --dcp-comm-backend ag_rs --kv-cache-dtype fp32 --batch 2 --prompt-len 90 --max-new-tokens 3 --json "$tmp/run.json"
-check "ag_rs takes 3 collectives per layer" json_has '"collectives_per_layer": 3.0'
-expect 0 "replicated q takes 1 collective" -- run --dcp-replicate-q-proj --batch 2 --prompt-len 90 --max-new-tokens 3 --json "$tmp/run.json"
-check "one packed all-to-all" json_has '"collectives_per_layer": 1.0'
-expect 0 "prompt tokens, chunk not a multiple of N" -- run --prompt-tokens "5,6,7;8" --chunked-prefill-size 3 --max-new-tokens 2 --dump-logits "$tmp/logits.bin"
-check "logits file has a header" grep -q '"shape":\[4,512\]' "$tmp/logits.bin"
-expect 2 "dcp must divide tp" -- run --tp-size 4 --dcp-size 3
-check "names --dcp-size" stderr_has "--dcp-size 3 must divide --tp-size 4"
-expect 2 "bad kv dtype" -- run --kv-cache-dtype fp8
-expect 2 "bad preset" -- run --preset llama
-check "lists presets" stderr_has "tiny, deepseek-v3, kimi-k3"
-expect 2 "bad token id" -- run --prompt-tokens "1,x"
-expect 2 "token outside vocab" -- run --prompt-tokens "100000" --max-new-tokens 1
-check "names the vocabulary" stderr_has "outside the vocabulary"
-expect 2 "tp does not divide heads" -- run --tp-size 16 --dcp-size 4 --preset tiny
-check "refused before any rank starts (no 'rank N:')" stderr_has "^dcp: error: --tp-size 16 must divide the model's 8 attention heads"
-expect 1 "missing checkpoint" -- run --model-path "$tmp/none"
-check "names --model-path" stderr_has "^dcp: error: --model-path: checkpoint directory $tmp/none has no config.json"
-expect 1 "draft checkpoint without a config" -- run --speculative-num-draft-tokens 2 --speculative-draft "$tmp"
-check "names --speculative-draft, not --model-path" stderr_has "^dcp: error: --speculative-draft: checkpoint directory $tmp has no config.json"
-expect 2 "token id beyond int32" -- run --prompt-tokens "99999999999"
-check "says what a token id is" stderr_has "'99999999999' in the list is not a token id (an integer in \[0, 2^31))"
-expect 0 "gen-checkpoint" -- gen-checkpoint --out "$tmp/ckpt" --num-files 2 --no-q-lora
-expect 0 "run a generated checkpoint" -- run --model-path "$tmp/ckpt" --batch 2 --prompt-len 60 --max-new-tokens 3
-check "checkpoint run verifies" stdout_has "PASS"
-# Speculative decoding and the extend paths.
-expect 0 "speculative with the target's first layer" -- run --batch 2 --prompt-len 120 --max-new-tokens 9 --speculative-num-draft-tokens 3 --speculative-draft target:1 --json "$tmp/run.json"
-check "speculative summary" stdout_has "tokens per target step"
-check "json has acceptance_rate" json_has '"acceptance_rate"'
-check "speculation verifies" json_has '"tokens_match": true'
-expect 0 "speculative with a checkpoint draft" -- run --model-path "$tmp/ckpt" --batch 2 --prompt-len 60 --max-new-tokens 5 --speculative-num-draft-tokens 2 --speculative-draft "$tmp/ckpt"
-expect 2 "draft layers out of range" -- run --speculative-num-draft-tokens 2 --speculative-draft target:9
-check "names target:N" stderr_has "target:N needs 1 <= N <= 2"
-expect 2 "draft vocabulary mismatch" -- run --speculative-num-draft-tokens 2 --speculative-draft deepseek-v3
-expect 0 "native extend" -- run --dcp-extend native --batch 2 --prompt-len 200 --chunked-prefill-size 45 --max-new-tokens 3
-check "native extend verifies" stdout_has "PASS"
-expect 0 "bench extend (small)" -- bench extend --prefix-lens 0,40 --chunk 8 --repeats 1 --dcp-size 2 --svg "$tmp/extend.svg"
-check "bench prints a table" stdout_has "native/gather"
-check "bench extend plots both paths" [ "$(grep -c "<polyline" "$tmp/extend.svg")" -eq 2 ]
-# Prefix cache and host tier.
-expect 0 "prefix cache with a shared prefix" -- run --enable-prefix-cache --host-kv-capacity-tokens 1024 --shared-prefix-len 200 --batch 4 --prompt-len 260 --max-new-tokens 3 --max-running-requests 1 --json "$tmp/run.json"
-check "json has the hit rate" json_has '"hit_rate"'
-check "json has per-rank tier bytes" json_has '"bytes_to_host"'
-check "cache run verifies" json_has '"tokens_match": true'
-check "summary reports the hit rate" stdout_has "prefix cache: hit rate"
-expect 2 "host tier without the cache" -- run --host-kv-capacity-tokens 100
-check "names the missing flag" stderr_has "needs --enable-prefix-cache"
-expect 2 "shared prefix longer than the prompt" -- run --shared-prefix-len 5000
-
-# The cost model and the small benchmarks.
-expect 0 "plan on H200" -- plan --preset deepseek-v3 --num-layers 61 --tp-size 8 --batch 16 --contexts 32768,131072
-check "plan recommends" stdout_has "-> context 131072: DCP"
-check "plan explains capacity" stdout_has "without DCP the KV does not fit"
-expect 0 "plan as json" -- plan --hardware this-cpu --preset tiny --tp-size 4 --contexts 4096 --json
-check "plan json has rows" stdout_has '"per_layer"'
-expect 2 "plan rejects unknown hardware" -- plan --hardware tpu
-check "lists hardware presets" stderr_has "this-cpu, h200-nvlink"
-expect 0 "bench comm (small)" -- bench comm --ranks 2 --tokens 1,2 --repeats 2 --csv "$tmp/comm.csv" --svg "$tmp/comm.svg"
-check "bench comm prints ratios" stdout_has "ratio"
-check "bench comm writes both backends at both token counts" [ "$(grep -c '^threads,2,' "$tmp/comm.csv")" -eq 4 ]
-check "bench comm plots a series per backend" [ "$(grep -c "<polyline" "$tmp/comm.svg")" -eq 2 ]
-expect 0 "bench attention (small)" -- bench attention --contexts 256 --heads 4 --batches 1 --dtypes bf16 --repeats 1
-check "bench attention prints ceilings" stdout_has "ceilings (sgemm GFLOP/s, read GB/s) are measured again"
-check "bench attention flushes the caches by default" stdout_has "cache: cold, every timed call"
-expect 0 "bench attention on warm caches" -- bench attention --contexts 256 --heads 4 --batches 1 --dtypes fp32 --repeats 1 --cache warm --torch-python off
-expect 0 "bench attention, a prefill chunk" -- bench attention --query-tokens 64 --contexts 256 --heads 4 --batches 2 --dtypes fp32 --repeats 1 --cache warm --csv "$tmp/chunk.csv"
-check "bench attention names the chunk" stdout_has "prefill-chunk attention"
-check "bench attention's CSV has the query tokens" grep -q "^2,256,64,4,fp32," "$tmp/chunk.csv"
-check "says the caches are warm" stdout_has "cache: warm"
-expect 2 "bench attention rejects a bad cache state" -- bench attention --contexts 256 --cache hot
-check "names the flag and the legal values" stderr_has "--cache: 'hot' is not one of: cold, warm"
-expect 0 "bench merge, one repeat" -- bench merge --repeats 1 --csv "$tmp/merge.csv" --svg "$tmp/merge.svg"
-check "bench merge flushes by default" stdout_has "cache: cold"
-check "bench merge writes its CSV" grep -q "^operation,ms,gbps,fraction_of_read,read_gbps,cache$" "$tmp/merge.csv"
-check "one CSV line per operation" [ "$(wc -l <"$tmp/merge.csv")" -eq 8 ]
-check "bench merge writes its plot" grep -q "<polyline" "$tmp/merge.svg"
-expect 2 "bench merge rejects a bad cache state" -- bench merge --cache lukewarm
-check "bench merge names the flag" stderr_has "--cache: 'lukewarm' is not one of: cold, warm"
-expect 2 "bench step with an unwritable CSV" -- bench step --preset tiny --contexts 64 --new-tokens 3 --csv /nonexistent-dir/step.csv
-check "says which file it cannot write, before running" stderr_has "--csv: cannot write '/nonexistent-dir/step.csv'"
-check "ran nothing" stdout_empty
-# The PyTorch peer: a stand-in interpreter speaks the peer's protocol, so the columns are checked
-# without torch; interpreters that cannot import torch or fail are reported, not fatal.
-cat >"$tmp/fake_python" <<'FAKE'
-#!/bin/sh
-if [ "$2" = "--version" ]; then echo "torch 0.0-fake"; exit 0; fi
-# script, batch, context, heads, threads, repeats, dtypes, flush bytes (> 0 on a cold cache)
-[ $# -eq 8 ] && [ "$8" -gt 0 ] || { echo "bad arguments: $*"; exit 2; }
-echo "bf16 4.25"
-FAKE
-printf '#!/bin/sh\nexit 3\n' >"$tmp/no_torch_python"
-printf '#!/bin/sh\nexit 124\n' >"$tmp/slow_python"  # what `timeout` reports when it fires
-chmod +x "$tmp/fake_python" "$tmp/no_torch_python" "$tmp/slow_python"
-expect 0 "bench attention with a torch peer" -- bench attention --contexts 256 --heads 4 --batches 1 --dtypes bf16 --repeats 1 --torch-python "$tmp/fake_python"
-check "names the torch version" stdout_has "torch: torch 0.0-fake"
-check "prints the torch time" stdout_has "|      4.25 "
-expect 0 "bench attention, torch off" -- bench attention --contexts 256 --heads 4 --batches 1 --dtypes fp32 --repeats 1 --torch-python off
-check "says the peer is off" stdout_has "torch: not measured (disabled by --torch-python off)"
-expect 0 "bench attention, no torch" -- bench attention --contexts 256 --heads 4 --batches 1 --dtypes fp32 --repeats 1 --torch-python "$tmp/no_torch_python"
-check "says torch is missing" stdout_has "cannot import torch (Debian: apt-get install python3-torch)"
-expect 0 "bench attention, torch import times out" -- bench attention --contexts 256 --heads 4 --batches 1 --dtypes fp32 --repeats 1 --torch-python "$tmp/slow_python"
-check "says it timed out" stdout_has "did not import torch within 300 s"
-expect 0 "bench step (small)" -- bench step --preset tiny --contexts 64 --new-tokens 3 --csv "$tmp/step.csv" --svg "$tmp/step.svg"
-check "bench step writes DCP 1 and 2" [ "$(grep -c '^64,[12],' "$tmp/step.csv")" -eq 2 ]
-check "bench step plots attention beside the plan" grep -q "plan attention, DCP 2" "$tmp/step.svg"
-check "bench step prints the plan beside the measurement" stdout_has "plan ms"
-check "bench step separates waiting from the transfer" stdout_has "least ms"
-expect 0 "bench engine (small)" -- bench engine --context 128 --concurrency 1,2 --new-tokens 2 --csv "$tmp/engine.csv" --svg "$tmp/engine.svg"
-check "bench engine writes TP only and TP + DCP at each concurrency" [ "$(grep -c '^[14],[12],' "$tmp/engine.csv")" -eq 4 ]
-check "bench engine plots both" grep -q "TP 4, DCP 4" "$tmp/engine.svg"
-expect 2 "bench step rejects a bad backend" -- bench step --preset tiny --contexts 64 --dcp-comm-backend bogus
-check "bench step names the flag" stderr_has "--dcp-comm-backend: 'bogus' is not one of: ag_rs, a2a"
-
-# Data parallelism: independent replicas of TP x DCP.
-expect 0 "two DP replicas" -- run --dp-size 2 --tp-size 2 --dcp-size 2 --batch 3 --prompt-len 120 --max-new-tokens 3 --json "$tmp/run.json"
-check "dp run verifies" json_has '"tokens_match": true'
-check "json has dp size" json_has '"dp_size": 2'
-check "every request answered" json_has '"id": 2'
-# Forcing the local attention kernel.
-expect 0 "run on the portable kernel" -- run --attention-kernel portable --batch 2 --prompt-len 70 --max-new-tokens 2 --json "$tmp/run.json"
-check "json names the kernel" json_has '"attention_kernel": "portable"'
-check "portable run verifies" json_has '"tokens_match": true'
-expect 0 "automatic names the path it resolves to" -- run --batch 1 --prompt-len 20 --max-new-tokens 1 --json "$tmp/run.json"
-check "no 'automatic' in the summary" json_has '"attention_kernel": "\(portable\|avx2\|avx512\)"'
-expect 2 "unknown kernel is refused" -- run --attention-kernel bogus
-check "names the flag and the legal paths" stderr_has "--attention-kernel bogus: kernel path 'bogus' is not one of: automatic, portable, avx2, avx512, amx_bf16"
-expect 2 "amx on fp32 KV is refused" -- run --attention-kernel amx_bf16 --kv-cache-dtype fp32
-check "says why" stderr_has "--attention-kernel amx_bf16: \(amx_bf16 needs --kv-cache-dtype bf16\|this CPU or OS offers no AMX-BF16\)"
-expect 2 "dp attention in run is refused" -- run --enable-dp-attention --dp-size 2 --tp-size 4 --dcp-size 2
-check "names the flag" stderr_has "--enable-dp-attention with --dp-size 2"
-
-# Disaggregation.
-expect 0 "disaggregate 1 -> 4" -- run --disaggregate --prefill-dcp-size 1 --batch 3 --prompt-len 130 --max-new-tokens 4 --json "$tmp/run.json"
-check "json has bytes per decode rank" json_has '"bytes_per_decode_rank"'
-check "disaggregation verifies" json_has '"tokens_match": true'
-expect 0 "disaggregate 4 -> 4" -- run --disaggregate --prefill-dcp-size 4 --batch 2 --prompt-len 90 --max-new-tokens 3
-check "summary reports bytes moved" stdout_has "bytes received per decode rank"
-expect 2 "disaggregate 2 -> 4 is refused" -- run --disaggregate --prefill-dcp-size 2
-check "names both sizes" stderr_has "prefill DCP size 2 -> decode DCP size 4 is not supported"
-check "refused before any rank started" stderr_lines 1
-
-# Bad values stop a command while its flags are parsed: exit 2, the flag and the legal values
-# named, nothing printed to stdout (each of these once crashed, ran on or printed a table first).
-# bad_value DESCRIPTION MESSAGE -- ARGS...
+# bad_value DESCRIPTION MESSAGE -- ARGS...: exit 2, the message, nothing printed first.
 bad_value() {
   local what="$1" message="$2"
   shift 2
@@ -234,93 +49,357 @@ bad_value() {
   check "$what: names the flag" stderr_has "$message"
   check "$what: prints nothing first" stdout_empty
 }
-bad_value "bench attention, context 0" "--contexts: 0 must be >= 1" -- bench attention --contexts 0
-bad_value "bench attention, heads 0" "--heads: 0 must be >= 1" -- bench attention --heads 0
-bad_value "bench attention, batch 0" "--batches: 0 must be >= 1" -- bench attention --batches 4,0
-bad_value "bench attention, dtype" "--dtypes: 'fp8' is not one of: fp32, bf16, bf16-amx" -- bench attention --dtypes fp32,fp8
-bad_value "bench attention, trailing junk" "--contexts: '12k' is not an integer" -- bench attention --contexts 12k
-bad_value "bench attention, 0 query tokens" "--query-tokens: 0 must be >= 1" -- bench attention --query-tokens 0
-bad_value "bench attention, a chunk longer than a context" "--query-tokens 300 exceeds the shortest of --contexts, 256" -- bench attention --query-tokens 300 --contexts 4096,256
-bad_value "bench comm, 0 repeats" "--repeats: 0 must be >= 1" -- bench comm --repeats 0
-bad_value "bench comm, 0 ranks" "--ranks: 0 must be >= 1" -- bench comm --ranks 2,0
-bad_value "bench comm, 0 tokens" "--tokens: 0 must be >= 1" -- bench comm --tokens 0
-bad_value "bench comm, 0 heads" "--heads-per-rank: 0 must be >= 1" -- bench comm --heads-per-rank 0
-bad_value "bench comm, unknown comm" "--comm: 'tcp' is not one of: threads, mpi" -- bench comm --comm tcp
-bad_value "bench engine, 0 layers" "--num-layers: 0 must be >= 1" -- bench engine --num-layers 0
-bad_value "bench engine, 0 concurrency" "--concurrency: 0 must be >= 1" -- bench engine --concurrency 0
-bad_value "bench engine, KV budget" "--kv-budget-mib: -1 must be > 0" -- bench engine --kv-budget-mib -1
-bad_value "bench engine, 1 new token" "--new-tokens: 1 must be >= 2" -- bench engine --new-tokens 1
-bad_value "bench engine, ranks not dividing the heads" "^dcp: error: --ranks 3 must divide the model's 8 attention heads" -- bench engine --ranks 3
-bad_value "bench step, context 0" "--contexts: 0 must be >= 1" -- bench step --contexts 0
-bad_value "bench extend, 0 layers" "--num-layers: 0 must be >= 1" -- bench extend --num-layers 0
-bad_value "bench step, ranks not dividing the heads" "^dcp: error: --ranks 3 must divide the model's 8 attention heads" -- bench step --preset tiny --ranks 3
-bad_value "plan, TP not dividing the heads" "^dcp: error: --tp-size 3 must divide the model's 8 attention heads" -- plan --preset tiny --tp-size 3
-bad_value "bench extend, size not dividing the heads" "^dcp: error: --dcp-size 3 must divide the model's 8 attention heads" -- bench extend --dcp-size 3
-bad_value "plan, context not a number" "--contexts: 'x' is not an integer" -- plan --contexts 1024,x
-bad_value "plan, context 0" "--contexts: 0 must be >= 1" -- plan --contexts 0
-bad_value "plan, link bandwidth" "--link-gbps: -1 must be > 0" -- plan --link-gbps -1
-bad_value "plan, latency" "--link-latency-us: -5 must be >= 0" -- plan --link-latency-us -5
-bad_value "plan, memory" "--memory-gib: 0 must be > 0" -- plan --memory-gib 0
-bad_value "plan, dtype" "--kv-cache-dtype: 'fp8' is not one of: fp32, bf16" -- plan --kv-cache-dtype fp8
-bad_value "run, 0 layers" "--num-layers: 0 must be >= 1" -- run --num-layers 0
-bad_value "run, prefill DCP size" "--prefill-dcp-size: 0 must be >= 1" -- run --prefill-dcp-size 0
-bad_value "run, seed" "--seed: -1 must be >= 0" -- run --seed -1
-# Each refused while the flags parse: chunked-prefill-size and the host tier used to fail inside a
-# rank (after the ranks had started), the others after the workload options were read.
-bad_value "run, 0 batch" "--batch: 0 must be >= 1" -- run --batch 0
-bad_value "run, 0 prompt length" "--prompt-len: 0 must be >= 1" -- run --prompt-len 0
-bad_value "run, 0 new tokens" "--max-new-tokens: 0 must be >= 1" -- run --max-new-tokens 0
-bad_value "run, 0 page size" "--page-size: 0 must be >= 1" -- run --page-size 0
-bad_value "run, 0 prefill chunk" "--chunked-prefill-size: 0 must be >= 1" -- run --chunked-prefill-size 0
-bad_value "run, negative host tier" "--host-kv-capacity-tokens: -1 must be >= 0" -- run --enable-prefix-cache --host-kv-capacity-tokens -1
-bad_value "run, 0 running requests" "--max-running-requests: 0 must be >= 1" -- run --max-running-requests 0
-bad_value "run, negative draft tokens" "--speculative-num-draft-tokens: -1 must be >= 0" -- run --speculative-num-draft-tokens -1
-bad_value "run, negative shared prefix" "--shared-prefix-len: -1 must be >= 0" -- run --shared-prefix-len -1
-bad_value "run, shared prefix as long as the prompt" "--shared-prefix-len 4000 must be below --prompt-len 4000" -- run --shared-prefix-len 4000
-bad_value "run, extend mode" "--dcp-extend: 'scatter' is not one of: gather, native" -- run --dcp-extend scatter
-bad_value "demo, 0 DCP size" "--dcp-size: 0 must be >= 1" -- demo --dcp-size 0
-bad_value "demo, 0 heads" "--heads: 0 must be >= 1" -- demo --heads 0
-bad_value "demo, 0 context" "--context: 0 must be >= 1" -- demo --context 0
-bad_value "demo, 0 batch" "--batch: 0 must be >= 1" -- demo --batch 0
-bad_value "demo, 0 page size" "--page-size: 0 must be >= 1" -- demo --page-size 0
-bad_value "gen-checkpoint, dtype" "--dtype: 'F8' is not one of: BF16, F16, F32" -- gen-checkpoint --out "$tmp/x" --dtype F8
-bad_value "gen-checkpoint, 0 files" "--num-files: 0 must be >= 1" -- gen-checkpoint --out "$tmp/x" --num-files 0
-check "gen-checkpoint wrote nothing" [ ! -e "$tmp/x" ]
-# Output files are checked before the work: a benchmark must not run for minutes and then fail.
-bad_value "bench attention, CSV in a missing directory" "--csv: cannot write '$tmp/none/a.csv': no directory $tmp/none" -- bench attention --csv "$tmp/none/a.csv"
-bad_value "bench merge, plot onto a directory" "--svg: '$tmp' is a directory, not a file" -- bench merge --svg "$tmp"
-bad_value "run, JSON in a missing directory" "--json: cannot write '$tmp/none/r.json'" -- run --json "$tmp/none/r.json"
-bad_value "run, logits in a missing directory" "--dump-logits: cannot write '$tmp/none/l.bin'" -- run --dump-logits "$tmp/none/l.bin"
-# Workloads far beyond this machine's memory are refused at once, naming what to lower (they
-# used to generate gigabytes of prompt tokens, or start 100000 rank threads, until killed).
-expect 1 "run, prompts too long for memory" -- run --prompt-len 2000000000
-check "says the KV size and what to lower" stderr_has "a KV cache of 6500001110 tokens (the prompts and --max-new-tokens) over 2 layers needs about .* GiB, more than this machine's .* GiB of memory; lower --prompt-len, --batch or --max-new-tokens"
-expect 1 "run, capacity too large for memory" -- run --max-total-tokens 100000000000
-check "names --max-total-tokens" stderr_has "(--max-total-tokens) over 2 layers needs about .*; lower --max-total-tokens"
-expect 1 "bench comm, too many thread ranks" -- bench comm --ranks 2,100000 --tokens 1
-check "says to lower --ranks" stderr_has "--ranks 100000 as threads with --tokens 1 needs about .*; lower --ranks or --tokens"
-check "ran nothing" stdout_empty
-expect 1 "demo over 2e9 rows" -- demo --context 2000000000 --heads 1 --dcp-size 1
-check "says the size and what to lower" stderr_has "^dcp: error: --context 2000000000 x --batch 2 needs about .*; lower --context or --batch"
-touch "$tmp/plain"
-expect 1 "gen-checkpoint under a file" -- gen-checkpoint --out "$tmp/plain/ckpt"
-check "names --out and says why, in one line" stderr_has "^dcp: error: --out: cannot create the checkpoint directory $tmp/plain/ckpt: Not a directory"
 
-# bench plot: the Google Benchmark binary's JSON as a table, CSV and SVG.
-if [ -n "$bench_kernels" ]; then
-  # Two repetitions: the file then holds two runs per point plus aggregates, which are skipped.
-  "$bench_kernels" --benchmark_filter='BM_Merge' --benchmark_min_time=0.01 \
-    --benchmark_repetitions=2 --benchmark_out="$tmp/gb.json" --benchmark_out_format=json \
-    >/dev/null 2>&1
-  check "bench_kernels wrote its JSON" grep -q '"BM_Merge/parts:8/rows:2048"' "$tmp/gb.json"
-  expect 0 "bench plot of bench_kernels" -- bench plot --json "$tmp/gb.json" --x parts --y read_B/s --csv "$tmp/gb.csv" --svg "$tmp/gb.svg"
-  check "a row per parts" [ "$(grep -c '^BM_Merge rows=2048 ' /tmp/dcp_cli_out.$$)" -eq 3 ]
-  check "csv has a header and three rows" [ "$(wc -l <"$tmp/gb.csv")" -eq 4 ]
-  check "one series plotted" [ "$(grep -c "<polyline" "$tmp/gb.svg")" -eq 1 ]
-fi
-# A file written by hand: positional arguments, two families, and only aggregates (with
-# --benchmark_report_aggregates_only), of which the medians count.
-cat >"$tmp/agg.json" <<'JSON'
+# `dcp topology`: layouts, backend rules and refusals; help and unknown subcommands
+case_topology() {
+  expect 0 "seed example TP64 DP4 DCP16" -- topology --tp-size 64 --dp-size 4 --enable-dp-attention --dcp-size 16 --json
+  check "four DCP groups" stdout_has '"num_dcp_groups": 4'
+  check "attention TP 16" stdout_has '"attn_tp_size": 16'
+  check "auto backend is a2a on cpu" stdout_has '"dcp_comm_backend": "a2a"'
+
+  expect 2 "DCP 32 crosses a DP replica" -- topology --tp-size 64 --dp-size 4 --enable-dp-attention --dcp-size 32
+  check "one line on stderr" stderr_lines 1
+  check "names --dcp-size and legal values" stderr_has "--dcp-size 32 .*legal --dcp-size values: 1, 2, 4, 8, 16"
+
+  expect 2 "fi_a2a without MNNVL" -- topology --tp-size 4 --dcp-size 2 --dcp-comm-backend fi_a2a
+  check "names fi_a2a" stderr_has "fi_a2a needs Blackwell"
+  expect 0 "fi_a2a on blackwell-mnnvl" -- topology --tp-size 4 --dcp-size 2 --dcp-comm-backend fi_a2a --platform blackwell-mnnvl
+  expect 2 "unknown backend" -- topology --dcp-comm-backend nccl
+  check "lists legal backends" stderr_has "ag_rs, a2a, fi_a2a"
+  expect 2 "replicated q with ag_rs" -- topology --tp-size 4 --dcp-size 4 --dcp-comm-backend ag_rs --dcp-replicate-q-proj
+  check "names the flag" stderr_has "--dcp-replicate-q-proj"
+  expect 0 "alias --decode-context-parallel-size" -- topology --tp-size 4 --decode-context-parallel-size 4 --no-dcp-replicate-q-proj
+  check "alias took effect" stdout_has "DCP size 4: 1 group"
+  expect 2 "non-numeric size" -- topology --dcp-size x
+  expect 2 "unknown subcommand" -- frobnicate
+  expect 0 "help" -- --help
+}
+
+# `dcp demo`: a small striped attention checked against full attention
+case_demo() {
+  expect 0 "demo (small)" -- demo --context 300 --heads 4 --dcp-size 3 --batch 2 --page-size 7
+  check "demo says OK" stdout_has "^OK"
+  expect 2 "demo rejects bad dtype" -- demo --kv-cache-dtype fp8
+  check "names the flag and legal dtypes" stderr_has "--kv-cache-dtype: .fp8. is not one of: fp32, bf16"
+}
+
+# `dcp run`: the JSON keys kept stable, the verification summary, the mpirun warning
+case_run_summary() {
+  expect 0 "run small with json" -- run --batch 3 --prompt-len 150 --max-new-tokens 3 --json "$tmp/run.json"
+  for key in '"dcp_size": 4' '"dcp_comm_backend": "a2a"' '"tp_size": 4' '"logical_capacity_tokens"' \
+             '"kv_rows_used"' '"kv_bytes"' '"decode_ms_per_step"' '"collectives_per_layer": 2.0' \
+             '"bytes_per_layer_per_rank"' '"output_tokens"' '"tokens_match": true' '"max_abs_logit_diff"'; do
+    check "json has $key" json_has "$key"
+  done
+  check "summary says PASS" stdout_has "PASS"
+  check "verify says what it compared" stdout_has "verify vs dcp 1 (3 requests, 9 steps): tokens match"
+  check "json counts the compared steps" json_has '"steps_compared": 9'
+  # Started by mpirun (its environment) without --comm mpi: a warning, and the job still runs.
+  OMPI_COMM_WORLD_SIZE=2 expect 0 "threads under mpirun" -- run --num-layers 1 --batch 1 --prompt-len 20 --max-new-tokens 2
+  check "warns to pass --comm mpi" stderr_has "started by mpirun with 2 processes but --comm threads.*pass --comm mpi"
+  expect 0 "threads, no mpirun" -- run --num-layers 1 --batch 1 --prompt-len 20 --max-new-tokens 2
+  check "no warning" stderr_lacks warning
+}
+
+# every request rejected: each says why, and a verification that compared nothing fails
+case_run_rejected() {
+  expect 1 "run with every request rejected" -- run --num-layers 1 --max-total-tokens 1 --json "$tmp/run.json"
+  check "says why each was rejected" stdout_has "request 0 (prompt 4000): REJECTED: needs 4032 tokens of KV; the cache holds 256 (raise --max-total-tokens)"
+  check "verify does not pass on nothing" stdout_has "verify vs dcp 1: nothing to compare, no request finished in both runs: FAIL"
+  check "json says the reason" json_has '"error": "needs 4032 tokens of KV'
+  check "json says not passed" json_has '"passed": false'
+}
+
+# the combine backends' collective counts, prompt tokens and the logits file
+case_run_combine() {
+  expect 0 "ag_rs backend, dcp 2, fp32 KV" -- run --tp-size 4 --dcp-size 2 --dcp-comm-backend ag_rs --kv-cache-dtype fp32 --batch 2 --prompt-len 90 --max-new-tokens 3 --json "$tmp/run.json"
+  check "ag_rs takes 3 collectives per layer" json_has '"collectives_per_layer": 3.0'
+  expect 0 "replicated q takes 1 collective" -- run --dcp-replicate-q-proj --batch 2 --prompt-len 90 --max-new-tokens 3 --json "$tmp/run.json"
+  check "one packed all-to-all" json_has '"collectives_per_layer": 1.0'
+  expect 0 "prompt tokens, chunk not a multiple of N" -- run --prompt-tokens "5,6,7;8" --chunked-prefill-size 3 --max-new-tokens 2 --dump-logits "$tmp/logits.bin"
+  check "logits file has a header" grep -q '"shape":\[4,512\]' "$tmp/logits.bin"
+}
+
+# configurations refused with one line naming the flag
+case_run_refusals() {
+  expect 2 "dcp must divide tp" -- run --tp-size 4 --dcp-size 3
+  check "names --dcp-size" stderr_has "--dcp-size 3 must divide --tp-size 4"
+  expect 2 "bad kv dtype" -- run --kv-cache-dtype fp8
+  expect 2 "bad preset" -- run --preset llama
+  check "lists presets" stderr_has "tiny, deepseek-v3, kimi-k3"
+  expect 2 "bad token id" -- run --prompt-tokens "1,x"
+  expect 2 "token outside vocab" -- run --prompt-tokens "100000" --max-new-tokens 1
+  check "names the vocabulary" stderr_has "outside the vocabulary"
+  expect 2 "tp does not divide heads" -- run --tp-size 16 --dcp-size 4 --preset tiny
+  check "refused before any rank starts (no 'rank N:')" stderr_has "^dcp: error: --tp-size 16 must divide the model's 8 attention heads"
+  expect 1 "missing checkpoint" -- run --model-path "$tmp/none"
+  check "names --model-path" stderr_has "^dcp: error: --model-path: checkpoint directory $tmp/none has no config.json"
+  expect 1 "draft checkpoint without a config" -- run --speculative-num-draft-tokens 2 --speculative-draft "$tmp"
+  check "names --speculative-draft, not --model-path" stderr_has "^dcp: error: --speculative-draft: checkpoint directory $tmp has no config.json"
+  expect 2 "token id beyond int32" -- run --prompt-tokens "99999999999"
+  check "says what a token id is" stderr_has "'99999999999' in the list is not a token id (an integer in \[0, 2^31))"
+}
+
+# a generated checkpoint runs and verifies, also as its own speculative draft
+case_run_checkpoint() {
+  expect 0 "gen-checkpoint" -- gen-checkpoint --out "$tmp/ckpt" --num-files 2 --no-q-lora
+  expect 0 "run a generated checkpoint" -- run --model-path "$tmp/ckpt" --batch 2 --prompt-len 60 --max-new-tokens 3
+  check "checkpoint run verifies" stdout_has "PASS"
+  expect 0 "speculative with a checkpoint draft" -- run --model-path "$tmp/ckpt" --batch 2 --prompt-len 60 --max-new-tokens 5 --speculative-num-draft-tokens 2 --speculative-draft "$tmp/ckpt"
+}
+
+# speculative decoding with the target's first layers; draft refusals
+case_run_speculative() {
+  expect 0 "speculative with the target's first layer" -- run --batch 2 --prompt-len 120 --max-new-tokens 9 --speculative-num-draft-tokens 3 --speculative-draft target:1 --json "$tmp/run.json"
+  check "speculative summary" stdout_has "tokens per target step"
+  check "json has acceptance_rate" json_has '"acceptance_rate"'
+  check "speculation verifies" json_has '"tokens_match": true'
+  expect 2 "draft layers out of range" -- run --speculative-num-draft-tokens 2 --speculative-draft target:9
+  check "names target:N" stderr_has "target:N needs 1 <= N <= 2"
+  expect 2 "draft vocabulary mismatch" -- run --speculative-num-draft-tokens 2 --speculative-draft deepseek-v3
+}
+
+# DCP-native extend verifies; bench extend plots both paths
+case_run_extend() {
+  expect 0 "native extend" -- run --dcp-extend native --batch 2 --prompt-len 200 --chunked-prefill-size 45 --max-new-tokens 3
+  check "native extend verifies" stdout_has "PASS"
+  expect 0 "bench extend (small)" -- bench extend --prefix-lens 0,40 --chunk 8 --repeats 1 --dcp-size 2 --svg "$tmp/extend.svg"
+  check "bench prints a table" stdout_has "native/gather"
+  check "bench extend plots both paths" [ "$(grep -c "<polyline" "$tmp/extend.svg")" -eq 2 ]
+}
+
+# the prefix cache and host tier
+case_run_prefix_cache() {
+  expect 0 "prefix cache with a shared prefix" -- run --enable-prefix-cache --host-kv-capacity-tokens 1024 --shared-prefix-len 200 --batch 4 --prompt-len 260 --max-new-tokens 3 --max-running-requests 1 --json "$tmp/run.json"
+  check "json has the hit rate" json_has '"hit_rate"'
+  check "json has per-rank tier bytes" json_has '"bytes_to_host"'
+  check "cache run verifies" json_has '"tokens_match": true'
+  check "summary reports the hit rate" stdout_has "prefix cache: hit rate"
+  expect 2 "host tier without the cache" -- run --host-kv-capacity-tokens 100
+  check "names the missing flag" stderr_has "needs --enable-prefix-cache"
+  expect 2 "shared prefix longer than the prompt" -- run --shared-prefix-len 5000
+
+}
+
+# `dcp plan`: recommendations, JSON, refusals
+case_plan() {
+  expect 0 "plan on H200" -- plan --preset deepseek-v3 --num-layers 61 --tp-size 8 --batch 16 --contexts 32768,131072
+  check "plan recommends" stdout_has "-> context 131072: DCP"
+  check "plan explains capacity" stdout_has "without DCP the KV does not fit"
+  expect 0 "plan as json" -- plan --hardware this-cpu --preset tiny --tp-size 4 --contexts 4096 --json
+  check "plan json has rows" stdout_has '"per_layer"'
+  expect 2 "plan rejects unknown hardware" -- plan --hardware tpu
+  check "lists hardware presets" stderr_has "this-cpu, h200-nvlink"
+}
+
+# `dcp bench comm` on thread ranks
+case_bench_comm() {
+  expect 0 "bench comm (small)" -- bench comm --ranks 2 --tokens 1,2 --repeats 2 --csv "$tmp/comm.csv" --svg "$tmp/comm.svg"
+  check "bench comm prints ratios" stdout_has "ratio"
+  check "bench comm writes both backends at both token counts" [ "$(grep -c '^threads,2,' "$tmp/comm.csv")" -eq 4 ]
+  check "bench comm plots a series per backend" [ "$(grep -c "<polyline" "$tmp/comm.svg")" -eq 2 ]
+}
+
+# `dcp bench attention`: ceilings, cache states, prefill chunks, the PyTorch peer
+case_bench_attention() {
+  expect 0 "bench attention (small)" -- bench attention --contexts 256 --heads 4 --batches 1 --dtypes bf16 --repeats 1
+  check "bench attention prints ceilings" stdout_has "ceilings (sgemm GFLOP/s, read GB/s) are measured again"
+  check "bench attention flushes the caches by default" stdout_has "cache: cold, every timed call"
+  expect 0 "bench attention on warm caches" -- bench attention --contexts 256 --heads 4 --batches 1 --dtypes fp32 --repeats 1 --cache warm --torch-python off
+  expect 0 "bench attention, a prefill chunk" -- bench attention --query-tokens 64 --contexts 256 --heads 4 --batches 2 --dtypes fp32 --repeats 1 --cache warm --csv "$tmp/chunk.csv"
+  check "bench attention names the chunk" stdout_has "prefill-chunk attention"
+  check "bench attention's CSV has the query tokens" grep -q "^2,256,64,4,fp32," "$tmp/chunk.csv"
+  check "says the caches are warm" stdout_has "cache: warm"
+  expect 2 "bench attention rejects a bad cache state" -- bench attention --contexts 256 --cache hot
+  check "names the flag and the legal values" stderr_has "--cache: 'hot' is not one of: cold, warm"
+  # The PyTorch peer: a stand-in interpreter speaks the peer's protocol, so the columns are checked
+  # without torch; interpreters that cannot import torch or fail are reported, not fatal.
+  cat >"$tmp/fake_python" <<'FAKE'
+#!/bin/sh
+if [ "$2" = "--version" ]; then echo "torch 0.0-fake"; exit 0; fi
+# script, batch, context, heads, threads, repeats, dtypes, flush bytes (> 0 on a cold cache)
+[ $# -eq 8 ] && [ "$8" -gt 0 ] || { echo "bad arguments: $*"; exit 2; }
+echo "bf16 4.25"
+FAKE
+  printf '#!/bin/sh\nexit 3\n' >"$tmp/no_torch_python"
+  printf '#!/bin/sh\nexit 124\n' >"$tmp/slow_python"  # what `timeout` reports when it fires
+  chmod +x "$tmp/fake_python" "$tmp/no_torch_python" "$tmp/slow_python"
+  expect 0 "bench attention with a torch peer" -- bench attention --contexts 256 --heads 4 --batches 1 --dtypes bf16 --repeats 1 --torch-python "$tmp/fake_python"
+  check "names the torch version" stdout_has "torch: torch 0.0-fake"
+  check "prints the torch time" stdout_has "|      4.25 "
+  expect 0 "bench attention, torch off" -- bench attention --contexts 256 --heads 4 --batches 1 --dtypes fp32 --repeats 1 --torch-python off
+  check "says the peer is off" stdout_has "torch: not measured (disabled by --torch-python off)"
+  expect 0 "bench attention, no torch" -- bench attention --contexts 256 --heads 4 --batches 1 --dtypes fp32 --repeats 1 --torch-python "$tmp/no_torch_python"
+  check "says torch is missing" stdout_has "cannot import torch (Debian: apt-get install python3-torch)"
+  expect 0 "bench attention, torch import times out" -- bench attention --contexts 256 --heads 4 --batches 1 --dtypes fp32 --repeats 1 --torch-python "$tmp/slow_python"
+  check "says it timed out" stdout_has "did not import torch within 300 s"
+}
+
+# `dcp bench merge`
+case_bench_merge() {
+  expect 0 "bench merge, one repeat" -- bench merge --repeats 1 --csv "$tmp/merge.csv" --svg "$tmp/merge.svg"
+  check "bench merge flushes by default" stdout_has "cache: cold"
+  check "bench merge writes its CSV" grep -q "^operation,ms,gbps,fraction_of_read,read_gbps,cache$" "$tmp/merge.csv"
+  check "one CSV line per operation" [ "$(wc -l <"$tmp/merge.csv")" -eq 8 ]
+  check "bench merge writes its plot" grep -q "<polyline" "$tmp/merge.svg"
+  expect 2 "bench merge rejects a bad cache state" -- bench merge --cache lukewarm
+  check "bench merge names the flag" stderr_has "--cache: 'lukewarm' is not one of: cold, warm"
+}
+
+# `dcp bench step` and `dcp bench engine`
+case_bench_step_engine() {
+  expect 2 "bench step with an unwritable CSV" -- bench step --preset tiny --contexts 64 --new-tokens 3 --csv /nonexistent-dir/step.csv
+  check "says which file it cannot write, before running" stderr_has "--csv: cannot write '/nonexistent-dir/step.csv'"
+  check "ran nothing" stdout_empty
+  expect 0 "bench step (small)" -- bench step --preset tiny --contexts 64 --new-tokens 3 --csv "$tmp/step.csv" --svg "$tmp/step.svg"
+  check "bench step writes DCP 1 and 2" [ "$(grep -c '^64,[12],' "$tmp/step.csv")" -eq 2 ]
+  check "bench step plots attention beside the plan" grep -q "plan attention, DCP 2" "$tmp/step.svg"
+  check "bench step prints the plan beside the measurement" stdout_has "plan ms"
+  check "bench step separates waiting from the transfer" stdout_has "least ms"
+  expect 0 "bench engine (small)" -- bench engine --context 128 --concurrency 1,2 --new-tokens 2 --csv "$tmp/engine.csv" --svg "$tmp/engine.svg"
+  check "bench engine writes TP only and TP + DCP at each concurrency" [ "$(grep -c '^[14],[12],' "$tmp/engine.csv")" -eq 4 ]
+  check "bench engine plots both" grep -q "TP 4, DCP 4" "$tmp/engine.svg"
+  expect 2 "bench step rejects a bad backend" -- bench step --preset tiny --contexts 64 --dcp-comm-backend bogus
+  check "bench step names the flag" stderr_has "--dcp-comm-backend: 'bogus' is not one of: ag_rs, a2a"
+
+}
+
+# data parallelism: independent replicas of TP x DCP
+case_run_dp() {
+  expect 0 "two DP replicas" -- run --dp-size 2 --tp-size 2 --dcp-size 2 --batch 3 --prompt-len 120 --max-new-tokens 3 --json "$tmp/run.json"
+  check "dp run verifies" json_has '"tokens_match": true'
+  check "json has dp size" json_has '"dp_size": 2'
+  check "every request answered" json_has '"id": 2'
+}
+
+# forcing the local attention kernel
+case_run_kernel() {
+  expect 0 "run on the portable kernel" -- run --attention-kernel portable --batch 2 --prompt-len 70 --max-new-tokens 2 --json "$tmp/run.json"
+  check "json names the kernel" json_has '"attention_kernel": "portable"'
+  check "portable run verifies" json_has '"tokens_match": true'
+  expect 0 "automatic names the path it resolves to" -- run --batch 1 --prompt-len 20 --max-new-tokens 1 --json "$tmp/run.json"
+  check "no 'automatic' in the summary" json_has '"attention_kernel": "\(portable\|avx2\|avx512\)"'
+  expect 2 "unknown kernel is refused" -- run --attention-kernel bogus
+  check "names the flag and the legal paths" stderr_has "--attention-kernel bogus: kernel path 'bogus' is not one of: automatic, portable, avx2, avx512, amx_bf16"
+  expect 2 "amx on fp32 KV is refused" -- run --attention-kernel amx_bf16 --kv-cache-dtype fp32
+  check "says why" stderr_has "--attention-kernel amx_bf16: \(amx_bf16 needs --kv-cache-dtype bf16\|this CPU or OS offers no AMX-BF16\)"
+}
+
+# disaggregated prefill and decode; attention DP refused
+case_run_disagg() {
+  expect 2 "dp attention in run is refused" -- run --enable-dp-attention --dp-size 2 --tp-size 4 --dcp-size 2
+  check "names the flag" stderr_has "--enable-dp-attention with --dp-size 2"
+
+  # Disaggregation.
+  expect 0 "disaggregate 1 -> 4" -- run --disaggregate --prefill-dcp-size 1 --batch 3 --prompt-len 130 --max-new-tokens 4 --json "$tmp/run.json"
+  check "json has bytes per decode rank" json_has '"bytes_per_decode_rank"'
+  check "disaggregation verifies" json_has '"tokens_match": true'
+  expect 0 "disaggregate 4 -> 4" -- run --disaggregate --prefill-dcp-size 4 --batch 2 --prompt-len 90 --max-new-tokens 3
+  check "summary reports bytes moved" stdout_has "bytes received per decode rank"
+  expect 2 "disaggregate 2 -> 4 is refused" -- run --disaggregate --prefill-dcp-size 2
+  check "names both sizes" stderr_has "prefill DCP size 2 -> decode DCP size 4 is not supported"
+  check "refused before any rank started" stderr_lines 1
+
+}
+
+# bad values stop a command while its flags parse: exit 2, the flag and the legal values, nothing on stdout
+case_bad_values() {
+  bad_value "bench attention, context 0" "--contexts: 0 must be >= 1" -- bench attention --contexts 0
+  bad_value "bench attention, heads 0" "--heads: 0 must be >= 1" -- bench attention --heads 0
+  bad_value "bench attention, batch 0" "--batches: 0 must be >= 1" -- bench attention --batches 4,0
+  bad_value "bench attention, dtype" "--dtypes: 'fp8' is not one of: fp32, bf16, bf16-amx" -- bench attention --dtypes fp32,fp8
+  bad_value "bench attention, trailing junk" "--contexts: '12k' is not an integer" -- bench attention --contexts 12k
+  bad_value "bench attention, 0 query tokens" "--query-tokens: 0 must be >= 1" -- bench attention --query-tokens 0
+  bad_value "bench attention, a chunk longer than a context" "--query-tokens 300 exceeds the shortest of --contexts, 256" -- bench attention --query-tokens 300 --contexts 4096,256
+  bad_value "bench comm, 0 repeats" "--repeats: 0 must be >= 1" -- bench comm --repeats 0
+  bad_value "bench comm, 0 ranks" "--ranks: 0 must be >= 1" -- bench comm --ranks 2,0
+  bad_value "bench comm, 0 tokens" "--tokens: 0 must be >= 1" -- bench comm --tokens 0
+  bad_value "bench comm, 0 heads" "--heads-per-rank: 0 must be >= 1" -- bench comm --heads-per-rank 0
+  bad_value "bench comm, unknown comm" "--comm: 'tcp' is not one of: threads, mpi" -- bench comm --comm tcp
+  bad_value "bench engine, 0 layers" "--num-layers: 0 must be >= 1" -- bench engine --num-layers 0
+  bad_value "bench engine, 0 concurrency" "--concurrency: 0 must be >= 1" -- bench engine --concurrency 0
+  bad_value "bench engine, KV budget" "--kv-budget-mib: -1 must be > 0" -- bench engine --kv-budget-mib -1
+  bad_value "bench engine, 1 new token" "--new-tokens: 1 must be >= 2" -- bench engine --new-tokens 1
+  bad_value "bench engine, ranks not dividing the heads" "^dcp: error: --ranks 3 must divide the model's 8 attention heads" -- bench engine --ranks 3
+  bad_value "bench step, context 0" "--contexts: 0 must be >= 1" -- bench step --contexts 0
+  bad_value "bench extend, 0 layers" "--num-layers: 0 must be >= 1" -- bench extend --num-layers 0
+  bad_value "bench step, ranks not dividing the heads" "^dcp: error: --ranks 3 must divide the model's 8 attention heads" -- bench step --preset tiny --ranks 3
+  bad_value "plan, TP not dividing the heads" "^dcp: error: --tp-size 3 must divide the model's 8 attention heads" -- plan --preset tiny --tp-size 3
+  bad_value "bench extend, size not dividing the heads" "^dcp: error: --dcp-size 3 must divide the model's 8 attention heads" -- bench extend --dcp-size 3
+  bad_value "plan, context not a number" "--contexts: 'x' is not an integer" -- plan --contexts 1024,x
+  bad_value "plan, context 0" "--contexts: 0 must be >= 1" -- plan --contexts 0
+  bad_value "plan, link bandwidth" "--link-gbps: -1 must be > 0" -- plan --link-gbps -1
+  bad_value "plan, latency" "--link-latency-us: -5 must be >= 0" -- plan --link-latency-us -5
+  bad_value "plan, memory" "--memory-gib: 0 must be > 0" -- plan --memory-gib 0
+  bad_value "plan, dtype" "--kv-cache-dtype: 'fp8' is not one of: fp32, bf16" -- plan --kv-cache-dtype fp8
+  bad_value "run, 0 layers" "--num-layers: 0 must be >= 1" -- run --num-layers 0
+  bad_value "run, prefill DCP size" "--prefill-dcp-size: 0 must be >= 1" -- run --prefill-dcp-size 0
+  bad_value "run, seed" "--seed: -1 must be >= 0" -- run --seed -1
+  # Each refused while the flags parse: chunked-prefill-size and the host tier used to fail inside a
+  # rank (after the ranks had started), the others after the workload options were read.
+  bad_value "run, 0 batch" "--batch: 0 must be >= 1" -- run --batch 0
+  bad_value "run, 0 prompt length" "--prompt-len: 0 must be >= 1" -- run --prompt-len 0
+  bad_value "run, 0 new tokens" "--max-new-tokens: 0 must be >= 1" -- run --max-new-tokens 0
+  bad_value "run, 0 page size" "--page-size: 0 must be >= 1" -- run --page-size 0
+  bad_value "run, 0 prefill chunk" "--chunked-prefill-size: 0 must be >= 1" -- run --chunked-prefill-size 0
+  bad_value "run, negative host tier" "--host-kv-capacity-tokens: -1 must be >= 0" -- run --enable-prefix-cache --host-kv-capacity-tokens -1
+  bad_value "run, 0 running requests" "--max-running-requests: 0 must be >= 1" -- run --max-running-requests 0
+  bad_value "run, negative draft tokens" "--speculative-num-draft-tokens: -1 must be >= 0" -- run --speculative-num-draft-tokens -1
+  bad_value "run, negative shared prefix" "--shared-prefix-len: -1 must be >= 0" -- run --shared-prefix-len -1
+  bad_value "run, shared prefix as long as the prompt" "--shared-prefix-len 4000 must be below --prompt-len 4000" -- run --shared-prefix-len 4000
+  bad_value "run, extend mode" "--dcp-extend: 'scatter' is not one of: gather, native" -- run --dcp-extend scatter
+  bad_value "demo, 0 DCP size" "--dcp-size: 0 must be >= 1" -- demo --dcp-size 0
+  bad_value "demo, 0 heads" "--heads: 0 must be >= 1" -- demo --heads 0
+  bad_value "demo, 0 context" "--context: 0 must be >= 1" -- demo --context 0
+  bad_value "demo, 0 batch" "--batch: 0 must be >= 1" -- demo --batch 0
+  bad_value "demo, 0 page size" "--page-size: 0 must be >= 1" -- demo --page-size 0
+  bad_value "gen-checkpoint, dtype" "--dtype: 'F8' is not one of: BF16, F16, F32" -- gen-checkpoint --out "$tmp/x" --dtype F8
+  bad_value "gen-checkpoint, 0 files" "--num-files: 0 must be >= 1" -- gen-checkpoint --out "$tmp/x" --num-files 0
+  check "gen-checkpoint wrote nothing" [ ! -e "$tmp/x" ]
+}
+
+# output files are checked before the work
+case_output_files() {
+  bad_value "bench attention, CSV in a missing directory" "--csv: cannot write '$tmp/none/a.csv': no directory $tmp/none" -- bench attention --csv "$tmp/none/a.csv"
+  bad_value "bench merge, plot onto a directory" "--svg: '$tmp' is a directory, not a file" -- bench merge --svg "$tmp"
+  bad_value "run, JSON in a missing directory" "--json: cannot write '$tmp/none/r.json'" -- run --json "$tmp/none/r.json"
+  bad_value "run, logits in a missing directory" "--dump-logits: cannot write '$tmp/none/l.bin'" -- run --dump-logits "$tmp/none/l.bin"
+}
+
+# workloads beyond this machine's memory are refused at once, naming what to lower
+case_memory_limits() {
+  expect 1 "run, prompts too long for memory" -- run --prompt-len 2000000000
+  check "says the KV size and what to lower" stderr_has "a KV cache of 6500001110 tokens (the prompts and --max-new-tokens) over 2 layers needs about .* GiB, more than this machine's .* GiB of memory; lower --prompt-len, --batch or --max-new-tokens"
+  expect 1 "run, capacity too large for memory" -- run --max-total-tokens 100000000000
+  check "names --max-total-tokens" stderr_has "(--max-total-tokens) over 2 layers needs about .*; lower --max-total-tokens"
+  expect 1 "bench comm, too many thread ranks" -- bench comm --ranks 2,100000 --tokens 1
+  check "says to lower --ranks" stderr_has "--ranks 100000 as threads with --tokens 1 needs about .*; lower --ranks or --tokens"
+  check "ran nothing" stdout_empty
+  expect 1 "demo over 2e9 rows" -- demo --context 2000000000 --heads 1 --dcp-size 1
+  check "says the size and what to lower" stderr_has "^dcp: error: --context 2000000000 x --batch 2 needs about .*; lower --context or --batch"
+  touch "$tmp/plain"
+  expect 1 "gen-checkpoint under a file" -- gen-checkpoint --out "$tmp/plain/ckpt"
+  check "names --out and says why, in one line" stderr_has "^dcp: error: --out: cannot create the checkpoint directory $tmp/plain/ckpt: Not a directory"
+
+}
+
+# `dcp bench plot` of Google Benchmark JSON
+case_bench_plot() {
+  # bench plot: the Google Benchmark binary's JSON as a table, CSV and SVG.
+  if [ -n "$bench_kernels" ]; then
+    # Two repetitions: the file then holds two runs per point plus aggregates, which are skipped.
+    "$bench_kernels" --benchmark_filter='BM_Merge' --benchmark_min_time=0.01 \
+      --benchmark_repetitions=2 --benchmark_out="$tmp/gb.json" --benchmark_out_format=json \
+      >/dev/null 2>&1
+    check "bench_kernels wrote its JSON" grep -q '"BM_Merge/parts:8/rows:2048"' "$tmp/gb.json"
+    expect 0 "bench plot of bench_kernels" -- bench plot --json "$tmp/gb.json" --x parts --y read_B/s --csv "$tmp/gb.csv" --svg "$tmp/gb.svg"
+    check "a row per parts" [ "$(grep -c '^BM_Merge rows=2048 ' "$out")" -eq 3 ]
+    check "csv has a header and three rows" [ "$(wc -l <"$tmp/gb.csv")" -eq 4 ]
+    check "one series plotted" [ "$(grep -c "<polyline" "$tmp/gb.svg")" -eq 1 ]
+  fi
+  # A file written by hand: positional arguments, two families, and only aggregates (with
+  # --benchmark_report_aggregates_only), of which the medians count.
+  cat >"$tmp/agg.json" <<'JSON'
 {"benchmarks": [
  {"name": "BM_A/8/1_median", "run_name": "BM_A/8/1", "run_type": "aggregate", "aggregate_name": "median", "real_time": 2000, "time_unit": "us"},
  {"name": "BM_A/8/1_mean", "run_name": "BM_A/8/1", "run_type": "aggregate", "aggregate_name": "mean", "real_time": 5000, "time_unit": "us"},
@@ -328,33 +407,42 @@ cat >"$tmp/agg.json" <<'JSON'
  {"name": "BM_B/8/2_median", "run_name": "BM_B/8/2", "run_type": "aggregate", "aggregate_name": "median", "real_time": 7000000, "time_unit": "ns"}
 ]}
 JSON
-# A run that failed (SkipWithError) is left out.
-cat >"$tmp/err.json" <<'JSON'
+  # A run that failed (SkipWithError) is left out.
+  cat >"$tmp/err.json" <<'JSON'
 {"benchmarks": [
  {"name": "BM_C/1", "run_name": "BM_C/1", "run_type": "iteration", "real_time": 4, "time_unit": "ms"},
  {"name": "BM_C/2", "run_name": "BM_C/2", "run_type": "iteration", "error_occurred": true, "error_message": "no AMX", "real_time": 0, "time_unit": "ms"}
 ]}
 JSON
-expect 0 "bench plot skips failed runs" -- bench plot --json "$tmp/err.json" --x arg0 --csv "$tmp/err.csv"
-check "only the run that worked" [ "$(wc -l <"$tmp/err.csv")" -eq 2 ]
-expect 0 "bench plot of aggregates" -- bench plot --json "$tmp/agg.json" --x arg0 --csv "$tmp/agg.csv"
-check "the median, in ms" grep -q '^BM_A arg1=1,8,2$' "$tmp/agg.csv"
-check "ms values kept" grep -q '^BM_A arg1=1,16,3$' "$tmp/agg.csv"
-check "a series per family and other arguments" grep -q '^BM_B arg1=2,8,7$' "$tmp/agg.csv"
-echo '{"benchmarks": [{"name": "BM_D/1", "real_time": 1, "time_unit": "fortnights"}]}' >"$tmp/unit.json"
-expect 1 "bench plot, unknown time unit" -- bench plot --json "$tmp/unit.json" --x arg0
-check "names the file and the unit" stderr_has "--json $tmp/unit.json: unknown time_unit 'fortnights'"
-expect 1 "bench plot of a missing file" -- bench plot --json "$tmp/none.json" --x parts
-check "names --json" stderr_has "--json $tmp/none.json: cannot open"
-echo '{"context": {}}' >"$tmp/nobench.json"
-expect 1 "bench plot of other JSON" -- bench plot --json "$tmp/nobench.json" --x parts
-check "says what is missing" stderr_has "no 'benchmarks' array"
-expect 2 "bench plot, unknown --x" -- bench plot --json "$tmp/agg.json" --x heads
-check "lists the arguments" stderr_has "--x heads is not an argument .*(arguments: arg0, arg1)"
-expect 2 "bench plot, unknown --y" -- bench plot --json "$tmp/agg.json" --x arg0 --y FLOP/s
-check "lists the measures" stderr_has "--y FLOP/s is not a measure .*(measures: real_time)"
-rm -rf "$tmp"
+  expect 0 "bench plot skips failed runs" -- bench plot --json "$tmp/err.json" --x arg0 --csv "$tmp/err.csv"
+  check "only the run that worked" [ "$(wc -l <"$tmp/err.csv")" -eq 2 ]
+  expect 0 "bench plot of aggregates" -- bench plot --json "$tmp/agg.json" --x arg0 --csv "$tmp/agg.csv"
+  check "the median, in ms" grep -q '^BM_A arg1=1,8,2$' "$tmp/agg.csv"
+  check "ms values kept" grep -q '^BM_A arg1=1,16,3$' "$tmp/agg.csv"
+  check "a series per family and other arguments" grep -q '^BM_B arg1=2,8,7$' "$tmp/agg.csv"
+  echo '{"benchmarks": [{"name": "BM_D/1", "real_time": 1, "time_unit": "fortnights"}]}' >"$tmp/unit.json"
+  expect 1 "bench plot, unknown time unit" -- bench plot --json "$tmp/unit.json" --x arg0
+  check "names the file and the unit" stderr_has "--json $tmp/unit.json: unknown time_unit 'fortnights'"
+  expect 1 "bench plot of a missing file" -- bench plot --json "$tmp/none.json" --x parts
+  check "names --json" stderr_has "--json $tmp/none.json: cannot open"
+  echo '{"context": {}}' >"$tmp/nobench.json"
+  expect 1 "bench plot of other JSON" -- bench plot --json "$tmp/nobench.json" --x parts
+  check "says what is missing" stderr_has "no 'benchmarks' array"
+  expect 2 "bench plot, unknown --x" -- bench plot --json "$tmp/agg.json" --x heads
+  check "lists the arguments" stderr_has "--x heads is not an argument .*(arguments: arg0, arg1)"
+  expect 2 "bench plot, unknown --y" -- bench plot --json "$tmp/agg.json" --x arg0 --y FLOP/s
+  check "lists the measures" stderr_has "--y FLOP/s is not a measure .*(measures: real_time)"
+}
 
-rm -f /tmp/dcp_cli_out.$$ /tmp/dcp_cli_err.$$
+cases="topology demo run_summary run_rejected run_combine run_refusals run_checkpoint run_speculative run_extend run_prefix_cache plan bench_comm bench_attention bench_merge bench_step_engine run_dp run_kernel run_disagg bad_values output_files memory_limits bench_plot"
+if [ "$case_name" = "--list" ]; then
+  echo "$cases"
+  exit 0
+fi
+if ! declare -F "case_$case_name" >/dev/null || [ -z "$dcp" ]; then
+  echo "usage: test_cli.sh CASE path/to/dcp [path/to/bench_kernels]; cases: $cases" >&2
+  exit 2
+fi
+"case_$case_name"
 echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
