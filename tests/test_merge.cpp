@@ -7,6 +7,7 @@
 #include <numeric>
 #include <vector>
 
+#include "dcp/attention_state.h"
 #include "dcp/error.h"
 #include "dcp/merge.h"
 #include "dcp/reference.h"
@@ -14,6 +15,20 @@
 
 namespace dcp {
 namespace {
+
+// An owning (O, LSE) state and the pairwise operator over merge_state_into.
+struct AttnState {
+  std::vector<float> o;
+  float lse = kNegInf;
+
+  static AttnState empty(int dim) {
+    return {std::vector<float>(static_cast<std::size_t>(dim)), kNegInf};
+  }
+  friend AttnState merge(AttnState a, const AttnState& b) {  // a ⊕ b
+    merge_state_into(a.o.data(), a.lse, b.o.data(), b.lse, static_cast<int>(a.o.size()));
+    return a;
+  }
+};
 
 constexpr double kNegInfD = -std::numeric_limits<double>::infinity();
 
@@ -232,6 +247,94 @@ TEST(Merge, OneDominantShardAndAllEqualShards) {
   merge_attention_states(o.data(), lse.data(), 3, 1, dim, LseBase::e, out.data(), &out_lse);
   EXPECT_TRUE(test::close(out, {1.0, 4.0 / 3, 5.0 / 3, 2.0}, {1e-12, 1e-6}, "equal"));
   EXPECT_TRUE(test::close({out_lse}, {1.25 + std::log(3.0)}, {1e-12, 1e-6}, "equal lse"));
+}
+
+// The running state, updated tile by tile with the rule every kernel uses, equals one softmax
+// over the finite scores in float64; tiles of only -inf scores (at the start, in the middle, or
+// all of them) add nothing and never make a NaN.
+TEST(AttentionState, TileUpdatesEqualOneSoftmaxInFloat64) {
+  namespace st = attention_state;
+  auto rng = test::make_rng();
+  const int dim = 6;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int tiles = static_cast<int>(rng.range(1, 6));
+    std::vector<std::vector<float>> scores(static_cast<std::size_t>(tiles)), values;
+    for (auto& tile : scores) {
+      const bool masked = rng.coin(0.3);  // every score of the tile -inf
+      tile.resize(static_cast<std::size_t>(rng.range(1, 5)));
+      for (float& x : tile) x = masked || rng.coin(0.1) ? kNegInf : rng.uniform(-30.0f, 30.0f);
+    }
+    float m = kNegInf, l = 0.0f;
+    std::vector<float> acc(dim, 0.0f);
+    double ref_max = -INFINITY;
+    std::vector<std::pair<double, std::vector<float>>> seen;
+    for (const auto& tile : scores) {
+      float tile_max = kNegInf;
+      for (float x : tile) tile_max = std::max(tile_max, x);
+      const float m_new = std::max(m, tile_max);
+      const float c = st::rescale(m, m_new);
+      l *= c;
+      for (float& a : acc) a *= c;
+      m = m_new;
+      for (float x : tile) {
+        std::vector<float> v(dim);
+        for (float& e : v) e = rng.uniform(-1.0f, 1.0f);
+        const float p = std::exp(x - st::base(m));
+        l += p;
+        for (int d = 0; d < dim; ++d) acc[d] += p * v[d];
+        if (x != kNegInf) {
+          seen.push_back({x, v});
+          ref_max = std::max(ref_max, static_cast<double>(x));
+        }
+      }
+    }
+    std::vector<float> o(dim, 7.0f);
+    const float lse = st::finish(acc.data(), m, l, dim, o.data());
+    ASSERT_FALSE(std::isnan(lse)) << "trial " << trial;
+    if (seen.empty()) {
+      EXPECT_EQ(lse, kNegInf) << "trial " << trial;
+      for (float x : o) EXPECT_EQ(x, 0.0f) << "trial " << trial;
+      continue;
+    }
+    double z = 0;
+    std::vector<double> ref_o(dim, 0.0);
+    for (const auto& [x, v] : seen) {
+      const double w = std::exp(x - ref_max);
+      z += w;
+      for (int d = 0; d < dim; ++d) ref_o[d] += w * v[d];
+    }
+    EXPECT_NEAR(lse, ref_max + std::log(z), 1e-5 * std::max(1.0, std::abs(ref_max)));
+    for (int d = 0; d < dim; ++d) EXPECT_NEAR(o[d], ref_o[d] / z, 1e-5) << "trial " << trial;
+  }
+}
+
+TEST(AttentionState, TheRuleForEmptyStates) {
+  namespace st = attention_state;
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = INFINITY;
+  EXPECT_EQ(st::base(kNegInf), 0.0f);
+  EXPECT_EQ(st::base(-3.5f), -3.5f);
+  EXPECT_EQ(st::rescale(kNegInf, kNegInf), 1.0f);  // nothing moved: acc and l stay 0
+  EXPECT_EQ(st::rescale(kNegInf, 2.0f), 0.0f);
+  EXPECT_EQ(st::rescale(1.0f, 1.0f), 1.0f);
+  EXPECT_FLOAT_EQ(st::rescale(1.0f, 3.0f), std::exp(-2.0f));
+  EXPECT_EQ(std::exp(kNegInf - st::base(kNegInf)), 0.0f) << "an all -inf tile adds nothing";
+  float o[2] = {5, 5};
+  EXPECT_EQ(st::finish(nullptr, kNegInf, 0.0f, 2, o), kNegInf);
+  EXPECT_EQ(o[0], 0.0f);
+  EXPECT_EQ(o[1], 0.0f);
+  const float parts[4] = {nan, inf, kNegInf, kNegInf};
+  float w[4] = {9, 9, 9, 9};
+  EXPECT_EQ(st::merge_weights(parts, 4, w), kNegInf);
+  for (float x : w) EXPECT_EQ(x, 0.0f);
+  const float mixed[3] = {nan, 0.0f, std::log(3.0f)};
+  EXPECT_FLOAT_EQ(st::merge_weights(mixed, 3, w), std::log(4.0f));
+  EXPECT_EQ(w[0], 0.0f);
+  EXPECT_FLOAT_EQ(w[1], 0.25f);
+  EXPECT_FLOAT_EQ(w[2], 0.75f);
+  EXPECT_EQ(st::part_weight(kNegInf, 1.0f), 0.0f);
+  EXPECT_EQ(st::part_weight(1.0f, kNegInf), 0.0f);
+  EXPECT_EQ(st::part_weight(nan, 1.0f), 0.0f);
+  EXPECT_FLOAT_EQ(st::part_weight(std::log(3.0f), std::log(4.0f)), 0.75f);
 }
 
 TEST(Merge, EmptyNanAndInfinitePartsAreEmpty) {

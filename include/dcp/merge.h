@@ -5,7 +5,8 @@
 //
 //   m = max_k L_k,  L = m + log sum_k exp(L_k - m),  O = sum_k exp(L_k - L) O_k
 //
-// is exact up to float rounding and independent of the reduction order. Conventions:
+// is exact up to float rounding and independent of the reduction order (the arithmetic and its
+// rule for empty parts: dcp/attention_state.h). Conventions:
 // - LSEs inside dcp are natural-log. Every API taking an LSE states its base; outputs are
 //   always natural log.
 // - An empty shard is (O = 0, LSE = -inf). NaN and +inf LSEs are treated as empty.
@@ -14,15 +15,15 @@
 
 #include <cstdint>
 #include <limits>
-#include <vector>
 
+#include "dcp/attention_state.h"
 #include "dcp/kernel_path.h"
 
 namespace dcp {
 
 enum class LseBase : std::uint8_t { e, two };
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+using attention_state::kNegInf;
 
 // Converts an LSE in `base` to natural log; NaN and +inf become -inf (empty).
 float lse_to_natural(float lse, LseBase base) noexcept;
@@ -63,20 +64,5 @@ void global_lse(const float* lse_parts, int num_parts, std::int64_t rows, LseBas
 // i.e. state ⊕ (O = 0, LSE = sink). Apply exactly once per (token, head) in a merged result.
 //   o [rows, dim], lse [rows] natural log, sink_logit [rows] natural log.
 void merge_sink(float* o, float* lse, const float* sink_logit, std::int64_t rows, int dim);
-
-// An owning (O, LSE) state: convenient for tests and small host-side uses.
-struct AttnState {
-  std::vector<float> o;
-  float lse = kNegInf;
-
-  static AttnState empty(int dim) {
-    return {std::vector<float>(static_cast<std::size_t>(dim)), kNegInf};
-  }
-  // a ⊕ b
-  friend AttnState merge(AttnState a, const AttnState& b) {
-    merge_state_into(a.o.data(), a.lse, b.o.data(), b.lse, static_cast<int>(a.o.size()));
-    return a;
-  }
-};
 
 }  // namespace dcp

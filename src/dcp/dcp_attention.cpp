@@ -4,6 +4,7 @@
 #include <cmath>
 #include <memory>
 
+#include "dcp/attention_state.h"
 #include "dcp/dtype.h"
 #include "dcp/error.h"
 #include "dcp/layout.h"
@@ -286,8 +287,7 @@ void DcpAttention::combine_ag_rs(std::int64_t tokens, int dc, float* out, float*
   lse_global_.resize(rows);
   global_lse(lse_all_.data(), n, static_cast<std::int64_t>(rows), LseBase::e, lse_global_.data());
   for (std::size_t row = 0; row < rows; ++row) {
-    const float l_r = lse_local_[row], l = lse_global_[row];
-    const float w = (l_r == kNegInf || l == kNegInf) ? 0.0f : std::exp(l_r - l);
+    const float w = attention_state::part_weight(lse_local_[row], lse_global_[row]);
     float* o = send_.data() + row * dc;
     // o = w * o, or zeros for an empty shard (whose O may be anything): a sum of 1 or 0 parts.
     const float* src = o;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "attention_tasks.h"
+#include "dcp/attention_state.h"
 #include "dcp/error.h"
 #include "dcp/layout.h"
 #include "dcp/merge.h"
@@ -167,14 +168,15 @@ class PortableKernel {
         }
         const float m_new = std::max(m_[h], tile_max);
         float* acc = acc_.data() + h * dc;
-        if (m_[h] != kNegInf && m_[h] != m_new) {
-          const float c = std::exp(m_[h] - m_new);
+        if (m_[h] != m_new) {
+          const float c = attention_state::rescale(m_[h], m_new);
           l_[h] *= c;
           scale_inplace(acc, c, dc);
         }
         m_[h] = m_new;
+        const float base = attention_state::base(m_new);
         for (int j = 0; j < n; ++j) {
-          const float e = std::exp(s[j] - m_new);
+          const float e = std::exp(s[j] - base);
           l_[h] += e;
           axpy(acc, e, row_ptr_[j], dc);
         }
@@ -219,15 +221,9 @@ void write_task_state(const MlaAttentionParams& p, const Task& task, const float
     for (int i = 0; i < hb; ++i) {
       const int h = h0 + i;
       float* o = out + static_cast<std::size_t>(i) * dc;
-      if (l[h] == 0.0f) {
-        std::fill(o, o + dc, 0.0f);
-        lse[i] = kNegInf;
-        continue;
-      }
-      const float inv = 1.0f / l[h];
-      const float* a = acc + h * acc_stride;
-      for (int d = 0; d < dc; ++d) o[d] = a[d] * inv;
-      lse[i] = m[h] + std::log(l[h]);
+      // acc is null for tasks that saw no rows (l = 0 then).
+      lse[i] = l[h] > 0.0f ? attention_state::finish(acc + h * acc_stride, m[h], l[h], dc, o)
+                           : attention_state::finish(nullptr, m[h], 0.0f, dc, o);
     }
     if (task.add_sinks && p.sinks) merge_sink(out, lse, p.sinks + h0, hb, dc);
   }

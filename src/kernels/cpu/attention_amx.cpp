@@ -26,6 +26,7 @@
 #include "dcp/merge.h"
 #include "line_vector.h"
 #include "simd.h"
+#include "simd_state.h"
 #include "transpose.h"
 
 namespace dcp::kernels {
@@ -287,13 +288,14 @@ class AmxKernel {
       }
       const vec m_old = S::load(m_.data() + v);
       const vec m_new = mx > m_old ? mx : m_old;
-      const vec c = S::exp(m_old - m_new);  // m_old = -inf: ~1e-38 times an O and l of 0
+      const vec c = state_rescale<S>(m_old, m_new);
+      const vec base = state_base<S>(m_new);
       vec sum = S::splat(0.0f);
       // P for rows j, j+1 as one bf16 pair per head: the 32-bit word k of Pt's row h. Sixteen
       // pair vectors (heads in lanes) are transposed into words k..k+15 of Pt's rows v..v+15.
       const auto probability = [&](int j) {
         if (j >= n) return S::splat(0.0f);  // rows past n: exactly nothing
-        const vec x = S::exp(S::load(s_.data() + static_cast<std::size_t>(j) * lanes_ + v) - m_new);
+        const vec x = S::exp(S::load(s_.data() + static_cast<std::size_t>(j) * lanes_ + v) - base);
         sum += x;
         return x;
       };

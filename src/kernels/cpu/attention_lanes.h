@@ -25,6 +25,7 @@
 #include "dcp/merge.h"
 #include "line_vector.h"
 #include "simd.h"
+#include "simd_state.h"
 #include "tile_prefetch.h"
 #include "transpose.h"
 
@@ -263,7 +264,7 @@ class LaneKernel {
 
   // ---- online softmax, elementwise over head vectors ------------------------------------------
   // After it: s_[j] holds P[j] = exp(S[j] - m_new) for j < n; corr_ = exp(m_old - m_new), which
-  // the value pass applies to O as it loads it.
+  // the value pass applies to O as it loads it (the state's rule for -inf: simd_state.h).
   void softmax(int n) {
     for (int v = 0; v < lanes_; v += V) {
       vec mx = S::load(s_.data() + v);
@@ -273,12 +274,12 @@ class LaneKernel {
       }
       const vec m_old = S::load(m_.data() + v);
       const vec m_new = mx > m_old ? mx : m_old;
-      // m_old = -inf (first tile): exp clamps to ~1e-38, multiplying an O and an l that are 0.
-      const vec c = S::exp(m_old - m_new);
+      const vec c = state_rescale<S>(m_old, m_new);
+      const vec base = state_base<S>(m_new);
       vec sum = S::splat(0.0f);
       for (int j = 0; j < n; ++j) {
         float* s = s_.data() + static_cast<std::size_t>(j) * lanes_ + v;
-        const vec e = S::exp(S::load(s) - m_new);
+        const vec e = S::exp(S::load(s) - base);
         S::store(s, e);
         sum += e;
       }

@@ -15,6 +15,7 @@
 
 #include "attention_tasks.h"
 #include "dcp/attention.h"
+#include "dcp/attention_state.h"
 #include "dcp/layout.h"
 #include "dcp/merge.h"
 #include "line_vector.h"
@@ -245,8 +246,8 @@ class RowKernel {
       const vec s0 = S::load(s), s1 = S::load(s + V);
       const float tile_max = S::max(s0 > s1 ? s0 : s1);  // rows past n hold -inf
       const float m_new = std::max(m_[h], tile_max);
-      if (m_[h] != kNegInf && m_[h] != m_new) {
-        const float c = std::exp(m_[h] - m_new);
+      if (m_[h] != m_new) {
+        const float c = attention_state::rescale(m_[h], m_new);
         l_[h] *= c;
         float* o = acc_.data() + static_cast<std::size_t>(h) * dc_;
         const vec cv = S::splat(c);
@@ -255,7 +256,8 @@ class RowKernel {
         for (; d < dc_; ++d) o[d] *= c;
       }
       m_[h] = m_new;
-      const vec e0 = S::exp(s0 - m_new), e1 = S::exp(s1 - m_new);
+      const float base = attention_state::base(m_new);
+      const vec e0 = S::exp(s0 - base), e1 = S::exp(s1 - base);
       S::store(s, e0);
       S::store(s + V, e1);
       for (int j = n; j < kRows; ++j) s[j] = 0.0f;  // rows past n: exactly nothing

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numbers>
 
+#include "dcp/attention_state.h"
 #include "dcp/error.h"
 #include "dcp/kernel_path.h"
 #include "merge_simd.h"
@@ -12,31 +13,24 @@
 namespace dcp {
 
 float lse_to_natural(float lse, LseBase base) noexcept {
-  if (std::isnan(lse) || lse == std::numeric_limits<float>::infinity()) return kNegInf;
-  return base == LseBase::e ? lse : lse * std::numbers::ln2_v<float>;
+  lse = attention_state::as_part(lse);
+  return base == LseBase::e || lse == kNegInf ? lse : lse * std::numbers::ln2_v<float>;
 }
 
 void merge_state_into(float* acc_o, float& acc_lse, const float* o, float lse, int dim) noexcept {
-  lse = lse_to_natural(lse, LseBase::e);
-  const float acc = lse_to_natural(acc_lse, LseBase::e);
-  if (lse == kNegInf) {  // nothing to add; also scrubs a NaN accumulator LSE to -inf
-    if (acc == kNegInf) std::fill(acc_o, acc_o + dim, 0.0f);
-    acc_lse = acc;
+  const float parts[2] = {acc_lse, lse};
+  float w[2];
+  acc_lse = attention_state::merge_weights(parts, 2, w);
+  // An empty part's O may be garbage: it is never read (0 x NaN would be NaN).
+  if (w[1] == 0.0f) {
+    if (w[0] == 0.0f) std::fill(acc_o, acc_o + dim, 0.0f);
     return;
   }
-  if (acc == kNegInf) {
+  if (w[0] == 0.0f) {
     std::copy(o, o + dim, acc_o);
-    acc_lse = lse;
     return;
   }
-  const float m = std::max(acc, lse);
-  const float wa = std::exp(acc - m);
-  const float wb = std::exp(lse - m);
-  const float inv = 1.0f / (wa + wb);
-  const float ca = wa * inv;
-  const float cb = wb * inv;
-  for (int d = 0; d < dim; ++d) acc_o[d] = ca * acc_o[d] + cb * o[d];
-  acc_lse = m + std::log(wa + wb);
+  for (int d = 0; d < dim; ++d) acc_o[d] = w[0] * acc_o[d] + w[1] * o[d];
 }
 
 namespace {
@@ -83,34 +77,26 @@ void merge_attention_states(const float* o_parts, std::int64_t o_part_stride,
   const WeightedSumFn sum = weighted_sum_for(KernelPath::automatic);
   std::vector<float> weight(static_cast<std::size_t>(num_parts));
   std::vector<const float*> part(static_cast<std::size_t>(num_parts));
+  std::vector<float> lse(static_cast<std::size_t>(num_parts));
   for (std::int64_t row = 0; row < rows; ++row) {
-    float m = kNegInf;
-    for (int k = 0; k < num_parts; ++k) {
-      weight[k] = lse_to_natural(lse_parts[k * lse_part_stride + row], base);
-      m = std::max(m, weight[k]);
-    }
-    float* o = out_o + row * dim;
-    if (m == kNegInf) {  // every part empty
-      std::fill(o, o + dim, 0.0f);
-      if (out_lse) out_lse[row] = kNegInf;
-      continue;
-    }
-    float total = 0;
-    for (int k = 0; k < num_parts; ++k) {
-      weight[k] = weight[k] == kNegInf ? 0.0f : std::exp(weight[k] - m);
-      total += weight[k];
-    }
+    for (int k = 0; k < num_parts; ++k)
+      lse[k] = lse_to_natural(lse_parts[k * lse_part_stride + row], base);
+    const float merged = attention_state::merge_weights(lse.data(), num_parts, weight.data());
     // One pass over the row with every part that holds anything (an empty part's O may be
-    // garbage), each weighted by its share of the total.
-    const float inv = 1.0f / total;
+    // garbage), each weighted by its share.
     int used = 0;
     for (int k = 0; k < num_parts; ++k) {
       if (weight[k] == 0.0f) continue;
-      weight[used] = weight[k] * inv;
+      weight[used] = weight[k];
       part[used++] = o_parts + k * o_part_stride + row * dim;
     }
-    sum(part.data(), weight.data(), used, dim, o);
-    if (out_lse) out_lse[row] = m + std::log(total);
+    float* o = out_o + row * dim;
+    if (used == 0) {
+      std::fill(o, o + dim, 0.0f);
+    } else {
+      sum(part.data(), weight.data(), used, dim, o);
+    }
+    if (out_lse) out_lse[row] = merged;
   }
 }
 
@@ -123,21 +109,10 @@ void weighted_sum(const float* const* parts, const float* weights, int num_parts
 void global_lse(const float* lse_parts, int num_parts, std::int64_t rows, LseBase base,
                 float* out_lse) {
   check_merge_args(num_parts, rows, 0);
+  std::vector<float> lse(static_cast<std::size_t>(num_parts));
   for (std::int64_t row = 0; row < rows; ++row) {
-    float m = kNegInf;
-    for (int k = 0; k < num_parts; ++k) {
-      m = std::max(m, lse_to_natural(lse_parts[k * rows + row], base));
-    }
-    if (m == kNegInf) {
-      out_lse[row] = kNegInf;
-      continue;
-    }
-    float total = 0;
-    for (int k = 0; k < num_parts; ++k) {
-      const float l = lse_to_natural(lse_parts[k * rows + row], base);
-      if (l != kNegInf) total += std::exp(l - m);
-    }
-    out_lse[row] = m + std::log(total);
+    for (int k = 0; k < num_parts; ++k) lse[k] = lse_to_natural(lse_parts[k * rows + row], base);
+    out_lse[row] = attention_state::merge_weights(lse.data(), num_parts, nullptr);
   }
 }
 
