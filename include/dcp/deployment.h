@@ -103,6 +103,10 @@ struct LaunchOptions {
   std::optional<int> first_active_rank;
 };
 
+// This process's MPI world (MPI is initialised on the first call and finalised at exit). Throws
+// dcp::Error(unsupported) when dcp was built without MPI.
+std::unique_ptr<Communicator> mpi_world();
+
 // Runs fn(world, sole) on every rank: as threads of this process, or as this MPI process's rank.
 // `sole` is true when the rank is the only one in its process (MPI). Processes outside the active
 // range (first_active_rank) run nothing and wait for the job. Any rank's exception fails the call

@@ -1,11 +1,11 @@
 // Worker threads kept between parallel calls.
 //
-// mla_attention with num_threads > 1 used to start and join std::threads on every call: tens of
-// microseconds each time, and every new thread began with empty per-thread kernel buffers (the AMX
-// path keeps about 1 MB of them at 128 heads), which were allocated and faulted in again on every
-// call. A WorkerPool keeps its threads between calls: after a job a worker polls for the next one
-// for a short while, then sleeps on a condition variable (waking it took ~30 us here, as long as a
-// short kernel call).
+// Starting and joining std::threads on every parallel mla_attention call costs tens of
+// microseconds, and every new thread begins with empty per-thread kernel buffers (the AMX path
+// keeps about 1 MB of them at 128 heads), allocated and faulted in again on every call. A
+// WorkerPool keeps its threads between calls: after a job a worker polls for the next one for a
+// short while, then sleeps on a condition variable (a wake-up costs about as long as a short
+// kernel call).
 #pragma once
 
 #include <atomic>

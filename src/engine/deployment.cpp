@@ -95,6 +95,12 @@ RankSystem::~RankSystem() = default;
 
 // ---- running ranks ----
 
+std::unique_ptr<Communicator> mpi_world() {
+  static std::unique_ptr<MpiSession> session;  // one per process, finalised at exit
+  if (!session) session = std::make_unique<MpiSession>(nullptr, nullptr);
+  return session->world();
+}
+
 void launch_ranks(const LaunchOptions& o, const std::function<void(Communicator&, bool)>& fn) {
   DCP_ARG_CHECK(o.world_size >= 1, "world_size = ", o.world_size, " must be >= 1");
   if (o.transport == RankTransport::threads) {
@@ -102,9 +108,7 @@ void launch_ranks(const LaunchOptions& o, const std::function<void(Communicator&
     run_threads(o.world_size, [&](Communicator& world) { fn(world, o.world_size == 1); });
     return;
   }
-  static std::unique_ptr<MpiSession> session;  // one per process, finalised at exit
-  if (!session) session = std::make_unique<MpiSession>(nullptr, nullptr);
-  std::unique_ptr<Communicator> world = session->world();
+  std::unique_ptr<Communicator> world = mpi_world();
   if (!o.first_active_rank) {
     DCP_ARG_CHECK(world->size() == o.world_size, "comm = mpi: mpirun started ", world->size(),
                   " processes but the configuration needs world_size = ", o.world_size);

@@ -13,7 +13,7 @@
 #include "bench/bench.h"
 #include "bench/bench_util.h"
 #include "dcp/attention.h"
-#include "dcp/comm_mpi.h"
+#include "dcp/deployment.h"
 #include "dcp/comm_threads.h"
 #include "dcp/dcp_attention.h"
 #include "dcp/error.h"
@@ -163,9 +163,7 @@ void add_comm_bench(CLI::App* bench) {
     bool rank0 = true;               // under MPI, whether this process is rank 0
     for (std::int64_t tokens : token_counts) {
       if (co->comm == "mpi") {
-        static std::unique_ptr<MpiSession> session;
-        if (!session) session = std::make_unique<MpiSession>(nullptr, nullptr);
-        auto world = session->world();
+        auto world = mpi_world();
         rank0 = world->rank() == 0;
         const auto got =
             bench_comm_rank(*world, co->heads_per_rank, static_cast<int>(tokens), co->repeats);

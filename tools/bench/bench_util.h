@@ -16,9 +16,9 @@ double measure_sgemm_gflops(int threads, int n = 2048);
 // A buffer larger than the last-level cache. Reading it evicts whatever a benchmark touched
 // before, and it is also what the read ceiling reads.
 //
-// Why: this host's L3 is 480 MiB. A 75 MiB KV read call after call moves into it within a few
-// calls (4 heads: 8 ms, then 4.6 ms by the tenth call), so a benchmark that repeats one call
-// measures L3, not memory, and "read bandwidth" ratios above 100% follow. Decode reads each
+// Why: last-level caches of hundreds of MiB exist. A KV read call after call moves into them
+// within a few calls, so a benchmark that repeats one call measures the cache, not memory, and
+// "read bandwidth" ratios above 100% follow. Decode reads each
 // layer's KV once per step, and the KV of all layers is far larger than any cache: a call on
 // a cold cache is the case that matters, and the benchmarks flush before each timed call.
 class CacheFlusher {
@@ -26,8 +26,8 @@ class CacheFlusher {
   // Twice the last-level cache (sysconf), and at least 256 MiB.
   CacheFlusher();
   // Reads the whole buffer on `threads` threads; returns that read's GB/s. Plain threads, not
-  // OpenBLAS: OpenBLAS's workers spin for a while after a call, and a spinning worker took a
-  // core from the next timed call (two-thread kernel calls then ran at one-thread speed).
+  // OpenBLAS: OpenBLAS's workers spin for a while after a call, and a spinning worker takes a
+  // core from the next timed call.
   double flush(int threads = 1);
   // STREAM-like read bandwidth (GB/s): the best of `reads` flushes.
   double read_gbps(int threads, int reads = 5);

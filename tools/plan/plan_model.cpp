@@ -9,19 +9,14 @@ namespace dcp::cli {
 
 Hardware hardware_preset(const std::string& name) {
   if (name == "this-cpu") {
-    // Measured on the development VM (2 vCPUs), one rank per core with every core busy, which is
-    // how `dcp run` and `dcp bench step` run (eighth session, 2026-11-30):
-    // - attention: `dcp bench attention --threads 2 --contexts 2048,8192 --heads 64,128
-    //   --dtypes bf16 --batches 1` gives 231-314 GFLOP/s for both cores, median 290, ~145 per rank
-    //   (the fourth session measured a median of 272 and the preset was 135; the VM's speed
-    //   drifts);
-    // - KV read ~9.5 GB/s per rank;
-    // - a collective between two thread ranks inside a decode step costs ~0.045 ms, calibrated
-    //   on two `dcp bench step --contexts 1024,4096,8192 --new-tokens 24` runs: the rank that
-    //   waited least spent 0.141-0.153 ms in a2a's two collectives per layer, ~0.056 of it the
-    //   bytes at 5 GB/s. Alone (`dcp bench comm --ranks 2 --tokens 1 --heads-per-rank 64`) the
-    //   same two collectives take 0.015-0.029 ms; inside a step, between the dense layers'
-    //   BLAS calls, they take several times that.
+    // A 2-vCPU development VM, one rank per core with every core busy, which is how `dcp run`
+    // and `dcp bench step` run. Calibrate on another host with the same commands:
+    // - attention GFLOP/s per rank: `dcp bench attention --threads 2 --contexts 2048,8192
+    //   --heads 64,128 --dtypes bf16 --batches 1`, halved;
+    // - KV read GB/s per rank: the read ceiling of that run, halved;
+    // - the cost of one collective inside a decode step: `dcp bench step` (the rank that waited
+    //   least, minus the bytes at the link rate). Alone, as `dcp bench comm` times them, the same
+    //   collectives are several times cheaper than between the dense layers' BLAS calls.
     return {name,
             145e9,
             9.5e9,

@@ -309,8 +309,8 @@ struct TokenBlocks {
 };
 
 TokenBlocks plan_token_blocks(const MlaAttentionParams& p, const std::vector<RowSet>& rows) {
-  // From 64 heads one token fills the lanes kernel: blocks of two tokens were 2-4% slower there
-  // (the extra parts and merges, for no gain in rows read per FLOP).
+  // From 64 heads one token fills the lanes kernel: blocks of two tokens only add parts and
+  // merges there, for no gain in rows read per FLOP.
   const int block_tokens = kernels::kMaxBlockLanes / p.num_heads;
   TokenBlocks blocks;
   if (block_tokens < 4 || p.topk_k > 0 || p.window > 0) return blocks;
@@ -391,9 +391,8 @@ void mla_attention(const MlaAttentionParams& p) {
   const std::vector<std::int64_t>& shared = blocks.shared;
   const std::vector<std::int64_t>& block_size = blocks.size;
   const std::int64_t parts = any_block ? 2 : splits;  // part states per token, where merged
-  // The parts' states, kept per calling thread: a fresh 2 x 128 x 512 buffer per call was
-  // zero-filled for nothing (every part is written), 8% of a two-thread AMX call at 128 heads
-  // over 8K cold rows.
+  // The parts' states, kept per calling thread: a fresh 2 x 128 x 512 buffer per call would be
+  // zero-filled for nothing (every part is written).
   SplitParts& split_parts = kernels::thread_buffers<SplitParts>();
   std::vector<float>& part_out = split_parts.out;
   std::vector<float>& part_lse = split_parts.lse;

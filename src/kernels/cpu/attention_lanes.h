@@ -139,11 +139,9 @@ class LaneKernel {
 
   // With up to 32 heads a tile takes about as long to read as to compute, and the score pass
   // takes its share of the prefetching (its share of the FMAs), a few lines per cache line of
-  // its rows: with the value pass alone asking, its first head blocks stalled on full line-fill
-  // buffers and the memory idled during the scores (cold cache, 16 heads: scores took 36% of the
-  // time and values 60%; spread over both passes, 16 heads -9%, 32 heads -7%). With more heads
-  // the reads hide behind the value pass alone, and the extra work in the score micro-kernel
-  // cost 8-12% (A/B at 64 and 128 heads).
+  // its rows: with the value pass alone asking, its first head blocks stall on full line-fill
+  // buffers and the memory idles during the scores. With more heads the reads hide behind the
+  // value pass alone, and prefetching in the score micro-kernel only adds work there.
   bool prefetch_in_scores() const { return lanes_ <= 32; }
   double score_share() const {
     return prefetch_in_scores() ? static_cast<double>(width_) / (width_ + dc_) : 0.0;
@@ -177,9 +175,8 @@ class LaneKernel {
   // base pointer, where other widths need a pointer per row in the general registers) and the
   // block's rows lie one after another (a block that crosses a page, or holds the padding of the
   // last tile, still takes RB at a time). One head vector has only 8 accumulators per 8 rows, just
-  // enough to cover the FMA latency, and 12 row pointers spilled the general registers. From one
-  // base pointer, 16 rows made 16 heads 5-7% faster (cold cache, 32K rows, fp32 and bf16), and 12
-  // rows of two head vectors made 32 heads fp32 6% faster than 12 through pointers.
+  // enough to cover the FMA latency, and 12 row pointers spill the general registers; from one
+  // base pointer 16 rows (one head vector) or 12 rows (two) fit, and run faster.
   template <int RB, int HB, int kWideRows = 0>
   void score_rows(int v0, int n) {
     static_assert(kRows % RB == 0 && (kWideRows == 0 || kRows % kWideRows == 0));
@@ -224,7 +221,7 @@ class LaneKernel {
   }
 
   // The micro-kernels (score_block, value_block) are out of line on purpose: inlined into the
-  // task loop, GCC spilled their accumulators (128 heads went from 77% to 45% of sgemm).
+  // task loop, GCC spills their accumulators.
   static constexpr int kLineFloats = 16;  // a cache line of the rows the score pass reads
   int lines_per_row() const { return (width_ + kLineFloats - 1) / kLineFloats; }
 
@@ -243,9 +240,8 @@ class LaneKernel {
     for (int d0 = 0; d0 < width; d0 += kPrefetch ? kLineFloats : width) {
       if constexpr (kPrefetch) prefetch_.lines(prefetch_lines);
       const int d1 = kPrefetch ? std::min(d0 + kLineFloats, width) : width;
-      // GCC bumps each row pointer separately (RB adds per step): unrolled, those adds are
-      // spread over four steps of FMAs (A/B: 16 heads 8-12% faster, 128 heads 5%; 8 gains
-      // nothing).
+      // GCC bumps each row pointer separately (RB adds per step): unrolled by four, those adds
+      // are spread over four steps of FMAs (eight gains nothing more).
 #pragma GCC unroll 4
       for (int d = d0; d < d1; ++d, qt += lanes_) {
         vec qv[HB];
@@ -299,7 +295,7 @@ class LaneKernel {
     // The rest of the next tile, a few lines per row of the 4-vector column blocks: of every
     // head block when the score pass prefetches too (the requests then spread over the whole
     // tile), else of the first head block only (with 64 and more heads, asking in every block
-    // measured 4% slower).
+    // only adds requests the hardware already makes).
     const int blocks = prefetch_in_scores() ? (heads_ + kValueHeads - 1) / kValueHeads : 1;
     const int pf = prefetch_.lines_per_step(1 - score_share(), dc_ / (4 * V) * n * blocks);
     int d0 = 0;

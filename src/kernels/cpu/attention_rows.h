@@ -29,8 +29,8 @@ namespace {
 //
 // fp32: the chunk's two halves. bf16: one load of 2V words, split into the even elements
 // (word << 16) and the odd ones (word & 0xffff0000), which costs one instruction per vector;
-// widening in order costs a shuffle per vector and writing widened rows to a buffer cost a
-// store and a reload per element, which kept bf16 reads at 30-60% of the bandwidth. The order
+// widening in order costs a shuffle per vector, and writing widened rows to a buffer costs a
+// store and a reload per element, which keeps bf16 reads far below the bandwidth. The order
 // does not matter to a dot product or to an axpy as long as the query copy and the accumulators
 // use the same one: `position` maps element d of a row to its place in them.
 template <int V, typename Kv>
@@ -141,7 +141,7 @@ class RowKernel {
 
   // The next tile's rows, which both passes prefetch a few lines at a time (tile_prefetch.h).
   // With 4 heads a row takes about as long to compute as to read; without prefetching the two
-  // did not overlap (4 heads ran at ~55% of the read bandwidth, 1 head at ~90%).
+  // do not overlap and the call takes their sum.
   void next_tile(int b, const RowSet& rows, std::int64_t start, std::int64_t last) {
     const int n = static_cast<int>(std::clamp<std::int64_t>(last - start, 0, kRows));
     std::int64_t phys[kRows];
@@ -151,8 +151,7 @@ class RowKernel {
 
   // The share of a tile's prefetching done by the score pass. It asks between blocks of rows,
   // so its requests come in bursts, while the value pass asks a few lines per row: a quarter
-  // measured 3-6% faster than its share of the FMAs, about half (A/B, cold cache, 32K rows, 1
-  // and 4 heads, fp32 and bf16; 0.1 was slower than 0.3).
+  // beats its share of the FMAs (about half), and much less leaves the value pass too much.
   static constexpr double kScoreShare = 0.25;
 
   // scores_[h][j] = (q_h . k_j) * scale, then softcap; -inf past n. Blocks of rows, so each
@@ -203,7 +202,7 @@ class RowKernel {
     }
     int d = 0;
     // Unrolled by two: the loop's pointer and counter updates then cost half as much per FMA
-    // (A/B, 4 heads: 12-17% faster in cache, 6-10% out of it; four gains nothing more).
+    // (four gains nothing more).
 #pragma GCC unroll 2
     for (; d + 2 * V <= width_; d += 2 * V) {
       vec q0[HB], q1[HB];

@@ -14,14 +14,11 @@ namespace {
 
 // From this many query heads the heads-in-lanes kernel; below it, the row-wise one. With AVX-512
 // the lanes kernel leaves lanes idle below 16 heads, and on cold caches (decode reads each layer's
-// KV from memory) the row kernel was faster up to 9 heads with fp32 rows and 11 with bf16 ones
-// (`dcp bench attention --heads 8,9,10,11,12,16`, B 1 and 8, 4K and 32K rows, interleaved with
-// the lanes kernel: 8 heads fp32 -6..-13%, bf16 -16..-31%; 9 heads fp32 -5..-9%; 9 to 11 heads
-// bf16 up to -25%; even at 10 heads fp32 and 12 bf16; the lanes kernel ahead from 11 and 16).
-// That was measured at the MLA width of the released models only. With short rows a head's dot
-// product is a few vectors and then a horizontal sum, and the tiny preset's 80-wide rows ran
-// `dcp run`'s decode attention slower on the row kernel at 8 heads (0.30 against 0.25 ms), so
-// other widths switch at 8, as AVX2 does (its 8 lanes hold 8 heads without padding).
+// KV from memory) the row kernel is faster at the MLA width up to 9 heads with fp32 rows and 11
+// with bf16 ones (`dcp bench attention --heads 8,9,10,11,12,16` shows the crossover). With short
+// rows a head's dot product is a few vectors and then a horizontal sum, which the row kernel pays
+// per (head, row), so other widths switch at 8, as AVX2 does (its 8 lanes hold 8 heads without
+// padding).
 template <int V>
 int lane_kernel_min_heads(const MlaAttentionParams& p) {
   if (V == 16 && p.kv_lora_rank + p.rope_dim == kMlaWidth)

@@ -82,8 +82,8 @@ void write_task_state(const MlaAttentionParams& p, const Task& task, const float
 constexpr int kMaxBlockLanes = 128;
 
 // The width of every released MLA model's latent row (kv_lora_rank 512 + rope_dim 64): the lanes
-// kernel reads contiguous rows of it from one base pointer, and the kernel switch was measured
-// at it.
+// kernel reads contiguous rows of it from one base pointer, and the kernel switch is tuned for
+// it.
 constexpr int kMlaWidth = 512 + 64;
 
 // Lane h of a block task: head h % H of token t + h / H (T query tokens in all, for query_head).

@@ -1,6 +1,6 @@
 // fp32 -> bf16 conversion of KV rows, dispatched to the widest SIMD path this CPU has. The
 // library's baseline (x86-64, SSE2) cannot narrow 32-bit lanes to 16 bits, so without this the
-// rounding ran one element at a time and a bf16 KV write ran at 40% of the read bandwidth.
+// rounding would run one element at a time, far below the write bandwidth.
 #include "convert_paths.h"
 #include "dcp/error.h"
 #include "dcp/kernel_path.h"

@@ -1,6 +1,6 @@
 // Vectors whose storage starts on a cache line. The kernels load their work buffers 64 bytes at a
 // time (AVX-512 vectors, AMX tile rows); from operator new's 16-byte alignment every such load
-// straddles two lines and costs two (measured on the AMX path: 128 heads 2.0 -> 1.5 ms).
+// straddles two lines and costs two.
 #pragma once
 
 #include <cstddef>

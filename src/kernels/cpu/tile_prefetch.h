@@ -2,19 +2,14 @@
 //
 // With few heads (or with 16 heads and fp32 rows) a decode call reads the KV from memory about
 // as fast as it computes on it, and the call takes the longer of the two only if reading overlaps
-// computing. Cold-cache measurements on this machine (4 heads, 32K rows) put the kernels at
-// compute + read time, not the larger of the two, while a synthetic loop that prefetched each
-// line of the next tile once, in memory order, spread evenly over its compute, ran at the read
-// bandwidth. Two things mattered in that loop: the spreading (a burst of requests fills the
-// line-fill buffers and stalls the core, and the memory then idles while it computes), and the
-// order (column blocks across rows, the order the value pass reads in, was 10-15% slower than
-// row after row). So the kernels ask for a few lines per step of their passes, row after row: 4
-// heads fp32 (the row kernel) went from 7.6-7.8 to 6.5-6.7 ms at 32K cold rows, 16 heads (the
-// heads-in-lanes kernel) 9% faster.
+// computing; left to the hardware, the kernels take compute + read time. Two things make the
+// overlap: spreading the requests (a burst fills the line-fill buffers and stalls the core, and
+// the memory then idles while it computes), and their order (row after row beats column blocks
+// across rows, the order the value pass reads in). So the kernels ask for a few lines per step of
+// their passes, row after row.
 //
 // The AMX kernel does without: its value operand's interleave reads the tile as a stream that
-// the hardware prefetcher follows, and this scheme, spread over its passes in three ways, was
-// 5-21% slower on a cold cache and 15% slower in cache (4 and 16 heads).
+// the hardware prefetcher follows, and this scheme only slowed it.
 #pragma once
 
 #include <algorithm>
@@ -64,8 +59,8 @@ class TilePrefetch {
   int line_count_;
   int rows_ = 0, j_ = 0, line_ = 0;
   const char* row_[kRows] = {};
-  // Last on purpose: ahead of the counters it moved them and everything after them in the
-  // kernels by 8 bytes, and the row kernel at 4 heads fp32 ran 7% slower (A/B, cold, 32K rows).
+  // Last on purpose: ahead of the counters it moves them and everything after them in the
+  // kernels by 8 bytes, which slows the row kernel's hot loop.
   int row_bytes_;
 };
 
