@@ -1,5 +1,6 @@
 #include "naive_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <string>
@@ -92,6 +93,94 @@ Vec rope(const Vec& x, std::int64_t pos, const ModelConfig& c) {
   return out;
 }
 
+// A SwiGLU MLP of intermediate width `inter`, named `prefix`{gate,up,down}_proj.
+struct NaiveMlp {
+  Mat gate, up, down;
+  NaiveMlp(const WeightSource& w, const std::string& prefix, std::int64_t hidden,
+           std::int64_t inter)
+      : gate(w, prefix + "gate_proj.weight", inter, hidden),
+        up(w, prefix + "up_proj.weight", inter, hidden),
+        down(w, prefix + "down_proj.weight", hidden, inter) {}
+  Vec apply(const Vec& x) const {
+    Vec g = gate.apply(x);
+    const Vec u = up.apply(x);
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
+    return down.apply(g);
+  }
+};
+
+// Indices of the k largest, ties to the lower index (as dcp's router; torch leaves them open).
+std::vector<int> naive_top_k(const Vec& v, int k) {
+  std::vector<int> idx;
+  std::vector<bool> taken(v.size(), false);
+  for (int n = 0; n < k; ++n) {
+    int best = -1;
+    for (int i = 0; i < static_cast<int>(v.size()); ++i) {
+      if (!taken[i] && (best < 0 || v[i] > v[best])) best = i;
+    }
+    taken[best] = true;
+    idx.push_back(best);
+  }
+  return idx;
+}
+
+// The Hugging Face DeepSeek MoE block for one token, in float64: MoEGate (V2's softmax with
+// greedy or group-limited greedy, V3's sigmoid with noaux_tc and its correction bias), the routed
+// experts' weighted sum and the shared experts.
+Vec naive_moe(const ModelConfig& c, const WeightSource& w, const std::string& p, const Vec& x,
+              const std::vector<NaiveMlp>& experts, const NaiveMlp* shared) {
+  const int n = c.n_routed_experts, k = c.num_experts_per_tok;
+  const Mat router(w, p + "mlp.gate.weight", n, c.hidden_size);
+  const Vec logits = router.apply(x);
+  Vec scores(n);
+  if (c.model_type == "deepseek_v2") {  // softmax
+    double m = -INFINITY, z = 0;
+    for (double l : logits) m = std::max(m, l);
+    for (int e = 0; e < n; ++e) z += scores[e] = std::exp(logits[e] - m);
+    for (double& s : scores) s /= z;
+  } else {  // sigmoid
+    for (int e = 0; e < n; ++e) scores[e] = 1.0 / (1.0 + std::exp(-logits[e]));
+  }
+  Vec choice = scores;
+  const bool noaux = c.topk_method == "noaux_tc";
+  if (noaux) {
+    const Vec bias = load_vec(w, p + "mlp.gate.e_score_correction_bias", n);
+    for (int e = 0; e < n; ++e) choice[e] += bias[e];
+  }
+  if (c.topk_method != "greedy") {
+    const int per = n / c.n_group;
+    Vec group(c.n_group);
+    for (int g = 0; g < c.n_group; ++g) {
+      const Vec members(choice.begin() + g * per, choice.begin() + (g + 1) * per);
+      const std::vector<int> best = naive_top_k(members, noaux ? 2 : 1);
+      group[g] = noaux ? members[best[0]] + members[best[1]] : members[best[0]];
+    }
+    const std::vector<int> kept = naive_top_k(group, c.topk_group);
+    for (int e = 0; e < n; ++e) {
+      if (std::find(kept.begin(), kept.end(), e / per) == kept.end()) choice[e] = 0.0;
+    }
+  }
+  const std::vector<int> chosen = naive_top_k(choice, k);
+  Vec weight(k);
+  double sum = 0;
+  for (int i = 0; i < k; ++i) sum += weight[i] = scores[chosen[i]];
+  const bool normalise = k > 1 && c.norm_topk_prob;
+  for (double& wt : weight) {
+    if (normalise) wt /= sum + 1e-20;
+    if (c.model_type != "deepseek_v2" || !normalise) wt *= c.routed_scaling_factor;
+  }
+  Vec y(static_cast<std::size_t>(c.hidden_size), 0.0);
+  for (int i = 0; i < k; ++i) {
+    const Vec e = experts[chosen[i]].apply(x);
+    for (std::size_t d = 0; d < y.size(); ++d) y[d] += weight[i] * e[d];
+  }
+  if (shared) {
+    const Vec s = shared->apply(x);
+    for (std::size_t d = 0; d < y.size(); ++d) y[d] += s[d];
+  }
+  return y;
+}
+
 }  // namespace
 
 std::vector<double> naive_logits(const ModelConfig& c, const WeightSource& w,
@@ -173,15 +262,27 @@ std::vector<double> naive_logits(const ModelConfig& c, const WeightSource& w,
       const Vec o = o_proj.apply(attn);
       for (std::int64_t i = 0; i < hidden; ++i) x[t][i] += o[i];
     }
-    const Mat gate(w, p + "mlp.gate_proj.weight", c.intermediate_size, hidden);
-    const Mat up(w, p + "mlp.up_proj.weight", c.intermediate_size, hidden);
-    const Mat down(w, p + "mlp.down_proj.weight", hidden, c.intermediate_size);
+    // The MLP: dense, or mixture of experts (layer >= first_k_dense_replace, every
+    // moe_layer_freq-th), written from the Hugging Face rule rather than taken from dcp.
+    const bool moe =
+        c.n_routed_experts > 0 && layer >= c.first_k_dense_replace && layer % c.moe_layer_freq == 0;
+    std::vector<NaiveMlp> experts;
+    std::vector<NaiveMlp> shared;
+    if (moe) {
+      for (int e = 0; e < c.n_routed_experts; ++e)
+        experts.emplace_back(w, p + "mlp.experts." + std::to_string(e) + ".", hidden,
+                             c.moe_intermediate_size);
+      if (c.n_shared_experts > 0)
+        shared.emplace_back(
+            w, p + "mlp.shared_experts.", hidden,
+            static_cast<std::int64_t>(c.moe_intermediate_size) * c.n_shared_experts);
+    } else {
+      experts.emplace_back(w, p + "mlp.", hidden, c.intermediate_size);
+    }
     for (std::int64_t t = 0; t < L; ++t) {
       const Vec hn = rms_norm(x[t], post_norm, c.rms_norm_eps);
-      Vec g = gate.apply(hn);
-      const Vec u = up.apply(hn);
-      for (std::size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1.0 + std::exp(-g[i])) * u[i];
-      const Vec d = down.apply(g);
+      const Vec d = moe ? naive_moe(c, w, p, hn, experts, shared.empty() ? nullptr : &shared[0])
+                        : experts[0].apply(hn);
       for (std::int64_t i = 0; i < hidden; ++i) x[t][i] += d[i];
     }
   }

@@ -416,9 +416,9 @@ TEST(KvCache, ErrorsNameTheProblemAndChangeNothing) {
                "outside request 1");
   expect_error([&] { pool.write_row(13, row.data()); }, ErrorCategory::invalid_argument,
                "outside the pool");
-  EXPECT_THROW(KvShard(a, pool, 2), Error);
+  expect_error([&] { KvShard(a, pool, 2); }, ErrorCategory::invalid_argument, "dcp_rank = 2");
   LatentPool other(4, 4, kSmall);
-  EXPECT_THROW(KvShard(a, other, 0), Error);
+  expect_error([&] { KvShard(a, other, 0); }, ErrorCategory::invalid_argument, "disagree");
 }
 
 TEST(KvCache, CopyOnWriteKeepsSharedPrefixesIntact) {

@@ -133,14 +133,17 @@ TEST(Layout, WidenedPagesMapOneVirtualPageToOnePhysicalPage) {
 }
 
 TEST(Layout, RejectsInvalidArguments) {
-  EXPECT_THROW(ShardLayout(0, 0), Error);
-  EXPECT_THROW(ShardLayout(4, 4), Error);
-  EXPECT_THROW(ShardLayout(4, -1), Error);
-  EXPECT_THROW(ShardLayout(4, 0, 0), Error);
-  EXPECT_THROW(WidenedPages(0, 1, 16), Error);
-  EXPECT_THROW(WidenedPages(2, 1, 0), Error);
-  EXPECT_THROW(WidenedPages(2, -1, 16), Error);
-  EXPECT_THROW(WidenedPages(2, 1, 24, 16), Error);  // page not a multiple of interleave
+  using test::throws_error;
+  const auto bad = ErrorCategory::invalid_argument;
+  EXPECT_TRUE(throws_error([] { ShardLayout(0, 0); }, bad, "dcp_size = 0 must be >= 1"));
+  EXPECT_TRUE(throws_error([] { ShardLayout(4, 4); }, bad, "dcp_rank = 4"));
+  EXPECT_TRUE(throws_error([] { ShardLayout(4, -1); }, bad, "dcp_rank = -1"));
+  EXPECT_TRUE(throws_error([] { ShardLayout(4, 0, 0); }, bad, "interleave = 0 must be >= 1"));
+  EXPECT_TRUE(throws_error([] { WidenedPages(0, 1, 16); }, bad, "dcp_size = 0 must be >= 1"));
+  EXPECT_TRUE(throws_error([] { WidenedPages(2, 1, 0); }, bad, "page_size = 0 must be >= 1"));
+  EXPECT_TRUE(throws_error([] { WidenedPages(2, -1, 16); }, bad, "physical_pages = -1"));
+  EXPECT_TRUE(throws_error([] { WidenedPages(2, 1, 24, 16); }, bad,  // page not a multiple
+                           "page_size = 24"));
   try {
     ShardLayout(4, 7);
     FAIL() << "expected an error";

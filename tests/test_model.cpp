@@ -270,16 +270,21 @@ TEST_F(GeneratedCheckpoint, MalformedCheckpointsAreRefusedClearly) {
   EXPECT_NE(
       error_of([&] { w->load("model.norm.weight", {c.hidden_size + 1}); }).find("has shape [128]"),
       std::string::npos);
-  // A config with MoE layers is refused at model construction, naming the layer.
+  // A config with MoE layers over a dense checkpoint: refused naming the first missing tensor.
   ModelConfig moe = c;
   moe.n_routed_experts = 8;
+  moe.num_experts_per_tok = 2;
+  moe.moe_intermediate_size = 16;
+  moe.scoring_func = "sigmoid";
+  moe.topk_method = "noaux_tc";
   moe.first_k_dense_replace = 0;
   run_threads(1, [&](Communicator& world) {
     auto dcp = world.split(0, 0);
     ModelOptions mo;
     mo.kv_capacity_tokens = 64;
     const std::string why = error_of([&] { MlaModel m(moe, *w, world, *dcp, mo); });
-    EXPECT_NE(why.find("layer 0 is a mixture-of-experts layer"), std::string::npos) << why;
+    EXPECT_NE(why.find("missing tensor 'model.layers.0.mlp.gate.weight'"), std::string::npos)
+        << why;
   });
   // Malformed config.json.
   std::ofstream(dir_ / "config.json") << "{\"vocab_size\": 10,";

@@ -90,12 +90,21 @@ TEST(Speculative, RejectsMisuse) {
   const auto weights = make_synthetic_weights(1);
   EngineSetup s;
   s.num_draft_tokens = 2;  // no draft model
-  EXPECT_THROW(run_engine(target, *weights, s, {request(0, {1, 2}, 3)}), Error);
+  EXPECT_TRUE(test::throws_error(
+      [&] {
+        run_engine(target, *weights, s, {request(0, {1, 2}, 3)});
+      },
+      ErrorCategory::invalid_argument, "num_draft_tokens > 0 needs a draft model"));
   ModelConfig other_vocab = target;
   other_vocab.vocab_size = 100;
   s.draft_config = other_vocab;
   s.draft_weights = weights.get();
-  EXPECT_THROW(run_engine(target, *weights, s, {request(0, {1, 2}, 3)}), Error);
+  EXPECT_TRUE(test::throws_error(
+      [&] {
+        run_engine(target, *weights, s, {request(0, {1, 2}, 3)});
+      },
+      ErrorCategory::invalid_argument,
+      "the draft model's vocabulary (100) differs from the target's"));
 }
 
 }  // namespace

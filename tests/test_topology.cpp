@@ -6,6 +6,7 @@
 
 #include "dcp/error.h"
 #include "dcp/topology.h"
+#include "test_util.h"
 
 namespace dcp {
 namespace {
@@ -130,8 +131,11 @@ TEST(Topology, BackendAutoRuleAndRejections) {
             std::string::npos);
   EXPECT_NE(rejection(config(6, 1, false, 4)).find("legal dcp_size values: 1, 2, 3, 6"),
             std::string::npos);
-  EXPECT_THROW(parse_combine_backend("nccl"), Error);
-  EXPECT_THROW(Platform::parse("tpu"), Error);
+  EXPECT_TRUE(test::throws_error([] { parse_combine_backend("nccl"); },
+                                 ErrorCategory::invalid_argument,
+                                 "dcp_comm_backend = 'nccl' is not one of: ag_rs, a2a, fi_a2a"));
+  EXPECT_TRUE(test::throws_error([] { Platform::parse("tpu"); }, ErrorCategory::invalid_argument,
+                                 "platform = 'tpu' is not one of: cpu, cuda, blackwell-mnnvl"));
 }
 
 }  // namespace

@@ -91,7 +91,12 @@ class MlaModel {
   Communicator& tp_group() noexcept { return tp_; }
 
  private:
+  struct Mlp;
+  struct Moe;
   struct Layer;
+  // y[T, hidden] = the MoE layer's partial output on this rank (routed experts' slices plus the
+  // shared experts'); the TP all-reduce completes it.
+  void moe_forward(const Moe& moe, const float* x, std::int64_t tokens, float* y) const;
   void attention(Layer& layer, const float* x, const ForwardBatch& batch, const ForwardPlan& plan,
                  float* out, ForwardTimings& t);
 

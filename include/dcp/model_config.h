@@ -1,5 +1,6 @@
-// Model geometry: the fields of a Hugging Face DeepSeek-V2/V3 config.json that dcp uses, plus
-// the Kimi-K3 extensions (output gate, skip_rope), and the synthetic presets.
+// Model geometry: the fields of a Hugging Face DeepSeek-V2/V3 (and Kimi-K2, Moonlight)
+// config.json that dcp uses, plus the Kimi-K3 extensions (output gate, skip_rope), and the
+// synthetic presets.
 #pragma once
 
 #include <cstdint>
@@ -34,13 +35,35 @@ struct ModelConfig {
   std::optional<RopeScaling> rope_scaling;
   bool skip_rope = false;         // Kimi-K3: no rotary embedding
   bool attn_output_gate = false;  // Kimi-K3: x * sigmoid(g_proj(hidden)) before o_proj
-  bool quantized = false;         // config has quantization_config
+  // The family, from model_type: deepseek_v2 (V2, V2-Lite), deepseek_v3 (V3, R1, Moonlight) or
+  // kimi_k2; architectures[0] is DeepseekV2ForCausalLM or DeepseekV3ForCausalLM.
+  std::string model_type = "deepseek_v3";
+  std::string architecture = "DeepseekV3ForCausalLM";
+  // quantization_config: "" (none) or "fp8" (E4M3 weights with F32 weight_scale_inv blocks).
+  std::string quant_method;
+  int weight_block_rows = 128, weight_block_cols = 128;  // weight_block_size
+  bool quantized = false;                                // quant_method is set
   // Mixture of experts: layer i is MoE iff n_routed_experts > 0, i >= first_k_dense_replace and
-  // i % moe_layer_freq == 0. dcp runs dense layers only.
+  // i % moe_layer_freq == 0.
   int n_routed_experts = 0;
+  int n_shared_experts = 0;
+  int num_experts_per_tok = 0;
+  int moe_intermediate_size = 0;
   int first_k_dense_replace = 0;
   int moe_layer_freq = 1;
+  std::string scoring_func = "softmax";  // softmax (deepseek_v2) or sigmoid (v3, kimi_k2)
+  std::string topk_method = "greedy";    // greedy, group_limited_greedy (v2) or noaux_tc (v3)
+  int n_group = 1;
+  int topk_group = 1;
+  bool norm_topk_prob = false;
+  double routed_scaling_factor = 1.0;
+  // Multi-token-prediction layers stored after the main ones (tensors of layer
+  // num_hidden_layers and up): not part of the main model, skipped.
+  int num_nextn_predict_layers = 0;
 
+  // DeepSeek-V2's gate scales by routed_scaling_factor only when it does not normalise; V3's
+  // (and Kimi-K2's) always does.
+  bool scale_always() const noexcept { return model_type != "deepseek_v2"; }
   int q_head_dim() const noexcept { return qk_nope_head_dim + qk_rope_head_dim; }
   int latent_width() const noexcept { return kv_lora_rank + qk_rope_head_dim; }
   bool is_moe_layer(int layer) const noexcept {
@@ -60,6 +83,15 @@ std::string model_config_to_json(const ModelConfig& c);
 // Presets with synthetic weights: "tiny", "deepseek-v3", "kimi-k3". num_layers overrides the
 // layer count when > 0. Throws naming the legal presets otherwise.
 ModelConfig preset_config(const std::string& name, int num_layers = 0);
+
+// The MLA families as published, scaled down so that a random checkpoint of one runs in seconds:
+// "deepseek-v2-lite", "deepseek-v2", "deepseek-v3", "kimi-k2", "moonlight". Each keeps its
+// family's config fields (model_type, architecture, routing, q-LoRA or not, RoPE, weight dtype:
+// FP8 block-quantized for deepseek-v3 and kimi-k2) and the real ratios where it can (experts per
+// token, groups); widths and counts are small. Throws naming the legal families otherwise.
+ModelConfig family_config(const std::string& family);
+// The families family_config knows, comma-separated.
+const char* family_names() noexcept;
 
 // YaRN helper (DeepSeek): 0.1 * mscale * ln(scale) + 1 for scale > 1, else 1.
 double yarn_get_mscale(double scale, double mscale);

@@ -122,9 +122,23 @@ std::vector<std::pair<std::string, std::vector<std::int64_t>>> checkpoint_tensor
       t.push_back({p + "self_attn.g_proj.weight", Shape{heads * c.v_head_dim, h}});
     t.push_back({p + "self_attn.o_proj.weight", Shape{h, heads * c.v_head_dim}});
     t.push_back({p + "post_attention_layernorm.weight", Shape{h}});
-    t.push_back({p + "mlp.gate_proj.weight", Shape{c.intermediate_size, h}});
-    t.push_back({p + "mlp.up_proj.weight", Shape{c.intermediate_size, h}});
-    t.push_back({p + "mlp.down_proj.weight", Shape{h, c.intermediate_size}});
+    const auto mlp = [&](const std::string& prefix, std::int64_t inter) {
+      t.push_back({prefix + "gate_proj.weight", Shape{inter, h}});
+      t.push_back({prefix + "up_proj.weight", Shape{inter, h}});
+      t.push_back({prefix + "down_proj.weight", Shape{h, inter}});
+    };
+    if (c.is_moe_layer(i)) {
+      t.push_back({p + "mlp.gate.weight", Shape{c.n_routed_experts, h}});
+      if (c.topk_method == "noaux_tc")
+        t.push_back({p + "mlp.gate.e_score_correction_bias", Shape{c.n_routed_experts}});
+      for (int e = 0; e < c.n_routed_experts; ++e)
+        mlp(p + "mlp.experts." + std::to_string(e) + ".", c.moe_intermediate_size);
+      if (c.n_shared_experts > 0)
+        mlp(p + "mlp.shared_experts.",
+            static_cast<std::int64_t>(c.moe_intermediate_size) * c.n_shared_experts);
+    } else {
+      mlp(p + "mlp.", c.intermediate_size);
+    }
   }
   t.push_back({"model.norm.weight", Shape{h}});
   t.push_back({"lm_head.weight", Shape{c.vocab_size, h}});

@@ -4,9 +4,12 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
+#include <string>
 
 #include "dcp/error.h"
 #include "dcp/timing.h"
+#include "moe_router.h"
 #include "ops.h"
 
 namespace dcp {
@@ -20,6 +23,38 @@ void set_blas_threads(int threads) {
   ops::set_blas_threads(threads);
 }
 
+// A SwiGLU MLP, this rank's TP slice of its intermediate dimension: down(silu(gate(x)) * up(x)).
+struct MlaModel::Mlp {
+  std::vector<float> gate, up, down;  // [I_loc, hidden], [I_loc, hidden], [hidden, I_loc]
+  std::int64_t i_loc = 0;
+
+  // Rows [i0, i1) of the intermediate dimension of `prefix`{gate,up,down}_proj.weight.
+  void load(const WeightSource& w, const std::string& prefix, std::int64_t hidden,
+            std::int64_t inter, std::int64_t i0, std::int64_t i1) {
+    i_loc = i1 - i0;
+    gate = w.load(prefix + "gate_proj.weight", {inter, hidden}, {i0, i1});
+    up = w.load(prefix + "up_proj.weight", {inter, hidden}, {i0, i1});
+    down = w.load(prefix + "down_proj.weight", {hidden, inter}, {}, {i0, i1});
+  }
+  // y[T, hidden] = this slice's partial output (the TP all-reduce completes it).
+  void forward(const float* x, std::int64_t tokens, std::int64_t hidden, float* y) const {
+    std::vector<float> g(static_cast<std::size_t>(tokens * i_loc)), u(g.size());
+    ops::linear(x, tokens, hidden, gate.data(), i_loc, g.data());
+    ops::linear(x, tokens, hidden, up.data(), i_loc, u.data());
+    ops::silu_mul(g.data(), u.data(), g.data(), static_cast<std::int64_t>(g.size()));
+    ops::linear(g.data(), tokens, i_loc, down.data(), hidden, y);
+  }
+};
+
+// A mixture-of-experts layer: the router (replicated), every routed expert's TP slice, and the
+// shared experts as one MLP of width moe_intermediate_size x n_shared_experts.
+struct MlaModel::Moe {
+  std::vector<float> router;  // [E, hidden]
+  std::vector<float> bias;    // [E] e_score_correction_bias (noaux_tc), else empty
+  std::vector<Mlp> experts;
+  std::optional<Mlp> shared;
+};
+
 struct MlaModel::Layer {
   std::vector<float> input_norm, post_norm;
   std::vector<float> q_a, q_a_norm;    // [q_lora, hidden], [q_lora] (q_lora models)
@@ -31,8 +66,8 @@ struct MlaModel::Layer {
   std::vector<float> w_vc;             // [H_loc, v, kv_lora]
   std::vector<float> g_proj;           // [H_loc * v, hidden] (output gate)
   std::vector<float> o_proj;           // [hidden, H_loc * v]
-  std::vector<float> gate, up, down;   // [I_loc, hidden], [I_loc, hidden], [hidden, I_loc]
-  std::int64_t i_loc = 0;
+  Mlp mlp;                             // dense layers
+  std::unique_ptr<Moe> moe;            // mixture-of-experts layers
   std::unique_ptr<LatentPool> pool;
   std::unique_ptr<KvShard> shard;
   ops::Rope rope;
@@ -53,12 +88,6 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
   DCP_ARG_CHECK(options.page_size >= 1, "page_size = ", options.page_size, " must be >= 1");
   DCP_ARG_CHECK(options.kv_capacity_tokens >= 1, "KV capacity ", options.kv_capacity_tokens,
                 " tokens must be >= 1");
-  for (int i = 0; i < c.num_hidden_layers; ++i) {
-    DCP_CHECK(!c.is_moe_layer(i), unsupported, "layer ", i,
-              " is a mixture-of-experts layer (n_routed_experts ", c.n_routed_experts,
-              ", first_k_dense_replace ", c.first_k_dense_replace,
-              "); dcp runs dense MLP layers only");
-  }
   h_loc_ = c.num_attention_heads / tp_size;
   head0_ = tp.rank() * h_loc_;
   const int qhd = c.q_head_dim(), nope = c.qk_nope_head_dim, v = c.v_head_dim, kvl = c.kv_lora_rank;
@@ -138,10 +167,28 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
     L->o_proj = w.load(
         p + "self_attn.o_proj.weight", {hidden, heads_all * v}, {},
         {static_cast<std::int64_t>(head0_) * v, static_cast<std::int64_t>(head0_ + h_loc_) * v});
-    L->i_loc = i1 - i0;
-    L->gate = w.load(p + "mlp.gate_proj.weight", {inter, hidden}, {i0, i1});
-    L->up = w.load(p + "mlp.up_proj.weight", {inter, hidden}, {i0, i1});
-    L->down = w.load(p + "mlp.down_proj.weight", {hidden, inter}, {}, {i0, i1});
+    if (c.is_moe_layer(i)) {
+      // Experts are sliced like the dense MLP: each rank holds 1/TP of every expert's
+      // intermediate dimension.
+      L->moe = std::make_unique<Moe>();
+      Moe& m = *L->moe;
+      const std::int64_t experts = c.n_routed_experts, mi = c.moe_intermediate_size;
+      m.router = w.load(p + "mlp.gate.weight", {experts, hidden});
+      if (c.topk_method == "noaux_tc")
+        m.bias = w.load(p + "mlp.gate.e_score_correction_bias", {experts});
+      const std::int64_t e0 = mi * tp.rank() / tp_size, e1 = mi * (tp.rank() + 1) / tp_size;
+      m.experts.resize(static_cast<std::size_t>(experts));
+      for (std::int64_t e = 0; e < experts; ++e)
+        m.experts[e].load(w, p + "mlp.experts." + std::to_string(e) + ".", hidden, mi, e0, e1);
+      if (c.n_shared_experts > 0) {
+        const std::int64_t si = mi * c.n_shared_experts;
+        m.shared.emplace();
+        m.shared->load(w, p + "mlp.shared_experts.", hidden, si, si * tp.rank() / tp_size,
+                       si * (tp.rank() + 1) / tp_size);
+      }
+    } else {
+      L->mlp.load(w, p + "mlp.", hidden, inter, i0, i1);
+    }
     L->pool = std::make_unique<LatentPool>(
         pages, options.page_size, LatentGeometry{kvl, c.qk_rope_head_dim, options.kv_dtype});
     L->shard = std::make_unique<KvShard>(*allocator_, *L->pool, dcp.rank());
@@ -254,6 +301,48 @@ void MlaModel::attention(Layer& L, const float* x, const ForwardBatch& batch,
   ops::linear(vals.data(), T, static_cast<std::int64_t>(h_loc_) * v, L.o_proj.data(), hidden, out);
 }
 
+void MlaModel::moe_forward(const Moe& m, const float* x, std::int64_t tokens, float* y) const {
+  const ModelConfig& c = config_;
+  const std::int64_t hidden = c.hidden_size, experts = c.n_routed_experts;
+  // The router in fp32 on every rank (x is whole after the attention's all-reduce), so every
+  // rank routes alike.
+  std::vector<float> logits(static_cast<std::size_t>(tokens * experts));
+  ops::linear(x, tokens, hidden, m.router.data(), experts, logits.data());
+  const moe::Routing r =
+      moe::route(c, logits.data(), tokens, m.bias.empty() ? nullptr : m.bias.data());
+  if (m.shared) {
+    m.shared->forward(x, tokens, hidden, y);
+  } else {
+    std::fill(y, y + tokens * hidden, 0.0f);
+  }
+  // Tokens grouped by expert: each expert runs once over the rows routed to it.
+  std::vector<std::vector<std::int64_t>> rows(static_cast<std::size_t>(experts));
+  std::vector<std::vector<float>> weights(static_cast<std::size_t>(experts));
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    for (int i = 0; i < r.k; ++i) {
+      const std::int32_t e = r.experts[t * r.k + i];
+      rows[e].push_back(t);
+      weights[e].push_back(r.weights[t * r.k + i]);
+    }
+  }
+  std::vector<float> in, out;
+  for (std::int64_t e = 0; e < experts; ++e) {
+    const std::int64_t n = static_cast<std::int64_t>(rows[e].size());
+    if (n == 0) continue;
+    in.resize(static_cast<std::size_t>(n * hidden));
+    out.resize(in.size());
+    for (std::int64_t j = 0; j < n; ++j)
+      std::copy_n(x + rows[e][j] * hidden, hidden, in.data() + j * hidden);
+    m.experts[e].forward(in.data(), n, hidden, out.data());
+    for (std::int64_t j = 0; j < n; ++j) {
+      float* dst = y + rows[e][j] * hidden;
+      const float* src = out.data() + j * hidden;
+      const float w = weights[e][j];
+      for (std::int64_t d = 0; d < hidden; ++d) dst[d] += w * src[d];
+    }
+  }
+}
+
 std::vector<float> MlaModel::forward(const ForwardBatch& batch, ForwardTimings* timings) {
   const auto t_start = Clock::now();
   const CommStats dcp_before = dcp_.stats(), tp_before = tp_.stats();
@@ -292,11 +381,11 @@ std::vector<float> MlaModel::forward(const ForwardBatch& batch, ForwardTimings* 
     for (std::size_t i = 0; i < x.size(); ++i) x[i] += y[i];
     xn = x;
     ops::rms_norm(xn.data(), T, hidden, L.post_norm.data(), c.rms_norm_eps);
-    std::vector<float> gate(static_cast<std::size_t>(T * L.i_loc)), up(gate.size());
-    ops::linear(xn.data(), T, hidden, L.gate.data(), L.i_loc, gate.data());
-    ops::linear(xn.data(), T, hidden, L.up.data(), L.i_loc, up.data());
-    ops::silu_mul(gate.data(), up.data(), gate.data(), static_cast<std::int64_t>(gate.size()));
-    ops::linear(gate.data(), T, L.i_loc, L.down.data(), hidden, y.data());
+    if (L.moe) {
+      moe_forward(*L.moe, xn.data(), T, y.data());
+    } else {
+      L.mlp.forward(xn.data(), T, hidden, y.data());
+    }
     t0 = Clock::now();
     if (tp_.size() > 1) tp_.all_reduce(y.data(), y.data(), y.size(), ScalarType::f32);
     t.tp_comm_ms += ms_since(t0);

@@ -1,7 +1,10 @@
 #include "dcp/model_config.h"
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <type_traits>
 
 #include "dcp/error.h"
 
@@ -37,6 +40,61 @@ void ModelConfig::validate() const {
   if (q_lora_rank) positive(*q_lora_rank, "q_lora_rank");
   DCP_CHECK(rms_norm_eps > 0, io, "model config: rms_norm_eps must be > 0");
   DCP_CHECK(rope_theta > 0, io, "model config: rope_theta must be > 0");
+  DCP_CHECK(model_type == "deepseek_v2" || model_type == "deepseek_v3" || model_type == "kimi_k2",
+            unsupported, "model config: model_type = '", model_type,
+            "' is not an MLA family dcp runs (legal: deepseek_v2, deepseek_v3, kimi_k2)");
+  DCP_CHECK(architecture == "DeepseekV2ForCausalLM" || architecture == "DeepseekV3ForCausalLM",
+            unsupported, "model config: architectures = ['", architecture,
+            "'] is not an MLA architecture dcp runs (legal: DeepseekV2ForCausalLM, "
+            "DeepseekV3ForCausalLM)");
+  DCP_CHECK(quant_method.empty() || quant_method == "fp8", unsupported,
+            "model config: quantization_config.quant_method = '", quant_method,
+            "' is not supported (legal: fp8, or no quantization_config)");
+  if (!quant_method.empty()) {
+    positive(weight_block_rows, "quantization_config.weight_block_size[0]");
+    positive(weight_block_cols, "quantization_config.weight_block_size[1]");
+  }
+  DCP_CHECK(n_routed_experts >= 0, io, "model config: n_routed_experts = ", n_routed_experts,
+            " must be >= 0");
+  DCP_CHECK(first_k_dense_replace >= 0, io,
+            "model config: first_k_dense_replace = ", first_k_dense_replace, " must be >= 0");
+  positive(moe_layer_freq, "moe_layer_freq");
+  DCP_CHECK(num_nextn_predict_layers >= 0, io,
+            "model config: num_nextn_predict_layers = ", num_nextn_predict_layers, " must be >= 0");
+  if (n_routed_experts > 0) {
+    positive(moe_intermediate_size, "moe_intermediate_size");
+    DCP_CHECK(num_experts_per_tok >= 1 && num_experts_per_tok <= n_routed_experts, io,
+              "model config: num_experts_per_tok = ", num_experts_per_tok, " must be in [1, ",
+              n_routed_experts, "] (n_routed_experts)");
+    DCP_CHECK(n_shared_experts >= 0, io, "model config: n_shared_experts = ", n_shared_experts,
+              " must be >= 0");
+    DCP_CHECK(n_group >= 1 && n_routed_experts % n_group == 0, io,
+              "model config: n_group = ", n_group,
+              " must be >= 1 and divide n_routed_experts = ", n_routed_experts);
+    DCP_CHECK(topk_group >= 1 && topk_group <= n_group, io,
+              "model config: topk_group = ", topk_group, " must be in [1, n_group = ", n_group,
+              "]");
+    DCP_CHECK(routed_scaling_factor > 0, io,
+              "model config: routed_scaling_factor = ", routed_scaling_factor, " must be > 0");
+    const bool v2 = model_type == "deepseek_v2";
+    DCP_CHECK(scoring_func == (v2 ? "softmax" : "sigmoid"), unsupported,
+              "model config: scoring_func = '", scoring_func, "' is not supported for ", model_type,
+              " (legal: ", v2 ? "softmax" : "sigmoid", ")");
+    DCP_CHECK(v2 ? (topk_method == "greedy" || topk_method == "group_limited_greedy")
+                 : topk_method == "noaux_tc",
+              unsupported, "model config: topk_method = '", topk_method, "' is not supported for ",
+              model_type, " (legal: ", v2 ? "greedy, group_limited_greedy" : "noaux_tc", ")");
+    if (topk_method != "greedy") {
+      const int per_group = n_routed_experts / n_group;
+      DCP_CHECK(topk_method != "noaux_tc" || per_group >= 2, io,
+                "model config: noaux_tc scores a group by its top 2 experts; n_routed_experts / "
+                "n_group = ",
+                per_group, " must be >= 2");
+      DCP_CHECK(num_experts_per_tok <= topk_group * per_group, io,
+                "model config: num_experts_per_tok = ", num_experts_per_tok,
+                " exceeds the experts of topk_group = ", topk_group, " groups");
+    }
+  }
 }
 
 namespace {
@@ -44,8 +102,26 @@ namespace {
 template <typename T>
 T get(const nlohmann::json& j, const char* key) {
   DCP_CHECK(j.contains(key) && !j[key].is_null(), io, "config.json: missing field '", key, "'");
+  const nlohmann::json& v = j[key];
+  if constexpr (std::is_same_v<T, int>) {  // an integer, exactly: never 128.7 as 128
+    DCP_CHECK(v.is_number_integer(), io, "config.json: field '", key, "' = ", v.dump(),
+              " must be an integer");
+    const auto wide = v.is_number_unsigned() ? static_cast<long double>(v.get<std::uint64_t>())
+                                             : static_cast<long double>(v.get<std::int64_t>());
+    DCP_CHECK(wide >= std::numeric_limits<int>::min() && wide <= std::numeric_limits<int>::max(),
+              io, "config.json: field '", key, "' = ", v.dump(), " is out of range");
+    return static_cast<int>(wide);
+  }
+  if constexpr (std::is_same_v<T, bool>) {
+    DCP_CHECK(v.is_boolean(), io, "config.json: field '", key, "' = ", v.dump(),
+              " must be true or false");
+  }
+  if constexpr (std::is_same_v<T, double>) {
+    DCP_CHECK(v.is_number(), io, "config.json: field '", key, "' = ", v.dump(),
+              " must be a number");
+  }
   try {
-    return j[key].get<T>();
+    return v.get<T>();
   } catch (const nlohmann::json::exception& e) {
     throw Error(ErrorCategory::io,
                 str("config.json: field '", key, "' has the wrong type: ", e.what()));
@@ -69,7 +145,6 @@ ModelConfig parse_model_config(const std::string& text) {
   }
   DCP_CHECK(j.is_object(), io, "config.json must hold a JSON object");
   ModelConfig c;
-  c.name = get_or<std::string>(j, "model_type", "deepseek_v3");
   c.vocab_size = get<int>(j, "vocab_size");
   c.hidden_size = get<int>(j, "hidden_size");
   c.intermediate_size = get<int>(j, "intermediate_size");
@@ -101,18 +176,59 @@ ModelConfig parse_model_config(const std::string& text) {
   }
   c.skip_rope = get_or<bool>(j, "skip_rope", false);
   c.attn_output_gate = get_or<bool>(j, "attn_output_gate", false);
-  c.quantized = j.contains("quantization_config") && !j["quantization_config"].is_null();
+  c.model_type = get_or<std::string>(j, "model_type", "deepseek_v3");
+  c.name = c.model_type;
+  if (j.contains("architectures") && !j["architectures"].is_null()) {
+    const auto& a = j["architectures"];
+    DCP_CHECK(a.is_array() && a.size() == 1 && a[0].is_string(), io,
+              "config.json: field 'architectures' must be a list of one name, got ", a.dump());
+    c.architecture = a[0].get<std::string>();
+  } else {
+    c.architecture =
+        c.model_type == "deepseek_v2" ? "DeepseekV2ForCausalLM" : "DeepseekV3ForCausalLM";
+  }
+  if (j.contains("quantization_config") && !j["quantization_config"].is_null()) {
+    const auto& q = j["quantization_config"];
+    DCP_CHECK(q.is_object(), io, "config.json: field 'quantization_config' must be an object");
+    c.quant_method = get<std::string>(q, "quant_method");
+    if (q.contains("weight_block_size") && !q["weight_block_size"].is_null()) {
+      const auto& b = q["weight_block_size"];
+      DCP_CHECK(
+          b.is_array() && b.size() == 2 && b[0].is_number_integer() && b[1].is_number_integer(), io,
+          "config.json: quantization_config.weight_block_size must be two integers, got ",
+          b.dump());
+      c.weight_block_rows = b[0].get<int>();
+      c.weight_block_cols = b[1].get<int>();
+    }
+    if (q.contains("fmt")) {
+      const std::string fmt = get<std::string>(q, "fmt");
+      DCP_CHECK(fmt == "e4m3", unsupported, "config.json: quantization_config.fmt = '", fmt,
+                "' is not supported (legal: e4m3)");
+    }
+  }
+  c.quantized = !c.quant_method.empty();
   c.n_routed_experts = get_or<int>(j, "n_routed_experts", 0);
+  c.n_shared_experts = get_or<int>(j, "n_shared_experts", 0);
+  c.num_experts_per_tok = get_or<int>(j, "num_experts_per_tok", 0);
+  c.moe_intermediate_size = get_or<int>(j, "moe_intermediate_size", 0);
   c.first_k_dense_replace = get_or<int>(j, "first_k_dense_replace", 0);
   c.moe_layer_freq = get_or<int>(j, "moe_layer_freq", 1);
+  const bool v2 = c.model_type == "deepseek_v2";
+  c.scoring_func = get_or<std::string>(j, "scoring_func", v2 ? "softmax" : "sigmoid");
+  c.topk_method = get_or<std::string>(j, "topk_method", v2 ? "greedy" : "noaux_tc");
+  c.n_group = get_or<int>(j, "n_group", 1);
+  c.topk_group = get_or<int>(j, "topk_group", 1);
+  c.norm_topk_prob = get_or<bool>(j, "norm_topk_prob", false);
+  c.routed_scaling_factor = get_or<double>(j, "routed_scaling_factor", 1.0);
+  c.num_nextn_predict_layers = get_or<int>(j, "num_nextn_predict_layers", 0);
   c.validate();
   return c;
 }
 
 std::string model_config_to_json(const ModelConfig& c) {
   nlohmann::ordered_json j;
-  j["architectures"] = {"DeepseekV3ForCausalLM"};
-  j["model_type"] = c.name;
+  j["architectures"] = {c.architecture};
+  j["model_type"] = c.model_type;
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.hidden_size;
   j["intermediate_size"] = c.intermediate_size;
@@ -142,9 +258,126 @@ std::string model_config_to_json(const ModelConfig& c) {
   if (c.attn_output_gate) j["attn_output_gate"] = true;
   j["n_routed_experts"] = c.n_routed_experts > 0 ? nlohmann::ordered_json(c.n_routed_experts)
                                                  : nlohmann::ordered_json(nullptr);
+  if (c.n_routed_experts > 0) {
+    j["n_shared_experts"] = c.n_shared_experts;
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    j["moe_intermediate_size"] = c.moe_intermediate_size;
+    j["scoring_func"] = c.scoring_func;
+    j["topk_method"] = c.topk_method;
+    j["n_group"] = c.n_group;
+    j["topk_group"] = c.topk_group;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["routed_scaling_factor"] = c.routed_scaling_factor;
+  }
   j["first_k_dense_replace"] = c.first_k_dense_replace;
   j["moe_layer_freq"] = c.moe_layer_freq;
+  if (c.num_nextn_predict_layers > 0) j["num_nextn_predict_layers"] = c.num_nextn_predict_layers;
+  if (c.quantized) {
+    j["quantization_config"] = {{"activation_scheme", "dynamic"},
+                                {"fmt", "e4m3"},
+                                {"quant_method", c.quant_method},
+                                {"weight_block_size", {c.weight_block_rows, c.weight_block_cols}}};
+  }
   return j.dump(2);
+}
+
+const char* family_names() noexcept {
+  return "deepseek-v2-lite, deepseek-v2, deepseek-v3, kimi-k2, moonlight";
+}
+
+ModelConfig family_config(const std::string& family) {
+  ModelConfig c;
+  c.name = family;
+  // Shared small geometry: 8 heads (TP 1, 2, 4 divide them), a 48+16-wide latent row.
+  c.vocab_size = 320;
+  c.hidden_size = 96;
+  c.intermediate_size = 160;
+  c.num_hidden_layers = 3;
+  c.num_attention_heads = 8;
+  c.kv_lora_rank = 48;
+  c.qk_nope_head_dim = 24;
+  c.qk_rope_head_dim = 16;
+  c.v_head_dim = 24;
+  c.moe_intermediate_size = 40;
+  c.first_k_dense_replace = 1;
+  c.moe_layer_freq = 1;
+  if (family == "deepseek-v2-lite") {  // 64 experts, 6 per token, 2 shared; no q-LoRA; YaRN
+    c.model_type = "deepseek_v2";
+    c.architecture = "DeepseekV2ForCausalLM";
+    c.q_lora_rank.reset();
+    c.rope_scaling = RopeScaling{40, 4096, 32, 1, 0.707, 0.707};
+    c.n_routed_experts = 16;
+    c.num_experts_per_tok = 6;
+    c.n_shared_experts = 2;
+    c.scoring_func = "softmax";
+    c.topk_method = "greedy";
+    c.norm_topk_prob = false;
+    c.routed_scaling_factor = 1.0;
+  } else if (family == "deepseek-v2") {  // 160 experts in 8 groups, 3 kept, 6 per token, x16
+    c.model_type = "deepseek_v2";
+    c.architecture = "DeepseekV2ForCausalLM";
+    c.q_lora_rank = 48;
+    c.rope_scaling = RopeScaling{40, 4096, 32, 1, 0.707, 0.707};
+    c.n_routed_experts = 32;
+    c.n_group = 8;
+    c.topk_group = 3;
+    c.num_experts_per_tok = 6;
+    c.n_shared_experts = 2;
+    c.scoring_func = "softmax";
+    c.topk_method = "group_limited_greedy";
+    c.norm_topk_prob = false;
+    c.routed_scaling_factor = 16.0;
+  } else if (family == "deepseek-v3") {  // 256 experts in 8 groups, 4 kept, 8 per token; FP8
+    c.model_type = "deepseek_v3";
+    c.architecture = "DeepseekV3ForCausalLM";
+    c.q_lora_rank = 48;
+    c.rope_scaling = RopeScaling{40, 4096, 32, 1, 1.0, 1.0};
+    c.n_routed_experts = 32;
+    c.n_group = 8;
+    c.topk_group = 4;
+    c.num_experts_per_tok = 8;
+    c.n_shared_experts = 1;
+    c.scoring_func = "sigmoid";
+    c.topk_method = "noaux_tc";
+    c.norm_topk_prob = true;
+    c.routed_scaling_factor = 2.5;
+    c.num_nextn_predict_layers = 1;
+    c.quant_method = "fp8";
+    c.weight_block_rows = c.weight_block_cols = 32;  // partial edge blocks at these widths
+  } else if (family == "kimi-k2") {  // 384 experts in 1 group, 8 per token, x2.827; FP8
+    c.model_type = "kimi_k2";
+    c.architecture = "DeepseekV3ForCausalLM";
+    c.q_lora_rank = 48;
+    c.rope_theta = 50000;
+    c.rope_scaling = RopeScaling{32, 4096, 1, 1, 1.0, 1.0};
+    c.n_routed_experts = 24;
+    c.num_experts_per_tok = 8;
+    c.n_shared_experts = 1;
+    c.scoring_func = "sigmoid";
+    c.topk_method = "noaux_tc";
+    c.norm_topk_prob = true;
+    c.routed_scaling_factor = 2.827;
+    c.quant_method = "fp8";
+    c.weight_block_rows = c.weight_block_cols = 32;
+  } else if (family == "moonlight") {  // 64 experts in 1 group, 6 per token, 2 shared; no q-LoRA
+    c.model_type = "deepseek_v3";
+    c.architecture = "DeepseekV3ForCausalLM";
+    c.q_lora_rank.reset();
+    c.rope_theta = 50000;
+    c.n_routed_experts = 16;
+    c.num_experts_per_tok = 6;
+    c.n_shared_experts = 2;
+    c.scoring_func = "sigmoid";
+    c.topk_method = "noaux_tc";
+    c.norm_topk_prob = true;
+    c.routed_scaling_factor = 2.446;
+  } else {
+    throw Error(ErrorCategory::invalid_argument,
+                str("family = '", family, "' is not one of: ", family_names()));
+  }
+  c.quantized = !c.quant_method.empty();
+  c.validate();
+  return c;
 }
 
 ModelConfig preset_config(const std::string& name, int num_layers) {
