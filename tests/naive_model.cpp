@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <numbers>
 #include <string>
 
@@ -127,8 +128,16 @@ std::vector<int> naive_top_k(const Vec& v, int k) {
 // The Hugging Face DeepSeek MoE block for one token, in float64: MoEGate (V2's softmax with
 // greedy or group-limited greedy, V3's sigmoid with noaux_tc and its correction bias), the routed
 // experts' weighted sum and the shared experts.
+// The gap between the k-th largest value and the next (infinite when nothing is left out).
+double top_k_margin(const Vec& v, int k) {
+  if (k >= static_cast<int>(v.size())) return INFINITY;
+  Vec sorted = v;
+  std::sort(sorted.begin(), sorted.end(), std::greater<>());
+  return sorted[k - 1] - sorted[k];
+}
+
 Vec naive_moe(const ModelConfig& c, const WeightSource& w, const std::string& p, const Vec& x,
-              const std::vector<NaiveMlp>& experts, const NaiveMlp* shared) {
+              const std::vector<NaiveMlp>& experts, const NaiveMlp* shared, double* margin) {
   const int n = c.n_routed_experts, k = c.num_experts_per_tok;
   const Mat router(w, p + "mlp.gate.weight", n, c.hidden_size);
   const Vec logits = router.apply(x);
@@ -156,11 +165,13 @@ Vec naive_moe(const ModelConfig& c, const WeightSource& w, const std::string& p,
       group[g] = noaux ? members[best[0]] + members[best[1]] : members[best[0]];
     }
     const std::vector<int> kept = naive_top_k(group, c.topk_group);
+    *margin = std::min(*margin, top_k_margin(group, c.topk_group));
     for (int e = 0; e < n; ++e) {
       if (std::find(kept.begin(), kept.end(), e / per) == kept.end()) choice[e] = 0.0;
     }
   }
   const std::vector<int> chosen = naive_top_k(choice, k);
+  *margin = std::min(*margin, top_k_margin(choice, k));
   Vec weight(k);
   double sum = 0;
   for (int i = 0; i < k; ++i) sum += weight[i] = scores[chosen[i]];
@@ -184,7 +195,8 @@ Vec naive_moe(const ModelConfig& c, const WeightSource& w, const std::string& p,
 }  // namespace
 
 std::vector<double> naive_logits(const ModelConfig& c, const WeightSource& w,
-                                 const std::vector<std::int32_t>& tokens) {
+                                 const std::vector<std::int32_t>& tokens, double* route_margin) {
+  double margin = INFINITY;
   const std::int64_t L = static_cast<std::int64_t>(tokens.size()), hidden = c.hidden_size,
                      H = c.num_attention_heads;
   const int nope = c.qk_nope_head_dim, rp = c.qk_rope_head_dim, vd = c.v_head_dim,
@@ -281,8 +293,9 @@ std::vector<double> naive_logits(const ModelConfig& c, const WeightSource& w,
     }
     for (std::int64_t t = 0; t < L; ++t) {
       const Vec hn = rms_norm(x[t], post_norm, c.rms_norm_eps);
-      const Vec d = moe ? naive_moe(c, w, p, hn, experts, shared.empty() ? nullptr : &shared[0])
-                        : experts[0].apply(hn);
+      const Vec d =
+          moe ? naive_moe(c, w, p, hn, experts, shared.empty() ? nullptr : &shared[0], &margin)
+              : experts[0].apply(hn);
       for (std::int64_t i = 0; i < hidden; ++i) x[t][i] += d[i];
     }
   }
@@ -293,6 +306,7 @@ std::vector<double> naive_logits(const ModelConfig& c, const WeightSource& w,
     const Vec l = lm_head.apply(rms_norm(x[t], final_norm, c.rms_norm_eps));
     logits.insert(logits.end(), l.begin(), l.end());
   }
+  if (route_margin) *route_margin = margin;
   return logits;
 }
 

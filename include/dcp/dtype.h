@@ -41,6 +41,13 @@ inline bf16_t float_to_bf16(float f) noexcept {
   return static_cast<bf16_t>(is_nan ? quiet_nan : rounded);
 }
 
+// FP8 E4M3 (the "fn" variant DeepSeek-V3 and Kimi-K2 ship): 1 sign, 4 exponent (bias 7) and 3
+// mantissa bits; no infinities; 0x7f and 0xff are NaN; the largest finite value is 448.
+using fp8_e4m3_t = std::uint8_t;
+float fp8_e4m3_to_float(fp8_e4m3_t v) noexcept;
+// Round to nearest (ties to an even code), saturating at +-448; NaN maps to 0x7f.
+fp8_e4m3_t float_to_fp8_e4m3(float f) noexcept;
+
 // float_to_bf16 over n values, bit for bit, on the widest SIMD path this CPU has (or the one
 // forced by `path`; amx_bf16 is an attention-only path and is refused).
 void floats_to_bf16(const float* src, bf16_t* dst, std::size_t n,

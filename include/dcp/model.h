@@ -82,6 +82,10 @@ class MlaModel {
   // This rank's shard of layer `layer`'s latent KV.
   KvShard& kv_shard(int layer);
   std::size_t kv_bytes() const noexcept;  // all layers, this rank
+  // Bytes of weights this rank holds, in their dtypes (FP8 scales included), and the dtype of
+  // its projection weights (what the checkpoint ships: fp32 for synthetic weights).
+  std::size_t weight_bytes() const noexcept;
+  WeightDtype weight_dtype() const noexcept;
 
   // Runs the batch and returns logits [rows, vocab] (rows = tokens if all_logits, else requests).
   std::vector<float> forward(const ForwardBatch& batch, ForwardTimings* timings = nullptr);
@@ -107,8 +111,8 @@ class MlaModel {
   int h_loc_ = 0;  // heads per TP rank
   int head0_ = 0;  // first head of this rank
   std::int64_t vocab_begin_ = 0, vocab_end_ = 0, vocab_chunk_ = 0;
-  std::vector<float> embed_;    // [vocab_end - vocab_begin, hidden]
-  std::vector<float> lm_head_;  // same rows
+  WeightMatrix embed_;    // [vocab_end - vocab_begin, hidden]
+  WeightMatrix lm_head_;  // same rows
   std::vector<float> final_norm_;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::unique_ptr<KvAllocator> allocator_;

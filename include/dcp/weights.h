@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dcp/model_config.h"
@@ -19,9 +20,41 @@ struct Range {
   bool whole() const noexcept { return end < 0; }
 };
 
+// How a weight is held in memory: the checkpoint's own dtype.
+enum class WeightDtype : std::uint8_t { f32, bf16, f8_e4m3 };
+std::string_view to_string(WeightDtype d) noexcept;
+
+// One rank's slice of a 2-D weight (a torch Linear weight [out, in]) in its checkpoint dtype:
+// rows x cols values, row-major. An FP8 slice carries the weight_scale_inv blocks that cover it
+// (block_rows x block_cols values of the whole tensor share one F32 scale), indexed by the slice's
+// place in the whole tensor, so a slice that starts inside a block scales exactly as the whole.
+struct WeightMatrix {
+  WeightDtype dtype = WeightDtype::f32;
+  std::int64_t rows = 0, cols = 0;
+  std::vector<std::uint8_t> data;  // rows x cols elements of dtype
+  // FP8 only.
+  int block_rows = 0, block_cols = 0;
+  std::int64_t row0 = 0, col0 = 0;              // the slice's first row and column in the tensor
+  std::int64_t scale_rows = 0, scale_cols = 0;  // the blocks held: from (row0 / block_rows,
+  std::vector<float> scale_inv;                 // col0 / block_cols), [scale_rows, scale_cols]
+
+  // Bytes held (values and scales).
+  std::size_t bytes() const noexcept;
+  // Row r of the slice as fp32, exactly (an FP8 value times its block's scale).
+  void row_to_float(std::int64_t r, float* out) const;
+  // The whole slice as fp32.
+  std::vector<float> to_float() const;
+  // An fp32 matrix holding `values` (rows x cols).
+  static WeightMatrix from_float(std::vector<float> values, std::int64_t rows, std::int64_t cols);
+};
+
 class WeightSource {
  public:
   virtual ~WeightSource() = default;
+  // The same slice as load(), kept in the checkpoint's dtype (FP8 with its scale blocks). The
+  // default converts load()'s fp32 values (synthetic weights are fp32).
+  virtual WeightMatrix load_matrix(const std::string& name, const std::vector<std::int64_t>& shape,
+                                   Range rows = {}, Range cols = {}) const;
   // The tensor `name`, checked against `shape` ([rows, cols] or [n]), as fp32 rows-major values
   // of rows `rows` x cols `cols`. Throws dcp::Error(io) naming the tensor on a missing tensor,
   // a shape mismatch, an unsupported dtype or a truncated file.
@@ -45,9 +78,16 @@ ModelConfig read_checkpoint_config(const std::string& dir);
 
 // Writes a checkpoint of `config` with weights from `source` (synthetic, for tests and demos):
 // config.json plus `num_files` safetensors files (an index file when num_files > 1), tensors in
-// dtype "BF16", "F16" or "F32".
+// dtype "BF16", "F16" or "F32". With an FP8 config (quant_method fp8) the projection weights are
+// written as F8_E4M3 with F32 weight_scale_inv blocks, as DeepSeek-V3 ships them, and the
+// rest (embeddings, norms, router) in `dtype`.
 void write_checkpoint(const std::string& dir, const ModelConfig& config, const WeightSource& source,
                       const std::string& dtype = "BF16", int num_files = 1);
+
+// Whether a checkpoint of `config` holds tensor `name` in FP8 (with `name`_scale_inv): the
+// projection and expert weights of an FP8 config; never embeddings, norms, the router or its
+// bias.
+bool is_fp8_weight(const ModelConfig& config, const std::string& name);
 
 // The names and shapes of every tensor a dense DeepSeek-V2/V3 checkpoint of `config` holds.
 std::vector<std::pair<std::string, std::vector<std::int64_t>>> checkpoint_tensors(

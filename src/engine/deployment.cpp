@@ -31,6 +31,10 @@ class BorrowedWeights final : public WeightSource {
                           Range rows, Range cols) const override {
     return w_.load(name, shape, rows, cols);
   }
+  WeightMatrix load_matrix(const std::string& name, const std::vector<std::int64_t>& shape,
+                           Range rows, Range cols) const override {
+    return w_.load_matrix(name, shape, rows, cols);
+  }
   bool contains(const std::string& name) const override { return w_.contains(name); }
   std::string describe() const override { return w_.describe(); }
 

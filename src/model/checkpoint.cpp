@@ -1,9 +1,13 @@
 // Checkpoint directories: config.json plus safetensors files, optionally with an index.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "dcp/dtype.h"
 #include "dcp/error.h"
 #include "dcp/weights.h"
 #include "safetensors.h"
@@ -21,24 +25,50 @@ std::string read_text(const fs::path& p) {
   return s.str();
 }
 
+std::string shape_str(const std::vector<std::int64_t>& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// `prefix.weight` -> `prefix.weight_scale_inv`, where an FP8 weight keeps its block scales.
+std::string scale_name(const std::string& weight) {
+  return weight + "_scale_inv";
+}
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
+  return (a + b - 1) / b;
+}
+
 class CheckpointWeights final : public WeightSource {
  public:
   explicit CheckpointWeights(const std::string& dir) : dir_(dir) {
     DCP_CHECK(fs::is_directory(dir), io, "model_path = ", dir, " is not a directory");
+    if (fs::exists(fs::path(dir) / "config.json")) {
+      const ModelConfig c = read_checkpoint_config(dir);
+      block_rows_ = c.weight_block_rows;
+      block_cols_ = c.weight_block_cols;
+    }
     std::vector<fs::path> files;
+    std::map<std::string, std::string> indexed;  // tensor -> the file the index names
     const fs::path index = fs::path(dir) / "model.safetensors.index.json";
     if (fs::exists(index)) {
       nlohmann::json j;
       try {
         j = nlohmann::json::parse(read_text(index));
       } catch (const nlohmann::json::exception& e) {
-        throw Error(ErrorCategory::io, str(index.string(), ": malformed: ", e.what()));
+        throw Error(ErrorCategory::io, str(index.string(), ": malformed JSON: ", e.what()));
       }
-      DCP_CHECK(j.contains("weight_map") && j["weight_map"].is_object(), io, index.string(),
-                ": no weight_map");
+      DCP_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), io,
+                index.string(), ": field 'weight_map' must be an object of tensor -> file");
       std::map<std::string, bool> seen;
       for (const auto& [name, file] : j["weight_map"].items()) {
+        DCP_CHECK(file.is_string(), io, index.string(), ": weight_map['", name,
+                  "'] must be a file name (a string), got ", file.dump());
         const std::string f = file.get<std::string>();
+        DCP_CHECK(fs::exists(fs::path(dir) / f), io, index.string(), ": weight_map names shard '",
+                  f, "' (for '", name, "'), which is missing from ", dir);
+        indexed[name] = f;
         if (!seen[f]) files.push_back(fs::path(dir) / f);
         seen[f] = true;
       }
@@ -56,32 +86,90 @@ class CheckpointWeights final : public WeightSource {
         where_[name] = files_.back().get();
       }
     }
+    for (const auto& [name, file] : indexed) {
+      const auto it = where_.find(name);
+      DCP_CHECK(it != where_.end(), io, "the index of ", dir, " puts tensor '", name, "' in ", file,
+                ", which does not hold it");
+      DCP_CHECK(fs::path(it->second->path()).filename() == file, io, "the index of ", dir,
+                " puts tensor '", name, "' in ", file, ", but it is in ",
+                fs::path(it->second->path()).filename().string());
+    }
   }
 
   std::vector<float> load(const std::string& name, const std::vector<std::int64_t>& shape,
                           Range rows, Range cols) const override {
-    const auto it = where_.find(name);
-    DCP_CHECK(it != where_.end(), io, "checkpoint ", dir_, ": missing tensor '", name, "'");
-    const auto& info = it->second->tensors().at(name);
-    DCP_CHECK(info.shape == shape, io, "checkpoint ", dir_, ": tensor '", name, "' has shape ",
-              shape_str(info.shape), ", the model config needs ", shape_str(shape));
+    const auto& [file, info] = find(name, shape);
+    if (info.dtype == "F8_E4M3") return load_matrix(name, shape, rows, cols).to_float();
     const std::int64_t n_rows = shape[0];
     const std::int64_t n_cols = shape.size() == 2 ? shape[1] : 1;
-    return it->second->read(name, rows.whole() ? 0 : rows.begin, rows.whole() ? n_rows : rows.end,
-                            cols.whole() ? 0 : cols.begin, cols.whole() ? n_cols : cols.end);
+    return file->read(name, rows.whole() ? 0 : rows.begin, rows.whole() ? n_rows : rows.end,
+                      cols.whole() ? 0 : cols.begin, cols.whole() ? n_cols : cols.end);
   }
+
+  WeightMatrix load_matrix(const std::string& name, const std::vector<std::int64_t>& shape,
+                           Range rows, Range cols) const override {
+    const auto& [file, info] = find(name, shape);
+    const std::int64_t n_rows = shape[0], n_cols = shape.size() == 2 ? shape[1] : 1;
+    const std::int64_t r0 = rows.whole() ? 0 : rows.begin, r1 = rows.whole() ? n_rows : rows.end;
+    const std::int64_t c0 = cols.whole() ? 0 : cols.begin, c1 = cols.whole() ? n_cols : cols.end;
+    if (info.dtype != "BF16" && info.dtype != "F8_E4M3") {  // F32 and F16 are held as fp32
+      return WeightMatrix::from_float(file->read(name, r0, r1, c0, c1), r1 - r0, c1 - c0);
+    }
+    WeightMatrix m;
+    m.dtype = info.dtype == "BF16" ? WeightDtype::bf16 : WeightDtype::f8_e4m3;
+    m.rows = r1 - r0;
+    m.cols = c1 - c0;
+    const std::size_t eb = safetensors::dtype_bytes(info.dtype);
+    m.data.resize(static_cast<std::size_t>(m.rows * m.cols) * eb);
+    const std::uint8_t* src = file->bytes(info);
+    for (std::int64_t r = r0; r < r1; ++r) {
+      std::memcpy(m.data.data() + static_cast<std::size_t>((r - r0) * m.cols) * eb,
+                  src + static_cast<std::size_t>(r * n_cols + c0) * eb,
+                  static_cast<std::size_t>(m.cols) * eb);
+    }
+    if (m.dtype == WeightDtype::bf16) return m;
+    // FP8: the F32 block scales of the whole tensor, indexed by global row and column.
+    const std::string sname = scale_name(name);
+    const auto it = where_.find(sname);
+    DCP_CHECK(it != where_.end(), io, "checkpoint ", dir_, ": FP8 tensor '", name,
+              "' has no scale tensor '", sname, "'");
+    const safetensors::TensorInfo& si = it->second->tensors().at(sname);
+    const std::vector<std::int64_t> want{ceil_div(n_rows, block_rows_),
+                                         ceil_div(n_cols, block_cols_)};
+    DCP_CHECK(si.dtype == "F32" && si.shape == want, io, "checkpoint ", dir_, ": scale tensor '",
+              sname, "' is ", si.dtype, " ", shape_str(si.shape), "; the ", shape_str(shape),
+              " weight in ", block_rows_, " x ", block_cols_, " blocks needs F32 ",
+              shape_str(want));
+    m.block_rows = block_rows_;
+    m.block_cols = block_cols_;
+    m.row0 = r0;
+    m.col0 = c0;
+    const std::int64_t b_r0 = r0 / block_rows_, b_r1 = ceil_div(r1, block_rows_);
+    const std::int64_t b_c0 = c0 / block_cols_, b_c1 = ceil_div(c1, block_cols_);
+    m.scale_rows = b_r1 - b_r0;
+    m.scale_cols = b_c1 - b_c0;
+    m.scale_inv = it->second->read(sname, b_r0, b_r1, b_c0, b_c1);
+    return m;
+  }
+
   bool contains(const std::string& name) const override { return where_.count(name) != 0; }
   std::string describe() const override {
     return str("checkpoint ", dir_, " (", files_.size(), " files)");
   }
 
  private:
-  static std::string shape_str(const std::vector<std::int64_t>& s) {
-    std::string out = "[";
-    for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-    return out + "]";
+  std::pair<const safetensors::File*, const safetensors::TensorInfo&> find(
+      const std::string& name, const std::vector<std::int64_t>& shape) const {
+    const auto it = where_.find(name);
+    DCP_CHECK(it != where_.end(), io, "checkpoint ", dir_, ": missing tensor '", name, "'");
+    const auto& info = it->second->tensors().at(name);
+    DCP_CHECK(info.shape == shape, io, "checkpoint ", dir_, ": tensor '", name, "' has shape ",
+              shape_str(info.shape), ", the model config needs ", shape_str(shape));
+    return {it->second, info};
   }
+
   std::string dir_;
+  int block_rows_ = 128, block_cols_ = 128;
   std::vector<std::unique_ptr<safetensors::File>> files_;
   std::map<std::string, const safetensors::File*> where_;
 };
@@ -96,6 +184,17 @@ ModelConfig read_checkpoint_config(const std::string& dir) {
   const fs::path p = fs::path(dir) / "config.json";
   DCP_CHECK(fs::exists(p), io, "checkpoint directory ", dir, " has no config.json");
   return parse_model_config(read_text(p));
+}
+
+bool is_fp8_weight(const ModelConfig& c, const std::string& name) {
+  if (!c.quantized) return false;
+  const auto ends_with = [&](const std::string& tail) {
+    return name.size() >= tail.size() &&
+           name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  return name.rfind("model.layers.", 0) == 0 &&
+         (ends_with("_proj.weight") || ends_with("_proj_with_mqa.weight")) &&
+         !ends_with("mlp.gate.weight");
 }
 
 std::vector<std::pair<std::string, std::vector<std::int64_t>>> checkpoint_tensors(
@@ -159,19 +258,49 @@ void write_checkpoint(const std::string& dir, const ModelConfig& config, const W
   const auto tensors = checkpoint_tensors(config);
   std::vector<std::vector<safetensors::NamedTensor>> per_file(static_cast<std::size_t>(num_files));
   nlohmann::ordered_json weight_map;
+  const auto file_name = [&](std::size_t f) {
+    return num_files == 1 ? std::string("model.safetensors")
+                          : str("model-", f + 1, "-of-", num_files, ".safetensors");
+  };
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const std::size_t f = i * static_cast<std::size_t>(num_files) / tensors.size();
     const auto& [name, shape] = tensors[i];
-    per_file[f].push_back({name, shape, source.load(name, shape)});
-    weight_map[name] = num_files == 1 ? std::string("model.safetensors")
-                                      : str("model-", f + 1, "-of-", num_files, ".safetensors");
+    std::vector<float> values = source.load(name, shape);
+    if (!is_fp8_weight(config, name)) {
+      per_file[f].push_back({name, shape, std::move(values), dtype, {}});
+      weight_map[name] = file_name(f);
+      continue;
+    }
+    // FP8 E4M3 as DeepSeek-V3 ships it: each block scaled so that its largest value is 448.
+    const std::int64_t rows = shape[0], cols = shape[1];
+    const std::int64_t br = config.weight_block_rows, bc = config.weight_block_cols;
+    const std::int64_t sr = ceil_div(rows, br), sc = ceil_div(cols, bc);
+    std::vector<float> scale(static_cast<std::size_t>(sr * sc), 0.0f);
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t c = 0; c < cols; ++c) {
+        float& s = scale[(r / br) * sc + c / bc];
+        s = std::max(s, std::fabs(values[r * cols + c]));
+      }
+    for (float& s : scale) s = s > 0 ? s / 448.0f : 1.0f;
+    std::vector<std::uint8_t> q(values.size());
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t c = 0; c < cols; ++c)
+        q[r * cols + c] = float_to_fp8_e4m3(values[r * cols + c] / scale[(r / br) * sc + c / bc]);
+    per_file[f].push_back({name, shape, {}, "F8_E4M3", std::move(q)});
+    per_file[f].push_back({scale_name(name), {sr, sc}, std::move(scale), "F32", {}});
+    weight_map[name] = file_name(f);
+    weight_map[scale_name(name)] = file_name(f);
   }
-  for (int f = 0; f < num_files; ++f) {
-    const std::string name = num_files == 1
-                                 ? std::string("model.safetensors")
-                                 : str("model-", f + 1, "-of-", num_files, ".safetensors");
-    safetensors::write_file((fs::path(dir) / name).string(), per_file[f], dtype);
+  // The multi-token-prediction layer of V3 checkpoints: present, never part of the main model.
+  for (int m = 0; m < config.num_nextn_predict_layers; ++m) {
+    const std::string name =
+        "model.layers." + std::to_string(config.num_hidden_layers + m) + ".eh_proj.weight";
+    const std::vector<std::int64_t> shape{config.hidden_size, 2LL * config.hidden_size};
+    per_file.back().push_back({name, shape, source.load(name, shape), dtype, {}});
+    weight_map[name] = file_name(per_file.size() - 1);
   }
+  for (int f = 0; f < num_files; ++f)
+    safetensors::write_file((fs::path(dir) / file_name(f)).string(), per_file[f]);
   if (num_files > 1) {
     std::ofstream idx(fs::path(dir) / "model.safetensors.index.json");
     idx << nlohmann::ordered_json{{"metadata", nlohmann::ordered_json::object()},

@@ -15,7 +15,12 @@
 namespace dcp {
 namespace {
 
-constexpr double kLatentNormEps = 1e-6;  // q_a_layernorm / kv_a_layernorm (DeepSeek's default)
+constexpr double kLatentNormEps = 1e-6;
+
+// Rows [r0, r0 + n) of a weight as fp32, exactly, one after another.
+void rows_to_float(const WeightMatrix& w, std::int64_t r0, std::int64_t n, float* out) {
+  for (std::int64_t r = 0; r < n; ++r) w.row_to_float(r0 + r, out + r * w.cols);
+}  // q_a_layernorm / kv_a_layernorm (DeepSeek's default)
 
 }  // namespace
 
@@ -25,49 +30,52 @@ void set_blas_threads(int threads) {
 
 // A SwiGLU MLP, this rank's TP slice of its intermediate dimension: down(silu(gate(x)) * up(x)).
 struct MlaModel::Mlp {
-  std::vector<float> gate, up, down;  // [I_loc, hidden], [I_loc, hidden], [hidden, I_loc]
+  WeightMatrix gate, up, down;  // [I_loc, hidden], [I_loc, hidden], [hidden, I_loc]
   std::int64_t i_loc = 0;
 
   // Rows [i0, i1) of the intermediate dimension of `prefix`{gate,up,down}_proj.weight.
   void load(const WeightSource& w, const std::string& prefix, std::int64_t hidden,
             std::int64_t inter, std::int64_t i0, std::int64_t i1) {
     i_loc = i1 - i0;
-    gate = w.load(prefix + "gate_proj.weight", {inter, hidden}, {i0, i1});
-    up = w.load(prefix + "up_proj.weight", {inter, hidden}, {i0, i1});
-    down = w.load(prefix + "down_proj.weight", {hidden, inter}, {}, {i0, i1});
+    gate = w.load_matrix(prefix + "gate_proj.weight", {inter, hidden}, {i0, i1});
+    up = w.load_matrix(prefix + "up_proj.weight", {inter, hidden}, {i0, i1});
+    down = w.load_matrix(prefix + "down_proj.weight", {hidden, inter}, {}, {i0, i1});
   }
   // y[T, hidden] = this slice's partial output (the TP all-reduce completes it).
-  void forward(const float* x, std::int64_t tokens, std::int64_t hidden, float* y) const {
+  void forward(const float* x, std::int64_t tokens, float* y) const {
     std::vector<float> g(static_cast<std::size_t>(tokens * i_loc)), u(g.size());
-    ops::linear(x, tokens, hidden, gate.data(), i_loc, g.data());
-    ops::linear(x, tokens, hidden, up.data(), i_loc, u.data());
+    ops::linear(x, tokens, gate, g.data());
+    ops::linear(x, tokens, up, u.data());
     ops::silu_mul(g.data(), u.data(), g.data(), static_cast<std::int64_t>(g.size()));
-    ops::linear(g.data(), tokens, i_loc, down.data(), hidden, y);
+    ops::linear(g.data(), tokens, down, y);
   }
 };
 
 // A mixture-of-experts layer: the router (replicated), every routed expert's TP slice, and the
 // shared experts as one MLP of width moe_intermediate_size x n_shared_experts.
 struct MlaModel::Moe {
-  std::vector<float> router;  // [E, hidden]
-  std::vector<float> bias;    // [E] e_score_correction_bias (noaux_tc), else empty
+  WeightMatrix router;      // [E, hidden]
+  std::vector<float> bias;  // [E] e_score_correction_bias (noaux_tc), else empty
   std::vector<Mlp> experts;
   std::optional<Mlp> shared;
 };
 
 struct MlaModel::Layer {
   std::vector<float> input_norm, post_norm;
-  std::vector<float> q_a, q_a_norm;    // [q_lora, hidden], [q_lora] (q_lora models)
-  std::vector<float> q_b;              // [H_loc * qhd, q_in]   q_in = q_lora or hidden
-  std::vector<float> q_b_group;        // [N * H_loc * qhd, q_in] replicated query projection
-  std::vector<float> kv_a, kv_a_norm;  // [kv_lora + rope, hidden], [kv_lora]
-  std::vector<float> w_kc;             // [H_loc, nope, kv_lora]
-  std::vector<float> w_kc_group;       // [N * H_loc, nope, kv_lora]
-  std::vector<float> w_vc;             // [H_loc, v, kv_lora]
-  std::vector<float> g_proj;           // [H_loc * v, hidden] (output gate)
-  std::vector<float> o_proj;           // [hidden, H_loc * v]
-  Mlp mlp;                             // dense layers
-  std::unique_ptr<Moe> moe;            // mixture-of-experts layers
+  WeightMatrix q_a;              // [q_lora, hidden] (q_lora models)
+  std::vector<float> q_a_norm;   // [q_lora]
+  WeightMatrix q_b;              // [H_loc * qhd, q_in]   q_in = q_lora or hidden
+  WeightMatrix q_b_group;        // [N * H_loc * qhd, q_in] replicated query projection
+  WeightMatrix kv_a;             // [kv_lora + rope, hidden]
+  std::vector<float> kv_a_norm;  // [kv_lora]
+  // kv_b_proj rows of this rank's heads, [H_loc * (nope + v), kv_lora]: per head its w_kc
+  // [nope, kv_lora] (absorbed into the query) then its w_vc [v, kv_lora] (applied to O).
+  WeightMatrix kv_b;
+  WeightMatrix kv_b_group;   // the DCP group's heads, for the replicated query projection
+  WeightMatrix g_proj;       // [H_loc * v, hidden] (output gate)
+  WeightMatrix o_proj;       // [hidden, H_loc * v]
+  Mlp mlp;                   // dense layers
+  std::unique_ptr<Moe> moe;  // mixture-of-experts layers
   std::unique_ptr<LatentPool> pool;
   std::unique_ptr<KvShard> shard;
   ops::Rope rope;
@@ -105,33 +113,20 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
   vocab_begin_ = std::min<std::int64_t>(c.vocab_size, tp.rank() * vocab_chunk_);
   vocab_end_ = std::min<std::int64_t>(c.vocab_size, vocab_begin_ + vocab_chunk_);
   const std::vector<std::int64_t> vocab_shape{c.vocab_size, hidden};
-  embed_ = w.load("model.embed_tokens.weight", vocab_shape, {vocab_begin_, vocab_end_});
-  lm_head_ = w.load("lm_head.weight", vocab_shape, {vocab_begin_, vocab_end_});
+  embed_ = w.load_matrix("model.embed_tokens.weight", vocab_shape, {vocab_begin_, vocab_end_});
+  lm_head_ = w.load_matrix("lm_head.weight", vocab_shape, {vocab_begin_, vocab_end_});
   final_norm_ = w.load("model.norm.weight", {hidden});
 
   const std::int64_t vp = static_cast<std::int64_t>(options.page_size) * n;
   const std::int64_t pages = (options.kv_capacity_tokens + vp - 1) / vp;
   allocator_ = std::make_unique<KvAllocator>(n, options.page_size, pages);
 
-  // Splits kv_b_proj rows of heads [h0, h0 + count) into w_kc and w_vc.
-  const auto load_kv_b = [&](const std::string& p, int h0, int count, std::vector<float>* kc,
-                             std::vector<float>* vc) {
-    const std::vector<float> kv_b =
-        w.load(p + "self_attn.kv_b_proj.weight",
-               {static_cast<std::int64_t>(c.num_attention_heads) * (nope + v), kvl},
-               {static_cast<std::int64_t>(h0) * (nope + v),
-                static_cast<std::int64_t>(h0 + count) * (nope + v)});
-    kc->resize(static_cast<std::size_t>(count) * nope * kvl);
-    if (vc) vc->resize(static_cast<std::size_t>(count) * v * kvl);
-    for (int h = 0; h < count; ++h) {
-      const float* src = kv_b.data() + static_cast<std::size_t>(h) * (nope + v) * kvl;
-      std::copy(src, src + static_cast<std::size_t>(nope) * kvl,
-                kc->data() + static_cast<std::size_t>(h) * nope * kvl);
-      if (vc)
-        std::copy(src + static_cast<std::size_t>(nope) * kvl,
-                  src + static_cast<std::size_t>(nope + v) * kvl,
-                  vc->data() + static_cast<std::size_t>(h) * v * kvl);
-    }
+  // kv_b_proj rows of heads [h0, h0 + count), in the checkpoint's dtype.
+  const auto load_kv_b = [&](const std::string& p, int h0, int count) {
+    return w.load_matrix(p + "self_attn.kv_b_proj.weight",
+                         {static_cast<std::int64_t>(c.num_attention_heads) * (nope + v), kvl},
+                         {static_cast<std::int64_t>(h0) * (nope + v),
+                          static_cast<std::int64_t>(h0 + count) * (nope + v)});
   };
   const std::int64_t inter = c.intermediate_size;
   const std::int64_t i0 = inter * tp.rank() / tp_size, i1 = inter * (tp.rank() + 1) / tp_size;
@@ -144,27 +139,27 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
     const std::string q_name =
         c.q_lora_rank ? p + "self_attn.q_b_proj.weight" : p + "self_attn.q_proj.weight";
     if (c.q_lora_rank) {
-      L->q_a = w.load(p + "self_attn.q_a_proj.weight", {q_in, hidden});
+      L->q_a = w.load_matrix(p + "self_attn.q_a_proj.weight", {q_in, hidden});
       L->q_a_norm = w.load(p + "self_attn.q_a_layernorm.weight", {q_in});
     }
-    L->q_b = w.load(q_name, {heads_all * qhd, q_in},
-                    {static_cast<std::int64_t>(head0_) * qhd,
-                     static_cast<std::int64_t>(head0_ + h_loc_) * qhd});
+    L->q_b = w.load_matrix(q_name, {heads_all * qhd, q_in},
+                           {static_cast<std::int64_t>(head0_) * qhd,
+                            static_cast<std::int64_t>(head0_ + h_loc_) * qhd});
     if (replicate) {
-      L->q_b_group = w.load(q_name, {heads_all * qhd, q_in},
-                            {static_cast<std::int64_t>(group_head0) * qhd,
-                             static_cast<std::int64_t>(group_head0 + n * h_loc_) * qhd});
-      load_kv_b(p, group_head0, n * h_loc_, &L->w_kc_group, nullptr);
+      L->q_b_group = w.load_matrix(q_name, {heads_all * qhd, q_in},
+                                   {static_cast<std::int64_t>(group_head0) * qhd,
+                                    static_cast<std::int64_t>(group_head0 + n * h_loc_) * qhd});
+      L->kv_b_group = load_kv_b(p, group_head0, n * h_loc_);
     }
-    L->kv_a = w.load(p + "self_attn.kv_a_proj_with_mqa.weight", {c.latent_width(), hidden});
+    L->kv_a = w.load_matrix(p + "self_attn.kv_a_proj_with_mqa.weight", {c.latent_width(), hidden});
     L->kv_a_norm = w.load(p + "self_attn.kv_a_layernorm.weight", {kvl});
-    load_kv_b(p, head0_, h_loc_, &L->w_kc, &L->w_vc);
+    L->kv_b = load_kv_b(p, head0_, h_loc_);
     if (c.attn_output_gate) {
-      L->g_proj = w.load(
+      L->g_proj = w.load_matrix(
           p + "self_attn.g_proj.weight", {heads_all * v, hidden},
           {static_cast<std::int64_t>(head0_) * v, static_cast<std::int64_t>(head0_ + h_loc_) * v});
     }
-    L->o_proj = w.load(
+    L->o_proj = w.load_matrix(
         p + "self_attn.o_proj.weight", {hidden, heads_all * v}, {},
         {static_cast<std::int64_t>(head0_) * v, static_cast<std::int64_t>(head0_ + h_loc_) * v});
     if (c.is_moe_layer(i)) {
@@ -173,7 +168,7 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
       L->moe = std::make_unique<Moe>();
       Moe& m = *L->moe;
       const std::int64_t experts = c.n_routed_experts, mi = c.moe_intermediate_size;
-      m.router = w.load(p + "mlp.gate.weight", {experts, hidden});
+      m.router = w.load_matrix(p + "mlp.gate.weight", {experts, hidden});
       if (c.topk_method == "noaux_tc")
         m.bias = w.load(p + "mlp.gate.e_score_correction_bias", {experts});
       const std::int64_t e0 = mi * tp.rank() / tp_size, e1 = mi * (tp.rank() + 1) / tp_size;
@@ -218,6 +213,28 @@ KvShard& MlaModel::kv_shard(int layer) {
   return *layers_[layer]->shard;
 }
 
+std::size_t MlaModel::weight_bytes() const noexcept {
+  const auto vec = [](const std::vector<float>& v) { return v.size() * sizeof(float); };
+  const auto mlp = [](const Mlp& m) { return m.gate.bytes() + m.up.bytes() + m.down.bytes(); };
+  std::size_t b = embed_.bytes() + lm_head_.bytes() + vec(final_norm_);
+  for (const auto& L : layers_) {
+    b += vec(L->input_norm) + vec(L->post_norm) + L->q_a.bytes() + vec(L->q_a_norm) +
+         L->q_b.bytes() + L->q_b_group.bytes() + L->kv_a.bytes() + vec(L->kv_a_norm) +
+         L->kv_b.bytes() + L->kv_b_group.bytes() + L->g_proj.bytes() + L->o_proj.bytes() +
+         mlp(L->mlp);
+    if (L->moe) {
+      b += L->moe->router.bytes() + vec(L->moe->bias);
+      for (const Mlp& e : L->moe->experts) b += mlp(e);
+      if (L->moe->shared) b += mlp(*L->moe->shared);
+    }
+  }
+  return b;
+}
+
+WeightDtype MlaModel::weight_dtype() const noexcept {
+  return layers_.empty() ? WeightDtype::f32 : layers_.front()->o_proj.dtype;
+}
+
 void MlaModel::extend(RequestId request, std::int64_t n) {
   const std::vector<PageCopy> copies = allocator_->extend(request, n);
   for (const auto& L : layers_) L->shard->apply(copies);
@@ -232,7 +249,7 @@ std::size_t MlaModel::kv_bytes() const noexcept {
 void MlaModel::attention(Layer& L, const float* x, const ForwardBatch& batch,
                          const ForwardPlan& plan, float* out, ForwardTimings& t) {
   const ModelConfig& c = config_;
-  const std::int64_t T = plan.num_tokens(), hidden = c.hidden_size;
+  const std::int64_t T = plan.num_tokens();
   const int qhd = c.q_head_dim(), nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim,
             v = c.v_head_dim;
   const int kvl = c.kv_lora_rank, width = c.latent_width();
@@ -241,23 +258,23 @@ void MlaModel::attention(Layer& L, const float* x, const ForwardBatch& batch,
   const bool group_q =
       (decode || native) && replicated_q();  // the whole DCP group's heads, computed here
   const int heads_q = group_q ? dcp_.size() * h_loc_ : h_loc_;
-  const std::vector<float>& wq = group_q ? L.q_b_group : L.q_b;
-  const std::vector<float>& wkc = group_q ? L.w_kc_group : L.w_kc;
+  const WeightMatrix& wq = group_q ? L.q_b_group : L.q_b;
+  const WeightMatrix& kv_b = group_q ? L.kv_b_group : L.kv_b;
 
   // Query: [T, heads_q, qhd].
   std::vector<float> q(static_cast<std::size_t>(T) * heads_q * qhd);
   if (c.q_lora_rank) {
     const std::int64_t ql = *c.q_lora_rank;
     std::vector<float> qa(static_cast<std::size_t>(T * ql));
-    ops::linear(x, T, hidden, L.q_a.data(), ql, qa.data());
+    ops::linear(x, T, L.q_a, qa.data());
     ops::rms_norm(qa.data(), T, ql, L.q_a_norm.data(), kLatentNormEps);
-    ops::linear(qa.data(), T, ql, wq.data(), static_cast<std::int64_t>(heads_q) * qhd, q.data());
+    ops::linear(qa.data(), T, wq, q.data());
   } else {
-    ops::linear(x, T, hidden, wq.data(), static_cast<std::int64_t>(heads_q) * qhd, q.data());
+    ops::linear(x, T, wq, q.data());
   }
   // Latent: [T, kv_lora + rope] = kv_a_layernorm(c_kv) | RoPE(k_pe): the rows the cache stores.
   std::vector<float> latent(static_cast<std::size_t>(T) * width);
-  ops::linear(x, T, hidden, L.kv_a.data(), width, latent.data());
+  ops::linear(x, T, L.kv_a, latent.data());
   ops::rms_norm(latent.data(), T, kvl, L.kv_a_norm.data(), kLatentNormEps, width);
   if (!c.skip_rope) {
     for (std::int64_t i = 0; i < T; ++i)
@@ -270,9 +287,11 @@ void MlaModel::attention(Layer& L, const float* x, const ForwardBatch& batch,
   }
   // Absorbed query [T, heads_q, kv_lora + rope] = q_nope @ w_kc | RoPE(q_pe).
   std::vector<float> qa(static_cast<std::size_t>(T) * heads_q * width);
+  std::vector<float> head_w(static_cast<std::size_t>(std::max(nope, v)) * kvl);
   for (int h = 0; h < heads_q; ++h) {
-    ops::matmul(q.data() + h * qhd, T, nope, wkc.data() + static_cast<std::size_t>(h) * nope * kvl,
-                kvl, qa.data() + h * width, static_cast<std::int64_t>(heads_q) * qhd, kvl,
+    rows_to_float(kv_b, static_cast<std::int64_t>(h) * (nope + v), nope, head_w.data());
+    ops::matmul(q.data() + h * qhd, T, nope, head_w.data(), kvl, qa.data() + h * width,
+                static_cast<std::int64_t>(heads_q) * qhd, kvl,
                 static_cast<std::int64_t>(heads_q) * width);
     for (std::int64_t i = 0; i < T; ++i) {
       float* pe = qa.data() + (i * heads_q + h) * width + kvl;
@@ -289,16 +308,16 @@ void MlaModel::attention(Layer& L, const float* x, const ForwardBatch& batch,
   // Values: [T, H_loc, v] = O @ w_vc^T per head; optional gate; o_proj (row-parallel partial).
   std::vector<float> vals(static_cast<std::size_t>(T) * h_loc_ * v);
   for (int h = 0; h < h_loc_; ++h) {
-    ops::linear(o.data() + h * kvl, T, kvl, L.w_vc.data() + static_cast<std::size_t>(h) * v * kvl,
-                v, vals.data() + h * v, static_cast<std::int64_t>(h_loc_) * kvl,
-                static_cast<std::int64_t>(h_loc_) * v);
+    rows_to_float(L.kv_b, static_cast<std::int64_t>(h) * (nope + v) + nope, v, head_w.data());
+    ops::linear(o.data() + h * kvl, T, kvl, head_w.data(), v, vals.data() + h * v,
+                static_cast<std::int64_t>(h_loc_) * kvl, static_cast<std::int64_t>(h_loc_) * v);
   }
   if (c.attn_output_gate) {
     std::vector<float> g(vals.size());
-    ops::linear(x, T, hidden, L.g_proj.data(), static_cast<std::int64_t>(h_loc_) * v, g.data());
+    ops::linear(x, T, L.g_proj, g.data());
     for (std::size_t i = 0; i < g.size(); ++i) vals[i] *= 1.0f / (1.0f + std::exp(-g[i]));
   }
-  ops::linear(vals.data(), T, static_cast<std::int64_t>(h_loc_) * v, L.o_proj.data(), hidden, out);
+  ops::linear(vals.data(), T, L.o_proj, out);
 }
 
 void MlaModel::moe_forward(const Moe& m, const float* x, std::int64_t tokens, float* y) const {
@@ -307,11 +326,11 @@ void MlaModel::moe_forward(const Moe& m, const float* x, std::int64_t tokens, fl
   // The router in fp32 on every rank (x is whole after the attention's all-reduce), so every
   // rank routes alike.
   std::vector<float> logits(static_cast<std::size_t>(tokens * experts));
-  ops::linear(x, tokens, hidden, m.router.data(), experts, logits.data());
+  ops::linear(x, tokens, m.router, logits.data());
   const moe::Routing r =
       moe::route(c, logits.data(), tokens, m.bias.empty() ? nullptr : m.bias.data());
   if (m.shared) {
-    m.shared->forward(x, tokens, hidden, y);
+    m.shared->forward(x, tokens, y);
   } else {
     std::fill(y, y + tokens * hidden, 0.0f);
   }
@@ -333,7 +352,7 @@ void MlaModel::moe_forward(const Moe& m, const float* x, std::int64_t tokens, fl
     out.resize(in.size());
     for (std::int64_t j = 0; j < n; ++j)
       std::copy_n(x + rows[e][j] * hidden, hidden, in.data() + j * hidden);
-    m.experts[e].forward(in.data(), n, hidden, out.data());
+    m.experts[e].forward(in.data(), n, out.data());
     for (std::int64_t j = 0; j < n; ++j) {
       float* dst = y + rows[e][j] * hidden;
       const float* src = out.data() + j * hidden;
@@ -362,7 +381,7 @@ std::vector<float> MlaModel::forward(const ForwardBatch& batch, ForwardTimings* 
   for (std::int64_t i = 0; i < T; ++i) {
     const std::int64_t id = batch.tokens[i];
     if (id >= vocab_begin_ && id < vocab_end_) {
-      std::copy_n(embed_.data() + (id - vocab_begin_) * hidden, hidden, x.data() + i * hidden);
+      embed_.row_to_float(id - vocab_begin_, x.data() + i * hidden);
     }
   }
   auto t0 = Clock::now();
@@ -384,7 +403,7 @@ std::vector<float> MlaModel::forward(const ForwardBatch& batch, ForwardTimings* 
     if (L.moe) {
       moe_forward(*L.moe, xn.data(), T, y.data());
     } else {
-      L.mlp.forward(xn.data(), T, hidden, y.data());
+      L.mlp.forward(xn.data(), T, y.data());
     }
     t0 = Clock::now();
     if (tp_.size() > 1) tp_.all_reduce(y.data(), y.data(), y.size(), ScalarType::f32);
@@ -405,8 +424,7 @@ std::vector<float> MlaModel::forward(const ForwardBatch& batch, ForwardTimings* 
     std::copy_n(x.data() + rows[r] * hidden, hidden, h.data() + r * hidden);
   ops::rms_norm(h.data(), R, hidden, final_norm_.data(), c.rms_norm_eps);
   std::vector<float> local(static_cast<std::size_t>(R * vocab_chunk_), 0.0f);
-  ops::linear(h.data(), R, hidden, lm_head_.data(), vocab_end_ - vocab_begin_, local.data(), hidden,
-              vocab_chunk_);
+  ops::linear(h.data(), R, lm_head_, local.data(), hidden, vocab_chunk_);
   std::vector<float> logits(static_cast<std::size_t>(R) * c.vocab_size);
   if (tp_.size() == 1) {
     for (std::int64_t r = 0; r < R; ++r)

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <vector>
 
 #include "dcp/error.h"
 #include "dcp/model_config.h"
@@ -19,6 +20,27 @@ void linear(const float* x, std::int64_t m, std::int64_t k, const float* w, std:
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
               static_cast<int>(k), 1.0f, x, static_cast<int>(ldx), w, static_cast<int>(k), 0.0f, y,
               static_cast<int>(ldy));
+}
+
+void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std::int64_t ldx,
+            std::int64_t ldy) {
+  const std::int64_t n = w.rows, k = w.cols;
+  if (ldx < 0) ldx = k;
+  if (ldy < 0) ldy = n;
+  if (w.dtype == WeightDtype::f32) {
+    linear(x, m, k, reinterpret_cast<const float*>(w.data.data()), n, y, ldx, ldy);
+    return;
+  }
+  if (m == 0 || n == 0) return;
+  // Tiles of rows small enough to stay in cache while BLAS reads them.
+  constexpr std::int64_t kTileRows = 64;
+  thread_local std::vector<float> tile;
+  tile.resize(static_cast<std::size_t>(std::min(kTileRows, n) * k));
+  for (std::int64_t r0 = 0; r0 < n; r0 += kTileRows) {
+    const std::int64_t rows = std::min(kTileRows, n - r0);
+    for (std::int64_t r = 0; r < rows; ++r) w.row_to_float(r0 + r, tile.data() + r * k);
+    linear(x, m, k, tile.data(), rows, y + r0, ldx, ldy);
+  }
 }
 
 void matmul(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n,

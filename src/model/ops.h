@@ -5,12 +5,18 @@
 #include <vector>
 
 #include "dcp/model_config.h"
+#include "dcp/weights.h"
 
 namespace dcp::ops {
 
 // y[M, N] = x[M, K] @ w[N, K]^T  (w as a torch Linear weight: [out, in]); ldx/ldy row strides.
 void linear(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n,
             float* y, std::int64_t ldx = -1, std::int64_t ldy = -1);
+// y[M, N] = x[M, K] @ w^T for a weight held in its checkpoint dtype (N = w.rows, K = w.cols):
+// fp32 weights go straight to BLAS; bf16 and FP8 ones are widened exactly (FP8 times its block
+// scale), a block of rows at a time, into an fp32 tile that BLAS multiplies.
+void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std::int64_t ldx = -1,
+            std::int64_t ldy = -1);
 // y[M, N] = x[M, K] @ w[K, N]   (w not transposed); strides as above, ldw for w.
 void matmul(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n,
             float* y, std::int64_t ldx, std::int64_t ldw, std::int64_t ldy);

@@ -164,7 +164,7 @@ std::vector<float> File::read(const std::string& name, std::int64_t r0, std::int
       } else {
         throw Error(ErrorCategory::unsupported,
                     str(path_, ": tensor '", name, "' has dtype ", t.dtype,
-                        "; dcp loads F32, F16 and BF16 (quantized weights are not supported)"));
+                        "; dcp reads F32, F16, BF16 and F8_E4M3 (with its weight_scale_inv)"));
       }
       ++k;
     }
@@ -172,17 +172,18 @@ std::vector<float> File::read(const std::string& name, std::int64_t r0, std::int
   return out;
 }
 
-void write_file(const std::string& path, const std::vector<NamedTensor>& tensors,
-                const std::string& dtype) {
-  const std::size_t eb = dtype_bytes(dtype);
-  DCP_ARG_CHECK(dtype == "F32" || dtype == "F16" || dtype == "BF16", "checkpoint dtype '", dtype,
-                "' is not one of: F32, F16, BF16");
+void write_file(const std::string& path, const std::vector<NamedTensor>& tensors) {
   nlohmann::ordered_json header;
   std::uint64_t offset = 0;
   for (const NamedTensor& t : tensors) {
-    const std::uint64_t bytes = t.values.size() * eb;
+    const std::size_t eb = dtype_bytes(t.dtype);
+    DCP_ARG_CHECK(!t.raw.empty() || t.dtype == "F32" || t.dtype == "F16" || t.dtype == "BF16",
+                  "tensor '", t.name, "': dtype '", t.dtype,
+                  "' takes raw bytes (values convert to F32, F16, BF16)");
+    DCP_ARG_CHECK(eb > 0, "tensor '", t.name, "': unknown dtype '", t.dtype, "'");
+    const std::uint64_t bytes = t.raw.empty() ? t.values.size() * eb : t.raw.size();
     header[t.name] = {
-        {"dtype", dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+        {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   header["__metadata__"] = {{"format", "pt"}, {"writer", "dcp"}};
@@ -197,13 +198,19 @@ void write_file(const std::string& path, const std::vector<NamedTensor>& tensors
   out.write(text.data(), static_cast<std::streamsize>(text.size()));
   std::vector<std::uint8_t> buf;
   for (const NamedTensor& t : tensors) {
+    if (!t.raw.empty()) {
+      out.write(reinterpret_cast<const char*>(t.raw.data()),
+                static_cast<std::streamsize>(t.raw.size()));
+      continue;
+    }
+    const std::size_t eb = dtype_bytes(t.dtype);
     buf.resize(t.values.size() * eb);
     for (std::size_t i = 0; i < t.values.size(); ++i) {
-      if (dtype == "F32") {
+      if (t.dtype == "F32") {
         std::memcpy(&buf[4 * i], &t.values[i], 4);
       } else {
         const std::uint16_t h =
-            dtype == "BF16" ? float_to_bf16(t.values[i]) : float_to_half(t.values[i]);
+            t.dtype == "BF16" ? float_to_bf16(t.values[i]) : float_to_half(t.values[i]);
         std::memcpy(&buf[2 * i], &h, 2);
       }
     }

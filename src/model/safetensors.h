@@ -28,6 +28,8 @@ class File {
 
   const std::map<std::string, TensorInfo>& tensors() const noexcept { return tensors_; }
   const std::string& path() const noexcept { return path_; }
+  // The raw bytes of a tensor (info.end - info.begin of them).
+  const std::uint8_t* bytes(const TensorInfo& info) const noexcept { return data_ + info.begin; }
   // Rows [r0, r1) x cols [c0, c1) of a 1-D or 2-D tensor, converted to fp32.
   std::vector<float> read(const std::string& name, std::int64_t r0, std::int64_t r1,
                           std::int64_t c0, std::int64_t c1) const;
@@ -43,13 +45,15 @@ class File {
 // Bytes per element of a dtype name; 0 for names safetensors does not define.
 std::size_t dtype_bytes(const std::string& dtype);
 
-// Writes tensors (fp32 values converted to `dtype`) to one file.
+// Writes tensors to one file, each in its own dtype: fp32 `values` converted to "F32", "F16" or
+// "BF16", or `raw` bytes as they are (any dtype, e.g. "F8_E4M3").
 struct NamedTensor {
   std::string name;
   std::vector<std::int64_t> shape;
   std::vector<float> values;
+  std::string dtype = "F32";
+  std::vector<std::uint8_t> raw;  // used when not empty
 };
-void write_file(const std::string& path, const std::vector<NamedTensor>& tensors,
-                const std::string& dtype);
+void write_file(const std::string& path, const std::vector<NamedTensor>& tensors);
 
 }  // namespace dcp::safetensors
