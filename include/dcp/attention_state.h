@@ -21,6 +21,9 @@
 #include <limits>
 
 namespace dcp::attention_state {
+// Internal linkage: the SIMD kernels compile these once per instruction set (attention_rows.h),
+// and one shared out-of-line copy could carry another instruction set's code to every caller.
+namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -85,4 +88,5 @@ inline float part_weight(float lse_part, float lse_merged) noexcept {
   return l == kNegInf || lse_merged == kNegInf ? 0.0f : std::exp(l - lse_merged);
 }
 
+}  // namespace
 }  // namespace dcp::attention_state

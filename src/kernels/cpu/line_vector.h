@@ -8,6 +8,11 @@
 #include <vector>
 
 namespace dcp::kernels {
+// Internal linkage, as simd.h: the kernels are compiled once per instruction set, and a
+// std::vector<T, LineAligned<T>> with external linkage would be one template instantiation that
+// the linker picks from any of those objects, AVX-512 code included, for every caller (seen:
+// SIGILL on an AVX2-only host in a build that did not inline the vector's growth).
+namespace {
 
 template <typename T>
 struct LineAligned {
@@ -43,4 +48,5 @@ Buffers& thread_buffers() {
   return buffers;
 }
 
+}  // namespace
 }  // namespace dcp::kernels
