@@ -157,11 +157,13 @@ struct RankKv {
   std::int64_t kv_rows_used = 0;   // peak rows held per layer
   std::int64_t kv_bytes = 0;       // pool bytes allocated, all layers
   std::int64_t kv_bytes_used = 0;  // peak rows x row bytes x layers
+  std::int64_t weight_bytes = 0;   // weights held, in their dtypes (draft included)
 };
 
 struct DeploymentReport {
   CombineBackend backend = CombineBackend::ag_rs;  // the combine that ran (ag_rs at DCP 1)
   bool replicated_q = false;
+  WeightDtype weight_dtype = WeightDtype::f32;  // the projection weights' dtype in memory
   std::int64_t logical_capacity_tokens = 0;
   std::vector<RankKv> ranks;  // every rank
   EngineStats stats;          // world rank 0's (ranks run in lockstep)

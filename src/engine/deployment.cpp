@@ -265,8 +265,14 @@ DeploymentReport run_rank(const DeploymentSpec& spec, const Topology& topo, Comm
   const std::int64_t row_bytes =
       static_cast<std::int64_t>(model.kv_shard(0).pool().geometry().row_bytes());
   const std::int64_t layers = model.config().num_hidden_layers;
-  const RankKv mine{world.rank(), sys.dcp_group().rank(), peak_rows,
-                    static_cast<std::int64_t>(model.kv_bytes()), peak_rows * row_bytes * layers};
+  const std::int64_t weights = static_cast<std::int64_t>(
+      model.weight_bytes() + (sys.draft() ? sys.draft()->weight_bytes() : 0));
+  const RankKv mine{world.rank(),
+                    sys.dcp_group().rank(),
+                    peak_rows,
+                    static_cast<std::int64_t>(model.kv_bytes()),
+                    peak_rows * row_bytes * layers,
+                    weights};
   DeploymentReport report;
   report.ranks.resize(static_cast<std::size_t>(world.size()));
   world.all_gather(&mine, report.ranks.data(), sizeof(RankKv));
@@ -279,6 +285,7 @@ DeploymentReport run_rank(const DeploymentSpec& spec, const Topology& topo, Comm
   report.results = gather_results(world, me.tp_rank == 0, engine.results());
   report.backend = sys.dcp_group().size() > 1 ? topo.backend : CombineBackend::ag_rs;
   report.replicated_q = model.replicated_q();
+  report.weight_dtype = model.weight_dtype();
   report.logical_capacity_tokens = model.allocator().capacity_tokens();
   report.stats = engine.stats();
   report.peak_running = peak_running;

@@ -434,7 +434,27 @@ JSON
   check "lists the measures" stderr_has "--y FLOP/s is not a measure .*(measures: real_time)"
 }
 
-cases="topology demo run_summary run_rejected run_combine run_refusals run_checkpoint run_speculative run_extend run_prefix_cache plan bench_comm bench_attention bench_merge bench_step_engine run_dp run_kernel run_disagg bad_values output_files memory_limits bench_plot"
+# every MLA family as published: a generated checkpoint in its dtypes runs at TP 4 x DCP 4 and
+# verifies against DCP 1
+case_families() {
+  for family in deepseek-v2-lite deepseek-v2 deepseek-v3 kimi-k2 moonlight; do
+    expect 0 "gen-checkpoint $family" -- gen-checkpoint --family "$family" --out "$tmp/$family"
+    check "$family: sharded with an index" [ -f "$tmp/$family/model.safetensors.index.json" ]
+    expect 0 "run $family" -- run --model-path "$tmp/$family" --tp-size 4 --dcp-size 4 --batch 3 --prompt-len 40 --max-new-tokens 4 --json "$tmp/run.json"
+    check "$family verifies" json_has '"passed": true'
+    check "$family: tokens match" json_has '"tokens_match": true'
+  done
+  expect 0 "run deepseek-v3" -- run --model-path "$tmp/deepseek-v3" --batch 1 --prompt-len 20 --max-new-tokens 2 --json "$tmp/run.json"
+  check "the FP8 dtype is reported" json_has '"dtype": "fp8_e4m3"'
+  check "weights per rank are reported" json_has '"bytes_per_rank"'
+  check "the multi-token-prediction layer is skipped with a note" stderr_has "multi-token-prediction layer(s) (layer 3 on) are not part of the main model"
+  check "the summary shows the weights" stdout_has "^weights: fp8_e4m3, MiB per rank: "
+  expect 2 "gen-checkpoint, unknown family" -- gen-checkpoint --family llama --out "$tmp/x"
+  check "names the flag and the families" stderr_has "--family: 'llama' is not one of: deepseek-v2-lite, deepseek-v2, deepseek-v3, kimi-k2, moonlight"
+  expect 2 "gen-checkpoint, --family with --preset" -- gen-checkpoint --family kimi-k2 --preset tiny --out "$tmp/x"
+}
+
+cases="topology demo run_summary run_rejected run_combine run_refusals run_checkpoint run_speculative run_extend run_prefix_cache plan bench_comm bench_attention bench_merge bench_step_engine run_dp run_kernel run_disagg bad_values output_files memory_limits bench_plot families"
 if [ "$case_name" = "--list" ]; then
   echo "$cases"
   exit 0

@@ -12,8 +12,8 @@ namespace dcp::cli {
 
 void add_gen_checkpoint_command(CLI::App& app) {
   struct Options {
-    std::string preset = "tiny", out, dtype = "BF16";
-    int num_layers = 0, num_files = 1;
+    std::string preset = "tiny", family, out, dtype = "BF16";
+    int num_layers = 0, num_files = 0;
     std::uint64_t seed = 1234;
     bool no_q_lora = false;
   };
@@ -22,26 +22,38 @@ void add_gen_checkpoint_command(CLI::App& app) {
       "gen-checkpoint", "Write a deterministic random checkpoint (config.json + safetensors)");
   cmd->add_option("--preset", o->preset, "geometry: tiny, deepseek-v3, kimi-k3")
       ->capture_default_str();
+  cmd->add_option(
+         "--family", o->family,
+         str("an MLA family as published, scaled down (its config fields, tensor names and "
+             "dtypes: FP8 with scales where it ships FP8): ",
+             family_names()))
+      ->check(one_of({"deepseek-v2-lite", "deepseek-v2", "deepseek-v3", "kimi-k2", "moonlight"}))
+      ->excludes(cmd->get_option("--preset"));
   cmd->add_option("--out", o->out, "output directory")->required();
   cmd->add_option("--dtype", o->dtype, "tensor dtype: BF16, F16, F32")
       ->check(one_of({"BF16", "F16", "F32"}))
       ->capture_default_str();
   cmd->add_option("--num-layers", o->num_layers, "layers (default: the preset's)")
       ->check(at_least(1));
-  cmd->add_option("--num-files", o->num_files, "safetensors files (> 1 writes an index)")
-      ->check(at_least(1))
-      ->capture_default_str();
+  cmd->add_option("--num-files", o->num_files,
+                  "safetensors files (> 1 writes an index; default 1, or 3 with --family)")
+      ->check(at_least(1));
   cmd->add_option("--seed", o->seed, "weight seed")->check(at_least(0))->capture_default_str();
   cmd->add_flag("--no-q-lora", o->no_q_lora,
                 "plain q_proj (q_lora_rank null, as DeepSeek-V2-Lite)");
   cmd->callback([o] {
-    ModelConfig c = preset_config(o->preset, o->num_layers);
+    const bool family = !o->family.empty();
+    ModelConfig c = family ? family_config(o->family) : preset_config(o->preset, o->num_layers);
+    if (family && o->num_layers > 0) c.num_hidden_layers = o->num_layers;
     if (o->no_q_lora) c.q_lora_rank.reset();
+    const int files = o->num_files > 0 ? o->num_files : (family ? 3 : 1);
     with_flag("--out", [&] {
-      write_checkpoint(o->out, c, *make_synthetic_weights(o->seed), o->dtype, o->num_files);
+      write_checkpoint(o->out, c, *make_synthetic_weights(o->seed), o->dtype, files);
     });
-    std::printf("wrote %s: %s, %d layers, %s\n", o->out.c_str(), o->preset.c_str(),
-                c.num_hidden_layers, o->dtype.c_str());
+    std::printf("wrote %s: %s (%s), %d layers, %s%s, %d file(s)\n", o->out.c_str(),
+                family ? o->family.c_str() : o->preset.c_str(), c.model_type.c_str(),
+                c.num_hidden_layers, c.quantized ? "FP8 E4M3 projections with scales, rest " : "",
+                o->dtype.c_str(), files);
   });
 }
 

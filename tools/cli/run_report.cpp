@@ -90,6 +90,10 @@ json report_json(const RunOptions& o, const Workload& w, const DeploymentReport&
                      {"kv_bytes_used", k.kv_bytes_used}});
   }
   j["kv"] = {{"logical_capacity_tokens", r.logical_capacity_tokens}, {"ranks", ranks}};
+  json weight_bytes = json::array();
+  for (const RankKv& k : r.ranks) weight_bytes.push_back(k.weight_bytes);
+  j["weights"] = {{"dtype", std::string(to_string(r.weight_dtype))},
+                  {"bytes_per_rank", weight_bytes}};
   j["timing"] = {
       {"model_load_ms", r.model_load_ms},
       {"prefill_ms", s.prefill_ms},
@@ -198,6 +202,18 @@ void print_summary(const json& j) {
         d["transfer_ms"].get<double>(), bytes.c_str());
   }
   const json& kv = j["kv"];
+  const json& wt = j["weights"];
+  if (!wt["bytes_per_rank"].empty()) {
+    std::string per_rank;
+    for (const json& b : wt["bytes_per_rank"]) {
+      if (!per_rank.empty()) per_rank += ", ";
+      char mib[32];
+      std::snprintf(mib, sizeof mib, "%.2f", static_cast<double>(b.get<long long>()) / 1048576.0);
+      per_rank += mib;
+    }
+    std::printf("weights: %s, MiB per rank: %s\n", wt["dtype"].get<std::string>().c_str(),
+                per_rank.c_str());
+  }
   std::printf("KV: logical capacity %lld tokens\n", kv["logical_capacity_tokens"].get<long long>());
   for (const json& r : kv["ranks"]) {
     std::printf(

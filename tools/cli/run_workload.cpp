@@ -2,6 +2,7 @@
 #include "cli/run_workload.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -97,6 +98,12 @@ Workload build_workload(const RunOptions& o) {
     }
     s.model.path = o.model_path;
     w.model_label = o.model_path;
+    if (s.model.config.num_nextn_predict_layers > 0) {
+      std::fprintf(stderr,
+                   "dcp: note: the checkpoint's %d multi-token-prediction layer(s) (layer %d on) "
+                   "are not part of the main model and are not loaded\n",
+                   s.model.config.num_nextn_predict_layers, s.model.config.num_hidden_layers);
+    }
   } else {
     s.model.config = preset_config(o.preset, o.num_layers);
     w.model_label = "preset:" + o.preset;
