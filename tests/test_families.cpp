@@ -162,6 +162,11 @@ TEST_F(FamilyCheckpoint, Fp8WeightsStayFp8InMemory) {
       }
     });
   }
+  // The estimate checked against memory before loading is about what a rank holds.
+  const double fp8_estimate = weight_bytes_per_rank(c, 2, checkpoint_element_bytes(c, 2.0));
+  const double fp32_estimate = weight_bytes_per_rank(c, 2, [](const std::string&) { return 4.0; });
+  EXPECT_NEAR(fp8_estimate / static_cast<double>(bytes[0]), 1.0, 0.1);
+  EXPECT_NEAR(fp32_estimate / static_cast<double>(bytes[1]), 1.0, 0.1);
   EXPECT_EQ(dtype[0], WeightDtype::f8_e4m3);
   EXPECT_EQ(dtype[1], WeightDtype::f32);
   EXPECT_LE(static_cast<double>(bytes[0]), 0.3 * static_cast<double>(bytes[1]))

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -89,7 +90,18 @@ void write_checkpoint(const std::string& dir, const ModelConfig& config, const W
 // bias.
 bool is_fp8_weight(const ModelConfig& config, const std::string& name);
 
-// The names and shapes of every tensor a dense DeepSeek-V2/V3 checkpoint of `config` holds.
+// About the bytes of weights the largest rank of a TP group of `tp_size` holds for `config`
+// (replicated tensors whole, the others a 1/tp_size slice), each tensor at `element_bytes(name)`
+// bytes per value, FP8 scale blocks included: what to check against memory before loading.
+double weight_bytes_per_rank(const ModelConfig& config, int tp_size,
+                             const std::function<double(const std::string&)>& element_bytes);
+// The element size of each tensor as a checkpoint of `config` stores it (FP8 projections, the rest
+// in `dtype_bytes`), or 4 for synthetic (fp32) weights.
+std::function<double(const std::string&)> checkpoint_element_bytes(const ModelConfig& config,
+                                                                   double dtype_bytes);
+
+// The names and shapes of every tensor a checkpoint of `config` holds (the main model's layers;
+// MoE layers with their router, routed and shared experts).
 std::vector<std::pair<std::string, std::vector<std::int64_t>>> checkpoint_tensors(
     const ModelConfig& config);
 

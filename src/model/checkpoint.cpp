@@ -186,6 +186,34 @@ ModelConfig read_checkpoint_config(const std::string& dir) {
   return parse_model_config(read_text(p));
 }
 
+double weight_bytes_per_rank(const ModelConfig& c, int tp_size,
+                             const std::function<double(const std::string&)>& element_bytes) {
+  const auto ends_with = [](const std::string& name, const std::string& tail) {
+    return name.size() >= tail.size() &&
+           name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  double bytes = 0;
+  for (const auto& [name, shape] : checkpoint_tensors(c)) {
+    double values = 1;
+    for (std::int64_t d : shape) values *= static_cast<double>(d);
+    // Replicated on every rank: norms, the low-rank down projections, the router and its bias.
+    const bool replicated = shape.size() == 1 || ends_with(name, "q_a_proj.weight") ||
+                            ends_with(name, "kv_a_proj_with_mqa.weight") ||
+                            ends_with(name, "mlp.gate.weight");
+    bytes += values * element_bytes(name) /
+             (replicated ? 1.0 : static_cast<double>(std::max(1, tp_size)));
+  }
+  return bytes;
+}
+
+std::function<double(const std::string&)> checkpoint_element_bytes(const ModelConfig& c,
+                                                                   double dtype_bytes) {
+  const double scale = 4.0 / (static_cast<double>(c.weight_block_rows) * c.weight_block_cols);
+  return [c, dtype_bytes, scale](const std::string& name) {
+    return is_fp8_weight(c, name) ? 1.0 + scale : dtype_bytes;
+  };
+}
+
 bool is_fp8_weight(const ModelConfig& c, const std::string& name) {
   if (!c.quantized) return false;
   const auto ends_with = [&](const std::string& tail) {

@@ -369,9 +369,12 @@ case_output_files() {
 # workloads beyond this machine's memory are refused at once, naming what to lower
 case_memory_limits() {
   expect 1 "run, prompts too long for memory" -- run --prompt-len 2000000000
-  check "says the KV size and what to lower" stderr_has "a KV cache of 6500001110 tokens (the prompts and --max-new-tokens) over 2 layers needs about .* GiB, more than this machine's .* GiB of memory; lower --prompt-len, --batch or --max-new-tokens"
+  check "says the KV size and what to lower" stderr_has "a KV cache of 6500001110 tokens (the prompts and --max-new-tokens) over 2 layers, beside the weights, needs about .* GiB, more than this machine's .* GiB of memory; lower --prompt-len, --batch or --max-new-tokens"
+  expect 1 "run, weights too large for memory" -- run --preset deepseek-v3 --num-layers 4000 --tp-size 4 --dcp-size 4
+  check "names the weights and what to raise" stderr_has "^dcp: error: loading the weights of 4000 layers at TP 4 (synthetic, fp32) needs about .* GiB, more than this machine's .* GiB of memory; raise --tp-size or lower --num-layers"
+  check "refused before any work" stdout_empty
   expect 1 "run, capacity too large for memory" -- run --max-total-tokens 100000000000
-  check "names --max-total-tokens" stderr_has "(--max-total-tokens) over 2 layers needs about .*; lower --max-total-tokens"
+  check "names --max-total-tokens" stderr_has "(--max-total-tokens) over 2 layers, beside the weights, needs about .*; lower --max-total-tokens"
   expect 1 "bench comm, too many thread ranks" -- bench comm --ranks 2,100000 --tokens 1
   check "says to lower --ranks" stderr_has "--ranks 100000 as threads with --tokens 1 needs about .*; lower --ranks or --tokens"
   check "ran nothing" stdout_empty

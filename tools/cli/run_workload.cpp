@@ -197,12 +197,27 @@ Workload build_workload(const RunOptions& o) {
                              dtype_size(s.model_options.kv_dtype) *
                              s.model.config.num_hidden_layers;
     const double rows = static_cast<double>(capacity) / (o.verify ? 1 : s.parallel.dcp_size);
+    // Weights first: every rank of this process holds its TP slice (the --verify reference's
+    // ranks the same slices again, one run after the other).
+    const bool synthetic = s.model.path.empty();
+    const double weights =
+        ranks_here * weight_bytes_per_rank(s.model.config, s.parallel.tp_size,
+                                           synthetic
+                                               ? std::function<double(const std::string&)>(
+                                                     [](const std::string&) { return 4.0; })
+                                               : checkpoint_element_bytes(s.model.config, 2.0));
+    check_fits_in_memory(
+        weights,
+        str("loading the weights of ", s.model.config.num_hidden_layers, " layers at TP ",
+            s.parallel.tp_size, synthetic ? " (synthetic, fp32)" : ""),
+        synthetic ? "raise --tp-size or lower --num-layers"
+                  : "raise --tp-size or run one rank per process (--comm mpi)");
     const bool asked = o.max_total_tokens > 0;
     check_fits_in_memory(
-        ranks_here * rows * row_bytes,
+        weights + ranks_here * rows * row_bytes,
         str("a KV cache of ", capacity, " tokens",
             asked ? " (--max-total-tokens)" : " (the prompts and --max-new-tokens)", " over ",
-            s.model.config.num_hidden_layers, " layers"),
+            s.model.config.num_hidden_layers, " layers, beside the weights,"),
         asked ? "lower --max-total-tokens" : "lower --prompt-len, --batch or --max-new-tokens");
   }
   if (o.prompt_tokens.empty()) {
