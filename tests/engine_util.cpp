@@ -24,7 +24,6 @@ EngineRun run_engine_phases(const ModelConfig& config, const WeightSource& weigh
     draft->weights = s.draft_weights;
   }
   ModelOptions mo;
-  mo.replicate_q_proj = s.replicate_q;
   mo.kv_dtype = s.kv_dtype;
   mo.page_size = s.page_size;
   mo.kv_capacity_tokens = s.capacity;

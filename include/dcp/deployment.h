@@ -43,7 +43,9 @@ struct ModelSource {
 struct DeploymentSpec {
   ModelSource model;
   ParallelConfig parallel;
-  ModelOptions model_options;  // page size, KV dtype, capacity, kernel; backend from the topology
+  // Page size, KV dtype, capacity, kernel. Backend and replicate_q_proj come from `parallel`
+  // (the deployment overwrites them), so each is set in one place.
+  ModelOptions model_options;
   EngineOptions engine;
   std::optional<ModelSource> draft;   // speculative decoding: replicated on every rank
   std::vector<RequestSpec> requests;  // DP replica d serves every dp_size-th request from d

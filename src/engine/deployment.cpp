@@ -77,7 +77,7 @@ RankSystem::RankSystem(Communicator& world, const Topology& topology, const Mode
   ModelOptions mo = model_options;
   const bool striped = groups_.dcp->size() > 1;
   mo.backend = striped ? topology.backend : CombineBackend::ag_rs;
-  mo.replicate_q_proj = model_options.replicate_q_proj && striped;
+  mo.replicate_q_proj = topology.config.replicate_q_proj && striped;  // the topology decides
   {
     const std::unique_ptr<WeightSource> weights = model.open();
     model_ = std::make_unique<MlaModel>(model.config, *weights, *groups_.tp, *groups_.dcp, mo);

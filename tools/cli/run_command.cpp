@@ -51,7 +51,6 @@ Workload reference_of(const Workload& w, const DeploymentReport& report) {
   s.parallel.dcp_size = 1;
   s.parallel.dcp_comm_backend.reset();
   s.parallel.replicate_q_proj = false;
-  s.model_options.replicate_q_proj = false;
   s.engine.record_logits = true;
   s.engine.num_draft_tokens = 0;
   s.draft.reset();

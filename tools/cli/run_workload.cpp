@@ -112,7 +112,6 @@ Workload build_workload(const RunOptions& o) {
   // Checked again by every rank's model; here it fails before any rank thread starts.
   check_divides_heads(s.model.config, s.parallel.tp_size, "--tp-size");
   s.transport = parse_rank_transport(o.comm);
-  s.model_options.replicate_q_proj = s.parallel.replicate_q_proj;
   s.model_options.kv_dtype = parse_kv_dtype(o.kv_cache_dtype);
   s.model_options.page_size = o.page_size;
   s.model_options.attention_kernel =
