@@ -206,6 +206,9 @@ TEST_F(FamilyCheckpoint, RefusesWhatItCannotLoadExactly) {
   });
   EXPECT_TRUE(throws_error([&] { read_checkpoint_config(dir_.string()); },
                            ErrorCategory::unsupported, "quant_method = 'awq' is not supported"));
+  rewrite_config([&](std::string& t) { replace(t, "\"dynamic\"", "\"static\""); });
+  EXPECT_TRUE(throws_error([&] { read_checkpoint_config(dir_.string()); },
+                           ErrorCategory::unsupported, "activation_scheme = 'static'"));
   rewrite_config(
       [&](std::string& t) { replace(t, "\"hidden_size\": 96", "\"hidden_size\": 96.5"); });
   EXPECT_TRUE(throws_error([&] { read_checkpoint_config(dir_.string()); }, ErrorCategory::io,

@@ -200,6 +200,12 @@ ModelConfig parse_model_config(const std::string& text) {
       c.weight_block_rows = b[0].get<int>();
       c.weight_block_cols = b[1].get<int>();
     }
+    if (q.contains("activation_scheme")) {  // activations stay fp32: exact for "dynamic" only
+      const std::string scheme = get<std::string>(q, "activation_scheme");
+      DCP_CHECK(scheme == "dynamic", unsupported,
+                "config.json: quantization_config.activation_scheme = '", scheme,
+                "' is not supported (legal: dynamic)");
+    }
     if (q.contains("fmt")) {
       const std::string fmt = get<std::string>(q, "fmt");
       DCP_CHECK(fmt == "e4m3", unsupported, "config.json: quantization_config.fmt = '", fmt,
