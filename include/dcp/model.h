@@ -16,6 +16,7 @@
 
 #include "dcp/comm.h"
 #include "dcp/dcp_attention.h"
+#include "dcp/feed_forward.h"
 #include "dcp/kernel_path.h"
 #include "dcp/kv_cache.h"
 #include "dcp/model_config.h"
@@ -59,8 +60,8 @@ void set_blas_threads(int threads);
 class MlaModel {
  public:
   // tp: this rank's TP group; dcp: its DCP group (a contiguous slice of tp). Loads this rank's
-  // shards from `weights`. Throws dcp::Error naming the problem: heads not divisible by TP, an
-  // MoE layer, a missing or mis-shaped tensor.
+  // shards from `weights`. Throws dcp::Error naming the problem: heads not divisible by TP, a
+  // missing or mis-shaped tensor.
   MlaModel(const ModelConfig& config, const WeightSource& weights, Communicator& tp,
            Communicator& dcp, const ModelOptions& options);
   ~MlaModel();
@@ -95,12 +96,7 @@ class MlaModel {
   Communicator& tp_group() noexcept { return tp_; }
 
  private:
-  struct Mlp;
-  struct Moe;
   struct Layer;
-  // y[T, hidden] = the MoE layer's partial output on this rank (routed experts' slices plus the
-  // shared experts'); the TP all-reduce completes it.
-  void moe_forward(const Moe& moe, const float* x, std::int64_t tokens, float* y) const;
   void attention(Layer& layer, const float* x, const ForwardBatch& batch, const ForwardPlan& plan,
                  float* out, ForwardTimings& t);
 

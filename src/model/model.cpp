@@ -9,7 +9,6 @@
 
 #include "dcp/error.h"
 #include "dcp/timing.h"
-#include "moe_router.h"
 #include "ops.h"
 
 namespace dcp {
@@ -28,38 +27,6 @@ void set_blas_threads(int threads) {
   ops::set_blas_threads(threads);
 }
 
-// A SwiGLU MLP, this rank's TP slice of its intermediate dimension: down(silu(gate(x)) * up(x)).
-struct MlaModel::Mlp {
-  WeightMatrix gate, up, down;  // [I_loc, hidden], [I_loc, hidden], [hidden, I_loc]
-  std::int64_t i_loc = 0;
-
-  // Rows [i0, i1) of the intermediate dimension of `prefix`{gate,up,down}_proj.weight.
-  void load(const WeightSource& w, const std::string& prefix, std::int64_t hidden,
-            std::int64_t inter, std::int64_t i0, std::int64_t i1) {
-    i_loc = i1 - i0;
-    gate = w.load_matrix(prefix + "gate_proj.weight", {inter, hidden}, {i0, i1});
-    up = w.load_matrix(prefix + "up_proj.weight", {inter, hidden}, {i0, i1});
-    down = w.load_matrix(prefix + "down_proj.weight", {hidden, inter}, {}, {i0, i1});
-  }
-  // y[T, hidden] = this slice's partial output (the TP all-reduce completes it).
-  void forward(const float* x, std::int64_t tokens, float* y) const {
-    std::vector<float> g(static_cast<std::size_t>(tokens * i_loc)), u(g.size());
-    ops::linear(x, tokens, gate, g.data());
-    ops::linear(x, tokens, up, u.data());
-    ops::silu_mul(g.data(), u.data(), g.data(), static_cast<std::int64_t>(g.size()));
-    ops::linear(g.data(), tokens, down, y);
-  }
-};
-
-// A mixture-of-experts layer: the router (replicated), every routed expert's TP slice, and the
-// shared experts as one MLP of width moe_intermediate_size x n_shared_experts.
-struct MlaModel::Moe {
-  WeightMatrix router;      // [E, hidden]
-  std::vector<float> bias;  // [E] e_score_correction_bias (noaux_tc), else empty
-  std::vector<Mlp> experts;
-  std::optional<Mlp> shared;
-};
-
 struct MlaModel::Layer {
   std::vector<float> input_norm, post_norm;
   WeightMatrix q_a;              // [q_lora, hidden] (q_lora models)
@@ -74,8 +41,8 @@ struct MlaModel::Layer {
   WeightMatrix kv_b_group;   // the DCP group's heads, for the replicated query projection
   WeightMatrix g_proj;       // [H_loc * v, hidden] (output gate)
   WeightMatrix o_proj;       // [hidden, H_loc * v]
-  Mlp mlp;                   // dense layers
-  std::unique_ptr<Moe> moe;  // mixture-of-experts layers
+  SwiGluMlp mlp;                  // dense layers
+  std::unique_ptr<MoeLayer> moe;  // mixture-of-experts layers
   std::unique_ptr<LatentPool> pool;
   std::unique_ptr<KvShard> shard;
   ops::Rope rope;
@@ -163,26 +130,9 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
         p + "self_attn.o_proj.weight", {hidden, heads_all * v}, {},
         {static_cast<std::int64_t>(head0_) * v, static_cast<std::int64_t>(head0_ + h_loc_) * v});
     if (c.is_moe_layer(i)) {
-      // Experts are sliced like the dense MLP: each rank holds 1/TP of every expert's
-      // intermediate dimension.
-      L->moe = std::make_unique<Moe>();
-      Moe& m = *L->moe;
-      const std::int64_t experts = c.n_routed_experts, mi = c.moe_intermediate_size;
-      m.router = w.load_matrix(p + "mlp.gate.weight", {experts, hidden});
-      if (c.topk_method == "noaux_tc")
-        m.bias = w.load(p + "mlp.gate.e_score_correction_bias", {experts});
-      const std::int64_t e0 = mi * tp.rank() / tp_size, e1 = mi * (tp.rank() + 1) / tp_size;
-      m.experts.resize(static_cast<std::size_t>(experts));
-      for (std::int64_t e = 0; e < experts; ++e)
-        m.experts[e].load(w, p + "mlp.experts." + std::to_string(e) + ".", hidden, mi, e0, e1);
-      if (c.n_shared_experts > 0) {
-        const std::int64_t si = mi * c.n_shared_experts;
-        m.shared.emplace();
-        m.shared->load(w, p + "mlp.shared_experts.", hidden, si, si * tp.rank() / tp_size,
-                       si * (tp.rank() + 1) / tp_size);
-      }
+      L->moe = std::make_unique<MoeLayer>(c, w, i, tp.rank(), tp_size);
     } else {
-      L->mlp.load(w, p + "mlp.", hidden, inter, i0, i1);
+      L->mlp = SwiGluMlp(w, p + "mlp.", hidden, inter, i0, i1);
     }
     L->pool = std::make_unique<LatentPool>(
         pages, options.page_size, LatentGeometry{kvl, c.qk_rope_head_dim, options.kv_dtype});
@@ -215,18 +165,12 @@ KvShard& MlaModel::kv_shard(int layer) {
 
 std::size_t MlaModel::weight_bytes() const noexcept {
   const auto vec = [](const std::vector<float>& v) { return v.size() * sizeof(float); };
-  const auto mlp = [](const Mlp& m) { return m.gate.bytes() + m.up.bytes() + m.down.bytes(); };
   std::size_t b = embed_.bytes() + lm_head_.bytes() + vec(final_norm_);
   for (const auto& L : layers_) {
     b += vec(L->input_norm) + vec(L->post_norm) + L->q_a.bytes() + vec(L->q_a_norm) +
          L->q_b.bytes() + L->q_b_group.bytes() + L->kv_a.bytes() + vec(L->kv_a_norm) +
          L->kv_b.bytes() + L->kv_b_group.bytes() + L->g_proj.bytes() + L->o_proj.bytes() +
-         mlp(L->mlp);
-    if (L->moe) {
-      b += L->moe->router.bytes() + vec(L->moe->bias);
-      for (const Mlp& e : L->moe->experts) b += mlp(e);
-      if (L->moe->shared) b += mlp(*L->moe->shared);
-    }
+         L->mlp.bytes() + (L->moe ? L->moe->bytes() : 0);
   }
   return b;
 }
@@ -320,48 +264,6 @@ void MlaModel::attention(Layer& L, const float* x, const ForwardBatch& batch,
   ops::linear(vals.data(), T, L.o_proj, out);
 }
 
-void MlaModel::moe_forward(const Moe& m, const float* x, std::int64_t tokens, float* y) const {
-  const ModelConfig& c = config_;
-  const std::int64_t hidden = c.hidden_size, experts = c.n_routed_experts;
-  // The router in fp32 on every rank (x is whole after the attention's all-reduce), so every
-  // rank routes alike.
-  std::vector<float> logits(static_cast<std::size_t>(tokens * experts));
-  ops::linear(x, tokens, m.router, logits.data());
-  const moe::Routing r =
-      moe::route(c, logits.data(), tokens, m.bias.empty() ? nullptr : m.bias.data());
-  if (m.shared) {
-    m.shared->forward(x, tokens, y);
-  } else {
-    std::fill(y, y + tokens * hidden, 0.0f);
-  }
-  // Tokens grouped by expert: each expert runs once over the rows routed to it.
-  std::vector<std::vector<std::int64_t>> rows(static_cast<std::size_t>(experts));
-  std::vector<std::vector<float>> weights(static_cast<std::size_t>(experts));
-  for (std::int64_t t = 0; t < tokens; ++t) {
-    for (int i = 0; i < r.k; ++i) {
-      const std::int32_t e = r.experts[t * r.k + i];
-      rows[e].push_back(t);
-      weights[e].push_back(r.weights[t * r.k + i]);
-    }
-  }
-  std::vector<float> in, out;
-  for (std::int64_t e = 0; e < experts; ++e) {
-    const std::int64_t n = static_cast<std::int64_t>(rows[e].size());
-    if (n == 0) continue;
-    in.resize(static_cast<std::size_t>(n * hidden));
-    out.resize(in.size());
-    for (std::int64_t j = 0; j < n; ++j)
-      std::copy_n(x + rows[e][j] * hidden, hidden, in.data() + j * hidden);
-    m.experts[e].forward(in.data(), n, out.data());
-    for (std::int64_t j = 0; j < n; ++j) {
-      float* dst = y + rows[e][j] * hidden;
-      const float* src = out.data() + j * hidden;
-      const float w = weights[e][j];
-      for (std::int64_t d = 0; d < hidden; ++d) dst[d] += w * src[d];
-    }
-  }
-}
-
 std::vector<float> MlaModel::forward(const ForwardBatch& batch, ForwardTimings* timings) {
   const auto t_start = Clock::now();
   const CommStats dcp_before = dcp_.stats(), tp_before = tp_.stats();
@@ -401,7 +303,7 @@ std::vector<float> MlaModel::forward(const ForwardBatch& batch, ForwardTimings* 
     xn = x;
     ops::rms_norm(xn.data(), T, hidden, L.post_norm.data(), c.rms_norm_eps);
     if (L.moe) {
-      moe_forward(*L.moe, xn.data(), T, y.data());
+      L.moe->forward(xn.data(), T, y.data());
     } else {
       L.mlp.forward(xn.data(), T, y.data());
     }
