@@ -170,9 +170,9 @@ TEST(Model, DcpEqualsDcpOne) {
   }
 }
 
-TEST(Model, DeepSeekV3GeometryDcpEqualsDcpOne) {
+TEST(Model, DeepSeekV3AttentionDcpEqualsDcpOne) {
   auto rng = test::make_rng();
-  const ModelConfig c = preset_config("deepseek-v3", 1);
+  const ModelConfig c = preset_config("deepseek-v3-attn", 1);
   const auto w = make_synthetic_weights(5);
   const std::vector<RequestSpec> reqs = {request(0, random_tokens(rng, 9, c.vocab_size), 2),
                                          request(1, random_tokens(rng, 3, c.vocab_size), 2)};

@@ -35,7 +35,8 @@ struct ModelSource {
   ModelConfig config;
   std::string path;                       // a checkpoint directory; empty: see below
   const WeightSource* weights = nullptr;  // borrowed (must outlive the deployment)
-  std::uint64_t synthetic_seed = 1234;    // neither given: synthetic weights of this seed
+  std::uint64_t synthetic_seed = 1234;    // neither given: synthetic weights of this seed,
+  WeightDtype synthetic_dtype = WeightDtype::f32;  // in this dtype (FP8 projections if quantized)
   // Opens the weights (a borrowed source is wrapped, not copied).
   std::unique_ptr<WeightSource> open() const;
 };

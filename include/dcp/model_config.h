@@ -80,9 +80,17 @@ struct ModelConfig {
 ModelConfig parse_model_config(const std::string& json_text);
 std::string model_config_to_json(const ModelConfig& c);
 
-// Presets with synthetic weights: "tiny", "deepseek-v3", "kimi-k3". num_layers overrides the
-// layer count when > 0. Throws naming the legal presets otherwise.
+// Geometries for synthetic weights (num_layers overrides the layer count when > 0):
+//   tiny                  small and fast, every attention feature on the path
+//   deepseek-v2-lite, deepseek-v3, kimi-k2, moonlight
+//                         the published configs at full width: MoE layers where the model has
+//                         them, FP8 projections for deepseek-v3 and kimi-k2
+//   deepseek-v3-attn      DeepSeek-V3's attention with a small dense MLP and vocabulary
+//   kimi-k3               Kimi-K3's attention (96 heads, output gate, no RoPE), small MLP
+// Throws naming the legal presets otherwise.
 ModelConfig preset_config(const std::string& name, int num_layers = 0);
+// The presets preset_config knows, comma-separated.
+const char* preset_names() noexcept;
 
 // The MLA families as published, scaled down so that a random checkpoint of one runs in seconds:
 // "deepseek-v2-lite", "deepseek-v2", "deepseek-v3", "kimi-k2", "moonlight". Each keeps its

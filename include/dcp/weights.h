@@ -1,6 +1,6 @@
 // Where model weights come from: a Hugging Face safetensors checkpoint, or deterministic
-// synthetic values. Both hand out fp32 slices of 2-D (or 1-D) tensors by name, so each rank
-// loads only its TP shard.
+// synthetic values. Both hand out slices of 2-D (or 1-D) tensors by name, as fp32 or in their
+// dtype, so each rank loads only its TP shard.
 #pragma once
 
 #include <cstdint>
@@ -53,7 +53,7 @@ class WeightSource {
  public:
   virtual ~WeightSource() = default;
   // The same slice as load(), kept in the checkpoint's dtype (FP8 with its scale blocks). The
-  // default converts load()'s fp32 values (synthetic weights are fp32).
+  // default converts load()'s fp32 values (a source without dtypes).
   virtual WeightMatrix load_matrix(const std::string& name, const std::vector<std::int64_t>& shape,
                                    Range rows = {}, Range cols = {}) const;
   // The tensor `name`, checked against `shape` ([rows, cols] or [n]), as fp32 rows-major values
@@ -70,6 +70,16 @@ class WeightSource {
 // [out, in] are uniform with unit variance scaled by 1/sqrt(in); 1-D tensors (norm weights) are
 // 1 + small noise; the embedding has unit variance.
 std::unique_ptr<WeightSource> make_synthetic_weights(std::uint64_t seed);
+// The same values held as a checkpoint of `config` would hold them: the projections of an FP8
+// config in FP8 E4M3 with block scales (drawn per block, so that no value saturates), the other
+// matrices in `dtype` (fp32 or bf16), norm weights and biases in fp32. load() returns the values
+// the dtype holds, so both loads agree.
+std::unique_ptr<WeightSource> make_synthetic_weights(std::uint64_t seed, const ModelConfig& config,
+                                                     WeightDtype dtype);
+// The dtype a preset's synthetic weights are generated in: bf16 for the published families (their
+// checkpoints' dtype; FP8 projections come with the config), fp32 for tiny, deepseek-v3-attn and
+// kimi-k3. Throws naming the legal presets.
+WeightDtype preset_weight_dtype(const std::string& preset);
 
 // A checkpoint directory: config.json and *.safetensors (with model.safetensors.index.json or
 // without). Files are memory-mapped; headers are validated when opened.
@@ -96,7 +106,7 @@ bool is_fp8_weight(const ModelConfig& config, const std::string& name);
 double weight_bytes_per_rank(const ModelConfig& config, int tp_size,
                              const std::function<double(const std::string&)>& element_bytes);
 // The element size of each tensor as a checkpoint of `config` stores it (FP8 projections, the rest
-// in `dtype_bytes`), or 4 for synthetic (fp32) weights.
+// in `dtype_bytes`); synthetic weights of a preset take the same sizes.
 std::function<double(const std::string&)> checkpoint_element_bytes(const ModelConfig& config,
                                                                    double dtype_bytes);
 

@@ -47,7 +47,7 @@ class BorrowedWeights final : public WeightSource {
 std::unique_ptr<WeightSource> ModelSource::open() const {
   if (weights) return std::make_unique<BorrowedWeights>(*weights);
   if (!path.empty()) return open_checkpoint(path);
-  return make_synthetic_weights(synthetic_seed);
+  return make_synthetic_weights(synthetic_seed, config, synthetic_dtype);
 }
 
 RankGroups carve_groups(Communicator& world, const Topology& topology) {

@@ -386,10 +386,69 @@ ModelConfig family_config(const std::string& family) {
   return c;
 }
 
+const char* preset_names() noexcept {
+  return "tiny, deepseek-v2-lite, deepseek-v3, kimi-k2, moonlight, deepseek-v3-attn, kimi-k3";
+}
+
+namespace {
+
+// DeepSeek-V3's attention layer (q-LoRA 1536, latent 512 + 64, 128 heads), without its MoE.
+ModelConfig v3_attention() {
+  ModelConfig c;
+  c.hidden_size = 7168;
+  c.num_attention_heads = 128;
+  c.q_lora_rank = 1536;
+  c.kv_lora_rank = 512;
+  c.qk_nope_head_dim = 128;
+  c.qk_rope_head_dim = 64;
+  c.v_head_dim = 128;
+  c.rope_scaling = RopeScaling{40, 4096, 32, 1, 1.0, 1.0};
+  return c;
+}
+
+// DeepSeek-V2-Lite's and Moonlight's shared shape: hidden 2048, 16 heads without q-LoRA, 64
+// experts (6 per token, 2 shared) of width 1408, the first layer dense.
+ModelConfig lite_shape() {
+  ModelConfig c;
+  c.hidden_size = 2048;
+  c.num_hidden_layers = 27;
+  c.num_attention_heads = 16;
+  c.q_lora_rank.reset();
+  c.kv_lora_rank = 512;
+  c.qk_nope_head_dim = 128;
+  c.qk_rope_head_dim = 64;
+  c.v_head_dim = 128;
+  c.n_routed_experts = 64;
+  c.num_experts_per_tok = 6;
+  c.n_shared_experts = 2;
+  c.moe_intermediate_size = 1408;
+  c.first_k_dense_replace = 1;
+  return c;
+}
+
+// DeepSeek-V3's and Kimi-K2's shared shape: V3's attention, 61 layers, experts of width 2048
+// (8 per token, 1 shared), FP8 projections in 128 x 128 blocks.
+ModelConfig v3_shape() {
+  ModelConfig c = v3_attention();
+  c.num_hidden_layers = 61;
+  c.intermediate_size = 18432;
+  c.num_experts_per_tok = 8;
+  c.n_shared_experts = 1;
+  c.moe_intermediate_size = 2048;
+  c.scoring_func = "sigmoid";
+  c.topk_method = "noaux_tc";
+  c.norm_topk_prob = true;
+  c.quant_method = "fp8";
+  c.quantized = true;
+  c.weight_block_rows = c.weight_block_cols = 128;
+  return c;
+}
+
+}  // namespace
+
 ModelConfig preset_config(const std::string& name, int num_layers) {
   DCP_ARG_CHECK(num_layers >= 0, "num_layers = ", num_layers, " must be >= 0 (0: the preset's)");
   ModelConfig c;
-  c.name = name;
   if (name == "tiny") {
     // Small and fast, but with every feature on the path: q_lora, YaRN, 8 heads.
     c.vocab_size = 512;
@@ -404,25 +463,60 @@ ModelConfig preset_config(const std::string& name, int num_layers) {
     c.v_head_dim = 32;
     c.rope_theta = 10000;
     c.rope_scaling = RopeScaling{4.0, 1024, 32, 1, 1.0, 1.0};
-  } else if (name == "deepseek-v3") {
-    // DeepSeek-V3's attention geometry; a small dense MLP and vocabulary.
+  } else if (name == "deepseek-v2-lite") {  // deepseek-ai/DeepSeek-V2-Lite
+    c = lite_shape();
+    c.model_type = "deepseek_v2";
+    c.architecture = "DeepseekV2ForCausalLM";
+    c.vocab_size = 102400;
+    c.intermediate_size = 10944;
+    c.rope_scaling = RopeScaling{40, 4096, 32, 1, 0.707, 0.707};
+    c.scoring_func = "softmax";
+    c.topk_method = "greedy";
+    c.norm_topk_prob = false;
+    c.routed_scaling_factor = 1.0;
+  } else if (name == "moonlight") {  // moonshotai/Moonlight-16B-A3B
+    c = lite_shape();
+    c.vocab_size = 163840;
+    c.intermediate_size = 11264;
+    c.rms_norm_eps = 1e-5;
+    c.rope_theta = 50000;
+    c.scoring_func = "sigmoid";
+    c.topk_method = "noaux_tc";
+    c.norm_topk_prob = true;
+    c.routed_scaling_factor = 2.446;
+  } else if (name == "deepseek-v3") {  // deepseek-ai/DeepSeek-V3 (and R1)
+    c = v3_shape();
+    c.vocab_size = 129280;
+    c.n_routed_experts = 256;
+    c.n_group = 8;
+    c.topk_group = 4;
+    c.first_k_dense_replace = 3;
+    c.routed_scaling_factor = 2.5;
+    c.num_nextn_predict_layers = 1;
+  } else if (name == "kimi-k2") {  // moonshotai/Kimi-K2-Instruct
+    c = v3_shape();
+    c.model_type = "kimi_k2";
+    c.vocab_size = 163840;
+    c.num_attention_heads = 64;
+    c.n_routed_experts = 384;
+    c.first_k_dense_replace = 1;
+    c.routed_scaling_factor = 2.827;
+    c.rope_theta = 50000;
+    c.rope_scaling = RopeScaling{32, 4096, 1, 1, 1.0, 1.0};
+  } else if (name == "deepseek-v3-attn") {
+    // DeepSeek-V3's attention with a small dense MLP and vocabulary: what the attention and DCP
+    // benchmarks run, where the feed-forward half would only add time.
+    c = v3_attention();
     c.vocab_size = 4096;
-    c.hidden_size = 7168;
     c.intermediate_size = 1024;
     c.num_hidden_layers = 2;
-    c.num_attention_heads = 128;
-    c.q_lora_rank = 1536;
-    c.kv_lora_rank = 512;
-    c.qk_nope_head_dim = 128;
-    c.qk_rope_head_dim = 64;
-    c.v_head_dim = 128;
-    c.rope_theta = 10000;
-    c.rope_scaling = RopeScaling{40, 4096, 32, 1, 1.0, 1.0};
   } else if (name == "kimi-k3") {
     // Kimi-K3's attention: DeepSeek-V3's latent geometry with 96 heads, an output gate and no
-    // rotary embedding.
-    c = preset_config("deepseek-v3");
-    c.name = name;
+    // rotary embedding; a small dense MLP and vocabulary like deepseek-v3-attn.
+    c = v3_attention();
+    c.vocab_size = 4096;
+    c.intermediate_size = 1024;
+    c.num_hidden_layers = 2;
     c.num_attention_heads = 96;
     c.rope_theta = 50000;
     c.rope_scaling.reset();
@@ -430,9 +524,11 @@ ModelConfig preset_config(const std::string& name, int num_layers) {
     c.attn_output_gate = true;
   } else {
     throw Error(ErrorCategory::invalid_argument,
-                str("preset = '", name, "' is not one of: tiny, deepseek-v3, kimi-k3"));
+                str("preset = '", name, "' is not one of: ", preset_names()));
   }
+  c.name = name;
   if (num_layers > 0) c.num_hidden_layers = num_layers;
+  c.validate();
   return c;
 }
 

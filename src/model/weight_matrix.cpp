@@ -33,11 +33,14 @@ void WeightMatrix::row_to_float(std::int64_t r, float* out) const {
     }
     case WeightDtype::f8_e4m3: {
       const std::uint8_t* src = data.data() + at;
+      const float* value = fp8_e4m3_values();
       const std::int64_t block_row = (row0 + r) / block_rows - row0 / block_rows;
       const float* scales = scale_inv.data() + block_row * scale_cols;
-      const std::int64_t first_block = col0 / block_cols;
-      for (std::int64_t c = 0; c < cols; ++c) {
-        out[c] = fp8_e4m3_to_float(src[c]) * scales[(col0 + c) / block_cols - first_block];
+      // Column by column block, so that the scale is fixed over each inner loop.
+      for (std::int64_t c = 0, b = 0; c < cols; ++b) {
+        const std::int64_t end = std::min(cols, ((col0 + c) / block_cols + 1) * block_cols - col0);
+        const float s = scales[b];
+        for (; c < end; ++c) out[c] = value[src[c]] * s;
       }
       return;
     }

@@ -126,7 +126,7 @@ case_run_refusals() {
   check "names --dcp-size" stderr_has "--dcp-size 3 must divide --tp-size 4"
   expect 2 "bad kv dtype" -- run --kv-cache-dtype fp8
   expect 2 "bad preset" -- run --preset llama
-  check "lists presets" stderr_has "tiny, deepseek-v3, kimi-k3"
+  check "lists presets" stderr_has "tiny, deepseek-v2-lite, deepseek-v3, kimi-k2, moonlight, deepseek-v3-attn, kimi-k3"
   expect 2 "bad token id" -- run --prompt-tokens "1,x"
   expect 2 "token outside vocab" -- run --prompt-tokens "100000" --max-new-tokens 1
   check "names the vocabulary" stderr_has "outside the vocabulary"
@@ -371,7 +371,7 @@ case_memory_limits() {
   expect 1 "run, prompts too long for memory" -- run --prompt-len 2000000000
   check "says the KV size and what to lower" stderr_has "a KV cache of 6500001110 tokens (the prompts and --max-new-tokens) over 2 layers, beside the weights, needs about .* GiB, more than this machine's .* GiB of memory; lower --prompt-len, --batch or --max-new-tokens"
   expect 1 "run, weights too large for memory" -- run --preset deepseek-v3 --num-layers 4000 --tp-size 4 --dcp-size 4
-  check "names the weights and what to raise" stderr_has "^dcp: error: loading the weights of 4000 layers at TP 4 (synthetic, fp32) needs about .* GiB, more than this machine's .* GiB of memory; raise --tp-size or lower --num-layers"
+  check "names the weights and what to raise" stderr_has "^dcp: error: loading the weights of 4000 layers at TP 4 (synthetic, bf16, FP8 projections) needs about .* GiB, more than this machine's .* GiB of memory; raise --tp-size or lower --num-layers"
   check "refused before any work" stdout_empty
   expect 1 "run, capacity too large for memory" -- run --max-total-tokens 100000000000
   check "names --max-total-tokens" stderr_has "(--max-total-tokens) over 2 layers, beside the weights, needs about .*; lower --max-total-tokens"
@@ -457,7 +457,20 @@ case_families() {
   expect 2 "gen-checkpoint, --family with --preset" -- gen-checkpoint --family kimi-k2 --preset tiny --out "$tmp/x"
 }
 
-cases="topology demo run_summary run_rejected run_combine run_refusals run_checkpoint run_speculative run_extend run_prefix_cache plan bench_comm bench_attention bench_merge bench_step_engine run_dp run_kernel run_disagg bad_values output_files memory_limits bench_plot families"
+# the published geometries at full width as synthetic presets, and one MoE layer's benchmark
+case_presets() {
+  expect 0 "run deepseek-v2-lite, 2 layers (one MoE)" -- run --preset deepseek-v2-lite --num-layers 2 --tp-size 2 --dcp-size 2 --batch 2 --prompt-len 30 --max-new-tokens 3 --json "$tmp/run.json"
+  check "deepseek-v2-lite verifies" json_has '"passed": true'
+  check "deepseek-v2-lite holds bf16 weights" json_has '"dtype": "bf16"'
+  expect 0 "bench moe (small)" -- bench moe --batches 1,2 --threads 1 --dtypes fp8 --repeats 1 --cache warm --csv "$tmp/moe.csv"
+  # DeepSeek-V2-Lite routes each token to 6 of its 64 experts.
+  check "bench moe: one token runs 6 experts" grep -q '^deepseek-v2-lite,fp8,1,1,6,' "$tmp/moe.csv"
+  check "bench moe: two tokens run 6 to 12" grep -qE '^deepseek-v2-lite,fp8,1,2,([6-9]|1[0-2]),' "$tmp/moe.csv"
+  bad_value "bench moe, a preset without experts" "--preset: 'tiny' is not one of: deepseek-v2-lite, deepseek-v3, kimi-k2, moonlight" -- bench moe --preset tiny
+  bad_value "bench moe, unknown dtype" "--dtypes" -- bench moe --dtypes fp16
+}
+
+cases="topology demo run_summary run_rejected run_combine run_refusals run_checkpoint run_speculative run_extend run_prefix_cache plan bench_comm bench_attention bench_merge bench_step_engine run_dp run_kernel run_disagg bad_values output_files memory_limits bench_plot families presets"
 if [ "$case_name" = "--list" ]; then
   echo "$cases"
   exit 0

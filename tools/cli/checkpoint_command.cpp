@@ -20,7 +20,7 @@ void add_gen_checkpoint_command(CLI::App& app) {
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
       "gen-checkpoint", "Write a deterministic random checkpoint (config.json + safetensors)");
-  cmd->add_option("--preset", o->preset, "geometry: tiny, deepseek-v3, kimi-k3")
+  cmd->add_option("--preset", o->preset, std::string("geometry: ") + preset_names())
       ->capture_default_str();
   cmd->add_option(
          "--family", o->family,

@@ -33,7 +33,7 @@ struct PlanOptions {
   std::string kv_dtype = "bf16";
   double compute_gflops = 0, bandwidth_gbps = 0, link_gbps = 0, link_latency_us = -1,
          memory_gib = 0;
-  double weights_gib = -1;  // per rank; default: the dense weights of the config
+  double weights_gib = -1;  // per rank; default: the config's weights as its checkpoint holds them
   bool json = false;
 };
 
@@ -65,7 +65,9 @@ void plan(const PlanOptions& o) {
   const int h_loc = c.num_attention_heads / o.tp_size;
   const double row_bytes = static_cast<double>(c.latent_width()) * dtype_size(dtype);
   const double weights =
-      o.weights_gib >= 0 ? o.weights_gib * (1ull << 30) : weights_bytes_per_rank(c, o.tp_size);
+      o.weights_gib >= 0
+          ? o.weights_gib * (1ull << 30)
+          : weight_bytes_per_rank(c, o.tp_size, checkpoint_element_bytes(c, 2.0));
   const std::vector<std::int64_t> contexts = parse_list(o.contexts, "--contexts");
 
   std::vector<Row> rows;
@@ -82,6 +84,7 @@ void plan(const PlanOptions& o) {
                             {"a2a+replicated-q", CombineBackend::a2a, true}};
       for (const Mode& m : modes) {
         if (n == 1 && m.b != CombineBackend::ag_rs) continue;
+        if (m.rq && c.quantized) continue;  // the model gathers the query for FP8 weights
         Row r;
         r.context = s;
         r.dcp = n;
@@ -182,7 +185,7 @@ void add_plan_command(CLI::App& app) {
   auto o = std::make_shared<PlanOptions>();
   CLI::App* cmd = app.add_subcommand(
       "plan", "Cost model: predicted per-layer times and capacity per DCP size and backend");
-  cmd->add_option("--preset", o->preset, "model geometry: tiny, deepseek-v3, kimi-k3")
+  cmd->add_option("--preset", o->preset, std::string("model geometry: ") + preset_names())
       ->capture_default_str();
   cmd->add_option("--model-path", o->model_path, "checkpoint whose config.json gives the geometry");
   cmd->add_option("--num-layers", o->num_layers, "layers (default: the model's)")

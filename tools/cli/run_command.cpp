@@ -118,7 +118,7 @@ void add_run_command(CLI::App& app) {
   add_parallel_flags(cmd, o->parallel);
   cmd->add_option("--model-path", o->model_path,
                   "Hugging Face DeepSeek-V2/V3 checkpoint directory");
-  cmd->add_option("--preset", o->preset, "synthetic model: tiny, deepseek-v3, kimi-k3")
+  cmd->add_option("--preset", o->preset, std::string("synthetic model: ") + preset_names())
       ->capture_default_str();
   cmd->add_option("--num-layers", o->num_layers, "layers to run (default: the model's)")
       ->check(at_least(1));

@@ -106,6 +106,7 @@ Workload build_workload(const RunOptions& o) {
     }
   } else {
     s.model.config = preset_config(o.preset, o.num_layers);
+    s.model.synthetic_dtype = preset_weight_dtype(o.preset);
     w.model_label = "preset:" + o.preset;
   }
   s.parallel = o.parallel.to_config();
@@ -162,6 +163,7 @@ Workload build_workload(const RunOptions& o) {
     } else {
       s.draft.emplace();
       s.draft->config = preset_config(o.spec_draft);
+      s.draft->synthetic_dtype = preset_weight_dtype(o.spec_draft);
       s.draft->synthetic_seed = o.seed + 1;
     }
     DCP_ARG_CHECK(s.draft->config.vocab_size == s.model.config.vocab_size, "--speculative-draft '",
@@ -199,16 +201,18 @@ Workload build_workload(const RunOptions& o) {
     // Weights first: every rank of this process holds its TP slice (the --verify reference's
     // ranks the same slices again, one run after the other).
     const bool synthetic = s.model.path.empty();
+    const double dtype_bytes =
+        synthetic && s.model.synthetic_dtype == WeightDtype::f32 ? 4.0 : 2.0;
     const double weights =
         ranks_here * weight_bytes_per_rank(s.model.config, s.parallel.tp_size,
-                                           synthetic
-                                               ? std::function<double(const std::string&)>(
-                                                     [](const std::string&) { return 4.0; })
-                                               : checkpoint_element_bytes(s.model.config, 2.0));
+                                           checkpoint_element_bytes(s.model.config, dtype_bytes));
     check_fits_in_memory(
         weights,
         str("loading the weights of ", s.model.config.num_hidden_layers, " layers at TP ",
-            s.parallel.tp_size, synthetic ? " (synthetic, fp32)" : ""),
+            s.parallel.tp_size, synthetic ? str(" (synthetic, ", to_string(s.model.synthetic_dtype),
+                                                s.model.config.quantized ? ", FP8 projections" : "",
+                                                ")")
+                                          : ""),
         synthetic ? "raise --tp-size or lower --num-layers"
                   : "raise --tp-size or run one rank per process (--comm mpi)");
     const bool asked = o.max_total_tokens > 0;

@@ -40,21 +40,6 @@ Hardware hardware_preset(const std::string& name) {
               str("--hardware '", name, "' is not one of: this-cpu, h200-nvlink"));
 }
 
-double weights_bytes_per_rank(const ModelConfig& c, int tp) {
-  const double h = c.hidden_size, heads = c.num_attention_heads;
-  double per_layer = 0;
-  if (c.q_lora_rank) {
-    per_layer += *c.q_lora_rank * h + heads * c.q_head_dim() * *c.q_lora_rank / tp;
-  } else {
-    per_layer += heads * c.q_head_dim() * h / tp;
-  }
-  per_layer +=
-      c.latent_width() * h + heads * (c.qk_nope_head_dim + c.v_head_dim) * c.kv_lora_rank / tp;
-  per_layer += h * heads * c.v_head_dim / tp * (c.attn_output_gate ? 2 : 1);
-  per_layer += 3.0 * c.intermediate_size * h / tp;
-  return 2.0 * (per_layer * c.num_hidden_layers + 2.0 * c.vocab_size * h / tp);
-}
-
 LayerPrediction predict_layer(const ModelConfig& c, const Hardware& hw, int h_loc, int dcp,
                               CombineBackend backend, bool replicated_q, int batch,
                               std::int64_t context, KvDtype dtype) {

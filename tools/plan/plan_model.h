@@ -28,9 +28,6 @@ struct Hardware {
 // "this-cpu" (measured here) or "h200-nvlink" (assumed); dcp::Error naming both otherwise.
 Hardware hardware_preset(const std::string& name);
 
-// Dense weights held per rank (bf16): replicated down-projections and norms, TP shards of the rest.
-double weights_bytes_per_rank(const ModelConfig& c, int tp);
-
 struct LayerPrediction {
   double attn_ms = 0, comm_ms = 0;  // per MLA layer and rank
   double kv_bytes = 0, comm_bytes = 0;
