@@ -21,6 +21,7 @@ void add_engine_bench(CLI::App* bench);
 void add_step_bench(CLI::App* bench);
 void add_extend_bench(CLI::App* bench);
 void add_plot_bench(CLI::App* bench);
+void add_moe_bench(CLI::App* bench);
 
 // Every benchmark's --csv (the table) and --svg (`plot`, e.g. "a plot (GFLOP/s vs heads)"), both
 // checked as they parse, so that a long run does not end on a file it cannot write.
@@ -90,7 +91,7 @@ std::vector<EngineBenchRow> bench_engine(const EngineBenchOptions& o);
 // Decode step time against context length, split into attention / DCP communication / other per
 // MLA layer, beside the predictions of `dcp plan` for the same configuration.
 struct StepBenchOptions {
-  std::string preset = "deepseek-v3";
+  std::string preset = "deepseek-v3-attn";
   int num_layers = 1;
   int ranks = 2;  // TP size; DCP is 1 (TP only) and this
   std::string backend = "a2a";
@@ -107,6 +108,19 @@ struct MergeBenchOptions {
   std::string csv, svg;  // the table as CSV; merge GB/s against parts as SVG
 };
 void bench_merge(const MergeBenchOptions& o);
+
+// One MoE layer (TP 1) at decode batches: the weight bytes it reads against the read ceiling.
+struct MoeBenchOptions {
+  std::string preset = "deepseek-v2-lite";
+  std::string batches = "1,8,64";
+  std::string dtypes = "bf16,fp8";
+  std::string threads = "1,2";
+  int repeats = 5;
+  std::string cache = "cold";
+  std::uint64_t seed = 1;
+  std::string csv, svg;
+};
+void bench_moe(const MoeBenchOptions& o);
 
 // A Google Benchmark JSON file (bench/bench_kernels --benchmark_out=FILE) as a table, CSV and SVG:
 // the measure y (real_time or cpu_time in ms, or a user counter) against the argument x, a series

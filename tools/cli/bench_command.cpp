@@ -24,6 +24,7 @@ void add_bench_command(CLI::App& app) {
   add_engine_bench(bench);
   add_step_bench(bench);
   add_extend_bench(bench);
+  add_moe_bench(bench);
   add_plot_bench(bench);
 }
 
