@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -35,19 +36,20 @@ struct Case {
   RequestSpec request;
   std::vector<double> expect;  // float64 logits of the decode steps
 };
-Case clear_case(const ModelConfig& c, const WeightSource& w, test::Rng& rng, int steps) {
-  for (int attempt = 0; attempt < 20; ++attempt) {
+Case clear_case(const ModelConfig& c, const WeightSource& w, test::Rng& rng, int steps,
+                double min_margin = 1e-4) {
+  for (int attempt = 0; attempt < 50; ++attempt) {
     const std::vector<std::int32_t> prompt = test::random_tokens(rng, 19, c.vocab_size);
     RequestSpec r = test::request(0, prompt, steps, test::random_tokens(rng, steps, c.vocab_size));
     std::vector<std::int32_t> seq = prompt;
     seq.insert(seq.end(), r.forced_outputs.begin(), r.forced_outputs.end() - 1);
     double margin = 0;
     const std::vector<double> naive = test::naive_logits(c, w, seq, &margin);
-    if (margin < 1e-4) continue;
+    if (margin < min_margin) continue;
     return {r, std::vector<double>(naive.end() - static_cast<std::ptrdiff_t>(steps) * c.vocab_size,
                                    naive.end())};
   }
-  ADD_FAILURE() << c.name << ": no prompt in 20 routed every token by a margin of 1e-4";
+  ADD_FAILURE() << c.name << ": no prompt in 50 routed every token by a margin of " << min_margin;
   return {};
 }
 
@@ -76,6 +78,39 @@ TEST(Families, MixtureOfExpertsEqualsFloat64AtEveryTpAndDcp) {
     for (const auto& [tp, dcp] : {std::pair{1, 1}, {2, 1}, {2, 2}, {4, 2}, {4, 4}}) {
       expect_family_matches_float64(c, *w, tp, dcp, k);
     }
+  }
+}
+
+// The default, faster path keeps the latent KV in bf16: its error against float64, relative to the
+// largest logit, is what the README states (measured here, printed, and bounded). Each family's
+// attention (q-LoRA or not, its RoPE, FP8 or BF16 projections) with a dense MLP: a router choice
+// within bf16 rounding of a tie rightly goes either way, and then the logits differ by what other
+// experts make of the token, which no tolerance describes.
+TEST(Families, Bf16KvStaysWithinItsStatedErrorOfFloat64) {
+  auto rng = test::make_rng();
+  for (const char* family : kFamilies) {
+    ModelConfig c = family_config(family);
+    c.n_routed_experts = 0;  // every layer dense
+    const auto w = make_synthetic_weights(rng.range(1, 1000));
+    const Case k = clear_case(c, *w, rng, 3);
+    test::EngineSetup s;
+    s.tp = 2;
+    s.dcp = 2;
+    s.backend = CombineBackend::a2a;
+    s.kv_dtype = KvDtype::bf16;
+    const test::EngineRun run = test::run_engine(c, *w, s, {k.request});
+    ASSERT_EQ(run.results[0].state, RequestState::finished) << run.results[0].error;
+    const std::vector<float>& got = run.results[0].step_logits;
+    ASSERT_EQ(got.size(), k.expect.size()) << family;
+    double worst = 0, scale = 0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got[i])) << family << " logit " << i;
+      worst = std::max(worst, std::fabs(got[i] - k.expect[i]));
+      scale = std::max(scale, std::fabs(k.expect[i]));
+    }
+    std::printf("[dcp] %s, bf16 KV: max |logit - float64| = %.2e of the largest logit\n", family,
+                worst / scale);
+    EXPECT_LE(worst, 1e-2 * scale) << family;
   }
 }
 
