@@ -3,9 +3,11 @@
 #include <cstdio>
 #include <iostream>
 #include <new>
+#include <string>
 
 #include "cli/commands.h"
 #include "cli/flag_names.h"
+#include "dcp/comm_mpi.h"
 #include "dcp/error.h"
 
 int main(int argc, char** argv) {
@@ -17,6 +19,17 @@ int main(int argc, char** argv) {
   dcp::cli::add_gen_checkpoint_command(app);
   dcp::cli::add_bench_command(app);
   dcp::cli::add_plan_command(app);
+  // One line per error; under mpirun, naming this process's rank and ending the whole job, since
+  // the other ranks may be waiting for this one in a collective.
+  const auto fail = [](int code, const std::string& message) {
+    const int rank = dcp::mpi_job_rank();
+    if (rank >= 0) {
+      std::fprintf(stderr, "dcp: error: rank %d: %s\n", rank, message.c_str());
+      dcp::mpi_abort_job(code);
+    }
+    std::fprintf(stderr, "dcp: error: %s\n", message.c_str());
+    return code;
+  };
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -24,19 +37,15 @@ int main(int argc, char** argv) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
   } catch (const dcp::Error& e) {
-    std::fprintf(stderr, "dcp: error: %s\n", dcp::cli::with_flag_names(e.what()).c_str());
     // A configuration the user can fix (bad value, or not available here) is a usage error.
     const bool usage = e.category() == dcp::ErrorCategory::invalid_argument ||
                        e.category() == dcp::ErrorCategory::unsupported;
-    return usage ? 2 : 1;
+    return fail(usage ? 2 : 1, dcp::cli::with_flag_names(e.what()));
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr,
-                 "dcp: error: out of memory: the configuration asks for more than this "
-                 "machine can allocate\n");
-    return 1;
+    return fail(1,
+                "out of memory: the configuration asks for more than this machine can allocate");
   } catch (const std::exception& e) {  // a library below ours threw: still one line, no abort
-    std::fprintf(stderr, "dcp: error: %s\n", e.what());
-    return 1;
+    return fail(1, e.what());
   }
   return dcp::cli::exit_code();
 }

@@ -5,6 +5,7 @@
 // benchmarks, the disaggregated runner and the tests all start ranks through it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -51,6 +52,7 @@ struct DeploymentSpec {
   std::optional<ModelSource> draft;   // speculative decoding: replicated on every rank
   std::vector<RequestSpec> requests;  // DP replica d serves every dp_size-th request from d
   RankTransport transport = RankTransport::threads;
+  std::chrono::milliseconds comm_timeout{std::chrono::seconds(300)};  // see LaunchOptions
   // Called on world rank 0 after every engine step (a progress line, say).
   std::function<void(const Engine&)> on_step;
 };
@@ -104,6 +106,9 @@ struct LaunchOptions {
   // [first_active_rank, first_active_rank + world_size) run the job and the rest wait for it.
   // Unset: mpirun must start exactly world_size processes.
   std::optional<int> first_active_rank;
+  // How long a collective may wait for the other ranks before the job fails naming it (a rank
+  // that stalled or died); zero waits forever. Both transports.
+  std::chrono::milliseconds comm_timeout{std::chrono::seconds(300)};
 };
 
 // This process's MPI world (MPI is initialised on the first call and finalised at exit). Throws

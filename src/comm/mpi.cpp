@@ -1,10 +1,19 @@
 // The MPI backend: a thin mapping of the Communicator onto MPI collectives. Every MPI return
 // code goes through check(); communicators use MPI_ERRORS_RETURN so failures become
-// dcp::Error rather than aborting the job.
+// dcp::Error rather than aborting the job. Each collective is started non-blocking and waited on
+// with a deadline (the collective timeout), so that a rank that stalled or died elsewhere ends
+// the job with a message instead of hanging it.
 #include <mpi.h>
+#include <sched.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "dcp/comm_mpi.h"
@@ -47,6 +56,52 @@ int mpi_count(std::size_t n, const char* what) {
   return static_cast<int>(n);
 }
 
+std::atomic<std::int64_t> g_timeout_ms{300'000};
+
+int world_rank() noexcept {
+  int rank = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return rank;
+}
+
+// Waits for `req`, polling, until the collective timeout; then throws naming the collective and
+// the group's world ranks (one of which stalled, died or took another path).
+void wait(MPI_Request& req, MPI_Status* status, const char* what, MPI_Comm comm) {
+  const std::int64_t limit_ms = g_timeout_ms.load(std::memory_order_relaxed);
+  if (limit_ms <= 0) {
+    check(MPI_Wait(&req, status ? status : MPI_STATUS_IGNORE), what);
+    return;
+  }
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(limit_ms);
+  for (unsigned spin = 0;; ++spin) {
+    int done = 0;
+    check(MPI_Test(&req, &done, status ? status : MPI_STATUS_IGNORE), what);
+    if (done) return;
+    if (spin % 256 == 255) {
+      if (Clock::now() > deadline) break;
+      sched_yield();  // ranks may oversubscribe the cores
+    }
+  }
+  // The group's members as world ranks, for the message.
+  MPI_Group group, world;
+  MPI_Comm_group(comm, &group);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  int size = 0;
+  MPI_Group_size(group, &size);
+  std::vector<int> local(static_cast<std::size_t>(size)), global(local.size());
+  for (int i = 0; i < size; ++i) local[i] = i;
+  MPI_Group_translate_ranks(group, size, local.data(), world, global.data());
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  std::string members;
+  for (int r : global) members += (members.empty() ? "" : ", ") + std::to_string(r);
+  throw Error(ErrorCategory::comm,
+              str("MPI ", what, " over world ranks {", members, "} waited ", limit_ms / 1000.0,
+                  " s (comm_timeout) on world rank ", world_rank(),
+                  ": a rank of the group stalled, died or took another path"));
+}
+
 class MpiCommunicator final : public Communicator {
  public:
   explicit MpiCommunicator(MPI_Comm comm) : comm_(comm) {
@@ -68,53 +123,70 @@ class MpiCommunicator final : public Communicator {
     const void* src =
         send == static_cast<const std::byte*>(recv) + rank_ * bytes ? MPI_IN_PLACE : send;
     const int n = mpi_count(bytes, "all_gather");
-    check(MPI_Allgather(src, n, MPI_BYTE, recv, n, MPI_BYTE, comm_), "Allgather");
+    MPI_Request req;
+    check(MPI_Iallgather(src, n, MPI_BYTE, recv, n, MPI_BYTE, comm_, &req), "Allgather");
+    wait(req, nullptr, "Allgather", comm_);
     count(Collective::all_gather, (size_ - 1) * bytes);
   }
 
   void all_to_all(const void* send, void* recv, std::size_t bytes) override {
     const int n = mpi_count(bytes, "all_to_all");
-    check(MPI_Alltoall(send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_), "Alltoall");
+    MPI_Request req;
+    check(MPI_Ialltoall(send, n, MPI_BYTE, recv, n, MPI_BYTE, comm_, &req), "Alltoall");
+    wait(req, nullptr, "Alltoall", comm_);
     count(Collective::all_to_all, (size_ - 1) * bytes);
   }
 
   void reduce_scatter(const void* send, void* recv, std::size_t n, ScalarType type,
                       ReduceOp op) override {
-    check(MPI_Reduce_scatter_block(send, recv, mpi_count(n, "reduce_scatter"), mpi_type(type),
-                                   mpi_op(op), comm_),
+    MPI_Request req;
+    check(MPI_Ireduce_scatter_block(send, recv, mpi_count(n, "reduce_scatter"), mpi_type(type),
+                                    mpi_op(op), comm_, &req),
           "Reduce_scatter_block");
+    wait(req, nullptr, "Reduce_scatter_block", comm_);
     count(Collective::reduce_scatter, (size_ - 1) * n * scalar_size(type));
   }
 
   void all_reduce(const void* send, void* recv, std::size_t n, ScalarType type,
                   ReduceOp op) override {
     const void* src = send == recv ? MPI_IN_PLACE : send;
-    check(MPI_Allreduce(src, recv, mpi_count(n, "all_reduce"), mpi_type(type), mpi_op(op), comm_),
+    MPI_Request req;
+    check(MPI_Iallreduce(src, recv, mpi_count(n, "all_reduce"), mpi_type(type), mpi_op(op), comm_,
+                         &req),
           "Allreduce");
+    wait(req, nullptr, "Allreduce", comm_);
     count(Collective::all_reduce, 2 * (size_ - 1) * n * scalar_size(type) / size_);
   }
 
   void broadcast(void* buf, std::size_t bytes, int root) override {
     check_root(root, "broadcast");
-    check(MPI_Bcast(buf, mpi_count(bytes, "broadcast"), MPI_BYTE, root, comm_), "Bcast");
+    MPI_Request req;
+    check(MPI_Ibcast(buf, mpi_count(bytes, "broadcast"), MPI_BYTE, root, comm_, &req), "Bcast");
+    wait(req, nullptr, "Bcast", comm_);
     count(Collective::broadcast, rank_ == root ? (size_ - 1) * bytes : 0);
   }
 
   void barrier() override {
-    check(MPI_Barrier(comm_), "Barrier");
+    MPI_Request req;
+    check(MPI_Ibarrier(comm_, &req), "Barrier");
+    wait(req, nullptr, "Barrier", comm_);
     count(Collective::barrier, 0);
   }
 
   void send(const void* buf, std::size_t bytes, int peer, int tag) override {
     check_peer(peer, "send");
-    check(MPI_Send(buf, mpi_count(bytes, "send"), MPI_BYTE, peer, tag, comm_), "Send");
+    MPI_Request req;
+    check(MPI_Isend(buf, mpi_count(bytes, "send"), MPI_BYTE, peer, tag, comm_, &req), "Send");
+    wait(req, nullptr, "Send", comm_);
     count(Collective::send, bytes);
   }
 
   void recv(void* buf, std::size_t bytes, int peer, int tag) override {
     check_peer(peer, "recv");
     MPI_Status status;
-    check(MPI_Recv(buf, mpi_count(bytes, "recv"), MPI_BYTE, peer, tag, comm_, &status), "Recv");
+    MPI_Request req;
+    check(MPI_Irecv(buf, mpi_count(bytes, "recv"), MPI_BYTE, peer, tag, comm_, &req), "Recv");
+    wait(req, &status, "Recv", comm_);
     int got = 0;
     check(MPI_Get_count(&status, MPI_BYTE, &got), "Get_count");
     DCP_CHECK(static_cast<std::size_t>(got) == bytes, comm, "recv from rank ", peer, " tag ", tag,
@@ -138,6 +210,27 @@ class MpiCommunicator final : public Communicator {
 
 bool mpi_available() noexcept {
   return true;
+}
+
+void set_mpi_timeout(std::chrono::milliseconds timeout) noexcept {
+  g_timeout_ms.store(std::max<std::int64_t>(0, timeout.count()), std::memory_order_relaxed);
+}
+
+int mpi_job_rank() noexcept {
+  int initialized = 0, finalized = 0, size = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return -1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  return size > 1 ? world_rank() : -1;
+}
+
+void mpi_abort_job(int code) noexcept {
+  if (mpi_job_rank() < 0) return;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);  // MPI_Abort does not return; if it did, this process must still end
 }
 
 MpiSession::MpiSession(int* argc, char*** argv) {

@@ -8,6 +8,14 @@ bool mpi_available() noexcept {
   return false;
 }
 
+void set_mpi_timeout(std::chrono::milliseconds) noexcept {}
+
+int mpi_job_rank() noexcept {
+  return -1;
+}
+
+void mpi_abort_job(int) noexcept {}
+
 MpiSession::MpiSession(int*, char***) {
   throw Error(ErrorCategory::unsupported,
               "this dcp was built without MPI (install libopenmpi-dev and reconfigure with "

@@ -89,7 +89,8 @@ struct Group {
       }
       if (Clock::now() > deadline) {
         const std::string why =
-            str(what, " timed out after ", world->timeout.count(), " ms waiting for ", missing());
+            str(what, " timed out after ", world->timeout.count() / 1000.0,
+                " s (comm_timeout) waiting for ", missing());
         world->abort(world_ranks[rank], why);
         throw Error(ErrorCategory::comm, why);
       }

@@ -150,6 +150,7 @@ Launched<DeploymentReport> run_disaggregated_deployment(const DeploymentSpec& sp
   LaunchOptions lo;
   lo.transport = spec.transport;
   lo.world_size = prefill_dcp_size + decode_topo.world_size;
+  lo.comm_timeout = spec.comm_timeout;
   const int reporter = prefill_dcp_size;  // the first decode rank
   return launch<DeploymentReport>(lo, reporter, [&](Communicator& world) {
     const DisaggOutcome o = run_disaggregated(world, c, spec.requests);

@@ -107,11 +107,18 @@ std::unique_ptr<Communicator> mpi_world() {
 
 void launch_ranks(const LaunchOptions& o, const std::function<void(Communicator&, bool)>& fn) {
   DCP_ARG_CHECK(o.world_size >= 1, "world_size = ", o.world_size, " must be >= 1");
+  DCP_ARG_CHECK(o.comm_timeout.count() >= 0, "comm_timeout = ", o.comm_timeout.count() / 1000.0,
+                " s must be >= 0 (0: wait forever)");
   if (o.transport == RankTransport::threads) {
     set_blas_threads(1);  // ranks are the parallelism; BLAS threads would oversubscribe
-    run_threads(o.world_size, [&](Communicator& world) { fn(world, o.world_size == 1); });
+    ThreadsOptions to;
+    // "Forever" as a deadline that a steady clock cannot reach in practice (a century).
+    to.timeout = o.comm_timeout.count() > 0 ? o.comm_timeout
+                                            : std::chrono::milliseconds(std::chrono::hours(876000));
+    run_threads(o.world_size, [&](Communicator& world) { fn(world, o.world_size == 1); }, to);
     return;
   }
+  set_mpi_timeout(o.comm_timeout);
   std::unique_ptr<Communicator> world = mpi_world();
   if (!o.first_active_rank) {
     DCP_ARG_CHECK(world->size() == o.world_size, "comm = mpi: mpirun started ", world->size(),
@@ -306,6 +313,7 @@ Launched<DeploymentReport> run_deployment(const DeploymentSpec& spec,
   lo.transport = spec.transport;
   lo.world_size = topo.world_size;
   lo.first_active_rank = first_active_rank;
+  lo.comm_timeout = spec.comm_timeout;
   return launch<DeploymentReport>(lo, 0,
                                   [&](Communicator& world) { return run_rank(spec, topo, world); });
 }

@@ -39,6 +39,7 @@ stderr_has() { grep -q -- "$1" "$err"; }
 stderr_lacks() { [ -f "$err" ] && ! grep -q -- "$1" "$err"; }
 stdout_has() { grep -q -- "$1" "$out"; }
 stdout_empty() { [ ! -s "$out" ]; }
+stdout_lacks_verify_false() { [ -s "$out" ] && ! grep -q -- "--verify.*{false}" "$out"; }
 stderr_lines() { [ "$(wc -l <"$err")" -eq "$1" ]; }
 json_has() { grep -q -- "$1" "$tmp/run.json"; }
 # bad_value DESCRIPTION MESSAGE -- ARGS...: exit 2, the message, nothing printed first.
@@ -304,6 +305,11 @@ case_run_disagg() {
 
 # bad values stop a command while its flags parse: exit 2, the flag and the legal values, nothing on stdout
 case_bad_values() {
+  bad_value "run, negative comm timeout" "--comm-timeout: -1 must be >= 0" -- run --comm-timeout -1
+  bad_value "run, --verify with --no-verify" "--verify excludes --no-verify" -- run --verify --no-verify
+  expect 0 "run --help" -- run --help
+  check "--help says verification is on by default" stdout_has "teacher forcing (on by default)"
+  check "--help shows no false default beside --verify" stdout_lacks_verify_false
   bad_value "bench attention, context 0" "--contexts: 0 must be >= 1" -- bench attention --contexts 0
   bad_value "bench attention, heads 0" "--heads: 0 must be >= 1" -- bench attention --heads 0
   bad_value "bench attention, batch 0" "--batches: 0 must be >= 1" -- bench attention --batches 4,0

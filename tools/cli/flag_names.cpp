@@ -32,6 +32,7 @@ constexpr std::pair<std::string_view, std::string_view> kFlags[] = {
     {"num_layers", "--num-layers"},
     {"preset", "--preset"},
     {"comm", "--comm"},
+    {"comm_timeout", "--comm-timeout"},
 };
 
 bool word_char(char c) {

@@ -154,9 +154,19 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--comm", o->comm, "threads (ranks as threads) or mpi (under mpirun)")
       ->check(one_of({"threads", "mpi"}))
       ->capture_default_str();
-  cmd->add_flag("--verify,!--no-verify", o->verify,
-                "compare with DCP 1 (same TP) under teacher forcing")
+  cmd->add_option("--comm-timeout", o->comm_timeout_s,
+                  "seconds a collective may wait for the other ranks before the job fails naming "
+                  "it (a rank stalled or died); 0 waits forever")
+      ->check(non_negative())
       ->capture_default_str();
+  // Two flags, so that --help shows what each does (a negated pair shows "{false}" beside the
+  // default, which reads as "off").
+  CLI::Option* verify = cmd->add_flag("--verify", o->verify,
+                                      "compare with DCP 1 (same TP) under teacher forcing (on by "
+                                      "default)");
+  cmd->add_flag_callback("--no-verify", [o] { o->verify = false; },
+                         "skip the comparison with DCP 1")
+      ->excludes(verify);
   cmd->add_option("--json", o->json_path, "write the summary as JSON")->check(writable_file());
   cmd->add_option("--prompt-tokens", o->prompt_tokens,
                   "token ids '1,2,3' (';' between prompts) or a file, one prompt per line");

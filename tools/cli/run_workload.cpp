@@ -113,6 +113,9 @@ Workload build_workload(const RunOptions& o) {
   // Checked again by every rank's model; here it fails before any rank thread starts.
   check_divides_heads(s.model.config, s.parallel.tp_size, "--tp-size");
   s.transport = parse_rank_transport(o.comm);
+  DCP_ARG_CHECK(o.comm_timeout_s >= 0 && o.comm_timeout_s <= 1e9, "--comm-timeout ",
+                o.comm_timeout_s, " must be in [0, 1e9] seconds (0: wait forever)");
+  s.comm_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.comm_timeout_s * 1000));
   s.model_options.kv_dtype = parse_kv_dtype(o.kv_cache_dtype);
   s.model_options.page_size = o.page_size;
   s.model_options.attention_kernel =

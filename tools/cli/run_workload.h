@@ -24,6 +24,7 @@ struct RunOptions {
   int max_new_tokens = 32;
   std::uint64_t seed = 1;
   std::string comm = "threads";
+  double comm_timeout_s = 300;
   bool verify = true;
   std::string json_path;
   std::string prompt_tokens;
