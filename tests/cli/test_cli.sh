@@ -138,7 +138,7 @@ case_run_refusals() {
   expect 1 "draft checkpoint without a config" -- run --speculative-num-draft-tokens 2 --speculative-draft "$tmp"
   check "names --speculative-draft, not --model-path" stderr_has "^dcp: error: --speculative-draft: checkpoint directory $tmp has no config.json"
   expect 2 "token id beyond int32" -- run --prompt-tokens "99999999999"
-  check "says what a token id is" stderr_has "'99999999999' in the list is not a token id (an integer in \[0, 2^31))"
+  check "says what a token id is" stderr_has "'99999999999' in prompt 1 is not a token id (an integer in \[0, 2^31))"
 }
 
 # a generated checkpoint runs and verifies, also as its own speculative draft
@@ -463,6 +463,30 @@ case_families() {
   expect 2 "gen-checkpoint, --family with --preset" -- gen-checkpoint --family kimi-k2 --preset tiny --out "$tmp/x"
 }
 
+# flags: no empty value or list item taken as "not given", no contradictory pair run silently,
+# output files that cannot be written refused before any work
+case_strict_flags() {
+  bad_value "empty --json" "--json: an empty value is not allowed" -- run --json ""
+  bad_value "empty --prompt-tokens" "--prompt-tokens: an empty value is not allowed" -- run --prompt-tokens ""
+  bad_value "empty --model-path" "--model-path: an empty value is not allowed" -- run --model-path ""
+  bad_value "empty --contexts of a bench" "--contexts: the list is empty" -- bench attention --contexts ""
+  bad_value "an empty token id" "prompt 1 has an empty item ('1,,2')" -- run --prompt-tokens "1,,2"
+  bad_value "a trailing comma" "prompt 1 has an empty item ('1,2,')" -- run --prompt-tokens "1,2,"
+  bad_value "an empty prompt" "prompt 2 is an empty prompt" -- run --prompt-tokens "1,2;;3"
+  printf '1,2\n\n3\n' >"$tmp/prompts.txt"
+  bad_value "an empty line of a prompt file" "prompts.txt line 2 is an empty prompt" -- run --prompt-tokens "$tmp/prompts.txt"
+  bad_value "an empty list item" "--contexts: an empty item in '1024,,2048'" -- bench attention --contexts 1024,,2048
+  bad_value "--model-path with --preset" "--model-path excludes --preset" -- run --model-path "$tmp/x" --preset tiny
+  bad_value "--prompt-tokens with --batch" "--batch excludes --prompt-tokens" -- run --prompt-tokens 1,2 --batch 2
+  bad_value "--prompt-tokens with --prompt-len" "--prompt-len excludes --prompt-tokens" -- run --prompt-tokens 1,2 --prompt-len 9
+  bad_value "--speculative-draft alone" "--speculative-draft requires --speculative-num-draft-tokens" -- run --speculative-draft target:1
+  bad_value "--prefill-dcp-size alone" "--prefill-dcp-size requires --disaggregate" -- run --prefill-dcp-size 2
+  bad_value "--json and --dump-logits on one file" "--json and --dump-logits name the same file" -- run --json "$tmp/same" --dump-logits "$tmp/./same"
+  bad_value "--json on a full device" "--json: cannot write '/dev/full': No space left on device" -- run --json /dev/full
+  bad_value "--json on a kernel file" "--json: cannot write '/proc/version': a kernel interface file" -- run --json /proc/version
+  bad_value "--dump-logits on a full device" "--dump-logits: cannot write '/dev/full'" -- run --dump-logits /dev/full
+}
+
 # the published geometries at full width as synthetic presets, and one MoE layer's benchmark
 case_presets() {
   expect 0 "run deepseek-v2-lite, 2 layers (one MoE)" -- run --preset deepseek-v2-lite --num-layers 2 --tp-size 2 --dcp-size 2 --batch 2 --prompt-len 30 --max-new-tokens 3 --json "$tmp/run.json"
@@ -476,7 +500,7 @@ case_presets() {
   bad_value "bench moe, unknown dtype" "--dtypes" -- bench moe --dtypes fp16
 }
 
-cases="topology demo run_summary run_rejected run_combine run_refusals run_checkpoint run_speculative run_extend run_prefix_cache plan bench_comm bench_attention bench_merge bench_step_engine run_dp run_kernel run_disagg bad_values output_files memory_limits bench_plot families presets"
+cases="topology demo run_summary run_rejected run_combine run_refusals run_checkpoint run_speculative run_extend run_prefix_cache plan bench_comm bench_attention bench_merge bench_step_engine run_dp run_kernel run_disagg bad_values output_files memory_limits bench_plot families presets strict_flags"
 if [ "$case_name" = "--list" ]; then
   echo "$cases"
   exit 0

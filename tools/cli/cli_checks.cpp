@@ -1,11 +1,14 @@
 #include "cli_checks.h"
 
+#include <fcntl.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
-#include <sstream>
 
 #include "dcp/error.h"
 
@@ -50,12 +53,17 @@ std::string real_above(const std::string& text, bool allow_zero) {
   return {};
 }
 
+// The comma-separated items of `text`, empty ones included ("1,,2" and "1," have one).
 std::vector<std::string> items(const std::string& text) {
   std::vector<std::string> out;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) out.push_back(item);
-  return out;
+  if (text.empty()) return out;
+  std::size_t at = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', at);
+    out.push_back(text.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+    if (comma == std::string::npos) return out;
+    at = comma + 1;
+  }
 }
 
 // "" when `item` is one of `legal`, else the error.
@@ -72,6 +80,7 @@ std::string first_error(const std::string& text, Check check) {
   const auto list = items(text);
   if (list.empty()) return "the list is empty";
   for (const auto& item : list) {
+    if (item.empty()) return "an empty item in '" + text + "'";
     std::string err = check(item);
     if (!err.empty()) return err;
   }
@@ -89,6 +98,7 @@ std::string format_gib(double gib) {
 std::vector<std::int64_t> parse_list(const std::string& text, const char* flag) {
   std::vector<std::int64_t> v;
   for (const auto& item : items(text)) {
+    DCP_ARG_CHECK(!item.empty(), flag, ": an empty item in '", text, "'");
     long long x = 0;
     DCP_ARG_CHECK(whole_integer(item, x), flag, ": '", item, "' is not an integer");
     DCP_ARG_CHECK(x >= 0, flag, ": ", x, " must be >= 0");
@@ -160,9 +170,35 @@ CLI::Validator writable_file() {
         if (access(dir.c_str(), W_OK) != 0) {
           return "cannot write '" + s + "': directory " + dir.string() + " is not writable";
         }
-        return {};
+        if (!fs::exists(s, ec)) return {};
+        // An existing file is opened now (not truncated), so that one the kernel refuses
+        // (/proc/...) fails before the run rather than after it. A device is written one
+        // newline, so that one that fails every write (/dev/full) does too.
+        struct statfs where {};
+        constexpr long kProcfs = 0x9fa0, kSysfs = 0x62656572;  // linux/magic.h
+        if (::statfs(s.c_str(), &where) == 0 && (where.f_type == kProcfs || where.f_type == kSysfs))
+          return "cannot write '" + s + "': a kernel interface file, not an output file";
+        const int fd = ::open(s.c_str(), O_WRONLY | O_CLOEXEC | O_NONBLOCK);
+        if (fd < 0) return "cannot write '" + s + "': " + std::strerror(errno);
+        std::string err;
+        if (fs::is_character_file(s, ec) && ::write(fd, "\n", 1) != 1)
+          err = "cannot write '" + s + "': " + std::strerror(errno);
+        ::close(fd);
+        return err;
       },
       "FILE");
+}
+
+void refuse_empty_values(CLI::App& app) {
+  const CLI::Validator non_empty(
+      [](std::string& value) {
+        return value.empty() ? std::string("an empty value is not allowed") : std::string();
+      },
+      "");
+  for (CLI::Option* opt : app.get_options()) {
+    if (opt->get_type_size_max() > 0) opt->check(non_empty);
+  }
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) refuse_empty_values(*sub);
 }
 
 }  // namespace dcp::cli

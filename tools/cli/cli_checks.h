@@ -43,6 +43,10 @@ double physical_memory_bytes();
 // for minutes and then die to the out-of-memory killer.
 void check_fits_in_memory(double bytes, const std::string& what, const std::string& fix);
 
+// Every option of `app` and its subcommands that takes a value refuses an empty one ("--json ''"
+// would otherwise read as "not given" and run something else than asked).
+void refuse_empty_values(CLI::App& app);
+
 // A file the command will write: its directory must exist and be writable, so that a long
 // benchmark does not run only to fail at the end.
 CLI::Validator writable_file();

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 
@@ -64,6 +65,13 @@ Workload reference_of(const Workload& w, const DeploymentReport& report) {
 }
 
 int run(const RunOptions& o) {
+  if (!o.json_path.empty() && !o.dump_logits.empty()) {
+    std::error_code ec;
+    DCP_ARG_CHECK(!std::filesystem::equivalent(o.json_path, o.dump_logits, ec) &&
+                      std::filesystem::weakly_canonical(o.json_path, ec) !=
+                          std::filesystem::weakly_canonical(o.dump_logits, ec),
+                  "--json and --dump-logits name the same file, ", o.json_path);
+  }
   if (o.comm == "threads" && launcher_world_size() > 1) {  // each process would run the whole job
     std::fprintf(stderr,
                  "dcp: warning: started by mpirun with %d processes but --comm threads: every "
@@ -116,10 +124,11 @@ void add_run_command(CLI::App& app) {
   CLI::App* cmd =
       app.add_subcommand("run", "Run requests through the MLA model with DCP (the main job)");
   add_parallel_flags(cmd, o->parallel);
-  cmd->add_option("--model-path", o->model_path,
-                  "Hugging Face DeepSeek-V2/V3 checkpoint directory");
+  CLI::Option* model_path = cmd->add_option("--model-path", o->model_path,
+                                            "Hugging Face DeepSeek-V2/V3 checkpoint directory");
   cmd->add_option("--preset", o->preset, std::string("synthetic model: ") + preset_names())
-      ->capture_default_str();
+      ->capture_default_str()
+      ->excludes(model_path);
   cmd->add_option("--num-layers", o->num_layers, "layers to run (default: the model's)")
       ->check(at_least(1));
   cmd->add_option("--page-size", o->page_size, "KV rows per physical page")
@@ -139,12 +148,11 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--max-total-tokens", o->max_total_tokens,
                   "KV capacity in tokens (default, or 0: what the workload needs)")
       ->check(at_least(0));
-  cmd->add_option("--batch", o->batch, "synthetic requests")
-      ->check(at_least(1))
-      ->capture_default_str();
-  cmd->add_option("--prompt-len", o->prompt_len, "longest synthetic prompt")
-      ->check(at_least(1))
-      ->capture_default_str();
+  CLI::Option* batch =
+      cmd->add_option("--batch", o->batch, "synthetic requests")->check(at_least(1))->capture_default_str();
+  CLI::Option* prompt_len = cmd->add_option("--prompt-len", o->prompt_len, "longest synthetic prompt")
+                                ->check(at_least(1))
+                                ->capture_default_str();
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "tokens to generate per request")
       ->check(at_least(1))
       ->capture_default_str();
@@ -168,38 +176,44 @@ void add_run_command(CLI::App& app) {
                          "skip the comparison with DCP 1")
       ->excludes(verify);
   cmd->add_option("--json", o->json_path, "write the summary as JSON")->check(writable_file());
-  cmd->add_option("--prompt-tokens", o->prompt_tokens,
-                  "token ids '1,2,3' (';' between prompts) or a file, one prompt per line");
+  CLI::Option* prompt_tokens = cmd->add_option(
+      "--prompt-tokens", o->prompt_tokens,
+      "token ids '1,2,3' (';' between prompts) or a file, one prompt per line");
   cmd->add_option("--dump-logits", o->dump_logits,
                   "write every step's logits (float32) with a JSON header")
       ->check(writable_file());
-  cmd->add_option("--speculative-num-draft-tokens", o->spec_tokens,
-                  "draft tokens per step (0: off)")
-      ->check(at_least(0))
-      ->capture_default_str();
+  CLI::Option* draft_tokens = cmd->add_option("--speculative-num-draft-tokens", o->spec_tokens,
+                                              "draft tokens per step (0: off)")
+                                  ->check(at_least(0))
+                                  ->capture_default_str();
   cmd->add_option("--speculative-draft", o->spec_draft,
                   "draft model: target:N (the target's first N layers), a preset, or a checkpoint")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->needs(draft_tokens);
   cmd->add_flag("--enable-prefix-cache", o->prefix_cache,
                 "reuse KV pages of shared prompt prefixes");
   cmd->add_option("--host-kv-capacity-tokens", o->host_kv_tokens,
                   "host-memory KV tier for evicted prefix pages (tokens)")
       ->check(at_least(0))
       ->capture_default_str();
-  cmd->add_option("--shared-prefix-len", o->shared_prefix_len,
-                  "synthetic prompts share their first N tokens")
-      ->check(at_least(0))
-      ->capture_default_str();
+  CLI::Option* shared_prefix = cmd->add_option("--shared-prefix-len", o->shared_prefix_len,
+                                               "synthetic prompts share their first N tokens")
+                                   ->check(at_least(0))
+                                   ->capture_default_str();
+  // Given prompts leave nothing for the synthetic workload's flags to shape.
+  prompt_tokens->excludes(batch)->excludes(prompt_len)->excludes(shared_prefix);
   cmd->add_option("--max-running-requests", o->max_running,
                   "requests decoding at once (the rest queue)")
       ->check(at_least(1))
       ->capture_default_str();
-  cmd->add_flag("--disaggregate", o->disaggregate,
-                "prefill on its own group, move the KV, decode on the --dcp-size group");
+  CLI::Option* disaggregate =
+      cmd->add_flag("--disaggregate", o->disaggregate,
+                    "prefill on its own group, move the KV, decode on the --dcp-size group");
   cmd->add_option("--prefill-dcp-size", o->prefill_dcp_size,
                   "DCP (= TP) size of the prefill group with --disaggregate")
       ->check(at_least(1))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->needs(disaggregate);
   cmd->add_option("--dcp-extend", o->dcp_extend, "prefill over a cached prefix: gather or native")
       ->check(one_of({"gather", "native"}))
       ->capture_default_str();
