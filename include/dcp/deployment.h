@@ -99,6 +99,10 @@ class RankSystem {
 
 // ---- running ranks ----
 
+// The most ranks one process runs as threads: beyond it a configuration is a cluster's, and
+// thousands of threads would only exhaust the process.
+inline constexpr int kMaxThreadRanks = 256;
+
 struct LaunchOptions {
   RankTransport transport = RankTransport::threads;
   int world_size = 1;  // ranks the job needs

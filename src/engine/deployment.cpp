@@ -110,6 +110,9 @@ void launch_ranks(const LaunchOptions& o, const std::function<void(Communicator&
   DCP_ARG_CHECK(o.comm_timeout.count() >= 0, "comm_timeout = ", o.comm_timeout.count() / 1000.0,
                 " s must be >= 0 (0: wait forever)");
   if (o.transport == RankTransport::threads) {
+    DCP_ARG_CHECK(o.world_size <= kMaxThreadRanks, "the configuration needs ", o.world_size,
+                  " ranks; comm = threads runs at most ", kMaxThreadRanks,
+                  " in one process (use comm = mpi, one process per rank)");
     set_blas_threads(1);  // ranks are the parallelism; BLAS threads would oversubscribe
     ThreadsOptions to;
     // "Forever" as a deadline that a steady clock cannot reach in practice (a century).

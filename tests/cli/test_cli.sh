@@ -386,6 +386,15 @@ case_memory_limits() {
   check "ran nothing" stdout_empty
   expect 1 "demo over 2e9 rows" -- demo --context 2000000000 --heads 1 --dcp-size 1
   check "says the size and what to lower" stderr_has "^dcp: error: --context 2000000000 x --batch 2 needs about .*; lower --context or --batch"
+  SECONDS=0
+  expect 1 "run, a batch too large for memory" -- run --batch 2000000000
+  check "refused from the batch, before storing a length per request" stderr_has "^dcp: error: --batch 2000000000 requests of at least 33 tokens each needs about .*; lower --batch or --max-new-tokens"
+  check "refused at once" [ "$SECONDS" -lt 5 ]
+  expect 2 "run, thousands of thread ranks" -- run --dp-size 1000 --tp-size 1 --dcp-size 1
+  check "bounds the thread ranks and names --comm mpi" stderr_has "needs 1000 ranks (--tp-size x --dp-size); --comm threads runs at most 256 in one process (use --comm mpi under mpirun)"
+  expect 1 "gen-checkpoint, too many layers for memory" -- gen-checkpoint --num-layers 100000 --out "$tmp/huge"
+  check "names the layers and what to lower" stderr_has "^dcp: error: writing a checkpoint of 100000 layers (its tensors are held as fp32 until written) needs about .*; lower --num-layers"
+  check "wrote nothing" [ ! -e "$tmp/huge" ]
   touch "$tmp/plain"
   expect 1 "gen-checkpoint under a file" -- gen-checkpoint --out "$tmp/plain/ckpt"
   check "names --out and says why, in one line" stderr_has "^dcp: error: --out: cannot create the checkpoint directory $tmp/plain/ckpt: Not a directory"

@@ -1,6 +1,7 @@
 // `dcp gen-checkpoint`: writes a small deterministic random checkpoint in the Hugging Face
 // DeepSeek-V2/V3 format (config.json + safetensors), the same format `dcp run --model-path` loads.
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include "cli_checks.h"
@@ -9,6 +10,30 @@
 #include "dcp/weights.h"
 
 namespace dcp::cli {
+namespace {
+
+// Before anything is written: the tensors are drawn and held as fp32 until their files are written,
+// and the files must fit on the filesystem of `out`.
+void check_checkpoint_fits(const ModelConfig& c, const std::string& dtype, const std::string& out) {
+  const double as_fp32 = weight_bytes_per_rank(c, 1, [](const std::string&) { return 4.0; });
+  check_fits_in_memory(as_fp32,
+                       str("writing a checkpoint of ", c.num_hidden_layers,
+                           " layers (its tensors are held as fp32 until written)"),
+                       "lower --num-layers");
+  const double on_disk =
+      weight_bytes_per_rank(c, 1, checkpoint_element_bytes(c, dtype == "F32" ? 4.0 : 2.0));
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path existing = fs::absolute(out, ec);
+  while (!existing.empty() && !fs::exists(existing, ec)) existing = existing.parent_path();
+  const fs::space_info space = fs::space(existing.empty() ? fs::path(".") : existing, ec);
+  DCP_CHECK(ec || static_cast<double>(space.available) >= on_disk, capacity,
+            "--out: the checkpoint needs about ", on_disk / (1ull << 30), " GiB, more than the ",
+            static_cast<double>(space.available) / (1ull << 30), " GiB free on the filesystem of ",
+            existing.string(), "; lower --num-layers");
+}
+
+}  // namespace
 
 void add_gen_checkpoint_command(CLI::App& app) {
   struct Options {
@@ -47,6 +72,7 @@ void add_gen_checkpoint_command(CLI::App& app) {
     if (family && o->num_layers > 0) c.num_hidden_layers = o->num_layers;
     if (o->no_q_lora) c.q_lora_rank.reset();
     const int files = o->num_files > 0 ? o->num_files : (family ? 3 : 1);
+    check_checkpoint_fits(c, o->dtype, o->out);
     with_flag("--out", [&] {
       write_checkpoint(o->out, c, *make_synthetic_weights(o->seed), o->dtype, files);
     });

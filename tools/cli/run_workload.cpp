@@ -189,6 +189,22 @@ Workload build_workload(const RunOptions& o) {
                   o.spec_draft, "' has a vocabulary of ", s.draft->config.vocab_size,
                   ", the target ", s.model.config.vocab_size);
   }
+  if (s.transport == RankTransport::threads) {  // before anything is sized by the rank count
+    DCP_ARG_CHECK(s.parallel.world_size() <= kMaxThreadRanks, "the configuration needs ",
+                  s.parallel.world_size(), " ranks (--tp-size x --dp-size); --comm threads runs "
+                  "at most ", kMaxThreadRanks, " in one process (use --comm mpi under mpirun)");
+  }
+  if (o.prompt_tokens.empty()) {
+    // Every synthetic request holds at least one prompt token and its new tokens: a --batch too
+    // large for this machine is refused here, before a length per request is stored.
+    const double min_tokens = static_cast<double>(o.batch) * (1.0 + o.max_new_tokens);
+    check_fits_in_memory(min_tokens * s.model.config.latent_width() *
+                             dtype_size(s.model_options.kv_dtype) *
+                             s.model.config.num_hidden_layers,
+                         str("--batch ", o.batch, " requests of at least ", 1 + o.max_new_tokens,
+                             " tokens each"),
+                         "lower --batch or --max-new-tokens");
+  }
   // Prompt lengths first: a workload too large for this machine is refused before its prompts
   // are generated (gigabytes of tokens for --prompt-len 2000000000) or its KV pools allocated.
   std::vector<std::vector<std::int32_t>> prompts;
