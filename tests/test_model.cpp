@@ -1,6 +1,7 @@
 // The MLA model and the engine: absorbed MLA with DCP equals a naive float64 model; DCP N equals
 // DCP 1; a full KV cache queues; checkpoints load, and malformed ones are refused clearly.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <cstring>
@@ -294,6 +295,113 @@ TEST_F(GeneratedCheckpoint, MalformedCheckpointsAreRefusedClearly) {
   EXPECT_NE(
       error_of([&] { read_checkpoint_config(dir_.string()); }).find("missing field 'hidden_size'"),
       std::string::npos);
+}
+
+// A source whose tensor `name` holds `value` at element `index` (for writing bad checkpoints).
+class PoisonedWeights final : public WeightSource {
+ public:
+  PoisonedWeights(const WeightSource& base, std::string name, std::size_t index, float value)
+      : base_(base), name_(std::move(name)), index_(index), value_(value) {}
+  std::vector<float> load(const std::string& name, const std::vector<std::int64_t>& shape,
+                          Range rows, Range cols) const override {
+    std::vector<float> v = base_.load(name, shape, rows, cols);
+    if (name == name_) v.at(index_) = value_;
+    return v;
+  }
+  bool contains(const std::string& name) const override { return base_.contains(name); }
+  std::string describe() const override { return "poisoned"; }
+
+ private:
+  const WeightSource& base_;
+  std::string name_;
+  std::size_t index_;
+  float value_;
+};
+
+TEST_F(GeneratedCheckpoint, NonFiniteWeightsAreRefusedNamingTensorAndElement) {
+  const ModelConfig c = small_config(1);
+  const auto base = make_synthetic_weights(3);
+  const std::string up = "model.layers.0.mlp.up_proj.weight";
+  const std::vector<std::int64_t> up_shape{c.intermediate_size, c.hidden_size};
+  const std::size_t at = 3 * static_cast<std::size_t>(c.hidden_size) + 5;  // element [3, 5]
+  // BF16: NaN, as the typed load and the fp32 load read it, whole or sliced over TP.
+  write_checkpoint(dir_.string(), c, PoisonedWeights(*base, up, at, NAN), "BF16", 1);
+  auto w = open_checkpoint(dir_.string());
+  EXPECT_TRUE(test::throws_error([&] { w->load_matrix(up, up_shape); }, ErrorCategory::io,
+                                 "tensor '" + up + "' holds a non-finite BF16 value at [3, 5]"));
+  EXPECT_TRUE(test::throws_error([&] { w->load_matrix(up, up_shape, {2, 9}); }, ErrorCategory::io,
+                                 "holds a non-finite BF16 value at [3, 5]"));
+  EXPECT_TRUE(test::throws_error([&] { w->load(up, up_shape, {2, 9}); }, ErrorCategory::io,
+                                 "tensor '" + up + "' holds NaN at [3, 5]"));
+  EXPECT_NO_THROW(w->load_matrix(up, up_shape, {4, 9}));  // a slice without it loads
+  // F32: an infinity in a norm weight (a vector).
+  fs::remove_all(dir_);
+  write_checkpoint(dir_.string(), c, PoisonedWeights(*base, "model.norm.weight", 7, INFINITY),
+                   "F32", 1);
+  w = open_checkpoint(dir_.string());
+  EXPECT_TRUE(test::throws_error([&] { w->load("model.norm.weight", {c.hidden_size}); },
+                                 ErrorCategory::io,
+                                 "tensor 'model.norm.weight' holds an infinity at [7]"));
+  // FP8: a NaN weight becomes the E4M3 NaN code; the model refuses to load.
+  const ModelConfig f = family_config("deepseek-v3");
+  const std::string o_proj = "model.layers.0.self_attn.o_proj.weight";
+  fs::remove_all(dir_);
+  write_checkpoint(dir_.string(), f, PoisonedWeights(*base, o_proj, 1, NAN), "BF16", 1);
+  w = open_checkpoint(dir_.string());
+  const std::string why = error_of([&] {
+    run_threads(1, [&](Communicator& world) {
+      auto dcp = world.split(0, 0);
+      ModelOptions mo;
+      mo.kv_capacity_tokens = 64;
+      MlaModel m(f, *w, world, *dcp, mo);
+    });
+  });
+  EXPECT_NE(why.find("tensor '" + o_proj + "' holds an FP8 NaN at [0, 1]"), std::string::npos)
+      << why;
+}
+
+TEST_F(GeneratedCheckpoint, TensorsMustTileTheDataSection) {
+  const ModelConfig c = small_config(1);
+  write_checkpoint(dir_.string(), c, *make_synthetic_weights(2), "BF16", 1);
+  const fs::path file = dir_ / "model.safetensors";
+  std::vector<char> bytes(static_cast<std::size_t>(fs::file_size(file)));
+  std::ifstream(file, std::ios::binary)
+      .read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::uint64_t len = 0;
+  for (int i = 7; i >= 0; --i) len = (len << 8) | static_cast<unsigned char>(bytes[i]);
+  const nlohmann::json header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + len);
+  const std::vector<char> data(bytes.begin() + 8 + static_cast<std::ptrdiff_t>(len), bytes.end());
+  // Writes the file with `h` as its header and `tail` extra bytes of data.
+  const auto write_with = [&](const nlohmann::json& h, std::size_t tail) {
+    const std::string text = h.dump();
+    std::ofstream out(file, std::ios::binary | std::ios::trunc);
+    for (int i = 0; i < 8; ++i) out.put(static_cast<char>((text.size() >> (8 * i)) & 0xff));
+    out << text;
+    out.write(data.data(), static_cast<std::streamsize>(data.size()));
+    for (std::size_t i = 0; i < tail; ++i) out.put('\0');
+  };
+  // The first tensor in the file grown by one row into the next one's bytes: its size agrees
+  // with its shape, and two tensors share those bytes.
+  std::string first;
+  for (const auto& [name, t] : header.items()) {
+    if (name != "__metadata__" && t["data_offsets"][0].get<std::uint64_t>() == 0) first = name;
+  }
+  ASSERT_FALSE(first.empty());
+  nlohmann::json alias = header;
+  nlohmann::json& t = alias[first];
+  ASSERT_EQ(t["dtype"], "BF16");
+  const std::uint64_t row_bytes = t["shape"].size() == 2 ? 2 * t["shape"][1].get<std::uint64_t>() : 2;
+  t["shape"][0] = t["shape"][0].get<std::int64_t>() + 1;
+  t["data_offsets"][1] = t["data_offsets"][1].get<std::uint64_t>() + row_bytes;
+  write_with(alias, 0);
+  EXPECT_TRUE(test::throws_error([&] { open_checkpoint(dir_.string()); }, ErrorCategory::io,
+                                 "overlaps tensor '" + first + "'"));
+  // Bytes no tensor holds at the end.
+  write_with(header, 16);
+  EXPECT_TRUE(test::throws_error([&] { open_checkpoint(dir_.string()); }, ErrorCategory::io,
+                                 "the data section has 16 bytes no tensor holds at its end"));
+  write_with(header, 0);  // as written: loads
+  EXPECT_NO_THROW(open_checkpoint(dir_.string()));
 }
 
 TEST(Model, RefusesHeadsNotDivisibleByTp) {

@@ -40,6 +40,62 @@ std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
   return (a + b - 1) / b;
 }
 
+// Weights are checked as they are read: a NaN or an infinity in a checkpoint (a corrupted or
+// badly converted file) would otherwise run silently and serve NaN logits. The error names the
+// tensor and the first bad element by its place in the whole tensor.
+[[noreturn]] void non_finite(const std::string& dir, const std::string& name, std::int64_t row,
+                             std::int64_t col, bool vector, const std::string& value) {
+  throw Error(ErrorCategory::io,
+              vector ? str("checkpoint ", dir, ": tensor '", name, "' holds ", value, " at [",
+                           row, "]")
+                     : str("checkpoint ", dir, ": tensor '", name, "' holds ", value, " at [",
+                           row, ", ", col, "]"));
+}
+
+// values: rows [r0, ...) x cols [c0, c0 + cols) of the tensor, row-major.
+void check_finite(const std::vector<float>& values, std::int64_t r0, std::int64_t c0,
+                  std::int64_t cols, bool vector, const std::string& dir, const std::string& name) {
+  // One branch-free pass over the exponent bits (it vectorises); the search only on failure.
+  std::size_t bad = 0;
+  for (float v : values) {
+    std::uint32_t bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    bad += (bits & 0x7f800000u) == 0x7f800000u;
+  }
+  if (bad == 0) return;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (!std::isfinite(values[i])) {
+      const std::int64_t k = static_cast<std::int64_t>(i);
+      non_finite(dir, name, vector ? r0 + k : r0 + k / cols, vector ? 0 : c0 + k % cols, vector,
+                 std::isnan(values[i]) ? "NaN" : "an infinity");
+    }
+  }
+}
+
+// Raw BF16 (exponent all ones: infinity or NaN) or FP8 E4M3 (only NaN: 0x7f, 0xff) codes.
+void check_finite(const WeightMatrix& m, const std::string& dir, const std::string& name) {
+  const std::size_t n = static_cast<std::size_t>(m.rows * m.cols);
+  std::size_t bad = n;
+  if (m.dtype == WeightDtype::bf16) {
+    const auto* v = reinterpret_cast<const std::uint16_t*>(m.data.data());
+    std::size_t count = 0;
+    for (std::size_t i = 0; i < n; ++i) count += (v[i] & 0x7f80u) == 0x7f80u;
+    if (count > 0)
+      for (bad = 0; (v[bad] & 0x7f80u) != 0x7f80u;) ++bad;
+  } else if (m.dtype == WeightDtype::f8_e4m3) {
+    const std::uint8_t* v = m.data.data();
+    std::size_t count = 0;
+    for (std::size_t i = 0; i < n; ++i) count += (v[i] & 0x7fu) == 0x7fu;
+    if (count > 0)
+      for (bad = 0; (v[bad] & 0x7fu) != 0x7fu;) ++bad;
+  }
+  if (bad < n) {
+    const std::int64_t k = static_cast<std::int64_t>(bad);
+    non_finite(dir, name, m.row0 + k / m.cols, m.col0 + k % m.cols, false,
+               m.dtype == WeightDtype::bf16 ? "a non-finite BF16 value" : "an FP8 NaN");
+  }
+}
+
 class CheckpointWeights final : public WeightSource {
  public:
   explicit CheckpointWeights(const std::string& dir) : dir_(dir) {
@@ -102,8 +158,12 @@ class CheckpointWeights final : public WeightSource {
     if (info.dtype == "F8_E4M3") return load_matrix(name, shape, rows, cols).to_float();
     const std::int64_t n_rows = shape[0];
     const std::int64_t n_cols = shape.size() == 2 ? shape[1] : 1;
-    return file->read(name, rows.whole() ? 0 : rows.begin, rows.whole() ? n_rows : rows.end,
-                      cols.whole() ? 0 : cols.begin, cols.whole() ? n_cols : cols.end);
+    const std::int64_t r0 = rows.whole() ? 0 : rows.begin, c0 = cols.whole() ? 0 : cols.begin;
+    const std::int64_t c1 = cols.whole() ? n_cols : cols.end;
+    std::vector<float> v =
+        file->read(name, r0, rows.whole() ? n_rows : rows.end, c0, c1);
+    check_finite(v, r0, c0, c1 - c0, shape.size() == 1, dir_, name);
+    return v;
   }
 
   WeightMatrix load_matrix(const std::string& name, const std::vector<std::int64_t>& shape,
@@ -113,7 +173,9 @@ class CheckpointWeights final : public WeightSource {
     const std::int64_t r0 = rows.whole() ? 0 : rows.begin, r1 = rows.whole() ? n_rows : rows.end;
     const std::int64_t c0 = cols.whole() ? 0 : cols.begin, c1 = cols.whole() ? n_cols : cols.end;
     if (info.dtype != "BF16" && info.dtype != "F8_E4M3") {  // F32 and F16 are held as fp32
-      return WeightMatrix::from_float(file->read(name, r0, r1, c0, c1), r1 - r0, c1 - c0);
+      std::vector<float> v = file->read(name, r0, r1, c0, c1);
+      check_finite(v, r0, c0, c1 - c0, shape.size() == 1, dir_, name);
+      return WeightMatrix::from_float(std::move(v), r1 - r0, c1 - c0);
     }
     WeightMatrix m;
     m.dtype = info.dtype == "BF16" ? WeightDtype::bf16 : WeightDtype::f8_e4m3;
@@ -127,7 +189,13 @@ class CheckpointWeights final : public WeightSource {
                   src + static_cast<std::size_t>(r * n_cols + c0) * eb,
                   static_cast<std::size_t>(m.cols) * eb);
     }
-    if (m.dtype == WeightDtype::bf16) return m;
+    m.row0 = r0;  // for the error's position (FP8 keeps them for its scale blocks)
+    m.col0 = c0;
+    check_finite(m, dir_, name);
+    if (m.dtype == WeightDtype::bf16) {
+      m.row0 = m.col0 = 0;
+      return m;
+    }
     // FP8: the F32 block scales of the whole tensor, indexed by global row and column.
     const std::string sname = scale_name(name);
     const auto it = where_.find(sname);
@@ -149,6 +217,7 @@ class CheckpointWeights final : public WeightSource {
     m.scale_rows = b_r1 - b_r0;
     m.scale_cols = b_c1 - b_c0;
     m.scale_inv = it->second->read(sname, b_r0, b_r1, b_c0, b_c1);
+    check_finite(m.scale_inv, b_r0, b_c0, b_c1 - b_c0, false, dir_, sname);
     return m;
   }
 

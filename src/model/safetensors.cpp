@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -122,6 +123,8 @@ File::File(const std::string& path) : path_(path) {
       std::uint64_t elems = 1;
       for (std::int64_t d : t.shape) {
         DCP_CHECK(d >= 0, io, path, ": tensor '", name, "' has a negative dimension");
+        DCP_CHECK(d == 0 || elems <= data_size / static_cast<std::uint64_t>(d), io, path,
+                  ": tensor '", name, "' has a shape larger than the file");
         elems *= static_cast<std::uint64_t>(d);
       }
       DCP_CHECK(t.begin <= t.end && t.end <= data_size, io, path, ": tensor '", name, "' data [",
@@ -129,8 +132,27 @@ File::File(const std::string& path) : path_(path) {
                 " bytes (truncated file?)");
       DCP_CHECK(t.end - t.begin == elems * eb, io, path, ": tensor '", name, "' claims ",
                 t.end - t.begin, " bytes but its shape and dtype ", t.dtype, " need ", elems * eb);
+      DCP_CHECK(tensors_.count(name) == 0, io, path, ": tensor '", name, "' appears twice");
       tensors_.emplace(name, std::move(t));
     }
+    // The tensors tile the data section, in some order, without a gap or an overlap (as the
+    // format requires): two tensors sharing bytes would let the model run on aliased weights.
+    std::vector<std::pair<std::uint64_t, const std::string*>> order;
+    for (const auto& [name, t] : tensors_) order.emplace_back(t.begin, &name);
+    std::sort(order.begin(), order.end());
+    std::uint64_t next = 0;
+    const std::string* prev = nullptr;
+    for (const auto& [begin, name] : order) {
+      const TensorInfo& t = tensors_.at(*name);
+      DCP_CHECK(begin >= next, io, path, ": tensor '", *name, "' data [", t.begin, ", ", t.end,
+                ") overlaps tensor '", prev ? *prev : std::string(), "' (ending at ", next, ")");
+      DCP_CHECK(begin == next, io, path, ": the data section has ", begin - next,
+                " bytes no tensor holds, before tensor '", *name, "'");
+      next = t.end;
+      prev = name;
+    }
+    DCP_CHECK(next == data_size, io, path, ": the data section has ", data_size - next,
+              " bytes no tensor holds at its end (", data_size, " bytes, tensors end at ", next, ")");
   } catch (...) {
     ::munmap(const_cast<std::uint8_t*>(map_), size_);
     throw;

@@ -28,6 +28,8 @@ Verify compare(const DeploymentReport& dcp, const DeploymentReport& ref, int voc
       const float* la = a.step_logits.data() + k * vocab;
       const float* lb = b.step_logits.data() + k * vocab;
       for (int j = 0; j < vocab; ++j) {
+        // std::max drops a NaN difference: a non-finite logit on either side is a failure.
+        if (!std::isfinite(la[j]) || !std::isfinite(lb[j])) v.non_finite += 1;
         v.max_abs = std::max(v.max_abs, std::abs(static_cast<double>(la[j]) - lb[j]));
         max_ref = std::max(max_ref, std::abs(static_cast<double>(lb[j])));
       }
@@ -158,6 +160,7 @@ json report_json(const RunOptions& o, const Workload& w, const DeploymentReport&
                  {"max_abs_logit_diff", v.max_abs},
                  {"max_rel_logit_diff", v.max_rel},
                  {"tolerance_rel", v.tolerance},
+                 {"non_finite_logits", v.non_finite},
                  {"passed", v.passed()}};
   return j;
 }
@@ -256,6 +259,9 @@ void print_summary(const json& j) {
   const json& v = j["verify"];
   if (v["ran"].get<bool>() && v["steps_compared"].get<long long>() == 0) {
     std::printf("verify vs dcp 1: nothing to compare, no request finished in both runs: FAIL\n");
+  } else if (v["ran"].get<bool>() && v["non_finite_logits"].get<long long>() > 0) {
+    std::printf("verify vs dcp 1: %lld logits are NaN or infinite: FAIL\n",
+                v["non_finite_logits"].get<long long>());
   } else if (v["ran"].get<bool>()) {
     std::printf(
         "verify vs dcp 1 (%d requests, %lld steps): tokens %s, max |dlogit| %.3g (relative %.3g, "

@@ -19,10 +19,13 @@ struct Verify {
   bool near_tie = false;  // a mismatch where the reference's top two were within the logit error
   double max_abs = 0;
   double max_rel = 0;
-  double tolerance = 1e-3;  // relative to the largest |logit|
-  // A verification that compared nothing fails: it cannot vouch for anything.
+  double tolerance = 1e-3;      // relative to the largest |logit|
+  std::int64_t non_finite = 0;  // NaN or infinite logits, in either run
+  // A verification that compared nothing fails: it cannot vouch for anything; nor can one that
+  // met a NaN or an infinity.
   bool passed() const {
-    return !ran || (steps > 0 && max_rel <= tolerance && (tokens_match || near_tie));
+    return !ran || (steps > 0 && non_finite == 0 && max_rel <= tolerance &&
+                    (tokens_match || near_tie));
   }
 };
 
