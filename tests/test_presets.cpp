@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -143,6 +145,44 @@ TEST(Presets, AreThePublishedConfigsAtFullWidth) {
                                  "preset = 'llama' is not one of: tiny, deepseek-v2-lite"));
   EXPECT_TRUE(test::throws_error([] { preset_weight_dtype("llama"); },
                                  ErrorCategory::invalid_argument, "preset = 'llama'"));
+}
+
+// Every out-of-range or mistyped field of a real config.json is refused naming the field.
+TEST(Presets, ConfigFieldsOutOfRangeAreRefusedNamingTheField) {
+  const nlohmann::json good = nlohmann::json::parse(kDeepSeekV3);
+  ASSERT_NO_THROW(parse_model_config(good.dump()));
+  const auto refused = [&](const std::function<void(nlohmann::json&)>& edit,
+                           const std::string& needle) {
+    nlohmann::json j = good;
+    edit(j);
+    return test::throws_error([&] { parse_model_config(j.dump()); }, ErrorCategory::io, needle);
+  };
+  EXPECT_TRUE(refused([](auto& j) { j["rope_scaling"] = "yarn"; },
+                      "field 'rope_scaling' = \"yarn\" must be an object (type yarn) or null"));
+  EXPECT_TRUE(refused([](auto& j) { j["rope_scaling"] = 40; }, "field 'rope_scaling' = 40"));
+  EXPECT_TRUE(refused([](auto& j) { j["rope_scaling"]["factor"] = -40; },
+                      "rope_scaling.factor = -40 must be a finite number > 0"));
+  EXPECT_TRUE(refused([](auto& j) { j["rope_scaling"]["beta_fast"] = 0; },
+                      "rope_scaling.beta_fast = 0 must be a finite number > 0"));
+  {  // a number past double's range is refused by the JSON parser, never read as infinity
+    std::string text = good.dump();
+    const std::string theta = "\"rope_theta\":10000";
+    ASSERT_NE(text.find(theta), std::string::npos);
+    text.replace(text.find(theta), theta.size(), "\"rope_theta\":1e400");
+    EXPECT_TRUE(test::throws_error([&] { parse_model_config(text); }, ErrorCategory::io,
+                                   "number overflow parsing '1e400'"));
+  }
+  EXPECT_TRUE(refused([](auto& j) { j["moe_layer_freq"] = 0; }, "moe_layer_freq = 0 must be >= 1"));
+  EXPECT_TRUE(refused([](auto& j) { j["hidden_size"] = 4294967424ull; },
+                      "field 'hidden_size' = 4294967424 is out of range"));
+  EXPECT_TRUE(refused([](auto& j) { j["hidden_size"] = 2147483648ull; },
+                      "field 'hidden_size' = 2147483648 is out of range"));
+  EXPECT_TRUE(refused([](auto& j) { j["hidden_size"] = 128.7; },
+                      "field 'hidden_size' = 128.7 must be an integer"));
+  EXPECT_TRUE(refused([](auto& j) { j["routed_scaling_factor"] = -2.5; },
+                      "routed_scaling_factor = -2.5 must be > 0"));
+  EXPECT_TRUE(refused([](auto& j) { j["norm_topk_prob"] = 1; },
+                      "field 'norm_topk_prob' = 1 must be true or false"));
 }
 
 // A family config small enough to draw whole tensors, FP8 in blocks of 32 (edge blocks partial).

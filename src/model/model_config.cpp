@@ -38,8 +38,25 @@ void ModelConfig::validate() const {
   DCP_CHECK(qk_rope_head_dim >= 0 && qk_rope_head_dim % 2 == 0, io,
             "model config: qk_rope_head_dim = ", qk_rope_head_dim, " must be even and >= 0");
   if (q_lora_rank) positive(*q_lora_rank, "q_lora_rank");
-  DCP_CHECK(rms_norm_eps > 0, io, "model config: rms_norm_eps must be > 0");
-  DCP_CHECK(rope_theta > 0, io, "model config: rope_theta must be > 0");
+  DCP_CHECK(rms_norm_eps > 0 && std::isfinite(rms_norm_eps), io, "model config: rms_norm_eps = ",
+            rms_norm_eps, " must be a finite number > 0");
+  DCP_CHECK(rope_theta > 0 && std::isfinite(rope_theta), io, "model config: rope_theta = ",
+            rope_theta, " must be a finite number > 0");
+  if (rope_scaling) {
+    const RopeScaling& r = *rope_scaling;
+    const auto finite_positive = [](double v, const char* field) {
+      DCP_CHECK(v > 0 && std::isfinite(v), io, "model config: rope_scaling.", field, " = ", v,
+                " must be a finite number > 0");
+    };
+    finite_positive(r.factor, "factor");
+    finite_positive(r.original_max_position_embeddings, "original_max_position_embeddings");
+    finite_positive(r.beta_fast, "beta_fast");
+    finite_positive(r.beta_slow, "beta_slow");
+    DCP_CHECK(std::isfinite(r.mscale) && std::isfinite(r.mscale_all_dim) && r.mscale >= 0 &&
+                  r.mscale_all_dim >= 0,
+              io, "model config: rope_scaling.mscale = ", r.mscale, " and mscale_all_dim = ",
+              r.mscale_all_dim, " must be finite numbers >= 0");
+  }
   DCP_CHECK(model_type == "deepseek_v2" || model_type == "deepseek_v3" || model_type == "kimi_k2",
             unsupported, "model config: model_type = '", model_type,
             "' is not an MLA family dcp runs (legal: deepseek_v2, deepseek_v3, kimi_k2)");
@@ -74,7 +91,7 @@ void ModelConfig::validate() const {
     DCP_CHECK(topk_group >= 1 && topk_group <= n_group, io,
               "model config: topk_group = ", topk_group, " must be in [1, n_group = ", n_group,
               "]");
-    DCP_CHECK(routed_scaling_factor > 0, io,
+    DCP_CHECK(routed_scaling_factor > 0 && std::isfinite(routed_scaling_factor), io,
               "model config: routed_scaling_factor = ", routed_scaling_factor, " must be > 0");
     const bool v2 = model_type == "deepseek_v2";
     DCP_CHECK(scoring_func == (v2 ? "softmax" : "sigmoid"), unsupported,
@@ -158,6 +175,10 @@ ModelConfig parse_model_config(const std::string& text) {
   c.v_head_dim = get<int>(j, "v_head_dim");
   c.rms_norm_eps = get_or<double>(j, "rms_norm_eps", 1e-6);
   c.rope_theta = get_or<double>(j, "rope_theta", 10000.0);
+  DCP_CHECK(!j.contains("rope_scaling") || j["rope_scaling"].is_null() ||
+                j["rope_scaling"].is_object(),
+            io, "config.json: field 'rope_scaling' = ", j.contains("rope_scaling") ? j["rope_scaling"].dump() : "",
+            " must be an object (type yarn) or null");
   if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
     const auto& rs = j["rope_scaling"];
     const std::string type =
