@@ -66,6 +66,10 @@ struct EngineStats {
   std::int64_t steps = 0;
   std::int64_t decode_tokens = 0;
   std::int64_t max_queue = 0;  // most requests ever waiting for KV
+  // Most KV rows this rank held per layer (its DCP shard, summed over requests), sampled after
+  // every forward, before finished requests free theirs.
+  std::int64_t peak_kv_rows = 0;
+  std::int64_t peak_running = 0;  // most requests in one forward, sampled likewise
   // Speculative decoding, summed over requests.
   std::int64_t spec_verifications = 0;  // (request, target step) pairs that verified drafts
   std::int64_t spec_proposed = 0;       // draft tokens proposed

@@ -262,12 +262,7 @@ DeploymentReport run_rank(const DeploymentSpec& spec, const Topology& topo, Comm
   for (std::size_t i = 0; i < spec.requests.size(); ++i) {
     if (static_cast<int>(i % replicas) == me.dp_rank) engine.submit(spec.requests[i]);
   }
-  std::int64_t peak_rows = 0, peak_running = 0;
   engine.run([&](const Engine& e) {
-    std::int64_t rows = 0;
-    for (RequestId id : model.allocator().requests()) rows += model.kv_shard(0).local_length(id);
-    peak_rows = std::max(peak_rows, rows);
-    peak_running = std::max(peak_running, e.running());
     if (world.rank() == 0 && spec.on_step) spec.on_step(e);
   });
 
@@ -277,6 +272,7 @@ DeploymentReport run_rank(const DeploymentSpec& spec, const Topology& topo, Comm
   const std::int64_t layers = model.config().num_hidden_layers;
   const std::int64_t weights = static_cast<std::int64_t>(
       model.weight_bytes() + (sys.draft() ? sys.draft()->weight_bytes() : 0));
+  const std::int64_t peak_rows = engine.stats().peak_kv_rows;
   const RankKv mine{world.rank(),
                     sys.dcp_group().rank(),
                     peak_rows,
@@ -298,7 +294,7 @@ DeploymentReport run_rank(const DeploymentSpec& spec, const Topology& topo, Comm
   report.weight_dtype = model.weight_dtype();
   report.logical_capacity_tokens = model.allocator().capacity_tokens();
   report.stats = engine.stats();
-  report.peak_running = peak_running;
+  report.peak_running = engine.stats().peak_running;
   report.model_load_ms = sys.load_ms();
   return report;
 }

@@ -239,6 +239,10 @@ void Engine::finish(std::size_t i) {
 }
 
 void Engine::finish_completed() {
+  std::int64_t rows = 0;
+  for (RequestId id : model_.allocator().requests()) rows += model_.kv_shard(0).local_length(id);
+  stats_.peak_kv_rows = std::max(stats_.peak_kv_rows, rows);
+  stats_.peak_running = std::max(stats_.peak_running, static_cast<std::int64_t>(running_.size()));
   for (std::size_t i = running_.size(); i-- > 0;) {
     const Live& l = running_[i];
     if (results_[l.result].output_tokens.size() >=

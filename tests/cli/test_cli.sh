@@ -100,6 +100,10 @@ case_run_summary() {
   check "warns to pass --comm mpi" stderr_has "started by mpirun with 2 processes but --comm threads.*pass --comm mpi"
   expect 0 "threads, no mpirun" -- run --num-layers 1 --batch 1 --prompt-len 20 --max-new-tokens 2
   check "no warning" stderr_lacks warning
+  # One new token: the requests finish (and free their KV) in the step that prefilled them.
+  expect 0 "run, one new token" -- run --batch 2 --prompt-len 100 --max-new-tokens 1 --json "$tmp/run.json"
+  check "the peak KV is sampled before the requests free it (100 + 68 prompt rows over 4 ranks)" stdout_has "rank 0 (dcp rank 0): peak 42 rows/layer"
+  check "the JSON reports the same peak" json_has '"kv_rows_used": 42'
 }
 
 # every request rejected: each says why, and a verification that compared nothing fails
