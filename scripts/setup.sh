@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Installs what dcp needs from Debian's packages (only when missing), then configures and
-# builds one CMake preset (default: release). Usage: scripts/setup.sh [release|debug|asan|tsan]
+# builds one CMake preset (default: release). Usage: scripts/setup.sh [release|debug|asan|tsan|fuzz]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 preset="${1:-release}"
 
 packages=(g++ cmake ninja-build pkg-config libgtest-dev libgmock-dev libbenchmark-dev
           libcli11-dev nlohmann-json3-dev libopenblas-dev libopenmpi-dev openmpi-bin)
+# The fuzz preset builds with clang and links its libFuzzer runtime (only a recommendation of
+# clang's, so named here).
+if [ "$preset" = fuzz ]; then packages+=(clang libclang-rt-14-dev); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -66,7 +66,7 @@ std::string str(Args&&... args) {
     if (!(dcp_check_a_ == dcp_check_b_)) {                                                        \
       ::dcp::throw_error(::dcp::ErrorCategory::internal,                                          \
                          ::dcp::str(#a " == " #b " failed (", dcp_check_a_, " vs ", dcp_check_b_, \
-                                    ") ", ##__VA_ARGS__),                                         \
+                                    ") " __VA_OPT__(, ) __VA_ARGS__),                             \
                          __FILE__, __LINE__);                                                     \
     }                                                                                             \
   } while (0)

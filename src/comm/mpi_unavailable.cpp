@@ -22,7 +22,9 @@ MpiSession::MpiSession(int*, char***) {
               "-DDCP_WITH_MPI=ON)");
 }
 
-MpiSession::~MpiSession() = default;
+MpiSession::~MpiSession() {
+  static_cast<void>(owns_init_);  // only the MPI build initialises MPI
+}
 
 std::unique_ptr<Communicator> MpiSession::world() const {
   throw Error(ErrorCategory::unsupported, "this dcp was built without MPI");

@@ -122,6 +122,10 @@ class CheckpointWeights final : public WeightSource {
         DCP_CHECK(file.is_string(), io, index.string(), ": weight_map['", name,
                   "'] must be a file name (a string), got ", file.dump());
         const std::string f = file.get<std::string>();
+        // A shard is a file of the checkpoint directory, never a path out of it.
+        DCP_CHECK(!f.empty() && f.find('/') == std::string::npos && f != "." && f != "..", io,
+                  index.string(), ": weight_map['", name, "'] = '", f,
+                  "' must be a file name in the checkpoint directory");
         DCP_CHECK(fs::exists(fs::path(dir) / f), io, index.string(), ": weight_map names shard '",
                   f, "' (for '", name, "'), which is missing from ", dir);
         indexed[name] = f;

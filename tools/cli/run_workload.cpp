@@ -4,78 +4,16 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <random>
 
 #include "cli/cli_checks.h"
+#include "cli/prompt_tokens.h"
 #include "dcp/disagg.h"
 #include "dcp/error.h"
 #include "dcp/weights.h"
 
 namespace dcp::cli {
 namespace {
-
-// `text` without the spaces and tabs (and a carriage return) around it.
-std::string trimmed(const std::string& text) {
-  const std::size_t first = text.find_first_not_of(" \t\r");
-  if (first == std::string::npos) return {};
-  return text.substr(first, text.find_last_not_of(" \t\r") - first + 1);
-}
-
-// One prompt: token ids separated by commas (spaces around them allowed). An empty prompt or an
-// empty item ("1,,2", "1,") is an error, never skipped: skipping would renumber the requests.
-std::vector<std::int32_t> parse_ids(const std::string& text, const std::string& where) {
-  const std::string prompt = trimmed(text);
-  DCP_ARG_CHECK(!prompt.empty(), "--prompt-tokens: ", where, " is an empty prompt");
-  std::vector<std::int32_t> ids;
-  std::size_t at = 0;
-  while (true) {
-    const std::size_t comma = prompt.find(',', at);
-    const std::string tok = trimmed(prompt.substr(at, comma == std::string::npos ? std::string::npos
-                                                                                 : comma - at));
-    DCP_ARG_CHECK(!tok.empty(), "--prompt-tokens: ", where, " has an empty item ('", prompt, "')");
-    std::size_t used = 0;
-    long long v = -1;
-    try {
-      v = std::stoll(tok, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    DCP_ARG_CHECK(used == tok.size() && v >= 0 && v <= INT32_MAX, "--prompt-tokens: '", tok,
-                  "' in ", where, " is not a token id (an integer in [0, 2^31))");
-    ids.push_back(static_cast<std::int32_t>(v));
-    if (comma == std::string::npos) break;
-    at = comma + 1;
-  }
-  return ids;
-}
-
-// One prompt per ';'-separated list, or per line of a file (numbered from 1 in errors).
-std::vector<std::vector<std::int32_t>> read_prompts(const std::string& arg) {
-  std::vector<std::vector<std::int32_t>> prompts;
-  if (std::filesystem::is_regular_file(arg)) {
-    std::ifstream in(arg);
-    DCP_CHECK(in, io, "--prompt-tokens: cannot read '", arg, "'");
-    std::string line;
-    int n = 0;
-    while (std::getline(in, line)) {
-      ++n;
-      prompts.push_back(parse_ids(line, str(arg, " line ", n)));
-    }
-  } else {
-    std::size_t at = 0;
-    for (int n = 1;; ++n) {
-      const std::size_t semi = arg.find(';', at);
-      prompts.push_back(parse_ids(
-          arg.substr(at, semi == std::string::npos ? std::string::npos : semi - at),
-          str("prompt ", n)));
-      if (semi == std::string::npos) break;
-      at = semi + 1;
-    }
-  }
-  DCP_ARG_CHECK(!prompts.empty(), "--prompt-tokens '", arg, "' holds no prompt");
-  return prompts;
-}
 
 // --attention-kernel: a path this CPU runs, checked before any rank starts. amx_bf16 reads bf16 KV.
 KernelPath parse_attention_kernel(const std::string& name, KvDtype kv_dtype) {

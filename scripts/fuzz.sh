@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (the `fuzz` preset: clang, ASan, UBSan) and runs each for a bounded
+# time from its committed seed corpus (fuzz/corpus/<target>). New inputs go to a scratch folder,
+# not the committed corpus. A crash fails the run and leaves its input in that folder: add it to
+# fuzz/corpus/<target> with the fix.
+# Usage: scripts/fuzz.sh [seconds per target, default 60] [target ...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds="${1:-60}"
+shift || true
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(fuzz_safetensors fuzz_checkpoint_index fuzz_model_config fuzz_prompt_tokens)
+
+scripts/setup.sh fuzz  # clang and its libFuzzer runtime, then the build
+
+scratch=$(mktemp -d)
+failed=0
+for t in "${targets[@]}"; do
+  mkdir -p "$scratch/$t"
+  echo "fuzz: $t for ${seconds}s"
+  if ! ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
+      "build/fuzz/fuzz/$t" -max_total_time="$seconds" -rss_limit_mb=4096 -max_len=65536 \
+      -print_final_stats=1 -artifact_prefix="$scratch/$t/" "$scratch/$t" "fuzz/corpus/$t" \
+      >"$scratch/$t.log" 2>&1; then
+    failed=1
+    echo "fuzz: $t FAILED; its input: $(ls "$scratch/$t"/crash-* "$scratch/$t"/leak-* "$scratch/$t"/timeout-* "$scratch/$t"/oom-* 2>/dev/null | head -1)"
+    tail -40 "$scratch/$t.log"
+    continue
+  fi
+  grep -E "stat::number_of_executed_units|stat::new_units_added|cov:" "$scratch/$t.log" | tail -3
+done
+[ "$failed" -eq 0 ] && rm -rf "$scratch"
+exit "$failed"
