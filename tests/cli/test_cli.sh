@@ -379,9 +379,9 @@ case_output_files() {
 # workloads beyond this machine's memory are refused at once, naming what to lower
 case_memory_limits() {
   expect 1 "run, prompts too long for memory" -- run --prompt-len 2000000000
-  check "says the KV size and what to lower" stderr_has "a KV cache of 6500001110 tokens (the prompts and --max-new-tokens) over 2 layers, beside the weights, needs about .* GiB, more than this machine's .* GiB of memory; lower --prompt-len, --batch or --max-new-tokens"
+  check "says the KV size and what to lower" stderr_has "a KV cache of 6500001110 tokens (the prompts and --max-new-tokens) over 2 layers, beside the weights, needs about .* GiB, more than the .* GiB of memory available (of .* GiB); lower --prompt-len, --batch or --max-new-tokens"
   expect 1 "run, weights too large for memory" -- run --preset deepseek-v3 --num-layers 4000 --tp-size 4 --dcp-size 4
-  check "names the weights and what to raise" stderr_has "^dcp: error: loading the weights of 4000 layers at TP 4 (synthetic, bf16, FP8 projections) needs about .* GiB, more than this machine's .* GiB of memory; raise --tp-size or lower --num-layers"
+  check "names the weights and what to raise" stderr_has "^dcp: error: loading the weights of 4000 layers at TP 4 (synthetic, bf16, FP8 projections) needs about .* GiB, more than the .* GiB of memory available (of .* GiB); raise --tp-size or lower --num-layers"
   check "refused before any work" stdout_empty
   expect 1 "run, capacity too large for memory" -- run --max-total-tokens 100000000000
   check "names --max-total-tokens" stderr_has "(--max-total-tokens) over 2 layers, beside the weights, needs about .*; lower --max-total-tokens"

@@ -4,11 +4,13 @@
 #include <sys/statfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "dcp/error.h"
 
@@ -117,10 +119,40 @@ double physical_memory_bytes() {
   return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
 }
 
+double available_memory_bytes() {
+  double available = -1;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") {
+      available = kib * 1024.0;
+      break;
+    }
+  }
+  if (available < 0) {
+    available = static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) *
+                static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  }
+  // A container's cgroup (v2) limit, less what the group already uses, may be lower.
+  std::ifstream max_file("/sys/fs/cgroup/memory.max"), current_file("/sys/fs/cgroup/memory.current");
+  std::string max_text;
+  double current = 0;
+  if (max_file >> max_text && max_text != "max" && current_file >> current) {
+    try {
+      available = std::min(available, std::max(0.0, std::stod(max_text) - current));
+    } catch (const std::exception&) {
+    }
+  }
+  return available;
+}
+
 void check_fits_in_memory(double bytes, const std::string& what, const std::string& fix) {
-  const double have = physical_memory_bytes(), gib = 1024.0 * 1024.0 * 1024.0;
+  const double have = available_memory_bytes(), gib = 1024.0 * 1024.0 * 1024.0;
   DCP_CHECK(bytes <= have, capacity, what, " needs about ", format_gib(bytes / gib),
-            " GiB, more than this machine's ", format_gib(have / gib), " GiB of memory; ", fix);
+            " GiB, more than the ", format_gib(have / gib), " GiB of memory available (of ",
+            format_gib(physical_memory_bytes() / gib), " GiB); ", fix);
 }
 
 CLI::Validator at_least(long long min) {

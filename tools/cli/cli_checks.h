@@ -38,9 +38,11 @@ void check_divides_heads(const ModelConfig& model, int size, const char* flag);
 
 // This machine's physical memory in bytes.
 double physical_memory_bytes();
-// Throws dcp::Error (capacity) when `bytes` exceed the physical memory: "<what> needs about X
-// GiB, more than this machine's Y GiB of memory; <fix>". For requests that would otherwise run
-// for minutes and then die to the out-of-memory killer.
+// The memory this process may still take: MemAvailable, or less under a cgroup limit.
+double available_memory_bytes();
+// Throws dcp::Error (capacity) when `bytes` exceed the available memory: "<what> needs about X
+// GiB, more than the Y GiB of memory available (of Z GiB); <fix>". For requests that would
+// otherwise run for minutes and then die to the out-of-memory killer.
 void check_fits_in_memory(double bytes, const std::string& what, const std::string& fix);
 
 // Every option of `app` and its subcommands that takes a value refuses an empty one ("--json ''"
