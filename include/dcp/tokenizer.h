@@ -1,0 +1,84 @@
+// Text in and out: a Hugging Face byte-level BPE tokenizer (tokenizer.json) with the special
+// tokens of tokenizer_config.json, as DeepSeek-V2/V3 ship them.
+//
+// Encoding follows the Hugging Face pipeline: added tokens are matched first (leftmost, longest),
+// the rest goes through the pre-tokenizer (Split regexes run by PCRE2 with Unicode properties,
+// then the byte-to-unicode map) and BPE merges by rank. Text that is not valid UTF-8 is first
+// decoded as a browser's TextDecoder does (each maximal invalid subpart becomes U+FFFD).
+// Decoding maps tokens back to bytes; StreamDecoder does it one token at a time and never emits
+// half a character.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dcp {
+
+class Tokenizer {
+ public:
+  // DIR/tokenizer.json and, when present, DIR/tokenizer_config.json. Throws dcp::Error (io)
+  // naming the file and the field on anything it cannot read exactly (an unknown model,
+  // normalizer, pre-tokenizer or decoder type, a regex PCRE2 refuses, a merge of unknown tokens).
+  static Tokenizer from_dir(const std::string& dir);
+  // The same from the two files' text (config_json may be empty).
+  static Tokenizer from_json(const std::string& tokenizer_json, const std::string& config_json = "");
+
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+  ~Tokenizer();
+
+  // Token ids of `text` (bytes; invalid UTF-8 is replaced as described above). With
+  // add_special_tokens, the BOS token first when tokenizer_config.json sets add_bos_token.
+  std::vector<std::int32_t> encode(std::string_view text, bool add_special_tokens = false) const;
+  // UTF-8 text of `ids` (invalid byte sequences become U+FFFD). skip_special_tokens drops the
+  // special added tokens (BOS, EOS, ...). Throws dcp::Error naming an id outside the vocabulary.
+  std::string decode(const std::vector<std::int32_t>& ids, bool skip_special_tokens = false) const;
+
+  // The bytes one token stands for (a special token's text, or its byte-level BPE bytes).
+  std::string token_bytes(std::int32_t id) const;
+  bool is_special(std::int32_t id) const;
+  // One more than the largest id (the model's vocabulary and the added tokens).
+  std::int32_t vocab_size() const noexcept;
+  std::optional<std::int32_t> bos_id() const noexcept;
+  std::optional<std::int32_t> eos_id() const noexcept;
+  // tokenizer_config.json's chat_template, when it has one (a string).
+  const std::optional<std::string>& chat_template() const noexcept;
+  // bos_token / eos_token text ("" when absent), for chat templates.
+  const std::string& bos_token() const noexcept;
+  const std::string& eos_token() const noexcept;
+
+ private:
+  struct Impl;
+  explicit Tokenizer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Detokenizes a stream of ids: push() returns the text that became complete, holding back the
+// bytes of a UTF-8 character still missing its continuation bytes; finish() returns the rest
+// (an incomplete tail as U+FFFD). The concatenation equals Tokenizer::decode of all ids.
+class StreamDecoder {
+ public:
+  explicit StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens = false)
+      : tokenizer_(tokenizer), skip_special_(skip_special_tokens) {}
+  std::string push(std::int32_t id);
+  std::string finish();
+
+ private:
+  const Tokenizer& tokenizer_;
+  bool skip_special_;
+  std::string pending_;  // bytes not yet emitted: the start of an incomplete character
+};
+
+// Text as a WHATWG TextDecoder (and Rust's from_utf8_lossy) reads bytes: valid UTF-8 kept, each
+// maximal invalid subpart replaced by U+FFFD.
+std::string utf8_lossy(std::string_view bytes);
+// How many leading bytes of `bytes` end on a character boundary, so that utf8_lossy of them
+// equals what a stream would show: an incomplete last character (that more bytes could complete)
+// is held back; invalid bytes are not.
+std::size_t utf8_complete_prefix(std::string_view bytes);
+
+}  // namespace dcp

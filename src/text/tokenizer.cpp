@@ -1,0 +1,602 @@
+// The byte-level BPE tokenizer of tokenizer.json (see dcp/tokenizer.h for the pipeline).
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "dcp/tokenizer.h"
+
+#include <pcre2.h>
+
+#include <algorithm>
+#include <array>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <queue>
+#include <sstream>
+#include <unordered_map>
+
+#include "dcp/error.h"
+
+namespace dcp {
+namespace {
+
+using json = nlohmann::json;
+
+std::string read_file(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  DCP_CHECK(in, io, "cannot read ", p.string());
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// GPT-2's byte-to-unicode map: printable Latin-1 bytes stand for themselves, the other bytes for
+// U+0100 upwards, so that every byte is a visible character.
+struct ByteLevelMap {
+  std::array<std::string, 256> to_char;           // byte -> UTF-8 of its character
+  std::unordered_map<std::string, unsigned char> to_byte;
+  ByteLevelMap() {
+    int next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+      const int cp = printable ? b : next++;
+      std::string u;
+      if (cp < 0x80) {
+        u += static_cast<char>(cp);
+      } else {  // U+0080..U+07FF: two bytes
+        u += static_cast<char>(0xC0 | (cp >> 6));
+        u += static_cast<char>(0x80 | (cp & 0x3F));
+      }
+      to_char[static_cast<std::size_t>(b)] = u;
+      to_byte[u] = static_cast<unsigned char>(b);
+    }
+  }
+};
+const ByteLevelMap& byte_level_map() {
+  static const ByteLevelMap map;
+  return map;
+}
+
+// The UTF-8 length of the character starting with byte b (the text is valid UTF-8 here).
+std::size_t char_len(unsigned char b) {
+  return b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+}
+
+// A compiled PCRE2 pattern (UTF, Unicode properties), shareable across threads.
+class Regex {
+ public:
+  Regex(const std::string& pattern, bool literal, const std::string& where) {
+    int err = 0;
+    PCRE2_SIZE offset = 0;
+    const std::uint32_t options = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0u);
+    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), options,
+                          &err, &offset, nullptr);
+    if (!code_) {
+      PCRE2_UCHAR message[256];
+      pcre2_get_error_message(err, message, sizeof message);
+      throw Error(ErrorCategory::io, str(where, ": PCRE2 cannot compile the pattern at offset ",
+                                         offset, ": ", reinterpret_cast<const char*>(message)));
+    }
+    pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE);  // faster when available; fine without
+  }
+  Regex(const Regex&) = delete;
+  Regex& operator=(const Regex&) = delete;
+  ~Regex() { pcre2_code_free(code_); }
+
+  // Every match of the pattern in s, as [begin, end) byte ranges, left to right.
+  std::vector<std::pair<std::size_t, std::size_t>> find_all(std::string_view s) const {
+    std::vector<std::pair<std::size_t, std::size_t>> out;
+    pcre2_match_data* md = pcre2_match_data_create_from_pattern(code_, nullptr);
+    std::size_t at = 0;
+    while (at <= s.size()) {
+      const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(s.data()), s.size(), at,
+                                 PCRE2_NO_UTF_CHECK, md, nullptr);
+      if (rc == PCRE2_ERROR_NOMATCH) break;
+      if (rc < 0) {
+        pcre2_match_data_free(md);
+        throw Error(ErrorCategory::internal, str("PCRE2 match failed with code ", rc));
+      }
+      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
+      const std::size_t b = ov[0], e = ov[1];
+      if (e > b) out.emplace_back(b, e);
+      // An empty match moves on by one character.
+      at = e > b ? e : (e < s.size() ? e + char_len(static_cast<unsigned char>(s[e])) : e + 1);
+    }
+    pcre2_match_data_free(md);
+    return out;
+  }
+
+ private:
+  pcre2_code* code_ = nullptr;
+};
+
+struct PreStep {
+  enum Kind { split, byte_level } kind = split;
+  std::shared_ptr<Regex> regex;  // split; byte_level with use_regex (GPT-2's pattern)
+  bool keep_matches = true, keep_gaps = true;
+  bool add_prefix_space = false;
+};
+
+// GPT-2's pre-tokenizer pattern (ByteLevel with use_regex).
+const char* const kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+std::string type_of(const json& j, const std::string& where) {
+  DCP_CHECK(j.is_object() && j.contains("type") && j["type"].is_string(), io, where,
+            " must be an object with a string 'type'");
+  return j["type"].get<std::string>();
+}
+
+bool flag(const json& j, const char* key, bool fallback) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  DCP_CHECK(j[key].is_boolean(), io, "tokenizer.json: '", key, "' must be true or false");
+  return j[key].get<bool>();
+}
+
+}  // namespace
+
+struct Tokenizer::Impl {
+  std::unordered_map<std::string, std::int32_t> vocab;
+  std::vector<std::string> id_to_token;  // model vocabulary and added tokens by id
+  std::vector<char> special;             // per id: a special added token
+  struct Merge {
+    std::int32_t rank, result;
+  };
+  std::unordered_map<std::uint64_t, Merge> merges;  // (left id, right id) -> rank, merged id
+  bool ignore_merges = false;
+  struct Added {
+    std::string content;
+    std::int32_t id;
+  };
+  std::vector<Added> added;                         // longest first within a first byte
+  std::array<std::vector<std::size_t>, 256> added_by_first_byte;
+  std::vector<PreStep> pre;
+  std::optional<std::int32_t> bos, eos;
+  std::string bos_text, eos_text;
+  bool add_bos = false, add_eos = false;
+  std::optional<std::string> chat_template;
+
+  mutable std::mutex cache_mutex;
+  mutable std::unordered_map<std::string, std::vector<std::int32_t>> cache;
+
+  void load(const json& t);
+  void load_config(const json& c);
+  std::vector<std::string> pre_tokenize(const std::string& text) const;
+  void bpe(const std::string& word, std::vector<std::int32_t>& out) const;
+  void encode_plain(const std::string& text, std::vector<std::int32_t>& out) const;
+};
+
+void Tokenizer::Impl::load(const json& t) {
+  DCP_CHECK(t.is_object(), io, "tokenizer.json must hold a JSON object");
+  // Model: BPE over byte-level characters.
+  DCP_CHECK(t.contains("model"), io, "tokenizer.json: missing field 'model'");
+  const json& m = t["model"];
+  const std::string model_type = type_of(m, "tokenizer.json: 'model'");
+  DCP_CHECK(model_type == "BPE", io, "tokenizer.json: model type '", model_type,
+            "' is not supported (legal: BPE)");
+  DCP_CHECK(!flag(m, "byte_fallback", false), io,
+            "tokenizer.json: model.byte_fallback = true is not supported (byte-level BPE only)");
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix", "dropout"}) {
+    DCP_CHECK(!m.contains(key) || m[key].is_null(), io, "tokenizer.json: model.", key,
+              " is not supported (must be null)");
+  }
+  ignore_merges = flag(m, "ignore_merges", false);
+  DCP_CHECK(m.contains("vocab") && m["vocab"].is_object(), io,
+            "tokenizer.json: model.vocab must be an object of token -> id");
+  std::int32_t max_id = -1;
+  for (const auto& [tok, id] : m["vocab"].items()) {
+    DCP_CHECK(id.is_number_integer() && id.get<std::int64_t>() >= 0 &&
+                  id.get<std::int64_t>() < (1LL << 30),
+              io, "tokenizer.json: model.vocab['", tok, "'] must be an id in [0, 2^30)");
+    vocab[tok] = id.get<std::int32_t>();
+    max_id = std::max(max_id, id.get<std::int32_t>());
+  }
+  // Added tokens: matched in the text before anything else.
+  if (t.contains("added_tokens") && !t["added_tokens"].is_null()) {
+    DCP_CHECK(t["added_tokens"].is_array(), io, "tokenizer.json: 'added_tokens' must be a list");
+    for (const json& a : t["added_tokens"]) {
+      DCP_CHECK(a.is_object() && a.contains("id") && a["id"].is_number_integer() &&
+                    a.contains("content") && a["content"].is_string(),
+                io, "tokenizer.json: every added token needs an integer 'id' and a 'content'");
+      const std::string content = a["content"].get<std::string>();
+      const std::int64_t id = a["id"].get<std::int64_t>();
+      DCP_CHECK(id >= 0 && id < (1LL << 30), io, "tokenizer.json: added token '", content,
+                "' has id ", id, " outside [0, 2^30)");
+      DCP_CHECK(!content.empty(), io, "tokenizer.json: an added token (id ", id, ") is empty");
+      for (const char* key : {"lstrip", "rstrip", "single_word"}) {
+        DCP_CHECK(!flag(a, key, false), io, "tokenizer.json: added token '", content, "': ", key,
+                  " = true is not supported");
+      }
+      added.push_back({content, static_cast<std::int32_t>(id)});
+      max_id = std::max(max_id, static_cast<std::int32_t>(id));
+    }
+  }
+  id_to_token.assign(static_cast<std::size_t>(max_id + 1), std::string());
+  special.assign(id_to_token.size(), 0);
+  for (const auto& [tok, id] : vocab) id_to_token[static_cast<std::size_t>(id)] = tok;
+  if (t.contains("added_tokens") && t["added_tokens"].is_array()) {
+    for (const json& a : t["added_tokens"]) {
+      const auto id = static_cast<std::size_t>(a["id"].get<std::int64_t>());
+      id_to_token[id] = a["content"].get<std::string>();
+      special[id] = flag(a, "special", false) ? 1 : 0;
+    }
+  }
+  std::sort(added.begin(), added.end(), [](const Added& x, const Added& y) {
+    return x.content.size() > y.content.size();  // longest first: leftmost-longest matching
+  });
+  for (std::size_t i = 0; i < added.size(); ++i)
+    added_by_first_byte[static_cast<unsigned char>(added[i].content[0])].push_back(i);
+
+  // Merges: "a b" strings or [a, b] pairs, by rank.
+  DCP_CHECK(m.contains("merges") && m["merges"].is_array(), io,
+            "tokenizer.json: model.merges must be a list");
+  std::int32_t rank = 0;
+  for (const json& mg : m["merges"]) {
+    std::string a, b;
+    if (mg.is_string()) {
+      const std::string s = mg.get<std::string>();
+      const std::size_t sp = s.find(' ');
+      DCP_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < s.size(), io,
+                "tokenizer.json: merge ", rank, " '", s, "' is not two tokens separated by a space");
+      a = s.substr(0, sp);
+      b = s.substr(sp + 1);
+    } else {
+      DCP_CHECK(mg.is_array() && mg.size() == 2 && mg[0].is_string() && mg[1].is_string(), io,
+                "tokenizer.json: merge ", rank, " must be \"a b\" or [a, b]");
+      a = mg[0].get<std::string>();
+      b = mg[1].get<std::string>();
+    }
+    const auto ia = vocab.find(a), ib = vocab.find(b), ir = vocab.find(a + b);
+    DCP_CHECK(ia != vocab.end() && ib != vocab.end() && ir != vocab.end(), io,
+              "tokenizer.json: merge ", rank, " ('", a, "', '", b,
+              "') names a token that is not in the vocabulary");
+    const std::uint64_t key = (static_cast<std::uint64_t>(ia->second) << 32) |
+                              static_cast<std::uint32_t>(ib->second);
+    merges.emplace(key, Merge{rank, ir->second});  // the first (lowest) rank of a pair wins
+    ++rank;
+  }
+
+  // Normalizer: none (DeepSeek ships an empty Sequence).
+  if (t.contains("normalizer") && !t["normalizer"].is_null()) {
+    const json& n = t["normalizer"];
+    const std::string type = type_of(n, "tokenizer.json: 'normalizer'");
+    DCP_CHECK(type == "Sequence" && n.contains("normalizers") && n["normalizers"].is_array() &&
+                  n["normalizers"].empty(),
+              io, "tokenizer.json: normalizer '", type,
+              "' is not supported (legal: none, or an empty Sequence)");
+  }
+  // Pre-tokenizer: Split and ByteLevel steps, alone or in a Sequence.
+  if (t.contains("pre_tokenizer") && !t["pre_tokenizer"].is_null()) {
+    const json& p = t["pre_tokenizer"];
+    std::vector<json> steps;
+    if (type_of(p, "tokenizer.json: 'pre_tokenizer'") == "Sequence") {
+      DCP_CHECK(p.contains("pretokenizers") && p["pretokenizers"].is_array(), io,
+                "tokenizer.json: pre_tokenizer.pretokenizers must be a list");
+      for (const json& s : p["pretokenizers"]) steps.push_back(s);
+    } else {
+      steps.push_back(p);
+    }
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      const json& s = steps[i];
+      const std::string where = str("tokenizer.json: pre_tokenizer step ", i);
+      const std::string type = type_of(s, where);
+      PreStep step;
+      if (type == "Split") {
+        DCP_CHECK(s.contains("pattern") && s["pattern"].is_object(), io, where,
+                  ": Split needs a 'pattern' object");
+        const json& pat = s["pattern"];
+        const bool literal = pat.contains("String");
+        DCP_CHECK((literal && pat["String"].is_string()) ||
+                      (pat.contains("Regex") && pat["Regex"].is_string()),
+                  io, where, ": Split pattern must be {\"Regex\": ...} or {\"String\": ...}");
+        step.regex = std::make_shared<Regex>(
+            literal ? pat["String"].get<std::string>() : pat["Regex"].get<std::string>(), literal,
+            where);
+        const std::string behavior =
+            s.contains("behavior") && s["behavior"].is_string() ? s["behavior"].get<std::string>()
+                                                               : "";
+        const bool invert = flag(s, "invert", false);
+        if (behavior == "Isolated") {
+          step.keep_matches = step.keep_gaps = true;
+        } else if (behavior == "Removed") {
+          step.keep_matches = invert;
+          step.keep_gaps = !invert;
+        } else {
+          throw Error(ErrorCategory::io, str(where, ": Split behavior '", behavior,
+                                             "' is not supported (legal: Isolated, Removed)"));
+        }
+      } else if (type == "ByteLevel") {
+        step.kind = PreStep::byte_level;
+        step.add_prefix_space = flag(s, "add_prefix_space", true);
+        if (flag(s, "use_regex", true)) step.regex = std::make_shared<Regex>(kGpt2Pattern, false, where);
+      } else {
+        throw Error(ErrorCategory::io, str(where, ": type '", type,
+                                           "' is not supported (legal: Split, ByteLevel)"));
+      }
+      pre.push_back(std::move(step));
+    }
+  }
+  DCP_CHECK(!pre.empty() && pre.back().kind == PreStep::byte_level, io,
+            "tokenizer.json: the pre-tokenizer must end with ByteLevel (byte-level BPE)");
+  for (std::size_t i = 0; i + 1 < pre.size(); ++i) {
+    DCP_CHECK(pre[i].kind == PreStep::split, io,
+              "tokenizer.json: ByteLevel must be the last pre-tokenizer step");
+  }
+  if (t.contains("decoder") && !t["decoder"].is_null()) {
+    const std::string type = type_of(t["decoder"], "tokenizer.json: 'decoder'");
+    DCP_CHECK(type == "ByteLevel", io, "tokenizer.json: decoder '", type,
+              "' is not supported (legal: ByteLevel)");
+  }
+  if (t.contains("post_processor") && !t["post_processor"].is_null()) {
+    // ByteLevel post-processing only trims offsets; it adds no token.
+    const std::string type = type_of(t["post_processor"], "tokenizer.json: 'post_processor'");
+    DCP_CHECK(type == "ByteLevel", io, "tokenizer.json: post_processor '", type,
+              "' is not supported (legal: ByteLevel)");
+  }
+}
+
+void Tokenizer::Impl::load_config(const json& c) {
+  DCP_CHECK(c.is_object(), io, "tokenizer_config.json must hold a JSON object");
+  const auto token_text = [&](const char* key) -> std::string {
+    if (!c.contains(key) || c[key].is_null()) return {};
+    const json& v = c[key];
+    if (v.is_string()) return v.get<std::string>();
+    DCP_CHECK(v.is_object() && v.contains("content") && v["content"].is_string(), io,
+              "tokenizer_config.json: '", key, "' must be a string or an object with 'content'");
+    return v["content"].get<std::string>();
+  };
+  const auto id_of = [&](const std::string& text, const char* key) -> std::optional<std::int32_t> {
+    if (text.empty()) return std::nullopt;
+    for (std::size_t id = 0; id < id_to_token.size(); ++id)
+      if (id_to_token[id] == text) return static_cast<std::int32_t>(id);
+    throw Error(ErrorCategory::io, str("tokenizer_config.json: ", key, " '", text,
+                                       "' is not a token of tokenizer.json"));
+  };
+  bos_text = token_text("bos_token");
+  eos_text = token_text("eos_token");
+  bos = id_of(bos_text, "bos_token");
+  eos = id_of(eos_text, "eos_token");
+  add_bos = flag(c, "add_bos_token", false);
+  add_eos = flag(c, "add_eos_token", false);
+  DCP_CHECK(!add_bos || bos, io, "tokenizer_config.json: add_bos_token without a bos_token");
+  DCP_CHECK(!add_eos || eos, io, "tokenizer_config.json: add_eos_token without an eos_token");
+  if (c.contains("chat_template") && !c["chat_template"].is_null()) {
+    const json& ct = c["chat_template"];
+    if (ct.is_string()) {
+      chat_template = ct.get<std::string>();
+    } else {  // a list of named templates: the default one
+      DCP_CHECK(ct.is_array(), io,
+                "tokenizer_config.json: chat_template must be a string or a list of named ones");
+      for (const json& e : ct) {
+        if (e.is_object() && e.value("name", "") == "default" && e.contains("template") &&
+            e["template"].is_string())
+          chat_template = e["template"].get<std::string>();
+      }
+      DCP_CHECK(chat_template.has_value(), io,
+                "tokenizer_config.json: chat_template lists no template named 'default'");
+    }
+  }
+}
+
+std::vector<std::string> Tokenizer::Impl::pre_tokenize(const std::string& text) const {
+  std::vector<std::string> pieces{text};
+  for (const PreStep& step : pre) {
+    std::vector<std::string> next;
+    for (std::string& piece : pieces) {
+      if (step.kind == PreStep::byte_level && step.add_prefix_space && piece[0] != ' ')
+        piece.insert(piece.begin(), ' ');
+      if (!step.regex) {
+        next.push_back(std::move(piece));
+        continue;
+      }
+      std::size_t at = 0;
+      for (const auto& [b, e] : step.regex->find_all(piece)) {
+        if (b > at && step.keep_gaps) next.push_back(piece.substr(at, b - at));
+        if (step.keep_matches) next.push_back(piece.substr(b, e - b));
+        at = e;
+      }
+      if (at < piece.size() && step.keep_gaps) next.push_back(piece.substr(at));
+    }
+    pieces = std::move(next);
+  }
+  // The last step is ByteLevel: every byte becomes its visible character.
+  const ByteLevelMap& map = byte_level_map();
+  for (std::string& piece : pieces) {
+    std::string mapped;
+    mapped.reserve(piece.size() * 2);
+    for (unsigned char b : piece) mapped += map.to_char[b];
+    piece = std::move(mapped);
+  }
+  return pieces;
+}
+
+void Tokenizer::Impl::bpe(const std::string& word, std::vector<std::int32_t>& out) const {
+  if (ignore_merges) {
+    const auto it = vocab.find(word);
+    if (it != vocab.end()) {
+      out.push_back(it->second);
+      return;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex);
+    const auto it = cache.find(word);
+    if (it != cache.end()) {
+      out.insert(out.end(), it->second.begin(), it->second.end());
+      return;
+    }
+  }
+  // Symbols as a linked list; candidate merges in a heap by (rank, position).
+  struct Symbol {
+    std::int32_t id;
+    int prev, next;
+    bool alive;
+  };
+  std::vector<Symbol> sym;
+  for (std::size_t i = 0; i < word.size();) {
+    const std::size_t n = char_len(static_cast<unsigned char>(word[i]));
+    const auto it = vocab.find(word.substr(i, n));
+    DCP_CHECK(it != vocab.end(), io, "tokenizer: the byte-level character '", word.substr(i, n),
+              "' is not in the vocabulary");
+    const int k = static_cast<int>(sym.size());
+    sym.push_back({it->second, k - 1, k + 1, true});
+    i += n;
+  }
+  if (!sym.empty()) sym.back().next = -1;
+  struct Candidate {
+    std::int32_t rank;
+    int left;
+    std::int32_t left_id, right_id, result;
+    bool operator>(const Candidate& o) const {
+      return rank != o.rank ? rank > o.rank : left > o.left;
+    }
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<Candidate>> heap;
+  const auto consider = [&](int left) {
+    if (left < 0 || sym[left].next < 0) return;
+    const int right = sym[left].next;
+    const std::uint64_t key = (static_cast<std::uint64_t>(sym[left].id) << 32) |
+                              static_cast<std::uint32_t>(sym[right].id);
+    const auto it = merges.find(key);
+    if (it != merges.end())
+      heap.push({it->second.rank, left, sym[left].id, sym[right].id, it->second.result});
+  };
+  for (int i = 0; i + 1 < static_cast<int>(sym.size()); ++i) consider(i);
+  while (!heap.empty()) {
+    const Candidate c = heap.top();
+    heap.pop();
+    Symbol& l = sym[c.left];
+    if (!l.alive || l.id != c.left_id || l.next < 0) continue;
+    Symbol& r = sym[l.next];
+    if (r.id != c.right_id) continue;  // stale: a neighbour merged since
+    l.id = c.result;
+    r.alive = false;
+    l.next = r.next;
+    if (r.next >= 0) sym[r.next].prev = c.left;
+    consider(l.prev);
+    consider(c.left);
+  }
+  std::vector<std::int32_t> ids;
+  for (const Symbol& s : sym)
+    if (s.alive) ids.push_back(s.id);
+  out.insert(out.end(), ids.begin(), ids.end());
+  std::lock_guard<std::mutex> lock(cache_mutex);
+  if (cache.size() > 200000) cache.clear();  // bounded: long texts of unique words
+  cache.emplace(word, std::move(ids));
+}
+
+void Tokenizer::Impl::encode_plain(const std::string& text, std::vector<std::int32_t>& out) const {
+  if (text.empty()) return;
+  for (const std::string& word : pre_tokenize(text)) bpe(word, out);
+}
+
+Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+Tokenizer::~Tokenizer() = default;
+
+Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::string& config_json) {
+  auto impl = std::make_unique<Impl>();
+  try {
+    impl->load(json::parse(tokenizer_json));
+  } catch (const json::exception& e) {
+    throw Error(ErrorCategory::io, str("tokenizer.json is not valid JSON: ", e.what()));
+  }
+  if (!config_json.empty()) {
+    json c;
+    try {
+      c = json::parse(config_json);
+    } catch (const json::exception& e) {
+      throw Error(ErrorCategory::io, str("tokenizer_config.json is not valid JSON: ", e.what()));
+    }
+    impl->load_config(c);
+  }
+  return Tokenizer(std::move(impl));
+}
+
+Tokenizer Tokenizer::from_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path t = fs::path(dir) / "tokenizer.json", c = fs::path(dir) / "tokenizer_config.json";
+  DCP_CHECK(fs::is_regular_file(t), io, "tokenizer directory ", dir, " has no tokenizer.json");
+  try {
+    return from_json(read_file(t), fs::is_regular_file(c) ? read_file(c) : std::string());
+  } catch (const Error& e) {
+    throw Error(e.category(), str(dir, ": ", e.what()));
+  }
+}
+
+std::vector<std::int32_t> Tokenizer::encode(std::string_view raw, bool add_special_tokens) const {
+  const Impl& m = *impl_;
+  const std::string text = utf8_lossy(raw);
+  std::vector<std::int32_t> out;
+  if (add_special_tokens && m.add_bos) out.push_back(*m.bos);
+  // Added tokens first, leftmost then longest; the text between them goes through BPE.
+  std::size_t start = 0;
+  for (std::size_t i = 0; i < text.size();) {
+    const std::size_t* hit = nullptr;
+    for (const std::size_t& k : m.added_by_first_byte[static_cast<unsigned char>(text[i])]) {
+      const std::string& c = m.added[k].content;
+      if (text.compare(i, c.size(), c) == 0) {
+        hit = &k;
+        break;  // longest first
+      }
+    }
+    if (!hit) {
+      ++i;
+      continue;
+    }
+    m.encode_plain(text.substr(start, i - start), out);
+    out.push_back(m.added[*hit].id);
+    i += m.added[*hit].content.size();
+    start = i;
+  }
+  m.encode_plain(text.substr(start), out);
+  if (add_special_tokens && m.add_eos) out.push_back(*m.eos);
+  return out;
+}
+
+std::string Tokenizer::token_bytes(std::int32_t id) const {
+  const Impl& m = *impl_;
+  DCP_ARG_CHECK(id >= 0 && static_cast<std::size_t>(id) < m.id_to_token.size() &&
+                    (!m.id_to_token[static_cast<std::size_t>(id)].empty()),
+                "token id ", id, " is not in the vocabulary (", m.id_to_token.size(), " ids)");
+  const std::string& tok = m.id_to_token[static_cast<std::size_t>(id)];
+  // As the ByteLevel decoder: a token whose characters all map to bytes becomes those bytes;
+  // one that does not (an added token's text) stays as it is.
+  const ByteLevelMap& map = byte_level_map();
+  std::string bytes;
+  for (std::size_t i = 0; i < tok.size();) {
+    const std::size_t n = char_len(static_cast<unsigned char>(tok[i]));
+    const auto it = map.to_byte.find(tok.substr(i, n));
+    if (it == map.to_byte.end()) return tok;
+    bytes += static_cast<char>(it->second);
+    i += n;
+  }
+  return bytes;
+}
+
+std::string Tokenizer::decode(const std::vector<std::int32_t>& ids, bool skip_special) const {
+  std::string bytes;
+  for (std::int32_t id : ids) {
+    if (skip_special && is_special(id)) continue;
+    bytes += token_bytes(id);
+  }
+  return utf8_lossy(bytes);
+}
+
+bool Tokenizer::is_special(std::int32_t id) const {
+  return id >= 0 && static_cast<std::size_t>(id) < impl_->special.size() &&
+         impl_->special[static_cast<std::size_t>(id)] != 0;
+}
+
+std::int32_t Tokenizer::vocab_size() const noexcept {
+  return static_cast<std::int32_t>(impl_->id_to_token.size());
+}
+std::optional<std::int32_t> Tokenizer::bos_id() const noexcept { return impl_->bos; }
+std::optional<std::int32_t> Tokenizer::eos_id() const noexcept { return impl_->eos; }
+const std::optional<std::string>& Tokenizer::chat_template() const noexcept {
+  return impl_->chat_template;
+}
+const std::string& Tokenizer::bos_token() const noexcept { return impl_->bos_text; }
+const std::string& Tokenizer::eos_token() const noexcept { return impl_->eos_text; }
+
+}  // namespace dcp

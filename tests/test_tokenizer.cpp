@@ -1,0 +1,193 @@
+// The byte-level BPE tokenizer on small tokenizer.json files written here (the real DeepSeek-V3
+// tokenizer is compared with the reference implementation by tests/text/).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "dcp/error.h"
+#include "dcp/tokenizer.h"
+#include "test_util.h"
+
+namespace dcp {
+namespace {
+
+using json = nlohmann::json;
+
+// GPT-2's byte-to-unicode table, written out here: bytes ! .. ~, 0xA1 .. 0xAC and 0xAE .. 0xFF
+// stand for themselves; the rest, in byte order, for U+0100, U+0101, ...
+std::string byte_char(int b) {
+  int cp = b;
+  const auto kept = [](int x) { return (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174; };
+  if (!kept(b)) {
+    cp = 256;
+    for (int x = 0; x < b; ++x)
+      if (!kept(x)) ++cp;
+  }
+  std::string u;
+  if (cp < 0x80) {
+    u += static_cast<char>(cp);
+  } else {
+    u += static_cast<char>(0xC0 | (cp >> 6));
+    u += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return u;
+}
+
+// Ids 0..255: the byte characters (id = byte); then the merged tokens listed, from 256.
+json small_tokenizer(const std::vector<std::pair<std::string, std::string>>& merges) {
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
+  json m = json::array();
+  int next = 256;
+  for (const auto& [a, b] : merges) {
+    if (!vocab.contains(a + b)) vocab[a + b] = next++;
+    m.push_back(a + " " + b);
+  }
+  return {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", m}}},
+          {"normalizer", nullptr},
+          {"pre_tokenizer",
+           {{"type", "Sequence"},
+            {"pretokenizers",
+             json::array({{{"type", "Split"},
+                           {"pattern", {{"Regex", "\\p{N}{1,3}"}}},
+                           {"behavior", "Isolated"},
+                           {"invert", false}},
+                          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}})}}},
+          {"decoder", {{"type", "ByteLevel"}}},
+          {"added_tokens",
+           json::array({{{"id", 400}, {"content", "<s>"}, {"special", true}},
+                        {{"id", 401}, {"content", "<s>>"}, {"special", true}},
+                        {{"id", 402}, {"content", "ab"}, {"special", false}}})}};
+}
+
+Tokenizer make(const json& t, const json& config = nullptr) {
+  return Tokenizer::from_json(t.dump(), config.is_null() ? "" : config.dump());
+}
+
+std::vector<std::int32_t> bytes_of(const std::string& s) {
+  std::vector<std::int32_t> ids;
+  for (unsigned char c : s) ids.push_back(c);
+  return ids;
+}
+
+TEST(Tokenizer, MergesApplyByRankAndTiesGoLeft) {
+  // "hello": l+l (rank 0) first, then h+e, he+ll, hell+o.
+  const Tokenizer t = make(small_tokenizer({{"l", "l"}, {"h", "e"}, {"he", "ll"}, {"hell", "o"}}));
+  EXPECT_EQ(t.encode("hello"), (std::vector<std::int32_t>{259}));
+  // "lll": the two l+l candidates tie on rank; the left one merges.
+  EXPECT_EQ(t.encode("lll"), (std::vector<std::int32_t>{256, 'l'}));
+  // A merge whose left part never forms does not apply: "hel" is he + l.
+  EXPECT_EQ(t.encode("hel"), (std::vector<std::int32_t>{257, 'l'}));
+}
+
+TEST(Tokenizer, PreTokenizerSplitsDigitsAndWordsBeforeMerging) {
+  // Merges never cross a pre-token: "l1l" has no l+l, digits go in runs of three, and GPT-2's
+  // pattern keeps a space with the word after it.
+  const Tokenizer t = make(small_tokenizer({{"l", "l"}, {"1", "2"}, {"12", "3"}, {byte_char(' '), "l"}}));
+  EXPECT_EQ(t.encode("l1l"), (std::vector<std::int32_t>{'l', '1', 'l'}));
+  EXPECT_EQ(t.encode("1234"), (std::vector<std::int32_t>{258, '4'}));  // "123" | "4"
+  EXPECT_EQ(t.encode("l l"), (std::vector<std::int32_t>{'l', 259}));  // "l" | " l"
+  // Bytes outside ASCII map to their byte characters, one id per byte without merges.
+  EXPECT_EQ(t.encode("\xc3\xa9"), bytes_of("\xc3\xa9"));
+}
+
+TEST(Tokenizer, AddedTokensMatchFirstLeftmostLongest) {
+  const Tokenizer t = make(small_tokenizer({{"a", "b"}}));
+  // "ab" is an added token (402), not the merge a+b; "<s>>" beats "<s>" where both start.
+  EXPECT_EQ(t.encode("xab<s>>y<s>"),
+            (std::vector<std::int32_t>{'x', 402, 401, 'y', 400}));
+  EXPECT_TRUE(t.is_special(400));
+  EXPECT_FALSE(t.is_special(402));
+  EXPECT_EQ(t.decode({'x', 402, 401, 'y', 400}), "xab<s>>y<s>");
+  EXPECT_EQ(t.decode({'x', 402, 401, 'y', 400}, true), "xaby");
+}
+
+TEST(Tokenizer, DecodesBytesAndReplacesInvalidSequences) {
+  const Tokenizer t = make(small_tokenizer({}));
+  const std::string text = "caf\xc3\xa9 \xe4\xbd\xa0\xe5\xa5\xbd \xf0\x9f\x99\x82";
+  EXPECT_EQ(t.decode(t.encode(text)), text);
+  EXPECT_EQ(t.decode({'a', 0xff, 'b'}), "a\xef\xbf\xbd" "b");
+  EXPECT_TRUE(test::throws_error([&] { t.decode({100000}); }, ErrorCategory::invalid_argument,
+                                 "token id 100000 is not in the vocabulary"));
+  // Invalid input bytes become U+FFFD before encoding, as a browser's TextDecoder reads them.
+  EXPECT_EQ(t.encode("a\x80" "b"), t.encode("a\xef\xbf\xbd" "b"));
+}
+
+TEST(Tokenizer, StreamDecoderNeverEmitsHalfACharacter) {
+  const Tokenizer t = make(small_tokenizer({}));
+  const std::string text = "a\xe4\xbd\xa0\xf0\x9f\x99\x82z";  // a, 你, 🙂, z
+  StreamDecoder s(t);
+  std::vector<std::string> parts;
+  for (std::int32_t id : bytes_of(text)) parts.push_back(s.push(id));
+  parts.push_back(s.finish());
+  const std::vector<std::string> want = {"a", "", "", "\xe4\xbd\xa0", "", "", "", "\xf0\x9f\x99\x82", "z", ""};
+  EXPECT_EQ(parts, want);
+  // An invalid byte is emitted at once (as U+FFFD); a cut-off character at the end by finish().
+  StreamDecoder bad(t);
+  EXPECT_EQ(bad.push(0xff), "\xef\xbf\xbd");
+  EXPECT_EQ(bad.push(0xe4), "");
+  EXPECT_EQ(bad.finish(), "\xef\xbf\xbd");
+}
+
+TEST(Tokenizer, ConfigGivesBosEosAndTheChatTemplate) {
+  json t = small_tokenizer({});
+  const json config = {{"add_bos_token", true},
+                       {"bos_token", {{"content", "<s>"}, {"__type", "AddedToken"}}},
+                       {"eos_token", "<s>>"},
+                       {"chat_template", "{{ bos_token }}"}};
+  const Tokenizer tok = make(t, config);
+  EXPECT_EQ(tok.bos_id(), 400);
+  EXPECT_EQ(tok.eos_id(), 401);
+  EXPECT_EQ(tok.bos_token(), "<s>");
+  EXPECT_EQ(tok.encode("x", true), (std::vector<std::int32_t>{400, 'x'}));
+  EXPECT_EQ(tok.encode("x", false), (std::vector<std::int32_t>{'x'}));
+  ASSERT_TRUE(tok.chat_template().has_value());
+  EXPECT_EQ(*tok.chat_template(), "{{ bos_token }}");
+  EXPECT_TRUE(test::throws_error([&] { make(t, {{"bos_token", "<nope>"}}); }, ErrorCategory::io,
+                                 "bos_token '<nope>' is not a token of tokenizer.json"));
+}
+
+TEST(Tokenizer, RefusesWhatItCannotReadExactly) {
+  const auto refused = [](const std::function<void(json&)>& edit, const std::string& needle) {
+    json t = small_tokenizer({{"a", "b"}});
+    edit(t);
+    return test::throws_error([&] { make(t); }, ErrorCategory::io, needle);
+  };
+  EXPECT_TRUE(refused([](json& t) { t["model"]["type"] = "WordPiece"; },
+                      "model type 'WordPiece' is not supported (legal: BPE)"));
+  EXPECT_TRUE(refused([](json& t) { t["normalizer"] = {{"type", "NFC"}}; },
+                      "normalizer 'NFC' is not supported"));
+  EXPECT_TRUE(refused([](json& t) { t["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "MergedWithNext"; },
+                      "Split behavior 'MergedWithNext' is not supported (legal: Isolated, Removed)"));
+  EXPECT_TRUE(refused([](json& t) { t["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(a"; },
+                      "PCRE2 cannot compile the pattern"));
+  EXPECT_TRUE(refused([](json& t) { t["model"]["merges"].push_back("zz qq"); },
+                      "('zz', 'qq') names a token that is not in the vocabulary"));
+  EXPECT_TRUE(refused([](json& t) { t["decoder"] = {{"type", "WordPiece"}}; },
+                      "decoder 'WordPiece' is not supported"));
+  EXPECT_TRUE(refused([](json& t) { t["added_tokens"][0]["lstrip"] = true; },
+                      "added token '<s>': lstrip = true is not supported"));
+  EXPECT_TRUE(test::throws_error([] { Tokenizer::from_json("{"); }, ErrorCategory::io,
+                                 "tokenizer.json is not valid JSON"));
+}
+
+TEST(Utf8, LossyDecodingReplacesEachMaximalInvalidSubpart) {
+  // As the WHATWG encoding standard decodes: a truncated sequence is one U+FFFD, a byte that can
+  // never start or continue one is one each.
+  const std::string r = "\xef\xbf\xbd";
+  EXPECT_EQ(utf8_lossy("a\x80" "b"), "a" + r + "b");
+  EXPECT_EQ(utf8_lossy("\xe4\xbd" "a"), r + "a");
+  EXPECT_EQ(utf8_lossy("x\xf0\x9f\x98"), "x" + r);
+  EXPECT_EQ(utf8_lossy("\xc0\xaf"), r + r);              // overlong: never valid
+  EXPECT_EQ(utf8_lossy("\xed\xa0\x80"), r + r + r);      // a surrogate
+  EXPECT_EQ(utf8_lossy("\xf4\x90\x80\x80"), r + r + r + r);  // past U+10FFFF
+  EXPECT_EQ(utf8_lossy("ok \xe4\xbd\xa0"), "ok \xe4\xbd\xa0");
+  EXPECT_EQ(utf8_complete_prefix("a\xe4\xbd"), 1u);
+  EXPECT_EQ(utf8_complete_prefix("a\xff"), 2u);
+  EXPECT_EQ(utf8_complete_prefix("a\xe4\xbd\xa0"), 4u);
+}
+
+}  // namespace
+}  // namespace dcp
