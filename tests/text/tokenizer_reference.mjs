@@ -1,0 +1,94 @@
+// dcp's tokenizer against the reference (@huggingface/tokenizers) on the real DeepSeek-V3
+// tokenizer: identical ids for every text of a corpus written for the purpose, and identical
+// decoded text. Usage: node tokenizer_reference.mjs TOKENIZER_DIR path/to/dcp
+import { Tokenizer } from "@huggingface/tokenizers";
+import { execFileSync } from "node:child_process";
+import fs from "node:fs";
+
+const [dir, dcp] = process.argv.slice(2);
+const tok = new Tokenizer(JSON.parse(fs.readFileSync(`${dir}/tokenizer.json`, "utf8")),
+                          JSON.parse(fs.readFileSync(`${dir}/tokenizer_config.json`, "utf8")));
+
+// A deterministic generator (xorshift), so the corpus is the same on every run.
+let state = 0x2545f491;
+const rand = (n) => {
+  state ^= state << 13; state >>>= 0;
+  state ^= state >>> 17;
+  state ^= state << 5; state >>>= 0;
+  return state % n;
+};
+const pick = (list) => list[rand(list.length)];
+
+// Text cases (UTF-8 when written), then byte cases (not all valid UTF-8).
+const texts = {
+  ascii: "The quick brown fox jumps over the lazy dog. It's 9 o'clock; they'll say \"hi\"!",
+  code: "fn main() {\n    let v: Vec<u32> = (0..10).map(|x| x * 2).collect();\n\tprintln!(\"{:?}\", v);\n}\n" +
+        "def f(a, b=3, *args, **kw):\n    return {k: v for k, v in kw.items() if v}  # comment\n",
+  cjk: "深度求索的模型在推理时使用多头潜在注意力。你好，世界！我们今天学习了很多东西。",
+  kana: "ひらがなとカタカナ、そして漢字を混ぜた日本語の文章です。コンピュータ。ｶﾀｶﾅ",
+  korean_cyrillic_greek_arabic: "한국어 텍스트. Привет, мир! Γειά σου Κόσμε. مرحبا بالعالم",
+  emoji: "I ❤️ tokenizers 🤖🚀👩‍👩‍👧‍👦 flags 🇫🇷🇯🇵 skin 👍🏽 ✨",
+  digits: "1 12 123 1234 12345 123456789012 3.14159 2e-10 1,000,000 ٣٤٥ ５６７",
+  crlf: "line one\r\nline two\r\n\r\nline four\rcarriage\nnew",
+  whitespace: "a  b   c    d\t\te \u00a0nbsp \u2003em\u3000ideographic   \n\n\n   trailing   ",
+  specials_inside: "<｜begin▁of▁sentence｜>You are helpful.<｜User｜>Hi<｜Assistant｜>Hello<｜end▁of▁sentence｜>" +
+                   "x<｜tool▁calls▁begin｜>y<｜User｜<｜User｜>",
+  punctuation: "!!! ??? ... --- ''' \"\"\" ((( ))) [[[ ]]] {{{ }}} @#$%^&*_+=|\\/<>~`",
+  mixed_script: "naïve café résumé Straße İstanbul ǅungla ﬁne ß ΣΑΣ ŉ",
+  long_word: "supercalifragilisticexpialidocious".repeat(20),
+  empty: "",
+  only_spaces: "        ",
+  combining: "e\u0301 a\u0308 n\u0303 \u0915\u094d\u0937 \u0e01\u0e34",
+};
+const bytes = {
+  invalid_continuation: Buffer.from([0x61, 0x80, 0x62, 0xbf, 0x63]),
+  truncated_sequences: Buffer.from([0xe4, 0xbd, 0x61, 0xf0, 0x9f, 0x98, 0x20, 0xc3]),
+  overlong_and_surrogate: Buffer.from([0xc0, 0xaf, 0x20, 0xed, 0xa0, 0x80, 0x20, 0xf4, 0x90, 0x80, 0x80]),
+  invalid_bytes_in_text: Buffer.concat([Buffer.from("héllo "), Buffer.from([0xff, 0xfe]), Buffer.from(" wörld 你"), Buffer.from([0xe4])]),
+};
+
+// At least 200 KB of mixed text from the pieces above and generated words.
+const pieces = Object.values(texts).filter((t) => t.length > 0);
+const syllables = ["ka", "to", "ri", "an", "the", "ing", "tion", "中", "文", "の", "カ", "ß", "é", "ñ", "🙂", "٣", "д"];
+let mixed = "";
+while (Buffer.byteLength(mixed) < 210 * 1024) {
+  switch (rand(6)) {
+    case 0: mixed += pick(pieces); break;
+    case 1: { let w = ""; for (let i = 0, n = 1 + rand(6); i < n; ++i) w += pick(syllables); mixed += w; break; }
+    case 2: mixed += " ".repeat(1 + rand(4)); break;
+    case 3: mixed += String(rand(1000000)); break;
+    case 4: mixed += pick(["\n", "\r\n", "\t", ". ", ", ", "; ", "!", "?", "<｜User｜>", "<｜Assistant｜>"]); break;
+    default: mixed += pick(["hello", "world", "DeepSeek", "attention", "context", "parallel", "token"]) + " ";
+  }
+}
+texts.mixed_200kb = mixed;
+
+const cases = [];
+for (const [name, t] of Object.entries(texts)) cases.push([name, Buffer.from(t, "utf8")]);
+for (const [name, b] of Object.entries(bytes)) cases.push([name, b]);
+
+let failed = 0;
+const decoder = new TextDecoder("utf-8", { fatal: false });  // invalid bytes -> U+FFFD
+for (const [name, input] of cases) {
+  const want = tok.encode(decoder.decode(input), { add_special_tokens: false }).ids;
+  const got = JSON.parse(execFileSync(dcp, ["tokenize", "--tokenizer-path", dir], { input, maxBuffer: 1 << 28 }).toString());
+  const same = got.length === want.length && got.every((v, i) => v === want[i]);
+  if (!same) {
+    failed++;
+    let i = 0;
+    while (i < got.length && i < want.length && got[i] === want[i]) ++i;
+    console.log(`FAIL ${name}: ids differ at ${i} of ${want.length}: dcp ${JSON.stringify(got.slice(i, i + 8))}, reference ${JSON.stringify(want.slice(i, i + 8))}`);
+    console.log(`  reference tokens there: ${JSON.stringify(want.slice(i, i + 8).map((id) => tok.decode([id])))}`);
+    continue;
+  }
+  const text = execFileSync(dcp, ["tokenize", "--tokenizer-path", dir, "--decode"], { input: JSON.stringify(want), maxBuffer: 1 << 28 }).toString("utf8");
+  const ref = want.length ? tok.decode(want, { skip_special_tokens: false }) : "";  // it refuses []
+  if (text !== ref) {
+    failed++;
+    console.log(`FAIL ${name}: decoded text differs (dcp ${JSON.stringify(text.slice(0, 80))}, reference ${JSON.stringify(ref.slice(0, 80))})`);
+    continue;
+  }
+  console.log(`ok ${name}: ${want.length} ids, ${input.length} bytes`);
+}
+console.log(`${cases.length - failed} passed, ${failed} failed`);
+process.exit(failed ? 1 : 0);

@@ -1,0 +1,64 @@
+// `dcp tokenize`: a tokenizer checked by hand. Text on stdin -> its token ids as a JSON array;
+// --decode: a JSON array of ids on stdin -> the text.
+#include <cstdio>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli/cli_checks.h"
+#include "cli/commands.h"
+#include "dcp/error.h"
+#include "dcp/tokenizer.h"
+
+namespace dcp::cli {
+
+void add_tokenize_command(CLI::App& app) {
+  struct Options {
+    std::string tokenizer_path;
+    bool decode = false, add_special = false, skip_special = false;
+  };
+  auto o = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand(
+      "tokenize", "Text on stdin -> token ids (JSON array); --decode: ids on stdin -> text");
+  cmd->add_option("--tokenizer-path", o->tokenizer_path,
+                  "folder with tokenizer.json (and tokenizer_config.json)")
+      ->required();
+  CLI::Option* decode = cmd->add_flag("--decode", o->decode, "read a JSON array of ids, print the text");
+  cmd->add_flag("--add-special-tokens", o->add_special,
+                "start with BOS when tokenizer_config.json sets add_bos_token")
+      ->excludes(decode);
+  cmd->add_flag("--skip-special-tokens", o->skip_special, "leave special tokens out of the text")
+      ->needs(decode);
+  cmd->callback([o] {
+    const Tokenizer tok =
+        with_flag("--tokenizer-path", [&] { return Tokenizer::from_dir(o->tokenizer_path); });
+    const std::string input((std::istreambuf_iterator<char>(std::cin)),
+                            std::istreambuf_iterator<char>());
+    if (!o->decode) {
+      const nlohmann::json ids = tok.encode(input, o->add_special);
+      std::printf("%s\n", ids.dump().c_str());
+      return;
+    }
+    nlohmann::json ids;
+    try {
+      ids = nlohmann::json::parse(input);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(ErrorCategory::invalid_argument,
+                  str("--decode: stdin is not a JSON array of token ids: ", e.what()));
+    }
+    DCP_ARG_CHECK(ids.is_array(), "--decode: stdin must be a JSON array of token ids");
+    std::vector<std::int32_t> list;
+    for (const auto& id : ids) {
+      DCP_ARG_CHECK(id.is_number_integer() && id.get<std::int64_t>() >= 0 &&
+                        id.get<std::int64_t>() < tok.vocab_size(),
+                    "--decode: ", id.dump(), " is not a token id in [0, ", tok.vocab_size(), ")");
+      list.push_back(id.get<std::int32_t>());
+    }
+    const std::string text = tok.decode(list, o->skip_special);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+  });
+}
+
+}  // namespace dcp::cli
