@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 seconds="${1:-60}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(fuzz_safetensors fuzz_checkpoint_index fuzz_model_config fuzz_prompt_tokens)
+[ ${#targets[@]} -gt 0 ] || targets=(fuzz_safetensors fuzz_checkpoint_index fuzz_model_config fuzz_prompt_tokens
+                                      fuzz_tokenizer_json fuzz_tokenize)
 
 scripts/setup.sh fuzz  # clang and its libFuzzer runtime, then the build
 

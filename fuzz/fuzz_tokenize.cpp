@@ -1,0 +1,68 @@
+// Text through a small byte-level BPE tokenizer (DeepSeek-V3's pre-tokenizer patterns, a few
+// merges, added tokens): any bytes encode, and decoding gives back the text as UTF-8 reads it.
+#include <cstddef>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "dcp/error.h"
+#include "dcp/tokenizer.h"
+
+namespace {
+
+const dcp::Tokenizer& tokenizer() {
+  static const dcp::Tokenizer t = [] {
+    using json = nlohmann::json;
+    // The 256 byte characters (GPT-2's table) as ids 0..255.
+    json vocab = json::object();
+    int next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const bool kept = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+      const int cp = kept ? b : next++;
+      std::string u = cp < 0x80 ? std::string(1, static_cast<char>(cp))
+                                : std::string{static_cast<char>(0xC0 | (cp >> 6)),
+                                              static_cast<char>(0x80 | (cp & 0x3F))};
+      vocab[u] = b;
+    }
+    const char* merges[][2] = {{"t", "h"}, {"th", "e"}, {"\xc4\xa0", "t"}, {"i", "n"}, {"in", "g"}};
+    json m = json::array();
+    int id = 256;
+    for (const auto& mg : merges) {
+      const std::string joined = std::string(mg[0]) + mg[1];
+      if (!vocab.contains(joined)) vocab[joined] = id++;
+      m.push_back(std::string(mg[0]) + " " + mg[1]);
+    }
+    const auto split = [](const char* pattern) {
+      return json{{"type", "Split"}, {"pattern", {{"Regex", pattern}}}, {"behavior", "Isolated"}};
+    };
+    const json t = {
+        {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", m}}},
+        {"pre_tokenizer",
+         {{"type", "Sequence"},
+          {"pretokenizers",
+           json::array({split("\\p{N}{1,3}"),
+                        split("[\xe4\xb8\x80-\xe9\xbe\xa5\xe3\x81\x80-\xe3\x82\x9f\xe3\x82\xa0-\xe3\x83\xbf]+"),
+                        split("[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?"
+                              "[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"),
+                        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}}},
+        {"decoder", {{"type", "ByteLevel"}}},
+        {"added_tokens", json::array({{{"id", 300}, {"content", "<|a|>"}, {"special", true}},
+                                      {{"id", 301}, {"content", "<|ab|>"}, {"special", true}}})}};
+    return dcp::Tokenizer::from_json(t.dump());
+  }();
+  return t;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const std::string text(reinterpret_cast<const char*>(data), size);
+  const std::vector<std::int32_t> ids = tokenizer().encode(text);
+  if (tokenizer().decode(ids) != dcp::utf8_lossy(text)) __builtin_trap();
+  dcp::StreamDecoder stream(tokenizer());
+  std::string streamed;
+  for (std::int32_t id : ids) streamed += stream.push(id);
+  streamed += stream.finish();
+  if (streamed != dcp::utf8_lossy(text)) __builtin_trap();
+  return 0;
+}
