@@ -1,11 +1,13 @@
-// The byte-level BPE tokenizer on small tokenizer.json files written here (the real DeepSeek-V3
-// tokenizer is compared with the reference implementation by tests/text/).
+// The byte-level BPE tokenizer on small tokenizer.json files written here, and the chat template
+// engine (the real DeepSeek-V3 files are compared with the reference implementations by
+// tests/text/).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "dcp/chat_template.h"
 #include "dcp/error.h"
 #include "dcp/tokenizer.h"
 #include "test_util.h"
@@ -187,6 +189,78 @@ TEST(Utf8, LossyDecodingReplacesEachMaximalInvalidSubpart) {
   EXPECT_EQ(utf8_complete_prefix("a\xe4\xbd"), 1u);
   EXPECT_EQ(utf8_complete_prefix("a\xff"), 2u);
   EXPECT_EQ(utf8_complete_prefix("a\xe4\xbd\xa0"), 4u);
+}
+
+}  // namespace
+}  // namespace dcp
+
+namespace dcp {
+namespace {
+
+std::string render(const std::string& tmpl, const std::string& context = "{}") {
+  return ChatTemplate(tmpl).render(context);
+}
+
+// Where Python's Jinja (what transformers' apply_chat_template runs) and the JavaScript reference
+// differ, dcp follows Python; the rest is compared with the reference in tests/text/.
+TEST(ChatTemplate, FollowsPythonWhereTheJavaScriptReferenceDiffers) {
+  EXPECT_EQ(render("{{ true }} {{ none }} {{ 1.0 }} {{ [1, 'a'] }}"), "True None 1.0 [1, 'a']");
+  EXPECT_EQ(render("{{ -7 % 3 }} {{ -7 // 2 }} {{ 'ab' * 3 }} {{ 7 / 2 }}"), "2 -4 ababab 3.5");
+  EXPECT_EQ(render("{{ x | tojson }}", R"({"x": {"b": [1, "é"], "a": null}})"),
+            R"({"b": [1, "é"], "a": null})");
+}
+
+TEST(ChatTemplate, ScopesLikeJinja) {
+  // A loop's {% set %} stays in the loop; a namespace carries values out of it.
+  EXPECT_EQ(render("{% set n = 0 %}{% for i in range(3) %}{% set n = n + i %}{% endfor %}{{ n }}"), "0");
+  EXPECT_EQ(render("{% set ns = namespace(n=0) %}{% for i in range(3) %}{% set ns.n = ns.n + i %}"
+                   "{% endfor %}{{ ns.n }}"),
+            "3");
+  EXPECT_EQ(render("{% for a, b in [[1, 2], [3, 4]] %}{{ a * b }},{% endfor %}"), "2,12,");
+}
+
+TEST(ChatTemplate, RefusesWhatItDoesNotRunNamingTheLine) {
+  EXPECT_TRUE(test::throws_error([] { ChatTemplate("a\n{% macro f() %}{% endmacro %}"); },
+                                 ErrorCategory::invalid_argument,
+                                 "chat template line 2: '{% macro %}' is not supported"));
+  EXPECT_TRUE(test::throws_error([] { ChatTemplate("{% if x %}"); }, ErrorCategory::invalid_argument,
+                                 "'{% endif %}' is missing"));
+  EXPECT_TRUE(test::throws_error([] { ChatTemplate("{{ x | nosuch }}").render("{}"); },
+                                 ErrorCategory::invalid_argument, "the filter '|nosuch' is not supported"));
+  EXPECT_TRUE(test::throws_error([] { render("{{ raise_exception('no system role') }}"); },
+                                 ErrorCategory::invalid_argument, "chat template: no system role"));
+  EXPECT_TRUE(test::throws_error([] { render("{{ x['a'] }}"); }, ErrorCategory::invalid_argument,
+                                 "cannot index a undefined"));
+  EXPECT_TRUE(test::throws_error([] { render("{{ 'a' }", "{}"); }, ErrorCategory::invalid_argument,
+                                 "a tag is not closed with '}}'"));
+}
+
+}  // namespace
+}  // namespace dcp
+
+namespace dcp {
+namespace {
+
+// Found by fuzz_chat_template: numbers past 64 bits are refused naming the line, not thrown as
+// std::out_of_range (or computed with undefined overflow).
+TEST(ChatTemplate, NumbersPast64BitsAreRefused) {
+  EXPECT_TRUE(test::throws_error([] { ChatTemplate("\n{{ 99999999999999999999 }}"); },
+                                 ErrorCategory::invalid_argument,
+                                 "line 2: the integer 99999999999999999999 is out of range"));
+  EXPECT_TRUE(test::throws_error([] { render("{{ 9223372036854775807 + 1 }}"); },
+                                 ErrorCategory::invalid_argument, "integer overflow in '+'"));
+  EXPECT_TRUE(test::throws_error([] { render("{{ 3 ** 99 }}"); }, ErrorCategory::invalid_argument,
+                                 "integer overflow in '**'"));
+  EXPECT_EQ(render("{{ 2 ** 62 }} {{ (-1) ** 7 }} {{ 0 ** 0 }}"), "4611686018427387904 -1 1");
+}
+
+// Also found by fuzz_chat_template: strings index and slice by character (as Python's str), and
+// tojson of bytes that are not UTF-8 writes U+FFFD instead of throwing.
+TEST(ChatTemplate, StringsAreCharactersAndTojsonNeverThrows) {
+  EXPECT_EQ(render("{{ 'h\xc3\xa9llo'[1] }}|{{ 'h\xc3\xa9llo'[1:3] }}|{{ 'h\xc3\xa9llo' | length }}"),
+            "\xc3\xa9|\xc3\xa9l|5");
+  EXPECT_EQ(render("{{ x | tojson }}", "{\"x\": \"a\"}"), "\"a\"");
+  EXPECT_EQ(render("{{ '\xff' | tojson }}"), "\"\xef\xbf\xbd\"");
 }
 
 }  // namespace

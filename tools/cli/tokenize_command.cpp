@@ -1,5 +1,6 @@
 // `dcp tokenize`: a tokenizer checked by hand. Text on stdin -> its token ids as a JSON array;
-// --decode: a JSON array of ids on stdin -> the text.
+// --decode: a JSON array of ids on stdin -> the text; --chat: JSON messages on stdin -> the
+// prompt the chat template renders (--print-prompt) or its ids.
 #include <cstdio>
 #include <iostream>
 #include <iterator>
@@ -9,6 +10,7 @@
 
 #include "cli/cli_checks.h"
 #include "cli/commands.h"
+#include "dcp/chat_template.h"
 #include "dcp/error.h"
 #include "dcp/tokenizer.h"
 
@@ -18,6 +20,7 @@ void add_tokenize_command(CLI::App& app) {
   struct Options {
     std::string tokenizer_path;
     bool decode = false, add_special = false, skip_special = false;
+    bool chat = false, print_prompt = false, generation_prompt = false;
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
@@ -31,11 +34,48 @@ void add_tokenize_command(CLI::App& app) {
       ->excludes(decode);
   cmd->add_flag("--skip-special-tokens", o->skip_special, "leave special tokens out of the text")
       ->needs(decode);
+  CLI::Option* chat = cmd->add_flag(
+      "--chat", o->chat,
+      "stdin is a JSON list of messages (or an object of template variables with 'messages'): "
+      "render the tokenizer's chat template, then tokenize")
+                          ->excludes(decode);
+  cmd->add_flag("--add-generation-prompt", o->generation_prompt,
+                "end the rendered prompt with the assistant's turn")
+      ->needs(chat);
+  cmd->add_flag("--print-prompt", o->print_prompt, "print the rendered prompt, not its ids")
+      ->needs(chat);
   cmd->callback([o] {
     const Tokenizer tok =
         with_flag("--tokenizer-path", [&] { return Tokenizer::from_dir(o->tokenizer_path); });
     const std::string input((std::istreambuf_iterator<char>(std::cin)),
                             std::istreambuf_iterator<char>());
+    if (o->chat) {
+      DCP_CHECK(tok.chat_template().has_value(), invalid_argument, "--chat: ", o->tokenizer_path,
+                "/tokenizer_config.json has no chat_template");
+      nlohmann::ordered_json context;  // keys keep their order: templates iterate dicts
+      try {
+        context = nlohmann::ordered_json::parse(input);
+      } catch (const nlohmann::json::exception& e) {
+        throw Error(ErrorCategory::invalid_argument,
+                    str("--chat: stdin is not JSON messages: ", e.what()));
+      }
+      if (context.is_array()) context = nlohmann::ordered_json{{"messages", context}};
+      DCP_ARG_CHECK(context.is_object() && context.contains("messages") &&
+                        context["messages"].is_array(),
+                    "--chat: stdin must be a list of messages or an object with 'messages'");
+      // As apply_chat_template passes them: the special tokens' text and the generation flag.
+      context["bos_token"] = tok.bos_token();
+      context["eos_token"] = tok.eos_token();
+      if (!context.contains("add_generation_prompt"))
+        context["add_generation_prompt"] = o->generation_prompt;
+      const std::string prompt = ChatTemplate(*tok.chat_template()).render(context.dump());
+      if (o->print_prompt) {
+        std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+      } else {
+        std::printf("%s\n", nlohmann::json(tok.encode(prompt)).dump().c_str());
+      }
+      return;
+    }
     if (!o->decode) {
       const nlohmann::json ids = tok.encode(input, o->add_special);
       std::printf("%s\n", ids.dump().c_str());

@@ -1,0 +1,37 @@
+// Chat templates: the Jinja templates of tokenizer_config.json, rendered as Hugging Face's
+// apply_chat_template renders them (trim_blocks and lstrip_blocks on, the template's trailing
+// newline dropped).
+//
+// The engine covers the Jinja that chat templates use: {{ }}, {% if/elif/else %}, {% for %} (with
+// loop.*, else, tuple targets), {% set %} (names and namespace attributes), whitespace control,
+// comments; expressions with Python's operators, literals, lists and dicts, attribute and item
+// access, slices, the conditional expression, tests (is defined, none, string, ...), filters
+// (length, trim, tojson, join, default, ...), string and dict methods, and the globals
+// namespace(), range() and raise_exception(). Anything else is refused with the construct and its
+// line, never rendered approximately.
+#pragma once
+
+#include <memory>
+#include <string>
+
+namespace dcp {
+
+class ChatTemplate {
+ public:
+  // Parses `source`; throws dcp::Error (invalid_argument) naming the line of a syntax error or of
+  // a construct the engine does not run.
+  explicit ChatTemplate(const std::string& source);
+  ChatTemplate(ChatTemplate&&) noexcept;
+  ChatTemplate& operator=(ChatTemplate&&) noexcept;
+  ~ChatTemplate();
+
+  // Renders with the variables of `context_json`, a JSON object (messages, add_generation_prompt,
+  // bos_token, tools, ...). Throws dcp::Error on a runtime error (raise_exception included).
+  std::string render(const std::string& context_json) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dcp
