@@ -2,7 +2,9 @@
 // engine (the real DeepSeek-V3 files are compared with the reference implementations by
 // tests/text/).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -261,6 +263,42 @@ TEST(ChatTemplate, StringsAreCharactersAndTojsonNeverThrows) {
             "\xc3\xa9|\xc3\xa9l|5");
   EXPECT_EQ(render("{{ x | tojson }}", "{\"x\": \"a\"}"), "\"a\"");
   EXPECT_EQ(render("{{ '\xff' | tojson }}"), "\"\xef\xbf\xbd\"");
+}
+
+}  // namespace
+}  // namespace dcp
+
+namespace dcp {
+namespace {
+
+TEST(SmallTokenizer, GeneratedCheckpointsTakeAndGiveText) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("dcp_small_tokenizer_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  for (int vocab : {260, 320, 512}) {
+    write_small_tokenizer(dir.string(), vocab);
+    const Tokenizer t = Tokenizer::from_dir(dir.string());
+    EXPECT_LE(t.vocab_size(), vocab);
+    const std::string text = "the thing is in the string, 深度 🙂";
+    const std::vector<std::int32_t> ids = t.encode(text, true);
+    ASSERT_FALSE(ids.empty());
+    EXPECT_EQ(ids.front(), *t.bos_id());
+    for (std::int32_t id : ids) EXPECT_LT(id, vocab);
+    EXPECT_EQ(t.decode(ids, true), text);
+    if (vocab > 300) {
+      EXPECT_LT(ids.size(), text.size());  // merges shorten English
+    }
+    ASSERT_TRUE(t.chat_template().has_value());
+    const std::string prompt = ChatTemplate(*t.chat_template())
+                                   .render(R"({"messages": [{"role": "system", "content": "S"},)"
+                                           R"( {"role": "user", "content": "Hi"}],)"
+                                           R"( "bos_token": "<s>", "eos_token": "</s>",)"
+                                           R"( "add_generation_prompt": true})");
+    EXPECT_EQ(prompt, "<s>S\n<|user|>Hi<|assistant|>");
+  }
+  EXPECT_TRUE(test::throws_error([&] { write_small_tokenizer(dir.string(), 259); },
+                                 ErrorCategory::invalid_argument, "vocab_size = 259 must be >= 260"));
+  fs::remove_all(dir);
 }
 
 }  // namespace

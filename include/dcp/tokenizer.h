@@ -73,6 +73,13 @@ class StreamDecoder {
   std::string pending_;  // bytes not yet emitted: the start of an incomplete character
 };
 
+// Writes DIR/tokenizer.json and DIR/tokenizer_config.json of a small byte-level BPE tokenizer whose
+// ids are all below `vocab_size`: the 256 bytes, merges of frequent English pieces while ids are
+// left, the special tokens <s> (BOS), </s> (EOS), <|user|> and <|assistant|>, and a chat template.
+// For generated checkpoints, so that a random model takes and gives text. Throws naming
+// vocab_size when it is under 260.
+void write_small_tokenizer(const std::string& dir, int vocab_size);
+
 // Text as a WHATWG TextDecoder (and Rust's from_utf8_lossy) reads bytes: valid UTF-8 kept, each
 // maximal invalid subpart replaced by U+FFFD.
 std::string utf8_lossy(std::string_view bytes);

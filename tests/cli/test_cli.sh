@@ -462,6 +462,7 @@ case_families() {
   for family in deepseek-v2-lite deepseek-v2 deepseek-v3 kimi-k2 moonlight; do
     expect 0 "gen-checkpoint $family" -- gen-checkpoint --family "$family" --out "$tmp/$family"
     check "$family: sharded with an index" [ -f "$tmp/$family/model.safetensors.index.json" ]
+    check "$family: a tokenizer beside the weights" [ -f "$tmp/$family/tokenizer.json" -a -f "$tmp/$family/tokenizer_config.json" ]
     expect 0 "run $family" -- run --model-path "$tmp/$family" --tp-size 4 --dcp-size 4 --batch 3 --prompt-len 40 --max-new-tokens 4 --json "$tmp/run.json"
     check "$family verifies" json_has '"passed": true'
     check "$family: tokens match" json_has '"tokens_match": true'
@@ -471,6 +472,10 @@ case_families() {
   check "weights per rank are reported" json_has '"bytes_per_rank"'
   check "the multi-token-prediction layer is skipped with a note" stderr_has "multi-token-prediction layer(s) (layer 3 on) are not part of the main model"
   check "the summary shows the weights" stdout_has "^weights: fp8_e4m3, MiB per rank: "
+  printf 'the thing' | "$dcp" tokenize --tokenizer-path "$tmp/deepseek-v3" >"$out" 2>"$err"
+  check "the generated tokenizer encodes" stdout_has '^\[116,258,'
+  echo '[{"role": "user", "content": "Hi"}]' | "$dcp" tokenize --tokenizer-path "$tmp/deepseek-v3" --chat --add-generation-prompt --print-prompt >"$out" 2>"$err"
+  check "the generated chat template renders" stdout_has '^<s><|user|>Hi<|assistant|>$'
   expect 2 "gen-checkpoint, unknown family" -- gen-checkpoint --family llama --out "$tmp/x"
   check "names the flag and the families" stderr_has "--family: 'llama' is not one of: deepseek-v2-lite, deepseek-v2, deepseek-v3, kimi-k2, moonlight"
   expect 2 "gen-checkpoint, --family with --preset" -- gen-checkpoint --family kimi-k2 --preset tiny --out "$tmp/x"

@@ -7,6 +7,7 @@
 #include "cli_checks.h"
 #include "commands.h"
 #include "dcp/error.h"
+#include "dcp/tokenizer.h"
 #include "dcp/weights.h"
 
 namespace dcp::cli {
@@ -73,13 +74,17 @@ void add_gen_checkpoint_command(CLI::App& app) {
     if (o->no_q_lora) c.q_lora_rank.reset();
     const int files = o->num_files > 0 ? o->num_files : (family ? 3 : 1);
     check_checkpoint_fits(c, o->dtype, o->out);
+    const bool with_tokenizer = c.vocab_size >= 260;  // 256 bytes and 4 special tokens
     with_flag("--out", [&] {
       write_checkpoint(o->out, c, *make_synthetic_weights(o->seed), o->dtype, files);
+      if (with_tokenizer) write_small_tokenizer(o->out, c.vocab_size);
     });
-    std::printf("wrote %s: %s (%s), %d layers, %s%s, %d file(s)\n", o->out.c_str(),
+    std::printf("wrote %s: %s (%s), %d layers, %s%s, %d file(s)%s\n", o->out.c_str(),
                 family ? o->family.c_str() : o->preset.c_str(), c.model_type.c_str(),
                 c.num_hidden_layers, c.quantized ? "FP8 E4M3 projections with scales, rest " : "",
-                o->dtype.c_str(), files);
+                o->dtype.c_str(), files,
+                with_tokenizer ? ", and a small byte-level tokenizer with a chat template"
+                               : " (no tokenizer: a vocabulary under 260 ids)");
   });
 }
 

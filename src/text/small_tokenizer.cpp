@@ -1,0 +1,96 @@
+// A small byte-level BPE tokenizer for generated checkpoints, so that a random model takes and
+// gives text like a real one.
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "dcp/error.h"
+#include "dcp/tokenizer.h"
+
+namespace dcp {
+namespace {
+
+// GPT-2's byte-to-unicode map, as the tokenizer reads it back.
+std::string byte_char(int b) {
+  const auto kept = [](int x) { return (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174; };
+  int cp = b;
+  if (!kept(b)) {
+    cp = 256;
+    for (int x = 0; x < b; ++x) cp += kept(x) ? 0 : 1;
+  }
+  if (cp < 0x80) return std::string(1, static_cast<char>(cp));
+  return {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
+}
+
+// Merges of frequent English pieces, each built from earlier ones ("_" stands for the space).
+const char* const kMerges[][2] = {
+    {"_", "t"},   {"_", "a"},   {"h", "e"},   {"i", "n"},   {"r", "e"},    {"o", "n"},
+    {"_t", "he"}, {"e", "r"},   {"_", "s"},   {"a", "t"},   {"_", "w"},    {"_", "o"},
+    {"e", "n"},   {"_", "c"},   {"i", "t"},   {"i", "s"},   {"a", "n"},    {"o", "r"},
+    {"e", "s"},   {"_", "b"},   {"e", "d"},   {"_", "f"},   {"in", "g"},   {"_", "p"},
+    {"o", "u"},   {"_a", "n"},  {"a", "l"},   {"a", "r"},   {"_t", "o"},   {"_", "m"},
+    {"_o", "f"},  {"_", "in"},  {"_", "d"},   {"_", "h"},   {"_an", "d"},  {"i", "c"},
+    {"a", "s"},   {"l", "e"},   {"_t", "h"},  {"i", "on"},  {"o", "m"},    {"l", "l"},
+    {"en", "t"},  {"_", "n"},   {"_", "l"},   {"s", "t"},   {"_", "re"},   {"v", "e"},
+    {"_", "e"},   {"r", "o"},   {"l", "y"},   {"_b", "e"},  {"_", "g"},    {"_", "T"},
+    {"c", "t"},   {"_", "y"},   {"_", "S"},   {"_", "I"},   {"_", "A"},
+};
+
+}  // namespace
+
+void write_small_tokenizer(const std::string& dir, int vocab_size) {
+  const char* const specials[] = {"<s>", "</s>", "<|user|>", "<|assistant|>"};
+  const int n_special = static_cast<int>(std::size(specials));
+  DCP_ARG_CHECK(vocab_size >= 256 + n_special, "vocab_size = ", vocab_size, " must be >= ",
+                256 + n_special, " for a byte-level tokenizer (256 bytes and ", n_special,
+                " special tokens)");
+  using json = nlohmann::ordered_json;
+  json vocab = json::object();
+  for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
+  const auto piece = [](const char* p) {
+    std::string s;
+    for (const char* c = p; *c; ++c) s += *c == '_' ? byte_char(' ') : byte_char(static_cast<unsigned char>(*c));
+    return s;
+  };
+  json merges = json::array();
+  int next = 256;
+  for (const auto& m : kMerges) {
+    if (next >= vocab_size - n_special) break;
+    const std::string a = piece(m[0]), b = piece(m[1]);
+    if (!vocab.contains(a) || !vocab.contains(b) || vocab.contains(a + b)) continue;
+    vocab[a + b] = next++;
+    merges.push_back(a + " " + b);
+  }
+  json added = json::array();
+  for (int k = 0; k < n_special; ++k) {
+    added.push_back({{"id", next + k}, {"content", specials[k]}, {"single_word", false},
+                     {"lstrip", false}, {"rstrip", false}, {"normalized", false},
+                     {"special", true}});
+  }
+  const json tokenizer = {
+      {"version", "1.0"},
+      {"added_tokens", added},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"post_processor", nullptr},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}}};
+  // A plain chat format: system text first, then the turns, each assistant turn closed by EOS.
+  const std::string chat_template =
+      "{{ bos_token }}{% for m in messages %}{% if m.role == 'system' %}{{ m.content }}\n"
+      "{% elif m.role == 'user' %}<|user|>{{ m.content }}{% elif m.role == 'assistant' %}"
+      "<|assistant|>{{ m.content }}{{ eos_token }}{% endif %}{% endfor %}"
+      "{% if add_generation_prompt %}<|assistant|>{% endif %}";
+  const json config = {{"add_bos_token", true},  {"add_eos_token", false},
+                       {"bos_token", "<s>"},     {"eos_token", "</s>"},
+                       {"chat_template", chat_template}, {"model_max_length", 131072}};
+  namespace fs = std::filesystem;
+  for (const auto& [name, j] : {std::pair{"tokenizer.json", &tokenizer},
+                                std::pair{"tokenizer_config.json", &config}}) {
+    std::ofstream out(fs::path(dir) / name);
+    out << j->dump(1) << "\n";
+    DCP_CHECK(out.good(), io, "cannot write ", (fs::path(dir) / name).string());
+  }
+}
+
+}  // namespace dcp
