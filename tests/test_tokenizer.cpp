@@ -212,6 +212,42 @@ TEST(ChatTemplate, FollowsPythonWhereTheJavaScriptReferenceDiffers) {
             R"({"b": [1, "é"], "a": null})");
 }
 
+// Found by fuzz_chat_template (a leak): a namespace that holds itself, or its own bound method,
+// renders, and the renderer frees it.
+TEST(ChatTemplate, NamespacesMayHoldThemselves) {
+  EXPECT_EQ(render("{% set ns = namespace(a=1) %}{% set ns.self = ns %}{% set ns.f = ns.items %}"
+                   "{{ ns.self.self.a }}"),
+            "1");
+}
+
+// Found by fuzz_chat_template (a stack overflow printing such a namespace): every recursion is
+// bounded, of values, of expressions and of blocks, and fails naming the limit.
+TEST(ChatTemplate, NestingIsBounded) {
+  EXPECT_TRUE(test::throws_error(
+      [] { render("{% set ns = namespace(a=1) %}{% set ns.self = ns %}{{ ns }}"); },
+      ErrorCategory::invalid_argument, "values nested deeper than 200"));
+  std::string sum = "{{ 1";
+  for (int k = 0; k < 1000; ++k) sum += " + 1";
+  EXPECT_TRUE(test::throws_error([&] { ChatTemplate(sum + " }}"); }, ErrorCategory::invalid_argument,
+                                 "an expression nested deeper than 500"));
+  EXPECT_TRUE(test::throws_error([] { ChatTemplate("{{ " + std::string(1000, '(') + "1" +
+                                                   std::string(1000, ')') + " }}"); },
+                                 ErrorCategory::invalid_argument, "nested deeper than"));
+  EXPECT_TRUE(test::throws_error([] { ChatTemplate("{{ " + std::string(1000, '-') + "1 }}"); },
+                                 ErrorCategory::invalid_argument, "more than 200 signs in a row"));
+  std::string blocks;
+  for (int k = 0; k < 300; ++k) blocks += "{% if true %}";
+  EXPECT_TRUE(test::throws_error([&] { ChatTemplate{blocks}; }, ErrorCategory::invalid_argument,
+                                 "blocks nested deeper than 200"));
+  std::string deep = "1";
+  for (int k = 0; k < 300; ++k) deep = "[" + deep + "]";
+  EXPECT_TRUE(test::throws_error([&] { render("{{ x }}", "{\"x\": " + deep + "}"); },
+                                 ErrorCategory::invalid_argument, "values nested deeper than 200"));
+  std::string ok = "{{ 1";
+  for (int k = 0; k < 100; ++k) ok += " + 1";
+  EXPECT_EQ(render(ok + " }}"), "101");
+}
+
 TEST(ChatTemplate, ScopesLikeJinja) {
   // A loop's {% set %} stays in the loop; a namespace carries values out of it.
   EXPECT_EQ(render("{% set n = 0 %}{% for i in range(3) %}{% set n = n + i %}{% endfor %}{{ n }}"), "0");

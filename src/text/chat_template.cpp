@@ -64,6 +64,8 @@ struct Value {
 // Bounds on one rendering: a chat template renders a prompt, and a template that would loop or
 // grow without end (a typo, a hostile file) fails instead of taking the machine.
 constexpr std::size_t kMaxRange = 100000, kMaxIterations = 10000000, kMaxOutput = 64u << 20;
+// Nesting: of values (a namespace may hold itself) and of expressions in the source.
+constexpr int kMaxDepth = 200;
 
 [[noreturn]] void fail(int line, const std::string& what) {
   throw Error(ErrorCategory::invalid_argument, str("chat template line ", line, ": ", what));
@@ -122,7 +124,13 @@ std::string real_repr(double d) {  // Python's repr of a float
   return s;
 }
 
-std::string repr(const Value& v);
+std::string repr(const Value& v, int depth = 0);
+
+[[noreturn]] void too_deep() {
+  throw Error(ErrorCategory::invalid_argument,
+              str("chat template: values nested deeper than ", kMaxDepth,
+                  " (a namespace that holds itself?)"));
+}
 
 // What {{ v }} prints (Python's str()).
 std::string to_str(const Value& v) {
@@ -137,7 +145,8 @@ std::string to_str(const Value& v) {
   }
 }
 
-std::string repr(const Value& v) {
+std::string repr(const Value& v, int depth) {
+  if (depth > kMaxDepth) too_deep();
   switch (v.kind) {
     case Value::string: {
       std::string out = "'";
@@ -153,14 +162,14 @@ std::string repr(const Value& v) {
     }
     case Value::list: {
       std::string out = "[";
-      for (std::size_t k = 0; k < v.l->size(); ++k) out += (k ? ", " : "") + repr((*v.l)[k]);
+      for (std::size_t k = 0; k < v.l->size(); ++k) out += (k ? ", " : "") + repr((*v.l)[k], depth + 1);
       return out + "]";
     }
     case Value::dict: {
       std::string out = "{";
       bool first = true;
       for (const auto& [k, x] : *v.m) {
-        out += (first ? "'" : ", '") + k + "': " + repr(x);
+        out += (first ? "'" : ", '") + k + "': " + repr(x, depth + 1);
         first = false;
       }
       return out + "}";
@@ -170,7 +179,8 @@ std::string repr(const Value& v) {
   }
 }
 
-bool equal(const Value& a, const Value& b) {
+bool equal(const Value& a, const Value& b, int depth = 0) {
+  if (depth > kMaxDepth) too_deep();
   if (a.numeric() && b.numeric()) return a.as_real() == b.as_real();
   if (a.kind != b.kind) return false;
   switch (a.kind) {
@@ -180,14 +190,14 @@ bool equal(const Value& a, const Value& b) {
     case Value::list: {
       if (a.l->size() != b.l->size()) return false;
       for (std::size_t k = 0; k < a.l->size(); ++k)
-        if (!equal((*a.l)[k], (*b.l)[k])) return false;
+        if (!equal((*a.l)[k], (*b.l)[k], depth + 1)) return false;
       return true;
     }
     case Value::dict: {
       if (a.m->size() != b.m->size()) return false;
       for (const auto& [k, x] : *a.m) {
         const Value* y = b.find(k);
-        if (!y || !equal(x, *y)) return false;
+        if (!y || !equal(x, *y, depth + 1)) return false;
       }
       return true;
     }
@@ -195,7 +205,8 @@ bool equal(const Value& a, const Value& b) {
   }
 }
 
-Value from_json(const json& j) {
+Value from_json(const json& j, int depth = 0) {
+  if (depth > kMaxDepth) too_deep();
   switch (j.type()) {
     case json::value_t::null: return Value::None();
     case json::value_t::boolean: return Value::Bool(j.get<bool>());
@@ -205,12 +216,12 @@ Value from_json(const json& j) {
     case json::value_t::string: return Value::Str(j.get<std::string>());
     case json::value_t::array: {
       List l;
-      for (const json& e : j) l.push_back(from_json(e));
+      for (const json& e : j) l.push_back(from_json(e, depth + 1));
       return Value::Lst(std::move(l));
     }
     case json::value_t::object: {
       Dict m;
-      for (const auto& [k, e] : j.items()) m.emplace_back(k, from_json(e));
+      for (const auto& [k, e] : j.items()) m.emplace_back(k, from_json(e, depth + 1));
       return Value::Dct(std::move(m));
     }
     default: return Value::None();
@@ -219,6 +230,7 @@ Value from_json(const json& j) {
 
 // Python's json.dumps (ensure_ascii off, ", " and ": " separators, or `indent`).
 void dump_json(const Value& v, std::string& out, int indent, int depth) {
+  if (depth > kMaxDepth) too_deep();
   const auto newline = [&](int d) {
     if (indent < 0) return;
     out += '\n';
@@ -464,7 +476,12 @@ struct Expr {
   std::vector<ExprPtr> args;   // operands, call and filter arguments, list items, dict pairs
   std::vector<std::pair<std::string, ExprPtr>> kwargs;
   bool negated = false;        // test: "is not"
+  int depth = 1;               // of the tree under it: evaluation recurses this deep
 };
+
+// Expression trees deeper than this are refused as they are built (1 + 1 + ... grows them
+// without parentheses), so that evaluating or freeing one never exhausts the stack.
+constexpr int kMaxTreeDepth = 500;
 
 class Parser {
  public:
@@ -491,6 +508,13 @@ class Parser {
   }
 
   ExprPtr expression() {  // the conditional expression (a if c else b) and everything under it
+    struct Deeper {  // every nested expression passes here: bound the recursion
+      int& d;
+      explicit Deeper(int& depth, int line) : d(depth) {
+        if (++d > kMaxDepth) fail(line, str("expressions nested deeper than ", kMaxDepth));
+      }
+      ~Deeper() { --d; }
+    } guard(depth_, peek().line);
     ExprPtr e = or_expr();
     if (is_name("if")) {
       const int line = next().line;
@@ -522,6 +546,9 @@ class Parser {
     auto e = std::make_shared<Expr>();
     e->kind = k;
     e->line = line;
+    for (const ExprPtr& a : args)
+      if (a) e->depth = std::max(e->depth, a->depth + 1);
+    if (e->depth > kMaxTreeDepth) fail(line, str("an expression nested deeper than ", kMaxTreeDepth));
     e->args = std::move(args);
     e->text = std::move(text);
     return e;
@@ -550,11 +577,15 @@ class Parser {
     return e;
   }
   ExprPtr not_expr() {
-    if (is_name("not")) {
-      const int line = next().line;
-      return make(Expr::unary, line, {not_expr()}, "not");
+    std::vector<int> lines;  // a run of "not", counted, not recursed
+    while (is_name("not")) {
+      lines.push_back(next().line);
+      if (lines.size() > static_cast<std::size_t>(kMaxDepth))
+        fail(lines.back(), str("more than ", kMaxDepth, " 'not' in a row"));
     }
-    return compare();
+    ExprPtr e = compare();
+    for (auto l = lines.rbegin(); l != lines.rend(); ++l) e = make(Expr::unary, *l, {e}, "not");
+    return e;
   }
   ExprPtr compare() {
     ExprPtr e = concat();
@@ -626,22 +657,31 @@ class Parser {
     return e;
   }
   ExprPtr unary() {
-    if (is_op("-") || is_op("+")) {
-      const Token op = next();
-      return make(Expr::unary, op.line, {unary()}, op.text);
+    std::vector<Token> signs;  // a run of signs, counted, not recursed
+    while (is_op("-") || is_op("+")) {
+      signs.push_back(next());
+      if (signs.size() > static_cast<std::size_t>(kMaxDepth))
+        fail(signs.back().line, str("more than ", kMaxDepth, " signs in a row"));
     }
-    return postfix(primary());
+    ExprPtr e = postfix(primary());
+    for (auto t = signs.rbegin(); t != signs.rend(); ++t) e = make(Expr::unary, t->line, {e}, t->text);
+    return e;
   }
   void call_arguments(Expr& e) {
     expect_op("(");
     while (!is_op(")")) {
+      ExprPtr arg;
       if (peek().kind == Token::name && is_op("=", 1)) {
         const std::string key = next().text;
         next();
-        e.kwargs.emplace_back(key, expression());
+        arg = expression();
+        e.kwargs.emplace_back(key, arg);
       } else {
-        e.args.push_back(expression());
+        arg = expression();
+        e.args.push_back(arg);
       }
+      e.depth = std::max(e.depth, arg->depth + 1);
+      if (e.depth > kMaxTreeDepth) fail(e.line, str("an expression nested deeper than ", kMaxTreeDepth));
       if (!is_op(",")) break;
       next();
     }
@@ -753,6 +793,7 @@ class Parser {
 
   const std::vector<Token>& t_;
   std::size_t p_ = 0;
+  int depth_ = 0;
 };
 
 // ---- statements ----
@@ -782,6 +823,13 @@ class TreeBuilder {
  private:
   // Parses nodes until a statement whose keyword is in `stops` (returned in `stop`).
   Body parse_body(const std::vector<std::string>& stops, std::string& stop) {
+    struct Deeper {  // blocks inside blocks: bound the recursion of parsing and rendering
+      int& d;
+      Deeper(int& depth, int line) : d(depth) {
+        if (++d > kMaxDepth) fail(line, str("blocks nested deeper than ", kMaxDepth));
+      }
+      ~Deeper() { --d; }
+    } guard(depth_, i_ < s_.size() ? s_[i_].line : 0);
     Body out;
     while (i_ < s_.size()) {
       const Segment& seg = s_[i_];
@@ -908,6 +956,7 @@ class TreeBuilder {
 
   const std::vector<Segment>& s_;
   std::size_t i_ = 0;
+  int depth_ = 0;
 };
 
 // ---- rendering ----
@@ -917,11 +966,17 @@ class Renderer {
   explicit Renderer(const Value& context) {
     scopes_.push_back(std::make_shared<Dict>());
     for (const auto& [k, v] : *context.m) set(k, v);
-    set_global("namespace", Value::Fn([](const Args& args, const Kwargs& kwargs) {
-                 Value ns = Value::Dct({});
+    // Namespaces are the only mutable values, so the only way to a reference cycle
+    // ({% set ns.self = ns %}): the renderer owns them, and values refer to them without owning.
+    set_global("namespace", Value::Fn([this](const Args& args, const Kwargs& kwargs) {
+                 namespaces_.push_back(std::make_unique<Dict>());
+                 Dict* owned = namespaces_.back().get();
+                 if (!args.empty() && args[0].kind == Value::dict) *owned = *args[0].m;
+                 for (const auto& [k, v] : kwargs) owned->emplace_back(k, v);
+                 Value ns;
+                 ns.kind = Value::dict;
+                 ns.m = std::shared_ptr<Dict>(owned, [](Dict*) {});
                  ns.is_namespace = true;
-                 if (!args.empty() && args[0].kind == Value::dict) *ns.m = *args[0].m;
-                 for (const auto& [k, v] : kwargs) ns.m->emplace_back(k, v);
                  return ns;
                }));
     set_global("range", Value::Fn([](const Args& a, const Kwargs&) {
@@ -1548,6 +1603,7 @@ class Renderer {
     fail(e.line, str("the filter '|", f, "' is not supported"));
   }
 
+  std::vector<std::unique_ptr<Dict>> namespaces_;  // first: destroyed after the scopes
   std::vector<std::shared_ptr<Dict>> scopes_;
   std::size_t iterations_ = 0;
 };
