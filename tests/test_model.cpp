@@ -396,6 +396,13 @@ TEST_F(GeneratedCheckpoint, TensorsMustTileTheDataSection) {
   write_with(alias, 0);
   EXPECT_TRUE(test::throws_error([&] { open_checkpoint(dir_.string()); }, ErrorCategory::io,
                                  "overlaps tensor '" + first + "'"));
+  // A shape entry past 64 bits (JSON keeps it as a float): refused, never converted (found by
+  // fuzz_safetensors as undefined behavior).
+  nlohmann::json huge = header;
+  huge[first]["shape"][0] = 6.7e39;
+  write_with(huge, 0);
+  EXPECT_TRUE(test::throws_error([&] { open_checkpoint(dir_.string()); }, ErrorCategory::io,
+                                 "is not a 64-bit integer"));
   // Bytes no tensor holds at the end.
   write_with(header, 16);
   EXPECT_TRUE(test::throws_error([&] { open_checkpoint(dir_.string()); }, ErrorCategory::io,

@@ -108,12 +108,21 @@ File::File(const std::string& path) : path_(path) {
       TensorInfo t;
       try {
         t.dtype = v["dtype"].get<std::string>();
-        t.shape = v["shape"].get<std::vector<std::int64_t>>();
-        const auto off = v["data_offsets"].get<std::vector<std::uint64_t>>();
-        DCP_CHECK(off.size() == 2, io, path, ": tensor '", name,
-                  "' data_offsets must have 2 entries");
-        t.begin = off[0];
-        t.end = off[1];
+        // Integers only: a number past 64 bits parses as a float, and converting that is
+        // undefined, so it is refused here.
+        DCP_CHECK(v["shape"].is_array(), io, path, ": tensor '", name, "' shape must be a list");
+        for (const auto& d : v["shape"]) {
+          DCP_CHECK(d.is_number_integer(), io, path, ": tensor '", name, "' shape entry ",
+                    d.dump(), " is not a 64-bit integer");
+          t.shape.push_back(d.get<std::int64_t>());
+        }
+        const auto& off = v["data_offsets"];
+        DCP_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() &&
+                      off[1].is_number_unsigned(),
+                  io, path, ": tensor '", name,
+                  "' data_offsets must be two unsigned 64-bit integers, got ", off.dump());
+        t.begin = off[0].get<std::uint64_t>();
+        t.end = off[1].get<std::uint64_t>();
       } catch (const nlohmann::json::exception& e) {
         throw Error(ErrorCategory::io,
                     str(path, ": tensor '", name, "' has a malformed entry: ", e.what()));
