@@ -73,6 +73,13 @@ class GeneratedCheckpoint : public ::testing::Test {
   fs::path dir_;
 };
 
+std::vector<char> read_bytes(const fs::path& file) {
+  std::vector<char> bytes(static_cast<std::size_t>(fs::file_size(file)));
+  std::ifstream(file, std::ios::binary)
+      .read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  return bytes;
+}
+
 TEST_F(GeneratedCheckpoint, AbsorbedDcpModelEqualsNaiveFloat64Model) {
   auto rng = test::make_rng();
   for (int layers : {1, 2}) {
@@ -224,9 +231,7 @@ TEST_F(GeneratedCheckpoint, MalformedCheckpointsAreRefusedClearly) {
   const ModelConfig c = small_config(1);
   write_checkpoint(dir_.string(), c, *make_synthetic_weights(2), "BF16", 1);
   const fs::path file = dir_ / "model.safetensors";
-  std::vector<char> bytes(static_cast<std::size_t>(fs::file_size(file)));
-  std::ifstream(file, std::ios::binary)
-      .read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  const std::vector<char> bytes = read_bytes(file);
   const auto write_bytes = [&](const std::vector<char>& b) {
     std::ofstream(file, std::ios::binary | std::ios::trunc)
         .write(b.data(), static_cast<std::streamsize>(b.size()));
@@ -364,9 +369,7 @@ TEST_F(GeneratedCheckpoint, TensorsMustTileTheDataSection) {
   const ModelConfig c = small_config(1);
   write_checkpoint(dir_.string(), c, *make_synthetic_weights(2), "BF16", 1);
   const fs::path file = dir_ / "model.safetensors";
-  std::vector<char> bytes(static_cast<std::size_t>(fs::file_size(file)));
-  std::ifstream(file, std::ios::binary)
-      .read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  const std::vector<char> bytes = read_bytes(file);
   std::uint64_t len = 0;
   for (int i = 7; i >= 0; --i) len = (len << 8) | static_cast<unsigned char>(bytes[i]);
   const nlohmann::json header = nlohmann::json::parse(bytes.begin() + 8, bytes.begin() + 8 + len);

@@ -151,6 +151,9 @@ TEST(Tokenizer, ConfigGivesBosEosAndTheChatTemplate) {
   EXPECT_EQ(*tok.chat_template(), "{{ bos_token }}");
   EXPECT_TRUE(test::throws_error([&] { make(t, {{"bos_token", "<nope>"}}); }, ErrorCategory::io,
                                  "bos_token '<nope>' is not a token of tokenizer.json"));
+  EXPECT_TRUE(test::throws_error([&] { make(t, {{"clean_up_tokenization_spaces", true}}); },
+                                 ErrorCategory::io,
+                                 "clean_up_tokenization_spaces = true is not supported"));
 }
 
 TEST(Tokenizer, RefusesWhatItCannotReadExactly) {

@@ -44,10 +44,10 @@ class SyntheticWeights final : public WeightSource {
 
   std::vector<float> load(const std::string& name, const std::vector<std::int64_t>& shape,
                           Range rows, Range cols) const override {
-    const Draw d = draw(name, shape, rows, cols);
     if (dtype_of(name, shape) != WeightDtype::f32) {
       return load_matrix(name, shape, rows, cols).to_float();  // the values the dtype holds
     }
+    const Draw d = draw(name, shape, rows, cols);
     std::vector<float> out(static_cast<std::size_t>((d.r1 - d.r0) * (d.c1 - d.c0)));
     std::size_t k = 0;
     for (std::int64_t r = d.r0; r < d.r1; ++r)

@@ -274,6 +274,20 @@ void dump_json(const Value& v, std::string& out, int indent, int depth) {
   }
 }
 
+// Counts one level of a recursion for its lifetime; past kMaxDepth levels, fails naming `what`.
+class DepthGuard {
+ public:
+  DepthGuard(int& depth, int line, const char* what) : depth_(depth) {
+    if (++depth_ > kMaxDepth) fail(line, str(what, " nested deeper than ", kMaxDepth));
+  }
+  ~DepthGuard() { --depth_; }
+  DepthGuard(const DepthGuard&) = delete;
+  DepthGuard& operator=(const DepthGuard&) = delete;
+
+ private:
+  int& depth_;
+};
+
 // ---- lexing ----
 
 struct Token {
@@ -508,13 +522,7 @@ class Parser {
   }
 
   ExprPtr expression() {  // the conditional expression (a if c else b) and everything under it
-    struct Deeper {  // every nested expression passes here: bound the recursion
-      int& d;
-      explicit Deeper(int& depth, int line) : d(depth) {
-        if (++d > kMaxDepth) fail(line, str("expressions nested deeper than ", kMaxDepth));
-      }
-      ~Deeper() { --d; }
-    } guard(depth_, peek().line);
+    const DepthGuard guard(depth_, peek().line, "expressions");  // every nesting passes here
     ExprPtr e = or_expr();
     if (is_name("if")) {
       const int line = next().line;
@@ -823,13 +831,8 @@ class TreeBuilder {
  private:
   // Parses nodes until a statement whose keyword is in `stops` (returned in `stop`).
   Body parse_body(const std::vector<std::string>& stops, std::string& stop) {
-    struct Deeper {  // blocks inside blocks: bound the recursion of parsing and rendering
-      int& d;
-      Deeper(int& depth, int line) : d(depth) {
-        if (++d > kMaxDepth) fail(line, str("blocks nested deeper than ", kMaxDepth));
-      }
-      ~Deeper() { --d; }
-    } guard(depth_, i_ < s_.size() ? s_[i_].line : 0);
+    // Blocks inside blocks: bounds the recursion of parsing and of rendering.
+    const DepthGuard guard(depth_, i_ < s_.size() ? s_[i_].line : 0, "blocks");
     Body out;
     while (i_ < s_.size()) {
       const Segment& seg = s_[i_];

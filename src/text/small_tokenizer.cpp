@@ -83,7 +83,7 @@ void write_small_tokenizer(const std::string& dir, int vocab_size) {
       "{% if add_generation_prompt %}<|assistant|>{% endif %}";
   const json config = {{"add_bos_token", true},  {"add_eos_token", false},
                        {"bos_token", "<s>"},     {"eos_token", "</s>"},
-                       {"chat_template", chat_template}, {"model_max_length", 131072}};
+                       {"chat_template", chat_template}};
   namespace fs = std::filesystem;
   for (const auto& [name, j] : {std::pair{"tokenizer.json", &tokenizer},
                                 std::pair{"tokenizer_config.json", &config}}) {

@@ -355,6 +355,10 @@ void Tokenizer::Impl::load_config(const json& c) {
   eos_text = token_text("eos_token");
   bos = id_of(bos_text, "bos_token");
   eos = id_of(eos_text, "eos_token");
+  // Hugging Face would edit decoded text ("a ." -> "a."); dcp decodes bytes exactly.
+  DCP_CHECK(!flag(c, "clean_up_tokenization_spaces", false), io,
+            "tokenizer_config.json: clean_up_tokenization_spaces = true is not supported "
+            "(legal: false)");
   add_bos = flag(c, "add_bos_token", false);
   add_eos = flag(c, "add_eos_token", false);
   DCP_CHECK(!add_bos || bos, io, "tokenizer_config.json: add_bos_token without a bos_token");
