@@ -13,10 +13,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dcp/model.h"
 #include "dcp/prefix_cache.h"
+#include "dcp/sampling.h"
 
 namespace dcp {
 
@@ -32,16 +34,28 @@ struct RequestSpec {
   // Continue a finished request submitted with keep_kv: its context (prompt and outputs) stays
   // in the KV cache and `prompt` holds the new turn's tokens, prefilled over that prefix.
   std::optional<RequestId> continue_from;
+  // How each new token is chosen (greedy by default); a draw depends only on the logits, the
+  // seed and the step, so every rank chooses the same token.
+  SamplingParams sampling;
+  // The request ends (finish_reason stop) right after emitting one of these (an EOS, say).
+  std::vector<std::int32_t> stop_token_ids;
+  // -1: none; k in [0, 20]: each step's chosen-token logprob and the k most likely tokens.
+  int logprobs = -1;
 };
 
 enum class RequestState : std::uint8_t { waiting, prefill, decode, finished, rejected };
+// Why a finished request ended: its token budget, a stop token, or cancel().
+enum class FinishReason : std::uint8_t { none, length, stop, cancelled };
+std::string_view to_string(FinishReason r) noexcept;
 
 struct RequestResult {
   RequestId id = 0;
   RequestState state = RequestState::waiting;
   std::string error;                        // why it was rejected
-  std::vector<std::int32_t> output_tokens;  // greedy choices, one per step
+  FinishReason finish_reason = FinishReason::none;
+  std::vector<std::int32_t> output_tokens;  // the chosen tokens, one per step
   std::vector<float> step_logits;           // [steps, vocab] when record_logits
+  std::vector<StepLogprobs> logprobs;       // one per output token when spec.logprobs >= 0
 };
 
 struct EngineOptions {
@@ -99,6 +113,12 @@ class Engine {
   void run(const std::function<void(const Engine&)>& progress = {});
   // Drops the KV a finished keep_kv request still holds.
   void release(RequestId id);
+  // Ends a waiting or running request now (finish_reason cancelled) and frees its KV, kept or
+  // not; its tokens so far stay in its result. False when no such request is unfinished.
+  bool cancel(RequestId id);
+  // Drops a finished or rejected request's result (a server's memory stays bounded); its id may
+  // be submitted again. False when the request is unknown, unfinished or keeps its KV.
+  bool forget(RequestId id);
   // Disaggregated decode: takes over a request whose prompt KV is already in this engine's
   // allocator (length = prompt size, moved in by transfer_kv) and whose first token the prefill
   // side chose; it joins the running batch in decode state. Throws (capacity) and frees that
@@ -123,6 +143,7 @@ class Engine {
     std::int64_t context = 0;        // tokens already in the KV when admitted (continuations)
     std::vector<std::int32_t> draft_pending;  // tokens the draft has not seen yet
     bool cacheable = false;  // its prompt goes into the prefix cache when prefilled
+    bool stopped = false;    // it emitted a stop token
   };
   std::int64_t pages_for(std::int64_t tokens) const;
   std::int64_t reserved_pages() const;
@@ -134,7 +155,7 @@ class Engine {
   std::vector<std::vector<std::int32_t>> propose(const std::vector<std::size_t>& members,
                                                  const std::vector<int>& k);
   void emit(Live& r, const float* logits);  // records a step's logits, chooses the next token
-  void finish(std::size_t live_index);
+  void finish(std::size_t live_index, FinishReason reason);
   void finish_completed();  // every running request that has all its tokens
 
   MlaModel& model_;

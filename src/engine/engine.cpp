@@ -14,6 +14,16 @@ std::int32_t argmax(const float* x, int n) {
 
 }  // namespace
 
+std::string_view to_string(FinishReason r) noexcept {
+  switch (r) {
+    case FinishReason::none: return "none";
+    case FinishReason::length: return "length";
+    case FinishReason::stop: return "stop";
+    case FinishReason::cancelled: return "cancelled";
+  }
+  return "?";
+}
+
 Engine::Engine(MlaModel& model, const EngineOptions& options, MlaModel* draft)
     : model_(model), draft_(draft), options_(options) {
   DCP_ARG_CHECK(options.chunked_prefill_size >= 1,
@@ -56,6 +66,16 @@ void Engine::submit(const RequestSpec& spec) {
     DCP_ARG_CHECK(t >= 0 && t < model_.config().vocab_size, "request ", spec.id, ": token id ", t,
                   " is outside the vocabulary [0, ", model_.config().vocab_size, ")");
   }
+  try {
+    validate(spec.sampling);
+  } catch (const Error& e) {
+    throw Error(e.category(), str("request ", spec.id, ": ", e.what()));
+  }
+  DCP_ARG_CHECK(spec.sampling.greedy() || options_.num_draft_tokens == 0, "request ", spec.id,
+                ": sampling (temperature > 0) does not combine with speculative decoding, whose "
+                "verification is greedy");
+  DCP_ARG_CHECK(spec.logprobs >= -1 && spec.logprobs <= 20, "request ", spec.id,
+                ": logprobs = ", spec.logprobs, " must be in [0, 20] (-1: none)");
   for (const RequestResult& r : results_) {
     DCP_ARG_CHECK(r.id != spec.id, "request id ", spec.id, " was already submitted");
   }
@@ -92,6 +112,42 @@ void Engine::release(RequestId id) {
   kept_.erase(kept);
 }
 
+bool Engine::cancel(RequestId id) {
+  for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+    if (it->spec.id != id) continue;
+    if (it->context > 0) {  // a continuation already holds its earlier turn's KV
+      model_.allocator().free(id);
+      if (draft_) draft_->allocator().free(id);
+    }
+    results_[it->result].state = RequestState::finished;
+    results_[it->result].finish_reason = FinishReason::cancelled;
+    waiting_.erase(it);
+    return true;
+  }
+  for (std::size_t i = 0; i < running_.size(); ++i) {
+    if (running_[i].spec.id != id) continue;
+    running_[i].spec.keep_kv = false;
+    finish(i, FinishReason::cancelled);
+    return true;
+  }
+  return false;
+}
+
+bool Engine::forget(RequestId id) {
+  const auto it = std::find_if(results_.begin(), results_.end(),
+                               [&](const RequestResult& r) { return r.id == id; });
+  if (it == results_.end()) return false;
+  if (it->state != RequestState::finished && it->state != RequestState::rejected) return false;
+  if (std::find(kept_.begin(), kept_.end(), id) != kept_.end()) return false;
+  const std::size_t index = static_cast<std::size_t>(it - results_.begin());
+  results_.erase(it);
+  for (std::vector<Live>* live : {&waiting_, &running_}) {
+    for (Live& l : *live)
+      if (l.result > index) --l.result;
+  }
+  return true;
+}
+
 void Engine::adopt(const RequestSpec& spec, std::int32_t first_token) {
   KvAllocator& alloc = model_.allocator();
   DCP_ARG_CHECK(alloc.contains(spec.id) &&
@@ -119,7 +175,7 @@ void Engine::adopt(const RequestSpec& spec, std::int32_t first_token) {
   Live live{
       spec, results_.size() - 1, static_cast<std::int64_t>(spec.prompt.size()), spec.prompt, 0, {}};
   running_.push_back(std::move(live));
-  if (spec.max_new_tokens == 1) finish(running_.size() - 1);
+  if (spec.max_new_tokens == 1) finish(running_.size() - 1, FinishReason::length);
 }
 
 std::int64_t Engine::waiting() const noexcept {
@@ -207,10 +263,14 @@ void Engine::emit(Live& l, const float* logits) {
   RequestResult& r = results_[l.result];
   const int vocab = model_.config().vocab_size;
   if (options_.record_logits) r.step_logits.insert(r.step_logits.end(), logits, logits + vocab);
-  r.output_tokens.push_back(argmax(logits, vocab));
+  const std::int32_t token = sample_token(logits, vocab, l.spec.sampling, r.output_tokens.size());
+  if (l.spec.logprobs >= 0) r.logprobs.push_back(step_logprobs(logits, vocab, token, l.spec.logprobs));
+  r.output_tokens.push_back(token);
+  const auto& stops = l.spec.stop_token_ids;
+  if (std::find(stops.begin(), stops.end(), token) != stops.end()) l.stopped = true;
 }
 
-void Engine::finish(std::size_t i) {
+void Engine::finish(std::size_t i, FinishReason reason) {
   Live& l = running_[i];
   if (l.spec.keep_kv) {
     // A continuation extends both caches by the same tokens, so the draft must first see what
@@ -235,6 +295,7 @@ void Engine::finish(std::size_t i) {
     if (draft_) draft_->allocator().free(l.spec.id);
   }
   results_[l.result].state = RequestState::finished;
+  results_[l.result].finish_reason = reason;
   running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(i));
 }
 
@@ -245,9 +306,11 @@ void Engine::finish_completed() {
   stats_.peak_running = std::max(stats_.peak_running, static_cast<std::int64_t>(running_.size()));
   for (std::size_t i = running_.size(); i-- > 0;) {
     const Live& l = running_[i];
-    if (results_[l.result].output_tokens.size() >=
-        static_cast<std::size_t>(l.spec.max_new_tokens)) {
-      finish(i);
+    if (l.stopped) {
+      finish(i, FinishReason::stop);
+    } else if (results_[l.result].output_tokens.size() >=
+               static_cast<std::size_t>(l.spec.max_new_tokens)) {
+      finish(i, FinishReason::length);
     }
   }
 }
@@ -399,13 +462,17 @@ bool Engine::run_speculative() {
     while (accepted < k[m] &&
            argmax(logits.data() + (row + accepted) * vocab, vocab) == drafts[m][accepted])
       ++accepted;
-    for (int j = 0; j <= accepted; ++j) emit(l, logits.data() + (row + j) * vocab);
+    // A stop token ends the emission early: what follows it is rolled back as if rejected.
+    int emitted = 0;
+    while (emitted <= accepted && !l.stopped) emit(l, logits.data() + (row + emitted++) * vocab);
+    const bool cut = emitted <= accepted;
+    accepted = emitted - 1;
     row += static_cast<std::size_t>(k[m]) + 1;
     // Roll back what was rejected, on every rank (target) and in the replicated draft cache.
     model_.allocator().truncate(l.spec.id, base_len[m] + accepted + 1);
     if (k[m] > 0) {
       const std::int64_t draft_len = draft_->allocator().length(l.spec.id);
-      if (accepted < k[m]) {
+      if (accepted < k[m] || cut) {
         draft_->allocator().truncate(l.spec.id, base_len[m] + accepted + 1);
         l.draft_pending = {results_[l.result].output_tokens.back()};
       } else {  // every draft accepted: the draft has not yet seen its own last proposal

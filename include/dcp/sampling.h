@@ -1,0 +1,48 @@
+// Choosing the next token from a step's logits: greedy, or a seeded draw after temperature,
+// top-k, top-p and min-p truncation; and the log-probabilities a client may ask for.
+//
+// A draw is a pure function of (logits, params, seed, step): every rank of a group computes the
+// same logits and so the same token with no extra collective, and the same seed and request give
+// the same text on every run.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace dcp {
+
+struct SamplingParams {
+  double temperature = 0;  // 0: greedy (argmax; the first maximum on ties)
+  double top_p = 1;        // (0, 1]: the smallest most-likely set whose mass reaches top_p
+  int top_k = 0;           // 0: off; else only the k most likely tokens
+  double min_p = 0;        // [0, 1]: drop tokens below min_p x the most likely one's probability
+  std::uint64_t seed = 0;  // the draw for step s is a function of (seed, s)
+  bool greedy() const noexcept { return temperature == 0; }
+};
+
+// Throws dcp::Error(invalid_argument) naming the field and its legal range.
+void validate(const SamplingParams& p);
+
+struct TokenLogprob {
+  std::int32_t token = 0;
+  float logprob = 0;  // natural log of the unmodified softmax (temperature 1, no truncation)
+};
+
+// The chosen token's logprob and the `top` most likely alternatives (descending; ties by id).
+struct StepLogprobs {
+  TokenLogprob chosen;
+  std::vector<TokenLogprob> top;
+};
+
+// The token chosen at generation step `step` (0 = the first new token).
+std::int32_t sample_token(const float* logits, int vocab, const SamplingParams& p,
+                          std::uint64_t step);
+
+// Log-softmax of the raw logits at `token`, plus the `top` (>= 0) most likely tokens.
+StepLogprobs step_logprobs(const float* logits, int vocab, std::int32_t token, int top);
+
+// The distribution sample_token draws from, in float64 (zero outside the kept set); for tests and
+// for clients that want to see it. Greedy puts all mass on the argmax.
+std::vector<double> sampling_distribution(const float* logits, int vocab, const SamplingParams& p);
+
+}  // namespace dcp

@@ -1,0 +1,130 @@
+#include "dcp/sampling.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "dcp/error.h"
+
+namespace dcp {
+namespace {
+
+std::int32_t argmax(const float* x, int n) {
+  return static_cast<std::int32_t>(std::max_element(x, x + n) - x);  // first maximum
+}
+
+// splitmix64: a full-period mix, so (seed, step) pairs that differ in one bit draw unrelated
+// numbers.
+std::uint64_t mix(std::uint64_t z) {
+  z += 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// A uniform double in [0, 1) for draw `step` of `seed`.
+double uniform(std::uint64_t seed, std::uint64_t step) {
+  return static_cast<double>(mix(mix(seed) ^ step) >> 11) * 0x1.0p-53;
+}
+
+struct Weighted {
+  std::int32_t token;
+  double weight;  // unnormalised probability
+};
+
+bool more_likely(const Weighted& a, const Weighted& b) {
+  return a.weight > b.weight || (a.weight == b.weight && a.token < b.token);
+}
+
+// The tokens a draw may pick, with their unnormalised probabilities after temperature and the
+// truncations (top-k, then top-p over what is left, then min-p).
+std::vector<Weighted> kept_tokens(const float* logits, int vocab, const SamplingParams& p) {
+  const double inv_t = 1.0 / p.temperature;
+  const double top = logits[argmax(logits, vocab)];
+  std::vector<Weighted> w(static_cast<std::size_t>(vocab));
+  for (int i = 0; i < vocab; ++i)
+    w[static_cast<std::size_t>(i)] = {i, std::exp((static_cast<double>(logits[i]) - top) * inv_t)};
+  bool sorted = false;
+  if (p.top_k > 0 && p.top_k < vocab) {
+    std::partial_sort(w.begin(), w.begin() + p.top_k, w.end(), more_likely);
+    w.resize(static_cast<std::size_t>(p.top_k));
+    sorted = true;
+  }
+  if (p.top_p < 1) {
+    if (!sorted) std::sort(w.begin(), w.end(), more_likely);
+    sorted = true;
+    const double total = std::accumulate(w.begin(), w.end(), 0.0,
+                                         [](double s, const Weighted& x) { return s + x.weight; });
+    double mass = 0;
+    std::size_t keep = 0;
+    while (keep < w.size() && mass < p.top_p * total) mass += w[keep++].weight;
+    w.resize(std::max<std::size_t>(keep, 1));
+  }
+  if (p.min_p > 0) {
+    // The most likely token has weight 1 (logits were shifted by their maximum).
+    w.erase(std::remove_if(w.begin(), w.end(), [&](const Weighted& x) { return x.weight < p.min_p; }),
+            w.end());
+  }
+  return w;
+}
+
+}  // namespace
+
+void validate(const SamplingParams& p) {
+  DCP_ARG_CHECK(std::isfinite(p.temperature) && p.temperature >= 0 && p.temperature <= 100,
+                "temperature = ", p.temperature, " must be in [0, 100] (0: greedy)");
+  DCP_ARG_CHECK(std::isfinite(p.top_p) && p.top_p > 0 && p.top_p <= 1, "top_p = ", p.top_p,
+                " must be in (0, 1]");
+  DCP_ARG_CHECK(p.top_k >= 0, "top_k = ", p.top_k, " must be >= 0 (0: off)");
+  DCP_ARG_CHECK(std::isfinite(p.min_p) && p.min_p >= 0 && p.min_p <= 1, "min_p = ", p.min_p,
+                " must be in [0, 1]");
+}
+
+std::int32_t sample_token(const float* logits, int vocab, const SamplingParams& p,
+                          std::uint64_t step) {
+  if (p.greedy()) return argmax(logits, vocab);
+  const std::vector<Weighted> w = kept_tokens(logits, vocab, p);
+  double total = 0;
+  for (const Weighted& x : w) total += x.weight;
+  const double target = uniform(p.seed, step) * total;
+  double cum = 0;
+  for (const Weighted& x : w) {
+    cum += x.weight;
+    if (target < cum) return x.token;
+  }
+  return w.back().token;  // rounding left target at the very end
+}
+
+std::vector<double> sampling_distribution(const float* logits, int vocab,
+                                          const SamplingParams& p) {
+  std::vector<double> out(static_cast<std::size_t>(vocab), 0.0);
+  if (p.greedy()) {
+    out[static_cast<std::size_t>(argmax(logits, vocab))] = 1;
+    return out;
+  }
+  const std::vector<Weighted> w = kept_tokens(logits, vocab, p);
+  double total = 0;
+  for (const Weighted& x : w) total += x.weight;
+  for (const Weighted& x : w) out[static_cast<std::size_t>(x.token)] = x.weight / total;
+  return out;
+}
+
+StepLogprobs step_logprobs(const float* logits, int vocab, std::int32_t token, int top) {
+  DCP_ARG_CHECK(token >= 0 && token < vocab, "token ", token, " is outside [0, ", vocab, ")");
+  const double m = logits[argmax(logits, vocab)];
+  double sum = 0;
+  for (int i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - m);
+  const double lse = m + std::log(sum);
+  StepLogprobs out;
+  out.chosen = {token, static_cast<float>(logits[token] - lse)};
+  const int k = std::clamp(top, 0, vocab);
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(vocab));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](std::int32_t a, std::int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  for (int i = 0; i < k; ++i) out.top.push_back({ids[i], static_cast<float>(logits[ids[i]] - lse)});
+  return out;
+}
+
+}  // namespace dcp
