@@ -144,5 +144,134 @@ TEST(Engine, GrowingIntoASharedPageCopiesItInEveryLayer) {
   });
 }
 
+TEST(Engine, SampledTokensAreTheSameUnderAnyDcpSize) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 2);
+  const auto w = make_synthetic_weights(5);
+  std::vector<RequestSpec> reqs;
+  for (int i = 0; i < 3; ++i) {
+    RequestSpec r = request(i, random_tokens(rng, 20 + 9 * i, c.vocab_size), 12);
+    r.sampling = {0.9, 0.95, 0, 0.0, 1000 + static_cast<std::uint64_t>(i)};
+    reqs.push_back(r);
+  }
+  EngineSetup s;
+  s.tp = 2;
+  s.page_size = 4;
+  const EngineRun one = run_engine(c, *w, s, reqs);
+  s.dcp = 2;
+  const EngineRun two = run_engine(c, *w, s, reqs);
+  auto reseeded = reqs;
+  for (auto& r : reseeded) r.sampling.seed += 77;
+  const EngineRun other = run_engine(c, *w, s, reseeded);
+  int differ = 0;
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(two.results[i].output_tokens, one.results[i].output_tokens) << "request " << i;
+    EXPECT_EQ(two.results[i].finish_reason, FinishReason::length);
+    differ += other.results[i].output_tokens != two.results[i].output_tokens;
+  }
+  EXPECT_GT(differ, 0) << "another seed drew the same tokens for every request";
+}
+
+TEST(Engine, StopTokenEndsTheRequestAtItsFirstOccurrence) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 1);
+  const auto w = make_synthetic_weights(6);
+  const std::vector<std::int32_t> prompt = random_tokens(rng, 30, c.vocab_size);
+  EngineSetup s;
+  s.tp = 2;
+  s.dcp = 2;
+  s.page_size = 4;
+  const std::vector<std::int32_t> full =
+      run_engine(c, *w, s, {request(0, prompt, 10)}).results[0].output_tokens;
+  const std::int32_t stop = full[4];
+  const std::size_t first = static_cast<std::size_t>(
+      std::find(full.begin(), full.end(), stop) - full.begin());
+  RequestSpec r = request(0, prompt, 10);
+  r.stop_token_ids = {stop};
+  r.logprobs = 2;
+  for (int draft_tokens : {0, 3}) {  // plain decode, and speculative with the stop inside a run
+    EngineSetup e = s;
+    e.num_draft_tokens = draft_tokens;
+    const ModelConfig draft = preset_config("tiny", 1);
+    if (draft_tokens > 0) {
+      e.draft_config = draft;
+      e.draft_weights = w.get();
+    }
+    const RequestResult got = run_engine(c, *w, e, {r}).results[0];
+    EXPECT_EQ(got.output_tokens, std::vector<std::int32_t>(full.begin(), full.begin() + first + 1))
+        << "draft tokens " << draft_tokens;
+    EXPECT_EQ(got.finish_reason, FinishReason::stop);
+    ASSERT_EQ(got.logprobs.size(), got.output_tokens.size());
+    for (std::size_t k = 0; k < got.logprobs.size(); ++k) {
+      EXPECT_EQ(got.logprobs[k].chosen.token, got.output_tokens[k]);
+      ASSERT_EQ(got.logprobs[k].top.size(), 2u);
+      EXPECT_EQ(got.logprobs[k].top[0].token, got.output_tokens[k]) << "greedy picks the top";
+    }
+  }
+}
+
+TEST(Engine, CancelFreesTheKvAndLeavesTheOtherRequestsUntouched) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 1);
+  const auto w = make_synthetic_weights(8);
+  const std::vector<std::int32_t> pa = random_tokens(rng, 25, c.vocab_size),
+                                  pb = random_tokens(rng, 19, c.vocab_size),
+                                  pc = random_tokens(rng, 33, c.vocab_size);
+  EngineSetup s;
+  s.tp = 2;
+  s.dcp = 2;
+  s.page_size = 4;
+  const std::vector<std::int32_t> alone =
+      run_engine(c, *w, s, {request(0, pa, 8)}).results[0].output_tokens;
+  ParallelConfig pcfg;
+  pcfg.tp_size = 2;
+  pcfg.dcp_size = 2;
+  const Topology topo = resolve(pcfg);
+  ModelSource src;
+  src.config = c;
+  src.weights = w.get();
+  ModelOptions mo;
+  mo.kv_dtype = KvDtype::fp32;
+  mo.page_size = 4;
+  mo.kv_capacity_tokens = 512;
+  EngineOptions eo;
+  eo.max_running_requests = 2;  // request 2 waits
+  launch_ranks({RankTransport::threads, 2, {}}, [&](Communicator& world, bool) {
+    RankSystem sys(world, topo, src, mo, eo);
+    Engine& engine = sys.engine();
+    engine.submit(request(0, pa, 8));
+    engine.submit(request(1, pb, 8));
+    engine.submit(request(2, pc, 8));
+    engine.step();
+    engine.step();
+    EXPECT_EQ(engine.running(), 2);
+    EXPECT_TRUE(engine.cancel(1));   // running: its KV goes now
+    EXPECT_TRUE(engine.cancel(2));   // waiting
+    EXPECT_FALSE(engine.cancel(1));  // already finished
+    EXPECT_FALSE(engine.cancel(9));  // unknown
+    EXPECT_EQ(sys.model().allocator().requests(), std::vector<RequestId>{0});
+    EXPECT_FALSE(engine.forget(0)) << "forgot a running request";
+    engine.run();
+    const auto& res = engine.results();
+    ASSERT_EQ(res.size(), 3u);
+    EXPECT_EQ(res[0].output_tokens, alone);
+    EXPECT_EQ(res[0].finish_reason, FinishReason::length);
+    EXPECT_EQ(res[1].finish_reason, FinishReason::cancelled);
+    // Step 1 prefilled it (one token) and decoded once; step 2 decoded once more.
+    EXPECT_EQ(res[1].output_tokens.size(), 3u) << "a cancelled request keeps its tokens so far";
+    EXPECT_EQ(res[2].finish_reason, FinishReason::cancelled);
+    EXPECT_TRUE(res[2].output_tokens.empty());
+    EXPECT_TRUE(sys.model().allocator().requests().empty());
+    EXPECT_TRUE(engine.forget(1));
+    EXPECT_FALSE(engine.forget(1));
+    EXPECT_TRUE(engine.forget(0));
+    EXPECT_TRUE(engine.forget(2));
+    EXPECT_TRUE(engine.results().empty());
+    engine.submit(request(1, pb, 3));  // a forgotten id may come back
+    engine.run();
+    EXPECT_EQ(engine.results().at(0).output_tokens.size(), 3u);
+  });
+}
+
 }  // namespace
 }  // namespace dcp
