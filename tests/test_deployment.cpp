@@ -25,6 +25,8 @@ TEST(Deployment, ResultsRoundTripExactlyPastFloatPrecision) {
   std::vector<RequestResult> in(3);
   in[0].id = (std::int64_t{1} << 40) + 3;  // ids and tokens a float cannot hold
   in[0].state = RequestState::finished;
+  in[0].finish_reason = FinishReason::stop;
+  in[0].logprobs = {{{7, -0.25f}, {{7, -0.25f}, {2, -3.5f}}}, {{1, -1e-30f}, {}}};
   in[0].output_tokens = {(1 << 24) + 1, 0, std::numeric_limits<std::int32_t>::max()};
   in[0].step_logits = {1.5f, -0.0f, std::numeric_limits<float>::quiet_NaN(),
                        -std::numeric_limits<float>::infinity(), 1e-40f};
@@ -41,12 +43,23 @@ TEST(Deployment, ResultsRoundTripExactlyPastFloatPrecision) {
     EXPECT_EQ(out[i].output_tokens, in[i].output_tokens);
     EXPECT_TRUE(same_bits(out[i].step_logits, in[i].step_logits)) << "request " << i;
     EXPECT_EQ(out[i].error, in[i].error);
+    EXPECT_EQ(out[i].finish_reason, in[i].finish_reason);
+    ASSERT_EQ(out[i].logprobs.size(), in[i].logprobs.size());
+    for (std::size_t k = 0; k < in[i].logprobs.size(); ++k) {
+      EXPECT_EQ(out[i].logprobs[k].chosen.token, in[i].logprobs[k].chosen.token);
+      EXPECT_EQ(out[i].logprobs[k].chosen.logprob, in[i].logprobs[k].chosen.logprob);
+      ASSERT_EQ(out[i].logprobs[k].top.size(), in[i].logprobs[k].top.size());
+      for (std::size_t j = 0; j < in[i].logprobs[k].top.size(); ++j) {
+        EXPECT_EQ(out[i].logprobs[k].top[j].token, in[i].logprobs[k].top[j].token);
+        EXPECT_EQ(out[i].logprobs[k].top[j].logprob, in[i].logprobs[k].top[j].logprob);
+      }
+    }
   }
   // A cut buffer is an error, never a read past its end.
   for (std::size_t cut : {std::size_t{1}, std::size_t{9}, bytes.size() - 1}) {
     const std::vector<std::uint8_t> part(bytes.begin(), bytes.begin() + static_cast<long>(cut));
     EXPECT_TRUE(test::throws_error([&] { unpack_results(part); }, ErrorCategory::internal,
-                                   "packed results"))
+                                   "packed bytes"))
         << "cut at " << cut;
   }
 }

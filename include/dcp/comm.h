@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <string_view>
+#include <vector>
 
 namespace dcp {
 
@@ -100,5 +101,11 @@ class Communicator {
  private:
   CommStats stats_;
 };
+
+// Variable-size byte messages over a group, built on the fixed-size collectives: every rank
+// gets every rank's bytes (in rank order), or the root's.
+std::vector<std::vector<std::uint8_t>> all_gather_bytes(Communicator& group,
+                                                        const std::vector<std::uint8_t>& mine);
+void broadcast_bytes(Communicator& group, std::vector<std::uint8_t>& bytes, int root);
 
 }  // namespace dcp

@@ -1,4 +1,7 @@
 #include "dcp/comm.h"
+
+#include <algorithm>
+
 #include "dcp/error.h"
 
 namespace dcp {
@@ -58,6 +61,32 @@ void Communicator::check_root(int root, const char* what) const {
 void Communicator::check_peer(int peer, const char* what) const {
   DCP_ARG_CHECK(peer >= 0 && peer < size() && peer != rank(), what, ": peer = ", peer,
                 " must be in [0, ", size(), ") and not this rank (", rank(), ")");
+}
+
+std::vector<std::vector<std::uint8_t>> all_gather_bytes(Communicator& group,
+                                                        const std::vector<std::uint8_t>& mine) {
+  const std::int64_t size = static_cast<std::int64_t>(mine.size());
+  std::vector<std::int64_t> sizes(static_cast<std::size_t>(group.size()));
+  group.all_gather(&size, sizes.data(), sizeof size);
+  const std::size_t longest =
+      static_cast<std::size_t>(*std::max_element(sizes.begin(), sizes.end()));
+  std::vector<std::uint8_t> send(mine);
+  send.resize(longest);  // all_gather moves equal blocks: pad to the longest
+  std::vector<std::uint8_t> all(longest * sizes.size());
+  if (longest > 0) group.all_gather(send.data(), all.data(), longest);
+  std::vector<std::vector<std::uint8_t>> out;
+  for (std::size_t k = 0; k < sizes.size(); ++k) {
+    const auto begin = all.begin() + static_cast<std::ptrdiff_t>(k * longest);
+    out.emplace_back(begin, begin + sizes[k]);
+  }
+  return out;
+}
+
+void broadcast_bytes(Communicator& group, std::vector<std::uint8_t>& bytes, int root) {
+  std::int64_t size = static_cast<std::int64_t>(bytes.size());
+  group.broadcast(&size, sizeof size, root);
+  bytes.resize(static_cast<std::size_t>(size));
+  if (size > 0) group.broadcast(bytes.data(), bytes.size(), root);
 }
 
 }  // namespace dcp

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/bytes.h"
 #include "dcp/comm_mpi.h"
 #include "dcp/comm_threads.h"
 #include "dcp/error.h"
@@ -146,49 +147,6 @@ void launch_ranks(const LaunchOptions& o, const std::function<void(Communicator&
 
 // ---- results as bytes ----
 
-namespace {
-
-class ByteWriter {
- public:
-  explicit ByteWriter(std::vector<std::uint8_t>& out) : out_(out) {}
-  void i64(std::int64_t v) { raw(&v, sizeof v); }
-  void raw(const void* p, std::size_t n) {
-    const auto* b = static_cast<const std::uint8_t*>(p);
-    out_.insert(out_.end(), b, b + n);
-  }
-
- private:
-  std::vector<std::uint8_t>& out_;
-};
-
-class ByteReader {
- public:
-  explicit ByteReader(const std::vector<std::uint8_t>& in) : in_(in) {}
-  bool done() const noexcept { return at_ == in_.size(); }
-  std::int64_t i64() {
-    std::int64_t v = 0;
-    raw(&v, sizeof v);
-    return v;
-  }
-  // A count of items of `item_bytes` each that must fit in what is left.
-  std::size_t count(std::size_t item_bytes) {
-    const std::int64_t n = i64();
-    DCP_CHECK(n >= 0 && static_cast<std::size_t>(n) <= (in_.size() - at_) / item_bytes, internal,
-              "packed results: a count of ", n, " overruns the buffer");
-    return static_cast<std::size_t>(n);
-  }
-  void raw(void* p, std::size_t n) {
-    DCP_CHECK(n <= in_.size() - at_, internal, "packed results end early");
-    if (n > 0) std::memcpy(p, in_.data() + at_, n);
-    at_ += n;
-  }
-
- private:
-  const std::vector<std::uint8_t>& in_;
-  std::size_t at_ = 0;
-};
-
-}  // namespace
 
 std::vector<std::uint8_t> pack_results(const std::vector<RequestResult>& results) {
   std::vector<std::uint8_t> bytes;
@@ -196,12 +154,18 @@ std::vector<std::uint8_t> pack_results(const std::vector<RequestResult>& results
   for (const RequestResult& r : results) {
     w.i64(r.id);
     w.i64(static_cast<std::int64_t>(r.state));
+    w.i64(static_cast<std::int64_t>(r.finish_reason));
     w.i64(static_cast<std::int64_t>(r.output_tokens.size()));
     w.raw(r.output_tokens.data(), r.output_tokens.size() * sizeof(std::int32_t));
     w.i64(static_cast<std::int64_t>(r.step_logits.size()));
     w.raw(r.step_logits.data(), r.step_logits.size() * sizeof(float));
     w.i64(static_cast<std::int64_t>(r.error.size()));
     w.raw(r.error.data(), r.error.size());
+    w.i64(static_cast<std::int64_t>(r.logprobs.size()));
+    for (const StepLogprobs& lp : r.logprobs) {
+      w.raw(&lp.chosen, sizeof lp.chosen);
+      w.vec(lp.top);
+    }
   }
   return bytes;
 }
@@ -213,12 +177,18 @@ std::vector<RequestResult> unpack_results(const std::vector<std::uint8_t>& bytes
     RequestResult r;
     r.id = in.i64();
     r.state = static_cast<RequestState>(in.i64());
+    r.finish_reason = static_cast<FinishReason>(in.i64());
     r.output_tokens.resize(in.count(sizeof(std::int32_t)));
     in.raw(r.output_tokens.data(), r.output_tokens.size() * sizeof(std::int32_t));
     r.step_logits.resize(in.count(sizeof(float)));
     in.raw(r.step_logits.data(), r.step_logits.size() * sizeof(float));
     r.error.resize(in.count(1));
     in.raw(r.error.data(), r.error.size());
+    r.logprobs.resize(in.count(sizeof(TokenLogprob) + sizeof(std::int64_t)));
+    for (StepLogprobs& lp : r.logprobs) {
+      in.raw(&lp.chosen, sizeof lp.chosen);
+      lp.top = in.vec<TokenLogprob>();
+    }
     out.push_back(std::move(r));
   }
   return out;
@@ -226,22 +196,11 @@ std::vector<RequestResult> unpack_results(const std::vector<std::uint8_t>& bytes
 
 std::vector<RequestResult> gather_results(Communicator& world, bool contribute,
                                           const std::vector<RequestResult>& mine) {
-  const std::vector<std::uint8_t> packed =
-      contribute ? pack_results(mine) : std::vector<std::uint8_t>{};
-  const std::int64_t size = static_cast<std::int64_t>(packed.size());
-  std::vector<std::int64_t> sizes(static_cast<std::size_t>(world.size()));
-  world.all_gather(&size, sizes.data(), sizeof size);
-  const std::size_t longest =
-      static_cast<std::size_t>(*std::max_element(sizes.begin(), sizes.end()));
-  std::vector<std::uint8_t> send(packed);
-  send.resize(longest);  // all_gather moves equal blocks: pad to the longest
-  std::vector<std::uint8_t> all(longest * sizes.size());
-  if (longest > 0) world.all_gather(send.data(), all.data(), longest);
+  const std::vector<std::vector<std::uint8_t>> parts = all_gather_bytes(
+      world, contribute ? pack_results(mine) : std::vector<std::uint8_t>{});
   std::vector<RequestResult> out;
-  for (std::size_t k = 0; k < sizes.size(); ++k) {
-    const auto begin = all.begin() + static_cast<std::ptrdiff_t>(k * longest);
-    std::vector<RequestResult> part =
-        unpack_results(std::vector<std::uint8_t>(begin, begin + sizes[k]));
+  for (const std::vector<std::uint8_t>& bytes : parts) {
+    std::vector<RequestResult> part = unpack_results(bytes);
     std::move(part.begin(), part.end(), std::back_inserter(out));
   }
   std::stable_sort(out.begin(), out.end(),
