@@ -1,0 +1,159 @@
+// A served deployment: the ranks of a DeploymentSpec run one engine step after another for as
+// long as the server lives, and requests arrive from any thread of world rank 0's process.
+//
+// World rank 0 is the frontend. Before every step it broadcasts what changed (new requests,
+// cancellations, shutdown) to every rank, so all engines stay in lockstep under threads and
+// under MPI; after the step each DP replica's first rank reports its new tokens back to it.
+// When nothing runs it still broadcasts a heartbeat every idle tick, so no rank waits on a
+// collective past its timeout while the server is idle.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dcp/deployment.h"
+#include "dcp/engine.h"
+#include "dcp/error.h"
+#include "dcp/sampling.h"
+
+namespace dcp {
+
+struct ServeRequest {
+  std::vector<std::int32_t> prompt;  // >= 1 token id
+  int max_new_tokens = 16;
+  SamplingParams sampling;
+  std::vector<std::int32_t> stop_token_ids;  // an EOS, say
+  int logprobs = -1;                         // see RequestSpec::logprobs
+};
+
+// Why submit() refused a request: HTTP maps each to its status.
+enum class Refusal : std::uint8_t {
+  invalid,        // a field outside its legal range (400)
+  too_long,       // the prompt alone exceeds the KV cache (413)
+  queue_full,     // max_queued_requests wait already (503)
+  shutting_down,  // shutdown() was called (503)
+};
+class RefusedError : public Error {
+ public:
+  RefusedError(Refusal why, const std::string& message);
+  Refusal why() const noexcept { return why_; }
+
+ private:
+  Refusal why_;
+};
+
+// What a request's stream holds after one or more steps, merged.
+struct StreamUpdate {
+  std::vector<std::int32_t> tokens;  // new tokens, in order
+  std::vector<StepLogprobs> logprobs;
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::none;
+  std::string error;  // the engine rejected it
+};
+
+// One request's results as they come; owned jointly by the caller and the serving loop.
+class RequestStream {
+ public:
+  RequestId id() const noexcept { return id_; }
+  // Waits up to `timeout` for news; nullopt when there was none. After the update that says
+  // finished, every call returns nullopt at once.
+  std::optional<StreamUpdate> next(std::chrono::milliseconds timeout);
+  // Asks the loop to end the request at its next step (a client went away); its KV is freed then.
+  void cancel();
+
+ private:
+  friend class ServingDeployment;
+  explicit RequestStream(RequestId id) : id_(id) {}
+  RequestId id_;
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  StreamUpdate pending_;
+  bool has_news_ = false, delivered_end_ = false, cancel_asked_ = false;
+  // Frontend-side timing, for the metrics.
+  std::chrono::steady_clock::time_point submitted_, last_token_;
+  bool first_token_seen_ = false;
+};
+
+struct ServeOptions {
+  int max_queued_requests = 256;  // submitted but not yet admitted; beyond: Refusal::queue_full
+  std::chrono::milliseconds idle_tick{50};
+};
+
+// A latency histogram with fixed bucket bounds in seconds (Prometheus-style, cumulative on output).
+struct LatencyHistogram {
+  static constexpr double kBounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                       0.5,   1.0,  2.5,   5.0,  10.0, 30.0};
+  std::vector<std::int64_t> counts = std::vector<std::int64_t>(std::size(kBounds) + 1, 0);
+  double sum_s = 0;
+  std::int64_t count = 0;
+  void observe(double seconds);
+};
+
+struct ServeMetrics {
+  std::int64_t running = 0, queued = 0;  // over all DP replicas
+  std::int64_t prompt_tokens = 0, generation_tokens = 0;
+  std::int64_t requests_finished = 0, requests_cancelled = 0, requests_rejected = 0;
+  std::vector<std::int64_t> kv_rows_used;      // per world rank, per layer
+  std::vector<std::int64_t> kv_rows_capacity;  // per world rank, per layer
+  std::int64_t prefix_lookup_tokens = 0, prefix_hit_tokens = 0;  // world rank 0's cache
+  std::int64_t steps = 0;
+  LatencyHistogram time_to_first_token, inter_token_latency;
+};
+
+class ServingDeployment {
+ public:
+  // spec.requests must be empty (requests come through submit). Throws on a configuration that
+  // cannot be served.
+  ServingDeployment(DeploymentSpec spec, ServeOptions options = {});
+  ~ServingDeployment();
+  ServingDeployment(const ServingDeployment&) = delete;
+  ServingDeployment& operator=(const ServingDeployment&) = delete;
+
+  // Runs this process's ranks in the calling thread until shutdown() (threads: all of them; MPI:
+  // this process's). `on_ready` is called on the frontend (world rank 0's process) once every
+  // rank has loaded: start the HTTP server there. Rethrows a rank's error.
+  void run(const std::function<void()>& on_ready = {});
+
+  // Frontend only, any thread. Throws RefusedError; the deployment is unchanged then.
+  std::shared_ptr<RequestStream> submit(const ServeRequest& request);
+  ServeMetrics metrics() const;
+  // Stops accepting; `drain`: in-flight requests finish, else they are cancelled. run() returns
+  // once nothing is left.
+  void shutdown(bool drain);
+  bool ready() const;
+
+  const ModelConfig& config() const noexcept { return spec_.model.config; }
+  // The logical KV capacity in tokens (every DP replica's is the same), known once ready.
+  std::int64_t kv_capacity_tokens() const;
+
+ private:
+  struct Control;
+  void rank_loop(Communicator& world);
+  std::vector<std::uint8_t> take_control(bool engine_busy);
+  void publish(const std::vector<std::vector<std::uint8_t>>& reports);
+
+  DeploymentSpec spec_;
+  ServeOptions options_;
+  Topology topology_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::function<void()> on_ready_;
+  bool ready_ = false, stopping_ = false, drain_ = true;
+  std::int64_t capacity_tokens_ = 0;
+  RequestId next_id_ = 0;
+  std::vector<std::pair<ServeRequest, std::shared_ptr<RequestStream>>> incoming_;
+  std::vector<RequestId> cancels_;
+  std::vector<std::shared_ptr<RequestStream>> live_;  // submitted, not finished
+  std::int64_t unadmitted_ = 0;  // submitted, not yet broadcast or waiting in an engine
+  ServeMetrics metrics_;
+};
+
+}  // namespace dcp

@@ -1,0 +1,433 @@
+#include "dcp/serving.h"
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+
+#include "core/bytes.h"
+
+namespace dcp {
+namespace {
+
+void write_spec(ByteWriter& w, const RequestSpec& r) {
+  w.i64(r.id);
+  w.vec(r.prompt);
+  w.i64(r.max_new_tokens);
+  w.f64(r.sampling.temperature);
+  w.f64(r.sampling.top_p);
+  w.i64(r.sampling.top_k);
+  w.f64(r.sampling.min_p);
+  w.i64(static_cast<std::int64_t>(r.sampling.seed));
+  w.vec(r.stop_token_ids);
+  w.i64(r.logprobs);
+}
+
+RequestSpec read_spec(ByteReader& in) {
+  RequestSpec r;
+  r.id = in.i64();
+  r.prompt = in.vec<std::int32_t>();
+  r.max_new_tokens = static_cast<int>(in.i64());
+  r.sampling.temperature = in.f64();
+  r.sampling.top_p = in.f64();
+  r.sampling.top_k = static_cast<int>(in.i64());
+  r.sampling.min_p = in.f64();
+  r.sampling.seed = static_cast<std::uint64_t>(in.i64());
+  r.stop_token_ids = in.vec<std::int32_t>();
+  r.logprobs = static_cast<int>(in.i64());
+  return r;
+}
+
+// What one rank reports after a step: its load, then (DP replicas' first ranks) each request's
+// news since the last report.
+struct RankLoad {
+  std::int64_t kv_rows = 0, kv_capacity_rows = 0, running = 0, waiting = 0;
+  std::int64_t lookup_tokens = 0, hit_tokens = 0;
+};
+
+void write_news(ByteWriter& w, const RequestResult& r, std::size_t from) {
+  w.i64(r.id);
+  w.i64(static_cast<std::int64_t>(r.state));
+  w.i64(static_cast<std::int64_t>(r.finish_reason));
+  w.vec(std::vector<std::int32_t>(r.output_tokens.begin() + static_cast<std::ptrdiff_t>(from),
+                                  r.output_tokens.end()));
+  const std::size_t lp_from = std::min(from, r.logprobs.size());
+  w.i64(static_cast<std::int64_t>(r.logprobs.size() - lp_from));
+  for (std::size_t k = lp_from; k < r.logprobs.size(); ++k) {
+    w.raw(&r.logprobs[k].chosen, sizeof(TokenLogprob));
+    w.vec(r.logprobs[k].top);
+  }
+  w.vec(std::vector<char>(r.error.begin(), r.error.end()));
+}
+
+}  // namespace
+
+RefusedError::RefusedError(Refusal why, const std::string& message)
+    : Error(why == Refusal::invalid ? ErrorCategory::invalid_argument : ErrorCategory::capacity,
+            message),
+      why_(why) {}
+
+void LatencyHistogram::observe(double seconds) {
+  std::size_t b = 0;
+  while (b < std::size(kBounds) && seconds > kBounds[b]) ++b;
+  ++counts[b];
+  sum_s += seconds;
+  ++count;
+}
+
+std::optional<StreamUpdate> RequestStream::next(std::chrono::milliseconds timeout) {
+  std::unique_lock lock(mutex_);
+  if (delivered_end_) return std::nullopt;
+  ready_.wait_for(lock, timeout, [&] { return has_news_; });
+  if (!has_news_) return std::nullopt;
+  StreamUpdate out = std::move(pending_);
+  pending_ = StreamUpdate{};
+  has_news_ = false;
+  delivered_end_ = out.finished;
+  return out;
+}
+
+void RequestStream::cancel() {
+  std::lock_guard lock(mutex_);
+  cancel_asked_ = true;
+}
+
+ServingDeployment::ServingDeployment(DeploymentSpec spec, ServeOptions options)
+    : spec_(std::move(spec)), options_(options), topology_(resolve(spec_.parallel)) {
+  DCP_ARG_CHECK(spec_.requests.empty(), "a served deployment takes its requests through submit()");
+  DCP_ARG_CHECK(options_.max_queued_requests >= 1, "max_queued_requests = ",
+                options_.max_queued_requests, " must be >= 1");
+  DCP_ARG_CHECK(options_.idle_tick.count() >= 1, "idle_tick must be >= 1 ms");
+  DCP_CHECK(!(spec_.parallel.enable_dp_attention && spec_.parallel.dp_size > 1), unsupported,
+            "enable_dp_attention with dp_size > 1 is not supported by the deployment yet");
+  spec_.engine.record_logits = false;  // a server never keeps whole logit rows
+  metrics_.kv_rows_used.assign(static_cast<std::size_t>(topology_.world_size), 0);
+  metrics_.kv_rows_capacity.assign(static_cast<std::size_t>(topology_.world_size), 0);
+}
+
+ServingDeployment::~ServingDeployment() = default;
+
+bool ServingDeployment::ready() const {
+  std::lock_guard lock(mutex_);
+  return ready_;
+}
+
+std::int64_t ServingDeployment::kv_capacity_tokens() const {
+  std::lock_guard lock(mutex_);
+  return capacity_tokens_;
+}
+
+ServeMetrics ServingDeployment::metrics() const {
+  std::lock_guard lock(mutex_);
+  ServeMetrics m = metrics_;
+  m.queued += static_cast<std::int64_t>(incoming_.size());
+  return m;
+}
+
+void ServingDeployment::shutdown(bool drain) {
+  std::lock_guard lock(mutex_);
+  if (!stopping_) drain_ = drain;
+  drain_ = drain_ && drain;  // a second, harder shutdown cancels
+  stopping_ = true;
+  wake_.notify_all();
+}
+
+std::shared_ptr<RequestStream> ServingDeployment::submit(const ServeRequest& req) {
+  const ModelConfig& c = spec_.model.config;
+  const auto refuse_if = [](bool bad, Refusal why, const std::string& message) {
+    if (bad) throw RefusedError(why, message);
+  };
+  refuse_if(req.prompt.empty(), Refusal::invalid, "the prompt must hold at least one token");
+  for (std::int32_t t : req.prompt) {
+    refuse_if(t < 0 || t >= c.vocab_size, Refusal::invalid,
+              str("prompt token id ", t, " is outside the vocabulary [0, ", c.vocab_size, ")"));
+  }
+  for (std::int32_t t : req.stop_token_ids) {
+    refuse_if(t < 0 || t >= c.vocab_size, Refusal::invalid,
+              str("stop token id ", t, " is outside the vocabulary [0, ", c.vocab_size, ")"));
+  }
+  refuse_if(req.max_new_tokens < 1, Refusal::invalid,
+            str("max_tokens = ", req.max_new_tokens, " must be >= 1"));
+  refuse_if(req.logprobs < -1 || req.logprobs > 20, Refusal::invalid,
+            str("logprobs = ", req.logprobs, " must be in [0, 20]"));
+  try {
+    validate(req.sampling);
+  } catch (const Error& e) {
+    throw RefusedError(Refusal::invalid, e.what());
+  }
+  refuse_if(!req.sampling.greedy() && spec_.engine.num_draft_tokens > 0, Refusal::invalid,
+            "temperature > 0 does not combine with this server's speculative decoding (its "
+            "verification is greedy); use temperature 0");
+  std::lock_guard lock(mutex_);
+  refuse_if(stopping_, Refusal::shutting_down, "the server is shutting down");
+  refuse_if(!ready_, Refusal::shutting_down, "the model is still loading");
+  const std::int64_t prompt = static_cast<std::int64_t>(req.prompt.size());
+  refuse_if(prompt >= capacity_tokens_, Refusal::too_long,
+            str("the prompt holds ", prompt, " tokens; the KV cache holds ", capacity_tokens_,
+                " (prompt and new tokens together)"));
+  refuse_if(prompt + req.max_new_tokens > capacity_tokens_, Refusal::invalid,
+            str("max_tokens = ", req.max_new_tokens, " with a prompt of ", prompt,
+                " tokens exceeds the context of ", capacity_tokens_, " tokens (at most ",
+                capacity_tokens_ - prompt, ")"));
+  const std::int64_t queued = metrics_.queued + static_cast<std::int64_t>(incoming_.size());
+  refuse_if(queued >= options_.max_queued_requests, Refusal::queue_full,
+            str(queued, " requests wait for KV already (the bound is ", options_.max_queued_requests,
+                "); retry later"));
+  auto stream = std::shared_ptr<RequestStream>(new RequestStream(next_id_++));
+  stream->submitted_ = std::chrono::steady_clock::now();
+  incoming_.emplace_back(req, stream);
+  live_.push_back(stream);
+  metrics_.prompt_tokens += prompt;
+  wake_.notify_all();
+  return stream;
+}
+
+// Frontend: what the ranks apply before the next step. Waits up to one idle tick when nothing
+// runs anywhere and nothing arrived.
+std::vector<std::uint8_t> ServingDeployment::take_control(bool busy) {
+  std::unique_lock lock(mutex_);
+  const auto news = [&] {
+    if (!incoming_.empty() || stopping_) return true;
+    for (const auto& s : live_) {
+      std::lock_guard sl(s->mutex_);
+      if (s->cancel_asked_) return true;
+    }
+    return false;
+  };
+  if (!busy && !news()) wake_.wait_for(lock, options_.idle_tick, [&] { return !incoming_.empty() || stopping_; });
+  std::vector<std::uint8_t> bytes;
+  ByteWriter w(bytes);
+  w.i64(stopping_);
+  w.i64(drain_);
+  w.i64(static_cast<std::int64_t>(incoming_.size()));
+  for (const auto& [req, stream] : incoming_) {
+    RequestSpec spec;
+    spec.id = stream->id();
+    spec.prompt = req.prompt;
+    spec.max_new_tokens = req.max_new_tokens;
+    spec.sampling = req.sampling;
+    spec.stop_token_ids = req.stop_token_ids;
+    spec.logprobs = req.logprobs;
+    write_spec(w, spec);
+  }
+  metrics_.queued += static_cast<std::int64_t>(incoming_.size());  // until the next report
+  incoming_.clear();
+  std::vector<std::int64_t> cancels;
+  for (const auto& s : live_) {
+    std::lock_guard sl(s->mutex_);
+    if (s->cancel_asked_) cancels.push_back(s->id());
+  }
+  w.vec(cancels);
+  return bytes;
+}
+
+// Frontend: every rank's report of the step that just ran.
+void ServingDeployment::publish(const std::vector<std::vector<std::uint8_t>>& reports) {
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard lock(mutex_);
+  metrics_.running = metrics_.queued = 0;
+  ++metrics_.steps;
+  for (std::size_t rank = 0; rank < reports.size(); ++rank) {
+    ByteReader in(reports[rank]);
+    RankLoad load;
+    in.raw(&load, sizeof load);
+    metrics_.kv_rows_used[rank] = load.kv_rows;
+    metrics_.kv_rows_capacity[rank] = load.kv_capacity_rows;
+    if (rank == 0) {
+      metrics_.prefix_lookup_tokens = load.lookup_tokens;
+      metrics_.prefix_hit_tokens = load.hit_tokens;
+    }
+    const std::int64_t news = in.i64();
+    if (news < 0) continue;  // not a replica's first rank: load only
+    metrics_.running += load.running;
+    metrics_.queued += load.waiting;
+    for (std::int64_t k = 0; k < news; ++k) {
+      StreamUpdate u;
+      const RequestId id = in.i64();
+      const auto state = static_cast<RequestState>(in.i64());
+      u.finish_reason = static_cast<FinishReason>(in.i64());
+      u.tokens = in.vec<std::int32_t>();
+      u.logprobs.resize(in.count(sizeof(TokenLogprob) + sizeof(std::int64_t)));
+      for (StepLogprobs& lp : u.logprobs) {
+        in.raw(&lp.chosen, sizeof lp.chosen);
+        lp.top = in.vec<TokenLogprob>();
+      }
+      const std::vector<char> error = in.vec<char>();
+      u.error.assign(error.begin(), error.end());
+      u.finished = state == RequestState::finished || state == RequestState::rejected;
+      const auto it = std::find_if(live_.begin(), live_.end(),
+                                   [&](const auto& s) { return s->id() == id; });
+      if (it == live_.end()) continue;
+      RequestStream& s = **it;
+      metrics_.generation_tokens += static_cast<std::int64_t>(u.tokens.size());
+      {
+        std::lock_guard sl(s.mutex_);
+        if (!u.tokens.empty()) {
+          if (!s.first_token_seen_) {
+            metrics_.time_to_first_token.observe(
+                std::chrono::duration<double>(now - s.submitted_).count());
+            s.first_token_seen_ = true;
+            for (std::size_t t = 1; t < u.tokens.size(); ++t) metrics_.inter_token_latency.observe(0);
+          } else {
+            const double gap = std::chrono::duration<double>(now - s.last_token_).count() /
+                               static_cast<double>(u.tokens.size());
+            for (std::size_t t = 0; t < u.tokens.size(); ++t) metrics_.inter_token_latency.observe(gap);
+          }
+          s.last_token_ = now;
+        }
+        StreamUpdate& p = s.pending_;
+        p.tokens.insert(p.tokens.end(), u.tokens.begin(), u.tokens.end());
+        std::move(u.logprobs.begin(), u.logprobs.end(), std::back_inserter(p.logprobs));
+        p.finished = u.finished;
+        p.finish_reason = u.finish_reason;
+        p.error = u.error;
+        s.has_news_ = true;
+      }
+      s.ready_.notify_all();
+      if (u.finished) {
+        if (state == RequestState::rejected) {
+          ++metrics_.requests_rejected;
+        } else if (u.finish_reason == FinishReason::cancelled) {
+          ++metrics_.requests_cancelled;
+        } else {
+          ++metrics_.requests_finished;
+        }
+        live_.erase(it);
+      }
+    }
+  }
+}
+
+void ServingDeployment::rank_loop(Communicator& world) {
+  RankSystem sys(world, topology_, spec_.model, spec_.model_options, spec_.engine, spec_.draft);
+  Engine& engine = sys.engine();
+  MlaModel& model = sys.model();
+  const RankPlacement& me = sys.placement();
+  const bool reporter = me.tp_rank == 0;
+  const int replicas = spec_.parallel.dp_size;
+  const bool frontend = world.rank() == 0;
+  if (frontend) {
+    {
+      std::lock_guard lock(mutex_);
+      capacity_tokens_ = model.allocator().capacity_tokens();
+      ready_ = true;
+    }
+    if (on_ready_) on_ready_();
+  }
+  std::unordered_map<RequestId, std::size_t> reported;  // tokens already reported, per request
+  std::vector<RequestResult> refused;                    // submit() threw this step
+  bool busy_anywhere = false;
+  for (;;) {
+    std::vector<std::uint8_t> control;
+    if (frontend) control = take_control(busy_anywhere);
+    broadcast_bytes(world, control, 0);
+    ByteReader in(control);
+    const bool stopping = in.i64() != 0;
+    const bool drain = in.i64() != 0;
+    const std::int64_t arrivals = in.i64();
+    for (std::int64_t k = 0; k < arrivals; ++k) {
+      const RequestSpec spec = read_spec(in);
+      if (spec.id % replicas != me.dp_rank) continue;  // requests are dealt round robin
+      try {
+        engine.submit(spec);
+      } catch (const Error& e) {  // every rank of the replica refuses it alike
+        RequestResult r;
+        r.id = spec.id;
+        r.state = RequestState::rejected;
+        r.error = e.what();
+        refused.push_back(std::move(r));
+      }
+    }
+    for (const std::int64_t id : in.vec<std::int64_t>()) engine.cancel(id);
+    if (stopping && !drain) {
+      std::vector<RequestId> open;
+      for (const RequestResult& r : engine.results()) {
+        if (r.state != RequestState::finished && r.state != RequestState::rejected)
+          open.push_back(r.id);
+      }
+      for (const RequestId id : open) engine.cancel(id);
+    }
+    engine.step();
+
+    std::vector<std::uint8_t> report;
+    ByteWriter w(report);
+    RankLoad load;
+    for (const RequestId id : model.allocator().requests()) load.kv_rows += model.kv_shard(0).local_length(id);
+    load.kv_capacity_rows = model.allocator().num_pages() * spec_.model_options.page_size;
+    load.running = engine.running();
+    load.waiting = engine.waiting();
+    if (engine.prefix_cache()) {
+      load.lookup_tokens = engine.prefix_cache()->stats().lookup_tokens;
+      load.hit_tokens = engine.prefix_cache()->stats().hit_tokens;
+    }
+    w.raw(&load, sizeof load);
+    std::vector<RequestId> done;
+    if (reporter) {
+      std::vector<std::uint8_t> news;
+      ByteWriter nw(news);
+      std::int64_t count = 0;
+      for (const RequestResult& r : engine.results()) {
+        const bool over = r.state == RequestState::finished || r.state == RequestState::rejected;
+        std::size_t& from = reported[r.id];
+        if (r.output_tokens.size() > from || over) {
+          write_news(nw, r, from);
+          ++count;
+        }
+        from = r.output_tokens.size();
+        if (over) done.push_back(r.id);
+      }
+      for (const RequestResult& r : refused) {
+        write_news(nw, r, 0);
+        ++count;
+      }
+      w.i64(count);
+      w.raw(news.data(), news.size());
+    } else {
+      w.i64(-1);
+      for (const RequestResult& r : engine.results()) {
+        if (r.state == RequestState::finished || r.state == RequestState::rejected) done.push_back(r.id);
+      }
+    }
+    refused.clear();
+    for (const RequestId id : done) {
+      engine.forget(id);
+      reported.erase(id);
+    }
+    const std::vector<std::vector<std::uint8_t>> reports = all_gather_bytes(world, report);
+    if (frontend) publish(reports);
+    busy_anywhere = false;
+    for (const auto& part : reports) {
+      RankLoad l;
+      std::memcpy(&l, part.data(), sizeof l);
+      busy_anywhere = busy_anywhere || l.running > 0 || l.waiting > 0;
+    }
+    if (stopping && !busy_anywhere) break;
+  }
+}
+
+void ServingDeployment::run(const std::function<void()>& on_ready) {
+  on_ready_ = on_ready;
+  LaunchOptions lo;
+  lo.transport = spec_.transport;
+  lo.world_size = topology_.world_size;
+  lo.comm_timeout = spec_.comm_timeout;
+  try {
+    launch_ranks(lo, [&](Communicator& world, bool) { rank_loop(world); });
+  } catch (const std::exception& e) {
+    // Nothing will answer the open requests: end them with the reason, then report it.
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+    for (const auto& s : live_) {
+      {
+        std::lock_guard sl(s->mutex_);
+        s->pending_.finished = true;
+        s->pending_.error = str("the deployment failed: ", e.what());
+        s->has_news_ = true;
+      }
+      s->ready_.notify_all();
+    }
+    live_.clear();
+    throw;
+  }
+}
+
+}  // namespace dcp

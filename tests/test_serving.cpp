@@ -1,0 +1,220 @@
+// The served deployment: requests from several threads, streamed tokens equal to a batch run's,
+// cancellation freeing KV, the refusals a server must give, shutdown, DP replicas.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "dcp/serving.h"
+#include "dcp/weights.h"
+#include "engine_util.h"
+#include "test_util.h"
+
+namespace dcp {
+namespace {
+
+using namespace std::chrono_literals;
+
+DeploymentSpec small_spec(const WeightSource& w, int tp, int dcp, int dp = 1,
+                          std::int64_t capacity = 2048) {
+  DeploymentSpec s;
+  s.model.config = preset_config("tiny", 2);
+  s.model.weights = &w;
+  s.parallel.tp_size = tp;
+  s.parallel.dcp_size = dcp;
+  s.parallel.dp_size = dp;
+  s.model_options.kv_dtype = KvDtype::fp32;
+  s.model_options.page_size = 4;
+  s.model_options.kv_capacity_tokens = capacity;
+  return s;
+}
+
+// Runs a served deployment in a background thread for the duration of the test body.
+class Running {
+ public:
+  explicit Running(DeploymentSpec spec, ServeOptions o = {}) : dep_(std::move(spec), o) {
+    thread_ = std::thread([this] {
+      try {
+        dep_.run();
+      } catch (const std::exception& e) {
+        error_ = e.what();
+      }
+    });
+    while (!dep_.ready() && error_.empty()) std::this_thread::sleep_for(1ms);
+  }
+  ~Running() {
+    dep_.shutdown(false);
+    thread_.join();
+  }
+  ServingDeployment& operator*() { return dep_; }
+  ServingDeployment* operator->() { return &dep_; }
+  void stop(bool drain) {
+    dep_.shutdown(drain);
+    thread_.join();
+    thread_ = std::thread([] {});
+  }
+
+ private:
+  ServingDeployment dep_;
+  std::thread thread_;
+  std::string error_;
+};
+
+// Reads a stream to its end; every update's tokens in order.
+StreamUpdate drain_stream(RequestStream& s, int* updates = nullptr) {
+  StreamUpdate all;
+  for (;;) {
+    const std::optional<StreamUpdate> u = s.next(10s);
+    if (!u) {
+      ADD_FAILURE() << "request " << s.id() << " stalled";
+      return all;
+    }
+    if (updates) ++*updates;
+    all.tokens.insert(all.tokens.end(), u->tokens.begin(), u->tokens.end());
+    all.logprobs.insert(all.logprobs.end(), u->logprobs.begin(), u->logprobs.end());
+    if (u->finished) {
+      all.finished = true;
+      all.finish_reason = u->finish_reason;
+      all.error = u->error;
+      return all;
+    }
+  }
+}
+
+ServeRequest greedy(std::vector<std::int32_t> prompt, int max_new) {
+  ServeRequest r;
+  r.prompt = std::move(prompt);
+  r.max_new_tokens = max_new;
+  return r;
+}
+
+TEST(Serving, StreamedTokensEqualABatchRunUnderConcurrentClients) {
+  auto rng = test::make_rng();
+  const auto w = make_synthetic_weights(21);
+  std::vector<std::vector<std::int32_t>> prompts;
+  for (int i = 0; i < 6; ++i) prompts.push_back(test::random_tokens(rng, 9 + 7 * i, 64));
+  for (const auto [tp, dcp, dp] : {std::array{2, 2, 1}, std::array{1, 1, 2}}) {
+    DeploymentSpec batch = small_spec(*w, tp, dcp, dp);
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      RequestSpec r;
+      r.id = static_cast<RequestId>(i);
+      r.prompt = prompts[i];
+      r.max_new_tokens = 10;
+      batch.requests.push_back(r);
+    }
+    const DeploymentReport want = run_deployment(batch).report;
+    Running server(small_spec(*w, tp, dcp, dp));
+    std::vector<StreamUpdate> got(prompts.size());
+    std::vector<int> updates(prompts.size(), 0);
+    std::vector<std::thread> clients;
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      clients.emplace_back([&, i] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(3 * i));  // arrivals spread out
+        const auto stream = server->submit(greedy(prompts[i], 10));
+        got[i] = drain_stream(*stream, &updates[i]);
+      });
+    }
+    for (auto& c : clients) c.join();
+    for (std::size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, want.results[i].output_tokens)
+          << "TP " << tp << " DCP " << dcp << " DP " << dp << " request " << i;
+      EXPECT_EQ(got[i].finish_reason, FinishReason::length);
+      EXPECT_GT(updates[i], 1) << "tokens should stream step by step";
+    }
+    const ServeMetrics m = server->metrics();
+    EXPECT_EQ(m.requests_finished, 6);
+    EXPECT_EQ(m.generation_tokens, 60);
+    EXPECT_EQ(m.time_to_first_token.count, 6);
+    EXPECT_EQ(m.inter_token_latency.count, 54);
+  }
+}
+
+TEST(Serving, SeededSamplingGivesTheSameTextUnderAnyDcpSize) {
+  auto rng = test::make_rng();
+  const auto w = make_synthetic_weights(22);
+  ServeRequest r = greedy(test::random_tokens(rng, 30, 64), 16);
+  r.sampling = {0.8, 0.9, 20, 0.0, 12345};
+  r.logprobs = 3;
+  std::vector<std::vector<std::int32_t>> outs;
+  for (int dcp : {1, 2}) {
+    Running server(small_spec(*w, 2, dcp));
+    const StreamUpdate u = drain_stream(*server->submit(r));
+    EXPECT_EQ(u.logprobs.size(), u.tokens.size());
+    outs.push_back(u.tokens);
+  }
+  EXPECT_EQ(outs[0], outs[1]);
+}
+
+TEST(Serving, CancelFreesTheKvWithinAStepAndTheOthersFinish) {
+  auto rng = test::make_rng();
+  const auto w = make_synthetic_weights(23);
+  Running server(small_spec(*w, 2, 2));
+  const auto victim = server->submit(greedy(test::random_tokens(rng, 40, 64), 400));
+  const auto other = server->submit(greedy(test::random_tokens(rng, 12, 64), 30));
+  ASSERT_TRUE(victim->next(10s).has_value());
+  victim->cancel();
+  const StreamUpdate v = drain_stream(*victim);
+  EXPECT_EQ(v.finish_reason, FinishReason::cancelled);
+  const StreamUpdate o = drain_stream(*other);
+  EXPECT_EQ(o.finish_reason, FinishReason::length);
+  EXPECT_EQ(o.tokens.size(), 30u);
+  for (int i = 0; i < 200 && server->metrics().kv_rows_used[0] != 0; ++i) std::this_thread::sleep_for(5ms);
+  const ServeMetrics m = server->metrics();
+  for (std::int64_t rows : m.kv_rows_used) EXPECT_EQ(rows, 0) << "KV still held";
+  EXPECT_EQ(m.requests_cancelled, 1);
+  EXPECT_GT(m.kv_rows_capacity[0], 0);
+}
+
+TEST(Serving, RefusesWhatItCannotServeAndKeepsServing) {
+  auto rng = test::make_rng();
+  const auto w = make_synthetic_weights(24);
+  ServeOptions o;
+  o.max_queued_requests = 1;
+  Running server(small_spec(*w, 1, 1, 1, 64), o);
+  const std::int64_t cap = server->kv_capacity_tokens();
+  ASSERT_GE(cap, 64);
+  const auto expect_refusal = [&](const ServeRequest& r, Refusal why, const char* text) {
+    try {
+      server->submit(r);
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const RefusedError& e) {
+      EXPECT_EQ(e.why(), why) << e.what();
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  expect_refusal(greedy(test::random_tokens(rng, static_cast<int>(cap), 64), 1), Refusal::too_long,
+                 "the KV cache holds");
+  expect_refusal(greedy(test::random_tokens(rng, 10, 64), static_cast<int>(cap)), Refusal::invalid,
+                 "exceeds the context");
+  expect_refusal(greedy({}, 3), Refusal::invalid, "at least one token");
+  expect_refusal(greedy({server->config().vocab_size}, 3), Refusal::invalid, "outside the vocabulary");
+  expect_refusal(greedy({1}, 0), Refusal::invalid, "max_tokens = 0");
+  ServeRequest hot = greedy({1, 2}, 3);
+  hot.sampling.top_p = 0;
+  expect_refusal(hot, Refusal::invalid, "top_p");
+  // One request takes nearly the whole cache; the next waits; a third is past the queue bound.
+  const auto big = server->submit(greedy(test::random_tokens(rng, 30, 64), static_cast<int>(cap) - 34));
+  ASSERT_TRUE(big->next(10s).has_value());
+  const auto queued = server->submit(greedy(test::random_tokens(rng, 30, 64), 8));
+  expect_refusal(greedy({1, 2}, 2), Refusal::queue_full, "retry later");
+  EXPECT_EQ(drain_stream(*big).finish_reason, FinishReason::length);
+  EXPECT_EQ(drain_stream(*queued).tokens.size(), 8u);
+  EXPECT_EQ(drain_stream(*server->submit(greedy({5, 6, 7}, 4))).tokens.size(), 4u);
+  server.stop(true);
+  expect_refusal(greedy({1, 2}, 2), Refusal::shutting_down, "shutting down");
+}
+
+TEST(Serving, ShutdownCancelsOrDrainsTheRequestsInFlight) {
+  auto rng = test::make_rng();
+  const auto w = make_synthetic_weights(25);
+  for (const bool drain : {false, true}) {
+    Running server(small_spec(*w, 2, 2));
+    const auto s = server->submit(greedy(test::random_tokens(rng, 20, 64), 60));
+    ASSERT_TRUE(s->next(10s).has_value());
+    server.stop(drain);
+    const StreamUpdate u = drain_stream(*s);
+    EXPECT_EQ(u.finish_reason, drain ? FinishReason::length : FinishReason::cancelled);
+  }
+}
+
+}  // namespace
+}  // namespace dcp
