@@ -14,6 +14,8 @@
 #include <memory>
 #include <string>
 
+#include "dcp/tokenizer.h"
+
 namespace dcp {
 
 class ChatTemplate {
@@ -33,5 +35,12 @@ class ChatTemplate {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// What apply_chat_template does: renders the tokenizer's chat template over `context_json` (a
+// JSON list of messages, or an object of template variables with "messages"), adding bos_token,
+// eos_token and add_generation_prompt (unless the object sets it). Throws dcp::Error
+// (invalid_argument) when the tokenizer has no template or the context is not such JSON.
+std::string apply_chat_template(const Tokenizer& tokenizer, const std::string& context_json,
+                                bool add_generation_prompt);
 
 }  // namespace dcp

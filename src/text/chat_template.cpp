@@ -1639,4 +1639,26 @@ std::string ChatTemplate::render(const std::string& context_json) const {
   return out;
 }
 
+std::string apply_chat_template(const Tokenizer& tokenizer, const std::string& context_json,
+                                bool add_generation_prompt) {
+  DCP_ARG_CHECK(tokenizer.chat_template().has_value(),
+                "the tokenizer has no chat_template (tokenizer_config.json)");
+  nlohmann::ordered_json context;  // keys keep their order: templates iterate dicts
+  try {
+    context = nlohmann::ordered_json::parse(context_json);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorCategory::invalid_argument, str("chat messages are not JSON: ", e.what()));
+  }
+  if (context.is_array()) context = nlohmann::ordered_json{{"messages", context}};
+  DCP_ARG_CHECK(context.is_object() && context.contains("messages") &&
+                    context["messages"].is_array(),
+                "chat input must be a list of messages or an object with 'messages'");
+  // As apply_chat_template passes them: the special tokens' text and the generation flag.
+  context["bos_token"] = tokenizer.bos_token();
+  context["eos_token"] = tokenizer.eos_token();
+  if (!context.contains("add_generation_prompt"))
+    context["add_generation_prompt"] = add_generation_prompt;
+  return ChatTemplate(*tokenizer.chat_template()).render(context.dump());
+}
+
 }  // namespace dcp

@@ -50,25 +50,12 @@ void add_tokenize_command(CLI::App& app) {
     const std::string input((std::istreambuf_iterator<char>(std::cin)),
                             std::istreambuf_iterator<char>());
     if (o->chat) {
-      DCP_CHECK(tok.chat_template().has_value(), invalid_argument, "--chat: ", o->tokenizer_path,
-                "/tokenizer_config.json has no chat_template");
-      nlohmann::ordered_json context;  // keys keep their order: templates iterate dicts
+      std::string prompt;
       try {
-        context = nlohmann::ordered_json::parse(input);
-      } catch (const nlohmann::json::exception& e) {
-        throw Error(ErrorCategory::invalid_argument,
-                    str("--chat: stdin is not JSON messages: ", e.what()));
+        prompt = apply_chat_template(tok, input, o->generation_prompt);
+      } catch (const Error& e) {
+        throw Error(e.category(), str("--chat: ", e.what()));
       }
-      if (context.is_array()) context = nlohmann::ordered_json{{"messages", context}};
-      DCP_ARG_CHECK(context.is_object() && context.contains("messages") &&
-                        context["messages"].is_array(),
-                    "--chat: stdin must be a list of messages or an object with 'messages'");
-      // As apply_chat_template passes them: the special tokens' text and the generation flag.
-      context["bos_token"] = tok.bos_token();
-      context["eos_token"] = tok.eos_token();
-      if (!context.contains("add_generation_prompt"))
-        context["add_generation_prompt"] = o->generation_prompt;
-      const std::string prompt = ChatTemplate(*tok.chat_template()).render(context.dump());
       if (o->print_prompt) {
         std::fwrite(prompt.data(), 1, prompt.size(), stdout);
       } else {
