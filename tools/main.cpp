@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   dcp::cli::add_bench_command(app);
   dcp::cli::add_plan_command(app);
   dcp::cli::add_tokenize_command(app);
+  dcp::cli::add_serve_command(app);
   dcp::cli::refuse_empty_values(app);
   // One line per error; under mpirun, naming this process's rank and ending the whole job, since
   // the other ranks may be waiting for this one in a collective.

@@ -12,6 +12,7 @@ void add_gen_checkpoint_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
+void add_serve_command(CLI::App& app);
 
 // The exit status the subcommand that ran asked for (0 unless it failed a check).
 int exit_code();

@@ -1,0 +1,223 @@
+// `dcp serve`: the deployment of `dcp run`, kept running behind an OpenAI-compatible HTTP server.
+// Ranks run as threads by default; under `mpirun --comm mpi` world rank 0 serves HTTP and the
+// other processes follow its step decisions.
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "cli/cli_checks.h"
+#include "cli/commands.h"
+#include "cli/run_workload.h"
+#include "dcp/error.h"
+#include "dcp/serving.h"
+#include "dcp/tokenizer.h"
+#include "serve/http_server.h"
+#include "serve/openai_api.h"
+
+namespace dcp::cli {
+namespace {
+
+volatile std::sig_atomic_t g_signals = 0;  // SIGINT and SIGTERM received
+
+struct ServeFlags {
+  RunOptions run;  // the model, parallel, KV and engine flags shared with `dcp run`
+  std::string host = "127.0.0.1";
+  int port = 30000;
+  std::string tokenizer_path;
+  std::string served_model_name;
+  int max_queued = 256;
+  int default_max_tokens = 128;
+};
+
+// This process's rank under mpirun (OpenMPI or MPICH's Hydra), read before MPI starts; 0 without.
+int launcher_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK"}) {
+    if (const char* v = std::getenv(var)) return std::atoi(v);
+  }
+  return 0;
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer(const ServeFlags& f, int model_vocab) {
+  std::string dir = f.tokenizer_path;
+  if (dir.empty()) {
+    if (f.run.model_path.empty() ||
+        !std::filesystem::exists(std::filesystem::path(f.run.model_path) / "tokenizer.json"))
+      return nullptr;  // token ids only
+    dir = f.run.model_path;
+  }
+  const char* flag = f.tokenizer_path.empty() ? "--model-path" : "--tokenizer-path";
+  auto tok = with_flag(flag, [&] { return std::make_unique<Tokenizer>(Tokenizer::from_dir(dir)); });
+  DCP_ARG_CHECK(tok->vocab_size() <= model_vocab, flag, " ", dir, ": the tokenizer's ",
+                tok->vocab_size(), " ids exceed the model's vocabulary of ", model_vocab);
+  return tok;
+}
+
+int serve(const ServeFlags& f) {
+  RunOptions o = f.run;
+  o.verify = false;
+  // build_workload sizes and checks a deployment for a workload; a server's is one request of
+  // one token, with the KV capacity --max-total-tokens asks for.
+  o.batch = 1;
+  o.prompt_len = 1;
+  o.max_new_tokens = 1;
+  Workload w = build_workload(o);
+  w.spec.requests.clear();
+  resolve(w.spec.parallel);
+  const bool frontend = w.spec.transport == RankTransport::threads || launcher_rank() == 0;
+
+  // SIGINT/SIGTERM only count (any thread may run the handler: BLAS starts threads before
+  // main); a watcher thread of the frontend acts on the count. This also takes the signals back
+  // from SIG_IGN, which a shell gives background jobs.
+  struct sigaction action {};
+  action.sa_handler = [](int) { g_signals = g_signals + 1; };
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+
+  ServeOptions so;
+  so.max_queued_requests = f.max_queued;
+  ServingDeployment deployment(w.spec, so);
+  if (!frontend) {  // follows rank 0's decisions until it shuts down
+    deployment.run();
+    return 0;
+  }
+  const std::unique_ptr<Tokenizer> tokenizer =
+      load_tokenizer(f, w.spec.model.config.vocab_size);
+  serve::ApiOptions ao;
+  ao.model_name = f.served_model_name.empty() ? w.model_label : f.served_model_name;
+  ao.default_max_tokens = f.default_max_tokens;
+  serve::OpenAiApi api(deployment, tokenizer.get(), ao);
+  serve::HttpServer http(api);
+  const int port = http.bind(f.host, f.port);  // before loading: a taken port fails at once
+  std::thread listener([&] { http.listen(); });
+
+  std::atomic<bool> done{false};
+  std::thread watcher([&] {
+    int seen = 0;
+    while (!done) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      if (g_signals <= seen) continue;
+      // First signal: stop taking requests, let those in flight finish. Second: cancel them.
+      std::fprintf(stderr, "dcp serve: %s\n",
+                   seen == 0 ? "signal: finishing the requests in flight (again to cancel them)"
+                             : "signal: cancelling the requests in flight");
+      deployment.shutdown(seen == 0);
+      seen = g_signals;
+    }
+  });
+  try {
+    deployment.run([&] {
+      std::printf("dcp serve: listening on http://%s:%d (model '%s', %d ranks, TP %d, DCP %d, "
+                  "KV %lld tokens, %s)\n",
+                  f.host.c_str(), port, ao.model_name.c_str(), w.spec.parallel.world_size(),
+                  w.spec.parallel.tp_size, w.spec.parallel.dcp_size,
+                  static_cast<long long>(deployment.kv_capacity_tokens()),
+                  tokenizer ? "text and token ids" : "token ids only: no tokenizer");
+      std::fflush(stdout);
+    });
+  } catch (...) {
+    done = true;
+    http.stop();
+    listener.join();
+    watcher.join();
+    throw;
+  }
+  done = true;
+  http.stop();
+  listener.join();
+  watcher.join();
+  std::printf("dcp serve: stopped\n");
+  return 0;
+}
+
+}  // namespace
+
+void add_serve_command(CLI::App& app) {
+  auto f = std::make_shared<ServeFlags>();
+  f->run.parallel.tp_size = 1;
+  f->run.parallel.dcp_size = 1;
+  f->run.max_total_tokens = 65536;
+  CLI::App* cmd = app.add_subcommand(
+      "serve", "Serve the model over HTTP: OpenAI-compatible /v1/completions and "
+               "/v1/chat/completions, SGLang's /generate, /v1/models, /health, /metrics");
+  RunOptions& o = f->run;
+  add_parallel_flags(cmd, o.parallel);
+  CLI::Option* model_path = cmd->add_option("--model-path", o.model_path,
+                                            "Hugging Face DeepSeek-V2/V3 checkpoint directory");
+  cmd->add_option("--preset", o.preset, std::string("synthetic model (token ids only): ") + preset_names())
+      ->capture_default_str()
+      ->excludes(model_path);
+  cmd->add_option("--tokenizer-path", f->tokenizer_path,
+                  "folder with tokenizer.json (default: --model-path when it has one)");
+  cmd->add_option("--host", f->host, "address to listen on")->capture_default_str();
+  cmd->add_option("--port", f->port, "port to listen on (0: any free port)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  cmd->add_option("--served-model-name", f->served_model_name,
+                  "the model's name in the API (default: the path or preset:NAME)");
+  cmd->add_option("--num-layers", o.num_layers, "layers to run (default: the model's)")
+      ->check(at_least(1));
+  cmd->add_option("--page-size", o.page_size, "KV rows per physical page")
+      ->check(at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--kv-cache-dtype", o.kv_cache_dtype, "fp32 or bf16")
+      ->check(one_of({"fp32", "bf16"}))
+      ->capture_default_str();
+  cmd->add_option("--attention-kernel", o.attention_kernel,
+                  "automatic, portable, avx2, avx512 or amx_bf16")
+      ->capture_default_str();
+  cmd->add_option("--chunked-prefill-size", o.chunked_prefill_size, "prompt tokens per prefill step")
+      ->check(at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--max-total-tokens", o.max_total_tokens,
+                  "KV capacity in tokens: the longest prompt + completion, and what running "
+                  "requests share")
+      ->check(at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--max-running-requests", o.max_running, "requests decoding at once")
+      ->check(at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--max-queued-requests", f->max_queued,
+                  "requests that may wait for KV; beyond, HTTP 503")
+      ->check(at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--default-max-tokens", f->default_max_tokens,
+                  "new tokens when a request sets no max_tokens (capped by the context)")
+      ->check(at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--seed", o.seed, "seed of synthetic weights")
+      ->check(at_least(0))
+      ->capture_default_str();
+  cmd->add_option("--comm", o.comm, "threads (ranks as threads) or mpi (under mpirun)")
+      ->check(one_of({"threads", "mpi"}))
+      ->capture_default_str();
+  cmd->add_option("--comm-timeout", o.comm_timeout_s,
+                  "seconds a collective may wait for the other ranks (0: forever)")
+      ->check(non_negative())
+      ->capture_default_str();
+  CLI::Option* draft_tokens = cmd->add_option("--speculative-num-draft-tokens", o.spec_tokens,
+                                              "draft tokens per step (0: off; greedy requests only)")
+                                  ->check(at_least(0))
+                                  ->capture_default_str();
+  cmd->add_option("--speculative-draft", o.spec_draft,
+                  "draft model: target:N, a preset, or a checkpoint")
+      ->capture_default_str()
+      ->needs(draft_tokens);
+  cmd->add_flag("--enable-prefix-cache", o.prefix_cache, "reuse KV pages of shared prompt prefixes");
+  cmd->add_option("--host-kv-capacity-tokens", o.host_kv_tokens,
+                  "host-memory KV tier for evicted prefix pages (tokens)")
+      ->check(at_least(0))
+      ->capture_default_str();
+  cmd->add_option("--dcp-extend", o.dcp_extend, "prefill over a cached prefix: gather or native")
+      ->check(one_of({"gather", "native"}))
+      ->capture_default_str();
+  cmd->callback([f] { set_exit_code(serve(*f)); });
+}
+
+}  // namespace dcp::cli

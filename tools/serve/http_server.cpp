@@ -1,0 +1,87 @@
+#include "serve/http_server.h"
+
+#include <httplib.h>
+
+#include "dcp/error.h"
+
+namespace dcp::serve {
+
+struct HttpServer::Impl {
+  httplib::Server server;
+};
+
+namespace {
+
+void reply(httplib::Response& res, const HttpReply& r) {
+  res.status = r.status;
+  res.set_content(r.body, r.content_type.c_str());
+}
+
+// Runs a handled request: a whole reply, or a stream written chunk by chunk (a failed write means
+// the client went away; the stream then cancels its requests).
+void answer(httplib::Response& res, Handled h) {
+  if (h.reply) return reply(res, *h.reply);
+  auto stream = std::make_shared<std::function<void(const ChunkWriter&)>>(std::move(h.stream));
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream", [stream](std::size_t, httplib::DataSink& sink) {
+        (*stream)([&](const std::string& piece) { return sink.write(piece.data(), piece.size()); });
+        sink.done();
+        return true;
+      });
+}
+
+}  // namespace
+
+HttpServer::HttpServer(OpenAiApi& api) : impl_(std::make_unique<Impl>()) {
+  httplib::Server& s = impl_->server;
+  // Every open stream holds a worker for its whole generation: size the pool for many clients.
+  s.new_task_queue = [] { return new httplib::ThreadPool(128); };
+  s.set_payload_max_length(64u << 20);  // beyond: 413 from httplib
+  s.Post("/v1/completions", [&api](const httplib::Request& req, httplib::Response& res) {
+    answer(res, api.completions(req.body));
+  });
+  s.Post("/v1/chat/completions", [&api](const httplib::Request& req, httplib::Response& res) {
+    answer(res, api.chat_completions(req.body));
+  });
+  s.Post("/generate", [&api](const httplib::Request& req, httplib::Response& res) {
+    answer(res, api.generate(req.body));
+  });
+  s.Get("/v1/models", [&api](const httplib::Request&, httplib::Response& res) { reply(res, api.models()); });
+  s.Get("/health", [&api](const httplib::Request&, httplib::Response& res) { reply(res, api.health()); });
+  s.Get("/metrics", [&api](const httplib::Request&, httplib::Response& res) { reply(res, api.metrics()); });
+  // Anything else: an OpenAI-style 404 (or 405 for a known path with the wrong method).
+  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (!res.body.empty()) return;
+    const HttpReply r = OpenAiApi::error(
+        res.status, res.status == 404 ? str("no route ", req.method, " ", req.path)
+                                      : str("HTTP ", res.status, " for ", req.method, " ", req.path));
+    res.set_content(r.body, r.content_type.c_str());
+  });
+  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    std::string what = "internal error";
+    try {
+      std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    reply(res, OpenAiApi::error(500, what));
+  });
+}
+
+HttpServer::~HttpServer() = default;
+
+int HttpServer::bind(const std::string& host, int port) {
+  const int bound = port == 0 ? impl_->server.bind_to_any_port(host.c_str())
+                              : (impl_->server.bind_to_port(host.c_str(), port) ? port : -1);
+  DCP_CHECK(bound > 0, io, "--host ", host, " --port ", port,
+            ": cannot listen there (the port is taken, or the address is not this machine's)");
+  return bound;
+}
+
+void HttpServer::listen() { impl_->server.listen_after_bind(); }
+
+void HttpServer::stop() { impl_->server.stop(); }
+
+}  // namespace dcp::serve

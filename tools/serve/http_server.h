@@ -1,0 +1,26 @@
+// The HTTP front of `dcp serve`: cpp-httplib routes onto OpenAiApi, streams as server-sent events.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "serve/openai_api.h"
+
+namespace dcp::serve {
+
+class HttpServer {
+ public:
+  explicit HttpServer(OpenAiApi& api);
+  ~HttpServer();
+  // Binds host:port (0: any free port) and returns the port; throws naming --host/--port.
+  int bind(const std::string& host, int port);
+  // Serves on the bound socket until stop() (call from another thread).
+  void listen();
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dcp::serve

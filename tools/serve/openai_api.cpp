@@ -1,0 +1,580 @@
+#include "serve/openai_api.h"
+
+#include <chrono>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "dcp/chat_template.h"
+#include "serve/text_stream.h"
+
+namespace dcp::serve {
+namespace {
+
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+// A request the API refuses: the status, the field at fault and why.
+struct BadRequest : std::runtime_error {
+  BadRequest(int status_, std::string param_, const std::string& message)
+      : std::runtime_error(message), status(status_), param(std::move(param_)) {}
+  int status;
+  std::string param;
+};
+
+[[noreturn]] void bad(const std::string& param, const std::string& message, int status = 400) {
+  throw BadRequest(status, param, message);
+}
+
+const json* field(const json& obj, const char* key) {
+  const auto it = obj.find(key);
+  return it == obj.end() || it->is_null() ? nullptr : &*it;
+}
+
+std::optional<double> number(const json& obj, const char* key, double lo, double hi) {
+  const json* v = field(obj, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) bad(key, str("'", key, "' must be a number"));
+  const double x = v->get<double>();
+  if (!(x >= lo && x <= hi)) bad(key, str("'", key, "' = ", x, " must be in [", lo, ", ", hi, "]"));
+  return x;
+}
+
+std::optional<std::int64_t> integer(const json& obj, const char* key, std::int64_t lo,
+                                    std::int64_t hi) {
+  const json* v = field(obj, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number_integer()) bad(key, str("'", key, "' must be an integer"));
+  if (v->is_number_unsigned() && v->get<std::uint64_t>() > static_cast<std::uint64_t>(hi))
+    bad(key, str("'", key, "' = ", v->dump(), " must be in [", lo, ", ", hi, "]"));
+  const std::int64_t x = v->get<std::int64_t>();
+  if (x < lo || x > hi) bad(key, str("'", key, "' = ", x, " must be in [", lo, ", ", hi, "]"));
+  return x;
+}
+
+std::optional<bool> boolean(const json& obj, const char* key) {
+  const json* v = field(obj, key);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) bad(key, str("'", key, "' must be true or false"));
+  return v->get<bool>();
+}
+
+std::vector<std::int32_t> token_ids(const json& v, const std::string& param, int vocab) {
+  if (!v.is_array()) bad(param, str("'", param, "' must be a list of token ids"));
+  std::vector<std::int32_t> out;
+  for (const json& t : v) {
+    if (!t.is_number_integer() || t.get<std::int64_t>() < 0 || t.get<std::int64_t>() >= vocab)
+      bad(param, str("'", param, "': ", t.dump(), " is not a token id in [0, ", vocab, ")"));
+    out.push_back(t.get<std::int32_t>());
+  }
+  return out;
+}
+
+std::vector<std::string> stop_strings(const json& obj) {
+  const json* v = field(obj, "stop");
+  if (!v) return {};
+  if (v->is_string()) return {v->get<std::string>()};
+  if (!v->is_array() || v->size() > 16) bad("stop", "'stop' must be a string or a list of at most 16 strings");
+  std::vector<std::string> out;
+  for (const json& s : *v) {
+    if (!s.is_string()) bad("stop", "'stop' must be a string or a list of strings");
+    out.push_back(s.get<std::string>());
+  }
+  return out;
+}
+
+// Fields with a meaning this server does not implement: refused unless they ask for nothing.
+void refuse_unsupported(const json& b) {
+  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
+    if (const json* v = field(b, key); v && !(v->is_number() && v->get<double>() == 0))
+      bad(key, str("'", key, "' is not supported (only 0)"));
+  }
+  if (const json* v = field(b, "repetition_penalty"); v && !(v->is_number() && v->get<double>() == 1))
+    bad("repetition_penalty", "'repetition_penalty' is not supported (only 1)");
+  if (const json* v = field(b, "logit_bias"); v && !(v->is_object() && v->empty()))
+    bad("logit_bias", "'logit_bias' is not supported");
+  if (const json* v = field(b, "best_of"); v && !(v->is_number_integer() && v->get<std::int64_t>() == 1))
+    bad("best_of", "'best_of' is not supported (only 1)");
+  if (const json* v = field(b, "echo"); v && !(v->is_boolean() && !v->get<bool>()))
+    bad("echo", "'echo' is not supported");
+  if (const json* v = field(b, "suffix"); v && !(v->is_string() && v->get<std::string>().empty()))
+    bad("suffix", "'suffix' is not supported");
+  for (const char* key : {"tools", "functions"}) {
+    if (const json* v = field(b, key); v && !(v->is_array() && v->empty()))
+      bad(key, str("'", key, "' (tool calling) is not supported"));
+  }
+  if (const json* v = field(b, "response_format");
+      v && !(v->is_object() && v->value("type", "") == "text"))
+    bad("response_format", "'response_format' is not supported (only {\"type\": \"text\"})");
+}
+
+std::string sse(const json& j) { return "data: " + j.dump() + "\n\n"; }
+
+std::string finish_text(FinishReason r, bool stop_string) {
+  if (stop_string || r == FinishReason::stop) return "stop";
+  if (r == FinishReason::length) return "length";
+  return "abort";  // cancelled: the server shut down
+}
+
+}  // namespace
+
+struct OpenAiApi::Job {
+  Kind kind = Kind::completion;
+  std::string id;
+  ServeRequest request;
+  std::vector<std::string> stop;
+  int n = 1;
+  bool stream = false, include_usage = false, skip_special = true, seeded = false;
+  int top_logprobs = -1;  // -1: no logprobs
+};
+
+OpenAiApi::OpenAiApi(ServingDeployment& deployment, const Tokenizer* tokenizer, ApiOptions options)
+    : deployment_(deployment),
+      tokenizer_(tokenizer),
+      options_(std::move(options)),
+      created_(std::chrono::duration_cast<std::chrono::seconds>(
+                   std::chrono::system_clock::now().time_since_epoch())
+                   .count()) {}
+
+HttpReply OpenAiApi::error(int status, const std::string& message, const std::string& param) {
+  const char* type = status == 404   ? "not_found_error"
+                     : status == 413 ? "request_too_large"
+                     : status >= 500 ? "server_error"
+                                     : "invalid_request_error";
+  json e = {{"message", message}, {"type", type}, {"param", nullptr}, {"code", status}};
+  if (!param.empty()) e["param"] = param;
+  return {status, "application/json", json{{"error", e}}.dump()};
+}
+
+std::string OpenAiApi::token_text(std::int32_t id) const {
+  if (!tokenizer_ || id >= tokenizer_->vocab_size()) return "";
+  return utf8_lossy(tokenizer_->token_bytes(id));
+}
+
+OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
+  json b;
+  try {
+    b = json::parse(body);
+  } catch (const json::exception& e) {
+    bad("", str("the body is not JSON: ", e.what()));
+  }
+  if (!b.is_object()) bad("", "the body must be a JSON object");
+  const int vocab = deployment_.config().vocab_size;
+  Job job;
+  job.kind = kind;
+  if (const json* m = field(b, "model")) {
+    if (!m->is_string()) bad("model", "'model' must be a string");
+    if (m->get<std::string>() != options_.model_name)
+      bad("model", str("the model '", m->get<std::string>(), "' does not exist; this server serves '",
+                       options_.model_name, "'"), 404);
+  }
+  refuse_unsupported(b);
+  const auto need_tokenizer = [&](const char* what) {
+    if (!tokenizer_)
+      bad(what, str("this server has no tokenizer (serve a checkpoint with one, or pass "
+                    "--tokenizer-path): send token ids instead of text"));
+  };
+  // The prompt.
+  std::vector<std::int32_t>& prompt = job.request.prompt;
+  if (kind == Kind::completion) {
+    const json* p = field(b, "prompt");
+    if (!p) bad("prompt", "'prompt' is required");
+    const json* one = p;
+    if (p->is_array() && !p->empty() && (p->front().is_string() || p->front().is_array())) {
+      if (p->size() != 1) bad("prompt", "'prompt' holds one prompt per request here; send a request per prompt");
+      one = &p->front();
+    }
+    if (one->is_string()) {
+      need_tokenizer("prompt");
+      prompt = tokenizer_->encode(one->get<std::string>(), true);
+    } else {
+      prompt = token_ids(*one, "prompt", vocab);
+    }
+  } else if (kind == Kind::chat) {
+    const json* msgs = field(b, "messages");
+    if (!msgs || !msgs->is_array() || msgs->empty()) bad("messages", "'messages' must be a non-empty list");
+    need_tokenizer("messages");
+    json plain = json::array();  // content parts joined: templates expect strings
+    for (const json& m : *msgs) {
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+        bad("messages", "each message must be an object with a string 'role'");
+      json copy = m;
+      if (m.contains("content") && m["content"].is_array()) {
+        std::string text;
+        for (const json& part : m["content"]) {
+          if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+              !part["text"].is_string())
+            bad("messages", "message content parts must be {\"type\": \"text\", \"text\": ...}");
+          text += part["text"].get<std::string>();
+        }
+        copy["content"] = text;
+      } else if (m.contains("content") && !m["content"].is_string() && !m["content"].is_null()) {
+        bad("messages", "a message's 'content' must be a string or a list of text parts");
+      }
+      plain.push_back(copy);
+    }
+    json context = {{"messages", plain}};
+    context["add_generation_prompt"] = boolean(b, "add_generation_prompt").value_or(true);
+    std::string text;
+    try {
+      text = apply_chat_template(*tokenizer_, context.dump(), true);
+    } catch (const Error& e) {
+      bad("messages", str("the chat template failed: ", e.what()));
+    }
+    prompt = tokenizer_->encode(text, false);  // the template wrote the special tokens
+  } else {  // SGLang /generate
+    const json* text = field(b, "text");
+    const json* ids = field(b, "input_ids");
+    if (!text == !ids) bad("text", "give exactly one of 'text' and 'input_ids'");
+    if (text) {
+      if (!text->is_string()) bad("text", "'text' must be a string (one prompt per request)");
+      need_tokenizer("text");
+      prompt = tokenizer_->encode(text->get<std::string>(), true);
+    } else {
+      prompt = token_ids(*ids, "input_ids", vocab);
+    }
+    for (const char* key : {"return_logprob", "return_text_in_logprobs"}) {
+      if (boolean(b, key).value_or(false)) bad(key, str("'", key, "' is not supported"));
+    }
+  }
+  if (prompt.empty()) bad("prompt", "the prompt must hold at least one token");
+
+  // Sampling: the body's fields, or SGLang's sampling_params.
+  const json empty = json::object();
+  const json* src = &b;
+  if (kind == Kind::generate) {
+    src = field(b, "sampling_params");
+    if (src && !src->is_object()) bad("sampling_params", "'sampling_params' must be an object");
+    if (!src) src = &empty;
+    refuse_unsupported(*src);
+  }
+  ServeRequest& r = job.request;
+  r.sampling.temperature = number(*src, "temperature", 0, 100).value_or(1.0);
+  r.sampling.top_p = number(*src, "top_p", 0, 1).value_or(1.0);
+  if (r.sampling.top_p == 0) bad("top_p", "'top_p' = 0 must be in (0, 1]");
+  const std::int64_t k = integer(*src, "top_k", -1, std::int64_t{1} << 30).value_or(0);
+  r.sampling.top_k = k < 0 ? 0 : static_cast<int>(k);
+  r.sampling.min_p = number(*src, "min_p", 0, 1).value_or(0.0);
+  if (const auto seed = integer(*src, "seed", 0, std::numeric_limits<std::int64_t>::max())) {
+    r.sampling.seed = static_cast<std::uint64_t>(*seed);
+    job.seeded = true;
+  }
+  job.stop = stop_strings(*src);
+  if (!job.stop.empty() && !tokenizer_) need_tokenizer("stop");
+  if (const json* ids = field(*src, "stop_token_ids"))
+    r.stop_token_ids = token_ids(*ids, "stop_token_ids", vocab);
+  job.skip_special = boolean(*src, "skip_special_tokens").value_or(true);
+  if (!boolean(*src, "ignore_eos").value_or(false) && tokenizer_ && tokenizer_->eos_id())
+    r.stop_token_ids.push_back(*tokenizer_->eos_id());
+  const char* max_key = kind == Kind::generate ? "max_new_tokens"
+                        : kind == Kind::chat && field(b, "max_completion_tokens")
+                            ? "max_completion_tokens"
+                            : "max_tokens";
+  const std::int64_t context = deployment_.kv_capacity_tokens();
+  const std::int64_t room = context - static_cast<std::int64_t>(prompt.size());
+  if (const auto max = integer(*src, max_key, 1, std::numeric_limits<int>::max())) {
+    r.max_new_tokens = static_cast<int>(*max);  // beyond the context: submit() says so
+  } else {
+    r.max_new_tokens = static_cast<int>(std::clamp<std::int64_t>(room, 1, options_.default_max_tokens));
+  }
+  if (kind != Kind::generate) {
+    job.n = static_cast<int>(integer(b, "n", 1, 16).value_or(1));
+    job.stream = boolean(b, "stream").value_or(false);
+    if (const json* so = field(b, "stream_options")) {
+      if (!so->is_object()) bad("stream_options", "'stream_options' must be an object");
+      job.include_usage = boolean(*so, "include_usage").value_or(false);
+    }
+  } else {
+    job.stream = boolean(b, "stream").value_or(false);
+  }
+  if (kind == Kind::completion) {
+    if (const auto lp = integer(b, "logprobs", 0, 20)) job.top_logprobs = static_cast<int>(*lp);
+  } else if (kind == Kind::chat) {
+    const auto top = integer(b, "top_logprobs", 0, 20);
+    if (boolean(b, "logprobs").value_or(false)) {
+      job.top_logprobs = static_cast<int>(top.value_or(0));
+    } else if (top) {
+      bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    }
+  }
+  r.logprobs = job.top_logprobs;
+  return job;
+}
+
+Handled OpenAiApi::completions(const std::string& body) { return handle(body, Kind::completion); }
+Handled OpenAiApi::chat_completions(const std::string& body) { return handle(body, Kind::chat); }
+Handled OpenAiApi::generate(const std::string& body) { return handle(body, Kind::generate); }
+
+namespace {
+
+// One choice in progress: its engine stream and the text it has shown.
+struct Choice {
+  std::shared_ptr<RequestStream> stream;
+  TextStream text;
+  std::vector<StepLogprobs> logprobs;
+  std::string shown;
+  bool finished = false;
+  FinishReason reason = FinishReason::none;
+  std::string error;
+};
+
+// Pulls what the engine produced for `c` into its text; returns the new text. `wait` bounds the
+// wait for news.
+std::string pull_news(Choice& c, std::chrono::milliseconds wait) {
+  const std::optional<StreamUpdate> u = c.stream->next(wait);
+  if (!u) return {};
+  std::string out;
+  for (std::size_t k = 0; k < u->tokens.size(); ++k) {
+    if (c.text.stopped()) break;
+    out += c.text.push(u->tokens[k]);
+    if (k < u->logprobs.size()) c.logprobs.push_back(u->logprobs[k]);
+  }
+  if (c.text.stopped() && !u->finished) c.stream->cancel();  // a stop string: end it now
+  if (u->finished) {
+    c.finished = true;
+    c.reason = u->finish_reason;
+    c.error = u->error;
+    out += c.text.finish();
+  }
+  c.shown += out;
+  return out;
+}
+
+}  // namespace
+
+Handled OpenAiApi::handle(const std::string& body, Kind kind) {
+  Job job;
+  try {
+    job = parse(body, kind);
+  } catch (const BadRequest& e) {
+    return {error(e.status, e.what(), e.param), {}};
+  }
+  const std::string prefix = kind == Kind::chat ? "chatcmpl-" : kind == Kind::completion ? "cmpl-" : "";
+  static std::atomic<std::int64_t> serial{0};
+  job.id = prefix + std::to_string(created_) + "-" + std::to_string(serial++);
+  // Submit every choice (n of them); a refusal withdraws the ones already in.
+  auto choices = std::make_shared<std::vector<Choice>>();
+  std::random_device entropy;
+  for (int i = 0; i < job.n; ++i) {
+    ServeRequest r = job.request;
+    r.sampling.seed = job.seeded ? job.request.sampling.seed + static_cast<std::uint64_t>(i)
+                                 : (static_cast<std::uint64_t>(entropy()) << 32) ^ entropy();
+    try {
+      choices->push_back({deployment_.submit(r), TextStream(tokenizer_, job.stop, job.skip_special), {}, {}, false, FinishReason::none, {}});
+    } catch (const RefusedError& e) {
+      for (Choice& c : *choices) c.stream->cancel();
+      const int status = e.why() == Refusal::too_long ? 413 : e.why() == Refusal::invalid ? 400 : 503;
+      return {error(status, e.what(), e.why() == Refusal::invalid ? "max_tokens" : ""), {}};
+    }
+  }
+  const std::int64_t prompt_tokens = static_cast<std::int64_t>(job.request.prompt.size());
+  const std::string model = options_.model_name;
+  const std::int64_t created = created_;
+
+  // The JSON of one choice's logprobs over tokens [from, to).
+  const auto logprobs_json = [this, kind](const Choice& c, std::size_t from, std::size_t to,
+                                          std::int64_t offset) {
+    if (kind == Kind::chat) {
+      json content = json::array();
+      for (std::size_t k = from; k < to && k < c.logprobs.size(); ++k) {
+        const auto entry = [&](const TokenLogprob& t) {
+          const std::string raw = tokenizer_ && t.token < tokenizer_->vocab_size() ? tokenizer_->token_bytes(t.token) : "";
+          return json{{"token", token_text(t.token)}, {"logprob", t.logprob},
+                      {"bytes", std::vector<int>(raw.begin(), raw.end())}};
+        };
+        json e = entry(c.logprobs[k].chosen);
+        e["top_logprobs"] = json::array();
+        for (const TokenLogprob& t : c.logprobs[k].top) e["top_logprobs"].push_back(entry(t));
+        for (auto& v : e["bytes"]) v = static_cast<int>(static_cast<unsigned char>(v.get<int>()));
+        for (auto& t : e["top_logprobs"])
+          for (auto& v : t["bytes"]) v = static_cast<int>(static_cast<unsigned char>(v.get<int>()));
+        content.push_back(e);
+      }
+      return json{{"content", content}};
+    }
+    json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+    for (std::size_t k = from; k < to && k < c.logprobs.size(); ++k) {
+      const std::string t = token_text(c.logprobs[k].chosen.token);
+      tokens.push_back(t);
+      lps.push_back(c.logprobs[k].chosen.logprob);
+      json top = json::object();
+      for (const TokenLogprob& a : c.logprobs[k].top) top[token_text(a.token)] = a.logprob;
+      tops.push_back(top);
+      offsets.push_back(offset);
+      offset += static_cast<std::int64_t>(t.size());
+    }
+    return json{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+  };
+  const auto usage = [prompt_tokens](const std::vector<Choice>& cs) {
+    std::int64_t completion = 0;
+    for (const Choice& c : cs) completion += static_cast<std::int64_t>(c.text.tokens().size());
+    return json{{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion},
+                {"total_tokens", prompt_tokens + completion}};
+  };
+  const auto reason = [](const Choice& c) { return finish_text(c.reason, c.text.stopped()); };
+  const auto failed = [](const std::vector<Choice>& cs) -> const Choice* {
+    for (const Choice& c : cs)
+      if (!c.error.empty()) return &c;
+    return nullptr;
+  };
+
+  if (!job.stream) {
+    for (Choice& c : *choices) {
+      while (!c.finished) pull_news(c, 1s);
+    }
+    if (const Choice* f = failed(*choices)) return {error(500, f->error), {}};
+    json reply;
+    if (kind == Kind::generate) {
+      const Choice& c = choices->front();
+      reply = {{"text", c.shown}, {"output_ids", c.text.tokens()},
+               {"meta_info", {{"id", job.id}, {"prompt_tokens", prompt_tokens},
+                              {"completion_tokens", c.text.tokens().size()},
+                              {"finish_reason", {{"type", reason(c)}}}}}};
+    } else {
+      json list = json::array();
+      for (std::size_t i = 0; i < choices->size(); ++i) {
+        const Choice& c = (*choices)[i];
+        json choice = {{"index", i}, {"finish_reason", reason(c)}, {"token_ids", c.text.tokens()}};
+        choice["logprobs"] = job.top_logprobs >= 0 ? logprobs_json(c, 0, c.text.tokens().size(), 0) : json(nullptr);
+        if (kind == Kind::chat) {
+          choice["message"] = {{"role", "assistant"}, {"content", c.shown}};
+        } else {
+          choice["text"] = c.shown;
+        }
+        list.push_back(choice);
+      }
+      reply = {{"id", job.id}, {"object", kind == Kind::chat ? "chat.completion" : "text_completion"},
+               {"created", created}, {"model", model}, {"choices", list}, {"usage", usage(*choices)}};
+    }
+    return {HttpReply{200, "application/json", reply.dump()}, {}};
+  }
+
+  // Streaming: server-sent events as tokens arrive, then data: [DONE].
+  Handled h;
+  h.stream = [=, this](const ChunkWriter& write) {
+    const char* object = kind == Kind::chat ? "chat.completion.chunk" : "text_completion";
+    const auto chunk = [&](json choice_list) {
+      return sse({{"id", job.id}, {"object", object}, {"created", created}, {"model", model},
+                  {"choices", std::move(choice_list)}});
+    };
+    const auto abandon = [&] {  // the client went away: free its KV now
+      for (Choice& c : *choices) c.stream->cancel();
+    };
+    if (kind == Kind::chat) {
+      json first = json::array();
+      for (std::size_t i = 0; i < choices->size(); ++i)
+        first.push_back({{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"finish_reason", nullptr}});
+      if (!write(chunk(first))) return abandon();
+    }
+    std::vector<std::size_t> sent_lp(choices->size(), 0);
+    std::vector<std::int64_t> offsets(choices->size(), 0);
+    std::vector<bool> closed(choices->size(), false);
+    std::size_t open = choices->size();
+    while (open > 0) {
+      for (std::size_t i = 0; i < choices->size(); ++i) {
+        Choice& c = (*choices)[i];
+        if (closed[i]) continue;
+        const std::string text =
+            pull_news(c, choices->size() == 1 ? std::chrono::milliseconds(1000) : std::chrono::milliseconds(5));
+        const std::size_t kept = c.text.tokens().size();
+        // A token that completes no character (or is held back for a stop string) sends nothing,
+        // unless the client follows ids or logprobs.
+        const bool ids_matter = job.top_logprobs >= 0 || kind == Kind::generate;
+        if (text.empty() && !c.finished && (kept == sent_lp[i] || !ids_matter)) continue;
+        if (!c.error.empty()) {
+          write(sse({{"error", json::parse(error(500, c.error).body)["error"]}}));
+          return abandon();
+        }
+        std::string out;
+        if (kind == Kind::generate) {
+          json meta = {{"id", job.id}, {"prompt_tokens", prompt_tokens}, {"completion_tokens", kept}};
+          meta["finish_reason"] = c.finished ? json{{"type", reason(c)}} : json(nullptr);
+          out = sse({{"text", c.shown}, {"output_ids", c.text.tokens()}, {"meta_info", meta}});
+        } else {
+          json choice = {{"index", i}, {"finish_reason", c.finished ? json(reason(c)) : json(nullptr)}};
+          choice["logprobs"] = job.top_logprobs >= 0 ? logprobs_json(c, sent_lp[i], kept, offsets[i]) : json(nullptr);
+          for (std::size_t k = sent_lp[i]; k < kept && k < c.logprobs.size(); ++k)
+            offsets[i] += static_cast<std::int64_t>(token_text(c.logprobs[k].chosen.token).size());
+          if (kind == Kind::chat) {
+            choice["delta"] = text.empty() && c.finished ? json::object() : json{{"content", text}};
+          } else {
+            choice["text"] = text;
+          }
+          out = chunk(json::array({choice}));
+        }
+        sent_lp[i] = kept;
+        if (!write(out)) return abandon();
+        if (c.finished) {
+          closed[i] = true;
+          --open;
+        }
+      }
+    }
+    if (job.include_usage && kind != Kind::generate) {
+      json u = {{"id", job.id}, {"object", object}, {"created", created}, {"model", model},
+                {"choices", json::array()}, {"usage", usage(*choices)}};
+      if (!write(sse(u))) return;
+    }
+    write("data: [DONE]\n\n");
+  };
+  return h;
+}
+
+HttpReply OpenAiApi::models() const {
+  const json m = {{"id", options_.model_name}, {"object", "model"}, {"created", created_},
+                  {"owned_by", "dcp"}, {"max_model_len", deployment_.kv_capacity_tokens()}};
+  return {200, "application/json", json{{"object", "list"}, {"data", json::array({m})}}.dump()};
+}
+
+HttpReply OpenAiApi::health() const {
+  if (!deployment_.ready()) return error(503, "the model is loading");
+  return {200, "application/json", "{}"};
+}
+
+HttpReply OpenAiApi::metrics() const {
+  const ServeMetrics m = deployment_.metrics();
+  std::ostringstream o;
+  const auto metric = [&](const char* name, const char* type, const char* help) {
+    o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+  };
+  metric("dcp_num_running_reqs", "gauge", "Requests in a running batch.");
+  o << "dcp_num_running_reqs " << m.running << "\n";
+  metric("dcp_num_queued_reqs", "gauge", "Requests waiting for KV.");
+  o << "dcp_num_queued_reqs " << m.queued << "\n";
+  metric("dcp_kv_rows_used", "gauge", "KV rows held per layer on each rank (its DCP shard).");
+  for (std::size_t r = 0; r < m.kv_rows_used.size(); ++r)
+    o << "dcp_kv_rows_used{rank=\"" << r << "\"} " << m.kv_rows_used[r] << "\n";
+  metric("dcp_kv_rows_capacity", "gauge", "KV rows per layer each rank can hold.");
+  for (std::size_t r = 0; r < m.kv_rows_capacity.size(); ++r)
+    o << "dcp_kv_rows_capacity{rank=\"" << r << "\"} " << m.kv_rows_capacity[r] << "\n";
+  metric("dcp_prompt_tokens_total", "counter", "Prompt tokens of accepted requests.");
+  o << "dcp_prompt_tokens_total " << m.prompt_tokens << "\n";
+  metric("dcp_generation_tokens_total", "counter", "Tokens generated.");
+  o << "dcp_generation_tokens_total " << m.generation_tokens << "\n";
+  metric("dcp_requests_total", "counter", "Requests ended, by outcome.");
+  o << "dcp_requests_total{outcome=\"finished\"} " << m.requests_finished << "\n"
+    << "dcp_requests_total{outcome=\"cancelled\"} " << m.requests_cancelled << "\n"
+    << "dcp_requests_total{outcome=\"rejected\"} " << m.requests_rejected << "\n";
+  metric("dcp_prefix_cache_lookup_tokens_total", "counter", "Prompt tokens looked up in the prefix cache.");
+  o << "dcp_prefix_cache_lookup_tokens_total " << m.prefix_lookup_tokens << "\n";
+  metric("dcp_prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from the prefix cache.");
+  o << "dcp_prefix_cache_hit_tokens_total " << m.prefix_hit_tokens << "\n";
+  const auto histogram = [&](const char* name, const char* help, const LatencyHistogram& h) {
+    metric(name, "histogram", help);
+    std::int64_t cum = 0;
+    for (std::size_t b = 0; b < std::size(LatencyHistogram::kBounds); ++b) {
+      cum += h.counts[b];
+      o << name << "_bucket{le=\"" << LatencyHistogram::kBounds[b] << "\"} " << cum << "\n";
+    }
+    o << name << "_bucket{le=\"+Inf\"} " << h.count << "\n"
+      << name << "_sum " << h.sum_s << "\n" << name << "_count " << h.count << "\n";
+  };
+  histogram("dcp_time_to_first_token_seconds", "Time from arrival to the first token.",
+            m.time_to_first_token);
+  histogram("dcp_inter_token_latency_seconds", "Time between a request's tokens.",
+            m.inter_token_latency);
+  return {200, "text/plain; version=0.0.4", o.str()};
+}
+
+}  // namespace dcp::serve

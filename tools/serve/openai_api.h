@@ -1,0 +1,64 @@
+// The OpenAI-compatible API (and SGLang's /generate) over a ServingDeployment: request bodies in,
+// JSON replies or server-sent events out. No sockets here: the HTTP server (http_server.h) hands
+// bodies in and writes what comes back.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+
+#include "dcp/serving.h"
+#include "dcp/tokenizer.h"
+
+namespace dcp::serve {
+
+struct HttpReply {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+};
+
+// Writes one piece of a streamed reply; false once the client is gone.
+using ChunkWriter = std::function<bool(const std::string&)>;
+
+// A handled request: a whole reply, or a stream to run with the connection's writer.
+struct Handled {
+  std::optional<HttpReply> reply;
+  std::function<void(const ChunkWriter&)> stream;
+};
+
+struct ApiOptions {
+  std::string model_name;      // what /v1/models lists and requests must name (when they do)
+  int default_max_tokens = 128;  // when a request gives none (capped by the context)
+};
+
+class OpenAiApi {
+ public:
+  // `tokenizer` may be null: then prompts must be token ids and replies carry ids, no text.
+  OpenAiApi(ServingDeployment& deployment, const Tokenizer* tokenizer, ApiOptions options);
+
+  Handled completions(const std::string& body);       // POST /v1/completions
+  Handled chat_completions(const std::string& body);  // POST /v1/chat/completions
+  Handled generate(const std::string& body);          // POST /generate (SGLang)
+  HttpReply models() const;                           // GET /v1/models
+  HttpReply health() const;                           // GET /health
+  HttpReply metrics() const;                          // GET /metrics (Prometheus text)
+
+  // An OpenAI-style error body.
+  static HttpReply error(int status, const std::string& message, const std::string& param = "");
+
+ private:
+  struct Job;
+  enum class Kind { completion, chat, generate };
+  Handled handle(const std::string& body, Kind kind);  // parse, submit, reply or stream
+  Job parse(const std::string& body, Kind kind) const;
+  std::string token_text(std::int32_t id) const;
+
+  ServingDeployment& deployment_;
+  const Tokenizer* tokenizer_;
+  ApiOptions options_;
+  std::int64_t created_ = 0;
+};
+
+}  // namespace dcp::serve

@@ -1,0 +1,55 @@
+#include "serve/text_stream.h"
+
+#include <algorithm>
+
+namespace dcp::serve {
+
+TextStream::TextStream(const Tokenizer* tokenizer, std::vector<std::string> stops,
+                       bool skip_special_tokens)
+    : tokenizer_(tokenizer), stops_(std::move(stops)) {
+  if (tokenizer_) decoder_.emplace(*tokenizer_, skip_special_tokens);
+  stops_.erase(std::remove(stops_.begin(), stops_.end(), std::string()), stops_.end());
+}
+
+std::string TextStream::push(std::int32_t token) {
+  if (stopped_) return {};
+  tokens_.push_back(token);
+  // A model whose vocabulary is larger than its tokenizer's may emit ids with no text.
+  if (decoder_ && token >= 0 && token < tokenizer_->vocab_size()) held_ += decoder_->push(token);
+  return release(false);
+}
+
+std::string TextStream::finish() {
+  if (stopped_) return {};
+  if (decoder_) held_ += decoder_->finish();
+  return release(true);
+}
+
+std::string TextStream::release(bool at_end) {
+  // The earliest stop string ends the text before it.
+  std::size_t cut = std::string::npos;
+  for (const std::string& s : stops_) cut = std::min(cut, held_.find(s));
+  if (cut != std::string::npos) {
+    stopped_ = true;
+    std::string out = held_.substr(0, cut);
+    held_.clear();
+    return out;
+  }
+  // Hold back the longest tail that could still grow into a stop string.
+  std::size_t keep = 0;
+  if (!at_end) {
+    for (const std::string& s : stops_) {
+      for (std::size_t n = std::min(s.size() - 1, held_.size()); n > keep; --n) {
+        if (held_.compare(held_.size() - n, n, s, 0, n) == 0) {
+          keep = n;
+          break;
+        }
+      }
+    }
+  }
+  std::string out = held_.substr(0, held_.size() - keep);
+  held_.erase(0, held_.size() - keep);
+  return out;
+}
+
+}  // namespace dcp::serve

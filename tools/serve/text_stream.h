@@ -1,0 +1,41 @@
+// One generated choice as text: token ids detokenized as they come (never half a UTF-8
+// character), with the client's stop strings matched across token boundaries and never emitted.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dcp/tokenizer.h"
+
+namespace dcp::serve {
+
+class TextStream {
+ public:
+  // `tokenizer` may be null (a server without one produces no text, only ids).
+  TextStream(const Tokenizer* tokenizer, std::vector<std::string> stops, bool skip_special_tokens);
+
+  // Feeds one generated token; returns the text that is now safe to show. Once a stop string
+  // matched, stopped() is true and later tokens add nothing.
+  std::string push(std::int32_t token);
+  // The end of the generation: what was held back (a possible start of a stop string, an
+  // incomplete character as U+FFFD).
+  std::string finish();
+  bool stopped() const noexcept { return stopped_; }
+  // The tokens that belong to the text (those after the one that completed a stop string are
+  // dropped; that one stays, as OpenAI servers report it).
+  const std::vector<std::int32_t>& tokens() const noexcept { return tokens_; }
+
+ private:
+  std::string release(bool at_end);
+
+  const Tokenizer* tokenizer_;
+  std::optional<StreamDecoder> decoder_;
+  std::vector<std::string> stops_;
+  std::string held_;  // decoded text not yet shown
+  std::vector<std::int32_t> tokens_;
+  bool stopped_ = false;
+};
+
+}  // namespace dcp::serve
