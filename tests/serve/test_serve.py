@@ -1,0 +1,394 @@
+#!/usr/bin/python3
+"""`dcp serve` end to end over HTTP, with the Python standard library as the client.
+
+Usage: test_serve.py path/to/dcp [CASE ...]   (cases: see CASES; default all but mpi)
+       test_serve.py path/to/dcp mpi MPIEXEC  (the same server under mpirun, one rank per process)
+
+Starts a server on a generated checkpoint (TP 2, DCP 2, ranks as threads) on a free port and
+checks what a client sees: greedy tokens equal to `dcp run`'s, streams equal to whole replies,
+seeds, stop strings, logprobs, the errors and their statuses, the queue bound, a client that
+goes away mid-stream, the metrics, and a graceful shutdown.
+"""
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+DCP = os.path.abspath(sys.argv[1])
+TMP = tempfile.mkdtemp(prefix="dcp_serve_")
+CKPT = os.path.join(TMP, "ckpt")
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL:", what, flush=True)
+
+
+class Server:
+    def __init__(self, *flags, launcher=()):
+        self.log = open(os.path.join(TMP, "server.log"), "w+")
+        self.proc = subprocess.Popen([*launcher, DCP, "serve", "--model-path", CKPT, "--port", "0", *flags],
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True)
+        line = self.proc.stdout.readline()
+        m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+        if not m:
+            self.log.seek(0)
+            raise RuntimeError("the server did not start: " + line + self.log.read())
+        self.port = int(m.group(1))
+
+    def request(self, method, path, body=None, raw=None):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        data = raw if raw is not None else (json.dumps(body) if body is not None else None)
+        conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        text = r.read().decode("utf-8", "replace")
+        conn.close()
+        try:
+            return r.status, json.loads(text)
+        except ValueError:
+            return r.status, text
+
+    def post(self, path, body):
+        return self.request("POST", path, body)
+
+    def stream(self, path, body):
+        """The data: events of a streamed reply, parsed (the final [DONE] as the string)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        events = []
+        for line in r.read().decode("utf-8").split("\n"):
+            if line.startswith("data: "):
+                payload = line[6:]
+                events.append(payload if payload == "[DONE]" else json.loads(payload))
+        conn.close()
+        return r.status, r.getheader("Content-Type"), events
+
+    def metrics(self):
+        _, text = self.request("GET", "/metrics")
+        out = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                key, value = line.rsplit(" ", 1)
+                out[key] = float(value)
+        return out
+
+    def stop(self, sig=signal.SIGTERM):
+        self.proc.send_signal(sig)
+        try:
+            out, _ = self.proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        self.log.close()
+        return self.proc.returncode, out
+
+
+def run_tokens(prompt, max_new, *flags):
+    """What `dcp run` generates for one prompt (greedy)."""
+    out = os.path.join(TMP, "run.json")
+    subprocess.run([DCP, "run", "--model-path", CKPT, "--prompt-tokens", ",".join(map(str, prompt)),
+                    "--max-new-tokens", str(max_new), "--no-verify", "--json", out, *flags],
+                   check=True, stdout=subprocess.DEVNULL)
+    with open(out) as f:
+        report = json.load(f)
+    return report["requests"][0]["output_tokens"]
+
+
+PROMPT = [5, 77, 300, 12, 9, 41, 250, 3, 199, 7, 64, 18, 402]
+
+
+def case_greedy_equals_run(s):
+    want = run_tokens(PROMPT, 16, "--tp-size", "2", "--dcp-size", "2")
+    status, r = s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 16, "temperature": 0,
+                                           "ignore_eos": True})
+    check(status == 200, f"greedy completion: status {status}")
+    check(r["choices"][0]["token_ids"] == want, f"greedy tokens {r['choices'][0]['token_ids']} != dcp run {want}")
+    check(r["usage"] == {"prompt_tokens": len(PROMPT), "completion_tokens": 16,
+                         "total_tokens": len(PROMPT) + 16}, f"usage {r['usage']}")
+    check(r["choices"][0]["finish_reason"] == "length", "finish_reason length")
+    status, g = s.post("/generate", {"input_ids": PROMPT, "sampling_params": {
+        "max_new_tokens": 16, "temperature": 0, "ignore_eos": True}})
+    check(status == 200 and g["output_ids"] == want, f"/generate ids {g}")
+    check(g["text"] == r["choices"][0]["text"], "/generate and /v1/completions give the same text")
+
+
+def case_stream_equals_whole(s):
+    for path, body in [("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 24, "temperature": 0}),
+                       ("/v1/chat/completions", {"messages": [{"role": "system", "content": "Be brief."},
+                                                              {"role": "user", "content": "Name a color."}],
+                                                 "max_tokens": 24, "temperature": 0})]:
+        status, whole = s.post(path, body)
+        check(status == 200, f"{path}: status {status} {whole}")
+        status, ctype, events = s.stream(path, {**body, "stream": True, "stream_options": {"include_usage": True}})
+        check(status == 200 and ctype.startswith("text/event-stream"), f"{path} stream: {status} {ctype}")
+        check(events and events[-1] == "[DONE]", f"{path}: stream ends with [DONE]")
+        chunks = [e for e in events[:-1] if e["choices"]]
+        if "chat" in path:
+            text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+            check(chunks[0]["choices"][0]["delta"].get("role") == "assistant", "first chat delta has the role")
+            want = whole["choices"][0]["message"]["content"]
+            check(whole["object"] == "chat.completion" and chunks[0]["object"] == "chat.completion.chunk", "chat objects")
+        else:
+            text = "".join(c["choices"][0]["text"] for c in chunks)
+            want = whole["choices"][0]["text"]
+        check(text == want, f"{path}: streamed {text!r} != whole {want!r}")
+        check(chunks[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"], f"{path}: finish_reason")
+        check(len(chunks) > 2, f"{path}: {len(chunks)} chunks, expected one per token or so")
+        usage = events[-2].get("usage")
+        check(usage == whole["usage"], f"{path}: stream usage {usage} != {whole['usage']}")
+
+
+def case_seeds(s):
+    body = {"prompt": PROMPT, "max_tokens": 20, "temperature": 1.0, "top_p": 0.9, "seed": 7, "ignore_eos": True}
+    a = s.post("/v1/completions", body)[1]["choices"][0]["token_ids"]
+    b = s.post("/v1/completions", body)[1]["choices"][0]["token_ids"]
+    c = s.post("/v1/completions", {**body, "seed": 8})[1]["choices"][0]["token_ids"]
+    check(a == b, "same seed, same request: same tokens")
+    check(a != c, "another seed: other tokens")
+    status, r = s.post("/v1/completions", {**body, "n": 3})
+    ids = [ch["token_ids"] for ch in r["choices"]]
+    check(status == 200 and [ch["index"] for ch in r["choices"]] == [0, 1, 2], f"n=3: {status}")
+    check(ids[0] == a and len({tuple(x) for x in ids}) == 3, "n=3: choice i uses seed + i")
+    check(r["usage"]["completion_tokens"] == 60, "n=3 usage counts every choice")
+
+
+def case_stop_strings(s):
+    body = {"prompt": "The quick brown fox", "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+    full = s.post("/v1/completions", body)[1]["choices"][0]
+    text = full["text"]
+    # A stop string that spans tokens: characters 6..9 of the text.
+    stop = text[6:9]
+    check(len(stop) == 3, f"greedy text too short to test stop strings: {text!r}")
+    status, r = s.post("/v1/completions", {**body, "stop": [stop]})
+    got = r["choices"][0]
+    check(got["text"] == text[:text.index(stop)], f"stop {stop!r}: {got['text']!r} vs {text!r}")
+    check(got["finish_reason"] == "stop", "a stop string ends with finish_reason stop")
+    _, _, events = s.stream("/v1/completions", {**body, "stop": stop, "stream": True})
+    streamed = "".join(e["choices"][0]["text"] for e in events[:-1])
+    check(streamed == got["text"], f"streamed stop {streamed!r} != {got['text']!r}")
+    # A stop token id: the text ends with that token, finish_reason stop.
+    ids = full["token_ids"]
+    status, r = s.post("/v1/completions", {**body, "stop_token_ids": [ids[5]]})
+    check(r["choices"][0]["token_ids"] == ids[:ids.index(ids[5]) + 1], "stop_token_ids end after that token")
+    check(r["choices"][0]["finish_reason"] == "stop", "stop token: finish_reason stop")
+
+
+def case_logprobs(s):
+    status, r = s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 3,
+                                           "ignore_eos": True})
+    lp = r["choices"][0]["logprobs"]
+    check(status == 200 and len(lp["token_logprobs"]) == 6 and len(lp["top_logprobs"]) == 6, f"logprobs {lp}")
+    check(all(x <= 0 for x in lp["token_logprobs"]), "logprobs are <= 0")
+    check(all(len(t) <= 3 for t in lp["top_logprobs"]), "at most 3 alternatives")
+    check(all(abs(max(t.values()) - x) < 1e-6 for t, x in zip(lp["top_logprobs"], lp["token_logprobs"])),
+          "greedy picks the most likely token")
+    status, r = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                                                "temperature": 0, "logprobs": True, "top_logprobs": 2})
+    content = r["choices"][0]["logprobs"]["content"]
+    check(status == 200 and len(content) == r["usage"]["completion_tokens"], "chat logprobs per token")
+    check(all(len(c["top_logprobs"]) == 2 and "bytes" in c for c in content), "chat top_logprobs")
+
+
+def case_errors(s):
+    def expect(status_want, body, param=None, path="/v1/completions", raw=None):
+        status, r = s.request("POST", path, body, raw=raw)
+        what = repr(body or raw)[:120]
+        check(status == status_want, f"{what}: status {status}, expected {status_want}: {r}")
+        check(isinstance(r, dict) and "message" in r.get("error", {}), f"{what}: an OpenAI error body: {r}")
+        if param and isinstance(r, dict) and "error" in r:
+            check(r["error"].get("param") == param, f"{what}: param {r['error'].get('param')} != {param}")
+    expect(400, None, raw="{not json")
+    expect(400, None, raw="[1, 2]")
+    expect(400, {"prompt": 5, "max_tokens": 3}, "prompt")
+    expect(400, {"prompt": "hi", "max_tokens": "3"}, "max_tokens")
+    expect(400, {"prompt": "hi", "max_tokens": 0}, "max_tokens")
+    expect(400, {"prompt": "hi", "temperature": -1}, "temperature")
+    expect(400, {"prompt": "hi", "top_p": 1.5}, "top_p")
+    expect(400, {"prompt": "hi", "n": 0}, "n")
+    expect(400, {"prompt": "hi", "stop": 3}, "stop")
+    expect(400, {"prompt": "hi", "presence_penalty": 0.5}, "presence_penalty")
+    expect(400, {"prompt": [1, 2, 100000]}, "prompt")
+    expect(400, {"prompt": "hi", "max_tokens": 10**6})
+    expect(404, {"prompt": "hi", "model": "gpt-5"}, "model")
+    expect(400, {"messages": []}, "messages", path="/v1/chat/completions")
+    expect(400, {"messages": [{"content": "no role"}]}, "messages", path="/v1/chat/completions")
+    expect(413, {"prompt": [i % 500 for i in range(5000)]})
+    status, r = s.request("GET", "/v1/nothing")
+    check(status == 404 and "error" in r, f"unknown route: {status} {r}")
+    # Unknown fields are ignored; the server still serves after every error above.
+    status, r = s.post("/v1/completions", {"prompt": "hi", "max_tokens": 2, "user": "x", "something_new": {"a": 1}})
+    check(status == 200 and r["usage"]["completion_tokens"] <= 2, f"unknown fields ignored: {status} {r}")
+
+
+def case_disconnect(s):
+    """A client that goes away mid-stream: its request ends and its KV is freed."""
+    sock = socket.create_connection(("127.0.0.1", s.port))
+    body = json.dumps({"prompt": PROMPT, "max_tokens": 1000, "temperature": 0, "ignore_eos": True, "stream": True})
+    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+    got = b""
+    while got.count(b"data: ") < 3:
+        got += sock.recv(4096)
+    before = s.metrics()
+    check(before.get("dcp_num_running_reqs") == 1, f"one request runs: {before.get('dcp_num_running_reqs')}")
+    sock.close()
+    deadline = time.time() + 10
+    m = s.metrics()
+    while time.time() < deadline and (m["dcp_num_running_reqs"] != 0 or m['dcp_kv_rows_used{rank="0"}'] != 0):
+        time.sleep(0.05)
+        m = s.metrics()
+    check(m["dcp_num_running_reqs"] == 0, "the abandoned request stopped")
+    check(m['dcp_kv_rows_used{rank="0"}'] == 0 and m['dcp_kv_rows_used{rank="1"}'] == 0, "its KV was freed")
+    check(m['dcp_requests_total{outcome="cancelled"}'] >= 1, "counted as cancelled")
+    check(m["dcp_generation_tokens_total"] < before["dcp_generation_tokens_total"] + 900, "it did not run to the end")
+
+
+def case_metrics_and_models(s):
+    status, r = s.request("GET", "/v1/models")
+    check(status == 200 and r["data"][0]["id"] == CKPT, f"/v1/models {r}")
+    status, _ = s.request("GET", "/health")
+    check(status == 200, "/health")
+    m = s.metrics()
+    for key in ["dcp_time_to_first_token_seconds_count", "dcp_inter_token_latency_seconds_count",
+                'dcp_kv_rows_capacity{rank="1"}', "dcp_prompt_tokens_total", "dcp_num_queued_reqs",
+                "dcp_prefix_cache_hit_tokens_total"]:
+        check(key in m, f"/metrics has {key}")
+    check(m.get('dcp_time_to_first_token_seconds_bucket{le="+Inf"}') == m.get("dcp_time_to_first_token_seconds_count"),
+          "histogram +Inf bucket equals its count")
+
+
+def case_queue_bound():
+    """A full KV queues requests; past --max-queued-requests the server answers 503 and keeps serving."""
+    s = Server("--max-total-tokens", "256", "--max-queued-requests", "1", "--page-size", "8")
+    try:
+        results = {}
+
+        def long_one(key, n):
+            results[key] = s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": n, "temperature": 0,
+                                                      "ignore_eos": True})
+        first = threading.Thread(target=long_one, args=("first", 256 - len(PROMPT) - 8))
+        first.start()
+        deadline = time.time() + 10
+        while time.time() < deadline and s.metrics().get("dcp_num_running_reqs") != 1:
+            time.sleep(0.01)
+        second = threading.Thread(target=long_one, args=("second", 30))
+        second.start()
+        while time.time() < deadline and s.metrics().get("dcp_num_queued_reqs") != 1:
+            time.sleep(0.01)
+        status, r = s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 5})
+        check(status == 503 and "retry later" in r["error"]["message"], f"past the queue bound: {status} {r}")
+        first.join()
+        second.join()
+        check(results["first"][0] == 200 and results["second"][0] == 200, "the running and the queued request finish")
+        check(results["second"][1]["usage"]["completion_tokens"] == 30, "the queued request ran in full")
+    finally:
+        s.stop()
+
+
+def case_shutdown():
+    """SIGTERM: new requests get 503, the one in flight finishes, the process exits 0."""
+    s = Server()
+    results = {}
+
+    def long_one():
+        results["r"] = s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 200, "temperature": 0,
+                                                  "ignore_eos": True})
+    t = threading.Thread(target=long_one)
+    t.start()
+    deadline = time.time() + 10
+    while time.time() < deadline and s.metrics().get("dcp_num_running_reqs") != 1:
+        time.sleep(0.01)
+    s.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    try:
+        status, _ = s.post("/v1/completions", {"prompt": "hi", "max_tokens": 2})
+        check(status == 503, f"after SIGTERM a new request gets 503, not {status}")
+    except OSError:
+        pass  # already closed: also refused
+    t.join()
+    code, out = s.stop()
+    check(results["r"][0] == 200 and results["r"][1]["usage"]["completion_tokens"] == 200,
+          "the request in flight finished")
+    check(code == 0 and "stopped" in out, f"exit {code}: {out!r}")
+
+
+def case_mpi(mpiexec):
+    """Under mpirun (one rank per process): rank 0 serves, greedy tokens equal dcp run's."""
+    s = Server("--comm", "mpi", "--tp-size", "2", "--dcp-size", "2", launcher=(mpiexec, "-np", "2"))
+    try:
+        want = run_tokens(PROMPT, 12, "--tp-size", "2", "--dcp-size", "2")
+        status, r = s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 12, "temperature": 0,
+                                               "ignore_eos": True})
+        check(status == 200 and r["choices"][0]["token_ids"] == want, f"mpi greedy {r} != {want}")
+        _, _, events = s.stream("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                        "max_tokens": 8, "temperature": 0, "stream": True})
+        check(events[-1] == "[DONE]", "mpi stream ends")
+    finally:
+        # mpirun exits 1 when it is signalled itself, even if every rank exits 0: signal rank 0,
+        # which shuts the job down, as an operator would.
+        rank0 = None
+        for pid in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read()
+            except OSError:
+                continue
+            if b"OMPI_COMM_WORLD_RANK=0" in env and DCP.encode() in cmd and b"serve" in cmd:
+                rank0 = int(pid)
+        check(rank0 is not None, "found rank 0's process")
+        if rank0:
+            os.kill(rank0, signal.SIGTERM)
+        try:
+            out, _ = s.proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            s.proc.kill()
+            out, _ = s.proc.communicate()
+        check(s.proc.returncode == 0 and "stopped" in out, f"mpirun exit {s.proc.returncode}: {out!r}")
+
+
+CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_whole, case_seeds,
+                                     case_stop_strings, case_logprobs, case_errors, case_disconnect,
+                                     case_metrics_and_models]}
+
+
+def main():
+    subprocess.run([DCP, "gen-checkpoint", "--out", CKPT, "--num-layers", "2"], check=True, stdout=subprocess.DEVNULL)
+    args = sys.argv[2:]
+    if args[:1] == ["mpi"]:
+        case_mpi(args[1])
+    else:
+        wanted = args or list(CASES) + ["queue_bound", "shutdown"]
+        shared = [n for n in wanted if n in CASES]
+        if shared:
+            s = Server("--tp-size", "2", "--dcp-size", "2", "--max-total-tokens", "4096")
+            try:
+                for name in shared:
+                    print("case", name, flush=True)
+                    CASES[name](s)
+            finally:
+                code, _ = s.stop()
+                check(code == 0, f"server exit {code}")
+        if "queue_bound" in wanted:
+            print("case queue_bound", flush=True)
+            case_queue_bound()
+        if "shutdown" in wanted:
+            print("case shutdown", flush=True)
+            case_shutdown()
+    subprocess.run(["rm", "-rf", TMP])
+    print(f"{len(failures)} failure(s)")
+    sys.exit(1 if failures else 0)
+
+
+main()
