@@ -253,6 +253,34 @@ def case_disconnect(s):
     check(m["dcp_generation_tokens_total"] < before["dcp_generation_tokens_total"] + 900, "it did not run to the end")
 
 
+def case_concurrent_streams(s):
+    """64 clients stream at once; each gets the text a request alone gets (greedy)."""
+    prompts = [[(7 * i + 3 * k) % 500 + 1 for k in range(5 + i % 17)] for i in range(64)]
+    alone = {}
+    for i in (0, 21, 42, 63):
+        alone[i] = s.post("/v1/completions", {"prompt": prompts[i], "max_tokens": 12, "temperature": 0,
+                                              "ignore_eos": True})[1]["choices"][0]["text"]
+    got = {}
+
+    def client(i):
+        _, _, events = s.stream("/v1/completions", {"prompt": prompts[i], "max_tokens": 12, "temperature": 0,
+                                                    "ignore_eos": True, "stream": True})
+        got[i] = ("".join(e["choices"][0]["text"] for e in events[:-1]), events[-1] == "[DONE]")
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    check(len(got) == 64 and all(done for _, done in got.values()), "all 64 streams complete")
+    for i, text in alone.items():
+        check(got[i][0] == text, f"stream {i} under load {got[i][0]!r} != alone {text!r}")
+    # And every stream equals its own request run alone afterwards.
+    for i in range(0, 64, 9):
+        text = s.post("/v1/completions", {"prompt": prompts[i], "max_tokens": 12, "temperature": 0,
+                                          "ignore_eos": True})[1]["choices"][0]["text"]
+        check(got[i][0] == text, f"stream {i}: {got[i][0]!r} != {text!r}")
+
+
 def case_metrics_and_models(s):
     status, r = s.request("GET", "/v1/models")
     check(status == 200 and r["data"][0]["id"] == CKPT, f"/v1/models {r}")
@@ -323,16 +351,20 @@ def case_shutdown():
 
 
 def case_mpi(mpiexec):
-    """Under mpirun (one rank per process): rank 0 serves, greedy tokens equal dcp run's."""
-    s = Server("--comm", "mpi", "--tp-size", "2", "--dcp-size", "2", launcher=(mpiexec, "-np", "2"))
+    """Under mpirun, one rank per process (two DP replicas of TP 2 x DCP 2): rank 0 serves, the
+    others follow; greedy tokens equal dcp run's on either replica."""
+    s = Server("--comm", "mpi", "--tp-size", "2", "--dcp-size", "2", "--dp-size", "2",
+               launcher=(mpiexec, "-np", "4"))
     try:
         want = run_tokens(PROMPT, 12, "--tp-size", "2", "--dcp-size", "2")
-        status, r = s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 12, "temperature": 0,
-                                               "ignore_eos": True})
-        check(status == 200 and r["choices"][0]["token_ids"] == want, f"mpi greedy {r} != {want}")
+        for replica in range(2):  # requests are dealt to the replicas in turn
+            status, r = s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 12, "temperature": 0,
+                                                   "ignore_eos": True})
+            check(status == 200 and r["choices"][0]["token_ids"] == want, f"mpi greedy {r} != {want}")
         _, _, events = s.stream("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                                                         "max_tokens": 8, "temperature": 0, "stream": True})
         check(events[-1] == "[DONE]", "mpi stream ends")
+        print("mpi: greedy on both replicas and a chat stream checked", flush=True)
     finally:
         # mpirun exits 1 when it is signalled itself, even if every rank exits 0: signal rank 0,
         # which shuts the job down, as an operator would.
@@ -359,7 +391,7 @@ def case_mpi(mpiexec):
 
 
 CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_whole, case_seeds,
-                                     case_stop_strings, case_logprobs, case_errors, case_disconnect,
+                                     case_stop_strings, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
                                      case_metrics_and_models]}
 
 
