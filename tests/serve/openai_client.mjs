@@ -1,0 +1,73 @@
+// Drives `dcp serve` with the official OpenAI Node client (npm `openai`): what a real client
+// sends and parses must work. Usage: node openai_client.mjs BASE_URL MODEL
+import OpenAI from "openai";
+
+const [baseURL, model] = process.argv.slice(2);
+const client = new OpenAI({ baseURL, apiKey: "unused", maxRetries: 0 });
+let failures = 0;
+const check = (cond, what) => {
+  if (!cond) {
+    failures++;
+    console.log("FAIL:", what);
+  }
+};
+
+const models = await client.models.list();
+check(models.data.some((m) => m.id === model), `models.list names ${model}`);
+
+// Completions: whole and streamed, greedy, must agree.
+const body = { model, prompt: "In a small village", max_tokens: 20, temperature: 0 };
+const whole = await client.completions.create(body);
+check(whole.choices.length === 1 && typeof whole.choices[0].text === "string", "completion shape");
+check(whole.usage.completion_tokens >= 1, "completion usage");
+let streamed = "";
+let finish = null;
+for await (const chunk of await client.completions.create({ ...body, stream: true })) {
+  streamed += chunk.choices[0]?.text ?? "";
+  finish = chunk.choices[0]?.finish_reason ?? finish;
+}
+check(streamed === whole.choices[0].text, `streamed completion ${JSON.stringify(streamed)} == whole ${JSON.stringify(whole.choices[0].text)}`);
+check(finish === whole.choices[0].finish_reason, "streamed finish_reason");
+
+// Chat: whole and streamed, with usage in the stream.
+const chat = {
+  model,
+  messages: [
+    { role: "system", content: "You are terse." },
+    { role: "user", content: "Say something." },
+  ],
+  max_tokens: 16,
+  temperature: 0,
+};
+const reply = await client.chat.completions.create(chat);
+check(reply.choices[0].message.role === "assistant", "chat reply role");
+let content = "";
+let usage = null;
+for await (const chunk of await client.chat.completions.create({ ...chat, stream: true, stream_options: { include_usage: true } })) {
+  content += chunk.choices[0]?.delta?.content ?? "";
+  if (chunk.usage) usage = chunk.usage;
+}
+check(content === reply.choices[0].message.content, "streamed chat equals whole");
+check(usage && usage.total_tokens === reply.usage.total_tokens, "stream usage equals whole usage");
+
+// Seeded sampling repeats.
+const seeded = { ...body, temperature: 0.9, top_p: 0.95, seed: 11 };
+const a = await client.completions.create(seeded);
+const b = await client.completions.create(seeded);
+check(a.choices[0].text === b.choices[0].text, "same seed, same text");
+
+// Errors arrive as the client's typed errors.
+try {
+  await client.completions.create({ ...body, max_tokens: 0 });
+  check(false, "max_tokens 0 accepted");
+} catch (e) {
+  check(e instanceof OpenAI.BadRequestError && e.status === 400, `max_tokens 0: ${e}`);
+}
+try {
+  await client.completions.create({ ...body, model: "not-this-one" });
+  check(false, "unknown model accepted");
+} catch (e) {
+  check(e instanceof OpenAI.NotFoundError && e.status === 404, `unknown model: ${e}`);
+}
+console.log(`${failures} failure(s)`);
+process.exit(failures ? 1 : 0);
