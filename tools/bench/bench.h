@@ -22,6 +22,7 @@ void add_step_bench(CLI::App* bench);
 void add_extend_bench(CLI::App* bench);
 void add_plot_bench(CLI::App* bench);
 void add_moe_bench(CLI::App* bench);
+void add_serve_bench(CLI::App* bench);
 
 // Every benchmark's --csv (the table) and --svg (`plot`, e.g. "a plot (GFLOP/s vs heads)"), both
 // checked as they parse, so that a long run does not end on a file it cannot write.

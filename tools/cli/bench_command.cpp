@@ -7,6 +7,8 @@
 //   dcp bench step       decode step vs context, its components beside dcp plan
 //   dcp bench extend     time and DCP bytes per extend (prefill chunk over a cached prefix),
 //                        gather path vs DCP-native path, against prefix length
+//   dcp bench serve      dcp serve on loopback under concurrent streaming clients vs the
+//                        engine alone on the same requests
 //   dcp bench plot       a table, CSV and SVG plot of the Google Benchmark binaries' JSON
 // Each benchmark lives in tools/bench/ with the function that registers it.
 #include "bench/bench.h"
@@ -25,6 +27,7 @@ void add_bench_command(CLI::App& app) {
   add_step_bench(bench);
   add_extend_bench(bench);
   add_moe_bench(bench);
+  add_serve_bench(bench);
   add_plot_bench(bench);
 }
 

@@ -1,6 +1,7 @@
 #include "serve/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include "dcp/error.h"
 
@@ -8,6 +9,7 @@ namespace dcp::serve {
 
 struct HttpServer::Impl {
   httplib::Server server;
+  int listen_fd = -1;  // the listening socket, seen by the socket-options hook
 };
 
 namespace {
@@ -38,6 +40,13 @@ HttpServer::HttpServer(OpenAiApi& api) : impl_(std::make_unique<Impl>()) {
   // Every open stream holds a worker for its whole generation: size the pool for many clients.
   s.new_task_queue = [] { return new httplib::ThreadPool(128); };
   s.set_payload_max_length(64u << 20);  // beyond: 413 from httplib
+  // The library listens with a backlog of 5: a burst of clients connecting at once would see
+  // dropped handshakes. Keep the socket to listen on it again with a deep queue after bind.
+  s.set_socket_options([impl = impl_.get()](socket_t fd) {
+    int yes = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);  // what the default hook does
+    impl->listen_fd = fd;
+  });
   s.Post("/v1/completions", [&api](const httplib::Request& req, httplib::Response& res) {
     answer(res, api.completions(req.body));
   });
@@ -77,6 +86,7 @@ int HttpServer::bind(const std::string& host, int port) {
                               : (impl_->server.bind_to_port(host.c_str(), port) ? port : -1);
   DCP_CHECK(bound > 0, io, "--host ", host, " --port ", port,
             ": cannot listen there (the port is taken, or the address is not this machine's)");
+  if (impl_->listen_fd >= 0) ::listen(impl_->listen_fd, SOMAXCONN);
   return bound;
 }
 
