@@ -340,5 +340,82 @@ TEST(SmallTokenizer, GeneratedCheckpointsTakeAndGiveText) {
   fs::remove_all(dir);
 }
 
+// ---- tiktoken (Kimi's format) ----
+
+std::string base64(const std::string& bytes) {
+  static const char* const digits =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  for (std::size_t i = 0; i < bytes.size(); i += 3) {
+    std::uint32_t n = static_cast<std::uint32_t>(static_cast<unsigned char>(bytes[i])) << 16;
+    if (i + 1 < bytes.size()) n |= static_cast<std::uint32_t>(static_cast<unsigned char>(bytes[i + 1])) << 8;
+    if (i + 2 < bytes.size()) n |= static_cast<unsigned char>(bytes[i + 2]);
+    out += digits[(n >> 18) & 63];
+    out += digits[(n >> 12) & 63];
+    out += i + 1 < bytes.size() ? digits[(n >> 6) & 63] : '=';
+    out += i + 2 < bytes.size() ? digits[n & 63] : '=';
+  }
+  return out;
+}
+
+// Every byte at its own rank, then a few merges.
+std::string small_tiktoken_model(const std::vector<std::string>& merged) {
+  std::string model;
+  for (int b = 0; b < 256; ++b) model += base64(std::string(1, static_cast<char>(b))) + " " + std::to_string(b) + "\n";
+  for (std::size_t k = 0; k < merged.size(); ++k) model += base64(merged[k]) + " " + std::to_string(256 + k) + "\n";
+  return model;
+}
+
+TEST(Tiktoken, ClassIntersectionsBecomeLookaheads) {
+  EXPECT_EQ(rewrite_class_intersections(R"([\p{L}&&[^\p{Han}]]+x)"), R"((?:(?=[^\p{Han}])[\p{L}])+x)");
+  EXPECT_EQ(rewrite_class_intersections(R"(a[\]&]b\[c&&d\])"), R"(a[\]&]b\[c&&d\])")
+      << "escaped brackets, a single & and && outside a class are left alone";
+  EXPECT_TRUE(test::throws_error([] { rewrite_class_intersections("[a&&b]"); },
+                                 ErrorCategory::invalid_argument, "[A&&[B]]"));
+  EXPECT_TRUE(test::throws_error([] { rewrite_class_intersections("[a"); },
+                                 ErrorCategory::invalid_argument, "not closed"));
+}
+
+TEST(Tiktoken, MergesByTokenRankAndKimisPatternSplitsHanFromLetters) {
+  const Tokenizer tok = Tokenizer::from_tiktoken(
+      small_tiktoken_model({"he", "ll", "hell", "hello", "lo", "ab", "cd"}),
+      R"({"added_tokens_decoder": {"263": {"content": "[EOS]", "special": true}}, "eos_token": "[EOS]"})");
+  EXPECT_EQ(tok.vocab_size(), 264);
+  EXPECT_EQ(tok.eos_id(), 263);
+  EXPECT_EQ(tok.encode("hello"), std::vector<std::int32_t>({259})) << "a whole piece that is a token";
+  // "hellO": lower-case letters then an upper-case one are two pieces under Kimi's pattern.
+  EXPECT_EQ(tok.encode("hellO"), std::vector<std::int32_t>({258, 'O'}));
+  // "hel" + "lo": the pair of lowest merged rank first ("he" 256 < "lo" 260), then what is left.
+  EXPECT_EQ(tok.encode(" hello"), std::vector<std::int32_t>({' ', 259}))
+      << "a leading space is its own piece in Kimi's pattern only before a non-letter";
+  // Han characters split off letters on both sides: the class intersections at work.
+  const std::vector<std::int32_t> joined = tok.encode("ab\xe6\xbc\xa2" "cd");
+  std::vector<std::int32_t> parts = tok.encode("ab");
+  for (const auto& piece : {std::string("\xe6\xbc\xa2"), std::string("cd")}) {
+    const std::vector<std::int32_t> more = tok.encode(piece);
+    parts.insert(parts.end(), more.begin(), more.end());
+  }
+  EXPECT_EQ(joined, parts);
+  EXPECT_EQ(joined.front(), 261);
+  EXPECT_EQ(tok.decode(tok.encode("hello[EOS] ab\xe6\xbc\xa2")), "hello[EOS] ab\xe6\xbc\xa2");
+  EXPECT_EQ(tok.encode("x[EOS]"), std::vector<std::int32_t>({'x', 263}));
+}
+
+TEST(Tiktoken, RefusesAMalformedModelNamingTheLine) {
+  const auto io = ErrorCategory::io;
+  std::string model = small_tiktoken_model({});
+  EXPECT_TRUE(test::throws_error([&] { Tokenizer::from_tiktoken(model + "!!!! 300\n"); }, io,
+                                 "tiktoken.model line 257"));
+  EXPECT_TRUE(test::throws_error([&] { Tokenizer::from_tiktoken(model + "YWI= -1\n"); }, io,
+                                 "line 257"));
+  EXPECT_TRUE(test::throws_error([&] { Tokenizer::from_tiktoken(model + "YWI= 5\n"); }, io,
+                                 "rank 5 or its token repeats"));
+  const std::string no_byte_7 = model.substr(0, model.find(base64(std::string(1, '\x07'))));
+  EXPECT_TRUE(test::throws_error([&] { Tokenizer::from_tiktoken(no_byte_7); }, io, "byte 7 has no token"));
+  EXPECT_TRUE(test::throws_error(
+      [&] { Tokenizer::from_tiktoken(model, R"({"added_tokens_decoder": {"5": {"content": "x"}}})"); },
+      io, "added token id 5 is also a tiktoken rank"));
+}
+
 }  // namespace
 }  // namespace dcp

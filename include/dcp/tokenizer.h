@@ -26,6 +26,15 @@ class Tokenizer {
   static Tokenizer from_dir(const std::string& dir);
   // The same from the two files' text (config_json may be empty).
   static Tokenizer from_json(const std::string& tokenizer_json, const std::string& config_json = "");
+  // A tiktoken tokenizer, as Kimi ships it: tiktoken.model ("base64-token rank" per line, the rank
+  // being the id), tokenizer_config.json's added_tokens_decoder as the special tokens, and the
+  // pre-tokenizer `pattern` (Kimi's by default: its class intersections [A&&[B]] become
+  // lookaheads, which PCRE2 runs). from_dir takes this path when DIR has tiktoken.model and no
+  // tokenizer.json.
+  static Tokenizer from_tiktoken(const std::string& model_text, const std::string& config_json = "",
+                                 const std::string& pattern = kimi_pattern());
+  // Kimi's pre-tokenizer pattern (tokenization_kimi.py's pat_str).
+  static const std::string& kimi_pattern();
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
@@ -87,5 +96,10 @@ std::string utf8_lossy(std::string_view bytes);
 // equals what a stream would show: an incomplete last character (that more bytes could complete)
 // is held back; invalid bytes are not.
 std::size_t utf8_complete_prefix(std::string_view bytes);
+
+// Rewrites each character class [A&&[B]] of `pattern` as (?:(?=[B])[A]): PCRE2 reads "&&" inside
+// a class as two ampersands, so an intersection would silently match the wrong characters.
+// Throws (invalid_argument) on an intersection of another form.
+std::string rewrite_class_intersections(const std::string& pattern);
 
 }  // namespace dcp
