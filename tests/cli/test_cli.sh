@@ -518,7 +518,25 @@ case_presets() {
   bad_value "bench moe, unknown dtype" "--dtypes" -- bench moe --dtypes fp16
 }
 
-cases="topology demo run_summary run_rejected run_combine run_refusals run_checkpoint run_speculative run_extend run_prefix_cache plan bench_comm bench_attention bench_merge bench_step_engine run_dp run_kernel run_disagg bad_values output_files memory_limits bench_plot families presets strict_flags"
+# `dcp serve`'s refusals, before anything listens: each names its flag
+case_serve_flags() {
+  bad_value "a port past 65535" "--port" -- serve --port 70000
+  bad_value "DP attention with DP 2" "--enable-dp-attention with --dp-size > 1 is not supported" -- serve --enable-dp-attention --dp-size 2 --tp-size 2 --port 0
+  expect 1 "a tokenizer folder that is not one" -- serve --preset tiny --tokenizer-path "$tmp/none" --port 0
+  check "names --tokenizer-path" stderr_has "--tokenizer-path: tokenizer directory $tmp/none has neither"
+  expect 0 "gen-checkpoint" -- gen-checkpoint --out "$tmp/ck"
+  bad_value "--max-queued-requests 0" "--max-queued-requests" -- serve --model-path "$tmp/ck" --max-queued-requests 0
+  # A port in use: exit 1 naming --port, before the model loads.
+  /usr/bin/python3 -c 'import socket,time; s=socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(); print(s.getsockname()[1], flush=True); time.sleep(30)' >"$tmp/port" &
+  local holder=$!
+  for _ in $(seq 1 50); do [ -s "$tmp/port" ] && break; sleep 0.1; done
+  expect 1 "a port in use" -- serve --model-path "$tmp/ck" --port "$(cat "$tmp/port")"
+  check "names --host and --port" stderr_has "--host 127.0.0.1 --port $(cat "$tmp/port"): cannot listen there"
+  kill "$holder" 2>/dev/null
+  bad_value "--seed is not a serve flag" "--seed" -- serve --model-path "$tmp/ck" --seed 3
+}
+
+cases="topology demo run_summary run_rejected run_combine run_refusals run_checkpoint run_speculative run_extend run_prefix_cache plan bench_comm bench_attention bench_merge bench_step_engine run_dp run_kernel run_disagg bad_values output_files memory_limits bench_plot families presets strict_flags serve_flags"
 if [ "$case_name" = "--list" ]; then
   echo "$cases"
   exit 0

@@ -191,9 +191,6 @@ void add_serve_command(CLI::App& app) {
                   "new tokens when a request sets no max_tokens (capped by the context)")
       ->check(at_least(1))
       ->capture_default_str();
-  cmd->add_option("--seed", o.seed, "seed of synthetic weights")
-      ->check(at_least(0))
-      ->capture_default_str();
   cmd->add_option("--comm", o.comm, "threads (ranks as threads) or mpi (under mpirun)")
       ->check(one_of({"threads", "mpi"}))
       ->capture_default_str();
