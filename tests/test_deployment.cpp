@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "dcp/deployment.h"
+#include "dcp/serving.h"
 #include "dcp/error.h"
 #include "dcp/weights.h"
 #include "engine_util.h"
@@ -153,6 +154,24 @@ TEST(Deployment, RefusesWhatItCannotRunBeforeStartingRanks) {
   EXPECT_TRUE(test::throws_error([&] { parse_rank_transport("nccl"); },
                                  ErrorCategory::invalid_argument,
                                  "comm = 'nccl' is not one of: threads, mpi"));
+}
+
+}  // namespace
+}  // namespace dcp
+
+namespace dcp {
+namespace {
+
+TEST(Deployment, RefusesWhatOnlyTheTopologyDescribes) {
+  DeploymentSpec spec;
+  spec.model.config = preset_config("tiny", 1);
+  spec.parallel.pcp_size = 2;
+  EXPECT_TRUE(test::throws_error([&] { run_deployment(spec); }, ErrorCategory::unsupported,
+                                 "pcp_size = 2: prefill context parallelism is not implemented"));
+  spec.parallel.pcp_size = 1;
+  spec.parallel.platform = Platform::blackwell_mnnvl();
+  EXPECT_TRUE(test::throws_error([&] { ServingDeployment served(spec); },
+                                 ErrorCategory::unsupported, "(legal: cpu)"));
 }
 
 }  // namespace

@@ -189,6 +189,11 @@ struct DeploymentReport {
   double transfer_ms = 0;
 };
 
+// Refuses (unsupported, naming the field) a configuration that `dcp topology` and `dcp plan` may
+// describe but this build cannot run: prefill context parallelism (pcp_size > 1) and a platform
+// other than cpu (ranks run on this machine's CPU).
+void check_runs_here(const ParallelConfig& parallel);
+
 // Runs spec.requests on every rank of spec.parallel's topology; the report is world rank 0's.
 // Throws dcp::Error naming the parameter on a configuration it cannot run. `first_active_rank`:
 // see LaunchOptions.

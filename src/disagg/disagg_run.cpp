@@ -135,6 +135,7 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
 
 Launched<DeploymentReport> run_disaggregated_deployment(const DeploymentSpec& spec,
                                                         int prefill_dcp_size) {
+  check_runs_here(spec.parallel);
   DCP_ARG_CHECK(!spec.draft && spec.engine.num_draft_tokens == 0,
                 "disaggregation does not combine with speculative decoding yet");
   DCP_ARG_CHECK(!spec.engine.enable_prefix_cache,

@@ -260,8 +260,18 @@ DeploymentReport run_rank(const DeploymentSpec& spec, const Topology& topo, Comm
 
 }  // namespace
 
+void check_runs_here(const ParallelConfig& c) {
+  DCP_CHECK(c.pcp_size == 1, unsupported, "pcp_size = ", c.pcp_size,
+            ": prefill context parallelism is not implemented by the deployment (legal: 1); "
+            "dcp topology shows its layouts");
+  DCP_CHECK(c.platform.name == "cpu", unsupported, "platform = '", c.platform.name,
+            "' cannot run in this build: its ranks run on this machine's CPU (legal: cpu); "
+            "dcp topology and dcp plan describe other platforms");
+}
+
 Launched<DeploymentReport> run_deployment(const DeploymentSpec& spec,
                                           std::optional<int> first_active_rank) {
+  check_runs_here(spec.parallel);
   const Topology topo = resolve(spec.parallel);
   DCP_CHECK(!(spec.parallel.enable_dp_attention && spec.parallel.dp_size > 1), unsupported,
             "enable_dp_attention with dp_size = ", spec.parallel.dp_size,

@@ -92,7 +92,9 @@ void RequestStream::cancel() {
 }
 
 ServingDeployment::ServingDeployment(DeploymentSpec spec, ServeOptions options)
-    : spec_(std::move(spec)), options_(options), topology_(resolve(spec_.parallel)) {
+    : spec_(std::move(spec)),
+      options_(options),
+      topology_((check_runs_here(spec_.parallel), resolve(spec_.parallel))) {
   DCP_ARG_CHECK(spec_.requests.empty(), "a served deployment takes its requests through submit()");
   DCP_ARG_CHECK(options_.max_queued_requests >= 1, "max_queued_requests = ",
                 options_.max_queued_requests, " must be >= 1");

@@ -534,9 +534,18 @@ case_serve_flags() {
   check "names --host and --port" stderr_has "--host 127.0.0.1 --port $(cat "$tmp/port"): cannot listen there"
   kill "$holder" 2>/dev/null
   bad_value "--seed is not a serve flag" "--seed" -- serve --model-path "$tmp/ck" --seed 3
+  bad_value "serve, --pcp-size 2" "--pcp-size 2: prefill context parallelism is not implemented" -- serve --pcp-size 2 --port 0
 }
 
-cases="topology demo run_summary run_rejected run_combine run_refusals run_checkpoint run_speculative run_extend run_prefix_cache plan bench_comm bench_attention bench_merge bench_step_engine run_dp run_kernel run_disagg bad_values output_files memory_limits bench_plot families presets strict_flags serve_flags"
+# layouts `dcp topology` describes but this build cannot run are refused at startup (exit 2)
+case_run_not_here() {
+  bad_value "--pcp-size 2" "--pcp-size 2: prefill context parallelism is not implemented by the deployment (legal: 1)" -- run --pcp-size 2 --dcp-size 1
+  bad_value "--platform blackwell-mnnvl" "--platform 'blackwell-mnnvl' cannot run in this build" -- run --platform blackwell-mnnvl
+  bad_value "--platform cuda" "(legal: cpu)" -- run --platform cuda --disaggregate
+  expect 0 "topology still describes them" -- topology --tp-size 4 --dcp-size 4 --platform blackwell-mnnvl
+}
+
+cases="topology demo run_summary run_rejected run_combine run_refusals run_checkpoint run_speculative run_extend run_prefix_cache plan bench_comm bench_attention bench_merge bench_step_engine run_dp run_kernel run_disagg bad_values output_files memory_limits bench_plot families presets strict_flags serve_flags run_not_here"
 if [ "$case_name" = "--list" ]; then
   echo "$cases"
   exit 0

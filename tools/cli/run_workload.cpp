@@ -64,6 +64,7 @@ Workload build_workload(const RunOptions& o) {
     w.model_label = "preset:" + o.preset;
   }
   s.parallel = o.parallel.to_config();
+  check_runs_here(s.parallel);  // before any rank starts
   // Checked again by every rank's model; here it fails before any rank thread starts.
   check_divides_heads(s.model.config, s.parallel.tp_size, "--tp-size");
   s.transport = parse_rank_transport(o.comm);
