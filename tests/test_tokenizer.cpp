@@ -415,6 +415,9 @@ TEST(Tiktoken, RefusesAMalformedModelNamingTheLine) {
   EXPECT_TRUE(test::throws_error(
       [&] { Tokenizer::from_tiktoken(model, R"({"added_tokens_decoder": {"5": {"content": "x"}}})"); },
       io, "added token id 5 is also a tiktoken rank"));
+  // One sparse rank would size the id table by it (2^29 entries): refused.
+  EXPECT_TRUE(test::throws_error([&] { Tokenizer::from_tiktoken(model + "YWI= 536870912\n"); }, io,
+                                 "the largest id, 536870912, is far beyond the 257 tokens"));
 }
 
 }  // namespace

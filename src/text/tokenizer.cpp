@@ -212,6 +212,11 @@ void Tokenizer::Impl::load(const json& t) {
       max_id = std::max(max_id, static_cast<std::int32_t>(id));
     }
   }
+  // The id table is sized by the largest id: a sparse id would make it huge (2^30 entries for
+  // one line), so ids must stay near the number of tokens, as every published vocabulary does.
+  const std::int64_t entries = static_cast<std::int64_t>(vocab.size() + added.size());
+  DCP_CHECK(max_id < 2 * entries + 65536, io, "tokenizer: the largest id, ", max_id,
+            ", is far beyond the ", entries, " tokens (ids must be below 2 x tokens + 65536)");
   id_to_token.assign(static_cast<std::size_t>(max_id + 1), std::string());
   special.assign(id_to_token.size(), 0);
   for (const auto& [tok, id] : vocab) id_to_token[static_cast<std::size_t>(id)] = tok;

@@ -209,6 +209,7 @@ def case_errors(s):
             check(r["error"].get("param") == param, f"{what}: param {r['error'].get('param')} != {param}")
     expect(400, None, raw="{not json")
     expect(400, None, raw="[1, 2]")
+    expect(400, None, raw=b'{"pro\xffmpt": 1}')  # bytes that are not UTF-8, quoted in the error
     expect(400, {"prompt": 5, "max_tokens": 3}, "prompt")
     expect(400, {"prompt": "hi", "max_tokens": "3"}, "max_tokens")
     expect(400, {"prompt": "hi", "max_tokens": 0}, "max_tokens")

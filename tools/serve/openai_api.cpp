@@ -15,6 +15,11 @@ namespace {
 using json = nlohmann::json;
 using namespace std::chrono_literals;
 
+// JSON text of a reply. Client bytes that are not UTF-8 can reach a reply inside a message (a
+// parse error quotes them): they become U+FFFD instead of failing the reply.
+std::string text_of(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
+
+
 // A request the API refuses: the status, the field at fault and why.
 struct BadRequest : std::runtime_error {
   BadRequest(int status_, std::string param_, const std::string& message)
@@ -65,7 +70,7 @@ std::vector<std::int32_t> token_ids(const json& v, const std::string& param, int
   std::vector<std::int32_t> out;
   for (const json& t : v) {
     if (!t.is_number_integer() || t.get<std::int64_t>() < 0 || t.get<std::int64_t>() >= vocab)
-      bad(param, str("'", param, "': ", t.dump(), " is not a token id in [0, ", vocab, ")"));
+      bad(param, str("'", param, "': ", text_of(t), " is not a token id in [0, ", vocab, ")"));
     out.push_back(t.get<std::int32_t>());
   }
   return out;
@@ -109,7 +114,7 @@ void refuse_unsupported(const json& b) {
     bad("response_format", "'response_format' is not supported (only {\"type\": \"text\"})");
 }
 
-std::string sse(const json& j) { return "data: " + j.dump() + "\n\n"; }
+std::string sse(const json& j) { return "data: " + text_of(j) + "\n\n"; }
 
 std::string finish_text(FinishReason r, bool stop_string) {
   if (stop_string || r == FinishReason::stop) return "stop";
@@ -144,7 +149,7 @@ HttpReply OpenAiApi::error(int status, const std::string& message, const std::st
                                      : "invalid_request_error";
   json e = {{"message", message}, {"type", type}, {"param", nullptr}, {"code", status}};
   if (!param.empty()) e["param"] = param;
-  return {status, "application/json", json{{"error", e}}.dump()};
+  return {status, "application/json", text_of(json{{"error", e}})};
 }
 
 std::string OpenAiApi::token_text(std::int32_t id) const {
@@ -218,7 +223,7 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
     context["add_generation_prompt"] = boolean(b, "add_generation_prompt").value_or(true);
     std::string text;
     try {
-      text = apply_chat_template(*tokenizer_, context.dump(), true);
+      text = apply_chat_template(*tokenizer_, text_of(context), true);
     } catch (const Error& e) {
       bad("messages", str("the chat template failed: ", e.what()));
     }
@@ -447,7 +452,7 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
       reply = {{"id", job.id}, {"object", kind == Kind::chat ? "chat.completion" : "text_completion"},
                {"created", created}, {"model", model}, {"choices", list}, {"usage", usage(*choices)}};
     }
-    return {HttpReply{200, "application/json", reply.dump()}, {}};
+    return {HttpReply{200, "application/json", text_of(reply)}, {}};
   }
 
   // Streaming: server-sent events as tokens arrive, then data: [DONE].
@@ -524,7 +529,7 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
 HttpReply OpenAiApi::models() const {
   const json m = {{"id", options_.model_name}, {"object", "model"}, {"created", created_},
                   {"owned_by", "dcp"}, {"max_model_len", deployment_.kv_capacity_tokens()}};
-  return {200, "application/json", json{{"object", "list"}, {"data", json::array({m})}}.dump()};
+  return {200, "application/json", text_of(json{{"object", "list"}, {"data", json::array({m})}})};
 }
 
 HttpReply OpenAiApi::health() const {
