@@ -382,6 +382,14 @@ TEST(Tiktoken, MergesByTokenRankAndKimisPatternSplitsHanFromLetters) {
       R"({"added_tokens_decoder": {"263": {"content": "[EOS]", "special": true}}, "eos_token": "[EOS]"})");
   EXPECT_EQ(tok.vocab_size(), 264);
   EXPECT_EQ(tok.eos_id(), 263);
+  EXPECT_TRUE(tok.contains(263));
+  EXPECT_FALSE(tok.contains(264));
+  EXPECT_FALSE(tok.contains(-1));
+  // A gap between ranks is no token, though below vocab_size().
+  const Tokenizer gap = Tokenizer::from_tiktoken(small_tiktoken_model({}) + "YWI= 300\n");
+  EXPECT_EQ(gap.vocab_size(), 301);
+  EXPECT_FALSE(gap.contains(280));
+  EXPECT_TRUE(gap.contains(300));
   EXPECT_EQ(tok.encode("hello"), std::vector<std::int32_t>({259})) << "a whole piece that is a token";
   // "hellO": lower-case letters then an upper-case one are two pieces under Kimi's pattern.
   EXPECT_EQ(tok.encode("hellO"), std::vector<std::int32_t>({258, 'O'}));

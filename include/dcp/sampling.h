@@ -34,6 +34,10 @@ struct StepLogprobs {
   std::vector<TokenLogprob> top;
 };
 
+// The most likely token (the first on ties): the greedy choice, and what speculative
+// verification compares drafts with.
+std::int32_t greedy_token(const float* logits, int vocab);
+
 // The token chosen at generation step `step` (0 = the first new token).
 std::int32_t sample_token(const float* logits, int vocab, const SamplingParams& p,
                           std::uint64_t step);

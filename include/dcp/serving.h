@@ -11,7 +11,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -135,7 +134,6 @@ class ServingDeployment {
   std::int64_t kv_capacity_tokens() const;
 
  private:
-  struct Control;
   void rank_loop(Communicator& world);
   std::vector<std::uint8_t> take_control(bool engine_busy);
   void publish(const std::vector<std::vector<std::uint8_t>>& reports);
@@ -152,7 +150,6 @@ class ServingDeployment {
   std::vector<std::pair<ServeRequest, std::shared_ptr<RequestStream>>> incoming_;
   std::vector<RequestId> cancels_;
   std::vector<std::shared_ptr<RequestStream>> live_;  // submitted, not finished
-  std::int64_t unadmitted_ = 0;  // submitted, not yet broadcast or waiting in an engine
   ServeMetrics metrics_;
 };
 

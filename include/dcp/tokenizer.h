@@ -50,6 +50,8 @@ class Tokenizer {
   // The bytes one token stands for (a special token's text, or its byte-level BPE bytes).
   std::string token_bytes(std::int32_t id) const;
   bool is_special(std::int32_t id) const;
+  // Whether `id` names a token (ids below vocab_size() may be unused in a sparse vocabulary).
+  bool contains(std::int32_t id) const noexcept;
   // One more than the largest id (the model's vocabulary and the added tokens).
   std::int32_t vocab_size() const noexcept;
   std::optional<std::int32_t> bos_id() const noexcept;

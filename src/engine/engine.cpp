@@ -6,14 +6,6 @@
 #include "dcp/timing.h"
 
 namespace dcp {
-namespace {
-
-std::int32_t argmax(const float* x, int n) {
-  return static_cast<std::int32_t>(std::max_element(x, x + n) - x);  // first maximum: deterministic
-}
-
-}  // namespace
-
 std::string_view to_string(FinishReason r) noexcept {
   switch (r) {
     case FinishReason::none: return "none";
@@ -413,7 +405,7 @@ std::vector<std::vector<std::int32_t>> Engine::propose(const std::vector<std::si
     }
     const std::vector<float> logits = draft_->forward(batch);
     for (std::size_t j = 0; j < in_round.size(); ++j)
-      drafts[in_round[j]].push_back(argmax(logits.data() + j * vocab, vocab));
+      drafts[in_round[j]].push_back(greedy_token(logits.data() + j * vocab, vocab));
   }
   return drafts;
 }
@@ -460,7 +452,7 @@ bool Engine::run_speculative() {
     // choice that differs (or follows the last draft) is emitted as well.
     int accepted = 0;
     while (accepted < k[m] &&
-           argmax(logits.data() + (row + accepted) * vocab, vocab) == drafts[m][accepted])
+           greedy_token(logits.data() + (row + accepted) * vocab, vocab) == drafts[m][accepted])
       ++accepted;
     // A stop token ends the emission early: what follows it is rolled back as if rejected.
     int emitted = 0;

@@ -9,10 +9,6 @@
 namespace dcp {
 namespace {
 
-std::int32_t argmax(const float* x, int n) {
-  return static_cast<std::int32_t>(std::max_element(x, x + n) - x);  // first maximum
-}
-
 // splitmix64: a full-period mix, so (seed, step) pairs that differ in one bit draw unrelated
 // numbers.
 std::uint64_t mix(std::uint64_t z) {
@@ -40,7 +36,7 @@ bool more_likely(const Weighted& a, const Weighted& b) {
 // truncations (top-k, then top-p over what is left, then min-p).
 std::vector<Weighted> kept_tokens(const float* logits, int vocab, const SamplingParams& p) {
   const double inv_t = 1.0 / p.temperature;
-  const double top = logits[argmax(logits, vocab)];
+  const double top = logits[greedy_token(logits, vocab)];
   std::vector<Weighted> w(static_cast<std::size_t>(vocab));
   for (int i = 0; i < vocab; ++i)
     w[static_cast<std::size_t>(i)] = {i, std::exp((static_cast<double>(logits[i]) - top) * inv_t)};
@@ -70,6 +66,10 @@ std::vector<Weighted> kept_tokens(const float* logits, int vocab, const Sampling
 
 }  // namespace
 
+std::int32_t greedy_token(const float* logits, int vocab) {
+  return static_cast<std::int32_t>(std::max_element(logits, logits + vocab) - logits);
+}
+
 void validate(const SamplingParams& p) {
   DCP_ARG_CHECK(std::isfinite(p.temperature) && p.temperature >= 0 && p.temperature <= 100,
                 "temperature = ", p.temperature, " must be in [0, 100] (0: greedy)");
@@ -82,7 +82,7 @@ void validate(const SamplingParams& p) {
 
 std::int32_t sample_token(const float* logits, int vocab, const SamplingParams& p,
                           std::uint64_t step) {
-  if (p.greedy()) return argmax(logits, vocab);
+  if (p.greedy()) return greedy_token(logits, vocab);
   const std::vector<Weighted> w = kept_tokens(logits, vocab, p);
   double total = 0;
   for (const Weighted& x : w) total += x.weight;
@@ -99,7 +99,7 @@ std::vector<double> sampling_distribution(const float* logits, int vocab,
                                           const SamplingParams& p) {
   std::vector<double> out(static_cast<std::size_t>(vocab), 0.0);
   if (p.greedy()) {
-    out[static_cast<std::size_t>(argmax(logits, vocab))] = 1;
+    out[static_cast<std::size_t>(greedy_token(logits, vocab))] = 1;
     return out;
   }
   const std::vector<Weighted> w = kept_tokens(logits, vocab, p);
@@ -111,7 +111,7 @@ std::vector<double> sampling_distribution(const float* logits, int vocab,
 
 StepLogprobs step_logprobs(const float* logits, int vocab, std::int32_t token, int top) {
   DCP_ARG_CHECK(token >= 0 && token < vocab, "token ", token, " is outside [0, ", vocab, ")");
-  const double m = logits[argmax(logits, vocab)];
+  const double m = logits[greedy_token(logits, vocab)];
   double sum = 0;
   for (int i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - m);
   const double lse = m + std::log(sum);

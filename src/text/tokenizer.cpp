@@ -783,6 +783,11 @@ std::vector<std::int32_t> Tokenizer::encode(std::string_view raw, bool add_speci
   return out;
 }
 
+bool Tokenizer::contains(std::int32_t id) const noexcept {
+  return id >= 0 && static_cast<std::size_t>(id) < impl_->id_to_token.size() &&
+         !impl_->id_to_token[static_cast<std::size_t>(id)].empty();
+}
+
 std::string Tokenizer::token_bytes(std::int32_t id) const {
   const Impl& m = *impl_;
   DCP_ARG_CHECK(id >= 0 && static_cast<std::size_t>(id) < m.id_to_token.size() &&

@@ -27,5 +27,5 @@ if [ ! -f "$cache/node_modules/@huggingface/tokenizers/package.json" ] ||
     exit 77
   fi
 fi
-cp "$here/$script" "$cache/"  # node finds the packages beside the script
+cp "$here/$script" "$here/corpus_random.mjs" "$cache/"  # node finds the packages beside the script
 node "$cache/$script" "$models" "$dcp"

@@ -10,6 +10,7 @@ import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
+import { generator } from "./corpus_random.mjs";
 
 const dcp = process.argv[3];
 // Kimi-K2's tokenization_kimi.py pat_str, verbatim.
@@ -47,14 +48,7 @@ fs.writeFileSync(path.join(dir, "tokenizer_config.json"),
                  JSON.stringify({ added_tokens_decoder: decoder, bos_token: "[BOS]", eos_token: "[EOS]" }));
 const enc = new Tiktoken(cl100k.bpe_ranks, specials, KIMI_PATTERN);
 
-let state = 0x1234567;
-const rand = (n) => {
-  state ^= state << 13; state >>>= 0;
-  state ^= state >>> 17;
-  state ^= state << 5; state >>>= 0;
-  return state % n;
-};
-const pick = (list) => list[rand(list.length)];
+const { rand, pick } = generator(0x1234567);
 const texts = {
   ascii: "The quick brown fox jumps over the lazy dog. It's 9 o'clock; THEY'LL say \"hi\"!",
   // Where the intersections matter: letters next to Han characters, upper then lower case.

@@ -4,20 +4,13 @@
 import { Tokenizer } from "@huggingface/tokenizers";
 import { execFileSync } from "node:child_process";
 import fs from "node:fs";
+import { generator } from "./corpus_random.mjs";
 
 const [dir, dcp] = process.argv.slice(2);
 const tok = new Tokenizer(JSON.parse(fs.readFileSync(`${dir}/tokenizer.json`, "utf8")),
                           JSON.parse(fs.readFileSync(`${dir}/tokenizer_config.json`, "utf8")));
 
-// A deterministic generator (xorshift), so the corpus is the same on every run.
-let state = 0x2545f491;
-const rand = (n) => {
-  state ^= state << 13; state >>>= 0;
-  state ^= state >>> 17;
-  state ^= state << 5; state >>>= 0;
-  return state % n;
-};
-const pick = (list) => list[rand(list.length)];
+const { rand, pick } = generator(0x2545f491);
 
 // Text cases (UTF-8 when written), then byte cases (not all valid UTF-8).
 const texts = {

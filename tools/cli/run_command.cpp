@@ -20,14 +20,6 @@
 namespace dcp::cli {
 namespace {
 
-// The process count of the mpirun that started us (OpenMPI, or MPICH's Hydra), else 1.
-int launcher_world_size() {
-  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
-    if (const char* v = std::getenv(var)) return std::max(1, std::atoi(v));
-  }
-  return 1;
-}
-
 void print_progress(const Engine& e, int dcp_size) {
   const std::int64_t done = e.prompt_tokens_done(), total = e.prompt_tokens_total();
   std::fprintf(
@@ -124,27 +116,7 @@ void add_run_command(CLI::App& app) {
   CLI::App* cmd =
       app.add_subcommand("run", "Run requests through the MLA model with DCP (the main job)");
   add_parallel_flags(cmd, o->parallel);
-  CLI::Option* model_path = cmd->add_option("--model-path", o->model_path,
-                                            "Hugging Face DeepSeek-V2/V3 checkpoint directory");
-  cmd->add_option("--preset", o->preset, std::string("synthetic model: ") + preset_names())
-      ->capture_default_str()
-      ->excludes(model_path);
-  cmd->add_option("--num-layers", o->num_layers, "layers to run (default: the model's)")
-      ->check(at_least(1));
-  cmd->add_option("--page-size", o->page_size, "KV rows per physical page")
-      ->check(at_least(1))
-      ->capture_default_str();
-  cmd->add_option("--kv-cache-dtype", o->kv_cache_dtype, "fp32 or bf16")
-      ->check(one_of({"fp32", "bf16"}))
-      ->capture_default_str();
-  cmd->add_option("--attention-kernel", o->attention_kernel,
-                  "local attention kernel: automatic (fastest exact path), portable, avx2, avx512, "
-                  "or amx_bf16 (bf16 KV; rounds q and P to bf16)")
-      ->capture_default_str();
-  cmd->add_option("--chunked-prefill-size", o->chunked_prefill_size,
-                  "prompt tokens per prefill step")
-      ->check(at_least(1))
-      ->capture_default_str();
+  add_deployment_flags(cmd, *o);
   cmd->add_option("--max-total-tokens", o->max_total_tokens,
                   "KV capacity in tokens (default, or 0: what the workload needs)")
       ->check(at_least(0));
@@ -158,14 +130,6 @@ void add_run_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "seed of the synthetic prompts")
       ->check(at_least(0))
-      ->capture_default_str();
-  cmd->add_option("--comm", o->comm, "threads (ranks as threads) or mpi (under mpirun)")
-      ->check(one_of({"threads", "mpi"}))
-      ->capture_default_str();
-  cmd->add_option("--comm-timeout", o->comm_timeout_s,
-                  "seconds a collective may wait for the other ranks before the job fails naming "
-                  "it (a rank stalled or died); 0 waits forever")
-      ->check(non_negative())
       ->capture_default_str();
   // Two flags, so that --help shows what each does (a negated pair shows "{false}" beside the
   // default, which reads as "off").
@@ -182,30 +146,12 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--dump-logits", o->dump_logits,
                   "write every step's logits (float32) with a JSON header")
       ->check(writable_file());
-  CLI::Option* draft_tokens = cmd->add_option("--speculative-num-draft-tokens", o->spec_tokens,
-                                              "draft tokens per step (0: off)")
-                                  ->check(at_least(0))
-                                  ->capture_default_str();
-  cmd->add_option("--speculative-draft", o->spec_draft,
-                  "draft model: target:N (the target's first N layers), a preset, or a checkpoint")
-      ->capture_default_str()
-      ->needs(draft_tokens);
-  cmd->add_flag("--enable-prefix-cache", o->prefix_cache,
-                "reuse KV pages of shared prompt prefixes");
-  cmd->add_option("--host-kv-capacity-tokens", o->host_kv_tokens,
-                  "host-memory KV tier for evicted prefix pages (tokens)")
-      ->check(at_least(0))
-      ->capture_default_str();
   CLI::Option* shared_prefix = cmd->add_option("--shared-prefix-len", o->shared_prefix_len,
                                                "synthetic prompts share their first N tokens")
                                    ->check(at_least(0))
                                    ->capture_default_str();
   // Given prompts leave nothing for the synthetic workload's flags to shape.
   prompt_tokens->excludes(batch)->excludes(prompt_len)->excludes(shared_prefix);
-  cmd->add_option("--max-running-requests", o->max_running,
-                  "requests decoding at once (the rest queue)")
-      ->check(at_least(1))
-      ->capture_default_str();
   CLI::Option* disaggregate =
       cmd->add_flag("--disaggregate", o->disaggregate,
                     "prefill on its own group, move the KV, decode on the --dcp-size group");
@@ -214,9 +160,6 @@ void add_run_command(CLI::App& app) {
       ->check(at_least(1))
       ->capture_default_str()
       ->needs(disaggregate);
-  cmd->add_option("--dcp-extend", o->dcp_extend, "prefill over a cached prefix: gather or native")
-      ->check(one_of({"gather", "native"}))
-      ->capture_default_str();
   cmd->callback([o] { set_exit_code(run(*o)); });
 }
 

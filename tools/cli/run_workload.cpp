@@ -2,6 +2,7 @@
 #include "cli/run_workload.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <random>
@@ -218,6 +219,73 @@ Workload build_workload(const RunOptions& o) {
     s.requests.push_back(std::move(r));
   }
   return w;
+}
+
+void add_deployment_flags(CLI::App* cmd, RunOptions& o) {
+  CLI::Option* model_path = cmd->add_option("--model-path", o.model_path,
+                                            "Hugging Face DeepSeek-V2/V3 checkpoint directory");
+  cmd->add_option("--preset", o.preset, std::string("synthetic model: ") + preset_names())
+      ->capture_default_str()
+      ->excludes(model_path);
+  cmd->add_option("--num-layers", o.num_layers, "layers to run (default: the model's)")
+      ->check(at_least(1));
+  cmd->add_option("--page-size", o.page_size, "KV rows per physical page")
+      ->check(at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--kv-cache-dtype", o.kv_cache_dtype, "fp32 or bf16")
+      ->check(one_of({"fp32", "bf16"}))
+      ->capture_default_str();
+  cmd->add_option("--attention-kernel", o.attention_kernel,
+                  "local attention kernel: automatic (fastest exact path), portable, avx2, avx512, "
+                  "or amx_bf16 (bf16 KV; rounds q and P to bf16)")
+      ->capture_default_str();
+  cmd->add_option("--chunked-prefill-size", o.chunked_prefill_size,
+                  "prompt tokens per prefill step")
+      ->check(at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--max-running-requests", o.max_running,
+                  "requests decoding at once (the rest queue)")
+      ->check(at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--comm", o.comm, "threads (ranks as threads) or mpi (under mpirun)")
+      ->check(one_of({"threads", "mpi"}))
+      ->capture_default_str();
+  cmd->add_option("--comm-timeout", o.comm_timeout_s,
+                  "seconds a collective may wait for the other ranks before the job fails naming "
+                  "it (a rank stalled or died); 0 waits forever")
+      ->check(non_negative())
+      ->capture_default_str();
+  CLI::Option* draft_tokens = cmd->add_option("--speculative-num-draft-tokens", o.spec_tokens,
+                                              "draft tokens per step (0: off)")
+                                  ->check(at_least(0))
+                                  ->capture_default_str();
+  cmd->add_option("--speculative-draft", o.spec_draft,
+                  "draft model: target:N (the target's first N layers), a preset, or a checkpoint")
+      ->capture_default_str()
+      ->needs(draft_tokens);
+  cmd->add_flag("--enable-prefix-cache", o.prefix_cache,
+                "reuse KV pages of shared prompt prefixes");
+  cmd->add_option("--host-kv-capacity-tokens", o.host_kv_tokens,
+                  "host-memory KV tier for evicted prefix pages (tokens)")
+      ->check(at_least(0))
+      ->capture_default_str();
+  cmd->add_option("--dcp-extend", o.dcp_extend, "prefill over a cached prefix: gather or native")
+      ->check(one_of({"gather", "native"}))
+      ->capture_default_str();
+}
+
+int launcher_world_size() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+    if (const char* v = std::getenv(var)) return std::max(1, std::atoi(v));
+  }
+  return 1;
+}
+
+int launcher_rank() {
+  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK"}) {
+    if (const char* v = std::getenv(var)) return std::max(0, std::atoi(v));
+  }
+  return 0;
 }
 
 }  // namespace dcp::cli

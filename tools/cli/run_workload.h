@@ -52,6 +52,14 @@ struct Workload {
 // larger than this machine's memory before anything is allocated) and makes the prompts.
 Workload build_workload(const RunOptions& o);
 
+// The flags `dcp run` and `dcp serve` share: the model, its KV cache, the engine, how ranks run.
+void add_deployment_flags(CLI::App* cmd, RunOptions& o);
+
+// The process count and this process's rank in the mpirun (OpenMPI, or MPICH's Hydra) that
+// started us, read before MPI starts: 1 and 0 without one.
+int launcher_world_size();
+int launcher_rank();
+
 // The path that runs: automatic resolved to this CPU's fastest exact path.
 std::string kernel_name(KernelPath k);
 

@@ -35,19 +35,12 @@ struct ServeFlags {
   int default_max_tokens = 128;
 };
 
-// This process's rank under mpirun (OpenMPI or MPICH's Hydra), read before MPI starts; 0 without.
-int launcher_rank() {
-  for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMI_RANK"}) {
-    if (const char* v = std::getenv(var)) return std::atoi(v);
-  }
-  return 0;
-}
-
 std::unique_ptr<Tokenizer> load_tokenizer(const ServeFlags& f, int model_vocab) {
   std::string dir = f.tokenizer_path;
   if (dir.empty()) {
-    if (f.run.model_path.empty() ||
-        !std::filesystem::exists(std::filesystem::path(f.run.model_path) / "tokenizer.json"))
+    const std::filesystem::path model(f.run.model_path);
+    if (f.run.model_path.empty() || (!std::filesystem::exists(model / "tokenizer.json") &&
+                                     !std::filesystem::exists(model / "tiktoken.model")))
       return nullptr;  // token ids only
     dir = f.run.model_path;
   }
@@ -66,6 +59,9 @@ int serve(const ServeFlags& f) {
   o.batch = 1;
   o.prompt_len = 1;
   o.max_new_tokens = 1;
+  DCP_ARG_CHECK(o.comm != "threads" || launcher_world_size() == 1, "--comm threads under mpirun "
+                "with ", launcher_world_size(), " processes: each would serve the whole model on "
+                "its own; pass --comm mpi for one rank per process");
   Workload w = build_workload(o);
   w.spec.requests.clear();
   resolve(w.spec.parallel);
@@ -148,39 +144,18 @@ void add_serve_command(CLI::App& app) {
                "/v1/chat/completions, SGLang's /generate, /v1/models, /health, /metrics");
   RunOptions& o = f->run;
   add_parallel_flags(cmd, o.parallel);
-  CLI::Option* model_path = cmd->add_option("--model-path", o.model_path,
-                                            "Hugging Face DeepSeek-V2/V3 checkpoint directory");
-  cmd->add_option("--preset", o.preset, std::string("synthetic model (token ids only): ") + preset_names())
-      ->capture_default_str()
-      ->excludes(model_path);
+  add_deployment_flags(cmd, o);
   cmd->add_option("--tokenizer-path", f->tokenizer_path,
-                  "folder with tokenizer.json (default: --model-path when it has one)");
+                  "folder with tokenizer.json, or Kimi's tiktoken.model (default: --model-path when it has one)");
   cmd->add_option("--host", f->host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", f->port, "port to listen on (0: any free port)")
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
   cmd->add_option("--served-model-name", f->served_model_name,
                   "the model's name in the API (default: the path or preset:NAME)");
-  cmd->add_option("--num-layers", o.num_layers, "layers to run (default: the model's)")
-      ->check(at_least(1));
-  cmd->add_option("--page-size", o.page_size, "KV rows per physical page")
-      ->check(at_least(1))
-      ->capture_default_str();
-  cmd->add_option("--kv-cache-dtype", o.kv_cache_dtype, "fp32 or bf16")
-      ->check(one_of({"fp32", "bf16"}))
-      ->capture_default_str();
-  cmd->add_option("--attention-kernel", o.attention_kernel,
-                  "automatic, portable, avx2, avx512 or amx_bf16")
-      ->capture_default_str();
-  cmd->add_option("--chunked-prefill-size", o.chunked_prefill_size, "prompt tokens per prefill step")
-      ->check(at_least(1))
-      ->capture_default_str();
   cmd->add_option("--max-total-tokens", o.max_total_tokens,
                   "KV capacity in tokens: the longest prompt + completion, and what running "
                   "requests share")
-      ->check(at_least(1))
-      ->capture_default_str();
-  cmd->add_option("--max-running-requests", o.max_running, "requests decoding at once")
       ->check(at_least(1))
       ->capture_default_str();
   cmd->add_option("--max-queued-requests", f->max_queued,
@@ -190,29 +165,6 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--default-max-tokens", f->default_max_tokens,
                   "new tokens when a request sets no max_tokens (capped by the context)")
       ->check(at_least(1))
-      ->capture_default_str();
-  cmd->add_option("--comm", o.comm, "threads (ranks as threads) or mpi (under mpirun)")
-      ->check(one_of({"threads", "mpi"}))
-      ->capture_default_str();
-  cmd->add_option("--comm-timeout", o.comm_timeout_s,
-                  "seconds a collective may wait for the other ranks (0: forever)")
-      ->check(non_negative())
-      ->capture_default_str();
-  CLI::Option* draft_tokens = cmd->add_option("--speculative-num-draft-tokens", o.spec_tokens,
-                                              "draft tokens per step (0: off; greedy requests only)")
-                                  ->check(at_least(0))
-                                  ->capture_default_str();
-  cmd->add_option("--speculative-draft", o.spec_draft,
-                  "draft model: target:N, a preset, or a checkpoint")
-      ->capture_default_str()
-      ->needs(draft_tokens);
-  cmd->add_flag("--enable-prefix-cache", o.prefix_cache, "reuse KV pages of shared prompt prefixes");
-  cmd->add_option("--host-kv-capacity-tokens", o.host_kv_tokens,
-                  "host-memory KV tier for evicted prefix pages (tokens)")
-      ->check(at_least(0))
-      ->capture_default_str();
-  cmd->add_option("--dcp-extend", o.dcp_extend, "prefill over a cached prefix: gather or native")
-      ->check(one_of({"gather", "native"}))
       ->capture_default_str();
   cmd->callback([f] { set_exit_code(serve(*f)); });
 }

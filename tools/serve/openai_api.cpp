@@ -152,10 +152,12 @@ HttpReply OpenAiApi::error(int status, const std::string& message, const std::st
   return {status, "application/json", text_of(json{{"error", e}})};
 }
 
-std::string OpenAiApi::token_text(std::int32_t id) const {
-  if (!tokenizer_ || id >= tokenizer_->vocab_size()) return "";
-  return utf8_lossy(tokenizer_->token_bytes(id));
+std::string OpenAiApi::token_bytes(std::int32_t id) const {
+  // A model whose vocabulary is larger than its tokenizer's may emit ids with no text.
+  return tokenizer_ && tokenizer_->contains(id) ? tokenizer_->token_bytes(id) : "";
 }
+
+std::string OpenAiApi::token_text(std::int32_t id) const { return utf8_lossy(token_bytes(id)); }
 
 OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
   json b;
@@ -384,16 +386,13 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
       json content = json::array();
       for (std::size_t k = from; k < to && k < c.logprobs.size(); ++k) {
         const auto entry = [&](const TokenLogprob& t) {
-          const std::string raw = tokenizer_ && t.token < tokenizer_->vocab_size() ? tokenizer_->token_bytes(t.token) : "";
-          return json{{"token", token_text(t.token)}, {"logprob", t.logprob},
-                      {"bytes", std::vector<int>(raw.begin(), raw.end())}};
+          const std::string raw = token_bytes(t.token);
+          return json{{"token", utf8_lossy(raw)}, {"logprob", t.logprob},
+                      {"bytes", std::vector<unsigned char>(raw.begin(), raw.end())}};
         };
         json e = entry(c.logprobs[k].chosen);
         e["top_logprobs"] = json::array();
         for (const TokenLogprob& t : c.logprobs[k].top) e["top_logprobs"].push_back(entry(t));
-        for (auto& v : e["bytes"]) v = static_cast<int>(static_cast<unsigned char>(v.get<int>()));
-        for (auto& t : e["top_logprobs"])
-          for (auto& v : t["bytes"]) v = static_cast<int>(static_cast<unsigned char>(v.get<int>()));
         content.push_back(e);
       }
       return json{{"content", content}};

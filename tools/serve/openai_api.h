@@ -53,7 +53,8 @@ class OpenAiApi {
   enum class Kind { completion, chat, generate };
   Handled handle(const std::string& body, Kind kind);  // parse, submit, reply or stream
   Job parse(const std::string& body, Kind kind) const;
-  std::string token_text(std::int32_t id) const;
+  std::string token_bytes(std::int32_t id) const;  // "" for an id the tokenizer lacks
+  std::string token_text(std::int32_t id) const;   // as UTF-8 (lossy)
 
   ServingDeployment& deployment_;
   const Tokenizer* tokenizer_;

@@ -15,7 +15,7 @@ std::string TextStream::push(std::int32_t token) {
   if (stopped_) return {};
   tokens_.push_back(token);
   // A model whose vocabulary is larger than its tokenizer's may emit ids with no text.
-  if (decoder_ && token >= 0 && token < tokenizer_->vocab_size()) held_ += decoder_->push(token);
+  if (decoder_ && tokenizer_->contains(token)) held_ += decoder_->push(token);
   return release(false);
 }
 
