@@ -7,7 +7,8 @@ preset="${1:-release}"
 
 packages=(g++ cmake ninja-build pkg-config libgtest-dev libgmock-dev libbenchmark-dev
           libcli11-dev nlohmann-json3-dev libopenblas-dev libopenmpi-dev openmpi-bin libpcre2-dev
-          libcpp-httplib-dev curl python3)
+          libcpp-httplib-dev curl python3
+          pybind11-dev python3-dev python3-numpy python3-pytest python3-torch)
 # The fuzz preset builds with clang and links its libFuzzer runtime (only a recommendation of
 # clang's, so named here).
 if [ "$preset" = fuzz ]; then packages+=(clang libclang-rt-14-dev); fi

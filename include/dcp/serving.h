@@ -58,6 +58,12 @@ struct StreamUpdate {
   std::string error;  // the engine rejected it
 };
 
+// When the frontend saw a request arrive, its first token and its end (steady clock).
+struct StreamTiming {
+  std::chrono::steady_clock::time_point submitted;
+  std::optional<std::chrono::steady_clock::time_point> first_token, finished;
+};
+
 // One request's results as they come; owned jointly by the caller and the serving loop.
 class RequestStream {
  public:
@@ -67,6 +73,7 @@ class RequestStream {
   std::optional<StreamUpdate> next(std::chrono::milliseconds timeout);
   // Asks the loop to end the request at its next step (a client went away); its KV is freed then.
   void cancel();
+  StreamTiming timing();
 
  private:
   friend class ServingDeployment;
@@ -77,8 +84,9 @@ class RequestStream {
   StreamUpdate pending_;
   bool has_news_ = false, delivered_end_ = false, cancel_asked_ = false;
   // Frontend-side timing, for the metrics.
-  std::chrono::steady_clock::time_point submitted_, last_token_;
+  std::chrono::steady_clock::time_point last_token_;
   bool first_token_seen_ = false;
+  StreamTiming timing_;
 };
 
 struct ServeOptions {

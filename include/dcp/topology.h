@@ -84,4 +84,8 @@ struct Topology {
 // validate() then build every rank's placement.
 Topology resolve(const ParallelConfig& c);
 
+// The resolved configuration, its groups and every rank's placement as one JSON object (indented
+// by two): what `dcp topology --json` prints and Python's dcp.topology() returns.
+std::string to_json(const Topology& t);
+
 }  // namespace dcp

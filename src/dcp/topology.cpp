@@ -1,5 +1,7 @@
 #include "dcp/topology.h"
 
+#include <nlohmann/json.hpp>
+
 #include "dcp/error.h"
 
 namespace dcp {
@@ -141,6 +143,36 @@ std::vector<std::vector<int>> Topology::dcp_groups() const {
     g[p.dcp_rank] = p.global_rank;
   }
   return groups;
+}
+
+std::string to_json(const Topology& t) {
+  nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
+  for (const RankPlacement& p : t.ranks) {
+    ranks.push_back({{"global_rank", p.global_rank},
+                     {"tp_rank", p.tp_rank},
+                     {"dp_rank", p.dp_rank},
+                     {"attn_tp_rank", p.attn_tp_rank},
+                     {"attn_tp_group", p.attn_tp_group},
+                     {"dcp_rank", p.dcp_rank},
+                     {"dcp_group", p.dcp_group}});
+  }
+  const ParallelConfig& c = t.config;
+  const nlohmann::ordered_json out = {{"tp_size", c.tp_size},
+                                      {"dp_size", c.dp_size},
+                                      {"enable_dp_attention", c.enable_dp_attention},
+                                      {"dcp_size", c.dcp_size},
+                                      {"pcp_size", c.pcp_size},
+                                      {"dcp_comm_backend", std::string(to_string(t.backend))},
+                                      {"dcp_comm_backend_auto", !c.dcp_comm_backend.has_value()},
+                                      {"dcp_replicate_q_proj", c.replicate_q_proj},
+                                      {"platform", c.platform.name},
+                                      {"world_size", t.world_size},
+                                      {"attn_tp_size", t.attn_tp_size},
+                                      {"num_attn_tp_groups", t.num_attn_tp_groups},
+                                      {"num_dcp_groups", t.num_dcp_groups},
+                                      {"dcp_groups", t.dcp_groups()},
+                                      {"ranks", ranks}};
+  return out.dump(2);
 }
 
 }  // namespace dcp

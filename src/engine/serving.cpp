@@ -91,6 +91,11 @@ void RequestStream::cancel() {
   cancel_asked_ = true;
 }
 
+StreamTiming RequestStream::timing() {
+  std::lock_guard lock(mutex_);
+  return timing_;
+}
+
 ServingDeployment::ServingDeployment(DeploymentSpec spec, ServeOptions options)
     : spec_(std::move(spec)),
       options_(options),
@@ -175,7 +180,7 @@ std::shared_ptr<RequestStream> ServingDeployment::submit(const ServeRequest& req
             str(queued, " requests wait for KV already (the bound is ", options_.max_queued_requests,
                 "); retry later"));
   auto stream = std::shared_ptr<RequestStream>(new RequestStream(next_id_++));
-  stream->submitted_ = std::chrono::steady_clock::now();
+  stream->timing_.submitted = std::chrono::steady_clock::now();
   incoming_.emplace_back(req, stream);
   live_.push_back(stream);
   metrics_.prompt_tokens += prompt;
@@ -266,8 +271,9 @@ void ServingDeployment::publish(const std::vector<std::vector<std::uint8_t>>& re
         if (!u.tokens.empty()) {
           if (!s.first_token_seen_) {
             metrics_.time_to_first_token.observe(
-                std::chrono::duration<double>(now - s.submitted_).count());
+                std::chrono::duration<double>(now - s.timing_.submitted).count());
             s.first_token_seen_ = true;
+            s.timing_.first_token = now;
             for (std::size_t t = 1; t < u.tokens.size(); ++t) metrics_.inter_token_latency.observe(0);
           } else {
             const double gap = std::chrono::duration<double>(now - s.last_token_).count() /
@@ -282,6 +288,7 @@ void ServingDeployment::publish(const std::vector<std::vector<std::uint8_t>>& re
         p.finished = u.finished;
         p.finish_reason = u.finish_reason;
         p.error = u.error;
+        if (u.finished) s.timing_.finished = now;
         s.has_news_ = true;
       }
       s.ready_.notify_all();

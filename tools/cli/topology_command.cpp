@@ -2,7 +2,6 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
-#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "dcp/topology.h"
@@ -15,35 +14,6 @@ struct TopologyOptions {
   ParallelFlags parallel;
   bool json = false;
 };
-
-nlohmann::ordered_json to_json(const Topology& t) {
-  nlohmann::ordered_json ranks = nlohmann::ordered_json::array();
-  for (const RankPlacement& p : t.ranks) {
-    ranks.push_back({{"global_rank", p.global_rank},
-                     {"tp_rank", p.tp_rank},
-                     {"dp_rank", p.dp_rank},
-                     {"attn_tp_rank", p.attn_tp_rank},
-                     {"attn_tp_group", p.attn_tp_group},
-                     {"dcp_rank", p.dcp_rank},
-                     {"dcp_group", p.dcp_group}});
-  }
-  const ParallelConfig& c = t.config;
-  return {{"tp_size", c.tp_size},
-          {"dp_size", c.dp_size},
-          {"enable_dp_attention", c.enable_dp_attention},
-          {"dcp_size", c.dcp_size},
-          {"pcp_size", c.pcp_size},
-          {"dcp_comm_backend", std::string(to_string(t.backend))},
-          {"dcp_comm_backend_auto", !c.dcp_comm_backend.has_value()},
-          {"dcp_replicate_q_proj", c.replicate_q_proj},
-          {"platform", c.platform.name},
-          {"world_size", t.world_size},
-          {"attn_tp_size", t.attn_tp_size},
-          {"num_attn_tp_groups", t.num_attn_tp_groups},
-          {"num_dcp_groups", t.num_dcp_groups},
-          {"dcp_groups", t.dcp_groups()},
-          {"ranks", ranks}};
-}
 
 void print_text(const Topology& t) {
   const ParallelConfig& c = t.config;
@@ -75,7 +45,7 @@ void add_topology_command(CLI::App& app) {
   cmd->callback([opt] {
     const Topology t = resolve(opt->parallel.to_config());
     if (opt->json) {
-      std::cout << to_json(t).dump(2) << "\n";
+      std::cout << to_json(t) << "\n";
     } else {
       print_text(t);
     }

@@ -1,0 +1,187 @@
+"""Offline generation in the shape of vLLM's ``LLM.generate``.
+
+    llm = dcp.LLM(model="deepseek-v2-lite", num_layers=2, tp_size=2, dcp_size=2)
+    out = llm.generate([[1, 2, 3], [4, 5]], dcp.SamplingParams(max_tokens=8, temperature=0))
+    out[0].outputs[0].token_ids
+
+The ranks run as threads of this process for as long as the LLM lives (``close()``, or a
+``with`` block, stops them); the weights load once.
+"""
+import dataclasses
+import random
+from typing import List, Optional, Sequence, Union
+
+from . import _dcp
+
+
+@dataclasses.dataclass
+class SamplingParams:
+    """How each request's tokens are chosen (vLLM's names and defaults).
+
+    temperature 0 is greedy; top_k 0 or -1 is off; seed None draws a fresh seed per request.
+    Generation stops after max_tokens, or at a token of stop_token_ids, or at the tokenizer's
+    EOS token unless ignore_eos. logprobs k (0-20) returns each step's chosen token and the k
+    most likely ones.
+    """
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: Optional[int] = None
+    stop_token_ids: Sequence[int] = ()
+    ignore_eos: bool = False
+    logprobs: Optional[int] = None
+    skip_special_tokens: bool = True
+
+
+@dataclasses.dataclass
+class CompletionOutput:
+    index: int
+    text: Optional[str]  # None without a tokenizer
+    token_ids: List[int]
+    finish_reason: str  # "length", "stop" (a stop token or EOS) or "cancelled"
+    logprobs: Optional[list]  # per step {token_id: logprob}, when asked for
+
+
+@dataclasses.dataclass
+class RequestOutput:
+    request_id: int
+    prompt: Optional[str]
+    prompt_token_ids: List[int]
+    outputs: List[CompletionOutput]
+    # Seconds from submission to the first token and to the last, measured by the frontend.
+    time_to_first_token_s: float
+    latency_s: float
+
+
+class LLM:
+    """A model served by ranks running as threads of this process.
+
+    model: a checkpoint folder (config.json and safetensors, tokenizer.json or tiktoken.model
+    when it has one) or a preset name (synthetic weights, token ids only: see dcp --help).
+    The rest are `dcp run`'s flags under their Python names.
+    """
+
+    def __init__(self, model: str = "tiny", *, tokenizer: Optional[str] = None,
+                 num_layers: int = 0, tp_size: int = 1, dcp_size: int = 1, dp_size: int = 1,
+                 enable_dp_attention: bool = False, dcp_comm_backend: Optional[str] = None,
+                 dcp_replicate_q_proj: bool = False, page_size: int = 64,
+                 kv_cache_dtype: str = "bf16", attention_kernel: str = "automatic",
+                 max_total_tokens: int = 65536, chunked_prefill_size: int = 2048,
+                 max_running_requests: int = 64, comm_timeout_s: float = 300.0):
+        c = _dcp._LlmConfig()
+        c.model = str(model)
+        c.tokenizer = "" if tokenizer is None else str(tokenizer)
+        c.num_layers = int(num_layers)
+        c.tp_size = int(tp_size)
+        c.dcp_size = int(dcp_size)
+        c.dp_size = int(dp_size)
+        c.enable_dp_attention = bool(enable_dp_attention)
+        c.dcp_comm_backend = "" if dcp_comm_backend is None else str(dcp_comm_backend)
+        c.dcp_replicate_q_proj = bool(dcp_replicate_q_proj)
+        c.page_size = int(page_size)
+        c.kv_cache_dtype = str(kv_cache_dtype)
+        c.attention_kernel = str(attention_kernel)
+        c.max_total_tokens = int(max_total_tokens)
+        c.chunked_prefill_size = int(chunked_prefill_size)
+        c.max_running_requests = int(max_running_requests)
+        c.comm_timeout_s = float(comm_timeout_s)
+        self._llm = _dcp._Llm(c)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        """Stops the ranks (requests still running are cancelled); the LLM is unusable after."""
+        self._llm.close()
+
+    @property
+    def vocab_size(self) -> int:
+        return self._llm.vocab_size
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> List[int]:
+        return list(self._llm.encode(text, add_special_tokens))
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self._llm.decode(list(token_ids), skip_special_tokens)
+
+    def generate(self, prompts, sampling_params: Union[SamplingParams, Sequence[SamplingParams],
+                                                       None] = None) -> List[RequestOutput]:
+        """Generates for every prompt and returns one RequestOutput each, in order.
+
+        prompts: a string, a list of token ids, or a list of either; a dict
+        {"prompt_token_ids": [...]} or {"prompt": "..."} as vLLM takes them. Text needs a
+        tokenizer. sampling_params: one for all, or one per prompt.
+        """
+        if isinstance(prompts, (str, dict)) or (
+                isinstance(prompts, (list, tuple)) and prompts and
+                all(isinstance(t, int) for t in prompts)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            params = [sampling_params] * len(prompts)
+        else:
+            params = list(sampling_params)
+            if len(params) != len(prompts):
+                raise ValueError(f"sampling_params has {len(params)} entries for "
+                                 f"{len(prompts)} prompts")
+        texts, ids = [], []
+        for i, p in enumerate(prompts):
+            text, tokens = self._prompt(i, p)
+            texts.append(text)
+            ids.append(tokens)
+        requests = [self._request(ids[i], params[i]) for i in range(len(prompts))]
+        results = self._llm.generate(requests)
+        outputs = []
+        for i, g in enumerate(results):
+            tokens = list(g.token_ids)
+            text = (self._llm.decode_output(tokens, params[i].skip_special_tokens)
+                    if self._llm.has_tokenizer else None)
+            completion = CompletionOutput(0, text, tokens, g.finish_reason,
+                                          g.logprobs if params[i].logprobs is not None else None)
+            outputs.append(RequestOutput(i, texts[i], ids[i], [completion],
+                                         g.time_to_first_token_s, g.latency_s))
+        return outputs
+
+    def _prompt(self, i, p):
+        if isinstance(p, dict):
+            if "prompt_token_ids" in p:
+                p = p["prompt_token_ids"]
+            elif "prompt" in p:
+                p = p["prompt"]
+            else:
+                raise ValueError(f"prompts[{i}] must have 'prompt' or 'prompt_token_ids'")
+        if isinstance(p, str):
+            if not self._llm.has_tokenizer:
+                raise ValueError(f"prompts[{i}] is text but this model has no tokenizer: pass "
+                                 "token ids, or LLM(..., tokenizer=PATH)")
+            return p, self.encode(p, add_special_tokens=True)
+        try:
+            tokens = [int(t) for t in p]
+        except TypeError:
+            raise ValueError(f"prompts[{i}] must be a string or a list of token ids, got "
+                             f"{type(p).__name__}") from None
+        if not tokens:
+            raise ValueError(f"prompts[{i}] is empty: a prompt needs at least one token")
+        return None, tokens
+
+    def _request(self, tokens, p: SamplingParams):
+        if not isinstance(p, SamplingParams):
+            raise ValueError(f"sampling_params must be SamplingParams, got {type(p).__name__}")
+        stop = [int(t) for t in p.stop_token_ids]
+        eos = self._llm.eos_token_id
+        if not p.ignore_eos and eos is not None:
+            stop.append(eos)
+        top_k = 0 if p.top_k == -1 else int(p.top_k)
+        seed = random.getrandbits(63) if p.seed is None else int(p.seed)
+        if seed < 0:
+            raise ValueError(f"seed = {seed} must be >= 0")
+        logprobs = -1 if p.logprobs is None else int(p.logprobs)
+        return _dcp._GenerateRequest(tokens, int(p.max_tokens), float(p.temperature),
+                                     float(p.top_p), top_k, float(p.min_p), seed, stop, logprobs)

@@ -1,0 +1,363 @@
+// The offline LLM: one served deployment whose ranks run as threads of this process, started
+// once (the weights load once) and fed whole batches by generate(). Requests go through the same
+// ServingDeployment as `dcp serve`, so scheduling, sampling and stop tokens behave alike.
+#include <chrono>
+#include <exception>
+#include <filesystem>
+#include <future>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bindings.h"
+#include "dcp/error.h"
+#include "dcp/serving.h"
+#include "dcp/tokenizer.h"
+#include "dcp/weights.h"
+
+#include <pybind11/stl.h>
+
+namespace dcp::python {
+namespace {
+
+struct LlmConfig {
+  std::string model;  // a checkpoint folder, or a preset name (synthetic weights)
+  std::string tokenizer;
+  int num_layers = 0;
+  int tp_size = 1, dcp_size = 1, dp_size = 1;
+  bool enable_dp_attention = false;
+  std::string dcp_comm_backend;  // "" = auto
+  bool dcp_replicate_q_proj = false;
+  int page_size = 64;
+  std::string kv_cache_dtype = "bf16";
+  std::string attention_kernel = "automatic";
+  std::int64_t max_total_tokens = 65536;
+  int chunked_prefill_size = 2048;
+  int max_running_requests = 64;
+  double comm_timeout_s = 300;
+};
+
+// One request as generate() receives it from the Python side.
+struct GenerateRequest {
+  std::vector<std::int32_t> prompt;
+  int max_new_tokens = 16;
+  SamplingParams sampling;
+  std::vector<std::int32_t> stop_token_ids;
+  int logprobs = -1;
+};
+
+struct Generated {
+  std::vector<std::int32_t> tokens;
+  std::string finish_reason;  // "length", "stop", "cancelled"
+  std::vector<StepLogprobs> logprobs;
+  double time_to_first_token_s = 0, latency_s = 0;
+};
+
+void check_positive(long long v, const char* name) {
+  if (v < 1) throw py::value_error(std::string(name) + " = " + std::to_string(v) + " must be >= 1");
+}
+
+DeploymentSpec make_spec(const LlmConfig& c) {
+  check_positive(c.max_total_tokens, "max_total_tokens");
+  check_positive(c.chunked_prefill_size, "chunked_prefill_size");
+  check_positive(c.max_running_requests, "max_running_requests");
+  check_positive(c.page_size, "page_size");
+  if (c.num_layers < 0) {
+    throw py::value_error("num_layers = " + std::to_string(c.num_layers) +
+                          " must be >= 0 (0: the model's own count)");
+  }
+  if (!(c.comm_timeout_s >= 0 && c.comm_timeout_s <= 1e9)) {
+    throw py::value_error("comm_timeout_s must be in [0, 1e9] seconds (0: wait forever)");
+  }
+  DeploymentSpec s;
+  if (std::filesystem::is_directory(c.model)) {
+    s.model.config = read_checkpoint_config(c.model);
+    if (c.num_layers > 0) {
+      if (c.num_layers > s.model.config.num_hidden_layers) {
+        throw py::value_error("num_layers = " + std::to_string(c.num_layers) +
+                              " exceeds the checkpoint's " +
+                              std::to_string(s.model.config.num_hidden_layers) + " layers");
+      }
+      s.model.config.num_hidden_layers = c.num_layers;
+    }
+    s.model.path = c.model;
+  } else {
+    try {
+      s.model.config = preset_config(c.model, c.num_layers);
+    } catch (const Error&) {
+      throw py::value_error("model = '" + c.model + "' is neither a checkpoint folder nor a preset (" +
+                            preset_names() + ")");
+    }
+    s.model.synthetic_dtype = preset_weight_dtype(c.model);
+  }
+  ParallelConfig& p = s.parallel;
+  p.tp_size = c.tp_size;
+  p.dcp_size = c.dcp_size;
+  p.dp_size = c.dp_size;
+  p.enable_dp_attention = c.enable_dp_attention;
+  if (!c.dcp_comm_backend.empty()) p.dcp_comm_backend = parse_combine_backend(c.dcp_comm_backend);
+  p.replicate_q_proj = c.dcp_replicate_q_proj;
+  validate(p);
+  if (p.world_size() > kMaxThreadRanks) {
+    throw py::value_error("the configuration needs " + std::to_string(p.world_size()) +
+                          " ranks (tp_size x dp_size); one process runs at most " +
+                          std::to_string(kMaxThreadRanks) + " as threads");
+  }
+  s.model_options.kv_dtype = parse_kv_dtype(c.kv_cache_dtype);
+  s.model_options.page_size = c.page_size;
+  s.model_options.attention_kernel = parse_kernel_path(c.attention_kernel);
+  s.model_options.kv_capacity_tokens = c.max_total_tokens;
+  s.engine.chunked_prefill_size = c.chunked_prefill_size;
+  s.engine.max_running_requests = c.max_running_requests;
+  s.transport = RankTransport::threads;
+  s.comm_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(c.comm_timeout_s * 1000));
+  return s;
+}
+
+class Llm {
+ public:
+  explicit Llm(const LlmConfig& c) {
+    DeploymentSpec spec = make_spec(c);
+    const int vocab = spec.model.config.vocab_size;
+    std::string tokenizer_dir = c.tokenizer;
+    if (tokenizer_dir.empty() && !spec.model.path.empty()) {
+      const std::filesystem::path dir(spec.model.path);
+      if (std::filesystem::exists(dir / "tokenizer.json") ||
+          std::filesystem::exists(dir / "tiktoken.model"))
+        tokenizer_dir = spec.model.path;
+    }
+    if (!tokenizer_dir.empty()) {
+      tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_dir(tokenizer_dir));
+      if (tokenizer_->vocab_size() > vocab) {
+        throw py::value_error("tokenizer " + tokenizer_dir + ": its " +
+                              std::to_string(tokenizer_->vocab_size()) +
+                              " ids exceed the model's vocabulary of " + std::to_string(vocab));
+      }
+    }
+    vocab_ = vocab;
+    ServeOptions serve;
+    // Offline: every prompt of a generate() call waits in the queue; none is refused for it.
+    serve.max_queued_requests = std::numeric_limits<int>::max();
+    deployment_ = std::make_unique<ServingDeployment>(std::move(spec), serve);
+    auto ready = std::make_shared<std::promise<void>>();
+    std::future<void> loaded = ready->get_future();
+    runner_ = std::thread([this, ready] {
+      bool signalled = false;
+      try {
+        deployment_->run([&] {
+          signalled = true;
+          ready->set_value();
+        });
+      } catch (...) {
+        {
+          std::lock_guard lock(failure_mutex_);
+          failure_ = std::current_exception();
+        }
+        if (!signalled) ready->set_exception(std::current_exception());
+      }
+    });
+    try {
+      py::gil_scoped_release unlocked;
+      loaded.get();  // the weights are loaded on every rank, or a rank's error
+    } catch (...) {
+      runner_.join();
+      throw;
+    }
+  }
+
+  ~Llm() { close(); }
+
+  void close() {
+    if (!deployment_) return;
+    {
+      py::gil_scoped_release unlocked;
+      deployment_->shutdown(/*drain=*/false);
+      if (runner_.joinable()) runner_.join();
+    }
+    deployment_.reset();
+  }
+
+  std::vector<Generated> generate(const std::vector<GenerateRequest>& requests) {
+    if (!deployment_) throw py::value_error("this LLM was closed");
+    rethrow_failure();
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    auto cancel_all = [&] {
+      for (auto& s : streams) s->cancel();
+    };
+    {
+      py::gil_scoped_release unlocked;
+      try {
+        for (const GenerateRequest& r : requests) {
+          ServeRequest q;
+          q.prompt = r.prompt;
+          q.max_new_tokens = r.max_new_tokens;
+          q.sampling = r.sampling;
+          q.stop_token_ids = r.stop_token_ids;
+          q.logprobs = r.logprobs;
+          streams.push_back(deployment_->submit(q));
+        }
+      } catch (...) {
+        cancel_all();  // all or nothing: what was submitted before the refusal is dropped
+        throw;
+      }
+    }
+    std::vector<Generated> out(requests.size());
+    std::vector<bool> done(requests.size(), false);
+    std::size_t remaining = requests.size();
+    while (remaining > 0) {
+      {
+        py::gil_scoped_release unlocked;
+        for (std::size_t i = 0; i < streams.size(); ++i) {
+          if (done[i]) continue;
+          // A short wait per stream: this loop returns to Python often enough to see Ctrl-C.
+          while (auto u = streams[i]->next(std::chrono::milliseconds(remaining == 1 ? 50 : 0))) {
+            Generated& g = out[i];
+            g.tokens.insert(g.tokens.end(), u->tokens.begin(), u->tokens.end());
+            std::move(u->logprobs.begin(), u->logprobs.end(), std::back_inserter(g.logprobs));
+            if (!u->error.empty()) {
+              error_ = "request " + std::to_string(i) + " was rejected: " + u->error;
+            }
+            if (u->finished) {
+              g.finish_reason = std::string(to_string(u->finish_reason));
+              const StreamTiming t = streams[i]->timing();
+              const auto secs = [&](auto at) {
+                return std::chrono::duration<double>(at - t.submitted).count();
+              };
+              g.time_to_first_token_s = t.first_token ? secs(*t.first_token) : 0;
+              g.latency_s = t.finished ? secs(*t.finished) : 0;
+              done[i] = true;
+              --remaining;
+              break;
+            }
+          }
+        }
+        if (remaining > 1) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      rethrow_failure();  // a rank failed: the deployment has stopped
+      if (PyErr_CheckSignals() != 0) {  // Ctrl-C: drop the batch, keep the LLM usable
+        cancel_all();
+        throw py::error_already_set();
+      }
+    }
+    if (!error_.empty()) {
+      const std::string e = std::move(error_);
+      error_.clear();
+      throw py::value_error(e);
+    }
+    return out;
+  }
+
+  bool has_tokenizer() const noexcept { return tokenizer_ != nullptr; }
+  const Tokenizer& tokenizer() const {
+    if (!tokenizer_) {
+      throw py::value_error("this model has no tokenizer (a preset, or a checkpoint without "
+                            "tokenizer.json / tiktoken.model): pass token ids, or tokenizer=PATH");
+    }
+    return *tokenizer_;
+  }
+  int vocab_size() const noexcept { return vocab_; }
+  std::int64_t kv_capacity_tokens() const { return deployment_ ? deployment_->kv_capacity_tokens() : 0; }
+
+ private:
+  void rethrow_failure() {
+    std::lock_guard lock(failure_mutex_);
+    if (failure_) std::rethrow_exception(failure_);
+  }
+
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::unique_ptr<ServingDeployment> deployment_;
+  std::thread runner_;
+  std::mutex failure_mutex_;
+  std::exception_ptr failure_;  // what stopped the ranks, set by the runner thread
+  std::string error_;
+  int vocab_ = 0;
+};
+
+}  // namespace
+
+void bind_llm(py::module_& m) {
+  py::class_<LlmConfig>(m, "_LlmConfig")
+      .def(py::init<>())
+      .def_readwrite("model", &LlmConfig::model)
+      .def_readwrite("tokenizer", &LlmConfig::tokenizer)
+      .def_readwrite("num_layers", &LlmConfig::num_layers)
+      .def_readwrite("tp_size", &LlmConfig::tp_size)
+      .def_readwrite("dcp_size", &LlmConfig::dcp_size)
+      .def_readwrite("dp_size", &LlmConfig::dp_size)
+      .def_readwrite("enable_dp_attention", &LlmConfig::enable_dp_attention)
+      .def_readwrite("dcp_comm_backend", &LlmConfig::dcp_comm_backend)
+      .def_readwrite("dcp_replicate_q_proj", &LlmConfig::dcp_replicate_q_proj)
+      .def_readwrite("page_size", &LlmConfig::page_size)
+      .def_readwrite("kv_cache_dtype", &LlmConfig::kv_cache_dtype)
+      .def_readwrite("attention_kernel", &LlmConfig::attention_kernel)
+      .def_readwrite("max_total_tokens", &LlmConfig::max_total_tokens)
+      .def_readwrite("chunked_prefill_size", &LlmConfig::chunked_prefill_size)
+      .def_readwrite("max_running_requests", &LlmConfig::max_running_requests)
+      .def_readwrite("comm_timeout_s", &LlmConfig::comm_timeout_s);
+
+  py::class_<GenerateRequest>(m, "_GenerateRequest")
+      .def(py::init([](std::vector<std::int32_t> prompt, int max_new_tokens, double temperature,
+                       double top_p, int top_k, double min_p, std::uint64_t seed,
+                       std::vector<std::int32_t> stop_token_ids, int logprobs) {
+             GenerateRequest r;
+             r.prompt = std::move(prompt);
+             r.max_new_tokens = max_new_tokens;
+             r.sampling.temperature = temperature;
+             r.sampling.top_p = top_p;
+             r.sampling.top_k = top_k;
+             r.sampling.min_p = min_p;
+             r.sampling.seed = seed;
+             r.stop_token_ids = std::move(stop_token_ids);
+             r.logprobs = logprobs;
+             return r;
+           }),
+           py::arg("prompt"), py::arg("max_new_tokens"), py::arg("temperature"), py::arg("top_p"),
+           py::arg("top_k"), py::arg("min_p"), py::arg("seed"), py::arg("stop_token_ids"),
+           py::arg("logprobs"));
+
+  py::class_<Generated>(m, "_Generated")
+      .def_readonly("token_ids", &Generated::tokens)
+      .def_readonly("finish_reason", &Generated::finish_reason)
+      .def_readonly("time_to_first_token_s", &Generated::time_to_first_token_s)
+      .def_readonly("latency_s", &Generated::latency_s)
+      .def_property_readonly("logprobs", [](const Generated& g) {
+        py::list steps;
+        for (const StepLogprobs& s : g.logprobs) {
+          py::dict d;
+          d[py::int_(s.chosen.token)] = s.chosen.logprob;
+          for (const TokenLogprob& t : s.top) d[py::int_(t.token)] = t.logprob;
+          steps.append(d);
+        }
+        return steps;
+      });
+
+  py::class_<Llm>(m, "_Llm")
+      .def(py::init<const LlmConfig&>(), py::arg("config"))
+      .def("generate", &Llm::generate, py::arg("requests"))
+      .def("close", &Llm::close)
+      .def_property_readonly("has_tokenizer", &Llm::has_tokenizer)
+      .def_property_readonly("vocab_size", &Llm::vocab_size)
+      .def_property_readonly("kv_capacity_tokens", &Llm::kv_capacity_tokens)
+      .def("encode", [](const Llm& l, const std::string& text, bool add_special_tokens) {
+        return l.tokenizer().encode(text, add_special_tokens);
+      }, py::arg("text"), py::arg("add_special_tokens"))
+      .def("decode", [](const Llm& l, const std::vector<std::int32_t>& ids, bool skip_special) {
+        return l.tokenizer().decode(ids, skip_special);
+      }, py::arg("ids"), py::arg("skip_special_tokens"))
+      // A generation's text: a model whose vocabulary is larger than its tokenizer's may emit ids
+      // with no text (as `dcp serve` does, they add nothing).
+      .def("decode_output", [](const Llm& l, std::vector<std::int32_t> ids, bool skip_special) {
+        const Tokenizer& t = l.tokenizer();
+        std::erase_if(ids, [&](std::int32_t id) { return !t.contains(id); });
+        return t.decode(ids, skip_special);
+      }, py::arg("ids"), py::arg("skip_special_tokens"))
+      .def_property_readonly("eos_token_id", [](const Llm& l) -> std::optional<std::int32_t> {
+        return l.has_tokenizer() ? l.tokenizer().eos_id() : std::nullopt;
+      });
+}
+
+}  // namespace dcp::python

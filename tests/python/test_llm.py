@@ -1,0 +1,165 @@
+"""LLM.generate against `dcp run` (the same greedy tokens for the same prompts and configuration),
+text in and out through the checkpoint's tokenizer (against `dcp tokenize`), sampling seeds,
+stop tokens, logprobs, timing and errors."""
+import json
+import math
+import subprocess
+import tempfile
+
+import pytest
+
+import dcp
+
+PROMPTS = [[1, 2, 3, 4, 5, 6, 7], [9, 8], list(range(20, 90))]
+
+
+def run_tokens(dcp_bin, model_flags, prompts, max_new, *flags):
+    """What `dcp run` generates (greedy) for these prompts."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as report:
+        subprocess.run(
+            [dcp_bin, "run", *model_flags, "--prompt-tokens",
+             ";".join(",".join(map(str, p)) for p in prompts), "--max-new-tokens", str(max_new),
+             "--no-verify", "--json", report.name, *flags],
+            check=True, stdout=subprocess.DEVNULL)
+        return [r["output_tokens"] for r in json.load(report)["requests"]]
+
+
+@pytest.mark.parametrize("config,flags", [
+    (dict(tp_size=2, dcp_size=2), ["--tp-size", "2", "--dcp-size", "2"]),
+    (dict(tp_size=2, dcp_size=2, dp_size=2), ["--tp-size", "2", "--dcp-size", "2", "--dp-size", "2"]),
+    (dict(tp_size=2, dcp_size=2, dcp_comm_backend="ag_rs", kv_cache_dtype="fp32", page_size=16),
+     ["--tp-size", "2", "--dcp-size", "2", "--dcp-comm-backend", "ag_rs", "--kv-cache-dtype", "fp32",
+      "--page-size", "16"]),
+])
+def test_greedy_tokens_equal_dcp_run_on_a_preset(dcp_bin, config, flags):
+    with dcp.LLM("tiny", **config) as llm:
+        got = llm.generate(PROMPTS, dcp.SamplingParams(max_tokens=12, temperature=0))
+    want = run_tokens(dcp_bin, ["--preset", "tiny"], PROMPTS, 12, *flags)
+    assert [o.outputs[0].token_ids for o in got] == want
+    assert all(o.outputs[0].finish_reason == "length" for o in got)
+    assert [o.prompt_token_ids for o in got] == PROMPTS
+
+
+def test_greedy_tokens_equal_dcp_run_on_an_moe_checkpoint(dcp_bin, tmp_path):
+    ckpt = str(tmp_path / "v2lite")
+    subprocess.run([dcp_bin, "gen-checkpoint", "--family", "deepseek-v2-lite", "--out", ckpt],
+                   check=True, stdout=subprocess.DEVNULL)
+    with dcp.LLM(ckpt, tp_size=2, dcp_size=2) as llm:
+        got = llm.generate(PROMPTS[:2], dcp.SamplingParams(max_tokens=6, temperature=0,
+                                                           ignore_eos=True))
+    want = run_tokens(dcp_bin, ["--model-path", ckpt], PROMPTS[:2], 6, "--tp-size", "2",
+                      "--dcp-size", "2")
+    assert [o.outputs[0].token_ids for o in got] == want
+
+
+@pytest.fixture(scope="module")
+def text_llm(checkpoint):
+    with dcp.LLM(checkpoint, tp_size=2, dcp_size=2, max_total_tokens=4096) as llm:
+        yield llm
+
+
+def test_text_in_and_out(dcp_bin, checkpoint, text_llm):
+    prompt = "The quick brown fox jumps over the lazy dog"
+    out = text_llm.generate(prompt, dcp.SamplingParams(max_tokens=8, temperature=0,
+                                                       ignore_eos=True))[0]
+    encoded = subprocess.run([dcp_bin, "tokenize", "--tokenizer-path", checkpoint,
+                              "--add-special-tokens"], input=prompt, check=True,
+                             capture_output=True, text=True)
+    assert out.prompt == prompt
+    assert out.prompt_token_ids == json.loads(encoded.stdout)
+    # The ids this tokenizer has (the model's vocabulary is larger; the others have no text).
+    vocab = json.load(open(f"{checkpoint}/tokenizer.json"))["model"]["vocab"]
+    known = set(vocab.values()) | {t["id"] for t in json.load(open(
+        f"{checkpoint}/tokenizer.json")).get("added_tokens", [])}
+    ids = [t for t in out.outputs[0].token_ids if t in known]
+    decoded = subprocess.run([dcp_bin, "tokenize", "--tokenizer-path", checkpoint, "--decode",
+                              "--skip-special-tokens"], input=json.dumps(ids),
+                             check=True, capture_output=True, text=True)
+    assert out.outputs[0].text == decoded.stdout.rstrip("\n")
+    want = run_tokens(dcp_bin, ["--model-path", checkpoint], [out.prompt_token_ids], 8,
+                      "--tp-size", "2", "--dcp-size", "2")
+    assert out.outputs[0].token_ids == want[0]
+
+
+def test_seeded_sampling_repeats_and_seeds_differ(text_llm):
+    prompts = [[5, 6, 7]] * 3
+    params = [dcp.SamplingParams(max_tokens=16, temperature=1.0, seed=s, ignore_eos=True)
+              for s in (1, 1, 2)]
+    a, b, c = (o.outputs[0].token_ids for o in text_llm.generate(prompts, params))
+    assert a == b
+    assert a != c
+
+
+def test_stop_token_ends_the_request(text_llm):
+    greedy = text_llm.generate([[3, 1, 4, 1, 5]], dcp.SamplingParams(max_tokens=10, temperature=0,
+                                                                     ignore_eos=True))[0]
+    tokens = greedy.outputs[0].token_ids
+    stop = tokens[3]
+    out = text_llm.generate([[3, 1, 4, 1, 5]], dcp.SamplingParams(
+        max_tokens=10, temperature=0, ignore_eos=True, stop_token_ids=[stop]))[0].outputs[0]
+    assert out.token_ids == tokens[:tokens.index(stop) + 1]
+    assert out.finish_reason == "stop"
+
+
+def test_logprobs_and_timing(text_llm):
+    out = text_llm.generate([[10, 11, 12]], dcp.SamplingParams(max_tokens=4, temperature=0,
+                                                               logprobs=3, ignore_eos=True))[0]
+    c = out.outputs[0]
+    assert len(c.logprobs) == 4
+    for token, step in zip(c.token_ids, c.logprobs):
+        assert token in step and len(step) >= 3
+        assert step[token] == max(step.values())  # greedy picks the most likely
+        assert all(lp <= 0 for lp in step.values())
+        assert sum(math.exp(lp) for lp in step.values()) <= 1 + 1e-5
+    assert 0 < out.time_to_first_token_s <= out.latency_s
+
+
+@pytest.mark.parametrize("prompts,params,message", [
+    ([[1, 2]], dcp.SamplingParams(max_tokens=0), "max_tokens"),
+    ([[1, 2]], dcp.SamplingParams(temperature=-1), "temperature"),
+    ([[1, 2]], dcp.SamplingParams(top_p=0), "top_p"),
+    ([[]], dcp.SamplingParams(), "prompts[0] is empty"),
+    ([[1, 10**6]], dcp.SamplingParams(), "vocab"),
+    ([[1 + t % 500 for t in range(5000)]], dcp.SamplingParams(), "the KV cache holds 4096"),
+    ([[1], [2]], [dcp.SamplingParams()], "sampling_params has 1 entries for 2 prompts"),
+])
+def test_bad_requests_raise_and_leave_the_llm_usable(text_llm, prompts, params, message):
+    with pytest.raises(ValueError) as e:
+        text_llm.generate(prompts, params)
+    assert message in str(e.value)
+    ok = text_llm.generate([[1, 2, 3]], dcp.SamplingParams(max_tokens=2, temperature=0))
+    assert len(ok[0].outputs[0].token_ids) == 2
+
+
+def test_a_refused_request_drops_the_whole_batch(text_llm):
+    # The first request is valid, the second too long: nothing of the batch runs.
+    with pytest.raises(ValueError):
+        text_llm.generate([[1, 2, 3], [1 + t % 500 for t in range(5000)]], dcp.SamplingParams(max_tokens=2))
+    ok = text_llm.generate([[1, 2, 3]], dcp.SamplingParams(max_tokens=2, temperature=0))
+    assert len(ok) == 1 and ok[0].outputs[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(model="no-such-model"), "neither a checkpoint folder nor a preset"),
+    (dict(model="tiny", tp_size=4, dcp_size=3), "legal dcp_size values"),
+    (dict(model="tiny", kv_cache_dtype="fp8"), "fp32"),
+    (dict(model="tiny", max_total_tokens=0), "max_total_tokens = 0 must be >= 1"),
+    (dict(model="tiny", dp_size=2, tp_size=2, enable_dp_attention=True), "dp"),
+])
+def test_bad_configurations_raise(kwargs, message):
+    with pytest.raises((ValueError, NotImplementedError)) as e:
+        dcp.LLM(**kwargs)
+    assert message in str(e.value)
+
+
+def test_text_needs_a_tokenizer():
+    with dcp.LLM("tiny") as llm:
+        with pytest.raises(ValueError, match="no tokenizer"):
+            llm.generate("hello")
+
+
+def test_closed_llm_refuses_work():
+    llm = dcp.LLM("tiny")
+    llm.close()
+    with pytest.raises(ValueError, match="closed"):
+        llm.generate([[1, 2]])
