@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dcp/kernel_path.h"
 #include "dcp/model_config.h"
 
 namespace dcp {
@@ -48,6 +49,21 @@ struct WeightMatrix {
   // An fp32 matrix holding `values` (rows x cols).
   static WeightMatrix from_float(std::vector<float> values, std::int64_t rows, std::int64_t cols);
 };
+
+// The most rows of x for which linear() runs its own product, reading each weight from memory
+// once and widening bf16 and FP8 in registers (decode shapes); beyond it the product is BLAS's
+// sgemm, bf16 and FP8 weights widened into fp32 a tile of rows at a time (prefill shapes). The
+// crossovers were measured with `dcp bench decode`'s shapes on an AVX2 CPU.
+constexpr std::int64_t weight_gemv_max_rows(WeightDtype d) noexcept {
+  return d == WeightDtype::f32 ? 8 : 16;
+}
+
+// y[m, w.rows] = x[m, w.cols] @ w^T with w held in its dtype; ldx and ldy are row strides
+// (-1: dense). Up to weight_gemv_max_rows(w.dtype) rows of x run on the widest SIMD path this CPU has (or
+// `path`; amx_bf16 is refused). Every path multiplies by the values row_to_float gives; sums
+// differ only in their rounding order.
+void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std::int64_t ldx = -1,
+            std::int64_t ldy = -1, KernelPath path = KernelPath::automatic);
 
 class WeightSource {
  public:

@@ -9,6 +9,20 @@
 
 #include "dcp/error.h"
 #include "dcp/model_config.h"
+#include "kernels/cpu/simd_dispatch.h"
+#include "kernels/cpu/weight_gemv.h"
+
+namespace dcp {
+namespace {
+
+kernels::GemvFn select_gemv(KernelPath path) {
+  return kernels::select_simd_copy<kernels::GemvFn>(path, "the weight product",
+                                                    kernels::gemv_portable, kernels::gemv_avx2,
+                                                    kernels::gemv_avx512);
+}
+
+}  // namespace
+}  // namespace dcp
 
 namespace dcp::ops {
 
@@ -20,27 +34,6 @@ void linear(const float* x, std::int64_t m, std::int64_t k, const float* w, std:
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
               static_cast<int>(k), 1.0f, x, static_cast<int>(ldx), w, static_cast<int>(k), 0.0f, y,
               static_cast<int>(ldy));
-}
-
-void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std::int64_t ldx,
-            std::int64_t ldy) {
-  const std::int64_t n = w.rows, k = w.cols;
-  if (ldx < 0) ldx = k;
-  if (ldy < 0) ldy = n;
-  if (w.dtype == WeightDtype::f32) {
-    linear(x, m, k, reinterpret_cast<const float*>(w.data.data()), n, y, ldx, ldy);
-    return;
-  }
-  if (m == 0 || n == 0) return;
-  // Tiles of rows small enough to stay in cache while BLAS reads them.
-  constexpr std::int64_t kTileRows = 64;
-  thread_local std::vector<float> tile;
-  tile.resize(static_cast<std::size_t>(std::min(kTileRows, n) * k));
-  for (std::int64_t r0 = 0; r0 < n; r0 += kTileRows) {
-    const std::int64_t rows = std::min(kTileRows, n - r0);
-    for (std::int64_t r = 0; r < rows; ++r) w.row_to_float(r0 + r, tile.data() + r * k);
-    linear(x, m, k, tile.data(), rows, y + r0, ldx, ldy);
-  }
 }
 
 void matmul(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n,
@@ -119,3 +112,51 @@ void Rope::apply(float* x, std::int64_t pos) const {
 }
 
 }  // namespace dcp::ops
+
+namespace dcp {
+
+void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std::int64_t ldx,
+            std::int64_t ldy, KernelPath path) {
+  const std::int64_t n = w.rows, k = w.cols;
+  if (ldx < 0) ldx = k;
+  if (ldy < 0) ldy = n;
+  if (m == 0 || n == 0) return;
+  if (m <= weight_gemv_max_rows(w.dtype)) {
+    static const kernels::GemvFn best = select_gemv(KernelPath::automatic);
+    const kernels::GemvFn gemv = path == KernelPath::automatic ? best : select_gemv(path);
+    kernels::GemvWeight g;
+    g.data = w.data.data();
+    g.rows = n;
+    g.k = k;
+    switch (w.dtype) {
+      case WeightDtype::f32: g.dtype = kernels::GemvDtype::f32; break;
+      case WeightDtype::bf16: g.dtype = kernels::GemvDtype::bf16; break;
+      case WeightDtype::f8_e4m3:
+        g.dtype = kernels::GemvDtype::fp8;
+        g.scales = w.scale_inv.data();
+        g.scale_stride = w.scale_cols;
+        g.row0 = w.row0;
+        g.block_rows = w.block_rows;
+        g.block_cols = w.block_cols;
+        g.first_block_cols = (w.col0 / w.block_cols + 1) * w.block_cols - w.col0;
+        break;
+    }
+    gemv(x, m, ldx, g, y, ldy);
+    return;
+  }
+  if (w.dtype == WeightDtype::f32) {
+    ops::linear(x, m, k, reinterpret_cast<const float*>(w.data.data()), n, y, ldx, ldy);
+    return;
+  }
+  // Tiles of rows small enough to stay in cache while BLAS reads them.
+  constexpr std::int64_t kTileRows = 64;
+  thread_local std::vector<float> tile;
+  tile.resize(static_cast<std::size_t>(std::min(kTileRows, n) * k));
+  for (std::int64_t r0 = 0; r0 < n; r0 += kTileRows) {
+    const std::int64_t rows = std::min(kTileRows, n - r0);
+    for (std::int64_t r = 0; r < rows; ++r) w.row_to_float(r0 + r, tile.data() + r * k);
+    ops::linear(x, m, k, tile.data(), rows, y + r0, ldx, ldy);
+  }
+}
+
+}  // namespace dcp

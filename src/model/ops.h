@@ -13,10 +13,11 @@ namespace dcp::ops {
 void linear(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n,
             float* y, std::int64_t ldx = -1, std::int64_t ldy = -1);
 // y[M, N] = x[M, K] @ w^T for a weight held in its checkpoint dtype (N = w.rows, K = w.cols):
-// fp32 weights go straight to BLAS; bf16 and FP8 ones are widened exactly (FP8 times its block
-// scale), a block of rows at a time, into an fp32 tile that BLAS multiplies.
-void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std::int64_t ldx = -1,
-            std::int64_t ldy = -1);
+// dcp::linear (weights.h) on the automatic path.
+inline void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y,
+                   std::int64_t ldx = -1, std::int64_t ldy = -1) {
+  dcp::linear(x, m, w, y, ldx, ldy);
+}
 // y[M, N] = x[M, K] @ w[K, N]   (w not transposed); strides as above, ldw for w.
 void matmul(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n,
             float* y, std::int64_t ldx, std::int64_t ldw, std::int64_t ldy);

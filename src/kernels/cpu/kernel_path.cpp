@@ -33,7 +33,9 @@ KernelPath parse_kernel_path(std::string_view name) {
 std::vector<KernelPath> available_kernel_paths() {
   std::vector<KernelPath> paths = {KernelPath::portable};
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+  // F16C (every AVX2 CPU has it) widens FP8 weights through fp16 in the avx2 weight product.
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+      __builtin_cpu_supports("f16c"))
     paths.push_back(KernelPath::avx2);
   if (__builtin_cpu_supports("avx512f")) paths.push_back(KernelPath::avx512);
   return paths;

@@ -1,0 +1,61 @@
+// The decode-shaped weight product's portable copy and the choice among copies.
+#include "weight_gemv.h"
+
+#include <algorithm>
+
+namespace dcp::kernels {
+namespace {
+
+template <typename T>
+float widen(T v);
+template <>
+float widen(float v) {
+  return v;
+}
+template <>
+float widen(bf16_t v) {
+  return bf16_to_float(v);
+}
+template <>
+float widen(fp8_e4m3_t v) {
+  return fp8_e4m3_to_float(v);
+}
+
+template <typename T>
+void gemv_scalar(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeight& w, float* y,
+                 std::int64_t ldy) {
+  const T* data = static_cast<const T*>(w.data);
+  for (std::int64_t r = 0; r < w.rows; ++r) {
+    const T* row = data + r * w.k;
+    const float* scales = nullptr;
+    if (w.dtype == GemvDtype::fp8) {
+      scales = w.scales +
+               ((w.row0 + r) / w.block_rows - w.row0 / w.block_rows) * w.scale_stride;
+    }
+    for (std::int64_t i = 0; i < m; ++i) {
+      const float* xi = x + i * ldx;
+      float sum = 0;
+      std::int64_t c = 0;
+      for (int b = 0; c < w.k; ++b) {
+        const std::int64_t end =
+            scales ? std::min(w.k, b == 0 ? w.first_block_cols : c + w.block_cols) : w.k;
+        const float s = scales ? scales[b] : 1.0f;
+        for (; c < end; ++c) sum += widen(row[c]) * s * xi[c];
+      }
+      y[i * ldy + r] = sum;
+    }
+  }
+}
+
+}  // namespace
+
+void gemv_portable(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeight& w, float* y,
+                   std::int64_t ldy) {
+  switch (w.dtype) {
+    case GemvDtype::f32: gemv_scalar<float>(x, m, ldx, w, y, ldy); break;
+    case GemvDtype::bf16: gemv_scalar<bf16_t>(x, m, ldx, w, y, ldy); break;
+    case GemvDtype::fp8: gemv_scalar<fp8_e4m3_t>(x, m, ldx, w, y, ldy); break;
+  }
+}
+
+}  // namespace dcp::kernels

@@ -1,0 +1,41 @@
+// Decode-shaped products with weights in their checkpoint dtype: y[i, r] = x[i, :] . w[r, :] for
+// a few rows of x (a decode batch) and every row r of an fp32, bf16 or FP8 weight. The weights
+// are widened in registers, never into memory, so each weight byte is read from memory once; the
+// per-instruction-set copies are compiled from weight_gemv_simd.h with their own flags.
+#pragma once
+
+#include <cstdint>
+
+#include "dcp/dtype.h"
+
+namespace dcp::kernels {
+
+enum class GemvDtype : std::uint8_t { f32, bf16, fp8 };
+
+// A weight slice [rows, k] in its dtype. FP8: the values of row r between column boundaries
+// share one scale, scales[r_block * scale_stride + c_block]; the first column block of the slice
+// ends at column `first_block_cols` (a slice may start inside a block), later ones every
+// `block_cols` columns; r_block = (row0 + r) / block_rows - row0 / block_rows.
+struct GemvWeight {
+  const void* data = nullptr;
+  GemvDtype dtype = GemvDtype::f32;
+  std::int64_t rows = 0, k = 0;
+  const float* scales = nullptr;
+  std::int64_t scale_stride = 0;
+  std::int64_t row0 = 0;
+  int block_rows = 1;
+  std::int64_t first_block_cols = 0, block_cols = 0;
+};
+
+// y[i * ldy + r] for i < m and every row r of w. x rows have stride ldx.
+using GemvFn = void (*)(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeight& w,
+                        float* y, std::int64_t ldy);
+
+void gemv_portable(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeight& w, float* y,
+                   std::int64_t ldy);
+void gemv_avx2(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeight& w, float* y,
+               std::int64_t ldy);
+void gemv_avx512(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeight& w, float* y,
+                 std::int64_t ldy);
+
+}  // namespace dcp::kernels

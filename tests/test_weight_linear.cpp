@@ -1,0 +1,195 @@
+// dcp::linear with weights in their checkpoint dtype (bf16, FP8 E4M3 with block scales) against a
+// float64 reference that decodes the weight bits itself: every SIMD path, decode shapes (widened
+// in registers) and prefill shapes (tiles for BLAS), slices that start inside a scale block, row
+// strides, and the FP8 NaN code.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "dcp/dtype.h"
+#include "dcp/error.h"
+#include "dcp/kernel_path.h"
+#include "dcp/weights.h"
+#include "test_util.h"
+
+namespace dcp {
+namespace {
+
+// E4M3 ("fn"): bias 7, no infinities, 0x7f / 0xff NaN; subnormals 2^-6 * m/8.
+double decode_e4m3(std::uint8_t b) {
+  const int sign = b >> 7, exp = (b >> 3) & 15, man = b & 7;
+  if ((b & 0x7f) == 0x7f) return std::numeric_limits<double>::quiet_NaN();
+  const double mag = exp == 0 ? std::ldexp(man / 8.0, -6) : std::ldexp(1 + man / 8.0, exp - 7);
+  return sign ? -mag : mag;
+}
+
+double decode_bf16(std::uint16_t h) {
+  const std::uint32_t bits = static_cast<std::uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+struct Case {
+  WeightMatrix w;
+  std::vector<double> values;  // [rows, cols]: what the weight means, decoded here
+};
+
+Case random_bf16(std::int64_t rows, std::int64_t cols, test::Rng& rng) {
+  Case c;
+  c.w.dtype = WeightDtype::bf16;
+  c.w.rows = rows;
+  c.w.cols = cols;
+  c.w.data.resize(static_cast<std::size_t>(rows * cols * 2));
+  auto* h = reinterpret_cast<std::uint16_t*>(c.w.data.data());
+  for (std::int64_t i = 0; i < rows * cols; ++i) {
+    h[i] = float_to_bf16(rng.normal());
+    c.values.push_back(decode_bf16(h[i]));
+  }
+  return c;
+}
+
+// A slice [row0, row0 + rows) x [col0, col0 + cols) of an FP8 tensor with blocks br x bc.
+Case random_fp8(std::int64_t rows, std::int64_t cols, int br, int bc, std::int64_t row0,
+                std::int64_t col0, test::Rng& rng) {
+  Case c;
+  WeightMatrix& w = c.w;
+  w.dtype = WeightDtype::f8_e4m3;
+  w.rows = rows;
+  w.cols = cols;
+  w.block_rows = br;
+  w.block_cols = bc;
+  w.row0 = row0;
+  w.col0 = col0;
+  w.scale_rows = (row0 + rows - 1) / br - row0 / br + 1;
+  w.scale_cols = (col0 + cols - 1) / bc - col0 / bc + 1;
+  for (std::int64_t i = 0; i < w.scale_rows * w.scale_cols; ++i)
+    w.scale_inv.push_back(rng.uniform(0.001f, 0.01f));
+  w.data.resize(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t k = 0; k < cols; ++k) {
+      std::uint8_t b;
+      do {  // any code but NaN (that one is tested on its own)
+        b = static_cast<std::uint8_t>(rng.range(0, 255));
+      } while ((b & 0x7f) == 0x7f);
+      w.data[r * cols + k] = b;
+      const std::int64_t sr = (row0 + r) / br - row0 / br, sc = (col0 + k) / bc - col0 / bc;
+      c.values.push_back(decode_e4m3(b) *
+                         static_cast<double>(w.scale_inv[sr * w.scale_cols + sc]));
+    }
+  }
+  return c;
+}
+
+// y = x @ w^T in float64, and the bound on the rounding of an fp32 sum of |x w| terms.
+void check(const Case& c, std::int64_t m, KernelPath path, test::Rng& rng, const char* what) {
+  const std::int64_t n = c.w.rows, k = c.w.cols, ldx = k + 3, ldy = n + 5;
+  std::vector<float> x(static_cast<std::size_t>(m * ldx));
+  for (float& v : x) v = rng.normal();
+  std::vector<float> y(static_cast<std::size_t>(m * ldy), -7.0f);
+  linear(x.data(), m, c.w, y.data(), ldx, ldy, path);
+  for (std::int64_t i = 0; i < m; ++i) {
+    for (std::int64_t r = 0; r < n; ++r) {
+      double want = 0, magnitude = 0;
+      for (std::int64_t j = 0; j < k; ++j) {
+        const double t = static_cast<double>(x[i * ldx + j]) * c.values[r * k + j];
+        want += t;
+        magnitude += std::fabs(t);
+      }
+      const double got = y[i * ldy + r];
+      ASSERT_NEAR(got, want, 1e-6 * magnitude + 1e-30)
+          << what << " path " << to_string(path) << " m " << m << " k " << k << " (" << i << ", "
+          << r << ")";
+    }
+    for (std::int64_t r = n; r < ldy; ++r) ASSERT_EQ(y[i * ldy + r], -7.0f) << "stride padding";
+  }
+}
+
+std::vector<KernelPath> paths() {
+  std::vector<KernelPath> p = available_kernel_paths();
+  p.push_back(KernelPath::automatic);
+  return p;
+}
+
+TEST(WeightLinear, Bf16EveryPathEveryShape) {
+  test::Rng rng = test::make_rng();
+  for (const KernelPath path : paths()) {
+    for (const std::int64_t m : {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 40}) {
+      for (const std::int64_t k : {1, 7, 16, 33, 200}) {
+        check(random_bf16(rng.range(1, 70), k, rng), m, path, rng, "bf16");
+      }
+    }
+  }
+}
+
+TEST(WeightLinear, Fp8BlockScaledSlicesEveryPath) {
+  test::Rng rng = test::make_rng();
+  for (const KernelPath path : paths()) {
+    for (const std::int64_t m : {1, 3, 4, 6, 16, 20}) {
+      for (const std::int64_t k : {5, 24, 97, 300}) {
+        // Blocks of 16 x 8 (and DeepSeek's 128 x 128), slices starting inside a block.
+        const int br = rng.coin() ? 16 : 128, bc = rng.coin() ? 8 : 128;
+        const Case c = random_fp8(rng.range(1, 50), k, br, bc, rng.range(0, 300),
+                                  rng.range(0, 300), rng);
+        check(c, m, path, rng, "fp8");
+      }
+    }
+  }
+}
+
+TEST(WeightLinear, Fp8NanCodeGivesNan) {
+  test::Rng rng = test::make_rng();
+  for (const KernelPath path : paths()) {
+    Case c = random_fp8(3, 40, 128, 128, 0, 0, rng);
+    c.w.data[1 * 40 + 17] = 0x7f;  // row 1 holds a NaN
+    std::vector<float> x(40, 1.0f), y(3);
+    linear(x.data(), 1, c.w, y.data(), -1, -1, path);
+    EXPECT_FALSE(std::isnan(y[0])) << to_string(path);
+    EXPECT_TRUE(std::isnan(y[1])) << to_string(path);
+    EXPECT_FALSE(std::isnan(y[2])) << to_string(path);
+  }
+}
+
+TEST(WeightLinear, EveryFp8CodeWidensExactly) {
+  // One weight row per code against x = e_j: each output is the code's value times its scale.
+  for (const KernelPath path : paths()) {
+    WeightMatrix w;
+    w.dtype = WeightDtype::f8_e4m3;
+    w.rows = 256;
+    w.cols = 32;
+    w.block_rows = w.block_cols = 128;
+    w.scale_rows = 2;
+    w.scale_cols = 1;
+    w.scale_inv = {0.5f, 3.0f};
+    w.data.assign(256 * 32, 0);
+    for (int code = 0; code < 256; ++code) w.data[code * 32 + 20] = static_cast<std::uint8_t>(code);
+    std::vector<float> x(32, 0.0f), y(256);
+    x[20] = 1.0f;
+    linear(x.data(), 1, w, y.data(), -1, -1, path);
+    for (int code = 0; code < 256; ++code) {
+      const double want = decode_e4m3(static_cast<std::uint8_t>(code)) * (code < 128 ? 0.5 : 3.0);
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(y[code])) << code;
+      } else {
+        EXPECT_EQ(y[code], static_cast<float>(want)) << "code " << code << " " << to_string(path);
+      }
+    }
+  }
+}
+
+TEST(WeightLinear, RefusesAPathThisCpuLacksAndAmx) {
+  test::Rng rng = test::make_rng();
+  const Case c = random_bf16(4, 16, rng);
+  std::vector<float> x(16, 1.0f), y(4);
+  EXPECT_THROW(linear(x.data(), 1, c.w, y.data(), -1, -1, KernelPath::amx_bf16), Error);
+  const auto have = available_kernel_paths();
+  if (std::find(have.begin(), have.end(), KernelPath::avx512) == have.end()) {
+    EXPECT_THROW(linear(x.data(), 1, c.w, y.data(), -1, -1, KernelPath::avx512), Error);
+  }
+}
+
+}  // namespace
+}  // namespace dcp
