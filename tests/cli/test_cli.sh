@@ -266,6 +266,17 @@ case_bench_step_engine() {
   check "bench engine plots both" grep -q "TP 4, DCP 4" "$tmp/engine.svg"
   expect 2 "bench step rejects a bad backend" -- bench step --preset tiny --contexts 64 --dcp-comm-backend bogus
   check "bench step names the flag" stderr_has "--dcp-comm-backend: 'bogus' is not one of: ag_rs, a2a"
+  expect 2 "bench decode with an unwritable CSV" -- bench decode --preset tiny --num-layers 1 --csv /nonexistent-dir/decode.csv
+  check "bench decode says which file, before running" stderr_has "--csv: cannot write '/nonexistent-dir/decode.csv'"
+  check "bench decode ran nothing" stdout_empty
+  expect 0 "bench decode (small)" -- bench decode --preset tiny --num-layers 1 --configs tp1dcp1,tp2dcp2 --dtypes f32,bf16,fp8 --contexts 0,64 --batches 1,2 --new-tokens 3 --csv "$tmp/decode.csv"
+  check "bench decode writes one row per point" [ "$(grep -c '^decode,tp[12]dcp[12],' "$tmp/decode.csv")" -eq 24 ]
+  check "bench decode has the columns a reader needs" grep -q '^mode,config,context,batch,threads,weights_dtype,tokens_per_s,.*roofline_fraction$' "$tmp/decode.csv"
+  check "bench decode prints the ceilings it used" stdout_has "read ceiling"
+  expect 2 "bench decode refuses a DCP size that does not divide TP" -- bench decode --preset tiny --configs tp2dcp3
+  check "bench decode names the item and the form" stderr_has "--configs item 'tp2dcp3' must be tpTdcpN"
+  expect 2 "bench decode refuses an unknown weight dtype" -- bench decode --preset tiny --dtypes fp16
+  check "bench decode names the legal dtypes" stderr_has "--dtypes item 'fp16' must be f32, bf16 or fp8"
 
 }
 

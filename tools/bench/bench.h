@@ -19,6 +19,7 @@ void add_merge_bench(CLI::App* bench);
 void add_comm_bench(CLI::App* bench);
 void add_engine_bench(CLI::App* bench);
 void add_step_bench(CLI::App* bench);
+void add_decode_bench(CLI::App* bench);
 void add_extend_bench(CLI::App* bench);
 void add_plot_bench(CLI::App* bench);
 void add_moe_bench(CLI::App* bench);
@@ -103,6 +104,19 @@ struct StepBenchOptions {
   std::string csv, svg;  // the table as CSV; the components against context as SVG
 };
 void bench_step(const StepBenchOptions& o);
+
+// Whole decode steps with the weights held in fp32, bf16 or FP8, against the step's roofline.
+struct DecodeBenchOptions {
+  std::string preset = "deepseek-v2-lite";
+  int num_layers = 2;
+  std::string configs = "tp1dcp1,tp2dcp2";
+  std::string dtypes = "f32,bf16,fp8";
+  std::string contexts = "0,4096";
+  std::string batches = "1,8";
+  int new_tokens = 8;
+  std::string csv;
+};
+void bench_decode(const DecodeBenchOptions& o);
 struct MergeBenchOptions {
   int repeats = 5;
   std::string cache = "cold";

@@ -25,6 +25,7 @@ void add_bench_command(CLI::App& app) {
   add_comm_bench(bench);
   add_engine_bench(bench);
   add_step_bench(bench);
+  add_decode_bench(bench);
   add_extend_bench(bench);
   add_moe_bench(bench);
   add_serve_bench(bench);
