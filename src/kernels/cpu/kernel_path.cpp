@@ -1,6 +1,7 @@
 // Names of the CPU kernel paths and which of them this CPU can run.
 #include "dcp/kernel_path.h"
 
+#include <cpuid.h>
 #include <algorithm>
 
 #include "attention_tasks.h"
@@ -34,8 +35,10 @@ std::vector<KernelPath> available_kernel_paths() {
   std::vector<KernelPath> paths = {KernelPath::portable};
   __builtin_cpu_init();
   // F16C (every AVX2 CPU has it) widens FP8 weights through fp16 in the avx2 weight product.
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-      __builtin_cpu_supports("f16c"))
+  // Read from CPUID: clang 14's __builtin_cpu_supports does not know "f16c".
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c)
     paths.push_back(KernelPath::avx2);
   if (__builtin_cpu_supports("avx512f")) paths.push_back(KernelPath::avx512);
   return paths;
