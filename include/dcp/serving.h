@@ -85,7 +85,6 @@ class RequestStream {
   bool has_news_ = false, delivered_end_ = false, cancel_asked_ = false;
   // Frontend-side timing, for the metrics.
   std::chrono::steady_clock::time_point last_token_;
-  bool first_token_seen_ = false;
   StreamTiming timing_;
 };
 

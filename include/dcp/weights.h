@@ -116,6 +116,10 @@ void write_checkpoint(const std::string& dir, const ModelConfig& config, const W
 // bias.
 bool is_fp8_weight(const ModelConfig& config, const std::string& name);
 
+// Whether every rank of a TP group holds tensor `name` (of `shape`) whole rather than a slice:
+// norms and biases, the low-rank down projections, the router.
+bool is_replicated_weight(const std::string& name, const std::vector<std::int64_t>& shape);
+
 // About the bytes of weights the largest rank of a TP group of `tp_size` holds for `config`
 // (replicated tensors whole, the others a 1/tp_size slice), each tensor at `element_bytes(name)`
 // bytes per value, FP8 scale blocks included: what to check against memory before loading.

@@ -205,6 +205,7 @@ class Llm {
         throw;
       }
     }
+    std::string rejected;  // the first request the engine rejected
     std::vector<Generated> out(requests.size());
     std::vector<bool> done(requests.size(), false);
     std::size_t remaining = requests.size();
@@ -218,8 +219,8 @@ class Llm {
             Generated& g = out[i];
             g.tokens.insert(g.tokens.end(), u->tokens.begin(), u->tokens.end());
             std::move(u->logprobs.begin(), u->logprobs.end(), std::back_inserter(g.logprobs));
-            if (!u->error.empty()) {
-              error_ = "request " + std::to_string(i) + " was rejected: " + u->error;
+            if (!u->error.empty() && rejected.empty()) {
+              rejected = "request " + std::to_string(i) + " was rejected: " + u->error;
             }
             if (u->finished) {
               g.finish_reason = std::string(to_string(u->finish_reason));
@@ -243,11 +244,7 @@ class Llm {
         throw py::error_already_set();
       }
     }
-    if (!error_.empty()) {
-      const std::string e = std::move(error_);
-      error_.clear();
-      throw py::value_error(e);
-    }
+    if (!rejected.empty()) throw py::value_error(rejected);
     return out;
   }
 
@@ -273,7 +270,6 @@ class Llm {
   std::thread runner_;
   std::mutex failure_mutex_;
   std::exception_ptr failure_;  // what stopped the ranks, set by the runner thread
-  std::string error_;
   int vocab_ = 0;
 };
 

@@ -269,10 +269,9 @@ void ServingDeployment::publish(const std::vector<std::vector<std::uint8_t>>& re
       {
         std::lock_guard sl(s.mutex_);
         if (!u.tokens.empty()) {
-          if (!s.first_token_seen_) {
+          if (!s.timing_.first_token) {
             metrics_.time_to_first_token.observe(
                 std::chrono::duration<double>(now - s.timing_.submitted).count());
-            s.first_token_seen_ = true;
             s.timing_.first_token = now;
             for (std::size_t t = 1; t < u.tokens.size(); ++t) metrics_.inter_token_latency.observe(0);
           } else {

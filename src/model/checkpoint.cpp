@@ -259,22 +259,23 @@ ModelConfig read_checkpoint_config(const std::string& dir) {
   return parse_model_config(read_text(p));
 }
 
-double weight_bytes_per_rank(const ModelConfig& c, int tp_size,
-                             const std::function<double(const std::string&)>& element_bytes) {
-  const auto ends_with = [](const std::string& name, const std::string& tail) {
+bool is_replicated_weight(const std::string& name, const std::vector<std::int64_t>& shape) {
+  const auto ends_with = [&](const std::string& tail) {
     return name.size() >= tail.size() &&
            name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
   };
+  return shape.size() == 1 || ends_with("q_a_proj.weight") ||
+         ends_with("kv_a_proj_with_mqa.weight") || ends_with("mlp.gate.weight");
+}
+
+double weight_bytes_per_rank(const ModelConfig& c, int tp_size,
+                             const std::function<double(const std::string&)>& element_bytes) {
   double bytes = 0;
   for (const auto& [name, shape] : checkpoint_tensors(c)) {
     double values = 1;
     for (std::int64_t d : shape) values *= static_cast<double>(d);
-    // Replicated on every rank: norms, the low-rank down projections, the router and its bias.
-    const bool replicated = shape.size() == 1 || ends_with(name, "q_a_proj.weight") ||
-                            ends_with(name, "kv_a_proj_with_mqa.weight") ||
-                            ends_with(name, "mlp.gate.weight");
     bytes += values * element_bytes(name) /
-             (replicated ? 1.0 : static_cast<double>(std::max(1, tp_size)));
+             (is_replicated_weight(name, shape) ? 1.0 : static_cast<double>(std::max(1, tp_size)));
   }
   return bytes;
 }

@@ -276,7 +276,7 @@ case_bench_step_engine() {
   expect 2 "bench decode refuses a DCP size that does not divide TP" -- bench decode --preset tiny --configs tp2dcp3
   check "bench decode names the item and the form" stderr_has "--configs item 'tp2dcp3' must be tpTdcpN"
   expect 2 "bench decode refuses an unknown weight dtype" -- bench decode --preset tiny --dtypes fp16
-  check "bench decode names the legal dtypes" stderr_has "--dtypes item 'fp16' must be f32, bf16 or fp8"
+  check "bench decode names the legal dtypes" stderr_has "--dtypes: 'fp16' is not one of: f32, bf16, fp8"
 
 }
 

@@ -24,10 +24,7 @@ struct DecodeConfig {
 
 std::vector<DecodeConfig> parse_configs(const std::string& text) {
   std::vector<DecodeConfig> out;
-  std::size_t at = 0;
-  while (at <= text.size()) {
-    const std::size_t comma = text.find(',', at);
-    const std::string item = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+  for (const std::string& item : comma_items(text)) {
     DecodeConfig c;
     int used = 0;
     if (std::sscanf(item.c_str(), "tp%ddcp%d%n", &c.tp, &c.dcp, &used) != 2 ||
@@ -37,8 +34,6 @@ std::vector<DecodeConfig> parse_configs(const std::string& text) {
                       "tp2dcp2, ...)"));
     }
     out.push_back(c);
-    if (comma == std::string::npos) break;
-    at = comma + 1;
   }
   return out;
 }
@@ -68,15 +63,7 @@ void bench_decode(const DecodeBenchOptions& o) {
   for (const DecodeConfig& c : configs) check_divides_heads(base, c.tp, "--configs");
   const auto contexts = parse_list(o.contexts, "--contexts");
   const auto batches = parse_list(o.batches, "--batches");
-  std::vector<std::string> dtypes;
-  for (std::size_t at = 0; at <= o.dtypes.size();) {
-    const std::size_t comma = o.dtypes.find(',', at);
-    dtypes.push_back(o.dtypes.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
-    DCP_ARG_CHECK(dtypes.back() == "f32" || dtypes.back() == "bf16" || dtypes.back() == "fp8",
-                  "--dtypes item '", dtypes.back(), "' must be f32, bf16 or fp8");
-    if (comma == std::string::npos) break;
-    at = comma + 1;
-  }
+  const std::vector<std::string> dtypes = comma_items(o.dtypes);  // checked by the flag's validator
 
   // Before anything runs: an unwritable --csv fails at once.
   CsvFile csv(o.csv, {"mode", "config", "context", "batch", "threads", "weights_dtype",
@@ -116,10 +103,7 @@ void bench_decode(const DecodeBenchOptions& o) {
         for (const auto& [name, shape] : checkpoint_tensors(c)) {
           double values = 1;
           for (const std::int64_t d : shape) values *= static_cast<double>(d);
-          const bool replicated = shape.size() == 1 ||
-                                  name.find("q_a_proj.weight") != std::string::npos ||
-                                  name.find("kv_a_proj_with_mqa.weight") != std::string::npos ||
-                                  name.find("mlp.gate.weight") != std::string::npos;
+          const bool replicated = is_replicated_weight(name, shape);
           const bool expert = name.find(".mlp.experts.") != std::string::npos;
           double share = replicated ? pc_in.tp : 1.0;  // replicated: every rank reads its copy
           if (expert) share *= touched;
@@ -187,6 +171,7 @@ void add_decode_bench(CLI::App* bench) {
   cmd->add_option("--configs", o->configs, "comma-separated tpTdcpN (ranks as threads)")
       ->capture_default_str();
   cmd->add_option("--dtypes", o->dtypes, "comma-separated weight dtypes: f32, bf16, fp8")
+      ->check(list_of({"f32", "bf16", "fp8"}))
       ->capture_default_str();
   cmd->add_option("--contexts", o->contexts, "comma-separated context lengths (0: a 1-token prompt)")
       ->check(list_at_least(0))

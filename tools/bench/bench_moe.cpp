@@ -36,12 +36,7 @@ ModelConfig moe_config(const std::string& preset, const std::string& dtype, int*
 void bench_moe(const MoeBenchOptions& o) {
   const std::vector<std::int64_t> batches = parse_list(o.batches, "--batches");
   const std::vector<std::int64_t> threads = parse_list(o.threads, "--threads");
-  std::vector<std::string> dtypes;  // checked by the flag's validator
-  for (std::size_t at = 0; at <= o.dtypes.size();) {
-    const std::size_t comma = std::min(o.dtypes.find(',', at), o.dtypes.size());
-    dtypes.push_back(o.dtypes.substr(at, comma - at));
-    at = comma + 1;
-  }
+  const std::vector<std::string> dtypes = comma_items(o.dtypes);  // checked by the flag's validator
   const bool cold = parse_cache_state(o.cache, "--cache") == CacheState::cold;
   for (std::int64_t b : batches)
     DCP_ARG_CHECK(b >= 1 && b <= 65536, "--batches: ", b, " must be in [1, 65536]");

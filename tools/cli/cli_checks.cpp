@@ -55,19 +55,6 @@ std::string real_above(const std::string& text, bool allow_zero) {
   return {};
 }
 
-// The comma-separated items of `text`, empty ones included ("1,,2" and "1," have one).
-std::vector<std::string> items(const std::string& text) {
-  std::vector<std::string> out;
-  if (text.empty()) return out;
-  std::size_t at = 0;
-  while (true) {
-    const std::size_t comma = text.find(',', at);
-    out.push_back(text.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
-    if (comma == std::string::npos) return out;
-    at = comma + 1;
-  }
-}
-
 // "" when `item` is one of `legal`, else the error.
 std::string membership(const std::string& item, const std::vector<std::string>& legal) {
   for (const auto& l : legal) {
@@ -79,7 +66,7 @@ std::string membership(const std::string& item, const std::vector<std::string>& 
 // The first error `check` finds among a comma-separated list's items ("" if none).
 template <typename Check>
 std::string first_error(const std::string& text, Check check) {
-  const auto list = items(text);
+  const auto list = comma_items(text);
   if (list.empty()) return "the list is empty";
   for (const auto& item : list) {
     if (item.empty()) return "an empty item in '" + text + "'";
@@ -97,9 +84,21 @@ std::string format_gib(double gib) {
 
 }  // namespace
 
+std::vector<std::string> comma_items(const std::string& text) {
+  std::vector<std::string> out;
+  if (text.empty()) return out;
+  std::size_t at = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', at);
+    out.push_back(text.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+    if (comma == std::string::npos) return out;
+    at = comma + 1;
+  }
+}
+
 std::vector<std::int64_t> parse_list(const std::string& text, const char* flag) {
   std::vector<std::int64_t> v;
-  for (const auto& item : items(text)) {
+  for (const auto& item : comma_items(text)) {
     DCP_ARG_CHECK(!item.empty(), flag, ": an empty item in '", text, "'");
     long long x = 0;
     DCP_ARG_CHECK(whole_integer(item, x), flag, ": '", item, "' is not an integer");

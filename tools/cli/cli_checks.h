@@ -15,6 +15,8 @@ namespace dcp::cli {
 
 // A comma-separated list of integers >= 0; dcp::Error naming `flag` otherwise.
 std::vector<std::int64_t> parse_list(const std::string& text, const char* flag);
+// The comma-separated items of `text`, empty ones included ("1,,2" and "1," have one).
+std::vector<std::string> comma_items(const std::string& text);
 
 CLI::Validator at_least(long long min);       // an integer >= min
 CLI::Validator positive();                    // a real number > 0

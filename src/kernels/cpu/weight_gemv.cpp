@@ -7,21 +7,6 @@ namespace dcp::kernels {
 namespace {
 
 template <typename T>
-float widen(T v);
-template <>
-float widen(float v) {
-  return v;
-}
-template <>
-float widen(bf16_t v) {
-  return bf16_to_float(v);
-}
-template <>
-float widen(fp8_e4m3_t v) {
-  return fp8_e4m3_to_float(v);
-}
-
-template <typename T>
 void gemv_scalar(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeight& w, float* y,
                  std::int64_t ldy) {
   const T* data = static_cast<const T*>(w.data);
@@ -40,7 +25,7 @@ void gemv_scalar(const float* x, std::int64_t m, std::int64_t ldx, const GemvWei
         const std::int64_t end =
             scales ? std::min(w.k, b == 0 ? w.first_block_cols : c + w.block_cols) : w.k;
         const float s = scales ? scales[b] : 1.0f;
-        for (; c < end; ++c) sum += widen(row[c]) * s * xi[c];
+        for (; c < end; ++c) sum += widen_weight(row[c]) * s * xi[c];
       }
       y[i * ldy + r] = sum;
     }

@@ -27,6 +27,11 @@ struct GemvWeight {
   std::int64_t first_block_cols = 0, block_cols = 0;
 };
 
+// One weight as fp32 (an FP8 value before its block scale): the tails and the portable copy.
+inline float widen_weight(float v) { return v; }
+inline float widen_weight(bf16_t v) { return bf16_to_float(v); }
+inline float widen_weight(fp8_e4m3_t v) { return fp8_e4m3_to_float(v); }
+
 // y[i * ldy + r] for i < m and every row r of w. x rows have stride ldx.
 using GemvFn = void (*)(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeight& w,
                         float* y, std::int64_t ldy);

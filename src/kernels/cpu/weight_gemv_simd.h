@@ -113,10 +113,6 @@ inline bool has_nan_code(const fp8_e4m3_t* p, std::int64_t n) {
   return found;
 }
 
-inline float widen_scalar(float v) { return v; }
-inline float widen_scalar(bf16_t v) { return bf16_to_float(v); }
-inline float widen_scalar(fp8_e4m3_t v) { return fp8_e4m3_to_float(v); }
-
 // Sums of MG rows of x against one weight row of k values (scales: one per column block for
 // FP8, else null).
 template <int W, int MG, typename T>
@@ -158,7 +154,7 @@ void dot_row(const float* x, std::int64_t ldx, const T* w, std::int64_t k, const
       }
     }
     for (; c < end; ++c) {
-      const float wv = fp8 ? widen_scalar(w[c]) * s : widen_scalar(w[c]);
+      const float wv = fp8 ? widen_weight(w[c]) * s : widen_weight(w[c]);
       for (int i = 0; i < MG; ++i) tail[i] += wv * x[i * ldx + c];
     }
   }
