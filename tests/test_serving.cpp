@@ -118,8 +118,12 @@ TEST(Serving, StreamedTokensEqualABatchRunUnderConcurrentClients) {
       EXPECT_EQ(got[i].tokens, want.results[i].output_tokens)
           << "TP " << tp << " DCP " << dcp << " DP " << dp << " request " << i;
       EXPECT_EQ(got[i].finish_reason, FinishReason::length);
-      EXPECT_GT(updates[i], 1) << "tokens should stream step by step";
     }
+    // Tokens stream step by step. One client may be descheduled for its whole request on a loaded
+    // host and find all its tokens merged into one update; all six cannot unless nothing streams.
+    int total_updates = 0;
+    for (const int u : updates) total_updates += u;
+    EXPECT_GT(total_updates, static_cast<int>(prompts.size())) << "tokens should stream step by step";
     const ServeMetrics m = server->metrics();
     EXPECT_EQ(m.requests_finished, 6);
     EXPECT_EQ(m.generation_tokens, 60);
