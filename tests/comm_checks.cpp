@@ -94,6 +94,29 @@ void check_collectives(Communicator& comm, std::size_t max_bytes) {
       }
     }
 
+    // all_to_all_v: rank r sends (r + 2j + 1) % 3 * bytes / 2 bytes to rank j, so chunks
+    // differ per pair and some are empty.
+    const auto chunk = [&](int from, int to) { return (from + 2 * to + 1) % 3 * bytes / 2; };
+    std::vector<std::size_t> sb(static_cast<std::size_t>(n)), rb(sb.size());
+    std::size_t s_total = 0, r_total = 0;
+    for (int j = 0; j < n; ++j) {
+      sb[j] = chunk(r, j);
+      rb[j] = chunk(j, r);
+      s_total += sb[j];
+      r_total += rb[j];
+    }
+    std::vector<std::uint8_t> v_send(s_total), v_recv(r_total, 0xee);
+    for (int j = 0, at = 0; j < n; at += static_cast<int>(sb[j]), ++j) {
+      for (std::size_t i = 0; i < sb[j]; ++i) v_send[at + i] = pattern(r, j, i);
+    }
+    comm.all_to_all_v(v_send.data(), sb.data(), v_recv.data(), rb.data());
+    for (int j = 0, at = 0; j < n; at += static_cast<int>(rb[j]), ++j) {
+      for (std::size_t i = 0; i < rb[j]; ++i) {
+        EXPECT_OR_THROW(v_recv[at + i] == pattern(j, r, i), "all_to_all_v bytes ", rb[j], " from ",
+                        j, " at ", i);
+      }
+    }
+
     // broadcast from every root.
     for (int root = 0; root < n; ++root) {
       std::vector<std::uint8_t> buf(bytes);
@@ -187,14 +210,23 @@ void check_byte_accounting(Communicator& comm) {
   comm.reduce_scatter(a.data(), b.data(), 64, ScalarType::f32);
   comm.all_reduce(a.data(), b.data(), 64 * n, ScalarType::f32);
   comm.broadcast(a.data(), 100, 0);
+  // all_to_all_v: 4 (j + 1) bytes to rank j; only those to other ranks count.
+  std::vector<std::size_t> to(static_cast<std::size_t>(n)), from(to.size(), 4 * (comm.rank() + 1));
+  std::uint64_t v_sent = 0;
+  for (int j = 0; j < n; ++j) {
+    to[j] = 4 * static_cast<std::size_t>(j + 1);
+    if (j != comm.rank()) v_sent += to[j];
+  }
+  comm.all_to_all_v(a.data(), to.data(), b.data(), from.data());
   const CommStats d = comm.stats() - before;
   EXPECT_OR_THROW(d[Collective::all_gather].bytes_sent == peers * 256, "all_gather bytes");
-  EXPECT_OR_THROW(d[Collective::all_to_all].bytes_sent == peers * 256, "all_to_all bytes");
+  EXPECT_OR_THROW(d[Collective::all_to_all].bytes_sent == peers * 256 + v_sent,
+                  "all_to_all (and _v) bytes");
   EXPECT_OR_THROW(d[Collective::reduce_scatter].bytes_sent == peers * 256, "reduce_scatter bytes");
   EXPECT_OR_THROW(d[Collective::all_reduce].bytes_sent == 2 * peers * 256, "all_reduce bytes");
   EXPECT_OR_THROW(d[Collective::broadcast].bytes_sent == (comm.rank() == 0 ? peers * 100 : 0),
                   "broadcast bytes");
-  EXPECT_OR_THROW(d.total_calls() == 5, "calls ", d.total_calls());
+  EXPECT_OR_THROW(d.total_calls() == 6, "calls ", d.total_calls());
 }
 
 namespace {

@@ -6,6 +6,9 @@
 //   all_gather      send [bytes]            -> recv [size * bytes], rank-major
 //   all_to_all      send [size * bytes]     -> recv [size * bytes]; chunk j of send goes to
 //                                              rank j, chunk i of recv came from rank i
+//   all_to_all_v    like all_to_all with a size per chunk: send_bytes[j] to rank j, packed in
+//                   rank order; recv_bytes[i] from rank i, packed likewise. recv_bytes[i] must
+//                   equal rank i's send_bytes[rank] (exchange the counts first)
 //   reduce_scatter  send [size * count]     -> recv [count]: sum over ranks of chunk `rank`
 //   all_reduce      send [count]            -> recv [count]: elementwise reduction
 //   broadcast       buf [bytes] on root     -> buf on every rank
@@ -16,7 +19,7 @@
 //
 // Byte accounting: each rank counts the payload bytes it sends to *other* ranks, as the
 // algorithmically minimal exchange would: all_gather (size-1)*bytes, all_to_all
-// (size-1)*bytes, reduce_scatter (size-1)*count*elem, all_reduce 2*(size-1)/size*count*elem
+// (size-1)*bytes (all_to_all_v: the bytes to other ranks, counted as all_to_all), reduce_scatter (size-1)*count*elem, all_reduce 2*(size-1)/size*count*elem
 // (ring), broadcast bytes*(size-1) on the root, send bytes.
 #pragma once
 
@@ -72,6 +75,9 @@ class Communicator {
 
   virtual void all_gather(const void* send, void* recv, std::size_t bytes) = 0;
   virtual void all_to_all(const void* send, void* recv, std::size_t bytes_per_rank) = 0;
+  // send_bytes and recv_bytes: size() entries each.
+  virtual void all_to_all_v(const void* send, const std::size_t* send_bytes, void* recv,
+                            const std::size_t* recv_bytes) = 0;
   virtual void reduce_scatter(const void* send, void* recv, std::size_t count, ScalarType type,
                               ReduceOp op = ReduceOp::sum) = 0;
   virtual void all_reduce(const void* send, void* recv, std::size_t count, ScalarType type,

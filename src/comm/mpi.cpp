@@ -137,6 +137,28 @@ class MpiCommunicator final : public Communicator {
     count(Collective::all_to_all, (size_ - 1) * bytes);
   }
 
+  void all_to_all_v(const void* send, const std::size_t* send_bytes, void* recv,
+                    const std::size_t* recv_bytes) override {
+    std::vector<int> sc(static_cast<std::size_t>(size_)), sd(sc.size()), rc(sc.size()),
+        rd(sc.size());
+    std::size_t s_at = 0, r_at = 0, sent = 0;
+    for (int j = 0; j < size_; ++j) {
+      sc[j] = mpi_count(send_bytes[j], "all_to_all_v");
+      rc[j] = mpi_count(recv_bytes[j], "all_to_all_v");
+      sd[j] = mpi_count(s_at, "all_to_all_v");
+      rd[j] = mpi_count(r_at, "all_to_all_v");
+      s_at += send_bytes[j];
+      r_at += recv_bytes[j];
+      if (j != rank_) sent += send_bytes[j];
+    }
+    MPI_Request req;
+    check(MPI_Ialltoallv(send, sc.data(), sd.data(), MPI_BYTE, recv, rc.data(), rd.data(),
+                         MPI_BYTE, comm_, &req),
+          "Alltoallv");
+    wait(req, nullptr, "Alltoallv", comm_);
+    count(Collective::all_to_all, sent);
+  }
+
   void reduce_scatter(const void* send, void* recv, std::size_t n, ScalarType type,
                       ReduceOp op) override {
     MPI_Request req;

@@ -53,6 +53,7 @@ struct World {
 struct Posted {
   const void* send = nullptr;
   void* recv = nullptr;
+  const std::size_t* send_bytes = nullptr;  // all_to_all_v: bytes of each chunk
   const void* reduced = nullptr;  // all_reduce: this rank's chunk of the result
   int color = 0, key = 0;
   std::shared_ptr<struct Group> made;  // split: the group a leader created
@@ -157,6 +158,39 @@ class ThreadCommunicator final : public Communicator {
     }
     g_->barrier(rank_, "all_to_all");
     count(Collective::all_to_all, (size() - 1) * bytes);
+  }
+
+  void all_to_all_v(const void* send, const std::size_t* send_bytes, void* recv,
+                    const std::size_t* recv_bytes) override {
+    {
+      std::lock_guard lk(g_->mu);
+      g_->posted[rank_].send = send;
+      g_->posted[rank_].recv = recv;
+      g_->posted[rank_].send_bytes = send_bytes;
+    }
+    g_->barrier(rank_, "all_to_all_v");
+    std::size_t at = 0, sent = 0;
+    for (int j = 0; j < size(); ++j) {
+      const Posted& p = g_->posted[j];
+      std::size_t offset = 0;  // where rank j's chunk for this rank starts in its send buffer
+      for (int k = 0; k < rank_; ++k) offset += p.send_bytes[k];
+      const std::size_t bytes = p.send_bytes[rank_];
+      if (bytes != recv_bytes[j]) {
+        const std::string why = str("all_to_all_v on rank ", g_->world_ranks[rank_], ": expects ",
+                                    recv_bytes[j], " bytes from group rank ", j, ", which sends ",
+                                    bytes);
+        g_->world->abort(g_->world_ranks[rank_], why);
+        throw Error(ErrorCategory::comm, why);
+      }
+      if (bytes > 0) {
+        std::memcpy(static_cast<std::byte*>(recv) + at,
+                    static_cast<const std::byte*>(p.send) + offset, bytes);
+      }
+      at += bytes;
+      if (j != rank_) sent += send_bytes[j];
+    }
+    g_->barrier(rank_, "all_to_all_v");
+    count(Collective::all_to_all, sent);
   }
 
   void reduce_scatter(const void* send, void* recv, std::size_t n, ScalarType type,
