@@ -11,6 +11,9 @@ EngineRun run_engine_phases(const ModelConfig& config, const WeightSource& weigh
   ParallelConfig parallel;
   parallel.tp_size = s.tp;
   parallel.dcp_size = s.dcp;
+  parallel.ep_size = s.ep;
+  parallel.dp_size = s.dp_attention;
+  parallel.enable_dp_attention = s.dp_attention > 1;
   if (s.dcp > 1) parallel.dcp_comm_backend = s.backend;
   parallel.replicate_q_proj = s.replicate_q && s.dcp > 1;
   const Topology topo = resolve(parallel);

@@ -13,6 +13,8 @@ namespace dcp::test {
 
 struct EngineSetup {
   int tp = 1, dcp = 1;
+  int ep = 1;                 // expert parallelism of the MoE layers
+  int dp_attention = 1;       // > 1: that many attention groups (each runs every request)
   CombineBackend backend = CombineBackend::ag_rs;
   bool replicate_q = false;
   KvDtype kv_dtype = KvDtype::fp32;

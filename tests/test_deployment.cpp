@@ -144,10 +144,6 @@ TEST(Deployment, RefusesWhatItCannotRunBeforeStartingRanks) {
   spec.model.config = preset_config("tiny", 1);
   spec.parallel.tp_size = 4;
   spec.parallel.dp_size = 2;
-  spec.parallel.enable_dp_attention = true;
-  EXPECT_TRUE(test::throws_error([&] { run_deployment(spec); }, ErrorCategory::unsupported,
-                                 "enable_dp_attention with dp_size = 2"));
-  spec.parallel.enable_dp_attention = false;
   spec.parallel.dcp_size = 3;
   EXPECT_TRUE(test::throws_error([&] { run_deployment(spec); }, ErrorCategory::invalid_argument,
                                  "dcp_size = 3 must divide tp_size = 4"));

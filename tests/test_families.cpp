@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -77,6 +78,32 @@ TEST(Families, MixtureOfExpertsEqualsFloat64AtEveryTpAndDcp) {
     const Case k = clear_case(c, *w, rng, 3);
     for (const auto& [tp, dcp] : {std::pair{1, 1}, {2, 1}, {2, 2}, {4, 2}, {4, 4}}) {
       expect_family_matches_float64(c, *w, tp, dcp, k);
+    }
+  }
+}
+
+// Expert parallelism (experts partitioned, tokens dispatched by all-to-all) and DP attention
+// (attention groups, rows gathered around the MoE layers) compute the same model.
+TEST(Families, ExpertParallelismAndDpAttentionEqualFloat64) {
+  auto rng = test::make_rng();
+  for (const char* family : kFamilies) {
+    const ModelConfig c = family_config(family);
+    const auto w = make_synthetic_weights(rng.range(1, 1000));
+    const Case k = clear_case(c, *w, rng, 3);
+    for (const auto& [tp, dcp, ep, dp] : {std::array{2, 1, 2, 1}, std::array{4, 2, 2, 1},
+                                          std::array{4, 1, 4, 1}, std::array{4, 2, 1, 2},
+                                          std::array{4, 1, 4, 4}, std::array{4, 2, 4, 2}}) {
+      test::EngineSetup s;
+      s.tp = tp;
+      s.dcp = dcp;
+      s.ep = ep;
+      s.dp_attention = dp;
+      s.backend = dcp > 1 ? CombineBackend::a2a : CombineBackend::ag_rs;
+      s.chunk = 7;
+      const test::EngineRun run = test::run_engine(c, *w, s, {k.request});
+      ASSERT_EQ(run.results[0].state, RequestState::finished) << run.results[0].error;
+      const std::string what = str(c.name, " tp ", tp, " dcp ", dcp, " ep ", ep, " dp ", dp);
+      EXPECT_TRUE(test::close(run.results[0].step_logits, k.expect, {1e-9, 1e-4}, what.c_str()));
     }
   }
 }

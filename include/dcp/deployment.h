@@ -45,12 +45,12 @@ struct ModelSource {
 struct DeploymentSpec {
   ModelSource model;
   ParallelConfig parallel;
-  // Page size, KV dtype, capacity, kernel. Backend and replicate_q_proj come from `parallel`
-  // (the deployment overwrites them), so each is set in one place.
+  // Page size, KV dtype, capacity, kernel. Backend, replicate_q_proj and ep_size come from
+  // `parallel` (the deployment overwrites them), so each is set in one place.
   ModelOptions model_options;
   EngineOptions engine;
   std::optional<ModelSource> draft;   // speculative decoding: replicated on every rank
-  std::vector<RequestSpec> requests;  // DP replica d serves every dp_size-th request from d
+  std::vector<RequestSpec> requests;  // dealt over the DP groups by deal_requests
   RankTransport transport = RankTransport::threads;
   std::chrono::milliseconds comm_timeout{std::chrono::seconds(300)};  // see LaunchOptions
   // Called on world rank 0 after every engine step (a progress line, say).
@@ -60,8 +60,13 @@ struct DeploymentSpec {
 // The communicators one rank of a topology needs, carved from the world by the topology's
 // placement (never re-derived from rank arithmetic elsewhere).
 struct RankGroups {
-  std::unique_ptr<Communicator> tp;   // the rank's TP group (its DP replica)
-  std::unique_ptr<Communicator> dcp;  // its DCP group, a contiguous slice of the TP group
+  // The rank's TP group: its DP replica, or with DP attention the whole world (the dense and MoE
+  // layers are sharded over it).
+  std::unique_ptr<Communicator> tp;
+  // Its attention TP group: the TP group itself, or with DP attention its attention group (a
+  // contiguous slice of the TP group, ordered by attention-TP rank).
+  std::unique_ptr<Communicator> attn_tp;
+  std::unique_ptr<Communicator> dcp;  // its DCP group, a contiguous slice of the attention group
 };
 // Collective over `world` (world.size() == topology.world_size).
 RankGroups carve_groups(Communicator& world, const Topology& topology);
@@ -81,6 +86,7 @@ class RankSystem {
 
   const RankPlacement& placement() const noexcept { return placement_; }
   Communicator& tp_group() noexcept { return *groups_.tp; }
+  Communicator& attn_tp_group() noexcept { return *groups_.attn_tp; }
   Communicator& dcp_group() noexcept { return *groups_.dcp; }
   MlaModel& model() noexcept { return *model_; }
   MlaModel* draft() noexcept { return draft_.get(); }
@@ -166,6 +172,8 @@ std::vector<RequestResult> gather_results(Communicator& world, bool contribute,
 struct RankKv {
   std::int64_t rank = 0;
   std::int64_t dcp_rank = 0;
+  std::int64_t dp_rank = 0;        // its DP replica or attention group
+  std::int64_t requests = 0;       // requests its group served
   std::int64_t kv_rows_used = 0;   // peak rows held per layer
   std::int64_t kv_bytes = 0;       // pool bytes allocated, all layers
   std::int64_t kv_bytes_used = 0;  // peak rows x row bytes x layers
@@ -188,6 +196,11 @@ struct DeploymentReport {
   std::vector<std::int64_t> bytes_per_decode_rank;
   double transfer_ms = 0;
 };
+
+// The DP group (replica, or attention group with DP attention) each request goes to, given the
+// KV tokens each will hold (prompt + max_new_tokens): in order, to the group with the most free
+// KV, i.e. the fewest tokens dealt so far; ties to the lower group. Every rank computes the same.
+std::vector<int> deal_requests(const std::vector<std::int64_t>& kv_tokens, int groups);
 
 // Refuses (unsupported, naming the field) a configuration that `dcp topology` and `dcp plan` may
 // describe but this build cannot run: prefill context parallelism (pcp_size > 1) and a platform

@@ -1,5 +1,7 @@
 // The engine: requests in, tokens out. Continuous batching over one MlaModel rank; every rank
 // of the group runs the same deterministic scheduler in lockstep (same requests, same steps).
+// With DP attention each attention group schedules its own requests, and the groups agree on
+// every forward (an idle group joins with an empty batch) and on when all are done.
 //
 // Each step: admit waiting requests whose whole KV (prompt + max_new_tokens) fits beside what
 // running requests have reserved; run prefill chunks (at most chunked_prefill_size prompt
@@ -75,10 +77,12 @@ struct EngineOptions {
 
 struct EngineStats {
   double prefill_ms = 0;
-  std::vector<double> decode_step_ms;          // wall time of each decode forward
+  // Wall time of each decode forward, including (DP attention) those this rank's attention
+  // group took part in with no tokens of its own.
+  std::vector<double> decode_step_ms;
   std::vector<ForwardTimings> decode_timings;  // their split
   std::int64_t steps = 0;
-  std::int64_t decode_tokens = 0;
+  std::int64_t decode_tokens = 0;  // tokens this rank's group decoded
   std::int64_t max_queue = 0;  // most requests ever waiting for KV
   // Most KV rows this rank held per layer (its DCP shard, summed over requests), sampled after
   // every forward, before finished requests free theirs.
@@ -157,6 +161,12 @@ class Engine {
   void emit(Live& r, const float* logits);  // records a step's logits, chooses the next token
   void finish(std::size_t live_index, FinishReason reason);
   void finish_completed();  // every running request that has all its tokens
+  // DP attention: whether any attention group's engine has `mine` true (collective over the
+  // whole TP group, so that every group runs the same forwards; an idle group runs empty ones).
+  // Otherwise `mine`.
+  bool any_group(bool mine);
+  // DP attention: this group's part in a decode forward another group runs (no tokens here).
+  bool idle_decode(const ForwardBatch& empty);
 
   MlaModel& model_;
   MlaModel* draft_;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "dcp/comm.h"
 #include "dcp/model_config.h"
 #include "dcp/weights.h"
 
@@ -35,30 +36,64 @@ class SwiGluMlp {
 };
 
 // What one MoE forward did: the routed experts it ran and the weight bytes it read (the router,
-// the shared experts and the routed experts run, this rank's slices).
+// the shared experts and the routed experts run, this rank's slices); with expert parallelism,
+// the (token, expert, rank) entries it dispatched to other ranks and the bytes of the dispatch
+// and of the return.
 struct MoeStats {
   int experts_run = 0;
   std::size_t weight_bytes_read = 0;
+  std::int64_t entries = 0;       // dispatched, its own rank included
+  std::int64_t entries_sent = 0;  // dispatched to other ranks
+  std::size_t dispatch_bytes_sent = 0, return_bytes_sent = 0;
+};
+
+// Expert parallelism over the layer's group of tp_size ranks: the routed experts are partitioned
+// over `size` EP ranks (rank / (tp_size / size)), each expert sliced over the tp_size / size ranks
+// that share it; shared experts stay sliced over all tp_size ranks. size 1: every routed expert
+// sliced over all ranks (no expert parallelism).
+struct ExpertParallel {
+  int size = 1;
+  Communicator* group = nullptr;  // size > 1: the layer's group (rank tp_rank of tp_size)
 };
 
 // A mixture-of-experts layer as the Hugging Face DeepSeek code defines it: the router
-// (replicated), every routed expert's TP slice (1/tp_size of its intermediate dimension, the
-// layout without expert parallelism) and the shared experts as one MLP of width
+// (replicated), the routed experts (each rank's TP slice of every expert, or with expert
+// parallelism its EP rank's experts) and the shared experts as one MLP of width
 // moe_intermediate_size x n_shared_experts. Tokens are grouped by expert, so each expert runs
 // once per forward over the tokens routed to it.
+//
+// With expert parallelism each rank routes 1/tp_size of the tokens (a contiguous slice of the
+// rows) and sends each (token, expert) to the ranks holding that expert: the entry counts first
+// (one all_to_all), then the rows (one all_to_all_v, nothing padded); they run the expert and the
+// outputs come back the same way, weighted and summed at the token's rank.
 class MoeLayer {
  public:
   // Layer `layer` of `config` (config.is_moe_layer(layer) must hold). Throws dcp::Error naming
-  // the tensor on a missing or mis-shaped weight.
-  MoeLayer(const ModelConfig& config, const WeightSource& w, int layer, int tp_rank, int tp_size);
-  // y[tokens, hidden] = this rank's partial output. Every rank routes alike: x is the whole
-  // hidden state and the router runs in fp32.
+  // the tensor on a missing or mis-shaped weight, or ep_size on a partition that does not divide
+  // tp_size or n_routed_experts.
+  MoeLayer(const ModelConfig& config, const WeightSource& w, int layer, int tp_rank, int tp_size,
+           ExpertParallel ep = {});
+  // y[tokens, hidden] = this rank's partial output: summed over the tp_size ranks it is the
+  // layer's output. Every rank passes the same x (the whole hidden state); the router runs in
+  // fp32. With expert parallelism this is a collective over ep.group.
   void forward(const float* x, std::int64_t tokens, float* y, MoeStats* stats = nullptr) const;
   std::size_t bytes() const noexcept;
   WeightDtype dtype() const noexcept { return experts_.front().dtype(); }
+  int ep_size() const noexcept { return ep_.size; }
+  int first_expert() const noexcept { return first_expert_; }  // this rank's experts_[0]
+  int local_experts() const noexcept { return static_cast<int>(experts_.size()); }
 
  private:
+  void forward_expert_parallel(const float* x, std::int64_t tokens, float* y, MoeStats& s) const;
+  // Runs expert experts_[l] over rows[i] for each (i, l) in the list; out[i] = its output.
+  void run_grouped(const float* rows, const std::int32_t* local_expert, std::int64_t n,
+                   float* out, MoeStats& s) const;
+
   ModelConfig config_;
+  ExpertParallel ep_;
+  int tp_rank_ = 0, tp_size_ = 1;
+  int first_expert_ = 0;      // global index of experts_[0]
+  int ranks_per_expert_ = 1;  // tp_size / ep.size: the ranks holding slices of one expert
   WeightMatrix router_;      // [E, hidden]
   std::vector<float> bias_;  // [E] e_score_correction_bias (noaux_tc), else empty
   std::vector<SwiGluMlp> experts_;

@@ -5,8 +5,14 @@
 // heads) or q_proj; kv_a_proj_with_mqa -> kv_a_layernorm | RoPE(k_pe); absorb q_nope through
 // w_kc; the new latent rows go to their owner ranks; attention in latent space (decode: the
 // DCP step; extend: the prefix gathered in token order, then causal attention); O through w_vc;
-// optional output gate; o_proj (row-parallel, TP all-reduce); RMSNorm; SwiGLU MLP (TP sharded,
-// all-reduce). Embedding and LM head are vocab-parallel over TP.
+// optional output gate; o_proj (row-parallel, TP all-reduce); RMSNorm; SwiGLU MLP or MoE (TP
+// sharded, all-reduce). Embedding and LM head are vocab-parallel over TP.
+//
+// DP attention: the attention runs over an attention-TP group (one of the D groups that each
+// serve their own requests with their own KV), while the dense and MoE layers are sharded over
+// the whole TP group. Around them every group's rows are gathered over that group in group order
+// (padded to the longest group) and the row-parallel outputs reduce-scattered back; a group with
+// no tokens in a step still takes part with zero rows.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +33,9 @@ namespace dcp {
 struct ModelOptions {
   CombineBackend backend = CombineBackend::ag_rs;
   bool replicate_q_proj = false;  // falls back to the query gather for quantized weights
+  // Expert parallelism of the MoE layers over the group the dense and MoE layers span (the TP
+  // group, or the whole TP group with DP attention); 1: experts sliced over all its ranks.
+  int ep_size = 1;
   KvDtype kv_dtype = KvDtype::bf16;
   int page_size = 64;
   std::int64_t kv_capacity_tokens = 0;  // logical tokens (physical rows x N), rounded up to pages
@@ -49,8 +58,10 @@ struct ForwardTimings {
   double attention_ms = 0;  // local MLA attention
   double dcp_comm_ms = 0;   // DCP query exchange and combine (and the extend gather)
   double tp_comm_ms = 0;    // TP all-reduces and the logits gather
+  double mlp_comm_ms = 0;   // DP attention: the row gather and scatter around the dense/MoE layers
   CommStats dcp_comm;       // collectives of the DCP group during this forward
-  CommStats tp_comm;        // collectives of the TP group during this forward
+  CommStats tp_comm;        // collectives of the (attention) TP group during this forward
+  CommStats mlp_comm;       // DP attention: collectives of the whole TP group
 };
 
 // Threads each BLAS call may use. Set 1 when ranks run as threads in one process, so that the
@@ -59,11 +70,13 @@ void set_blas_threads(int threads);
 
 class MlaModel {
  public:
-  // tp: this rank's TP group; dcp: its DCP group (a contiguous slice of tp). Loads this rank's
-  // shards from `weights`. Throws dcp::Error naming the problem: heads not divisible by TP, a
-  // missing or mis-shaped tensor.
+  // tp: this rank's (attention) TP group; dcp: its DCP group (a contiguous slice of tp). Loads
+  // this rank's shards from `weights`. mlp_tp (DP attention): the whole TP group, of which tp is
+  // the contiguous slice at rank tp.rank() + k * tp.size(); the dense and MoE layers are sharded
+  // over it. Null, or a group no larger than tp: everything is sharded over tp. Throws dcp::Error
+  // naming the problem: heads not divisible by TP, a missing or mis-shaped tensor.
   MlaModel(const ModelConfig& config, const WeightSource& weights, Communicator& tp,
-           Communicator& dcp, const ModelOptions& options);
+           Communicator& dcp, const ModelOptions& options, Communicator* mlp_tp = nullptr);
   ~MlaModel();
   MlaModel(const MlaModel&) = delete;
   MlaModel& operator=(const MlaModel&) = delete;
@@ -89,21 +102,32 @@ class MlaModel {
   WeightDtype weight_dtype() const noexcept;
 
   // Runs the batch and returns logits [rows, vocab] (rows = tokens if all_logits, else requests).
+  // With DP attention every rank of the whole TP group must call it together; an attention group
+  // with nothing to run passes an empty batch (no entries, no tokens) and gets no logits.
   std::vector<float> forward(const ForwardBatch& batch, ForwardTimings* timings = nullptr);
 
   // Collective statistics of the DCP group and of the TP group.
   Communicator& dcp_group() noexcept { return dcp_; }
   Communicator& tp_group() noexcept { return tp_; }
+  // The group the dense and MoE layers are sharded over: tp_group(), or with DP attention the
+  // whole TP group (every forward is collective over it).
+  Communicator& mlp_group() noexcept { return *mlp_; }
+  bool dp_attention() const noexcept { return mlp_ != &tp_; }
 
  private:
   struct Layer;
   void attention(Layer& layer, const float* x, const ForwardBatch& batch, const ForwardPlan& plan,
                  float* out, ForwardTimings& t);
+  // The dense or MoE layer over this rank's rows x [T, hidden] -> y (summed over the TP group).
+  void feed_forward(Layer& layer, const float* x, std::int64_t T, float* y, ForwardTimings& t);
 
   ModelConfig config_;
   ModelOptions options_;
   Communicator& tp_;
   Communicator& dcp_;
+  Communicator* mlp_;  // &tp_ unless DP attention
+  // DP attention: tokens of every attention group this forward (whole-TP-group rank / tp size).
+  std::vector<std::int64_t> group_tokens_;
   int h_loc_ = 0;  // heads per TP rank
   int head0_ = 0;  // first head of this rank
   std::int64_t vocab_begin_ = 0, vocab_end_ = 0, vocab_chunk_ = 0;

@@ -40,6 +40,9 @@ struct ParallelConfig {
   bool enable_dp_attention = false;                // --enable-dp-attention
   int dcp_size = 1;                                // --dcp-size / --decode-context-parallel-size
   int pcp_size = 1;                                // --pcp-size: prefill context parallelism
+  // --ep-size: routed experts partitioned over ep_size ranks of the TP group (each expert sliced
+  // over tp_size / ep_size ranks) instead of sliced over all of them
+  int ep_size = 1;
   std::optional<CombineBackend> dcp_comm_backend;  // --dcp-comm-backend; empty = auto
   bool replicate_q_proj = false;                   // --dcp-replicate-q-proj
   Platform platform;

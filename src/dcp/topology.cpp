@@ -51,6 +51,10 @@ void validate(const ParallelConfig& c) {
   if (c.dp_size < 1) reject(str("dp_size = ", c.dp_size, " must be >= 1"));
   if (c.dcp_size < 1) reject(str("dcp_size = ", c.dcp_size, " must be >= 1"));
   if (c.pcp_size < 1) reject(str("pcp_size = ", c.pcp_size, " must be >= 1"));
+  if (c.ep_size < 1 || c.tp_size % c.ep_size != 0) {
+    reject(str("ep_size = ", c.ep_size, " must divide tp_size = ", c.tp_size,
+               "; legal ep_size values: ", divisors(c.tp_size)));
+  }
   if (c.enable_dp_attention && c.tp_size % c.dp_size != 0) {
     reject(str("dp_size = ", c.dp_size, " must divide tp_size = ", c.tp_size,
                " with enable_dp_attention; legal dp_size values: ", divisors(c.tp_size)));
@@ -162,6 +166,7 @@ std::string to_json(const Topology& t) {
                                       {"enable_dp_attention", c.enable_dp_attention},
                                       {"dcp_size", c.dcp_size},
                                       {"pcp_size", c.pcp_size},
+                                      {"ep_size", c.ep_size},
                                       {"dcp_comm_backend", std::string(to_string(t.backend))},
                                       {"dcp_comm_backend_auto", !c.dcp_comm_backend.has_value()},
                                       {"dcp_replicate_q_proj", c.replicate_q_proj},

@@ -58,6 +58,7 @@ RankGroups carve_groups(Communicator& world, const Topology& topology) {
   RankGroups g;
   // Without attention DP each replica is its own TP group; with it the TP group is the world.
   g.tp = world.split(topology.config.enable_dp_attention ? 0 : me.dp_rank, me.tp_rank);
+  g.attn_tp = world.split(me.attn_tp_group, me.attn_tp_rank);
   g.dcp = world.split(me.dcp_group, me.dcp_rank);
   return g;
 }
@@ -65,8 +66,22 @@ RankGroups carve_groups(Communicator& world, const Topology& topology) {
 RankGroups solo_groups(Communicator& world) {
   RankGroups g;
   g.tp = world.split(world.rank(), 0);
+  g.attn_tp = world.split(world.rank(), 0);
   g.dcp = world.split(world.rank(), 0);
   return g;
+}
+
+std::vector<int> deal_requests(const std::vector<std::int64_t>& kv_tokens, int groups) {
+  DCP_ARG_CHECK(groups >= 1, "groups = ", groups, " must be >= 1");
+  std::vector<std::int64_t> dealt(static_cast<std::size_t>(groups), 0);
+  std::vector<int> to;
+  to.reserve(kv_tokens.size());
+  for (const std::int64_t n : kv_tokens) {
+    const auto least = std::min_element(dealt.begin(), dealt.end());
+    *least += n;
+    to.push_back(static_cast<int>(least - dealt.begin()));
+  }
+  return to;
 }
 
 RankSystem::RankSystem(Communicator& world, const Topology& topology, const ModelSource& model,
@@ -79,13 +94,17 @@ RankSystem::RankSystem(Communicator& world, const Topology& topology, const Mode
   const bool striped = groups_.dcp->size() > 1;
   mo.backend = striped ? topology.backend : CombineBackend::ag_rs;
   mo.replicate_q_proj = topology.config.replicate_q_proj && striped;  // the topology decides
+  mo.ep_size = topology.config.ep_size;
   {
     const std::unique_ptr<WeightSource> weights = model.open();
-    model_ = std::make_unique<MlaModel>(model.config, *weights, *groups_.tp, *groups_.dcp, mo);
+    // With DP attention the dense and MoE layers span the whole TP group.
+    model_ = std::make_unique<MlaModel>(model.config, *weights, *groups_.attn_tp, *groups_.dcp, mo,
+                                        groups_.tp.get());
   }
   if (draft) {  // replicated: TP 1 and DCP 1 on every rank
     draft_groups_ = solo_groups(world);
     ModelOptions dmo = model_options;
+    dmo.ep_size = 1;
     dmo.backend = CombineBackend::ag_rs;
     dmo.replicate_q_proj = false;
     const std::unique_ptr<WeightSource> weights = draft->open();
@@ -217,9 +236,20 @@ DeploymentReport run_rank(const DeploymentSpec& spec, const Topology& topo, Comm
   MlaModel& model = sys.model();
   Engine& engine = sys.engine();
   const RankPlacement& me = sys.placement();
-  const std::size_t replicas = static_cast<std::size_t>(spec.parallel.dp_size);
+  std::vector<std::int64_t> kv_tokens;
+  for (const RequestSpec& r : spec.requests)
+    kv_tokens.push_back(static_cast<std::int64_t>(r.prompt.size()) + r.max_new_tokens);
+  std::vector<int> group = deal_requests(kv_tokens, spec.parallel.dp_size);
+  for (std::size_t i = 0; i < spec.requests.size(); ++i) {  // a continuation stays with its KV
+    if (!spec.requests[i].continue_from) continue;
+    for (std::size_t j = 0; j < i; ++j)
+      if (spec.requests[j].id == *spec.requests[i].continue_from) group[i] = group[j];
+  }
+  std::int64_t served = 0;
   for (std::size_t i = 0; i < spec.requests.size(); ++i) {
-    if (static_cast<int>(i % replicas) == me.dp_rank) engine.submit(spec.requests[i]);
+    if (group[i] != me.dp_rank) continue;
+    engine.submit(spec.requests[i]);
+    ++served;
   }
   engine.run([&](const Engine& e) {
     if (world.rank() == 0 && spec.on_step) spec.on_step(e);
@@ -234,6 +264,8 @@ DeploymentReport run_rank(const DeploymentSpec& spec, const Topology& topo, Comm
   const std::int64_t peak_rows = engine.stats().peak_kv_rows;
   const RankKv mine{world.rank(),
                     sys.dcp_group().rank(),
+                    me.dp_rank,
+                    served,
                     peak_rows,
                     static_cast<std::int64_t>(model.kv_bytes()),
                     peak_rows * row_bytes * layers,
@@ -246,13 +278,20 @@ DeploymentReport run_rank(const DeploymentSpec& spec, const Topology& topo, Comm
     report.cache.resize(static_cast<std::size_t>(world.size()));
     world.all_gather(&cs, report.cache.data(), sizeof cs);
   }
-  // Each replica's TP rank 0 contributes its requests; every rank gets them all.
-  report.results = gather_results(world, me.tp_rank == 0, engine.results());
+  // Each replica's (attention group's) first rank contributes its requests; every rank gets all.
+  report.results = gather_results(world, me.attn_tp_rank == 0, engine.results());
   report.backend = sys.dcp_group().size() > 1 ? topo.backend : CombineBackend::ag_rs;
   report.replicated_q = model.replicated_q();
   report.weight_dtype = model.weight_dtype();
   report.logical_capacity_tokens = model.allocator().capacity_tokens();
   report.stats = engine.stats();
+  if (topo.config.enable_dp_attention) {  // the groups step together: their tokens add up
+    std::vector<std::int64_t> tokens(static_cast<std::size_t>(world.size()));
+    const std::int64_t mine_tokens = me.attn_tp_rank == 0 ? engine.stats().decode_tokens : 0;
+    world.all_gather(&mine_tokens, tokens.data(), sizeof mine_tokens);
+    report.stats.decode_tokens = 0;
+    for (std::int64_t n : tokens) report.stats.decode_tokens += n;
+  }
   report.peak_running = engine.stats().peak_running;
   report.model_load_ms = sys.load_ms();
   return report;
@@ -273,10 +312,6 @@ Launched<DeploymentReport> run_deployment(const DeploymentSpec& spec,
                                           std::optional<int> first_active_rank) {
   check_runs_here(spec.parallel);
   const Topology topo = resolve(spec.parallel);
-  DCP_CHECK(!(spec.parallel.enable_dp_attention && spec.parallel.dp_size > 1), unsupported,
-            "enable_dp_attention with dp_size = ", spec.parallel.dp_size,
-            " is not supported by the deployment yet (its MLP runs TP across replicas over "
-            "gathered tokens); without enable_dp_attention, dp_size runs independent replicas");
   LaunchOptions lo;
   lo.transport = spec.transport;
   lo.world_size = topo.world_size;

@@ -324,7 +324,11 @@ bool Engine::run_prefill() {
     members.push_back(i);
     budget -= chunk;
   }
-  if (members.empty()) return false;
+  if (!any_group(!members.empty())) return false;
+  if (members.empty()) {  // another attention group prefills: take part with no tokens
+    model_.forward(batch);
+    return false;
+  }
   const auto t0 = Clock::now();
   const std::vector<float> logits = model_.forward(batch);
   if (draft_) {  // the draft sees the same prompt (its own replicated KV)
@@ -368,7 +372,8 @@ bool Engine::run_decode() {
     batch.tokens.push_back(token);
     members.push_back(i);
   }
-  if (members.empty()) return false;
+  if (!any_group(!members.empty())) return false;
+  if (members.empty()) return idle_decode(batch);
   ForwardTimings t;
   const auto t0 = Clock::now();
   const std::vector<float> logits = model_.forward(batch, &t);
@@ -422,7 +427,12 @@ bool Engine::run_speculative() {
     members.push_back(i);
     k.push_back(std::min(options_.num_draft_tokens, remaining - 1));
   }
-  if (members.empty()) return false;
+  if (!any_group(!members.empty())) return false;
+  if (members.empty()) {
+    ForwardBatch idle;
+    idle.all_logits = true;
+    return idle_decode(idle);
+  }
   ForwardTimings t;
   const auto t0 = Clock::now();
   std::vector<std::vector<std::int32_t>> drafts(members.size());
@@ -484,16 +494,32 @@ bool Engine::run_speculative() {
   return true;
 }
 
+bool Engine::idle_decode(const ForwardBatch& empty) {
+  // Timed like a decode step: the deployment's steps are the same in every attention group.
+  ForwardTimings t;
+  const auto t0 = Clock::now();
+  model_.forward(empty, &t);
+  stats_.decode_step_ms.push_back(ms_since(t0));
+  stats_.decode_timings.push_back(t);
+  return false;
+}
+
+bool Engine::any_group(bool mine) {
+  if (!model_.dp_attention()) return mine;
+  std::int64_t v = mine ? 1 : 0;
+  model_.mlp_group().all_reduce(&v, &v, 1, ScalarType::i64, ReduceOp::max);
+  return v != 0;
+}
+
 bool Engine::step() {
   admit();
   const bool prefilled = run_prefill();
   const bool decoded = run_decode();
   ++stats_.steps;
-  if (!prefilled && !decoded && running_.empty()) {
+  const bool busy = prefilled || decoded || !running_.empty();
+  if (!busy)
     DCP_CHECK(waiting_.empty(), internal, waiting_.size(), " requests wait but nothing runs");
-    return false;
-  }
-  return true;
+  return any_group(busy);
 }
 
 void Engine::run(const std::function<void(const Engine&)>& progress) {

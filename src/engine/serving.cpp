@@ -105,7 +105,9 @@ ServingDeployment::ServingDeployment(DeploymentSpec spec, ServeOptions options)
                 options_.max_queued_requests, " must be >= 1");
   DCP_ARG_CHECK(options_.idle_tick.count() >= 1, "idle_tick must be >= 1 ms");
   DCP_CHECK(!(spec_.parallel.enable_dp_attention && spec_.parallel.dp_size > 1), unsupported,
-            "enable_dp_attention with dp_size > 1 is not supported by the deployment yet");
+            "enable_dp_attention with dp_size > 1 is not supported by the serving deployment yet "
+            "(dcp run supports it); legal here: dp_size = 1, or DP replicas without "
+            "enable_dp_attention");
   spec_.engine.record_logits = false;  // a server never keeps whole logit rows
   metrics_.kv_rows_used.assign(static_cast<std::size_t>(topology_.world_size), 0);
   metrics_.kv_rows_capacity.assign(static_cast<std::size_t>(topology_.world_size), 0);

@@ -49,17 +49,27 @@ struct MlaModel::Layer {
 };
 
 MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicator& tp,
-                   Communicator& dcp, const ModelOptions& options)
-    : config_(config), options_(options), tp_(tp), dcp_(dcp) {
+                   Communicator& dcp, const ModelOptions& options, Communicator* mlp_tp)
+    : config_(config),
+      options_(options),
+      tp_(tp),
+      dcp_(dcp),
+      mlp_(mlp_tp && mlp_tp->size() > tp.size() ? mlp_tp : &tp) {
   config.validate();
   const ModelConfig& c = config_;
   const int tp_size = tp.size(), n = dcp.size();
+  DCP_ARG_CHECK(mlp_->size() % tp_size == 0 && mlp_->rank() % tp_size == tp.rank(),
+                "the attention TP group (rank ", tp.rank(), " of ", tp_size,
+                ") must be a contiguous slice of the whole TP group (rank ", mlp_->rank(), " of ",
+                mlp_->size(), ")");
   DCP_ARG_CHECK(c.num_attention_heads % tp_size == 0, "tp_size = ", tp_size,
                 " must divide the model's num_attention_heads ", c.num_attention_heads);
   ParallelConfig groups;  // the one containment rule: a DCP group is a slice of the TP group
   groups.tp_size = tp_size;
   groups.dcp_size = n;
   validate(groups);
+  DCP_ARG_CHECK(options.ep_size == 1 || c.n_routed_experts > 0, "ep_size = ", options.ep_size,
+                " needs a mixture-of-experts model; this one has no routed experts (legal: 1)");
   DCP_ARG_CHECK(options.page_size >= 1, "page_size = ", options.page_size, " must be >= 1");
   DCP_ARG_CHECK(options.kv_capacity_tokens >= 1, "KV capacity ", options.kv_capacity_tokens,
                 " tokens must be >= 1");
@@ -95,8 +105,11 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
                          {static_cast<std::int64_t>(h0) * (nope + v),
                           static_cast<std::int64_t>(h0 + count) * (nope + v)});
   };
+  // The dense and MoE layers are sharded over the whole TP group (the attention's, without DP
+  // attention).
   const std::int64_t inter = c.intermediate_size;
-  const std::int64_t i0 = inter * tp.rank() / tp_size, i1 = inter * (tp.rank() + 1) / tp_size;
+  const int mlp_rank = mlp_->rank(), mlp_size = mlp_->size();
+  const std::int64_t i0 = inter * mlp_rank / mlp_size, i1 = inter * (mlp_rank + 1) / mlp_size;
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     auto L = std::make_unique<Layer>();
     const std::string p = "model.layers." + std::to_string(i) + ".";
@@ -130,7 +143,8 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
         p + "self_attn.o_proj.weight", {hidden, heads_all * v}, {},
         {static_cast<std::int64_t>(head0_) * v, static_cast<std::int64_t>(head0_ + h_loc_) * v});
     if (c.is_moe_layer(i)) {
-      L->moe = std::make_unique<MoeLayer>(c, w, i, tp.rank(), tp_size);
+      L->moe = std::make_unique<MoeLayer>(c, w, i, mlp_rank, mlp_size,
+                                          ExpertParallel{options.ep_size, mlp_});
     } else {
       L->mlp = SwiGluMlp(w, p + "mlp.", hidden, inter, i0, i1);
     }
@@ -264,9 +278,72 @@ void MlaModel::attention(Layer& L, const float* x, const ForwardBatch& batch,
   ops::linear(vals.data(), T, L.o_proj, out);
 }
 
+void MlaModel::feed_forward(Layer& L, const float* x, std::int64_t T, float* y,
+                            ForwardTimings& t) {
+  const std::int64_t hidden = config_.hidden_size;
+  const auto run = [&](const float* in, std::int64_t rows, float* out) {
+    if (L.moe) {
+      L.moe->forward(in, rows, out);
+    } else {
+      L.mlp.forward(in, rows, out);
+    }
+  };
+  if (!dp_attention()) {
+    run(x, T, y);
+    const auto t0 = Clock::now();
+    if (tp_.size() > 1 && T > 0)
+      tp_.all_reduce(y, y, static_cast<std::size_t>(T * hidden), ScalarType::f32);
+    t.tp_comm_ms += ms_since(t0);
+    return;
+  }
+  // DP attention. Padded layout over the whole TP group: attention group g holds slots
+  // [g * A * S, (g + 1) * A * S) (A = attention TP size, S = rows per rank), its rows first.
+  const int A = tp_.size(), me = tp_.rank();
+  const std::size_t groups = group_tokens_.size();
+  const std::int64_t longest = *std::max_element(group_tokens_.begin(), group_tokens_.end());
+  const std::int64_t S = (longest + A - 1) / A;
+  const std::size_t slice = static_cast<std::size_t>(S * hidden);
+  // Gather: each rank sends rows [me * S, (me + 1) * S) of its group, zero-padded.
+  auto t0 = Clock::now();
+  std::vector<float> send(slice, 0.0f), padded(slice * mlp_->size());
+  const std::int64_t from = std::min(T, me * S), to = std::min(T, (me + 1) * S);
+  std::copy(x + from * hidden, x + to * hidden, send.begin());
+  mlp_->all_gather(send.data(), padded.data(), slice * sizeof(float));
+  std::int64_t total = 0;
+  for (std::int64_t n : group_tokens_) total += n;
+  std::vector<float> rows(static_cast<std::size_t>(total * hidden)), out(rows.size());
+  std::int64_t at = 0;
+  for (std::size_t g = 0; g < groups; ++g) {
+    const float* src = padded.data() + g * static_cast<std::size_t>(A) * slice;
+    std::copy_n(src, group_tokens_[g] * hidden, rows.data() + at * hidden);
+    at += group_tokens_[g];
+  }
+  t.mlp_comm_ms += ms_since(t0);
+  run(rows.data(), total, out.data());  // row-parallel partial sums over the whole TP group
+  // Scatter: the partial sums back into the padded layout, reduce-scattered (each rank gets its
+  // S rows summed over the group), then the attention group reassembles its rows.
+  t0 = Clock::now();
+  std::fill(padded.begin(), padded.end(), 0.0f);
+  at = 0;
+  for (std::size_t g = 0; g < groups; ++g) {
+    float* dst = padded.data() + g * static_cast<std::size_t>(A) * slice;
+    std::copy_n(out.data() + at * hidden, group_tokens_[g] * hidden, dst);
+    at += group_tokens_[g];
+  }
+  mlp_->reduce_scatter(padded.data(), send.data(), slice, ScalarType::f32);
+  if (A == 1) {
+    std::copy_n(send.data(), T * hidden, y);
+  } else {
+    std::vector<float> mine(slice * static_cast<std::size_t>(A));
+    tp_.all_gather(send.data(), mine.data(), slice * sizeof(float));
+    std::copy_n(mine.data(), T * hidden, y);
+  }
+  t.mlp_comm_ms += ms_since(t0);
+}
+
 std::vector<float> MlaModel::forward(const ForwardBatch& batch, ForwardTimings* timings) {
   const auto t_start = Clock::now();
-  const CommStats dcp_before = dcp_.stats(), tp_before = tp_.stats();
+  const CommStats dcp_before = dcp_.stats(), tp_before = tp_.stats(), mlp_before = mlp_->stats();
   ForwardTimings t;
   const ModelConfig& c = config_;
   const std::int64_t hidden = c.hidden_size;
@@ -278,7 +355,18 @@ std::vector<float> MlaModel::forward(const ForwardBatch& batch, ForwardTimings* 
     DCP_ARG_CHECK(id >= 0 && id < c.vocab_size, "token id ", id, " is outside the vocabulary [0, ",
                   c.vocab_size, ")");
   }
-  // Vocab-parallel embedding: each rank fills its rows, the TP all-reduce completes them.
+  auto t0 = Clock::now();
+  if (dp_attention()) {  // every group's token count, for the gather around the MLP
+    std::vector<std::int64_t> per_rank(static_cast<std::size_t>(mlp_->size()));
+    mlp_->all_gather(&T, per_rank.data(), sizeof T);
+    group_tokens_.clear();
+    for (std::size_t r = 0; r < per_rank.size(); r += static_cast<std::size_t>(tp_.size()))
+      group_tokens_.push_back(per_rank[r]);
+    t.mlp_comm_ms += ms_since(t0);
+  }
+  // Vocab-parallel embedding: each rank fills its rows, the TP all-reduce completes them. The
+  // ranks of an attention group run the same batch, so a group without tokens skips its own
+  // collectives together.
   std::vector<float> x(static_cast<std::size_t>(T * hidden), 0.0f);
   for (std::int64_t i = 0; i < T; ++i) {
     const std::int64_t id = batch.tokens[i];
@@ -286,30 +374,25 @@ std::vector<float> MlaModel::forward(const ForwardBatch& batch, ForwardTimings* 
       embed_.row_to_float(id - vocab_begin_, x.data() + i * hidden);
     }
   }
-  auto t0 = Clock::now();
-  if (tp_.size() > 1) tp_.all_reduce(x.data(), x.data(), x.size(), ScalarType::f32);
+  t0 = Clock::now();
+  if (tp_.size() > 1 && T > 0) tp_.all_reduce(x.data(), x.data(), x.size(), ScalarType::f32);
   t.tp_comm_ms += ms_since(t0);
 
   std::vector<float> xn(x.size()), y(x.size());
   for (std::size_t li = 0; li < layers_.size(); ++li) {
     Layer& L = *layers_[li];
-    xn = x;
-    ops::rms_norm(xn.data(), T, hidden, L.input_norm.data(), c.rms_norm_eps);
-    attention(L, xn.data(), batch, plan, y.data(), t);
-    t0 = Clock::now();
-    if (tp_.size() > 1) tp_.all_reduce(y.data(), y.data(), y.size(), ScalarType::f32);
-    t.tp_comm_ms += ms_since(t0);
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] += y[i];
-    xn = x;
-    ops::rms_norm(xn.data(), T, hidden, L.post_norm.data(), c.rms_norm_eps);
-    if (L.moe) {
-      L.moe->forward(xn.data(), T, y.data());
-    } else {
-      L.mlp.forward(xn.data(), T, y.data());
+    if (T > 0) {
+      xn = x;
+      ops::rms_norm(xn.data(), T, hidden, L.input_norm.data(), c.rms_norm_eps);
+      attention(L, xn.data(), batch, plan, y.data(), t);
+      t0 = Clock::now();
+      if (tp_.size() > 1) tp_.all_reduce(y.data(), y.data(), y.size(), ScalarType::f32);
+      t.tp_comm_ms += ms_since(t0);
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+      xn = x;
+      ops::rms_norm(xn.data(), T, hidden, L.post_norm.data(), c.rms_norm_eps);
     }
-    t0 = Clock::now();
-    if (tp_.size() > 1) tp_.all_reduce(y.data(), y.data(), y.size(), ScalarType::f32);
-    t.tp_comm_ms += ms_since(t0);
+    feed_forward(L, xn.data(), T, y.data(), t);
     for (std::size_t i = 0; i < x.size(); ++i) x[i] += y[i];
   }
 
@@ -328,7 +411,7 @@ std::vector<float> MlaModel::forward(const ForwardBatch& batch, ForwardTimings* 
   std::vector<float> local(static_cast<std::size_t>(R * vocab_chunk_), 0.0f);
   ops::linear(h.data(), R, lm_head_, local.data(), hidden, vocab_chunk_);
   std::vector<float> logits(static_cast<std::size_t>(R) * c.vocab_size);
-  if (tp_.size() == 1) {
+  if (tp_.size() == 1 || R == 0) {
     for (std::int64_t r = 0; r < R; ++r)
       std::copy_n(local.data() + r * vocab_chunk_, c.vocab_size, logits.data() + r * c.vocab_size);
   } else {
@@ -349,6 +432,7 @@ std::vector<float> MlaModel::forward(const ForwardBatch& batch, ForwardTimings* 
   t.total_ms = ms_since(t_start);
   t.dcp_comm = dcp_.stats() - dcp_before;
   t.tp_comm = tp_.stats() - tp_before;
+  if (dp_attention()) t.mlp_comm = mlp_->stats() - mlp_before;
   if (timings) *timings = t;
   return logits;
 }

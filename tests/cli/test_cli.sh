@@ -288,6 +288,36 @@ case_run_dp() {
   check "every request answered" json_has '"id": 2'
 }
 
+# DP attention with DCP inside each attention group, dense and MoE (FP8) families; the reference
+# is DP 1 / DCP 1 at the same TP
+case_run_dp_attention() {
+  expect 0 "tp 4 / dp 2 / dcp 2, dense" -- run --tp-size 4 --dp-size 2 --enable-dp-attention --dcp-size 2 --batch 3 --prompt-len 120 --max-new-tokens 3 --chunked-prefill-size 50 --json "$tmp/run.json"
+  check "dense verifies" json_has '"passed": true'
+  check "dense: tokens match" json_has '"tokens_match": true'
+  check "json says DP attention" json_has '"enable_dp_attention": true'
+  check "json has per-group KV" json_has '"dp_groups"'
+  check "summary shows each group" stdout_has "^  dp group 1: 2 requests, "
+  check "each group's KV holds its own requests only" stdout_has "^KV: logical capacity 512 tokens per DP group"
+  expect 0 "gen-checkpoint deepseek-v3" -- gen-checkpoint --family deepseek-v3 --out "$tmp/v3"
+  for dp in 2 4; do
+    expect 0 "tp 8 / dp $dp / dcp 2 / ep 8, MoE FP8" -- run --model-path "$tmp/v3" --tp-size 8 --dp-size "$dp" --enable-dp-attention --dcp-size 2 --ep-size 8 --batch 5 --prompt-len 50 --max-new-tokens 4 --json "$tmp/run.json"
+    check "dp $dp: MoE verifies" json_has '"passed": true'
+    check "dp $dp: tokens match" json_has '"tokens_match": true'
+    check "dp $dp: ep size in the json" json_has '"ep_size": 8'
+  done
+  expect 0 "expert parallelism without DP attention" -- run --model-path "$tmp/v3" --tp-size 4 --dcp-size 2 --ep-size 2 --batch 3 --prompt-len 40 --max-new-tokens 3 --json "$tmp/run.json"
+  check "ep 2: verifies" json_has '"passed": true'
+  expect 2 "ep on a dense model is refused" -- run --ep-size 2
+  check "names the flag" stderr_has "--ep-size 2 needs a mixture-of-experts model; preset:tiny has no routed experts (legal: 1)"
+  expect 2 "ep that does not divide tp is refused" -- run --model-path "$tmp/v3" --tp-size 4 --ep-size 3
+  check "names the flag and the legal values" stderr_has "--ep-size 3 must divide --tp-size 4; legal --ep-size values: 1, 2, 4"
+  expect 0 "more groups than requests: idle groups take part" -- run --model-path "$tmp/v3" --tp-size 8 --dp-size 4 --enable-dp-attention --dcp-size 2 --batch 1 --prompt-len 30 --max-new-tokens 3 --json "$tmp/run.json"
+  check "idle groups: verifies" json_has '"passed": true'
+  check "idle group reported" stdout_has "^  dp group 3: 0 requests, 0.00 MiB KV used"
+  expect 2 "dcp across attention groups is refused" -- run --tp-size 4 --dp-size 2 --enable-dp-attention --dcp-size 4
+  check "names the flag and the legal values" stderr_has "--dcp-size 4 must divide the attention TP size 2"
+}
+
 # forcing the local attention kernel
 case_run_kernel() {
   expect 0 "run on the portable kernel" -- run --attention-kernel portable --batch 2 --prompt-len 70 --max-new-tokens 2 --json "$tmp/run.json"
@@ -301,11 +331,8 @@ case_run_kernel() {
   check "says why" stderr_has "--attention-kernel amx_bf16: \(amx_bf16 needs --kv-cache-dtype bf16\|this CPU or OS offers no AMX-BF16\)"
 }
 
-# disaggregated prefill and decode; attention DP refused
+# disaggregated prefill and decode
 case_run_disagg() {
-  expect 2 "dp attention in run is refused" -- run --enable-dp-attention --dp-size 2 --tp-size 4 --dcp-size 2
-  check "names the flag" stderr_has "--enable-dp-attention with --dp-size 2"
-
   # Disaggregation.
   expect 0 "disaggregate 1 -> 4" -- run --disaggregate --prefill-dcp-size 1 --batch 3 --prompt-len 130 --max-new-tokens 4 --json "$tmp/run.json"
   check "json has bytes per decode rank" json_has '"bytes_per_decode_rank"'
@@ -556,7 +583,7 @@ case_run_not_here() {
   expect 0 "topology still describes them" -- topology --tp-size 4 --dcp-size 4 --platform blackwell-mnnvl
 }
 
-cases="topology demo run_summary run_rejected run_combine run_refusals run_checkpoint run_speculative run_extend run_prefix_cache plan bench_comm bench_attention bench_merge bench_step_engine run_dp run_kernel run_disagg bad_values output_files memory_limits bench_plot families presets strict_flags serve_flags run_not_here"
+cases="topology demo run_summary run_rejected run_combine run_refusals run_checkpoint run_speculative run_extend run_prefix_cache plan bench_comm bench_attention bench_merge bench_step_engine run_dp run_dp_attention run_kernel run_disagg bad_values output_files memory_limits bench_plot families presets strict_flags serve_flags run_not_here"
 if [ "$case_name" = "--list" ]; then
   echo "$cases"
   exit 0

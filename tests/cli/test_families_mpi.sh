@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Every MLA family as published under mpirun: a generated checkpoint (FP8 with scales where the
-# family ships FP8) runs one rank per process at TP 4 x DCP 4 and verifies against DCP 1.
+# family ships FP8) runs one rank per process at TP 4 x DCP 4 and verifies against DCP 1; the
+# DeepSeek-V3 family also with DP attention and EP 8 at TP 8 (DP 2 and 4, DCP 2), against DP 1 /
+# DCP 1 / EP 1.
 # Usage: test_families_mpi.sh MPIEXEC path/to/dcp
 set -eu
 mpiexec="$1"
@@ -15,6 +17,19 @@ for family in deepseek-v2-lite deepseek-v2 deepseek-v3 kimi-k2 moonlight; do
     echo "FAIL: $family: mpirun failed"; cat "$tmp/out" "$tmp/err"; exit 1; }
   grep -q '"passed": true' "$tmp/run.json" || { echo "FAIL: $family did not verify"; cat "$tmp/out"; exit 1; }
   [ "$(grep -c '^dcp run:' "$tmp/out")" -eq 1 ] || { echo "FAIL: $family: not one summary"; exit 1; }
+  passed=$((passed + 1))
+done
+# The MoE FP8 family with DP attention and expert parallelism: two or four attention groups of
+# DCP 2 over TP 8, the experts partitioned over all 8 ranks.
+for dp in 2 4; do
+  "$mpiexec" -np 8 "$dcp" run --comm mpi --model-path "$tmp/deepseek-v3" --tp-size 8 --dp-size "$dp" \
+    --enable-dp-attention --dcp-size 2 --ep-size 8 --batch 5 --prompt-len 40 --max-new-tokens 4 \
+    --json "$tmp/run.json" >"$tmp/out" 2>"$tmp/err" || {
+    echo "FAIL: deepseek-v3 DP attention $dp: mpirun failed"; cat "$tmp/out" "$tmp/err"; exit 1; }
+  grep -q '"passed": true' "$tmp/run.json" || { echo "FAIL: DP attention $dp did not verify"; cat "$tmp/out"; exit 1; }
+  grep -q '"tokens_match": true' "$tmp/run.json" || { echo "FAIL: DP attention $dp: tokens differ"; cat "$tmp/out"; exit 1; }
+  grep -q '"ep_size": 8' "$tmp/run.json" || { echo "FAIL: DP attention $dp: ep_size not reported"; exit 1; }
+  [ "$(grep -c '^  dp group' "$tmp/out")" -eq "$dp" ] || { echo "FAIL: expected $dp dp groups"; cat "$tmp/out"; exit 1; }
   passed=$((passed + 1))
 done
 echo "$passed passed, 0 failed"

@@ -13,6 +13,7 @@ constexpr std::pair<std::string_view, std::string_view> kFlags[] = {
     {"dp_size", "--dp-size"},
     {"dcp_size", "--dcp-size"},
     {"pcp_size", "--pcp-size"},
+    {"ep_size", "--ep-size"},
     {"prefill_dcp_size", "--prefill-dcp-size"},
     {"enable_dp_attention", "--enable-dp-attention"},
     {"dcp_comm_backend", "--dcp-comm-backend"},

@@ -9,6 +9,7 @@ ParallelConfig ParallelFlags::to_config() const {
   c.enable_dp_attention = enable_dp_attention;
   c.dcp_size = dcp_size;
   c.pcp_size = pcp_size;
+  c.ep_size = ep_size;
   if (!dcp_comm_backend.empty()) c.dcp_comm_backend = parse_combine_backend(dcp_comm_backend);
   c.replicate_q_proj = replicate_q_proj;
   c.platform = Platform::parse(platform);
@@ -24,6 +25,10 @@ void add_parallel_flags(CLI::App* cmd, ParallelFlags& f) {
                   "decode context parallel size N")
       ->capture_default_str();
   cmd->add_option("--pcp-size", f.pcp_size, "prefill context parallel size (exclusive with DCP)")
+      ->capture_default_str();
+  cmd->add_option("--ep-size", f.ep_size,
+                  "expert parallel size: routed experts partitioned over this many ranks of the TP "
+                  "group (divides --tp-size), tokens sent to them by all-to-all")
       ->capture_default_str();
   cmd->add_option("--dcp-comm-backend", f.dcp_comm_backend,
                   "combine backend: ag_rs, a2a or fi_a2a (default: auto)");

@@ -15,6 +15,7 @@ struct ParallelFlags {
   bool enable_dp_attention = false;
   int dcp_size = 1;
   int pcp_size = 1;
+  int ep_size = 1;
   std::string dcp_comm_backend;  // empty = auto
   bool replicate_q_proj = false;
   std::string platform = "cpu";

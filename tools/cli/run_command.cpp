@@ -36,12 +36,18 @@ Launched<DeploymentReport> deploy(const Workload& w, std::optional<int> first_ac
                         : run_deployment(w.spec, first_active_rank);
 }
 
-// The --verify reference: the same requests at the same TP with DCP 1, monolithic, no draft or
-// prefix cache, fed the DCP run's tokens (teacher forcing).
+// The --verify reference: the same requests at the same TP with DCP 1, EP 1 (and DP 1 when the run
+// used DP attention), monolithic, no draft or prefix cache, fed the DCP run's tokens (teacher
+// forcing).
 Workload reference_of(const Workload& w, const DeploymentReport& report) {
   Workload ref = w;
   DeploymentSpec& s = ref.spec;
+  if (s.parallel.enable_dp_attention) {  // the same world: one attention group over all of TP
+    s.parallel.dp_size = 1;
+    s.parallel.enable_dp_attention = false;
+  }
   s.parallel.dcp_size = 1;
+  s.parallel.ep_size = 1;  // experts sliced over TP, as the reference layout
   s.parallel.dcp_comm_backend.reset();
   s.parallel.replicate_q_proj = false;
   s.engine.record_logits = true;
@@ -118,7 +124,8 @@ void add_run_command(CLI::App& app) {
   add_parallel_flags(cmd, o->parallel);
   add_deployment_flags(cmd, *o);
   cmd->add_option("--max-total-tokens", o->max_total_tokens,
-                  "KV capacity in tokens (default, or 0: what the workload needs)")
+                  "KV capacity in tokens of each DP group (default, or 0: what the busiest "
+                  "group's requests need)")
       ->check(at_least(0));
   CLI::Option* batch =
       cmd->add_option("--batch", o->batch, "synthetic requests")->check(at_least(1))->capture_default_str();

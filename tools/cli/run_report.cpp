@@ -72,6 +72,8 @@ json report_json(const RunOptions& o, const Workload& w, const DeploymentReport&
                  {"num_attention_heads", w.spec.model.config.num_attention_heads},
                  {"tp_size", w.spec.parallel.tp_size},
                  {"dp_size", w.spec.parallel.dp_size},
+                 {"enable_dp_attention", w.spec.parallel.enable_dp_attention},
+                 {"ep_size", w.spec.parallel.ep_size},
                  {"dcp_size", w.spec.parallel.dcp_size},
                  {"dcp_comm_backend", std::string(to_string(r.backend))},
                  {"dcp_replicate_q_proj", r.replicated_q},
@@ -86,12 +88,30 @@ json report_json(const RunOptions& o, const Workload& w, const DeploymentReport&
   json ranks = json::array();
   for (const RankKv& k : r.ranks) {
     ranks.push_back({{"rank", k.rank},
+                     {"dp_rank", k.dp_rank},
                      {"dcp_rank", k.dcp_rank},
                      {"kv_rows_used", k.kv_rows_used},
                      {"kv_bytes", k.kv_bytes},
                      {"kv_bytes_used", k.kv_bytes_used}});
   }
-  j["kv"] = {{"logical_capacity_tokens", r.logical_capacity_tokens}, {"ranks", ranks}};
+  // Per DP group (replica or attention group): the requests it served and the KV its ranks used.
+  json groups = json::array();
+  for (int g = 0; g < w.spec.parallel.dp_size; ++g) {
+    std::int64_t requests = 0, used = 0, allocated = 0;
+    for (const RankKv& k : r.ranks) {
+      if (k.dp_rank != g) continue;
+      requests = k.requests;
+      used += k.kv_bytes_used;
+      allocated += k.kv_bytes;
+    }
+    groups.push_back({{"dp_rank", g},
+                      {"requests", requests},
+                      {"kv_bytes_used", used},
+                      {"kv_bytes", allocated}});
+  }
+  j["kv"] = {{"logical_capacity_tokens", r.logical_capacity_tokens},
+             {"ranks", ranks},
+             {"dp_groups", groups}};
   json weight_bytes = json::array();
   for (const RankKv& k : r.ranks) weight_bytes.push_back(k.weight_bytes);
   j["weights"] = {{"dtype", std::string(to_string(r.weight_dtype))},
@@ -167,11 +187,18 @@ json report_json(const RunOptions& o, const Workload& w, const DeploymentReport&
 
 void print_summary(const json& j) {
   const json& c = j["config"];
+  const int dp = c["dp_size"].get<int>();
+  const int ep = c["ep_size"].get<int>();
+  const std::string dp_text =
+      (dp == 1 ? ""
+               : str(", dp ", dp, c["enable_dp_attention"].get<bool>() ? " (DP attention)" : "")) +
+      (ep == 1 ? "" : str(", ep ", ep));
   std::printf(
-      "dcp run: %s, %d layers, %d heads | tp %d, dcp %d, backend %s%s | KV %s, page %d, kernel %s "
-      "| comm %s\n",
+      "dcp run: %s, %d layers, %d heads | tp %d%s, dcp %d, backend %s%s | KV %s, page %d, kernel "
+      "%s | comm %s\n",
       c["model"].get<std::string>().c_str(), c["num_layers"].get<int>(),
-      c["num_attention_heads"].get<int>(), c["tp_size"].get<int>(), c["dcp_size"].get<int>(),
+      c["num_attention_heads"].get<int>(), c["tp_size"].get<int>(), dp_text.c_str(),
+      c["dcp_size"].get<int>(),
       c["dcp_comm_backend"].get<std::string>().c_str(),
       c["dcp_replicate_q_proj"].get<bool>() ? " (replicated q)" : "",
       c["kv_cache_dtype"].get<std::string>().c_str(), c["page_size"].get<int>(),
@@ -217,11 +244,21 @@ void print_summary(const json& j) {
     std::printf("weights: %s, MiB per rank: %s\n", wt["dtype"].get<std::string>().c_str(),
                 per_rank.c_str());
   }
-  std::printf("KV: logical capacity %lld tokens\n", kv["logical_capacity_tokens"].get<long long>());
+  std::printf("KV: logical capacity %lld tokens%s\n", kv["logical_capacity_tokens"].get<long long>(),
+              dp > 1 ? " per DP group" : "");
+  if (dp > 1) {
+    for (const json& g : kv["dp_groups"]) {
+      std::printf("  dp group %lld: %lld requests, %.2f MiB KV used of %.2f MiB allocated\n",
+                  g["dp_rank"].get<long long>(), g["requests"].get<long long>(),
+                  g["kv_bytes_used"].get<double>() / 1048576.0,
+                  g["kv_bytes"].get<double>() / 1048576.0);
+    }
+  }
   for (const json& r : kv["ranks"]) {
+    const std::string group = dp > 1 ? str("dp ", r["dp_rank"].get<long long>(), ", ") : "";
     std::printf(
-        "  rank %lld (dcp rank %lld): peak %lld rows/layer, %.2f MiB used of %.2f MiB allocated\n",
-        r["rank"].get<long long>(), r["dcp_rank"].get<long long>(),
+        "  rank %lld (%sdcp rank %lld): peak %lld rows/layer, %.2f MiB used of %.2f MiB allocated\n",
+        r["rank"].get<long long>(), group.c_str(), r["dcp_rank"].get<long long>(),
         r["kv_rows_used"].get<long long>(), r["kv_bytes_used"].get<double>() / 1048576.0,
         r["kv_bytes"].get<double>() / 1048576.0);
   }

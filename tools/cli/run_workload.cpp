@@ -66,8 +66,16 @@ Workload build_workload(const RunOptions& o) {
   }
   s.parallel = o.parallel.to_config();
   check_runs_here(s.parallel);  // before any rank starts
+  validate(s.parallel);          // the layout's own rules before the model's
   // Checked again by every rank's model; here it fails before any rank thread starts.
   check_divides_heads(s.model.config, s.parallel.tp_size, "--tp-size");
+  if (s.parallel.ep_size > 1) {  // also checked by every rank's MoE layers
+    const int ep = s.parallel.ep_size, experts = s.model.config.n_routed_experts;
+    DCP_ARG_CHECK(experts > 0, "--ep-size ", ep, " needs a mixture-of-experts model; ",
+                  w.model_label, " has no routed experts (legal: 1)");
+    DCP_ARG_CHECK(experts % ep == 0, "--ep-size ", ep, " must divide the model's ", experts,
+                  " routed experts");
+  }
   s.transport = parse_rank_transport(o.comm);
   DCP_ARG_CHECK(o.comm_timeout_s >= 0 && o.comm_timeout_s <= 1e9, "--comm-timeout ",
                 o.comm_timeout_s, " must be in [0, 1e9] seconds (0: wait forever)");
@@ -158,12 +166,18 @@ Workload build_workload(const RunOptions& o) {
           1, o.prompt_len - static_cast<std::int64_t>(i) * (o.prompt_len / (2 * o.batch)) - 7 * i));
     }
   }
-  std::int64_t total = 0;
-  for (const std::int64_t len : lengths) total += len + o.max_new_tokens;
+  // Default capacity: what the busiest DP group's requests need (each group has its own KV), a
+  // virtual page per request for rounding.
   const std::int64_t vp = static_cast<std::int64_t>(o.page_size) * s.parallel.dcp_size;
+  std::vector<std::int64_t> tokens;
+  for (const std::int64_t len : lengths) tokens.push_back(len + o.max_new_tokens);
+  const std::vector<int> group = deal_requests(tokens, s.parallel.dp_size);
+  std::vector<std::int64_t> need(static_cast<std::size_t>(s.parallel.dp_size), 0);
+  for (std::size_t i = 0; i < lengths.size(); ++i)
+    need[static_cast<std::size_t>(group[i])] += lengths[i] + o.max_new_tokens + vp;
   const std::int64_t capacity = o.max_total_tokens > 0
                                     ? o.max_total_tokens
-                                    : total + static_cast<std::int64_t>(lengths.size()) * vp;
+                                    : *std::max_element(need.begin(), need.end());
   s.model_options.kv_capacity_tokens = capacity;
   {
     // Every rank of this process holds capacity / N rows per layer; the --verify reference, run

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "commands.h"
+#include "dcp/error.h"
 #include "dcp/topology.h"
 #include "parallel_flags.h"
 
@@ -17,9 +18,13 @@ struct TopologyOptions {
 
 void print_text(const Topology& t) {
   const ParallelConfig& c = t.config;
-  std::printf("world size %d: tp %d, dp %d%s, attention TP %d (%d group%s)\n", t.world_size,
-              c.tp_size, c.dp_size, c.enable_dp_attention ? " (DP attention)" : "", t.attn_tp_size,
-              t.num_attn_tp_groups, t.num_attn_tp_groups == 1 ? "" : "s");
+  std::printf("world size %d: tp %d, dp %d%s, attention TP %d (%d group%s); experts %s\n",
+              t.world_size, c.tp_size, c.dp_size, c.enable_dp_attention ? " (DP attention)" : "",
+              t.attn_tp_size, t.num_attn_tp_groups, t.num_attn_tp_groups == 1 ? "" : "s",
+              c.ep_size == 1 ? "sliced over TP"
+                             : str("over ", c.ep_size, " EP ranks, each sliced over ",
+                                   c.tp_size / c.ep_size)
+                                   .c_str());
   std::printf(
       "DCP size %d: %d group%s; combine backend %s%s; query %s; platform %s\n", c.dcp_size,
       t.num_dcp_groups, t.num_dcp_groups == 1 ? "" : "s", std::string(to_string(t.backend)).c_str(),

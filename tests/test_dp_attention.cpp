@@ -1,0 +1,177 @@
+// DP attention with DCP inside each attention group: the groups carved from the topology, the
+// deal of requests, and whole runs equal to one attention group (DP 1, DCP 1) at the same TP, for
+// a dense and a mixture-of-experts (FP8) family, with idle groups and uneven token counts.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include "dcp/deployment.h"
+#include "dcp/error.h"
+#include "engine_util.h"
+#include "test_util.h"
+
+namespace dcp {
+namespace {
+
+ParallelConfig dp_attention(int tp, int dp, int dcp) {
+  ParallelConfig pc;
+  pc.tp_size = tp;
+  pc.dp_size = dp;
+  pc.enable_dp_attention = true;
+  pc.dcp_size = dcp;
+  return pc;
+}
+
+TEST(DpAttention, GroupsAreTheTopologysPlacement) {
+  for (const auto [tp, dp, dcp] : {std::array{4, 2, 2}, std::array{8, 4, 2}, std::array{6, 3, 1},
+                                   std::array{8, 2, 4}}) {
+    const Topology topo = resolve(dp_attention(tp, dp, dcp));
+    SCOPED_TRACE("tp " + std::to_string(tp) + " dp " + std::to_string(dp) + " dcp " +
+                 std::to_string(dcp));
+    const int attn = tp / dp;
+    launch_ranks({RankTransport::threads, topo.world_size, {}}, [&](Communicator& world, bool) {
+      const RankGroups g = carve_groups(world, topo);
+      const RankPlacement& me = topo.ranks[static_cast<std::size_t>(world.rank())];
+      const int mine = world.rank();
+      // The TP group is the whole world, in world order.
+      ASSERT_EQ(g.tp->size(), tp);
+      EXPECT_EQ(g.tp->rank(), mine);
+      // The attention group: `attn` consecutive ranks, ordered by attention-TP rank.
+      ASSERT_EQ(g.attn_tp->size(), attn);
+      EXPECT_EQ(g.attn_tp->rank(), me.attn_tp_rank);
+      std::vector<int> members(static_cast<std::size_t>(attn));
+      g.attn_tp->all_gather(&mine, members.data(), sizeof mine);
+      for (int k = 0; k < attn; ++k) EXPECT_EQ(members[k], me.attn_tp_group * attn + k);
+      EXPECT_EQ(me.dp_rank, me.attn_tp_group);
+      // The DCP group lies inside it, as the topology lists it.
+      ASSERT_EQ(g.dcp->size(), dcp);
+      std::vector<int> dcp_members(static_cast<std::size_t>(dcp));
+      g.dcp->all_gather(&mine, dcp_members.data(), sizeof mine);
+      EXPECT_EQ(dcp_members, topo.dcp_groups()[static_cast<std::size_t>(me.dcp_group)]);
+      for (int m : dcp_members) EXPECT_EQ(m / attn, me.attn_tp_group);
+    });
+  }
+}
+
+TEST(DpAttention, RequestsGoToTheGroupWithTheMostFreeKv) {
+  // Groups start empty: 100 -> 0; group 1 holds the least until it passes 100 (at 115).
+  EXPECT_EQ(deal_requests({100, 10, 10, 50, 5, 40, 30}, 2),
+            (std::vector<int>{0, 1, 1, 1, 1, 1, 0}));
+  EXPECT_EQ(deal_requests({7, 7, 7, 7, 7}, 3), (std::vector<int>{0, 1, 2, 0, 1}));
+  EXPECT_EQ(deal_requests({3, 1}, 1), (std::vector<int>{0, 0}));
+  EXPECT_TRUE(deal_requests({}, 4).empty());
+  EXPECT_TRUE(test::throws_error([] { deal_requests({1}, 0); }, ErrorCategory::invalid_argument,
+                                 "groups = 0 must be >= 1"));
+}
+
+DeploymentSpec spec_for(const ModelConfig& config, const std::vector<int>& prompt_lens,
+                        const std::vector<int>& new_tokens) {
+  auto rng = test::make_rng();
+  DeploymentSpec s;
+  s.model.config = config;
+  s.model.synthetic_seed = 29;
+  s.model_options.kv_dtype = KvDtype::fp32;
+  s.model_options.page_size = 4;
+  s.model_options.kv_capacity_tokens = 512;
+  s.engine.record_logits = true;
+  s.engine.chunked_prefill_size = 16;  // long prompts prefill over steps where others decode
+  for (std::size_t i = 0; i < prompt_lens.size(); ++i) {
+    s.requests.push_back(test::request(static_cast<RequestId>(i),
+                                       test::random_tokens(rng, prompt_lens[i], config.vocab_size),
+                                       new_tokens[i]));
+  }
+  return s;
+}
+
+// Runs `spec` with DP attention, then the same requests at the same TP with one attention group
+// and DCP 1, fed the first run's tokens, and compares.
+void expect_equals_one_group(DeploymentSpec spec, const ParallelConfig& parallel,
+                             test::Tolerance tol) {
+  spec.parallel = parallel;
+  const Launched<DeploymentReport> run = run_deployment(spec);
+  ASSERT_TRUE(run.reporting);
+  DeploymentSpec ref = spec;
+  ref.parallel = ParallelConfig{};
+  ref.parallel.tp_size = parallel.tp_size;
+  for (std::size_t i = 0; i < ref.requests.size(); ++i)
+    ref.requests[i].forced_outputs = run.report.results[i].output_tokens;
+  const Launched<DeploymentReport> one = run_deployment(ref);
+  ASSERT_EQ(run.report.results.size(), spec.requests.size());
+  for (std::size_t i = 0; i < spec.requests.size(); ++i) {
+    const RequestResult& a = run.report.results[i];
+    const RequestResult& b = one.report.results[i];
+    ASSERT_EQ(a.state, RequestState::finished) << "request " << i << ": " << a.error;
+    EXPECT_EQ(a.output_tokens.size(), static_cast<std::size_t>(spec.requests[i].max_new_tokens));
+    EXPECT_EQ(a.output_tokens, b.output_tokens) << "request " << i;
+    EXPECT_TRUE(test::close_runs(a.step_logits, b.step_logits, tol, "DP attention vs DP 1"))
+        << "request " << i;
+  }
+  // Every group served what the deal gave it, and holds only its own requests' KV.
+  std::vector<std::int64_t> kv_tokens;
+  for (const RequestSpec& r : spec.requests)
+    kv_tokens.push_back(static_cast<std::int64_t>(r.prompt.size()) + r.max_new_tokens);
+  const std::vector<int> deal = deal_requests(kv_tokens, parallel.dp_size);
+  for (const RankKv& k : run.report.ranks) {
+    std::int64_t dealt = 0;
+    for (int g : deal) dealt += g == k.dp_rank;
+    EXPECT_EQ(k.requests, dealt) << "rank " << k.rank;
+    if (dealt == 0) {
+      EXPECT_EQ(k.kv_rows_used, 0) << "an idle group holds no KV, rank " << k.rank;
+    } else {
+      EXPECT_GT(k.kv_rows_used, 0) << "rank " << k.rank;
+    }
+  }
+}
+
+TEST(DpAttention, DenseEqualsOneAttentionGroupWithUnevenGroups) {
+  // Group 0 gets the 70-token prompt (5 prefill chunks); group 1 the three short ones, which
+  // decode while group 0 still prefills, and finish at different steps.
+  const DeploymentSpec spec =
+      spec_for(preset_config("tiny", 2), {70, 9, 23, 5}, {4, 7, 2, 5});
+  expect_equals_one_group(spec, dp_attention(4, 2, 2), {1e-10, 1e-5});
+  expect_equals_one_group(spec, dp_attention(4, 4, 1), {1e-10, 1e-5});
+}
+
+TEST(DpAttention, MixtureOfExpertsEqualsOneAttentionGroup) {
+  // DeepSeek-V3's family: FP8 projections, noaux_tc routing, a shared expert; the experts are
+  // sharded over all 8 ranks while attention runs in groups of 4 and 2.
+  const DeploymentSpec spec =
+      spec_for(family_config("deepseek-v3"), {33, 12, 20, 7, 15}, {3, 5, 4, 2, 3});
+  expect_equals_one_group(spec, dp_attention(8, 2, 2), {1e-7, 1e-3});
+  expect_equals_one_group(spec, dp_attention(8, 4, 2), {1e-7, 1e-3});
+}
+
+TEST(DpAttention, IdleGroupsTakePartWithoutKv) {
+  // One request for four attention groups: three groups run every forward with no tokens.
+  const DeploymentSpec spec = spec_for(preset_config("tiny", 2), {21}, {4});
+  expect_equals_one_group(spec, dp_attention(8, 4, 2), {1e-10, 1e-5});
+}
+
+TEST(DpAttention, SpeculativeDecodingRunsInEachGroup) {
+  // The draft is replicated on every rank; each group verifies its own drafts in the shared
+  // decode forwards, and an idle group joins them empty. Greedy: equal to one group without a
+  // draft.
+  DeploymentSpec spec = spec_for(preset_config("tiny", 2), {30, 8, 14}, {6, 3, 5});
+  spec.draft = spec.model;
+  spec.draft->config.num_hidden_layers = 1;
+  spec.engine.num_draft_tokens = 2;
+  DeploymentSpec plain = spec;
+  plain.draft.reset();
+  plain.engine.num_draft_tokens = 0;
+  plain.parallel.tp_size = 4;
+  const Launched<DeploymentReport> one = run_deployment(plain);
+  spec.parallel = dp_attention(4, 2, 2);
+  spec.engine.record_logits = false;
+  const Launched<DeploymentReport> run = run_deployment(spec);
+  ASSERT_EQ(run.report.results.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(run.report.results[i].output_tokens, one.report.results[i].output_tokens)
+        << "request " << i;
+  }
+  EXPECT_GT(run.report.stats.spec_verifications, 0);
+}
+
+}  // namespace
+}  // namespace dcp
