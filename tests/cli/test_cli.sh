@@ -261,9 +261,11 @@ case_bench_step_engine() {
   check "bench step plots attention beside the plan" grep -q "plan attention, DCP 2" "$tmp/step.svg"
   check "bench step prints the plan beside the measurement" stdout_has "plan ms"
   check "bench step separates waiting from the transfer" stdout_has "least ms"
-  expect 0 "bench engine (small)" -- bench engine --context 128 --concurrency 1,2 --new-tokens 2 --csv "$tmp/engine.csv" --svg "$tmp/engine.svg"
-  check "bench engine writes TP only and TP + DCP at each concurrency" [ "$(grep -c '^[14],[12],' "$tmp/engine.csv")" -eq 4 ]
+  expect 0 "bench engine (small)" -- bench engine --context 128 --concurrency 1,2 --new-tokens 2 --dp-attention 2 --csv "$tmp/engine.csv" --svg "$tmp/engine.svg"
+  check "bench engine writes TP only and TP + DCP at each concurrency" [ "$(grep -c '^[14],[12],.*,1$' "$tmp/engine.csv")" -eq 4 ]
+  check "bench engine writes DP attention (2 x DCP 2) at each concurrency" [ "$(grep -c '^2,[12],.*,2$' "$tmp/engine.csv")" -eq 2 ]
   check "bench engine plots both" grep -q "TP 4, DCP 4" "$tmp/engine.svg"
+  check "bench engine plots DP attention" grep -q "DP 2 x (TP 2, DCP 2)" "$tmp/engine.svg"
   expect 2 "bench step rejects a bad backend" -- bench step --preset tiny --contexts 64 --dcp-comm-backend bogus
   check "bench step names the flag" stderr_has "--dcp-comm-backend: 'bogus' is not one of: ag_rs, a2a"
   expect 2 "bench decode with an unwritable CSV" -- bench decode --preset tiny --num-layers 1 --csv /nonexistent-dir/decode.csv
@@ -368,6 +370,7 @@ case_bad_values() {
   bad_value "bench engine, 0 concurrency" "--concurrency: 0 must be >= 1" -- bench engine --concurrency 0
   bad_value "bench engine, KV budget" "--kv-budget-mib: -1 must be > 0" -- bench engine --kv-budget-mib -1
   bad_value "bench engine, 1 new token" "--new-tokens: 1 must be >= 2" -- bench engine --new-tokens 1
+  bad_value "bench engine, DP attention not dividing the ranks" "--dp-attention: 3 must be >= 2 and divide --ranks 4" -- bench engine --dp-attention 3
   bad_value "bench engine, ranks not dividing the heads" "^dcp: error: --ranks 3 must divide the model's 8 attention heads" -- bench engine --ranks 3
   bad_value "bench step, context 0" "--contexts: 0 must be >= 1" -- bench step --contexts 0
   bad_value "bench extend, 0 layers" "--num-layers: 0 must be >= 1" -- bench extend --num-layers 0
@@ -554,6 +557,15 @@ case_presets() {
   check "bench moe: two tokens run 6 to 12" grep -qE '^deepseek-v2-lite,fp8,1,2,([6-9]|1[0-2]),' "$tmp/moe.csv"
   bad_value "bench moe, a preset without experts" "--preset: 'tiny' is not one of: deepseek-v2-lite, deepseek-v3, kimi-k2, moonlight" -- bench moe --preset tiny
   bad_value "bench moe, unknown dtype" "--dtypes" -- bench moe --dtypes fp16
+  # Over two ranks: the TP-sliced layer sends only the all-reduce (2 ranks x 2048 floats); the
+  # expert-parallel one also sends, per entry for the other rank, its row with the expert id out
+  # (2049 x 4 bytes) and the output back (2048 x 4).
+  expect 0 "bench moe, TP-sliced vs EP" -- bench moe --ranks 2 --ep-sizes 1,2 --batches 1 --dtypes fp8 --repeats 1 --cache warm --csv "$tmp/moe_ep.csv"
+  check "bench moe: TP-sliced sends the all-reduce only" grep -qE '^deepseek-v2-lite,fp8,2,1,1,[^,]+,16384,0,' "$tmp/moe_ep.csv"
+  check "bench moe: EP sends whole entries" awk -F, '$4 == 2 { found = 1; if ($8 % 16388 != 0 || $8 > 6 * 16388) exit 1 } END { exit !found }' "$tmp/moe_ep.csv"
+  bad_value "bench moe, ep without ranks" "--ep-sizes 2 needs --ranks > 1" -- bench moe --ep-sizes 2
+  bad_value "bench moe, ep not dividing the ranks" "--ep-sizes: 3 must divide --ranks 2" -- bench moe --ranks 2 --ep-sizes 3 --dtypes fp8
+  bad_value "bench moe, threads with ranks" "--threads 2 with --ranks > 1" -- bench moe --ranks 2 --threads 2
 }
 
 # `dcp serve`'s refusals, before anything listens: each names its flag

@@ -81,10 +81,13 @@ struct EngineBenchOptions {
   int new_tokens = 16;
   double kv_budget_mib = 4;  // KV bytes per rank, the same for both runs
   std::string concurrency = "1,2,4,8,16";
+  // DP-attention rows: for each D, D attention groups of TP ranks/D with DCP = ranks/D inside.
+  std::string dp_attention;  // comma-separated; empty: none
   std::string csv, svg;  // the table as CSV; tokens/s against concurrency as SVG
 };
 struct EngineBenchRow {
   int dcp = 1, concurrency = 0;
+  int dp = 1;  // attention groups (DP attention) 
   std::int64_t capacity_tokens = 0, peak_running = 0, decode_tokens = 0;
   double tokens_per_s = 0, median_step_ms = 0, attention_ms = 0, comm_ms = 0;
 };
@@ -130,6 +133,10 @@ struct MoeBenchOptions {
   std::string batches = "1,8,64";
   std::string dtypes = "bf16,fp8";
   std::string threads = "1,2";
+  // > 1: the layer over this many thread ranks, TP-sliced against expert parallel (ep_sizes).
+  int ranks = 1;
+  std::string ep_sizes = "1";
+  bool threads_given = false;  // --threads on the command line (refused with --ranks > 1)
   int repeats = 5;
   std::string cache = "cold";
   std::uint64_t seed = 1;

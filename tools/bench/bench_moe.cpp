@@ -7,6 +7,7 @@
 #include "bench/bench.h"
 #include "bench/bench_util.h"
 #include "cli/cli_checks.h"
+#include "dcp/deployment.h"
 #include "dcp/error.h"
 #include "dcp/feed_forward.h"
 #include "dcp/model.h"
@@ -31,6 +32,85 @@ ModelConfig moe_config(const std::string& preset, const std::string& dtype, int*
   return c;
 }
 
+// The layer over `ranks` thread ranks for each EP size (1: every expert sliced over the ranks):
+// time of a forward and the reduction that completes it, and the bytes the ranks send per token.
+void bench_moe_parallel(const MoeBenchOptions& o, const std::vector<std::int64_t>& batches,
+                        const std::vector<std::string>& dtypes) {
+  const std::vector<std::int64_t> eps = parse_list(o.ep_sizes, "--ep-sizes");
+  DCP_ARG_CHECK(!o.threads_given || o.threads == "1", "--threads ", o.threads,
+                " with --ranks > 1: each rank runs one thread (legal: 1, or leave it out)");
+  const bool cold = parse_cache_state(o.cache, "--cache") == CacheState::cold;
+  {
+    int layer = 0;
+    const ModelConfig c = moe_config(o.preset, dtypes.front(), &layer);
+    for (std::int64_t ep : eps) {
+      DCP_ARG_CHECK(ep >= 1 && o.ranks % ep == 0 && c.n_routed_experts % ep == 0, "--ep-sizes: ",
+                    ep, " must divide --ranks ", o.ranks, " and the ", c.n_routed_experts,
+                    " routed experts");
+    }
+  }
+  std::printf(
+      "one MoE layer of %s over %d thread ranks: TP-sliced experts (ep 1) vs expert parallel, "
+      "medians of %d calls, %s caches; ms = rank 0's forward plus the sum over ranks that "
+      "completes it; sent/token = bytes all ranks send to each other per token\n",
+      o.preset.c_str(), o.ranks, o.repeats, cold ? "cold" : "warm");
+  std::printf("%-5s %4s %5s | %10s %14s %14s %12s\n", "dtype", "ep", "batch", "ms",
+              "sent/token B", "dispatch+ret B", "read MB r0");
+  CsvFile csv(o.csv, {"preset", "dtype", "ranks", "ep_size", "batch", "ms", "bytes_sent_per_token",
+                      "ep_bytes_sent_per_token", "weight_bytes_read_rank0", "cache"});
+  for (const std::string& dtype : dtypes) {
+    int layer = 0;
+    const ModelConfig c = moe_config(o.preset, dtype, &layer);
+    const auto w = make_synthetic_weights(o.seed, c, WeightDtype::bf16);
+    for (std::int64_t ep : eps) {
+      for (std::int64_t batch : batches) {
+        std::vector<double> ms;
+        double sent = 0, ep_sent = 0, read0 = 0;
+        std::vector<double> rank_sent(static_cast<std::size_t>(o.ranks)),
+            rank_ep(static_cast<std::size_t>(o.ranks));
+        launch_ranks({RankTransport::threads, o.ranks, {}}, [&](Communicator& world, bool) {
+          const MoeLayer moe(c, *w, layer, world.rank(), o.ranks,
+                             {static_cast<int>(ep), &world});
+          CacheFlusher memory;
+          std::vector<float> x(static_cast<std::size_t>(batch * c.hidden_size)), y(x.size());
+          fill(x.data(), x.size(), static_cast<std::uint64_t>(batch));
+          const auto step = [&](MoeStats& s) {
+            moe.forward(x.data(), batch, y.data(), &s);
+            world.all_reduce(y.data(), y.data(), y.size(), ScalarType::f32);
+          };
+          MoeStats s;
+          const CommStats before = world.stats();
+          step(s);  // warm-up, and the bytes of one step
+          rank_sent[static_cast<std::size_t>(world.rank())] =
+              static_cast<double>((world.stats() - before).total_bytes());
+          rank_ep[static_cast<std::size_t>(world.rank())] =
+              static_cast<double>(s.dispatch_bytes_sent + s.return_bytes_sent);
+          for (int r = 0; r < o.repeats; ++r) {
+            if (cold) memory.flush(1);
+            world.barrier();
+            const auto t0 = Clock::now();
+            step(s);
+            if (world.rank() == 0) ms.push_back(ms_since(t0));
+          }
+          if (world.rank() == 0) read0 = static_cast<double>(s.weight_bytes_read);
+        });
+        for (std::size_t r = 0; r < rank_sent.size(); ++r) {
+          sent += rank_sent[r];
+          ep_sent += rank_ep[r];
+        }
+        const double med = median(ms), per_token = sent / static_cast<double>(batch);
+        const double ep_per_token = ep_sent / static_cast<double>(batch);
+        std::printf("%-5s %4lld %5lld | %10.3f %14.0f %14.0f %12.1f\n", dtype.c_str(),
+                    static_cast<long long>(ep), static_cast<long long>(batch), med, per_token,
+                    ep_per_token, read0 / 1e6);
+        std::fflush(stdout);
+        csv.row({o.preset, dtype, str(o.ranks), str(ep), str(batch), str(med), str(per_token),
+                 str(ep_per_token), str(read0), o.cache});
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void bench_moe(const MoeBenchOptions& o) {
@@ -42,6 +122,14 @@ void bench_moe(const MoeBenchOptions& o) {
     DCP_ARG_CHECK(b >= 1 && b <= 65536, "--batches: ", b, " must be in [1, 65536]");
   for (std::int64_t t : threads)
     DCP_ARG_CHECK(t >= 1 && t <= 256, "--threads: ", t, " must be in [1, 256]");
+  DCP_ARG_CHECK(o.ranks <= 64, "--ranks ", o.ranks, " must be in [1, 64]");
+  DCP_ARG_CHECK(o.ranks > 1 || o.ep_sizes == "1", "--ep-sizes ", o.ep_sizes,
+                " needs --ranks > 1 (expert parallelism spans ranks)");
+  if (o.ranks > 1) {
+    DCP_ARG_CHECK(o.svg.empty(), "--svg plots the single-rank rows; with --ranks > 1 use --csv");
+    bench_moe_parallel(o, batches, dtypes);
+    return;
+  }
   CacheFlusher memory;
   std::printf(
       "one MoE layer of %s at TP 1 (router, shared and routed experts), medians of %d calls, %s "
@@ -119,6 +207,15 @@ void add_moe_bench(CLI::App* bench) {
   cmd->add_option("--threads", o->threads, "BLAS threads (comma-separated)")
       ->check(list_at_least(1))
       ->capture_default_str();
+  cmd->add_option("--ranks", o->ranks,
+                  "thread ranks the layer spans (> 1: TP-sliced vs expert parallel rows)")
+      ->check(at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--ep-sizes", o->ep_sizes,
+                  "with --ranks > 1: expert parallel sizes to compare (comma-separated; 1: "
+                  "experts sliced over the ranks)")
+      ->check(list_at_least(1))
+      ->capture_default_str();
   cmd->add_option("--repeats", o->repeats, "timed calls per point (median)")
       ->check(at_least(1))
       ->capture_default_str();
@@ -128,7 +225,10 @@ void add_moe_bench(CLI::App* bench) {
       ->capture_default_str();
   cmd->add_option("--seed", o->seed, "weight seed")->capture_default_str();
   add_output_files(cmd, o->csv, o->svg, "a plot (% of the read ceiling vs batch)");
-  cmd->callback([o] { bench_moe(*o); });
+  cmd->callback([o, cmd] {
+    o->threads_given = cmd->count("--threads") > 0;
+    bench_moe(*o);
+  });
 }
 
 }  // namespace dcp::cli

@@ -56,8 +56,9 @@ json report_json(const RunOptions& o, const Workload& w, const DeploymentReport&
     const ForwardTimings& t = s.decode_timings[i];
     attn.push_back(t.attention_ms);
     dcp_comm.push_back(t.dcp_comm_ms);
-    tp_comm.push_back(t.tp_comm_ms);
-    other.push_back(s.decode_step_ms[i] - t.attention_ms - t.dcp_comm_ms - t.tp_comm_ms);
+    // TP collectives, with DP attention including the row gather and scatter around the MLP.
+    tp_comm.push_back(t.tp_comm_ms + t.mlp_comm_ms);
+    other.push_back(s.decode_step_ms[i] - t.attention_ms - t.dcp_comm_ms - tp_comm.back());
     dcp_calls += static_cast<double>(t.dcp_comm.total_calls());
     dcp_bytes += static_cast<double>(t.dcp_comm.total_bytes());
     tp_calls += static_cast<double>(t.tp_comm.total_calls());
