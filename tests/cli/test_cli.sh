@@ -119,6 +119,15 @@ case_run_rejected() {
 case_run_combine() {
   expect 0 "ag_rs backend, dcp 2, fp32 KV" -- run --tp-size 4 --dcp-size 2 --dcp-comm-backend ag_rs --kv-cache-dtype fp32 --batch 2 --prompt-len 90 --max-new-tokens 3 --json "$tmp/run.json"
   check "ag_rs takes 3 collectives per layer" json_has '"collectives_per_layer": 3.0'
+  expect 0 "kimi-k3 replicates the query projection by default" -- run --preset kimi-k3 --num-layers 1 --tp-size 4 --dcp-size 2 --batch 2 --prompt-len 30 --max-new-tokens 3 --json "$tmp/run.json"
+  check "kimi-k3: replicated" json_has '"dcp_replicate_q_proj": true'
+  check "kimi-k3: verifies" json_has '"passed": true'
+  expect 0 "--no-dcp-replicate-q-proj turns it off" -- run --preset kimi-k3 --num-layers 1 --tp-size 4 --dcp-size 2 --batch 2 --prompt-len 30 --max-new-tokens 3 --no-dcp-replicate-q-proj --json "$tmp/run.json"
+  check "kimi-k3 off: gathered" json_has '"dcp_replicate_q_proj": false'
+  expect 0 "kimi-k3 with ag_rs: no default replication" -- run --preset kimi-k3 --num-layers 1 --tp-size 4 --dcp-size 2 --dcp-comm-backend ag_rs --batch 1 --prompt-len 20 --max-new-tokens 2 --json "$tmp/run.json"
+  check "kimi-k3 ag_rs: gathered" json_has '"dcp_replicate_q_proj": false'
+  expect 0 "other models do not replicate by default" -- run --batch 1 --prompt-len 20 --max-new-tokens 2 --json "$tmp/run.json"
+  check "tiny: gathered" json_has '"dcp_replicate_q_proj": false'
   expect 0 "replicated q takes 1 collective" -- run --dcp-replicate-q-proj --batch 2 --prompt-len 90 --max-new-tokens 3 --json "$tmp/run.json"
   check "one packed all-to-all" json_has '"collectives_per_layer": 1.0'
   expect 0 "prompt tokens, chunk not a multiple of N" -- run --prompt-tokens "5,6,7;8" --chunked-prefill-size 3 --max-new-tokens 2 --dump-logits "$tmp/logits.bin"
@@ -193,6 +202,13 @@ case_plan() {
   check "plan explains capacity" stdout_has "without DCP the KV does not fit"
   expect 0 "plan as json" -- plan --hardware this-cpu --preset tiny --tp-size 4 --contexts 4096 --json
   check "plan json has rows" stdout_has '"per_layer"'
+  # Replicated query projection: each rank holds the DCP group's q_b_proj and kv_b_proj rows, at
+  # DCP 2 for Kimi-K3 at TP 8: 2 x 12 heads x (192 x 1536 + 256 x 512) x 2 bytes; its step reads
+  # the other rank's 12 heads of q_b_proj and w_kc: 12 x (192 x 1536 + 128 x 512) x 2 bytes at
+  # 4 TB/s.
+  expect 0 "plan kimi-k3 counts the replicated projection" -- plan --preset kimi-k3 --tp-size 8 --hardware h200-nvlink --contexts 4096 --json
+  check "replicated weights per layer" stdout_has '"replicated_weight_bytes_per_layer": 20447232.0'
+  check "replicated gemm time" stdout_has '"replicated_gemm_ms": 0.00216268'
   expect 2 "plan rejects unknown hardware" -- plan --hardware tpu
   check "lists hardware presets" stderr_has "this-cpu, h200-nvlink"
 }

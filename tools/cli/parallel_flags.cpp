@@ -11,7 +11,7 @@ ParallelConfig ParallelFlags::to_config() const {
   c.pcp_size = pcp_size;
   c.ep_size = ep_size;
   if (!dcp_comm_backend.empty()) c.dcp_comm_backend = parse_combine_backend(dcp_comm_backend);
-  c.replicate_q_proj = replicate_q_proj;
+  c.replicate_q_proj = replicate_q_proj.value_or(false);
   c.platform = Platform::parse(platform);
   return c;
 }
@@ -32,8 +32,14 @@ void add_parallel_flags(CLI::App* cmd, ParallelFlags& f) {
       ->capture_default_str();
   cmd->add_option("--dcp-comm-backend", f.dcp_comm_backend,
                   "combine backend: ag_rs, a2a or fi_a2a (default: auto)");
-  cmd->add_flag("--dcp-replicate-q-proj,!--no-dcp-replicate-q-proj", f.replicate_q_proj,
-                "replicate the query projection over the DCP group (no query all-gather)");
+  CLI::Option* on = cmd->add_flag_callback(
+      "--dcp-replicate-q-proj", [&f] { f.replicate_q_proj = true; },
+      "replicate the query projection over the DCP group (no query all-gather; the default for "
+      "Kimi-K3 with an all-to-all combine)");
+  CLI::Option* off = cmd->add_flag_callback(
+      "--no-dcp-replicate-q-proj", [&f] { f.replicate_q_proj = false; },
+      "gather the query over the DCP group instead (turns Kimi-K3's default off)");
+  on->excludes(off);
   cmd->add_option("--platform", f.platform, "cpu, cuda or blackwell-mnnvl (for the backend rules)")
       ->capture_default_str();
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <optional>
 #include <string>
 
 #include "dcp/topology.h"
@@ -17,7 +18,9 @@ struct ParallelFlags {
   int pcp_size = 1;
   int ep_size = 1;
   std::string dcp_comm_backend;  // empty = auto
-  bool replicate_q_proj = false;
+  // --dcp-replicate-q-proj / --no-dcp-replicate-q-proj; unset: off, except the model's own
+  // default where a command knows the model (Kimi-K3: on, as upstream).
+  std::optional<bool> replicate_q_proj;
   std::string platform = "cpu";
 
   // Builds the config; throws dcp::Error naming the flag on a bad backend/platform name.

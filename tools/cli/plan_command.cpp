@@ -44,6 +44,7 @@ struct Row {
   double attn_ms = 0, comm_ms = 0, total_ms = 0;
   double kv_bytes = 0, comm_bytes = 0;
   int collectives = 0;
+  double replicated_weight_bytes = 0, replicated_gemm_ms = 0;
   double capacity_tokens = 0;
   bool fits = false;
 };
@@ -95,8 +96,11 @@ void plan(const PlanOptions& o) {
         r.comm_bytes = pr.comm_bytes;
         r.collectives = pr.collectives;
         r.comm_ms = pr.comm_ms;
-        r.total_ms = r.attn_ms + r.comm_ms;
-        const double free_bytes = std::max(0.0, hw.memory_bytes - weights);
+        r.replicated_weight_bytes = pr.replicated_weight_bytes;
+        r.replicated_gemm_ms = pr.replicated_gemm_ms;
+        r.total_ms = r.attn_ms + r.comm_ms + r.replicated_gemm_ms;
+        const double free_bytes = std::max(
+            0.0, hw.memory_bytes - weights - r.replicated_weight_bytes * c.num_hidden_layers);
         r.capacity_tokens = free_bytes / (row_bytes * c.num_hidden_layers) * n;
         r.fits = r.capacity_tokens >= static_cast<double>(o.batch) * s;
         rows.push_back(r);
@@ -127,6 +131,8 @@ void plan(const PlanOptions& o) {
                      {"kv_bytes_per_rank", r.kv_bytes},
                      {"comm_bytes_per_rank", r.comm_bytes},
                      {"collectives", r.collectives},
+                     {"replicated_weight_bytes_per_layer", r.replicated_weight_bytes},
+                     {"replicated_gemm_ms", r.replicated_gemm_ms},
                      {"capacity_tokens", r.capacity_tokens},
                      {"fits", r.fits}});
     }
@@ -143,17 +149,17 @@ void plan(const PlanOptions& o) {
       "rank, weights %.2f GiB per rank (%s)\n",
       hw.compute_flops / 1e9, hw.bandwidth / 1e9, hw.link_bandwidth / 1e9, hw.link_latency * 1e6,
       hw.memory_bytes / (1ull << 30), weights / (1ull << 30), hw.source.c_str());
-  std::printf("%9s %4s %17s | %10s %10s %10s | %12s %6s\n", "context", "dcp", "backend", "attn ms",
-              "comm ms", "layer ms", "capacity", "fits");
+  std::printf("%9s %4s %17s | %10s %10s %10s %10s | %12s %6s\n", "context", "dcp", "backend",
+              "attn ms", "comm ms", "rep-q ms", "layer ms", "capacity", "fits");
   for (std::int64_t s : contexts) {
     const Row* best = nullptr;
     const Row* base = nullptr;
     for (const Row& r : rows) {
       if (r.context != s) continue;
       if (r.dcp == 1) base = &r;
-      std::printf("%9lld %4d %17s | %10.3f %10.3f %10.3f | %12.3g %6s\n", static_cast<long long>(s),
-                  r.dcp, r.backend.c_str(), r.attn_ms, r.comm_ms, r.total_ms, r.capacity_tokens,
-                  r.fits ? "yes" : "no");
+      std::printf("%9lld %4d %17s | %10.3f %10.3f %10.3f %10.3f | %12.3g %6s\n",
+                  static_cast<long long>(s), r.dcp, r.backend.c_str(), r.attn_ms, r.comm_ms,
+                  r.replicated_gemm_ms, r.total_ms, r.capacity_tokens, r.fits ? "yes" : "no");
       if (r.fits && (!best || r.total_ms < best->total_ms)) best = &r;
     }
     if (!best) {

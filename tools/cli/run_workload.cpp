@@ -65,6 +65,14 @@ Workload build_workload(const RunOptions& o) {
     w.model_label = "preset:" + o.preset;
   }
   s.parallel = o.parallel.to_config();
+  // Kimi-K3 (its output gate marks the geometry) replicates the query projection over the DCP
+  // group by default, as its upstream does, wherever that is legal: DCP > 1, an all-to-all
+  // combine, 16-bit weights.
+  if (!o.parallel.replicate_q_proj && s.model.config.attn_output_gate &&
+      s.parallel.dcp_size > 1 && !s.model.config.quantized &&
+      effective_backend(s.parallel) != CombineBackend::ag_rs) {
+    s.parallel.replicate_q_proj = true;
+  }
   check_runs_here(s.parallel);  // before any rank starts
   validate(s.parallel);          // the layout's own rules before the model's
   // Checked again by every rank's model; here it fails before any rank thread starts.

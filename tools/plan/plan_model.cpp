@@ -56,6 +56,19 @@ LayerPrediction predict_layer(const ModelConfig& c, const Hardware& hw, int h_lo
     r.collectives = (replicated_q ? 0 : 1) + (backend == CombineBackend::ag_rs ? 2 : 1);
     r.comm_ms = 1e3 * (r.collectives * hw.link_latency + r.comm_bytes / hw.link_bandwidth);
   }
+  if (replicated_q && dcp > 1) {
+    const double q_in = c.q_lora_rank ? *c.q_lora_rank : c.hidden_size;
+    const double group_heads = static_cast<double>(dcp) * h_loc;
+    const double elem = 2.0;  // replication needs 16-bit weights (FP8 ones gather the query)
+    r.replicated_weight_bytes =
+        group_heads * (c.q_head_dim() * q_in + (c.qk_nope_head_dim + c.v_head_dim) *
+                                                   static_cast<double>(c.kv_lora_rank)) *
+        elem;
+    const double extra = (dcp - 1.0) * h_loc *
+                         (c.q_head_dim() * q_in + c.qk_nope_head_dim * static_cast<double>(c.kv_lora_rank));
+    r.replicated_gemm_ms =
+        1e3 * std::max(2.0 * batch * extra / hw.compute_flops, extra * elem / hw.bandwidth);
+  }
   return r;
 }
 

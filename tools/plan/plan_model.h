@@ -32,6 +32,10 @@ struct LayerPrediction {
   double attn_ms = 0, comm_ms = 0;  // per MLA layer and rank
   double kv_bytes = 0, comm_bytes = 0;
   int collectives = 0;
+  // Replicated query projection: the DCP group's q_b_proj and kv_b_proj rows each rank holds
+  // besides its own (bytes per layer), and the time of the extra query products per step (the
+  // other N - 1 ranks' heads: their q_b_proj rows and w_kc read, batch rows each).
+  double replicated_weight_bytes = 0, replicated_gemm_ms = 0;
 };
 
 // One decode step of one MLA layer on one rank: N = dcp ranks each attend N * h_loc heads over
