@@ -58,6 +58,62 @@ TEST(PrefixCache, SharedPrefixesGiveIdenticalOutputsWithTheCacheOnAndOff) {
   }
 }
 
+// Speculative decoding over cached prefixes: the target shares the prefix's pages, the draft (no
+// cache of its own) computes their KV itself; greedy verification gives the plain greedy tokens.
+TEST(PrefixCache, SpeculativeDecodingOverACachedPrefixEqualsGreedy) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 2);
+  const auto w = make_synthetic_weights(67);
+  auto reqs = shared_prefix_requests(rng, c.vocab_size, 150, 6);
+  for (RequestSpec& r : reqs) r.max_new_tokens = 7;
+  for (int n : {1, 2}) {
+    test::EngineSetup plain;
+    plain.tp = 2;
+    plain.dcp = n;
+    plain.backend = CombineBackend::a2a;
+    plain.page_size = 8;
+    plain.chunk = 64;
+    plain.max_running = 2;
+    const auto expect = test::run_engine(c, *w, plain, reqs);
+    test::EngineSetup spec = plain;
+    spec.prefix_cache = true;
+    spec.num_draft_tokens = 3;
+    spec.draft_config = preset_config("tiny", 1);
+    spec.draft_weights = w.get();
+    const auto got = test::run_engine(c, *w, spec, reqs);
+    const std::string what = "dcp " + std::to_string(n);
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      ASSERT_EQ(got.results[i].state, RequestState::finished) << what << ": " << got.results[i].error;
+      EXPECT_EQ(got.results[i].output_tokens, expect.results[i].output_tokens)
+          << what << " request " << i;
+    }
+    const std::int64_t vp = 8LL * n;
+    EXPECT_EQ(got.cache_stats[0].hit_tokens, 4 * (150 / vp) * vp) << what;
+    // The draft's KV of the cached prefix is right: it proposes what it proposes without the
+    // cache (same draft, same tokens), so as many drafts are accepted.
+    test::EngineSetup spec_only = spec;
+    spec_only.prefix_cache = false;
+    const auto uncached = test::run_engine(c, *w, spec_only, reqs);
+    EXPECT_GT(uncached.stats.spec_accepted, 0) << what;
+    EXPECT_EQ(got.stats.spec_proposed, uncached.stats.spec_proposed) << what;
+    EXPECT_EQ(got.stats.spec_accepted, uncached.stats.spec_accepted) << what;
+    // Where the target shares the prefix but the draft holds every token: a cache that fits all
+    // six requests in the target (one prefix) but about two in the draft. Admission waits for
+    // the draft instead of overrunning it.
+    test::EngineSetup tight = spec;
+    tight.capacity = 480;
+    tight.max_running = 6;
+    const auto waited = test::run_engine(c, *w, tight, reqs);
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      ASSERT_EQ(waited.results[i].state, RequestState::finished)
+          << what << ": " << waited.results[i].error;
+      EXPECT_EQ(waited.results[i].output_tokens, expect.results[i].output_tokens)
+          << what << " request " << i << " (tight)";
+    }
+    EXPECT_LT(waited.stats.peak_running, 6) << what << ": the draft's capacity limited admission";
+  }
+}
+
 TEST(PrefixCache, UnderPressurePagesGoToTheHostTierAndComeBackExactly) {
   auto rng = test::make_rng();
   const ModelConfig c = preset_config("tiny", 2);

@@ -152,6 +152,12 @@ class Engine {
   std::int64_t pages_for(std::int64_t tokens) const;
   std::int64_t reserved_pages() const;
   void admit();
+  // Pages the draft lacks to admit `l` (final length final_len) beside the running requests'
+  // reservations; <= 0 when it fits. Only the prefix cache lets the target admit more than the
+  // draft holds.
+  std::int64_t draft_pages_short(const Live& l, std::int64_t final_len) const;
+  // The draft's prefill of `tokens` for `id` in chunks (a cached prefix the target shares).
+  void draft_prefill(RequestId id, const std::vector<std::int32_t>& tokens);
   bool run_prefill();
   bool run_decode();
   bool run_speculative();

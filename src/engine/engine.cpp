@@ -36,7 +36,6 @@ Engine::Engine(MlaModel& model, const EngineOptions& options, MlaModel* draft)
                   "the draft model must be replicated on every rank (TP 1, DCP 1)");
   }
   if (options.enable_prefix_cache) {
-    DCP_ARG_CHECK(!draft, "enable_prefix_cache does not combine with speculative decoding yet");
     std::vector<LatentPool*> pools;
     for (int l = 0; l < model.config().num_hidden_layers; ++l)
       pools.push_back(&model.kv_shard(l).pool());
@@ -200,16 +199,49 @@ std::int64_t Engine::reserved_pages() const {
   return r;
 }
 
+std::int64_t Engine::draft_pages_short(const Live& l, std::int64_t final_len) const {
+  // The draft holds every token of every request itself (no prefix sharing), so with the prefix
+  // cache the target may admit what the draft cannot hold yet.
+  if (!draft_ || !cache_) return 0;
+  const KvAllocator& d = draft_->allocator();
+  const std::int64_t vp = d.virtual_page_size();
+  std::int64_t reserved = 0;
+  for (const Live& r : running_) {
+    const std::int64_t len = final_length(r.context, static_cast<std::int64_t>(r.feed.size()),
+                                          r.spec.max_new_tokens);
+    reserved += (len + vp - 1) / vp - static_cast<std::int64_t>(d.pages(r.spec.id).size());
+  }
+  const std::int64_t held =
+      d.contains(l.spec.id) ? static_cast<std::int64_t>(d.pages(l.spec.id).size()) : 0;
+  return (final_len + vp - 1) / vp - held - (d.free_pages() - reserved);
+}
+
+void Engine::draft_prefill(RequestId id, const std::vector<std::int32_t>& tokens) {
+  const std::int64_t n = static_cast<std::int64_t>(tokens.size());
+  for (std::int64_t at = 0; at < n; at += options_.chunked_prefill_size) {
+    const std::int64_t chunk = std::min<std::int64_t>(options_.chunked_prefill_size, n - at);
+    draft_->extend(id, chunk);
+    ForwardBatch d;
+    d.mode = ForwardMode::extend;
+    d.entries = {{id, static_cast<std::int32_t>(chunk)}};
+    d.tokens.assign(tokens.begin() + at, tokens.begin() + at + chunk);
+    draft_->forward(d);
+  }
+}
+
 void Engine::admit() {
   KvAllocator& alloc = model_.allocator();
   for (auto it = waiting_.begin(); it != waiting_.end();) {
     const std::int64_t final_len = final_length(
         it->context, static_cast<std::int64_t>(it->feed.size()), it->spec.max_new_tokens);
-    if (pages_for(final_len) >
-        alloc.num_pages()) {  // can never fit: reject, keep serving the others
+    // Can never fit (in the target's cache, or the draft's): reject, keep serving the others.
+    const std::int64_t capacity = draft_ ? std::min(alloc.capacity_tokens(),
+                                                    draft_->allocator().capacity_tokens())
+                                         : alloc.capacity_tokens();
+    if (final_len > capacity) {
       RequestResult& r = results_[it->result];
       r.state = RequestState::rejected;
-      r.error = str("needs ", final_len, " tokens of KV; the cache holds ", alloc.capacity_tokens(),
+      r.error = str("needs ", final_len, " tokens of KV; the cache holds ", capacity,
                     " (raise kv_capacity_tokens)");
       if (it->context > 0) {
         alloc.free(it->spec.id);
@@ -220,7 +252,7 @@ void Engine::admit() {
     }
     if (static_cast<int>(running_.size()) >= options_.max_running_requests) break;
     // A prefix-cache hit: whole pages the request shares instead of computing (pinned for now).
-    std::vector<std::int32_t> hit;
+    std::vector<std::int32_t> hit, prefix;
     if (it->cacheable) hit = cache_->match(it->feed);
     const std::int64_t held = it->context > 0
                                   ? static_cast<std::int64_t>(alloc.pages(it->spec.id).size())
@@ -228,8 +260,8 @@ void Engine::admit() {
     const std::int64_t need = pages_for(final_len) - held;
     if (cache_ && need > alloc.free_pages() - reserved_pages())
       cache_->make_room(need + reserved_pages());
-    if (need > alloc.free_pages() - reserved_pages()) {  // FIFO: wait for KV
-      if (cache_) cache_->unpin(hit);
+    if (need > alloc.free_pages() - reserved_pages() || draft_pages_short(*it, final_len) > 0) {
+      if (cache_) cache_->unpin(hit);  // FIFO: wait for KV
       break;
     }
     if (it->context == 0) {
@@ -239,10 +271,14 @@ void Engine::admit() {
         alloc.allocate_shared(it->spec.id, hit);
         cache_->unpin(hit);
         it->context = alloc.length(it->spec.id);
+        prefix.assign(it->feed.begin(), it->feed.begin() + it->context);
         it->feed.erase(it->feed.begin(), it->feed.begin() + it->context);
         prompt_done_ += it->context;
       }
-      if (draft_) draft_->allocator().allocate(it->spec.id, 0);
+      if (draft_) {  // the draft has no cache: it computes the cached prefix's KV itself
+        draft_->allocator().allocate(it->spec.id, 0);
+        if (!prefix.empty()) draft_prefill(it->spec.id, prefix);
+      }
     }
     results_[it->result].state = RequestState::prefill;
     running_.push_back(std::move(*it));

@@ -189,6 +189,10 @@ case_run_prefix_cache() {
   check "json has per-rank tier bytes" json_has '"bytes_to_host"'
   check "cache run verifies" json_has '"tokens_match": true'
   check "summary reports the hit rate" stdout_has "prefix cache: hit rate"
+  expect 0 "prefix cache with speculative decoding" -- run --enable-prefix-cache --speculative-num-draft-tokens 3 --speculative-draft target:1 --shared-prefix-len 150 --batch 4 --prompt-len 200 --max-new-tokens 6 --max-running-requests 1 --page-size 8 --json "$tmp/run.json"
+  check "cache + speculation: hits" json_has '"hit_tokens": [1-9]'
+  check "cache + speculation: drafts accepted" json_has '"acceptance_rate": 0\.[0-9]*[1-9]'
+  check "cache + speculation verifies" json_has '"passed": true'
   expect 2 "host tier without the cache" -- run --host-kv-capacity-tokens 100
   check "names the missing flag" stderr_has "needs --enable-prefix-cache"
   expect 2 "shared prefix longer than the prompt" -- run --shared-prefix-len 5000
