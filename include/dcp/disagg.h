@@ -100,6 +100,9 @@ struct DisaggConfig {
   ParallelConfig decode;
   ModelOptions model_options;  // page size, KV dtype, capacity (both sides)
   EngineOptions engine;
+  // Speculative decoding on the decode side (engine.num_draft_tokens > 0): its draft, replicated
+  // on every decode rank, computes each adopted prompt's KV itself (nothing of it is moved).
+  std::optional<ModelSource> draft;
   TransportOptions transport;
   bool poison_decode_pools = false;  // tests: NaN everywhere before transfer (stale rows show)
 };

@@ -125,8 +125,10 @@ class Engine {
   bool forget(RequestId id);
   // Disaggregated decode: takes over a request whose prompt KV is already in this engine's
   // allocator (length = prompt size, moved in by transfer_kv) and whose first token the prefill
-  // side chose; it joins the running batch in decode state. Throws (capacity) and frees that
-  // request's KV if its remaining tokens do not fit beside the running requests' reservations.
+  // side chose; it joins the running batch in decode state. With a draft, the draft computes the
+  // prompt's KV here (the target's was transferred). Throws (capacity) and frees that request's KV
+  // if its remaining tokens do not fit beside the running requests' reservations (the draft's
+  // included).
   void adopt(const RequestSpec& spec, std::int32_t first_token);
 
   const std::vector<RequestResult>& results() const noexcept { return results_; }
@@ -152,11 +154,12 @@ class Engine {
   std::int64_t pages_for(std::int64_t tokens) const;
   std::int64_t reserved_pages() const;
   void admit();
-  // Pages the draft lacks to admit `l` (final length final_len) beside the running requests'
-  // reservations; <= 0 when it fits. Only the prefix cache lets the target admit more than the
-  // draft holds.
-  std::int64_t draft_pages_short(const Live& l, std::int64_t final_len) const;
-  // The draft's prefill of `tokens` for `id` in chunks (a cached prefix the target shares).
+  // Pages the draft lacks to hold request `id` at final length final_len beside the running
+  // requests' reservations; <= 0 when it fits (always without a draft). The prefix cache lets
+  // the target admit more than the draft holds.
+  std::int64_t draft_pages_short(RequestId id, std::int64_t final_len) const;
+  // The draft's prefill of `tokens` for `id` in chunks (a cached prefix the target shares, or an
+  // adopted prompt whose target KV was transferred).
   void draft_prefill(RequestId id, const std::vector<std::int32_t>& tokens);
   bool run_prefill();
   bool run_decode();

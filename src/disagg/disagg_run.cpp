@@ -37,7 +37,8 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
   prefill_options.record_logits = true;
   prefill_options.num_draft_tokens = 0;
   RankSystem sys(*side, is_decode ? decode_topo : prefill_topo, c.model, c.model_options,
-                 is_decode ? c.engine : prefill_options);
+                 is_decode ? c.engine : prefill_options,
+                 is_decode ? c.draft : std::optional<ModelSource>{});
   MlaModel& model = sys.model();
   if (is_decode && c.poison_decode_pools) {
     for (int l = 0; l < model.config().num_hidden_layers; ++l) model.kv_shard(l).pool().poison();
@@ -136,8 +137,6 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
 Launched<DeploymentReport> run_disaggregated_deployment(const DeploymentSpec& spec,
                                                         int prefill_dcp_size) {
   check_runs_here(spec.parallel);
-  DCP_ARG_CHECK(!spec.draft && spec.engine.num_draft_tokens == 0,
-                "disaggregation does not combine with speculative decoding yet");
   DCP_ARG_CHECK(!spec.engine.enable_prefix_cache,
                 "disaggregation does not combine with the prefix cache yet");
   DisaggConfig c;
@@ -146,6 +145,7 @@ Launched<DeploymentReport> run_disaggregated_deployment(const DeploymentSpec& sp
   c.decode = spec.parallel;
   c.model_options = spec.model_options;
   c.engine = spec.engine;
+  c.draft = spec.draft;
   resolve(prefill_side(prefill_dcp_size));
   const Topology decode_topo = resolve(spec.parallel);
   LaunchOptions lo;

@@ -148,15 +148,18 @@ void Engine::adopt(const RequestSpec& spec, std::int32_t first_token) {
   DCP_ARG_CHECK(
       spec.max_new_tokens >= 1 && first_token >= 0 && first_token < model_.config().vocab_size,
       "adopt: request ", spec.id, " needs max_new_tokens >= 1 and a first token in the vocabulary");
-  DCP_ARG_CHECK(!draft_, "adopt: speculative decoding is not supported for disaggregated requests");
   const std::int64_t final_len =
       static_cast<std::int64_t>(spec.prompt.size()) + spec.max_new_tokens;
   const std::int64_t need =
       pages_for(final_len) - static_cast<std::int64_t>(alloc.pages(spec.id).size());
-  if (need > alloc.free_pages() - reserved_pages()) {
+  if (need > alloc.free_pages() - reserved_pages() || draft_pages_short(spec.id, final_len) > 0) {
     alloc.free(spec.id);
     throw Error(ErrorCategory::capacity, str("adopt: request ", spec.id, " needs ", need,
                                              " more KV pages than the decode side can reserve"));
+  }
+  if (draft_) {  // the draft's KV of the prompt is computed here, not transferred
+    draft_->allocator().allocate(spec.id, 0);
+    draft_prefill(spec.id, spec.prompt);
   }
   RequestResult result;
   result.id = spec.id;
@@ -165,6 +168,7 @@ void Engine::adopt(const RequestSpec& spec, std::int32_t first_token) {
   results_.push_back(result);
   Live live{
       spec, results_.size() - 1, static_cast<std::int64_t>(spec.prompt.size()), spec.prompt, 0, {}};
+  live.draft_pending = {first_token};
   running_.push_back(std::move(live));
   if (spec.max_new_tokens == 1) finish(running_.size() - 1, FinishReason::length);
 }
@@ -199,10 +203,10 @@ std::int64_t Engine::reserved_pages() const {
   return r;
 }
 
-std::int64_t Engine::draft_pages_short(const Live& l, std::int64_t final_len) const {
+std::int64_t Engine::draft_pages_short(RequestId id, std::int64_t final_len) const {
   // The draft holds every token of every request itself (no prefix sharing), so with the prefix
   // cache the target may admit what the draft cannot hold yet.
-  if (!draft_ || !cache_) return 0;
+  if (!draft_) return 0;
   const KvAllocator& d = draft_->allocator();
   const std::int64_t vp = d.virtual_page_size();
   std::int64_t reserved = 0;
@@ -211,8 +215,7 @@ std::int64_t Engine::draft_pages_short(const Live& l, std::int64_t final_len) co
                                           r.spec.max_new_tokens);
     reserved += (len + vp - 1) / vp - static_cast<std::int64_t>(d.pages(r.spec.id).size());
   }
-  const std::int64_t held =
-      d.contains(l.spec.id) ? static_cast<std::int64_t>(d.pages(l.spec.id).size()) : 0;
+  const std::int64_t held = d.contains(id) ? static_cast<std::int64_t>(d.pages(id).size()) : 0;
   return (final_len + vp - 1) / vp - held - (d.free_pages() - reserved);
 }
 
@@ -260,7 +263,7 @@ void Engine::admit() {
     const std::int64_t need = pages_for(final_len) - held;
     if (cache_ && need > alloc.free_pages() - reserved_pages())
       cache_->make_room(need + reserved_pages());
-    if (need > alloc.free_pages() - reserved_pages() || draft_pages_short(*it, final_len) > 0) {
+    if (need > alloc.free_pages() - reserved_pages() || draft_pages_short(it->spec.id, final_len) > 0) {
       if (cache_) cache_->unpin(hit);  // FIFO: wait for KV
       break;
     }

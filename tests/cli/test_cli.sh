@@ -361,6 +361,9 @@ case_run_disagg() {
   check "disaggregation verifies" json_has '"tokens_match": true'
   expect 0 "disaggregate 4 -> 4" -- run --disaggregate --prefill-dcp-size 4 --batch 2 --prompt-len 90 --max-new-tokens 3
   check "summary reports bytes moved" stdout_has "bytes received per decode rank"
+  expect 0 "disaggregate with speculative decoding on the decode side" -- run --disaggregate --prefill-dcp-size 1 --speculative-num-draft-tokens 3 --speculative-draft target:1 --batch 3 --prompt-len 130 --max-new-tokens 8 --json "$tmp/run.json"
+  check "disagg + speculation verifies" json_has '"passed": true'
+  check "disagg + speculation: drafts accepted" json_has '"acceptance_rate": 0\.[0-9]*[1-9]'
   expect 2 "disaggregate 2 -> 4 is refused" -- run --disaggregate --prefill-dcp-size 2
   check "names both sizes" stderr_has "prefill DCP size 2 -> decode DCP size 4 is not supported"
   check "refused before any rank started" stderr_lines 1

@@ -104,8 +104,6 @@ Workload build_workload(const RunOptions& o) {
                 "--enable-prefix-cache does not combine with --disaggregate yet");
   w.disaggregate = o.disaggregate;
   w.prefill_dcp_size = o.prefill_dcp_size;
-  DCP_ARG_CHECK(!o.disaggregate || o.spec_tokens == 0,
-                "--disaggregate does not combine with --speculative-num-draft-tokens yet");
   if (o.disaggregate) {  // refuse an unsupported pair before any rank starts
     const KvDtype dtype = s.model_options.kv_dtype;
     make_transfer_plan({o.prefill_dcp_size, o.page_size, dtype},
