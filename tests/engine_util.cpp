@@ -29,6 +29,7 @@ EngineRun run_engine_phases(const ModelConfig& config, const WeightSource& weigh
   ModelOptions mo;
   mo.kv_dtype = s.kv_dtype;
   mo.page_size = s.page_size;
+  mo.kv_interleave = s.interleave;
   mo.kv_capacity_tokens = s.capacity;
   EngineOptions eo;
   eo.chunked_prefill_size = s.chunk;

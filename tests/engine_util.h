@@ -19,6 +19,7 @@ struct EngineSetup {
   bool replicate_q = false;
   KvDtype kv_dtype = KvDtype::fp32;
   int page_size = 16;
+  int interleave = 1;  // KV stripe (divides page_size)
   int chunk = 2048;
   std::int64_t capacity = 4096;
   ForwardMode extend_mode = ForwardMode::extend;

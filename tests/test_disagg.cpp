@@ -26,8 +26,7 @@ TEST(TransferPlan, EqualSizesMoveEachRanksRowsAsTheyAre) {
             make_transfer_plan({n, 16, KvDtype::bf16}, {n, 16, KvDtype::bf16}, r, tokens);
         ASSERT_TRUE(p.page_path);
         ASSERT_EQ(p.src_dcp_rank, r);
-        ASSERT_EQ(p.src_first, 0);
-        ASSERT_EQ(p.src_stride, 1);
+        for (std::int64_t j = 0; j < p.rows; ++j) ASSERT_EQ(p.source_row(j), j);
         std::int64_t owned = 0;  // brute force: positions below `tokens` that r owns
         for (std::int64_t q = 0; q < tokens; ++q) owned += q % n == r;
         ASSERT_EQ(p.rows, owned) << "exact count: nothing past the last token";
@@ -37,26 +36,28 @@ TEST(TransferPlan, EqualSizesMoveEachRanksRowsAsTheyAre) {
 }
 
 TEST(TransferPlan, DcpOneToNRelayoutsTokens) {
-  for (int n = 1; n <= 6; ++n) {
-    for (std::int64_t tokens : {0, 1, 5, 63, 64, 65, 200}) {
-      for (int r = 0; r < n; ++r) {
-        const TransferPlan p =
-            make_transfer_plan({1, 8, KvDtype::fp32}, {n, 8, KvDtype::fp32}, r, tokens);
-        ASSERT_EQ(p.src_dcp_rank, 0);
-        // Decode local row j must receive position r + j*N: exactly the positions it owns, in
-        // order.
-        std::vector<std::int64_t> expect;
-        for (std::int64_t q = 0; q < tokens; ++q) {
-          if (layout::owner(q, n) == r) expect.push_back(q);
-        }
-        ASSERT_EQ(p.rows, static_cast<std::int64_t>(expect.size()));
-        for (std::int64_t j = 0; j < p.rows; ++j) {
-          ASSERT_EQ(p.src_first + j * p.src_stride, expect[j]);
-          ASSERT_EQ(layout::row(expect[j], n), j);
+  for (int il : {1, 2, 8}) {
+    for (int n = 1; n <= 6; ++n) {
+      for (std::int64_t tokens : {0, 1, 5, 63, 64, 65, 200}) {
+        for (int r = 0; r < n; ++r) {
+          const TransferPlan p = make_transfer_plan({1, 8, KvDtype::fp32, il},
+                                                    {n, 8, KvDtype::fp32, il}, r, tokens);
+          ASSERT_EQ(p.src_dcp_rank, 0);
+          // Decode local row j must receive the j-th position it owns (brute force over the
+          // stripes of il tokens), in order.
+          std::vector<std::int64_t> expect;
+          for (std::int64_t q = 0; q < tokens; ++q) {
+            if (q / il % n == r) expect.push_back(q);
+          }
+          ASSERT_EQ(p.rows, static_cast<std::int64_t>(expect.size()));
+          for (std::int64_t j = 0; j < p.rows; ++j) ASSERT_EQ(p.source_row(j), expect[j]);
         }
       }
     }
   }
+  EXPECT_TRUE(test::throws_error(
+      [] { make_transfer_plan({1, 8, KvDtype::fp32, 2}, {2, 8, KvDtype::fp32, 4}, 0, 10); },
+      ErrorCategory::invalid_argument, "interleave sizes differ: prefill 2, decode 4"));
 }
 
 TEST(TransferPlan, RejectedPairsNameBothSizes) {

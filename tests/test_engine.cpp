@@ -275,3 +275,54 @@ TEST(Engine, CancelFreesTheKvAndLeavesTheOtherRequestsUntouched) {
 
 }  // namespace
 }  // namespace dcp
+
+namespace dcp {
+namespace {
+
+// The KV striped in runs of I tokens per rank (vLLM's interleave size) through the allocator,
+// the writes, the kernels' row mapping and both extend paths: equal to DCP 1, for I up to the
+// page size, N not a power of two, prompts over several chunks and partial pages.
+TEST(Engine, InterleavedStripesEqualDcpOne) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 2);
+  const auto w = make_synthetic_weights(71);
+  std::vector<RequestSpec> reqs;
+  for (const int len : {1, 5, 37, 150})
+    reqs.push_back(test::request(len, test::random_tokens(rng, len, c.vocab_size), 6));
+  test::EngineSetup one;
+  one.tp = 4;
+  one.page_size = 16;
+  one.chunk = 40;
+  const auto expect = test::run_engine(c, *w, one, reqs);
+  for (const int n : {2, 4}) {
+    for (const int il : {2, 8, 16}) {
+      for (const ForwardMode mode : {ForwardMode::extend, ForwardMode::extend_native}) {
+        test::EngineSetup s = one;
+        s.dcp = n;
+        s.backend = CombineBackend::a2a;
+        s.interleave = il;
+        s.extend_mode = mode;
+        const auto got = test::run_engine(c, *w, s, reqs);
+        const std::string what = str("dcp ", n, " interleave ", il,
+                                     mode == ForwardMode::extend ? " gather" : " native");
+        for (std::size_t i = 0; i < reqs.size(); ++i) {
+          ASSERT_EQ(got.results[i].output_tokens, expect.results[i].output_tokens)
+              << what << " request " << i;
+          EXPECT_TRUE(test::close_runs(got.results[i].step_logits, expect.results[i].step_logits,
+                                       {1e-10, 1e-4}, what.c_str()));
+        }
+      }
+    }
+  }
+  // A stripe may not straddle two pages.
+  test::EngineSetup bad = one;
+  bad.dcp = 2;
+  bad.backend = CombineBackend::a2a;
+  bad.interleave = 3;
+  EXPECT_TRUE(test::throws_error([&] { test::run_engine(c, *w, bad, reqs); },
+                                 ErrorCategory::invalid_argument,
+                                 "page_size = 16 must be a multiple of interleave = 3"));
+}
+
+}  // namespace
+}  // namespace dcp

@@ -20,6 +20,7 @@
 #include "dcp/dtype.h"
 #include "dcp/engine.h"
 #include "dcp/kv_cache.h"
+#include "dcp/layout.h"
 #include "dcp/model.h"
 #include "dcp/weights.h"
 
@@ -29,25 +30,30 @@ struct KvLayoutSpec {
   int dcp_size = 1;
   int page_size = 1;
   KvDtype dtype = KvDtype::bf16;
+  int interleave = 1;  // tokens per stripe (the allocator's)
 };
 
-// Decode rank `decode_rank` receives `rows` rows: source local rows src_first, src_first +
-// src_stride, ... of the prefill rank with DCP rank src_dcp_rank, stored at its local rows
+// Decode rank `decode_rank` receives `rows` rows: source local rows source_row(0), ...,
+// source_row(rows - 1) of the prefill rank with DCP rank src_dcp_rank, stored at its local rows
 // 0 .. rows-1.
 struct TransferPlan {
   int prefill_dcp_size = 1;
   int decode_dcp_size = 1;
   int decode_rank = 0;
+  int interleave = 1;
   std::int64_t tokens = 0;  // the exact sequence length
   int src_dcp_rank = 0;
-  std::int64_t src_first = 0;
-  std::int64_t src_stride = 1;
   std::int64_t rows = 0;   // layout count of `tokens` on decode_rank
   bool page_path = false;  // equal DCP sizes: rows move as the prefill rank holds them
+  // Equal sizes: local row j as it is; prefill DCP 1 holds position p at local row p, so decode
+  // local row j comes from its position there.
+  std::int64_t source_row(std::int64_t j) const noexcept {
+    return page_path ? j : layout::position(j, decode_rank, decode_dcp_size, interleave);
+  }
 };
 
 // Pure function of its arguments; throws dcp::Error(invalid_argument) naming both DCP sizes
-// for an unsupported pair, and on page size or dtype mismatches.
+// for an unsupported pair, and on page size, interleave or dtype mismatches.
 TransferPlan make_transfer_plan(const KvLayoutSpec& prefill, const KvLayoutSpec& decode,
                                 int decode_rank, std::int64_t tokens);
 

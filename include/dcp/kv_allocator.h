@@ -31,13 +31,16 @@ struct PageCopy {
 
 class KvAllocator {
  public:
-  // Throws unless dcp_size >= 1, page_size >= 1, num_pages >= 0 and fits an int32 page id.
-  KvAllocator(int dcp_size, int page_size, std::int64_t num_pages);
+  // Throws unless dcp_size >= 1, page_size >= 1, num_pages >= 0 and fits an int32 page id, and
+  // interleave >= 1 divides page_size. interleave: the stripe of consecutive tokens per rank
+  // (owner(p) = (p / I) mod N; vLLM's dcp_kv_cache_interleave_size).
+  KvAllocator(int dcp_size, int page_size, std::int64_t num_pages, int interleave = 1);
 
   // The slot mapping (owner(v), physical(v), page sizes): the layout's widened page math.
   const WidenedPages& widened() const noexcept { return widened_; }
   int dcp_size() const noexcept { return widened_.dcp_size(); }
   int page_size() const noexcept { return widened_.page_size(); }  // P, physical
+  int interleave() const noexcept { return widened_.interleave(); }
   std::int64_t virtual_page_size() const noexcept { return widened_.virtual_page_size(); }
   std::int64_t num_pages() const noexcept { return widened_.physical_pages(); }
   // Logical capacity in tokens: physical rows x N.

@@ -130,6 +130,7 @@ struct BatchEntry {
 struct ForwardPlan {
   int dcp_size = 1;
   int dcp_rank = 0;
+  int interleave = 1;
   int page_size = 0;
   std::vector<RequestId> requests;       // [B]
   std::vector<std::int32_t> q_start;     // [B + 1]

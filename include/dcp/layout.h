@@ -93,6 +93,7 @@ class WidenedPages {
 
   int dcp_size() const noexcept { return size_; }
   int page_size() const noexcept { return page_size_; }
+  int interleave() const noexcept { return interleave_; }
   std::int64_t physical_pages() const noexcept { return pages_; }
   std::int64_t physical_rows() const noexcept { return pages_ * page_size_; }
   std::int64_t virtual_page_size() const noexcept {

@@ -38,6 +38,9 @@ struct ModelOptions {
   int ep_size = 1;
   KvDtype kv_dtype = KvDtype::bf16;
   int page_size = 64;
+  // The KV stripe: I consecutive tokens per rank (vLLM's --dcp-kv-cache-interleave-size); must
+  // divide page_size.
+  int kv_interleave = 1;
   std::int64_t kv_capacity_tokens = 0;  // logical tokens (physical rows x N), rounded up to pages
   // The local attention kernel over the KV pool (KernelPath::amx_bf16 needs bf16 KV). Attention
   // over gathered fp32 copies (the gather extend path, the intra-chunk part) stays automatic.

@@ -182,7 +182,7 @@ void DcpAttention::native_extend(const float* q, const float* chunk_rows, const 
   std::vector<std::int64_t> prefix_len(static_cast<std::size_t>(plan.num_requests()));
   for (int b = 0; b < plan.num_requests(); ++b) {
     const std::int64_t start = plan.global_len[b] - (plan.q_start[b + 1] - plan.q_start[b]);
-    prefix_len[b] = layout::count(start, group_.rank(), group_.size());
+    prefix_len[b] = layout::count(start, group_.rank(), group_.size(), plan.interleave);
     any_prefix = any_prefix || start > 0;  // the same on every rank: lockstep holds
   }
   if (any_prefix) {

@@ -27,8 +27,10 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
   const Topology decode_topo = resolve(c.decode);
   DCP_ARG_CHECK(world.size() == a + t, "disaggregation needs ", a + t, " ranks (prefill_dcp_size ",
                 a, " + decode tp_size ", t, "), the world has ", world.size());
-  const KvLayoutSpec pre{a, c.model_options.page_size, c.model_options.kv_dtype};
-  const KvLayoutSpec dec{c.decode.dcp_size, c.model_options.page_size, c.model_options.kv_dtype};
+  const KvLayoutSpec pre{a, c.model_options.page_size, c.model_options.kv_dtype,
+                         c.model_options.kv_interleave};
+  const KvLayoutSpec dec{c.decode.dcp_size, c.model_options.page_size, c.model_options.kv_dtype,
+                         c.model_options.kv_interleave};
   make_transfer_plan(pre, dec, 0, 0);  // refuses unsupported pairs before any work
 
   const bool is_decode = world.rank() >= a;

@@ -16,6 +16,8 @@ TransferPlan make_transfer_plan(const KvLayoutSpec& prefill, const KvLayoutSpec&
       " is not supported: the sizes must be equal, or prefill DCP 1 -> any decode DCP size");
   DCP_ARG_CHECK(prefill.page_size == decode.page_size, "page sizes differ: prefill ",
                 prefill.page_size, ", decode ", decode.page_size, " (they must match)");
+  DCP_ARG_CHECK(prefill.interleave == decode.interleave, "interleave sizes differ: prefill ",
+                prefill.interleave, ", decode ", decode.interleave, " (they must match)");
   DCP_ARG_CHECK(prefill.dtype == decode.dtype, "KV dtypes differ: prefill ",
                 to_string(prefill.dtype), ", decode ", to_string(decode.dtype),
                 " (they must match)");
@@ -26,18 +28,11 @@ TransferPlan make_transfer_plan(const KvLayoutSpec& prefill, const KvLayoutSpec&
   p.prefill_dcp_size = a;
   p.decode_dcp_size = b;
   p.decode_rank = decode_rank;
+  p.interleave = decode.interleave;
   p.tokens = tokens;
-  p.rows = layout::count(tokens, decode_rank, b);
-  if (a == b) {  // the same striping: rank r's rows move as they are
-    p.page_path = true;
-    p.src_dcp_rank = decode_rank;
-    p.src_first = 0;
-    p.src_stride = 1;
-  } else {  // DCP 1 holds every position at local row p: take p = r, r + N, ...
-    p.src_dcp_rank = 0;
-    p.src_first = decode_rank;
-    p.src_stride = b;
-  }
+  p.rows = layout::count(tokens, decode_rank, b, decode.interleave);
+  p.page_path = a == b;  // the same striping: rank r's rows move as they are
+  p.src_dcp_rank = a == b ? decode_rank : 0;
   return p;
 }
 
@@ -93,7 +88,7 @@ std::vector<TransferResult> transfer_kv(Communicator& world, Communicator* decod
         std::size_t at = 0;
         for (KvShard* shard : shards) {
           for (std::int64_t j = 0; j < plan.rows; ++j, at += row_bytes) {
-            shard->read_local_raw(item.request, plan.src_first + j * plan.src_stride,
+            shard->read_local_raw(item.request, plan.source_row(j),
                                   buf.data() + at);
           }
         }

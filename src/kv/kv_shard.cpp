@@ -7,7 +7,9 @@
 namespace dcp {
 
 KvShard::KvShard(const KvAllocator& allocator, LatentPool& pool, int dcp_rank)
-    : allocator_(allocator), pool_(pool), layout_(allocator.dcp_size(), dcp_rank) {
+    : allocator_(allocator),
+      pool_(pool),
+      layout_(allocator.dcp_size(), dcp_rank, allocator.interleave()) {
   DCP_ARG_CHECK(
       allocator.num_pages() == pool.num_pages() && allocator.page_size() == pool.page_size(),
       "allocator (", allocator.num_pages(), " pages of ", allocator.page_size(), ") and pool (",
@@ -41,6 +43,16 @@ std::int64_t KvShard::write(RequestId request, std::int64_t start, std::int64_t 
   const int w = pool_.geometry().width();
   const int n = layout_.size();
   const std::vector<std::int32_t>& pages = allocator_.pages(request);
+  if (layout_.interleave() > 1) {  // runs of I positions every I x N
+    std::int64_t stored = 0;
+    for (std::int64_t p = start; p < start + length; ++p) {
+      if (!layout_.owns(p)) continue;
+      pool_.write_row(physical_of_local(pages, pool_.page_size(), layout_.local_row(p)),
+                      rows + (p - start) * w);
+      ++stored;
+    }
+    return stored;
+  }
   // The first owned position at or after start, then every N-th; position p is local row p / N.
   std::int64_t first = start + ((layout_.rank() - start) % n + n) % n;
   std::int64_t stored = 0;
@@ -119,14 +131,16 @@ std::vector<float> gather_sequence(Communicator& group, const KvShard& shard, Re
                 shard.layout().size(), ")");
   const std::int64_t len = shard.allocator().length(request);
   const int w = shard.pool().geometry().width();
-  const std::int64_t max_rows = layout::count(len, 0, n);  // rank 0 holds the most rows
+  const int il = shard.layout().interleave();
+  const std::int64_t max_rows = layout::count(len, 0, n, il);  // rank 0 holds the most rows
   std::vector<float> mine = shard.local_rows(request);
   mine.resize(static_cast<std::size_t>(max_rows) * w, 0.0f);  // pad to an equal count
   std::vector<float> all(mine.size() * n);
   group.all_gather(mine.data(), all.data(), mine.size() * sizeof(float));
   std::vector<float> seq(static_cast<std::size_t>(len) * w);
   for (std::int64_t p = 0; p < len; ++p) {
-    const float* src = all.data() + (layout::owner(p, n) * max_rows + layout::row(p, n)) * w;
+    const float* src =
+        all.data() + (layout::owner(p, n, il) * max_rows + layout::row(p, n, il)) * w;
     std::copy(src, src + w, seq.data() + p * w);
   }
   return seq;
@@ -135,10 +149,11 @@ std::vector<float> gather_sequence(Communicator& group, const KvShard& shard, Re
 ForwardPlan plan_forward(const KvAllocator& allocator, const std::vector<BatchEntry>& batch,
                          int dcp_rank) {
   const int n = allocator.dcp_size();
-  const ShardLayout layout(n, dcp_rank);
+  const ShardLayout layout(n, dcp_rank, allocator.interleave());
   ForwardPlan plan;
   plan.dcp_size = n;
   plan.dcp_rank = dcp_rank;
+  plan.interleave = allocator.interleave();
   plan.page_size = allocator.page_size();
   plan.q_start.push_back(0);
   std::size_t stride = 1;
@@ -179,6 +194,7 @@ MlaAttentionParams ForwardPlan::kernel_params(const LatentPool& pool) const {
   p.local_len = local_len.data();
   p.dcp_size = dcp_size;
   p.dcp_rank = dcp_rank;
+  p.interleave = interleave;
   return p;
 }
 

@@ -96,7 +96,7 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
 
   const std::int64_t vp = static_cast<std::int64_t>(options.page_size) * n;
   const std::int64_t pages = (options.kv_capacity_tokens + vp - 1) / vp;
-  allocator_ = std::make_unique<KvAllocator>(n, options.page_size, pages);
+  allocator_ = std::make_unique<KvAllocator>(n, options.page_size, pages, options.kv_interleave);
 
   // kv_b_proj rows of heads [h0, h0 + count), in the checkpoint's dtype.
   const auto load_kv_b = [&](const std::string& p, int h0, int count) {

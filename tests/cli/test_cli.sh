@@ -353,6 +353,23 @@ case_run_kernel() {
   check "says why" stderr_has "--attention-kernel amx_bf16: \(amx_bf16 needs --kv-cache-dtype bf16\|this CPU or OS offers no AMX-BF16\)"
 }
 
+# the KV striped in runs of I tokens per rank, through prefill chunks, the prefix cache and
+# disaggregation
+case_run_interleave() {
+  for il in 1 2 16 64; do
+    expect 0 "interleave $il" -- run --dcp-kv-cache-interleave-size "$il" --batch 3 --prompt-len 300 --max-new-tokens 4 --chunked-prefill-size 70 --json "$tmp/run.json"
+    check "interleave $il verifies" json_has '"passed": true'
+    check "interleave $il in the json" json_has "\"dcp_kv_cache_interleave_size\": $il"
+  done
+  expect 0 "interleave 2 with the prefix cache, native extend and the host tier" -- run --dcp-kv-cache-interleave-size 2 --page-size 16 --dcp-extend native --enable-prefix-cache --host-kv-capacity-tokens 512 --shared-prefix-len 150 --max-running-requests 1 --batch 4 --prompt-len 300 --max-new-tokens 4 --json "$tmp/run.json"
+  check "interleave + cache: hits" json_has '"hit_tokens": [1-9]'
+  check "interleave + cache verifies" json_has '"passed": true'
+  expect 0 "interleave 16, disaggregated 1 -> 4" -- run --dcp-kv-cache-interleave-size 16 --disaggregate --prefill-dcp-size 1 --batch 3 --prompt-len 200 --max-new-tokens 4 --json "$tmp/run.json"
+  check "interleave + disaggregation verifies" json_has '"passed": true'
+  expect 2 "interleave not dividing the page size" -- run --dcp-kv-cache-interleave-size 48
+  check "names the flags and the legal values" stderr_has "--dcp-kv-cache-interleave-size 48 must divide --page-size 64 (a stripe may not straddle two pages); legal values: 1, 2, 4, 8, 16, 32, 64"
+}
+
 # disaggregated prefill and decode
 case_run_disagg() {
   # Disaggregation.
@@ -618,7 +635,7 @@ case_run_not_here() {
   expect 0 "topology still describes them" -- topology --tp-size 4 --dcp-size 4 --platform blackwell-mnnvl
 }
 
-cases="topology demo run_summary run_rejected run_combine run_refusals run_checkpoint run_speculative run_extend run_prefix_cache plan bench_comm bench_attention bench_merge bench_step_engine run_dp run_dp_attention run_kernel run_disagg bad_values output_files memory_limits bench_plot families presets strict_flags serve_flags run_not_here"
+cases="topology demo run_summary run_rejected run_combine run_refusals run_checkpoint run_speculative run_extend run_prefix_cache plan bench_comm bench_attention bench_merge bench_step_engine run_dp run_dp_attention run_kernel run_interleave run_disagg bad_values output_files memory_limits bench_plot families presets strict_flags serve_flags run_not_here"
 if [ "$case_name" = "--list" ]; then
   echo "$cases"
   exit 0

@@ -79,6 +79,7 @@ json report_json(const RunOptions& o, const Workload& w, const DeploymentReport&
                  {"dcp_comm_backend", std::string(to_string(r.backend))},
                  {"dcp_replicate_q_proj", r.replicated_q},
                  {"page_size", o.page_size},
+                 {"dcp_kv_cache_interleave_size", o.kv_interleave},
                  {"kv_cache_dtype", o.kv_cache_dtype},
                  {"attention_kernel", kernel_name(w.spec.model_options.attention_kernel)},
                  {"chunked_prefill_size", o.chunked_prefill_size},

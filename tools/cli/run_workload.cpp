@@ -90,6 +90,15 @@ Workload build_workload(const RunOptions& o) {
   s.comm_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(o.comm_timeout_s * 1000));
   s.model_options.kv_dtype = parse_kv_dtype(o.kv_cache_dtype);
   s.model_options.page_size = o.page_size;
+  DCP_ARG_CHECK(o.page_size % o.kv_interleave == 0, "--dcp-kv-cache-interleave-size ",
+                o.kv_interleave, " must divide --page-size ", o.page_size,
+                " (a stripe may not straddle two pages); legal values: ", [&] {
+                  std::string legal;
+                  for (int d = 1; d <= o.page_size; ++d)
+                    if (o.page_size % d == 0) legal += (legal.empty() ? "" : ", ") + str(d);
+                  return legal;
+                }());
+  s.model_options.kv_interleave = o.kv_interleave;
   s.model_options.attention_kernel =
       parse_attention_kernel(o.attention_kernel, s.model_options.kv_dtype);
   s.engine.chunked_prefill_size = o.chunked_prefill_size;
@@ -250,6 +259,10 @@ void add_deployment_flags(CLI::App* cmd, RunOptions& o) {
   cmd->add_option("--num-layers", o.num_layers, "layers to run (default: the model's)")
       ->check(at_least(1));
   cmd->add_option("--page-size", o.page_size, "KV rows per physical page")
+      ->check(at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--dcp-kv-cache-interleave-size", o.kv_interleave,
+                  "KV stripe: this many consecutive tokens per DCP rank (divides --page-size)")
       ->check(at_least(1))
       ->capture_default_str();
   cmd->add_option("--kv-cache-dtype", o.kv_cache_dtype, "fp32 or bf16")

@@ -15,6 +15,7 @@ struct RunOptions {
   std::string preset = "tiny";
   int num_layers = 0;
   int page_size = 64;
+  int kv_interleave = 1;  // --dcp-kv-cache-interleave-size
   std::string kv_cache_dtype = "bf16";
   std::string attention_kernel = "automatic";
   int chunked_prefill_size = 2048;
