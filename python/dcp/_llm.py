@@ -65,8 +65,10 @@ class LLM:
 
     def __init__(self, model: str = "tiny", *, tokenizer: Optional[str] = None,
                  num_layers: int = 0, tp_size: int = 1, dcp_size: int = 1, dp_size: int = 1,
-                 enable_dp_attention: bool = False, dcp_comm_backend: Optional[str] = None,
+                 enable_dp_attention: bool = False, ep_size: int = 1,
+                 dcp_comm_backend: Optional[str] = None,
                  dcp_replicate_q_proj: bool = False, page_size: int = 64,
+                 dcp_kv_cache_interleave_size: int = 1,
                  kv_cache_dtype: str = "bf16", attention_kernel: str = "automatic",
                  max_total_tokens: int = 65536, chunked_prefill_size: int = 2048,
                  max_running_requests: int = 64, comm_timeout_s: float = 300.0):
@@ -78,9 +80,11 @@ class LLM:
         c.dcp_size = int(dcp_size)
         c.dp_size = int(dp_size)
         c.enable_dp_attention = bool(enable_dp_attention)
+        c.ep_size = int(ep_size)
         c.dcp_comm_backend = "" if dcp_comm_backend is None else str(dcp_comm_backend)
         c.dcp_replicate_q_proj = bool(dcp_replicate_q_proj)
         c.page_size = int(page_size)
+        c.dcp_kv_cache_interleave_size = int(dcp_kv_cache_interleave_size)
         c.kv_cache_dtype = str(kv_cache_dtype)
         c.attention_kernel = str(attention_kernel)
         c.max_total_tokens = int(max_total_tokens)

@@ -30,9 +30,11 @@ struct LlmConfig {
   int num_layers = 0;
   int tp_size = 1, dcp_size = 1, dp_size = 1;
   bool enable_dp_attention = false;
+  int ep_size = 1;
   std::string dcp_comm_backend;  // "" = auto
   bool dcp_replicate_q_proj = false;
   int page_size = 64;
+  int dcp_kv_cache_interleave_size = 1;
   std::string kv_cache_dtype = "bf16";
   std::string attention_kernel = "automatic";
   std::int64_t max_total_tokens = 65536;
@@ -66,6 +68,12 @@ DeploymentSpec make_spec(const LlmConfig& c) {
   check_positive(c.chunked_prefill_size, "chunked_prefill_size");
   check_positive(c.max_running_requests, "max_running_requests");
   check_positive(c.page_size, "page_size");
+  check_positive(c.dcp_kv_cache_interleave_size, "dcp_kv_cache_interleave_size");
+  if (c.page_size % c.dcp_kv_cache_interleave_size != 0) {
+    throw py::value_error("dcp_kv_cache_interleave_size = " +
+                          std::to_string(c.dcp_kv_cache_interleave_size) +
+                          " must divide page_size = " + std::to_string(c.page_size));
+  }
   if (c.num_layers < 0) {
     throw py::value_error("num_layers = " + std::to_string(c.num_layers) +
                           " must be >= 0 (0: the model's own count)");
@@ -99,9 +107,16 @@ DeploymentSpec make_spec(const LlmConfig& c) {
   p.dcp_size = c.dcp_size;
   p.dp_size = c.dp_size;
   p.enable_dp_attention = c.enable_dp_attention;
+  p.ep_size = c.ep_size;
   if (!c.dcp_comm_backend.empty()) p.dcp_comm_backend = parse_combine_backend(c.dcp_comm_backend);
   p.replicate_q_proj = c.dcp_replicate_q_proj;
   validate(p);
+  const int experts = s.model.config.n_routed_experts;
+  if (p.ep_size > 1 && (experts == 0 || experts % p.ep_size != 0)) {
+    throw py::value_error("ep_size = " + std::to_string(p.ep_size) +
+                          " must divide the model's routed experts (" + std::to_string(experts) +
+                          "; a model without experts takes ep_size = 1)");
+  }
   if (p.world_size() > kMaxThreadRanks) {
     throw py::value_error("the configuration needs " + std::to_string(p.world_size()) +
                           " ranks (tp_size x dp_size); one process runs at most " +
@@ -109,6 +124,7 @@ DeploymentSpec make_spec(const LlmConfig& c) {
   }
   s.model_options.kv_dtype = parse_kv_dtype(c.kv_cache_dtype);
   s.model_options.page_size = c.page_size;
+  s.model_options.kv_interleave = c.dcp_kv_cache_interleave_size;
   s.model_options.attention_kernel = parse_kernel_path(c.attention_kernel);
   s.model_options.kv_capacity_tokens = c.max_total_tokens;
   s.engine.chunked_prefill_size = c.chunked_prefill_size;
@@ -285,9 +301,11 @@ void bind_llm(py::module_& m) {
       .def_readwrite("dcp_size", &LlmConfig::dcp_size)
       .def_readwrite("dp_size", &LlmConfig::dp_size)
       .def_readwrite("enable_dp_attention", &LlmConfig::enable_dp_attention)
+      .def_readwrite("ep_size", &LlmConfig::ep_size)
       .def_readwrite("dcp_comm_backend", &LlmConfig::dcp_comm_backend)
       .def_readwrite("dcp_replicate_q_proj", &LlmConfig::dcp_replicate_q_proj)
       .def_readwrite("page_size", &LlmConfig::page_size)
+      .def_readwrite("dcp_kv_cache_interleave_size", &LlmConfig::dcp_kv_cache_interleave_size)
       .def_readwrite("kv_cache_dtype", &LlmConfig::kv_cache_dtype)
       .def_readwrite("attention_kernel", &LlmConfig::attention_kernel)
       .def_readwrite("max_total_tokens", &LlmConfig::max_total_tokens)

@@ -30,6 +30,9 @@ def run_tokens(dcp_bin, model_flags, prompts, max_new, *flags):
     (dict(tp_size=2, dcp_size=2, dcp_comm_backend="ag_rs", kv_cache_dtype="fp32", page_size=16),
      ["--tp-size", "2", "--dcp-size", "2", "--dcp-comm-backend", "ag_rs", "--kv-cache-dtype", "fp32",
       "--page-size", "16"]),
+    (dict(tp_size=2, dcp_size=2, page_size=16, dcp_kv_cache_interleave_size=4),
+     ["--tp-size", "2", "--dcp-size", "2", "--page-size", "16", "--dcp-kv-cache-interleave-size",
+      "4"]),
 ])
 def test_greedy_tokens_equal_dcp_run_on_a_preset(dcp_bin, config, flags):
     with dcp.LLM("tiny", **config) as llm:
@@ -40,15 +43,16 @@ def test_greedy_tokens_equal_dcp_run_on_a_preset(dcp_bin, config, flags):
     assert [o.prompt_token_ids for o in got] == PROMPTS
 
 
-def test_greedy_tokens_equal_dcp_run_on_an_moe_checkpoint(dcp_bin, tmp_path):
+@pytest.mark.parametrize("ep_size", [1, 2])
+def test_greedy_tokens_equal_dcp_run_on_an_moe_checkpoint(dcp_bin, tmp_path, ep_size):
     ckpt = str(tmp_path / "v2lite")
     subprocess.run([dcp_bin, "gen-checkpoint", "--family", "deepseek-v2-lite", "--out", ckpt],
                    check=True, stdout=subprocess.DEVNULL)
-    with dcp.LLM(ckpt, tp_size=2, dcp_size=2) as llm:
+    with dcp.LLM(ckpt, tp_size=2, dcp_size=2, ep_size=ep_size) as llm:
         got = llm.generate(PROMPTS[:2], dcp.SamplingParams(max_tokens=6, temperature=0,
                                                            ignore_eos=True))
     want = run_tokens(dcp_bin, ["--model-path", ckpt], PROMPTS[:2], 6, "--tp-size", "2",
-                      "--dcp-size", "2")
+                      "--dcp-size", "2", "--ep-size", str(ep_size))
     assert [o.outputs[0].token_ids for o in got] == want
 
 
@@ -145,6 +149,9 @@ def test_a_refused_request_drops_the_whole_batch(text_llm):
     (dict(model="tiny", kv_cache_dtype="fp8"), "fp32"),
     (dict(model="tiny", max_total_tokens=0), "max_total_tokens = 0 must be >= 1"),
     (dict(model="tiny", dp_size=2, tp_size=2, enable_dp_attention=True), "dp"),
+    (dict(model="tiny", tp_size=2, ep_size=2), "ep_size = 2 must divide the model's routed experts (0;"),
+    (dict(model="tiny", page_size=16, dcp_kv_cache_interleave_size=3),
+     "dcp_kv_cache_interleave_size = 3 must divide page_size = 16"),
 ])
 def test_bad_configurations_raise(kwargs, message):
     with pytest.raises((ValueError, NotImplementedError)) as e:
