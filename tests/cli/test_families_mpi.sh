@@ -32,4 +32,11 @@ for dp in 2 4; do
   [ "$(grep -c '^  dp group' "$tmp/out")" -eq "$dp" ] || { echo "FAIL: expected $dp dp groups"; cat "$tmp/out"; exit 1; }
   passed=$((passed + 1))
 done
+# Expert parallelism without DP attention: the experts partitioned over the 4 ranks of TP 4.
+"$mpiexec" -np 4 "$dcp" run --comm mpi --model-path "$tmp/deepseek-v3" --tp-size 4 --dcp-size 2 \
+  --ep-size 4 --batch 3 --prompt-len 40 --max-new-tokens 4 --json "$tmp/run.json" >"$tmp/out" 2>"$tmp/err" || {
+  echo "FAIL: deepseek-v3 EP 4: mpirun failed"; cat "$tmp/out" "$tmp/err"; exit 1; }
+grep -q '"passed": true' "$tmp/run.json" || { echo "FAIL: EP 4 did not verify"; cat "$tmp/out"; exit 1; }
+grep -q '"ep_size": 4' "$tmp/run.json" || { echo "FAIL: EP 4: ep_size not reported"; exit 1; }
+passed=$((passed + 1))
 echo "$passed passed, 0 failed"
