@@ -42,6 +42,9 @@ RequestSpec read_spec(ByteReader& in) {
 struct RankLoad {
   std::int64_t kv_rows = 0, kv_capacity_rows = 0, running = 0, waiting = 0;
   std::int64_t lookup_tokens = 0, hit_tokens = 0;
+  // KV tokens its DP group's unfinished requests will hold (prompt + max_new_tokens each): every
+  // rank deals the next arrivals by these, from the same reports, so all deal alike.
+  std::int64_t dealt_tokens = 0;
 };
 
 void write_news(ByteWriter& w, const RequestResult& r, std::size_t from) {
@@ -104,10 +107,6 @@ ServingDeployment::ServingDeployment(DeploymentSpec spec, ServeOptions options)
   DCP_ARG_CHECK(options_.max_queued_requests >= 1, "max_queued_requests = ",
                 options_.max_queued_requests, " must be >= 1");
   DCP_ARG_CHECK(options_.idle_tick.count() >= 1, "idle_tick must be >= 1 ms");
-  DCP_CHECK(!(spec_.parallel.enable_dp_attention && spec_.parallel.dp_size > 1), unsupported,
-            "enable_dp_attention with dp_size > 1 is not supported by the serving deployment yet "
-            "(dcp run supports it); legal here: dp_size = 1, or DP replicas without "
-            "enable_dp_attention");
   spec_.engine.record_logits = false;  // a server never keeps whole logit rows
   metrics_.kv_rows_used.assign(static_cast<std::size_t>(topology_.world_size), 0);
   metrics_.kv_rows_capacity.assign(static_cast<std::size_t>(topology_.world_size), 0);
@@ -312,8 +311,13 @@ void ServingDeployment::rank_loop(Communicator& world) {
   Engine& engine = sys.engine();
   MlaModel& model = sys.model();
   const RankPlacement& me = sys.placement();
-  const bool reporter = me.tp_rank == 0;
+  const bool reporter = me.attn_tp_rank == 0;  // the first rank of its replica / attention group
   const int replicas = spec_.parallel.dp_size;
+  // Per DP group, the KV tokens its unfinished requests will hold, as of the last reports; and
+  // this rank's own group's requests with their tokens.
+  std::vector<std::int64_t> group_load(static_cast<std::size_t>(replicas), 0);
+  std::unordered_map<RequestId, std::int64_t> mine;
+  std::int64_t my_load = 0;
   const bool frontend = world.rank() == 0;
   if (frontend) {
     {
@@ -336,7 +340,15 @@ void ServingDeployment::rank_loop(Communicator& world) {
     const std::int64_t arrivals = in.i64();
     for (std::int64_t k = 0; k < arrivals; ++k) {
       const RequestSpec spec = read_spec(in);
-      if (spec.id % replicas != me.dp_rank) continue;  // requests are dealt round robin
+      // To the group with the most free KV: the fewest tokens dealt and unfinished (ties to
+      // the lower group), the same choice on every rank.
+      const std::int64_t tokens =
+          static_cast<std::int64_t>(spec.prompt.size()) + spec.max_new_tokens;
+      const auto least = std::min_element(group_load.begin(), group_load.end());
+      *least += tokens;
+      if (static_cast<int>(least - group_load.begin()) != me.dp_rank) continue;
+      mine[spec.id] = tokens;
+      my_load += tokens;
       try {
         engine.submit(spec);
       } catch (const Error& e) {  // every rank of the replica refuses it alike
@@ -365,6 +377,20 @@ void ServingDeployment::rank_loop(Communicator& world) {
     load.kv_capacity_rows = model.allocator().num_pages() * spec_.model_options.page_size;
     load.running = engine.running();
     load.waiting = engine.waiting();
+    for (const RequestResult& r : engine.results()) {  // finished ones no longer hold KV
+      if (r.state != RequestState::finished && r.state != RequestState::rejected) continue;
+      const auto it = mine.find(r.id);
+      if (it == mine.end()) continue;
+      my_load -= it->second;
+      mine.erase(it);
+    }
+    for (const RequestResult& r : refused) {
+      const auto it = mine.find(r.id);
+      if (it == mine.end()) continue;
+      my_load -= it->second;
+      mine.erase(it);
+    }
+    load.dealt_tokens = my_load;
     if (engine.prefix_cache()) {
       load.lookup_tokens = engine.prefix_cache()->stats().lookup_tokens;
       load.hit_tokens = engine.prefix_cache()->stats().hit_tokens;
@@ -405,10 +431,12 @@ void ServingDeployment::rank_loop(Communicator& world) {
     const std::vector<std::vector<std::uint8_t>> reports = all_gather_bytes(world, report);
     if (frontend) publish(reports);
     busy_anywhere = false;
-    for (const auto& part : reports) {
+    for (std::size_t rank = 0; rank < reports.size(); ++rank) {
       RankLoad l;
-      std::memcpy(&l, part.data(), sizeof l);
+      std::memcpy(&l, reports[rank].data(), sizeof l);
       busy_anywhere = busy_anywhere || l.running > 0 || l.waiting > 0;
+      const RankPlacement& p = topology_.ranks[rank];
+      if (p.attn_tp_rank == 0) group_load[static_cast<std::size_t>(p.dp_rank)] = l.dealt_tokens;
     }
     if (stopping && !busy_anywhere) break;
   }

@@ -611,7 +611,6 @@ case_presets() {
 # `dcp serve`'s refusals, before anything listens: each names its flag
 case_serve_flags() {
   bad_value "a port past 65535" "--port" -- serve --port 70000
-  bad_value "DP attention with DP 2" "--enable-dp-attention with --dp-size > 1 is not supported" -- serve --enable-dp-attention --dp-size 2 --tp-size 2 --port 0
   expect 1 "a tokenizer folder that is not one" -- serve --preset tiny --tokenizer-path "$tmp/none" --port 0
   check "names --tokenizer-path" stderr_has "--tokenizer-path: tokenizer directory $tmp/none has neither"
   expect 0 "gen-checkpoint" -- gen-checkpoint --out "$tmp/ck"

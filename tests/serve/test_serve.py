@@ -352,20 +352,30 @@ def case_shutdown():
 
 
 def case_mpi(mpiexec):
-    """Under mpirun, one rank per process (two DP replicas of TP 2 x DCP 2): rank 0 serves, the
-    others follow; greedy tokens equal dcp run's on either replica."""
-    s = Server("--comm", "mpi", "--tp-size", "2", "--dcp-size", "2", "--dp-size", "2",
-               launcher=(mpiexec, "-np", "4"))
+    """Under mpirun, one rank per process (DP attention: two attention groups of TP 2 x DCP 2
+    in a TP 4 group): rank 0 serves, the others follow; greedy tokens equal dcp run's, with two
+    requests at once (the second goes to the other group, which has more free KV)."""
+    flags = ("--tp-size", "4", "--dp-size", "2", "--enable-dp-attention", "--dcp-size", "2")
+    s = Server("--comm", "mpi", *flags, launcher=(mpiexec, "-np", "4"))
     try:
-        want = run_tokens(PROMPT, 12, "--tp-size", "2", "--dcp-size", "2")
-        for replica in range(2):  # requests are dealt to the replicas in turn
-            status, r = s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 12, "temperature": 0,
-                                                   "ignore_eos": True})
+        want = run_tokens(PROMPT, 12, *flags)
+        got = {}
+
+        def client(i):
+            got[i] = s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 12, "temperature": 0,
+                                                "ignore_eos": True})
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for i in range(2):
+            status, r = got[i]
             check(status == 200 and r["choices"][0]["token_ids"] == want, f"mpi greedy {r} != {want}")
         _, _, events = s.stream("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                                                         "max_tokens": 8, "temperature": 0, "stream": True})
         check(events[-1] == "[DONE]", "mpi stream ends")
-        print("mpi: greedy on both replicas and a chat stream checked", flush=True)
+        print("mpi: greedy with DP attention and a chat stream checked", flush=True)
     finally:
         # mpirun exits 1 when it is signalled itself, even if every rank exits 0: signal rank 0,
         # which shuts the job down, as an operator would.
