@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every MLA family as published under mpirun: a generated checkpoint (FP8 with scales where the
 # family ships FP8) runs one rank per process at TP 4 x DCP 4 and verifies against DCP 1; the
-# DeepSeek-V3 family also with DP attention and EP 8 at TP 8 (DP 2 and 4, DCP 2), against DP 1 /
-# DCP 1 / EP 1.
+# DeepSeek-V3 family also with DP attention and EP 8 at TP 8 (DP 2 and 4, DCP 2), and with EP 4
+# alone at TP 4, against DP 1 / DCP 1 / EP 1.
 # Usage: test_families_mpi.sh MPIEXEC path/to/dcp
 set -eu
 mpiexec="$1"
