@@ -126,6 +126,17 @@ DisaggOutcome run_disagg(const ModelConfig& c, const WeightSource& w, const Disa
   return outcome;
 }
 
+// The monolithic engine with the decode side's layout, the reference of a disaggregated run.
+test::EngineSetup monolithic(const DisaggCase& k) {
+  test::EngineSetup mono;
+  mono.tp = k.decode_tp;
+  mono.dcp = k.decode_dcp;
+  mono.backend = CombineBackend::a2a;
+  mono.page_size = k.page;
+  mono.chunk = 50;
+  return mono;
+}
+
 TEST(Disaggregation, DecodeAfterTransferEqualsMonolithic) {
   auto rng = test::make_rng();
   const ModelConfig c = preset_config("tiny", 2);
@@ -137,13 +148,7 @@ TEST(Disaggregation, DecodeAfterTransferEqualsMonolithic) {
   const DisaggCase cases[] = {{1, 4, 4, 1},  {1, 4, 4, 64}, {1, 2, 2, 16},
                               {2, 2, 2, 64}, {4, 4, 4, 1},  {2, 4, 2, 16}};
   for (const DisaggCase& k : cases) {
-    test::EngineSetup mono;
-    mono.tp = k.decode_tp;
-    mono.dcp = k.decode_dcp;
-    mono.backend = CombineBackend::a2a;
-    mono.page_size = k.page;
-    mono.chunk = 50;
-    const auto expect = test::run_engine(c, *w, mono, reqs);
+    const auto expect = test::run_engine(c, *w, monolithic(k), reqs);
     const DisaggOutcome got = run_disagg(c, *w, k, reqs);
     const std::string what = std::to_string(k.prefill_dcp) + " -> " + std::to_string(k.decode_dcp) +
                              " (decode tp " + std::to_string(k.decode_tp) + ") page " +
@@ -180,12 +185,7 @@ TEST(Disaggregation, SpeculativeDecodingAfterTransferEqualsGreedy) {
                                   std::pair{DisaggCase{2, 2, 2, 16}, 2}}) {
     const DraftCase d{preset_config("tiny", 1), tokens};
     const std::string what = std::to_string(k.prefill_dcp) + " -> " + std::to_string(k.decode_dcp);
-    test::EngineSetup mono;
-    mono.tp = k.decode_tp;
-    mono.dcp = k.decode_dcp;
-    mono.backend = CombineBackend::a2a;
-    mono.page_size = k.page;
-    mono.chunk = 50;
+    const test::EngineSetup mono = monolithic(k);
     const auto plain = test::run_engine(c, *w, mono, reqs);
     test::EngineSetup spec = mono;
     spec.num_draft_tokens = d.tokens;

@@ -62,6 +62,11 @@ TEST(DpAttention, RequestsGoToTheGroupWithTheMostFreeKv) {
   EXPECT_EQ(deal_requests({7, 7, 7, 7, 7}, 3), (std::vector<int>{0, 1, 2, 0, 1}));
   EXPECT_EQ(deal_requests({3, 1}, 1), (std::vector<int>{0, 0}));
   EXPECT_TRUE(deal_requests({}, 4).empty());
+  // One step, as a server deals: the least loaded group gets it and carries its tokens.
+  std::vector<std::int64_t> load{5, 3, 3};
+  EXPECT_EQ(deal_request(load, 4), 1);
+  EXPECT_EQ(load, (std::vector<std::int64_t>{5, 7, 3}));
+  EXPECT_EQ(deal_request(load, 1), 2);
   EXPECT_TRUE(test::throws_error([] { deal_requests({1}, 0); }, ErrorCategory::invalid_argument,
                                  "groups = 0 must be >= 1"));
 }

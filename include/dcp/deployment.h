@@ -201,6 +201,9 @@ struct DeploymentReport {
 // KV tokens each will hold (prompt + max_new_tokens): in order, to the group with the most free
 // KV, i.e. the fewest tokens dealt so far; ties to the lower group. Every rank computes the same.
 std::vector<int> deal_requests(const std::vector<std::int64_t>& kv_tokens, int groups);
+// One step of that deal: the group with the least load (ties to the lower group) gets a request
+// of kv_tokens, and its load grows by them. A server keeps the loads of unfinished requests.
+int deal_request(std::vector<std::int64_t>& group_load, std::int64_t kv_tokens);
 
 // Refuses (unsupported, naming the field) a configuration that `dcp topology` and `dcp plan` may
 // describe but this build cannot run: prefill context parallelism (pcp_size > 1) and a platform

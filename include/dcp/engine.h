@@ -152,7 +152,8 @@ class Engine {
     bool stopped = false;    // it emitted a stop token
   };
   std::int64_t pages_for(std::int64_t tokens) const;
-  std::int64_t reserved_pages() const;
+  // Pages the running requests will still take in `allocator` (the target's or the draft's).
+  std::int64_t reserved_pages(const KvAllocator& allocator) const;
   void admit();
   // Pages the draft lacks to hold request `id` at final length final_len beside the running
   // requests' reservations; <= 0 when it fits (always without a draft). The prefix cache lets

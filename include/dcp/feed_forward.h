@@ -85,6 +85,9 @@ class MoeLayer {
 
  private:
   void forward_expert_parallel(const float* x, std::int64_t tokens, float* y, MoeStats& s) const;
+  // y = this rank's slice of the shared experts over every token (or zeros); counts the router's
+  // and the shared experts' bytes in `s`.
+  void start_with_shared(const float* x, std::int64_t tokens, float* y, MoeStats& s) const;
   // Runs expert experts_[l] over rows[i] for each (i, l) in the list; out[i] = its output.
   void run_grouped(const float* rows, const std::int32_t* local_expert, std::int64_t n,
                    float* out, MoeStats& s) const;

@@ -76,12 +76,15 @@ std::vector<int> deal_requests(const std::vector<std::int64_t>& kv_tokens, int g
   std::vector<std::int64_t> dealt(static_cast<std::size_t>(groups), 0);
   std::vector<int> to;
   to.reserve(kv_tokens.size());
-  for (const std::int64_t n : kv_tokens) {
-    const auto least = std::min_element(dealt.begin(), dealt.end());
-    *least += n;
-    to.push_back(static_cast<int>(least - dealt.begin()));
-  }
+  for (const std::int64_t n : kv_tokens) to.push_back(deal_request(dealt, n));
   return to;
+}
+
+int deal_request(std::vector<std::int64_t>& group_load, std::int64_t kv_tokens) {
+  DCP_ARG_CHECK(!group_load.empty(), "deal_request needs >= 1 group");
+  const auto least = std::min_element(group_load.begin(), group_load.end());
+  *least += kv_tokens;
+  return static_cast<int>(least - group_load.begin());
 }
 
 RankSystem::RankSystem(Communicator& world, const Topology& topology, const ModelSource& model,

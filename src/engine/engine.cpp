@@ -152,7 +152,8 @@ void Engine::adopt(const RequestSpec& spec, std::int32_t first_token) {
       static_cast<std::int64_t>(spec.prompt.size()) + spec.max_new_tokens;
   const std::int64_t need =
       pages_for(final_len) - static_cast<std::int64_t>(alloc.pages(spec.id).size());
-  if (need > alloc.free_pages() - reserved_pages() || draft_pages_short(spec.id, final_len) > 0) {
+  if (need > alloc.free_pages() - reserved_pages(alloc) ||
+      draft_pages_short(spec.id, final_len) > 0) {
     alloc.free(spec.id);
     throw Error(ErrorCategory::capacity, str("adopt: request ", spec.id, " needs ", need,
                                              " more KV pages than the decode side can reserve"));
@@ -180,25 +181,27 @@ std::int64_t Engine::running() const noexcept {
   return static_cast<std::int64_t>(running_.size());
 }
 
-std::int64_t Engine::pages_for(std::int64_t tokens) const {
-  const std::int64_t vp = model_.allocator().virtual_page_size();
-  return (tokens + vp - 1) / vp;
-}
-
 namespace {
 std::int64_t final_length(std::int64_t context, std::int64_t feed, std::int64_t max_new) {
   return context + feed + max_new;
 }
+std::int64_t pages_for(const KvAllocator& a, std::int64_t tokens) {
+  const std::int64_t vp = a.virtual_page_size();
+  return (tokens + vp - 1) / vp;
+}
 }  // namespace
 
-std::int64_t Engine::reserved_pages() const {
-  // Pages running requests will still take before they finish.
+std::int64_t Engine::pages_for(std::int64_t tokens) const {
+  return dcp::pages_for(model_.allocator(), tokens);
+}
+
+std::int64_t Engine::reserved_pages(const KvAllocator& a) const {
+  // Pages running requests will still take in `a` before they finish.
   std::int64_t r = 0;
   for (const Live& l : running_) {
     const std::int64_t final_len =
         final_length(l.context, static_cast<std::int64_t>(l.feed.size()), l.spec.max_new_tokens);
-    r += pages_for(final_len) -
-         static_cast<std::int64_t>(model_.allocator().pages(l.spec.id).size());
+    r += dcp::pages_for(a, final_len) - static_cast<std::int64_t>(a.pages(l.spec.id).size());
   }
   return r;
 }
@@ -208,15 +211,8 @@ std::int64_t Engine::draft_pages_short(RequestId id, std::int64_t final_len) con
   // cache the target may admit what the draft cannot hold yet.
   if (!draft_) return 0;
   const KvAllocator& d = draft_->allocator();
-  const std::int64_t vp = d.virtual_page_size();
-  std::int64_t reserved = 0;
-  for (const Live& r : running_) {
-    const std::int64_t len = final_length(r.context, static_cast<std::int64_t>(r.feed.size()),
-                                          r.spec.max_new_tokens);
-    reserved += (len + vp - 1) / vp - static_cast<std::int64_t>(d.pages(r.spec.id).size());
-  }
   const std::int64_t held = d.contains(id) ? static_cast<std::int64_t>(d.pages(id).size()) : 0;
-  return (final_len + vp - 1) / vp - held - (d.free_pages() - reserved);
+  return dcp::pages_for(d, final_len) - held - (d.free_pages() - reserved_pages(d));
 }
 
 void Engine::draft_prefill(RequestId id, const std::vector<std::int32_t>& tokens) {
@@ -261,9 +257,10 @@ void Engine::admit() {
                                   ? static_cast<std::int64_t>(alloc.pages(it->spec.id).size())
                                   : static_cast<std::int64_t>(hit.size());
     const std::int64_t need = pages_for(final_len) - held;
-    if (cache_ && need > alloc.free_pages() - reserved_pages())
-      cache_->make_room(need + reserved_pages());
-    if (need > alloc.free_pages() - reserved_pages() || draft_pages_short(it->spec.id, final_len) > 0) {
+    if (cache_ && need > alloc.free_pages() - reserved_pages(alloc))
+      cache_->make_room(need + reserved_pages(alloc));
+    if (need > alloc.free_pages() - reserved_pages(alloc) ||
+        draft_pages_short(it->spec.id, final_len) > 0) {
       if (cache_) cache_->unpin(hit);  // FIFO: wait for KV
       break;
     }

@@ -314,10 +314,9 @@ void ServingDeployment::rank_loop(Communicator& world) {
   const bool reporter = me.attn_tp_rank == 0;  // the first rank of its replica / attention group
   const int replicas = spec_.parallel.dp_size;
   // Per DP group, the KV tokens its unfinished requests will hold, as of the last reports; and
-  // this rank's own group's requests with their tokens.
+  // this rank's own group's unfinished requests with their tokens.
   std::vector<std::int64_t> group_load(static_cast<std::size_t>(replicas), 0);
   std::unordered_map<RequestId, std::int64_t> mine;
-  std::int64_t my_load = 0;
   const bool frontend = world.rank() == 0;
   if (frontend) {
     {
@@ -344,11 +343,8 @@ void ServingDeployment::rank_loop(Communicator& world) {
       // the lower group), the same choice on every rank.
       const std::int64_t tokens =
           static_cast<std::int64_t>(spec.prompt.size()) + spec.max_new_tokens;
-      const auto least = std::min_element(group_load.begin(), group_load.end());
-      *least += tokens;
-      if (static_cast<int>(least - group_load.begin()) != me.dp_rank) continue;
+      if (deal_request(group_load, tokens) != me.dp_rank) continue;
       mine[spec.id] = tokens;
-      my_load += tokens;
       try {
         engine.submit(spec);
       } catch (const Error& e) {  // every rank of the replica refuses it alike
@@ -378,19 +374,10 @@ void ServingDeployment::rank_loop(Communicator& world) {
     load.running = engine.running();
     load.waiting = engine.waiting();
     for (const RequestResult& r : engine.results()) {  // finished ones no longer hold KV
-      if (r.state != RequestState::finished && r.state != RequestState::rejected) continue;
-      const auto it = mine.find(r.id);
-      if (it == mine.end()) continue;
-      my_load -= it->second;
-      mine.erase(it);
+      if (r.state == RequestState::finished || r.state == RequestState::rejected) mine.erase(r.id);
     }
-    for (const RequestResult& r : refused) {
-      const auto it = mine.find(r.id);
-      if (it == mine.end()) continue;
-      my_load -= it->second;
-      mine.erase(it);
-    }
-    load.dealt_tokens = my_load;
+    for (const RequestResult& r : refused) mine.erase(r.id);
+    for (const auto& entry : mine) load.dealt_tokens += entry.second;
     if (engine.prefix_cache()) {
       load.lookup_tokens = engine.prefix_cache()->stats().lookup_tokens;
       load.hit_tokens = engine.prefix_cache()->stats().hit_tokens;

@@ -10,13 +10,17 @@
 namespace dcp {
 namespace {
 
-// Runs `expert` once over the rows src[list[j]] (gathered into one product) and hands output row
-// j to put(j, row).
+// Runs `expert` once over the rows src[list[j]] (gathered into one product, in scratch buffers
+// reused across experts), counts it in `s`, and hands output row j to put(j, row).
 template <class Put>
 void run_expert(const SwiGluMlp& expert, const float* src, const std::vector<std::int64_t>& list,
-                std::int64_t hidden, Put&& put) {
+                std::int64_t hidden, std::vector<float>& in, std::vector<float>& out, MoeStats& s,
+                Put&& put) {
+  ++s.experts_run;
+  s.weight_bytes_read += expert.bytes();
   const std::int64_t m = static_cast<std::int64_t>(list.size());
-  std::vector<float> in(static_cast<std::size_t>(m * hidden)), out(in.size());
+  in.resize(static_cast<std::size_t>(m * hidden));
+  out.resize(in.size());
   for (std::int64_t j = 0; j < m; ++j)
     std::copy_n(src + list[j] * hidden, hidden, in.data() + j * hidden);
   expert.forward(in.data(), m, out.data());
@@ -97,13 +101,7 @@ void MoeLayer::forward(const float* x, std::int64_t tokens, float* y, MoeStats* 
   const moe::Routing r =
       moe::route(config_, logits.data(), tokens, bias_.empty() ? nullptr : bias_.data());
   MoeStats s;
-  s.weight_bytes_read = router_.bytes() + bias_.size() * sizeof(float);
-  if (shared_) {
-    shared_->forward(x, tokens, y);
-    s.weight_bytes_read += shared_->bytes();
-  } else {
-    std::fill(y, y + tokens * hidden, 0.0f);
-  }
+  start_with_shared(x, tokens, y, s);
   // Tokens grouped by expert: each expert runs once over the rows routed to it.
   std::vector<std::vector<std::int64_t>> rows(static_cast<std::size_t>(experts));
   std::vector<std::vector<float>> weights(static_cast<std::size_t>(experts));
@@ -114,14 +112,13 @@ void MoeLayer::forward(const float* x, std::int64_t tokens, float* y, MoeStats* 
       weights[e].push_back(r.weights[t * r.k + i]);
     }
   }
+  std::vector<float> in, out;
   for (std::int64_t e = 0; e < experts; ++e) {
     if (rows[e].empty()) continue;
-    ++s.experts_run;
-    s.weight_bytes_read += experts_[e].bytes();
-    run_expert(experts_[e], x, rows[e], hidden, [&](std::size_t j, const float* out) {
+    run_expert(experts_[e], x, rows[e], hidden, in, out, s, [&](std::size_t j, const float* res) {
       float* dst = y + rows[e][j] * hidden;
       const float w = weights[e][j];
-      for (std::int64_t d = 0; d < hidden; ++d) dst[d] += w * out[d];
+      for (std::int64_t d = 0; d < hidden; ++d) dst[d] += w * res[d];
     });
   }
   if (stats) *stats = s;
@@ -131,15 +128,26 @@ void MoeLayer::run_grouped(const float* rows, const std::int32_t* local_expert, 
                            float* out, MoeStats& s) const {
   const std::int64_t hidden = config_.hidden_size;
   std::vector<std::vector<std::int64_t>> by_expert(experts_.size());
-  for (std::int64_t i = 0; i < n; ++i) by_expert[static_cast<std::size_t>(local_expert[i])].push_back(i);
+  for (std::int64_t i = 0; i < n; ++i)
+    by_expert[static_cast<std::size_t>(local_expert[i])].push_back(i);
+  std::vector<float> in, res;
   for (std::size_t l = 0; l < experts_.size(); ++l) {
     const std::vector<std::int64_t>& list = by_expert[l];
     if (list.empty()) continue;
-    ++s.experts_run;
-    s.weight_bytes_read += experts_[l].bytes();
-    run_expert(experts_[l], rows, list, hidden, [&](std::size_t j, const float* res) {
-      std::copy_n(res, hidden, out + list[j] * hidden);
+    run_expert(experts_[l], rows, list, hidden, in, res, s, [&](std::size_t j, const float* row) {
+      std::copy_n(row, hidden, out + list[j] * hidden);
     });
+  }
+}
+
+void MoeLayer::start_with_shared(const float* x, std::int64_t tokens, float* y,
+                                 MoeStats& s) const {
+  s.weight_bytes_read = router_.bytes() + bias_.size() * sizeof(float);
+  if (shared_) {
+    shared_->forward(x, tokens, y);
+    s.weight_bytes_read += shared_->bytes();
+  } else {
+    std::fill(y, y + tokens * config_.hidden_size, 0.0f);
   }
 }
 
@@ -148,14 +156,7 @@ void MoeLayer::forward_expert_parallel(const float* x, std::int64_t tokens, floa
   Communicator& group = *ep_.group;
   const std::int64_t hidden = config_.hidden_size, experts = config_.n_routed_experts;
   const int ranks = tp_size_;
-  // Shared experts: this rank's slice over every token (a partial sum like the dense MLP's).
-  s.weight_bytes_read = router_.bytes() + bias_.size() * sizeof(float);
-  if (shared_) {
-    shared_->forward(x, tokens, y);
-    s.weight_bytes_read += shared_->bytes();
-  } else {
-    std::fill(y, y + tokens * hidden, 0.0f);
-  }
+  start_with_shared(x, tokens, y, s);  // this rank's slice of the shared experts, every token
   // This rank routes and dispatches tokens [t0, t1); each token's routed output comes back here,
   // complete, so that the sum over ranks holds it exactly once.
   const std::int64_t t0 = tokens * tp_rank_ / ranks, t1 = tokens * (tp_rank_ + 1) / ranks;
