@@ -1,13 +1,19 @@
 // The decode-shaped weight product (weight_gemv.h) written once over GCC vectors of W lanes and
-// compiled per instruction set (weight_gemv_avx2.cpp, weight_gemv_avx512.cpp). A chunk of W
-// weights is widened in registers and multiplied by its block scale, so that each weight value
-// equals WeightMatrix::row_to_float's, then meets up to four rows of x.
+// compiled per instruction set (weight_gemv_avx2.cpp, weight_gemv_avx512.cpp).
+//
+// Widening without shuffles. A chunk of weights is loaded as whole vectors and split into its
+// even and odd values by shifts and masks alone (bf16: the low and high word of each 32-bit
+// lane; FP8: the low and high byte of each 16-bit word). The lanes therefore hold the chunk's
+// columns in a fixed permuted order, and x is permuted the same way once per call (x is a few
+// rows; the weights are megabytes). Several weight rows are taken at once so that each x vector
+// loaded meets several weight rows, and their sums are independent dependency chains.
 //
 // FP8 E4M3 goes through fp16: its sign, exponent and mantissa bits, moved into an fp16 word's,
 // make an fp16 equal to the E4M3 value times 2^-8 (fp16's exponent bias is 15, E4M3's 7), which
 // F16C widens to fp32 in one instruction, subnormals included and without the microcode assists
-// that fp32 subnormals cost. The 2^8 rides on the block scale (exactly: a power of two), and the
-// NaN code, which this makes the fp16 1.875, is turned back into a NaN.
+// that fp32 subnormals cost. The block scale times 2^8 multiplies the x rows or the weight rows,
+// whichever are fewer. The NaN code, which this makes the fp16 1.875, is noticed in passing;
+// rows that hold one are computed again with a fix-up that turns it back into a NaN.
 #pragma once
 
 #include <immintrin.h>
@@ -16,182 +22,300 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "dcp/dtype.h"
 #include "simd.h"
 #include "weight_gemv.h"
 
+
+
+
+
 namespace dcp::kernels {
 namespace {
 
-template <int W>
-struct WeightLanes;
+// A chunk of kParts * W weights widened into kParts vectors; lane j of part q holds the chunk's
+// column source(q, j).
+template <int W, typename T>
+struct Widen;
 
-#define DCP_WEIGHT_LANES_COMMON(WIDTH)                                                    \
-  using S = Simd<WIDTH>;                                                                  \
-  using vec = typename S::vec;                                                            \
-  static vec widen(const float* p) { return S::load(p); }                                 \
-  static vec widen(const bf16_t* p) { return S::widen_bf16(p); }                          \
-  /* E4M3 codes (one per 16-bit word) -> fp16 words: sign to bit 15, exponent and mantissa \
-     one bit lower (the arithmetic shift copies the sign into bit 14, which is then cleared). */ \
-  template <typename UWords, typename IWords>                                               \
-  static IWords fp16_words(UWords codes) {                                                  \
-    const UWords high = codes << 8;                                                         \
-    IWords w;                                                                               \
-    std::memcpy(&w, &high, sizeof w);                                                       \
-    return (w >> 1) & static_cast<std::int16_t>(~0x4000);                                   \
-  }                                                                                         \
-  /* Only the NaN code widens to +-1.875 (times 2^8 it is E4M3's 0x7f, 480): make it NaN. */ \
-  static vec nan_code_to_nan(vec v) {                                                       \
-    typedef std::int32_t ivec __attribute__((vector_size(WIDTH * 4)));                      \
-    ivec bits;                                                                              \
-    std::memcpy(&bits, &v, sizeof bits);                                                    \
-    bits |= (bits & 0x7fffffff) == 0x3ff00000;                                              \
-    std::memcpy(&v, &bits, sizeof v);                                                       \
-    return v;                                                                               \
+template <int W>
+struct Widen<W, float> {
+  using vec = typename Simd<W>::vec;
+  static constexpr int kParts = 1;
+  static int source(int, int j) { return j; }
+  static void widen(const float* p, vec* out) { out[0] = Simd<W>::load(p); }
+};
+
+template <int W>
+struct Widen<W, bf16_t> {
+  using vec = typename Simd<W>::vec;
+  typedef std::uint32_t uvec __attribute__((vector_size(W * 4)));
+  static constexpr int kParts = 2;
+  // A 32-bit lane holds columns 2j (low word) and 2j + 1 (high word); a bf16 is the top half of
+  // its float.
+  static int source(int q, int j) { return 2 * j + q; }
+  static void widen(const bf16_t* p, vec* out) {
+    uvec u;
+    std::memcpy(&u, p, sizeof u);
+    const uvec even = u << 16, odd = u & 0xffff0000u;
+    std::memcpy(&out[0], &even, sizeof(vec));
+    std::memcpy(&out[1], &odd, sizeof(vec));
   }
+};
+
+// FP8 codes -> fp16 words of their values times 2^-8: the code in a word's high byte, shifted
+// right by one arithmetically, has its sign in bits 15 and 14 and its exponent and mantissa in
+// fp16's places; clearing bit 14 (and the other byte's bits) leaves the fp16.
+template <int W>
+struct Fp8Words {
+  typedef std::int16_t words __attribute__((vector_size(W * 4)));  // 2W words: 4W codes
+  static void split(const fp8_e4m3_t* p, words& even, words& odd) {
+    words w;
+    std::memcpy(&w, p, sizeof w);
+    odd = (w >> 1) & static_cast<std::int16_t>(0xbf80);
+    even = static_cast<words>(w << 8) >> 1 & static_cast<std::int16_t>(0xbfff);
+  }
+};
 
 #if defined(__AVX2__)
 template <>
-struct WeightLanes<8> {
-  DCP_WEIGHT_LANES_COMMON(8)
-  // 8 codes -> their values times 2^-8.
-  static vec widen(const fp8_e4m3_t* p) {
-    typedef std::uint16_t UWords __attribute__((vector_size(16)));
-    typedef std::int16_t IWords __attribute__((vector_size(16)));
-    const __m128i codes = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    UWords u;
-    std::memcpy(&u, &codes, sizeof u);
-    const IWords w = fp16_words<UWords, IWords>(u);
-    __m128i halves;
-    std::memcpy(&halves, &w, sizeof halves);
-    const __m256 f = _mm256_cvtph_ps(halves);
-    vec v;
-    std::memcpy(&v, &f, sizeof v);
-    return v;
+struct Widen<8, fp8_e4m3_t> {
+  using vec = Simd<8>::vec;
+  static constexpr int kParts = 4;
+  // Bytes set where a chunk holds E4M3's NaN code (0x7f or 0xff), or-ed into `seen`. (GCC 12
+  // miscompiles a byte vector whose size depends on a template argument: one per width.)
+  typedef std::uint8_t bytes __attribute__((vector_size(32)));
+  static void note_nan_codes(const fp8_e4m3_t* p, bytes& seen) {
+    bytes b;
+    std::memcpy(&b, p, sizeof b);
+    seen |= (b | 0x80) == 0xff;
+  }
+  static bool any(const bytes& seen) {
+    std::uint64_t q[sizeof(bytes) / 8];
+    std::memcpy(q, &seen, sizeof q);
+    return std::any_of(std::begin(q), std::end(q), [](std::uint64_t v) { return v != 0; });
+  }
+  // Word t of the even (odd) words is code 2t (2t + 1); parts 0 and 1 are the even words' halves.
+  static int source(int q, int j) { return 16 * (q & 1) + 2 * j + (q >> 1); }
+  static void widen(const fp8_e4m3_t* p, vec* out) {
+    Fp8Words<8>::words even, odd;
+    Fp8Words<8>::split(p, even, odd);
+    __m128i h[4];  // the even words' halves, then the odd words'
+    std::memcpy(&h[0], &even, sizeof even);
+    std::memcpy(&h[2], &odd, sizeof odd);
+    const __m256 f[4] = {_mm256_cvtph_ps(h[0]), _mm256_cvtph_ps(h[1]), _mm256_cvtph_ps(h[2]),
+                         _mm256_cvtph_ps(h[3])};
+    std::memcpy(out, f, sizeof f);
   }
 };
 #endif
 #if defined(__AVX512F__)
 template <>
-struct WeightLanes<16> {
-  DCP_WEIGHT_LANES_COMMON(16)
-  static vec widen(const fp8_e4m3_t* p) {
-    typedef std::uint16_t UWords __attribute__((vector_size(32)));
-    typedef std::int16_t IWords __attribute__((vector_size(32)));
-    const __m256i codes =
-        _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    UWords u;
-    std::memcpy(&u, &codes, sizeof u);
-    const IWords w = fp16_words<UWords, IWords>(u);
-    __m256i halves;
-    std::memcpy(&halves, &w, sizeof halves);
-    const __m512 f = _mm512_maskz_cvtph_ps(0xffff, halves);  // (GCC 12 warns on the unmasked one)
-    vec v;
-    std::memcpy(&v, &f, sizeof v);
-    return v;
+struct Widen<16, fp8_e4m3_t> {
+  using vec = Simd<16>::vec;
+  static constexpr int kParts = 4;
+  // Bytes set where a chunk holds E4M3's NaN code (0x7f or 0xff), or-ed into `seen`. (GCC 12
+  // miscompiles a byte vector whose size depends on a template argument: one per width.)
+  typedef std::uint8_t bytes __attribute__((vector_size(64)));
+  static void note_nan_codes(const fp8_e4m3_t* p, bytes& seen) {
+    bytes b;
+    std::memcpy(&b, p, sizeof b);
+    seen |= (b | 0x80) == 0xff;
+  }
+  static bool any(const bytes& seen) {
+    std::uint64_t q[sizeof(bytes) / 8];
+    std::memcpy(q, &seen, sizeof q);
+    return std::any_of(std::begin(q), std::end(q), [](std::uint64_t v) { return v != 0; });
+  }
+  static int source(int q, int j) { return 32 * (q & 1) + 2 * j + (q >> 1); }
+  static void widen(const fp8_e4m3_t* p, vec* out) {
+    Fp8Words<16>::words even, odd;
+    Fp8Words<16>::split(p, even, odd);
+    __m256i h[4];  // the even words' halves, then the odd words'
+    std::memcpy(&h[0], &even, sizeof even);
+    std::memcpy(&h[2], &odd, sizeof odd);
+    // (GCC 12 warns on the unmasked conversion.)
+    const __m512 f[4] = {_mm512_maskz_cvtph_ps(0xffff, h[0]), _mm512_maskz_cvtph_ps(0xffff, h[1]),
+                         _mm512_maskz_cvtph_ps(0xffff, h[2]), _mm512_maskz_cvtph_ps(0xffff, h[3])};
+    std::memcpy(out, f, sizeof f);
   }
 };
 #endif
-#undef DCP_WEIGHT_LANES_COMMON
 
-// Whether codes [0, n) hold E4M3's NaN code (0x7f or 0xff), 32 at a time: checked once per
-// scale block, so that blocks without one (all of them, in a real checkpoint) skip the fix-up.
-inline bool has_nan_code(const fp8_e4m3_t* p, std::int64_t n) {
-  typedef std::uint8_t Bytes __attribute__((vector_size(32)));
-  Bytes any = {};
-  std::int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    Bytes b;
-    std::memcpy(&b, p + i, sizeof b);
-    any |= (b | 0x80) == 0xff;
-  }
-  std::uint64_t words[4];
-  std::memcpy(words, &any, sizeof words);
-  bool found = (words[0] | words[1] | words[2] | words[3]) != 0;
-  for (; i < n; ++i) found = found || (p[i] | 0x80) == 0xff;
-  return found;
+// Only the NaN code widens to +-1.875 (times 2^8 it is E4M3's 0x7f, 480): make it NaN.
+template <int W>
+typename Simd<W>::vec nan_code_to_nan(typename Simd<W>::vec v) {
+  typename Simd<W>::ivec bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  bits |= (bits & 0x7fffffff) == 0x3ff00000;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
 }
 
-// Sums of MG rows of x against one weight row of k values (scales: one per column block for
-// FP8, else null).
-template <int W, int MG, typename T>
-void dot_row(const float* x, std::int64_t ldx, const T* w, std::int64_t k, const float* scales,
-             std::int64_t first_block, std::int64_t block, float* out) {
-  using L = WeightLanes<W>;
-  using vec = typename L::vec;
-  constexpr bool fp8 = sizeof(T) == 1;
-  vec acc0[MG] = {}, acc1[MG] = {};
-  float tail[MG] = {};
-  std::int64_t c = 0;
-  for (int b = 0; c < k; ++b) {
-    const std::int64_t end = fp8 ? std::min(k, b == 0 ? first_block : c + block) : k;
-    const float s = fp8 ? scales[b] : 1.0f;
-    // The lanes hold FP8 values times 2^-8: the scale takes the 2^8 back (exactly, unless that
-    // overflows: then the two multiplications stay apart).
-    const float lane_scale = s * 256.0f;
-    const bool folded = std::isfinite(lane_scale) || !std::isfinite(s);
-    bool nan_codes = false;
-    if constexpr (fp8) nan_codes = has_nan_code(w + c, end - c);
-    for (; c + 2 * W <= end; c += 2 * W) {
-      vec w0 = L::widen(w + c), w1 = L::widen(w + c + W);
-      if constexpr (fp8) {
-        if (nan_codes) {
-          w0 = L::nan_code_to_nan(w0);
-          w1 = L::nan_code_to_nan(w1);
-        }
-        if (folded) {
-          w0 = w0 * lane_scale;
-          w1 = w1 * lane_scale;
-        } else {
-          w0 = (w0 * 256.0f) * s;
-          w1 = (w1 * 256.0f) * s;
+// The end of the column block that starts at column c (block b): one block without scales.
+inline std::int64_t block_end(const GemvWeight& w, std::int64_t c, int b) {
+  if (w.dtype != GemvDtype::fp8) return w.k;
+  return std::min(w.k, b == 0 ? w.first_block_cols : c + w.block_cols);
+}
+
+// x's rows with every whole chunk of every block in Widen's lane order (the columns left over at
+// a block's end stay in place).
+template <int W, typename T>
+void permute_x(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeight& w, float* xp) {
+  using Wd = Widen<W, T>;
+  constexpr int kChunk = Wd::kParts * W;
+  for (std::int64_t i = 0; i < m; ++i) {
+    const float* src = x + i * ldx;
+    float* dst = xp + i * w.k;
+    std::int64_t c = 0;
+    for (int b = 0; c < w.k; ++b) {
+      const std::int64_t end = block_end(w, c, b);
+      for (; c + kChunk <= end; c += kChunk) {
+        for (int q = 0; q < Wd::kParts; ++q) {
+          for (int j = 0; j < W; ++j) dst[c + q * W + j] = src[c + Wd::source(q, j)];
         }
       }
+      for (; c < end; ++c) dst[c] = src[c];
+    }
+  }
+}
+
+// Sums of MG rows of permuted x against RB consecutive weight rows (stride k) that share their
+// scales (FP8: one per column block; else null): out[i * RB + r]. FP8 NaN codes are fixed up
+// only with kNanCodes; without it the return says whether a row held one (then the caller runs
+// the rows again with it).
+template <int W, typename T, int MG, int RB, bool kNanCodes = false>
+bool dot_rows(const float* xp, const T* w, const GemvWeight& g, const float* scales, float* out) {
+  using S = Simd<W>;
+  using vec = typename S::vec;
+  using Wd = Widen<W, T>;
+  constexpr int P = Wd::kParts, kChunk = P * W;
+  constexpr bool fp8 = sizeof(T) == 1;
+  // FP8: the block scale multiplies whichever is fewer per chunk, the x rows or the weight rows.
+  constexpr bool kScaleX = fp8 && MG < RB;
+  const std::int64_t k = g.k;
+  vec acc[MG][RB] = {};
+  float tail[MG][RB] = {};
+  typename Widen<W, fp8_e4m3_t>::bytes nan_seen = {};  // FP8: where a chunk held a NaN code
+  std::int64_t c = 0;
+  for (int b = 0; c < k; ++b) {
+    const std::int64_t end = block_end(g, c, b);
+    float s = 1.0f, lane_scale = 1.0f;
+    bool folded = true;
+    if constexpr (fp8) {
+      s = scales[b];
+      // The lanes hold FP8 values times 2^-8: the scale takes the 2^8 back (exactly, unless that
+      // overflows: then the two multiplications stay apart).
+      lane_scale = s * 256.0f;
+      folded = std::isfinite(lane_scale) || !std::isfinite(s);
+    }
+    for (; c + kChunk <= end; c += kChunk) {
+      vec xs[MG][P];
+#pragma GCC unroll 4
       for (int i = 0; i < MG; ++i) {
-        acc0[i] += w0 * L::S::load(x + i * ldx + c);
-        acc1[i] += w1 * L::S::load(x + i * ldx + c + W);
+#pragma GCC unroll 4
+        for (int q = 0; q < P; ++q) {
+          xs[i][q] = S::load(xp + i * k + c + q * W);
+          if constexpr (kScaleX) xs[i][q] = folded ? xs[i][q] * lane_scale : xs[i][q] * 256.0f * s;
+        }
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < RB; ++r) {
+        vec wv[P];
+        Wd::widen(w + r * k + c, wv);
+        if constexpr (fp8) {
+          if constexpr (kNanCodes) {
+#pragma GCC unroll 4
+            for (int q = 0; q < P; ++q) wv[q] = nan_code_to_nan<W>(wv[q]);
+          } else {
+            Wd::note_nan_codes(w + r * k + c, nan_seen);
+          }
+          if constexpr (!kScaleX) {
+#pragma GCC unroll 4
+            for (int q = 0; q < P; ++q) wv[q] = folded ? wv[q] * lane_scale : wv[q] * 256.0f * s;
+          }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < MG; ++i) {
+#pragma GCC unroll 4
+          for (int q = 0; q < P; ++q) acc[i][r] += wv[q] * xs[i][q];
+        }
       }
     }
     for (; c < end; ++c) {
-      const float wv = fp8 ? widen_weight(w[c]) * s : widen_weight(w[c]);
-      for (int i = 0; i < MG; ++i) tail[i] += wv * x[i * ldx + c];
+      for (int r = 0; r < RB; ++r) {
+        const float wv = fp8 ? widen_weight(w[r * k + c]) * s : widen_weight(w[r * k + c]);
+        for (int i = 0; i < MG; ++i) tail[i][r] += wv * xp[i * k + c];
+      }
     }
   }
-  for (int i = 0; i < MG; ++i) out[i] = L::S::sum(acc0[i] + acc1[i]) + tail[i];
+  for (int i = 0; i < MG; ++i) {
+    for (int r = 0; r < RB; ++r) out[i * RB + r] = S::sum(acc[i][r]) + tail[i][r];
+  }
+  if constexpr (fp8 && !kNanCodes) {
+    return Widen<W, fp8_e4m3_t>::any(nan_seen);
+  }
+  return false;
 }
 
-template <int W, int MG, typename T>
-void gemv_group(const float* x, std::int64_t ldx, const GemvWeight& w, std::int64_t r_begin,
-                std::int64_t r_end, float* y, std::int64_t ldy) {
+// Weight rows [r_begin, r_end) against MG rows of permuted x, RB rows at a time where they share
+// their scale rows.
+template <int W, typename T, int MG>
+void gemv_group(const float* xp, const GemvWeight& w, std::int64_t r_begin, std::int64_t r_end,
+                float* y, std::int64_t ldy) {
+  constexpr int RB = MG == 1 ? 4 : 2;
   const T* data = static_cast<const T*>(w.data);
-  for (std::int64_t r = r_begin; r < r_end; ++r) {
-    const float* scales = nullptr;
-    if (w.dtype == GemvDtype::fp8) {
-      const std::int64_t block_row = (w.row0 + r) / w.block_rows - w.row0 / w.block_rows;
-      scales = w.scales + block_row * w.scale_stride;
+  const auto block_row = [&](std::int64_t r) {
+    return w.dtype == GemvDtype::fp8 ? (w.row0 + r) / w.block_rows - w.row0 / w.block_rows : 0;
+  };
+  const auto scales = [&](std::int64_t r) {
+    return w.dtype == GemvDtype::fp8 ? w.scales + block_row(r) * w.scale_stride : nullptr;
+  };
+  std::int64_t r = r_begin;
+  float sums[MG * RB];
+  while (r < r_end) {
+    if (r + RB <= r_end && block_row(r) == block_row(r + RB - 1)) {
+      if (dot_rows<W, T, MG, RB>(xp, data + r * w.k, w, scales(r), sums)) {
+        dot_rows<W, T, MG, RB, true>(xp, data + r * w.k, w, scales(r), sums);
+      }
+      for (int i = 0; i < MG; ++i) {
+        for (int j = 0; j < RB; ++j) y[i * ldy + r + j] = sums[i * RB + j];
+      }
+      r += RB;
+    } else {
+      if (dot_rows<W, T, MG, 1>(xp, data + r * w.k, w, scales(r), sums)) {
+        dot_rows<W, T, MG, 1, true>(xp, data + r * w.k, w, scales(r), sums);
+      }
+      for (int i = 0; i < MG; ++i) y[i * ldy + r] = sums[i];
+      r += 1;
     }
-    float sums[MG];
-    dot_row<W, MG>(x, ldx, data + r * w.k, w.k, scales, w.first_block_cols, w.block_cols, sums);
-    for (int i = 0; i < MG; ++i) y[i * ldy + r] = sums[i];
   }
 }
 
 template <int W, typename T>
 void gemv_typed(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeight& w, float* y,
                 std::int64_t ldy) {
+  thread_local std::vector<float> permuted;
+  permuted.resize(static_cast<std::size_t>(m * w.k));
+  permute_x<W, T>(x, m, ldx, w, permuted.data());
+  const float* xp = permuted.data();
   // Weight rows in tiles that stay in L1/L2 while every group of four x rows passes over them:
   // memory reads each weight once however many rows x has.
+  // (A multiple of four rows, so that gemv_group takes whole groups of rows.)
   const std::int64_t tile =
-      std::max<std::int64_t>(1, (24 << 10) / std::max<std::int64_t>(1, w.k * sizeof(T)));
+      m <= 4 ? w.rows
+             : 4 * std::max<std::int64_t>(
+                       1, (24 << 10) / std::max<std::int64_t>(1, 4 * w.k * sizeof(T)));
   for (std::int64_t r0 = 0; r0 < w.rows; r0 += tile) {
     const std::int64_t r1 = std::min(w.rows, r0 + tile);
     std::int64_t i = 0;
-    for (; i + 4 <= m; i += 4) gemv_group<W, 4, T>(x + i * ldx, ldx, w, r0, r1, y + i * ldy, ldy);
+    for (; i + 4 <= m; i += 4) gemv_group<W, T, 4>(xp + i * w.k, w, r0, r1, y + i * ldy, ldy);
     switch (m - i) {
-      case 3: gemv_group<W, 3, T>(x + i * ldx, ldx, w, r0, r1, y + i * ldy, ldy); break;
-      case 2: gemv_group<W, 2, T>(x + i * ldx, ldx, w, r0, r1, y + i * ldy, ldy); break;
-      case 1: gemv_group<W, 1, T>(x + i * ldx, ldx, w, r0, r1, y + i * ldy, ldy); break;
+      case 3: gemv_group<W, T, 3>(xp + i * w.k, w, r0, r1, y + i * ldy, ldy); break;
+      case 2: gemv_group<W, T, 2>(xp + i * w.k, w, r0, r1, y + i * ldy, ldy); break;
+      case 1: gemv_group<W, T, 1>(xp + i * w.k, w, r0, r1, y + i * ldy, ldy); break;
       default: break;
     }
   }
