@@ -13,6 +13,7 @@
 #include "dcp/error.h"
 #include "dcp/kernel_path.h"
 #include "dcp/weights.h"
+#include "dcp/worker_pool.h"
 #include "test_util.h"
 
 namespace dcp {
@@ -178,6 +179,46 @@ TEST(WeightLinear, EveryFp8CodeWidensExactly) {
       }
     }
   }
+}
+
+TEST(WeightLinear, ThreadsSplitTheRowsAndKeepEverySum) {
+  test::Rng rng = test::make_rng();
+  for (const std::int64_t rows : {5, 1000, 2051}) {
+    for (const std::int64_t k : {64, 300}) {
+      std::vector<Case> cases;
+      cases.push_back(random_bf16(rows, k, rng));
+      cases.push_back(random_fp8(rows, k, 128, 128, rng.range(0, 300), rng.range(0, 300), rng));
+      cases.push_back(random_bf16(rows, k, rng));
+      cases.back().w = WeightMatrix::from_float(
+          std::vector<float>(cases.back().values.begin(), cases.back().values.end()), rows, k);
+      for (const Case& c : cases) {
+        for (const std::int64_t m : {1, 3, 8, 16, 40}) {
+          std::vector<float> x(static_cast<std::size_t>(m * k));
+          for (float& v : x) v = rng.normal();
+          std::vector<float> one(static_cast<std::size_t>(m * rows));
+          linear(x.data(), m, c.w, one.data());
+          for (const int threads : {2, 3, 5}) {
+            std::vector<float> many(one.size(), -7.0f);
+            linear(x.data(), m, c.w, many.data(), -1, -1, KernelPath::automatic, threads);
+            for (std::size_t i = 0; i < one.size(); ++i) {
+              if (m <= weight_gemv_max_rows(c.w.dtype)) {
+                ASSERT_EQ(many[i], one[i]) << to_string(c.w.dtype) << " rows " << rows << " m " << m
+                                           << " threads " << threads << " at " << i;
+              } else {  // BLAS may block a narrower product differently
+                ASSERT_NEAR(many[i], one[i], 1e-4 * (1 + std::fabs(one[i])))
+                    << to_string(c.w.dtype) << " rows " << rows << " m " << m << " at " << i;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  // The large products did run on the pool: this thread's pool has workers now.
+  EXPECT_GE(this_thread_worker_pool(0).workers(), 1);
+  const Case c = random_bf16(4, 16, rng);
+  std::vector<float> x(16, 1.0f), y(4);
+  EXPECT_THROW(linear(x.data(), 1, c.w, y.data(), -1, -1, KernelPath::automatic, 0), Error);
 }
 
 TEST(WeightLinear, RefusesAPathThisCpuLacksAndAmx) {

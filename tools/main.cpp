@@ -8,10 +8,13 @@
 #include "cli/cli_checks.h"
 #include "cli/commands.h"
 #include "cli/flag_names.h"
+#include "dcp/blas.h"
 #include "dcp/comm_mpi.h"
 #include "dcp/error.h"
 
 int main(int argc, char** argv) {
+  // First, before any thread or MPI starts: OpenBLAS on generic kernels is started over.
+  dcp::restart_with_better_blas_kernels(argv);
   CLI::App app{"dcp: decode context parallelism for MLA attention"};
   app.require_subcommand(1);
   dcp::cli::add_demo_command(app);

@@ -47,6 +47,7 @@ struct DcpAttentionOptions {
   // over gathered fp32 copies stays automatic).
   float softmax_scale = 0.0f;
   KernelPath kernel = KernelPath::automatic;
+  int threads = 1;  // the local kernels' num_threads
 };
 
 // Wall time of the last forward, split by phase (milliseconds).

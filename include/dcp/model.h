@@ -30,6 +30,9 @@
 
 namespace dcp {
 
+// The most threads one rank may use (ModelOptions::threads).
+inline constexpr int kMaxRankThreads = 256;
+
 struct ModelOptions {
   CombineBackend backend = CombineBackend::ag_rs;
   bool replicate_q_proj = false;  // falls back to the query gather for quantized weights
@@ -45,6 +48,9 @@ struct ModelOptions {
   // The local attention kernel over the KV pool (KernelPath::amx_bf16 needs bf16 KV). Attention
   // over gathered fp32 copies (the gather extend path, the intra-chunk part) stays automatic.
   KernelPath attention_kernel = KernelPath::automatic;
+  // Threads of this rank (1-256): the weight products split their output rows over them, the
+  // local attention kernel its tokens and KV ranges. Each rank has its own workers.
+  int threads = 1;
 };
 
 // One forward: the last q_len tokens of each request (already allocated in the allocator).

@@ -37,6 +37,7 @@ struct LlmConfig {
   int dcp_kv_cache_interleave_size = 1;
   std::string kv_cache_dtype = "bf16";
   std::string attention_kernel = "automatic";
+  int threads_per_rank = 1;
   std::int64_t max_total_tokens = 65536;
   int chunked_prefill_size = 2048;
   int max_running_requests = 64;
@@ -69,6 +70,10 @@ DeploymentSpec make_spec(const LlmConfig& c) {
   check_positive(c.max_running_requests, "max_running_requests");
   check_positive(c.page_size, "page_size");
   check_positive(c.dcp_kv_cache_interleave_size, "dcp_kv_cache_interleave_size");
+  if (c.threads_per_rank < 1 || c.threads_per_rank > kMaxRankThreads) {
+    throw py::value_error("threads_per_rank = " + std::to_string(c.threads_per_rank) +
+                          " must be in [1, " + std::to_string(kMaxRankThreads) + "]");
+  }
   if (c.page_size % c.dcp_kv_cache_interleave_size != 0) {
     throw py::value_error("dcp_kv_cache_interleave_size = " +
                           std::to_string(c.dcp_kv_cache_interleave_size) +
@@ -125,6 +130,7 @@ DeploymentSpec make_spec(const LlmConfig& c) {
   s.model_options.kv_dtype = parse_kv_dtype(c.kv_cache_dtype);
   s.model_options.page_size = c.page_size;
   s.model_options.kv_interleave = c.dcp_kv_cache_interleave_size;
+  s.model_options.threads = c.threads_per_rank;
   s.model_options.attention_kernel = parse_kernel_path(c.attention_kernel);
   s.model_options.kv_capacity_tokens = c.max_total_tokens;
   s.engine.chunked_prefill_size = c.chunked_prefill_size;
@@ -306,6 +312,7 @@ void bind_llm(py::module_& m) {
       .def_readwrite("dcp_replicate_q_proj", &LlmConfig::dcp_replicate_q_proj)
       .def_readwrite("page_size", &LlmConfig::page_size)
       .def_readwrite("dcp_kv_cache_interleave_size", &LlmConfig::dcp_kv_cache_interleave_size)
+      .def_readwrite("threads_per_rank", &LlmConfig::threads_per_rank)
       .def_readwrite("kv_cache_dtype", &LlmConfig::kv_cache_dtype)
       .def_readwrite("attention_kernel", &LlmConfig::attention_kernel)
       .def_readwrite("max_total_tokens", &LlmConfig::max_total_tokens)

@@ -130,6 +130,7 @@ MlaAttentionParams DcpAttention::shard_params(const ForwardPlan& plan,
                                               const LatentPool& pool) const {
   MlaAttentionParams p = plan.kernel_params(pool);
   p.kernel = options_.kernel;
+  p.num_threads = options_.threads;
   p.softmax_scale = options_.softmax_scale;
   p.causal = true;
   return p;
@@ -267,6 +268,7 @@ void DcpAttention::attend_contiguous(const float* q, const std::vector<const flo
   p.page_table_stride = 1;
   p.local_len = lens.data();
   p.causal = true;
+  p.num_threads = options_.threads;
   p.out = out;
   p.lse = lse;
   mla_attention(p);

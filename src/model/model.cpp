@@ -70,6 +70,8 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
   validate(groups);
   DCP_ARG_CHECK(options.ep_size == 1 || c.n_routed_experts > 0, "ep_size = ", options.ep_size,
                 " needs a mixture-of-experts model; this one has no routed experts (legal: 1)");
+  DCP_ARG_CHECK(options.threads >= 1 && options.threads <= kMaxRankThreads, "threads = ",
+                options.threads, " must be in [1, ", kMaxRankThreads, "]");
   DCP_ARG_CHECK(options.page_size >= 1, "page_size = ", options.page_size, " must be >= 1");
   DCP_ARG_CHECK(options.kv_capacity_tokens >= 1, "KV capacity ", options.kv_capacity_tokens,
                 " tokens must be >= 1");
@@ -162,6 +164,7 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
   step.local_heads = h_loc_;
   step.softmax_scale = static_cast<float>(c.softmax_scale());
   step.kernel = options.attention_kernel;
+  step.threads = options.threads;
   dcp_step_ = std::make_unique<DcpAttention>(dcp, step);
 }
 
@@ -343,6 +346,7 @@ void MlaModel::feed_forward(Layer& L, const float* x, std::int64_t T, float* y,
 
 std::vector<float> MlaModel::forward(const ForwardBatch& batch, ForwardTimings* timings) {
   const auto t_start = Clock::now();
+  const ops::ScopedThreads threads(options_.threads);
   const CommStats dcp_before = dcp_.stats(), tp_before = tp_.stats(), mlp_before = mlp_->stats();
   ForwardTimings t;
   const ModelConfig& c = config_;

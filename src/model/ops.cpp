@@ -9,6 +9,7 @@
 
 #include "dcp/error.h"
 #include "dcp/model_config.h"
+#include "dcp/worker_pool.h"
 #include "kernels/cpu/simd_dispatch.h"
 #include "kernels/cpu/weight_gemv.h"
 
@@ -21,10 +22,36 @@ kernels::GemvFn select_gemv(KernelPath path) {
                                                     kernels::gemv_avx512);
 }
 
+// fn(r0, r1) over [0, n) in at most `threads` ranges of whole `align`-row groups, each of at least
+// min_rows rows; range 0 on the calling thread, the others on its worker pool.
+template <typename Fn>
+void split_rows(int threads, std::int64_t n, std::int64_t align, std::int64_t min_rows, Fn fn) {
+  const std::int64_t parts = std::clamp<std::int64_t>(n / std::max(min_rows, align), 1, threads);
+  if (parts == 1) {
+    fn(std::int64_t{0}, n);
+    return;
+  }
+  const auto boundary = [&](std::int64_t i) {
+    return i == parts ? n : n * i / parts / align * align;
+  };
+  this_thread_worker_pool(static_cast<int>(parts) - 1)
+      .run(static_cast<int>(parts), [&](int i) { fn(boundary(i), boundary(i + 1)); });
+}
+
 }  // namespace
 }  // namespace dcp
 
 namespace dcp::ops {
+
+namespace {
+thread_local int t_threads = 1;
+}  // namespace
+
+int threads() { return t_threads; }
+
+ScopedThreads::ScopedThreads(int threads) : previous_(t_threads) { t_threads = std::max(1, threads); }
+
+ScopedThreads::~ScopedThreads() { t_threads = previous_; }
 
 void linear(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n,
             float* y, std::int64_t ldx, std::int64_t ldy) {
@@ -116,47 +143,62 @@ void Rope::apply(float* x, std::int64_t pos) const {
 namespace dcp {
 
 void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std::int64_t ldx,
-            std::int64_t ldy, KernelPath path) {
+            std::int64_t ldy, KernelPath path, int threads) {
   const std::int64_t n = w.rows, k = w.cols;
   if (ldx < 0) ldx = k;
   if (ldy < 0) ldy = n;
   if (m == 0 || n == 0) return;
+  DCP_ARG_CHECK(threads >= 1, "linear: threads = ", threads, " must be >= 1");
+  const std::size_t element = w.dtype == WeightDtype::f32    ? 4
+                              : w.dtype == WeightDtype::bf16 ? 2
+                                                             : 1;
   if (m <= weight_gemv_max_rows(w.dtype)) {
     static const kernels::GemvFn best = select_gemv(KernelPath::automatic);
     const kernels::GemvFn gemv = path == KernelPath::automatic ? best : select_gemv(path);
-    kernels::GemvWeight g;
-    g.data = w.data.data();
-    g.rows = n;
-    g.k = k;
-    switch (w.dtype) {
-      case WeightDtype::f32: g.dtype = kernels::GemvDtype::f32; break;
-      case WeightDtype::bf16: g.dtype = kernels::GemvDtype::bf16; break;
-      case WeightDtype::f8_e4m3:
-        g.dtype = kernels::GemvDtype::fp8;
-        g.scales = w.scale_inv.data();
-        g.scale_stride = w.scale_cols;
-        g.row0 = w.row0;
-        g.block_rows = w.block_rows;
-        g.block_cols = w.block_cols;
-        g.first_block_cols = (w.col0 / w.block_cols + 1) * w.block_cols - w.col0;
-        break;
-    }
-    gemv(x, m, ldx, g, y, ldy);
+    // Each part reads its own rows once: parts of at least 64K weights keep the wake-up of a
+    // worker (microseconds) small beside the reads.
+    split_rows(threads, n, 4, std::max<std::int64_t>(4, (64 << 10) / std::max<std::int64_t>(1, k)),
+               [&](std::int64_t r0, std::int64_t r1) {
+                 kernels::GemvWeight g;
+                 g.data = w.data.data() + static_cast<std::size_t>(r0 * k) * element;
+                 g.rows = r1 - r0;
+                 g.k = k;
+                 switch (w.dtype) {
+                   case WeightDtype::f32: g.dtype = kernels::GemvDtype::f32; break;
+                   case WeightDtype::bf16: g.dtype = kernels::GemvDtype::bf16; break;
+                   case WeightDtype::f8_e4m3:
+                     g.dtype = kernels::GemvDtype::fp8;
+                     g.row0 = w.row0 + r0;
+                     g.scales = w.scale_inv.data() +
+                                (g.row0 / w.block_rows - w.row0 / w.block_rows) * w.scale_cols;
+                     g.scale_stride = w.scale_cols;
+                     g.block_rows = w.block_rows;
+                     g.block_cols = w.block_cols;
+                     g.first_block_cols = (w.col0 / w.block_cols + 1) * w.block_cols - w.col0;
+                     break;
+                 }
+                 gemv(x, m, ldx, g, y + r0, ldy);
+               });
     return;
   }
   if (w.dtype == WeightDtype::f32) {
-    ops::linear(x, m, k, reinterpret_cast<const float*>(w.data.data()), n, y, ldx, ldy);
+    split_rows(threads, n, 16, 64, [&](std::int64_t r0, std::int64_t r1) {
+      ops::linear(x, m, k, reinterpret_cast<const float*>(w.data.data()) + r0 * k, r1 - r0,
+                  y + r0, ldx, ldy);
+    });
     return;
   }
-  // Tiles of rows small enough to stay in cache while BLAS reads them.
+  // Tiles of rows small enough to stay in cache while BLAS reads them; each thread its own.
   constexpr std::int64_t kTileRows = 64;
-  thread_local std::vector<float> tile;
-  tile.resize(static_cast<std::size_t>(std::min(kTileRows, n) * k));
-  for (std::int64_t r0 = 0; r0 < n; r0 += kTileRows) {
-    const std::int64_t rows = std::min(kTileRows, n - r0);
-    for (std::int64_t r = 0; r < rows; ++r) w.row_to_float(r0 + r, tile.data() + r * k);
-    ops::linear(x, m, k, tile.data(), rows, y + r0, ldx, ldy);
-  }
+  split_rows(threads, n, kTileRows, kTileRows, [&](std::int64_t begin, std::int64_t end) {
+    thread_local std::vector<float> tile;
+    tile.resize(static_cast<std::size_t>(std::min(kTileRows, end - begin) * k));
+    for (std::int64_t r0 = begin; r0 < end; r0 += kTileRows) {
+      const std::int64_t rows = std::min(kTileRows, end - r0);
+      for (std::int64_t r = 0; r < rows; ++r) w.row_to_float(r0 + r, tile.data() + r * k);
+      ops::linear(x, m, k, tile.data(), rows, y + r0, ldx, ldy);
+    }
+  });
 }
 
 }  // namespace dcp

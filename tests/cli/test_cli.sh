@@ -295,6 +295,12 @@ case_bench_step_engine() {
   check "bench decode writes one row per point" [ "$(grep -c '^decode,tp[12]dcp[12],' "$tmp/decode.csv")" -eq 24 ]
   check "bench decode has the columns a reader needs" grep -q '^mode,config,context,batch,threads,weights_dtype,tokens_per_s,.*roofline_fraction$' "$tmp/decode.csv"
   check "bench decode prints the ceilings it used" stdout_has "read ceiling"
+  check "bench decode names the BLAS kernels of its sgemm ceiling" stdout_has "sgemm .* GFLOP/s (1 thread, OpenBLAS [0-9.]*, [A-Za-z]* kernels)"
+  expect 0 "bench decode, two threads per rank" -- bench decode --preset tiny --num-layers 1 --configs tp1dcp1,tp2dcp2 --dtypes bf16 --contexts 0 --batches 1 --threads 1,2 --new-tokens 3 --csv "$tmp/decode.csv"
+  check "bench decode counts all threads (tp 1)" [ "$(grep -c '^decode,tp1dcp1,0,1,2,bf16,' "$tmp/decode.csv")" -eq 1 ]
+  check "bench decode counts all threads (tp 2)" [ "$(grep -c '^decode,tp2dcp2,0,1,4,bf16,' "$tmp/decode.csv")" -eq 1 ]
+  OPENBLAS_CORETYPE=Haswell expect 0 "a BLAS kernel set chosen by the user is kept and named" -- bench decode --preset tiny --num-layers 1 --configs tp1dcp1 --dtypes f32 --contexts 0 --batches 1 --new-tokens 3
+  check "named as forced" stdout_has "Haswell kernels, forced by OPENBLAS_CORETYPE"
   expect 2 "bench decode refuses a DCP size that does not divide TP" -- bench decode --preset tiny --configs tp2dcp3
   check "bench decode names the item and the form" stderr_has "--configs item 'tp2dcp3' must be tpTdcpN"
   expect 2 "bench decode refuses an unknown weight dtype" -- bench decode --preset tiny --dtypes fp16
@@ -351,6 +357,15 @@ case_run_kernel() {
   check "names the flag and the legal paths" stderr_has "--attention-kernel bogus: kernel path 'bogus' is not one of: automatic, portable, avx2, avx512, amx_bf16"
   expect 2 "amx on fp32 KV is refused" -- run --attention-kernel amx_bf16 --kv-cache-dtype fp32
   check "says why" stderr_has "--attention-kernel amx_bf16: \(amx_bf16 needs --kv-cache-dtype bf16\|this CPU or OS offers no AMX-BF16\)"
+  # threads inside each rank: weight products split by rows, attention by tokens and KV ranges
+  expect 0 "three threads per rank" -- run --threads-per-rank 3 --tp-size 2 --dcp-size 2 --batch 3 --prompt-len 300 --max-new-tokens 4 --json "$tmp/run.json"
+  check "threads per rank in the json" json_has '"threads_per_rank": 3'
+  check "threads per rank verify" json_has '"passed": true'
+  check "threads per rank in the summary" stdout_has "3 thread(s) per rank"
+  for bad in 0 257; do
+    expect 2 "threads per rank $bad is refused" -- run --threads-per-rank "$bad"
+    check "names the flag and the range" stderr_has "--threads-per-rank: Value $bad not in range 1 to 256"
+  done
 }
 
 # the KV striped in runs of I tokens per rank, through prefill chunks, the prefix cache and

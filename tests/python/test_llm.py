@@ -35,6 +35,7 @@ def run_tokens(dcp_bin, model_flags, prompts, max_new, *flags):
     (dict(tp_size=2, dcp_size=2, page_size=16, dcp_kv_cache_interleave_size=4),
      ["--tp-size", "2", "--dcp-size", "2", "--page-size", "16", "--dcp-kv-cache-interleave-size",
       "4"]),
+    (dict(tp_size=2, dcp_size=2, threads_per_rank=3), ["--tp-size", "2", "--dcp-size", "2"]),
 ])
 def test_greedy_tokens_equal_dcp_run_on_a_preset(dcp_bin, config, flags):
     with dcp.LLM("tiny", **config) as llm:
@@ -153,6 +154,7 @@ def test_a_refused_request_drops_the_whole_batch(text_llm):
     (dict(model="tiny", tp_size=2, ep_size=2), "ep_size = 2 must divide the model's routed experts (0;"),
     (dict(model="tiny", page_size=16, dcp_kv_cache_interleave_size=3),
      "dcp_kv_cache_interleave_size = 3 must divide page_size = 16"),
+    (dict(model="tiny", threads_per_rank=0), "threads_per_rank = 0 must be in [1, 256]"),
 ])
 def test_bad_configurations_raise(kwargs, message):
     with pytest.raises((ValueError, NotImplementedError)) as e:

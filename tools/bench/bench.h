@@ -116,6 +116,7 @@ struct DecodeBenchOptions {
   std::string dtypes = "f32,bf16,fp8";
   std::string contexts = "0,4096";
   std::string batches = "1,8";
+  std::string threads = "1";  // per rank
   int new_tokens = 8;
   std::string csv;
 };

@@ -14,6 +14,7 @@
 #include "bench/bench_util.h"
 #include "bench/torch_peer.h"
 #include "dcp/attention.h"
+#include "dcp/blas.h"
 #include "dcp/comm_mpi.h"
 #include "dcp/comm_threads.h"
 #include "dcp/dcp_attention.h"
@@ -117,7 +118,8 @@ void bench_attention(const AttentionBenchOptions& o) {
         "rows each token sees)\n",
         static_cast<long long>(tq));
   }
-  std::printf("peer: two OpenBLAS sgemms + softmax on contiguous fp32 rows\n");
+  std::printf("peer: two OpenBLAS sgemms + softmax on contiguous fp32 rows; sgemm: %s\n",
+              blas_kernels_label().c_str());
   CacheFlusher memory;  // also the read ceiling's buffer
   if (cold) {
     std::printf(

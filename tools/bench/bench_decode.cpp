@@ -10,6 +10,7 @@
 #include "bench/bench.h"
 #include "bench/bench_util.h"
 #include "cli/cli_checks.h"
+#include "dcp/blas.h"
 #include "dcp/deployment.h"
 #include "dcp/error.h"
 #include "dcp/timing.h"
@@ -30,7 +31,8 @@ std::vector<DecodeConfig> parse_configs(const std::string& text) {
     if (std::sscanf(item.c_str(), "tp%ddcp%d%n", &c.tp, &c.dcp, &used) != 2 ||
         used != static_cast<int>(item.size()) || c.tp < 1 || c.dcp < 1 || c.tp % c.dcp != 0) {
       throw Error(ErrorCategory::invalid_argument,
-                  str("--configs item '", item, "' must be tpTdcpN with N dividing T (tp1dcp1, "
+                  str("--configs item '", item,
+                      "' must be tpTdcpN with N dividing T (tp1dcp1, "
                       "tp2dcp2, ...)"));
     }
     out.push_back(c);
@@ -63,98 +65,112 @@ void bench_decode(const DecodeBenchOptions& o) {
   for (const DecodeConfig& c : configs) check_divides_heads(base, c.tp, "--configs");
   const auto contexts = parse_list(o.contexts, "--contexts");
   const auto batches = parse_list(o.batches, "--batches");
+  const auto rank_threads = parse_list(o.threads, "--threads");
+  for (const std::int64_t t : rank_threads) {
+    DCP_ARG_CHECK(t >= 1 && t <= kMaxRankThreads, "--threads ", t, " must be in [1, ",
+                  kMaxRankThreads, "] (threads per rank)");
+  }
   const std::vector<std::string> dtypes = comma_items(o.dtypes);  // checked by the flag's validator
 
   // Before anything runs: an unwritable --csv fails at once.
   CsvFile csv(o.csv, {"mode", "config", "context", "batch", "threads", "weights_dtype",
-                      "tokens_per_s", "step_ms", "bytes_per_step", "flops_per_step",
-                      "read_gbps", "sgemm_gflops", "roofline_ms", "roofline_fraction"});
+                      "tokens_per_s", "step_ms", "bytes_per_step", "flops_per_step", "read_gbps",
+                      "sgemm_gflops", "roofline_ms", "roofline_fraction"});
   // Ceilings of this machine, per thread count the configurations use.
   CacheFlusher flusher;
-  std::printf("decode steps, %s %d layer(s), bf16 KV, ranks as threads (one thread each); medians "
-              "over %d steps\n", o.preset.c_str(), base.num_hidden_layers, o.new_tokens - 1);
-  std::printf("roofline: max(bytes / read ceiling, flops / sgemm rate), both measured now with as "
-              "many threads as ranks; bytes: weights touched (routed experts: expected distinct "
-              "per step) + KV\n");
+  std::printf("decode steps, %s %d layer(s), bf16 KV, ranks as threads; medians over %d steps\n",
+              o.preset.c_str(), base.num_hidden_layers, o.new_tokens - 1);
+  std::printf(
+      "roofline: max(bytes / read ceiling, flops / sgemm rate), both measured now on all "
+      "the threads (ranks x threads per rank); bytes: weights touched (routed experts: "
+      "expected distinct per step) + KV\n");
   std::printf("%-8s %5s %8s %6s %8s | %10s %9s %9s %9s %9s | %8s\n", "config", "dtype", "context",
-              "batch", "threads", "tokens/s", "step ms", "MB/step", "GFLOP", "roof ms",
-              "% roof");
+              "batch", "threads", "tokens/s", "step ms", "MB/step", "GFLOP", "roof ms", "% roof");
   for (const DecodeConfig& pc_in : configs) {
-    const int threads = pc_in.tp;
-    const double read_gbps = flusher.read_gbps(threads);
-    const double sgemm_gflops = measure_sgemm_gflops(threads, 1024);
-    std::printf("# tp %d dcp %d: read ceiling %.1f GB/s, sgemm %.1f GFLOP/s (%d thread%s)\n",
-                pc_in.tp, pc_in.dcp, read_gbps, sgemm_gflops, threads, threads == 1 ? "" : "s");
-    for (const std::string& dtype : dtypes) {
-      const ModelSource model = model_in(base, dtype);
-      const ModelConfig& c = model.config;
-      const double other_bytes = dtype == "f32" ? 4.0 : 2.0;
-      const auto element_bytes = checkpoint_element_bytes(c, other_bytes);
-      for (const std::int64_t batch : batches) {
-        // Weights touched per step over all ranks (an expert once however many tokens chose
-        // it), and the parameters each token multiplies (k routed experts per token).
-        double weight_bytes = 0, weight_params = 0;
-        const double touched = c.n_routed_experts > 0
-                                   ? expected_experts(c, static_cast<int>(batch)) / c.n_routed_experts
-                                   : 0;
-        const double used = c.n_routed_experts > 0
-                                ? static_cast<double>(c.num_experts_per_tok) / c.n_routed_experts
-                                : 0;
-        for (const auto& [name, shape] : checkpoint_tensors(c)) {
-          double values = 1;
-          for (const std::int64_t d : shape) values *= static_cast<double>(d);
-          const bool replicated = is_replicated_weight(name, shape);
-          const bool expert = name.find(".mlp.experts.") != std::string::npos;
-          double share = replicated ? pc_in.tp : 1.0;  // replicated: every rank reads its copy
-          if (expert) share *= touched;
-          if (name == "model.embed_tokens.weight") share = static_cast<double>(batch) / shape[0];
-          weight_bytes += values * element_bytes(name) * share;
-          if (shape.size() == 2 && name != "model.embed_tokens.weight")
-            weight_params += values * (expert ? used : 1.0) * (replicated ? pc_in.tp : 1.0);
-        }
-        for (const std::int64_t context_in : contexts) {
-          const std::int64_t context = std::max<std::int64_t>(1, context_in);
-          ParallelConfig pc;
-          pc.tp_size = pc_in.tp;
-          pc.dcp_size = pc_in.dcp;
-          const Topology topo = resolve(pc);
-          ModelOptions mo;
-          mo.kv_dtype = KvDtype::bf16;
-          mo.kv_capacity_tokens = batch * (context + o.new_tokens) + 64 * pc_in.dcp;
-          EngineOptions eo;
-          eo.chunked_prefill_size = 4096;
-          std::vector<double> steps;
-          LaunchOptions lo;
-          lo.world_size = topo.world_size;
-          launch_ranks(lo, [&](Communicator& world, bool) {
-            RankSystem sys(world, topo, model, mo, eo);
-            for (const RequestSpec& r : random_requests(batch, context, o.new_tokens, c.vocab_size))
-              sys.engine().submit(r);
-            sys.engine().run();
-            if (world.rank() == 0) steps = sys.engine().stats().decode_step_ms;
-          });
-          const double step_ms = median(steps);
-          // KV read per step: every token's context over all layers, once over the DCP group
-          // (each attention-TP group of the TP ranks reads its own copy when DCP < TP).
-          const double kv_bytes = static_cast<double>(batch) * (context + o.new_tokens / 2) *
-                                  c.latent_width() * 2.0 * c.num_hidden_layers *
-                                  (static_cast<double>(pc_in.tp) / pc_in.dcp);
-          const double attn_flops = static_cast<double>(batch) * (context + o.new_tokens / 2) *
-                                    c.num_attention_heads * (2.0 * c.latent_width() + 2.0 * c.kv_lora_rank) *
-                                    c.num_hidden_layers;
-          const double bytes = weight_bytes + kv_bytes;
-          const double flops = 2.0 * batch * weight_params + attn_flops;
-          const double roof_ms = std::max(bytes / (read_gbps * 1e9), flops / (sgemm_gflops * 1e9)) * 1e3;
-          const double tokens_per_s = batch / (step_ms / 1e3);
-          const std::string config = str("tp", pc_in.tp, "dcp", pc_in.dcp);
-          std::printf("%-8s %5s %8lld %6lld %8d | %10.1f %9.2f %9.1f %9.2f %9.2f | %7.0f%%\n",
-                      config.c_str(), dtype.c_str(), static_cast<long long>(context_in),
-                      static_cast<long long>(batch), threads, tokens_per_s, step_ms, bytes / 1e6,
-                      flops / 1e9, roof_ms, 100.0 * roof_ms / step_ms);
-          std::fflush(stdout);
-          csv.row({"decode", config, str(context_in), str(batch), str(threads), dtype,
-                   str(tokens_per_s), str(step_ms), str(bytes), str(flops), str(read_gbps),
-                   str(sgemm_gflops), str(roof_ms), str(roof_ms / step_ms)});
+    for (const std::int64_t per_rank : rank_threads) {
+      const int threads = pc_in.tp * static_cast<int>(per_rank);
+      const double read_gbps = flusher.read_gbps(threads);
+      const double sgemm_gflops = measure_sgemm_gflops(threads, 1024);
+      std::printf(
+          "# tp %d dcp %d, %lld thread(s) per rank: read ceiling %.1f GB/s, sgemm %.1f "
+          "GFLOP/s (%d thread%s, %s)\n",
+          pc_in.tp, pc_in.dcp, static_cast<long long>(per_rank), read_gbps, sgemm_gflops, threads,
+          threads == 1 ? "" : "s", blas_kernels_label().c_str());
+      for (const std::string& dtype : dtypes) {
+        const ModelSource model = model_in(base, dtype);
+        const ModelConfig& c = model.config;
+        const double other_bytes = dtype == "f32" ? 4.0 : 2.0;
+        const auto element_bytes = checkpoint_element_bytes(c, other_bytes);
+        for (const std::int64_t batch : batches) {
+          // Weights touched per step over all ranks (an expert once however many tokens chose
+          // it), and the parameters each token multiplies (k routed experts per token).
+          double weight_bytes = 0, weight_params = 0;
+          const double touched =
+              c.n_routed_experts > 0
+                  ? expected_experts(c, static_cast<int>(batch)) / c.n_routed_experts
+                  : 0;
+          const double used = c.n_routed_experts > 0
+                                  ? static_cast<double>(c.num_experts_per_tok) / c.n_routed_experts
+                                  : 0;
+          for (const auto& [name, shape] : checkpoint_tensors(c)) {
+            double values = 1;
+            for (const std::int64_t d : shape) values *= static_cast<double>(d);
+            const bool replicated = is_replicated_weight(name, shape);
+            const bool expert = name.find(".mlp.experts.") != std::string::npos;
+            double share = replicated ? pc_in.tp : 1.0;  // replicated: every rank reads its copy
+            if (expert) share *= touched;
+            if (name == "model.embed_tokens.weight") share = static_cast<double>(batch) / shape[0];
+            weight_bytes += values * element_bytes(name) * share;
+            if (shape.size() == 2 && name != "model.embed_tokens.weight")
+              weight_params += values * (expert ? used : 1.0) * (replicated ? pc_in.tp : 1.0);
+          }
+          for (const std::int64_t context_in : contexts) {
+            const std::int64_t context = std::max<std::int64_t>(1, context_in);
+            ParallelConfig pc;
+            pc.tp_size = pc_in.tp;
+            pc.dcp_size = pc_in.dcp;
+            const Topology topo = resolve(pc);
+            ModelOptions mo;
+            mo.kv_dtype = KvDtype::bf16;
+            mo.threads = static_cast<int>(per_rank);
+            mo.kv_capacity_tokens = batch * (context + o.new_tokens) + 64 * pc_in.dcp;
+            EngineOptions eo;
+            eo.chunked_prefill_size = 4096;
+            std::vector<double> steps;
+            LaunchOptions lo;
+            lo.world_size = topo.world_size;
+            launch_ranks(lo, [&](Communicator& world, bool) {
+              RankSystem sys(world, topo, model, mo, eo);
+              for (const RequestSpec& r :
+                   random_requests(batch, context, o.new_tokens, c.vocab_size))
+                sys.engine().submit(r);
+              sys.engine().run();
+              if (world.rank() == 0) steps = sys.engine().stats().decode_step_ms;
+            });
+            const double step_ms = median(steps);
+            // KV read per step: every token's context over all layers, once over the DCP group
+            // (each attention-TP group of the TP ranks reads its own copy when DCP < TP).
+            const double kv_bytes = static_cast<double>(batch) * (context + o.new_tokens / 2) *
+                                    c.latent_width() * 2.0 * c.num_hidden_layers *
+                                    (static_cast<double>(pc_in.tp) / pc_in.dcp);
+            const double attn_flops =
+                static_cast<double>(batch) * (context + o.new_tokens / 2) * c.num_attention_heads *
+                (2.0 * c.latent_width() + 2.0 * c.kv_lora_rank) * c.num_hidden_layers;
+            const double bytes = weight_bytes + kv_bytes;
+            const double flops = 2.0 * batch * weight_params + attn_flops;
+            const double roof_ms =
+                std::max(bytes / (read_gbps * 1e9), flops / (sgemm_gflops * 1e9)) * 1e3;
+            const double tokens_per_s = batch / (step_ms / 1e3);
+            const std::string config = str("tp", pc_in.tp, "dcp", pc_in.dcp);
+            std::printf("%-8s %5s %8lld %6lld %8d | %10.1f %9.2f %9.1f %9.2f %9.2f | %7.0f%%\n",
+                        config.c_str(), dtype.c_str(), static_cast<long long>(context_in),
+                        static_cast<long long>(batch), threads, tokens_per_s, step_ms, bytes / 1e6,
+                        flops / 1e9, roof_ms, 100.0 * roof_ms / step_ms);
+            std::fflush(stdout);
+            csv.row({"decode", config, str(context_in), str(batch), str(threads), dtype,
+                     str(tokens_per_s), str(step_ms), str(bytes), str(flops), str(read_gbps),
+                     str(sgemm_gflops), str(roof_ms), str(roof_ms / step_ms)});
+          }
         }
       }
     }
@@ -164,19 +180,27 @@ void bench_decode(const DecodeBenchOptions& o) {
 void add_decode_bench(CLI::App* bench) {
   auto o = std::make_shared<DecodeBenchOptions>();
   CLI::App* cmd = bench->add_subcommand(
-      "decode", "Whole decode steps with weights in fp32, bf16 or FP8, against the step's roofline");
+      "decode",
+      "Whole decode steps with weights in fp32, bf16 or FP8, against the step's roofline");
   cmd->add_option("--preset", o->preset, std::string("model geometry: ") + preset_names())
       ->capture_default_str();
-  cmd->add_option("--num-layers", o->num_layers, "layers")->check(at_least(1))->capture_default_str();
+  cmd->add_option("--num-layers", o->num_layers, "layers")
+      ->check(at_least(1))
+      ->capture_default_str();
   cmd->add_option("--configs", o->configs, "comma-separated tpTdcpN (ranks as threads)")
       ->capture_default_str();
   cmd->add_option("--dtypes", o->dtypes, "comma-separated weight dtypes: f32, bf16, fp8")
       ->check(list_of({"f32", "bf16", "fp8"}))
       ->capture_default_str();
-  cmd->add_option("--contexts", o->contexts, "comma-separated context lengths (0: a 1-token prompt)")
+  cmd->add_option("--contexts", o->contexts,
+                  "comma-separated context lengths (0: a 1-token prompt)")
       ->check(list_at_least(0))
       ->capture_default_str();
   cmd->add_option("--batches", o->batches, "comma-separated batch sizes")
+      ->check(list_at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--threads", o->threads,
+                  "comma-separated threads per rank (the table's threads column counts all ranks')")
       ->check(list_at_least(1))
       ->capture_default_str();
   cmd->add_option("--new-tokens", o->new_tokens, "tokens generated per request (steps + 1)")

@@ -53,16 +53,24 @@ CacheFlusher::CacheFlusher()
 
 namespace {
 
-// Sum of n floats in 16 independent partial sums, which the compiler keeps in one vector.
+// Sum of n floats read as four concurrent streams (the quarters of the range), each in 16
+// independent partial sums the compiler keeps in vectors. One stream reads about a fifth slower
+// than several on current cores; the weight kernels read four rows at a time, and a ceiling
+// measured with one stream would sit below what they reach.
 float sum_floats(const float* x, std::size_t n) {
-  float part[16] = {};
-  std::size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    for (int k = 0; k < 16; ++k) part[k] += x[i + k];
+  constexpr int kStreams = 4;
+  const std::size_t quarter = n / kStreams / 16 * 16;
+  float part[kStreams][16] = {};
+  for (std::size_t i = 0; i < quarter; i += 16) {
+    for (int s = 0; s < kStreams; ++s) {
+      for (int k = 0; k < 16; ++k) part[s][k] += x[s * quarter + i + k];
+    }
   }
-  for (; i < n; ++i) part[0] += x[i];
+  for (std::size_t i = kStreams * quarter; i < n; ++i) part[0][0] += x[i];
   float total = 0;
-  for (float p : part) total += p;
+  for (const auto& stream : part) {
+    for (float p : stream) total += p;
+  }
   return total;
 }
 

@@ -82,6 +82,7 @@ json report_json(const RunOptions& o, const Workload& w, const DeploymentReport&
                  {"dcp_kv_cache_interleave_size", o.kv_interleave},
                  {"kv_cache_dtype", o.kv_cache_dtype},
                  {"attention_kernel", kernel_name(w.spec.model_options.attention_kernel)},
+                 {"threads_per_rank", w.spec.model_options.threads},
                  {"chunked_prefill_size", o.chunked_prefill_size},
                  {"comm", o.comm},
                  {"requests", w.spec.requests.size()},
@@ -197,14 +198,15 @@ void print_summary(const json& j) {
       (ep == 1 ? "" : str(", ep ", ep));
   std::printf(
       "dcp run: %s, %d layers, %d heads | tp %d%s, dcp %d, backend %s%s | KV %s, page %d, kernel "
-      "%s | comm %s\n",
+      "%s | comm %s, %d thread(s) per rank\n",
       c["model"].get<std::string>().c_str(), c["num_layers"].get<int>(),
       c["num_attention_heads"].get<int>(), c["tp_size"].get<int>(), dp_text.c_str(),
       c["dcp_size"].get<int>(),
       c["dcp_comm_backend"].get<std::string>().c_str(),
       c["dcp_replicate_q_proj"].get<bool>() ? " (replicated q)" : "",
       c["kv_cache_dtype"].get<std::string>().c_str(), c["page_size"].get<int>(),
-      c["attention_kernel"].get<std::string>().c_str(), c["comm"].get<std::string>().c_str());
+      c["attention_kernel"].get<std::string>().c_str(), c["comm"].get<std::string>().c_str(),
+      c["threads_per_rank"].get<int>());
   if (j.contains("prefix_cache")) {
     const json& pc = j["prefix_cache"];
     std::printf(

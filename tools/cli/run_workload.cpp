@@ -101,6 +101,7 @@ Workload build_workload(const RunOptions& o) {
   s.model_options.kv_interleave = o.kv_interleave;
   s.model_options.attention_kernel =
       parse_attention_kernel(o.attention_kernel, s.model_options.kv_dtype);
+  s.model_options.threads = o.threads_per_rank;
   s.engine.chunked_prefill_size = o.chunked_prefill_size;
   s.engine.record_logits = o.verify || !o.dump_logits.empty();
 
@@ -271,6 +272,11 @@ void add_deployment_flags(CLI::App* cmd, RunOptions& o) {
   cmd->add_option("--attention-kernel", o.attention_kernel,
                   "local attention kernel: automatic (fastest exact path), portable, avx2, avx512, "
                   "or amx_bf16 (bf16 KV; rounds q and P to bf16)")
+      ->capture_default_str();
+  cmd->add_option("--threads-per-rank", o.threads_per_rank,
+                  "threads of each rank: the weight products split their rows over them, the "
+                  "attention kernel its tokens and KV ranges")
+      ->check(CLI::Range(1, kMaxRankThreads))
       ->capture_default_str();
   cmd->add_option("--chunked-prefill-size", o.chunked_prefill_size,
                   "prompt tokens per prefill step")

@@ -183,18 +183,17 @@ void permute_x(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeigh
 }
 
 // Sums of MG rows of permuted x against RB consecutive weight rows (stride k) that share their
-// scales (FP8: one per column block; else null): out[i * RB + r]. FP8 NaN codes are fixed up
-// only with kNanCodes; without it the return says whether a row held one (then the caller runs
-// the rows again with it).
-template <int W, typename T, int MG, int RB, bool kNanCodes = false>
+// scales (FP8: one per column block; else null): out[i * RB + r]. FP8: kScaleX puts the block
+// scale on x, else on the weights (a row's sum does not depend on RB, only on kScaleX); NaN codes
+// are fixed up only with kNanCodes; without it the return says whether a row held one (then the
+// caller runs the rows again with it).
+template <int W, typename T, int MG, int RB, bool kScaleX, bool kNanCodes = false>
 bool dot_rows(const float* xp, const T* w, const GemvWeight& g, const float* scales, float* out) {
   using S = Simd<W>;
   using vec = typename S::vec;
   using Wd = Widen<W, T>;
   constexpr int P = Wd::kParts, kChunk = P * W;
   constexpr bool fp8 = sizeof(T) == 1;
-  // FP8: the block scale multiplies whichever is fewer per chunk, the x rows or the weight rows.
-  constexpr bool kScaleX = fp8 && MG < RB;
   const std::int64_t k = g.k;
   vec acc[MG][RB] = {};
   float tail[MG][RB] = {};
@@ -218,7 +217,7 @@ bool dot_rows(const float* xp, const T* w, const GemvWeight& g, const float* sca
 #pragma GCC unroll 4
         for (int q = 0; q < P; ++q) {
           xs[i][q] = S::load(xp + i * k + c + q * W);
-          if constexpr (kScaleX) xs[i][q] = folded ? xs[i][q] * lane_scale : xs[i][q] * 256.0f * s;
+          if constexpr (fp8 && kScaleX) xs[i][q] = folded ? xs[i][q] * lane_scale : xs[i][q] * 256.0f * s;
         }
       }
 #pragma GCC unroll 4
@@ -266,6 +265,9 @@ template <int W, typename T, int MG>
 void gemv_group(const float* xp, const GemvWeight& w, std::int64_t r_begin, std::int64_t r_end,
                 float* y, std::int64_t ldy) {
   constexpr int RB = MG == 1 ? 4 : 2;
+  // FP8: the block scale multiplies whichever is fewer per chunk, the x rows or the weight rows;
+  // rows left over at a scale-block edge do the same, so that no sum depends on the grouping.
+  constexpr bool kScaleX = MG < RB;
   const T* data = static_cast<const T*>(w.data);
   const auto block_row = [&](std::int64_t r) {
     return w.dtype == GemvDtype::fp8 ? (w.row0 + r) / w.block_rows - w.row0 / w.block_rows : 0;
@@ -277,16 +279,16 @@ void gemv_group(const float* xp, const GemvWeight& w, std::int64_t r_begin, std:
   float sums[MG * RB];
   while (r < r_end) {
     if (r + RB <= r_end && block_row(r) == block_row(r + RB - 1)) {
-      if (dot_rows<W, T, MG, RB>(xp, data + r * w.k, w, scales(r), sums)) {
-        dot_rows<W, T, MG, RB, true>(xp, data + r * w.k, w, scales(r), sums);
+      if (dot_rows<W, T, MG, RB, kScaleX>(xp, data + r * w.k, w, scales(r), sums)) {
+        dot_rows<W, T, MG, RB, kScaleX, true>(xp, data + r * w.k, w, scales(r), sums);
       }
       for (int i = 0; i < MG; ++i) {
         for (int j = 0; j < RB; ++j) y[i * ldy + r + j] = sums[i * RB + j];
       }
       r += RB;
     } else {
-      if (dot_rows<W, T, MG, 1>(xp, data + r * w.k, w, scales(r), sums)) {
-        dot_rows<W, T, MG, 1, true>(xp, data + r * w.k, w, scales(r), sums);
+      if (dot_rows<W, T, MG, 1, kScaleX>(xp, data + r * w.k, w, scales(r), sums)) {
+        dot_rows<W, T, MG, 1, kScaleX, true>(xp, data + r * w.k, w, scales(r), sums);
       }
       for (int i = 0; i < MG; ++i) y[i * ldy + r] = sums[i];
       r += 1;
