@@ -18,8 +18,8 @@ TEST(Blas, GenericKernelsOnAnAvx2CpuAreReplaced) {
   EXPECT_EQ(better_blas_core("Barcelona", avx512_amd), "SkylakeX");
   EXPECT_EQ(better_blas_core("Core2", sse_only), "");  // nothing better to ask for
   // Kernel sets that use AVX2 already stay, AVX-512 CPU or not (Zen 4 runs Zen's).
-  for (const char* core : {"Haswell", "Zen", "Excavator", "SkylakeX", "CooperLake",
-                           "SapphireRapids"}) {
+  for (const char* core :
+       {"Haswell", "Zen", "Excavator", "SkylakeX", "CooperLake", "SapphireRapids"}) {
     EXPECT_EQ(better_blas_core(core, avx512_intel), "") << core;
     EXPECT_EQ(better_blas_core(core, avx512_amd), "") << core;
     EXPECT_EQ(better_blas_core(core, avx2_amd), "") << core;

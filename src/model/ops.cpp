@@ -17,9 +17,8 @@ namespace dcp {
 namespace {
 
 kernels::GemvFn select_gemv(KernelPath path) {
-  return kernels::select_simd_copy<kernels::GemvFn>(path, "the weight product",
-                                                    kernels::gemv_portable, kernels::gemv_avx2,
-                                                    kernels::gemv_avx512);
+  return kernels::select_simd_copy<kernels::GemvFn>(
+      path, "the weight product", kernels::gemv_portable, kernels::gemv_avx2, kernels::gemv_avx512);
 }
 
 // fn(r0, r1) over [0, n) in at most `threads` ranges of whole `align`-row groups, each of at least
@@ -34,8 +33,9 @@ void split_rows(int threads, std::int64_t n, std::int64_t align, std::int64_t mi
   const auto boundary = [&](std::int64_t i) {
     return i == parts ? n : n * i / parts / align * align;
   };
-  this_thread_worker_pool(static_cast<int>(parts) - 1)
-      .run(static_cast<int>(parts), [&](int i) { fn(boundary(i), boundary(i + 1)); });
+  this_thread_worker_pool(static_cast<int>(parts) - 1).run(static_cast<int>(parts), [&](int i) {
+    fn(boundary(i), boundary(i + 1));
+  });
 }
 
 }  // namespace
@@ -47,11 +47,17 @@ namespace {
 thread_local int t_threads = 1;
 }  // namespace
 
-int threads() { return t_threads; }
+int threads() {
+  return t_threads;
+}
 
-ScopedThreads::ScopedThreads(int threads) : previous_(t_threads) { t_threads = std::max(1, threads); }
+ScopedThreads::ScopedThreads(int threads) : previous_(t_threads) {
+  t_threads = std::max(1, threads);
+}
 
-ScopedThreads::~ScopedThreads() { t_threads = previous_; }
+ScopedThreads::~ScopedThreads() {
+  t_threads = previous_;
+}
 
 void linear(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n,
             float* y, std::int64_t ldx, std::int64_t ldy) {
@@ -183,8 +189,8 @@ void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std
   }
   if (w.dtype == WeightDtype::f32) {
     split_rows(threads, n, 16, 64, [&](std::int64_t r0, std::int64_t r1) {
-      ops::linear(x, m, k, reinterpret_cast<const float*>(w.data.data()) + r0 * k, r1 - r0,
-                  y + r0, ldx, ldy);
+      ops::linear(x, m, k, reinterpret_cast<const float*>(w.data.data()) + r0 * k, r1 - r0, y + r0,
+                  ldx, ldy);
     });
     return;
   }
