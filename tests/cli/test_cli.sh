@@ -293,6 +293,7 @@ case_bench_step_engine() {
   check "bench decode ran nothing" stdout_empty
   expect 0 "bench decode (small)" -- bench decode --preset tiny --num-layers 1 --configs tp1dcp1,tp2dcp2 --dtypes f32,bf16,fp8 --contexts 0,64 --batches 1,2 --new-tokens 3 --csv "$tmp/decode.csv"
   check "bench decode writes one row per point" [ "$(grep -c '^decode,tp[12]dcp[12],' "$tmp/decode.csv")" -eq 24 ]
+  check "bench decode writes a prefill row per configuration and dtype" [ "$(grep -c '^prefill,tp[12]dcp[12],512,1,[12],\(f32\|bf16\|fp8\),' "$tmp/decode.csv")" -eq 6 ]
   check "bench decode has the columns a reader needs" grep -q '^mode,config,context,batch,threads,weights_dtype,tokens_per_s,.*roofline_fraction$' "$tmp/decode.csv"
   check "bench decode prints the ceilings it used" stdout_has "read ceiling"
   check "bench decode names the BLAS kernels of its sgemm ceiling" stdout_has "sgemm .* GFLOP/s (1 thread, OpenBLAS [0-9.]*, [A-Za-z]* kernels)"

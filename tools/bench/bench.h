@@ -117,6 +117,7 @@ struct DecodeBenchOptions {
   std::string contexts = "0,4096";
   std::string batches = "1,8";
   std::string threads = "1";  // per rank
+  std::string prefill_tokens = "512";  // prompt lengths of the prefill rows ("" or 0: none)
   int new_tokens = 8;
   std::string csv;
 };

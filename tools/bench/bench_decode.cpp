@@ -66,6 +66,9 @@ void bench_decode(const DecodeBenchOptions& o) {
   const auto contexts = parse_list(o.contexts, "--contexts");
   const auto batches = parse_list(o.batches, "--batches");
   const auto rank_threads = parse_list(o.threads, "--threads");
+  std::vector<std::int64_t> prefill_tokens;
+  for (const std::int64_t p : parse_list(o.prefill_tokens, "--prefill-tokens"))
+    if (p > 0) prefill_tokens.push_back(p);
   for (const std::int64_t t : rank_threads) {
     DCP_ARG_CHECK(t >= 1 && t <= kMaxRankThreads, "--threads ", t, " must be in [1, ",
                   kMaxRankThreads, "] (threads per rank)");
@@ -84,8 +87,9 @@ void bench_decode(const DecodeBenchOptions& o) {
       "roofline: max(bytes / read ceiling, flops / sgemm rate), both measured now on all "
       "the threads (ranks x threads per rank); bytes: weights touched (routed experts: "
       "expected distinct per step) + KV\n");
-  std::printf("%-8s %5s %8s %6s %8s | %10s %9s %9s %9s %9s | %8s\n", "config", "dtype", "context",
-              "batch", "threads", "tokens/s", "step ms", "MB/step", "GFLOP", "roof ms", "% roof");
+  std::printf("%-7s %-8s %5s %8s %6s %8s | %10s %9s %9s %9s %9s | %8s\n", "mode", "config", "dtype",
+              "context", "batch", "threads", "tokens/s", "step ms", "MB/step", "GFLOP", "roof ms",
+              "% roof");
   for (const DecodeConfig& pc_in : configs) {
     for (const std::int64_t per_rank : rank_threads) {
       const int threads = pc_in.tp * static_cast<int>(per_rank);
@@ -101,13 +105,15 @@ void bench_decode(const DecodeBenchOptions& o) {
         const ModelConfig& c = model.config;
         const double other_bytes = dtype == "f32" ? 4.0 : 2.0;
         const auto element_bytes = checkpoint_element_bytes(c, other_bytes);
-        for (const std::int64_t batch : batches) {
-          // Weights touched per step over all ranks (an expert once however many tokens chose
-          // it), and the parameters each token multiplies (k routed experts per token).
-          double weight_bytes = 0, weight_params = 0;
+        // Weights touched by a forward of `tokens` tokens over all ranks (an expert once however
+        // many tokens chose it), and the parameters each token multiplies (k routed experts).
+        const auto weights_for = [&](std::int64_t tokens, double& weight_bytes,
+                                     double& weight_params) {
+          weight_bytes = weight_params = 0;
           const double touched =
               c.n_routed_experts > 0
-                  ? expected_experts(c, static_cast<int>(batch)) / c.n_routed_experts
+                  ? expected_experts(c, static_cast<int>(std::min<std::int64_t>(tokens, 1 << 20))) /
+                        c.n_routed_experts
                   : 0;
           const double used = c.n_routed_experts > 0
                                   ? static_cast<double>(c.num_experts_per_tok) / c.n_routed_experts
@@ -119,17 +125,43 @@ void bench_decode(const DecodeBenchOptions& o) {
             const bool expert = name.find(".mlp.experts.") != std::string::npos;
             double share = replicated ? pc_in.tp : 1.0;  // replicated: every rank reads its copy
             if (expert) share *= touched;
-            if (name == "model.embed_tokens.weight") share = static_cast<double>(batch) / shape[0];
+            if (name == "model.embed_tokens.weight")
+              share = std::min(1.0, static_cast<double>(tokens) / shape[0]);
             weight_bytes += values * element_bytes(name) * share;
             if (shape.size() == 2 && name != "model.embed_tokens.weight")
               weight_params += values * (expert ? used : 1.0) * (replicated ? pc_in.tp : 1.0);
           }
+        };
+        // Attention FLOPs per query token and context row (absorbed MLA: scores and values).
+        const double attn_flops_per_row = c.num_attention_heads *
+                                          (2.0 * c.latent_width() + 2.0 * c.kv_lora_rank) *
+                                          c.num_hidden_layers;
+        const std::string config = str("tp", pc_in.tp, "dcp", pc_in.dcp);
+        const auto report = [&](const char* mode, std::int64_t context, std::int64_t batch,
+                                double ms, double tokens, double bytes, double flops) {
+          const double roof_ms =
+              std::max(bytes / (read_gbps * 1e9), flops / (sgemm_gflops * 1e9)) * 1e3;
+          const double tokens_per_s = tokens / (ms / 1e3);
+          std::printf("%-7s %-8s %5s %8lld %6lld %8d | %10.1f %9.2f %9.1f %9.2f %9.2f | %7.0f%%\n",
+                      mode, config.c_str(), dtype.c_str(), static_cast<long long>(context),
+                      static_cast<long long>(batch), threads, tokens_per_s, ms, bytes / 1e6,
+                      flops / 1e9, roof_ms, 100.0 * roof_ms / ms);
+          std::fflush(stdout);
+          csv.row({mode, config, str(context), str(batch), str(threads), dtype, str(tokens_per_s),
+                   str(ms), str(bytes), str(flops), str(read_gbps), str(sgemm_gflops), str(roof_ms),
+                   str(roof_ms / ms)});
+        };
+        ParallelConfig pc;
+        pc.tp_size = pc_in.tp;
+        pc.dcp_size = pc_in.dcp;
+        const Topology topo = resolve(pc);
+        LaunchOptions lo;
+        lo.world_size = topo.world_size;
+        for (const std::int64_t batch : batches) {
+          double weight_bytes = 0, weight_params = 0;
+          weights_for(batch, weight_bytes, weight_params);
           for (const std::int64_t context_in : contexts) {
             const std::int64_t context = std::max<std::int64_t>(1, context_in);
-            ParallelConfig pc;
-            pc.tp_size = pc_in.tp;
-            pc.dcp_size = pc_in.dcp;
-            const Topology topo = resolve(pc);
             ModelOptions mo;
             mo.kv_dtype = KvDtype::bf16;
             mo.threads = static_cast<int>(per_rank);
@@ -137,8 +169,6 @@ void bench_decode(const DecodeBenchOptions& o) {
             EngineOptions eo;
             eo.chunked_prefill_size = 4096;
             std::vector<double> steps;
-            LaunchOptions lo;
-            lo.world_size = topo.world_size;
             launch_ranks(lo, [&](Communicator& world, bool) {
               RankSystem sys(world, topo, model, mo, eo);
               for (const RequestSpec& r :
@@ -154,23 +184,37 @@ void bench_decode(const DecodeBenchOptions& o) {
                                     c.latent_width() * 2.0 * c.num_hidden_layers *
                                     (static_cast<double>(pc_in.tp) / pc_in.dcp);
             const double attn_flops =
-                static_cast<double>(batch) * (context + o.new_tokens / 2) * c.num_attention_heads *
-                (2.0 * c.latent_width() + 2.0 * c.kv_lora_rank) * c.num_hidden_layers;
-            const double bytes = weight_bytes + kv_bytes;
-            const double flops = 2.0 * batch * weight_params + attn_flops;
-            const double roof_ms =
-                std::max(bytes / (read_gbps * 1e9), flops / (sgemm_gflops * 1e9)) * 1e3;
-            const double tokens_per_s = batch / (step_ms / 1e3);
-            const std::string config = str("tp", pc_in.tp, "dcp", pc_in.dcp);
-            std::printf("%-8s %5s %8lld %6lld %8d | %10.1f %9.2f %9.1f %9.2f %9.2f | %7.0f%%\n",
-                        config.c_str(), dtype.c_str(), static_cast<long long>(context_in),
-                        static_cast<long long>(batch), threads, tokens_per_s, step_ms, bytes / 1e6,
-                        flops / 1e9, roof_ms, 100.0 * roof_ms / step_ms);
-            std::fflush(stdout);
-            csv.row({"decode", config, str(context_in), str(batch), str(threads), dtype,
-                     str(tokens_per_s), str(step_ms), str(bytes), str(flops), str(read_gbps),
-                     str(sgemm_gflops), str(roof_ms), str(roof_ms / step_ms)});
+                static_cast<double>(batch) * (context + o.new_tokens / 2) * attn_flops_per_row;
+            report("decode", context_in, batch, step_ms, static_cast<double>(batch),
+                   weight_bytes + kv_bytes, 2.0 * batch * weight_params + attn_flops);
           }
+        }
+        // Prefill: one request's prompt of P tokens in one chunk, three requests one after the
+        // other; the mean of their prefill forwards.
+        for (const std::int64_t prompt : prefill_tokens) {
+          constexpr int kRequests = 3;
+          ModelOptions mo;
+          mo.kv_dtype = KvDtype::bf16;
+          mo.threads = static_cast<int>(per_rank);
+          mo.kv_capacity_tokens = prompt + 2 + 64 * pc_in.dcp;
+          EngineOptions eo;
+          eo.chunked_prefill_size = static_cast<int>(prompt);
+          eo.max_running_requests = 1;
+          double prefill_ms = 0;
+          launch_ranks(lo, [&](Communicator& world, bool) {
+            RankSystem sys(world, topo, model, mo, eo);
+            for (const RequestSpec& r : random_requests(kRequests, prompt, 1, c.vocab_size))
+              sys.engine().submit(r);
+            sys.engine().run();
+            if (world.rank() == 0) prefill_ms = sys.engine().stats().prefill_ms / kRequests;
+          });
+          double weight_bytes = 0, weight_params = 0;
+          weights_for(prompt, weight_bytes, weight_params);
+          const double p = static_cast<double>(prompt);
+          const double kv_bytes = p * c.latent_width() * 2.0 * c.num_hidden_layers *
+                                  (static_cast<double>(pc_in.tp) / pc_in.dcp);
+          report("prefill", prompt, 1, prefill_ms, p, weight_bytes + kv_bytes,
+                 2.0 * p * weight_params + p * (p + 1) / 2 * attn_flops_per_row);
         }
       }
     }
@@ -202,6 +246,11 @@ void add_decode_bench(CLI::App* bench) {
   cmd->add_option("--threads", o->threads,
                   "comma-separated threads per rank (the table's threads column counts all ranks')")
       ->check(list_at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--prefill-tokens", o->prefill_tokens,
+                  "comma-separated prompt lengths of the prefill rows, each prefilled in one chunk "
+                  "(0: none)")
+      ->check(list_at_least(0))
       ->capture_default_str();
   cmd->add_option("--new-tokens", o->new_tokens, "tokens generated per request (steps + 1)")
       ->check(at_least(2))
