@@ -213,6 +213,13 @@ case_plan() {
   expect 0 "plan kimi-k3 counts the replicated projection" -- plan --preset kimi-k3 --tp-size 8 --hardware h200-nvlink --contexts 4096 --json
   check "replicated weights per layer" stdout_has '"replicated_weight_bytes_per_layer": 20447232.0'
   check "replicated gemm time" stdout_has '"replicated_gemm_ms": 0.00216268'
+  # Weights in the step: tiny (dense) at batch 1 reads all its 1091328 bytes of bf16 weights
+  # but the 511 embedding rows (128 x 2 bytes) no token looks up: 960512 bytes, at 4 TB/s.
+  expect 0 "plan counts the weights a step reads" -- plan --preset tiny --tp-size 1 --batch 1 --contexts 64 --hardware h200-nvlink --json
+  check "weights per rank" stdout_has '"weights_bytes_per_rank": 1091328.0'
+  check "weights read per step" stdout_has '"weight_read_bytes_per_step": 960512.0'
+  check "their time" stdout_has '"weight_read_ms": 0.000240128'
+  check "a step is 2 layers x 2.56e-06 ms + that" stdout_has '"step_ms": 0.000245248'
   expect 2 "plan rejects unknown hardware" -- plan --hardware tpu
   check "lists hardware presets" stderr_has "this-cpu, h200-nvlink"
 }

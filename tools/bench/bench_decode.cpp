@@ -15,6 +15,7 @@
 #include "dcp/error.h"
 #include "dcp/timing.h"
 #include "dcp/weights.h"
+#include "plan/plan_model.h"
 
 namespace dcp::cli {
 namespace {
@@ -48,13 +49,6 @@ ModelSource model_in(const ModelConfig& base, const std::string& dtype) {
   m.config.quantized = dtype == "fp8";
   m.synthetic_dtype = dtype == "f32" ? WeightDtype::f32 : WeightDtype::bf16;
   return m;
-}
-
-// Routed experts a batch of `tokens` is expected to touch per MoE layer under uniform routing:
-// E (1 - (1 - k/E)^tokens); exactly k for one token.
-double expected_experts(const ModelConfig& c, int tokens) {
-  const double e = c.n_routed_experts, k = c.num_experts_per_tok;
-  return e * (1.0 - std::pow(1.0 - k / e, tokens));
 }
 
 }  // namespace
@@ -105,32 +99,15 @@ void bench_decode(const DecodeBenchOptions& o) {
         const ModelConfig& c = model.config;
         const double other_bytes = dtype == "f32" ? 4.0 : 2.0;
         const auto element_bytes = checkpoint_element_bytes(c, other_bytes);
-        // Weights touched by a forward of `tokens` tokens over all ranks (an expert once however
-        // many tokens chose it), and the parameters each token multiplies (k routed experts).
+        // Weights touched by a forward of `tokens` tokens over all ranks, and the parameters
+        // each token multiplies (plan_model.h).
         const auto weights_for = [&](std::int64_t tokens, double& weight_bytes,
-                                     double& weight_params) {
-          weight_bytes = weight_params = 0;
-          const double touched =
-              c.n_routed_experts > 0
-                  ? expected_experts(c, static_cast<int>(std::min<std::int64_t>(tokens, 1 << 20))) /
-                        c.n_routed_experts
-                  : 0;
-          const double used = c.n_routed_experts > 0
-                                  ? static_cast<double>(c.num_experts_per_tok) / c.n_routed_experts
-                                  : 0;
-          for (const auto& [name, shape] : checkpoint_tensors(c)) {
-            double values = 1;
-            for (const std::int64_t d : shape) values *= static_cast<double>(d);
-            const bool replicated = is_replicated_weight(name, shape);
-            const bool expert = name.find(".mlp.experts.") != std::string::npos;
-            double share = replicated ? pc_in.tp : 1.0;  // replicated: every rank reads its copy
-            if (expert) share *= touched;
-            if (name == "model.embed_tokens.weight")
-              share = std::min(1.0, static_cast<double>(tokens) / shape[0]);
-            weight_bytes += values * element_bytes(name) * share;
-            if (shape.size() == 2 && name != "model.embed_tokens.weight")
-              weight_params += values * (expert ? used : 1.0) * (replicated ? pc_in.tp : 1.0);
-          }
+                                     double& weight_params, double& head_params) {
+          const WeightTraffic t =
+              weight_traffic(c, pc_in.tp, static_cast<double>(tokens), element_bytes);
+          weight_bytes = t.bytes * pc_in.tp;
+          weight_params = t.params * pc_in.tp;
+          head_params = t.head_params * pc_in.tp;
         };
         // Attention FLOPs per query token and context row (absorbed MLA: scores and values).
         const double attn_flops_per_row = c.num_attention_heads *
@@ -158,8 +135,8 @@ void bench_decode(const DecodeBenchOptions& o) {
         LaunchOptions lo;
         lo.world_size = topo.world_size;
         for (const std::int64_t batch : batches) {
-          double weight_bytes = 0, weight_params = 0;
-          weights_for(batch, weight_bytes, weight_params);
+          double weight_bytes = 0, weight_params = 0, head_params = 0;
+          weights_for(batch, weight_bytes, weight_params, head_params);
           for (const std::int64_t context_in : contexts) {
             const std::int64_t context = std::max<std::int64_t>(1, context_in);
             ModelOptions mo;
@@ -208,13 +185,14 @@ void bench_decode(const DecodeBenchOptions& o) {
             sys.engine().run();
             if (world.rank() == 0) prefill_ms = sys.engine().stats().prefill_ms / kRequests;
           });
-          double weight_bytes = 0, weight_params = 0;
-          weights_for(prompt, weight_bytes, weight_params);
+          double weight_bytes = 0, weight_params = 0, head_params = 0;
+          weights_for(prompt, weight_bytes, weight_params, head_params);
           const double p = static_cast<double>(prompt);
           const double kv_bytes = p * c.latent_width() * 2.0 * c.num_hidden_layers *
                                   (static_cast<double>(pc_in.tp) / pc_in.dcp);
           report("prefill", prompt, 1, prefill_ms, p, weight_bytes + kv_bytes,
-                 2.0 * p * weight_params + p * (p + 1) / 2 * attn_flops_per_row);
+                 2.0 * (p * (weight_params - head_params) + head_params) +
+                     p * (p + 1) / 2 * attn_flops_per_row);
         }
       }
     }

@@ -4,6 +4,9 @@
 //   query + combine   collectives x latency + bytes sent / link bandwidth (the formulas of
 //                     DcpAttention::expected_bytes_sent)
 //   capacity          (memory - weights) / (layers x latent row bytes) rows per rank, x N tokens
+//   weights           the bytes a decode step reads of them in their dtype (the routed experts
+//                     the batch is expected to touch) over bandwidth, or their FLOPs over the
+//                     compute rate; a step is layers x layer time + that
 // DCP pays when T_attn(S) - T_attn(S/N) > T_comm, or when the KV does not fit without it.
 #include <algorithm>
 #include <cstdio>
@@ -41,7 +44,7 @@ struct Row {
   std::int64_t context = 0;
   int dcp = 1;
   std::string backend;
-  double attn_ms = 0, comm_ms = 0, total_ms = 0;
+  double attn_ms = 0, comm_ms = 0, total_ms = 0, step_ms = 0;
   double kv_bytes = 0, comm_bytes = 0;
   int collectives = 0;
   double replicated_weight_bytes = 0, replicated_gemm_ms = 0;
@@ -66,10 +69,15 @@ void plan(const PlanOptions& o) {
   const int h_loc = c.num_attention_heads / o.tp_size;
   const double row_bytes = static_cast<double>(c.latent_width()) * dtype_size(dtype);
   const double weights =
-      o.weights_gib >= 0
-          ? o.weights_gib * (1ull << 30)
-          : weight_bytes_per_rank(c, o.tp_size, checkpoint_element_bytes(c, 2.0));
+      o.weights_gib >= 0 ? o.weights_gib * (1ull << 30)
+                         : weight_bytes_per_rank(c, o.tp_size, checkpoint_element_bytes(c, 2.0));
   const std::vector<std::int64_t> contexts = parse_list(o.contexts, "--contexts");
+  // The weights a decode step reads on a rank (the same for every DCP size), in their dtype.
+  const WeightTraffic traffic =
+      weight_traffic(c, o.tp_size, o.batch, checkpoint_element_bytes(c, 2.0));
+  const double weight_ms =
+      std::max(traffic.bytes / hw.bandwidth, 2.0 * o.batch * traffic.params / hw.compute_flops) *
+      1e3;
 
   std::vector<Row> rows;
   for (std::int64_t s : contexts) {
@@ -99,6 +107,7 @@ void plan(const PlanOptions& o) {
         r.replicated_weight_bytes = pr.replicated_weight_bytes;
         r.replicated_gemm_ms = pr.replicated_gemm_ms;
         r.total_ms = r.attn_ms + r.comm_ms + r.replicated_gemm_ms;
+        r.step_ms = c.num_hidden_layers * r.total_ms + weight_ms;
         const double free_bytes = std::max(
             0.0, hw.memory_bytes - weights - r.replicated_weight_bytes * c.num_hidden_layers);
         r.capacity_tokens = free_bytes / (row_bytes * c.num_hidden_layers) * n;
@@ -120,6 +129,8 @@ void plan(const PlanOptions& o) {
     j["tp_size"] = o.tp_size;
     j["batch"] = o.batch;
     j["weights_bytes_per_rank"] = weights;
+    j["weight_read_bytes_per_step"] = traffic.bytes;
+    j["weight_read_ms"] = weight_ms;
     nlohmann::ordered_json arr = nlohmann::ordered_json::array();
     for (const Row& r : rows) {
       arr.push_back({{"context", r.context},
@@ -128,6 +139,7 @@ void plan(const PlanOptions& o) {
                      {"attention_ms", r.attn_ms},
                      {"comm_ms", r.comm_ms},
                      {"total_ms", r.total_ms},
+                     {"step_ms", r.step_ms},
                      {"kv_bytes_per_rank", r.kv_bytes},
                      {"comm_bytes_per_rank", r.comm_bytes},
                      {"collectives", r.collectives},
@@ -149,17 +161,22 @@ void plan(const PlanOptions& o) {
       "rank, weights %.2f GiB per rank (%s)\n",
       hw.compute_flops / 1e9, hw.bandwidth / 1e9, hw.link_bandwidth / 1e9, hw.link_latency * 1e6,
       hw.memory_bytes / (1ull << 30), weights / (1ull << 30), hw.source.c_str());
-  std::printf("%9s %4s %17s | %10s %10s %10s %10s | %12s %6s\n", "context", "dcp", "backend",
-              "attn ms", "comm ms", "rep-q ms", "layer ms", "capacity", "fits");
+  std::printf(
+      "  a decode step reads %.2f GB of weights per rank in their dtype (%.3f ms); step = %d "
+      "layers x layer + that\n",
+      traffic.bytes / 1e9, weight_ms, c.num_hidden_layers);
+  std::printf("%9s %4s %17s | %10s %10s %10s %10s %10s | %12s %6s\n", "context", "dcp", "backend",
+              "attn ms", "comm ms", "rep-q ms", "layer ms", "step ms", "capacity", "fits");
   for (std::int64_t s : contexts) {
     const Row* best = nullptr;
     const Row* base = nullptr;
     for (const Row& r : rows) {
       if (r.context != s) continue;
       if (r.dcp == 1) base = &r;
-      std::printf("%9lld %4d %17s | %10.3f %10.3f %10.3f %10.3f | %12.3g %6s\n",
+      std::printf("%9lld %4d %17s | %10.3f %10.3f %10.3f %10.3f %10.2f | %12.3g %6s\n",
                   static_cast<long long>(s), r.dcp, r.backend.c_str(), r.attn_ms, r.comm_ms,
-                  r.replicated_gemm_ms, r.total_ms, r.capacity_tokens, r.fits ? "yes" : "no");
+                  r.replicated_gemm_ms, r.total_ms, r.step_ms, r.capacity_tokens,
+                  r.fits ? "yes" : "no");
       if (r.fits && (!best || r.total_ms < best->total_ms)) best = &r;
     }
     if (!best) {

@@ -1,9 +1,11 @@
 #include "plan_model.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "dcp/dcp_attention.h"
 #include "dcp/error.h"
+#include "dcp/weights.h"
 
 namespace dcp::cli {
 
@@ -60,16 +62,40 @@ LayerPrediction predict_layer(const ModelConfig& c, const Hardware& hw, int h_lo
     const double q_in = c.q_lora_rank ? *c.q_lora_rank : c.hidden_size;
     const double group_heads = static_cast<double>(dcp) * h_loc;
     const double elem = 2.0;  // replication needs 16-bit weights (FP8 ones gather the query)
-    r.replicated_weight_bytes =
-        group_heads * (c.q_head_dim() * q_in + (c.qk_nope_head_dim + c.v_head_dim) *
-                                                   static_cast<double>(c.kv_lora_rank)) *
-        elem;
-    const double extra = (dcp - 1.0) * h_loc *
-                         (c.q_head_dim() * q_in + c.qk_nope_head_dim * static_cast<double>(c.kv_lora_rank));
+    r.replicated_weight_bytes = group_heads *
+                                (c.q_head_dim() * q_in + (c.qk_nope_head_dim + c.v_head_dim) *
+                                                             static_cast<double>(c.kv_lora_rank)) *
+                                elem;
+    const double extra =
+        (dcp - 1.0) * h_loc *
+        (c.q_head_dim() * q_in + c.qk_nope_head_dim * static_cast<double>(c.kv_lora_rank));
     r.replicated_gemm_ms =
         1e3 * std::max(2.0 * batch * extra / hw.compute_flops, extra * elem / hw.bandwidth);
   }
   return r;
+}
+
+WeightTraffic weight_traffic(const ModelConfig& c, int tp, double tokens,
+                             const std::function<double(const std::string&)>& element_bytes) {
+  WeightTraffic t;
+  const double experts = c.n_routed_experts, k = c.num_experts_per_tok;
+  const double touched = experts > 0 ? 1.0 - std::pow(1.0 - k / experts, tokens) : 0.0;
+  const double used = experts > 0 ? k / experts : 0.0;
+  for (const auto& [name, shape] : checkpoint_tensors(c)) {
+    double values = 1;
+    for (const std::int64_t d : shape) values *= static_cast<double>(d);
+    const double share = is_replicated_weight(name, shape) ? 1.0 : 1.0 / tp;
+    const bool expert = name.find(".mlp.experts.") != std::string::npos;
+    if (name == "model.embed_tokens.weight") {
+      t.bytes +=
+          std::min(tokens, static_cast<double>(shape[0])) * shape[1] * element_bytes(name) * share;
+      continue;
+    }
+    t.bytes += values * element_bytes(name) * share * (expert ? touched : 1.0);
+    if (shape.size() == 2) t.params += values * share * (expert ? used : 1.0);
+    if (name == "lm_head.weight") t.head_params += values * share;
+  }
+  return t;
 }
 
 }  // namespace dcp::cli

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "dcp/dtype.h"
@@ -43,5 +44,18 @@ struct LayerPrediction {
 LayerPrediction predict_layer(const ModelConfig& c, const Hardware& hw, int h_loc, int dcp,
                               CombineBackend backend, bool replicated_q, int batch,
                               std::int64_t context, KvDtype dtype);
+
+// The weights a forward of `tokens` tokens reads per rank of a TP group of `tp` ranks, in their
+// dtype (element_bytes: checkpoint_element_bytes), and the weight parameters each token
+// multiplies there. A routed expert is read once however many tokens chose it: a batch is
+// expected to touch E (1 - (1 - k/E)^tokens) of the E experts under uniform routing; each token
+// multiplies k. The embedding reads one row per token; replicated tensors are whole on every rank.
+struct WeightTraffic {
+  double bytes = 0;        // per rank
+  double params = 0;       // per rank and token (FLOPs: 2 x params x tokens), the LM head included
+  double head_params = 0;  // the LM head's, which a prefill applies to its last token only
+};
+WeightTraffic weight_traffic(const ModelConfig& c, int tp, double tokens,
+                             const std::function<double(const std::string&)>& element_bytes);
 
 }  // namespace dcp::cli
