@@ -67,6 +67,21 @@ constexpr std::int64_t weight_gemv_max_rows(WeightDtype d) noexcept {
 void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std::int64_t ldx = -1,
             std::int64_t ldy = -1, KernelPath path = KernelPath::automatic, int threads = 1);
 
+// The threads the weight products of dcp's layers (MlaModel, DenseMlp, MoeLayer) use when run
+// on the calling thread: 1, unless a ScopedWeightThreads lives on it. MlaModel::forward runs under
+// its ModelOptions::threads; a caller of a layer alone sets its own.
+int weight_threads();
+class ScopedWeightThreads {
+ public:
+  explicit ScopedWeightThreads(int threads);  // at least 1
+  ~ScopedWeightThreads();
+  ScopedWeightThreads(const ScopedWeightThreads&) = delete;
+  ScopedWeightThreads& operator=(const ScopedWeightThreads&) = delete;
+
+ private:
+  int previous_;
+};
+
 class WeightSource {
  public:
   virtual ~WeightSource() = default;

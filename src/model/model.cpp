@@ -346,7 +346,7 @@ void MlaModel::feed_forward(Layer& L, const float* x, std::int64_t T, float* y,
 
 std::vector<float> MlaModel::forward(const ForwardBatch& batch, ForwardTimings* timings) {
   const auto t_start = Clock::now();
-  const ops::ScopedThreads threads(options_.threads);
+  const ScopedWeightThreads threads(options_.threads);
   const CommStats dcp_before = dcp_.stats(), tp_before = tp_.stats(), mlp_before = mlp_->stats();
   ForwardTimings t;
   const ModelConfig& c = config_;

@@ -43,22 +43,6 @@ void split_rows(int threads, std::int64_t n, std::int64_t align, std::int64_t mi
 
 namespace dcp::ops {
 
-namespace {
-thread_local int t_threads = 1;
-}  // namespace
-
-int threads() {
-  return t_threads;
-}
-
-ScopedThreads::ScopedThreads(int threads) : previous_(t_threads) {
-  t_threads = std::max(1, threads);
-}
-
-ScopedThreads::~ScopedThreads() {
-  t_threads = previous_;
-}
-
 void linear(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n,
             float* y, std::int64_t ldx, std::int64_t ldy) {
   if (m == 0 || n == 0) return;
@@ -147,6 +131,18 @@ void Rope::apply(float* x, std::int64_t pos) const {
 }  // namespace dcp::ops
 
 namespace dcp {
+
+namespace {
+thread_local int t_weight_threads = 1;
+}  // namespace
+
+int weight_threads() { return t_weight_threads; }
+
+ScopedWeightThreads::ScopedWeightThreads(int threads) : previous_(t_weight_threads) {
+  t_weight_threads = std::max(1, threads);
+}
+
+ScopedWeightThreads::~ScopedWeightThreads() { t_weight_threads = previous_; }
 
 void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std::int64_t ldx,
             std::int64_t ldy, KernelPath path, int threads) {

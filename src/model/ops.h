@@ -12,24 +12,11 @@ namespace dcp::ops {
 // y[M, N] = x[M, K] @ w[N, K]^T  (w as a torch Linear weight: [out, in]); ldx/ldy row strides.
 void linear(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n,
             float* y, std::int64_t ldx = -1, std::int64_t ldy = -1);
-// The threads this thread's weight products use (ScopedThreads; 1 outside one).
-int threads();
-// Sets threads() for the scope: a forward runs under its model's ModelOptions::threads.
-class ScopedThreads {
- public:
-  explicit ScopedThreads(int threads);
-  ~ScopedThreads();
-  ScopedThreads(const ScopedThreads&) = delete;
-  ScopedThreads& operator=(const ScopedThreads&) = delete;
-
- private:
-  int previous_;
-};
 // y[M, N] = x[M, K] @ w^T for a weight held in its checkpoint dtype (N = w.rows, K = w.cols):
-// dcp::linear (weights.h) on the automatic path, over threads() threads.
+// dcp::linear (weights.h) on the automatic path, over weight_threads() threads.
 inline void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y,
                    std::int64_t ldx = -1, std::int64_t ldy = -1) {
-  dcp::linear(x, m, w, y, ldx, ldy, KernelPath::automatic, threads());
+  dcp::linear(x, m, w, y, ldx, ldy, KernelPath::automatic, weight_threads());
 }
 // y[M, N] = x[M, K] @ w[K, N]   (w not transposed); strides as above, ldw for w.
 void matmul(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n,

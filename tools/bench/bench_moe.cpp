@@ -159,6 +159,7 @@ void bench_moe(const MoeBenchOptions& o) {
     const MoeLayer moe(c, *w, layer, 0, 1);
     for (std::int64_t t : threads) {
       set_blas_threads(static_cast<int>(t));
+      const ScopedWeightThreads weight_threads(static_cast<int>(t));
       const double read = memory.read_gbps(static_cast<int>(t));
       for (std::int64_t batch : batches) {
         std::vector<float> x(static_cast<std::size_t>(batch * c.hidden_size)), y(x.size());
@@ -206,7 +207,7 @@ void add_moe_bench(CLI::App* bench) {
   cmd->add_option("--dtypes", o->dtypes, "weight dtypes (comma-separated): bf16, fp8")
       ->check(list_of({"bf16", "fp8"}))
       ->capture_default_str();
-  cmd->add_option("--threads", o->threads, "BLAS threads (comma-separated)")
+  cmd->add_option("--threads", o->threads, "threads of the weight products and BLAS (comma-separated)")
       ->check(list_at_least(1))
       ->capture_default_str();
   cmd->add_option("--ranks", o->ranks,
