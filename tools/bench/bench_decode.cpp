@@ -101,13 +101,12 @@ void bench_decode(const DecodeBenchOptions& o) {
         const auto element_bytes = checkpoint_element_bytes(c, other_bytes);
         // Weights touched by a forward of `tokens` tokens over all ranks, and the parameters
         // each token multiplies (plan_model.h).
-        const auto weights_for = [&](std::int64_t tokens, double& weight_bytes,
-                                     double& weight_params, double& head_params) {
-          const WeightTraffic t =
-              weight_traffic(c, pc_in.tp, static_cast<double>(tokens), element_bytes);
-          weight_bytes = t.bytes * pc_in.tp;
-          weight_params = t.params * pc_in.tp;
-          head_params = t.head_params * pc_in.tp;
+        const auto weights_for = [&](std::int64_t tokens) {
+          WeightTraffic t = weight_traffic(c, pc_in.tp, static_cast<double>(tokens), element_bytes);
+          t.bytes *= pc_in.tp;
+          t.params *= pc_in.tp;
+          t.head_params *= pc_in.tp;
+          return t;
         };
         // Attention FLOPs per query token and context row (absorbed MLA: scores and values).
         const double attn_flops_per_row = c.num_attention_heads *
@@ -135,8 +134,7 @@ void bench_decode(const DecodeBenchOptions& o) {
         LaunchOptions lo;
         lo.world_size = topo.world_size;
         for (const std::int64_t batch : batches) {
-          double weight_bytes = 0, weight_params = 0, head_params = 0;
-          weights_for(batch, weight_bytes, weight_params, head_params);
+          const WeightTraffic all = weights_for(batch);
           for (const std::int64_t context_in : contexts) {
             const std::int64_t context = std::max<std::int64_t>(1, context_in);
             ModelOptions mo;
@@ -163,7 +161,7 @@ void bench_decode(const DecodeBenchOptions& o) {
             const double attn_flops =
                 static_cast<double>(batch) * (context + o.new_tokens / 2) * attn_flops_per_row;
             report("decode", context_in, batch, step_ms, static_cast<double>(batch),
-                   weight_bytes + kv_bytes, 2.0 * batch * weight_params + attn_flops);
+                   all.bytes + kv_bytes, 2.0 * batch * all.params + attn_flops);
           }
         }
         // Prefill: one request's prompt of P tokens in one chunk, three requests one after the
@@ -185,13 +183,12 @@ void bench_decode(const DecodeBenchOptions& o) {
             sys.engine().run();
             if (world.rank() == 0) prefill_ms = sys.engine().stats().prefill_ms / kRequests;
           });
-          double weight_bytes = 0, weight_params = 0, head_params = 0;
-          weights_for(prompt, weight_bytes, weight_params, head_params);
+          const WeightTraffic all = weights_for(prompt);
           const double p = static_cast<double>(prompt);
           const double kv_bytes = p * c.latent_width() * 2.0 * c.num_hidden_layers *
                                   (static_cast<double>(pc_in.tp) / pc_in.dcp);
-          report("prefill", prompt, 1, prefill_ms, p, weight_bytes + kv_bytes,
-                 2.0 * (p * (weight_params - head_params) + head_params) +
+          report("prefill", prompt, 1, prefill_ms, p, all.bytes + kv_bytes,
+                 2.0 * (p * (all.params - all.head_params) + all.head_params) +
                      p * (p + 1) / 2 * attn_flops_per_row);
         }
       }

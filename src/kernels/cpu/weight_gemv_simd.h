@@ -79,26 +79,31 @@ struct Fp8Words {
   }
 };
 
+// What both FP8 widths share: a chunk of 4W codes whose even and odd words make four parts
+// (word t of the even (odd) words is code 2t (2t + 1); parts 0 and 1 are the even words'
+// halves), and the NaN-code check: bytes set where a chunk holds E4M3's NaN code (0x7f or 0xff),
+// or-ed into `seen`. A macro, because GCC 12 miscompiles a byte vector whose size depends on a
+// template argument.
+#define DCP_FP8_CHUNK_COMMON(WIDTH)                                                          \
+  using vec = Simd<WIDTH>::vec;                                                              \
+  static constexpr int kParts = 4;                                                           \
+  static int source(int q, int j) { return 2 * WIDTH * (q & 1) + 2 * j + (q >> 1); }         \
+  typedef std::uint8_t bytes __attribute__((vector_size(4 * WIDTH)));                        \
+  static void note_nan_codes(const fp8_e4m3_t* p, bytes& seen) {                             \
+    bytes b;                                                                                 \
+    std::memcpy(&b, p, sizeof b);                                                            \
+    seen |= (b | 0x80) == 0xff;                                                              \
+  }                                                                                          \
+  static bool any(const bytes& seen) {                                                       \
+    std::uint64_t q[sizeof(bytes) / 8];                                                      \
+    std::memcpy(q, &seen, sizeof q);                                                         \
+    return std::any_of(std::begin(q), std::end(q), [](std::uint64_t v) { return v != 0; }); \
+  }
+
 #if defined(__AVX2__)
 template <>
 struct Widen<8, fp8_e4m3_t> {
-  using vec = Simd<8>::vec;
-  static constexpr int kParts = 4;
-  // Bytes set where a chunk holds E4M3's NaN code (0x7f or 0xff), or-ed into `seen`. (GCC 12
-  // miscompiles a byte vector whose size depends on a template argument: one per width.)
-  typedef std::uint8_t bytes __attribute__((vector_size(32)));
-  static void note_nan_codes(const fp8_e4m3_t* p, bytes& seen) {
-    bytes b;
-    std::memcpy(&b, p, sizeof b);
-    seen |= (b | 0x80) == 0xff;
-  }
-  static bool any(const bytes& seen) {
-    std::uint64_t q[sizeof(bytes) / 8];
-    std::memcpy(q, &seen, sizeof q);
-    return std::any_of(std::begin(q), std::end(q), [](std::uint64_t v) { return v != 0; });
-  }
-  // Word t of the even (odd) words is code 2t (2t + 1); parts 0 and 1 are the even words' halves.
-  static int source(int q, int j) { return 16 * (q & 1) + 2 * j + (q >> 1); }
+  DCP_FP8_CHUNK_COMMON(8)
   static void widen(const fp8_e4m3_t* p, vec* out) {
     Fp8Words<8>::words even, odd;
     Fp8Words<8>::split(p, even, odd);
@@ -114,22 +119,7 @@ struct Widen<8, fp8_e4m3_t> {
 #if defined(__AVX512F__)
 template <>
 struct Widen<16, fp8_e4m3_t> {
-  using vec = Simd<16>::vec;
-  static constexpr int kParts = 4;
-  // Bytes set where a chunk holds E4M3's NaN code (0x7f or 0xff), or-ed into `seen`. (GCC 12
-  // miscompiles a byte vector whose size depends on a template argument: one per width.)
-  typedef std::uint8_t bytes __attribute__((vector_size(64)));
-  static void note_nan_codes(const fp8_e4m3_t* p, bytes& seen) {
-    bytes b;
-    std::memcpy(&b, p, sizeof b);
-    seen |= (b | 0x80) == 0xff;
-  }
-  static bool any(const bytes& seen) {
-    std::uint64_t q[sizeof(bytes) / 8];
-    std::memcpy(q, &seen, sizeof q);
-    return std::any_of(std::begin(q), std::end(q), [](std::uint64_t v) { return v != 0; });
-  }
-  static int source(int q, int j) { return 32 * (q & 1) + 2 * j + (q >> 1); }
+  DCP_FP8_CHUNK_COMMON(16)
   static void widen(const fp8_e4m3_t* p, vec* out) {
     Fp8Words<16>::words even, odd;
     Fp8Words<16>::split(p, even, odd);
@@ -143,6 +133,7 @@ struct Widen<16, fp8_e4m3_t> {
   }
 };
 #endif
+#undef DCP_FP8_CHUNK_COMMON
 
 // Only the NaN code widens to +-1.875 (times 2^8 it is E4M3's 0x7f, 480): make it NaN.
 template <int W>
