@@ -78,8 +78,7 @@ Case random_fp8(std::int64_t rows, std::int64_t cols, int br, int bc, std::int64
       } while ((b & 0x7f) == 0x7f);
       w.data[r * cols + k] = b;
       const std::int64_t sr = (row0 + r) / br - row0 / br, sc = (col0 + k) / bc - col0 / bc;
-      c.values.push_back(decode_e4m3(b) *
-                         static_cast<double>(w.scale_inv[sr * w.scale_cols + sc]));
+      c.values.push_back(decode_e4m3(b) * static_cast<double>(w.scale_inv[sr * w.scale_cols + sc]));
     }
   }
   return c;
@@ -133,8 +132,8 @@ TEST(WeightLinear, Fp8BlockScaledSlicesEveryPath) {
       for (const std::int64_t k : {5, 24, 97, 300}) {
         // Blocks of 16 x 8 (and DeepSeek's 128 x 128), slices starting inside a block.
         const int br = rng.coin() ? 16 : 128, bc = rng.coin() ? 8 : 128;
-        const Case c = random_fp8(rng.range(1, 50), k, br, bc, rng.range(0, 300),
-                                  rng.range(0, 300), rng);
+        const Case c =
+            random_fp8(rng.range(1, 50), k, br, bc, rng.range(0, 300), rng.range(0, 300), rng);
         check(c, m, path, rng, "fp8");
       }
     }
@@ -142,40 +141,59 @@ TEST(WeightLinear, Fp8BlockScaledSlicesEveryPath) {
 }
 
 TEST(WeightLinear, Fp8NanCodeGivesNan) {
+  // m = 1: the decode product; m = 20: prefill tiles widened in memory.
   test::Rng rng = test::make_rng();
   for (const KernelPath path : paths()) {
-    Case c = random_fp8(3, 40, 128, 128, 0, 0, rng);
-    c.w.data[1 * 40 + 17] = 0x7f;  // row 1 holds a NaN
-    std::vector<float> x(40, 1.0f), y(3);
-    linear(x.data(), 1, c.w, y.data(), -1, -1, path);
-    EXPECT_FALSE(std::isnan(y[0])) << to_string(path);
-    EXPECT_TRUE(std::isnan(y[1])) << to_string(path);
-    EXPECT_FALSE(std::isnan(y[2])) << to_string(path);
+    for (const std::int64_t m : {1, 20}) {
+      Case c = random_fp8(3, 40, 128, 128, 0, 0, rng);
+      c.w.data[1 * 40 + 17] = 0x7f;  // row 1 holds a NaN
+      std::vector<float> x(static_cast<std::size_t>(m * 40), 1.0f),
+          y(static_cast<std::size_t>(m * 3));
+      linear(x.data(), m, c.w, y.data(), -1, -1, path);
+      for (std::int64_t i = 0; i < m; ++i) {
+        EXPECT_FALSE(std::isnan(y[i * 3 + 0])) << to_string(path) << " m " << m;
+        EXPECT_TRUE(std::isnan(y[i * 3 + 1])) << to_string(path) << " m " << m;
+        EXPECT_FALSE(std::isnan(y[i * 3 + 2])) << to_string(path) << " m " << m;
+      }
+    }
   }
 }
 
 TEST(WeightLinear, EveryFp8CodeWidensExactly) {
-  // One weight row per code against x = e_j: each output is the code's value times its scale.
+  // One weight row per code against rows of x = e_j: each output is the code's value times its
+  // scale. Column 20 is inside a whole chunk of the SIMD copies, column 36 in their scalar tail;
+  // m = 1 is the decode product, m = 20 the prefill tiles widened in memory.
   for (const KernelPath path : paths()) {
-    WeightMatrix w;
-    w.dtype = WeightDtype::f8_e4m3;
-    w.rows = 256;
-    w.cols = 32;
-    w.block_rows = w.block_cols = 128;
-    w.scale_rows = 2;
-    w.scale_cols = 1;
-    w.scale_inv = {0.5f, 3.0f};
-    w.data.assign(256 * 32, 0);
-    for (int code = 0; code < 256; ++code) w.data[code * 32 + 20] = static_cast<std::uint8_t>(code);
-    std::vector<float> x(32, 0.0f), y(256);
-    x[20] = 1.0f;
-    linear(x.data(), 1, w, y.data(), -1, -1, path);
-    for (int code = 0; code < 256; ++code) {
-      const double want = decode_e4m3(static_cast<std::uint8_t>(code)) * (code < 128 ? 0.5 : 3.0);
-      if (std::isnan(want)) {
-        EXPECT_TRUE(std::isnan(y[code])) << code;
-      } else {
-        EXPECT_EQ(y[code], static_cast<float>(want)) << "code " << code << " " << to_string(path);
+    for (const std::int64_t column : {20, 36}) {
+      for (const std::int64_t m : {1, 20}) {
+        WeightMatrix w;
+        w.dtype = WeightDtype::f8_e4m3;
+        w.rows = 256;
+        w.cols = 40;
+        w.block_rows = w.block_cols = 128;
+        w.scale_rows = 2;
+        w.scale_cols = 1;
+        w.scale_inv = {0.5f, 3.0f};
+        w.data.assign(256 * 40, 0);
+        for (int code = 0; code < 256; ++code)
+          w.data[code * 40 + column] = static_cast<std::uint8_t>(code);
+        std::vector<float> x(static_cast<std::size_t>(m * 40), 0.0f);
+        std::vector<float> y(static_cast<std::size_t>(m * 256));
+        for (std::int64_t i = 0; i < m; ++i) x[i * 40 + column] = 1.0f;
+        linear(x.data(), m, w, y.data(), -1, -1, path);
+        for (std::int64_t i = 0; i < m; ++i) {
+          for (int code = 0; code < 256; ++code) {
+            const double want =
+                decode_e4m3(static_cast<std::uint8_t>(code)) * (code < 128 ? 0.5 : 3.0);
+            const float got = y[i * 256 + code];
+            if (std::isnan(want)) {
+              EXPECT_TRUE(std::isnan(got)) << code;
+            } else {
+              EXPECT_EQ(got, static_cast<float>(want)) << "code " << code << " " << to_string(path)
+                                                       << " m " << m << " column " << column;
+            }
+          }
+        }
       }
     }
   }

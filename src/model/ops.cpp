@@ -21,6 +21,38 @@ kernels::GemvFn select_gemv(KernelPath path) {
       path, "the weight product", kernels::gemv_portable, kernels::gemv_avx2, kernels::gemv_avx512);
 }
 
+kernels::WidenRowsFn select_widen(KernelPath path) {
+  return kernels::select_simd_copy<kernels::WidenRowsFn>(
+      path, "the weight widening", kernels::widen_rows_portable, kernels::widen_rows_avx2,
+      kernels::widen_rows_avx2);
+}
+
+// Rows [r0, r1) of w as the kernels see them.
+kernels::GemvWeight gemv_weight(const WeightMatrix& w, std::int64_t r0, std::int64_t r1) {
+  const std::size_t element = w.dtype == WeightDtype::f32    ? 4
+                              : w.dtype == WeightDtype::bf16 ? 2
+                                                             : 1;
+  kernels::GemvWeight g;
+  g.data = w.data.data() + static_cast<std::size_t>(r0 * w.cols) * element;
+  g.rows = r1 - r0;
+  g.k = w.cols;
+  switch (w.dtype) {
+    case WeightDtype::f32: g.dtype = kernels::GemvDtype::f32; break;
+    case WeightDtype::bf16: g.dtype = kernels::GemvDtype::bf16; break;
+    case WeightDtype::f8_e4m3:
+      g.dtype = kernels::GemvDtype::fp8;
+      g.row0 = w.row0 + r0;
+      g.scales =
+          w.scale_inv.data() + (g.row0 / w.block_rows - w.row0 / w.block_rows) * w.scale_cols;
+      g.scale_stride = w.scale_cols;
+      g.block_rows = w.block_rows;
+      g.block_cols = w.block_cols;
+      g.first_block_cols = (w.col0 / w.block_cols + 1) * w.block_cols - w.col0;
+      break;
+  }
+  return g;
+}
+
 // fn(r0, r1) over [0, n) in at most `threads` ranges of whole `align`-row groups, each of at least
 // min_rows rows; range 0 on the calling thread, the others on its worker pool.
 template <typename Fn>
@@ -136,13 +168,17 @@ namespace {
 thread_local int t_weight_threads = 1;
 }  // namespace
 
-int weight_threads() { return t_weight_threads; }
+int weight_threads() {
+  return t_weight_threads;
+}
 
 ScopedWeightThreads::ScopedWeightThreads(int threads) : previous_(t_weight_threads) {
   t_weight_threads = std::max(1, threads);
 }
 
-ScopedWeightThreads::~ScopedWeightThreads() { t_weight_threads = previous_; }
+ScopedWeightThreads::~ScopedWeightThreads() {
+  t_weight_threads = previous_;
+}
 
 void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std::int64_t ldx,
             std::int64_t ldy, KernelPath path, int threads) {
@@ -151,9 +187,6 @@ void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std
   if (ldy < 0) ldy = n;
   if (m == 0 || n == 0) return;
   DCP_ARG_CHECK(threads >= 1, "linear: threads = ", threads, " must be >= 1");
-  const std::size_t element = w.dtype == WeightDtype::f32    ? 4
-                              : w.dtype == WeightDtype::bf16 ? 2
-                                                             : 1;
   if (m <= weight_gemv_max_rows(w.dtype)) {
     static const kernels::GemvFn best = select_gemv(KernelPath::automatic);
     const kernels::GemvFn gemv = path == KernelPath::automatic ? best : select_gemv(path);
@@ -161,25 +194,7 @@ void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std
     // worker (microseconds) small beside the reads.
     split_rows(threads, n, 4, std::max<std::int64_t>(4, (64 << 10) / std::max<std::int64_t>(1, k)),
                [&](std::int64_t r0, std::int64_t r1) {
-                 kernels::GemvWeight g;
-                 g.data = w.data.data() + static_cast<std::size_t>(r0 * k) * element;
-                 g.rows = r1 - r0;
-                 g.k = k;
-                 switch (w.dtype) {
-                   case WeightDtype::f32: g.dtype = kernels::GemvDtype::f32; break;
-                   case WeightDtype::bf16: g.dtype = kernels::GemvDtype::bf16; break;
-                   case WeightDtype::f8_e4m3:
-                     g.dtype = kernels::GemvDtype::fp8;
-                     g.row0 = w.row0 + r0;
-                     g.scales = w.scale_inv.data() +
-                                (g.row0 / w.block_rows - w.row0 / w.block_rows) * w.scale_cols;
-                     g.scale_stride = w.scale_cols;
-                     g.block_rows = w.block_rows;
-                     g.block_cols = w.block_cols;
-                     g.first_block_cols = (w.col0 / w.block_cols + 1) * w.block_cols - w.col0;
-                     break;
-                 }
-                 gemv(x, m, ldx, g, y + r0, ldy);
+                 gemv(x, m, ldx, gemv_weight(w, r0, r1), y + r0, ldy);
                });
     return;
   }
@@ -190,14 +205,21 @@ void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std
     });
     return;
   }
-  // Tiles of rows small enough to stay in cache while BLAS reads them; each thread its own.
-  constexpr std::int64_t kTileRows = 64;
-  split_rows(threads, n, kTileRows, kTileRows, [&](std::int64_t begin, std::int64_t end) {
+  // Tiles of rows widened to fp32, each thread its own, that BLAS multiplies while they are in
+  // cache. BLAS packs x again for every tile, so a tile has at least 128 rows (that packing is
+  // then a few percent of the product); up to 512 while the tile stays within 2 MB.
+  static const kernels::WidenRowsFn best_widen = select_widen(KernelPath::automatic);
+  const kernels::WidenRowsFn widen =
+      path == KernelPath::automatic ? best_widen : select_widen(path);
+  const std::int64_t tile_rows =
+      std::clamp<std::int64_t>((2 << 20) / (4 * std::max<std::int64_t>(1, k)) / 16 * 16, 128, 512);
+  split_rows(threads, n, 16, 64, [&](std::int64_t begin, std::int64_t end) {
     thread_local std::vector<float> tile;
-    tile.resize(static_cast<std::size_t>(std::min(kTileRows, end - begin) * k));
-    for (std::int64_t r0 = begin; r0 < end; r0 += kTileRows) {
-      const std::int64_t rows = std::min(kTileRows, end - r0);
-      for (std::int64_t r = 0; r < rows; ++r) w.row_to_float(r0 + r, tile.data() + r * k);
+    tile.resize(static_cast<std::size_t>(std::min(tile_rows, end - begin) * k));
+    const kernels::GemvWeight g = gemv_weight(w, begin, end);
+    for (std::int64_t r0 = begin; r0 < end; r0 += tile_rows) {
+      const std::int64_t rows = std::min(tile_rows, end - r0);
+      widen(g, r0 - begin, r0 - begin + rows, tile.data());
       ops::linear(x, m, k, tile.data(), rows, y + r0, ldx, ldy);
     }
   });

@@ -6,13 +6,17 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "bench/bench.h"
 #include "bench/bench_util.h"
 #include "cli/cli_checks.h"
 #include "dcp/blas.h"
 #include "dcp/deployment.h"
+#include "dcp/engine.h"
 #include "dcp/error.h"
+#include "dcp/kv_cache.h"
+#include "dcp/model.h"
 #include "dcp/timing.h"
 #include "dcp/weights.h"
 #include "plan/plan_model.h"
@@ -49,6 +53,25 @@ ModelSource model_in(const ModelConfig& base, const std::string& dtype) {
   m.config.quantized = dtype == "fp8";
   m.synthetic_dtype = dtype == "f32" ? WeightDtype::f32 : WeightDtype::bf16;
   return m;
+}
+
+// Puts `spec`'s prompt into the model's KV as random rows and hands the request to `engine` in
+// decode state (Engine::adopt). Every rank of the model's groups calls it alike.
+void adopt_with_random_kv(MlaModel& model, Engine& engine, const RequestSpec& spec) {
+  const auto tokens = static_cast<std::int64_t>(spec.prompt.size());
+  model.allocator().allocate(spec.id, tokens);
+  const std::int64_t width = model.config().latent_width();
+  constexpr std::int64_t kChunk = 1024;
+  std::vector<float> rows(static_cast<std::size_t>(std::min(tokens, kChunk) * width));
+  for (int l = 0; l < model.config().num_hidden_layers; ++l) {
+    for (std::int64_t start = 0; start < tokens; start += kChunk) {
+      const std::int64_t length = std::min(kChunk, tokens - start);
+      fill(rows.data(), static_cast<std::size_t>(length * width),
+           static_cast<std::uint64_t>(spec.id * 7919 + l * 104729 + start));
+      model.kv_shard(l).write(spec.id, start, length, rows.data());
+    }
+  }
+  engine.adopt(spec, spec.prompt.back());
 }
 
 }  // namespace
@@ -133,64 +156,71 @@ void bench_decode(const DecodeBenchOptions& o) {
         const Topology topo = resolve(pc);
         LaunchOptions lo;
         lo.world_size = topo.world_size;
-        for (const std::int64_t batch : batches) {
-          const WeightTraffic all = weights_for(batch);
-          for (const std::int64_t context_in : contexts) {
-            const std::int64_t context = std::max<std::int64_t>(1, context_in);
-            ModelOptions mo;
-            mo.kv_dtype = KvDtype::bf16;
-            mo.threads = static_cast<int>(per_rank);
-            mo.kv_capacity_tokens = batch * (context + o.new_tokens) + 64 * pc_in.dcp;
-            EngineOptions eo;
-            eo.chunked_prefill_size = 4096;
-            std::vector<double> steps;
-            launch_ranks(lo, [&](Communicator& world, bool) {
-              RankSystem sys(world, topo, model, mo, eo);
+        // One model per (configuration, threads, dtype), its KV sized for the largest point.
+        ModelOptions mo;
+        mo.kv_dtype = KvDtype::bf16;
+        mo.threads = static_cast<int>(per_rank);
+        for (const std::int64_t batch : batches)
+          for (const std::int64_t context : contexts)
+            mo.kv_capacity_tokens = std::max(
+                mo.kv_capacity_tokens, batch * (std::max<std::int64_t>(1, context) + o.new_tokens));
+        for (const std::int64_t prompt : prefill_tokens)
+          mo.kv_capacity_tokens = std::max(mo.kv_capacity_tokens, prompt + 2);
+        mo.kv_capacity_tokens += 64 * pc_in.dcp;
+        launch_ranks(lo, [&](Communicator& world, bool) {
+          RankSystem sys(world, topo, model, mo, EngineOptions{});
+          const bool reporter = world.rank() == 0;
+          for (const std::int64_t batch : batches) {
+            const WeightTraffic all = weights_for(batch);
+            for (const std::int64_t context_in : contexts) {
+              // The context's KV is written directly (random rows) and the requests adopted in
+              // decode state, as a disaggregated decode side receives them: a step's time does
+              // not depend on the KV's values, and prefilling 32K-token contexts here would take
+              // longer than all the decode rows.
+              const std::int64_t context = std::max<std::int64_t>(1, context_in);
+              EngineOptions eo;
+              eo.max_running_requests = static_cast<int>(batch);
+              Engine engine(sys.model(), eo);
               for (const RequestSpec& r :
-                   random_requests(batch, context, o.new_tokens, c.vocab_size))
-                sys.engine().submit(r);
-              sys.engine().run();
-              if (world.rank() == 0) steps = sys.engine().stats().decode_step_ms;
-            });
-            const double step_ms = median(steps);
-            // KV read per step: every token's context over all layers, once over the DCP group
-            // (each attention-TP group of the TP ranks reads its own copy when DCP < TP).
-            const double kv_bytes = static_cast<double>(batch) * (context + o.new_tokens / 2) *
-                                    c.latent_width() * 2.0 * c.num_hidden_layers *
-                                    (static_cast<double>(pc_in.tp) / pc_in.dcp);
-            const double attn_flops =
-                static_cast<double>(batch) * (context + o.new_tokens / 2) * attn_flops_per_row;
-            report("decode", context_in, batch, step_ms, static_cast<double>(batch),
-                   all.bytes + kv_bytes, 2.0 * batch * all.params + attn_flops);
+                   random_requests(batch, context, o.new_tokens, c.vocab_size)) {
+                adopt_with_random_kv(sys.model(), engine, r);
+              }
+              engine.run();
+              if (!reporter) continue;
+              const double step_ms = median(engine.stats().decode_step_ms);
+              // KV read per step: every token's context over all layers, once over the DCP
+              // group (each attention-TP group of the TP ranks reads its own copy when DCP < TP).
+              const double kv_bytes = static_cast<double>(batch) * (context + o.new_tokens / 2) *
+                                      c.latent_width() * 2.0 * c.num_hidden_layers *
+                                      (static_cast<double>(pc_in.tp) / pc_in.dcp);
+              const double attn_flops =
+                  static_cast<double>(batch) * (context + o.new_tokens / 2) * attn_flops_per_row;
+              report("decode", context_in, batch, step_ms, static_cast<double>(batch),
+                     all.bytes + kv_bytes, 2.0 * batch * all.params + attn_flops);
+            }
           }
-        }
-        // Prefill: one request's prompt of P tokens in one chunk, three requests one after the
-        // other; the mean of their prefill forwards.
-        for (const std::int64_t prompt : prefill_tokens) {
-          constexpr int kRequests = 3;
-          ModelOptions mo;
-          mo.kv_dtype = KvDtype::bf16;
-          mo.threads = static_cast<int>(per_rank);
-          mo.kv_capacity_tokens = prompt + 2 + 64 * pc_in.dcp;
-          EngineOptions eo;
-          eo.chunked_prefill_size = static_cast<int>(prompt);
-          eo.max_running_requests = 1;
-          double prefill_ms = 0;
-          launch_ranks(lo, [&](Communicator& world, bool) {
-            RankSystem sys(world, topo, model, mo, eo);
+          // Prefill: one request's prompt of P tokens in one chunk, three requests one after the
+          // other; the mean of their prefill forwards.
+          for (const std::int64_t prompt : prefill_tokens) {
+            constexpr int kRequests = 3;
+            EngineOptions eo;
+            eo.chunked_prefill_size = static_cast<int>(prompt);
+            eo.max_running_requests = 1;
+            Engine engine(sys.model(), eo);
             for (const RequestSpec& r : random_requests(kRequests, prompt, 1, c.vocab_size))
-              sys.engine().submit(r);
-            sys.engine().run();
-            if (world.rank() == 0) prefill_ms = sys.engine().stats().prefill_ms / kRequests;
-          });
-          const WeightTraffic all = weights_for(prompt);
-          const double p = static_cast<double>(prompt);
-          const double kv_bytes = p * c.latent_width() * 2.0 * c.num_hidden_layers *
-                                  (static_cast<double>(pc_in.tp) / pc_in.dcp);
-          report("prefill", prompt, 1, prefill_ms, p, all.bytes + kv_bytes,
-                 2.0 * (p * (all.params - all.head_params) + all.head_params) +
-                     p * (p + 1) / 2 * attn_flops_per_row);
-        }
+              engine.submit(r);
+            engine.run();
+            if (!reporter) continue;
+            const double prefill_ms = engine.stats().prefill_ms / kRequests;
+            const WeightTraffic all = weights_for(prompt);
+            const double p = static_cast<double>(prompt);
+            const double kv_bytes = p * c.latent_width() * 2.0 * c.num_hidden_layers *
+                                    (static_cast<double>(pc_in.tp) / pc_in.dcp);
+            report("prefill", prompt, 1, prefill_ms, p, all.bytes + kv_bytes,
+                   2.0 * (p * (all.params - all.head_params) + all.head_params) +
+                       p * (p + 1) / 2 * attn_flops_per_row);
+          }
+        });
       }
     }
   }

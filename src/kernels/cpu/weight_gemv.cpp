@@ -14,8 +14,7 @@ void gemv_scalar(const float* x, std::int64_t m, std::int64_t ldx, const GemvWei
     const T* row = data + r * w.k;
     const float* scales = nullptr;
     if (w.dtype == GemvDtype::fp8) {
-      scales = w.scales +
-               ((w.row0 + r) / w.block_rows - w.row0 / w.block_rows) * w.scale_stride;
+      scales = w.scales + ((w.row0 + r) / w.block_rows - w.row0 / w.block_rows) * w.scale_stride;
     }
     for (std::int64_t i = 0; i < m; ++i) {
       const float* xi = x + i * ldx;
@@ -32,7 +31,33 @@ void gemv_scalar(const float* x, std::int64_t m, std::int64_t ldx, const GemvWei
   }
 }
 
+template <typename T>
+void widen_scalar(const GemvWeight& w, std::int64_t r0, std::int64_t r1, float* out) {
+  for (std::int64_t r = r0; r < r1; ++r, out += w.k) {
+    const T* row = static_cast<const T*>(w.data) + r * w.k;
+    if (w.dtype != GemvDtype::fp8) {
+      for (std::int64_t c = 0; c < w.k; ++c) out[c] = widen_weight(row[c]);
+      continue;
+    }
+    const float* scales =
+        w.scales + ((w.row0 + r) / w.block_rows - w.row0 / w.block_rows) * w.scale_stride;
+    std::int64_t c = 0;
+    for (int b = 0; c < w.k; ++b) {
+      const std::int64_t end = std::min(w.k, b == 0 ? w.first_block_cols : c + w.block_cols);
+      for (; c < end; ++c) out[c] = widen_weight(row[c]) * scales[b];
+    }
+  }
+}
+
 }  // namespace
+
+void widen_rows_portable(const GemvWeight& w, std::int64_t r0, std::int64_t r1, float* out) {
+  switch (w.dtype) {
+    case GemvDtype::f32: widen_scalar<float>(w, r0, r1, out); break;
+    case GemvDtype::bf16: widen_scalar<bf16_t>(w, r0, r1, out); break;
+    case GemvDtype::fp8: widen_scalar<fp8_e4m3_t>(w, r0, r1, out); break;
+  }
+}
 
 void gemv_portable(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeight& w, float* y,
                    std::int64_t ldy) {

@@ -28,9 +28,15 @@ struct GemvWeight {
 };
 
 // One weight as fp32 (an FP8 value before its block scale): the tails and the portable copy.
-inline float widen_weight(float v) { return v; }
-inline float widen_weight(bf16_t v) { return bf16_to_float(v); }
-inline float widen_weight(fp8_e4m3_t v) { return fp8_e4m3_to_float(v); }
+inline float widen_weight(float v) {
+  return v;
+}
+inline float widen_weight(bf16_t v) {
+  return bf16_to_float(v);
+}
+inline float widen_weight(fp8_e4m3_t v) {
+  return fp8_e4m3_to_float(v);
+}
 
 // y[i * ldy + r] for i < m and every row r of w. x rows have stride ldx.
 using GemvFn = void (*)(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeight& w,
@@ -42,5 +48,13 @@ void gemv_avx2(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeigh
                std::int64_t ldy);
 void gemv_avx512(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeight& w, float* y,
                  std::int64_t ldy);
+
+// Rows [r0, r1) of w widened to fp32, row-major with stride w.k: widen_weight(v) (FP8: times its
+// block scale), bit for bit, for the prefill tiles that BLAS multiplies. AVX-512 CPUs run the
+// AVX2 copy: the tiles are widened once per product and the product is BLAS's.
+using WidenRowsFn = void (*)(const GemvWeight& w, std::int64_t r0, std::int64_t r1, float* out);
+
+void widen_rows_portable(const GemvWeight& w, std::int64_t r0, std::int64_t r1, float* out);
+void widen_rows_avx2(const GemvWeight& w, std::int64_t r0, std::int64_t r1, float* out);
 
 }  // namespace dcp::kernels
