@@ -304,6 +304,9 @@ case_bench_step_engine() {
   check "bench decode has the columns a reader needs" grep -q '^mode,config,context,batch,threads,weights_dtype,tokens_per_s,.*roofline_fraction$' "$tmp/decode.csv"
   check "bench decode prints the ceilings it used" stdout_has "read ceiling"
   check "bench decode names the BLAS kernels of its sgemm ceiling" stdout_has "sgemm .* GFLOP/s (1 thread, OpenBLAS [0-9.]*, [A-Za-z]* kernels)"
+  # Eight requests whose contexts end mid-page: the KV must hold each one's last partial page.
+  expect 0 "bench decode, a batch of contexts ending mid-page" -- bench decode --preset tiny --num-layers 1 --configs tp1dcp1,tp2dcp2 --dtypes bf16 --contexts 100 --batches 8 --prefill-tokens 0 --new-tokens 3 --csv "$tmp/decode.csv"
+  check "bench decode ran the batch of 8 on both configurations" [ "$(grep -c '^decode,tp[12]dcp[12],100,8,' "$tmp/decode.csv")" -eq 2 ]
   expect 0 "bench decode, two threads per rank" -- bench decode --preset tiny --num-layers 1 --configs tp1dcp1,tp2dcp2 --dtypes bf16 --contexts 0 --batches 1 --threads 1,2 --new-tokens 3 --csv "$tmp/decode.csv"
   check "bench decode counts all threads (tp 1)" [ "$(grep -c '^decode,tp1dcp1,0,1,2,bf16,' "$tmp/decode.csv")" -eq 1 ]
   check "bench decode counts all threads (tp 2)" [ "$(grep -c '^decode,tp2dcp2,0,1,4,bf16,' "$tmp/decode.csv")" -eq 1 ]

@@ -160,13 +160,17 @@ void bench_decode(const DecodeBenchOptions& o) {
         ModelOptions mo;
         mo.kv_dtype = KvDtype::bf16;
         mo.threads = static_cast<int>(per_rank);
+        // Each request rounds up to whole (virtual) pages.
+        const std::int64_t page = static_cast<std::int64_t>(mo.page_size) * pc_in.dcp;
+        const auto pages = [&](std::int64_t tokens) { return (tokens + page - 1) / page * page; };
         for (const std::int64_t batch : batches)
           for (const std::int64_t context : contexts)
-            mo.kv_capacity_tokens = std::max(
-                mo.kv_capacity_tokens, batch * (std::max<std::int64_t>(1, context) + o.new_tokens));
+            mo.kv_capacity_tokens =
+                std::max(mo.kv_capacity_tokens,
+                         batch * pages(std::max<std::int64_t>(1, context) + o.new_tokens));
         for (const std::int64_t prompt : prefill_tokens)
-          mo.kv_capacity_tokens = std::max(mo.kv_capacity_tokens, prompt + 2);
-        mo.kv_capacity_tokens += 64 * pc_in.dcp;
+          mo.kv_capacity_tokens = std::max(mo.kv_capacity_tokens, pages(prompt + 2));
+        mo.kv_capacity_tokens += page;
         launch_ranks(lo, [&](Communicator& world, bool) {
           RankSystem sys(world, topo, model, mo, EngineOptions{});
           const bool reporter = world.rank() == 0;
