@@ -255,7 +255,7 @@ bool dot_rows(const float* xp, const T* w, const GemvWeight& g, const float* sca
 template <int W, typename T, int MG>
 void gemv_group(const float* xp, const GemvWeight& w, std::int64_t r_begin, std::int64_t r_end,
                 float* y, std::int64_t ldy) {
-  constexpr int RB = MG == 1 ? 4 : 2;
+  constexpr int RB = MG <= 2 ? 4 : 2;
   // FP8: the block scale multiplies whichever is fewer per chunk, the x rows or the weight rows;
   // rows left over at a scale-block edge do the same, so that no sum depends on the grouping.
   constexpr bool kScaleX = MG < RB;
