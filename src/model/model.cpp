@@ -14,12 +14,7 @@
 namespace dcp {
 namespace {
 
-constexpr double kLatentNormEps = 1e-6;
-
-// Rows [r0, r0 + n) of a weight as fp32, exactly, one after another.
-void rows_to_float(const WeightMatrix& w, std::int64_t r0, std::int64_t n, float* out) {
-  for (std::int64_t r = 0; r < n; ++r) w.row_to_float(r0 + r, out + r * w.cols);
-}  // q_a_layernorm / kv_a_layernorm (DeepSeek's default)
+constexpr double kLatentNormEps = 1e-6;  // q_a_layernorm / kv_a_layernorm (DeepSeek's default)
 
 }  // namespace
 
@@ -38,9 +33,9 @@ struct MlaModel::Layer {
   // kv_b_proj rows of this rank's heads, [H_loc * (nope + v), kv_lora]: per head its w_kc
   // [nope, kv_lora] (absorbed into the query) then its w_vc [v, kv_lora] (applied to O).
   WeightMatrix kv_b;
-  WeightMatrix kv_b_group;   // the DCP group's heads, for the replicated query projection
-  WeightMatrix g_proj;       // [H_loc * v, hidden] (output gate)
-  WeightMatrix o_proj;       // [hidden, H_loc * v]
+  WeightMatrix kv_b_group;        // the DCP group's heads, for the replicated query projection
+  WeightMatrix g_proj;            // [H_loc * v, hidden] (output gate)
+  WeightMatrix o_proj;            // [hidden, H_loc * v]
   SwiGluMlp mlp;                  // dense layers
   std::unique_ptr<MoeLayer> moe;  // mixture-of-experts layers
   std::unique_ptr<LatentPool> pool;
@@ -70,8 +65,8 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
   validate(groups);
   DCP_ARG_CHECK(options.ep_size == 1 || c.n_routed_experts > 0, "ep_size = ", options.ep_size,
                 " needs a mixture-of-experts model; this one has no routed experts (legal: 1)");
-  DCP_ARG_CHECK(options.threads >= 1 && options.threads <= kMaxRankThreads, "threads = ",
-                options.threads, " must be in [1, ", kMaxRankThreads, "]");
+  DCP_ARG_CHECK(options.threads >= 1 && options.threads <= kMaxRankThreads,
+                "threads = ", options.threads, " must be in [1, ", kMaxRankThreads, "]");
   DCP_ARG_CHECK(options.page_size >= 1, "page_size = ", options.page_size, " must be >= 1");
   DCP_ARG_CHECK(options.kv_capacity_tokens >= 1, "KV capacity ", options.kv_capacity_tokens,
                 " tokens must be >= 1");
@@ -250,7 +245,8 @@ void MlaModel::attention(Layer& L, const float* x, const ForwardBatch& batch,
   std::vector<float> qa(static_cast<std::size_t>(T) * heads_q * width);
   std::vector<float> head_w(static_cast<std::size_t>(std::max(nope, v)) * kvl);
   for (int h = 0; h < heads_q; ++h) {
-    rows_to_float(kv_b, static_cast<std::int64_t>(h) * (nope + v), nope, head_w.data());
+    const std::int64_t r0 = static_cast<std::int64_t>(h) * (nope + v);
+    ops::widen_rows(kv_b, r0, r0 + nope, head_w.data());
     ops::matmul(q.data() + h * qhd, T, nope, head_w.data(), kvl, qa.data() + h * width,
                 static_cast<std::int64_t>(heads_q) * qhd, kvl,
                 static_cast<std::int64_t>(heads_q) * width);
@@ -269,7 +265,8 @@ void MlaModel::attention(Layer& L, const float* x, const ForwardBatch& batch,
   // Values: [T, H_loc, v] = O @ w_vc^T per head; optional gate; o_proj (row-parallel partial).
   std::vector<float> vals(static_cast<std::size_t>(T) * h_loc_ * v);
   for (int h = 0; h < h_loc_; ++h) {
-    rows_to_float(L.kv_b, static_cast<std::int64_t>(h) * (nope + v) + nope, v, head_w.data());
+    const std::int64_t r0 = static_cast<std::int64_t>(h) * (nope + v) + nope;
+    ops::widen_rows(L.kv_b, r0, r0 + v, head_w.data());
     ops::linear(o.data() + h * kvl, T, kvl, head_w.data(), v, vals.data() + h * v,
                 static_cast<std::int64_t>(h_loc_) * kvl, static_cast<std::int64_t>(h_loc_) * v);
   }
@@ -281,8 +278,7 @@ void MlaModel::attention(Layer& L, const float* x, const ForwardBatch& batch,
   ops::linear(vals.data(), T, L.o_proj, out);
 }
 
-void MlaModel::feed_forward(Layer& L, const float* x, std::int64_t T, float* y,
-                            ForwardTimings& t) {
+void MlaModel::feed_forward(Layer& L, const float* x, std::int64_t T, float* y, ForwardTimings& t) {
   const std::int64_t hidden = config_.hidden_size;
   const auto run = [&](const float* in, std::int64_t rows, float* out) {
     if (L.moe) {

@@ -109,6 +109,13 @@ void silu_mul(const float* gate, const float* up, float* out, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
+void widen_rows(const WeightMatrix& w, std::int64_t r0, std::int64_t r1, float* out,
+                KernelPath path) {
+  static const kernels::WidenRowsFn best = select_widen(KernelPath::automatic);
+  const kernels::WidenRowsFn widen = path == KernelPath::automatic ? best : select_widen(path);
+  widen(gemv_weight(w, r0, r1), 0, r1 - r0, out);
+}
+
 void set_blas_threads(int threads) {
   openblas_set_num_threads(std::max(1, threads));
 }
@@ -208,18 +215,14 @@ void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std
   // Tiles of rows widened to fp32, each thread its own, that BLAS multiplies while they are in
   // cache. BLAS packs x again for every tile, so a tile has at least 128 rows (that packing is
   // then a few percent of the product); up to 512 while the tile stays within 2 MB.
-  static const kernels::WidenRowsFn best_widen = select_widen(KernelPath::automatic);
-  const kernels::WidenRowsFn widen =
-      path == KernelPath::automatic ? best_widen : select_widen(path);
   const std::int64_t tile_rows =
       std::clamp<std::int64_t>((2 << 20) / (4 * std::max<std::int64_t>(1, k)) / 16 * 16, 128, 512);
   split_rows(threads, n, 16, 64, [&](std::int64_t begin, std::int64_t end) {
     thread_local std::vector<float> tile;
     tile.resize(static_cast<std::size_t>(std::min(tile_rows, end - begin) * k));
-    const kernels::GemvWeight g = gemv_weight(w, begin, end);
     for (std::int64_t r0 = begin; r0 < end; r0 += tile_rows) {
       const std::int64_t rows = std::min(tile_rows, end - r0);
-      widen(g, r0 - begin, r0 - begin + rows, tile.data());
+      ops::widen_rows(w, r0, r0 + rows, tile.data(), path);
       ops::linear(x, m, k, tile.data(), rows, y + r0, ldx, ldy);
     }
   });

@@ -18,6 +18,10 @@ inline void linear(const float* x, std::int64_t m, const WeightMatrix& w, float*
                    std::int64_t ldx = -1, std::int64_t ldy = -1) {
   dcp::linear(x, m, w, y, ldx, ldy, KernelPath::automatic, weight_threads());
 }
+// Rows [r0, r1) of w as fp32, row-major with stride w.cols: the values the dtype holds (FP8
+// times its block scale), bit for bit on every path; the widest SIMD copy this CPU runs.
+void widen_rows(const WeightMatrix& w, std::int64_t r0, std::int64_t r1, float* out,
+                KernelPath path = KernelPath::automatic);
 // y[M, N] = x[M, K] @ w[K, N]   (w not transposed); strides as above, ldw for w.
 void matmul(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n,
             float* y, std::int64_t ldx, std::int64_t ldw, std::int64_t ldy);

@@ -5,6 +5,7 @@
 #include "dcp/dtype.h"
 #include "dcp/error.h"
 #include "dcp/weights.h"
+#include "ops.h"
 
 namespace dcp {
 
@@ -22,34 +23,12 @@ std::size_t WeightMatrix::bytes() const noexcept {
 }
 
 void WeightMatrix::row_to_float(std::int64_t r, float* out) const {
-  const std::size_t n = static_cast<std::size_t>(cols);
-  const std::size_t at = static_cast<std::size_t>(r) * n;
-  switch (dtype) {
-    case WeightDtype::f32: std::memcpy(out, data.data() + at * 4, n * 4); return;
-    case WeightDtype::bf16: {
-      const auto* src = reinterpret_cast<const bf16_t*>(data.data()) + at;
-      for (std::size_t c = 0; c < n; ++c) out[c] = bf16_to_float(src[c]);
-      return;
-    }
-    case WeightDtype::f8_e4m3: {
-      const std::uint8_t* src = data.data() + at;
-      const float* value = fp8_e4m3_values();
-      const std::int64_t block_row = (row0 + r) / block_rows - row0 / block_rows;
-      const float* scales = scale_inv.data() + block_row * scale_cols;
-      // Column by column block, so that the scale is fixed over each inner loop.
-      for (std::int64_t c = 0, b = 0; c < cols; ++b) {
-        const std::int64_t end = std::min(cols, ((col0 + c) / block_cols + 1) * block_cols - col0);
-        const float s = scales[b];
-        for (; c < end; ++c) out[c] = value[src[c]] * s;
-      }
-      return;
-    }
-  }
+  ops::widen_rows(*this, r, r + 1, out);
 }
 
 std::vector<float> WeightMatrix::to_float() const {
   std::vector<float> out(static_cast<std::size_t>(rows * cols));
-  for (std::int64_t r = 0; r < rows; ++r) row_to_float(r, out.data() + r * cols);
+  ops::widen_rows(*this, 0, rows, out.data());
   return out;
 }
 
