@@ -28,10 +28,6 @@
 #include "simd.h"
 #include "weight_gemv.h"
 
-
-
-
-
 namespace dcp::kernels {
 namespace {
 
@@ -84,19 +80,21 @@ struct Fp8Words {
 // halves), and the NaN-code check: bytes set where a chunk holds E4M3's NaN code (0x7f or 0xff),
 // or-ed into `seen`. A macro, because GCC 12 miscompiles a byte vector whose size depends on a
 // template argument.
-#define DCP_FP8_CHUNK_COMMON(WIDTH)                                                          \
-  using vec = Simd<WIDTH>::vec;                                                              \
-  static constexpr int kParts = 4;                                                           \
-  static int source(int q, int j) { return 2 * WIDTH * (q & 1) + 2 * j + (q >> 1); }         \
-  typedef std::uint8_t bytes __attribute__((vector_size(4 * WIDTH)));                        \
-  static void note_nan_codes(const fp8_e4m3_t* p, bytes& seen) {                             \
-    bytes b;                                                                                 \
-    std::memcpy(&b, p, sizeof b);                                                            \
-    seen |= (b | 0x80) == 0xff;                                                              \
-  }                                                                                          \
-  static bool any(const bytes& seen) {                                                       \
-    std::uint64_t q[sizeof(bytes) / 8];                                                      \
-    std::memcpy(q, &seen, sizeof q);                                                         \
+#define DCP_FP8_CHUNK_COMMON(WIDTH)                                                         \
+  using vec = Simd<WIDTH>::vec;                                                             \
+  static constexpr int kParts = 4;                                                          \
+  static int source(int q, int j) {                                                         \
+    return 2 * WIDTH * (q & 1) + 2 * j + (q >> 1);                                          \
+  }                                                                                         \
+  typedef std::uint8_t bytes __attribute__((vector_size(4 * WIDTH)));                       \
+  static void note_nan_codes(const fp8_e4m3_t* p, bytes& seen) {                            \
+    bytes b;                                                                                \
+    std::memcpy(&b, p, sizeof b);                                                           \
+    seen |= (b | 0x80) == 0xff;                                                             \
+  }                                                                                         \
+  static bool any(const bytes& seen) {                                                      \
+    std::uint64_t q[sizeof(bytes) / 8];                                                     \
+    std::memcpy(q, &seen, sizeof q);                                                        \
     return std::any_of(std::begin(q), std::end(q), [](std::uint64_t v) { return v != 0; }); \
   }
 
@@ -177,9 +175,11 @@ void permute_x(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeigh
 // scales (FP8: one per column block; else null): out[i * RB + r]. FP8: kScaleX puts the block
 // scale on x, else on the weights (a row's sum does not depend on RB, only on kScaleX); NaN codes
 // are fixed up only with kNanCodes; without it the return says whether a row held one (then the
-// caller runs the rows again with it). `prefetch`, where not null, is RB rows further on whose
-// columns are asked into cache as these are read.
-template <int W, typename T, int MG, int RB, bool kScaleX, bool kNanCodes = false>
+// caller runs the rows again with it). With kPrefetch, `prefetch` is RB rows further on whose
+// columns are asked into cache as these are read (a template choice: a run-time test in the loop
+// cost the loop its registers, a third of its speed on weights in cache).
+template <int W, typename T, int MG, int RB, bool kScaleX, bool kNanCodes = false,
+          bool kPrefetch = false>
 bool dot_rows(const float* xp, const T* w, const GemvWeight& g, const float* scales, float* out,
               const T* prefetch = nullptr) {
   using S = Simd<W>;
@@ -210,12 +210,13 @@ bool dot_rows(const float* xp, const T* w, const GemvWeight& g, const float* sca
 #pragma GCC unroll 4
         for (int q = 0; q < P; ++q) {
           xs[i][q] = S::load(xp + i * k + c + q * W);
-          if constexpr (fp8 && kScaleX) xs[i][q] = folded ? xs[i][q] * lane_scale : xs[i][q] * 256.0f * s;
+          if constexpr (fp8 && kScaleX)
+            xs[i][q] = folded ? xs[i][q] * lane_scale : xs[i][q] * 256.0f * s;
         }
       }
 #pragma GCC unroll 4
       for (int r = 0; r < RB; ++r) {
-        if (prefetch != nullptr) __builtin_prefetch(prefetch + r * k + c, 0, 2);
+        if constexpr (kPrefetch) __builtin_prefetch(prefetch + r * k + c, 0, 2);
         vec wv[P];
         Wd::widen(w + r * k + c, wv);
         if constexpr (fp8) {
@@ -279,7 +280,11 @@ void gemv_group(const float* xp, const GemvWeight& w, std::int64_t r_begin, std:
       // one or two rows of x are read at memory speed without it, and lose by it.
       const bool ask = prefetch && !(sizeof(T) == 4 && MG <= 2) && r + 3 * RB <= w.rows;
       const T* next = ask ? data + (r + 2 * RB) * w.k : nullptr;
-      if (dot_rows<W, T, MG, RB, kScaleX>(xp, data + r * w.k, w, scales(r), sums, next)) {
+      const bool held =
+          next != nullptr ? dot_rows<W, T, MG, RB, kScaleX, false, true>(xp, data + r * w.k, w,
+                                                                         scales(r), sums, next)
+                          : dot_rows<W, T, MG, RB, kScaleX>(xp, data + r * w.k, w, scales(r), sums);
+      if (held) {
         dot_rows<W, T, MG, RB, kScaleX, true>(xp, data + r * w.k, w, scales(r), sums);
       }
       for (int i = 0; i < MG; ++i) {
