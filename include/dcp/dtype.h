@@ -45,8 +45,6 @@ inline bf16_t float_to_bf16(float f) noexcept {
 // mantissa bits; no infinities; 0x7f and 0xff are NaN; the largest finite value is 448.
 using fp8_e4m3_t = std::uint8_t;
 float fp8_e4m3_to_float(fp8_e4m3_t v) noexcept;
-// The 256 codes' values, for loops that widen many at a time.
-const float* fp8_e4m3_values() noexcept;
 // Round to nearest (ties to an even code), saturating at +-448; NaN maps to 0x7f.
 fp8_e4m3_t float_to_fp8_e4m3(float f) noexcept;
 

@@ -37,10 +37,6 @@ const Fp8Table& fp8_table() {
 
 }  // namespace
 
-const float* fp8_e4m3_values() noexcept {
-  return fp8_table().value;
-}
-
 float fp8_e4m3_to_float(fp8_e4m3_t v) noexcept {
   return fp8_table().value[v];
 }

@@ -1,8 +1,6 @@
 // Weights held in their checkpoint dtype, and the default typed load of a WeightSource.
-#include <algorithm>
 #include <cstring>
 
-#include "dcp/dtype.h"
 #include "dcp/error.h"
 #include "dcp/weights.h"
 #include "ops.h"

@@ -177,7 +177,7 @@ void permute_x(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeigh
 // are fixed up only with kNanCodes; without it the return says whether a row held one (then the
 // caller runs the rows again with it). With kPrefetch, `prefetch` is RB rows further on whose
 // columns are asked into cache as these are read (a template choice: a run-time test in the loop
-// cost the loop its registers, a third of its speed on weights in cache).
+// makes GCC spill the accumulators).
 template <int W, typename T, int MG, int RB, bool kScaleX, bool kNanCodes = false,
           bool kPrefetch = false>
 bool dot_rows(const float* xp, const T* w, const GemvWeight& g, const float* scales, float* out,
@@ -276,8 +276,8 @@ void gemv_group(const float* xp, const GemvWeight& w, std::int64_t r_begin, std:
     if (r + RB <= r_end && block_row(r) == block_row(r + RB - 1)) {
       // The hardware prefetchers do not keep ahead of a few rows read at widening speed (they
       // stop at page edges): the rows two groups on are asked for while these are summed (one
-      // group on was 10% slower at one or two rows of bf16 x, four no faster). fp32 weights with
-      // one or two rows of x are read at memory speed without it, and lose by it.
+      // group on asks too late; further on gains nothing). fp32 weights with one or two rows of
+      // x are read at memory speed without it, and lose by it.
       const bool ask = prefetch && !(sizeof(T) == 4 && MG <= 2) && r + 3 * RB <= w.rows;
       const T* next = ask ? data + (r + 2 * RB) * w.k : nullptr;
       const bool held =
