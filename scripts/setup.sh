@@ -9,9 +9,10 @@ packages=(g++ cmake ninja-build pkg-config libgtest-dev libgmock-dev libbenchmar
           libcli11-dev nlohmann-json3-dev libopenblas-dev libopenmpi-dev openmpi-bin libpcre2-dev
           libcpp-httplib-dev curl python3
           pybind11-dev python3-dev python3-numpy python3-pytest python3-torch)
-# The fuzz preset builds with clang and links its libFuzzer runtime (only a recommendation of
-# clang's, so named here).
-if [ "$preset" = fuzz ]; then packages+=(clang libclang-rt-14-dev); fi
+# The sanitizer and fuzz presets build with clang (its ASan + UBSan build compiles several times
+# faster than GCC's) and the fuzz preset links its libFuzzer runtime, only a recommendation of
+# clang's, so named here.
+case "$preset" in asan|tsan|fuzz) packages+=(clang libclang-rt-14-dev) ;; esac
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -75,7 +75,8 @@ TEST(Deployment, GroupsAreTheTopologysPlacement) {
     const auto groups = topo.dcp_groups();
     SCOPED_TRACE("tp " + std::to_string(tp) + " dp " + std::to_string(dp) + " dcp " +
                  std::to_string(dcp));
-    launch_ranks({RankTransport::threads, topo.world_size, {}}, [&](Communicator& world, bool) {
+    // Clang 14 lets no lambda capture a structured binding by default: name the two it uses.
+    auto check = [&, tp = tp, dcp = dcp](Communicator& world, bool) {
       const RankGroups g = carve_groups(world, topo);
       const RankPlacement& me = topo.ranks[static_cast<std::size_t>(world.rank())];
       EXPECT_EQ(g.tp->size(), tp);
@@ -90,7 +91,8 @@ TEST(Deployment, GroupsAreTheTopologysPlacement) {
       std::vector<int> replica(static_cast<std::size_t>(tp));
       g.tp->all_gather(&mine, replica.data(), sizeof mine);
       for (int k = 0; k < tp; ++k) EXPECT_EQ(replica[k], me.dp_rank * tp + k);
-    });
+    };
+    launch_ranks({RankTransport::threads, topo.world_size, {}}, check);
   }
 }
 

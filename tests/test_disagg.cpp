@@ -63,7 +63,7 @@ TEST(TransferPlan, DcpOneToNRelayoutsTokens) {
 TEST(TransferPlan, RejectedPairsNameBothSizes) {
   const std::pair<int, int> bad[] = {{2, 4}, {4, 2}, {4, 1}, {3, 6}};
   for (auto [a, b] : bad) {
-    const std::string why = error_of([&] {
+    const std::string why = error_of([a = a, b = b] {  // clang 14: a binding is named to capture
       make_transfer_plan({a, 16, KvDtype::bf16}, {b, 16, KvDtype::bf16}, 0, 10);
     });
     EXPECT_NE(why.find("prefill DCP size " + std::to_string(a) + " -> decode DCP size " +

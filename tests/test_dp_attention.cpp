@@ -31,7 +31,8 @@ TEST(DpAttention, GroupsAreTheTopologysPlacement) {
     SCOPED_TRACE("tp " + std::to_string(tp) + " dp " + std::to_string(dp) + " dcp " +
                  std::to_string(dcp));
     const int attn = tp / dp;
-    launch_ranks({RankTransport::threads, topo.world_size, {}}, [&](Communicator& world, bool) {
+    // Clang 14 lets no lambda capture a structured binding by default: name the two it uses.
+    auto check = [&, tp = tp, dcp = dcp](Communicator& world, bool) {
       const RankGroups g = carve_groups(world, topo);
       const RankPlacement& me = topo.ranks[static_cast<std::size_t>(world.rank())];
       const int mine = world.rank();
@@ -51,7 +52,8 @@ TEST(DpAttention, GroupsAreTheTopologysPlacement) {
       g.dcp->all_gather(&mine, dcp_members.data(), sizeof mine);
       EXPECT_EQ(dcp_members, topo.dcp_groups()[static_cast<std::size_t>(me.dcp_group)]);
       for (int m : dcp_members) EXPECT_EQ(m / attn, me.attn_tp_group);
-    });
+    };
+    launch_ranks({RankTransport::threads, topo.world_size, {}}, check);
   }
 }
 
