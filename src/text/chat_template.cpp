@@ -20,7 +20,7 @@
 namespace dcp {
 namespace {
 
-using json = nlohmann::ordered_json;
+using ordered_json = nlohmann::ordered_json;
 
 // ---- values ----
 
@@ -205,21 +205,21 @@ bool equal(const Value& a, const Value& b, int depth = 0) {
   }
 }
 
-Value from_json(const json& j, int depth = 0) {
+Value from_json(const ordered_json& j, int depth = 0) {
   if (depth > kMaxDepth) too_deep();
   switch (j.type()) {
-    case json::value_t::null: return Value::None();
-    case json::value_t::boolean: return Value::Bool(j.get<bool>());
-    case json::value_t::number_integer:
-    case json::value_t::number_unsigned: return Value::Int(j.get<std::int64_t>());
-    case json::value_t::number_float: return Value::Real(j.get<double>());
-    case json::value_t::string: return Value::Str(j.get<std::string>());
-    case json::value_t::array: {
+    case ordered_json::value_t::null: return Value::None();
+    case ordered_json::value_t::boolean: return Value::Bool(j.get<bool>());
+    case ordered_json::value_t::number_integer:
+    case ordered_json::value_t::number_unsigned: return Value::Int(j.get<std::int64_t>());
+    case ordered_json::value_t::number_float: return Value::Real(j.get<double>());
+    case ordered_json::value_t::string: return Value::Str(j.get<std::string>());
+    case ordered_json::value_t::array: {
       List l;
-      for (const json& e : j) l.push_back(from_json(e, depth + 1));
+      for (const ordered_json& e : j) l.push_back(from_json(e, depth + 1));
       return Value::Lst(std::move(l));
     }
-    case json::value_t::object: {
+    case ordered_json::value_t::object: {
       Dict m;
       for (const auto& [k, e] : j.items()) m.emplace_back(k, from_json(e, depth + 1));
       return Value::Dct(std::move(m));
@@ -242,7 +242,9 @@ void dump_json(const Value& v, std::string& out, int indent, int depth) {
     case Value::boolean: out += v.b ? "true" : "false"; return;
     case Value::integer: out += std::to_string(v.i); return;
     case Value::real: out += real_repr(v.d) == "inf" ? "Infinity" : real_repr(v.d); return;
-    case Value::string: out += json(v.s).dump(-1, ' ', false, json::error_handler_t::replace); return;
+    case Value::string:
+      out += ordered_json(v.s).dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+      return;
     case Value::list: {
       if (v.l->empty()) { out += "[]"; return; }
       out += '[';
@@ -263,7 +265,7 @@ void dump_json(const Value& v, std::string& out, int indent, int depth) {
         if (!first) out += indent < 0 ? ", " : ",";
         first = false;
         newline(depth + 1);
-        out += json(k).dump(-1, ' ', false, json::error_handler_t::replace) + ": ";
+        out += ordered_json(k).dump(-1, ' ', false, ordered_json::error_handler_t::replace) + ": ";
         dump_json(x, out, indent, depth + 1);
       }
       newline(depth);
@@ -1626,10 +1628,10 @@ ChatTemplate& ChatTemplate::operator=(ChatTemplate&&) noexcept = default;
 ChatTemplate::~ChatTemplate() = default;
 
 std::string ChatTemplate::render(const std::string& context_json) const {
-  json j;
+  ordered_json j;
   try {
-    j = json::parse(context_json);
-  } catch (const json::exception& e) {
+    j = ordered_json::parse(context_json);
+  } catch (const ordered_json::exception& e) {
     throw Error(ErrorCategory::invalid_argument, str("chat template context is not valid JSON: ", e.what()));
   }
   DCP_ARG_CHECK(j.is_object(), "chat template context must be a JSON object");

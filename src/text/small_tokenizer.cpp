@@ -44,15 +44,15 @@ void write_small_tokenizer(const std::string& dir, int vocab_size) {
   DCP_ARG_CHECK(vocab_size >= 256 + n_special, "vocab_size = ", vocab_size, " must be >= ",
                 256 + n_special, " for a byte-level tokenizer (256 bytes and ", n_special,
                 " special tokens)");
-  using json = nlohmann::ordered_json;
-  json vocab = json::object();
+  using ordered_json = nlohmann::ordered_json;
+  ordered_json vocab = ordered_json::object();
   for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
   const auto piece = [](const char* p) {
     std::string s;
     for (const char* c = p; *c; ++c) s += *c == '_' ? byte_char(' ') : byte_char(static_cast<unsigned char>(*c));
     return s;
   };
-  json merges = json::array();
+  ordered_json merges = ordered_json::array();
   int next = 256;
   for (const auto& m : kMerges) {
     if (next >= vocab_size - n_special) break;
@@ -61,13 +61,13 @@ void write_small_tokenizer(const std::string& dir, int vocab_size) {
     vocab[a + b] = next++;
     merges.push_back(a + " " + b);
   }
-  json added = json::array();
+  ordered_json added = ordered_json::array();
   for (int k = 0; k < n_special; ++k) {
     added.push_back({{"id", next + k}, {"content", specials[k]}, {"single_word", false},
                      {"lstrip", false}, {"rstrip", false}, {"normalized", false},
                      {"special", true}});
   }
-  const json tokenizer = {
+  const ordered_json tokenizer = {
       {"version", "1.0"},
       {"added_tokens", added},
       {"normalizer", nullptr},
@@ -81,7 +81,7 @@ void write_small_tokenizer(const std::string& dir, int vocab_size) {
       "{% elif m.role == 'user' %}<|user|>{{ m.content }}{% elif m.role == 'assistant' %}"
       "<|assistant|>{{ m.content }}{{ eos_token }}{% endif %}{% endfor %}"
       "{% if add_generation_prompt %}<|assistant|>{% endif %}";
-  const json config = {{"add_bos_token", true},  {"add_eos_token", false},
+  const ordered_json config = {{"add_bos_token", true},  {"add_eos_token", false},
                        {"bos_token", "<s>"},     {"eos_token", "</s>"},
                        {"chat_template", chat_template}};
   namespace fs = std::filesystem;

@@ -11,7 +11,7 @@
 
 namespace dcp::cli {
 
-using json = nlohmann::ordered_json;
+using ordered_json = nlohmann::ordered_json;
 
 Verify compare(const DeploymentReport& dcp, const DeploymentReport& ref, int vocab) {
   Verify v;
@@ -47,7 +47,7 @@ Verify compare(const DeploymentReport& dcp, const DeploymentReport& ref, int voc
   return v;
 }
 
-json report_json(const RunOptions& o, const Workload& w, const DeploymentReport& r,
+ordered_json report_json(const RunOptions& o, const Workload& w, const DeploymentReport& r,
                  const Verify& v) {
   const EngineStats& s = r.stats;
   std::vector<double> attn, dcp_comm, tp_comm, other;
@@ -67,7 +67,7 @@ json report_json(const RunOptions& o, const Workload& w, const DeploymentReport&
   const double layers = w.spec.model.config.num_hidden_layers;
   double decode_total = 0;
   for (double ms : s.decode_step_ms) decode_total += ms;
-  json j;
+  ordered_json j;
   j["config"] = {{"model", w.model_label},
                  {"num_layers", w.spec.model.config.num_hidden_layers},
                  {"num_attention_heads", w.spec.model.config.num_attention_heads},
@@ -88,7 +88,7 @@ json report_json(const RunOptions& o, const Workload& w, const DeploymentReport&
                  {"requests", w.spec.requests.size()},
                  {"max_new_tokens", o.max_new_tokens},
                  {"seed", o.seed}};
-  json ranks = json::array();
+  ordered_json ranks = ordered_json::array();
   for (const RankKv& k : r.ranks) {
     ranks.push_back({{"rank", k.rank},
                      {"dp_rank", k.dp_rank},
@@ -98,7 +98,7 @@ json report_json(const RunOptions& o, const Workload& w, const DeploymentReport&
                      {"kv_bytes_used", k.kv_bytes_used}});
   }
   // Per DP group (replica or attention group): the requests it served and the KV its ranks used.
-  json groups = json::array();
+  ordered_json groups = ordered_json::array();
   for (int g = 0; g < w.spec.parallel.dp_size; ++g) {
     std::int64_t requests = 0, used = 0, allocated = 0;
     for (const RankKv& k : r.ranks) {
@@ -115,7 +115,7 @@ json report_json(const RunOptions& o, const Workload& w, const DeploymentReport&
   j["kv"] = {{"logical_capacity_tokens", r.logical_capacity_tokens},
              {"ranks", ranks},
              {"dp_groups", groups}};
-  json weight_bytes = json::array();
+  ordered_json weight_bytes = ordered_json::array();
   for (const RankKv& k : r.ranks) weight_bytes.push_back(k.weight_bytes);
   j["weights"] = {{"dtype", std::string(to_string(r.weight_dtype))},
                   {"bytes_per_rank", weight_bytes}};
@@ -136,7 +136,7 @@ json report_json(const RunOptions& o, const Workload& w, const DeploymentReport&
                       {"tokens_per_target_step", s.tokens_per_target_step()}};
   j["config"]["dcp_extend"] = o.dcp_extend;
   if (!r.cache.empty()) {
-    json ranks_tiers = json::array();
+    ordered_json ranks_tiers = ordered_json::array();
     for (std::size_t k = 0; k < r.cache.size(); ++k) {
       const PrefixCacheStats& c = r.cache[k];
       ranks_tiers.push_back({{"rank", k},
@@ -164,10 +164,10 @@ json report_json(const RunOptions& o, const Workload& w, const DeploymentReport&
   j["comm"] = {{"collectives_per_layer", dcp_calls / steps / layers},
                {"bytes_per_layer_per_rank", dcp_bytes / steps / layers},
                {"tp_collectives_per_step", tp_calls / steps}};
-  json reqs = json::array();
+  ordered_json reqs = ordered_json::array();
   for (std::size_t i = 0; i < r.results.size(); ++i) {
     const RequestResult& q = r.results[i];
-    json e = {{"id", q.id},
+    ordered_json e = {{"id", q.id},
               {"prompt_len", w.spec.requests[i].prompt.size()},
               {"output_tokens", q.output_tokens},
               {"state", q.state == RequestState::finished ? "finished" : "rejected"}};
@@ -188,8 +188,8 @@ json report_json(const RunOptions& o, const Workload& w, const DeploymentReport&
   return j;
 }
 
-void print_summary(const json& j) {
-  const json& c = j["config"];
+void print_summary(const ordered_json& j) {
+  const ordered_json& c = j["config"];
   const int dp = c["dp_size"].get<int>();
   const int ep = c["ep_size"].get<int>();
   const std::string dp_text =
@@ -208,12 +208,12 @@ void print_summary(const json& j) {
       c["attention_kernel"].get<std::string>().c_str(), c["comm"].get<std::string>().c_str(),
       c["threads_per_rank"].get<int>());
   if (j.contains("prefix_cache")) {
-    const json& pc = j["prefix_cache"];
+    const ordered_json& pc = j["prefix_cache"];
     std::printf(
         "prefix cache: hit rate %.1f%% (%lld of %lld prompt tokens); host tier %lld tokens\n",
         100 * pc["hit_rate"].get<double>(), pc["hit_tokens"].get<long long>(),
         pc["lookup_tokens"].get<long long>(), pc["host_kv_capacity_tokens"].get<long long>());
-    for (const json& r : pc["ranks"]) {
+    for (const ordered_json& r : pc["ranks"]) {
       std::printf(
           "  rank %lld: %lld B to host, %lld B back (%lld pages offloaded, %lld reloaded, %lld "
           "dropped)\n",
@@ -223,9 +223,9 @@ void print_summary(const json& j) {
     }
   }
   if (j.contains("disagg")) {
-    const json& d = j["disagg"];
+    const ordered_json& d = j["disagg"];
     std::string bytes;
-    for (const json& b : d["bytes_per_decode_rank"]) {
+    for (const ordered_json& b : d["bytes_per_decode_rank"]) {
       if (!bytes.empty()) bytes += ", ";
       bytes += std::to_string(b.get<long long>());
     }
@@ -235,11 +235,11 @@ void print_summary(const json& j) {
         d["prefill_dcp_size"].get<int>(), d["decode_dcp_size"].get<int>(),
         d["transfer_ms"].get<double>(), bytes.c_str());
   }
-  const json& kv = j["kv"];
-  const json& wt = j["weights"];
+  const ordered_json& kv = j["kv"];
+  const ordered_json& wt = j["weights"];
   if (!wt["bytes_per_rank"].empty()) {
     std::string per_rank;
-    for (const json& b : wt["bytes_per_rank"]) {
+    for (const ordered_json& b : wt["bytes_per_rank"]) {
       if (!per_rank.empty()) per_rank += ", ";
       char mib[32];
       std::snprintf(mib, sizeof mib, "%.2f", static_cast<double>(b.get<long long>()) / 1048576.0);
@@ -251,14 +251,14 @@ void print_summary(const json& j) {
   std::printf("KV: logical capacity %lld tokens%s\n", kv["logical_capacity_tokens"].get<long long>(),
               dp > 1 ? " per DP group" : "");
   if (dp > 1) {
-    for (const json& g : kv["dp_groups"]) {
+    for (const ordered_json& g : kv["dp_groups"]) {
       std::printf("  dp group %lld: %lld requests, %.2f MiB KV used of %.2f MiB allocated\n",
                   g["dp_rank"].get<long long>(), g["requests"].get<long long>(),
                   g["kv_bytes_used"].get<double>() / 1048576.0,
                   g["kv_bytes"].get<double>() / 1048576.0);
     }
   }
-  for (const json& r : kv["ranks"]) {
+  for (const ordered_json& r : kv["ranks"]) {
     const std::string group = dp > 1 ? str("dp ", r["dp_rank"].get<long long>(), ", ") : "";
     std::printf(
         "  rank %lld (%sdcp rank %lld): peak %lld rows/layer, %.2f MiB used of %.2f MiB allocated\n",
@@ -266,7 +266,7 @@ void print_summary(const json& j) {
         r["kv_rows_used"].get<long long>(), r["kv_bytes_used"].get<double>() / 1048576.0,
         r["kv_bytes"].get<double>() / 1048576.0);
   }
-  const json& t = j["timing"];
+  const ordered_json& t = j["timing"];
   std::printf(
       "prefill %.1f ms | decode %lld steps, median %.2f ms/step (attention %.2f, dcp comm %.2f, tp "
       "comm %.2f, other %.2f) | %.1f tokens/s\n",
@@ -277,9 +277,9 @@ void print_summary(const json& j) {
   std::printf("comm per MLA layer per rank (decode): %.2f collectives, %.0f bytes sent\n",
               j["comm"]["collectives_per_layer"].get<double>(),
               j["comm"]["bytes_per_layer_per_rank"].get<double>());
-  for (const json& r : j["requests"]) {
+  for (const ordered_json& r : j["requests"]) {
     std::string toks;
-    for (const json& x : r["output_tokens"]) {
+    for (const ordered_json& x : r["output_tokens"]) {
       if (!toks.empty()) toks += ' ';
       toks += std::to_string(x.get<int>());
     }
@@ -297,7 +297,7 @@ void print_summary(const json& j) {
         100 * j["speculative"]["acceptance_rate"].get<double>(),
         j["speculative"]["tokens_per_target_step"].get<double>());
   }
-  const json& v = j["verify"];
+  const ordered_json& v = j["verify"];
   if (v["ran"].get<bool>() && v["steps_compared"].get<long long>() == 0) {
     std::printf("verify vs dcp 1: nothing to compare, no request finished in both runs: FAIL\n");
   } else if (v["ran"].get<bool>() && v["non_finite_logits"].get<long long>() > 0) {
@@ -317,10 +317,10 @@ void print_summary(const json& j) {
 }
 
 void dump_logits(const std::string& path, const DeploymentReport& r, int vocab) {
-  json header;
+  ordered_json header;
   header["dtype"] = "float32";
   header["layout"] = "rows are (request, step) in the order of 'rows'; each row holds vocab logits";
-  json rows = json::array();
+  ordered_json rows = ordered_json::array();
   std::int64_t total = 0;
   for (const RequestResult& q : r.results) {
     const std::int64_t steps = static_cast<std::int64_t>(q.step_logits.size()) / vocab;
