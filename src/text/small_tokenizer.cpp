@@ -10,6 +10,8 @@
 namespace dcp {
 namespace {
 
+using ordered_json = nlohmann::ordered_json;  // the files keep the order they are written in
+
 // GPT-2's byte-to-unicode map, as the tokenizer reads it back.
 std::string byte_char(int b) {
   const auto kept = [](int x) { return (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174; };
@@ -44,7 +46,6 @@ void write_small_tokenizer(const std::string& dir, int vocab_size) {
   DCP_ARG_CHECK(vocab_size >= 256 + n_special, "vocab_size = ", vocab_size, " must be >= ",
                 256 + n_special, " for a byte-level tokenizer (256 bytes and ", n_special,
                 " special tokens)");
-  using ordered_json = nlohmann::ordered_json;
   ordered_json vocab = ordered_json::object();
   for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
   const auto piece = [](const char* p) {
@@ -81,9 +82,11 @@ void write_small_tokenizer(const std::string& dir, int vocab_size) {
       "{% elif m.role == 'user' %}<|user|>{{ m.content }}{% elif m.role == 'assistant' %}"
       "<|assistant|>{{ m.content }}{{ eos_token }}{% endif %}{% endfor %}"
       "{% if add_generation_prompt %}<|assistant|>{% endif %}";
-  const ordered_json config = {{"add_bos_token", true},  {"add_eos_token", false},
-                       {"bos_token", "<s>"},     {"eos_token", "</s>"},
-                       {"chat_template", chat_template}};
+  const ordered_json config = {{"add_bos_token", true},
+                               {"add_eos_token", false},
+                               {"bos_token", "<s>"},
+                               {"eos_token", "</s>"},
+                               {"chat_template", chat_template}};
   namespace fs = std::filesystem;
   for (const auto& [name, j] : {std::pair{"tokenizer.json", &tokenizer},
                                 std::pair{"tokenizer_config.json", &config}}) {
