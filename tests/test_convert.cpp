@@ -1,9 +1,12 @@
 // fp32 -> bf16 rounding: the scalar float_to_bf16 against a float64 round-to-nearest-even
-// reference, and every SIMD row path against the scalar one, bit for bit.
+// reference, and every SIMD row path against the scalar one, bit for bit. fp32 -> FP8 E4M3
+// (float_to_fp8_e4m3, which writes FP8 checkpoints and synthetic weights) against a float64
+// nearest-code search.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -94,6 +97,75 @@ TEST(Bf16Conversion, RefusesTheAttentionOnlyPath) {
         << e.what();
   }
   EXPECT_EQ(y, 0);
+}
+
+// E4M3 code c's magnitude (c in [0, 0x7e]) from the format's definition, in double.
+double e4m3_magnitude(int c) {
+  const int e = c >> 3, m = c & 7;
+  return e == 0 ? std::ldexp(m, -9) : std::ldexp(8 + m, e - 10);
+}
+
+// Independent of the encoder's bit trick: the nearest of the 127 finite magnitudes in double,
+// the even code on a tie, 448 (0x7e) for anything larger; NaN is 0x7f.
+fp8_e4m3_t reference_fp8(float x) {
+  if (std::isnan(x)) return 0x7f;
+  const double a = std::fabs(static_cast<double>(x));
+  int best = 0;
+  for (int c = 1; c <= 0x7e; ++c) {
+    const double d = std::fabs(a - e4m3_magnitude(c)), d_best = std::fabs(a - e4m3_magnitude(best));
+    if (d < d_best || (d == d_best && c % 2 == 0)) best = c;
+  }
+  return static_cast<fp8_e4m3_t>((std::signbit(x) ? 0x80 : 0) | best);
+}
+
+TEST(Fp8Conversion, EncoderRoundsToTheNearestCodeLikeFloat64) {
+  std::vector<float> xs = {0.0f,
+                           -0.0f,
+                           std::numeric_limits<float>::infinity(),
+                           -std::numeric_limits<float>::infinity(),
+                           std::numeric_limits<float>::quiet_NaN(),
+                           -std::numeric_limits<float>::quiet_NaN(),
+                           std::numeric_limits<float>::signaling_NaN(),
+                           std::numeric_limits<float>::max(),
+                           std::numeric_limits<float>::denorm_min(),
+                           std::numeric_limits<float>::min()};
+  // Every code's value and every midpoint between neighbours (ties: both go to the even code),
+  // with the floats next to them; past the top, the midpoint to where 480 would be.
+  for (int c = 0; c <= 0x7e; ++c) {
+    const double lo = e4m3_magnitude(c), hi = c < 0x7e ? e4m3_magnitude(c + 1) : 480.0;
+    for (const double v : {lo, (lo + hi) / 2}) {
+      const float f = static_cast<float>(v);
+      ASSERT_EQ(static_cast<double>(f), v) << "code " << c << ": not exact as a float";
+      for (const float g : {f, std::nextafter(f, 0.0f), std::nextafter(f, 1000.0f)}) {
+        xs.push_back(g);
+        xs.push_back(-g);
+      }
+    }
+  }
+  // Random bit patterns (every exponent, NaNs, infinities, subnormals) and random magnitudes
+  // spread over E4M3's range.
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_real_distribution<float> log2_magnitude(-12.0f, 10.0f);
+  for (int i = 0; i < 200000; ++i) {
+    xs.push_back(from_bits(static_cast<std::uint32_t>(rng())));
+    xs.push_back((rng() & 1 ? -1.0f : 1.0f) * std::exp2(log2_magnitude(rng)));
+  }
+  for (const float x : xs) {
+    ASSERT_EQ(float_to_fp8_e4m3(x), reference_fp8(x)) << "x = " << x << " (bits 0x" << std::hex
+                                                       << to_bits(x) << ")";
+  }
+}
+
+TEST(Fp8Conversion, EveryFiniteCodeSurvivesARoundTrip) {
+  for (int code = 0; code < 256; ++code) {
+    if ((code & 0x7f) == 0x7f) {
+      EXPECT_TRUE(std::isnan(fp8_e4m3_to_float(static_cast<fp8_e4m3_t>(code))));
+      continue;
+    }
+    const float v = fp8_e4m3_to_float(static_cast<fp8_e4m3_t>(code));
+    EXPECT_EQ(static_cast<double>(std::fabs(v)), e4m3_magnitude(code & 0x7f)) << "code " << code;
+    EXPECT_EQ(float_to_fp8_e4m3(v), code) << "code " << code << " value " << v;
+  }
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include "dcp/dtype.h"
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -45,18 +47,18 @@ fp8_e4m3_t float_to_fp8_e4m3(float f) noexcept {
   if (std::isnan(f)) return 0x7f;
   const std::uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
   const float a = std::fabs(f);
-  // The positive codes 0x00..0x7e grow with their value: find the two around a, keep the nearer
-  // (the even code on a tie), saturate at 0x7e (448).
-  const float* v = fp8_table().value;
-  int lo = 0, hi = 0x7e;
-  if (a >= v[hi]) return static_cast<fp8_e4m3_t>(sign | hi);
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    (v[mid] <= a ? lo : hi) = mid;
+  if (a >= 448.0f) return static_cast<fp8_e4m3_t>(sign | 0x7e);  // saturate at the largest finite
+  if (a < 0x1p-6f) {
+    // Subnormal codes are m x 2^-9, m = 0..7 (8 rounds up to 0x08, the smallest normal): the
+    // scaling is exact and rint rounds to nearest even in the default rounding mode.
+    return static_cast<fp8_e4m3_t>(sign | static_cast<int>(std::rint(a * 512.0f)));
   }
-  const float below = a - v[lo], above = v[hi] - a;
-  const int code = below < above ? lo : (above < below ? hi : (lo % 2 == 0 ? lo : hi));
-  return static_cast<fp8_e4m3_t>(sign | code);
+  // A normal code's exponent and mantissa are the float's with 20 mantissa bits rounded off (to
+  // nearest even; a carry moves into the exponent) and the exponent rebiased from 127 to 7.
+  std::uint32_t bits;
+  std::memcpy(&bits, &a, sizeof bits);
+  const std::uint32_t rounded = (bits + 0x7ffffu + ((bits >> 20) & 1u)) >> 20;
+  return static_cast<fp8_e4m3_t>(sign | (rounded - (120u << 3)));
 }
 
 }  // namespace dcp
