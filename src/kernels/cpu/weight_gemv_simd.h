@@ -11,9 +11,11 @@
 // FP8 E4M3 goes through fp16: its sign, exponent and mantissa bits, moved into an fp16 word's,
 // make an fp16 equal to the E4M3 value times 2^-8 (fp16's exponent bias is 15, E4M3's 7), which
 // F16C widens to fp32 in one instruction, subnormals included and without the microcode assists
-// that fp32 subnormals cost. The block scale times 2^8 multiplies the x rows or the weight rows,
-// whichever are fewer. The NaN code, which this makes the fp16 1.875, is noticed in passing;
-// rows that hold one are computed again with a fix-up that turns it back into a NaN.
+// that fp32 subnormals cost. The block scales times 2^8 go on x, once per block of weight rows
+// that shares them (a few thousand multiplications per hundred-odd weight rows), so the loop
+// over the weights is the same as bf16's: widen, multiply-add. The NaN code, which this makes
+// the fp16 1.875, is noticed in passing; rows that hold one are computed again with a fix-up
+// that turns it back into a NaN.
 #pragma once
 
 #include <immintrin.h>
@@ -171,16 +173,35 @@ void permute_x(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeigh
   }
 }
 
-// Sums of MG rows of permuted x against RB consecutive weight rows (stride k) that share their
-// scales (FP8: one per column block; else null): out[i * RB + r]. FP8: kScaleX puts the block
-// scale on x, else on the weights (a row's sum does not depend on RB, only on kScaleX); NaN codes
-// are fixed up only with kNanCodes; without it the return says whether a row held one (then the
-// caller runs the rows again with it). With kPrefetch, `prefetch` is RB rows further on whose
-// columns are asked into cache as these are read (a template choice: a run-time test in the loop
-// makes GCC spill the accumulators).
-template <int W, typename T, int MG, int RB, bool kScaleX, bool kNanCodes = false,
-          bool kPrefetch = false>
-bool dot_rows(const float* xp, const T* w, const GemvWeight& g, const float* scales, float* out,
+// FP8: the m rows of permuted x (stride k) times the scales of one block of weight rows
+// (`scales`, one per column block) and 2^8, which the lanes' fp16 values lack. The product is
+// rounded once, unless the scale times 2^8 overflows: then it multiplies in two steps.
+inline void scale_x(const float* xp, std::int64_t m, const GemvWeight& w, const float* scales,
+                    float* xs) {
+  for (std::int64_t i = 0; i < m; ++i) {
+    const float* src = xp + i * w.k;
+    float* dst = xs + i * w.k;
+    std::int64_t c = 0;
+    for (int b = 0; c < w.k; ++b) {
+      const std::int64_t end = block_end(w, c, b);
+      const float s = scales[b], lane_scale = s * 256.0f;
+      if (std::isfinite(lane_scale) || !std::isfinite(s)) {
+        for (; c < end; ++c) dst[c] = src[c] * lane_scale;
+      } else {
+        for (; c < end; ++c) dst[c] = src[c] * 256.0f * s;
+      }
+    }
+  }
+}
+
+// Sums of MG rows of x against RB consecutive weight rows (stride k): out[i * RB + r]. x is
+// permuted (and for FP8 scaled by scale_x for these rows' scales). FP8: NaN codes are fixed up
+// only with kNanCodes; without it the return says whether a row held one (then the caller runs
+// the rows again with it). With kPrefetch, `prefetch` is RB rows further on whose columns are
+// asked into cache as these are read (a template choice: a run-time test in the loop makes GCC
+// spill the accumulators). A row's sum depends on neither MG nor RB.
+template <int W, typename T, int MG, int RB, bool kNanCodes = false, bool kPrefetch = false>
+bool dot_rows(const float* xp, const T* w, const GemvWeight& g, float* out,
               const T* prefetch = nullptr) {
   using S = Simd<W>;
   using vec = typename S::vec;
@@ -194,25 +215,12 @@ bool dot_rows(const float* xp, const T* w, const GemvWeight& g, const float* sca
   std::int64_t c = 0;
   for (int b = 0; c < k; ++b) {
     const std::int64_t end = block_end(g, c, b);
-    float s = 1.0f, lane_scale = 1.0f;
-    bool folded = true;
-    if constexpr (fp8) {
-      s = scales[b];
-      // The lanes hold FP8 values times 2^-8: the scale takes the 2^8 back (exactly, unless that
-      // overflows: then the two multiplications stay apart).
-      lane_scale = s * 256.0f;
-      folded = std::isfinite(lane_scale) || !std::isfinite(s);
-    }
     for (; c + kChunk <= end; c += kChunk) {
       vec xs[MG][P];
 #pragma GCC unroll 4
       for (int i = 0; i < MG; ++i) {
 #pragma GCC unroll 4
-        for (int q = 0; q < P; ++q) {
-          xs[i][q] = S::load(xp + i * k + c + q * W);
-          if constexpr (fp8 && kScaleX)
-            xs[i][q] = folded ? xs[i][q] * lane_scale : xs[i][q] * 256.0f * s;
-        }
+        for (int q = 0; q < P; ++q) xs[i][q] = S::load(xp + i * k + c + q * W);
       }
 #pragma GCC unroll 4
       for (int r = 0; r < RB; ++r) {
@@ -226,10 +234,6 @@ bool dot_rows(const float* xp, const T* w, const GemvWeight& g, const float* sca
           } else {
             Wd::note_nan_codes(w + r * k + c, nan_seen);
           }
-          if constexpr (!kScaleX) {
-#pragma GCC unroll 4
-            for (int q = 0; q < P; ++q) wv[q] = folded ? wv[q] * lane_scale : wv[q] * 256.0f * s;
-          }
         }
 #pragma GCC unroll 4
         for (int i = 0; i < MG; ++i) {
@@ -238,14 +242,17 @@ bool dot_rows(const float* xp, const T* w, const GemvWeight& g, const float* sca
         }
       }
     }
+    // The columns left at a block's end; FP8 values times 2^-8 (exact), as the lanes hold them.
     for (; c < end; ++c) {
       for (int r = 0; r < RB; ++r) {
-        const float wv = fp8 ? widen_weight(w[r * k + c]) * s : widen_weight(w[r * k + c]);
+        const float wv = fp8 ? widen_weight(w[r * k + c]) * 0x1p-8f : widen_weight(w[r * k + c]);
         for (int i = 0; i < MG; ++i) tail[i][r] += wv * xp[i * k + c];
       }
     }
   }
+#pragma GCC unroll 4
   for (int i = 0; i < MG; ++i) {
+#pragma GCC unroll 4
     for (int r = 0; r < RB; ++r) out[i * RB + r] = S::sum(acc[i][r]) + tail[i][r];
   }
   if constexpr (fp8 && !kNanCodes) {
@@ -254,69 +261,51 @@ bool dot_rows(const float* xp, const T* w, const GemvWeight& g, const float* sca
   return false;
 }
 
-// Weight rows [r_begin, r_end) against MG rows of permuted x, RB rows at a time where they share
-// their scale rows.
+// Weight rows [r_begin, r_end), which share their scale row (FP8), against MG rows of x prepared
+// for them (permuted; FP8: scaled), RB rows at a time.
 template <int W, typename T, int MG>
 void gemv_group(const float* xp, const GemvWeight& w, std::int64_t r_begin, std::int64_t r_end,
                 float* y, std::int64_t ldy, bool prefetch) {
   constexpr int RB = MG <= 2 ? 4 : 2;
-  // FP8: the block scale multiplies whichever is fewer per chunk, the x rows or the weight rows;
-  // rows left over at a scale-block edge do the same, so that no sum depends on the grouping.
-  constexpr bool kScaleX = MG < RB;
   const T* data = static_cast<const T*>(w.data);
-  const auto block_row = [&](std::int64_t r) {
-    return w.dtype == GemvDtype::fp8 ? (w.row0 + r) / w.block_rows - w.row0 / w.block_rows : 0;
-  };
-  const auto scales = [&](std::int64_t r) {
-    return w.dtype == GemvDtype::fp8 ? w.scales + block_row(r) * w.scale_stride : nullptr;
-  };
   std::int64_t r = r_begin;
   float sums[MG * RB];
-  while (r < r_end) {
-    if (r + RB <= r_end && block_row(r) == block_row(r + RB - 1)) {
-      // The hardware prefetchers do not keep ahead of a few rows read at widening speed (they
-      // stop at page edges): the rows two groups on are asked for while these are summed (one
-      // group on asks too late; further on gains nothing). fp32 weights with one or two rows of
-      // x are read at memory speed without it, and lose by it.
-      const bool ask = prefetch && !(sizeof(T) == 4 && MG <= 2) && r + 3 * RB <= w.rows;
-      const T* next = ask ? data + (r + 2 * RB) * w.k : nullptr;
-      const bool held =
-          next != nullptr ? dot_rows<W, T, MG, RB, kScaleX, false, true>(xp, data + r * w.k, w,
-                                                                         scales(r), sums, next)
-                          : dot_rows<W, T, MG, RB, kScaleX>(xp, data + r * w.k, w, scales(r), sums);
-      if (held) {
-        dot_rows<W, T, MG, RB, kScaleX, true>(xp, data + r * w.k, w, scales(r), sums);
-      }
-      for (int i = 0; i < MG; ++i) {
-        for (int j = 0; j < RB; ++j) y[i * ldy + r + j] = sums[i * RB + j];
-      }
-      r += RB;
-    } else {
-      if (dot_rows<W, T, MG, 1, kScaleX>(xp, data + r * w.k, w, scales(r), sums)) {
-        dot_rows<W, T, MG, 1, kScaleX, true>(xp, data + r * w.k, w, scales(r), sums);
-      }
-      for (int i = 0; i < MG; ++i) y[i * ldy + r] = sums[i];
-      r += 1;
+  for (; r + RB <= r_end; r += RB) {
+    // The hardware prefetchers do not keep ahead of a few rows read at widening speed (they stop
+    // at page edges): the rows two groups on are asked for while these are summed (one group on
+    // asks too late; further on gains nothing). fp32 weights with one or two rows of x are read
+    // at memory speed without it, and lose by it.
+    const bool ask = prefetch && !(sizeof(T) == 4 && MG <= 2) && r + 3 * RB <= w.rows;
+    const T* rows = data + r * w.k;
+    const bool held =
+        ask ? dot_rows<W, T, MG, RB, false, true>(xp, rows, w, sums, rows + 2 * RB * w.k)
+            : dot_rows<W, T, MG, RB>(xp, rows, w, sums);
+    if (held) dot_rows<W, T, MG, RB, true>(xp, rows, w, sums);
+    for (int i = 0; i < MG; ++i) {
+      for (int j = 0; j < RB; ++j) y[i * ldy + r + j] = sums[i * RB + j];
     }
+  }
+  for (; r < r_end; ++r) {
+    if (dot_rows<W, T, MG, 1>(xp, data + r * w.k, w, sums)) {
+      dot_rows<W, T, MG, 1, true>(xp, data + r * w.k, w, sums);
+    }
+    for (int i = 0; i < MG; ++i) y[i * ldy + r] = sums[i];
   }
 }
 
+// Weight rows [r_begin, r_end) against all m rows of x prepared for them.
 template <int W, typename T>
-void gemv_typed(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeight& w, float* y,
-                std::int64_t ldy) {
-  thread_local std::vector<float> permuted;
-  permuted.resize(static_cast<std::size_t>(m * w.k));
-  permute_x<W, T>(x, m, ldx, w, permuted.data());
-  const float* xp = permuted.data();
+void gemv_rows(const float* xp, std::int64_t m, const GemvWeight& w, std::int64_t r_begin,
+               std::int64_t r_end, float* y, std::int64_t ldy) {
   // Weight rows in tiles that stay in L1/L2 while every group of four x rows passes over them:
   // memory reads each weight once however many rows x has.
   // (A multiple of four rows, so that gemv_group takes whole groups of rows.)
   const std::int64_t tile =
-      m <= 4 ? w.rows
+      m <= 4 ? r_end - r_begin
              : 4 * std::max<std::int64_t>(
                        1, (24 << 10) / std::max<std::int64_t>(1, 4 * w.k * sizeof(T)));
-  for (std::int64_t r0 = 0; r0 < w.rows; r0 += tile) {
-    const std::int64_t r1 = std::min(w.rows, r0 + tile);
+  for (std::int64_t r0 = r_begin; r0 < r_end; r0 += tile) {
+    const std::int64_t r1 = std::min(r_end, r0 + tile);
     std::int64_t i = 0;
     // The first group of x rows reads the tile from memory; the others find it in cache.
     for (; i + 4 <= m; i += 4) {
@@ -327,6 +316,29 @@ void gemv_typed(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeig
       case 2: gemv_group<W, T, 2>(xp + i * w.k, w, r0, r1, y + i * ldy, ldy, i == 0); break;
       case 1: gemv_group<W, T, 1>(xp + i * w.k, w, r0, r1, y + i * ldy, ldy, i == 0); break;
       default: break;
+    }
+  }
+}
+
+template <int W, typename T>
+void gemv_typed(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeight& w, float* y,
+                std::int64_t ldy) {
+  thread_local std::vector<float> permuted;
+  permuted.resize(static_cast<std::size_t>(m * w.k));
+  permute_x<W, T>(x, m, ldx, w, permuted.data());
+  if constexpr (sizeof(T) != 1) {
+    gemv_rows<W, T>(permuted.data(), m, w, 0, w.rows, y, ldy);
+  } else {
+    // One pass per block of weight rows that shares a scale row, with x scaled for it.
+    thread_local std::vector<float> scaled;
+    scaled.resize(permuted.size());
+    for (std::int64_t r = 0; r < w.rows;) {
+      const std::int64_t block = (w.row0 + r) / w.block_rows;
+      const std::int64_t end = std::min(w.rows, (block + 1) * w.block_rows - w.row0);
+      scale_x(permuted.data(), m, w,
+              w.scales + (block - w.row0 / w.block_rows) * w.scale_stride, scaled.data());
+      gemv_rows<W, T>(scaled.data(), m, w, r, end, y, ldy);
+      r = end;
     }
   }
 }
