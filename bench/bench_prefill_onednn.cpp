@@ -16,7 +16,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <dnnl.hpp>
 #include <functional>
 #include <memory>
@@ -84,8 +83,7 @@ dcp::WeightMatrix to_bf16(const std::vector<float>& w, std::int64_t n, std::int6
   m.rows = n;
   m.cols = k;
   m.data.resize(static_cast<std::size_t>(n * k) * sizeof(dcp::bf16_t));
-  auto* out = reinterpret_cast<dcp::bf16_t*>(m.data.data());
-  for (std::size_t i = 0; i < w.size(); ++i) out[i] = dcp::float_to_bf16(w[i]);
+  dcp::floats_to_bf16(w.data(), reinterpret_cast<dcp::bf16_t*>(m.data.data()), w.size());
   return m;
 }
 
