@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -89,6 +91,66 @@ TEST(HugePageBuffer, IsZeroedAlignedAndSizedAsAsked) {
   HugePageBuffer moved = HugePageBuffer(std::size_t{3} << 20);
   moved.data()[(std::size_t{3} << 20) - 1] = std::byte{7};  // writable to its last byte
   EXPECT_EQ(moved.data()[(std::size_t{3} << 20) - 1], std::byte{7});
+}
+
+// The process's mapped size in KiB (VmSize), to see that allocate_pages returns all it maps.
+long mapped_kib() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmSize:", 0) == 0) return std::stol(line.substr(7));
+  return -1;
+}
+
+TEST(PageMemory, IsZeroedAlignedWritableAndGivenBackWhole) {
+  const std::size_t huge = std::size_t{2} << 20;
+  for (const std::size_t bytes :
+       {std::size_t{0}, std::size_t{100}, huge - 1, huge, (std::size_t{5} << 20) + 123}) {
+    const PageMemory m = allocate_pages(bytes);
+    ASSERT_NE(m.data, nullptr) << bytes;
+    auto* p = static_cast<unsigned char*>(m.data);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % 64, 0u) << bytes;
+    if (m.huge_pages) {
+      EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % huge, 0u) << bytes;
+    }
+    if (bytes < huge) {
+      EXPECT_FALSE(m.huge_pages) << bytes;
+    }
+    EXPECT_TRUE(std::all_of(p, p + bytes, [](unsigned char b) { return b == 0; })) << bytes;
+    if (bytes > 0) {
+      p[0] = 1;
+      p[bytes - 1] = 2;
+      EXPECT_EQ(p[bytes - 1], 2);
+    }
+    free_pages(m.data, bytes);
+  }
+  // The slack mapped to reach a 2 MiB boundary is unmapped: 64 rounds of 5 MiB would leave
+  // at least 64 x 2 MiB behind if it were not, or 320 MiB if the buffers were.
+  const std::size_t bytes = (std::size_t{5} << 20) + 123;
+  free_pages(allocate_pages(bytes).data, bytes);
+  const long before = mapped_kib();
+  ASSERT_GT(before, 0);
+  for (int i = 0; i < 64; ++i) {
+    const PageMemory m = allocate_pages(bytes);
+    ASSERT_NE(m.data, nullptr);
+    static_cast<unsigned char*>(m.data)[bytes / 2] = 1;
+    free_pages(m.data, bytes);
+  }
+  EXPECT_LT(mapped_kib() - before, 16 * 1024) << "KiB still mapped after 64 rounds";
+}
+
+TEST(PageMemory, VectorsOfWeightsCopyAndCompareLikeAnyVector) {
+  HugePageVector<std::uint8_t> a((std::size_t{3} << 20) + 5);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<std::uint8_t>(i * 7);
+  const HugePageVector<std::uint8_t> b = a;
+  EXPECT_EQ(a, b);
+  HugePageVector<std::uint8_t> c = std::move(a);
+  EXPECT_EQ(c, b);
+  c.resize(10);
+  c.shrink_to_fit();
+  EXPECT_TRUE(std::equal(c.begin(), c.end(), b.begin()));
+  const std::vector<std::uint8_t> plain(b.begin(), b.end());
+  EXPECT_TRUE(std::equal(plain.begin(), plain.end(), b.begin(), b.end()));
 }
 
 TEST(KvCache, BalanceAndCapacity) {

@@ -1,20 +1,66 @@
-// Large, long-lived buffers (the KV pools): zero-filled, 2 MiB-aligned once they are that big,
+// Large, long-lived buffers (the KV pools, the weights): 2 MiB-aligned once they are that big,
 // and backed by transparent huge pages where the kernel allows them (madvise). Attention walks
-// the KV a row at a time across the whole context; with 4 KiB pages every few rows cost a TLB
-// miss and a restart of the hardware prefetcher, which at 16 heads cost a third of the kernel's
-// speed out of cache (see docs/performance.md).
+// the KV a row at a time across the whole context and a decode step streams every weight once;
+// with 4 KiB pages every few rows cost a TLB miss and a restart of the hardware prefetcher,
+// which at 16 heads cost a third of the attention kernel's speed out of cache (see
+// docs/performance.md).
 #pragma once
 
 #include <cstddef>
+#include <limits>
 #include <memory>
+#include <new>
 #include <string_view>
+#include <vector>
 
 namespace dcp {
+
+struct PageMemory {
+  void* data = nullptr;     // nullptr when the memory could not be had
+  bool huge_pages = false;  // whether the kernel accepted the huge-page advice
+};
+
+// `bytes` of zeroed memory. From 2 MiB up it is its own mapping, 2 MiB-aligned and advised for
+// huge pages; the mapping is `bytes` rounded up to the base page, so a last part smaller than a
+// huge page stays base-paged and the advice costs no memory. Smaller sizes come from the heap,
+// 64-byte aligned. Under AddressSanitizer every size comes from the heap, so that the sanitizer
+// still sees overruns. Release with free_pages and the same `bytes`.
+PageMemory allocate_pages(std::size_t bytes) noexcept;
+void free_pages(void* p, std::size_t bytes) noexcept;
+
+// allocate_pages as a standard allocator, for vectors of weights.
+template <class T>
+struct HugePageAllocator {
+  using value_type = T;
+  HugePageAllocator() = default;
+  template <class U>
+  HugePageAllocator(const HugePageAllocator<U>&) noexcept {}  // NOLINT: rebinding is implicit
+  T* allocate(std::size_t n) {
+    if (n > std::numeric_limits<std::size_t>::max() / sizeof(T)) throw std::bad_array_new_length();
+    void* p = allocate_pages(n * sizeof(T)).data;
+    if (p == nullptr) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, std::size_t n) noexcept { free_pages(p, n * sizeof(T)); }
+  template <class U>
+  bool operator==(const HugePageAllocator<U>&) const noexcept {
+    return true;  // stateless: any instance frees what another allocated
+  }
+};
+template <class T>
+using HugePageVector = std::vector<T, HugePageAllocator<T>>;
+
+// Frees what allocate_pages gave, of the size it holds.
+struct PageRelease {
+  std::size_t bytes = 0;
+  void operator()(std::byte* p) const noexcept { free_pages(p, bytes); }
+};
 
 class HugePageBuffer {
  public:
   HugePageBuffer() = default;
   // Throws dcp::Error (capacity) naming `what` and the size when the memory cannot be allocated.
+  // Every byte is written (zero) here, so that no page faults wait for the first real use.
   explicit HugePageBuffer(std::size_t bytes, std::string_view what = "a buffer");
 
   std::byte* data() noexcept { return data_.get(); }
@@ -24,10 +70,7 @@ class HugePageBuffer {
   bool huge_pages() const noexcept { return huge_pages_; }
 
  private:
-  struct FreeDeleter {
-    void operator()(std::byte* p) const noexcept;
-  };
-  std::unique_ptr<std::byte, FreeDeleter> data_;
+  std::unique_ptr<std::byte, PageRelease> data_;
   std::size_t size_ = 0;
   bool huge_pages_ = false;
 };

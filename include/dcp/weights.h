@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dcp/kernel_path.h"
+#include "dcp/memory.h"
 #include "dcp/model_config.h"
 
 namespace dcp {
@@ -33,7 +34,9 @@ std::string_view to_string(WeightDtype d) noexcept;
 struct WeightMatrix {
   WeightDtype dtype = WeightDtype::f32;
   std::int64_t rows = 0, cols = 0;
-  std::vector<std::uint8_t> data;  // rows x cols elements of dtype
+  // rows x cols elements of dtype; huge pages where the kernel allows, as a decode step streams
+  // every weight once
+  HugePageVector<std::uint8_t> data;
   // FP8 only.
   int block_rows = 0, block_cols = 0;
   std::int64_t row0 = 0, col0 = 0;              // the slice's first row and column in the tensor

@@ -1,34 +1,89 @@
 #include "dcp/memory.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
-#include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
 #include "dcp/error.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#define DCP_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DCP_ASAN 1
+#endif
+#endif
+
 namespace dcp {
 namespace {
+
 constexpr std::size_t kHugePage = std::size_t{2} << 20;
+constexpr std::size_t kLine = 64;
+
+std::size_t round_up(std::size_t n, std::size_t to) {
+  return (n + to - 1) / to * to;
+}
+
+bool mapped(std::size_t bytes) {
+#ifdef DCP_ASAN
+  (void)bytes;
+  return false;
+#else
+  return bytes >= kHugePage;
+#endif
+}
+
+std::size_t base_page() {
+  static const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
 }  // namespace
 
-void HugePageBuffer::FreeDeleter::operator()(std::byte* p) const noexcept {
-  std::free(p);
+PageMemory allocate_pages(std::size_t bytes) noexcept {
+  if (!mapped(bytes)) {
+    // aligned_alloc wants a multiple of the alignment, and at least one (bytes may be 0).
+    void* p = std::aligned_alloc(kLine, round_up(bytes > 0 ? bytes : 1, kLine));
+    if (p != nullptr) std::memset(p, 0, bytes);
+    return {p, false};
+  }
+  // Map a huge page more than needed, then give back the parts before the first 2 MiB boundary
+  // and after the buffer's last base page.
+  const std::size_t len = round_up(bytes, base_page());
+  if (len > SIZE_MAX - kHugePage) return {};
+  void* m =
+      mmap(nullptr, len + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return {};
+  const auto start = reinterpret_cast<std::uintptr_t>(m);
+  const std::uintptr_t aligned = round_up(start, kHugePage);
+  if (aligned > start) munmap(m, aligned - start);
+  const std::uintptr_t end = start + len + kHugePage;
+  if (end > aligned + len) munmap(reinterpret_cast<void*>(aligned + len), end - (aligned + len));
+  void* p = reinterpret_cast<void*>(aligned);
+  // Advice only: without THP (or with it set to "never") the memory is simply base-paged. The
+  // mapping is zero until first touched, and huge pages are given on that first touch.
+  const bool huge = madvise(p, len, MADV_HUGEPAGE) == 0;
+  return {p, huge};
+}
+
+void free_pages(void* p, std::size_t bytes) noexcept {
+  if (p == nullptr) return;
+  if (mapped(bytes))
+    munmap(p, round_up(bytes, base_page()));
+  else
+    std::free(p);
 }
 
 HugePageBuffer::HugePageBuffer(std::size_t bytes, std::string_view what) : size_(bytes) {
-  // Small buffers keep cache-line alignment: rounding them up to 2 MiB would waste memory.
-  const std::size_t align = bytes >= kHugePage ? kHugePage : 64;
-  // aligned_alloc wants a multiple of the alignment, and at least one (bytes may be 0).
-  const std::size_t allocated = std::max(align, (bytes + align - 1) / align * align);
-  auto* p = static_cast<std::byte*>(std::aligned_alloc(align, allocated));
-  DCP_CHECK(p != nullptr, capacity, "cannot allocate ", what, " of ", bytes, " bytes");
-  data_.reset(p);
-  // Advice only: without THP (or with it set to "never") the buffer is simply 4 KiB-paged. It
-  // must come before the first touch, which the zero fill is.
-  if (align == kHugePage) huge_pages_ = madvise(p, allocated, MADV_HUGEPAGE) == 0;
-  std::memset(p, 0, allocated);
+  const PageMemory m = allocate_pages(bytes);
+  DCP_CHECK(m.data != nullptr, capacity, "cannot allocate ", what, " of ", bytes, " bytes");
+  data_ =
+      std::unique_ptr<std::byte, PageRelease>(static_cast<std::byte*>(m.data), PageRelease{bytes});
+  huge_pages_ = m.huge_pages;
+  std::memset(m.data, 0, bytes);  // the first touch: huge pages (if advised) are given here
 }
 
 }  // namespace dcp
