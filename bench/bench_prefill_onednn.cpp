@@ -87,31 +87,6 @@ dcp::WeightMatrix to_bf16(const std::vector<float>& w, std::int64_t n, std::int6
   return m;
 }
 
-// E4M3 with one scale per 128 x 128 block: the block's largest magnitude maps to 448.
-dcp::WeightMatrix to_fp8(const std::vector<float>& w, std::int64_t n, std::int64_t k) {
-  dcp::WeightMatrix m;
-  m.dtype = dcp::WeightDtype::f8_e4m3;
-  m.rows = n;
-  m.cols = k;
-  m.block_rows = m.block_cols = kBlock;
-  m.scale_rows = (n + kBlock - 1) / kBlock;
-  m.scale_cols = (k + kBlock - 1) / kBlock;
-  m.scale_inv.assign(static_cast<std::size_t>(m.scale_rows * m.scale_cols), 0.0f);
-  for (std::int64_t r = 0; r < n; ++r)
-    for (std::int64_t c = 0; c < k; ++c) {
-      float& s = m.scale_inv[(r / kBlock) * m.scale_cols + c / kBlock];
-      s = std::max(s, std::fabs(w[r * k + c]) / 448.0f);
-    }
-  for (float& s : m.scale_inv) s = s > 0 ? s : 1.0f;
-  m.data.resize(static_cast<std::size_t>(n * k));
-  for (std::int64_t r = 0; r < n; ++r)
-    for (std::int64_t c = 0; c < k; ++c) {
-      const float s = m.scale_inv[(r / kBlock) * m.scale_cols + c / kBlock];
-      m.data[r * k + c] = dcp::float_to_fp8_e4m3(w[r * k + c] / s);
-    }
-  return m;
-}
-
 // One way of computing y = x w^T, timed and checked against sgemm on the same values.
 struct Product {
   std::string name, kernel;
@@ -199,7 +174,8 @@ int main(int argc, char** argv) {
     for (float& v : x) v = normal(gen);
     for (float& v : w) v = 0.02f * normal(gen);
     // Each weight dtype is checked against sgemm on the values it holds, widened to fp32.
-    const dcp::WeightMatrix wb = to_bf16(w, s.n, s.k), w8 = to_fp8(w, s.n, s.k);
+    const dcp::WeightMatrix wb = to_bf16(w, s.n, s.k);
+    const dcp::WeightMatrix w8 = dcp::WeightMatrix::quantize_fp8(w, s.n, s.k, kBlock, kBlock);
     const std::vector<float> wb_f32 = wb.to_float(), w8_f32 = w8.to_float();
     const std::size_t out_size = static_cast<std::size_t>(m * s.n);
     const auto sgemm = [&, k = s.k, n = s.n](const std::vector<float>& weight, float* out) {

@@ -4,6 +4,7 @@
 // strides, and the FP8 NaN code.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -237,6 +238,62 @@ TEST(WeightLinear, ThreadsSplitTheRowsAndKeepEverySum) {
   const Case c = random_bf16(4, 16, rng);
   std::vector<float> x(16, 1.0f), y(4);
   EXPECT_THROW(linear(x.data(), 1, c.w, y.data(), -1, -1, KernelPath::automatic, 0), Error);
+}
+
+// quantize_fp8: each block's scale is its largest magnitude over 448 (1 when all zero), and each
+// value gets the code whose float64 value, times that scale, is nearest (any of two when tied).
+// Blocks of unequal sides, edge blocks cut short, an all-zero block, magnitudes down to the
+// subnormal codes.
+TEST(WeightLinear, QuantizeFp8PicksEachBlocksScaleAndTheNearestCode) {
+  const std::int64_t rows = 300, cols = 200;
+  const int br = 128, bc = 64;
+  test::Rng rng(11);
+  std::vector<float> v(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c)
+      v[r * cols + c] = r < br && c >= bc && c < 2 * bc
+                            ? 0.0f
+                            : rng.normal() * std::exp(rng.uniform(-9.0f, 3.0f));
+  const WeightMatrix m = WeightMatrix::quantize_fp8(v, rows, cols, br, bc);
+  ASSERT_EQ(m.dtype, WeightDtype::f8_e4m3);
+  ASSERT_EQ(m.scale_rows, 3);
+  ASSERT_EQ(m.scale_cols, 4);
+  ASSERT_EQ(m.data.size(), v.size());
+  std::vector<float> want_scale(12, 0.0f);
+  std::vector<std::int64_t> largest(12, -1);  // where each block's largest magnitude is
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const std::int64_t b = (r / br) * 4 + c / bc;
+      if (std::fabs(v[r * cols + c]) > want_scale[b]) {
+        want_scale[b] = std::fabs(v[r * cols + c]);
+        largest[b] = r * cols + c;
+      }
+    }
+  for (float& s : want_scale) s = s > 0 ? s / 448.0f : 1.0f;
+  EXPECT_EQ(want_scale[1], 1.0f) << "the all-zero block";
+  for (std::size_t b = 0; b < want_scale.size(); ++b) ASSERT_EQ(m.scale_inv[b], want_scale[b]) << b;
+  std::vector<double> codes;  // every finite code's value
+  for (int b = 0; b < 256; ++b)
+    if ((b & 0x7f) != 0x7f) codes.push_back(decode_e4m3(static_cast<std::uint8_t>(b)));
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const double s = want_scale[(r / br) * 4 + c / bc];
+      const double want = static_cast<double>(v[r * cols + c]) / s;
+      const double got = decode_e4m3(m.data[r * cols + c]);
+      double nearest = 1e30;
+      for (double q : codes) nearest = std::min(nearest, std::fabs(q - want));
+      ASSERT_LE(std::fabs(got - want), nearest * (1 + 1e-6) + 1e-12)
+          << "(" << r << ", " << c << "): " << v[r * cols + c] << " / " << s << " -> " << got;
+    }
+  for (std::size_t b = 0; b < largest.size(); ++b) {
+    if (largest[b] >= 0) {
+      EXPECT_EQ(std::fabs(decode_e4m3(m.data[largest[b]])), 448.0)
+          << "block " << b << ": its largest value takes the largest code";
+    }
+  }
+  EXPECT_THROW(WeightMatrix::quantize_fp8(v, rows, cols + 1, br, bc), Error);
+  EXPECT_THROW(WeightMatrix::quantize_fp8(v, rows, cols, 0, bc), Error);
+  EXPECT_THROW(WeightMatrix::quantize_fp8(v, rows, cols, br, -1), Error);
 }
 
 TEST(WeightLinear, RefusesAPathThisCpuLacksAndAmx) {

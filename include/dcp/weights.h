@@ -51,6 +51,11 @@ struct WeightMatrix {
   std::vector<float> to_float() const;
   // An fp32 matrix holding `values` (rows x cols).
   static WeightMatrix from_float(std::vector<float> values, std::int64_t rows, std::int64_t cols);
+  // `values` (rows x cols) in FP8 E4M3 as DeepSeek-V3 ships its weights: one scale per
+  // block_rows x block_cols block, the block's largest magnitude over 448 (1 for an all-zero
+  // block), and each value divided by its block's scale, rounded to the nearest code.
+  static WeightMatrix quantize_fp8(const std::vector<float>& values, std::int64_t rows,
+                                   std::int64_t cols, int block_rows, int block_cols);
 };
 
 // The most rows of x for which linear() runs its own product, reading each weight from memory

@@ -373,23 +373,11 @@ void write_checkpoint(const std::string& dir, const ModelConfig& config, const W
       weight_map[name] = file_name(f);
       continue;
     }
-    // FP8 E4M3 as DeepSeek-V3 ships it: each block scaled so that its largest value is 448.
-    const std::int64_t rows = shape[0], cols = shape[1];
-    const std::int64_t br = config.weight_block_rows, bc = config.weight_block_cols;
-    const std::int64_t sr = ceil_div(rows, br), sc = ceil_div(cols, bc);
-    std::vector<float> scale(static_cast<std::size_t>(sr * sc), 0.0f);
-    for (std::int64_t r = 0; r < rows; ++r)
-      for (std::int64_t c = 0; c < cols; ++c) {
-        float& s = scale[(r / br) * sc + c / bc];
-        s = std::max(s, std::fabs(values[r * cols + c]));
-      }
-    for (float& s : scale) s = s > 0 ? s / 448.0f : 1.0f;
-    std::vector<std::uint8_t> q(values.size());
-    for (std::int64_t r = 0; r < rows; ++r)
-      for (std::int64_t c = 0; c < cols; ++c)
-        q[r * cols + c] = float_to_fp8_e4m3(values[r * cols + c] / scale[(r / br) * sc + c / bc]);
-    per_file[f].push_back({name, shape, {}, "F8_E4M3", std::move(q)});
-    per_file[f].push_back({scale_name(name), {sr, sc}, std::move(scale), "F32", {}});
+    WeightMatrix q = WeightMatrix::quantize_fp8(values, shape[0], shape[1],
+                                                config.weight_block_rows, config.weight_block_cols);
+    per_file[f].push_back({name, shape, {}, "F8_E4M3", {q.data.begin(), q.data.end()}});
+    per_file[f].push_back(
+        {scale_name(name), {q.scale_rows, q.scale_cols}, std::move(q.scale_inv), "F32", {}});
     weight_map[name] = file_name(f);
     weight_map[scale_name(name)] = file_name(f);
   }

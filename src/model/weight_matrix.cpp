@@ -1,6 +1,9 @@
 // Weights held in their checkpoint dtype, and the default typed load of a WeightSource.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 
+#include "dcp/dtype.h"
 #include "dcp/error.h"
 #include "dcp/weights.h"
 #include "ops.h"
@@ -39,6 +42,35 @@ WeightMatrix WeightMatrix::from_float(std::vector<float> values, std::int64_t ro
   m.cols = cols;
   m.data.resize(values.size() * sizeof(float));
   if (!values.empty()) std::memcpy(m.data.data(), values.data(), m.data.size());
+  return m;
+}
+
+WeightMatrix WeightMatrix::quantize_fp8(const std::vector<float>& values, std::int64_t rows,
+                                        std::int64_t cols, int block_rows, int block_cols) {
+  DCP_ARG_CHECK(rows >= 0 && cols >= 0 && static_cast<std::int64_t>(values.size()) == rows * cols,
+                "quantize_fp8: ", values.size(), " values for a ", rows, " x ", cols, " matrix");
+  DCP_ARG_CHECK(block_rows > 0 && block_cols > 0, "quantize_fp8: block ", block_rows, " x ",
+                block_cols, " (block_rows and block_cols must be positive)");
+  WeightMatrix m;
+  m.dtype = WeightDtype::f8_e4m3;
+  m.rows = rows;
+  m.cols = cols;
+  m.block_rows = block_rows;
+  m.block_cols = block_cols;
+  m.scale_rows = (rows + block_rows - 1) / block_rows;
+  m.scale_cols = (cols + block_cols - 1) / block_cols;
+  m.scale_inv.assign(static_cast<std::size_t>(m.scale_rows * m.scale_cols), 0.0f);
+  const auto block = [&](std::int64_t r, std::int64_t c) -> float& {
+    return m.scale_inv[static_cast<std::size_t>((r / block_rows) * m.scale_cols + c / block_cols)];
+  };
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c)
+      block(r, c) = std::max(block(r, c), std::fabs(values[r * cols + c]));
+  for (float& s : m.scale_inv) s = s > 0 ? s / 448.0f : 1.0f;
+  m.data.resize(values.size());
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c)
+      m.data[r * cols + c] = float_to_fp8_e4m3(values[r * cols + c] / block(r, c));
   return m;
 }
 
