@@ -139,6 +139,17 @@ TEST(PageMemory, IsZeroedAlignedWritableAndGivenBackWhole) {
   EXPECT_LT(mapped_kib() - before, 16 * 1024) << "KiB still mapped after 64 rounds";
 }
 
+TEST(PageMemory, NamesTheKernelsHugePageMode) {
+  const std::string mode = transparent_huge_pages();
+  EXPECT_TRUE(mode == "always" || mode == "madvise" || mode == "never" || mode == "unavailable")
+      << mode;
+  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string line;
+  if (std::getline(f, line)) {
+    EXPECT_NE(line.find("[" + mode + "]"), std::string::npos) << line;
+  }
+}
+
 TEST(PageMemory, VectorsOfWeightsCopyAndCompareLikeAnyVector) {
   HugePageVector<std::uint8_t> a((std::size_t{3} << 20) + 5);
   for (std::size_t i = 0; i < a.size(); ++i) a[i] = static_cast<std::uint8_t>(i * 7);

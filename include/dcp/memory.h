@@ -10,6 +10,7 @@
 #include <limits>
 #include <memory>
 #include <new>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -27,6 +28,11 @@ struct PageMemory {
 // still sees overruns. Release with free_pages and the same `bytes`.
 PageMemory allocate_pages(std::size_t bytes) noexcept;
 void free_pages(void* p, std::size_t bytes) noexcept;
+
+// The kernel's transparent-huge-page mode ("always", "madvise" or "never"; "unavailable" without
+// /sys/kernel/mm/transparent_hugepage): under "never" the advice above is ignored, and a
+// benchmark should say so.
+std::string transparent_huge_pages();
 
 // allocate_pages as a standard allocator, for vectors of weights.
 template <class T>

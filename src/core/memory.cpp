@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 
 #include "dcp/error.h"
 
@@ -75,6 +76,16 @@ void free_pages(void* p, std::size_t bytes) noexcept {
     munmap(p, round_up(bytes, base_page()));
   else
     std::free(p);
+}
+
+std::string transparent_huge_pages() {
+  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string line;
+  if (!std::getline(f, line)) return "unavailable";
+  // "always [madvise] never": the bracketed word is the one in force.
+  const auto open = line.find('['), close = line.find(']');
+  if (open == std::string::npos || close == std::string::npos || close < open) return "unavailable";
+  return line.substr(open + 1, close - open - 1);
 }
 
 HugePageBuffer::HugePageBuffer(std::size_t bytes, std::string_view what) : size_(bytes) {

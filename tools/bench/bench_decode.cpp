@@ -16,6 +16,7 @@
 #include "dcp/engine.h"
 #include "dcp/error.h"
 #include "dcp/kv_cache.h"
+#include "dcp/memory.h"
 #include "dcp/model.h"
 #include "dcp/timing.h"
 #include "dcp/weights.h"
@@ -98,8 +99,10 @@ void bench_decode(const DecodeBenchOptions& o) {
                       "sgemm_gflops", "roofline_ms", "roofline_fraction"});
   // Ceilings of this machine, per thread count the configurations use.
   CacheFlusher flusher;
-  std::printf("decode steps, %s %d layer(s), bf16 KV, ranks as threads; medians over %d steps\n",
-              o.preset.c_str(), base.num_hidden_layers, o.new_tokens - 1);
+  std::printf(
+      "decode steps, %s %d layer(s), bf16 KV, ranks as threads; medians over %d steps; weights "
+      "and KV advised onto transparent huge pages (THP mode: %s)\n",
+      o.preset.c_str(), base.num_hidden_layers, o.new_tokens - 1, transparent_huge_pages().c_str());
   std::printf(
       "roofline: max(bytes / read ceiling, flops / sgemm rate), both measured now on all "
       "the threads (ranks x threads per rank); bytes: weights touched (routed experts: "
