@@ -56,13 +56,17 @@ namespace {
 // Sum of n floats read as four concurrent streams (the quarters of the range), each in 16
 // independent partial sums the compiler keeps in vectors. One stream reads about a fifth slower
 // than several on current cores; the weight kernels read four rows at a time, and a ceiling
-// measured with one stream would sit below what they reach.
+// measured with one stream would sit below what they reach. Each stream also asks for the line
+// 1 KiB ahead, as the weight kernels ask for rows ahead: the hardware prefetchers stop at 4 KiB
+// page edges, and without it the weight kernel read faster than this "ceiling" (here 10-15%).
 float sum_floats(const float* x, std::size_t n) {
   constexpr int kStreams = 4;
+  constexpr std::size_t kAhead = 256;  // floats
   const std::size_t quarter = n / kStreams / 16 * 16;
   float part[kStreams][16] = {};
   for (std::size_t i = 0; i < quarter; i += 16) {
     for (int s = 0; s < kStreams; ++s) {
+      __builtin_prefetch(x + s * quarter + std::min(i + kAhead, quarter - 1));
       for (int k = 0; k < 16; ++k) part[s][k] += x[s * quarter + i + k];
     }
   }
