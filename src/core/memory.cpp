@@ -46,8 +46,10 @@ std::size_t base_page() {
 
 PageMemory allocate_pages(std::size_t bytes) noexcept {
   if (!mapped(bytes)) {
-    // aligned_alloc wants a multiple of the alignment, and at least one (bytes may be 0).
-    void* p = std::aligned_alloc(kLine, round_up(bytes > 0 ? bytes : 1, kLine));
+    // Large buffers keep their 2 MiB alignment under the sanitizer too. aligned_alloc wants a
+    // multiple of the alignment, and at least one (bytes may be 0).
+    const std::size_t align = bytes >= kHugePage ? kHugePage : kLine;
+    void* p = std::aligned_alloc(align, round_up(bytes > 0 ? bytes : 1, align));
     if (p != nullptr) std::memset(p, 0, bytes);
     return {p, false};
   }
