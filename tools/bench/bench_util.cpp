@@ -58,7 +58,7 @@ namespace {
 // than several on current cores; the weight kernels read four rows at a time, and a ceiling
 // measured with one stream would sit below what they reach. Each stream also asks for the line
 // 1 KiB ahead, as the weight kernels ask for rows ahead: the hardware prefetchers stop at 4 KiB
-// page edges, and without it the weight kernel read faster than this "ceiling" (here 10-15%).
+// page edges, and without it this read ran 10-15% below what prefetching reaches here.
 float sum_floats(const float* x, std::size_t n) {
   constexpr int kStreams = 4;
   constexpr std::size_t kAhead = 256;  // floats
