@@ -32,7 +32,7 @@ CpuIsa this_cpu_isa();
 
 // The OpenBLAS kernel set to ask for when `core` is below what `isa` runs: on a CPU with AVX2
 // and FMA, a core without AVX2 kernels is replaced by SkylakeX (AVX-512), else Zen (AMD) or
-// Haswell. "" when `core` already uses AVX2 (Haswell, Zen, Excavator, SkylakeX, CooperLake,
+// Haswell. "" when `core` already uses AVX2 (Haswell, Zen, Excavator, SkylakeX, Cooperlake,
 // SapphireRapids) or the CPU has no AVX2.
 std::string better_blas_core(std::string_view core, const CpuIsa& isa);
 

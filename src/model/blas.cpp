@@ -55,7 +55,7 @@ CpuIsa this_cpu_isa() {
 std::string better_blas_core(std::string_view core, const CpuIsa& isa) {
   if (!isa.avx2_fma) return "";
   static constexpr std::array<std::string_view, 6> kAvx2Cores = {
-      "Haswell", "Zen", "Excavator", "SkylakeX", "CooperLake", "SapphireRapids"};
+      "Haswell", "Zen", "Excavator", "SkylakeX", "Cooperlake", "SapphireRapids"};
   if (std::find(kAvx2Cores.begin(), kAvx2Cores.end(), core) != kAvx2Cores.end()) return "";
   if (isa.avx512) return "SkylakeX";
   return isa.amd ? "Zen" : "Haswell";
