@@ -1,7 +1,7 @@
-// dcp::linear with weights in their checkpoint dtype (bf16, FP8 E4M3 with block scales) against a
-// float64 reference that decodes the weight bits itself: every SIMD path, decode shapes (widened
-// in registers) and prefill shapes (tiles for BLAS), slices that start inside a scale block, row
-// strides, and the FP8 NaN code.
+// dcp::linear with weights in their checkpoint dtype (fp32, bf16, FP8 E4M3 with block scales)
+// against a float64 reference that decodes the weight bits itself: every SIMD path, decode shapes
+// (widened in registers) and prefill shapes (tiles for BLAS), slices that start inside a scale
+// block, row strides, and the FP8 NaN code.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -51,6 +51,15 @@ Case random_bf16(std::int64_t rows, std::int64_t cols, test::Rng& rng) {
     h[i] = float_to_bf16(rng.normal());
     c.values.push_back(decode_bf16(h[i]));
   }
+  return c;
+}
+
+Case random_f32(std::int64_t rows, std::int64_t cols, test::Rng& rng) {
+  std::vector<float> values(static_cast<std::size_t>(rows * cols));
+  for (float& v : values) v = rng.normal();
+  Case c;
+  c.w = WeightMatrix::from_float(values, rows, cols);
+  c.values.assign(values.begin(), values.end());
   return c;
 }
 
@@ -121,6 +130,19 @@ TEST(WeightLinear, Bf16EveryPathEveryShape) {
     for (const std::int64_t m : {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 40}) {
       for (const std::int64_t k : {1, 7, 16, 33, 200}) {
         check(random_bf16(rng.range(1, 70), k, rng), m, path, rng, "bf16");
+      }
+    }
+  }
+}
+
+// fp32-held weights through the same kernels: groups of one to four rows of x against one, two or
+// four weight rows, weight row counts that leave every remainder, k with and without a tail.
+TEST(WeightLinear, F32EveryPathEveryShape) {
+  test::Rng rng = test::make_rng();
+  for (const KernelPath path : paths()) {
+    for (const std::int64_t m : {1, 2, 3, 4, 5, 7, 8, 9, 16, 17}) {
+      for (const std::int64_t k : {1, 7, 16, 33, 200}) {
+        check(random_f32(rng.range(1, 70), k, rng), m, path, rng, "f32");
       }
     }
   }
