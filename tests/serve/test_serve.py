@@ -297,15 +297,19 @@ def case_metrics_and_models(s):
 
 
 def case_queue_bound():
-    """A full KV queues requests; past --max-queued-requests the server answers 503 and keeps serving."""
-    s = Server("--max-total-tokens", "256", "--max-queued-requests", "1", "--page-size", "8")
+    """A full KV queues requests; past --max-queued-requests the server answers 503 and keeps serving.
+
+    The first request holds nearly the whole KV for about eight thousand tokens: long enough to still
+    run while the test sees it running, queues the second and sends the third, on a fast CPU too
+    (with 256 tokens a Zen 5 core finished it before the third arrived)."""
+    s = Server("--max-total-tokens", "8192", "--max-queued-requests", "1", "--page-size", "8")
     try:
         results = {}
 
         def long_one(key, n):
             results[key] = s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": n, "temperature": 0,
                                                       "ignore_eos": True})
-        first = threading.Thread(target=long_one, args=("first", 256 - len(PROMPT) - 8))
+        first = threading.Thread(target=long_one, args=("first", 8192 - len(PROMPT) - 8))
         first.start()
         deadline = time.time() + 10
         while time.time() < deadline and s.metrics().get("dcp_num_running_reqs") != 1:
