@@ -83,6 +83,14 @@ struct RankOutput {
   std::vector<float> out, lse;
 };
 
+// The opt-in bf16-pair paths this CPU (and OS) runs.
+std::vector<KernelPath> available_pair_paths() {
+  std::vector<KernelPath> paths;
+  if (amx_bf16_available()) paths.push_back(KernelPath::amx_bf16);
+  if (avx512_bf16_available()) paths.push_back(KernelPath::avx512_bf16);
+  return paths;
+}
+
 RankOutput run_rank(const MlaAttentionParams& p, KernelPath kernel = KernelPath::automatic,
                     int threads = 1) {
   const std::int64_t tokens = num_query_tokens(p);
@@ -280,10 +288,11 @@ TEST(Attention, BlockedQueryLayoutIsReadInPlace) {
       const ref::AttentionResult ref_blocked = local_reference(pb);  // same values, same order
       EXPECT_TRUE(ref_blocked.out == expect.out && ref_blocked.lse == expect.lse)
           << "reference, block " << block;
-      if (dtype == KvDtype::bf16 && amx_bf16_available()) {  // approximate: against itself
-        const RankOutput plain = run_rank(p, KernelPath::amx_bf16),
-                         got = run_rank(pb, KernelPath::amx_bf16);
-        EXPECT_TRUE(got.out == plain.out && got.lse == plain.lse) << "amx_bf16 block " << block;
+      for (const KernelPath pair : available_pair_paths()) {  // approximate: against itself
+        if (dtype != KvDtype::bf16) break;
+        const RankOutput plain = run_rank(p, pair), got = run_rank(pb, pair);
+        EXPECT_TRUE(got.out == plain.out && got.lse == plain.lse)
+            << to_string(pair) << " block " << block;
       }
       for (KernelPath kernel : available_kernel_paths()) {
         const RankOutput got = run_rank(pb, kernel);
@@ -369,13 +378,13 @@ TEST(Attention, BlockedOutputLayoutWritesEachBlockInPlace) {
   }
 }
 
-// The AMX path rounds q * scale and the probabilities to bf16. With bf16-exact queries and a
-// power-of-two scale the first rounding is exact, so what remains is P: each weight within 2^-9
-// of its value, the denominator kept in fp32, hence |O - O_ref| <= 2^-8 * max|V|. The scores are
-// exact products summed in fp32, so the LSE is as accurate as the fp32 paths'. Makes `in` such a
-// context and checks one rank of it (N = 3 ranks, or `n`) at 1 and 3 threads.
-void check_amx_within_rounding(ref::FullAttentionInput& in, test::Rng& rng, const std::string& what,
-                               int n = 3) {
+// The bf16-pair paths round q * scale and the probabilities to bf16. With bf16-exact queries
+// and a power-of-two scale the first rounding is exact, so what remains is P: each weight within
+// 2^-9 of its value, the denominator kept in fp32, hence |O - O_ref| <= 2^-8 * max|V|. The scores
+// are exact products summed in fp32, so the LSE is as accurate as the fp32 paths'. Makes `in`
+// such a context and checks one rank of it (N = 3 ranks, or `n`) on `path` at 1 and 3 threads.
+void check_pair_path_within_rounding(KernelPath path, ref::FullAttentionInput& in, test::Rng& rng,
+                                     const std::string& what, int n = 3) {
   in.softmax_scale = 0.125;
   for (float& x : in.q) x = bf16_to_float(float_to_bf16(x));
   const int width = in.kv_lora_rank + in.rope_dim;
@@ -392,8 +401,9 @@ void check_amx_within_rounding(ref::FullAttentionInput& in, test::Rng& rng, cons
   MlaAttentionParams p = test::shard_params(in, shards[r], KvDtype::bf16, page, n, r, 1);
   const ref::AttentionResult expect = local_reference(p);
   for (int threads : {1, 3}) {
-    const RankOutput got = run_rank(p, KernelPath::amx_bf16, threads);
-    const std::string where = what + " threads " + std::to_string(threads);
+    const RankOutput got = run_rank(p, path, threads);
+    const std::string where =
+        std::string(to_string(path)) + " " + what + " threads " + std::to_string(threads);
     double worst = 0;
     for (std::size_t i = 0; i < got.out.size(); ++i)
       worst = std::max(worst, std::abs(got.out[i] - expect.out[i]));
@@ -402,8 +412,7 @@ void check_amx_within_rounding(ref::FullAttentionInput& in, test::Rng& rng, cons
   }
 }
 
-TEST(Attention, AmxPathIsWithinItsBf16RoundingOfTheReference) {
-  if (!amx_bf16_available()) GTEST_SKIP() << "this CPU or OS offers no AMX-BF16";
+void pair_path_within_rounding(KernelPath path) {
   auto rng = test::make_rng();
   struct Width {
     int dc, dr;
@@ -418,18 +427,27 @@ TEST(Attention, AmxPathIsWithinItsBf16RoundingOfTheReference) {
       auto in = test::random_context(spec, KvDtype::bf16, rng);
       const Variant v = kVariants[rng.range(0, 6)];
       apply_variant(v, in, rng);
-      check_amx_within_rounding(in, rng,
-                                "heads " + std::to_string(heads) + " width " +
-                                    std::to_string(w.dc) + "+" + std::to_string(w.dr) + " " +
-                                    name(v));
+      check_pair_path_within_rounding(path, in, rng,
+                                      "heads " + std::to_string(heads) + " width " +
+                                          std::to_string(w.dc) + "+" + std::to_string(w.dr) + " " +
+                                          name(v));
     }
   }
 }
 
-TEST(Attention, AmxPathInTokenBlocksIsWithinItsBf16Rounding) {
-  // Prefill chunks on the AMX path: blocks of up to 128 / heads tokens, heads x tokens in the
-  // tile lanes (so 128 lanes and 256-row tiles with 8 or more heads), across block boundaries.
+TEST(Attention, AmxPathIsWithinItsBf16RoundingOfTheReference) {
   if (!amx_bf16_available()) GTEST_SKIP() << "this CPU or OS offers no AMX-BF16";
+  pair_path_within_rounding(KernelPath::amx_bf16);
+}
+
+TEST(Attention, Avx512Bf16PathIsWithinItsBf16RoundingOfTheReference) {
+  if (!avx512_bf16_available()) GTEST_SKIP() << "this CPU offers no AVX512-BF16";
+  pair_path_within_rounding(KernelPath::avx512_bf16);
+}
+
+// Prefill chunks on a bf16-pair path: blocks of up to 128 / heads tokens, heads x tokens in the
+// lanes (so 128 lanes and 256-row tiles with 8 or more heads), across block boundaries.
+void pair_path_in_token_blocks_within_rounding(KernelPath path) {
   auto rng = test::make_rng();
   for (const int heads : {1, 3, 8, 16, 32}) {
     for (const Variant v :
@@ -442,13 +460,24 @@ TEST(Attention, AmxPathInTokenBlocksIsWithinItsBf16Rounding) {
       spec.q_lens = {static_cast<int>(rng.range(20, 140)), static_cast<int>(rng.range(5, 60))};
       auto in = test::random_context(spec, KvDtype::bf16, rng);
       apply_variant(v, in, rng);
-      check_amx_within_rounding(in, rng, "heads " + std::to_string(heads) + " " + name(v),
-                                static_cast<int>(rng.range(1, 3)));
+      check_pair_path_within_rounding(path, in, rng,
+                                      "heads " + std::to_string(heads) + " " + name(v),
+                                      static_cast<int>(rng.range(1, 3)));
     }
   }
 }
 
-TEST(Attention, AmxPathRefusesWhatItCannotRun) {
+TEST(Attention, AmxPathInTokenBlocksIsWithinItsBf16Rounding) {
+  if (!amx_bf16_available()) GTEST_SKIP() << "this CPU or OS offers no AMX-BF16";
+  pair_path_in_token_blocks_within_rounding(KernelPath::amx_bf16);
+}
+
+TEST(Attention, Avx512Bf16PathInTokenBlocksIsWithinItsBf16Rounding) {
+  if (!avx512_bf16_available()) GTEST_SKIP() << "this CPU offers no AVX512-BF16";
+  pair_path_in_token_blocks_within_rounding(KernelPath::avx512_bf16);
+}
+
+TEST(Attention, Bf16PairPathsRefuseWhatTheyCannotRun) {
   auto rng = test::make_rng();
   test::ContextSpec spec;
   spec.lengths = {40};
@@ -462,6 +491,16 @@ TEST(Attention, AmxPathRefusesWhatItCannotRun) {
         << err;
   } else {
     EXPECT_NE(err.find("kernel path amx_bf16 is not available"), std::string::npos) << err;
+  }
+  const std::string vdp = test::error_of([&] { run_rank(p, KernelPath::avx512_bf16); });
+  if (avx512_bf16_available()) {
+    EXPECT_NE(vdp.find("kernel path avx512_bf16 needs kv_dtype bf16, got fp32"), std::string::npos)
+        << vdp;
+  } else {
+    EXPECT_NE(vdp.find("kernel path avx512_bf16 is not available: it needs a CPU with AVX-512 "
+                       "and AVX512-BF16"),
+              std::string::npos)
+        << vdp;
   }
 }
 

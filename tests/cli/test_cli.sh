@@ -365,9 +365,15 @@ case_run_kernel() {
   expect 0 "automatic names the path it resolves to" -- run --batch 1 --prompt-len 20 --max-new-tokens 1 --json "$tmp/run.json"
   check "no 'automatic' in the summary" json_has '"attention_kernel": "\(portable\|avx2\|avx512\)"'
   expect 2 "unknown kernel is refused" -- run --attention-kernel bogus
-  check "names the flag and the legal paths" stderr_has "--attention-kernel bogus: kernel path 'bogus' is not one of: automatic, portable, avx2, avx512, amx_bf16"
+  check "names the flag and the legal paths" stderr_has "--attention-kernel bogus: kernel path 'bogus' is not one of: automatic, portable, avx2, avx512, amx_bf16, avx512_bf16"
   expect 2 "amx on fp32 KV is refused" -- run --attention-kernel amx_bf16 --kv-cache-dtype fp32
   check "says why" stderr_has "--attention-kernel amx_bf16: \(amx_bf16 needs --kv-cache-dtype bf16\|this CPU or OS offers no AMX-BF16\)"
+  expect 2 "avx512_bf16 on fp32 KV is refused" -- run --attention-kernel avx512_bf16 --kv-cache-dtype fp32
+  check "says why" stderr_has "--attention-kernel avx512_bf16: \(avx512_bf16 needs --kv-cache-dtype bf16\|this CPU offers no AVX512-BF16\)"
+  if grep -qw avx512_bf16 /proc/cpuinfo; then
+    expect 0 "run on the AVX512-BF16 path" -- run --attention-kernel avx512_bf16 --kv-cache-dtype bf16 --batch 2 --prompt-len 70 --max-new-tokens 2 --json "$tmp/run.json"
+    check "json names the bf16-pair path" json_has '"attention_kernel": "avx512_bf16"'
+  fi
   # threads inside each rank: weight products split by rows, attention by tokens and KV ranges
   expect 0 "three threads per rank" -- run --threads-per-rank 3 --tp-size 2 --dcp-size 2 --batch 3 --prompt-len 300 --max-new-tokens 4 --json "$tmp/run.json"
   check "threads per rank in the json" json_has '"threads_per_rank": 3'

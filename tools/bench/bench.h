@@ -63,7 +63,7 @@ struct AttentionBenchOptions {
   // Query tokens per request: 1 is decode; T > 1 is a prefill chunk (or a verification) of the
   // context's last T positions, causal.
   int query_tokens = 1;
-  std::string dtypes = "fp32,bf16,bf16-amx";
+  std::string dtypes = "fp32,bf16,bf16-amx,bf16-vdp";
   int threads = 1;
   int repeats = 3;
   std::string torch_python = "/usr/bin/python3";  // runs tools/torch_peer.py; "off" skips it

@@ -86,7 +86,8 @@ void bench_attention(const AttentionBenchOptions& o) {
   const std::int64_t shortest = *std::min_element(contexts.begin(), contexts.end());
   DCP_ARG_CHECK(tq <= shortest, "--query-tokens ", tq, " exceeds the shortest of --contexts, ",
                 shortest, ": the chunk is the context's last positions");
-  // Each entry is a KV dtype on the fastest exact path, or bf16-amx: bf16 KV on the AMX path.
+  // Each entry is a KV dtype on the fastest exact path, or bf16 KV on a bf16-pair path: bf16-amx
+  // (AMX), bf16-vdp (AVX512-BF16).
   struct Variant {
     std::string label;
     KvDtype dtype;
@@ -100,6 +101,14 @@ void bench_attention(const AttentionBenchOptions& o) {
         variants.push_back({d, KvDtype::bf16, KernelPath::amx_bf16});
       } else {
         std::printf("bf16-amx: not measured (no AMX-BF16 on this CPU or OS)\n");
+      }
+      continue;
+    }
+    if (d == "bf16-vdp") {
+      if (avx512_bf16_available()) {
+        variants.push_back({d, KvDtype::bf16, KernelPath::avx512_bf16});
+      } else {
+        std::printf("bf16-vdp: not measured (no AVX512-BF16 on this CPU)\n");
       }
       continue;
     }
@@ -295,9 +304,9 @@ void add_attention_bench(CLI::App* bench) {
       ->check(at_least(1))
       ->capture_default_str();
   att->add_option("--dtypes", ao->dtypes,
-                  "KV dtypes on the fastest exact path (fp32, bf16), or bf16-amx: bf16 KV on the "
-                  "opt-in AMX path")
-      ->check(list_of({"fp32", "bf16", "bf16-amx"}))
+                  "KV dtypes on the fastest exact path (fp32, bf16), or bf16 KV on an opt-in "
+                  "bf16-pair path: bf16-amx (AMX), bf16-vdp (AVX512-BF16)")
+      ->check(list_of({"fp32", "bf16", "bf16-amx", "bf16-vdp"}))
       ->capture_default_str();
   att->add_option("--threads", ao->threads, "threads (kernel split-KV and BLAS alike)")
       ->check(at_least(1))

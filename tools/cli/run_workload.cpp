@@ -16,14 +16,19 @@
 namespace dcp::cli {
 namespace {
 
-// --attention-kernel: a path this CPU runs, checked before any rank starts. amx_bf16 reads bf16 KV.
+// --attention-kernel: a path this CPU runs, checked before any rank starts. The bf16-pair paths
+// (amx_bf16, avx512_bf16) read bf16 KV.
 KernelPath parse_attention_kernel(const std::string& name, KvDtype kv_dtype) {
   KernelPath k = KernelPath::automatic;
   try {
     k = parse_kernel_path(name);
     if (k == KernelPath::amx_bf16) {
       DCP_CHECK(amx_bf16_available(), unsupported, "this CPU or OS offers no AMX-BF16");
-      DCP_ARG_CHECK(kv_dtype == KvDtype::bf16, "amx_bf16 needs --kv-cache-dtype bf16");
+    } else if (k == KernelPath::avx512_bf16) {
+      DCP_CHECK(avx512_bf16_available(), unsupported, "this CPU offers no AVX512-BF16");
+    }
+    if (is_bf16_pair_path(k)) {
+      DCP_ARG_CHECK(kv_dtype == KvDtype::bf16, to_string(k), " needs --kv-cache-dtype bf16");
     } else {
       resolve_exact_path(k);
     }
@@ -36,7 +41,7 @@ KernelPath parse_attention_kernel(const std::string& name, KvDtype kv_dtype) {
 }  // namespace
 
 std::string kernel_name(KernelPath k) {
-  return std::string(to_string(k == KernelPath::amx_bf16 ? k : resolve_exact_path(k)));
+  return std::string(to_string(is_bf16_pair_path(k) ? k : resolve_exact_path(k)));
 }
 
 Workload build_workload(const RunOptions& o) {
@@ -271,7 +276,8 @@ void add_deployment_flags(CLI::App* cmd, RunOptions& o) {
       ->capture_default_str();
   cmd->add_option("--attention-kernel", o.attention_kernel,
                   "local attention kernel: automatic (fastest exact path), portable, avx2, avx512, "
-                  "or amx_bf16 (bf16 KV; rounds q and P to bf16)")
+                  "or a bf16-pair path, amx_bf16 or avx512_bf16 (bf16 KV; rounds q and P to "
+                  "bf16)")
       ->capture_default_str();
   cmd->add_option("--threads-per-rank", o.threads_per_rank,
                   "threads of each rank: the weight products split their rows over them, the "

@@ -1,8 +1,8 @@
 // Local absorbed-MLA attention on the CPU: validation, the visible rows of each query token,
 // the work split (tokens, and KV ranges for split-KV), and the choice of kernel path: the
 // portable baseline here, the SIMD kernels (attention_rows.h for few heads, attention_lanes.h
-// for many) built for AVX2 and AVX-512 and chosen at run time, or the opt-in AMX path
-// (attention_amx.cpp).
+// for many) built for AVX2 and AVX-512 and chosen at run time, or an opt-in bf16-pair path, AMX
+// or AVX512-BF16 (attention_bf16_pairs.cpp).
 #include "dcp/attention.h"
 
 #include <algorithm>
@@ -274,13 +274,11 @@ RowSet visible_rows(const MlaAttentionParams& p, int b, std::int64_t t,
 using RunFn = void (*)(const MlaAttentionParams&, const Task*, std::size_t);
 
 RunFn select(KernelPath k, KvDtype kv_dtype) {
-  if (k == KernelPath::amx_bf16) {
-    DCP_CHECK(amx_bf16_available(), unsupported,
-              "kernel path amx_bf16 is not available: it needs a CPU with AMX-BF16 and an OS "
-              "that grants the tile state");
-    DCP_ARG_CHECK(kv_dtype == KvDtype::bf16, "kernel path amx_bf16 needs kv_dtype bf16, got ",
-                  to_string(kv_dtype));
-    return kernels::run_amx_bf16;
+  if (is_bf16_pair_path(k)) {
+    require_bf16_pair_path(k);
+    DCP_ARG_CHECK(kv_dtype == KvDtype::bf16, "kernel path ", to_string(k),
+                  " needs kv_dtype bf16, got ", to_string(kv_dtype));
+    return k == KernelPath::amx_bf16 ? kernels::run_amx_bf16 : kernels::run_avx512_bf16;
   }
   switch (resolve_exact_path(k)) {
     case KernelPath::avx512: return kernels::run_avx512;

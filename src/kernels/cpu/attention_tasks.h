@@ -120,6 +120,7 @@ void run_portable(const MlaAttentionParams& p, const Task* tasks, std::size_t n)
 void run_avx2(const MlaAttentionParams& p, const Task* tasks, std::size_t n);
 void run_avx512(const MlaAttentionParams& p, const Task* tasks, std::size_t n);
 void run_amx_bf16(const MlaAttentionParams& p, const Task* tasks, std::size_t n);
+void run_avx512_bf16(const MlaAttentionParams& p, const Task* tasks, std::size_t n);
 bool amx_bf16_supported();
 
 }  // namespace dcp::kernels

@@ -2,6 +2,7 @@
 #include "dcp/kernel_path.h"
 
 #include <cpuid.h>
+
 #include <algorithm>
 
 #include "attention_tasks.h"
@@ -16,6 +17,7 @@ std::string_view to_string(KernelPath k) noexcept {
     case KernelPath::avx2: return "avx2";
     case KernelPath::avx512: return "avx512";
     case KernelPath::amx_bf16: return "amx_bf16";
+    case KernelPath::avx512_bf16: return "avx512_bf16";
   }
   return "?";
 }
@@ -23,7 +25,7 @@ std::string_view to_string(KernelPath k) noexcept {
 KernelPath parse_kernel_path(std::string_view name) {
   std::string legal;
   for (KernelPath k : {KernelPath::automatic, KernelPath::portable, KernelPath::avx2,
-                       KernelPath::avx512, KernelPath::amx_bf16}) {
+                       KernelPath::avx512, KernelPath::amx_bf16, KernelPath::avx512_bf16}) {
     if (name == to_string(k)) return k;
     legal += (legal.empty() ? "" : ", ") + std::string(to_string(k));
   }
@@ -52,8 +54,36 @@ KernelPath resolve_exact_path(KernelPath k) {
   return k;
 }
 
+bool is_bf16_pair_path(KernelPath k) noexcept {
+  return k == KernelPath::amx_bf16 || k == KernelPath::avx512_bf16;
+}
+
 bool amx_bf16_available() {
   return kernels::amx_bf16_supported();
+}
+
+bool avx512_bf16_available() {
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+      !__builtin_cpu_supports("avx512vl"))
+    return false;
+  // CPUID.(7,1):EAX bit 5 (clang 14's __builtin_cpu_supports does not know "avx512bf16").
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 && (eax & (1u << 5)) != 0;
+}
+
+void require_bf16_pair_path(KernelPath k) {
+  if (k == KernelPath::amx_bf16) {
+    DCP_CHECK(amx_bf16_available(), unsupported,
+              "kernel path amx_bf16 is not available: it needs a CPU with AMX-BF16 and an OS "
+              "that grants the tile state");
+  } else {
+    DCP_CHECK(k == KernelPath::avx512_bf16, invalid_argument, "kernel path ", to_string(k),
+              " is not a bf16-pair path");
+    DCP_CHECK(avx512_bf16_available(), unsupported,
+              "kernel path avx512_bf16 is not available: it needs a CPU with AVX-512 and "
+              "AVX512-BF16");
+  }
 }
 
 }  // namespace dcp

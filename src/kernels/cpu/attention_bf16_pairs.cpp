@@ -1,8 +1,6 @@
-// The AMX path for bf16 KV (KernelPath::amx_bf16): both products of a KV tile run on the AMX
-// tile unit (TDPBF16PS: bf16 pairs, fp32 accumulation), the online softmax on AVX-512 with the
-// heads in the lanes. Like GPU MLA kernels it rounds the scaled query and the probabilities to
-// bf16; the LSE keeps fp32 probabilities. Compiled with AMX and AVX-512 flags (src/CMakeLists.txt)
-// and called only when amx_bf16_available().
+// The bf16-pair paths for bf16 KV: both products of a KV tile run on bf16 pairs with fp32 sums,
+// the online softmax on AVX-512 with the heads in the lanes. Like GPU MLA kernels they round the
+// scaled query and the probabilities to bf16; the LSE keeps fp32 probabilities.
 //
 //   scores  C[16 rows][16 heads]  += K tile [16 rows][32 cols]   x Qv [16 col pairs][16 heads]
 //   values  C[16 heads][16 cols]  += Pt     [16 heads][32 rows]  x Vv [16 row pairs][16 cols]
@@ -10,7 +8,14 @@
 // Qv (query pairs, VNNI layout) is packed once per task; K is loaded from the pool in place
 // where a block's rows are consecutive (else from a zero-padded copy); Vv interleaves the words
 // of row pairs; Pt is the probabilities transposed. Both products run on the same micro-kernels
-// (block_2x2 and its 4 x 1 / 1 x 4 forms), four accumulator tiles at a time.
+// (block_2x2 and its 4 x 1 / 1 x 4 forms), four 16 x 16 accumulators at a time, which one of
+// two engines provides:
+//   - AmxDot (KernelPath::amx_bf16): AMX tiles, TDPBF16PS;
+//   - VectorDot (KernelPath::avx512_bf16): AVX512-BF16 vectors, VDPBF16PS, for CPUs without AMX
+//     (AMD Zen 4 and 5): a 16 x 16 block is 16 vector accumulators, one per row of A, each
+//     adding B's pair rows times the broadcast pair of its A row.
+// Compiled with AMX, AVX512-BF16 and AVX-512 flags (src/CMakeLists.txt); each engine is called
+// only when the CPU (and, for AMX, the OS) offers it.
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -81,21 +86,206 @@ constexpr InterleaveIndices kInterleave;
 
 // The work buffers, kept per thread (thread_buffers). Nothing carries over between calls:
 // every buffer is written before it is read, except zero_row, which only ever holds zeros.
-struct AmxBuffers {
+struct PairBuffers {
   LineVector<std::uint32_t> qv, vv;
   LineVector<std::uint16_t> kbuf, zero_row, pt;
   LineVector<float> s, acc, m, l, corr;
 };
 
-class AmxKernel {
+// Operand tiles over the steps of a product: tile i of step s starts at base[i] + s * step
+// bytes, its 16 rows `stride` bytes apart.
+struct TileStream {
+  const char* base[4];
+  std::size_t step;
+  int stride;
+  const void* at(int i, int s) const { return base[i] + static_cast<std::size_t>(s) * step; }
+};
+// Four 16 x 16 fp32 accumulator blocks, rows `stride` bytes apart, zeroed first or loaded from
+// `out`.
+struct AccTiles {
+  float* out[4];
+  int stride;
+  bool accumulate;
+};
+
+// The AMX engine: accumulators in tmm0-3, operands in tmm4-7.
+struct AmxDot {
+  // The micro-kernels keep four accumulators in flight: one chain of TDPBF16PS would wait on the
+  // instruction's latency, several times its issue interval. tmm4-7 hold operands. Each shape is
+  // written out: GCC's tile intrinsics paste the tile number into the asm text, so it must be a
+  // literal, not a template argument or a loop index.
+  static void load_acc(const AccTiles& c) {
+    if (c.accumulate) {
+      _tile_loadd(0, c.out[0], c.stride);
+      _tile_loadd(1, c.out[1], c.stride);
+      _tile_loadd(2, c.out[2], c.stride);
+      _tile_loadd(3, c.out[3], c.stride);
+    } else {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+    }
+  }
+  static void store_acc(const AccTiles& c) {
+    _tile_stored(0, c.out[0], c.stride);
+    _tile_stored(1, c.out[1], c.stride);
+    _tile_stored(2, c.out[2], c.stride);
+    _tile_stored(3, c.out[3], c.stride);
+  }
+
+  // C[2i + j] += A_i x B_j: each operand loaded once for two products.
+  static void block_2x2(const AccTiles& c, const TileStream& a, const TileStream& b, int steps) {
+    load_acc(c);
+    for (int s = 0; s < steps; ++s) {
+      _tile_loadd(4, a.at(0, s), a.stride);
+      _tile_loadd(6, b.at(0, s), b.stride);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_loadd(7, b.at(1, s), b.stride);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_loadd(5, a.at(1, s), a.stride);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    store_acc(c);
+  }
+
+  // C[i] += A_i x B_0; the A tiles alternate between tmm4 and tmm5.
+  static void block_4x1(const AccTiles& c, const TileStream& a, const TileStream& b, int steps) {
+    load_acc(c);
+    for (int s = 0; s < steps; ++s) {
+      _tile_loadd(6, b.at(0, s), b.stride);
+      _tile_loadd(4, a.at(0, s), a.stride);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_loadd(5, a.at(1, s), a.stride);
+      _tile_dpbf16ps(1, 5, 6);
+      _tile_loadd(4, a.at(2, s), a.stride);
+      _tile_dpbf16ps(2, 4, 6);
+      _tile_loadd(5, a.at(3, s), a.stride);
+      _tile_dpbf16ps(3, 5, 6);
+    }
+    store_acc(c);
+  }
+
+  // C[j] += A_0 x B_j; the B tiles alternate between tmm6 and tmm7.
+  static void block_1x4(const AccTiles& c, const TileStream& a, const TileStream& b, int steps) {
+    load_acc(c);
+    for (int s = 0; s < steps; ++s) {
+      _tile_loadd(4, a.at(0, s), a.stride);
+      _tile_loadd(6, b.at(0, s), b.stride);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_loadd(7, b.at(1, s), b.stride);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_loadd(6, b.at(2, s), b.stride);
+      _tile_dpbf16ps(2, 4, 6);
+      _tile_loadd(7, b.at(3, s), b.stride);
+      _tile_dpbf16ps(3, 4, 7);
+    }
+    store_acc(c);
+  }
+
+  // One accumulated block, for columns no wider block covers.
+  static void block_1x1(float* out, int stride, const TileStream& a, const TileStream& b,
+                        int steps) {
+    _tile_loadd(0, out, stride);
+    for (int s = 0; s < steps; ++s) {
+      _tile_loadd(4, a.at(0, s), a.stride);
+      _tile_loadd(6, b.at(0, s), b.stride);
+      _tile_dpbf16ps(0, 4, 6);
+    }
+    _tile_stored(0, out, stride);
+  }
+};
+
+// The AVX512-BF16 engine. Row r of C[j] (16 fp32 lanes, one per column) += sum over pairs p of
+// B_j[p] (16 column pairs) . broadcast(A[r][pair p]): VDPBF16PS computes per lane
+// c += a.lo * b.lo + a.hi * b.hi, as TDPBF16PS does per element. A panel keeps R rows of NC
+// blocks in registers over all its steps, so that each broadcast pair of A serves NC products
+// and each pair row of B serves R (a 16 x 16 block alone would load once per product).
+struct VectorDot {
+  // Rows [r0, r0 + R) of C[j] = A_ai x B_bj[j] for j < NC.
+  template <int R, int NC>
+  static void panel(float* const* out, int stride, bool accumulate, const TileStream& a, int ai,
+                    const TileStream& b, const int* bj, int r0, int steps) {
+    __m512 c[R][NC];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+      for (int j = 0; j < NC; ++j) {
+        c[r][j] = accumulate
+                      ? _mm512_loadu_ps(reinterpret_cast<const char*>(out[j]) + (r0 + r) * stride)
+                      : _mm512_setzero_ps();
+      }
+    }
+    for (int s = 0; s < steps; ++s) {
+      const char* pa = static_cast<const char*>(a.at(ai, s)) + r0 * a.stride;
+      const char* pb[NC];
+      for (int j = 0; j < NC; ++j) pb[j] = static_cast<const char*>(b.at(bj[j], s));
+      for (int p = 0; p < 16; ++p) {
+        __m512bh bv[NC];
+#pragma GCC unroll 4
+        for (int j = 0; j < NC; ++j) {
+          bv[j] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(pb[j] + p * b.stride));
+        }
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) {
+          std::int32_t pair;
+          std::memcpy(&pair, pa + r * a.stride + 4 * p, sizeof pair);
+          const __m512bh bc = reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
+#pragma GCC unroll 4
+          for (int j = 0; j < NC; ++j) c[r][j] = _mm512_dpbf16_ps(c[r][j], bv[j], bc);
+        }
+      }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+      for (int j = 0; j < NC; ++j) {
+        _mm512_storeu_ps(reinterpret_cast<char*>(out[j]) + (r0 + r) * stride, c[r][j]);
+      }
+    }
+  }
+
+  // C[2i + j] += A_i x B_j: panels of 8 rows x 2 blocks.
+  static void block_2x2(const AccTiles& c, const TileStream& a, const TileStream& b, int steps) {
+    static constexpr int kBoth[2] = {0, 1};
+    for (int i = 0; i < 2; ++i) {
+      for (int r0 = 0; r0 < 16; r0 += 8) {
+        panel<8, 2>(c.out + 2 * i, c.stride, c.accumulate, a, i, b, kBoth, r0, steps);
+      }
+    }
+  }
+  // C[i] += A_i x B_0: whole blocks (one B, so nothing to share a broadcast with).
+  static void block_4x1(const AccTiles& c, const TileStream& a, const TileStream& b, int steps) {
+    static constexpr int kFirst[1] = {0};
+    for (int i = 0; i < 4; ++i) {
+      panel<16, 1>(c.out + i, c.stride, c.accumulate, a, i, b, kFirst, 0, steps);
+    }
+  }
+  // C[j] += A_0 x B_j: panels of 4 rows x 4 blocks.
+  static void block_1x4(const AccTiles& c, const TileStream& a, const TileStream& b, int steps) {
+    static constexpr int kAll[4] = {0, 1, 2, 3};
+    for (int r0 = 0; r0 < 16; r0 += 4) {
+      panel<4, 4>(c.out, c.stride, c.accumulate, a, 0, b, kAll, r0, steps);
+    }
+  }
+  static void block_1x1(float* out, int stride, const TileStream& a, const TileStream& b,
+                        int steps) {
+    static constexpr int kFirst[1] = {0};
+    panel<16, 1>(&out, stride, true, a, 0, b, kFirst, 0, steps);
+  }
+};
+
+template <typename Dot>
+class PairKernel {
  public:
-  explicit AmxKernel(const MlaAttentionParams& p)
+  explicit PairKernel(const MlaAttentionParams& p)
       : p_(p),
         dc_(p.kv_lora_rank),
         dcp_((p.kv_lora_rank + 15) / 16 * 16),
         width_(p.kv_lora_rank + p.rope_dim),
         wp_((p.kv_lora_rank + p.rope_dim + 31) / 32 * 32),
-        buf_(thread_buffers<AmxBuffers>()),
+        buf_(thread_buffers<PairBuffers>()),
         qv_(buf_.qv),
         kbuf_(buf_.kbuf),
         zero_row_(buf_.zero_row),
@@ -258,7 +448,7 @@ class AmxKernel {
             {s_block(rb, hb), s_block(rb, hb + 16), s_block(rb + 1, hb), s_block(rb + 1, hb + 16)},
             s_stride,
             false};
-        block_2x2(c, k_stream(rb, 2), q_stream(hb, 2), steps);
+        Dot::block_2x2(c, k_stream(rb, 2), q_stream(hb, 2), steps);
       }
     }
     for (; hb < lanes_; hb += 16) {
@@ -267,7 +457,7 @@ class AmxKernel {
             {s_block(rb, hb), s_block(rb + 1, hb), s_block(rb + 2, hb), s_block(rb + 3, hb)},
             s_stride,
             false};
-        block_4x1(c, k_stream(rb, 4), q_stream(hb, 1), steps);
+        Dot::block_4x1(c, k_stream(rb, 4), q_stream(hb, 1), steps);
       }
     }
     if (p_.softcap > 0) {
@@ -356,11 +546,12 @@ class AmxKernel {
                           o_block(hb + 16, db + 16)},
                          o_stride,
                          true};
-        block_2x2(c, p_stream(hb, 2), v_stream(db, 2), steps);
+        Dot::block_2x2(c, p_stream(hb, 2), v_stream(db, 2), steps);
       }
       for (; db < dcp_; db += 16) {
-        block_1x1(o_block(hb, db), o_stride, p_stream(hb, 1), v_stream(db, 1), steps);
-        block_1x1(o_block(hb + 16, db), o_stride, p_stream(hb + 16, 1), v_stream(db, 1), steps);
+        Dot::block_1x1(o_block(hb, db), o_stride, p_stream(hb, 1), v_stream(db, 1), steps);
+        Dot::block_1x1(o_block(hb + 16, db), o_stride, p_stream(hb + 16, 1), v_stream(db, 1),
+                       steps);
       }
     }
     for (; hb < lanes_; hb += 16) {
@@ -370,113 +561,12 @@ class AmxKernel {
             {o_block(hb, db), o_block(hb, db + 16), o_block(hb, db + 32), o_block(hb, db + 48)},
             o_stride,
             true};
-        block_1x4(c, p_stream(hb, 1), v_stream(db, 4), steps);
+        Dot::block_1x4(c, p_stream(hb, 1), v_stream(db, 4), steps);
       }
       for (; db < dcp_; db += 16) {
-        block_1x1(o_block(hb, db), o_stride, p_stream(hb, 1), v_stream(db, 1), steps);
+        Dot::block_1x1(o_block(hb, db), o_stride, p_stream(hb, 1), v_stream(db, 1), steps);
       }
     }
-  }
-
-  // Operand tiles over the steps of a product: tile i of step s starts at base[i] + s * step
-  // bytes, its 16 rows `stride` bytes apart.
-  struct TileStream {
-    const char* base[4];
-    std::size_t step;
-    int stride;
-    const void* at(int i, int s) const { return base[i] + static_cast<std::size_t>(s) * step; }
-  };
-  // Four 16 x 16 fp32 accumulators in tmm0-3, zeroed first or loaded from `out`.
-  struct AccTiles {
-    float* out[4];
-    int stride;
-    bool accumulate;
-  };
-
-  // The micro-kernels keep four accumulators in flight: one chain of TDPBF16PS would wait on the
-  // instruction's latency, several times its issue interval. tmm4-7 hold operands. Each shape is
-  // written out: GCC's tile intrinsics paste the tile number into the asm text, so it must be a
-  // literal, not a template argument or a loop index.
-  static void load_acc(const AccTiles& c) {
-    if (c.accumulate) {
-      _tile_loadd(0, c.out[0], c.stride);
-      _tile_loadd(1, c.out[1], c.stride);
-      _tile_loadd(2, c.out[2], c.stride);
-      _tile_loadd(3, c.out[3], c.stride);
-    } else {
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-    }
-  }
-  static void store_acc(const AccTiles& c) {
-    _tile_stored(0, c.out[0], c.stride);
-    _tile_stored(1, c.out[1], c.stride);
-    _tile_stored(2, c.out[2], c.stride);
-    _tile_stored(3, c.out[3], c.stride);
-  }
-
-  // C[2i + j] += A_i x B_j: each operand loaded once for two products.
-  static void block_2x2(const AccTiles& c, const TileStream& a, const TileStream& b, int steps) {
-    load_acc(c);
-    for (int s = 0; s < steps; ++s) {
-      _tile_loadd(4, a.at(0, s), a.stride);
-      _tile_loadd(6, b.at(0, s), b.stride);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_loadd(7, b.at(1, s), b.stride);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_loadd(5, a.at(1, s), a.stride);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
-    store_acc(c);
-  }
-
-  // C[i] += A_i x B_0; the A tiles alternate between tmm4 and tmm5.
-  static void block_4x1(const AccTiles& c, const TileStream& a, const TileStream& b, int steps) {
-    load_acc(c);
-    for (int s = 0; s < steps; ++s) {
-      _tile_loadd(6, b.at(0, s), b.stride);
-      _tile_loadd(4, a.at(0, s), a.stride);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_loadd(5, a.at(1, s), a.stride);
-      _tile_dpbf16ps(1, 5, 6);
-      _tile_loadd(4, a.at(2, s), a.stride);
-      _tile_dpbf16ps(2, 4, 6);
-      _tile_loadd(5, a.at(3, s), a.stride);
-      _tile_dpbf16ps(3, 5, 6);
-    }
-    store_acc(c);
-  }
-
-  // C[j] += A_0 x B_j; the B tiles alternate between tmm6 and tmm7.
-  static void block_1x4(const AccTiles& c, const TileStream& a, const TileStream& b, int steps) {
-    load_acc(c);
-    for (int s = 0; s < steps; ++s) {
-      _tile_loadd(4, a.at(0, s), a.stride);
-      _tile_loadd(6, b.at(0, s), b.stride);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_loadd(7, b.at(1, s), b.stride);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_loadd(6, b.at(2, s), b.stride);
-      _tile_dpbf16ps(2, 4, 6);
-      _tile_loadd(7, b.at(3, s), b.stride);
-      _tile_dpbf16ps(3, 4, 7);
-    }
-    store_acc(c);
-  }
-
-  // One accumulated block, for columns no wider block covers.
-  static void block_1x1(float* out, int stride, const TileStream& a, const TileStream& b,
-                        int steps) {
-    _tile_loadd(0, out, stride);
-    for (int s = 0; s < steps; ++s) {
-      _tile_loadd(4, a.at(0, s), a.stride);
-      _tile_loadd(6, b.at(0, s), b.stride);
-      _tile_dpbf16ps(0, 4, 6);
-    }
-    _tile_stored(0, out, stride);
   }
 
   const MlaAttentionParams& p_;
@@ -484,7 +574,7 @@ class AmxKernel {
   int dc_, dcp_, width_, wp_;
   int tile_rows_ = 0;                           // tile_rows_for(lanes_), a multiple of 64
   std::int64_t tokens_ = num_query_tokens(p_);  // T, for query_lane
-  AmxBuffers& buf_;                             // this thread's, grown by size_for
+  PairBuffers& buf_;                            // this thread's, grown by size_for
   LineVector<std::uint32_t>& qv_;               // [wp/2, lanes] query pairs
   LineVector<std::uint16_t>& kbuf_;       // [tile_rows_, wp] rows of blocks not loadable in place
   LineVector<std::uint16_t>& zero_row_;   // [wp] stands for rows past n
@@ -517,10 +607,15 @@ bool amx_bf16_supported() {
 void run_amx_bf16(const MlaAttentionParams& p, const Task* tasks, std::size_t n) {
   configure_tiles();  // per thread: the tile configuration is thread state
   {
-    AmxKernel k(p);
+    PairKernel<AmxDot> k(p);
     for (std::size_t i = 0; i < n; ++i) k.run(tasks[i]);
   }
   _tile_release();
+}
+
+void run_avx512_bf16(const MlaAttentionParams& p, const Task* tasks, std::size_t n) {
+  PairKernel<VectorDot> k(p);
+  for (std::size_t i = 0; i < n; ++i) k.run(tasks[i]);
 }
 
 }  // namespace dcp::kernels
