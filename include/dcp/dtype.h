@@ -49,7 +49,7 @@ float fp8_e4m3_to_float(fp8_e4m3_t v) noexcept;
 fp8_e4m3_t float_to_fp8_e4m3(float f) noexcept;
 
 // float_to_bf16 over n values, bit for bit, on the widest SIMD path this CPU has (or the one
-// forced by `path`; amx_bf16 is an attention-only path and is refused).
+// forced by `path`; the bf16-pair paths are attention-only and are refused).
 void floats_to_bf16(const float* src, bf16_t* dst, std::size_t n,
                     KernelPath path = KernelPath::automatic);
 

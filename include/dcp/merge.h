@@ -49,9 +49,9 @@ void merge_attention_states(const float* o_parts, std::int64_t o_part_stride,
                             std::int64_t rows, int dim, LseBase base, float* out_o, float* out_lse);
 
 // The merge's inner loop, out[d] = sum_k weights[k] * parts[k][d] for d < dim, one pass over
-// out, on the widest SIMD path this CPU has (or `path`; amx_bf16 is refused). Exposed so that
-// each path is tested. `out` may be one of the parts (ag_rs rescales in place): each element is
-// read before it is written.
+// out, on the widest SIMD path this CPU has (or `path`; the bf16-pair paths are refused).
+// Exposed so that each path is tested. `out` may be one of the parts (ag_rs rescales in place):
+// each element is read before it is written.
 void weighted_sum(const float* const* parts, const float* weights, int num_parts, int dim,
                   float* out, KernelPath path = KernelPath::automatic);
 

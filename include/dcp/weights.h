@@ -68,10 +68,10 @@ constexpr std::int64_t weight_gemv_max_rows(WeightDtype d) noexcept {
 
 // y[m, w.rows] = x[m, w.cols] @ w^T with w held in its dtype; ldx and ldy are row strides
 // (-1: dense). Up to weight_gemv_max_rows(w.dtype) rows of x run on the widest SIMD path this CPU
-// has (or `path`; amx_bf16 is refused). Every path multiplies by the values row_to_float gives;
-// sums differ only in their rounding order. threads > 1 splits the output rows over the calling
-// thread's worker pool (this_thread_worker_pool) in parts of at least 64K weights; up to
-// weight_gemv_max_rows rows of x, every sum is bitwise the one-thread sum.
+// has (or `path`; the bf16-pair paths are refused). Every path multiplies by the values
+// row_to_float gives; sums differ only in their rounding order. threads > 1 splits the output
+// rows over the calling thread's worker pool (this_thread_worker_pool) in parts of at least 64K
+// weights; up to weight_gemv_max_rows rows of x, every sum is bitwise the one-thread sum.
 void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std::int64_t ldx = -1,
             std::int64_t ldy = -1, KernelPath path = KernelPath::automatic, int threads = 1);
 
