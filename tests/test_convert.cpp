@@ -86,15 +86,18 @@ TEST(Bf16Conversion, EveryRowPathMatchesTheScalarBits) {
   }
 }
 
-TEST(Bf16Conversion, RefusesTheAttentionOnlyPath) {
+TEST(Bf16Conversion, RefusesTheAttentionOnlyPaths) {
   const float x = 1.0f;
   bf16_t y = 0;
-  try {
-    floats_to_bf16(&x, &y, 1, KernelPath::amx_bf16);
-    FAIL() << "amx_bf16 accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("amx_bf16 is an attention path"), std::string::npos)
-        << e.what();
+  for (const KernelPath path : {KernelPath::amx_bf16, KernelPath::avx512_bf16}) {
+    const std::string name(to_string(path));
+    try {
+      floats_to_bf16(&x, &y, 1, path);
+      FAIL() << name << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(name + " is an attention path"), std::string::npos)
+          << e.what();
+    }
   }
   EXPECT_EQ(y, 0);
 }

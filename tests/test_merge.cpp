@@ -171,6 +171,7 @@ TEST(Merge, WeightedSumOnEveryPathMatchesFloat64) {
     }
   }
   EXPECT_THROW(weighted_sum(nullptr, nullptr, 0, 0, nullptr, KernelPath::amx_bf16), Error);
+  EXPECT_THROW(weighted_sum(nullptr, nullptr, 0, 0, nullptr, KernelPath::avx512_bf16), Error);
 }
 
 TEST(Merge, FlatMergeEqualsFullSoftmax) {

@@ -318,11 +318,12 @@ TEST(WeightLinear, QuantizeFp8PicksEachBlocksScaleAndTheNearestCode) {
   EXPECT_THROW(WeightMatrix::quantize_fp8(v, rows, cols, br, -1), Error);
 }
 
-TEST(WeightLinear, RefusesAPathThisCpuLacksAndAmx) {
+TEST(WeightLinear, RefusesAPathThisCpuLacksAndTheBf16PairPaths) {
   test::Rng rng = test::make_rng();
   const Case c = random_bf16(4, 16, rng);
   std::vector<float> x(16, 1.0f), y(4);
   EXPECT_THROW(linear(x.data(), 1, c.w, y.data(), -1, -1, KernelPath::amx_bf16), Error);
+  EXPECT_THROW(linear(x.data(), 1, c.w, y.data(), -1, -1, KernelPath::avx512_bf16), Error);
   const auto have = available_kernel_paths();
   if (std::find(have.begin(), have.end(), KernelPath::avx512) == have.end()) {
     EXPECT_THROW(linear(x.data(), 1, c.w, y.data(), -1, -1, KernelPath::avx512), Error);

@@ -33,8 +33,8 @@ bool is_bf16_pair_path(KernelPath k) noexcept;
 bool amx_bf16_available();
 // Whether this CPU has AVX-512 (F, BW, VL) with AVX512-BF16.
 bool avx512_bf16_available();
-// Whether this CPU (and OS) runs the bf16-pair path k; dcp::Error (unsupported) saying what it
-// needs when it does not, naming k.
+// Returns when this CPU (and OS) runs the bf16-pair path k; else dcp::Error (unsupported) naming
+// k and what it needs. invalid_argument when k is not a bf16-pair path.
 void require_bf16_pair_path(KernelPath k);
 
 }  // namespace dcp
