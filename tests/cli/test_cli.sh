@@ -367,9 +367,9 @@ case_run_kernel() {
   expect 2 "unknown kernel is refused" -- run --attention-kernel bogus
   check "names the flag and the legal paths" stderr_has "--attention-kernel bogus: kernel path 'bogus' is not one of: automatic, portable, avx2, avx512, amx_bf16, avx512_bf16"
   expect 2 "amx on fp32 KV is refused" -- run --attention-kernel amx_bf16 --kv-cache-dtype fp32
-  check "says why" stderr_has "--attention-kernel amx_bf16: \(amx_bf16 needs --kv-cache-dtype bf16\|this CPU or OS offers no AMX-BF16\)"
+  check "says why" stderr_has "--attention-kernel amx_bf16: \(amx_bf16 needs --kv-cache-dtype bf16\|kernel path amx_bf16 is not available: it needs a CPU with AMX-BF16\)"
   expect 2 "avx512_bf16 on fp32 KV is refused" -- run --attention-kernel avx512_bf16 --kv-cache-dtype fp32
-  check "says why" stderr_has "--attention-kernel avx512_bf16: \(avx512_bf16 needs --kv-cache-dtype bf16\|this CPU offers no AVX512-BF16\)"
+  check "says why" stderr_has "--attention-kernel avx512_bf16: \(avx512_bf16 needs --kv-cache-dtype bf16\|kernel path avx512_bf16 is not available: it needs a CPU with AVX-512 and AVX512-BF16\)"
   if grep -qw avx512_bf16 /proc/cpuinfo; then
     expect 0 "run on the AVX512-BF16 path" -- run --attention-kernel avx512_bf16 --kv-cache-dtype bf16 --batch 2 --prompt-len 70 --max-new-tokens 2 --json "$tmp/run.json"
     check "json names the bf16-pair path" json_has '"attention_kernel": "avx512_bf16"'

@@ -93,22 +93,19 @@ void bench_attention(const AttentionBenchOptions& o) {
     KvDtype dtype;
     KernelPath kernel;
   };
+  const Variant pair_variants[] = {{"bf16-amx", KvDtype::bf16, KernelPath::amx_bf16},
+                                   {"bf16-vdp", KvDtype::bf16, KernelPath::avx512_bf16}};
   std::vector<Variant> variants;
   std::stringstream dl(o.dtypes);
   for (std::string d; std::getline(dl, d, ',');) {
-    if (d == "bf16-amx") {
-      if (amx_bf16_available()) {
-        variants.push_back({d, KvDtype::bf16, KernelPath::amx_bf16});
-      } else {
-        std::printf("bf16-amx: not measured (no AMX-BF16 on this CPU or OS)\n");
-      }
-      continue;
-    }
-    if (d == "bf16-vdp") {
-      if (avx512_bf16_available()) {
-        variants.push_back({d, KvDtype::bf16, KernelPath::avx512_bf16});
-      } else {
-        std::printf("bf16-vdp: not measured (no AVX512-BF16 on this CPU)\n");
+    const auto pair = std::find_if(std::begin(pair_variants), std::end(pair_variants),
+                                   [&](const Variant& v) { return v.label == d; });
+    if (pair != std::end(pair_variants)) {
+      try {
+        require_bf16_pair_path(pair->kernel);
+        variants.push_back(*pair);
+      } catch (const Error& e) {
+        std::printf("%s: not measured (%s)\n", d.c_str(), e.what());
       }
       continue;
     }

@@ -22,12 +22,8 @@ KernelPath parse_attention_kernel(const std::string& name, KvDtype kv_dtype) {
   KernelPath k = KernelPath::automatic;
   try {
     k = parse_kernel_path(name);
-    if (k == KernelPath::amx_bf16) {
-      DCP_CHECK(amx_bf16_available(), unsupported, "this CPU or OS offers no AMX-BF16");
-    } else if (k == KernelPath::avx512_bf16) {
-      DCP_CHECK(avx512_bf16_available(), unsupported, "this CPU offers no AVX512-BF16");
-    }
     if (is_bf16_pair_path(k)) {
+      require_bf16_pair_path(k);
       DCP_ARG_CHECK(kv_dtype == KvDtype::bf16, to_string(k), " needs --kv-cache-dtype bf16");
     } else {
       resolve_exact_path(k);
