@@ -225,7 +225,9 @@ bool dot_rows(const float* xp, const T* w, const GemvWeight& g, float* out,
       }
 #pragma GCC unroll 4
       for (int r = 0; r < RB; ++r) {
-        if constexpr (kPrefetch) __builtin_prefetch(prefetch + r * k + c, 0, 2);
+        // Into L1 (prefetcht0): on Zen 5, a cold 102400 x 2048 weight at one row of x read 7-9%
+        // faster for FP8 and 1-3% for bf16 than asked into L2 (prefetcht1).
+        if constexpr (kPrefetch) __builtin_prefetch(prefetch + r * k + c, 0, 3);
         vec wv[P];
         Wd::widen(w + r * k + c, wv);
         if constexpr (fp8) {
