@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "dcp/dtype.h"
@@ -15,6 +16,7 @@
 #include "dcp/kernel_path.h"
 #include "dcp/weights.h"
 #include "dcp/worker_pool.h"
+#include "kernels/cpu/weight_gemv.h"
 #include "test_util.h"
 
 namespace dcp {
@@ -183,26 +185,28 @@ TEST(WeightLinear, Fp8NanCodeGivesNan) {
 }
 
 TEST(WeightLinear, EveryFp8CodeWidensExactly) {
-  // One weight row per code against rows of x = e_j: each output is the code's value times its
-  // scale. Column 20 is inside a whole chunk of the SIMD copies, column 36 in their scalar tail;
+  // One weight row per code, the code alone in its row, against rows of x that are all ones:
+  // each output is the code's value times its scale. Rows of 80 columns hold whole chunks of the
+  // SIMD copies in columns 0-63 (32 codes a chunk on AVX2, 64 on AVX-512) and a scalar tail after
+  // them: the code sits at column code % 64 (every lane of a chunk) or at column 70 (the tail).
   // m = 1 is the decode product, m = 20 the prefill tiles widened in memory.
+  constexpr std::int64_t kCols = 80;
   for (const KernelPath path : paths()) {
-    for (const std::int64_t column : {20, 36}) {
+    for (const bool tail : {false, true}) {
       for (const std::int64_t m : {1, 20}) {
         WeightMatrix w;
         w.dtype = WeightDtype::f8_e4m3;
         w.rows = 256;
-        w.cols = 40;
+        w.cols = kCols;
         w.block_rows = w.block_cols = 128;
         w.scale_rows = 2;
         w.scale_cols = 1;
         w.scale_inv = {0.5f, 3.0f};
-        w.data.assign(256 * 40, 0);
+        w.data.assign(256 * kCols, 0);
         for (int code = 0; code < 256; ++code)
-          w.data[code * 40 + column] = static_cast<std::uint8_t>(code);
-        std::vector<float> x(static_cast<std::size_t>(m * 40), 0.0f);
+          w.data[code * kCols + (tail ? 70 : code % 64)] = static_cast<std::uint8_t>(code);
+        std::vector<float> x(static_cast<std::size_t>(m * kCols), 1.0f);
         std::vector<float> y(static_cast<std::size_t>(m * 256));
-        for (std::int64_t i = 0; i < m; ++i) x[i * 40 + column] = 1.0f;
         linear(x.data(), m, w, y.data(), -1, -1, path);
         for (std::int64_t i = 0; i < m; ++i) {
           for (int code = 0; code < 256; ++code) {
@@ -212,8 +216,8 @@ TEST(WeightLinear, EveryFp8CodeWidensExactly) {
             if (std::isnan(want)) {
               EXPECT_TRUE(std::isnan(got)) << code;
             } else {
-              EXPECT_EQ(got, static_cast<float>(want)) << "code " << code << " " << to_string(path)
-                                                       << " m " << m << " column " << column;
+              EXPECT_EQ(got, static_cast<float>(want))
+                  << "code " << code << " " << to_string(path) << " m " << m << " tail " << tail;
             }
           }
         }
@@ -316,6 +320,63 @@ TEST(WeightLinear, QuantizeFp8PicksEachBlocksScaleAndTheNearestCode) {
   EXPECT_THROW(WeightMatrix::quantize_fp8(v, rows, cols + 1, br, bc), Error);
   EXPECT_THROW(WeightMatrix::quantize_fp8(v, rows, cols, 0, bc), Error);
   EXPECT_THROW(WeightMatrix::quantize_fp8(v, rows, cols, br, -1), Error);
+}
+
+// On AVX-512, FP8 widens one of two ways (F16C, or AVX512-VBMI byte lookups where the CPU has
+// VBMI, which `linear` then always takes): each copy is called here directly, with whole chunks,
+// tails, block-scaled slices and a NaN code, against the float64 reference.
+TEST(WeightGemvCopies, Avx512Fp8ByF16cAndByByteLookups) {
+  const auto have = available_kernel_paths();
+  if (std::find(have.begin(), have.end(), KernelPath::avx512) == have.end()) {
+    GTEST_SKIP() << "this CPU has no AVX-512";
+  }
+  std::vector<std::pair<const char*, kernels::GemvFn>> copies = {{"f16c", kernels::gemv_avx512}};
+  if (kernels::avx512_vbmi_available()) copies.emplace_back("vbmi", kernels::gemv_avx512_vbmi);
+  test::Rng rng = test::make_rng();
+  for (const auto& [name, gemv] : copies) {
+    for (const std::int64_t m : {1, 2, 3, 4, 5, 8}) {
+      for (const std::int64_t k : {64, 97, 200, 300}) {
+        const int br = rng.coin() ? 16 : 128, bc = rng.coin() ? 8 : 128;
+        Case c = random_fp8(rng.range(1, 40), k, br, bc, rng.range(0, 300), rng.range(0, 300), rng);
+        const WeightMatrix& w = c.w;
+        const std::int64_t nan_row = rng.range(0, w.rows - 1);
+        const bool with_nan = rng.coin();
+        if (with_nan) c.w.data[nan_row * k + rng.range(0, k - 1)] = rng.coin() ? 0x7f : 0xff;
+        kernels::GemvWeight g;  // as dcp::linear describes a weight to its kernels
+        g.data = w.data.data();
+        g.dtype = kernels::GemvDtype::fp8;
+        g.rows = w.rows;
+        g.k = k;
+        g.row0 = w.row0;
+        g.scales = w.scale_inv.data();
+        g.scale_stride = w.scale_cols;
+        g.block_rows = w.block_rows;
+        g.block_cols = w.block_cols;
+        g.first_block_cols = (w.col0 / w.block_cols + 1) * w.block_cols - w.col0;
+        std::vector<float> x(static_cast<std::size_t>(m * k));
+        for (float& v : x) v = rng.normal();
+        std::vector<float> y(static_cast<std::size_t>(m * w.rows));
+        gemv(x.data(), m, k, g, y.data(), w.rows);
+        for (std::int64_t i = 0; i < m; ++i) {
+          for (std::int64_t r = 0; r < w.rows; ++r) {
+            const float got = y[i * w.rows + r];
+            if (with_nan && r == nan_row) {
+              EXPECT_TRUE(std::isnan(got)) << name << " m " << m << " k " << k << " row " << r;
+              continue;
+            }
+            double want = 0, magnitude = 0;
+            for (std::int64_t j = 0; j < k; ++j) {
+              const double t = static_cast<double>(x[i * k + j]) * c.values[r * k + j];
+              want += t;
+              magnitude += std::fabs(t);
+            }
+            ASSERT_NEAR(got, want, 1e-6 * magnitude + 1e-30)
+                << name << " m " << m << " k " << k << " (" << i << ", " << r << ")";
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(WeightLinear, RefusesAPathThisCpuLacksAndTheBf16PairPaths) {

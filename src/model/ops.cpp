@@ -18,7 +18,8 @@ namespace {
 
 kernels::GemvFn select_gemv(KernelPath path) {
   return kernels::select_simd_copy<kernels::GemvFn>(
-      path, "the weight product", kernels::gemv_portable, kernels::gemv_avx2, kernels::gemv_avx512);
+      path, "the weight product", kernels::gemv_portable, kernels::gemv_avx2,
+      kernels::avx512_vbmi_available() ? kernels::gemv_avx512_vbmi : kernels::gemv_avx512);
 }
 
 kernels::WidenRowsFn select_widen(KernelPath path) {

@@ -51,6 +51,13 @@ void widen_scalar(const GemvWeight& w, std::int64_t r0, std::int64_t r1, float* 
 
 }  // namespace
 
+bool avx512_vbmi_available() {
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512vbmi");
+  return has;
+}
+
 void widen_rows_portable(const GemvWeight& w, std::int64_t r0, std::int64_t r1, float* out) {
   switch (w.dtype) {
     case GemvDtype::f32: widen_scalar<float>(w, r0, r1, out); break;

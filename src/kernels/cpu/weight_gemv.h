@@ -48,6 +48,11 @@ void gemv_avx2(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeigh
                std::int64_t ldy);
 void gemv_avx512(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeight& w, float* y,
                  std::int64_t ldy);
+// gemv_avx512 with FP8 widened by AVX512-VBMI byte lookups instead of F16C (faster where the CPU
+// has VBMI: the automatic and avx512 paths pick it there).
+void gemv_avx512_vbmi(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeight& w,
+                      float* y, std::int64_t ldy);
+bool avx512_vbmi_available();
 
 // Rows [r0, r1) of w widened to fp32, row-major with stride w.k: widen_weight(v) (FP8: times its
 // block scale), bit for bit, for the prefill tiles that BLAS multiplies. AVX-512 CPUs run the

@@ -8,14 +8,18 @@
 // rows; the weights are megabytes). Several weight rows are taken at once so that each x vector
 // loaded meets several weight rows, and their sums are independent dependency chains.
 //
-// FP8 E4M3 goes through fp16: its sign, exponent and mantissa bits, moved into an fp16 word's,
-// make an fp16 equal to the E4M3 value times 2^-8 (fp16's exponent bias is 15, E4M3's 7), which
-// F16C widens to fp32 in one instruction, subnormals included and without the microcode assists
-// that fp32 subnormals cost. The block scales times 2^8 go on x, once per block of weight rows
-// that shares them (a few thousand multiplications per hundred-odd weight rows), so the loop
-// over the weights is the same as bf16's: widen, multiply-add. The NaN code, which this makes
-// the fp16 1.875, is noticed in passing; rows that hold one are computed again with a fix-up
-// that turns it back into a NaN.
+// FP8 E4M3 widens to its value times 2^-8; the block scales times 2^8 go on x, once per block of
+// weight rows that shares them (a few thousand multiplications per hundred-odd weight rows), so
+// the loop over the weights is the same as bf16's: widen, multiply-add. Two widenings:
+// - F16C (AVX2, and AVX-512 without VBMI): the code's sign, exponent and mantissa bits, moved
+//   into an fp16 word's, make an fp16 of that value (fp16's exponent bias is 15, E4M3's 7), which
+//   F16C widens to fp32 in one instruction, subnormals included. The NaN code, which this makes
+//   the fp16 1.875, is noticed in passing; rows that hold one are computed again with a fix-up
+//   that turns it back into a NaN.
+// - AVX512-VBMI: two byte lookups (vpermi2b) give each code's fp32 top two bytes, and two rounds
+//   of unpacking with zero bytes make the floats: fewer instructions than F16C's shifts and
+//   conversions, whose throughput bounded the F16C copy at one row of x on Zen 5. The NaN codes
+//   look up a NaN.
 #pragma once
 
 #include <immintrin.h>
@@ -117,7 +121,7 @@ struct Widen<8, fp8_e4m3_t> {
   }
 };
 #endif
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) && !defined(__AVX512VBMI__)
 template <>
 struct Widen<16, fp8_e4m3_t> {
   DCP_FP8_CHUNK_COMMON(16)
@@ -130,6 +134,73 @@ struct Widen<16, fp8_e4m3_t> {
     // (GCC 12 warns on the unmasked conversion.)
     const __m512 f[4] = {_mm512_maskz_cvtph_ps(0xffff, h[0]), _mm512_maskz_cvtph_ps(0xffff, h[1]),
                          _mm512_maskz_cvtph_ps(0xffff, h[2]), _mm512_maskz_cvtph_ps(0xffff, h[3])};
+    std::memcpy(out, f, sizeof f);
+  }
+};
+#endif
+#if defined(__AVX512VBMI__)
+// Byte `shift / 8` of the fp32 bits of E4M3 magnitude code i (0..127) times 2^-8; code 0x7f is
+// the NaN. Every such value is exact in the top two bytes (at most 4 significant bits).
+constexpr std::uint8_t fp8_lane_byte(int i, int shift) {
+  const int e = i >> 3, m = i & 7;
+  std::uint32_t bits = 0;  // code 0: +0
+  if (i == 0x7f) {
+    bits = 0x7fc00000u;
+  } else if (e > 0) {  // (1 + m/8) 2^(e - 7 - 8): fp32 exponent field e - 15 + 127
+    bits = static_cast<std::uint32_t>(e + 112) << 23 | static_cast<std::uint32_t>(m) << 20;
+  } else if (m > 0) {  // m/8 2^(-6 - 8), normalized: m << s in [8, 16) is 1.f x 2^(3 - s)
+    int s = 0;
+    while ((m << s) < 8) ++s;
+    const auto exponent = static_cast<std::uint32_t>(127 - 14 - s);
+    const auto fraction = static_cast<std::uint32_t>((m << s) & 7);
+    bits = exponent << 23 | fraction << 20;
+  }
+  return static_cast<std::uint8_t>(bits >> shift);
+}
+
+struct Fp8ByteTables {
+  alignas(64) std::uint8_t high[128];  // bits 24-31 of the fp32
+  alignas(64) std::uint8_t low[128];   // bits 16-23
+};
+
+constexpr Fp8ByteTables make_fp8_byte_tables() {
+  Fp8ByteTables t{};
+  for (int i = 0; i < 128; ++i) {
+    t.high[i] = fp8_lane_byte(i, 24);
+    t.low[i] = fp8_lane_byte(i, 16);
+  }
+  return t;
+}
+
+inline constexpr Fp8ByteTables kFp8ByteTables = make_fp8_byte_tables();
+
+// 64 codes -> four vectors of 16 floats. vpermi2b reads an index's low seven bits, so the sign
+// bit is or-ed onto the high byte afterwards. The unpacking works within 128-bit lanes: lane j of
+// part q holds code 16 (j / 4) + 4 q + j % 4.
+template <>
+struct Widen<16, fp8_e4m3_t> {
+  using vec = Simd<16>::vec;
+  static constexpr int kParts = 4;
+  static int source(int q, int j) { return 16 * (j / 4) + 4 * q + j % 4; }
+  // No NaN fix-up: the tables give NaN codes a NaN.
+  typedef std::uint8_t bytes __attribute__((vector_size(64)));
+  static void note_nan_codes(const fp8_e4m3_t*, bytes&) {}
+  static bool any(const bytes&) { return false; }
+  static void widen(const fp8_e4m3_t* p, vec* out) {
+    const Fp8ByteTables& t = kFp8ByteTables;
+    const __m512i codes = _mm512_loadu_si512(p);
+    const __m512i low =
+        _mm512_permutex2var_epi8(_mm512_load_si512(t.low), codes, _mm512_load_si512(t.low + 64));
+    __m512i high =
+        _mm512_permutex2var_epi8(_mm512_load_si512(t.high), codes, _mm512_load_si512(t.high + 64));
+    // high | (codes & 0x80)
+    high = _mm512_ternarylogic_epi32(high, codes, _mm512_set1_epi8(static_cast<char>(0x80)), 0xf8);
+    const __m512i words_lo = _mm512_unpacklo_epi8(low, high);  // codes 16 l + 0..7 of lane l
+    const __m512i words_hi = _mm512_unpackhi_epi8(low, high);  // codes 16 l + 8..15
+    const __m512i zero = _mm512_setzero_si512();
+    const __m512i f[4] = {
+        _mm512_unpacklo_epi16(zero, words_lo), _mm512_unpackhi_epi16(zero, words_lo),
+        _mm512_unpacklo_epi16(zero, words_hi), _mm512_unpackhi_epi16(zero, words_hi)};
     std::memcpy(out, f, sizeof f);
   }
 };
