@@ -1,5 +1,7 @@
 // The KV cache: widened allocator, per-rank pools, owner-only writes, gather, planner.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -126,21 +128,11 @@ TEST(PageMemory, IsZeroedAlignedAndWritable) {
   }
 }
 
-// Under AddressSanitizer allocate_pages takes every buffer from the sanitizer's heap (memory.cpp
-// tells it the same way). GCC has no __has_feature, hence the nesting.
-#if defined(__SANITIZE_ADDRESS__)
-#define DCP_TEST_UNDER_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define DCP_TEST_UNDER_ASAN 1
-#endif
-#endif
-
 TEST(PageMemory, GivesBackAllItMaps) {
-#ifdef DCP_TEST_UNDER_ASAN
-  GTEST_SKIP() << "under AddressSanitizer the buffers come from its heap, whose quarantine keeps "
-                  "freed memory mapped (and LeakSanitizer checks for leaks)";
-#endif
+  if (!allocate_pages_maps_memory()) {
+    GTEST_SKIP() << "under AddressSanitizer the buffers come from its heap, whose quarantine keeps "
+                    "freed memory mapped (and LeakSanitizer checks for leaks)";
+  }
   // The slack mapped to reach a 2 MiB boundary is unmapped, and so is the buffer when freed:
   // otherwise every round of allocating and freeing leaves at least 2 MiB more mapped. Rounds are
   // counted rather than the total compared, as another thread of the process (BLAS's) may map
@@ -158,6 +150,54 @@ TEST(PageMemory, GivesBackAllItMaps) {
     if (mapped_kib() - before >= 2048) ++grew;
   }
   EXPECT_LE(grew, 4) << "rounds of 64 that left 2 MiB or more mapped";
+}
+
+// A process that holds as many mappings as the kernel allows (vm.max_map_count) cannot map
+// another byte, with memory to spare: the errors say so and how to raise the limit, and once
+// mappings are given back allocation works again.
+TEST(PageMemory, NamesTheMappingLimitWhenAProcessReachesIt) {
+  if (!allocate_pages_maps_memory()) {
+    GTEST_SKIP() << "under AddressSanitizer the buffers come from its heap";
+  }
+  long limit = -1;
+  std::ifstream("/proc/sys/vm/max_map_count") >> limit;
+  if (limit <= 0 || limit > (1 << 18)) {
+    GTEST_SKIP() << "vm.max_map_count is " << limit << ": too many mappings to fill in a test";
+  }
+  // Single base pages, every other one unreadable, so that neighbours cannot merge into one
+  // mapping. The vector's room is reserved first: growing it must not need a mapping of its own.
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  std::vector<void*> pages;
+  pages.reserve(static_cast<std::size_t>(limit) + 16);
+  for (long i = 0; i < limit + 16; ++i) {
+    void* p =
+        mmap(nullptr, page, i % 2 ? PROT_READ : PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) break;
+    pages.push_back(p);
+  }
+  const std::size_t bytes = std::size_t{8} << 20;
+  std::string buffer_error, weight_error;
+  try {
+    HugePageBuffer b(bytes, "a test buffer");
+  } catch (const Error& e) {
+    buffer_error = e.what();
+  }
+  try {
+    HugePageVector<float> w(bytes / sizeof(float));
+  } catch (const Error& e) {
+    weight_error = e.what();
+  }
+  for (void* p : pages) munmap(p, page);
+  ASSERT_LT(static_cast<long>(pages.size()), limit + 16) << "the limit was never reached";
+  EXPECT_NE(buffer_error.find("cannot allocate a test buffer of 8388608 bytes"), std::string::npos)
+      << buffer_error;
+  EXPECT_NE(buffer_error.find("vm.max_map_count = " + std::to_string(limit)), std::string::npos)
+      << buffer_error;
+  EXPECT_NE(weight_error.find("cannot allocate a weight of 8388608 bytes"), std::string::npos)
+      << weight_error;
+  EXPECT_NE(weight_error.find("sysctl -w vm.max_map_count="), std::string::npos) << weight_error;
+  HugePageBuffer again(bytes, "a test buffer");  // the mappings given back, it fits again
+  EXPECT_EQ(again.size(), bytes);
 }
 
 TEST(PageMemory, NamesTheKernelsHugePageMode) {

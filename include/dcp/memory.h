@@ -29,6 +29,16 @@ struct PageMemory {
 // free_pages and the same `bytes`.
 PageMemory allocate_pages(std::size_t bytes) noexcept;
 void free_pages(void* p, std::size_t bytes) noexcept;
+// Whether allocate_pages maps large buffers itself (false under AddressSanitizer).
+bool allocate_pages_maps_memory() noexcept;
+
+// Why `bytes` could not be had, for an error message: where this process holds as many memory
+// mappings as the kernel allows (vm.max_map_count, which a process reaches long before memory
+// runs out when it holds tens of thousands of weights), that limit and how to raise it; else
+// "out of memory".
+std::string allocation_failure_reason();
+// Throws dcp::Error (capacity): "cannot allocate <what> of <bytes> bytes: <reason>".
+[[noreturn]] void throw_allocation_failure(std::string_view what, std::size_t bytes);
 
 // The kernel's transparent-huge-page mode ("always", "madvise" or "never"; "unavailable" without
 // /sys/kernel/mm/transparent_hugepage): under "never" the advice above is ignored, and a
@@ -45,7 +55,7 @@ struct HugePageAllocator {
   T* allocate(std::size_t n) {
     if (n > std::numeric_limits<std::size_t>::max() / sizeof(T)) throw std::bad_array_new_length();
     void* p = allocate_pages(n * sizeof(T)).data;
-    if (p == nullptr) throw std::bad_alloc();
+    if (p == nullptr) throw_allocation_failure("a weight", n * sizeof(T));
     return static_cast<T*>(p);
   }
   void deallocate(T* p, std::size_t n) noexcept { free_pages(p, n * sizeof(T)); }

@@ -28,6 +28,16 @@ std::size_t round_up(std::size_t n, std::size_t to) {
   return (n + to - 1) / to * to;
 }
 
+// The line count of /proc/self/maps: one line per mapping. -1 when it cannot be read.
+long mapping_count() {
+  std::ifstream f("/proc/self/maps");
+  if (!f) return -1;
+  long lines = 0;
+  std::string line;
+  while (std::getline(f, line)) ++lines;
+  return lines;
+}
+
 bool mapped(std::size_t bytes) {
 #ifdef DCP_ASAN
   (void)bytes;
@@ -72,6 +82,29 @@ PageMemory allocate_pages(std::size_t bytes) noexcept {
   return {p, huge};
 }
 
+bool allocate_pages_maps_memory() noexcept {
+  return mapped(kHugePage);
+}
+
+std::string allocation_failure_reason() {
+  long limit = -1;
+  std::ifstream("/proc/sys/vm/max_map_count") >> limit;
+  const long held = mapping_count();
+  // A few mappings short of the limit already fail: an allocation may need more than one.
+  if (limit > 0 && held >= limit - 8) {
+    return str("this process holds ", held,
+               " memory mappings, the kernel's limit (vm.max_map_count = ", limit,
+               "): raise it, e.g. sysctl -w vm.max_map_count=", 4 * limit);
+  }
+  return "out of memory";
+}
+
+void throw_allocation_failure(std::string_view what, std::size_t bytes) {
+  throw_error(ErrorCategory::capacity,
+              str("cannot allocate ", what, " of ", bytes, " bytes: ", allocation_failure_reason()),
+              __FILE__, __LINE__);
+}
+
 void free_pages(void* p, std::size_t bytes) noexcept {
   if (p == nullptr) return;
   if (mapped(bytes))
@@ -92,7 +125,7 @@ std::string transparent_huge_pages() {
 
 HugePageBuffer::HugePageBuffer(std::size_t bytes, std::string_view what) : size_(bytes) {
   const PageMemory m = allocate_pages(bytes);
-  DCP_CHECK(m.data != nullptr, capacity, "cannot allocate ", what, " of ", bytes, " bytes");
+  if (m.data == nullptr) throw_allocation_failure(what, bytes);
   data_ =
       std::unique_ptr<std::byte, PageRelease>(static_cast<std::byte*>(m.data), PageRelease{bytes});
   huge_pages_ = m.huge_pages;
