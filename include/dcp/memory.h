@@ -32,7 +32,7 @@ void free_pages(void* p, std::size_t bytes) noexcept;
 // Whether allocate_pages maps large buffers itself (false under AddressSanitizer).
 bool allocate_pages_maps_memory() noexcept;
 
-// Why `bytes` could not be had, for an error message: where this process holds as many memory
+// Why an allocation failed, for an error message: where this process holds as many memory
 // mappings as the kernel allows (vm.max_map_count, which a process reaches long before memory
 // runs out when it holds tens of thousands of weights), that limit and how to raise it; else
 // "out of memory".
