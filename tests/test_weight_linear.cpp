@@ -379,6 +379,25 @@ TEST(WeightGemvCopies, Avx512Fp8ByF16cAndByByteLookups) {
   }
 }
 
+// The label names the copy each path runs: the FP8 widening follows the path and the CPU.
+TEST(WeightLinear, NamesTheKernelEachPathRuns) {
+  EXPECT_EQ(weight_kernel_label(KernelPath::portable), "portable");
+  const auto have = available_kernel_paths();
+  const auto has = [&](KernelPath p) {
+    return std::find(have.begin(), have.end(), p) != have.end();
+  };
+  if (has(KernelPath::avx2)) {
+    EXPECT_EQ(weight_kernel_label(KernelPath::avx2), "avx2, FP8 widened by F16C");
+  }
+  if (has(KernelPath::avx512)) {
+    EXPECT_EQ(weight_kernel_label(KernelPath::avx512),
+              kernels::avx512_vbmi_available() ? "avx512, FP8 widened by AVX512-VBMI byte lookups"
+                                               : "avx512, FP8 widened by F16C");
+  }
+  EXPECT_EQ(weight_kernel_label(), weight_kernel_label(have.back()));
+  EXPECT_THROW(weight_kernel_label(KernelPath::avx512_bf16), Error);
+}
+
 TEST(WeightLinear, RefusesAPathThisCpuLacksAndTheBf16PairPaths) {
   test::Rng rng = test::make_rng();
   const Case c = random_bf16(4, 16, rng);

@@ -74,6 +74,10 @@ constexpr std::int64_t weight_gemv_max_rows(WeightDtype d) noexcept {
 // weights; up to weight_gemv_max_rows rows of x, every sum is bitwise the one-thread sum.
 void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std::int64_t ldx = -1,
             std::int64_t ldy = -1, KernelPath path = KernelPath::automatic, int threads = 1);
+// Which copy of linear()'s own product `path` runs on this CPU, for benchmark headers: its path
+// and how it widens FP8, e.g. "avx512, FP8 widened by AVX512-VBMI byte lookups". The same
+// errors as linear() for a path this CPU lacks.
+std::string weight_kernel_label(KernelPath path = KernelPath::automatic);
 
 // The threads the weight products of dcp's layers (MlaModel, DenseMlp, MoeLayer) use when run
 // on the calling thread: 1, unless a ScopedWeightThreads lives on it. MlaModel::forward runs under

@@ -188,6 +188,14 @@ ScopedWeightThreads::~ScopedWeightThreads() {
   t_weight_threads = previous_;
 }
 
+std::string weight_kernel_label(KernelPath path) {
+  const kernels::GemvFn gemv = select_gemv(path);
+  if (gemv == kernels::gemv_avx512_vbmi) return "avx512, FP8 widened by AVX512-VBMI byte lookups";
+  if (gemv == kernels::gemv_avx512) return "avx512, FP8 widened by F16C";
+  if (gemv == kernels::gemv_avx2) return "avx2, FP8 widened by F16C";
+  return "portable";
+}
+
 void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std::int64_t ldx,
             std::int64_t ldy, KernelPath path, int threads) {
   const std::int64_t n = w.rows, k = w.cols;

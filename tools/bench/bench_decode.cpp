@@ -107,6 +107,8 @@ void bench_decode(const DecodeBenchOptions& o) {
       "roofline: max(bytes / read ceiling, flops / sgemm rate), both measured now on all "
       "the threads (ranks x threads per rank); bytes: weights touched (routed experts: "
       "expected distinct per step) + KV\n");
+  std::printf("weight kernel (decode shapes): %s; prefill shapes: BLAS sgemm\n",
+              weight_kernel_label().c_str());
   std::printf("%-7s %-8s %5s %8s %6s %8s | %10s %9s %9s %9s %9s | %8s\n", "mode", "config", "dtype",
               "context", "batch", "threads", "tokens/s", "step ms", "MB/step", "GFLOP", "roof ms",
               "% roof");
