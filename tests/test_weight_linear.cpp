@@ -17,6 +17,7 @@
 #include "dcp/weights.h"
 #include "dcp/worker_pool.h"
 #include "kernels/cpu/weight_gemv.h"
+#include "model/ops.h"
 #include "test_util.h"
 
 namespace dcp {
@@ -342,17 +343,7 @@ TEST(WeightGemvCopies, Avx512Fp8ByF16cAndByByteLookups) {
         const std::int64_t nan_row = rng.range(0, w.rows - 1);
         const bool with_nan = rng.coin();
         if (with_nan) c.w.data[nan_row * k + rng.range(0, k - 1)] = rng.coin() ? 0x7f : 0xff;
-        kernels::GemvWeight g;  // as dcp::linear describes a weight to its kernels
-        g.data = w.data.data();
-        g.dtype = kernels::GemvDtype::fp8;
-        g.rows = w.rows;
-        g.k = k;
-        g.row0 = w.row0;
-        g.scales = w.scale_inv.data();
-        g.scale_stride = w.scale_cols;
-        g.block_rows = w.block_rows;
-        g.block_cols = w.block_cols;
-        g.first_block_cols = (w.col0 / w.block_cols + 1) * w.block_cols - w.col0;
+        const kernels::GemvWeight g = ops::gemv_weight(w, 0, w.rows);  // as linear() does
         std::vector<float> x(static_cast<std::size_t>(m * k));
         for (float& v : x) v = rng.normal();
         std::vector<float> y(static_cast<std::size_t>(m * w.rows));
@@ -391,8 +382,9 @@ TEST(WeightLinear, NamesTheKernelEachPathRuns) {
   }
   if (has(KernelPath::avx512)) {
     EXPECT_EQ(weight_kernel_label(KernelPath::avx512),
-              kernels::avx512_vbmi_available() ? "avx512, FP8 widened by AVX512-VBMI byte lookups"
-                                               : "avx512, FP8 widened by F16C");
+              __builtin_cpu_supports("avx512vbmi")
+                  ? "avx512, FP8 widened by AVX512-VBMI byte lookups"
+                  : "avx512, FP8 widened by F16C");
   }
   EXPECT_EQ(weight_kernel_label(), weight_kernel_label(have.back()));
   EXPECT_THROW(weight_kernel_label(KernelPath::avx512_bf16), Error);

@@ -28,7 +28,29 @@ kernels::WidenRowsFn select_widen(KernelPath path) {
       kernels::widen_rows_avx2);
 }
 
-// Rows [r0, r1) of w as the kernels see them.
+
+// fn(r0, r1) over [0, n) in at most `threads` ranges of whole `align`-row groups, each of at least
+// min_rows rows; range 0 on the calling thread, the others on its worker pool.
+template <typename Fn>
+void split_rows(int threads, std::int64_t n, std::int64_t align, std::int64_t min_rows, Fn fn) {
+  const std::int64_t parts = std::clamp<std::int64_t>(n / std::max(min_rows, align), 1, threads);
+  if (parts == 1) {
+    fn(std::int64_t{0}, n);
+    return;
+  }
+  const auto boundary = [&](std::int64_t i) {
+    return i == parts ? n : n * i / parts / align * align;
+  };
+  this_thread_worker_pool(static_cast<int>(parts) - 1).run(static_cast<int>(parts), [&](int i) {
+    fn(boundary(i), boundary(i + 1));
+  });
+}
+
+}  // namespace
+}  // namespace dcp
+
+namespace dcp::ops {
+
 kernels::GemvWeight gemv_weight(const WeightMatrix& w, std::int64_t r0, std::int64_t r1) {
   const std::size_t element = w.dtype == WeightDtype::f32    ? 4
                               : w.dtype == WeightDtype::bf16 ? 2
@@ -53,28 +75,6 @@ kernels::GemvWeight gemv_weight(const WeightMatrix& w, std::int64_t r0, std::int
   }
   return g;
 }
-
-// fn(r0, r1) over [0, n) in at most `threads` ranges of whole `align`-row groups, each of at least
-// min_rows rows; range 0 on the calling thread, the others on its worker pool.
-template <typename Fn>
-void split_rows(int threads, std::int64_t n, std::int64_t align, std::int64_t min_rows, Fn fn) {
-  const std::int64_t parts = std::clamp<std::int64_t>(n / std::max(min_rows, align), 1, threads);
-  if (parts == 1) {
-    fn(std::int64_t{0}, n);
-    return;
-  }
-  const auto boundary = [&](std::int64_t i) {
-    return i == parts ? n : n * i / parts / align * align;
-  };
-  this_thread_worker_pool(static_cast<int>(parts) - 1).run(static_cast<int>(parts), [&](int i) {
-    fn(boundary(i), boundary(i + 1));
-  });
-}
-
-}  // namespace
-}  // namespace dcp
-
-namespace dcp::ops {
 
 void linear(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n,
             float* y, std::int64_t ldx, std::int64_t ldy) {
@@ -210,7 +210,7 @@ void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std
     // worker (microseconds) small beside the reads.
     split_rows(threads, n, 4, std::max<std::int64_t>(4, (64 << 10) / std::max<std::int64_t>(1, k)),
                [&](std::int64_t r0, std::int64_t r1) {
-                 gemv(x, m, ldx, gemv_weight(w, r0, r1), y + r0, ldy);
+                 gemv(x, m, ldx, ops::gemv_weight(w, r0, r1), y + r0, ldy);
                });
     return;
   }

@@ -6,6 +6,7 @@
 
 #include "dcp/model_config.h"
 #include "dcp/weights.h"
+#include "kernels/cpu/weight_gemv.h"
 
 namespace dcp::ops {
 
@@ -18,6 +19,8 @@ inline void linear(const float* x, std::int64_t m, const WeightMatrix& w, float*
                    std::int64_t ldx = -1, std::int64_t ldy = -1) {
   dcp::linear(x, m, w, y, ldx, ldy, KernelPath::automatic, weight_threads());
 }
+// Rows [r0, r1) of w as the weight kernels see them (FP8: the scale blocks that cover them).
+kernels::GemvWeight gemv_weight(const WeightMatrix& w, std::int64_t r0, std::int64_t r1);
 // Rows [r0, r1) of w as fp32, row-major with stride w.cols: the values the dtype holds (FP8
 // times its block scale), bit for bit on every path; the widest SIMD copy this CPU runs.
 void widen_rows(const WeightMatrix& w, std::int64_t r0, std::int64_t r1, float* out,

@@ -471,13 +471,8 @@ class PairKernel {
   // Online softmax with heads in lanes; P goes to pt_ transposed and in bf16 (zero past n).
   void softmax(int n) {
     for (int v = 0; v < lanes_; v += 16) {
-      vec mx = S::load(s_.data() + v);
-      for (int j = 1; j < n; ++j) {
-        const vec x = S::load(s_.data() + static_cast<std::size_t>(j) * lanes_ + v);
-        mx = x > mx ? x : mx;
-      }
       const vec m_old = S::load(m_.data() + v);
-      const vec m_new = mx > m_old ? mx : m_old;
+      const vec m_new = state_max<S>(m_old, s_.data() + v, n, lanes_);
       const vec c = state_rescale<S>(m_old, m_new);
       const vec base = state_base<S>(m_new);
       vec sum = S::splat(0.0f);

@@ -263,13 +263,8 @@ class LaneKernel {
   // the value pass applies to O as it loads it (the state's rule for -inf: simd_state.h).
   void softmax(int n) {
     for (int v = 0; v < lanes_; v += V) {
-      vec mx = S::load(s_.data() + v);
-      for (int j = 1; j < n; ++j) {
-        const vec x = S::load(s_.data() + static_cast<std::size_t>(j) * lanes_ + v);
-        mx = x > mx ? x : mx;
-      }
       const vec m_old = S::load(m_.data() + v);
-      const vec m_new = mx > m_old ? mx : m_old;
+      const vec m_new = state_max<S>(m_old, s_.data() + v, n, lanes_);
       const vec c = state_rescale<S>(m_old, m_new);
       const vec base = state_base<S>(m_new);
       vec sum = S::splat(0.0f);

@@ -2,6 +2,8 @@
 // that keep one head's running max, sum and correction per SIMD lane.
 #pragma once
 
+#include <cstddef>
+
 #include "dcp/attention_state.h"
 #include "simd.h"
 
@@ -20,6 +22,17 @@ template <class S>
 typename S::vec state_rescale(typename S::vec m_old, typename S::vec m_new) {
   const typename S::vec c = S::exp(m_old - state_base<S>(m_new));
   return m_old == S::splat(attention_state::kNegInf) ? S::splat(0.0f) : c;
+}
+
+// The running max after n >= 1 more rows of scores: max(m_old, rows[j * stride]) per lane.
+template <class S>
+typename S::vec state_max(typename S::vec m_old, const float* rows, int n, std::size_t stride) {
+  typename S::vec mx = S::load(rows);
+  for (int j = 1; j < n; ++j) {
+    const typename S::vec x = S::load(rows + static_cast<std::size_t>(j) * stride);
+    mx = x > mx ? x : mx;
+  }
+  return mx > m_old ? mx : m_old;
 }
 
 }  // namespace
