@@ -131,8 +131,21 @@ TEST(WeightLinear, Bf16EveryPathEveryShape) {
   test::Rng rng = test::make_rng();
   for (const KernelPath path : paths()) {
     for (const std::int64_t m : {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 40}) {
-      for (const std::int64_t k : {1, 7, 16, 33, 200}) {
+      for (const std::int64_t k : {1, 7, 16, 33, 100, 200}) {
         check(random_bf16(rng.range(1, 70), k, rng), m, path, rng, "bf16");
+      }
+    }
+  }
+}
+
+// Long bf16 rows: with one row of x they are read one row at a time, the lines 4 KB on asked for
+// as they go, while x's row fits in L1 (k <= 8192), and four rows side by side past it.
+TEST(WeightLinear, Bf16LongRowsEveryPath) {
+  test::Rng rng = test::make_rng();
+  for (const KernelPath path : paths()) {
+    for (const std::int64_t m : {1, 2, 5}) {
+      for (const std::int64_t k : {2100, 8192, 8200}) {
+        check(random_bf16(rng.range(5, 40), k, rng), m, path, rng, "bf16");
       }
     }
   }

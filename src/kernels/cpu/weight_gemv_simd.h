@@ -28,6 +28,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "dcp/dtype.h"
@@ -271,7 +272,8 @@ inline void scale_x(const float* xp, std::int64_t m, const GemvWeight& w, const 
 // only with kNanCodes; without it the return says whether a row held one (then the caller runs
 // the rows again with it). With kPrefetch, `prefetch` is RB rows further on whose columns are
 // asked into cache as these are read (a template choice: a run-time test in the loop makes GCC
-// spill the accumulators). A row's sum depends on neither MG nor RB.
+// spill the accumulators). A row's sum does not depend on RB (bf16 rows of up to 8192 columns
+// against one row of x are summed by dot_row_sequential, in its own order).
 template <int W, typename T, int MG, int RB, bool kNanCodes = false, bool kPrefetch = false>
 bool dot_rows(const float* xp, const T* w, const GemvWeight& g, float* out,
               const T* prefetch = nullptr) {
@@ -335,6 +337,48 @@ bool dot_rows(const float* xp, const T* w, const GemvWeight& g, float* out,
   return false;
 }
 
+// One bf16 weight row against one row of permuted x, read front to back. Four sums (two chunks,
+// two parts each) keep four multiply-adds in flight; with kPrefetch the line 4 KB further on in
+// the weight is asked for as each line is read (on the rows that follow this one).
+constexpr std::int64_t kSequentialAhead = 4096;
+
+template <int W, bool kPrefetch>
+float dot_row_sequential(const float* xp, const bf16_t* w, std::int64_t k) {
+  using S = Simd<W>;
+  using vec = typename S::vec;
+  using Wd = Widen<W, bf16_t>;
+  constexpr int P = Wd::kParts, kChunk = P * W;
+  constexpr int kStepBytes = 2 * kChunk * static_cast<int>(sizeof(bf16_t));
+  vec acc[2][P] = {};
+  std::int64_t c = 0;
+  for (; c + 2 * kChunk <= k; c += 2 * kChunk) {
+    if constexpr (kPrefetch) {
+      const char* ahead = reinterpret_cast<const char*>(w + c) + kSequentialAhead;
+#pragma GCC unroll 4
+      for (int b = 0; b < kStepBytes; b += 64) __builtin_prefetch(ahead + b, 0, 3);
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      vec wv[P];
+      Wd::widen(w + c + h * kChunk, wv);
+#pragma GCC unroll 4
+      for (int q = 0; q < P; ++q) acc[h][q] += wv[q] * S::load(xp + c + h * kChunk + q * W);
+    }
+  }
+  if (c + kChunk <= k) {
+    vec wv[P];
+    Wd::widen(w + c, wv);
+    for (int q = 0; q < P; ++q) acc[0][q] += wv[q] * S::load(xp + c + q * W);
+    c += kChunk;
+  }
+  float tail = 0.0f;
+  for (; c < k; ++c) tail += widen_weight(w[c]) * xp[c];
+  vec total = acc[0][0];
+  for (int q = 1; q < P; ++q) total += acc[0][q];
+  for (int q = 0; q < P; ++q) total += acc[1][q];
+  return S::sum(total) + tail;
+}
+
 // Weight rows [r_begin, r_end), which share their scale row (FP8), against MG rows of x prepared
 // for them (permuted; FP8: scaled), RB rows at a time.
 template <int W, typename T, int MG>
@@ -346,6 +390,24 @@ void gemv_group(const float* xp, const GemvWeight& w, std::int64_t r_begin, std:
   // 8 and 16 rows of x, fp32 1.1-1.25x). FP8's four widened parts would spill.
   constexpr int RB = MG <= 2 || (W == 16 && sizeof(T) != 1) ? 4 : 2;
   const T* data = static_cast<const T*>(w.data);
+  // bf16 with one row of x: a row at a time, so that memory sees one stream. Four rows read side
+  // by side are four streams, which the hardware prefetchers serve more slowly than one while
+  // the core widens and multiplies between loads (Zen 5, cold weights: 1.2-1.35x at k = 512-2048,
+  // 1.0-1.15x at k = 7168). Only while x's row stays in L1 beside the weight's lines: each
+  // weight row reads all of it (k = 12288-18432: 0.92-1.03x). fp32 is read at memory speed either
+  // way; FP8's widening needs the four rows to share each x vector loaded; two rows of x lose.
+  if constexpr (MG == 1 && std::is_same_v<T, bf16_t>) {
+    if (w.k * static_cast<std::int64_t>(sizeof(float)) <= (32 << 10)) {
+      const std::int64_t row_bytes = w.k * static_cast<std::int64_t>(sizeof(T));
+      for (std::int64_t r = r_begin; r < r_end; ++r) {
+        const T* row = data + r * w.k;
+        const bool ask = prefetch && (r + 1) * row_bytes + kSequentialAhead <= w.rows * row_bytes;
+        y[r] = ask ? dot_row_sequential<W, true>(xp, row, w.k)
+                   : dot_row_sequential<W, false>(xp, row, w.k);
+      }
+      return;
+    }
+  }
   // The hardware prefetchers do not keep ahead of a few rows read at widening speed (they stop
   // at page edges): the rows two groups on are asked for while these are summed (one group on
   // asks too late; further on gains nothing), or one group on where two groups are over 32 KB:
