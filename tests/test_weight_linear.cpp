@@ -280,6 +280,38 @@ TEST(WeightLinear, ThreadsSplitTheRowsAndKeepEverySum) {
   EXPECT_THROW(linear(x.data(), 1, c.w, y.data(), -1, -1, KernelPath::automatic, 0), Error);
 }
 
+// transposed(): value (r, c) of the slice is value (c, r) of its transpose, bit for bit, scale
+// included (an FP8 slice that starts inside a block, blocks of unequal sides); and linear() over
+// the transpose is x @ w.
+TEST(WeightLinear, TransposedKeepsEveryValueAndItsScale) {
+  test::Rng rng = test::make_rng();
+  std::vector<Case> cases;
+  cases.push_back(random_f32(37, 70, rng));
+  cases.push_back(random_bf16(64, 33, rng));
+  cases.push_back(random_fp8(45, 150, 16, 32, 5, 100, rng));
+  cases.push_back(random_fp8(128, 512, 128, 128, 0, 0, rng));
+  for (const Case& c : cases) {
+    const WeightMatrix t = c.w.transposed();
+    ASSERT_EQ(t.rows, c.w.cols);
+    ASSERT_EQ(t.cols, c.w.rows);
+    ASSERT_EQ(t.dtype, c.w.dtype);
+    std::vector<float> row(static_cast<std::size_t>(t.cols));
+    for (std::int64_t j = 0; j < t.rows; ++j) {
+      t.row_to_float(j, row.data());
+      for (std::int64_t i = 0; i < t.cols; ++i) {
+        ASSERT_EQ(row[i], static_cast<float>(c.values[i * c.w.cols + j]))
+            << to_string(c.w.dtype) << " (" << i << ", " << j << ")";
+      }
+    }
+    Case tc;
+    tc.w = c.w.transposed();
+    for (std::int64_t j = 0; j < t.rows; ++j) {
+      for (std::int64_t i = 0; i < t.cols; ++i) tc.values.push_back(c.values[i * c.w.cols + j]);
+    }
+    for (const std::int64_t m : {1, 3, 20}) check(tc, m, KernelPath::automatic, rng, "transposed");
+  }
+}
+
 // quantize_fp8: each block's scale is its largest magnitude over 448 (1 when all zero), and each
 // value gets the code whose float64 value, times that scale, is nearest (any of two when tied).
 // Blocks of unequal sides, edge blocks cut short, an all-zero block, magnitudes down to the

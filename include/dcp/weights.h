@@ -49,6 +49,9 @@ struct WeightMatrix {
   void row_to_float(std::int64_t r, float* out) const;
   // The whole slice as fp32.
   std::vector<float> to_float() const;
+  // The transpose (cols x rows) in the same dtype, each value kept bit for bit; an FP8 slice's
+  // scale blocks, block shape and place in the tensor are transposed with it.
+  WeightMatrix transposed() const;
   // An fp32 matrix holding `values` (rows x cols).
   static WeightMatrix from_float(std::vector<float> values, std::int64_t rows, std::int64_t cols);
   // `values` (rows x cols) in FP8 E4M3 as DeepSeek-V3 ships its weights: one scale per

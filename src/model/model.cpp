@@ -30,14 +30,16 @@ struct MlaModel::Layer {
   WeightMatrix q_b_group;        // [N * H_loc * qhd, q_in] replicated query projection
   WeightMatrix kv_a;             // [kv_lora + rope, hidden]
   std::vector<float> kv_a_norm;  // [kv_lora]
-  // kv_b_proj rows of this rank's heads, [H_loc * (nope + v), kv_lora]: per head its w_kc
-  // [nope, kv_lora] (absorbed into the query) then its w_vc [v, kv_lora] (applied to O).
-  WeightMatrix kv_b;
-  WeightMatrix kv_b_group;        // the DCP group's heads, for the replicated query projection
-  WeightMatrix g_proj;            // [H_loc * v, hidden] (output gate)
-  WeightMatrix o_proj;            // [hidden, H_loc * v]
-  SwiGluMlp mlp;                  // dense layers
-  std::unique_ptr<MoeLayer> moe;  // mixture-of-experts layers
+  // kv_b_proj per head of this rank, in the checkpoint's dtype: its w_kc rows [nope, kv_lora]
+  // (absorbed into the query) held transposed, so that the absorption q_nope @ w_kc is a product
+  // like every other (linear against [kv_lora, nope]) and decode reads them in their dtype; its
+  // w_vc rows [v, kv_lora] (applied to O).
+  std::vector<WeightMatrix> w_kc_t, w_vc;
+  std::vector<WeightMatrix> w_kc_t_group;  // the DCP group's heads (replicated query projection)
+  WeightMatrix g_proj;                     // [H_loc * v, hidden] (output gate)
+  WeightMatrix o_proj;                     // [hidden, H_loc * v]
+  SwiGluMlp mlp;                           // dense layers
+  std::unique_ptr<MoeLayer> moe;           // mixture-of-experts layers
   std::unique_ptr<LatentPool> pool;
   std::unique_ptr<KvShard> shard;
   ops::Rope rope;
@@ -95,12 +97,19 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
   const std::int64_t pages = (options.kv_capacity_tokens + vp - 1) / vp;
   allocator_ = std::make_unique<KvAllocator>(n, options.page_size, pages, options.kv_interleave);
 
-  // kv_b_proj rows of heads [h0, h0 + count), in the checkpoint's dtype.
-  const auto load_kv_b = [&](const std::string& p, int h0, int count) {
-    return w.load_matrix(p + "self_attn.kv_b_proj.weight",
-                         {static_cast<std::int64_t>(c.num_attention_heads) * (nope + v), kvl},
-                         {static_cast<std::int64_t>(h0) * (nope + v),
-                          static_cast<std::int64_t>(h0 + count) * (nope + v)});
+  // Per head of [h0, h0 + count): its w_kc rows of kv_b_proj transposed (vc = false), or its
+  // w_vc rows (vc = true).
+  const auto load_kv_b = [&](const std::string& p, int h0, int count, bool vc) {
+    std::vector<WeightMatrix> heads;
+    for (std::int64_t h = h0; h < h0 + count; ++h) {
+      const std::int64_t r0 = h * (nope + v) + (vc ? nope : 0);
+      WeightMatrix m =
+          w.load_matrix(p + "self_attn.kv_b_proj.weight",
+                        {static_cast<std::int64_t>(c.num_attention_heads) * (nope + v), kvl},
+                        {r0, r0 + (vc ? v : nope)});
+      heads.push_back(vc ? std::move(m) : m.transposed());
+    }
+    return heads;
   };
   // The dense and MoE layers are sharded over the whole TP group (the attention's, without DP
   // attention).
@@ -126,11 +135,12 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
       L->q_b_group = w.load_matrix(q_name, {heads_all * qhd, q_in},
                                    {static_cast<std::int64_t>(group_head0) * qhd,
                                     static_cast<std::int64_t>(group_head0 + n * h_loc_) * qhd});
-      L->kv_b_group = load_kv_b(p, group_head0, n * h_loc_);
+      L->w_kc_t_group = load_kv_b(p, group_head0, n * h_loc_, false);
     }
     L->kv_a = w.load_matrix(p + "self_attn.kv_a_proj_with_mqa.weight", {c.latent_width(), hidden});
     L->kv_a_norm = w.load(p + "self_attn.kv_a_layernorm.weight", {kvl});
-    L->kv_b = load_kv_b(p, head0_, h_loc_);
+    L->w_kc_t = load_kv_b(p, head0_, h_loc_, false);
+    L->w_vc = load_kv_b(p, head0_, h_loc_, true);
     if (c.attn_output_gate) {
       L->g_proj = w.load_matrix(
           p + "self_attn.g_proj.weight", {heads_all * v, hidden},
@@ -177,12 +187,17 @@ KvShard& MlaModel::kv_shard(int layer) {
 
 std::size_t MlaModel::weight_bytes() const noexcept {
   const auto vec = [](const std::vector<float>& v) { return v.size() * sizeof(float); };
+  const auto heads = [](const std::vector<WeightMatrix>& v) {
+    std::size_t b = 0;
+    for (const WeightMatrix& m : v) b += m.bytes();
+    return b;
+  };
   std::size_t b = embed_.bytes() + lm_head_.bytes() + vec(final_norm_);
   for (const auto& L : layers_) {
     b += vec(L->input_norm) + vec(L->post_norm) + L->q_a.bytes() + vec(L->q_a_norm) +
          L->q_b.bytes() + L->q_b_group.bytes() + L->kv_a.bytes() + vec(L->kv_a_norm) +
-         L->kv_b.bytes() + L->kv_b_group.bytes() + L->g_proj.bytes() + L->o_proj.bytes() +
-         L->mlp.bytes() + (L->moe ? L->moe->bytes() : 0);
+         heads(L->w_kc_t) + heads(L->w_vc) + heads(L->w_kc_t_group) + L->g_proj.bytes() +
+         L->o_proj.bytes() + L->mlp.bytes() + (L->moe ? L->moe->bytes() : 0);
   }
   return b;
 }
@@ -215,7 +230,7 @@ void MlaModel::attention(Layer& L, const float* x, const ForwardBatch& batch,
       (decode || native) && replicated_q();  // the whole DCP group's heads, computed here
   const int heads_q = group_q ? dcp_.size() * h_loc_ : h_loc_;
   const WeightMatrix& wq = group_q ? L.q_b_group : L.q_b;
-  const WeightMatrix& kv_b = group_q ? L.kv_b_group : L.kv_b;
+  const std::vector<WeightMatrix>& w_kc_t = group_q ? L.w_kc_t_group : L.w_kc_t;
 
   // Query: [T, heads_q, qhd].
   std::vector<float> q(static_cast<std::size_t>(T) * heads_q * qhd);
@@ -243,12 +258,9 @@ void MlaModel::attention(Layer& L, const float* x, const ForwardBatch& batch,
   }
   // Absorbed query [T, heads_q, kv_lora + rope] = q_nope @ w_kc | RoPE(q_pe).
   std::vector<float> qa(static_cast<std::size_t>(T) * heads_q * width);
-  std::vector<float> head_w(static_cast<std::size_t>(std::max(nope, v)) * kvl);
   for (int h = 0; h < heads_q; ++h) {
-    const std::int64_t r0 = static_cast<std::int64_t>(h) * (nope + v);
-    ops::widen_rows(kv_b, r0, r0 + nope, head_w.data());
-    ops::matmul(q.data() + h * qhd, T, nope, head_w.data(), kvl, qa.data() + h * width,
-                static_cast<std::int64_t>(heads_q) * qhd, kvl,
+    ops::linear(q.data() + h * qhd, T, w_kc_t[h], qa.data() + h * width,
+                static_cast<std::int64_t>(heads_q) * qhd,
                 static_cast<std::int64_t>(heads_q) * width);
     for (std::int64_t i = 0; i < T; ++i) {
       float* pe = qa.data() + (i * heads_q + h) * width + kvl;
@@ -265,9 +277,7 @@ void MlaModel::attention(Layer& L, const float* x, const ForwardBatch& batch,
   // Values: [T, H_loc, v] = O @ w_vc^T per head; optional gate; o_proj (row-parallel partial).
   std::vector<float> vals(static_cast<std::size_t>(T) * h_loc_ * v);
   for (int h = 0; h < h_loc_; ++h) {
-    const std::int64_t r0 = static_cast<std::int64_t>(h) * (nope + v) + nope;
-    ops::widen_rows(L.kv_b, r0, r0 + v, head_w.data());
-    ops::linear(o.data() + h * kvl, T, kvl, head_w.data(), v, vals.data() + h * v,
+    ops::linear(o.data() + h * kvl, T, L.w_vc[h], vals.data() + h * v,
                 static_cast<std::int64_t>(h_loc_) * kvl, static_cast<std::int64_t>(h_loc_) * v);
   }
   if (c.attn_output_gate) {

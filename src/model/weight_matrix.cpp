@@ -1,6 +1,7 @@
 // Weights held in their checkpoint dtype, and the default typed load of a WeightSource.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "dcp/dtype.h"
@@ -31,6 +32,39 @@ std::vector<float> WeightMatrix::to_float() const {
   std::vector<float> out(static_cast<std::size_t>(rows * cols));
   ops::widen_rows(*this, 0, rows, out.data());
   return out;
+}
+
+WeightMatrix WeightMatrix::transposed() const {
+  WeightMatrix t;
+  t.dtype = dtype;
+  t.rows = cols;
+  t.cols = rows;
+  t.data.resize(data.size());
+  const auto transpose = [&](auto element) {
+    using E = decltype(element);
+    const auto* src = reinterpret_cast<const E*>(data.data());
+    auto* dst = reinterpret_cast<E*>(t.data.data());
+    for (std::int64_t r = 0; r < rows; ++r) {
+      for (std::int64_t c = 0; c < cols; ++c) dst[c * rows + r] = src[r * cols + c];
+    }
+  };
+  switch (dtype) {
+    case WeightDtype::f32: transpose(std::uint32_t{}); break;
+    case WeightDtype::bf16: transpose(std::uint16_t{}); break;
+    case WeightDtype::f8_e4m3: transpose(std::uint8_t{}); break;
+  }
+  t.block_rows = block_cols;
+  t.block_cols = block_rows;
+  t.row0 = col0;
+  t.col0 = row0;
+  t.scale_rows = scale_cols;
+  t.scale_cols = scale_rows;
+  t.scale_inv.resize(scale_inv.size());
+  for (std::int64_t i = 0; i < scale_rows; ++i) {
+    for (std::int64_t j = 0; j < scale_cols; ++j)
+      t.scale_inv[j * scale_rows + i] = scale_inv[i * scale_cols + j];
+  }
+  return t;
 }
 
 WeightMatrix WeightMatrix::from_float(std::vector<float> values, std::int64_t rows,
