@@ -291,7 +291,9 @@ TEST(WeightLinear, TransposedKeepsEveryValueAndItsScale) {
   cases.push_back(random_fp8(45, 150, 16, 32, 5, 100, rng));
   cases.push_back(random_fp8(128, 512, 128, 128, 0, 0, rng));
   for (const Case& c : cases) {
-    const WeightMatrix t = c.w.transposed();
+    Case tc;
+    tc.w = c.w.transposed();
+    const WeightMatrix& t = tc.w;
     ASSERT_EQ(t.rows, c.w.cols);
     ASSERT_EQ(t.cols, c.w.rows);
     ASSERT_EQ(t.dtype, c.w.dtype);
@@ -303,8 +305,6 @@ TEST(WeightLinear, TransposedKeepsEveryValueAndItsScale) {
             << to_string(c.w.dtype) << " (" << i << ", " << j << ")";
       }
     }
-    Case tc;
-    tc.w = c.w.transposed();
     for (std::int64_t j = 0; j < t.rows; ++j) {
       for (std::int64_t i = 0; i < t.cols; ++i) tc.values.push_back(c.values[i * c.w.cols + j]);
     }

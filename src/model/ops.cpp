@@ -86,14 +86,6 @@ void linear(const float* x, std::int64_t m, std::int64_t k, const float* w, std:
               static_cast<int>(ldy));
 }
 
-void matmul(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n,
-            float* y, std::int64_t ldx, std::int64_t ldw, std::int64_t ldy) {
-  if (m == 0 || n == 0) return;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), 1.0f, x, static_cast<int>(ldx), w, static_cast<int>(ldw), 0.0f,
-              y, static_cast<int>(ldy));
-}
-
 void rms_norm(float* x, std::int64_t m, std::int64_t d, const float* weight, double eps,
               std::int64_t ld) {
   if (ld < 0) ld = d;

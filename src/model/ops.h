@@ -25,9 +25,6 @@ kernels::GemvWeight gemv_weight(const WeightMatrix& w, std::int64_t r0, std::int
 // times its block scale), bit for bit on every path; the widest SIMD copy this CPU runs.
 void widen_rows(const WeightMatrix& w, std::int64_t r0, std::int64_t r1, float* out,
                 KernelPath path = KernelPath::automatic);
-// y[M, N] = x[M, K] @ w[K, N]   (w not transposed); strides as above, ldw for w.
-void matmul(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n,
-            float* y, std::int64_t ldx, std::int64_t ldw, std::int64_t ldy);
 
 // In place: x[M, D] = x / rms(x) * weight, rows of stride ld (default D).
 void rms_norm(float* x, std::int64_t m, std::int64_t d, const float* weight, double eps,
