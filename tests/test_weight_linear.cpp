@@ -1,7 +1,7 @@
 // dcp::linear with weights in their checkpoint dtype (fp32, bf16, FP8 E4M3 with block scales)
 // against a float64 reference that decodes the weight bits itself: every SIMD path, decode shapes
-// (widened in registers) and prefill shapes (tiles for BLAS), slices that start inside a scale
-// block, row strides, and the FP8 NaN code.
+// (widened in registers) and prefill shapes (dcp's blocked product, or tiles for BLAS), slices that
+// start inside a scale block, row strides, and the FP8 NaN code.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -242,6 +242,7 @@ TEST(WeightLinear, EveryFp8CodeWidensExactly) {
 
 TEST(WeightLinear, ThreadsSplitTheRowsAndKeepEverySum) {
   test::Rng rng = test::make_rng();
+  const bool blocked = prefill_runs_blocked_product();
   for (const std::int64_t rows : {5, 1000, 2051}) {
     for (const std::int64_t k : {64, 300}) {
       std::vector<Case> cases;
@@ -260,7 +261,7 @@ TEST(WeightLinear, ThreadsSplitTheRowsAndKeepEverySum) {
             std::vector<float> many(one.size(), -7.0f);
             linear(x.data(), m, c.w, many.data(), -1, -1, KernelPath::automatic, threads);
             for (std::size_t i = 0; i < one.size(); ++i) {
-              if (m <= weight_gemv_max_rows(c.w.dtype)) {
+              if (m <= weight_gemv_max_rows(c.w.dtype) || blocked) {
                 ASSERT_EQ(many[i], one[i]) << to_string(c.w.dtype) << " rows " << rows << " m " << m
                                            << " threads " << threads << " at " << i;
               } else {  // BLAS may block a narrower product differently
@@ -415,6 +416,50 @@ TEST(WeightGemvCopies, Avx512Fp8ByF16cAndByByteLookups) {
   }
 }
 
+// Prefill shapes on the avx512 path run dcp's blocked product: each sum is fmaf(x, w, sum) over
+// the columns in order from 0, bit for bit, whatever the tiling: token tiles of 48 and their 16 /
+// 32 remainders, weight tiles of 8 and every shorter tail, rows long enough to be summed in
+// passes (k > 2560), row strides, and one or three threads.
+TEST(WeightLinear, BlockedPrefillSumsEachColumnInOrder) {
+  const auto have = available_kernel_paths();
+  if (std::find(have.begin(), have.end(), KernelPath::avx512) == have.end()) {
+    GTEST_SKIP() << "this CPU has no AVX-512: prefill shapes run BLAS";
+  }
+  ASSERT_TRUE(prefill_runs_blocked_product(KernelPath::avx512));
+  test::Rng rng = test::make_rng();
+  struct Shape {
+    std::int64_t m, n, k;
+  };
+  for (const Shape& s : {Shape{17, 9, 16}, Shape{48, 8, 100}, Shape{49, 70, 33},
+                         Shape{100, 131, 300}, Shape{33, 5, 2600}, Shape{130, 20, 4200}}) {
+    std::vector<Case> cases;
+    cases.push_back(random_f32(s.n, s.k, rng));
+    cases.push_back(random_bf16(s.n, s.k, rng));
+    cases.push_back(random_fp8(s.n, s.k, 128, 128, rng.range(0, 300), rng.range(0, 300), rng));
+    for (const Case& c : cases) {
+      const std::int64_t ldx = s.k + 3, ldy = s.n + 5;
+      std::vector<float> x(static_cast<std::size_t>(s.m * ldx));
+      for (float& v : x) v = rng.normal();
+      for (const int threads : {1, 3}) {
+        std::vector<float> y(static_cast<std::size_t>(s.m * ldy), -7.0f);
+        linear(x.data(), s.m, c.w, y.data(), ldx, ldy, KernelPath::avx512, threads);
+        for (std::int64_t i = 0; i < s.m; ++i) {
+          for (std::int64_t r = 0; r < s.n; ++r) {
+            float want = 0;  // the weight as the dtype holds it: its value rounded to fp32 once
+            for (std::int64_t j = 0; j < s.k; ++j) {
+              want = std::fmaf(x[i * ldx + j], static_cast<float>(c.values[r * s.k + j]), want);
+            }
+            ASSERT_EQ(y[i * ldy + r], want)
+                << to_string(c.w.dtype) << " m " << s.m << " n " << s.n << " k " << s.k
+                << " threads " << threads << " (" << i << ", " << r << ")";
+          }
+          for (std::int64_t r = s.n; r < ldy; ++r) ASSERT_EQ(y[i * ldy + r], -7.0f);
+        }
+      }
+    }
+  }
+}
+
 // The label names the copy each path runs: the FP8 widening follows the path and the CPU.
 TEST(WeightLinear, NamesTheKernelEachPathRuns) {
   EXPECT_EQ(weight_kernel_label(KernelPath::portable), "portable");
@@ -433,6 +478,15 @@ TEST(WeightLinear, NamesTheKernelEachPathRuns) {
   }
   EXPECT_EQ(weight_kernel_label(), weight_kernel_label(have.back()));
   EXPECT_THROW(weight_kernel_label(KernelPath::avx512_bf16), Error);
+  // Prefill shapes: dcp's blocked product on avx512, BLAS on the others.
+  for (const KernelPath p : have) {
+    EXPECT_EQ(prefill_runs_blocked_product(p), p == KernelPath::avx512) << to_string(p);
+    EXPECT_EQ(weight_prefill_kernel_label(p),
+              p == KernelPath::avx512 ? "avx512, x packed once, bf16/FP8 rows widened 64 at a time"
+                                      : "BLAS sgemm, bf16/FP8 rows widened a tile at a time");
+  }
+  EXPECT_EQ(weight_prefill_kernel_label(), weight_prefill_kernel_label(have.back()));
+  EXPECT_THROW(prefill_runs_blocked_product(KernelPath::amx_bf16), Error);
 }
 
 TEST(WeightLinear, RefusesAPathThisCpuLacksAndTheBf16PairPaths) {

@@ -61,26 +61,35 @@ struct WeightMatrix {
                                    std::int64_t cols, int block_rows, int block_cols);
 };
 
-// The most rows of x for which linear() runs its own product, reading each weight from memory
-// once and widening bf16 and FP8 in registers (decode shapes); beyond it the product is BLAS's
-// sgemm, bf16 and FP8 weights widened into fp32 a tile of rows at a time (prefill shapes). The
-// crossovers were measured with `dcp bench decode`'s shapes on an AVX2 CPU.
+// The most rows of x for which linear() runs its decode-shaped product, reading each weight from
+// memory once and widening bf16 and FP8 in registers; beyond it (prefill shapes) the product is
+// the blocked one below. The crossovers were measured with `dcp bench decode`'s shapes on an AVX2
+// CPU.
 constexpr std::int64_t weight_gemv_max_rows(WeightDtype d) noexcept {
   return d == WeightDtype::f32 ? 8 : 16;
 }
 
 // y[m, w.rows] = x[m, w.cols] @ w^T with w held in its dtype; ldx and ldy are row strides
 // (-1: dense). Up to weight_gemv_max_rows(w.dtype) rows of x run on the widest SIMD path this CPU
-// has (or `path`; the bf16-pair paths are refused). Every path multiplies by the values
-// row_to_float gives; sums differ only in their rounding order. threads > 1 splits the output
-// rows over the calling thread's worker pool (this_thread_worker_pool) in parts of at least 64K
-// weights; up to weight_gemv_max_rows rows of x, every sum is bitwise the one-thread sum.
+// has (or `path`; the bf16-pair paths are refused). More rows run dcp's blocked product on the
+// avx512 path (x packed once, each sum one fused multiply-add per column in column order, bf16
+// and FP8 rows widened 64 at a time), and BLAS's sgemm on the others (bf16 and FP8 widened a tile
+// of rows at a time). Every path multiplies by the values row_to_float gives; sums differ only
+// in their rounding order. threads > 1 splits the output rows over the calling thread's worker
+// pool (this_thread_worker_pool) in parts of at least 64K weights; every sum is bitwise the
+// one-thread sum, except BLAS's.
 void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std::int64_t ldx = -1,
             std::int64_t ldy = -1, KernelPath path = KernelPath::automatic, int threads = 1);
 // Which copy of linear()'s own product `path` runs on this CPU, for benchmark headers: its path
 // and how it widens FP8, e.g. "avx512, FP8 widened by AVX512-VBMI byte lookups". The same
 // errors as linear() for a path this CPU lacks.
 std::string weight_kernel_label(KernelPath path = KernelPath::automatic);
+// Whether linear() runs dcp's blocked product beyond weight_gemv_max_rows rows of x on `path`
+// (the avx512 path), rather than BLAS; the same errors as linear() for a path this CPU lacks.
+bool prefill_runs_blocked_product(KernelPath path = KernelPath::automatic);
+// Which product linear() runs beyond weight_gemv_max_rows rows of x on `path`, for benchmark
+// headers.
+std::string weight_prefill_kernel_label(KernelPath path = KernelPath::automatic);
 
 // The threads the weight products of dcp's layers (MlaModel, DenseMlp, MoeLayer) use when run
 // on the calling thread: 1, unless a ScopedWeightThreads lives on it. MlaModel::forward runs under

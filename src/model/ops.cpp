@@ -11,6 +11,7 @@
 #include "dcp/model_config.h"
 #include "dcp/worker_pool.h"
 #include "kernels/cpu/simd_dispatch.h"
+#include "kernels/cpu/weight_gemm.h"
 #include "kernels/cpu/weight_gemv.h"
 
 namespace dcp {
@@ -27,7 +28,6 @@ kernels::WidenRowsFn select_widen(KernelPath path) {
       path, "the weight widening", kernels::widen_rows_portable, kernels::widen_rows_avx2,
       kernels::widen_rows_avx2);
 }
-
 
 // fn(r0, r1) over [0, n) in at most `threads` ranges of whole `align`-row groups, each of at least
 // min_rows rows; range 0 on the calling thread, the others on its worker pool.
@@ -180,6 +180,19 @@ ScopedWeightThreads::~ScopedWeightThreads() {
   t_weight_threads = previous_;
 }
 
+bool prefill_runs_blocked_product(KernelPath path) {
+  DCP_ARG_CHECK(!is_bf16_pair_path(path), "kernel path ", to_string(path),
+                " is an attention path; the weight product runs on automatic, portable, avx2 or "
+                "avx512");
+  return resolve_exact_path(path) == KernelPath::avx512;
+}
+
+std::string weight_prefill_kernel_label(KernelPath path) {
+  return prefill_runs_blocked_product(path)
+             ? "avx512, x packed once, bf16/FP8 rows widened 64 at a time"
+             : "BLAS sgemm, bf16/FP8 rows widened a tile at a time";
+}
+
 std::string weight_kernel_label(KernelPath path) {
   const kernels::GemvFn gemv = select_gemv(path);
   if (gemv == kernels::gemv_avx512_vbmi) return "avx512, FP8 widened by AVX512-VBMI byte lookups";
@@ -204,6 +217,32 @@ void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std
                [&](std::int64_t r0, std::int64_t r1) {
                  gemv(x, m, ldx, ops::gemv_weight(w, r0, r1), y + r0, ldy);
                });
+    return;
+  }
+  static const bool blocked_automatic = prefill_runs_blocked_product(KernelPath::automatic);
+  if (path == KernelPath::automatic ? blocked_automatic : prefill_runs_blocked_product(path)) {
+    // x packed once, here; every part multiplies its rows by it. bf16 and FP8 rows are widened
+    // 64 at a time into a buffer of the part's own, which the token tiles then read from cache.
+    thread_local std::vector<float> packing;
+    packing.resize(static_cast<std::size_t>(kernels::gemm_packed_x_floats(m, k)));
+    kernels::gemm_pack_x_avx512(x, m, k, ldx, packing.data());
+    const float* packed = packing.data();  // the workers' own thread_local is another vector
+    split_rows(threads, n, 16, 64, [&](std::int64_t begin, std::int64_t end) {
+      if (w.dtype == WeightDtype::f32) {
+        kernels::gemm_packed_avx512(packed, m, k,
+                                    reinterpret_cast<const float*>(w.data.data()) + begin * k, k,
+                                    end - begin, y + begin, ldy);
+        return;
+      }
+      constexpr std::int64_t kWidenRows = 64;
+      thread_local std::vector<float> rows;
+      rows.resize(static_cast<std::size_t>(std::min(kWidenRows, end - begin) * k));
+      for (std::int64_t r0 = begin; r0 < end; r0 += kWidenRows) {
+        const std::int64_t count = std::min(kWidenRows, end - r0);
+        ops::widen_rows(w, r0, r0 + count, rows.data(), path);
+        kernels::gemm_packed_avx512(packed, m, k, rows.data(), k, count, y + r0, ldy);
+      }
+    });
     return;
   }
   if (w.dtype == WeightDtype::f32) {

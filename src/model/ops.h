@@ -1,4 +1,5 @@
-// Dense building blocks of the model, on fp32 row-major tensors. Projections go through BLAS.
+// Dense building blocks of the model, on fp32 row-major tensors. Weight products go through
+// dcp::linear (weights.h); BLAS serves the fp32 products it falls back to.
 #pragma once
 
 #include <cstdint>

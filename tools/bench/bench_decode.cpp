@@ -1,7 +1,8 @@
 // dcp bench decode: whole decode steps of a family geometry with its weights held in fp32, bf16
 // or FP8, against the step's roofline measured in the same run: the bytes a step must read
 // (the weights it touches, with only the routed experts a batch is expected to use, plus the KV)
-// over this machine's read ceiling, or its FLOPs over the sgemm rate, whichever is longer.
+// over this machine's read ceiling, or its FLOPs over its compute ceiling (the faster of BLAS's
+// sgemm and dcp's blocked product), whichever is longer.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -94,9 +95,10 @@ void bench_decode(const DecodeBenchOptions& o) {
   const std::vector<std::string> dtypes = comma_items(o.dtypes);  // checked by the flag's validator
 
   // Before anything runs: an unwritable --csv fails at once.
-  CsvFile csv(o.csv, {"mode", "config", "context", "batch", "threads", "weights_dtype",
-                      "tokens_per_s", "step_ms", "bytes_per_step", "flops_per_step", "read_gbps",
-                      "sgemm_gflops", "roofline_ms", "roofline_fraction"});
+  CsvFile csv(o.csv,
+              {"mode", "config", "context", "batch", "threads", "weights_dtype", "tokens_per_s",
+               "step_ms", "bytes_per_step", "flops_per_step", "read_gbps", "sgemm_gflops",
+               "blocked_gflops", "compute_gflops", "roofline_ms", "roofline_fraction"});
   // Ceilings of this machine, per thread count the configurations use.
   CacheFlusher flusher;
   std::printf(
@@ -104,11 +106,11 @@ void bench_decode(const DecodeBenchOptions& o) {
       "and KV advised onto transparent huge pages (THP mode: %s)\n",
       o.preset.c_str(), base.num_hidden_layers, o.new_tokens - 1, transparent_huge_pages().c_str());
   std::printf(
-      "roofline: max(bytes / read ceiling, flops / sgemm rate), both measured now on all "
+      "roofline: max(bytes / read ceiling, flops / compute ceiling), both measured now on all "
       "the threads (ranks x threads per rank); bytes: weights touched (routed experts: "
       "expected distinct per step) + KV\n");
-  std::printf("weight kernel (decode shapes): %s; prefill shapes: BLAS sgemm\n",
-              weight_kernel_label().c_str());
+  std::printf("weight kernel (decode shapes): %s; prefill shapes: %s\n",
+              weight_kernel_label().c_str(), weight_prefill_kernel_label().c_str());
   std::printf("%-7s %-8s %5s %8s %6s %8s | %10s %9s %9s %9s %9s | %8s\n", "mode", "config", "dtype",
               "context", "batch", "threads", "tokens/s", "step ms", "MB/step", "GFLOP", "roof ms",
               "% roof");
@@ -117,11 +119,16 @@ void bench_decode(const DecodeBenchOptions& o) {
       const int threads = pc_in.tp * static_cast<int>(per_rank);
       const double read_gbps = flusher.read_gbps(threads);
       const double sgemm_gflops = measure_sgemm_gflops(threads, 1024);
+      const double blocked_gflops = measure_blocked_gflops(threads, 1024);
+      const double compute_gflops = std::max(sgemm_gflops, blocked_gflops);
+      char blocked_label[32] = "not on this CPU";
+      if (blocked_gflops > 0)
+        std::snprintf(blocked_label, sizeof blocked_label, "%.1f", blocked_gflops);
       std::printf(
-          "# tp %d dcp %d, %lld thread(s) per rank: read ceiling %.1f GB/s, sgemm %.1f "
-          "GFLOP/s (%d thread%s, %s)\n",
-          pc_in.tp, pc_in.dcp, static_cast<long long>(per_rank), read_gbps, sgemm_gflops, threads,
-          threads == 1 ? "" : "s", blas_kernels_label().c_str());
+          "# tp %d dcp %d, %lld thread(s) per rank: read ceiling %.1f GB/s, compute ceiling %.1f "
+          "GFLOP/s (%d thread%s; sgemm %.1f with %s, dcp's blocked product %s)\n",
+          pc_in.tp, pc_in.dcp, static_cast<long long>(per_rank), read_gbps, compute_gflops, threads,
+          threads == 1 ? "" : "s", sgemm_gflops, blas_kernels_label().c_str(), blocked_label);
       for (const std::string& dtype : dtypes) {
         const ModelSource model = model_in(base, dtype);
         const ModelConfig& c = model.config;
@@ -144,7 +151,7 @@ void bench_decode(const DecodeBenchOptions& o) {
         const auto report = [&](const char* mode, std::int64_t context, std::int64_t batch,
                                 double ms, double tokens, double bytes, double flops) {
           const double roof_ms =
-              std::max(bytes / (read_gbps * 1e9), flops / (sgemm_gflops * 1e9)) * 1e3;
+              std::max(bytes / (read_gbps * 1e9), flops / (compute_gflops * 1e9)) * 1e3;
           const double tokens_per_s = tokens / (ms / 1e3);
           std::printf("%-7s %-8s %5s %8lld %6lld %8d | %10.1f %9.2f %9.1f %9.2f %9.2f | %7.0f%%\n",
                       mode, config.c_str(), dtype.c_str(), static_cast<long long>(context),
@@ -152,8 +159,8 @@ void bench_decode(const DecodeBenchOptions& o) {
                       flops / 1e9, roof_ms, 100.0 * roof_ms / ms);
           std::fflush(stdout);
           csv.row({mode, config, str(context), str(batch), str(threads), dtype, str(tokens_per_s),
-                   str(ms), str(bytes), str(flops), str(read_gbps), str(sgemm_gflops), str(roof_ms),
-                   str(roof_ms / ms)});
+                   str(ms), str(bytes), str(flops), str(read_gbps), str(sgemm_gflops),
+                   str(blocked_gflops), str(compute_gflops), str(roof_ms), str(roof_ms / ms)});
         };
         ParallelConfig pc;
         pc.tp_size = pc_in.tp;

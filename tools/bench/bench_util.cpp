@@ -12,6 +12,7 @@
 
 #include "dcp/error.h"
 #include "dcp/memory.h"
+#include "dcp/weights.h"
 
 namespace dcp::cli {
 namespace {
@@ -31,6 +32,20 @@ double measure_sgemm_gflops(int threads, int n) {
     const auto t0 = Clock::now();
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data(), n, b.data(), n,
                 0.0f, c.data(), n);
+    best = std::max(best, 2.0 * n * n * n / seconds_since(t0) / 1e9);
+  }
+  return best;
+}
+
+double measure_blocked_gflops(int threads, int n) {
+  if (!prefill_runs_blocked_product()) return 0;
+  std::vector<float> x(static_cast<std::size_t>(n) * n, 0.5f), y(x.size());
+  const WeightMatrix w = WeightMatrix::from_float(std::vector<float>(x.size(), 0.25f), n, n);
+  linear(x.data(), n, w, y.data(), -1, -1, KernelPath::automatic, threads);
+  double best = 0;
+  for (int rep = 0; rep < 3; ++rep) {
+    const auto t0 = Clock::now();
+    linear(x.data(), n, w, y.data(), -1, -1, KernelPath::automatic, threads);
     best = std::max(best, 2.0 * n * n * n / seconds_since(t0) / 1e9);
   }
   return best;

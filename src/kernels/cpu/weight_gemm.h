@@ -1,0 +1,26 @@
+// Prefill-shaped weight products on AVX-512: y[i, r] = x[i, :] . w[r, :] for many rows of x
+// (tokens) and fp32 weight rows. x is packed once per product, transposed into tiles of up to 48
+// tokens; a tile's 48 sums for 8 weight rows live in 24 registers, and each weight value is
+// broadcast against 48 tokens. Every sum runs k in order, one fused multiply-add per term, so it
+// does not depend on the tiling, the blocking or the threads: sum = fma(x[c], w[c], sum) for
+// c = 0, 1, ... from 0.
+#pragma once
+
+#include <cstdint>
+
+namespace dcp::kernels {
+
+// Floats (plus 64-byte alignment slack) that gemm_pack_x needs for m rows of k.
+std::int64_t gemm_packed_x_floats(std::int64_t m, std::int64_t k);
+
+// x [m, k] (row stride ldx) into `packed`, 64-byte aligned: tiles of 48 tokens (the last one
+// 16, 32 or 48 wide, zero past m), each k columns of `width` tokens.
+void gemm_pack_x_avx512(const float* x, std::int64_t m, std::int64_t k, std::int64_t ldx,
+                        float* packed);
+
+// y[i * ldy + r] = x[i, :] . w[r, :] for i < m, r < n, with x packed by gemm_pack_x_avx512 and
+// w fp32 rows of stride ldw.
+void gemm_packed_avx512(const float* packed, std::int64_t m, std::int64_t k, const float* w,
+                        std::int64_t ldw, std::int64_t n, float* y, std::int64_t ldy);
+
+}  // namespace dcp::kernels
