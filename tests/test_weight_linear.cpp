@@ -482,7 +482,7 @@ TEST(WeightLinear, NamesTheKernelEachPathRuns) {
   for (const KernelPath p : have) {
     EXPECT_EQ(prefill_runs_blocked_product(p), p == KernelPath::avx512) << to_string(p);
     EXPECT_EQ(weight_prefill_kernel_label(p),
-              p == KernelPath::avx512 ? "avx512, x packed once, bf16/FP8 rows widened 64 at a time"
+              p == KernelPath::avx512 ? "avx512, x packed once, bf16/FP8 widened in L1 chunks"
                                       : "BLAS sgemm, bf16/FP8 rows widened a tile at a time");
   }
   EXPECT_EQ(weight_prefill_kernel_label(), weight_prefill_kernel_label(have.back()));

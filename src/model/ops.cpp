@@ -188,9 +188,8 @@ bool prefill_runs_blocked_product(KernelPath path) {
 }
 
 std::string weight_prefill_kernel_label(KernelPath path) {
-  return prefill_runs_blocked_product(path)
-             ? "avx512, x packed once, bf16/FP8 rows widened 64 at a time"
-             : "BLAS sgemm, bf16/FP8 rows widened a tile at a time";
+  return prefill_runs_blocked_product(path) ? "avx512, x packed once, bf16/FP8 widened in L1 chunks"
+                                            : "BLAS sgemm, bf16/FP8 rows widened a tile at a time";
 }
 
 std::string weight_kernel_label(KernelPath path) {
@@ -221,27 +220,13 @@ void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std
   }
   static const bool blocked_automatic = prefill_runs_blocked_product(KernelPath::automatic);
   if (path == KernelPath::automatic ? blocked_automatic : prefill_runs_blocked_product(path)) {
-    // x packed once, here; every part multiplies its rows by it. bf16 and FP8 rows are widened
-    // 64 at a time into a buffer of the part's own, which the token tiles then read from cache.
+    // x packed once, here; every part multiplies its rows by it.
     thread_local std::vector<float> packing;
     packing.resize(static_cast<std::size_t>(kernels::gemm_packed_x_floats(m, k)));
     kernels::gemm_pack_x_avx512(x, m, k, ldx, packing.data());
     const float* packed = packing.data();  // the workers' own thread_local is another vector
     split_rows(threads, n, 16, 64, [&](std::int64_t begin, std::int64_t end) {
-      if (w.dtype == WeightDtype::f32) {
-        kernels::gemm_packed_avx512(packed, m, k,
-                                    reinterpret_cast<const float*>(w.data.data()) + begin * k, k,
-                                    end - begin, y + begin, ldy);
-        return;
-      }
-      constexpr std::int64_t kWidenRows = 64;
-      thread_local std::vector<float> rows;
-      rows.resize(static_cast<std::size_t>(std::min(kWidenRows, end - begin) * k));
-      for (std::int64_t r0 = begin; r0 < end; r0 += kWidenRows) {
-        const std::int64_t count = std::min(kWidenRows, end - r0);
-        ops::widen_rows(w, r0, r0 + count, rows.data(), path);
-        kernels::gemm_packed_avx512(packed, m, k, rows.data(), k, count, y + r0, ldy);
-      }
+      kernels::gemm_packed_avx512(packed, m, ops::gemv_weight(w, begin, end), y + begin, ldy);
     });
     return;
   }

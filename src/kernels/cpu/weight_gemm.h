@@ -1,12 +1,14 @@
 // Prefill-shaped weight products on AVX-512: y[i, r] = x[i, :] . w[r, :] for many rows of x
-// (tokens) and fp32 weight rows. x is packed once per product, transposed into tiles of up to 48
-// tokens; a tile's 48 sums for 8 weight rows live in 24 registers, and each weight value is
-// broadcast against 48 tokens. Every sum runs k in order, one fused multiply-add per term, so it
-// does not depend on the tiling, the blocking or the threads: sum = fma(x[c], w[c], sum) for
-// c = 0, 1, ... from 0.
+// (tokens) and the rows of an fp32, bf16 or FP8 weight. x is packed once per product, transposed
+// into tiles of up to 48 tokens; a tile's 48 sums for 8 weight rows live in 24 registers, and each
+// weight value is broadcast against 48 tokens. Every sum runs k in order, one fused multiply-add
+// per term, so it does not depend on the tiling, the blocking or the threads: sum = fma(x[c], w[c],
+// sum) for c = 0, 1, ... from 0.
 #pragma once
 
 #include <cstdint>
+
+#include "weight_gemv.h"
 
 namespace dcp::kernels {
 
@@ -18,9 +20,10 @@ std::int64_t gemm_packed_x_floats(std::int64_t m, std::int64_t k);
 void gemm_pack_x_avx512(const float* x, std::int64_t m, std::int64_t k, std::int64_t ldx,
                         float* packed);
 
-// y[i * ldy + r] = x[i, :] . w[r, :] for i < m, r < n, with x packed by gemm_pack_x_avx512 and
-// w fp32 rows of stride ldw.
-void gemm_packed_avx512(const float* packed, std::int64_t m, std::int64_t k, const float* w,
-                        std::int64_t ldw, std::int64_t n, float* y, std::int64_t ldy);
+// y[i * ldy + r] = x[i, :] . w[r, :] for i < m and every row r of w, with x packed by
+// gemm_pack_x_avx512 (k = w.k). fp32 rows are read in place; bf16 and FP8 rows are widened
+// (the values widen_rows gives, bit for bit) 256 columns of 8 rows at a time into L1.
+void gemm_packed_avx512(const float* packed, std::int64_t m, const GemvWeight& w, float* y,
+                        std::int64_t ldy);
 
 }  // namespace dcp::kernels
