@@ -1,9 +1,9 @@
 // Prefill-shaped weight products on one thread: oneDNN's matmul beside dcp's own path, to decide
-// whether oneDNN should run dcp's prefill products. dcp multiplies a bf16 or FP8 weight by
-// widening it to fp32 a tile of rows at a time and handing each tile to OpenBLAS's sgemm
-// (dcp::linear); oneDNN picks its kernels from the CPU itself and offers a bf16 matmul where the
-// CPU has bf16 arithmetic. Every product is timed in this run against OpenBLAS's sgemm on the
-// same values held in fp32 (the ceiling), and checked against it.
+// whether oneDNN should run dcp's prefill products. dcp::linear runs its blocked product on
+// AVX-512 CPUs (x packed once, bf16 and FP8 widened in registers' reach) and elsewhere widens a
+// tile of rows at a time for OpenBLAS's sgemm; oneDNN picks its kernels from the CPU itself and
+// offers a bf16 matmul where the CPU has bf16 arithmetic. Every product is timed in this run
+// against OpenBLAS's sgemm on the same values held in fp32, and checked against it.
 //
 //   bench_prefill_onednn [--rows M] [--shapes KxN,KxN,...]
 //
@@ -157,13 +157,17 @@ int main(int argc, char** argv) {
     const std::string flag = argv[i];
     if (flag != "--rows" && flag != "--shapes") usage_error("unknown flag '" + flag + "'");
     if (i + 1 >= argc) usage_error(flag + " needs a value");
-    if (flag == "--rows") m = parse_positive(argv[++i], "--rows");
-    else shapes = parse_shapes(argv[++i]);
+    if (flag == "--rows")
+      m = parse_positive(argv[++i], "--rows");
+    else
+      shapes = parse_shapes(argv[++i]);
   }
   openblas_set_num_threads(1);
   omp_set_num_threads(1);  // oneDNN's threads (Debian builds it on OpenMP)
-  std::printf("one thread, %lld rows of x; ceiling: sgemm of %s on fp32 weights\n",
-              static_cast<long long>(m), dcp::blas_kernels_label().c_str());
+  std::printf(
+      "one thread, %lld rows of x; baseline: sgemm of %s on fp32 weights; dcp::linear: %s\n",
+      static_cast<long long>(m), dcp::blas_kernels_label().c_str(),
+      dcp::weight_prefill_kernel_label().c_str());
   std::printf("%-11s %-34s %-18s %9s %9s %9s\n", "K x N", "product", "kernel", "GFLOP/s",
               "vs sgemm", "rel err");
   std::mt19937 gen(11);
@@ -179,29 +183,35 @@ int main(int argc, char** argv) {
     const std::vector<float> wb_f32 = wb.to_float(), w8_f32 = w8.to_float();
     const std::size_t out_size = static_cast<std::size_t>(m * s.n);
     const auto sgemm = [&, k = s.k, n = s.n](const std::vector<float>& weight, float* out) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
-                  static_cast<int>(n), static_cast<int>(k), 1.0f, x.data(), static_cast<int>(k),
-                  weight.data(), static_cast<int>(k), 0.0f, out, static_cast<int>(n));
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
+                  static_cast<int>(k), 1.0f, x.data(), static_cast<int>(k), weight.data(),
+                  static_cast<int>(k), 0.0f, out, static_cast<int>(n));
     };
     std::vector<float> ref_8(out_size);
     sgemm(w8_f32, ref_8.data());
-    std::vector<Product> products(5);
+    const dcp::WeightMatrix wf = dcp::WeightMatrix::from_float(wb_f32, s.n, s.k);
+    std::vector<Product> products(6);
     for (Product& p : products) p.y.resize(out_size);
+    const std::string dcp_kernel =
+        dcp::prefill_runs_blocked_product() ? "blocked avx512" : "widen + sgemm";
     products[0].name = "openblas sgemm, fp32 weights";
     products[0].kernel = dcp::blas_info().core;
     products[0].run = [&, y = products[0].y.data()] { sgemm(wb_f32, y); };
-    products[1].name = "dcp::linear, bf16 weights";
-    products[1].kernel = "widen + sgemm";
-    products[1].run = [&, y = products[1].y.data()] { dcp::linear(x.data(), m, wb, y); };
-    products[2].name = "dcp::linear, fp8 weights";
-    products[2].kernel = "widen + sgemm";
-    products[2].run = [&, y = products[2].y.data()] { dcp::linear(x.data(), m, w8, y); };
-    products[2].reference = &ref_8;
-    products[3].name = "onednn matmul, f32";
-    add_onednn_matmul(dnnl::memory::data_type::f32, x, wb_f32, m, s.k, s.n, products[3]);
-    products[4].name = "onednn matmul, bf16 x and weights";
-    products[4].tolerance = 2e-2;  // x is rounded to bf16 too
-    add_onednn_matmul(dnnl::memory::data_type::bf16, x, wb_f32, m, s.k, s.n, products[4]);
+    products[1].name = "dcp::linear, fp32 weights";
+    products[1].kernel = dcp::prefill_runs_blocked_product() ? "blocked avx512" : "sgemm";
+    products[1].run = [&, y = products[1].y.data()] { dcp::linear(x.data(), m, wf, y); };
+    products[2].name = "dcp::linear, bf16 weights";
+    products[2].kernel = dcp_kernel;
+    products[2].run = [&, y = products[2].y.data()] { dcp::linear(x.data(), m, wb, y); };
+    products[3].name = "dcp::linear, fp8 weights";
+    products[3].kernel = dcp_kernel;
+    products[3].run = [&, y = products[3].y.data()] { dcp::linear(x.data(), m, w8, y); };
+    products[3].reference = &ref_8;
+    products[4].name = "onednn matmul, f32";
+    add_onednn_matmul(dnnl::memory::data_type::f32, x, wb_f32, m, s.k, s.n, products[4]);
+    products[5].name = "onednn matmul, bf16 x and weights";
+    products[5].tolerance = 2e-2;  // x is rounded to bf16 too
+    add_onednn_matmul(dnnl::memory::data_type::bf16, x, wb_f32, m, s.k, s.n, products[5]);
     time_in_turns(products);
     const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(s.n * s.k);
     const std::string shape = std::to_string(s.k) + "x" + std::to_string(s.n);

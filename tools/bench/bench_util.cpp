@@ -43,7 +43,7 @@ double measure_blocked_gflops(int threads, int n) {
   const WeightMatrix w = WeightMatrix::from_float(std::vector<float>(x.size(), 0.25f), n, n);
   linear(x.data(), n, w, y.data(), -1, -1, KernelPath::automatic, threads);
   double best = 0;
-  for (int rep = 0; rep < 3; ++rep) {
+  for (int rep = 0; rep < 5; ++rep) {
     const auto t0 = Clock::now();
     linear(x.data(), n, w, y.data(), -1, -1, KernelPath::automatic, threads);
     best = std::max(best, 2.0 * n * n * n / seconds_since(t0) / 1e9);
