@@ -419,7 +419,7 @@ TEST(WeightGemvCopies, Avx512Fp8ByF16cAndByByteLookups) {
 // Prefill shapes on the avx512 path run dcp's blocked product: each sum is fmaf(x, w, sum) over
 // the columns in order from 0, bit for bit, whatever the tiling: token tiles of 48 and their 16 /
 // 32 remainders, weight tiles of 8 and every shorter tail, rows long enough to be summed in
-// passes (k > 2560), row strides, and one or three threads.
+// passes (k > 2560), prompts packed in slabs (m > 528), row strides, and one or three threads.
 TEST(WeightLinear, BlockedPrefillSumsEachColumnInOrder) {
   const auto have = available_kernel_paths();
   if (std::find(have.begin(), have.end(), KernelPath::avx512) == have.end()) {
@@ -430,8 +430,9 @@ TEST(WeightLinear, BlockedPrefillSumsEachColumnInOrder) {
   struct Shape {
     std::int64_t m, n, k;
   };
-  for (const Shape& s : {Shape{17, 9, 16}, Shape{48, 8, 100}, Shape{49, 70, 33},
-                         Shape{100, 131, 300}, Shape{33, 5, 2600}, Shape{130, 20, 4200}}) {
+  for (const Shape& s :
+       {Shape{17, 9, 16}, Shape{48, 8, 100}, Shape{49, 70, 33}, Shape{100, 131, 300},
+        Shape{33, 5, 2600}, Shape{130, 20, 4200}, Shape{1100, 9, 40}}) {
     std::vector<Case> cases;
     cases.push_back(random_f32(s.n, s.k, rng));
     cases.push_back(random_bf16(s.n, s.k, rng));

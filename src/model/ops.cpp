@@ -220,14 +220,21 @@ void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std
   }
   static const bool blocked_automatic = prefill_runs_blocked_product(KernelPath::automatic);
   if (path == KernelPath::automatic ? blocked_automatic : prefill_runs_blocked_product(path)) {
-    // x packed once, here; every part multiplies its rows by it.
+    // x packed here, up to 528 tokens (11 tiles of 48) at a time, so that the packed copy stays
+    // small beside a long prompt's x; every part multiplies its rows by it. Each token's sums
+    // are its own, so the slabs change no bit.
+    constexpr std::int64_t kSlabTokens = 528;
     thread_local std::vector<float> packing;
-    packing.resize(static_cast<std::size_t>(kernels::gemm_packed_x_floats(m, k)));
-    kernels::gemm_pack_x_avx512(x, m, k, ldx, packing.data());
-    const float* packed = packing.data();  // the workers' own thread_local is another vector
-    split_rows(threads, n, 16, 64, [&](std::int64_t begin, std::int64_t end) {
-      kernels::gemm_packed_avx512(packed, m, ops::gemv_weight(w, begin, end), y + begin, ldy);
-    });
+    for (std::int64_t t0 = 0; t0 < m; t0 += kSlabTokens) {
+      const std::int64_t tokens = std::min(kSlabTokens, m - t0);
+      packing.resize(static_cast<std::size_t>(kernels::gemm_packed_x_floats(tokens, k)));
+      kernels::gemm_pack_x_avx512(x + t0 * ldx, tokens, k, ldx, packing.data());
+      const float* packed = packing.data();  // the workers' own thread_local is another vector
+      split_rows(threads, n, 16, 64, [&](std::int64_t begin, std::int64_t end) {
+        kernels::gemm_packed_avx512(packed, tokens, ops::gemv_weight(w, begin, end),
+                                    y + t0 * ldy + begin, ldy);
+      });
+    }
     return;
   }
   if (w.dtype == WeightDtype::f32) {

@@ -12,7 +12,7 @@
 
 namespace dcp::kernels {
 
-// Floats (plus 64-byte alignment slack) that gemm_pack_x needs for m rows of k.
+// Floats (plus 64-byte alignment slack) that gemm_pack_x_avx512 needs for m rows of k.
 std::int64_t gemm_packed_x_floats(std::int64_t m, std::int64_t k);
 
 // x [m, k] (row stride ldx) into `packed`, 64-byte aligned: tiles of 48 tokens (the last one
@@ -21,8 +21,9 @@ void gemm_pack_x_avx512(const float* x, std::int64_t m, std::int64_t k, std::int
                         float* packed);
 
 // y[i * ldy + r] = x[i, :] . w[r, :] for i < m and every row r of w, with x packed by
-// gemm_pack_x_avx512 (k = w.k). fp32 rows are read in place; bf16 and FP8 rows are widened
-// (the values widen_rows gives, bit for bit) 256 columns of 8 rows at a time into L1.
+// gemm_pack_x_avx512 (k = w.k). fp32 rows are read in place. bf16 and FP8 rows are widened to
+// the values widen_rows gives, bit for bit: with one tile of tokens 256 columns of 8 rows at a
+// time into L1, with several a block of 64 rows once into memory that every tile reads.
 void gemm_packed_avx512(const float* packed, std::int64_t m, const GemvWeight& w, float* y,
                         std::int64_t ldy);
 
