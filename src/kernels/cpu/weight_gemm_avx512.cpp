@@ -1,4 +1,5 @@
 // The prefill-shaped weight product with AVX-512 (weight_gemm.h).
+
 // GCC 12's AVX-512 unpack intrinsics pass an undefined vector as the unused merge source, which
 // -Wmaybe-uninitialized reports once they are inlined.
 #if defined(__GNUC__) && !defined(__clang__)
@@ -21,8 +22,8 @@ namespace {
 
 constexpr std::int64_t kTileTokens = 48;  // three vectors of 16: 24 sums for 8 weight rows
 constexpr int kTileRows = 8;
-// Weight rows per block: a block (up to 256 KB of fp32 at k = 1024) stays in L2 while every
-// token tile passes over it.
+// Weight rows per block: a block (256 KB of fp32 at 1024 columns, 640 KB at 2560) stays in L2
+// while every token tile passes over it.
 constexpr std::int64_t kBlockRows = 64;
 // Columns per pass over the tokens: beyond this the tiles of x no longer stay in L2 between
 // weight rows, so longer rows are summed in passes (each continuing the sums it left in y).
