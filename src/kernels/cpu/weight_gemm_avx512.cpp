@@ -185,20 +185,21 @@ template <int MZ>
 void tile_rows(const float* p, const GemvWeight& w, std::int64_t r0, std::int64_t n,
                std::int64_t c_begin, std::int64_t k, float* y, std::int64_t ldy,
                std::int64_t tokens, bool resume) {
-  std::int64_t r = 0;
-  for (; r + kTileRows <= n; r += kTileRows) {
+  const std::int64_t whole = n / kTileRows * kTileRows;
+  for (std::int64_t r = 0; r < whole; r += kTileRows) {
     tile<MZ, kTileRows>(p, w, r0 + r, c_begin, k, y + r, ldy, tokens, resume);
   }
-  y += r;
-  r += r0;
-  switch (n - (r - r0)) {
-    case 1: tile<MZ, 1>(p, w, r, c_begin, k, y, ldy, tokens, resume); break;
-    case 2: tile<MZ, 2>(p, w, r, c_begin, k, y, ldy, tokens, resume); break;
-    case 3: tile<MZ, 3>(p, w, r, c_begin, k, y, ldy, tokens, resume); break;
-    case 4: tile<MZ, 4>(p, w, r, c_begin, k, y, ldy, tokens, resume); break;
-    case 5: tile<MZ, 5>(p, w, r, c_begin, k, y, ldy, tokens, resume); break;
-    case 6: tile<MZ, 6>(p, w, r, c_begin, k, y, ldy, tokens, resume); break;
-    case 7: tile<MZ, 7>(p, w, r, c_begin, k, y, ldy, tokens, resume); break;
+  // The last n % 8 rows: one tile of that many.
+  const std::int64_t rt = r0 + whole;
+  float* yt = y + whole;
+  switch (n - whole) {
+    case 1: tile<MZ, 1>(p, w, rt, c_begin, k, yt, ldy, tokens, resume); break;
+    case 2: tile<MZ, 2>(p, w, rt, c_begin, k, yt, ldy, tokens, resume); break;
+    case 3: tile<MZ, 3>(p, w, rt, c_begin, k, yt, ldy, tokens, resume); break;
+    case 4: tile<MZ, 4>(p, w, rt, c_begin, k, yt, ldy, tokens, resume); break;
+    case 5: tile<MZ, 5>(p, w, rt, c_begin, k, yt, ldy, tokens, resume); break;
+    case 6: tile<MZ, 6>(p, w, rt, c_begin, k, yt, ldy, tokens, resume); break;
+    case 7: tile<MZ, 7>(p, w, rt, c_begin, k, yt, ldy, tokens, resume); break;
     default: break;
   }
 }
