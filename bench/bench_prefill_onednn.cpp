@@ -1,11 +1,13 @@
 // Prefill-shaped weight products on one thread: oneDNN's matmul beside dcp's own path, to decide
 // whether oneDNN should run dcp's prefill products. dcp::linear runs its blocked product on
-// AVX-512 CPUs (x packed once, bf16 and FP8 widened in registers' reach) and elsewhere widens a
-// tile of rows at a time for OpenBLAS's sgemm; oneDNN picks its kernels from the CPU itself and
-// offers a bf16 matmul where the CPU has bf16 arithmetic. Every product is timed in this run
-// against OpenBLAS's sgemm on the same values held in fp32, and checked against it.
+// AVX2 and AVX-512 CPUs (x packed once, bf16 and FP8 widened in registers' reach) and on the
+// portable path widens a tile of rows at a time for OpenBLAS's sgemm; oneDNN picks its kernels from
+// the CPU itself and offers a bf16 matmul where the CPU has bf16 arithmetic. Every product is timed
+// in this run against OpenBLAS's sgemm on the same values held in fp32, and checked against it.
 //
-//   bench_prefill_onednn [--rows M] [--shapes KxN,KxN,...]
+//   bench_prefill_onednn [--rows M] [--shapes KxN,KxN,...] [--path automatic|portable|avx2|avx512]
+//
+// --path forces dcp::linear's path (as on a CPU whose widest is that one); automatic by default.
 //
 // Built only when CMake finds oneDNN (Debian: apt-get install libdnnl-dev).
 #include <cblas.h>
@@ -25,6 +27,8 @@
 
 #include "dcp/blas.h"
 #include "dcp/dtype.h"
+#include "dcp/error.h"
+#include "dcp/kernel_path.h"
 #include "dcp/weights.h"
 
 namespace {
@@ -151,23 +155,35 @@ void time_in_turns(std::vector<Product>& products) {
 int main(int argc, char** argv) {
   dcp::restart_with_better_blas_kernels(argv);
   std::int64_t m = 512;
+  dcp::KernelPath path = dcp::KernelPath::automatic;
   // DeepSeek-V2-Lite's prefill projections: q, kv_a, o, the dense MLP's gate (and up), its down.
   std::vector<Shape> shapes = parse_shapes("2048x3072,2048x576,2048x2048,2048x10944,10944x2048");
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
-    if (flag != "--rows" && flag != "--shapes") usage_error("unknown flag '" + flag + "'");
+    if (flag != "--rows" && flag != "--shapes" && flag != "--path") {
+      usage_error("unknown flag '" + flag + "'");
+    }
     if (i + 1 >= argc) usage_error(flag + " needs a value");
-    if (flag == "--rows")
-      m = parse_positive(argv[++i], "--rows");
-    else
-      shapes = parse_shapes(argv[++i]);
+    const std::string value = argv[++i];
+    if (flag == "--rows") {
+      m = parse_positive(value, "--rows");
+    } else if (flag == "--shapes") {
+      shapes = parse_shapes(value);
+    } else {
+      try {
+        path = dcp::parse_kernel_path(value);
+        dcp::weight_prefill_kernel_label(path);  // refuses an attention path or one this CPU lacks
+      } catch (const dcp::Error& e) {
+        usage_error("--path = '" + value + "': " + e.what());
+      }
+    }
   }
   openblas_set_num_threads(1);
   omp_set_num_threads(1);  // oneDNN's threads (Debian builds it on OpenMP)
   std::printf(
       "one thread, %lld rows of x; baseline: sgemm of %s on fp32 weights; dcp::linear: %s\n",
       static_cast<long long>(m), dcp::blas_kernels_label().c_str(),
-      dcp::weight_prefill_kernel_label().c_str());
+      dcp::weight_prefill_kernel_label(path).c_str());
   std::printf("%-11s %-34s %-18s %9s %9s %9s\n", "K x N", "product", "kernel", "GFLOP/s",
               "vs sgemm", "rel err");
   std::mt19937 gen(11);
@@ -192,20 +208,28 @@ int main(int argc, char** argv) {
     const dcp::WeightMatrix wf = dcp::WeightMatrix::from_float(wb_f32, s.n, s.k);
     std::vector<Product> products(6);
     for (Product& p : products) p.y.resize(out_size);
-    const std::string dcp_kernel =
-        dcp::prefill_runs_blocked_product() ? "blocked avx512" : "widen + sgemm";
+    const bool blocked = dcp::prefill_runs_blocked_product(path);
+    const std::string blocked_kernel =
+        "blocked " + std::string(dcp::to_string(dcp::resolve_exact_path(path)));
+    const std::string dcp_kernel = blocked ? blocked_kernel : "widen + sgemm";
     products[0].name = "openblas sgemm, fp32 weights";
     products[0].kernel = dcp::blas_info().core;
     products[0].run = [&, y = products[0].y.data()] { sgemm(wb_f32, y); };
     products[1].name = "dcp::linear, fp32 weights";
-    products[1].kernel = dcp::prefill_runs_blocked_product() ? "blocked avx512" : "sgemm";
-    products[1].run = [&, y = products[1].y.data()] { dcp::linear(x.data(), m, wf, y); };
+    products[1].kernel = blocked ? blocked_kernel : "sgemm";
+    products[1].run = [&, y = products[1].y.data()] {
+      dcp::linear(x.data(), m, wf, y, -1, -1, path);
+    };
     products[2].name = "dcp::linear, bf16 weights";
     products[2].kernel = dcp_kernel;
-    products[2].run = [&, y = products[2].y.data()] { dcp::linear(x.data(), m, wb, y); };
+    products[2].run = [&, y = products[2].y.data()] {
+      dcp::linear(x.data(), m, wb, y, -1, -1, path);
+    };
     products[3].name = "dcp::linear, fp8 weights";
     products[3].kernel = dcp_kernel;
-    products[3].run = [&, y = products[3].y.data()] { dcp::linear(x.data(), m, w8, y); };
+    products[3].run = [&, y = products[3].y.data()] {
+      dcp::linear(x.data(), m, w8, y, -1, -1, path);
+    };
     products[3].reference = &ref_8;
     products[4].name = "onednn matmul, f32";
     add_onednn_matmul(dnnl::memory::data_type::f32, x, wb_f32, m, s.k, s.n, products[4]);

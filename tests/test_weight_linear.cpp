@@ -416,23 +416,26 @@ TEST(WeightGemvCopies, Avx512Fp8ByF16cAndByByteLookups) {
   }
 }
 
-// Prefill shapes on the avx512 path run dcp's blocked product: each sum is fmaf(x, w, sum) over
-// the columns in order from 0, bit for bit, whatever the tiling: token tiles of 48 and their 16 /
-// 32 remainders, weight tiles of 8 and every shorter tail, rows long enough to be summed in
-// passes (k > 2560), prompts packed in slabs (m > 528), row strides, and one or three threads.
+// Prefill shapes on the avx512 and avx2 paths run dcp's blocked product: each sum is fmaf(x, w,
+// sum) over the columns in order from 0, bit for bit, whatever the tiling: token tiles of 48 (24)
+// and their remainders of whole vectors, weight tiles of 8 (4) and every shorter tail, rows long
+// enough to be summed in passes (k > 2560), prompts packed in slabs (m > 528), row strides, and
+// one or three threads.
 TEST(WeightLinear, BlockedPrefillSumsEachColumnInOrder) {
-  const auto have = available_kernel_paths();
-  if (std::find(have.begin(), have.end(), KernelPath::avx512) == have.end()) {
-    GTEST_SKIP() << "this CPU has no AVX-512: prefill shapes run BLAS";
+  std::vector<KernelPath> paths;
+  for (const KernelPath p : available_kernel_paths()) {
+    if (p == KernelPath::avx2 || p == KernelPath::avx512) paths.push_back(p);
   }
-  ASSERT_TRUE(prefill_runs_blocked_product(KernelPath::avx512));
+  if (paths.empty())
+    GTEST_SKIP() << "this CPU has neither AVX2 nor AVX-512: prefill shapes run BLAS";
+  for (const KernelPath p : paths) ASSERT_TRUE(prefill_runs_blocked_product(p)) << to_string(p);
   test::Rng rng = test::make_rng();
   struct Shape {
     std::int64_t m, n, k;
   };
   for (const Shape& s :
-       {Shape{17, 9, 16}, Shape{48, 8, 100}, Shape{49, 70, 33}, Shape{100, 131, 300},
-        Shape{33, 5, 2600}, Shape{130, 20, 4200}, Shape{1100, 9, 40}}) {
+       {Shape{17, 9, 16}, Shape{24, 4, 50}, Shape{48, 8, 100}, Shape{49, 70, 33},
+        Shape{100, 131, 300}, Shape{33, 5, 2600}, Shape{130, 20, 4200}, Shape{1100, 9, 40}}) {
     std::vector<Case> cases;
     cases.push_back(random_f32(s.n, s.k, rng));
     cases.push_back(random_bf16(s.n, s.k, rng));
@@ -441,9 +444,11 @@ TEST(WeightLinear, BlockedPrefillSumsEachColumnInOrder) {
       const std::int64_t ldx = s.k + 3, ldy = s.n + 5;
       std::vector<float> x(static_cast<std::size_t>(s.m * ldx));
       for (float& v : x) v = rng.normal();
-      for (const int threads : {1, 3}) {
+      for (const auto& [path, threads] :
+           {std::pair{paths.front(), 1}, std::pair{paths.back(), 1}, std::pair{paths.back(), 3},
+            std::pair{paths.front(), 3}}) {
         std::vector<float> y(static_cast<std::size_t>(s.m * ldy), -7.0f);
-        linear(x.data(), s.m, c.w, y.data(), ldx, ldy, KernelPath::avx512, threads);
+        linear(x.data(), s.m, c.w, y.data(), ldx, ldy, path, threads);
         for (std::int64_t i = 0; i < s.m; ++i) {
           for (std::int64_t r = 0; r < s.n; ++r) {
             float want = 0;  // the weight as the dtype holds it: its value rounded to fp32 once
@@ -451,8 +456,8 @@ TEST(WeightLinear, BlockedPrefillSumsEachColumnInOrder) {
               want = std::fmaf(x[i * ldx + j], static_cast<float>(c.values[r * s.k + j]), want);
             }
             ASSERT_EQ(y[i * ldy + r], want)
-                << to_string(c.w.dtype) << " m " << s.m << " n " << s.n << " k " << s.k
-                << " threads " << threads << " (" << i << ", " << r << ")";
+                << to_string(path) << " " << to_string(c.w.dtype) << " m " << s.m << " n " << s.n
+                << " k " << s.k << " threads " << threads << " (" << i << ", " << r << ")";
           }
           for (std::int64_t r = s.n; r < ldy; ++r) ASSERT_EQ(y[i * ldy + r], -7.0f);
         }
@@ -479,11 +484,12 @@ TEST(WeightLinear, NamesTheKernelEachPathRuns) {
   }
   EXPECT_EQ(weight_kernel_label(), weight_kernel_label(have.back()));
   EXPECT_THROW(weight_kernel_label(KernelPath::avx512_bf16), Error);
-  // Prefill shapes: dcp's blocked product on avx512, BLAS on the others.
+  // Prefill shapes: dcp's blocked product on avx512 and avx2, BLAS on the portable path.
   for (const KernelPath p : have) {
-    EXPECT_EQ(prefill_runs_blocked_product(p), p == KernelPath::avx512) << to_string(p);
+    EXPECT_EQ(prefill_runs_blocked_product(p), p != KernelPath::portable) << to_string(p);
     EXPECT_EQ(weight_prefill_kernel_label(p),
               p == KernelPath::avx512 ? "avx512, x packed once, bf16/FP8 widened in L1 chunks"
+              : p == KernelPath::avx2 ? "avx2, x packed once, bf16/FP8 widened in L1 chunks"
                                       : "BLAS sgemm, bf16/FP8 rows widened a tile at a time");
   }
   EXPECT_EQ(weight_prefill_kernel_label(), weight_prefill_kernel_label(have.back()));

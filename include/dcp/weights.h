@@ -72,10 +72,11 @@ constexpr std::int64_t weight_gemv_max_rows(WeightDtype d) noexcept {
 // y[m, w.rows] = x[m, w.cols] @ w^T with w held in its dtype; ldx and ldy are row strides
 // (-1: dense). Up to weight_gemv_max_rows(w.dtype) rows of x run on the widest SIMD path this CPU
 // has (or `path`; the bf16-pair paths are refused). More rows run dcp's blocked product on the
-// avx512 path (x packed once, each sum one fused multiply-add per column in column order, bf16
-// and FP8 widened in L1 a chunk of rows and columns at a time), and BLAS's sgemm on the others
-// (bf16 and FP8 widened a tile of rows at a time). Every path multiplies by the values row_to_float
-// gives; sums differ only in their rounding order. threads > 1 splits the output rows over the
+// avx512 and avx2 paths (x packed once, each sum one fused multiply-add per column in column
+// order, so both paths give the same bits; bf16 and FP8 widened in L1 a chunk of rows and
+// columns at a time), and BLAS's sgemm on the portable path (bf16 and FP8 widened a tile of rows
+// at a time). Every path multiplies by the values row_to_float gives; sums differ only in their
+// rounding order. threads > 1 splits the output rows over the
 // calling thread's worker pool (this_thread_worker_pool) in parts of at least 64K weights; every
 // sum is bitwise the one-thread sum, except BLAS's.
 void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std::int64_t ldx = -1,
@@ -85,7 +86,8 @@ void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std
 // errors as linear() for a path this CPU lacks.
 std::string weight_kernel_label(KernelPath path = KernelPath::automatic);
 // Whether linear() runs dcp's blocked product beyond weight_gemv_max_rows rows of x on `path`
-// (the avx512 path), rather than BLAS; the same errors as linear() for a path this CPU lacks.
+// (the avx512 and avx2 paths), rather than BLAS; the same errors as linear() for a path this
+// CPU lacks.
 bool prefill_runs_blocked_product(KernelPath path = KernelPath::automatic);
 // Which product linear() runs beyond weight_gemv_max_rows rows of x on `path`, for benchmark
 // headers.

@@ -29,6 +29,21 @@ kernels::WidenRowsFn select_widen(KernelPath path) {
       kernels::widen_rows_avx2);
 }
 
+// The blocked prefill product's copy for a path: the two halves (pack x, multiply) of one
+// instruction set. The portable path has none and runs BLAS.
+struct BlockedProduct {
+  void (*pack)(const float* x, std::int64_t m, std::int64_t k, std::int64_t ldx, float* packed);
+  void (*product)(const float* packed, std::int64_t m, const kernels::GemvWeight& w, float* y,
+                  std::int64_t ldy);
+};
+constexpr BlockedProduct kBlockedAvx2{kernels::gemm_pack_x_avx2, kernels::gemm_packed_avx2};
+constexpr BlockedProduct kBlockedAvx512{kernels::gemm_pack_x_avx512, kernels::gemm_packed_avx512};
+
+const BlockedProduct* select_blocked(KernelPath path) {
+  return kernels::select_simd_copy<const BlockedProduct*>(path, "the weight product", nullptr,
+                                                          &kBlockedAvx2, &kBlockedAvx512);
+}
+
 // fn(r0, r1) over [0, n) in at most `threads` ranges of whole `align`-row groups, each of at least
 // min_rows rows; range 0 on the calling thread, the others on its worker pool.
 template <typename Fn>
@@ -181,15 +196,14 @@ ScopedWeightThreads::~ScopedWeightThreads() {
 }
 
 bool prefill_runs_blocked_product(KernelPath path) {
-  DCP_ARG_CHECK(!is_bf16_pair_path(path), "kernel path ", to_string(path),
-                " is an attention path; the weight product runs on automatic, portable, avx2 or "
-                "avx512");
-  return resolve_exact_path(path) == KernelPath::avx512;
+  return select_blocked(path) != nullptr;
 }
 
 std::string weight_prefill_kernel_label(KernelPath path) {
-  return prefill_runs_blocked_product(path) ? "avx512, x packed once, bf16/FP8 widened in L1 chunks"
-                                            : "BLAS sgemm, bf16/FP8 rows widened a tile at a time";
+  const BlockedProduct* blocked = select_blocked(path);
+  if (blocked == &kBlockedAvx512) return "avx512, x packed once, bf16/FP8 widened in L1 chunks";
+  if (blocked == &kBlockedAvx2) return "avx2, x packed once, bf16/FP8 widened in L1 chunks";
+  return "BLAS sgemm, bf16/FP8 rows widened a tile at a time";
 }
 
 std::string weight_kernel_label(KernelPath path) {
@@ -218,21 +232,22 @@ void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std
                });
     return;
   }
-  static const bool blocked_automatic = prefill_runs_blocked_product(KernelPath::automatic);
-  if (path == KernelPath::automatic ? blocked_automatic : prefill_runs_blocked_product(path)) {
-    // x packed here, up to 528 tokens (11 tiles of 48) at a time, so that the packed copy stays
-    // small beside a long prompt's x; every part multiplies its rows by it. Each token's sums
-    // are its own, so the slabs change no bit.
+  static const BlockedProduct* const blocked_automatic = select_blocked(KernelPath::automatic);
+  if (const BlockedProduct* blocked =
+          path == KernelPath::automatic ? blocked_automatic : select_blocked(path)) {
+    // x packed here, up to 528 tokens (11 tiles of 48, 22 of 24) at a time, so that the packed
+    // copy stays small beside a long prompt's x; every part multiplies its rows by it. Each
+    // token's sums are its own, so the slabs change no bit.
     constexpr std::int64_t kSlabTokens = 528;
     thread_local std::vector<float> packing;
     for (std::int64_t t0 = 0; t0 < m; t0 += kSlabTokens) {
       const std::int64_t tokens = std::min(kSlabTokens, m - t0);
       packing.resize(static_cast<std::size_t>(kernels::gemm_packed_x_floats(tokens, k)));
-      kernels::gemm_pack_x_avx512(x + t0 * ldx, tokens, k, ldx, packing.data());
+      blocked->pack(x + t0 * ldx, tokens, k, ldx, packing.data());
       const float* packed = packing.data();  // the workers' own thread_local is another vector
       split_rows(threads, n, 16, 64, [&](std::int64_t begin, std::int64_t end) {
-        kernels::gemm_packed_avx512(packed, tokens, ops::gemv_weight(w, begin, end),
-                                    y + t0 * ldy + begin, ldy);
+        blocked->product(packed, tokens, ops::gemv_weight(w, begin, end), y + t0 * ldy + begin,
+                         ldy);
       });
     }
     return;

@@ -55,11 +55,14 @@ void gemv_avx512_vbmi(const float* x, std::int64_t m, std::int64_t ldx, const Ge
 bool avx512_vbmi_available();
 
 // Rows [r0, r1) of w widened to fp32, row-major with stride w.k: widen_weight(v) (FP8: times its
-// block scale), bit for bit, for the prefill tiles that BLAS multiplies. AVX-512 CPUs run the
-// AVX2 copy: the tiles are widened once per product and the product is BLAS's.
+// block scale), bit for bit, for WeightMatrix::to_float and the tiles BLAS multiplies on the
+// portable path. AVX-512 CPUs run the AVX2 copy (a copy is widened once and read many times).
 using WidenRowsFn = void (*)(const GemvWeight& w, std::int64_t r0, std::int64_t r1, float* out);
 
 void widen_rows_portable(const GemvWeight& w, std::int64_t r0, std::int64_t r1, float* out);
 void widen_rows_avx2(const GemvWeight& w, std::int64_t r0, std::int64_t r1, float* out);
+// widen_rows_avx2's pieces: count bf16 values, and count FP8 codes under one block scale s.
+void widen_bf16_avx2(const bf16_t* src, std::int64_t count, float* out);
+void widen_fp8_avx2(const fp8_e4m3_t* src, std::int64_t count, float s, float* out);
 
 }  // namespace dcp::kernels
