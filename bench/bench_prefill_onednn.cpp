@@ -42,7 +42,7 @@ struct Shape {
 [[noreturn]] void usage_error(const std::string& what) {
   std::fprintf(stderr,
                "bench_prefill_onednn: %s\nusage: bench_prefill_onednn [--rows M >= 1] "
-               "[--shapes KxN,KxN,...]  (K, N >= 1)\n",
+               "[--shapes KxN,KxN,...]  (K, N >= 1) [--path automatic|portable|avx2|avx512]\n",
                what.c_str());
   std::exit(2);
 }
