@@ -92,16 +92,10 @@ struct Avx512 {
   static vec set1(float f) { return _mm512_set1_ps(f); }
   static vec fma(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
   static void store(float* p, vec v) { _mm512_store_ps(p, v); }
-  static void pack_block(const float* x, std::int64_t ldx, std::int64_t tokens, std::int64_t cols,
-                         float* out, std::int64_t width) {
-    const auto mask = static_cast<__mmask16>((1u << cols) - 1);
-    __m512 r[16];
-    for (int i = 0; i < 16; ++i) {
-      r[i] = i < tokens ? _mm512_maskz_loadu_ps(mask, x + i * ldx) : _mm512_setzero_ps();
-    }
-    transpose16(r);
-    for (std::int64_t c = 0; c < cols; ++c) _mm512_store_ps(out + c * width, r[c]);
+  static vec load_first(const float* p, std::int64_t count) {
+    return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << count) - 1), p);
   }
+  static void transpose(vec (&r)[lanes]) { transpose16(r); }
   static void widen_bf16(const bf16_t* src, std::int64_t count, float* out) {
     widen_bf16_avx512(src, count, out);
   }

@@ -7,8 +7,8 @@
 //   rows_per_block                weight rows per block, which stays in L2 while every token
 //                                 tile passes over it
 //   zero(), load(p), set1(f), fma(a, b, c) = a * b + c, store(p, v)   (p aligned to a vector)
-//   pack_block(x, ldx, tokens, cols, out, width)   x[0..tokens) x [0..cols) (each <= lanes),
-//                                 transposed: column c at out + c * width, tokens past `tokens` 0
+//   load_first(p, count)          p[0 .. count) (count <= lanes), zero in the lanes past it
+//   transpose(r[lanes])           element j of r[i] to element i of r[j]
 //   widen_bf16(src, count, out), widen_fp8(src, count, scale, out)   bit for bit widen_rows'
 // Internal linkage: each instruction set keeps its own copy.
 #pragma once
@@ -171,6 +171,18 @@ void tile_rows_of_width(int vectors, const float* p, const GemvWeight& w, std::i
   }
 }
 
+// Rows [0, tokens) x columns [0, cols) of x (each <= lanes) transposed in registers: column c
+// at out + c * width, zero for the tokens past `tokens`.
+template <class V>
+void pack_block(const float* x, std::int64_t ldx, std::int64_t tokens, std::int64_t cols,
+                float* out, std::int64_t width) {
+  typename V::vec r[V::lanes];
+  for (int i = 0; i < V::lanes; ++i)
+    r[i] = i < tokens ? V::load_first(x + i * ldx, cols) : V::zero();
+  V::transpose(r);
+  for (std::int64_t c = 0; c < cols; ++c) V::store(out + c * width, r[c]);
+}
+
 template <class V>
 void pack_x(const float* x, std::int64_t m, std::int64_t k, std::int64_t ldx, float* packed) {
   float* p = align64(packed);
@@ -180,7 +192,7 @@ void pack_x(const float* x, std::int64_t m, std::int64_t k, std::int64_t ldx, fl
     for (std::int64_t g = 0; g < width; g += V::lanes) {
       const std::int64_t group = std::clamp<std::int64_t>(tokens - g, 0, V::lanes);
       for (std::int64_t c0 = 0; c0 < k; c0 += V::lanes) {
-        V::pack_block(x + (t0 + g) * ldx + c0, ldx, group, std::min<std::int64_t>(V::lanes, k - c0),
+        pack_block<V>(x + (t0 + g) * ldx + c0, ldx, group, std::min<std::int64_t>(V::lanes, k - c0),
                       p + c0 * width + g, width);
       }
     }
