@@ -60,8 +60,7 @@ void widen_chunk(const GemvWeight& w, std::int64_t r0, std::int64_t rows, std::i
       continue;
     }
     const auto* row = static_cast<const fp8_e4m3_t*>(w.data) + r * w.k;
-    const float* scales =
-        w.scales + ((w.row0 + r) / w.block_rows - w.row0 / w.block_rows) * w.scale_stride;
+    const float* scales = w.row_scales(r);
     for (std::int64_t c = c0; c < c0 + count;) {
       const std::int64_t b =
           c < w.first_block_cols ? 0 : 1 + (c - w.first_block_cols) / w.block_cols;

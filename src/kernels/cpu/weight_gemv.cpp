@@ -14,15 +14,14 @@ void gemv_scalar(const float* x, std::int64_t m, std::int64_t ldx, const GemvWei
     const T* row = data + r * w.k;
     const float* scales = nullptr;
     if (w.dtype == GemvDtype::fp8) {
-      scales = w.scales + ((w.row0 + r) / w.block_rows - w.row0 / w.block_rows) * w.scale_stride;
+      scales = w.row_scales(r);
     }
     for (std::int64_t i = 0; i < m; ++i) {
       const float* xi = x + i * ldx;
       float sum = 0;
       std::int64_t c = 0;
       for (int b = 0; c < w.k; ++b) {
-        const std::int64_t end =
-            scales ? std::min(w.k, b == 0 ? w.first_block_cols : c + w.block_cols) : w.k;
+        const std::int64_t end = scales ? w.block_end(c, b) : w.k;
         const float s = scales ? scales[b] : 1.0f;
         for (; c < end; ++c) sum += widen_weight(row[c]) * s * xi[c];
       }
@@ -39,11 +38,10 @@ void widen_scalar(const GemvWeight& w, std::int64_t r0, std::int64_t r1, float* 
       for (std::int64_t c = 0; c < w.k; ++c) out[c] = widen_weight(row[c]);
       continue;
     }
-    const float* scales =
-        w.scales + ((w.row0 + r) / w.block_rows - w.row0 / w.block_rows) * w.scale_stride;
+    const float* scales = w.row_scales(r);
     std::int64_t c = 0;
     for (int b = 0; c < w.k; ++b) {
-      const std::int64_t end = std::min(w.k, b == 0 ? w.first_block_cols : c + w.block_cols);
+      const std::int64_t end = w.block_end(c, b);
       for (; c < end; ++c) out[c] = widen_weight(row[c]) * scales[b];
     }
   }

@@ -4,6 +4,7 @@
 // per-instruction-set copies are compiled from weight_gemv_simd.h with their own flags.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "dcp/dtype.h"
@@ -25,6 +26,15 @@ struct GemvWeight {
   std::int64_t row0 = 0;
   int block_rows = 1;
   std::int64_t first_block_cols = 0, block_cols = 0;
+
+  // FP8: row r's scales, one per column block.
+  const float* row_scales(std::int64_t r) const {
+    return scales + ((row0 + r) / block_rows - row0 / block_rows) * scale_stride;
+  }
+  // FP8: where column block b, which starts at column c, ends.
+  std::int64_t block_end(std::int64_t c, std::int64_t b) const {
+    return std::min(k, b == 0 ? first_block_cols : c + block_cols);
+  }
 };
 
 // One weight as fp32 (an FP8 value before its block scale): the tails and the portable copy.

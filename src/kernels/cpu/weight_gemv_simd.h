@@ -220,8 +220,7 @@ typename Simd<W>::vec nan_code_to_nan(typename Simd<W>::vec v) {
 
 // The end of the column block that starts at column c (block b): one block without scales.
 inline std::int64_t block_end(const GemvWeight& w, std::int64_t c, int b) {
-  if (w.dtype != GemvDtype::fp8) return w.k;
-  return std::min(w.k, b == 0 ? w.first_block_cols : c + w.block_cols);
+  return w.dtype == GemvDtype::fp8 ? w.block_end(c, b) : w.k;
 }
 
 // x's rows with every whole chunk of every block in Widen's lane order (the columns left over at
@@ -491,8 +490,7 @@ void gemv_typed(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeig
     for (std::int64_t r = 0; r < w.rows;) {
       const std::int64_t block = (w.row0 + r) / w.block_rows;
       const std::int64_t end = std::min(w.rows, (block + 1) * w.block_rows - w.row0);
-      scale_x(permuted.data(), m, w, w.scales + (block - w.row0 / w.block_rows) * w.scale_stride,
-              scaled.data());
+      scale_x(permuted.data(), m, w, w.row_scales(r), scaled.data());
       gemv_rows<W, T>(scaled.data(), m, w, r, end, y, ldy);
       r = end;
     }

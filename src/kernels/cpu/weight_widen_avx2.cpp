@@ -55,11 +55,10 @@ void widen_rows_avx2(const GemvWeight& w, std::int64_t r0, std::int64_t r1, floa
         break;
       case GemvDtype::fp8: {
         const auto* row = static_cast<const fp8_e4m3_t*>(w.data) + r * w.k;
-        const float* scales =
-            w.scales + ((w.row0 + r) / w.block_rows - w.row0 / w.block_rows) * w.scale_stride;
+        const float* scales = w.row_scales(r);
         std::int64_t c = 0;
         for (int b = 0; c < w.k; ++b) {
-          const std::int64_t end = std::min(w.k, b == 0 ? w.first_block_cols : c + w.block_cols);
+          const std::int64_t end = w.block_end(c, b);
           widen_fp8_avx2(row + c, end - c, scales[b], out + c);
           c = end;
         }
