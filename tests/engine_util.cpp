@@ -31,6 +31,7 @@ EngineRun run_engine_phases(const ModelConfig& config, const WeightSource& weigh
   mo.page_size = s.page_size;
   mo.kv_interleave = s.interleave;
   mo.kv_capacity_tokens = s.capacity;
+  mo.weight_kernel = s.weight_kernel;
   EngineOptions eo;
   eo.chunked_prefill_size = s.chunk;
   eo.record_logits = true;

@@ -18,6 +18,7 @@ struct EngineSetup {
   CombineBackend backend = CombineBackend::ag_rs;
   bool replicate_q = false;
   KvDtype kv_dtype = KvDtype::fp32;
+  KernelPath weight_kernel = KernelPath::automatic;  // ModelOptions::weight_kernel
   int page_size = 16;
   int interleave = 1;  // KV stripe (divides page_size)
   int chunk = 2048;

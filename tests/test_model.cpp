@@ -414,6 +414,49 @@ TEST_F(GeneratedCheckpoint, TensorsMustTileTheDataSection) {
   EXPECT_NO_THROW(open_checkpoint(dir_.string()));
 }
 
+// ModelOptions::weight_kernel runs every weight product on the path it names: the widest path
+// gives automatic's logits bit for bit, every other one different bits within fp32 rounding (its
+// sums run in another order), and an attention-only path is refused when the model is built.
+TEST(Model, RunsTheWeightProductsOnTheWeightKernel) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 2);
+  const auto w = make_synthetic_weights(5);
+  std::vector<RequestSpec> reqs;
+  reqs.push_back(request(0, random_tokens(rng, 3, c.vocab_size), 4));
+  reqs.push_back(request(1, random_tokens(rng, 40, c.vocab_size), 4));  // prefill-sized products
+  EngineSetup base;
+  base.tp = 2;
+  base.dcp = 2;
+  const EngineRun ref = run_engine(c, *w, base, reqs);
+  std::vector<RequestSpec> forced = reqs;  // the reference's tokens, so that the logits compare
+  for (std::size_t i = 0; i < reqs.size(); ++i)
+    forced[i].forced_outputs = ref.results[i].output_tokens;
+  const std::vector<KernelPath> paths = available_kernel_paths();
+  for (const KernelPath p : paths) {
+    EngineSetup s = base;
+    s.weight_kernel = p;
+    const EngineRun got = run_engine(c, *w, s, forced);
+    bool all_equal = true;
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      const std::string what = std::string(to_string(p)) + " request " + std::to_string(i);
+      EXPECT_TRUE(test::close_runs(got.results[i].step_logits, ref.results[i].step_logits,
+                                   {1e-10, 1e-4}, what.c_str()));
+      all_equal = all_equal && got.results[i].step_logits == ref.results[i].step_logits;
+    }
+    EXPECT_EQ(all_equal, p == paths.back()) << to_string(p);
+  }
+  run_threads(1, [&](Communicator& world) {
+    auto dcp = world.split(0, world.rank());
+    ModelOptions mo;
+    mo.kv_capacity_tokens = 64;
+    mo.weight_kernel = KernelPath::avx512_bf16;
+    const std::string why = error_of([&] { MlaModel m(c, *w, world, *dcp, mo); });
+    EXPECT_NE(why.find("weight_kernel = avx512_bf16: kernel path avx512_bf16 is an attention path"),
+              std::string::npos)
+        << why;
+  });
+}
+
 TEST(Model, RefusesHeadsNotDivisibleByTp) {
   ModelConfig c = small_config(1);
   c.num_attention_heads = 6;

@@ -48,6 +48,9 @@ struct ModelOptions {
   // The local attention kernel over the KV pool (KernelPath::amx_bf16 needs bf16 KV). Attention
   // over gathered fp32 copies (the gather extend path, the intra-chunk part) stays automatic.
   KernelPath attention_kernel = KernelPath::automatic;
+  // The weight products' path: automatic (the widest this CPU runs), portable, avx2 or avx512;
+  // a path this CPU lacks, or a bf16-pair path, is refused when the model is built.
+  KernelPath weight_kernel = KernelPath::automatic;
   // Threads of this rank (1-256): the weight products split their output rows over them, the
   // local attention kernel its tokens and KV ranges. Each rank has its own workers.
   int threads = 1;

@@ -93,19 +93,23 @@ bool prefill_runs_blocked_product(KernelPath path = KernelPath::automatic);
 // headers.
 std::string weight_prefill_kernel_label(KernelPath path = KernelPath::automatic);
 
-// The threads the weight products of dcp's layers (MlaModel, DenseMlp, MoeLayer) use when run
-// on the calling thread: 1, unless a ScopedWeightThreads lives on it. MlaModel::forward runs under
-// its ModelOptions::threads; a caller of a layer alone sets its own.
+// The threads and the path the weight products of dcp's layers (MlaModel, DenseMlp, MoeLayer)
+// use when run on the calling thread: 1 and automatic, unless a ScopedWeightThreads lives on it.
+// MlaModel::forward runs under its ModelOptions::threads and weight_kernel; a caller of a layer
+// alone sets its own.
 int weight_threads();
+KernelPath weight_path();
 class ScopedWeightThreads {
  public:
-  explicit ScopedWeightThreads(int threads);  // at least 1
+  // threads at least 1; path as linear() takes it.
+  explicit ScopedWeightThreads(int threads, KernelPath path = KernelPath::automatic);
   ~ScopedWeightThreads();
   ScopedWeightThreads(const ScopedWeightThreads&) = delete;
   ScopedWeightThreads& operator=(const ScopedWeightThreads&) = delete;
 
  private:
   int previous_;
+  KernelPath previous_path_;
 };
 
 class WeightSource {

@@ -37,6 +37,7 @@ struct LlmConfig {
   int dcp_kv_cache_interleave_size = 1;
   std::string kv_cache_dtype = "bf16";
   std::string attention_kernel = "automatic";
+  std::string weight_kernel = "automatic";
   int threads_per_rank = 1;
   std::int64_t max_total_tokens = 65536;
   int chunked_prefill_size = 2048;
@@ -132,6 +133,11 @@ DeploymentSpec make_spec(const LlmConfig& c) {
   s.model_options.kv_interleave = c.dcp_kv_cache_interleave_size;
   s.model_options.threads = c.threads_per_rank;
   s.model_options.attention_kernel = parse_kernel_path(c.attention_kernel);
+  try {
+    s.model_options.weight_kernel = parse_kernel_path(c.weight_kernel);
+  } catch (const Error& e) {
+    throw Error(e.category(), str("weight_kernel = '", c.weight_kernel, "': ", e.what()));
+  }
   s.model_options.kv_capacity_tokens = c.max_total_tokens;
   s.engine.chunked_prefill_size = c.chunked_prefill_size;
   s.engine.max_running_requests = c.max_running_requests;
@@ -315,6 +321,7 @@ void bind_llm(py::module_& m) {
       .def_readwrite("threads_per_rank", &LlmConfig::threads_per_rank)
       .def_readwrite("kv_cache_dtype", &LlmConfig::kv_cache_dtype)
       .def_readwrite("attention_kernel", &LlmConfig::attention_kernel)
+      .def_readwrite("weight_kernel", &LlmConfig::weight_kernel)
       .def_readwrite("max_total_tokens", &LlmConfig::max_total_tokens)
       .def_readwrite("chunked_prefill_size", &LlmConfig::chunked_prefill_size)
       .def_readwrite("max_running_requests", &LlmConfig::max_running_requests)

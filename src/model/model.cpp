@@ -69,6 +69,12 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
                 " needs a mixture-of-experts model; this one has no routed experts (legal: 1)");
   DCP_ARG_CHECK(options.threads >= 1 && options.threads <= kMaxRankThreads,
                 "threads = ", options.threads, " must be in [1, ", kMaxRankThreads, "]");
+  try {
+    weight_kernel_label(options.weight_kernel);  // refuses a bf16-pair path or one this CPU lacks
+  } catch (const Error& e) {
+    throw Error(e.category(), str("weight_kernel = ", to_string(options.weight_kernel), ": ",
+                                  e.what()));
+  }
   DCP_ARG_CHECK(options.page_size >= 1, "page_size = ", options.page_size, " must be >= 1");
   DCP_ARG_CHECK(options.kv_capacity_tokens >= 1, "KV capacity ", options.kv_capacity_tokens,
                 " tokens must be >= 1");
@@ -352,7 +358,7 @@ void MlaModel::feed_forward(Layer& L, const float* x, std::int64_t T, float* y, 
 
 std::vector<float> MlaModel::forward(const ForwardBatch& batch, ForwardTimings* timings) {
   const auto t_start = Clock::now();
-  const ScopedWeightThreads threads(options_.threads);
+  const ScopedWeightThreads threads(options_.threads, options_.weight_kernel);
   const CommStats dcp_before = dcp_.stats(), tp_before = tp_.stats(), mlp_before = mlp_->stats();
   ForwardTimings t;
   const ModelConfig& c = config_;

@@ -181,18 +181,26 @@ namespace dcp {
 
 namespace {
 thread_local int t_weight_threads = 1;
+thread_local KernelPath t_weight_path = KernelPath::automatic;
 }  // namespace
 
 int weight_threads() {
   return t_weight_threads;
 }
 
-ScopedWeightThreads::ScopedWeightThreads(int threads) : previous_(t_weight_threads) {
+KernelPath weight_path() {
+  return t_weight_path;
+}
+
+ScopedWeightThreads::ScopedWeightThreads(int threads, KernelPath path)
+    : previous_(t_weight_threads), previous_path_(t_weight_path) {
   t_weight_threads = std::max(1, threads);
+  t_weight_path = path;
 }
 
 ScopedWeightThreads::~ScopedWeightThreads() {
   t_weight_threads = previous_;
+  t_weight_path = previous_path_;
 }
 
 bool prefill_runs_blocked_product(KernelPath path) {

@@ -15,10 +15,10 @@ namespace dcp::ops {
 void linear(const float* x, std::int64_t m, std::int64_t k, const float* w, std::int64_t n,
             float* y, std::int64_t ldx = -1, std::int64_t ldy = -1);
 // y[M, N] = x[M, K] @ w^T for a weight held in its checkpoint dtype (N = w.rows, K = w.cols):
-// dcp::linear (weights.h) on the automatic path, over weight_threads() threads.
+// dcp::linear (weights.h) on weight_path(), over weight_threads() threads.
 inline void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y,
                    std::int64_t ldx = -1, std::int64_t ldy = -1) {
-  dcp::linear(x, m, w, y, ldx, ldy, KernelPath::automatic, weight_threads());
+  dcp::linear(x, m, w, y, ldx, ldy, weight_path(), weight_threads());
 }
 // Rows [r0, r1) of w as the weight kernels see them (FP8: the scale blocks that cover them).
 kernels::GemvWeight gemv_weight(const WeightMatrix& w, std::int64_t r0, std::int64_t r1);

@@ -303,8 +303,13 @@ case_bench_step_engine() {
   check "bench decode writes a prefill row per configuration and dtype" [ "$(grep -c '^prefill,tp[12]dcp[12],512,1,[12],\(f32\|bf16\|fp8\),' "$tmp/decode.csv")" -eq 6 ]
   check "bench decode has the columns a reader needs" grep -q '^mode,config,context,batch,threads,weights_dtype,tokens_per_s,.*roofline_fraction$' "$tmp/decode.csv"
   check "bench decode prints the ceilings it used" stdout_has "read ceiling"
-  check "bench decode names its weight kernel" stdout_has "weight kernel (decode shapes): \(portable\|avx2, FP8 widened by F16C\|avx512, FP8 widened by \(F16C\|AVX512-VBMI byte lookups\)\); prefill shapes: \(BLAS sgemm, bf16/FP8 rows widened a tile at a time\|avx512, x packed once, bf16/FP8 widened in L1 chunks\)$"
-  check "bench decode names both GEMMs of its compute ceiling" stdout_has "compute ceiling [0-9.]* GFLOP/s (1 thread; sgemm [0-9.]* with OpenBLAS [0-9.]*, [A-Za-z]* kernels\(, forced by OPENBLAS_CORETYPE\)\{0,1\}, dcp's blocked product \([0-9.]*\|not on this CPU\))"
+  check "bench decode names its weight kernel" stdout_has "weight kernel (decode shapes): \(portable\|avx2, FP8 widened by F16C\|avx512, FP8 widened by \(F16C\|AVX512-VBMI byte lookups\)\); prefill shapes: \(BLAS sgemm, bf16/FP8 rows widened a tile at a time\|\(avx2\|avx512\), x packed once, bf16/FP8 widened in L1 chunks\)$"
+  check "bench decode names both GEMMs of its compute ceiling" stdout_has "compute ceiling [0-9.]* GFLOP/s (1 thread; sgemm [0-9.]* with OpenBLAS [0-9.]*, [A-Za-z]* kernels\(, forced by OPENBLAS_CORETYPE\)\{0,1\}, dcp's blocked product \([0-9.]*\|not on the portable path\))"
+  expect 0 "bench decode on a forced weight path" -- bench decode --preset tiny --num-layers 1 --configs tp1dcp1 --dtypes bf16 --contexts 0 --batches 1 --new-tokens 2 --prefill-tokens 20 --weight-kernel portable
+  check "names the forced path's kernels" stdout_has "weight kernel (decode shapes): portable; prefill shapes: BLAS sgemm, bf16/FP8 rows widened a tile at a time$"
+  check "no blocked product on the portable path" stdout_has "dcp's blocked product not on the portable path)"
+  expect 2 "bench decode refuses an unknown weight path" -- bench decode --preset tiny --num-layers 1 --weight-kernel bogus
+  check "names the flag and the legal paths" stderr_has "--weight-kernel bogus: not one of: automatic, portable, avx2, avx512"
   # Eight requests whose contexts end mid-page: the KV must hold each one's last partial page.
   expect 0 "bench decode, a batch of contexts ending mid-page" -- bench decode --preset tiny --num-layers 1 --configs tp1dcp1,tp2dcp2 --dtypes bf16 --contexts 100 --batches 8 --prefill-tokens 0 --new-tokens 3 --csv "$tmp/decode.csv"
   check "bench decode ran the batch of 8 on both configurations" [ "$(grep -c '^decode,tp[12]dcp[12],100,8,' "$tmp/decode.csv")" -eq 2 ]
@@ -375,6 +380,16 @@ case_run_kernel() {
     expect 0 "run on the AVX512-BF16 path" -- run --attention-kernel avx512_bf16 --kv-cache-dtype bf16 --batch 2 --prompt-len 70 --max-new-tokens 2 --json "$tmp/run.json"
     check "json names the bf16-pair path" json_has '"attention_kernel": "avx512_bf16"'
   fi
+  # forcing the weight products' path
+  expect 0 "run with the weight products on the portable path" -- run --weight-kernel portable --batch 2 --prompt-len 70 --max-new-tokens 2 --json "$tmp/run.json"
+  check "json names the weight path" json_has '"weight_kernel": "portable"'
+  check "portable weights verify" json_has '"tokens_match": true'
+  expect 0 "automatic weights name the path they resolve to" -- run --batch 1 --prompt-len 20 --max-new-tokens 1 --json "$tmp/run.json"
+  check "no 'automatic' weight path in the json" json_has '"weight_kernel": "\(portable\|avx2\|avx512\)"'
+  expect 2 "unknown weight path is refused" -- run --weight-kernel bogus
+  check "names the flag and the legal paths" stderr_has "--weight-kernel bogus: not one of: automatic, portable, avx2, avx512"
+  expect 2 "an attention-only path is refused for the weights" -- run --weight-kernel avx512_bf16
+  check "says it is the attention kernel's" stderr_has "--weight-kernel avx512_bf16: an attention path (--attention-kernel); the weight products run on automatic, portable, avx2, avx512"
   # threads inside each rank: weight products split by rows, attention by tokens and KV ranges
   expect 0 "three threads per rank" -- run --threads-per-rank 3 --tp-size 2 --dcp-size 2 --batch 3 --prompt-len 300 --max-new-tokens 4 --json "$tmp/run.json"
   check "threads per rank in the json" json_has '"threads_per_rank": 3'

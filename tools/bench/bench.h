@@ -119,6 +119,7 @@ struct DecodeBenchOptions {
   std::string threads = "1";  // per rank
   std::string prefill_tokens = "512";  // prompt lengths of the prefill rows ("" or 0: none)
   int new_tokens = 8;
+  std::string weight_kernel = "automatic";  // the weight products' path (ModelOptions)
   std::string csv;
 };
 void bench_decode(const DecodeBenchOptions& o);

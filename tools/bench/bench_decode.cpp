@@ -93,6 +93,7 @@ void bench_decode(const DecodeBenchOptions& o) {
                   kMaxRankThreads, "] (threads per rank)");
   }
   const std::vector<std::string> dtypes = comma_items(o.dtypes);  // checked by the flag's validator
+  const KernelPath weight_kernel = parse_weight_kernel(o.weight_kernel);
 
   // Before anything runs: an unwritable --csv fails at once.
   CsvFile csv(o.csv,
@@ -110,7 +111,8 @@ void bench_decode(const DecodeBenchOptions& o) {
       "the threads (ranks x threads per rank); bytes: weights touched (routed experts: "
       "expected distinct per step) + KV\n");
   std::printf("weight kernel (decode shapes): %s; prefill shapes: %s\n",
-              weight_kernel_label().c_str(), weight_prefill_kernel_label().c_str());
+              weight_kernel_label(weight_kernel).c_str(),
+              weight_prefill_kernel_label(weight_kernel).c_str());
   std::printf("%-7s %-8s %5s %8s %6s %8s | %10s %9s %9s %9s %9s | %8s\n", "mode", "config", "dtype",
               "context", "batch", "threads", "tokens/s", "step ms", "MB/step", "GFLOP", "roof ms",
               "% roof");
@@ -120,12 +122,17 @@ void bench_decode(const DecodeBenchOptions& o) {
       const double read_gbps = flusher.read_gbps(threads);
       // dcp's product first: OpenBLAS's workers spin on after a call and would take a core
       // from it (dcp's pool spins 200 us, which sgemm's untimed first call absorbs).
-      const double blocked_gflops = measure_blocked_gflops(threads, 1024);
+      const double blocked_gflops = measure_blocked_gflops(threads, 1024, weight_kernel);
       const double sgemm_gflops = measure_sgemm_gflops(threads, 1024);
       const double compute_gflops = std::max(sgemm_gflops, blocked_gflops);
-      char blocked_label[32] = "not on this CPU";
-      if (blocked_gflops > 0)
+      char blocked_label[48];
+      if (blocked_gflops > 0) {
         std::snprintf(blocked_label, sizeof blocked_label, "%.1f", blocked_gflops);
+      } else {
+        const std::string_view path = to_string(resolve_exact_path(weight_kernel));
+        std::snprintf(blocked_label, sizeof blocked_label, "not on the %.*s path",
+                      static_cast<int>(path.size()), path.data());
+      }
       std::printf(
           "# tp %d dcp %d, %lld thread(s) per rank: read ceiling %.1f GB/s, compute ceiling %.1f "
           "GFLOP/s (%d thread%s; sgemm %.1f with %s, dcp's blocked product %s)\n",
@@ -174,6 +181,7 @@ void bench_decode(const DecodeBenchOptions& o) {
         ModelOptions mo;
         mo.kv_dtype = KvDtype::bf16;
         mo.threads = static_cast<int>(per_rank);
+        mo.weight_kernel = weight_kernel;
         // Each request rounds up to whole (virtual) pages.
         const std::int64_t page = static_cast<std::int64_t>(mo.page_size) * pc_in.dcp;
         const auto pages = [&](std::int64_t tokens) { return (tokens + page - 1) / page * page; };
@@ -284,6 +292,10 @@ void add_decode_bench(CLI::App* bench) {
       ->capture_default_str();
   cmd->add_option("--new-tokens", o->new_tokens, "tokens generated per request (steps + 1)")
       ->check(at_least(2))
+      ->capture_default_str();
+  cmd->add_option("--weight-kernel", o->weight_kernel,
+                  "the weight products' path: automatic (the widest this CPU runs), portable, "
+                  "avx2 or avx512")
       ->capture_default_str();
   cmd->add_option("--csv", o->csv, "write the table as CSV")->check(writable_file());
   cmd->callback([o] { bench_decode(*o); });

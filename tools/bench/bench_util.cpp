@@ -37,15 +37,15 @@ double measure_sgemm_gflops(int threads, int n) {
   return best;
 }
 
-double measure_blocked_gflops(int threads, int n) {
-  if (!prefill_runs_blocked_product()) return 0;
+double measure_blocked_gflops(int threads, int n, KernelPath path) {
+  if (!prefill_runs_blocked_product(path)) return 0;
   std::vector<float> x(static_cast<std::size_t>(n) * n, 0.5f), y(x.size());
   const WeightMatrix w = WeightMatrix::from_float(std::vector<float>(x.size(), 0.25f), n, n);
-  linear(x.data(), n, w, y.data(), -1, -1, KernelPath::automatic, threads);
+  linear(x.data(), n, w, y.data(), -1, -1, path, threads);
   double best = 0;
   for (int rep = 0; rep < 5; ++rep) {
     const auto t0 = Clock::now();
-    linear(x.data(), n, w, y.data(), -1, -1, KernelPath::automatic, threads);
+    linear(x.data(), n, w, y.data(), -1, -1, path, threads);
     best = std::max(best, 2.0 * n * n * n / seconds_since(t0) / 1e9);
   }
   return best;

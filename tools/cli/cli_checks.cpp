@@ -114,6 +114,25 @@ void check_divides_heads(const ModelConfig& model, int size, const char* flag) {
                 " must divide the model's ", model.num_attention_heads, " attention heads");
 }
 
+KernelPath parse_weight_kernel(const std::string& name) {
+  constexpr const char* kLegal = "automatic, portable, avx2, avx512";
+  KernelPath k = KernelPath::automatic;
+  try {
+    k = parse_kernel_path(name);
+  } catch (const Error&) {
+    throw Error(ErrorCategory::invalid_argument,
+                str("--weight-kernel ", name, ": not one of: ", kLegal));
+  }
+  DCP_ARG_CHECK(!is_bf16_pair_path(k), "--weight-kernel ", name,
+                ": an attention path (--attention-kernel); the weight products run on ", kLegal);
+  try {
+    resolve_exact_path(k);
+  } catch (const Error& e) {
+    throw Error(e.category(), str("--weight-kernel ", name, ": ", e.what()));
+  }
+  return k;
+}
+
 double physical_memory_bytes() {
   return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dcp/error.h"
+#include "dcp/kernel_path.h"
 #include "dcp/model_config.h"
 
 namespace dcp::cli {
@@ -37,6 +38,10 @@ auto with_flag(const char* flag, F&& f) -> decltype(f()) {
 
 // `flag` (a TP or DCP size) must divide the model's attention heads; dcp::Error otherwise.
 void check_divides_heads(const ModelConfig& model, int size, const char* flag);
+
+// --weight-kernel: automatic, portable, avx2 or avx512, a path this CPU runs; dcp::Error naming
+// the flag and the legal paths otherwise (the bf16-pair paths are the attention kernel's only).
+KernelPath parse_weight_kernel(const std::string& name);
 
 // This machine's physical memory in bytes.
 double physical_memory_bytes();

@@ -23,6 +23,7 @@ constexpr std::pair<std::string_view, std::string_view> kFlags[] = {
     {"kv_dtype", "--kv-cache-dtype"},
     {"kv_capacity_tokens", "--max-total-tokens"},
     {"attention_kernel", "--attention-kernel"},
+    {"weight_kernel", "--weight-kernel"},
     {"threads", "--threads-per-rank"},
     {"chunked_prefill_size", "--chunked-prefill-size"},
     {"max_running_requests", "--max-running-requests"},

@@ -82,6 +82,7 @@ ordered_json report_json(const RunOptions& o, const Workload& w, const Deploymen
                  {"dcp_kv_cache_interleave_size", o.kv_interleave},
                  {"kv_cache_dtype", o.kv_cache_dtype},
                  {"attention_kernel", kernel_name(w.spec.model_options.attention_kernel)},
+                 {"weight_kernel", kernel_name(w.spec.model_options.weight_kernel)},
                  {"threads_per_rank", w.spec.model_options.threads},
                  {"chunked_prefill_size", o.chunked_prefill_size},
                  {"comm", o.comm},

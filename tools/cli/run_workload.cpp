@@ -102,6 +102,7 @@ Workload build_workload(const RunOptions& o) {
   s.model_options.kv_interleave = o.kv_interleave;
   s.model_options.attention_kernel =
       parse_attention_kernel(o.attention_kernel, s.model_options.kv_dtype);
+  s.model_options.weight_kernel = parse_weight_kernel(o.weight_kernel);
   s.model_options.threads = o.threads_per_rank;
   s.engine.chunked_prefill_size = o.chunked_prefill_size;
   s.engine.record_logits = o.verify || !o.dump_logits.empty();
@@ -274,6 +275,10 @@ void add_deployment_flags(CLI::App* cmd, RunOptions& o) {
                   "local attention kernel: automatic (fastest exact path), portable, avx2, avx512, "
                   "or a bf16-pair path, amx_bf16 or avx512_bf16 (bf16 KV; rounds q and P to "
                   "bf16)")
+      ->capture_default_str();
+  cmd->add_option("--weight-kernel", o.weight_kernel,
+                  "the weight products' path: automatic (the widest this CPU runs), portable, "
+                  "avx2 or avx512")
       ->capture_default_str();
   cmd->add_option("--threads-per-rank", o.threads_per_rank,
                   "threads of each rank: the weight products split their rows over them, the "

@@ -18,6 +18,7 @@ struct RunOptions {
   int kv_interleave = 1;  // --dcp-kv-cache-interleave-size
   std::string kv_cache_dtype = "bf16";
   std::string attention_kernel = "automatic";
+  std::string weight_kernel = "automatic";
   int threads_per_rank = 1;
   int chunked_prefill_size = 2048;
   std::int64_t max_total_tokens = 0;  // 0: enough for the workload
