@@ -29,8 +29,8 @@ constexpr std::int64_t kMaxColumns = 2048;
 // How far ahead each weight row is prefetched (floats): a row is read once per token tile, and
 // the first tile reads it from memory.
 constexpr std::int64_t kPrefetchAhead = 256;
-// Columns are widened (bf16, FP8) and summed a chunk at a time: 8 rows of a chunk are 8 KB, which
-// stay in L1 while the token tile's sums run over them.
+// Columns are widened (bf16, FP8) and summed a chunk at a time: a tile's rows of a chunk (8 KB
+// for 8 rows) stay in L1 while the token tile's sums run over them.
 constexpr std::int64_t kChunk = 256;
 
 template <class V>
