@@ -70,7 +70,8 @@ class LLM:
                  dcp_replicate_q_proj: bool = False, page_size: int = 64,
                  dcp_kv_cache_interleave_size: int = 1,
                  kv_cache_dtype: str = "bf16", attention_kernel: str = "automatic",
-                 weight_kernel: str = "automatic", threads_per_rank: int = 1, max_total_tokens: int = 65536, chunked_prefill_size: int = 2048,
+                 weight_kernel: str = "automatic", threads_per_rank: int = 1,
+                 max_total_tokens: int = 65536, chunked_prefill_size: int = 2048,
                  max_running_requests: int = 64, comm_timeout_s: float = 300.0):
         c = _dcp._LlmConfig()
         c.model = str(model)

@@ -389,7 +389,7 @@ case_run_kernel() {
   expect 2 "unknown weight path is refused" -- run --weight-kernel bogus
   check "names the flag and the legal paths" stderr_has "--weight-kernel bogus: not one of: automatic, portable, avx2, avx512"
   expect 2 "an attention-only path is refused for the weights" -- run --weight-kernel avx512_bf16
-  check "says it is the attention kernel's" stderr_has "--weight-kernel avx512_bf16: an attention path (--attention-kernel); the weight products run on automatic, portable, avx2, avx512"
+  check "says it is the attention kernel's" stderr_has "--weight-kernel avx512_bf16: kernel path avx512_bf16 is an attention path; the weight product runs on automatic, portable, avx2 or avx512"
   # threads inside each rank: weight products split by rows, attention by tokens and KV ranges
   expect 0 "three threads per rank" -- run --threads-per-rank 3 --tp-size 2 --dcp-size 2 --batch 3 --prompt-len 300 --max-new-tokens 4 --json "$tmp/run.json"
   check "threads per rank in the json" json_has '"threads_per_rank": 3'

@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "dcp/error.h"
+#include "dcp/weights.h"
 
 namespace dcp::cli {
 namespace {
@@ -115,18 +116,15 @@ void check_divides_heads(const ModelConfig& model, int size, const char* flag) {
 }
 
 KernelPath parse_weight_kernel(const std::string& name) {
-  constexpr const char* kLegal = "automatic, portable, avx2, avx512";
   KernelPath k = KernelPath::automatic;
   try {
     k = parse_kernel_path(name);
-  } catch (const Error&) {
+  } catch (const Error&) {  // its list names the attention-only paths too
     throw Error(ErrorCategory::invalid_argument,
-                str("--weight-kernel ", name, ": not one of: ", kLegal));
+                str("--weight-kernel ", name, ": not one of: automatic, portable, avx2, avx512"));
   }
-  DCP_ARG_CHECK(!is_bf16_pair_path(k), "--weight-kernel ", name,
-                ": an attention path (--attention-kernel); the weight products run on ", kLegal);
   try {
-    resolve_exact_path(k);
+    weight_kernel_label(k);  // refuses an attention-only path and one this CPU lacks
   } catch (const Error& e) {
     throw Error(e.category(), str("--weight-kernel ", name, ": ", e.what()));
   }

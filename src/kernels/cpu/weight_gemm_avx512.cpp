@@ -1,7 +1,7 @@
 // The prefill-shaped weight product with AVX-512 (weight_gemm.h): 48-token tiles, 8 weight rows.
 
-// GCC 12's AVX-512 unpack and conversion intrinsics pass an undefined vector as the unused merge
-// source, which -W(maybe-)uninitialized reports once they are inlined.
+// GCC 12's AVX-512 widening intrinsics (_mm512_cvtepu16_epi32, _mm512_cvtph_ps) pass an undefined
+// vector as the unused merge source, which -W(maybe-)uninitialized reports once they are inlined.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -12,39 +12,14 @@
 #include <immintrin.h>
 #endif
 
+#include <cstring>
+
+#include "transpose.h"
 #include "weight_gemm.h"
 #include "weight_gemm_blocked.h"
 
 namespace dcp::kernels {
 namespace {
-
-// 16 vectors of 16 floats transposed in registers: element j of r[i] goes to element i of r[j].
-inline void transpose16(__m512 r[16]) {
-  __m512 t[16], u[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  // u[4g + c], 128-bit lane L: column 4L + c of rows 4g .. 4g + 3.
-  for (int g = 0; g < 4; ++g) {
-    const __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 1]);
-    const __m512d c = _mm512_castps_pd(t[4 * g + 2]), d = _mm512_castps_pd(t[4 * g + 3]);
-    u[4 * g + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
-    u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
-    u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
-    u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
-  }
-  for (int c = 0; c < 4; ++c) {
-    const __m512 s0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x44);
-    const __m512 s1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xee);
-    const __m512 s2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x44);
-    const __m512 s3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xee);
-    r[c] = _mm512_shuffle_f32x4(s0, s2, 0x88);
-    r[4 + c] = _mm512_shuffle_f32x4(s0, s2, 0xdd);
-    r[8 + c] = _mm512_shuffle_f32x4(s1, s3, 0x88);
-    r[12 + c] = _mm512_shuffle_f32x4(s1, s3, 0xdd);
-  }
-}
 
 // count bf16 values as fp32 (the bits moved up a half-word), the source read 1 KB ahead.
 void widen_bf16_avx512(const bf16_t* src, std::int64_t count, float* out) {
@@ -95,7 +70,13 @@ struct Avx512 {
   static vec load_first(const float* p, std::int64_t count) {
     return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << count) - 1), p);
   }
-  static void transpose(vec (&r)[lanes]) { transpose16(r); }
+  // The attention kernels' 16 x 16 transpose (transpose.h), on the same bits.
+  static void transpose(vec (&r)[lanes]) {
+    Words16 words[16];
+    std::memcpy(words, r, sizeof words);
+    transpose_16x16(words);
+    std::memcpy(r, words, sizeof words);
+  }
   static void widen_bf16(const bf16_t* src, std::int64_t count, float* out) {
     widen_bf16_avx512(src, count, out);
   }
