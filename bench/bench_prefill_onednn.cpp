@@ -2,8 +2,10 @@
 // whether oneDNN should run dcp's prefill products. dcp::linear runs its blocked product on
 // AVX2 and AVX-512 CPUs (x packed once, bf16 and FP8 widened in registers' reach) and on the
 // portable path widens a tile of rows at a time for OpenBLAS's sgemm; oneDNN picks its kernels from
-// the CPU itself and offers a bf16 matmul where the CPU has bf16 arithmetic. Every product is timed
-// in this run against OpenBLAS's sgemm on the same values held in fp32, and checked against it.
+// the CPU itself and offers a bf16 matmul where the CPU has bf16 arithmetic, as does dcp's opt-in
+// avx512_bf16 path (bf16 weights in vdpbf16ps pairs, x rounded to bf16; its own row where the CPU
+// has AVX512-BF16). Every product is timed in this run against OpenBLAS's sgemm on the same values
+// held in fp32, and checked against it.
 //
 //   bench_prefill_onednn [--rows M] [--shapes KxN,KxN,...] [--path automatic|portable|avx2|avx512]
 //
@@ -172,7 +174,12 @@ int main(int argc, char** argv) {
     } else {
       try {
         path = dcp::parse_kernel_path(value);
-        dcp::weight_prefill_kernel_label(path);  // refuses an attention path or one this CPU lacks
+        if (dcp::is_bf16_pair_path(path)) {
+          usage_error("--path = '" + value +
+                      "': the bf16-pair product has a row of its own; legal: automatic, portable, "
+                      "avx2, avx512");
+        }
+        dcp::weight_prefill_kernel_label(path);  // refuses a path this CPU lacks
       } catch (const dcp::Error& e) {
         usage_error("--path = '" + value + "': " + e.what());
       }
@@ -206,7 +213,7 @@ int main(int argc, char** argv) {
     std::vector<float> ref_8(out_size);
     sgemm(w8_f32, ref_8.data());
     const dcp::WeightMatrix wf = dcp::WeightMatrix::from_float(wb_f32, s.n, s.k);
-    std::vector<Product> products(6);
+    std::vector<Product> products(7);
     for (Product& p : products) p.y.resize(out_size);
     const bool blocked = dcp::prefill_runs_blocked_product(path);
     const std::string blocked_kernel =
@@ -236,6 +243,14 @@ int main(int argc, char** argv) {
     products[5].name = "onednn matmul, bf16 x and weights";
     products[5].tolerance = 2e-2;  // x is rounded to bf16 too
     add_onednn_matmul(dnnl::memory::data_type::bf16, x, wb_f32, m, s.k, s.n, products[5]);
+    products[6].name = "dcp::linear, bf16 weights, bf16 x";
+    products[6].kernel = "bf16 pairs";
+    products[6].tolerance = 2e-2;  // x is rounded to bf16
+    if (dcp::avx512_bf16_available()) {
+      products[6].run = [&, y = products[6].y.data()] {
+        dcp::linear(x.data(), m, wb, y, -1, -1, dcp::KernelPath::avx512_bf16);
+      };
+    }
     time_in_turns(products);
     const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(s.n * s.k);
     const std::string shape = std::to_string(s.k) + "x" + std::to_string(s.n);

@@ -97,8 +97,10 @@ Case random_fp8(std::int64_t rows, std::int64_t cols, int br, int bc, std::int64
   return c;
 }
 
-// y = x @ w^T in float64, and the bound on the rounding of an fp32 sum of |x w| terms.
-void check(const Case& c, std::int64_t m, KernelPath path, test::Rng& rng, const char* what) {
+// y = x @ w^T in float64, and the bound on the rounding of an fp32 sum of |x w| terms. With
+// round_x, x's values are first rounded to bf16 here (the bf16-pair path's contract).
+void check(const Case& c, std::int64_t m, KernelPath path, test::Rng& rng, const char* what,
+           bool round_x = false) {
   const std::int64_t n = c.w.rows, k = c.w.cols, ldx = k + 3, ldy = n + 5;
   std::vector<float> x(static_cast<std::size_t>(m * ldx));
   for (float& v : x) v = rng.normal();
@@ -108,7 +110,9 @@ void check(const Case& c, std::int64_t m, KernelPath path, test::Rng& rng, const
     for (std::int64_t r = 0; r < n; ++r) {
       double want = 0, magnitude = 0;
       for (std::int64_t j = 0; j < k; ++j) {
-        const double t = static_cast<double>(x[i * ldx + j]) * c.values[r * k + j];
+        const float xv = x[i * ldx + j];
+        const double t = (round_x ? decode_bf16(float_to_bf16(xv)) : static_cast<double>(xv)) *
+                         c.values[r * k + j];
         want += t;
         magnitude += std::fabs(t);
       }
@@ -483,7 +487,18 @@ TEST(WeightLinear, NamesTheKernelEachPathRuns) {
                   : "avx512, FP8 widened by F16C");
   }
   EXPECT_EQ(weight_kernel_label(), weight_kernel_label(have.back()));
-  EXPECT_THROW(weight_kernel_label(KernelPath::avx512_bf16), Error);
+  EXPECT_THROW(weight_kernel_label(KernelPath::amx_bf16), Error);
+  if (avx512_bf16_available()) {
+    EXPECT_EQ(weight_kernel_label(KernelPath::avx512_bf16),
+              "avx512_bf16: bf16 weights in vdpbf16ps pairs, x rounded to bf16; fp32/FP8 on " +
+                  weight_kernel_label(KernelPath::avx512));
+    EXPECT_EQ(weight_prefill_kernel_label(KernelPath::avx512_bf16),
+              "avx512_bf16: bf16 weights in vdpbf16ps pairs, x rounded to bf16; fp32/FP8 on " +
+                  weight_prefill_kernel_label(KernelPath::avx512));
+    EXPECT_TRUE(prefill_runs_blocked_product(KernelPath::avx512_bf16));
+  } else {
+    EXPECT_THROW(weight_kernel_label(KernelPath::avx512_bf16), Error);
+  }
   // Prefill shapes: dcp's blocked product on avx512 and avx2, BLAS on the portable path.
   for (const KernelPath p : have) {
     EXPECT_EQ(prefill_runs_blocked_product(p), p != KernelPath::portable) << to_string(p);
@@ -496,12 +511,55 @@ TEST(WeightLinear, NamesTheKernelEachPathRuns) {
   EXPECT_THROW(prefill_runs_blocked_product(KernelPath::amx_bf16), Error);
 }
 
-TEST(WeightLinear, RefusesAPathThisCpuLacksAndTheBf16PairPaths) {
+// The opt-in avx512_bf16 path: bf16 weights times x rounded to bf16, summed in fp32, against
+// float64 over the rounded x (the tolerance is far below what rounding x changes, so a product
+// of unrounded x fails it): decode shapes (1-16 rows of x) and prefill shapes (tiles of 48 and
+// their remainders), k odd and even with every tail of a 32-value vector, long rows summed in
+// passes, row strides. Threads keep every sum; fp32 and FP8 weights run the avx512 products.
+TEST(WeightLinear, Bf16PairsMultiplyXRoundedToBf16) {
+  if (!avx512_bf16_available()) GTEST_SKIP() << "this CPU has no AVX512-BF16";
+  test::Rng rng = test::make_rng();
+  for (const std::int64_t m : {1, 2, 3, 4, 5, 8, 16, 17, 40, 48, 49, 97}) {
+    for (const std::int64_t k : {1, 2, 31, 32, 33, 64, 95, 300}) {
+      check(random_bf16(rng.range(1, 40), k, rng), m, KernelPath::avx512_bf16, rng, "bf16 pairs",
+            true);
+    }
+  }
+  for (const std::int64_t m : {1, 5, 60}) {
+    for (const std::int64_t k : {4097, 5121, 5122}) {  // 5121: passes of 2048 pairs, odd end
+      check(random_bf16(rng.range(9, 20), k, rng), m, KernelPath::avx512_bf16, rng, "bf16 pairs",
+            true);
+    }
+  }
+  for (const std::int64_t m : {1, 7, 16, 100}) {
+    const Case c = random_bf16(1000, 333, rng);
+    std::vector<float> x(static_cast<std::size_t>(m * 333));
+    for (float& v : x) v = rng.normal();
+    std::vector<float> one(static_cast<std::size_t>(m * 1000)), many(one.size());
+    linear(x.data(), m, c.w, one.data(), -1, -1, KernelPath::avx512_bf16);
+    linear(x.data(), m, c.w, many.data(), -1, -1, KernelPath::avx512_bf16, 3);
+    ASSERT_EQ(many, one) << "m " << m;
+  }
+  for (const Case& c : {random_f32(70, 300, rng), random_fp8(70, 300, 128, 128, 5, 7, rng)}) {
+    for (const std::int64_t m : {1, 9, 60}) {
+      std::vector<float> x(static_cast<std::size_t>(m * 300));
+      for (float& v : x) v = rng.normal();
+      std::vector<float> exact(static_cast<std::size_t>(m * 70)), paired(exact.size());
+      linear(x.data(), m, c.w, exact.data(), -1, -1, KernelPath::avx512);
+      linear(x.data(), m, c.w, paired.data(), -1, -1, KernelPath::avx512_bf16);
+      ASSERT_EQ(paired, exact) << to_string(c.w.dtype) << " m " << m;
+    }
+  }
+}
+
+TEST(WeightLinear, RefusesAPathThisCpuLacksAndTheAmxPath) {
   test::Rng rng = test::make_rng();
   const Case c = random_bf16(4, 16, rng);
   std::vector<float> x(16, 1.0f), y(4);
   EXPECT_THROW(linear(x.data(), 1, c.w, y.data(), -1, -1, KernelPath::amx_bf16), Error);
-  EXPECT_THROW(linear(x.data(), 1, c.w, y.data(), -1, -1, KernelPath::avx512_bf16), Error);
+  if (!avx512_bf16_available()) {
+    EXPECT_THROW(linear(x.data(), 1, c.w, y.data(), -1, -1, KernelPath::avx512_bf16), Error);
+  }
   const auto have = available_kernel_paths();
   if (std::find(have.begin(), have.end(), KernelPath::avx512) == have.end()) {
     EXPECT_THROW(linear(x.data(), 1, c.w, y.data(), -1, -1, KernelPath::avx512), Error);

@@ -71,14 +71,16 @@ constexpr std::int64_t weight_gemv_max_rows(WeightDtype d) noexcept {
 
 // y[m, w.rows] = x[m, w.cols] @ w^T with w held in its dtype; ldx and ldy are row strides
 // (-1: dense). Up to weight_gemv_max_rows(w.dtype) rows of x run on the widest SIMD path this CPU
-// has (or `path`; the bf16-pair paths are refused). More rows run dcp's blocked product on the
-// avx512 and avx2 paths (x packed once, each sum one fused multiply-add per column in column
-// order, so both paths give the same bits; bf16 and FP8 widened in L1 a chunk of rows and
-// columns at a time), and BLAS's sgemm on the portable path (bf16 and FP8 widened a tile of rows
-// at a time). Every path multiplies by the values row_to_float gives; sums differ only in their
-// rounding order. threads > 1 splits the output rows over the
-// calling thread's worker pool (this_thread_worker_pool) in parts of at least 64K weights; every
-// sum is bitwise the one-thread sum, except BLAS's.
+// has (or `path`). More rows run dcp's blocked product on the avx512 and avx2 paths (x packed
+// once, each sum one fused multiply-add per column in column order, so both paths give the same
+// bits; bf16 and FP8 widened in L1 a chunk of rows and columns at a time), and BLAS's sgemm on
+// the portable path (bf16 and FP8 widened a tile of rows at a time). Every such path multiplies
+// by the values row_to_float gives; sums differ only in their rounding order. The opt-in
+// avx512_bf16 path multiplies bf16 weights by x rounded to bf16, two columns per vdpbf16ps (about
+// twice the exact products' rate where they are compute-bound), and fp32 and FP8 weights as
+// avx512 does; amx_bf16 is refused. threads > 1 splits the output rows over the calling thread's
+// worker pool (this_thread_worker_pool) in parts of at least 64K weights; every sum is bitwise
+// the one-thread sum, except BLAS's.
 void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std::int64_t ldx = -1,
             std::int64_t ldy = -1, KernelPath path = KernelPath::automatic, int threads = 1);
 // Which copy of linear()'s own product `path` runs on this CPU, for benchmark headers: its path

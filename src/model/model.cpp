@@ -70,7 +70,7 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
   DCP_ARG_CHECK(options.threads >= 1 && options.threads <= kMaxRankThreads,
                 "threads = ", options.threads, " must be in [1, ", kMaxRankThreads, "]");
   try {
-    weight_kernel_label(options.weight_kernel);  // refuses a bf16-pair path or one this CPU lacks
+    weight_kernel_label(options.weight_kernel);  // refuses amx_bf16 and a path this CPU lacks
   } catch (const Error& e) {
     throw Error(e.category(), str("weight_kernel = ", to_string(options.weight_kernel), ": ",
                                   e.what()));
@@ -169,6 +169,12 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
           ops::Rope(c.qk_rope_head_dim, c.rope_theta, c.rope_scaling ? &*c.rope_scaling : nullptr);
     layers_.push_back(std::move(L));
   }
+  DCP_ARG_CHECK(options.weight_kernel != KernelPath::avx512_bf16 ||
+                    lm_head_.dtype == WeightDtype::bf16 || weight_dtype() == WeightDtype::bf16,
+                "weight_kernel = avx512_bf16 multiplies bf16 weights in pairs; this model holds "
+                "none (its weights are ",
+                to_string(weight_dtype()), ", its lm_head ", to_string(lm_head_.dtype),
+                "): use automatic, portable, avx2 or avx512");
   DcpAttentionOptions step;
   step.backend = n == 1 ? CombineBackend::ag_rs : options.backend;
   step.replicated_q = replicate;

@@ -11,6 +11,7 @@
 #include "dcp/model_config.h"
 #include "dcp/worker_pool.h"
 #include "kernels/cpu/simd_dispatch.h"
+#include "kernels/cpu/weight_bf16_pairs.h"
 #include "kernels/cpu/weight_gemm.h"
 #include "kernels/cpu/weight_gemv.h"
 
@@ -30,14 +31,31 @@ kernels::WidenRowsFn select_widen(KernelPath path) {
 }
 
 // The blocked prefill product's copy for a path: the two halves (pack x, multiply) of one
-// instruction set. The portable path has none and runs BLAS.
+// instruction set, and how many of x's columns a packed word holds (bf16 pairs: two). The
+// portable path has none and runs BLAS.
 struct BlockedProduct {
   void (*pack)(const float* x, std::int64_t m, std::int64_t k, std::int64_t ldx, float* packed);
   void (*product)(const float* packed, std::int64_t m, const kernels::GemvWeight& w, float* y,
                   std::int64_t ldy);
+  int columns_per_word = 1;
 };
 constexpr BlockedProduct kBlockedAvx2{kernels::gemm_pack_x_avx2, kernels::gemm_packed_avx2};
 constexpr BlockedProduct kBlockedAvx512{kernels::gemm_pack_x_avx512, kernels::gemm_packed_avx512};
+constexpr BlockedProduct kBlockedBf16Pairs{kernels::gemm_pack_x_bf16_pairs,
+                                           kernels::gemm_packed_bf16_pairs, 2};
+
+// The exact copy a weight path runs: avx512_bf16 pairs only bf16 weights and runs the avx512
+// copies for the others; amx_bf16 has no weight product.
+KernelPath exact_weight_path(KernelPath path) {
+  if (path == KernelPath::avx512_bf16) {
+    require_bf16_pair_path(path);
+    return KernelPath::avx512;
+  }
+  DCP_ARG_CHECK(path != KernelPath::amx_bf16,
+                "kernel path amx_bf16 is an attention path; the weight product runs on automatic, "
+                "portable, avx2, avx512 or avx512_bf16");
+  return path;
+}
 
 const BlockedProduct* select_blocked(KernelPath path) {
   return kernels::select_simd_copy<const BlockedProduct*>(path, "the weight product", nullptr,
@@ -204,22 +222,29 @@ ScopedWeightThreads::~ScopedWeightThreads() {
 }
 
 bool prefill_runs_blocked_product(KernelPath path) {
-  return select_blocked(path) != nullptr;
+  return select_blocked(exact_weight_path(path)) != nullptr;
 }
 
+namespace {
+constexpr const char* kPairsLabel =
+    "avx512_bf16: bf16 weights in vdpbf16ps pairs, x rounded to bf16";
+}  // namespace
+
 std::string weight_prefill_kernel_label(KernelPath path) {
-  const BlockedProduct* blocked = select_blocked(path);
-  if (blocked == &kBlockedAvx512) return "avx512, x packed once, bf16/FP8 widened in L1 chunks";
-  if (blocked == &kBlockedAvx2) return "avx2, x packed once, bf16/FP8 widened in L1 chunks";
-  return "BLAS sgemm, bf16/FP8 rows widened a tile at a time";
+  const BlockedProduct* blocked = select_blocked(exact_weight_path(path));
+  std::string label = "BLAS sgemm, bf16/FP8 rows widened a tile at a time";
+  if (blocked == &kBlockedAvx512) label = "avx512, x packed once, bf16/FP8 widened in L1 chunks";
+  if (blocked == &kBlockedAvx2) label = "avx2, x packed once, bf16/FP8 widened in L1 chunks";
+  return path == KernelPath::avx512_bf16 ? str(kPairsLabel, "; fp32/FP8 on ", label) : label;
 }
 
 std::string weight_kernel_label(KernelPath path) {
-  const kernels::GemvFn gemv = select_gemv(path);
-  if (gemv == kernels::gemv_avx512_vbmi) return "avx512, FP8 widened by AVX512-VBMI byte lookups";
-  if (gemv == kernels::gemv_avx512) return "avx512, FP8 widened by F16C";
-  if (gemv == kernels::gemv_avx2) return "avx2, FP8 widened by F16C";
-  return "portable";
+  const kernels::GemvFn gemv = select_gemv(exact_weight_path(path));
+  std::string label = "portable";
+  if (gemv == kernels::gemv_avx512_vbmi) label = "avx512, FP8 widened by AVX512-VBMI byte lookups";
+  if (gemv == kernels::gemv_avx512) label = "avx512, FP8 widened by F16C";
+  if (gemv == kernels::gemv_avx2) label = "avx2, FP8 widened by F16C";
+  return path == KernelPath::avx512_bf16 ? str(kPairsLabel, "; fp32/FP8 on ", label) : label;
 }
 
 void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std::int64_t ldx,
@@ -229,9 +254,13 @@ void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std
   if (ldy < 0) ldy = n;
   if (m == 0 || n == 0) return;
   DCP_ARG_CHECK(threads >= 1, "linear: threads = ", threads, " must be >= 1");
+  const bool pairs = path == KernelPath::avx512_bf16 && w.dtype == WeightDtype::bf16;
+  path = exact_weight_path(path);
   if (m <= weight_gemv_max_rows(w.dtype)) {
     static const kernels::GemvFn best = select_gemv(KernelPath::automatic);
-    const kernels::GemvFn gemv = path == KernelPath::automatic ? best : select_gemv(path);
+    const kernels::GemvFn gemv = pairs                           ? kernels::gemv_bf16_pairs
+                                 : path == KernelPath::automatic ? best
+                                                                 : select_gemv(path);
     // Each part reads its own rows once: parts of at least 64K weights keep the wake-up of a
     // worker (microseconds) small beside the reads.
     split_rows(threads, n, 4, std::max<std::int64_t>(4, (64 << 10) / std::max<std::int64_t>(1, k)),
@@ -241,8 +270,9 @@ void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std
     return;
   }
   static const BlockedProduct* const blocked_automatic = select_blocked(KernelPath::automatic);
-  if (const BlockedProduct* blocked =
-          path == KernelPath::automatic ? blocked_automatic : select_blocked(path)) {
+  if (const BlockedProduct* blocked = pairs                           ? &kBlockedBf16Pairs
+                                      : path == KernelPath::automatic ? blocked_automatic
+                                                                      : select_blocked(path)) {
     // x packed here, up to 528 tokens (11 tiles of 48, 22 of 24) at a time, so that the packed
     // copy stays small beside a long prompt's x; every part multiplies its rows by it. Each
     // token's sums are its own, so the slabs change no bit.
@@ -250,7 +280,8 @@ void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std
     thread_local std::vector<float> packing;
     for (std::int64_t t0 = 0; t0 < m; t0 += kSlabTokens) {
       const std::int64_t tokens = std::min(kSlabTokens, m - t0);
-      packing.resize(static_cast<std::size_t>(kernels::gemm_packed_x_floats(tokens, k)));
+      const std::int64_t words = (k + blocked->columns_per_word - 1) / blocked->columns_per_word;
+      packing.resize(static_cast<std::size_t>(kernels::gemm_packed_x_floats(tokens, words)));
       blocked->pack(x + t0 * ldx, tokens, k, ldx, packing.data());
       const float* packed = packing.data();  // the workers' own thread_local is another vector
       split_rows(threads, n, 16, 64, [&](std::int64_t begin, std::int64_t end) {

@@ -309,7 +309,7 @@ case_bench_step_engine() {
   check "names the forced path's kernels" stdout_has "weight kernel (decode shapes): portable; prefill shapes: BLAS sgemm, bf16/FP8 rows widened a tile at a time$"
   check "no blocked product on the portable path" stdout_has "dcp's blocked product not on the portable path)"
   expect 2 "bench decode refuses an unknown weight path" -- bench decode --preset tiny --num-layers 1 --weight-kernel bogus
-  check "names the flag and the legal paths" stderr_has "--weight-kernel bogus: not one of: automatic, portable, avx2, avx512"
+  check "names the flag and the legal paths" stderr_has "--weight-kernel bogus: not one of: automatic, portable, avx2, avx512, avx512_bf16"
   # Eight requests whose contexts end mid-page: the KV must hold each one's last partial page.
   expect 0 "bench decode, a batch of contexts ending mid-page" -- bench decode --preset tiny --num-layers 1 --configs tp1dcp1,tp2dcp2 --dtypes bf16 --contexts 100 --batches 8 --prefill-tokens 0 --new-tokens 3 --csv "$tmp/decode.csv"
   check "bench decode ran the batch of 8 on both configurations" [ "$(grep -c '^decode,tp[12]dcp[12],100,8,' "$tmp/decode.csv")" -eq 2 ]
@@ -387,9 +387,20 @@ case_run_kernel() {
   expect 0 "automatic weights name the path they resolve to" -- run --batch 1 --prompt-len 20 --max-new-tokens 1 --json "$tmp/run.json"
   check "no 'automatic' weight path in the json" json_has '"weight_kernel": "\(portable\|avx2\|avx512\)"'
   expect 2 "unknown weight path is refused" -- run --weight-kernel bogus
-  check "names the flag and the legal paths" stderr_has "--weight-kernel bogus: not one of: automatic, portable, avx2, avx512"
-  expect 2 "an attention-only path is refused for the weights" -- run --weight-kernel avx512_bf16
-  check "says it is the attention kernel's" stderr_has "--weight-kernel avx512_bf16: kernel path avx512_bf16 is an attention path; the weight product runs on automatic, portable, avx2 or avx512"
+  check "names the flag and the legal paths" stderr_has "--weight-kernel bogus: not one of: automatic, portable, avx2, avx512, avx512_bf16"
+  expect 2 "an attention-only path is refused for the weights" -- run --weight-kernel amx_bf16
+  check "says it is the attention kernel's" stderr_has "--weight-kernel amx_bf16: kernel path amx_bf16 is an attention path; the weight product runs on automatic, portable, avx2, avx512 or avx512_bf16"
+  expect 2 "bf16 pairs on a model without bf16 weights are refused" -- run --weight-kernel avx512_bf16
+  check "says why" stderr_has "--weight-kernel avx512_bf16\( multiplies bf16 weights in pairs; this model holds none (its weights are fp32, its lm_head fp32)\|: kernel path avx512_bf16 is not available: it needs a CPU with AVX-512 and AVX512-BF16\)"
+  expect 2 "bench decode refuses bf16 pairs for fp32 weights" -- bench decode --preset tiny --num-layers 1 --weight-kernel avx512_bf16 --dtypes bf16,f32
+  check "names both flags" stderr_has "--weight-kernel avx512_bf16\( multiplies bf16 weights in pairs; --dtypes bf16,f32 includes f32\|: kernel path avx512_bf16 is not available\)"
+  if grep -qw avx512_bf16 /proc/cpuinfo; then
+    expect 0 "bf16 weights in pairs" -- run --preset deepseek-v2-lite --num-layers 1 --weight-kernel avx512_bf16 --batch 2 --prompt-len 70 --max-new-tokens 2 --json "$tmp/run.json"
+    check "json names the pairs path" json_has '"weight_kernel": "avx512_bf16"'
+    check "pairs verify" json_has '"passed": true'
+    expect 0 "bench decode on bf16 pairs" -- bench decode --preset tiny --num-layers 1 --configs tp1dcp1 --dtypes bf16 --contexts 0 --batches 1 --new-tokens 2 --prefill-tokens 20 --weight-kernel avx512_bf16
+    check "names the pairs and their ceiling" stdout_has "bf16 rows: bf16 pairs [0-9.]* GFLOP/s$"
+  fi
   # threads inside each rank: weight products split by rows, attention by tokens and KV ranges
   expect 0 "three threads per rank" -- run --threads-per-rank 3 --tp-size 2 --dcp-size 2 --batch 3 --prompt-len 300 --max-new-tokens 4 --json "$tmp/run.json"
   check "threads per rank in the json" json_has '"threads_per_rank": 3'

@@ -94,6 +94,10 @@ void bench_decode(const DecodeBenchOptions& o) {
   }
   const std::vector<std::string> dtypes = comma_items(o.dtypes);  // checked by the flag's validator
   const KernelPath weight_kernel = parse_weight_kernel(o.weight_kernel);
+  DCP_ARG_CHECK(weight_kernel != KernelPath::avx512_bf16 ||
+                    std::find(dtypes.begin(), dtypes.end(), "f32") == dtypes.end(),
+                "--weight-kernel avx512_bf16 multiplies bf16 weights in pairs; --dtypes ", o.dtypes,
+                " includes f32, whose model holds none (legal with it: bf16, fp8)");
 
   // Before anything runs: an unwritable --csv fails at once.
   CsvFile csv(o.csv,
@@ -125,6 +129,10 @@ void bench_decode(const DecodeBenchOptions& o) {
       const double blocked_gflops = measure_blocked_gflops(threads, 1024, weight_kernel);
       const double sgemm_gflops = measure_sgemm_gflops(threads, 1024);
       const double compute_gflops = std::max(sgemm_gflops, blocked_gflops);
+      // avx512_bf16 runs bf16 weights in pairs: their rows' ceiling is that product's rate.
+      const bool pairs = weight_kernel == KernelPath::avx512_bf16;
+      const double pairs_gflops =
+          pairs ? measure_blocked_gflops(threads, 1024, weight_kernel, WeightDtype::bf16) : 0;
       char blocked_label[48];
       if (blocked_gflops > 0) {
         std::snprintf(blocked_label, sizeof blocked_label, "%.1f", blocked_gflops);
@@ -133,11 +141,17 @@ void bench_decode(const DecodeBenchOptions& o) {
         std::snprintf(blocked_label, sizeof blocked_label, "not on the %.*s path",
                       static_cast<int>(path.size()), path.data());
       }
+      char pairs_label[64] = "";
+      if (pairs) {
+        std::snprintf(pairs_label, sizeof pairs_label, "; bf16 rows: bf16 pairs %.1f GFLOP/s",
+                      pairs_gflops);
+      }
       std::printf(
           "# tp %d dcp %d, %lld thread(s) per rank: read ceiling %.1f GB/s, compute ceiling %.1f "
-          "GFLOP/s (%d thread%s; sgemm %.1f with %s, dcp's blocked product %s)\n",
+          "GFLOP/s (%d thread%s; sgemm %.1f with %s, dcp's blocked product %s)%s\n",
           pc_in.tp, pc_in.dcp, static_cast<long long>(per_rank), read_gbps, compute_gflops, threads,
-          threads == 1 ? "" : "s", sgemm_gflops, blas_kernels_label().c_str(), blocked_label);
+          threads == 1 ? "" : "s", sgemm_gflops, blas_kernels_label().c_str(), blocked_label,
+          pairs_label);
       for (const std::string& dtype : dtypes) {
         const ModelSource model = model_in(base, dtype);
         const ModelConfig& c = model.config;
@@ -157,10 +171,11 @@ void bench_decode(const DecodeBenchOptions& o) {
                                           (2.0 * c.latent_width() + 2.0 * c.kv_lora_rank) *
                                           c.num_hidden_layers;
         const std::string config = str("tp", pc_in.tp, "dcp", pc_in.dcp);
+        const double ceiling =
+            pairs && dtype == "bf16" ? std::max(compute_gflops, pairs_gflops) : compute_gflops;
         const auto report = [&](const char* mode, std::int64_t context, std::int64_t batch,
                                 double ms, double tokens, double bytes, double flops) {
-          const double roof_ms =
-              std::max(bytes / (read_gbps * 1e9), flops / (compute_gflops * 1e9)) * 1e3;
+          const double roof_ms = std::max(bytes / (read_gbps * 1e9), flops / (ceiling * 1e9)) * 1e3;
           const double tokens_per_s = tokens / (ms / 1e3);
           std::printf("%-7s %-8s %5s %8lld %6lld %8d | %10.1f %9.2f %9.1f %9.2f %9.2f | %7.0f%%\n",
                       mode, config.c_str(), dtype.c_str(), static_cast<long long>(context),
@@ -169,7 +184,7 @@ void bench_decode(const DecodeBenchOptions& o) {
           std::fflush(stdout);
           csv.row({mode, config, str(context), str(batch), str(threads), dtype, str(tokens_per_s),
                    str(ms), str(bytes), str(flops), str(read_gbps), str(sgemm_gflops),
-                   str(blocked_gflops), str(compute_gflops), str(roof_ms), str(roof_ms / ms)});
+                   str(blocked_gflops), str(ceiling), str(roof_ms), str(roof_ms / ms)});
         };
         ParallelConfig pc;
         pc.tp_size = pc_in.tp;
@@ -295,7 +310,8 @@ void add_decode_bench(CLI::App* bench) {
       ->capture_default_str();
   cmd->add_option("--weight-kernel", o->weight_kernel,
                   "the weight products' path: automatic (the widest this CPU runs), portable, "
-                  "avx2 or avx512")
+                  "avx2, avx512, or avx512_bf16 (opt-in: bf16 weights in vdpbf16ps pairs with x "
+                  "rounded to bf16, fp32 and FP8 weights as avx512)")
       ->capture_default_str();
   cmd->add_option("--csv", o->csv, "write the table as CSV")->check(writable_file());
   cmd->callback([o] { bench_decode(*o); });

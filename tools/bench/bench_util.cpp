@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <thread>
 #include <vector>
 
+#include "dcp/dtype.h"
 #include "dcp/error.h"
 #include "dcp/memory.h"
 #include "dcp/weights.h"
@@ -37,10 +39,18 @@ double measure_sgemm_gflops(int threads, int n) {
   return best;
 }
 
-double measure_blocked_gflops(int threads, int n, KernelPath path) {
+double measure_blocked_gflops(int threads, int n, KernelPath path, WeightDtype dtype) {
   if (!prefill_runs_blocked_product(path)) return 0;
   std::vector<float> x(static_cast<std::size_t>(n) * n, 0.5f), y(x.size());
-  const WeightMatrix w = WeightMatrix::from_float(std::vector<float>(x.size(), 0.25f), n, n);
+  WeightMatrix w = WeightMatrix::from_float(std::vector<float>(x.size(), 0.25f), n, n);
+  if (dtype == WeightDtype::bf16) {  // 0.25 is exact in bf16: its top half-word
+    w.dtype = WeightDtype::bf16;
+    const std::vector<bf16_t> quarters(x.size(), float_to_bf16(0.25f));
+    w.data.resize(quarters.size() * sizeof(bf16_t));
+    std::memcpy(w.data.data(), quarters.data(), w.data.size());
+  }
+  DCP_ARG_CHECK(w.dtype == dtype, "measure_blocked_gflops: weights f32 or bf16, not ",
+                to_string(dtype));
   linear(x.data(), n, w, y.data(), -1, -1, path, threads);
   double best = 0;
   for (int rep = 0; rep < 5; ++rep) {

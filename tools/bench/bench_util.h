@@ -8,14 +8,17 @@
 
 #include "dcp/kernel_path.h"
 #include "dcp/memory.h"
+#include "dcp/weights.h"
 
 namespace dcp::cli {
 
 // fp32 GEMM rate (GFLOP/s) of OpenBLAS on an n x n x n product with `threads` threads.
 double measure_sgemm_gflops(int threads, int n = 2048);
-// The same of dcp's blocked product (linear() on `path` on fp32 weights, n rows of x, `threads`
-// threads); 0 where linear() runs BLAS for it (prefill_runs_blocked_product(path) is false).
-double measure_blocked_gflops(int threads, int n = 2048, KernelPath path = KernelPath::automatic);
+// The same of dcp's blocked product (linear() on `path` on weights of `dtype`, n rows of x,
+// `threads` threads); 0 where linear() runs BLAS for it (prefill_runs_blocked_product(path) is
+// false).
+double measure_blocked_gflops(int threads, int n = 2048, KernelPath path = KernelPath::automatic,
+                              WeightDtype dtype = WeightDtype::f32);
 
 // A buffer larger than the last-level cache. Reading it evicts whatever a benchmark touched
 // before, and it is also what the read ceiling reads.

@@ -121,10 +121,11 @@ KernelPath parse_weight_kernel(const std::string& name) {
     k = parse_kernel_path(name);
   } catch (const Error&) {  // its list names the attention-only paths too
     throw Error(ErrorCategory::invalid_argument,
-                str("--weight-kernel ", name, ": not one of: automatic, portable, avx2, avx512"));
+                str("--weight-kernel ", name,
+                    ": not one of: automatic, portable, avx2, avx512, avx512_bf16"));
   }
   try {
-    weight_kernel_label(k);  // refuses an attention-only path and one this CPU lacks
+    weight_kernel_label(k);  // refuses amx_bf16 and a path this CPU lacks
   } catch (const Error& e) {
     throw Error(e.category(), str("--weight-kernel ", name, ": ", e.what()));
   }

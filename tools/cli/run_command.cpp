@@ -100,6 +100,9 @@ int run(const RunOptions& o) {
                   "the --verify reference did not run on the printing rank");
     }
     if (run.reporting) v = compare(report, ref.report, w.spec.model.config.vocab_size);
+    // Rounding x to bf16 before every bf16 weight product turns the two runs' fp32-level
+    // differences (the merge's order) into whole bf16 steps of some of x's values.
+    if (w.spec.model_options.weight_kernel == KernelPath::avx512_bf16) v.tolerance = 1e-2;
   }
   if (!run.reporting) return 0;
   const nlohmann::ordered_json j = report_json(o, w, report, v);

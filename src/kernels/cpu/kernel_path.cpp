@@ -34,16 +34,21 @@ KernelPath parse_kernel_path(std::string_view name) {
 }
 
 std::vector<KernelPath> available_kernel_paths() {
-  std::vector<KernelPath> paths = {KernelPath::portable};
-  __builtin_cpu_init();
-  // F16C (every AVX2 CPU has it) widens FP8 weights through fp16 in the avx2 weight product.
-  // Read from CPUID: clang 14's __builtin_cpu_supports does not know "f16c".
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c)
-    paths.push_back(KernelPath::avx2);
-  if (__builtin_cpu_supports("avx512f")) paths.push_back(KernelPath::avx512);
-  return paths;
+  // Once per process: CPUID traps to the hypervisor in a virtual machine (microseconds), and a
+  // forced path is resolved on every weight product.
+  static const std::vector<KernelPath> available = [] {
+    std::vector<KernelPath> paths = {KernelPath::portable};
+    __builtin_cpu_init();
+    // F16C (every AVX2 CPU has it) widens FP8 weights through fp16 in the avx2 weight product.
+    // Read from CPUID: clang 14's __builtin_cpu_supports does not know "f16c".
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c)
+      paths.push_back(KernelPath::avx2);
+    if (__builtin_cpu_supports("avx512f")) paths.push_back(KernelPath::avx512);
+    return paths;
+  }();
+  return available;
 }
 
 KernelPath resolve_exact_path(KernelPath k) {
@@ -63,13 +68,16 @@ bool amx_bf16_available() {
 }
 
 bool avx512_bf16_available() {
-  __builtin_cpu_init();
-  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
-      !__builtin_cpu_supports("avx512vl"))
-    return false;
-  // CPUID.(7,1):EAX bit 5 (clang 14's __builtin_cpu_supports does not know "avx512bf16").
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 && (eax & (1u << 5)) != 0;
+  static const bool available = [] {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+        !__builtin_cpu_supports("avx512vl"))
+      return false;
+    // CPUID.(7,1):EAX bit 5 (clang 14's __builtin_cpu_supports does not know "avx512bf16").
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0 && (eax & (1u << 5)) != 0;
+  }();
+  return available;
 }
 
 void require_bf16_pair_path(KernelPath k) {

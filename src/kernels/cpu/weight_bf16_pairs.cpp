@@ -1,0 +1,281 @@
+// Weight products on bf16 pairs (weight_bf16_pairs.h), compiled with AVX512-BF16.
+#include "weight_bf16_pairs.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "convert_paths.h"
+#include "dcp/error.h"
+#include "line_vector.h"
+#include "simd.h"
+#include "weight_gemm.h"
+
+namespace dcp::kernels {
+namespace {
+
+constexpr std::int64_t kVectorValues = 32;  // bf16 values in a vector
+
+inline __m512bh as_pairs(__m512i v) {
+  return reinterpret_cast<__m512bh&>(v);
+}
+
+// Rows of x rounded to bf16 (dcp::float_to_bf16's bits), row i at out + i * stride, zero from
+// column k to `stride`.
+void round_rows(const float* x, std::int64_t m, std::int64_t k, std::int64_t ldx, bf16_t* out,
+                std::int64_t stride) {
+  for (std::int64_t i = 0; i < m; ++i) {
+    bf16_t* row = out + i * stride;
+    floats_to_bf16_avx512(x + i * ldx, row, static_cast<std::size_t>(k));
+    std::fill(row + k, row + stride, bf16_t{0});
+  }
+}
+
+// ---- Decode shapes: columns in lanes, a weight row's 32 values against x's in one instruction.
+
+// Sums of MG rows of rounded x (stride `stride`, zero past k) against RB weight rows (stride k):
+// out[i * RB + r]. With kPrefetch the rows at `ahead` are asked into L1 as these are read.
+template <int MG, int RB, bool kPrefetch>
+void dot_rows(const bf16_t* xb, std::int64_t stride, const bf16_t* w, std::int64_t k, float* out,
+              const bf16_t* ahead) {
+  __m512 acc[MG][RB];
+  for (int i = 0; i < MG; ++i) {
+    for (int r = 0; r < RB; ++r) acc[i][r] = _mm512_setzero_ps();
+  }
+  std::int64_t c = 0;
+  for (; c + kVectorValues <= k; c += kVectorValues) {
+    __m512bh xv[MG];
+#pragma GCC unroll 4
+    for (int i = 0; i < MG; ++i) xv[i] = as_pairs(_mm512_load_si512(xb + i * stride + c));
+#pragma GCC unroll 8
+    for (int r = 0; r < RB; ++r) {
+      if constexpr (kPrefetch)
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + r * k + c), _MM_HINT_T0);
+      const __m512bh wv = as_pairs(_mm512_loadu_si512(w + r * k + c));
+#pragma GCC unroll 4
+      for (int i = 0; i < MG; ++i) acc[i][r] = _mm512_dpbf16_ps(acc[i][r], xv[i], wv);
+    }
+  }
+  if (c < k) {  // the last values of each row, masked: nothing past a row is read
+    const auto mask = static_cast<__mmask32>((std::uint64_t{1} << (k - c)) - 1);
+    __m512bh xv[MG];
+    for (int i = 0; i < MG; ++i) xv[i] = as_pairs(_mm512_load_si512(xb + i * stride + c));
+    for (int r = 0; r < RB; ++r) {
+      const __m512bh wv = as_pairs(_mm512_maskz_loadu_epi16(mask, w + r * k + c));
+      for (int i = 0; i < MG; ++i) acc[i][r] = _mm512_dpbf16_ps(acc[i][r], xv[i], wv);
+    }
+  }
+  for (int i = 0; i < MG; ++i) {
+    for (int r = 0; r < RB; ++r) out[i * RB + r] = Simd<16>::sum(acc[i][r]);
+  }
+}
+
+// Weight rows [r_begin, r_end) against MG rows of rounded x, four rows at a time; the rows two
+// groups on (one where two groups are over 32 KB) are asked for while these are summed, as the
+// exact decode product does (the hardware prefetchers stop at page edges).
+template <int MG>
+void gemv_group(const bf16_t* xb, std::int64_t stride, const GemvWeight& w, std::int64_t r_begin,
+                std::int64_t r_end, float* y, std::int64_t ldy, bool prefetch) {
+  constexpr int RB = 4;
+  const auto* data = static_cast<const bf16_t*>(w.data);
+  const std::int64_t k = w.k;
+  const std::int64_t ahead =
+      2 * RB * k * static_cast<std::int64_t>(sizeof(bf16_t)) <= (32 << 10) ? 2 : 1;
+  float sums[MG * RB];
+  std::int64_t r = r_begin;
+  for (; r + RB <= r_end; r += RB) {
+    const bf16_t* rows = data + r * k;
+    if (prefetch && r + (ahead + 1) * RB <= w.rows) {
+      dot_rows<MG, RB, true>(xb, stride, rows, k, sums, rows + ahead * RB * k);
+    } else {
+      dot_rows<MG, RB, false>(xb, stride, rows, k, sums, nullptr);
+    }
+    for (int i = 0; i < MG; ++i) {
+      for (int j = 0; j < RB; ++j) y[i * ldy + r + j] = sums[i * RB + j];
+    }
+  }
+  for (; r < r_end; ++r) {
+    dot_rows<MG, 1, false>(xb, stride, data + r * k, k, sums, nullptr);
+    for (int i = 0; i < MG; ++i) y[i * ldy + r] = sums[i];
+  }
+}
+
+// ---- Prefill shapes: tokens in lanes, each 32-bit lane a pair of a token's columns; a weight
+// row's pair is broadcast against a tile of 48 tokens. Tiles as the exact blocked product's
+// (weight_gemm_blocked.h): 3 vectors of tokens x 8 weight rows of sums in registers, blocks of 64
+// weight rows that stay in L2 while every tile passes over them, passes of at most 2048 pairs.
+
+constexpr int kLanes = 16;
+constexpr int kTileVectors = 3;
+constexpr int kTileRows = 8;
+constexpr std::int64_t kTileTokens = kLanes * kTileVectors;
+constexpr std::int64_t kRowsPerBlock = 64;
+constexpr std::int64_t kMaxPairs = 2048;
+constexpr std::int64_t kPrefetchAhead = 512;  // bf16 values: 1 KB ahead in each weight row
+
+std::int64_t packed_width(std::int64_t tokens) {
+  return (tokens + kLanes - 1) / kLanes * kLanes;
+}
+
+const float* align64(const float* p) {
+  return reinterpret_cast<const float*>((reinterpret_cast<std::uintptr_t>(p) + 63) &
+                                        ~std::uintptr_t{63});
+}
+
+inline __m512bh broadcast_pair(const bf16_t* p) {
+  std::uint32_t word;
+  std::memcpy(&word, p, sizeof word);
+  return as_pairs(_mm512_set1_epi32(static_cast<int>(word)));
+}
+
+// Sums of a tile's packed pairs [0, pairs) against NR weight rows (at rows + r * k, pair 0 at
+// column 0); `odd` adds the column after them alone (a row of odd length ends with it).
+template <int MZ, int NR>
+void tile(const float* p, const bf16_t* rows, std::int64_t k, std::int64_t pairs, bool odd,
+          float* y, std::int64_t ldy, std::int64_t tokens, bool resume) {
+  constexpr int width = kLanes * MZ;
+  alignas(64) float sums[NR][width];
+  __m512 acc[MZ][NR];
+  if (resume) {
+    for (int r = 0; r < NR; ++r) {
+      for (std::int64_t i = 0; i < width; ++i) sums[r][i] = i < tokens ? y[i * ldy + r] : 0.0f;
+    }
+  }
+  for (int j = 0; j < MZ; ++j) {
+    for (int r = 0; r < NR; ++r)
+      acc[j][r] = resume ? _mm512_load_ps(&sums[r][kLanes * j]) : _mm512_setzero_ps();
+  }
+  for (std::int64_t c = 0; c < pairs; ++c) {
+    if (c % 16 == 0) {
+      for (int r = 0; r < NR; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(rows + r * k + 2 * c + kPrefetchAhead),
+                     _MM_HINT_T0);
+      }
+    }
+    __m512bh a[MZ];
+    for (int j = 0; j < MZ; ++j) a[j] = as_pairs(_mm512_load_si512(p + c * width + kLanes * j));
+    for (int r = 0; r < NR; ++r) {
+      const __m512bh b = broadcast_pair(rows + r * k + 2 * c);
+      for (int j = 0; j < MZ; ++j) acc[j][r] = _mm512_dpbf16_ps(acc[j][r], a[j], b);
+    }
+  }
+  if (odd) {  // the pair's second value is x's zero padding; w's is not read
+    __m512bh a[MZ];
+    for (int j = 0; j < MZ; ++j) a[j] = as_pairs(_mm512_load_si512(p + pairs * width + kLanes * j));
+    for (int r = 0; r < NR; ++r) {
+      const __m512bh b = as_pairs(_mm512_set1_epi32(rows[r * k + 2 * pairs]));
+      for (int j = 0; j < MZ; ++j) acc[j][r] = _mm512_dpbf16_ps(acc[j][r], a[j], b);
+    }
+  }
+  for (int j = 0; j < MZ; ++j) {
+    for (int r = 0; r < NR; ++r) _mm512_store_ps(&sums[r][kLanes * j], acc[j][r]);
+  }
+  for (std::int64_t i = 0; i < tokens; ++i) {
+    for (int r = 0; r < NR; ++r) y[i * ldy + r] = sums[r][i];
+  }
+}
+
+// Rows [0, n) (from `rows`) in tiles of kTileRows, then one of the rows left.
+template <int MZ, int NR = kTileRows>
+void tile_rows(std::int64_t n, const float* p, const bf16_t* rows, std::int64_t k,
+               std::int64_t pairs, bool odd, float* y, std::int64_t ldy, std::int64_t tokens,
+               bool resume) {
+  if constexpr (NR >= 1) {
+    if (NR == kTileRows) {
+      std::int64_t r = 0;
+      for (; r + NR <= n; r += NR) {
+        tile<MZ, NR>(p, rows + r * k, k, pairs, odd, y + r, ldy, tokens, resume);
+      }
+      if (r < n) {
+        tile_rows<MZ, NR - 1>(n - r, p, rows + r * k, k, pairs, odd, y + r, ldy, tokens, resume);
+      }
+    } else if (n == NR) {
+      tile<MZ, NR>(p, rows, k, pairs, odd, y, ldy, tokens, resume);
+    } else {
+      tile_rows<MZ, NR - 1>(n, p, rows, k, pairs, odd, y, ldy, tokens, resume);
+    }
+  }
+}
+
+template <int MZ = kTileVectors>
+void tile_rows_of_width(int vectors, std::int64_t n, const float* p, const bf16_t* rows,
+                        std::int64_t k, std::int64_t pairs, bool odd, float* y, std::int64_t ldy,
+                        std::int64_t tokens, bool resume) {
+  if constexpr (MZ >= 1) {
+    if (vectors == MZ) {
+      tile_rows<MZ>(n, p, rows, k, pairs, odd, y, ldy, tokens, resume);
+    } else {
+      tile_rows_of_width<MZ - 1>(vectors, n, p, rows, k, pairs, odd, y, ldy, tokens, resume);
+    }
+  }
+}
+
+}  // namespace
+
+void gemv_bf16_pairs(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeight& w,
+                     float* y, std::int64_t ldy) {
+  DCP_ARG_CHECK(w.dtype == GemvDtype::bf16, "the bf16-pair weight product multiplies bf16 weights");
+  const std::int64_t stride = (w.k + kVectorValues - 1) / kVectorValues * kVectorValues;
+  thread_local LineVector<bf16_t> rounded;
+  rounded.resize(static_cast<std::size_t>(m * stride));
+  round_rows(x, m, w.k, ldx, rounded.data(), stride);
+  const bf16_t* xb = rounded.data();
+  // Weight rows in tiles that stay in L1/L2 while every group of four rows of x passes over
+  // them (a multiple of four rows): memory reads each weight once however many rows x has.
+  const std::int64_t tile =
+      m <= 4 ? w.rows
+             : 4 * std::max<std::int64_t>(1, (24 << 10) / std::max<std::int64_t>(1, 4 * w.k * 2));
+  for (std::int64_t r0 = 0; r0 < w.rows; r0 += tile) {
+    const std::int64_t r1 = std::min(w.rows, r0 + tile);
+    std::int64_t i = 0;
+    for (; i + 4 <= m; i += 4) {
+      gemv_group<4>(xb + i * stride, stride, w, r0, r1, y + i * ldy, ldy, i == 0);
+    }
+    switch (m - i) {
+      case 3: gemv_group<3>(xb + i * stride, stride, w, r0, r1, y + i * ldy, ldy, i == 0); break;
+      case 2: gemv_group<2>(xb + i * stride, stride, w, r0, r1, y + i * ldy, ldy, i == 0); break;
+      case 1: gemv_group<1>(xb + i * stride, stride, w, r0, r1, y + i * ldy, ldy, i == 0); break;
+      default: break;
+    }
+  }
+}
+
+void gemm_pack_x_bf16_pairs(const float* x, std::int64_t m, std::int64_t k, std::int64_t ldx,
+                            float* packed) {
+  const std::int64_t pairs = (k + 1) / 2;
+  thread_local LineVector<bf16_t> rounded;
+  rounded.resize(static_cast<std::size_t>(m * 2 * pairs));
+  round_rows(x, m, k, ldx, rounded.data(), 2 * pairs);
+  // A pair is one 32-bit word: the fp32 packing moves words without reading them as numbers.
+  gemm_pack_x_avx512(reinterpret_cast<const float*>(rounded.data()), m, pairs, pairs, packed);
+}
+
+void gemm_packed_bf16_pairs(const float* packed, std::int64_t m, const GemvWeight& w, float* y,
+                            std::int64_t ldy) {
+  DCP_ARG_CHECK(w.dtype == GemvDtype::bf16, "the bf16-pair weight product multiplies bf16 weights");
+  const std::int64_t k = w.k, pairs = (k + 1) / 2, whole = k / 2;
+  const auto* data = static_cast<const bf16_t*>(w.data);
+  const float* p = align64(packed);
+  // One pass unless rows are well over kMaxPairs (a short last pass costs its y round trip).
+  const std::int64_t pass = pairs <= kMaxPairs + kMaxPairs / 4 ? pairs : kMaxPairs;
+  for (std::int64_t c0 = 0; c0 < pairs; c0 += pass) {
+    // This pass's whole pairs, and whether the row's odd last column ends it.
+    const std::int64_t count = std::min(pass, whole - c0);
+    const bool odd = c0 + pass >= pairs && k % 2 == 1;
+    for (std::int64_t n0 = 0; n0 < w.rows; n0 += kRowsPerBlock) {
+      const std::int64_t rows = std::min(kRowsPerBlock, w.rows - n0);
+      const float* pt = p;
+      for (std::int64_t t0 = 0; t0 < m; t0 += kTileTokens) {
+        const std::int64_t tokens = std::min(kTileTokens, m - t0);
+        const std::int64_t width = packed_width(tokens);
+        tile_rows_of_width(static_cast<int>(width / kLanes), rows, pt + c0 * width,
+                           data + n0 * k + 2 * c0, k, count, odd, y + t0 * ldy + n0, ldy, tokens,
+                           c0 > 0);
+        pt += width * pairs;
+      }
+    }
+  }
+}
+
+}  // namespace dcp::kernels

@@ -1,0 +1,30 @@
+// The opt-in avx512_bf16 weight path: bf16 weights multiplied by x rounded to bf16, two columns
+// per multiply-add with AVX512-BF16's vdpbf16ps. Rounding x (relative error up to 2^-9 per value,
+// as the bf16-pair attention paths round q and P) is what makes it faster than the exact path:
+// the weights are used as they are stored, never widened, and each instruction does the work of
+// two fp32 multiply-adds. vdpbf16ps flushes subnormal inputs and outputs to zero.
+//
+// Sums: each (row of x, weight row) sum is the same whatever the number of rows of x, the
+// grouping of weight rows or the threads; the decode and prefill shapes sum in different orders.
+#pragma once
+
+#include <cstdint>
+
+#include "weight_gemv.h"
+
+namespace dcp::kernels {
+
+// Decode shapes: y[i * ldy + r] = bf16(x[i, :]) . w[r, :] for i < m, w bf16.
+void gemv_bf16_pairs(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeight& w,
+                     float* y, std::int64_t ldy);
+
+// Prefill shapes, in two halves as gemm_pack_x / gemm_packed: x rounded to bf16 and packed into
+// tiles of 48 tokens, each 32-bit lane a pair of columns (packed needs
+// gemm_packed_x_floats(m, (k + 1) / 2) floats), then the product with a bf16 w of k = w.k
+// columns.
+void gemm_pack_x_bf16_pairs(const float* x, std::int64_t m, std::int64_t k, std::int64_t ldx,
+                            float* packed);
+void gemm_packed_bf16_pairs(const float* packed, std::int64_t m, const GemvWeight& w, float* y,
+                            std::int64_t ldy);
+
+}  // namespace dcp::kernels
