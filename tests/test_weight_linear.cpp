@@ -513,7 +513,8 @@ TEST(WeightLinear, NamesTheKernelEachPathRuns) {
 
 // The opt-in avx512_bf16 path: bf16 weights times x rounded to bf16, summed in fp32, against
 // float64 over the rounded x (the tolerance is far below what rounding x changes, so a product
-// of unrounded x fails it): decode shapes (1-16 rows of x) and prefill shapes (tiles of 48 and
+// of unrounded x fails it): decode shapes (1-16 rows of x; one row read a weight row at a time)
+// and prefill shapes (tiles of 48 and
 // their remainders), k odd and even with every tail of a 32-value vector, long rows summed in
 // passes, row strides. Threads keep every sum; fp32 and FP8 weights run the avx512 products.
 TEST(WeightLinear, Bf16PairsMultiplyXRoundedToBf16) {
@@ -526,7 +527,8 @@ TEST(WeightLinear, Bf16PairsMultiplyXRoundedToBf16) {
     }
   }
   for (const std::int64_t m : {1, 5, 60}) {
-    for (const std::int64_t k : {4097, 5121, 5122}) {  // 5121: passes of 2048 pairs, odd end
+    // 5121: passes of 2048 pairs, odd end; 16400: one row of x past L1, four weight rows at once
+    for (const std::int64_t k : {4097, 5121, 5122, 16400}) {
       check(random_bf16(rng.range(9, 20), k, rng), m, KernelPath::avx512_bf16, rng, "bf16 pairs",
             true);
     }
