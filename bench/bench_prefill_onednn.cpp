@@ -3,8 +3,8 @@
 // AVX2 and AVX-512 CPUs (x packed once, bf16 and FP8 widened in registers' reach) and on the
 // portable path widens a tile of rows at a time for OpenBLAS's sgemm; oneDNN picks its kernels from
 // the CPU itself and offers a bf16 matmul where the CPU has bf16 arithmetic, as does dcp's opt-in
-// avx512_bf16 path (bf16 weights in vdpbf16ps pairs, x rounded to bf16; its own row where the CPU
-// has AVX512-BF16). Every product is timed in this run against OpenBLAS's sgemm on the same values
+// avx512_bf16 path (bf16 and FP8 weights in vdpbf16ps pairs, x rounded to bf16; rows of their own
+// where the CPU has AVX512-BF16). Every product is timed in this run against OpenBLAS's sgemm on the same values
 // held in fp32, and checked against it.
 //
 //   bench_prefill_onednn [--rows M] [--shapes KxN,KxN,...] [--path automatic|portable|avx2|avx512]
@@ -213,7 +213,7 @@ int main(int argc, char** argv) {
     std::vector<float> ref_8(out_size);
     sgemm(w8_f32, ref_8.data());
     const dcp::WeightMatrix wf = dcp::WeightMatrix::from_float(wb_f32, s.n, s.k);
-    std::vector<Product> products(7);
+    std::vector<Product> products(8);
     for (Product& p : products) p.y.resize(out_size);
     const bool blocked = dcp::prefill_runs_blocked_product(path);
     const std::string blocked_kernel =
@@ -246,9 +246,16 @@ int main(int argc, char** argv) {
     products[6].name = "dcp::linear, bf16 weights, bf16 x";
     products[6].kernel = "bf16 pairs";
     products[6].tolerance = 2e-2;  // x is rounded to bf16
+    products[7].name = "dcp::linear, fp8 weights, bf16 x";
+    products[7].kernel = "bf16 pairs";
+    products[7].tolerance = 2e-2;
+    products[7].reference = &ref_8;
     if (dcp::avx512_bf16_available()) {
       products[6].run = [&, y = products[6].y.data()] {
         dcp::linear(x.data(), m, wb, y, -1, -1, dcp::KernelPath::avx512_bf16);
+      };
+      products[7].run = [&, y = products[7].y.data()] {
+        dcp::linear(x.data(), m, w8, y, -1, -1, dcp::KernelPath::avx512_bf16);
       };
     }
     time_in_turns(products);

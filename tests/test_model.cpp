@@ -465,37 +465,42 @@ TEST(Model, RunsTheWeightProductsOnTheWeightKernel) {
   });
 }
 
-// The opt-in avx512_bf16 weight path on bf16 weights: x rounded to bf16 in every product moves
-// the logits by more than the exact paths' rounding and by less than bf16's.
+// The opt-in avx512_bf16 weight path on bf16 weights, and on FP8 projections (paired in the
+// prefill's products): x rounded to bf16 moves the logits by more than the exact paths' rounding
+// and by less than bf16's.
 TEST(Model, PairsBf16WeightsOnTheAvx512Bf16WeightKernel) {
   if (!avx512_bf16_available()) GTEST_SKIP() << "this CPU has no AVX512-BF16";
-  auto rng = test::make_rng();
-  const ModelConfig c = preset_config("tiny", 2);
-  const auto w = make_synthetic_weights(5, c, WeightDtype::bf16);
-  std::vector<RequestSpec> reqs;
-  reqs.push_back(request(0, random_tokens(rng, 3, c.vocab_size), 4));
-  reqs.push_back(request(1, random_tokens(rng, 40, c.vocab_size), 4));
-  EngineSetup base;
-  base.tp = 2;
-  base.dcp = 2;
-  const EngineRun exact = run_engine(c, *w, base, reqs);
-  std::vector<RequestSpec> forced = reqs;
-  for (std::size_t i = 0; i < reqs.size(); ++i)
-    forced[i].forced_outputs = exact.results[i].output_tokens;
-  EngineSetup s = base;
-  s.weight_kernel = KernelPath::avx512_bf16;
-  const EngineRun paired = run_engine(c, *w, s, forced);
-  for (std::size_t i = 0; i < reqs.size(); ++i) {
-    const std::vector<float>& a = paired.results[i].step_logits;
-    const std::vector<float>& b = exact.results[i].step_logits;
-    ASSERT_EQ(a.size(), b.size());
-    double largest = 0, diff = 0;
-    for (std::size_t j = 0; j < a.size(); ++j) {
-      largest = std::max(largest, std::fabs(static_cast<double>(b[j])));
-      diff = std::max(diff, std::fabs(static_cast<double>(a[j]) - b[j]));
+  for (const bool fp8 : {false, true}) {
+    auto rng = test::make_rng();
+    ModelConfig c = preset_config("tiny", 2);
+    c.quantized = fp8;
+    c.weight_block_rows = c.weight_block_cols = 32;
+    const auto w = make_synthetic_weights(5, c, WeightDtype::bf16);
+    std::vector<RequestSpec> reqs;
+    reqs.push_back(request(0, random_tokens(rng, 3, c.vocab_size), 4));
+    reqs.push_back(request(1, random_tokens(rng, 40, c.vocab_size), 4));
+    EngineSetup base;
+    base.tp = 2;
+    base.dcp = 2;
+    const EngineRun exact = run_engine(c, *w, base, reqs);
+    std::vector<RequestSpec> forced = reqs;
+    for (std::size_t i = 0; i < reqs.size(); ++i)
+      forced[i].forced_outputs = exact.results[i].output_tokens;
+    EngineSetup s = base;
+    s.weight_kernel = KernelPath::avx512_bf16;
+    const EngineRun paired = run_engine(c, *w, s, forced);
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      const std::vector<float>& a = paired.results[i].step_logits;
+      const std::vector<float>& b = exact.results[i].step_logits;
+      ASSERT_EQ(a.size(), b.size());
+      double largest = 0, diff = 0;
+      for (std::size_t j = 0; j < a.size(); ++j) {
+        largest = std::max(largest, std::fabs(static_cast<double>(b[j])));
+        diff = std::max(diff, std::fabs(static_cast<double>(a[j]) - b[j]));
+      }
+      EXPECT_GT(diff, 1e-4 * largest) << "fp8 " << fp8 << " request " << i << ": x was not rounded";
+      EXPECT_LT(diff, 2e-2 * largest) << "fp8 " << fp8 << " request " << i;
     }
-    EXPECT_GT(diff, 1e-4 * largest) << "request " << i << ": x was not rounded";
-    EXPECT_LT(diff, 2e-2 * largest) << "request " << i;
   }
 }
 

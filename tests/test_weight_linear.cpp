@@ -493,7 +493,7 @@ TEST(WeightLinear, NamesTheKernelEachPathRuns) {
               "avx512_bf16: bf16 weights in vdpbf16ps pairs, x rounded to bf16; fp32/FP8 on " +
                   weight_kernel_label(KernelPath::avx512));
     EXPECT_EQ(weight_prefill_kernel_label(KernelPath::avx512_bf16),
-              "avx512_bf16: bf16 weights in vdpbf16ps pairs, x rounded to bf16; fp32/FP8 on " +
+              "avx512_bf16: bf16 and FP8 weights in vdpbf16ps pairs, x rounded to bf16; fp32 on " +
                   weight_prefill_kernel_label(KernelPath::avx512));
     EXPECT_TRUE(prefill_runs_blocked_product(KernelPath::avx512_bf16));
   } else {
@@ -542,8 +542,10 @@ TEST(WeightLinear, Bf16PairsMultiplyXRoundedToBf16) {
     linear(x.data(), m, c.w, many.data(), -1, -1, KernelPath::avx512_bf16, 3);
     ASSERT_EQ(many, one) << "m " << m;
   }
+  // fp32 weights, and FP8 in decode shapes or with a scale block starting at an odd column (col0
+  // 7: the first block is 121 columns), run the avx512 products.
   for (const Case& c : {random_f32(70, 300, rng), random_fp8(70, 300, 128, 128, 5, 7, rng)}) {
-    for (const std::int64_t m : {1, 9, 60}) {
+    for (const std::int64_t m : {1, 9, 16, 60}) {
       std::vector<float> x(static_cast<std::size_t>(m * 300));
       for (float& v : x) v = rng.normal();
       std::vector<float> exact(static_cast<std::size_t>(m * 70)), paired(exact.size());
@@ -551,6 +553,36 @@ TEST(WeightLinear, Bf16PairsMultiplyXRoundedToBf16) {
       linear(x.data(), m, c.w, paired.data(), -1, -1, KernelPath::avx512_bf16);
       ASSERT_EQ(paired, exact) << to_string(c.w.dtype) << " m " << m;
     }
+  }
+}
+
+// FP8 weights in prefill shapes on the avx512_bf16 path: codes widened to bf16 exactly, each
+// column block summed on its own and added times its scale, x rounded to bf16; slices starting
+// inside a block at an even column, blocks of 16 x 8 and 128 x 128, passes over long rows, every
+// code (random ones; the NaN code on its own).
+TEST(WeightLinear, Fp8PairsInPrefillShapes) {
+  if (!avx512_bf16_available()) GTEST_SKIP() << "this CPU has no AVX512-BF16";
+  test::Rng rng = test::make_rng();
+  for (const std::int64_t m : {17, 40, 48, 49, 97}) {
+    for (const std::int64_t k : {5, 24, 97, 300}) {
+      const int br = rng.coin() ? 16 : 128, bc = rng.coin() ? 8 : 128;
+      const Case c = random_fp8(rng.range(1, 50), k, br, bc, rng.range(0, 300),
+                                2 * rng.range(0, 150), rng);
+      check(c, m, KernelPath::avx512_bf16, rng, "fp8 pairs", true);
+    }
+  }
+  for (const std::int64_t k : {4097, 5121}) {
+    check(random_fp8(20, k, 128, 128, 3, 64, rng), 50, KernelPath::avx512_bf16, rng, "fp8 pairs",
+          true);
+  }
+  Case c = random_fp8(3, 40, 128, 128, 0, 0, rng);
+  c.w.data[1 * 40 + 17] = 0x7f;  // row 1 holds a NaN
+  std::vector<float> x(20 * 40, 1.0f), y(20 * 3);
+  linear(x.data(), 20, c.w, y.data(), -1, -1, KernelPath::avx512_bf16);
+  for (std::int64_t i = 0; i < 20; ++i) {
+    EXPECT_FALSE(std::isnan(y[i * 3 + 0]));
+    EXPECT_TRUE(std::isnan(y[i * 3 + 1]));
+    EXPECT_FALSE(std::isnan(y[i * 3 + 2]));
   }
 }
 

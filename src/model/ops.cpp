@@ -225,17 +225,14 @@ bool prefill_runs_blocked_product(KernelPath path) {
   return select_blocked(exact_weight_path(path)) != nullptr;
 }
 
-namespace {
-constexpr const char* kPairsLabel =
-    "avx512_bf16: bf16 weights in vdpbf16ps pairs, x rounded to bf16";
-}  // namespace
-
 std::string weight_prefill_kernel_label(KernelPath path) {
   const BlockedProduct* blocked = select_blocked(exact_weight_path(path));
   std::string label = "BLAS sgemm, bf16/FP8 rows widened a tile at a time";
   if (blocked == &kBlockedAvx512) label = "avx512, x packed once, bf16/FP8 widened in L1 chunks";
   if (blocked == &kBlockedAvx2) label = "avx2, x packed once, bf16/FP8 widened in L1 chunks";
-  return path == KernelPath::avx512_bf16 ? str(kPairsLabel, "; fp32/FP8 on ", label) : label;
+  if (path != KernelPath::avx512_bf16) return label;
+  return str("avx512_bf16: bf16 and FP8 weights in vdpbf16ps pairs, x rounded to bf16; fp32 on ",
+             label);
 }
 
 std::string weight_kernel_label(KernelPath path) {
@@ -244,7 +241,9 @@ std::string weight_kernel_label(KernelPath path) {
   if (gemv == kernels::gemv_avx512_vbmi) label = "avx512, FP8 widened by AVX512-VBMI byte lookups";
   if (gemv == kernels::gemv_avx512) label = "avx512, FP8 widened by F16C";
   if (gemv == kernels::gemv_avx2) label = "avx2, FP8 widened by F16C";
-  return path == KernelPath::avx512_bf16 ? str(kPairsLabel, "; fp32/FP8 on ", label) : label;
+  if (path != KernelPath::avx512_bf16) return label;
+  return str("avx512_bf16: bf16 weights in vdpbf16ps pairs, x rounded to bf16; fp32/FP8 on ",
+             label);
 }
 
 void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std::int64_t ldx,
@@ -254,7 +253,10 @@ void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std
   if (ldy < 0) ldy = n;
   if (m == 0 || n == 0) return;
   DCP_ARG_CHECK(threads >= 1, "linear: threads = ", threads, " must be >= 1");
-  const bool pairs = path == KernelPath::avx512_bf16 && w.dtype == WeightDtype::bf16;
+  // avx512_bf16: bf16 weights in pairs, and FP8 ones in prefill shapes (in decode shapes the exact
+  // product reads FP8 at the read ceiling already) where their scale blocks do not split a pair.
+  const bool paired = path == KernelPath::avx512_bf16;
+  const bool pairs = paired && w.dtype == WeightDtype::bf16;
   path = exact_weight_path(path);
   if (m <= weight_gemv_max_rows(w.dtype)) {
     static const kernels::GemvFn best = select_gemv(KernelPath::automatic);
@@ -270,7 +272,9 @@ void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std
     return;
   }
   static const BlockedProduct* const blocked_automatic = select_blocked(KernelPath::automatic);
-  if (const BlockedProduct* blocked = pairs                           ? &kBlockedBf16Pairs
+  const bool pairs_fp8 = paired && w.dtype == WeightDtype::f8_e4m3 &&
+                         kernels::fp8_blocks_pair(ops::gemv_weight(w, 0, n));
+  if (const BlockedProduct* blocked = pairs || pairs_fp8              ? &kBlockedBf16Pairs
                                       : path == KernelPath::automatic ? blocked_automatic
                                                                       : select_blocked(path)) {
     // x packed here, up to 528 tokens (11 tiles of 48, 22 of 24) at a time, so that the packed

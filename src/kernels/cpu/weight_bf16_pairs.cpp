@@ -4,7 +4,9 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "convert_paths.h"
 #include "dcp/error.h"
@@ -256,7 +258,171 @@ void tile_rows_of_width(int vectors, std::int64_t n, const float* p, const bf16_
   }
 }
 
+// ---- FP8 weights in prefill shapes: a block of rows widened once to the bf16 of each code's
+// value (exact: E4M3 has four significant bits), then tiles as above, except that each column
+// block's sums start from zero and join the totals times their row's block scale.
+
+// bf16 bits of E4M3 magnitude codes 0..7 (exponent field 0: m x 2^-9), the rest zero.
+__m512i subnormal_table() {
+  alignas(64) bf16_t t[32] = {};
+  for (int m = 0; m < 8; ++m) t[m] = float_to_bf16(std::ldexp(static_cast<float>(m), -9));
+  return _mm512_load_si512(t);
+}
+
+// count FP8 codes as bf16: normal codes by moving their fields (exponent bias 7 to 127), the
+// exponent-0 codes from a table, the NaN codes to a quiet NaN; signs kept. Bit for bit
+// float_to_bf16(fp8_e4m3_to_float(code)) for every code but NaN's payload.
+void widen_fp8_to_bf16(const fp8_e4m3_t* src, std::int64_t count, bf16_t* out) {
+  static const __m512i subnormals = subnormal_table();
+  const __m512i magnitude_bits = _mm512_set1_epi16(0x7f), sign_bit = _mm512_set1_epi16(0x80);
+  const __m512i bias = _mm512_set1_epi16(120 << 7), quiet_nan = _mm512_set1_epi16(0x7fc0);
+  std::int64_t c = 0;
+  for (; c + 32 <= count; c += 32) {
+    const __m512i code =
+        _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + c)));
+    const __m512i magnitude = _mm512_and_si512(code, magnitude_bits);
+    __m512i v = _mm512_add_epi16(_mm512_slli_epi16(magnitude, 4), bias);
+    v = _mm512_mask_permutexvar_epi16(v, _mm512_cmplt_epu16_mask(magnitude, _mm512_set1_epi16(8)),
+                                      magnitude, subnormals);
+    v = _mm512_mask_mov_epi16(v, _mm512_cmpeq_epi16_mask(magnitude, magnitude_bits), quiet_nan);
+    v = _mm512_or_si512(v, _mm512_slli_epi16(_mm512_and_si512(code, sign_bit), 8));
+    _mm512_storeu_si512(out + c, v);
+  }
+  for (; c < count; ++c) out[c] = float_to_bf16(fp8_e4m3_to_float(src[c]));
+}
+
+// A run of pairs [begin, end) (from the pass's first column) inside column block `block`.
+struct Segment {
+  std::int64_t begin, end;
+  std::int64_t block;
+};
+
+template <int MZ, int NR>
+void tile_fp8(const float* p, const bf16_t* rows, std::int64_t ld, const Segment* segments,
+              int count, const float* const* scales, float* y, std::int64_t ldy,
+              std::int64_t tokens, bool resume) {
+  constexpr int width = kLanes * MZ;
+  alignas(64) float sums[NR][width];
+  for (int r = 0; r < NR; ++r) {
+    for (std::int64_t i = 0; i < width; ++i) sums[r][i] = resume && i < tokens ? y[i * ldy + r] : 0.0f;
+  }
+  for (int s = 0; s < count; ++s) {
+    __m512 acc[MZ][NR];
+    for (int j = 0; j < MZ; ++j) {
+      for (int r = 0; r < NR; ++r) acc[j][r] = _mm512_setzero_ps();
+    }
+    for (std::int64_t c = segments[s].begin; c < segments[s].end; ++c) {
+      __m512bh a[MZ];
+      for (int j = 0; j < MZ; ++j) a[j] = as_pairs(_mm512_load_si512(p + c * width + kLanes * j));
+      for (int r = 0; r < NR; ++r) {
+        const __m512bh b = broadcast_pair(rows + r * ld + 2 * c);
+        for (int j = 0; j < MZ; ++j) acc[j][r] = _mm512_dpbf16_ps(acc[j][r], a[j], b);
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      const __m512 scale = _mm512_set1_ps(scales[r][segments[s].block]);
+      for (int j = 0; j < MZ; ++j) {
+        float* at = &sums[r][kLanes * j];
+        _mm512_store_ps(at, _mm512_fmadd_ps(acc[j][r], scale, _mm512_load_ps(at)));
+      }
+    }
+  }
+  for (std::int64_t i = 0; i < tokens; ++i) {
+    for (int r = 0; r < NR; ++r) y[i * ldy + r] = sums[r][i];
+  }
+}
+
+// Rows [0, n) of a widened block: tiles of kTileRows rows, then one of the rows left.
+template <int MZ, int NR = kTileRows>
+void tile_rows_fp8(std::int64_t n, const float* p, const bf16_t* rows, std::int64_t ld,
+                   const Segment* segments, int count, const float* const* scales, float* y,
+                   std::int64_t ldy, std::int64_t tokens, bool resume) {
+  if constexpr (NR >= 1) {
+    if (NR == kTileRows) {
+      std::int64_t r = 0;
+      for (; r + NR <= n; r += NR) {
+        tile_fp8<MZ, NR>(p, rows + r * ld, ld, segments, count, scales + r, y + r, ldy, tokens,
+                         resume);
+      }
+      if (r < n) {
+        tile_rows_fp8<MZ, NR - 1>(n - r, p, rows + r * ld, ld, segments, count, scales + r, y + r,
+                                  ldy, tokens, resume);
+      }
+    } else if (n == NR) {
+      tile_fp8<MZ, NR>(p, rows, ld, segments, count, scales, y, ldy, tokens, resume);
+    } else {
+      tile_rows_fp8<MZ, NR - 1>(n, p, rows, ld, segments, count, scales, y, ldy, tokens, resume);
+    }
+  }
+}
+
+template <int MZ = kTileVectors>
+void tile_rows_fp8_of_width(int vectors, std::int64_t n, const float* p, const bf16_t* rows,
+                            std::int64_t ld, const Segment* segments, int count,
+                            const float* const* scales, float* y, std::int64_t ldy,
+                            std::int64_t tokens, bool resume) {
+  if constexpr (MZ >= 1) {
+    if (vectors == MZ) {
+      tile_rows_fp8<MZ>(n, p, rows, ld, segments, count, scales, y, ldy, tokens, resume);
+    } else {
+      tile_rows_fp8_of_width<MZ - 1>(vectors, n, p, rows, ld, segments, count, scales, y, ldy,
+                                     tokens, resume);
+    }
+  }
+}
+
+// The FP8 product: per pass of columns and block of rows, the rows widened into `block`, then
+// every tile over them.
+void gemm_packed_fp8_pairs(const float* p, std::int64_t m, const GemvWeight& w, float* y,
+                           std::int64_t ldy) {
+  const std::int64_t k = w.k, pairs = (k + 1) / 2;
+  const auto* codes = static_cast<const fp8_e4m3_t*>(w.data);
+  const std::int64_t pass = pairs <= kMaxPairs + kMaxPairs / 4 ? pairs : kMaxPairs;
+  thread_local LineVector<bf16_t> block;
+  block.resize(static_cast<std::size_t>(kRowsPerBlock * 2 * std::min(pass, pairs)));
+  std::vector<Segment> segments;
+  const float* scales[kRowsPerBlock];
+  for (std::int64_t c0 = 0; c0 < pairs; c0 += pass) {
+    const std::int64_t count = std::min(pass, pairs - c0);
+    const std::int64_t col_begin = 2 * c0, col_end = std::min(k, 2 * (c0 + count));
+    const std::int64_t ld = 2 * count;  // a widened row, padded to whole pairs
+    // The column blocks this pass crosses (every boundary before k is even: fp8_blocks_pair).
+    segments.clear();
+    for (std::int64_t c = col_begin; c < col_end;) {
+      const std::int64_t b =
+          c < w.first_block_cols ? 0 : 1 + (c - w.first_block_cols) / w.block_cols;
+      const std::int64_t end = std::min(col_end, w.first_block_cols + b * w.block_cols);
+      segments.push_back({(c - col_begin) / 2, (end - col_begin + 1) / 2, b});
+      c = end;
+    }
+    for (std::int64_t n0 = 0; n0 < w.rows; n0 += kRowsPerBlock) {
+      const std::int64_t rows = std::min(kRowsPerBlock, w.rows - n0);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        bf16_t* out = block.data() + r * ld;
+        widen_fp8_to_bf16(codes + (n0 + r) * k + col_begin, col_end - col_begin, out);
+        std::fill(out + (col_end - col_begin), out + ld, bf16_t{0});
+        scales[r] = w.row_scales(n0 + r);
+      }
+      const float* pt = p;
+      for (std::int64_t t0 = 0; t0 < m; t0 += kTileTokens) {
+        const std::int64_t tokens = std::min(kTileTokens, m - t0);
+        const std::int64_t width = packed_width(tokens);
+        tile_rows_fp8_of_width(static_cast<int>(width / kLanes), rows, pt + c0 * width,
+                               block.data(), ld, segments.data(),
+                               static_cast<int>(segments.size()), scales, y + t0 * ldy + n0, ldy,
+                               tokens, c0 > 0);
+        pt += width * pairs;
+      }
+    }
+  }
+}
+
 }  // namespace
+
+bool fp8_blocks_pair(const GemvWeight& w) {
+  return w.dtype == GemvDtype::fp8 && w.block_cols % 2 == 0 &&
+         (w.first_block_cols % 2 == 0 || w.first_block_cols >= w.k);
+}
 
 void gemv_bf16_pairs(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeight& w,
                      float* y, std::int64_t ldy) {
@@ -298,10 +464,18 @@ void gemm_pack_x_bf16_pairs(const float* x, std::int64_t m, std::int64_t k, std:
 
 void gemm_packed_bf16_pairs(const float* packed, std::int64_t m, const GemvWeight& w, float* y,
                             std::int64_t ldy) {
-  DCP_ARG_CHECK(w.dtype == GemvDtype::bf16, "the bf16-pair weight product multiplies bf16 weights");
+  const float* p = align64(packed);
+  if (w.dtype == GemvDtype::fp8) {
+    DCP_ARG_CHECK(fp8_blocks_pair(w), "the bf16-pair product needs FP8 scale blocks that start "
+                                      "at even columns (first block ", w.first_block_cols,
+                  " columns, then ", w.block_cols, ")");
+    gemm_packed_fp8_pairs(p, m, w, y, ldy);
+    return;
+  }
+  DCP_ARG_CHECK(w.dtype == GemvDtype::bf16,
+                "the bf16-pair weight product multiplies bf16 or FP8 weights");
   const std::int64_t k = w.k, pairs = (k + 1) / 2, whole = k / 2;
   const auto* data = static_cast<const bf16_t*>(w.data);
-  const float* p = align64(packed);
   // One pass unless rows are well over kMaxPairs (a short last pass costs its y round trip).
   const std::int64_t pass = pairs <= kMaxPairs + kMaxPairs / 4 ? pairs : kMaxPairs;
   for (std::int64_t c0 = 0; c0 < pairs; c0 += pass) {

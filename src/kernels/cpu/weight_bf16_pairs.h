@@ -20,8 +20,11 @@ void gemv_bf16_pairs(const float* x, std::int64_t m, std::int64_t ldx, const Gem
 
 // Prefill shapes, in two halves as gemm_pack_x / gemm_packed: x rounded to bf16 and packed into
 // tiles of 48 tokens, each 32-bit lane a pair of columns (packed needs
-// gemm_packed_x_floats(m, (k + 1) / 2) floats), then the product with a bf16 w of k = w.k
-// columns.
+// gemm_packed_x_floats(m, (k + 1) / 2) floats), then the product with a w of k = w.k columns:
+// bf16, or FP8 whose scale blocks start at even columns (fp8_blocks_pair). FP8 rows are widened
+// a block of rows at a time to the bf16 of each code's value (exact), each column block summed
+// on its own and added times its scale.
+bool fp8_blocks_pair(const GemvWeight& w);
 void gemm_pack_x_bf16_pairs(const float* x, std::int64_t m, std::int64_t k, std::int64_t ldx,
                             float* packed);
 void gemm_packed_bf16_pairs(const float* packed, std::int64_t m, const GemvWeight& w, float* y,
