@@ -458,8 +458,8 @@ TEST(Model, RunsTheWeightProductsOnTheWeightKernel) {
     if (!avx512_bf16_available()) return;
     mo.weight_kernel = KernelPath::avx512_bf16;  // fp32 weights: nothing to pair
     why = error_of([&] { MlaModel m(c, *w, world, *dcp, mo); });
-    EXPECT_NE(why.find("weight_kernel = avx512_bf16 multiplies bf16 weights in pairs; this model "
-                       "holds none (its weights are fp32, its lm_head fp32)"),
+    EXPECT_NE(why.find("weight_kernel = avx512_bf16 multiplies bf16 and FP8 weights in pairs; "
+                       "this model holds neither (its weights are fp32, its lm_head fp32)"),
               std::string::npos)
         << why;
   });

@@ -170,9 +170,9 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
     layers_.push_back(std::move(L));
   }
   DCP_ARG_CHECK(options.weight_kernel != KernelPath::avx512_bf16 ||
-                    lm_head_.dtype == WeightDtype::bf16 || weight_dtype() == WeightDtype::bf16,
-                "weight_kernel = avx512_bf16 multiplies bf16 weights in pairs; this model holds "
-                "none (its weights are ",
+                    lm_head_.dtype != WeightDtype::f32 || weight_dtype() != WeightDtype::f32,
+                "weight_kernel = avx512_bf16 multiplies bf16 and FP8 weights in pairs; this model "
+                "holds neither (its weights are ",
                 to_string(weight_dtype()), ", its lm_head ", to_string(lm_head_.dtype),
                 "): use automatic, portable, avx2 or avx512");
   DcpAttentionOptions step;

@@ -391,15 +391,15 @@ case_run_kernel() {
   expect 2 "an attention-only path is refused for the weights" -- run --weight-kernel amx_bf16
   check "says it is the attention kernel's" stderr_has "--weight-kernel amx_bf16: kernel path amx_bf16 is an attention path; the weight product runs on automatic, portable, avx2, avx512 or avx512_bf16"
   expect 2 "bf16 pairs on a model without bf16 weights are refused" -- run --weight-kernel avx512_bf16
-  check "says why" stderr_has "--weight-kernel avx512_bf16\( multiplies bf16 weights in pairs; this model holds none (its weights are fp32, its lm_head fp32)\|: kernel path avx512_bf16 is not available: it needs a CPU with AVX-512 and AVX512-BF16\)"
+  check "says why" stderr_has "--weight-kernel avx512_bf16\( multiplies bf16 and FP8 weights in pairs; this model holds neither (its weights are fp32, its lm_head fp32)\|: kernel path avx512_bf16 is not available: it needs a CPU with AVX-512 and AVX512-BF16\)"
   expect 2 "bench decode refuses bf16 pairs for fp32 weights" -- bench decode --preset tiny --num-layers 1 --weight-kernel avx512_bf16 --dtypes bf16,f32
-  check "names both flags" stderr_has "--weight-kernel avx512_bf16\( multiplies bf16 weights in pairs; --dtypes bf16,f32 includes f32\|: kernel path avx512_bf16 is not available\)"
+  check "names both flags" stderr_has "--weight-kernel avx512_bf16\( multiplies bf16 and FP8 weights in pairs; --dtypes bf16,f32 includes f32\|: kernel path avx512_bf16 is not available\)"
   if grep -qw avx512_bf16 /proc/cpuinfo; then
     expect 0 "bf16 weights in pairs" -- run --preset deepseek-v2-lite --num-layers 1 --weight-kernel avx512_bf16 --batch 2 --prompt-len 70 --max-new-tokens 2 --json "$tmp/run.json"
     check "json names the pairs path" json_has '"weight_kernel": "avx512_bf16"'
     check "pairs verify" json_has '"passed": true'
     expect 0 "bench decode on bf16 pairs" -- bench decode --preset tiny --num-layers 1 --configs tp1dcp1 --dtypes bf16 --contexts 0 --batches 1 --new-tokens 2 --prefill-tokens 20 --weight-kernel avx512_bf16
-    check "names the pairs and their ceiling" stdout_has "bf16 rows: bf16 pairs [0-9.]* GFLOP/s$"
+    check "names the pairs and their ceilings" stdout_has "bf16 pairs [0-9.]* GFLOP/s on bf16 weights, [0-9.]* on FP8$"
   fi
   # threads inside each rank: weight products split by rows, attention by tokens and KV ranges
   expect 0 "three threads per rank" -- run --threads-per-rank 3 --tp-size 2 --dcp-size 2 --batch 3 --prompt-len 300 --max-new-tokens 4 --json "$tmp/run.json"

@@ -96,8 +96,8 @@ void bench_decode(const DecodeBenchOptions& o) {
   const KernelPath weight_kernel = parse_weight_kernel(o.weight_kernel);
   DCP_ARG_CHECK(weight_kernel != KernelPath::avx512_bf16 ||
                     std::find(dtypes.begin(), dtypes.end(), "f32") == dtypes.end(),
-                "--weight-kernel avx512_bf16 multiplies bf16 weights in pairs; --dtypes ", o.dtypes,
-                " includes f32, whose model holds none (legal with it: bf16, fp8)");
+                "--weight-kernel avx512_bf16 multiplies bf16 and FP8 weights in pairs; --dtypes ",
+                o.dtypes, " includes f32, whose model holds neither (legal with it: bf16, fp8)");
 
   // Before anything runs: an unwritable --csv fails at once.
   CsvFile csv(o.csv,
@@ -129,10 +129,12 @@ void bench_decode(const DecodeBenchOptions& o) {
       const double blocked_gflops = measure_blocked_gflops(threads, 1024, weight_kernel);
       const double sgemm_gflops = measure_sgemm_gflops(threads, 1024);
       const double compute_gflops = std::max(sgemm_gflops, blocked_gflops);
-      // avx512_bf16 runs bf16 weights in pairs: their rows' ceiling is that product's rate.
+      // avx512_bf16 runs bf16 and FP8 weights in pairs: their rows' ceiling is that product's rate.
       const bool pairs = weight_kernel == KernelPath::avx512_bf16;
-      const double pairs_gflops =
+      const double pairs_bf16_gflops =
           pairs ? measure_blocked_gflops(threads, 1024, weight_kernel, WeightDtype::bf16) : 0;
+      const double pairs_fp8_gflops =
+          pairs ? measure_blocked_gflops(threads, 1024, weight_kernel, WeightDtype::f8_e4m3) : 0;
       char blocked_label[48];
       if (blocked_gflops > 0) {
         std::snprintf(blocked_label, sizeof blocked_label, "%.1f", blocked_gflops);
@@ -141,10 +143,11 @@ void bench_decode(const DecodeBenchOptions& o) {
         std::snprintf(blocked_label, sizeof blocked_label, "not on the %.*s path",
                       static_cast<int>(path.size()), path.data());
       }
-      char pairs_label[64] = "";
+      char pairs_label[96] = "";
       if (pairs) {
-        std::snprintf(pairs_label, sizeof pairs_label, "; bf16 rows: bf16 pairs %.1f GFLOP/s",
-                      pairs_gflops);
+        std::snprintf(pairs_label, sizeof pairs_label,
+                      "; bf16 pairs %.1f GFLOP/s on bf16 weights, %.1f on FP8", pairs_bf16_gflops,
+                      pairs_fp8_gflops);
       }
       std::printf(
           "# tp %d dcp %d, %lld thread(s) per rank: read ceiling %.1f GB/s, compute ceiling %.1f "
@@ -171,8 +174,10 @@ void bench_decode(const DecodeBenchOptions& o) {
                                           (2.0 * c.latent_width() + 2.0 * c.kv_lora_rank) *
                                           c.num_hidden_layers;
         const std::string config = str("tp", pc_in.tp, "dcp", pc_in.dcp);
-        const double ceiling =
-            pairs && dtype == "bf16" ? std::max(compute_gflops, pairs_gflops) : compute_gflops;
+        const double ceiling = !pairs            ? compute_gflops
+                               : dtype == "bf16" ? std::max(compute_gflops, pairs_bf16_gflops)
+                               : dtype == "fp8"  ? std::max(compute_gflops, pairs_fp8_gflops)
+                                                 : compute_gflops;
         const auto report = [&](const char* mode, std::int64_t context, std::int64_t batch,
                                 double ms, double tokens, double bytes, double flops) {
           const double roof_ms = std::max(bytes / (read_gbps * 1e9), flops / (ceiling * 1e9)) * 1e3;

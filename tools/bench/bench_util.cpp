@@ -48,9 +48,9 @@ double measure_blocked_gflops(int threads, int n, KernelPath path, WeightDtype d
     const std::vector<bf16_t> quarters(x.size(), float_to_bf16(0.25f));
     w.data.resize(quarters.size() * sizeof(bf16_t));
     std::memcpy(w.data.data(), quarters.data(), w.data.size());
+  } else if (dtype == WeightDtype::f8_e4m3) {
+    w = WeightMatrix::quantize_fp8(std::vector<float>(x.size(), 0.25f), n, n, 128, 128);
   }
-  DCP_ARG_CHECK(w.dtype == dtype, "measure_blocked_gflops: weights f32 or bf16, not ",
-                to_string(dtype));
   linear(x.data(), n, w, y.data(), -1, -1, path, threads);
   double best = 0;
   for (int rep = 0; rep < 5; ++rep) {

@@ -14,9 +14,9 @@ namespace dcp::cli {
 
 // fp32 GEMM rate (GFLOP/s) of OpenBLAS on an n x n x n product with `threads` threads.
 double measure_sgemm_gflops(int threads, int n = 2048);
-// The same of dcp's blocked product (linear() on `path` on weights of `dtype`, n rows of x,
-// `threads` threads); 0 where linear() runs BLAS for it (prefill_runs_blocked_product(path) is
-// false).
+// The same of dcp's blocked product (linear() on `path` on weights of `dtype`, FP8 in 128 x 128
+// blocks, n rows of x, `threads` threads); 0 where linear() runs BLAS for it
+// (prefill_runs_blocked_product(path) is false).
 double measure_blocked_gflops(int threads, int n = 2048, KernelPath path = KernelPath::automatic,
                               WeightDtype dtype = WeightDtype::f32);
 
