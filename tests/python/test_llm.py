@@ -157,6 +157,8 @@ def test_a_refused_request_drops_the_whole_batch(text_llm):
     (dict(model="tiny", threads_per_rank=0), "threads_per_rank = 0 must be in [1, 256]"),
     (dict(model="tiny", weight_kernel="bogus"), "weight_kernel = 'bogus': kernel path 'bogus'"),
     (dict(model="tiny", weight_kernel="amx_bf16"), "weight_kernel = amx_bf16: kernel path amx_bf16 is an attention path"),
+    # tiny's weights are fp32: nothing to pair (or, without AVX512-BF16, the path is unavailable)
+    (dict(model="tiny", weight_kernel="avx512_bf16"), "weight_kernel = avx512_bf16"),
 ])
 def test_bad_configurations_raise(kwargs, message):
     with pytest.raises((ValueError, NotImplementedError)) as e:
