@@ -223,38 +223,30 @@ void tile(const float* p, const bf16_t* rows, std::int64_t k, std::int64_t pairs
   }
 }
 
-// Rows [0, n) (from `rows`) in tiles of kTileRows, then one of the rows left.
-template <int MZ, int NR = kTileRows>
-void tile_rows(std::int64_t n, const float* p, const bf16_t* rows, std::int64_t k,
-               std::int64_t pairs, bool odd, float* y, std::int64_t ldy, std::int64_t tokens,
-               bool resume) {
+// The tiles of a block of n weight rows: run.template operator()<MZ, NR>(r) for the tile of NR
+// rows from row r, MZ = `vectors` vectors of tokens wide (1 .. kTileVectors); whole tiles of
+// kTileRows rows, then one of the rows left.
+template <int MZ, int NR = kTileRows - 1, class Run>
+void last_tile(int rows, std::int64_t r, Run& run) {
   if constexpr (NR >= 1) {
-    if (NR == kTileRows) {
-      std::int64_t r = 0;
-      for (; r + NR <= n; r += NR) {
-        tile<MZ, NR>(p, rows + r * k, k, pairs, odd, y + r, ldy, tokens, resume);
-      }
-      if (r < n) {
-        tile_rows<MZ, NR - 1>(n - r, p, rows + r * k, k, pairs, odd, y + r, ldy, tokens, resume);
-      }
-    } else if (n == NR) {
-      tile<MZ, NR>(p, rows, k, pairs, odd, y, ldy, tokens, resume);
+    if (rows == NR) {
+      run.template operator()<MZ, NR>(r);
     } else {
-      tile_rows<MZ, NR - 1>(n, p, rows, k, pairs, odd, y, ldy, tokens, resume);
+      last_tile<MZ, NR - 1>(rows, r, run);
     }
   }
 }
 
-template <int MZ = kTileVectors>
-void tile_rows_of_width(int vectors, std::int64_t n, const float* p, const bf16_t* rows,
-                        std::int64_t k, std::int64_t pairs, bool odd, float* y, std::int64_t ldy,
-                        std::int64_t tokens, bool resume) {
+template <int MZ = kTileVectors, class Run>
+void over_tiles(int vectors, std::int64_t n, Run&& run) {
   if constexpr (MZ >= 1) {
-    if (vectors == MZ) {
-      tile_rows<MZ>(n, p, rows, k, pairs, odd, y, ldy, tokens, resume);
-    } else {
-      tile_rows_of_width<MZ - 1>(vectors, n, p, rows, k, pairs, odd, y, ldy, tokens, resume);
+    if (vectors != MZ) {
+      over_tiles<MZ - 1>(vectors, n, run);
+      return;
     }
+    std::int64_t r = 0;
+    for (; r + kTileRows <= n; r += kTileRows) run.template operator()<MZ, kTileRows>(r);
+    if (r < n) last_tile<MZ>(static_cast<int>(n - r), r, run);
   }
 }
 
@@ -304,7 +296,8 @@ void tile_fp8(const float* p, const bf16_t* rows, std::int64_t ld, const Segment
   constexpr int width = kLanes * MZ;
   alignas(64) float sums[NR][width];
   for (int r = 0; r < NR; ++r) {
-    for (std::int64_t i = 0; i < width; ++i) sums[r][i] = resume && i < tokens ? y[i * ldy + r] : 0.0f;
+    for (std::int64_t i = 0; i < width; ++i)
+      sums[r][i] = resume && i < tokens ? y[i * ldy + r] : 0.0f;
   }
   for (int s = 0; s < count; ++s) {
     __m512 acc[MZ][NR];
@@ -329,45 +322,6 @@ void tile_fp8(const float* p, const bf16_t* rows, std::int64_t ld, const Segment
   }
   for (std::int64_t i = 0; i < tokens; ++i) {
     for (int r = 0; r < NR; ++r) y[i * ldy + r] = sums[r][i];
-  }
-}
-
-// Rows [0, n) of a widened block: tiles of kTileRows rows, then one of the rows left.
-template <int MZ, int NR = kTileRows>
-void tile_rows_fp8(std::int64_t n, const float* p, const bf16_t* rows, std::int64_t ld,
-                   const Segment* segments, int count, const float* const* scales, float* y,
-                   std::int64_t ldy, std::int64_t tokens, bool resume) {
-  if constexpr (NR >= 1) {
-    if (NR == kTileRows) {
-      std::int64_t r = 0;
-      for (; r + NR <= n; r += NR) {
-        tile_fp8<MZ, NR>(p, rows + r * ld, ld, segments, count, scales + r, y + r, ldy, tokens,
-                         resume);
-      }
-      if (r < n) {
-        tile_rows_fp8<MZ, NR - 1>(n - r, p, rows + r * ld, ld, segments, count, scales + r, y + r,
-                                  ldy, tokens, resume);
-      }
-    } else if (n == NR) {
-      tile_fp8<MZ, NR>(p, rows, ld, segments, count, scales, y, ldy, tokens, resume);
-    } else {
-      tile_rows_fp8<MZ, NR - 1>(n, p, rows, ld, segments, count, scales, y, ldy, tokens, resume);
-    }
-  }
-}
-
-template <int MZ = kTileVectors>
-void tile_rows_fp8_of_width(int vectors, std::int64_t n, const float* p, const bf16_t* rows,
-                            std::int64_t ld, const Segment* segments, int count,
-                            const float* const* scales, float* y, std::int64_t ldy,
-                            std::int64_t tokens, bool resume) {
-  if constexpr (MZ >= 1) {
-    if (vectors == MZ) {
-      tile_rows_fp8<MZ>(n, p, rows, ld, segments, count, scales, y, ldy, tokens, resume);
-    } else {
-      tile_rows_fp8_of_width<MZ - 1>(vectors, n, p, rows, ld, segments, count, scales, y, ldy,
-                                     tokens, resume);
-    }
   }
 }
 
@@ -407,10 +361,11 @@ void gemm_packed_fp8_pairs(const float* p, std::int64_t m, const GemvWeight& w, 
       for (std::int64_t t0 = 0; t0 < m; t0 += kTileTokens) {
         const std::int64_t tokens = std::min(kTileTokens, m - t0);
         const std::int64_t width = packed_width(tokens);
-        tile_rows_fp8_of_width(static_cast<int>(width / kLanes), rows, pt + c0 * width,
-                               block.data(), ld, segments.data(),
-                               static_cast<int>(segments.size()), scales, y + t0 * ldy + n0, ldy,
-                               tokens, c0 > 0);
+        over_tiles(static_cast<int>(width / kLanes), rows, [&]<int MZ, int NR>(std::int64_t r) {
+          tile_fp8<MZ, NR>(pt + c0 * width, block.data() + r * ld, ld, segments.data(),
+                           static_cast<int>(segments.size()), scales + r, y + t0 * ldy + n0 + r,
+                           ldy, tokens, c0 > 0);
+        });
         pt += width * pairs;
       }
     }
@@ -466,9 +421,10 @@ void gemm_packed_bf16_pairs(const float* packed, std::int64_t m, const GemvWeigh
                             std::int64_t ldy) {
   const float* p = align64(packed);
   if (w.dtype == GemvDtype::fp8) {
-    DCP_ARG_CHECK(fp8_blocks_pair(w), "the bf16-pair product needs FP8 scale blocks that start "
-                                      "at even columns (first block ", w.first_block_cols,
-                  " columns, then ", w.block_cols, ")");
+    DCP_ARG_CHECK(fp8_blocks_pair(w),
+                  "the bf16-pair product needs FP8 scale blocks that start "
+                  "at even columns (first block ",
+                  w.first_block_cols, " columns, then ", w.block_cols, ")");
     gemm_packed_fp8_pairs(p, m, w, y, ldy);
     return;
   }
@@ -488,9 +444,10 @@ void gemm_packed_bf16_pairs(const float* packed, std::int64_t m, const GemvWeigh
       for (std::int64_t t0 = 0; t0 < m; t0 += kTileTokens) {
         const std::int64_t tokens = std::min(kTileTokens, m - t0);
         const std::int64_t width = packed_width(tokens);
-        tile_rows_of_width(static_cast<int>(width / kLanes), rows, pt + c0 * width,
-                           data + n0 * k + 2 * c0, k, count, odd, y + t0 * ldy + n0, ldy, tokens,
-                           c0 > 0);
+        over_tiles(static_cast<int>(width / kLanes), rows, [&]<int MZ, int NR>(std::int64_t r) {
+          tile<MZ, NR>(pt + c0 * width, data + (n0 + r) * k + 2 * c0, k, count, odd,
+                       y + t0 * ldy + n0 + r, ldy, tokens, c0 > 0);
+        });
         pt += width * pairs;
       }
     }
