@@ -4,8 +4,9 @@
 // the weights are used as they are stored, never widened, and each instruction does the work of
 // two fp32 multiply-adds. vdpbf16ps flushes subnormal inputs and outputs to zero.
 //
-// Sums: each (row of x, weight row) sum is the same whatever the number of rows of x, the
-// grouping of weight rows or the threads; the decode and prefill shapes sum in different orders.
+// Sums: each (row of x, weight row) sum is the same whatever the grouping of weight rows or the
+// threads; one row of x (read a weight row at a time), several rows, and the prefill shapes sum
+// in different orders.
 #pragma once
 
 #include <cstdint>
