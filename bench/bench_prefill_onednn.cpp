@@ -4,8 +4,8 @@
 // portable path widens a tile of rows at a time for OpenBLAS's sgemm; oneDNN picks its kernels from
 // the CPU itself and offers a bf16 matmul where the CPU has bf16 arithmetic, as does dcp's opt-in
 // avx512_bf16 path (bf16 and FP8 weights in vdpbf16ps pairs, x rounded to bf16; rows of their own
-// where the CPU has AVX512-BF16). Every product is timed in this run against OpenBLAS's sgemm on the same values
-// held in fp32, and checked against it.
+// where the CPU has AVX512-BF16). Every product is timed in this run against OpenBLAS's sgemm on
+// the same values held in fp32, and checked against it.
 //
 //   bench_prefill_onednn [--rows M] [--shapes KxN,KxN,...] [--path automatic|portable|avx2|avx512]
 //

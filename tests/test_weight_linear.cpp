@@ -566,8 +566,8 @@ TEST(WeightLinear, Fp8PairsInPrefillShapes) {
   for (const std::int64_t m : {17, 40, 48, 49, 97}) {
     for (const std::int64_t k : {5, 24, 97, 300}) {
       const int br = rng.coin() ? 16 : 128, bc = rng.coin() ? 8 : 128;
-      const Case c = random_fp8(rng.range(1, 50), k, br, bc, rng.range(0, 300),
-                                2 * rng.range(0, 150), rng);
+      const Case c =
+          random_fp8(rng.range(1, 50), k, br, bc, rng.range(0, 300), 2 * rng.range(0, 150), rng);
       check(c, m, KernelPath::avx512_bf16, rng, "fp8 pairs", true);
     }
   }

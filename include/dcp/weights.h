@@ -79,9 +79,10 @@ constexpr std::int64_t weight_gemv_max_rows(WeightDtype d) noexcept {
 // avx512_bf16 path multiplies bf16 weights, and FP8 ones beyond weight_gemv_max_rows rows of x
 // (their codes widened to bf16 exactly, each scale block summed on its own), by x rounded to
 // bf16, two columns per vdpbf16ps (about twice the exact products' rate where they are
-// compute-bound); fp32 weights, and FP8 in decode shapes, as avx512 does; amx_bf16 is refused. threads > 1 splits the output rows over the calling thread's
-// worker pool (this_thread_worker_pool) in parts of at least 64K weights; every sum is bitwise
-// the one-thread sum, except BLAS's.
+// compute-bound); fp32 weights, and FP8 in decode shapes, as avx512 does; amx_bf16 is refused.
+// threads > 1 splits the output rows over the calling thread's worker pool
+// (this_thread_worker_pool) in parts of at least 64K weights; every sum is bitwise the one-thread
+// sum, except BLAS's.
 void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std::int64_t ldx = -1,
             std::int64_t ldy = -1, KernelPath path = KernelPath::automatic, int threads = 1);
 // Which copy of linear()'s own product `path` runs on this CPU, for benchmark headers: its path

@@ -44,8 +44,8 @@ constexpr BlockedProduct kBlockedAvx512{kernels::gemm_pack_x_avx512, kernels::ge
 constexpr BlockedProduct kBlockedBf16Pairs{kernels::gemm_pack_x_bf16_pairs,
                                            kernels::gemm_packed_bf16_pairs, 2};
 
-// The exact copy a weight path runs: avx512_bf16 pairs only bf16 weights and runs the avx512
-// copies for the others; amx_bf16 has no weight product.
+// The exact copy a weight path runs: avx512_bf16 runs the avx512 copies for the products it does
+// not pair (linear()); amx_bf16 has no weight product.
 KernelPath exact_weight_path(KernelPath path) {
   if (path == KernelPath::avx512_bf16) {
     require_bf16_pair_path(path);
