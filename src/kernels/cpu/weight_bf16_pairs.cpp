@@ -362,6 +362,17 @@ void gemm_packed_fp8_pairs(const float* p, std::int64_t m, const GemvWeight& w, 
         const std::int64_t tokens = std::min(kTileTokens, m - t0);
         const std::int64_t width = packed_width(tokens);
         over_tiles(static_cast<int>(width / kLanes), rows, [&]<int MZ, int NR>(std::int64_t r) {
+          // The first tile of tokens asks for the next block's codes into L2, a tile's rows at a
+          // time, so that widening them does not wait on memory.
+          if (t0 == 0 && n0 + kRowsPerBlock + r + NR <= w.rows) {
+            for (int i = 0; i < NR; ++i) {
+              const char* next = reinterpret_cast<const char*>(
+                  codes + (n0 + kRowsPerBlock + r + i) * k + col_begin);
+              for (std::int64_t b = 0; b < col_end - col_begin; b += 64) {
+                _mm_prefetch(next + b, _MM_HINT_T1);
+              }
+            }
+          }
           tile_fp8<MZ, NR>(pt + c0 * width, block.data() + r * ld, ld, segments.data(),
                            static_cast<int>(segments.size()), scales + r, y + t0 * ldy + n0 + r,
                            ldy, tokens, c0 > 0);
