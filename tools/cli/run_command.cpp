@@ -100,9 +100,11 @@ int run(const RunOptions& o) {
                   "the --verify reference did not run on the printing rank");
     }
     if (run.reporting) v = compare(report, ref.report, w.spec.model.config.vocab_size);
-    // Rounding x to bf16 before every bf16 weight product turns the two runs' fp32-level
-    // differences (the merge's order) into whole bf16 steps of some of x's values.
-    if (w.spec.model_options.weight_kernel == KernelPath::avx512_bf16) v.tolerance = 1e-2;
+    // Rounding x to bf16 before every paired weight product turns the two runs' fp32-level
+    // differences (the merge's order) into whole bf16 steps of some of x's values, and those
+    // flip a MoE layer's near-tie expert choices far more often than fp32 rounding does (2 layers
+    // of V2-Lite at TP 4 x DCP 4: 2.7e-2; its dense first layer alone: 1.7e-3).
+    if (w.spec.model_options.weight_kernel == KernelPath::avx512_bf16) v.tolerance = 5e-2;
   }
   if (!run.reporting) return 0;
   const nlohmann::ordered_json j = report_json(o, w, report, v);
