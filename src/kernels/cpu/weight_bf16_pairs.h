@@ -1,8 +1,10 @@
-// The opt-in avx512_bf16 weight path: bf16 weights multiplied by x rounded to bf16, two columns
-// per multiply-add with AVX512-BF16's vdpbf16ps. Rounding x (relative error up to 2^-9 per value,
-// as the bf16-pair attention paths round q and P) is what makes it faster than the exact path:
-// the weights are used as they are stored, never widened, and each instruction does the work of
-// two fp32 multiply-adds. vdpbf16ps flushes subnormal inputs and outputs to zero.
+// The opt-in avx512_bf16 weight path: bf16 weights (and FP8 ones in prefill shapes) multiplied by
+// x rounded to bf16, two columns per multiply-add with AVX512-BF16's vdpbf16ps. Rounding x
+// (relative error up to 2^-9 per value, as the bf16-pair attention paths round q and P) is what
+// makes it faster than the exact path: bf16 weights are used as they are stored, never widened,
+// and each instruction does the work of two fp32 multiply-adds. vdpbf16ps flushes subnormal
+// inputs and outputs to zero. Decode shapes: weight_gemv_bf16_pairs.cpp; prefill shapes:
+// weight_gemm_bf16_pairs.cpp.
 //
 // Sums: each (row of x, weight row) sum is the same whatever the grouping of weight rows or the
 // threads; one row of x (read a weight row at a time), several rows, and the prefill shapes sum
