@@ -398,8 +398,10 @@ case_run_kernel() {
     expect 0 "bf16 weights in pairs" -- run --preset deepseek-v2-lite --num-layers 1 --weight-kernel avx512_bf16 --batch 2 --prompt-len 70 --max-new-tokens 2 --json "$tmp/run.json"
     check "json names the pairs path" json_has '"weight_kernel": "avx512_bf16"'
     check "pairs verify" json_has '"passed": true'
-    expect 0 "bench decode on bf16 pairs" -- bench decode --preset tiny --num-layers 1 --configs tp1dcp1 --dtypes bf16 --contexts 0 --batches 1 --new-tokens 2 --prefill-tokens 20 --weight-kernel avx512_bf16
-    check "names the pairs and their ceilings" stdout_has "bf16 pairs [0-9.]* GFLOP/s on bf16 weights, [0-9.]* on FP8$"
+    expect 0 "bench decode on bf16 pairs" -- bench decode --preset tiny --num-layers 1 --configs tp1dcp1 --dtypes bf16,fp8 --contexts 0 --batches 1 --new-tokens 2 --prefill-tokens 20 --weight-kernel avx512_bf16
+    check "names the pairs and their ceilings" stdout_has "; bf16 pairs on bf16 weights [0-9.]* GFLOP/s; bf16 pairs on FP8 weights [0-9.]* GFLOP/s$"
+    expect 0 "bench decode on bf16 pairs, bf16 only" -- bench decode --preset tiny --num-layers 1 --configs tp1dcp1 --dtypes bf16 --contexts 0 --batches 1 --new-tokens 2 --prefill-tokens 20 --weight-kernel avx512_bf16
+    check "times the pairs of the dtypes it runs only" stdout_has "; bf16 pairs on bf16 weights [0-9.]* GFLOP/s$"
   fi
   # threads inside each rank: weight products split by rows, attention by tokens and KV ranges
   expect 0 "three threads per rank" -- run --threads-per-rank 3 --tp-size 2 --dcp-size 2 --batch 3 --prompt-len 300 --max-new-tokens 4 --json "$tmp/run.json"

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/bench.h"
@@ -129,12 +130,15 @@ void bench_decode(const DecodeBenchOptions& o) {
       const double blocked_gflops = measure_blocked_gflops(threads, 1024, weight_kernel);
       const double sgemm_gflops = measure_sgemm_gflops(threads, 1024);
       const double compute_gflops = std::max(sgemm_gflops, blocked_gflops);
-      // avx512_bf16 runs bf16 and FP8 weights in pairs: their rows' ceiling is that product's rate.
+      // avx512_bf16 runs bf16 and FP8 weights in pairs: their rows' ceiling is that product's rate
+      // (timed for the dtypes this run has).
       const bool pairs = weight_kernel == KernelPath::avx512_bf16;
-      const double pairs_bf16_gflops =
-          pairs ? measure_blocked_gflops(threads, 1024, weight_kernel, WeightDtype::bf16) : 0;
-      const double pairs_fp8_gflops =
-          pairs ? measure_blocked_gflops(threads, 1024, weight_kernel, WeightDtype::f8_e4m3) : 0;
+      const auto pairs_gflops = [&](const char* dtype, WeightDtype d) {
+        const bool asked = std::find(dtypes.begin(), dtypes.end(), dtype) != dtypes.end();
+        return pairs && asked ? measure_blocked_gflops(threads, 1024, weight_kernel, d) : 0.0;
+      };
+      const double pairs_bf16_gflops = pairs_gflops("bf16", WeightDtype::bf16);
+      const double pairs_fp8_gflops = pairs_gflops("fp8", WeightDtype::f8_e4m3);
       char blocked_label[48];
       if (blocked_gflops > 0) {
         std::snprintf(blocked_label, sizeof blocked_label, "%.1f", blocked_gflops);
@@ -143,18 +147,19 @@ void bench_decode(const DecodeBenchOptions& o) {
         std::snprintf(blocked_label, sizeof blocked_label, "not on the %.*s path",
                       static_cast<int>(path.size()), path.data());
       }
-      char pairs_label[96] = "";
-      if (pairs) {
-        std::snprintf(pairs_label, sizeof pairs_label,
-                      "; bf16 pairs %.1f GFLOP/s on bf16 weights, %.1f on FP8", pairs_bf16_gflops,
-                      pairs_fp8_gflops);
+      std::string pairs_label;
+      for (const auto& [name, gflops] :
+           {std::pair{"bf16", pairs_bf16_gflops}, std::pair{"FP8", pairs_fp8_gflops}}) {
+        char part[64];
+        std::snprintf(part, sizeof part, "; bf16 pairs on %s weights %.1f GFLOP/s", name, gflops);
+        if (gflops > 0) pairs_label += part;
       }
       std::printf(
           "# tp %d dcp %d, %lld thread(s) per rank: read ceiling %.1f GB/s, compute ceiling %.1f "
           "GFLOP/s (%d thread%s; sgemm %.1f with %s, dcp's blocked product %s)%s\n",
           pc_in.tp, pc_in.dcp, static_cast<long long>(per_rank), read_gbps, compute_gflops, threads,
           threads == 1 ? "" : "s", sgemm_gflops, blas_kernels_label().c_str(), blocked_label,
-          pairs_label);
+          pairs_label.c_str());
       for (const std::string& dtype : dtypes) {
         const ModelSource model = model_in(base, dtype);
         const ModelConfig& c = model.config;

@@ -201,7 +201,7 @@ void gemm_packed_fp8_pairs(const float* p, std::int64_t m, const GemvWeight& w, 
   const auto* codes = static_cast<const fp8_e4m3_t*>(w.data);
   const std::int64_t pass = pairs <= kMaxPairs + kMaxPairs / 4 ? pairs : kMaxPairs;
   thread_local LineVector<bf16_t> block;
-  block.resize(static_cast<std::size_t>(kRowsPerBlock * 2 * std::min(pass, pairs)));
+  grow_to(block, static_cast<std::size_t>(kRowsPerBlock * 2 * std::min(pass, pairs)));
   std::vector<Segment> segments;
   const float* scales[kRowsPerBlock];
   for (std::int64_t c0 = 0; c0 < pairs; c0 += pass) {
@@ -262,7 +262,7 @@ void gemm_pack_x_bf16_pairs(const float* x, std::int64_t m, std::int64_t k, std:
                             float* packed) {
   const std::int64_t pairs = (k + 1) / 2;
   thread_local LineVector<bf16_t> rounded;
-  rounded.resize(static_cast<std::size_t>(m * 2 * pairs));
+  grow_to(rounded, static_cast<std::size_t>(m * 2 * pairs));
   round_rows(x, m, k, ldx, rounded.data(), 2 * pairs);
   // A pair is one 32-bit word: the fp32 packing moves words without reading them as numbers.
   gemm_pack_x_avx512(reinterpret_cast<const float*>(rounded.data()), m, pairs, pairs, packed);

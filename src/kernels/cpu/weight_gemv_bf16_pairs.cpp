@@ -132,7 +132,7 @@ void gemv_bf16_pairs(const float* x, std::int64_t m, std::int64_t ldx, const Gem
   DCP_ARG_CHECK(w.dtype == GemvDtype::bf16, "the bf16-pair weight product multiplies bf16 weights");
   const std::int64_t stride = (w.k + kVectorValues - 1) / kVectorValues * kVectorValues;
   thread_local LineVector<bf16_t> rounded;
-  rounded.resize(static_cast<std::size_t>(m * stride));
+  grow_to(rounded, static_cast<std::size_t>(m * stride));
   round_rows(x, m, w.k, ldx, rounded.data(), stride);
   const bf16_t* xb = rounded.data();
   // Weight rows in tiles that stay in L1/L2 while every group of four rows of x passes over
