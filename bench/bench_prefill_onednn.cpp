@@ -10,6 +10,8 @@
 //   bench_prefill_onednn [--rows M] [--shapes KxN,KxN,...] [--path automatic|portable|avx2|avx512]
 //
 // --path forces dcp::linear's path (as on a CPU whose widest is that one); automatic by default.
+// Up to 16 rows (8 for fp32 weights) dcp::linear runs its decode-shaped products, here on a
+// weight in cache: their compute rate, not their reads.
 //
 // Built only when CMake finds oneDNN (Debian: apt-get install libdnnl-dev).
 #include <cblas.h>
@@ -216,24 +218,28 @@ int main(int argc, char** argv) {
     std::vector<Product> products(8);
     for (Product& p : products) p.y.resize(out_size);
     const bool blocked = dcp::prefill_runs_blocked_product(path);
-    const std::string blocked_kernel =
-        "blocked " + std::string(dcp::to_string(dcp::resolve_exact_path(path)));
-    const std::string dcp_kernel = blocked ? blocked_kernel : "widen + sgemm";
+    const std::string path_name(dcp::to_string(dcp::resolve_exact_path(path)));
+    // Up to weight_gemv_max_rows rows of x, dcp::linear runs its decode-shaped product.
+    const auto dcp_kernel = [&](dcp::WeightDtype d, const char* prefill) {
+      return m <= dcp::weight_gemv_max_rows(d) ? "decode " + path_name
+             : blocked                         ? "blocked " + path_name
+                                               : std::string(prefill);
+    };
     products[0].name = "openblas sgemm, fp32 weights";
     products[0].kernel = dcp::blas_info().core;
     products[0].run = [&, y = products[0].y.data()] { sgemm(wb_f32, y); };
     products[1].name = "dcp::linear, fp32 weights";
-    products[1].kernel = blocked ? blocked_kernel : "sgemm";
+    products[1].kernel = dcp_kernel(dcp::WeightDtype::f32, "sgemm");
     products[1].run = [&, y = products[1].y.data()] {
       dcp::linear(x.data(), m, wf, y, -1, -1, path);
     };
     products[2].name = "dcp::linear, bf16 weights";
-    products[2].kernel = dcp_kernel;
+    products[2].kernel = dcp_kernel(dcp::WeightDtype::bf16, "widen + sgemm");
     products[2].run = [&, y = products[2].y.data()] {
       dcp::linear(x.data(), m, wb, y, -1, -1, path);
     };
     products[3].name = "dcp::linear, fp8 weights";
-    products[3].kernel = dcp_kernel;
+    products[3].kernel = dcp_kernel(dcp::WeightDtype::f8_e4m3, "widen + sgemm");
     products[3].run = [&, y = products[3].y.data()] {
       dcp::linear(x.data(), m, w8, y, -1, -1, path);
     };
@@ -247,7 +253,11 @@ int main(int argc, char** argv) {
     products[6].kernel = "bf16 pairs";
     products[6].tolerance = 2e-2;  // x is rounded to bf16
     products[7].name = "dcp::linear, fp8 weights, bf16 x";
-    products[7].kernel = "bf16 pairs";
+    // Decode shapes pair FP8 where the CPU has AVX512-VBMI for its widening.
+    products[7].kernel = m > dcp::weight_gemv_max_rows(dcp::WeightDtype::f8_e4m3) ||
+                                 __builtin_cpu_supports("avx512vbmi")
+                             ? "bf16 pairs"
+                             : "decode avx512";
     products[7].tolerance = 2e-2;
     products[7].reference = &ref_8;
     if (dcp::avx512_bf16_available()) {

@@ -490,8 +490,12 @@ TEST(WeightLinear, NamesTheKernelEachPathRuns) {
   EXPECT_THROW(weight_kernel_label(KernelPath::amx_bf16), Error);
   if (avx512_bf16_available()) {
     EXPECT_EQ(weight_kernel_label(KernelPath::avx512_bf16),
-              "avx512_bf16: bf16 weights in vdpbf16ps pairs, x rounded to bf16; fp32/FP8 on " +
-                  weight_kernel_label(KernelPath::avx512));
+              __builtin_cpu_supports("avx512vbmi")
+                  ? "avx512_bf16: bf16 and FP8 weights in vdpbf16ps pairs (FP8 widened by "
+                    "AVX512-VBMI byte lookups), x rounded to bf16; fp32 on avx512"
+                  : "avx512_bf16: bf16 weights in vdpbf16ps pairs, x rounded to bf16; fp32/FP8 "
+                    "on " +
+                        weight_kernel_label(KernelPath::avx512));
     EXPECT_EQ(weight_prefill_kernel_label(KernelPath::avx512_bf16),
               "avx512_bf16: bf16 and FP8 weights in vdpbf16ps pairs, x rounded to bf16; fp32 on " +
                   weight_prefill_kernel_label(KernelPath::avx512));
@@ -516,7 +520,8 @@ TEST(WeightLinear, NamesTheKernelEachPathRuns) {
 // of unrounded x fails it): decode shapes (1-16 rows of x; one row read a weight row at a time)
 // and prefill shapes (tiles of 48 and
 // their remainders), k odd and even with every tail of a 32-value vector, long rows summed in
-// passes, row strides. Threads keep every sum; fp32 and FP8 weights run the avx512 products.
+// passes, row strides. Threads keep every sum; fp32 weights run the avx512 products, and FP8
+// ones where they are not paired.
 TEST(WeightLinear, Bf16PairsMultiplyXRoundedToBf16) {
   if (!avx512_bf16_available()) GTEST_SKIP() << "this CPU has no AVX512-BF16";
   test::Rng rng = test::make_rng();
@@ -542,10 +547,13 @@ TEST(WeightLinear, Bf16PairsMultiplyXRoundedToBf16) {
     linear(x.data(), m, c.w, many.data(), -1, -1, KernelPath::avx512_bf16, 3);
     ASSERT_EQ(many, one) << "m " << m;
   }
-  // fp32 weights, and FP8 in decode shapes or with a scale block starting at an odd column (col0
-  // 7: the first block is 121 columns), run the avx512 products.
+  // fp32 weights run the avx512 products; so do FP8 ones in prefill shapes with a scale block
+  // starting at an odd column (col0 7: the first block is 121 columns), and in decode shapes on a
+  // CPU without AVX512-VBMI.
+  const bool fp8_decode_paired = __builtin_cpu_supports("avx512vbmi");
   for (const Case& c : {random_f32(70, 300, rng), random_fp8(70, 300, 128, 128, 5, 7, rng)}) {
     for (const std::int64_t m : {1, 9, 16, 60}) {
+      if (c.w.dtype == WeightDtype::f8_e4m3 && m <= 16 && fp8_decode_paired) continue;
       std::vector<float> x(static_cast<std::size_t>(m * 300));
       for (float& v : x) v = rng.normal();
       std::vector<float> exact(static_cast<std::size_t>(m * 70)), paired(exact.size());
@@ -556,13 +564,37 @@ TEST(WeightLinear, Bf16PairsMultiplyXRoundedToBf16) {
   }
 }
 
-// FP8 weights in prefill shapes on the avx512_bf16 path: codes widened to bf16 exactly, each
-// column block summed on its own and added times its scale, x rounded to bf16; slices starting
-// inside a block at an even column, blocks of 16 x 8 and 128 x 128, passes over long rows, every
-// code (random ones; the NaN code on its own).
-TEST(WeightLinear, Fp8PairsInPrefillShapes) {
+// FP8 weights on the avx512_bf16 path: codes widened to bf16 exactly, each column block summed on
+// its own and added times its scale, x rounded to bf16. Decode shapes (on CPUs with AVX512-VBMI):
+// 1-16 rows of x, slices starting anywhere inside a block and crossing row blocks, every tail of
+// a 64-code chunk. Prefill shapes: slices starting inside a block at an even column, passes over
+// long rows. Blocks of 16 x 8 and 128 x 128, every code (random ones; the NaN code on its own).
+TEST(WeightLinear, Fp8PairsMultiplyXRoundedToBf16) {
   if (!avx512_bf16_available()) GTEST_SKIP() << "this CPU has no AVX512-BF16";
   test::Rng rng = test::make_rng();
+  if (__builtin_cpu_supports("avx512vbmi")) {
+    for (const std::int64_t m : {1, 2, 3, 4, 5, 8, 11, 16}) {
+      for (const std::int64_t k : {1, 5, 63, 64, 65, 127, 128, 129, 300}) {
+        const int br = rng.coin() ? 16 : 128, bc = rng.coin() ? 8 : 128;
+        const Case c =
+            random_fp8(rng.range(1, 50), k, br, bc, rng.range(0, 300), rng.range(0, 300), rng);
+        check(c, m, KernelPath::avx512_bf16, rng, "fp8 decode pairs", true);
+      }
+    }
+    for (const std::int64_t m : {1, 6}) {
+      check(random_fp8(21, 4097, 128, 128, 100, 3, rng), m, KernelPath::avx512_bf16, rng,
+            "fp8 decode pairs", true);
+    }
+    for (const std::int64_t m : {1, 7, 16}) {
+      const Case c = random_fp8(1000, 333, 128, 128, 50, 9, rng);
+      std::vector<float> x(static_cast<std::size_t>(m * 333));
+      for (float& v : x) v = rng.normal();
+      std::vector<float> one(static_cast<std::size_t>(m * 1000)), many(one.size());
+      linear(x.data(), m, c.w, one.data(), -1, -1, KernelPath::avx512_bf16);
+      linear(x.data(), m, c.w, many.data(), -1, -1, KernelPath::avx512_bf16, 3);
+      ASSERT_EQ(many, one) << "m " << m;
+    }
+  }
   for (const std::int64_t m : {17, 40, 48, 49, 97}) {
     for (const std::int64_t k : {5, 24, 97, 300}) {
       const int br = rng.coin() ? 16 : 128, bc = rng.coin() ? 8 : 128;
@@ -577,12 +609,15 @@ TEST(WeightLinear, Fp8PairsInPrefillShapes) {
   }
   Case c = random_fp8(3, 40, 128, 128, 0, 0, rng);
   c.w.data[1 * 40 + 17] = 0x7f;  // row 1 holds a NaN
-  std::vector<float> x(20 * 40, 1.0f), y(20 * 3);
-  linear(x.data(), 20, c.w, y.data(), -1, -1, KernelPath::avx512_bf16);
-  for (std::int64_t i = 0; i < 20; ++i) {
-    EXPECT_FALSE(std::isnan(y[i * 3 + 0]));
-    EXPECT_TRUE(std::isnan(y[i * 3 + 1]));
-    EXPECT_FALSE(std::isnan(y[i * 3 + 2]));
+  for (const std::int64_t m : {1, 3, 20}) {
+    std::vector<float> x(static_cast<std::size_t>(m * 40), 1.0f);
+    std::vector<float> y(static_cast<std::size_t>(m * 3));
+    linear(x.data(), m, c.w, y.data(), -1, -1, KernelPath::avx512_bf16);
+    for (std::int64_t i = 0; i < m; ++i) {
+      EXPECT_FALSE(std::isnan(y[i * 3 + 0])) << "m " << m;
+      EXPECT_TRUE(std::isnan(y[i * 3 + 1])) << "m " << m;
+      EXPECT_FALSE(std::isnan(y[i * 3 + 2])) << "m " << m;
+    }
   }
 }
 

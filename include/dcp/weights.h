@@ -76,10 +76,10 @@ constexpr std::int64_t weight_gemv_max_rows(WeightDtype d) noexcept {
 // bits; bf16 and FP8 widened in L1 a chunk of rows and columns at a time), and BLAS's sgemm on
 // the portable path (bf16 and FP8 widened a tile of rows at a time). Every such path multiplies
 // by the values row_to_float gives; sums differ only in their rounding order. The opt-in
-// avx512_bf16 path multiplies bf16 weights, and FP8 ones beyond weight_gemv_max_rows rows of x
-// (their codes widened to bf16 exactly, each scale block summed on its own), by x rounded to
-// bf16, two columns per vdpbf16ps (about twice the exact products' rate where they are
-// compute-bound); fp32 weights, and FP8 in decode shapes, as avx512 does; amx_bf16 is refused.
+// avx512_bf16 path multiplies bf16 and FP8 weights (their codes widened to bf16 exactly, each
+// scale block summed on its own and times its scale) by x rounded to bf16, two columns per
+// vdpbf16ps (1.5-2x the exact products' rate where they are compute-bound); fp32 weights as
+// avx512 does, and FP8 in decode shapes too on a CPU without AVX512-VBMI; amx_bf16 is refused.
 // threads > 1 splits the output rows over the calling thread's worker pool
 // (this_thread_worker_pool) in parts of at least 64K weights; every sum is bitwise the one-thread
 // sum, except BLAS's.

@@ -242,6 +242,12 @@ std::string weight_kernel_label(KernelPath path) {
   if (gemv == kernels::gemv_avx512) label = "avx512, FP8 widened by F16C";
   if (gemv == kernels::gemv_avx2) label = "avx2, FP8 widened by F16C";
   if (path != KernelPath::avx512_bf16) return label;
+  if (kernels::fp8_pairs_decode_available()) {  // the exact copy runs fp32 weights only
+    return str(
+        "avx512_bf16: bf16 and FP8 weights in vdpbf16ps pairs (FP8 widened by AVX512-VBMI "
+        "byte lookups), x rounded to bf16; fp32 on ",
+        label.substr(0, label.find(',')));
+  }
   return str("avx512_bf16: bf16 weights in vdpbf16ps pairs, x rounded to bf16; fp32/FP8 on ",
              label);
 }
@@ -253,14 +259,17 @@ void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std
   if (ldy < 0) ldy = n;
   if (m == 0 || n == 0) return;
   DCP_ARG_CHECK(threads >= 1, "linear: threads = ", threads, " must be >= 1");
-  // avx512_bf16: bf16 weights in pairs, and FP8 ones in prefill shapes (in decode shapes the exact
-  // product reads FP8 at the read ceiling already) where their scale blocks do not split a pair.
+  // avx512_bf16: bf16 weights in pairs; FP8 ones in decode shapes where the CPU has AVX512-VBMI
+  // for their widening, and in prefill shapes where their scale blocks do not split a pair.
   const bool paired = path == KernelPath::avx512_bf16;
   const bool pairs = paired && w.dtype == WeightDtype::bf16;
+  const bool fp8_paired = paired && w.dtype == WeightDtype::f8_e4m3;
   path = exact_weight_path(path);
   if (m <= weight_gemv_max_rows(w.dtype)) {
     static const kernels::GemvFn best = select_gemv(KernelPath::automatic);
-    const kernels::GemvFn gemv = pairs                           ? kernels::gemv_bf16_pairs
+    const kernels::GemvFn gemv = pairs ? kernels::gemv_bf16_pairs
+                                 : fp8_paired && kernels::fp8_pairs_decode_available()
+                                     ? kernels::gemv_fp8_pairs
                                  : path == KernelPath::automatic ? best
                                                                  : select_gemv(path);
     // Each part reads its own rows once: parts of at least 64K weights keep the wake-up of a
@@ -272,8 +281,7 @@ void linear(const float* x, std::int64_t m, const WeightMatrix& w, float* y, std
     return;
   }
   static const BlockedProduct* const blocked_automatic = select_blocked(KernelPath::automatic);
-  const bool pairs_fp8 = paired && w.dtype == WeightDtype::f8_e4m3 &&
-                         kernels::fp8_blocks_pair(ops::gemv_weight(w, 0, n));
+  const bool pairs_fp8 = fp8_paired && kernels::fp8_blocks_pair(ops::gemv_weight(w, 0, n));
   if (const BlockedProduct* blocked = pairs || pairs_fp8              ? &kBlockedBf16Pairs
                                       : path == KernelPath::automatic ? blocked_automatic
                                                                       : select_blocked(path)) {

@@ -320,8 +320,8 @@ void add_decode_bench(CLI::App* bench) {
       ->capture_default_str();
   cmd->add_option("--weight-kernel", o->weight_kernel,
                   "the weight products' path: automatic (the widest this CPU runs), portable, "
-                  "avx2, avx512, or avx512_bf16 (opt-in: bf16 weights, and FP8 in prefill shapes, "
-                  "in vdpbf16ps pairs with x rounded to bf16; the rest as avx512)")
+                  "avx2, avx512, or avx512_bf16 (opt-in: bf16 and FP8 weights in vdpbf16ps pairs "
+                  "with x rounded to bf16; fp32 ones as avx512)")
       ->capture_default_str();
   cmd->add_option("--csv", o->csv, "write the table as CSV")->check(writable_file());
   cmd->callback([o] { bench_decode(*o); });

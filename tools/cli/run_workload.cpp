@@ -278,8 +278,8 @@ void add_deployment_flags(CLI::App* cmd, RunOptions& o) {
       ->capture_default_str();
   cmd->add_option("--weight-kernel", o.weight_kernel,
                   "the weight products' path: automatic (the widest this CPU runs), portable, "
-                  "avx2, avx512, or avx512_bf16 (opt-in: bf16 weights, and FP8 in prefill shapes, "
-                  "in vdpbf16ps pairs with x rounded to bf16; the rest as avx512)")
+                  "avx2, avx512, or avx512_bf16 (opt-in: bf16 and FP8 weights in vdpbf16ps pairs "
+                  "with x rounded to bf16; fp32 ones as avx512)")
       ->capture_default_str();
   cmd->add_option("--threads-per-rank", o.threads_per_rank,
                   "threads of each rank: the weight products split their rows over them, the "

@@ -1,9 +1,10 @@
-// The opt-in avx512_bf16 weight path: bf16 weights (and FP8 ones in prefill shapes) multiplied by
-// x rounded to bf16, two columns per multiply-add with AVX512-BF16's vdpbf16ps. Rounding x
-// (relative error up to 2^-9 per value, as the bf16-pair attention paths round q and P) is what
-// makes it faster than the exact path: bf16 weights are used as they are stored, never widened,
-// and each instruction does the work of two fp32 multiply-adds. vdpbf16ps flushes subnormal
-// inputs and outputs to zero. Decode shapes: weight_gemv_bf16_pairs.cpp; prefill shapes:
+// The opt-in avx512_bf16 weight path: bf16 and FP8 weights multiplied by x rounded to bf16, two
+// columns per multiply-add with AVX512-BF16's vdpbf16ps. Rounding x (relative error up to 2^-9
+// per value, as the bf16-pair attention paths round q and P) is what makes it faster than the
+// exact path: bf16 weights are used as they are stored, never widened, FP8 codes widen exactly to
+// bf16 (half the work of widening to fp32), and each instruction does the work of two fp32
+// multiply-adds. vdpbf16ps flushes subnormal inputs and outputs to zero. Decode shapes:
+// weight_gemv_bf16_pairs.cpp (bf16), weight_gemv_fp8_pairs.cpp (FP8); prefill shapes:
 // weight_gemm_bf16_pairs.cpp.
 //
 // Sums: each (row of x, weight row) sum is the same whatever the grouping of weight rows or the
@@ -20,6 +21,13 @@ namespace dcp::kernels {
 // Decode shapes: y[i * ldy + r] = bf16(x[i, :]) . w[r, :] for i < m, w bf16.
 void gemv_bf16_pairs(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeight& w,
                      float* y, std::int64_t ldy);
+
+// Decode shapes on FP8 weights (needs AVX512-VBMI too: fp8_pairs_decode_available()):
+// y[i * ldy + r] = sum over column blocks b of scale(r, b) * (bf16(x[i, b]) . w[r, b]), each
+// code's value exact in bf16.
+void gemv_fp8_pairs(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeight& w, float* y,
+                    std::int64_t ldy);
+bool fp8_pairs_decode_available();
 
 // Prefill shapes, in two halves as gemm_pack_x / gemm_packed: x rounded to bf16 and packed into
 // tiles of 48 tokens, each 32-bit lane a pair of columns (packed needs

@@ -21,8 +21,8 @@ inline __m512bh as_pairs(__m512i v) {
 
 // Rows of x rounded to bf16 (dcp::float_to_bf16's bits), row i at out + i * stride, zero from
 // column k to `stride`.
-void round_rows(const float* x, std::int64_t m, std::int64_t k, std::int64_t ldx, bf16_t* out,
-                std::int64_t stride) {
+inline void round_rows(const float* x, std::int64_t m, std::int64_t k, std::int64_t ldx,
+                       bf16_t* out, std::int64_t stride) {
   for (std::int64_t i = 0; i < m; ++i) {
     bf16_t* row = out + i * stride;
     floats_to_bf16_avx512(x + i * ldx, row, static_cast<std::size_t>(k));
