@@ -16,6 +16,7 @@
 #include "dcp/kernel_path.h"
 #include "dcp/weights.h"
 #include "dcp/worker_pool.h"
+#include "kernels/cpu/weight_bf16_pairs.h"
 #include "kernels/cpu/weight_gemv.h"
 #include "model/ops.h"
 #include "test_util.h"
@@ -560,6 +561,46 @@ TEST(WeightLinear, Bf16PairsMultiplyXRoundedToBf16) {
       linear(x.data(), m, c.w, exact.data(), -1, -1, KernelPath::avx512);
       linear(x.data(), m, c.w, paired.data(), -1, -1, KernelPath::avx512_bf16);
       ASSERT_EQ(paired, exact) << to_string(c.w.dtype) << " m " << m;
+    }
+  }
+}
+
+// The pairs' two FP8 widenings, by shifts and a table and by byte lookups: every code, in runs of
+// every length up to two chunks of 64 and past (the tails), each against the top half of the
+// float the test decodes; the NaN codes to a NaN.
+TEST(WeightLinear, Fp8CodesWidenToBf16Exactly) {
+  if (!avx512_bf16_available()) GTEST_SKIP() << "this CPU has no AVX512-BF16";
+  using Widen = void (*)(const fp8_e4m3_t*, std::int64_t, bf16_t*);
+  std::vector<std::pair<const char*, Widen>> widenings = {
+      {"shifts", kernels::widen_fp8_to_bf16_avx512}};
+  if (__builtin_cpu_supports("avx512vbmi")) {
+    widenings.emplace_back("byte lookups", kernels::widen_fp8_to_bf16_vbmi);
+  }
+  test::Rng rng = test::make_rng();
+  std::vector<fp8_e4m3_t> codes(300);
+  for (std::size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<fp8_e4m3_t>(i % 256);
+  for (std::size_t i = codes.size() - 1; i > 0; --i) {
+    std::swap(codes[i],
+              codes[static_cast<std::size_t>(rng.range(0, static_cast<std::int64_t>(i)))]);
+  }
+  for (const auto& [name, widen] : widenings) {
+    for (std::int64_t count = 0; count <= 300; ++count) {
+      std::vector<bf16_t> out(static_cast<std::size_t>(count) + 1, 0x5555);
+      widen(codes.data(), count, out.data());
+      for (std::int64_t i = 0; i < count; ++i) {
+        const fp8_e4m3_t code = codes[static_cast<std::size_t>(i)];
+        const double value = decode_e4m3(code);
+        if (std::isnan(value)) {
+          ASSERT_TRUE(std::isnan(decode_bf16(out[i]))) << name << " code " << int{code};
+        } else {  // an fp32's top half holds every E4M3 value
+          const auto f = static_cast<float>(value);
+          std::uint32_t bits;
+          std::memcpy(&bits, &f, 4);
+          ASSERT_EQ(bits & 0xffffu, 0u);
+          ASSERT_EQ(out[i], bits >> 16) << name << " code " << int{code} << " count " << count;
+        }
+      }
+      ASSERT_EQ(out[count], 0x5555) << name << ": nothing past count is written";
     }
   }
 }

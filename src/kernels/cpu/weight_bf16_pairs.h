@@ -28,6 +28,12 @@ void gemv_bf16_pairs(const float* x, std::int64_t m, std::int64_t ldx, const Gem
 void gemv_fp8_pairs(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeight& w, float* y,
                     std::int64_t ldy);
 bool fp8_pairs_decode_available();
+// count FP8 codes as the bf16 of each one's value (exact: E4M3 has four significant bits), bit
+// for bit float_to_bf16(fp8_e4m3_to_float(code)) but for the NaN codes, which give a quiet NaN:
+// by shifts and a table (AVX-512 BW), or by byte lookups (AVX512-VBMI: the prefill product's
+// choice where the CPU has it).
+void widen_fp8_to_bf16_avx512(const fp8_e4m3_t* src, std::int64_t count, bf16_t* out);
+void widen_fp8_to_bf16_vbmi(const fp8_e4m3_t* src, std::int64_t count, bf16_t* out);
 
 // Prefill shapes, in two halves as gemm_pack_x / gemm_packed: x rounded to bf16 and packed into
 // tiles of 48 tokens, each 32-bit lane a pair of columns (packed needs

