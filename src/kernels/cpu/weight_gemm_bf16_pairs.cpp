@@ -160,10 +160,12 @@ struct Segment {
   std::int64_t block;
 };
 
+// `next`: where these rows' codes of the next block start (column `segments`' pair 0; stride k),
+// asked into L2 a segment at a time as this tile runs (null: none).
 template <int MZ, int NR>
 void tile_fp8(const float* p, const bf16_t* rows, std::int64_t ld, const Segment* segments,
               int count, const float* const* scales, float* y, std::int64_t ldy,
-              std::int64_t tokens, bool resume) {
+              std::int64_t tokens, bool resume, const fp8_e4m3_t* next, std::int64_t k) {
   constexpr int width = kLanes * MZ;
   alignas(64) float sums[NR][width];
   for (int r = 0; r < NR; ++r) {
@@ -171,6 +173,14 @@ void tile_fp8(const float* p, const bf16_t* rows, std::int64_t ld, const Segment
       sums[r][i] = resume && i < tokens ? y[i * ldy + r] : 0.0f;
   }
   for (int s = 0; s < count; ++s) {
+    if (next != nullptr) {
+      for (int r = 0; r < NR; ++r) {
+        const char* line = reinterpret_cast<const char*>(next + r * k + 2 * segments[s].begin);
+        for (std::int64_t b = 0; b < 2 * (segments[s].end - segments[s].begin); b += 64) {
+          _mm_prefetch(line + b, _MM_HINT_T1);
+        }
+      }
+    }
     __m512 acc[MZ][NR];
     for (int j = 0; j < MZ; ++j) {
       for (int r = 0; r < NR; ++r) acc[j][r] = _mm512_setzero_ps();
@@ -236,20 +246,13 @@ void gemm_packed_fp8_pairs(const float* p, std::int64_t m, const GemvWeight& w, 
         const std::int64_t tokens = std::min(kTileTokens, m - t0);
         const std::int64_t width = packed_width(tokens);
         over_tiles(static_cast<int>(width / kLanes), rows, [&]<int MZ, int NR>(std::int64_t r) {
-          // The first tile of tokens asks for the next block's codes into L2, a tile's rows at a
-          // time, so that widening them does not wait on memory.
-          if (t0 == 0 && n0 + kRowsPerBlock + r + NR <= w.rows) {
-            for (int i = 0; i < NR; ++i) {
-              const char* next = reinterpret_cast<const char*>(
-                  codes + (n0 + kRowsPerBlock + r + i) * k + col_begin);
-              for (std::int64_t b = 0; b < col_end - col_begin; b += 64) {
-                _mm_prefetch(next + b, _MM_HINT_T1);
-              }
-            }
-          }
+          // The first tile of tokens asks for the same rows of the next block into L2, a segment
+          // at a time as it runs, so that widening them does not wait on memory.
+          const bool ask = t0 == 0 && n0 + kRowsPerBlock + r + NR <= w.rows;
           tile_fp8<MZ, NR>(pt + c0 * width, block.data() + r * ld, ld, segments.data(),
                            static_cast<int>(segments.size()), scales + r, y + t0 * ldy + n0 + r,
-                           ldy, tokens, c0 > 0);
+                           ldy, tokens, c0 > 0,
+                           ask ? codes + (n0 + kRowsPerBlock + r) * k + col_begin : nullptr, k);
         });
         pt += width * pairs;
       }
