@@ -126,6 +126,17 @@ void check(const Case& c, std::int64_t m, KernelPath path, test::Rng& rng, const
   }
 }
 
+// linear() on three threads gives one thread's bits.
+void expect_threads_keep_sums(const Case& c, std::int64_t m, KernelPath path, test::Rng& rng) {
+  const std::int64_t n = c.w.rows, k = c.w.cols;
+  std::vector<float> x(static_cast<std::size_t>(m * k));
+  for (float& v : x) v = rng.normal();
+  std::vector<float> one(static_cast<std::size_t>(m * n)), many(one.size());
+  linear(x.data(), m, c.w, one.data(), -1, -1, path);
+  linear(x.data(), m, c.w, many.data(), -1, -1, path, 3);
+  ASSERT_EQ(many, one) << to_string(c.w.dtype) << " m " << m;
+}
+
 std::vector<KernelPath> paths() {
   std::vector<KernelPath> p = available_kernel_paths();
   p.push_back(KernelPath::automatic);
@@ -540,13 +551,7 @@ TEST(WeightLinear, Bf16PairsMultiplyXRoundedToBf16) {
     }
   }
   for (const std::int64_t m : {1, 7, 16, 100}) {
-    const Case c = random_bf16(1000, 333, rng);
-    std::vector<float> x(static_cast<std::size_t>(m * 333));
-    for (float& v : x) v = rng.normal();
-    std::vector<float> one(static_cast<std::size_t>(m * 1000)), many(one.size());
-    linear(x.data(), m, c.w, one.data(), -1, -1, KernelPath::avx512_bf16);
-    linear(x.data(), m, c.w, many.data(), -1, -1, KernelPath::avx512_bf16, 3);
-    ASSERT_EQ(many, one) << "m " << m;
+    expect_threads_keep_sums(random_bf16(1000, 333, rng), m, KernelPath::avx512_bf16, rng);
   }
   // fp32 weights run the avx512 products; so do FP8 ones in prefill shapes with a scale block
   // starting at an odd column (col0 7: the first block is 121 columns), and in decode shapes on a
@@ -627,13 +632,8 @@ TEST(WeightLinear, Fp8PairsMultiplyXRoundedToBf16) {
             "fp8 decode pairs", true);
     }
     for (const std::int64_t m : {1, 7, 16}) {
-      const Case c = random_fp8(1000, 333, 128, 128, 50, 9, rng);
-      std::vector<float> x(static_cast<std::size_t>(m * 333));
-      for (float& v : x) v = rng.normal();
-      std::vector<float> one(static_cast<std::size_t>(m * 1000)), many(one.size());
-      linear(x.data(), m, c.w, one.data(), -1, -1, KernelPath::avx512_bf16);
-      linear(x.data(), m, c.w, many.data(), -1, -1, KernelPath::avx512_bf16, 3);
-      ASSERT_EQ(many, one) << "m " << m;
+      expect_threads_keep_sums(random_fp8(1000, 333, 128, 128, 50, 9, rng), m,
+                               KernelPath::avx512_bf16, rng);
     }
   }
   for (const std::int64_t m : {17, 40, 48, 49, 97}) {
