@@ -246,7 +246,7 @@ std::string weight_kernel_label(KernelPath path) {
     return str(
         "avx512_bf16: bf16 and FP8 weights in vdpbf16ps pairs (FP8 widened by AVX512-VBMI "
         "byte lookups), x rounded to bf16; fp32 on ",
-        label.substr(0, label.find(',')));
+        to_string(exact_weight_path(path)));
   }
   return str("avx512_bf16: bf16 weights in vdpbf16ps pairs, x rounded to bf16; fp32/FP8 on ",
              label);

@@ -318,11 +318,7 @@ void add_decode_bench(CLI::App* bench) {
   cmd->add_option("--new-tokens", o->new_tokens, "tokens generated per request (steps + 1)")
       ->check(at_least(2))
       ->capture_default_str();
-  cmd->add_option("--weight-kernel", o->weight_kernel,
-                  "the weight products' path: automatic (the widest this CPU runs), portable, "
-                  "avx2, avx512, or avx512_bf16 (opt-in: bf16 and FP8 weights in vdpbf16ps pairs "
-                  "with x rounded to bf16; fp32 ones as avx512)")
-      ->capture_default_str();
+  cmd->add_option("--weight-kernel", o->weight_kernel, kWeightKernelHelp)->capture_default_str();
   cmd->add_option("--csv", o->csv, "write the table as CSV")->check(writable_file());
   cmd->callback([o] { bench_decode(*o); });
 }

@@ -39,9 +39,14 @@ auto with_flag(const char* flag, F&& f) -> decltype(f()) {
 // `flag` (a TP or DCP size) must divide the model's attention heads; dcp::Error otherwise.
 void check_divides_heads(const ModelConfig& model, int size, const char* flag);
 
-// --weight-kernel: automatic, portable, avx2 or avx512, a path this CPU runs; dcp::Error naming
-// the flag and the legal paths otherwise (the bf16-pair paths are the attention kernel's only).
+// --weight-kernel: automatic, portable, avx2, avx512 or avx512_bf16, a path this CPU runs;
+// dcp::Error naming the flag and the legal paths otherwise (amx_bf16 is the attention kernel's
+// only). The flag's help, for every command that has it:
 KernelPath parse_weight_kernel(const std::string& name);
+inline constexpr const char* kWeightKernelHelp =
+    "the weight products' path: automatic (the widest this CPU runs), portable, avx2, avx512, or "
+    "avx512_bf16 (opt-in: bf16 and FP8 weights in vdpbf16ps pairs with x rounded to bf16; fp32 "
+    "ones as avx512)";
 
 // This machine's physical memory in bytes.
 double physical_memory_bytes();

@@ -276,11 +276,7 @@ void add_deployment_flags(CLI::App* cmd, RunOptions& o) {
                   "or a bf16-pair path, amx_bf16 or avx512_bf16 (bf16 KV; rounds q and P to "
                   "bf16)")
       ->capture_default_str();
-  cmd->add_option("--weight-kernel", o.weight_kernel,
-                  "the weight products' path: automatic (the widest this CPU runs), portable, "
-                  "avx2, avx512, or avx512_bf16 (opt-in: bf16 and FP8 weights in vdpbf16ps pairs "
-                  "with x rounded to bf16; fp32 ones as avx512)")
-      ->capture_default_str();
+  cmd->add_option("--weight-kernel", o.weight_kernel, kWeightKernelHelp)->capture_default_str();
   cmd->add_option("--threads-per-rank", o.threads_per_rank,
                   "threads of each rank: the weight products split their rows over them, the "
                   "attention kernel its tokens and KV ranges")

@@ -135,23 +135,12 @@ void gemv_bf16_pairs(const float* x, std::int64_t m, std::int64_t ldx, const Gem
   grow_to(rounded, static_cast<std::size_t>(m * stride));
   round_rows(x, m, w.k, ldx, rounded.data(), stride);
   const bf16_t* xb = rounded.data();
-  // Weight rows in tiles that stay in L1/L2 while every group of four rows of x passes over
-  // them (a multiple of four rows): memory reads each weight once however many rows x has.
-  const std::int64_t tile =
-      m <= 4 ? w.rows
-             : 4 * std::max<std::int64_t>(1, (24 << 10) / std::max<std::int64_t>(1, 4 * w.k * 2));
+  const std::int64_t tile = weight_row_tile(m, w.rows, w.k * 2);
   for (std::int64_t r0 = 0; r0 < w.rows; r0 += tile) {
     const std::int64_t r1 = std::min(w.rows, r0 + tile);
-    std::int64_t i = 0;
-    for (; i + 4 <= m; i += 4) {
-      gemv_group<4>(xb + i * stride, stride, w, r0, r1, y + i * ldy, ldy, i == 0);
-    }
-    switch (m - i) {
-      case 3: gemv_group<3>(xb + i * stride, stride, w, r0, r1, y + i * ldy, ldy, i == 0); break;
-      case 2: gemv_group<2>(xb + i * stride, stride, w, r0, r1, y + i * ldy, ldy, i == 0); break;
-      case 1: gemv_group<1>(xb + i * stride, stride, w, r0, r1, y + i * ldy, ldy, i == 0); break;
-      default: break;
-    }
+    over_x_groups(m, [&]<int MG>(std::int64_t i) {
+      gemv_group<MG>(xb + i * stride, stride, w, r0, r1, y + i * ldy, ldy, i == 0);
+    });
   }
 }
 

@@ -232,27 +232,17 @@ void gemv_fp8_pairs(const float* x, std::int64_t m, std::int64_t ldx, const Gemv
     }
   }
   const Widener wd;
-  // Weight rows in tiles that stay in L1/L2 while every group of four rows of x passes over
-  // them (a multiple of four rows), within one block of rows that shares a scale row.
-  const std::int64_t four_rows = 4 * std::max<std::int64_t>(1, w.k);  // bytes
-  const std::int64_t tile = m <= 4 ? w.rows : 4 * std::max<std::int64_t>(1, (24 << 10) / four_rows);
+  // Tiles of weight rows within each block of rows that shares a scale row.
+  const std::int64_t tile = weight_row_tile(m, w.rows, w.k);
   for (std::int64_t r = 0; r < w.rows;) {
     const std::int64_t row_block = (w.row0 + r) / w.block_rows;
     const std::int64_t block_end = std::min(w.rows, (row_block + 1) * w.block_rows - w.row0);
     for (std::int64_t r0 = r; r0 < block_end; r0 += tile) {
       const std::int64_t r1 = std::min(block_end, r0 + tile);
-      std::int64_t i = 0;
-      for (; i + 4 <= m; i += 4) {
-        gemv_group<4>(Slice{wd, permuted.data() + i * stride, stride, w, blocks}, r0, r1,
-                      y + i * ldy, ldy, i == 0);
-      }
-      const Slice rest{wd, permuted.data() + i * stride, stride, w, blocks};
-      switch (m - i) {
-        case 3: gemv_group<3>(rest, r0, r1, y + i * ldy, ldy, i == 0); break;
-        case 2: gemv_group<2>(rest, r0, r1, y + i * ldy, ldy, i == 0); break;
-        case 1: gemv_group<1>(rest, r0, r1, y + i * ldy, ldy, i == 0); break;
-        default: break;
-      }
+      over_x_groups(m, [&]<int MG>(std::int64_t i) {
+        gemv_group<MG>(Slice{wd, permuted.data() + i * stride, stride, w, blocks}, r0, r1,
+                       y + i * ldy, ldy, i == 0);
+      });
     }
     r = block_end;
   }
