@@ -57,9 +57,11 @@ void BM_LocalAttentionDecode(benchmark::State& state) {
     benchmark::DoNotOptimize(out.data());
   }
   const double flops = 2.0 * (width + dc) * heads * rows;
-  state.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
-  state.counters["KV_B/s"] = benchmark::Counter(static_cast<double>(rows) * width * (dtype == dcp::KvDtype::fp32 ? 4 : 2),
-                                                benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["FLOP/s"] =
+      benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["KV_B/s"] =
+      benchmark::Counter(static_cast<double>(rows) * width * (dtype == dcp::KvDtype::fp32 ? 4 : 2),
+                         benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_LocalAttentionDecode)
     ->ArgNames({"heads", "rows", "bf16"})
@@ -72,12 +74,14 @@ void BM_Merge(benchmark::State& state) {
   const int dim = 512;
   std::mt19937 gen(3);
   std::normal_distribution<float> normal;
-  std::vector<float> o(static_cast<std::size_t>(parts) * rows * dim), lse(static_cast<std::size_t>(parts) * rows);
+  std::vector<float> o(static_cast<std::size_t>(parts) * rows * dim),
+      lse(static_cast<std::size_t>(parts) * rows);
   for (float& v : o) v = normal(gen);
   for (float& v : lse) v = normal(gen);
   std::vector<float> out(static_cast<std::size_t>(rows) * dim), out_lse(rows);
   for (auto _ : state) {
-    dcp::merge_attention_states(o.data(), lse.data(), parts, rows, dim, dcp::LseBase::e, out.data(), out_lse.data());
+    dcp::merge_attention_states(o.data(), lse.data(), parts, rows, dim, dcp::LseBase::e, out.data(),
+                                out_lse.data());
     benchmark::DoNotOptimize(out.data());
   }
   state.counters["read_B/s"] = benchmark::Counter(static_cast<double>(o.size() + lse.size()) * 4,

@@ -40,11 +40,14 @@ const dcp::Tokenizer& tokenizer() {
         {"pre_tokenizer",
          {{"type", "Sequence"},
           {"pretokenizers",
-           json::array({split("\\p{N}{1,3}"),
-                        split("[\xe4\xb8\x80-\xe9\xbe\xa5\xe3\x81\x80-\xe3\x82\x9f\xe3\x82\xa0-\xe3\x83\xbf]+"),
-                        split("[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?"
-                              "[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"),
-                        {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}}},
+           json::array(
+               {split("\\p{N}{1,3}"),
+                split("[\xe4\xb8\x80-\xe9\xbe\xa5\xe3\x81\x80-\xe3\x82\x9f\xe3\x82\xa0-"
+                      "\xe3\x83\xbf]+"),
+                split("[!\"#$%&'()*+,\\-./"
+                      ":;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?"
+                      "[\\p{L}\\p{M}]+| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"),
+                {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}}},
         {"decoder", {{"type", "ByteLevel"}}},
         {"added_tokens", json::array({{{"id", 300}, {"content", "<|a|>"}, {"special", true}},
                                       {{"id", 301}, {"content", "<|ab|>"}, {"special", true}}})}};

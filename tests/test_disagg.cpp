@@ -195,7 +195,8 @@ TEST(Disaggregation, SpeculativeDecodingAfterTransferEqualsGreedy) {
     const DisaggOutcome got = run_disagg(c, *w, k, reqs, {}, d);
     ASSERT_TRUE(got.is_decode);
     for (std::size_t i = 0; i < reqs.size(); ++i) {
-      ASSERT_EQ(got.results[i].state, RequestState::finished) << what << " " << got.results[i].error;
+      ASSERT_EQ(got.results[i].state, RequestState::finished)
+          << what << " " << got.results[i].error;
       EXPECT_EQ(got.results[i].output_tokens, plain.results[i].output_tokens)
           << what << " request " << i;
     }

@@ -394,7 +394,8 @@ TEST_F(GeneratedCheckpoint, TensorsMustTileTheDataSection) {
   nlohmann::json alias = header;
   nlohmann::json& t = alias[first];
   ASSERT_EQ(t["dtype"], "BF16");
-  const std::uint64_t row_bytes = t["shape"].size() == 2 ? 2 * t["shape"][1].get<std::uint64_t>() : 2;
+  const std::uint64_t row_bytes =
+      t["shape"].size() == 2 ? 2 * t["shape"][1].get<std::uint64_t>() : 2;
   t["shape"][0] = t["shape"][0].get<std::int64_t>() + 1;
   t["data_offsets"][1] = t["data_offsets"][1].get<std::uint64_t>() + row_bytes;
   write_with(alias, 0);

@@ -83,7 +83,8 @@ TEST(PrefixCache, SpeculativeDecodingOverACachedPrefixEqualsGreedy) {
     const auto got = test::run_engine(c, *w, spec, reqs);
     const std::string what = "dcp " + std::to_string(n);
     for (std::size_t i = 0; i < reqs.size(); ++i) {
-      ASSERT_EQ(got.results[i].state, RequestState::finished) << what << ": " << got.results[i].error;
+      ASSERT_EQ(got.results[i].state, RequestState::finished)
+          << what << ": " << got.results[i].error;
       EXPECT_EQ(got.results[i].output_tokens, expect.results[i].output_tokens)
           << what << " request " << i;
     }

@@ -46,12 +46,15 @@ std::vector<double> reference_distribution(const std::vector<float>& logits,
   }
   const double top = prob[static_cast<std::size_t>(order[0])];
   for (int i = 0; i < n; ++i) {
-    if (prob[static_cast<std::size_t>(i)] < p.min_p * top) keep[static_cast<std::size_t>(i)] = false;
+    if (prob[static_cast<std::size_t>(i)] < p.min_p * top)
+      keep[static_cast<std::size_t>(i)] = false;
   }
   double total = 0;
-  for (int i = 0; i < n; ++i) total += keep[static_cast<std::size_t>(i)] ? prob[static_cast<std::size_t>(i)] : 0;
   for (int i = 0; i < n; ++i)
-    prob[static_cast<std::size_t>(i)] = keep[static_cast<std::size_t>(i)] ? prob[static_cast<std::size_t>(i)] / total : 0;
+    total += keep[static_cast<std::size_t>(i)] ? prob[static_cast<std::size_t>(i)] : 0;
+  for (int i = 0; i < n; ++i)
+    prob[static_cast<std::size_t>(i)] =
+        keep[static_cast<std::size_t>(i)] ? prob[static_cast<std::size_t>(i)] / total : 0;
   return prob;
 }
 
@@ -101,7 +104,9 @@ TEST(Sampling, DrawsFollowTheDistributionAndNeverPickATruncatedToken) {
     const std::vector<double> want = reference_distribution(logits, p);
     const int draws = 40000;
     std::vector<int> count(static_cast<std::size_t>(vocab), 0);
-    for (int s = 0; s < draws; ++s) ++count[static_cast<std::size_t>(sample_token(logits.data(), vocab, p, static_cast<std::uint64_t>(s)))];
+    for (int s = 0; s < draws; ++s)
+      ++count[static_cast<std::size_t>(
+          sample_token(logits.data(), vocab, p, static_cast<std::uint64_t>(s)))];
     for (int i = 0; i < vocab; ++i) {
       const double q = want[static_cast<std::size_t>(i)];
       if (q == 0) {
@@ -154,14 +159,15 @@ TEST(Sampling, LogprobsAreTheFloat64LogSoftmax) {
 }
 
 TEST(Sampling, RefusesParametersOutsideTheirRanges) {
-  const auto bad = ErrorCategory::invalid_argument;
-  using test::throws_error;
-  EXPECT_TRUE(throws_error([] { validate(SamplingParams{-0.1, 1, 0, 0, 0}); }, bad, "temperature = -0.1 must be in [0, 100]"));
-  EXPECT_TRUE(throws_error([] { validate(SamplingParams{NAN, 1, 0, 0, 0}); }, bad, "temperature"));
-  EXPECT_TRUE(throws_error([] { validate(SamplingParams{1, 0, 0, 0, 0}); }, bad, "top_p = 0 must be in (0, 1]"));
-  EXPECT_TRUE(throws_error([] { validate(SamplingParams{1, 1.5, 0, 0, 0}); }, bad, "top_p"));
-  EXPECT_TRUE(throws_error([] { validate(SamplingParams{1, 1, -2, 0, 0}); }, bad, "top_k = -2 must be >= 0"));
-  EXPECT_TRUE(throws_error([] { validate(SamplingParams{1, 1, 0, 2, 0}); }, bad, "min_p = 2 must be in [0, 1]"));
+  const auto refused = [](SamplingParams p, const char* what) {
+    return test::throws_error([&] { validate(p); }, ErrorCategory::invalid_argument, what);
+  };
+  EXPECT_TRUE(refused({-0.1, 1, 0, 0, 0}, "temperature = -0.1 must be in [0, 100]"));
+  EXPECT_TRUE(refused({NAN, 1, 0, 0, 0}, "temperature"));
+  EXPECT_TRUE(refused({1, 0, 0, 0, 0}, "top_p = 0 must be in (0, 1]"));
+  EXPECT_TRUE(refused({1, 1.5, 0, 0, 0}, "top_p"));
+  EXPECT_TRUE(refused({1, 1, -2, 0, 0}, "top_k = -2 must be >= 0"));
+  EXPECT_TRUE(refused({1, 1, 0, 2, 0}, "min_p = 2 must be in [0, 1]"));
   validate(SamplingParams{0.5, 0.9, 10, 0.1, 3});
 }
 

@@ -123,7 +123,8 @@ TEST(Serving, StreamedTokensEqualABatchRunUnderConcurrentClients) {
     // host and find all its tokens merged into one update; all six cannot unless nothing streams.
     int total_updates = 0;
     for (const int u : updates) total_updates += u;
-    EXPECT_GT(total_updates, static_cast<int>(prompts.size())) << "tokens should stream step by step";
+    EXPECT_GT(total_updates, static_cast<int>(prompts.size()))
+        << "tokens should stream step by step";
     const ServeMetrics m = server->metrics();
     EXPECT_EQ(m.requests_finished, 6);
     EXPECT_EQ(m.generation_tokens, 60);
@@ -161,7 +162,8 @@ TEST(Serving, CancelFreesTheKvWithinAStepAndTheOthersFinish) {
   const StreamUpdate o = drain_stream(*other);
   EXPECT_EQ(o.finish_reason, FinishReason::length);
   EXPECT_EQ(o.tokens.size(), 30u);
-  for (int i = 0; i < 200 && server->metrics().kv_rows_used[0] != 0; ++i) std::this_thread::sleep_for(5ms);
+  for (int i = 0; i < 200 && server->metrics().kv_rows_used[0] != 0; ++i)
+    std::this_thread::sleep_for(5ms);
   const ServeMetrics m = server->metrics();
   for (std::int64_t rows : m.kv_rows_used) EXPECT_EQ(rows, 0) << "KV still held";
   EXPECT_EQ(m.requests_cancelled, 1);
@@ -192,13 +194,15 @@ TEST(Serving, RefusesWhatItCannotServeAndKeepsServing) {
   expect_refusal(greedy(test::random_tokens(rng, 10, 64), static_cast<int>(cap)), Refusal::invalid,
                  "exceeds the context");
   expect_refusal(greedy({}, 3), Refusal::invalid, "at least one token");
-  expect_refusal(greedy({server->config().vocab_size}, 3), Refusal::invalid, "outside the vocabulary");
+  expect_refusal(greedy({server->config().vocab_size}, 3), Refusal::invalid,
+                 "outside the vocabulary");
   expect_refusal(greedy({1}, 0), Refusal::invalid, "max_tokens = 0");
   ServeRequest hot = greedy({1, 2}, 3);
   hot.sampling.top_p = 0;
   expect_refusal(hot, Refusal::invalid, "top_p");
   // One request takes nearly the whole cache; the next waits; a third is past the queue bound.
-  const auto big = server->submit(greedy(test::random_tokens(rng, 30, 64), static_cast<int>(cap) - 34));
+  const auto big =
+      server->submit(greedy(test::random_tokens(rng, 30, 64), static_cast<int>(cap) - 34));
   // Its first update says it runs. On a loaded machine the server may finish it before this
   // thread reads, and then that first update is also its last: draining again would wait on an
   // ended stream.

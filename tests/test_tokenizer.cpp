@@ -23,7 +23,9 @@ using json = nlohmann::json;
 // stand for themselves; the rest, in byte order, for U+0100, U+0101, ...
 std::string byte_char(int b) {
   int cp = b;
-  const auto kept = [](int x) { return (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174; };
+  const auto kept = [](int x) {
+    return (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174;
+  };
   if (!kept(b)) {
     cp = 256;
     for (int x = 0; x < b; ++x)
@@ -54,16 +56,16 @@ json small_tokenizer(const std::vector<std::pair<std::string, std::string>>& mer
           {"pre_tokenizer",
            {{"type", "Sequence"},
             {"pretokenizers",
-             json::array({{{"type", "Split"},
-                           {"pattern", {{"Regex", "\\p{N}{1,3}"}}},
-                           {"behavior", "Isolated"},
-                           {"invert", false}},
-                          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}})}}},
+             json::array(
+                 {{{"type", "Split"},
+                   {"pattern", {{"Regex", "\\p{N}{1,3}"}}},
+                   {"behavior", "Isolated"},
+                   {"invert", false}},
+                  {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}})}}},
           {"decoder", {{"type", "ByteLevel"}}},
-          {"added_tokens",
-           json::array({{{"id", 400}, {"content", "<s>"}, {"special", true}},
-                        {{"id", 401}, {"content", "<s>>"}, {"special", true}},
-                        {{"id", 402}, {"content", "ab"}, {"special", false}}})}};
+          {"added_tokens", json::array({{{"id", 400}, {"content", "<s>"}, {"special", true}},
+                                        {{"id", 401}, {"content", "<s>>"}, {"special", true}},
+                                        {{"id", 402}, {"content", "ab"}, {"special", false}}})}};
 }
 
 Tokenizer make(const json& t, const json& config = nullptr) {
@@ -89,7 +91,8 @@ TEST(Tokenizer, MergesApplyByRankAndTiesGoLeft) {
 TEST(Tokenizer, PreTokenizerSplitsDigitsAndWordsBeforeMerging) {
   // Merges never cross a pre-token: "l1l" has no l+l, digits go in runs of three, and GPT-2's
   // pattern keeps a space with the word after it.
-  const Tokenizer t = make(small_tokenizer({{"l", "l"}, {"1", "2"}, {"12", "3"}, {byte_char(' '), "l"}}));
+  const Tokenizer t =
+      make(small_tokenizer({{"l", "l"}, {"1", "2"}, {"12", "3"}, {byte_char(' '), "l"}}));
   EXPECT_EQ(t.encode("l1l"), (std::vector<std::int32_t>{'l', '1', 'l'}));
   EXPECT_EQ(t.encode("1234"), (std::vector<std::int32_t>{258, '4'}));  // "123" | "4"
   EXPECT_EQ(t.encode("l l"), (std::vector<std::int32_t>{'l', 259}));  // "l" | " l"
@@ -126,7 +129,8 @@ TEST(Tokenizer, StreamDecoderNeverEmitsHalfACharacter) {
   std::vector<std::string> parts;
   for (std::int32_t id : bytes_of(text)) parts.push_back(s.push(id));
   parts.push_back(s.finish());
-  const std::vector<std::string> want = {"a", "", "", "\xe4\xbd\xa0", "", "", "", "\xf0\x9f\x99\x82", "z", ""};
+  const std::vector<std::string> want = {
+      "a", "", "", "\xe4\xbd\xa0", "", "", "", "\xf0\x9f\x99\x82", "z", ""};
   EXPECT_EQ(parts, want);
   // An invalid byte is emitted at once (as U+FFFD); a cut-off character at the end by finish().
   StreamDecoder bad(t);
@@ -166,10 +170,12 @@ TEST(Tokenizer, RefusesWhatItCannotReadExactly) {
                       "model type 'WordPiece' is not supported (legal: BPE)"));
   EXPECT_TRUE(refused([](json& t) { t["normalizer"] = {{"type", "NFC"}}; },
                       "normalizer 'NFC' is not supported"));
-  EXPECT_TRUE(refused([](json& t) { t["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "MergedWithNext"; },
-                      "Split behavior 'MergedWithNext' is not supported (legal: Isolated, Removed)"));
-  EXPECT_TRUE(refused([](json& t) { t["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(a"; },
-                      "PCRE2 cannot compile the pattern"));
+  EXPECT_TRUE(refused(
+      [](json& t) { t["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "MergedWithNext"; },
+      "Split behavior 'MergedWithNext' is not supported (legal: Isolated, Removed)"));
+  EXPECT_TRUE(
+      refused([](json& t) { t["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(a"; },
+              "PCRE2 cannot compile the pattern"));
   EXPECT_TRUE(refused([](json& t) { t["model"]["merges"].push_back("zz qq"); },
                       "('zz', 'qq') names a token that is not in the vocabulary"));
   EXPECT_TRUE(refused([](json& t) { t["decoder"] = {{"type", "WordPiece"}}; },
@@ -231,7 +237,8 @@ TEST(ChatTemplate, NestingIsBounded) {
       ErrorCategory::invalid_argument, "values nested deeper than 200"));
   std::string sum = "{{ 1";
   for (int k = 0; k < 1000; ++k) sum += " + 1";
-  EXPECT_TRUE(test::throws_error([&] { ChatTemplate(sum + " }}"); }, ErrorCategory::invalid_argument,
+  EXPECT_TRUE(test::throws_error([&] { ChatTemplate(sum + " }}"); },
+                                 ErrorCategory::invalid_argument,
                                  "an expression nested deeper than 500"));
   EXPECT_TRUE(test::throws_error([] { ChatTemplate("{{ " + std::string(1000, '(') + "1" +
                                                    std::string(1000, ')') + " }}"); },
@@ -253,7 +260,8 @@ TEST(ChatTemplate, NestingIsBounded) {
 
 TEST(ChatTemplate, ScopesLikeJinja) {
   // A loop's {% set %} stays in the loop; a namespace carries values out of it.
-  EXPECT_EQ(render("{% set n = 0 %}{% for i in range(3) %}{% set n = n + i %}{% endfor %}{{ n }}"), "0");
+  EXPECT_EQ(render("{% set n = 0 %}{% for i in range(3) %}{% set n = n + i %}{% endfor %}{{ n }}"),
+            "0");
   EXPECT_EQ(render("{% set ns = namespace(n=0) %}{% for i in range(3) %}{% set ns.n = ns.n + i %}"
                    "{% endfor %}{{ ns.n }}"),
             "3");
@@ -264,10 +272,11 @@ TEST(ChatTemplate, RefusesWhatItDoesNotRunNamingTheLine) {
   EXPECT_TRUE(test::throws_error([] { ChatTemplate("a\n{% macro f() %}{% endmacro %}"); },
                                  ErrorCategory::invalid_argument,
                                  "chat template line 2: '{% macro %}' is not supported"));
-  EXPECT_TRUE(test::throws_error([] { ChatTemplate("{% if x %}"); }, ErrorCategory::invalid_argument,
-                                 "'{% endif %}' is missing"));
+  EXPECT_TRUE(test::throws_error([] { ChatTemplate("{% if x %}"); },
+                                 ErrorCategory::invalid_argument, "'{% endif %}' is missing"));
   EXPECT_TRUE(test::throws_error([] { ChatTemplate("{{ x | nosuch }}").render("{}"); },
-                                 ErrorCategory::invalid_argument, "the filter '|nosuch' is not supported"));
+                                 ErrorCategory::invalid_argument,
+                                 "the filter '|nosuch' is not supported"));
   EXPECT_TRUE(test::throws_error([] { render("{{ raise_exception('no system role') }}"); },
                                  ErrorCategory::invalid_argument, "chat template: no system role"));
   EXPECT_TRUE(test::throws_error([] { render("{{ x['a'] }}"); }, ErrorCategory::invalid_argument,
@@ -298,8 +307,9 @@ TEST(ChatTemplate, NumbersPast64BitsAreRefused) {
 // Also found by fuzz_chat_template: strings index and slice by character (as Python's str), and
 // tojson of bytes that are not UTF-8 writes U+FFFD instead of throwing.
 TEST(ChatTemplate, StringsAreCharactersAndTojsonNeverThrows) {
-  EXPECT_EQ(render("{{ 'h\xc3\xa9llo'[1] }}|{{ 'h\xc3\xa9llo'[1:3] }}|{{ 'h\xc3\xa9llo' | length }}"),
-            "\xc3\xa9|\xc3\xa9l|5");
+  EXPECT_EQ(
+      render("{{ 'h\xc3\xa9llo'[1] }}|{{ 'h\xc3\xa9llo'[1:3] }}|{{ 'h\xc3\xa9llo' | length }}"),
+      "\xc3\xa9|\xc3\xa9l|5");
   EXPECT_EQ(render("{{ x | tojson }}", "{\"x\": \"a\"}"), "\"a\"");
   EXPECT_EQ(render("{{ '\xff' | tojson }}"), "\"\xef\xbf\xbd\"");
 }
@@ -312,7 +322,8 @@ namespace {
 
 TEST(SmallTokenizer, GeneratedCheckpointsTakeAndGiveText) {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("dcp_small_tokenizer_" + std::to_string(::getpid()));
+  const fs::path dir =
+      fs::temp_directory_path() / ("dcp_small_tokenizer_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   for (int vocab : {260, 320, 512}) {
     write_small_tokenizer(dir.string(), vocab);
@@ -336,7 +347,8 @@ TEST(SmallTokenizer, GeneratedCheckpointsTakeAndGiveText) {
     EXPECT_EQ(prompt, "<s>S\n<|user|>Hi<|assistant|>");
   }
   EXPECT_TRUE(test::throws_error([&] { write_small_tokenizer(dir.string(), 259); },
-                                 ErrorCategory::invalid_argument, "vocab_size = 259 must be >= 260"));
+                                 ErrorCategory::invalid_argument,
+                                 "vocab_size = 259 must be >= 260"));
   fs::remove_all(dir);
 }
 
@@ -348,7 +360,8 @@ std::string base64(const std::string& bytes) {
   std::string out;
   for (std::size_t i = 0; i < bytes.size(); i += 3) {
     std::uint32_t n = static_cast<std::uint32_t>(static_cast<unsigned char>(bytes[i])) << 16;
-    if (i + 1 < bytes.size()) n |= static_cast<std::uint32_t>(static_cast<unsigned char>(bytes[i + 1])) << 8;
+    if (i + 1 < bytes.size())
+      n |= static_cast<std::uint32_t>(static_cast<unsigned char>(bytes[i + 1])) << 8;
     if (i + 2 < bytes.size()) n |= static_cast<unsigned char>(bytes[i + 2]);
     out += digits[(n >> 18) & 63];
     out += digits[(n >> 12) & 63];
@@ -361,13 +374,16 @@ std::string base64(const std::string& bytes) {
 // Every byte at its own rank, then a few merges.
 std::string small_tiktoken_model(const std::vector<std::string>& merged) {
   std::string model;
-  for (int b = 0; b < 256; ++b) model += base64(std::string(1, static_cast<char>(b))) + " " + std::to_string(b) + "\n";
-  for (std::size_t k = 0; k < merged.size(); ++k) model += base64(merged[k]) + " " + std::to_string(256 + k) + "\n";
+  for (int b = 0; b < 256; ++b)
+    model += base64(std::string(1, static_cast<char>(b))) + " " + std::to_string(b) + "\n";
+  for (std::size_t k = 0; k < merged.size(); ++k)
+    model += base64(merged[k]) + " " + std::to_string(256 + k) + "\n";
   return model;
 }
 
 TEST(Tiktoken, ClassIntersectionsBecomeLookaheads) {
-  EXPECT_EQ(rewrite_class_intersections(R"([\p{L}&&[^\p{Han}]]+x)"), R"((?:(?=[^\p{Han}])[\p{L}])+x)");
+  EXPECT_EQ(rewrite_class_intersections(R"([\p{L}&&[^\p{Han}]]+x)"),
+            R"((?:(?=[^\p{Han}])[\p{L}])+x)");
   EXPECT_EQ(rewrite_class_intersections(R"(a[\]&]b\[c&&d\])"), R"(a[\]&]b\[c&&d\])")
       << "escaped brackets, a single & and && outside a class are left alone";
   EXPECT_TRUE(test::throws_error([] { rewrite_class_intersections("[a&&b]"); },
@@ -390,7 +406,8 @@ TEST(Tiktoken, MergesByTokenRankAndKimisPatternSplitsHanFromLetters) {
   EXPECT_EQ(gap.vocab_size(), 301);
   EXPECT_FALSE(gap.contains(280));
   EXPECT_TRUE(gap.contains(300));
-  EXPECT_EQ(tok.encode("hello"), std::vector<std::int32_t>({259})) << "a whole piece that is a token";
+  EXPECT_EQ(tok.encode("hello"), std::vector<std::int32_t>({259}))
+      << "a whole piece that is a token";
   // "hellO": lower-case letters then an upper-case one are two pieces under Kimi's pattern.
   EXPECT_EQ(tok.encode("hellO"), std::vector<std::int32_t>({258, 'O'}));
   // "hel" + "lo": the pair of lowest merged rank first ("he" 256 < "lo" 260), then what is left.
@@ -419,9 +436,12 @@ TEST(Tiktoken, RefusesAMalformedModelNamingTheLine) {
   EXPECT_TRUE(test::throws_error([&] { Tokenizer::from_tiktoken(model + "YWI= 5\n"); }, io,
                                  "rank 5 or its token repeats"));
   const std::string no_byte_7 = model.substr(0, model.find(base64(std::string(1, '\x07'))));
-  EXPECT_TRUE(test::throws_error([&] { Tokenizer::from_tiktoken(no_byte_7); }, io, "byte 7 has no token"));
+  EXPECT_TRUE(
+      test::throws_error([&] { Tokenizer::from_tiktoken(no_byte_7); }, io, "byte 7 has no token"));
   EXPECT_TRUE(test::throws_error(
-      [&] { Tokenizer::from_tiktoken(model, R"({"added_tokens_decoder": {"5": {"content": "x"}}})"); },
+      [&] {
+        Tokenizer::from_tiktoken(model, R"({"added_tokens_decoder": {"5": {"content": "x"}}})");
+      },
       io, "added token id 5 is also a tiktoken rank"));
   // One sparse rank would size the id table by it (2^29 entries): refused.
   EXPECT_TRUE(test::throws_error([&] { Tokenizer::from_tiktoken(model + "YWI= 536870912\n"); }, io,

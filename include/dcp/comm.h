@@ -19,8 +19,9 @@
 //
 // Byte accounting: each rank counts the payload bytes it sends to *other* ranks, as the
 // algorithmically minimal exchange would: all_gather (size-1)*bytes, all_to_all
-// (size-1)*bytes (all_to_all_v: the bytes to other ranks, counted as all_to_all), reduce_scatter (size-1)*count*elem, all_reduce 2*(size-1)/size*count*elem
-// (ring), broadcast bytes*(size-1) on the root, send bytes.
+// (size-1)*bytes (all_to_all_v: the bytes to other ranks, counted as all_to_all), reduce_scatter
+// (size-1)*count*elem, all_reduce 2*(size-1)/size*count*elem (ring), broadcast bytes*(size-1) on
+// the root, send bytes.
 #pragma once
 
 #include <array>

@@ -85,8 +85,9 @@ class MlaModel {
   // tp: this rank's (attention) TP group; dcp: its DCP group (a contiguous slice of tp). Loads
   // this rank's shards from `weights`. mlp_tp (DP attention): the whole TP group, made of
   // consecutive attention groups (this rank is rank g * tp.size() + tp.rank() in it); the dense
-  // and MoE layers are sharded over it. Null, or a group no larger than tp: everything is sharded over tp. Throws dcp::Error
-  // naming the problem: heads not divisible by TP, a missing or mis-shaped tensor.
+  // and MoE layers are sharded over it. Null, or a group no larger than tp: everything is sharded
+  // over tp. Throws dcp::Error naming the problem: heads not divisible by TP, a missing or
+  // mis-shaped tensor.
   MlaModel(const ModelConfig& config, const WeightSource& weights, Communicator& tp,
            Communicator& dcp, const ModelOptions& options, Communicator* mlp_tp = nullptr);
   ~MlaModel();

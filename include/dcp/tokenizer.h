@@ -25,7 +25,8 @@ class Tokenizer {
   // normalizer, pre-tokenizer or decoder type, a regex PCRE2 refuses, a merge of unknown tokens).
   static Tokenizer from_dir(const std::string& dir);
   // The same from the two files' text (config_json may be empty).
-  static Tokenizer from_json(const std::string& tokenizer_json, const std::string& config_json = "");
+  static Tokenizer from_json(const std::string& tokenizer_json,
+                             const std::string& config_json = "");
   // A tiktoken tokenizer, as Kimi ships it: tiktoken.model ("base64-token rank" per line, the rank
   // being the id), tokenizer_config.json's added_tokens_decoder as the special tokens, and the
   // pre-tokenizer `pattern` (Kimi's by default: its class intersections [A&&[B]] become

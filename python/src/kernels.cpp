@@ -140,7 +140,8 @@ py::tuple mla_decode(const DecodeArgs& a) {
   MlaAttentionParams& m = p.params;
   py::array_t<float> out({static_cast<py::ssize_t>(p.tokens), static_cast<py::ssize_t>(m.num_heads),
                           static_cast<py::ssize_t>(m.kv_lora_rank)});
-  py::array_t<float> lse({static_cast<py::ssize_t>(p.tokens), static_cast<py::ssize_t>(m.num_heads)});
+  py::array_t<float> lse(
+      {static_cast<py::ssize_t>(p.tokens), static_cast<py::ssize_t>(m.num_heads)});
   m.out = out.mutable_data();
   m.lse = lse.mutable_data();
   {

@@ -103,8 +103,9 @@ DeploymentSpec make_spec(const LlmConfig& c) {
     try {
       s.model.config = preset_config(c.model, c.num_layers);
     } catch (const Error&) {
-      throw py::value_error("model = '" + c.model + "' is neither a checkpoint folder nor a preset (" +
-                            preset_names() + ")");
+      throw py::value_error("model = '" + c.model +
+                            "' is neither a checkpoint folder nor a preset (" + preset_names() +
+                            ")");
     }
     s.model.synthetic_dtype = preset_weight_dtype(c.model);
   }
@@ -285,7 +286,9 @@ class Llm {
     return *tokenizer_;
   }
   int vocab_size() const noexcept { return vocab_; }
-  std::int64_t kv_capacity_tokens() const { return deployment_ ? deployment_->kv_capacity_tokens() : 0; }
+  std::int64_t kv_capacity_tokens() const {
+    return deployment_ ? deployment_->kv_capacity_tokens() : 0;
+  }
 
  private:
   void rethrow_failure() {

@@ -292,7 +292,8 @@ void Engine::emit(Live& l, const float* logits) {
   const int vocab = model_.config().vocab_size;
   if (options_.record_logits) r.step_logits.insert(r.step_logits.end(), logits, logits + vocab);
   const std::int32_t token = sample_token(logits, vocab, l.spec.sampling, r.output_tokens.size());
-  if (l.spec.logprobs >= 0) r.logprobs.push_back(step_logprobs(logits, vocab, token, l.spec.logprobs));
+  if (l.spec.logprobs >= 0)
+    r.logprobs.push_back(step_logprobs(logits, vocab, token, l.spec.logprobs));
   r.output_tokens.push_back(token);
   const auto& stops = l.spec.stop_token_ids;
   if (std::find(stops.begin(), stops.end(), token) != stops.end()) l.stopped = true;

@@ -58,8 +58,9 @@ std::vector<Weighted> kept_tokens(const float* logits, int vocab, const Sampling
   }
   if (p.min_p > 0) {
     // The most likely token has weight 1 (logits were shifted by their maximum).
-    w.erase(std::remove_if(w.begin(), w.end(), [&](const Weighted& x) { return x.weight < p.min_p; }),
-            w.end());
+    w.erase(
+        std::remove_if(w.begin(), w.end(), [&](const Weighted& x) { return x.weight < p.min_p; }),
+        w.end());
   }
   return w;
 }

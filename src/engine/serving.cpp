@@ -178,8 +178,8 @@ std::shared_ptr<RequestStream> ServingDeployment::submit(const ServeRequest& req
                 capacity_tokens_ - prompt, ")"));
   const std::int64_t queued = metrics_.queued + static_cast<std::int64_t>(incoming_.size());
   refuse_if(queued >= options_.max_queued_requests, Refusal::queue_full,
-            str(queued, " requests wait for KV already (the bound is ", options_.max_queued_requests,
-                "); retry later"));
+            str(queued, " requests wait for KV already (the bound is ",
+                options_.max_queued_requests, "); retry later"));
   auto stream = std::shared_ptr<RequestStream>(new RequestStream(next_id_++));
   stream->timing_.submitted = std::chrono::steady_clock::now();
   incoming_.emplace_back(req, stream);
@@ -201,7 +201,8 @@ std::vector<std::uint8_t> ServingDeployment::take_control(bool busy) {
     }
     return false;
   };
-  if (!busy && !news()) wake_.wait_for(lock, options_.idle_tick, [&] { return !incoming_.empty() || stopping_; });
+  if (!busy && !news())
+    wake_.wait_for(lock, options_.idle_tick, [&] { return !incoming_.empty() || stopping_; });
   std::vector<std::uint8_t> bytes;
   ByteWriter w(bytes);
   w.i64(stopping_);
@@ -274,11 +275,13 @@ void ServingDeployment::publish(const std::vector<std::vector<std::uint8_t>>& re
             metrics_.time_to_first_token.observe(
                 std::chrono::duration<double>(now - s.timing_.submitted).count());
             s.timing_.first_token = now;
-            for (std::size_t t = 1; t < u.tokens.size(); ++t) metrics_.inter_token_latency.observe(0);
+            for (std::size_t t = 1; t < u.tokens.size(); ++t)
+              metrics_.inter_token_latency.observe(0);
           } else {
             const double gap = std::chrono::duration<double>(now - s.last_token_).count() /
                                static_cast<double>(u.tokens.size());
-            for (std::size_t t = 0; t < u.tokens.size(); ++t) metrics_.inter_token_latency.observe(gap);
+            for (std::size_t t = 0; t < u.tokens.size(); ++t)
+              metrics_.inter_token_latency.observe(gap);
           }
           s.last_token_ = now;
         }
@@ -369,7 +372,8 @@ void ServingDeployment::rank_loop(Communicator& world) {
     std::vector<std::uint8_t> report;
     ByteWriter w(report);
     RankLoad load;
-    for (const RequestId id : model.allocator().requests()) load.kv_rows += model.kv_shard(0).local_length(id);
+    for (const RequestId id : model.allocator().requests())
+      load.kv_rows += model.kv_shard(0).local_length(id);
     load.kv_capacity_rows = model.allocator().num_pages() * spec_.model_options.page_size;
     load.running = engine.running();
     load.waiting = engine.waiting();
@@ -407,7 +411,8 @@ void ServingDeployment::rank_loop(Communicator& world) {
     } else {
       w.i64(-1);
       for (const RequestResult& r : engine.results()) {
-        if (r.state == RequestState::finished || r.state == RequestState::rejected) done.push_back(r.id);
+        if (r.state == RequestState::finished || r.state == RequestState::rejected)
+          done.push_back(r.id);
       }
     }
     refused.clear();

@@ -8,7 +8,8 @@
 namespace dcp {
 
 KvAllocator::KvAllocator(int dcp_size, int page_size, std::int64_t num_pages, int interleave)
-    : widened_(dcp_size, num_pages, page_size, interleave) {  // validates dcp_size, page_size, num_pages >= 0
+    // widened_ validates dcp_size, page_size and num_pages >= 0
+    : widened_(dcp_size, num_pages, page_size, interleave) {
   DCP_ARG_CHECK(num_pages <= std::numeric_limits<std::int32_t>::max(), "num_pages = ", num_pages,
                 " must be in [0, 2^31)");
   refs_.assign(static_cast<std::size_t>(num_pages), 0);

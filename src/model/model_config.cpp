@@ -175,10 +175,11 @@ ModelConfig parse_model_config(const std::string& text) {
   c.v_head_dim = get<int>(j, "v_head_dim");
   c.rms_norm_eps = get_or<double>(j, "rms_norm_eps", 1e-6);
   c.rope_theta = get_or<double>(j, "rope_theta", 10000.0);
-  DCP_CHECK(!j.contains("rope_scaling") || j["rope_scaling"].is_null() ||
-                j["rope_scaling"].is_object(),
-            io, "config.json: field 'rope_scaling' = ", j.contains("rope_scaling") ? j["rope_scaling"].dump() : "",
-            " must be an object (type yarn) or null");
+  DCP_CHECK(
+      !j.contains("rope_scaling") || j["rope_scaling"].is_null() || j["rope_scaling"].is_object(),
+      io, "config.json: field 'rope_scaling' = ",
+      j.contains("rope_scaling") ? j["rope_scaling"].dump() : "",
+      " must be an object (type yarn) or null");
   if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
     const auto& rs = j["rope_scaling"];
     const std::string type =

@@ -161,7 +161,8 @@ File::File(const std::string& path) : path_(path) {
       prev = name;
     }
     DCP_CHECK(next == data_size, io, path, ": the data section has ", data_size - next,
-              " bytes no tensor holds at its end (", data_size, " bytes, tensors end at ", next, ")");
+              " bytes no tensor holds at its end (", data_size, " bytes, tensors end at ", next,
+              ")");
   } catch (...) {
     ::munmap(const_cast<std::uint8_t*>(map_), size_);
     throw;

@@ -87,7 +87,8 @@ class SyntheticWeights final : public WeightSource {
     const std::int64_t blocks_per_row = (d.n_cols + bc - 1) / bc;
     for (std::int64_t i = 0; i < m.scale_rows; ++i) {
       for (std::int64_t j = 0; j < m.scale_cols; ++j) {
-        const std::uint64_t block = static_cast<std::uint64_t>((sr0 + i) * blocks_per_row + sc0 + j);
+        const std::uint64_t block =
+            static_cast<std::uint64_t>((sr0 + i) * blocks_per_row + sc0 + j);
         const float u = static_cast<float>(mix(scale_key + block) >> 40) / 16777216.0f;  // [0, 1)
         m.scale_inv[i * m.scale_cols + j] = d.amp / 448.0f * (1.0f + 0.5f * u);
       }

@@ -32,7 +32,8 @@ using Kwargs = std::vector<std::pair<std::string, Value>>;
 using Function = std::function<Value(const Args&, const Kwargs&)>;
 
 struct Value {
-  enum Kind { undefined, none, boolean, integer, real, string, list, dict, function } kind = undefined;
+  enum Kind { undefined, none, boolean, integer, real, string, list, dict, function };
+  Kind kind = undefined;
   bool b = false;
   std::int64_t i = 0;
   double d = 0;
@@ -42,17 +43,26 @@ struct Value {
   bool is_namespace = false;  // a dict whose attributes {% set ns.x %} may assign
   std::shared_ptr<Function> f;
 
+  // One line a kind.
+  // clang-format off
   static Value None() { Value v; v.kind = none; return v; }
   static Value Bool(bool x) { Value v; v.kind = boolean; v.b = x; return v; }
   static Value Int(std::int64_t x) { Value v; v.kind = integer; v.i = x; return v; }
   static Value Real(double x) { Value v; v.kind = real; v.d = x; return v; }
   static Value Str(std::string x) { Value v; v.kind = string; v.s = std::move(x); return v; }
-  static Value Lst(List x) { Value v; v.kind = list; v.l = std::make_shared<List>(std::move(x)); return v; }
-  static Value Dct(Dict x) { Value v; v.kind = dict; v.m = std::make_shared<Dict>(std::move(x)); return v; }
-  static Value Fn(Function x) { Value v; v.kind = function; v.f = std::make_shared<Function>(std::move(x)); return v; }
+  static Value Lst(List x) { Value v; v.kind = list; v.l = share(std::move(x)); return v; }
+  static Value Dct(Dict x) { Value v; v.kind = dict; v.m = share(std::move(x)); return v; }
+  static Value Fn(Function x) { Value v; v.kind = function; v.f = share(std::move(x)); return v; }
+  // clang-format on
+  template <class T>
+  static std::shared_ptr<T> share(T x) {
+    return std::make_shared<T>(std::move(x));
+  }
 
   bool numeric() const { return kind == integer || kind == real || kind == boolean; }
-  double as_real() const { return kind == real ? d : kind == boolean ? (b ? 1 : 0) : static_cast<double>(i); }
+  double as_real() const {
+    return kind == real ? d : kind == boolean ? (b ? 1 : 0) : static_cast<double>(i);
+  }
   const Value* find(const std::string& key) const {
     if (kind != dict) return nullptr;
     for (const auto& [k, v] : *m)
@@ -162,7 +172,8 @@ std::string repr(const Value& v, int depth) {
     }
     case Value::list: {
       std::string out = "[";
-      for (std::size_t k = 0; k < v.l->size(); ++k) out += (k ? ", " : "") + repr((*v.l)[k], depth + 1);
+      for (std::size_t k = 0; k < v.l->size(); ++k)
+        out += (k ? ", " : "") + repr((*v.l)[k], depth + 1);
       return out + "]";
     }
     case Value::dict: {
@@ -308,7 +319,9 @@ struct Segment {  // raw text, or a tag's tokens
 std::vector<Token> lex_expression(const std::string& src, int line) {
   std::vector<Token> out;
   std::size_t i = 0;
-  const auto is_name = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  const auto is_name = [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+  };
   while (i < src.size()) {
     const char c = src[i];
     if (c == '\n') ++line;
@@ -323,9 +336,11 @@ std::vector<Token> lex_expression(const std::string& src, int line) {
       i = j;
     } else if (std::isdigit(static_cast<unsigned char>(c))) {
       std::size_t j = i;
-      while (j < src.size() && (std::isdigit(static_cast<unsigned char>(src[j])) || src[j] == '_')) ++j;
+      while (j < src.size() && (std::isdigit(static_cast<unsigned char>(src[j])) || src[j] == '_'))
+        ++j;
       t.kind = Token::integer;
-      if (j + 1 < src.size() && src[j] == '.' && std::isdigit(static_cast<unsigned char>(src[j + 1]))) {
+      if (j + 1 < src.size() && src[j] == '.' &&
+          std::isdigit(static_cast<unsigned char>(src[j + 1]))) {
         ++j;
         while (j < src.size() && std::isdigit(static_cast<unsigned char>(src[j]))) ++j;
         t.kind = Token::real;
@@ -516,7 +531,8 @@ class Parser {
     ++p_;
   }
   std::string expect_name() {
-    if (peek().kind != Token::name) fail(peek().line, str("expected a name, found '", peek().text, "'"));
+    if (peek().kind != Token::name)
+      fail(peek().line, str("expected a name, found '", peek().text, "'"));
     return next().text;
   }
   void expect_end() {
@@ -558,7 +574,8 @@ class Parser {
     e->line = line;
     for (const ExprPtr& a : args)
       if (a) e->depth = std::max(e->depth, a->depth + 1);
-    if (e->depth > kMaxTreeDepth) fail(line, str("an expression nested deeper than ", kMaxTreeDepth));
+    if (e->depth > kMaxTreeDepth)
+      fail(line, str("an expression nested deeper than ", kMaxTreeDepth));
     e->args = std::move(args);
     e->text = std::move(text);
     return e;
@@ -674,7 +691,8 @@ class Parser {
         fail(signs.back().line, str("more than ", kMaxDepth, " signs in a row"));
     }
     ExprPtr e = postfix(primary());
-    for (auto t = signs.rbegin(); t != signs.rend(); ++t) e = make(Expr::unary, t->line, {e}, t->text);
+    for (auto t = signs.rbegin(); t != signs.rend(); ++t)
+      e = make(Expr::unary, t->line, {e}, t->text);
     return e;
   }
   void call_arguments(Expr& e) {
@@ -691,7 +709,8 @@ class Parser {
         e.args.push_back(arg);
       }
       e.depth = std::max(e.depth, arg->depth + 1);
-      if (e.depth > kMaxTreeDepth) fail(e.line, str("an expression nested deeper than ", kMaxTreeDepth));
+      if (e.depth > kMaxTreeDepth)
+        fail(e.line, str("an expression nested deeper than ", kMaxTreeDepth));
       if (!is_op(",")) break;
       next();
     }
@@ -878,7 +897,8 @@ class TreeBuilder {
           p.next();
           n->targets.push_back(p.expect_name());
         }
-        if (!p.is_op("=")) fail(seg.line, "block assignments ({% set x %}...{% endset %}) are not supported");
+        if (!p.is_op("="))
+          fail(seg.line, "block assignments ({% set x %}...{% endset %}) are not supported");
         p.next();
         n->expr = p.tuple_or_expression();
         p.expect_end();
@@ -889,7 +909,8 @@ class TreeBuilder {
         fail(seg.line, str("'{% ", keyword, " %}' is not supported (legal: if, for, set)"));
       }
     }
-    if (!stops.empty()) fail(s_.empty() ? 1 : s_.back().line, str("'{% ", stops.back(), " %}' is missing"));
+    if (!stops.empty())
+      fail(s_.empty() ? 1 : s_.back().line, str("'{% ", stops.back(), " %}' is missing"));
     return out;
   }
 
@@ -990,24 +1011,28 @@ class Renderer {
                  if (a.size() >= 2) { lo = a[0].i; hi = a[1].i; }
                  if (a.size() == 3) step = a[2].i;
                  if (a.empty() || a.size() > 3 || step == 0)
-                   throw Error(ErrorCategory::invalid_argument, "chat template: range() needs 1-3 integers, step not 0");
+                   throw Error(ErrorCategory::invalid_argument,
+                               "chat template: range() needs 1-3 integers, step not 0");
                  List l;
                  for (std::int64_t k = lo; step > 0 ? k < hi : k > hi; k += step) {
                    if (l.size() >= kMaxRange)
-                     throw Error(ErrorCategory::invalid_argument, str("chat template: range() of more than ", kMaxRange, " items"));
+                     throw Error(ErrorCategory::invalid_argument,
+                                 str("chat template: range() of more than ", kMaxRange, " items"));
                    l.push_back(Value::Int(k));
                  }
                  return Value::Lst(std::move(l));
                }));
     set_global("raise_exception", Value::Fn([](const Args& a, const Kwargs&) -> Value {
                  throw Error(ErrorCategory::invalid_argument,
-                             str("chat template: ", a.empty() ? std::string("raise_exception") : to_str(a[0])));
+                             str("chat template: ",
+                                 a.empty() ? std::string("raise_exception") : to_str(a[0])));
                }));
   }
 
   void render(const Body& body, std::string& out) {
     for (const auto& n : body) {
-      if (out.size() > kMaxOutput) fail(n->line, str("the rendering exceeds ", kMaxOutput, " bytes"));
+      if (out.size() > kMaxOutput)
+        fail(n->line, str("the rendering exceeds ", kMaxOutput, " bytes"));
       switch (n->kind) {
         case Node::text_node: out += n->text; break;
         case Node::output: out += to_str(eval(*n->expr)); break;
@@ -1026,8 +1051,8 @@ class Renderer {
           } else {
             Value ns = lookup(n->targets[0]);
             if (ns.kind != Value::dict || !ns.is_namespace)
-              fail(n->line, str("'", n->targets[0], "' is not a namespace (set ", n->targets[0], ".",
-                                n->targets[1], ")"));
+              fail(n->line, str("'", n->targets[0], "' is not a namespace (set ", n->targets[0],
+                                ".", n->targets[1], ")"));
             assign(*ns.m, n->targets[1], std::move(v));
           }
           break;
@@ -1078,7 +1103,8 @@ class Renderer {
         return;
       }
       if (item.kind != Value::list || item.l->size() != n.targets.size())
-        fail(n.line, str("cannot unpack a ", kind_name(item), " into ", n.targets.size(), " names"));
+        fail(n.line,
+             str("cannot unpack a ", kind_name(item), " into ", n.targets.size(), " names"));
       for (std::size_t k = 0; k < n.targets.size(); ++k) set(n.targets[k], (*item.l)[k]);
     };
     if (n.filter) {
@@ -1153,7 +1179,8 @@ class Renderer {
         if (e.text == "+") return v;
         if (v.kind == Value::real) return Value::Real(-v.d);
         std::int64_t r = 0;
-        if (__builtin_sub_overflow(std::int64_t{0}, v.kind == Value::boolean ? std::int64_t{v.b} : v.i, &r))
+        if (__builtin_sub_overflow(std::int64_t{0},
+                                   v.kind == Value::boolean ? std::int64_t{v.b} : v.i, &r))
           fail(e.line, "integer overflow");
         return Value::Int(r);
       }
@@ -1211,7 +1238,9 @@ class Renderer {
       }
     }
     if (op == "*" && a.kind == Value::string && b.kind == Value::integer) {
-      if (b.i > 0 && a.s.size() * static_cast<std::size_t>(std::min<std::int64_t>(b.i, kMaxOutput)) > kMaxOutput)
+      if (b.i > 0 &&
+          a.s.size() * static_cast<std::size_t>(std::min<std::int64_t>(b.i, kMaxOutput)) >
+              kMaxOutput)
         fail(e.line, str("a string repeated past ", kMaxOutput, " bytes"));
       std::string s;
       for (std::int64_t k = 0; k < b.i; ++k) s += a.s;
@@ -1220,15 +1249,22 @@ class Renderer {
     if (!a.numeric() || !b.numeric())
       fail(e.line, str("'", op, "' between a ", kind_name(a), " and a ", kind_name(b)));
     const bool ints = a.kind != Value::real && b.kind != Value::real;
-    const std::int64_t x = a.kind == Value::boolean ? a.b : a.i, y = b.kind == Value::boolean ? b.b : b.i;
+    const std::int64_t x = a.kind == Value::boolean ? a.b : a.i,
+                       y = b.kind == Value::boolean ? b.b : b.i;
     std::int64_t r = 0;
     const auto checked = [&](bool overflow) {
       if (overflow) fail(e.line, str("integer overflow in '", op, "'"));
       return Value::Int(r);
     };
-    if (op == "+") return ints ? checked(__builtin_add_overflow(x, y, &r)) : Value::Real(a.as_real() + b.as_real());
-    if (op == "-") return ints ? checked(__builtin_sub_overflow(x, y, &r)) : Value::Real(a.as_real() - b.as_real());
-    if (op == "*") return ints ? checked(__builtin_mul_overflow(x, y, &r)) : Value::Real(a.as_real() * b.as_real());
+    if (op == "+")
+      return ints ? checked(__builtin_add_overflow(x, y, &r))
+                  : Value::Real(a.as_real() + b.as_real());
+    if (op == "-")
+      return ints ? checked(__builtin_sub_overflow(x, y, &r))
+                  : Value::Real(a.as_real() - b.as_real());
+    if (op == "*")
+      return ints ? checked(__builtin_mul_overflow(x, y, &r))
+                  : Value::Real(a.as_real() * b.as_real());
     if (op == "/") {
       if (b.as_real() == 0) fail(e.line, "division by zero");
       return Value::Real(a.as_real() / b.as_real());
@@ -1297,7 +1333,8 @@ class Renderer {
     };
     const std::int64_t lo = clamp(a, step > 0 ? 0 : n - 1), hi = clamp(b, step > 0 ? n : -1);
     List out;
-    for (std::int64_t k = lo; step > 0 ? k < hi : k > hi; k += step) out.push_back(src[static_cast<std::size_t>(k)]);
+    for (std::int64_t k = lo; step > 0 ? k < hi : k > hi; k += step)
+      out.push_back(src[static_cast<std::size_t>(k)]);
     if (obj.kind == Value::string) {
       std::string s;
       for (const Value& v : out) s += v.s;
@@ -1347,7 +1384,8 @@ class Renderer {
     return Value();
   }
 
-  static Value string_method(const std::string& s, const std::string& name, const Args& a, int line) {
+  static Value string_method(const std::string& s, const std::string& name, const Args& a,
+                             int line) {
     const std::string ws = " \t\n\r\f\v";
     const std::string chars = !a.empty() && a[0].kind == Value::string ? a[0].s : ws;
     if (name == "strip" || name == "lstrip" || name == "rstrip") {
@@ -1358,7 +1396,9 @@ class Renderer {
     }
     if (name == "upper" || name == "lower") {
       std::string r = s;
-      for (char& c : r) c = static_cast<char>(name == "upper" ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
+      for (char& c : r)
+        c = static_cast<char>(name == "upper" ? std::toupper(static_cast<unsigned char>(c))
+                                              : std::tolower(static_cast<unsigned char>(c)));
       return Value::Str(r);
     }
     if (name == "capitalize" || name == "title") {
@@ -1366,7 +1406,8 @@ class Renderer {
       bool start = true;
       for (std::size_t k = 0; k < r.size(); ++k) {
         const auto c = static_cast<unsigned char>(r[k]);
-        if (name == "capitalize") r[k] = static_cast<char>(k == 0 ? std::toupper(c) : std::tolower(c));
+        if (name == "capitalize")
+          r[k] = static_cast<char>(k == 0 ? std::toupper(c) : std::tolower(c));
         else {
           r[k] = static_cast<char>(start ? std::toupper(c) : std::tolower(c));
           start = !std::isalpha(c);
@@ -1399,7 +1440,8 @@ class Renderer {
         std::size_t k = 0;
         while (true) {
           const std::size_t e = s.find(sep, k);
-          out.push_back(Value::Str(s.substr(k, e == std::string::npos ? std::string::npos : e - k)));
+          out.push_back(
+              Value::Str(s.substr(k, e == std::string::npos ? std::string::npos : e - k)));
           if (e == std::string::npos) break;
           k = e + sep.size();
         }
@@ -1407,7 +1449,8 @@ class Renderer {
       return Value::Lst(std::move(out));
     }
     if (name == "replace") {
-      if (a.size() < 2 || a[0].kind != Value::string || a[1].kind != Value::string || a[0].s.empty())
+      if (a.size() < 2 || a[0].kind != Value::string || a[1].kind != Value::string ||
+          a[0].s.empty())
         fail(line, "replace() needs two strings, the first not empty");
       std::string r;
       std::size_t k = 0;
@@ -1428,7 +1471,9 @@ class Renderer {
       }
       std::int64_t n = 0;
       if (!a[0].s.empty())
-        for (std::size_t k = s.find(a[0].s); k != std::string::npos; k = s.find(a[0].s, k + a[0].s.size())) ++n;
+        for (std::size_t k = s.find(a[0].s); k != std::string::npos;
+             k = s.find(a[0].s, k + a[0].s.size()))
+          ++n;
       return Value::Int(n);
     }
     fail(line, str("strings have no method '", name, "'"));
@@ -1449,7 +1494,8 @@ class Renderer {
     if (t == "false") return v.kind == Value::boolean && !v.b;
     if (t == "mapping") return v.kind == Value::dict;
     if (t == "sequence") return v.kind == Value::list || v.kind == Value::string;
-    if (t == "iterable") return v.kind == Value::list || v.kind == Value::string || v.kind == Value::dict;
+    if (t == "iterable")
+      return v.kind == Value::list || v.kind == Value::string || v.kind == Value::dict;
     if (t == "callable") return v.kind == Value::function;
     if (t == "odd" || t == "even") {
       if (v.kind != Value::integer) fail(e.line, str("'is ", t, "' on a ", kind_name(v)));
@@ -1491,7 +1537,8 @@ class Renderer {
     if (f == "replace") return string_method(to_str(v), "replace", a, e.line);
     if (f == "string") return Value::Str(to_str(v));
     if (f == "safe" || f == "e" || f == "escape") {
-      if (f != "safe") fail(e.line, "the 'escape' filter is not supported (chat templates render unescaped)");
+      if (f != "safe")
+        fail(e.line, "the 'escape' filter is not supported (chat templates render unescaped)");
       return v;
     }
     if (f == "int") {
@@ -1500,7 +1547,11 @@ class Renderer {
         return Value::Int(static_cast<std::int64_t>(v.d));
       }
       if (v.kind == Value::string) {
-        try { return Value::Int(std::stoll(v.s)); } catch (const std::exception&) { return Value::Int(0); }
+        try {
+          return Value::Int(std::stoll(v.s));
+        } catch (const std::exception&) {
+          return Value::Int(0);
+        }
       }
       return Value::Int(v.kind == Value::integer ? v.i : v.kind == Value::boolean ? v.b : 0);
     }
@@ -1509,11 +1560,13 @@ class Renderer {
       const Value* indent = kwarg("indent");
       if (!indent && !a.empty()) indent = &a[0];
       std::string out;
-      dump_json(v, out, indent && indent->kind == Value::integer ? static_cast<int>(indent->i) : -1, 0);
+      dump_json(v, out, indent && indent->kind == Value::integer ? static_cast<int>(indent->i) : -1,
+                0);
       return Value::Str(out);
     }
     if (f == "default" || f == "d") {
-      const bool boolean = (a.size() > 1 && truthy(a[1])) || (kwarg("boolean") && truthy(*kwarg("boolean")));
+      const bool boolean =
+          (a.size() > 1 && truthy(a[1])) || (kwarg("boolean") && truthy(*kwarg("boolean")));
       const bool use_default = v.kind == Value::undefined || (boolean && !truthy(v));
       return use_default ? (a.empty() ? Value::Str("") : a[0]) : v;
     }
@@ -1524,7 +1577,8 @@ class Renderer {
     if (v.kind == Value::list) items = *v.l;
     else if (v.kind == Value::dict) for (const auto& [k, x] : *v.m) items.push_back(Value::Str(k));
     else if (v.kind == Value::string) items = characters(v.s);
-    else if (v.kind != Value::undefined && v.kind != Value::none) fail(e.line, str("'|", f, "' on a ", kind_name(v)));
+    else if (v.kind != Value::undefined && v.kind != Value::none)
+      fail(e.line, str("'|", f, "' on a ", kind_name(v)));
     if (f == "list") return Value::Lst(items);
     if (f == "first") return items.empty() ? Value() : items.front();
     if (f == "last") return items.empty() ? Value() : items.back();
@@ -1632,7 +1686,8 @@ std::string ChatTemplate::render(const std::string& context_json) const {
   try {
     j = ordered_json::parse(context_json);
   } catch (const ordered_json::exception& e) {
-    throw Error(ErrorCategory::invalid_argument, str("chat template context is not valid JSON: ", e.what()));
+    throw Error(ErrorCategory::invalid_argument,
+                str("chat template context is not valid JSON: ", e.what()));
   }
   DCP_ARG_CHECK(j.is_object(), "chat template context must be a JSON object");
   Renderer r(from_json(j));

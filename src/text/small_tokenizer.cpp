@@ -14,7 +14,9 @@ using ordered_json = nlohmann::ordered_json;  // the files keep the order they a
 
 // GPT-2's byte-to-unicode map, as the tokenizer reads it back.
 std::string byte_char(int b) {
-  const auto kept = [](int x) { return (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174; };
+  const auto kept = [](int x) {
+    return (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174;
+  };
   int cp = b;
   if (!kept(b)) {
     cp = 256;
@@ -50,7 +52,8 @@ void write_small_tokenizer(const std::string& dir, int vocab_size) {
   for (int b = 0; b < 256; ++b) vocab[byte_char(b)] = b;
   const auto piece = [](const char* p) {
     std::string s;
-    for (const char* c = p; *c; ++c) s += *c == '_' ? byte_char(' ') : byte_char(static_cast<unsigned char>(*c));
+    for (const char* c = p; *c; ++c)
+      s += *c == '_' ? byte_char(' ') : byte_char(static_cast<unsigned char>(*c));
     return s;
   };
   ordered_json merges = ordered_json::array();

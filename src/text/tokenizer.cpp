@@ -243,7 +243,8 @@ void Tokenizer::Impl::load(const json& t) {
       const std::string s = mg.get<std::string>();
       const std::size_t sp = s.find(' ');
       DCP_CHECK(sp != std::string::npos && sp > 0 && sp + 1 < s.size(), io,
-                "tokenizer.json: merge ", rank, " '", s, "' is not two tokens separated by a space");
+                "tokenizer.json: merge ", rank, " '", s,
+                "' is not two tokens separated by a space");
       a = s.substr(0, sp);
       b = s.substr(sp + 1);
     } else {
@@ -314,7 +315,8 @@ void Tokenizer::Impl::load(const json& t) {
       } else if (type == "ByteLevel") {
         step.kind = PreStep::byte_level;
         step.add_prefix_space = flag(s, "add_prefix_space", true);
-        if (flag(s, "use_regex", true)) step.regex = std::make_shared<Regex>(kGpt2Pattern, false, where);
+        if (flag(s, "use_regex", true))
+          step.regex = std::make_shared<Regex>(kGpt2Pattern, false, where);
       } else {
         throw Error(ErrorCategory::io, str(where, ": type '", type,
                                            "' is not supported (legal: Split, ByteLevel)"));
@@ -551,9 +553,9 @@ std::optional<std::string> base64_decode(std::string_view in) {
         return std::nullopt;
       }
     }
-    const std::uint32_t n = (static_cast<std::uint32_t>(v[0]) << 18) |
-                            (static_cast<std::uint32_t>(v[1]) << 12) |
-                            (static_cast<std::uint32_t>(v[2]) << 6) | static_cast<std::uint32_t>(v[3]);
+    const std::uint32_t n =
+        (static_cast<std::uint32_t>(v[0]) << 18) | (static_cast<std::uint32_t>(v[1]) << 12) |
+        (static_cast<std::uint32_t>(v[2]) << 6) | static_cast<std::uint32_t>(v[3]);
     out += static_cast<char>(n >> 16);
     if (pad < 2) out += static_cast<char>((n >> 8) & 0xFF);
     if (pad < 1) out += static_cast<char>(n & 0xFF);
@@ -685,12 +687,15 @@ Tokenizer Tokenizer::from_tiktoken(const std::string& model_text, const std::str
   json t;
   json vocab = json::object();
   for (const auto& [rank, bytes] : by_rank) vocab[visible(bytes)] = rank;
-  t["model"] = {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}, {"ignore_merges", true}};
+  t["model"] = {
+      {"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}, {"ignore_merges", true}};
   t["pre_tokenizer"] = {
       {"type", "Sequence"},
       {"pretokenizers",
-       json::array({{{"type", "Split"}, {"pattern", {{"Regex", rewrite_class_intersections(pattern)}}},
-                     {"behavior", "Isolated"}, {"invert", false}},
+       json::array({{{"type", "Split"},
+                     {"pattern", {{"Regex", rewrite_class_intersections(pattern)}}},
+                     {"behavior", "Isolated"},
+                     {"invert", false}},
                     {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
   t["decoder"] = {{"type", "ByteLevel"}};
   // Special tokens: tokenizer_config.json's added_tokens_decoder ({"id": {"content": ...}}).

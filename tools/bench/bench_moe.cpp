@@ -207,7 +207,8 @@ void add_moe_bench(CLI::App* bench) {
   cmd->add_option("--dtypes", o->dtypes, "weight dtypes (comma-separated): bf16, fp8")
       ->check(list_of({"bf16", "fp8"}))
       ->capture_default_str();
-  cmd->add_option("--threads", o->threads, "threads of the weight products and BLAS (comma-separated)")
+  cmd->add_option("--threads", o->threads,
+                  "threads of the weight products and BLAS (comma-separated)")
       ->check(list_at_least(1))
       ->capture_default_str();
   cmd->add_option("--ranks", o->ranks,

@@ -69,7 +69,8 @@ void one_request(httplib::Client& http, const std::vector<std::int32_t>& prompt,
   std::string buffer;
   req.content_receiver = [&](const char* data, std::size_t len, std::uint64_t, std::uint64_t) {
     buffer.append(data, len);
-    for (std::size_t end; (end = buffer.find("\n\n")) != std::string::npos; buffer.erase(0, end + 2)) {
+    for (std::size_t end; (end = buffer.find("\n\n")) != std::string::npos;
+         buffer.erase(0, end + 2)) {
       const std::string event = buffer.substr(0, end);
       if (event.rfind("data: {", 0) != 0) continue;
       const auto j = nlohmann::json::parse(event.substr(6));
@@ -89,7 +90,8 @@ void one_request(httplib::Client& http, const std::vector<std::int32_t>& prompt,
   };
   httplib::Response res;
   httplib::Error error = httplib::Error::Success;
-  if (!http.send(req, res, error) || res.status != 200 || seen != static_cast<std::size_t>(max_tokens)) {
+  if (!http.send(req, res, error) || res.status != 200 ||
+      seen != static_cast<std::size_t>(max_tokens)) {
     if (stats.failures++ == 0) {
       std::fprintf(stderr, "dcp bench serve: a request failed: %s, HTTP %d, %zu of %d tokens\n",
                    httplib::to_string(error).c_str(), res.status, seen, max_tokens);
@@ -145,9 +147,11 @@ void bench_serve(const ServeBenchOptions& o) {
     run.requests.assign(pool.begin(), pool.begin() + c * o.rounds);
     const auto t_run = Clock::now();
     const DeploymentReport rep = run_deployment(run).report;
-    const double run_s = seconds(Clock::now() - t_run) - rep.model_load_ms / 1e3;  // as served: loaded
+    const double run_s =
+        seconds(Clock::now() - t_run) - rep.model_load_ms / 1e3;  // as served: loaded
     std::int64_t run_tokens = 0;
-    for (const RequestResult& r : rep.results) run_tokens += static_cast<std::int64_t>(r.output_tokens.size());
+    for (const RequestResult& r : rep.results)
+      run_tokens += static_cast<std::int64_t>(r.output_tokens.size());
 
     std::vector<ClientStats> stats(static_cast<std::size_t>(c));
     std::vector<std::thread> clients;
@@ -203,8 +207,11 @@ void add_serve_bench(CLI::App* bench) {
   auto o = std::make_shared<ServeBenchOptions>();
   CLI::App* cmd = bench->add_subcommand(
       "serve", "dcp serve on loopback under concurrent streaming clients vs the engine alone");
-  cmd->add_option("--preset", o->preset, "model geometry (synthetic weights)")->capture_default_str();
-  cmd->add_option("--num-layers", o->num_layers, "layers")->check(at_least(1))->capture_default_str();
+  cmd->add_option("--preset", o->preset, "model geometry (synthetic weights)")
+      ->capture_default_str();
+  cmd->add_option("--num-layers", o->num_layers, "layers")
+      ->check(at_least(1))
+      ->capture_default_str();
   cmd->add_option("--tp-size", o->tp_size, "TP size (ranks as threads)")
       ->check(at_least(1))
       ->capture_default_str();

@@ -153,7 +153,8 @@ double available_memory_bytes() {
                 static_cast<double>(sysconf(_SC_PAGE_SIZE));
   }
   // A container's cgroup (v2) limit, less what the group already uses, may be lower.
-  std::ifstream max_file("/sys/fs/cgroup/memory.max"), current_file("/sys/fs/cgroup/memory.current");
+  std::ifstream max_file("/sys/fs/cgroup/memory.max"),
+      current_file("/sys/fs/cgroup/memory.current");
   std::string max_text;
   double current = 0;
   if (max_file >> max_text && max_text != "max" && current_file >> current) {
@@ -247,7 +248,8 @@ void refuse_empty_values(CLI::App& app) {
   for (CLI::Option* opt : app.get_options()) {
     if (opt->get_type_size_max() > 0) opt->check(non_empty);
   }
-  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) refuse_empty_values(*sub);
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+    refuse_empty_values(*sub);
 }
 
 }  // namespace dcp::cli

@@ -132,11 +132,13 @@ void add_run_command(CLI::App& app) {
                   "KV capacity in tokens of each DP group (default, or 0: what the busiest "
                   "group's requests need)")
       ->check(at_least(0));
-  CLI::Option* batch =
-      cmd->add_option("--batch", o->batch, "synthetic requests")->check(at_least(1))->capture_default_str();
-  CLI::Option* prompt_len = cmd->add_option("--prompt-len", o->prompt_len, "longest synthetic prompt")
-                                ->check(at_least(1))
-                                ->capture_default_str();
+  CLI::Option* batch = cmd->add_option("--batch", o->batch, "synthetic requests")
+                           ->check(at_least(1))
+                           ->capture_default_str();
+  CLI::Option* prompt_len =
+      cmd->add_option("--prompt-len", o->prompt_len, "longest synthetic prompt")
+          ->check(at_least(1))
+          ->capture_default_str();
   cmd->add_option("--max-new-tokens", o->max_new_tokens, "tokens to generate per request")
       ->check(at_least(1))
       ->capture_default_str();

@@ -249,8 +249,8 @@ void print_summary(const ordered_json& j) {
     std::printf("weights: %s, MiB per rank: %s\n", wt["dtype"].get<std::string>().c_str(),
                 per_rank.c_str());
   }
-  std::printf("KV: logical capacity %lld tokens%s\n", kv["logical_capacity_tokens"].get<long long>(),
-              dp > 1 ? " per DP group" : "");
+  std::printf("KV: logical capacity %lld tokens%s\n",
+              kv["logical_capacity_tokens"].get<long long>(), dp > 1 ? " per DP group" : "");
   if (dp > 1) {
     for (const ordered_json& g : kv["dp_groups"]) {
       std::printf("  dp group %lld: %lld requests, %.2f MiB KV used of %.2f MiB allocated\n",
@@ -262,7 +262,8 @@ void print_summary(const ordered_json& j) {
   for (const ordered_json& r : kv["ranks"]) {
     const std::string group = dp > 1 ? str("dp ", r["dp_rank"].get<long long>(), ", ") : "";
     std::printf(
-        "  rank %lld (%sdcp rank %lld): peak %lld rows/layer, %.2f MiB used of %.2f MiB allocated\n",
+        "  rank %lld (%sdcp rank %lld): peak %lld rows/layer, %.2f MiB used of %.2f MiB "
+        "allocated\n",
         r["rank"].get<long long>(), group.c_str(), r["dcp_rank"].get<long long>(),
         r["kv_rows_used"].get<long long>(), r["kv_bytes_used"].get<double>() / 1048576.0,
         r["kv_bytes"].get<double>() / 1048576.0);

@@ -146,7 +146,8 @@ void add_serve_command(CLI::App& app) {
   add_parallel_flags(cmd, o.parallel);
   add_deployment_flags(cmd, o);
   cmd->add_option("--tokenizer-path", f->tokenizer_path,
-                  "folder with tokenizer.json, or Kimi's tiktoken.model (default: --model-path when it has one)");
+                  "folder with tokenizer.json, or Kimi's tiktoken.model (default: --model-path "
+                  "when it has one)");
   cmd->add_option("--host", f->host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", f->port, "port to listen on (0: any free port)")
       ->check(CLI::Range(0, 65535))

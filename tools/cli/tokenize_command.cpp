@@ -28,7 +28,8 @@ void add_tokenize_command(CLI::App& app) {
   cmd->add_option("--tokenizer-path", o->tokenizer_path,
                   "folder with tokenizer.json (and tokenizer_config.json)")
       ->required();
-  CLI::Option* decode = cmd->add_flag("--decode", o->decode, "read a JSON array of ids, print the text");
+  CLI::Option* decode =
+      cmd->add_flag("--decode", o->decode, "read a JSON array of ids, print the text");
   cmd->add_flag("--add-special-tokens", o->add_special,
                 "start with BOS when tokenizer_config.json sets add_bos_token")
       ->excludes(decode);

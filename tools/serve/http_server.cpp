@@ -56,27 +56,32 @@ HttpServer::HttpServer(OpenAiApi& api) : impl_(std::make_unique<Impl>()) {
   s.Post("/generate", [&api](const httplib::Request& req, httplib::Response& res) {
     answer(res, api.generate(req.body));
   });
-  s.Get("/v1/models", [&api](const httplib::Request&, httplib::Response& res) { reply(res, api.models()); });
-  s.Get("/health", [&api](const httplib::Request&, httplib::Response& res) { reply(res, api.health()); });
-  s.Get("/metrics", [&api](const httplib::Request&, httplib::Response& res) { reply(res, api.metrics()); });
+  s.Get("/v1/models",
+        [&api](const httplib::Request&, httplib::Response& res) { reply(res, api.models()); });
+  s.Get("/health",
+        [&api](const httplib::Request&, httplib::Response& res) { reply(res, api.health()); });
+  s.Get("/metrics",
+        [&api](const httplib::Request&, httplib::Response& res) { reply(res, api.metrics()); });
   // Anything else: an OpenAI-style 404 (or 405 for a known path with the wrong method).
   s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     const HttpReply r = OpenAiApi::error(
-        res.status, res.status == 404 ? str("no route ", req.method, " ", req.path)
-                                      : str("HTTP ", res.status, " for ", req.method, " ", req.path));
+        res.status, res.status == 404
+                        ? str("no route ", req.method, " ", req.path)
+                        : str("HTTP ", res.status, " for ", req.method, " ", req.path));
     res.set_content(r.body, r.content_type.c_str());
   });
-  s.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
-    std::string what = "internal error";
-    try {
-      std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    reply(res, OpenAiApi::error(500, what));
-  });
+  s.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "internal error";
+        try {
+          std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        reply(res, OpenAiApi::error(500, what));
+      });
 }
 
 HttpServer::~HttpServer() = default;

@@ -17,8 +17,9 @@ using namespace std::chrono_literals;
 
 // JSON text of a reply. Client bytes that are not UTF-8 can reach a reply inside a message (a
 // parse error quotes them): they become U+FFFD instead of failing the reply.
-std::string text_of(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
-
+std::string text_of(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
 
 // A request the API refuses: the status, the field at fault and why.
 struct BadRequest : std::runtime_error {
@@ -80,7 +81,8 @@ std::vector<std::string> stop_strings(const json& obj) {
   const json* v = field(obj, "stop");
   if (!v) return {};
   if (v->is_string()) return {v->get<std::string>()};
-  if (!v->is_array() || v->size() > 16) bad("stop", "'stop' must be a string or a list of at most 16 strings");
+  if (!v->is_array() || v->size() > 16)
+    bad("stop", "'stop' must be a string or a list of at most 16 strings");
   std::vector<std::string> out;
   for (const json& s : *v) {
     if (!s.is_string()) bad("stop", "'stop' must be a string or a list of strings");
@@ -95,11 +97,13 @@ void refuse_unsupported(const json& b) {
     if (const json* v = field(b, key); v && !(v->is_number() && v->get<double>() == 0))
       bad(key, str("'", key, "' is not supported (only 0)"));
   }
-  if (const json* v = field(b, "repetition_penalty"); v && !(v->is_number() && v->get<double>() == 1))
+  if (const json* v = field(b, "repetition_penalty");
+      v && !(v->is_number() && v->get<double>() == 1))
     bad("repetition_penalty", "'repetition_penalty' is not supported (only 1)");
   if (const json* v = field(b, "logit_bias"); v && !(v->is_object() && v->empty()))
     bad("logit_bias", "'logit_bias' is not supported");
-  if (const json* v = field(b, "best_of"); v && !(v->is_number_integer() && v->get<std::int64_t>() == 1))
+  if (const json* v = field(b, "best_of");
+      v && !(v->is_number_integer() && v->get<std::int64_t>() == 1))
     bad("best_of", "'best_of' is not supported (only 1)");
   if (const json* v = field(b, "echo"); v && !(v->is_boolean() && !v->get<bool>()))
     bad("echo", "'echo' is not supported");
@@ -173,8 +177,10 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
   if (const json* m = field(b, "model")) {
     if (!m->is_string()) bad("model", "'model' must be a string");
     if (m->get<std::string>() != options_.model_name)
-      bad("model", str("the model '", m->get<std::string>(), "' does not exist; this server serves '",
-                       options_.model_name, "'"), 404);
+      bad("model",
+          str("the model '", m->get<std::string>(), "' does not exist; this server serves '",
+              options_.model_name, "'"),
+          404);
   }
   refuse_unsupported(b);
   const auto need_tokenizer = [&](const char* what) {
@@ -189,7 +195,8 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
     if (!p) bad("prompt", "'prompt' is required");
     const json* one = p;
     if (p->is_array() && !p->empty() && (p->front().is_string() || p->front().is_array())) {
-      if (p->size() != 1) bad("prompt", "'prompt' holds one prompt per request here; send a request per prompt");
+      if (p->size() != 1)
+        bad("prompt", "'prompt' holds one prompt per request here; send a request per prompt");
       one = &p->front();
     }
     if (one->is_string()) {
@@ -200,7 +207,8 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
     }
   } else if (kind == Kind::chat) {
     const json* msgs = field(b, "messages");
-    if (!msgs || !msgs->is_array() || msgs->empty()) bad("messages", "'messages' must be a non-empty list");
+    if (!msgs || !msgs->is_array() || msgs->empty())
+      bad("messages", "'messages' must be a non-empty list");
     need_tokenizer("messages");
     json plain = json::array();  // content parts joined: templates expect strings
     for (const json& m : *msgs) {
@@ -283,7 +291,8 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
   if (const auto max = integer(*src, max_key, 1, std::numeric_limits<int>::max())) {
     r.max_new_tokens = static_cast<int>(*max);  // beyond the context: submit() says so
   } else {
-    r.max_new_tokens = static_cast<int>(std::clamp<std::int64_t>(room, 1, options_.default_max_tokens));
+    r.max_new_tokens =
+        static_cast<int>(std::clamp<std::int64_t>(room, 1, options_.default_max_tokens));
   }
   if (kind != Kind::generate) {
     job.n = static_cast<int>(integer(b, "n", 1, 16).value_or(1));
@@ -357,7 +366,9 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
   } catch (const BadRequest& e) {
     return {error(e.status, e.what(), e.param), {}};
   }
-  const std::string prefix = kind == Kind::chat ? "chatcmpl-" : kind == Kind::completion ? "cmpl-" : "";
+  const std::string prefix = kind == Kind::chat         ? "chatcmpl-"
+                             : kind == Kind::completion ? "cmpl-"
+                                                        : "";
   static std::atomic<std::int64_t> serial{0};
   job.id = prefix + std::to_string(created_) + "-" + std::to_string(serial++);
   // Submit every choice (n of them); a refusal withdraws the ones already in.
@@ -368,10 +379,18 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
     r.sampling.seed = job.seeded ? job.request.sampling.seed + static_cast<std::uint64_t>(i)
                                  : (static_cast<std::uint64_t>(entropy()) << 32) ^ entropy();
     try {
-      choices->push_back({deployment_.submit(r), TextStream(tokenizer_, job.stop, job.skip_special), {}, {}, false, FinishReason::none, {}});
+      choices->push_back({deployment_.submit(r),
+                          TextStream(tokenizer_, job.stop, job.skip_special),
+                          {},
+                          {},
+                          false,
+                          FinishReason::none,
+                          {}});
     } catch (const RefusedError& e) {
       for (Choice& c : *choices) c.stream->cancel();
-      const int status = e.why() == Refusal::too_long ? 413 : e.why() == Refusal::invalid ? 400 : 503;
+      const int status = e.why() == Refusal::too_long  ? 413
+                         : e.why() == Refusal::invalid ? 400
+                                                       : 503;
       return {error(status, e.what(), e.why() == Refusal::invalid ? "max_tokens" : ""), {}};
     }
   }
@@ -408,7 +427,10 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
       offsets.push_back(offset);
       offset += static_cast<std::int64_t>(t.size());
     }
-    return json{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+    return json{{"tokens", tokens},
+                {"token_logprobs", lps},
+                {"top_logprobs", tops},
+                {"text_offset", offsets}};
   };
   const auto usage = [prompt_tokens](const std::vector<Choice>& cs) {
     std::int64_t completion = 0;
@@ -440,7 +462,8 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
       for (std::size_t i = 0; i < choices->size(); ++i) {
         const Choice& c = (*choices)[i];
         json choice = {{"index", i}, {"finish_reason", reason(c)}, {"token_ids", c.text.tokens()}};
-        choice["logprobs"] = job.top_logprobs >= 0 ? logprobs_json(c, 0, c.text.tokens().size(), 0) : json(nullptr);
+        choice["logprobs"] =
+            job.top_logprobs >= 0 ? logprobs_json(c, 0, c.text.tokens().size(), 0) : json(nullptr);
         if (kind == Kind::chat) {
           choice["message"] = {{"role", "assistant"}, {"content", c.shown}};
         } else {
@@ -448,8 +471,12 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
         }
         list.push_back(choice);
       }
-      reply = {{"id", job.id}, {"object", kind == Kind::chat ? "chat.completion" : "text_completion"},
-               {"created", created}, {"model", model}, {"choices", list}, {"usage", usage(*choices)}};
+      reply = {{"id", job.id},
+               {"object", kind == Kind::chat ? "chat.completion" : "text_completion"},
+               {"created", created},
+               {"model", model},
+               {"choices", list},
+               {"usage", usage(*choices)}};
     }
     return {HttpReply{200, "application/json", text_of(reply)}, {}};
   }
@@ -468,7 +495,9 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
     if (kind == Kind::chat) {
       json first = json::array();
       for (std::size_t i = 0; i < choices->size(); ++i)
-        first.push_back({{"index", i}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"finish_reason", nullptr}});
+        first.push_back({{"index", i},
+                         {"delta", {{"role", "assistant"}, {"content", ""}}},
+                         {"finish_reason", nullptr}});
       if (!write(chunk(first))) return abandon();
     }
     std::vector<std::size_t> sent_lp(choices->size(), 0);
@@ -479,8 +508,8 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
       for (std::size_t i = 0; i < choices->size(); ++i) {
         Choice& c = (*choices)[i];
         if (closed[i]) continue;
-        const std::string text =
-            pull_news(c, choices->size() == 1 ? std::chrono::milliseconds(1000) : std::chrono::milliseconds(5));
+        const std::string text = pull_news(c, choices->size() == 1 ? std::chrono::milliseconds(1000)
+                                                                   : std::chrono::milliseconds(5));
         const std::size_t kept = c.text.tokens().size();
         // A token that completes no character (or is held back for a stop string) sends nothing,
         // unless the client follows ids or logprobs.
@@ -492,12 +521,16 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
         }
         std::string out;
         if (kind == Kind::generate) {
-          json meta = {{"id", job.id}, {"prompt_tokens", prompt_tokens}, {"completion_tokens", kept}};
+          json meta = {
+              {"id", job.id}, {"prompt_tokens", prompt_tokens}, {"completion_tokens", kept}};
           meta["finish_reason"] = c.finished ? json{{"type", reason(c)}} : json(nullptr);
           out = sse({{"text", c.shown}, {"output_ids", c.text.tokens()}, {"meta_info", meta}});
         } else {
-          json choice = {{"index", i}, {"finish_reason", c.finished ? json(reason(c)) : json(nullptr)}};
-          choice["logprobs"] = job.top_logprobs >= 0 ? logprobs_json(c, sent_lp[i], kept, offsets[i]) : json(nullptr);
+          json choice = {{"index", i},
+                         {"finish_reason", c.finished ? json(reason(c)) : json(nullptr)}};
+          choice["logprobs"] = job.top_logprobs >= 0
+                                   ? logprobs_json(c, sent_lp[i], kept, offsets[i])
+                                   : json(nullptr);
           for (std::size_t k = sent_lp[i]; k < kept && k < c.logprobs.size(); ++k)
             offsets[i] += static_cast<std::int64_t>(token_text(c.logprobs[k].chosen.token).size());
           if (kind == Kind::chat) {
@@ -560,9 +593,11 @@ HttpReply OpenAiApi::metrics() const {
   o << "dcp_requests_total{outcome=\"finished\"} " << m.requests_finished << "\n"
     << "dcp_requests_total{outcome=\"cancelled\"} " << m.requests_cancelled << "\n"
     << "dcp_requests_total{outcome=\"rejected\"} " << m.requests_rejected << "\n";
-  metric("dcp_prefix_cache_lookup_tokens_total", "counter", "Prompt tokens looked up in the prefix cache.");
+  metric("dcp_prefix_cache_lookup_tokens_total", "counter",
+         "Prompt tokens looked up in the prefix cache.");
   o << "dcp_prefix_cache_lookup_tokens_total " << m.prefix_lookup_tokens << "\n";
-  metric("dcp_prefix_cache_hit_tokens_total", "counter", "Prompt tokens served from the prefix cache.");
+  metric("dcp_prefix_cache_hit_tokens_total", "counter",
+         "Prompt tokens served from the prefix cache.");
   o << "dcp_prefix_cache_hit_tokens_total " << m.prefix_hit_tokens << "\n";
   const auto histogram = [&](const char* name, const char* help, const LatencyHistogram& h) {
     metric(name, "histogram", help);
