@@ -16,19 +16,32 @@ targets=("$@")
 scripts/setup.sh fuzz  # clang and its libFuzzer runtime, then the build
 
 scratch=$(mktemp -d)
+# One target per core at a time: each gets its full time, the run takes 1/nproc of it.
+run_one() {
+  local t="$1"
+  mkdir -p "$scratch/$t"
+  local rc=0
+  ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    "build/fuzz/fuzz/$t" -max_total_time="$seconds" -rss_limit_mb=4096 -max_len=65536 \
+    -print_final_stats=1 -artifact_prefix="$scratch/$t/" "$scratch/$t" "fuzz/corpus/$t" \
+    >"$scratch/$t.log" 2>&1 || rc=$?
+  echo "$rc" >"$scratch/$t.rc"
+}
+for t in "${targets[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$(nproc)" ]; do wait -n || true; done
+  echo "fuzz: $t for ${seconds}s"
+  run_one "$t" &
+done
+wait
 failed=0
 for t in "${targets[@]}"; do
-  mkdir -p "$scratch/$t"
-  echo "fuzz: $t for ${seconds}s"
-  if ! ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
-      "build/fuzz/fuzz/$t" -max_total_time="$seconds" -rss_limit_mb=4096 -max_len=65536 \
-      -print_final_stats=1 -artifact_prefix="$scratch/$t/" "$scratch/$t" "fuzz/corpus/$t" \
-      >"$scratch/$t.log" 2>&1; then
+  if [ "$(cat "$scratch/$t.rc")" != 0 ]; then
     failed=1
     echo "fuzz: $t FAILED; its input: $(ls "$scratch/$t"/crash-* "$scratch/$t"/leak-* "$scratch/$t"/timeout-* "$scratch/$t"/oom-* 2>/dev/null | head -1)"
     tail -40 "$scratch/$t.log"
     continue
   fi
+  echo "fuzz: $t passed"
   grep -E "stat::number_of_executed_units|stat::new_units_added|cov:" "$scratch/$t.log" | tail -3
 done
 [ "$failed" -eq 0 ] && rm -rf "$scratch"
