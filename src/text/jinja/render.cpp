@@ -1,0 +1,715 @@
+#include "render.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+
+namespace dcp::jinja {
+namespace {
+
+class Renderer {
+ public:
+  explicit Renderer(const Value& context) {
+    scopes_.push_back(std::make_shared<Dict>());
+    for (const auto& [k, v] : *context.m) set(k, v);
+    // Namespaces are the only mutable values, so the only way to a reference cycle
+    // ({% set ns.self = ns %}): the renderer owns them, and values refer to them without owning.
+    set_global("namespace", Value::Fn([this](const Args& args, const Kwargs& kwargs) {
+                 namespaces_.push_back(std::make_unique<Dict>());
+                 Dict* owned = namespaces_.back().get();
+                 if (!args.empty() && args[0].kind == Value::dict) *owned = *args[0].m;
+                 for (const auto& [k, v] : kwargs) owned->emplace_back(k, v);
+                 Value ns;
+                 ns.kind = Value::dict;
+                 ns.m = std::shared_ptr<Dict>(owned, [](Dict*) {});
+                 ns.is_namespace = true;
+                 return ns;
+               }));
+    set_global("range", Value::Fn([](const Args& a, const Kwargs&) {
+                 std::int64_t lo = 0, hi = 0, step = 1;
+                 if (a.size() == 1) hi = a[0].i;
+                 if (a.size() >= 2) {
+                   lo = a[0].i;
+                   hi = a[1].i;
+                 }
+                 if (a.size() == 3) step = a[2].i;
+                 if (a.empty() || a.size() > 3 || step == 0)
+                   throw Error(ErrorCategory::invalid_argument,
+                               "chat template: range() needs 1-3 integers, step not 0");
+                 List l;
+                 for (std::int64_t k = lo; step > 0 ? k < hi : k > hi; k += step) {
+                   if (l.size() >= kMaxRange)
+                     throw Error(ErrorCategory::invalid_argument,
+                                 str("chat template: range() of more than ", kMaxRange, " items"));
+                   l.push_back(Value::Int(k));
+                 }
+                 return Value::Lst(std::move(l));
+               }));
+    set_global("raise_exception", Value::Fn([](const Args& a, const Kwargs&) -> Value {
+                 throw Error(ErrorCategory::invalid_argument,
+                             str("chat template: ",
+                                 a.empty() ? std::string("raise_exception") : to_str(a[0])));
+               }));
+  }
+
+  void render(const Body& body, std::string& out) {
+    for (const auto& n : body) {
+      if (out.size() > kMaxOutput)
+        fail(n->line, str("the rendering exceeds ", kMaxOutput, " bytes"));
+      switch (n->kind) {
+        case Node::text_node: out += n->text; break;
+        case Node::output: out += to_str(eval(*n->expr)); break;
+        case Node::if_chain:
+          for (const auto& [cond, b] : n->branches) {
+            if (!cond || truthy(eval(*cond))) {
+              render(b, out);
+              break;
+            }
+          }
+          break;
+        case Node::set: {
+          Value v = eval(*n->expr);
+          if (n->targets.size() == 1) {
+            set(n->targets[0], std::move(v));
+          } else {
+            Value ns = lookup(n->targets[0]);
+            if (ns.kind != Value::dict || !ns.is_namespace)
+              fail(n->line, str("'", n->targets[0], "' is not a namespace (set ", n->targets[0],
+                                ".", n->targets[1], ")"));
+            assign(*ns.m, n->targets[1], std::move(v));
+          }
+          break;
+        }
+        case Node::for_loop: render_for(*n, out); break;
+      }
+    }
+  }
+
+ private:
+  static void assign(Dict& d, const std::string& key, Value v) {
+    for (auto& [k, x] : d)
+      if (k == key) {
+        x = std::move(v);
+        return;
+      }
+    d.emplace_back(key, std::move(v));
+  }
+  void set(const std::string& name, Value v) { assign(*scopes_.back(), name, std::move(v)); }
+  void set_global(const std::string& name, Value v) {
+    for (const auto& [k, x] : *scopes_.front())
+      if (k == name) return;  // a context variable of that name wins
+    assign(*scopes_.front(), name, std::move(v));
+  }
+  Value lookup(const std::string& name) const {
+    for (auto s = scopes_.rbegin(); s != scopes_.rend(); ++s)
+      for (const auto& [k, v] : **s)
+        if (k == name) return v;
+    return Value();
+  }
+
+  void render_for(const Node& n, std::string& out) {
+    const Value seq = eval(*n.expr);
+    List items;
+    if (seq.kind == Value::list) {
+      items = *seq.l;
+    } else if (seq.kind == Value::dict) {
+      for (const auto& [k, v] : *seq.m) items.push_back(Value::Str(k));
+    } else if (seq.kind == Value::string) {
+      items = characters(seq.s);
+    } else if (seq.kind != Value::undefined && seq.kind != Value::none) {
+      fail(n.line, str("cannot loop over a ", kind_name(seq)));
+    }
+    scopes_.push_back(std::make_shared<Dict>());
+    const auto bind = [&](const Value& item) {
+      if (n.targets.size() == 1) {
+        set(n.targets[0], item);
+        return;
+      }
+      if (item.kind != Value::list || item.l->size() != n.targets.size())
+        fail(n.line,
+             str("cannot unpack a ", kind_name(item), " into ", n.targets.size(), " names"));
+      for (std::size_t k = 0; k < n.targets.size(); ++k) set(n.targets[k], (*item.l)[k]);
+    };
+    if (n.filter) {
+      List kept;
+      for (const Value& item : items) {
+        bind(item);
+        if (truthy(eval(*n.filter))) kept.push_back(item);
+      }
+      items = std::move(kept);
+    }
+    for (std::size_t k = 0; k < items.size(); ++k) {
+      if (++iterations_ > kMaxIterations)
+        fail(n.line, str("more than ", kMaxIterations, " loop iterations in one rendering"));
+      bind(items[k]);
+      const auto len = static_cast<std::int64_t>(items.size()), at = static_cast<std::int64_t>(k);
+      Dict loop{{"index", Value::Int(at + 1)},
+                {"index0", Value::Int(at)},
+                {"revindex", Value::Int(len - at)},
+                {"revindex0", Value::Int(len - at - 1)},
+                {"first", Value::Bool(k == 0)},
+                {"last", Value::Bool(k + 1 == items.size())},
+                {"length", Value::Int(len)},
+                {"previtem", k > 0 ? items[k - 1] : Value()},
+                {"nextitem", k + 1 < items.size() ? items[k + 1] : Value()}};
+      set("loop", Value::Dct(std::move(loop)));
+      render(n.body, out);
+    }
+    scopes_.pop_back();
+    if (items.empty()) render(n.else_body, out);
+  }
+
+  Value eval(const Expr& e) {
+    switch (e.kind) {
+      case Expr::literal: return e.value;
+      case Expr::name: return lookup(e.text);
+      case Expr::list_lit: {
+        List l;
+        for (const auto& a : e.args) l.push_back(eval(*a));
+        return Value::Lst(std::move(l));
+      }
+      case Expr::dict_lit: {
+        Dict d;
+        for (std::size_t k = 0; k + 1 < e.args.size(); k += 2) {
+          const Value key = eval(*e.args[k]);
+          if (key.kind != Value::string) fail(e.line, "dict keys must be strings");
+          assign(d, key.s, eval(*e.args[k + 1]));
+        }
+        return Value::Dct(std::move(d));
+      }
+      case Expr::attr: return attribute(eval(*e.args[0]), e.text, e.line);
+      case Expr::item: return item(eval(*e.args[0]), eval(*e.args[1]), e.line);
+      case Expr::slice:
+        return slice(eval(*e.args[0]), eval(*e.args[1]), eval(*e.args[2]), eval(*e.args[3]),
+                     e.line);
+      case Expr::call: {
+        const Value f = eval(*e.args[0]);
+        if (f.kind != Value::function) fail(e.line, str("a ", kind_name(f), " is not callable"));
+        Args args;
+        for (std::size_t k = 1; k < e.args.size(); ++k) args.push_back(eval(*e.args[k]));
+        Kwargs kwargs;
+        for (const auto& [k, v] : e.kwargs) kwargs.emplace_back(k, eval(*v));
+        return (*f.f)(args, kwargs);
+      }
+      case Expr::filter: return filter(e);
+      case Expr::test: {
+        const bool r = test(e);
+        return Value::Bool(e.negated ? !r : r);
+      }
+      case Expr::unary: {
+        const Value v = eval(*e.args[0]);
+        if (e.text == "not") return Value::Bool(!truthy(v));
+        if (!v.numeric()) fail(e.line, str("unary ", e.text, " on a ", kind_name(v)));
+        if (e.text == "+") return v;
+        if (v.kind == Value::real) return Value::Real(-v.d);
+        std::int64_t r = 0;
+        if (__builtin_sub_overflow(std::int64_t{0},
+                                   v.kind == Value::boolean ? std::int64_t{v.b} : v.i, &r))
+          fail(e.line, "integer overflow");
+        return Value::Int(r);
+      }
+      case Expr::cond: return truthy(eval(*e.args[1])) ? eval(*e.args[0]) : eval(*e.args[2]);
+      case Expr::binary: return binary(e);
+    }
+    fail(e.line, "an unknown expression");
+  }
+
+  Value binary(const Expr& e) {
+    const std::string& op = e.text;
+    if (op == "and") {
+      Value a = eval(*e.args[0]);
+      return truthy(a) ? eval(*e.args[1]) : a;
+    }
+    if (op == "or") {
+      Value a = eval(*e.args[0]);
+      return truthy(a) ? a : eval(*e.args[1]);
+    }
+    const Value a = eval(*e.args[0]), b = eval(*e.args[1]);
+    if (op == "==") return Value::Bool(equal(a, b));
+    if (op == "!=") return Value::Bool(!equal(a, b));
+    if (op == "~") return Value::Str(to_str(a) + to_str(b));
+    if (op == "in") {
+      if (b.kind == Value::string) {
+        if (a.kind != Value::string) fail(e.line, "'in <string>' needs a string on the left");
+        return Value::Bool(b.s.find(a.s) != std::string::npos);
+      }
+      if (b.kind == Value::list) {
+        for (const Value& x : *b.l)
+          if (equal(a, x)) return Value::Bool(true);
+        return Value::Bool(false);
+      }
+      if (b.kind == Value::dict) return Value::Bool(a.kind == Value::string && b.find(a.s));
+      if (b.kind == Value::undefined || b.kind == Value::none) return Value::Bool(false);
+      fail(e.line, str("'in' a ", kind_name(b)));
+    }
+    if (op == "<" || op == ">" || op == "<=" || op == ">=") {
+      int c = 0;
+      if (a.numeric() && b.numeric()) {
+        c = a.as_real() < b.as_real() ? -1 : a.as_real() > b.as_real() ? 1 : 0;
+      } else if (a.kind == Value::string && b.kind == Value::string) {
+        c = a.s.compare(b.s);
+      } else {
+        fail(e.line, str("cannot compare a ", kind_name(a), " with a ", kind_name(b)));
+      }
+      return Value::Bool(op == "<" ? c < 0 : op == ">" ? c > 0 : op == "<=" ? c <= 0 : c >= 0);
+    }
+    if (op == "+") {
+      if (a.kind == Value::string && b.kind == Value::string) return Value::Str(a.s + b.s);
+      if (a.kind == Value::list && b.kind == Value::list) {
+        List l = *a.l;
+        l.insert(l.end(), b.l->begin(), b.l->end());
+        return Value::Lst(std::move(l));
+      }
+    }
+    if (op == "*" && a.kind == Value::string && b.kind == Value::integer) {
+      if (b.i > 0 &&
+          a.s.size() * static_cast<std::size_t>(std::min<std::int64_t>(b.i, kMaxOutput)) >
+              kMaxOutput)
+        fail(e.line, str("a string repeated past ", kMaxOutput, " bytes"));
+      std::string s;
+      for (std::int64_t k = 0; k < b.i; ++k) s += a.s;
+      return Value::Str(std::move(s));
+    }
+    if (!a.numeric() || !b.numeric())
+      fail(e.line, str("'", op, "' between a ", kind_name(a), " and a ", kind_name(b)));
+    const bool ints = a.kind != Value::real && b.kind != Value::real;
+    const std::int64_t x = a.kind == Value::boolean ? a.b : a.i,
+                       y = b.kind == Value::boolean ? b.b : b.i;
+    std::int64_t r = 0;
+    const auto checked = [&](bool overflow) {
+      if (overflow) fail(e.line, str("integer overflow in '", op, "'"));
+      return Value::Int(r);
+    };
+    if (op == "+")
+      return ints ? checked(__builtin_add_overflow(x, y, &r))
+                  : Value::Real(a.as_real() + b.as_real());
+    if (op == "-")
+      return ints ? checked(__builtin_sub_overflow(x, y, &r))
+                  : Value::Real(a.as_real() - b.as_real());
+    if (op == "*")
+      return ints ? checked(__builtin_mul_overflow(x, y, &r))
+                  : Value::Real(a.as_real() * b.as_real());
+    if (op == "/") {
+      if (b.as_real() == 0) fail(e.line, "division by zero");
+      return Value::Real(a.as_real() / b.as_real());
+    }
+    if (op == "//" || op == "%") {
+      if (b.as_real() == 0) fail(e.line, "division by zero");
+      if (ints) {
+        if (x == INT64_MIN && y == -1) fail(e.line, "integer overflow");
+        std::int64_t q = x / y, rem = x % y;
+        if (rem != 0 && ((rem < 0) != (y < 0))) {
+          --q;
+          rem += y;
+        }  // Python floors
+        return Value::Int(op == "//" ? q : rem);
+      }
+      const double q = std::floor(a.as_real() / b.as_real());
+      return Value::Real(op == "//" ? q : a.as_real() - q * b.as_real());
+    }
+    if (op == "**") {
+      if (ints && y >= 0) {
+        if (x == 0 || x == 1) return Value::Int(y == 0 ? 1 : x);
+        if (x == -1) return Value::Int(y % 2 ? -1 : 1);
+        std::int64_t p = 1;  // |x| >= 2 overflows within 63 steps
+        for (std::int64_t k = 0; k < y; ++k)
+          if (__builtin_mul_overflow(p, x, &p)) fail(e.line, "integer overflow in '**'");
+        return Value::Int(p);
+      }
+      return Value::Real(std::pow(a.as_real(), b.as_real()));
+    }
+    fail(e.line, str("unknown operator '", op, "'"));
+  }
+
+  Value item(const Value& obj, const Value& key, int line) {
+    if (obj.kind == Value::dict) {
+      if (key.kind != Value::string) return Value();
+      const Value* v = obj.find(key.s);
+      return v ? *v : Value();
+    }
+    if ((obj.kind == Value::list || obj.kind == Value::string) && key.kind == Value::integer) {
+      const List chars = obj.kind == Value::string ? characters(obj.s) : List();
+      const List& seq = obj.kind == Value::list ? *obj.l : chars;
+      const auto n = static_cast<std::int64_t>(seq.size());
+      const std::int64_t k = key.i < 0 ? key.i + n : key.i;
+      if (k < 0 || k >= n) return Value();
+      return seq[static_cast<std::size_t>(k)];
+    }
+    if (obj.kind == Value::undefined || obj.kind == Value::none)
+      fail(line, str("cannot index a ", kind_name(obj), " (with ", repr(key), ")"));
+    if (key.kind == Value::string) return attribute(obj, key.s, line);
+    return Value();
+  }
+
+  Value slice(const Value& obj, const Value& a, const Value& b, const Value& c, int line) {
+    const std::int64_t step = c.kind == Value::integer ? c.i : 1;
+    if (step == 0) fail(line, "slice step 0");
+    List src;
+    if (obj.kind == Value::list) {
+      src = *obj.l;
+    } else if (obj.kind == Value::string) {
+      src = characters(obj.s);
+    } else {
+      fail(line, str("cannot slice a ", kind_name(obj)));
+    }
+    const auto n = static_cast<std::int64_t>(src.size());
+    const auto clamp = [&](const Value& v, std::int64_t fallback) {
+      if (v.kind != Value::integer) return fallback;
+      std::int64_t k = v.i < 0 ? v.i + n : v.i;
+      return step > 0 ? std::clamp<std::int64_t>(k, 0, n) : std::clamp<std::int64_t>(k, -1, n - 1);
+    };
+    const std::int64_t lo = clamp(a, step > 0 ? 0 : n - 1), hi = clamp(b, step > 0 ? n : -1);
+    List out;
+    for (std::int64_t k = lo; step > 0 ? k < hi : k > hi; k += step)
+      out.push_back(src[static_cast<std::size_t>(k)]);
+    if (obj.kind == Value::string) {
+      std::string s;
+      for (const Value& v : out) s += v.s;
+      return Value::Str(std::move(s));
+    }
+    return Value::Lst(std::move(out));
+  }
+
+  // obj.name: a dict's key, or a method of a string or dict (bound), or undefined.
+  Value attribute(const Value& obj, const std::string& name, int line) {
+    if (obj.kind == Value::dict) {
+      if (const Value* v = obj.find(name)) return *v;
+      if (name == "items" || name == "keys" || name == "values" || name == "get") {
+        const Value self = obj;
+        return Value::Fn([self, name](const Args& a, const Kwargs&) {
+          if (name == "get") {
+            const Value* v = a.empty() || a[0].kind != Value::string ? nullptr : self.find(a[0].s);
+            return v ? *v : (a.size() > 1 ? a[1] : Value::None());
+          }
+          List l;
+          for (const auto& [k, v] : *self.m) {
+            if (name == "items") l.push_back(Value::Lst({Value::Str(k), v}));
+            if (name == "keys") l.push_back(Value::Str(k));
+            if (name == "values") l.push_back(v);
+          }
+          return Value::Lst(std::move(l));
+        });
+      }
+      return Value();
+    }
+    if (obj.kind == Value::string) {
+      const std::string s = obj.s;
+      static const char* const methods[] = {
+          "strip",      "lstrip",   "rstrip", "upper",   "lower", "title", "capitalize",
+          "startswith", "endswith", "split",  "replace", "find",  "count"};
+      if (std::find_if(std::begin(methods), std::end(methods),
+                       [&](const char* m) { return name == m; }) == std::end(methods))
+        fail(line, str("strings have no method '", name, "' here"));
+      return Value::Fn([s, name, line](const Args& a, const Kwargs&) {
+        return string_method(s, name, a, line);
+      });
+    }
+    if (obj.kind == Value::undefined || obj.kind == Value::none) {
+      if (obj.kind == Value::none) fail(line, str("none has no attribute '", name, "'"));
+      return Value();
+    }
+    return Value();
+  }
+
+  static Value string_method(const std::string& s, const std::string& name, const Args& a,
+                             int line) {
+    const std::string ws = " \t\n\r\f\v";
+    const std::string chars = !a.empty() && a[0].kind == Value::string ? a[0].s : ws;
+    if (name == "strip" || name == "lstrip" || name == "rstrip") {
+      std::size_t b = 0, e = s.size();
+      if (name != "rstrip")
+        while (b < e && chars.find(s[b]) != std::string::npos) ++b;
+      if (name != "lstrip")
+        while (e > b && chars.find(s[e - 1]) != std::string::npos) --e;
+      return Value::Str(s.substr(b, e - b));
+    }
+    if (name == "upper" || name == "lower") {
+      std::string r = s;
+      for (char& c : r)
+        c = static_cast<char>(name == "upper" ? std::toupper(static_cast<unsigned char>(c))
+                                              : std::tolower(static_cast<unsigned char>(c)));
+      return Value::Str(r);
+    }
+    if (name == "capitalize" || name == "title") {
+      std::string r = s;
+      bool start = true;
+      for (std::size_t k = 0; k < r.size(); ++k) {
+        const auto c = static_cast<unsigned char>(r[k]);
+        if (name == "capitalize")
+          r[k] = static_cast<char>(k == 0 ? std::toupper(c) : std::tolower(c));
+        else {
+          r[k] = static_cast<char>(start ? std::toupper(c) : std::tolower(c));
+          start = !std::isalpha(c);
+        }
+      }
+      return Value::Str(r);
+    }
+    if (name == "startswith" || name == "endswith") {
+      if (a.empty() || a[0].kind != Value::string) fail(line, str(name, "() needs a string"));
+      const std::string& p = a[0].s;
+      const bool r = p.size() <= s.size() &&
+                     (name == "startswith" ? s.compare(0, p.size(), p) == 0
+                                           : s.compare(s.size() - p.size(), p.size(), p) == 0);
+      return Value::Bool(r);
+    }
+    if (name == "split") {
+      List out;
+      if (a.empty() || a[0].kind != Value::string) {  // on runs of whitespace
+        std::size_t k = 0;
+        while (k < s.size()) {
+          while (k < s.size() && ws.find(s[k]) != std::string::npos) ++k;
+          std::size_t e = k;
+          while (e < s.size() && ws.find(s[e]) == std::string::npos) ++e;
+          if (e > k) out.push_back(Value::Str(s.substr(k, e - k)));
+          k = e;
+        }
+      } else {
+        const std::string& sep = a[0].s;
+        if (sep.empty()) fail(line, "split() with an empty separator");
+        std::size_t k = 0;
+        while (true) {
+          const std::size_t e = s.find(sep, k);
+          out.push_back(
+              Value::Str(s.substr(k, e == std::string::npos ? std::string::npos : e - k)));
+          if (e == std::string::npos) break;
+          k = e + sep.size();
+        }
+      }
+      return Value::Lst(std::move(out));
+    }
+    if (name == "replace") {
+      if (a.size() < 2 || a[0].kind != Value::string || a[1].kind != Value::string ||
+          a[0].s.empty())
+        fail(line, "replace() needs two strings, the first not empty");
+      std::string r;
+      std::size_t k = 0;
+      while (true) {
+        const std::size_t e = s.find(a[0].s, k);
+        r += s.substr(k, e == std::string::npos ? std::string::npos : e - k);
+        if (e == std::string::npos) break;
+        r += a[1].s;
+        k = e + a[0].s.size();
+      }
+      return Value::Str(r);
+    }
+    if (name == "find" || name == "count") {
+      if (a.empty() || a[0].kind != Value::string) fail(line, str(name, "() needs a string"));
+      if (name == "find") {
+        const std::size_t e = s.find(a[0].s);
+        return Value::Int(e == std::string::npos ? -1 : static_cast<std::int64_t>(e));
+      }
+      std::int64_t n = 0;
+      if (!a[0].s.empty())
+        for (std::size_t k = s.find(a[0].s); k != std::string::npos;
+             k = s.find(a[0].s, k + a[0].s.size()))
+          ++n;
+      return Value::Int(n);
+    }
+    fail(line, str("strings have no method '", name, "'"));
+  }
+
+  bool test(const Expr& e) {
+    const std::string& t = e.text;
+    if (t == "defined") return eval(*e.args[0]).kind != Value::undefined;
+    if (t == "undefined") return eval(*e.args[0]).kind == Value::undefined;
+    const Value v = eval(*e.args[0]);
+    if (t == "none") return v.kind == Value::none;
+    if (t == "string") return v.kind == Value::string;
+    if (t == "number") return v.kind == Value::integer || v.kind == Value::real;
+    if (t == "integer") return v.kind == Value::integer;
+    if (t == "float") return v.kind == Value::real;
+    if (t == "boolean") return v.kind == Value::boolean;
+    if (t == "true") return v.kind == Value::boolean && v.b;
+    if (t == "false") return v.kind == Value::boolean && !v.b;
+    if (t == "mapping") return v.kind == Value::dict;
+    if (t == "sequence") return v.kind == Value::list || v.kind == Value::string;
+    if (t == "iterable")
+      return v.kind == Value::list || v.kind == Value::string || v.kind == Value::dict;
+    if (t == "callable") return v.kind == Value::function;
+    if (t == "odd" || t == "even") {
+      if (v.kind != Value::integer) fail(e.line, str("'is ", t, "' on a ", kind_name(v)));
+      return (v.i % 2 != 0) == (t == "odd");
+    }
+    if (t == "eq" || t == "equalto" || t == "ne" || t == "sameas") {
+      if (e.args.size() < 2) fail(e.line, str("'is ", t, "' needs a value"));
+      const bool same = equal(v, eval(*e.args[1]));
+      return t == "ne" ? !same : same;
+    }
+    fail(e.line, str("the test 'is ", t, "' is not supported"));
+  }
+
+  Value filter(const Expr& e) {
+    const std::string& f = e.text;
+    const Value v = eval(*e.args[0]);
+    Args a;
+    for (std::size_t k = 1; k < e.args.size(); ++k) a.push_back(eval(*e.args[k]));
+    Kwargs kwargs;
+    for (const auto& [k, x] : e.kwargs) kwargs.emplace_back(k, eval(*x));
+    const auto kwarg = [&](const char* key) -> const Value* {
+      for (const auto& [k, x] : kwargs)
+        if (k == key) return &x;
+      return nullptr;
+    };
+    if (f == "length" || f == "count") {
+      if (v.kind == Value::string) {
+        std::int64_t n = 0;
+        for (unsigned char c : v.s) n += (c & 0xC0) != 0x80;  // characters, not bytes
+        return Value::Int(n);
+      }
+      if (v.kind == Value::list) return Value::Int(static_cast<std::int64_t>(v.l->size()));
+      if (v.kind == Value::dict) return Value::Int(static_cast<std::int64_t>(v.m->size()));
+      fail(e.line, str("length of a ", kind_name(v)));
+    }
+    if (f == "trim") return string_method(to_str(v), "strip", a, e.line);
+    if (f == "upper" || f == "lower" || f == "capitalize" || f == "title")
+      return string_method(to_str(v), f, {}, e.line);
+    if (f == "replace") return string_method(to_str(v), "replace", a, e.line);
+    if (f == "string") return Value::Str(to_str(v));
+    if (f == "safe" || f == "e" || f == "escape") {
+      if (f != "safe")
+        fail(e.line, "the 'escape' filter is not supported (chat templates render unescaped)");
+      return v;
+    }
+    if (f == "int") {
+      if (v.kind == Value::real) {
+        if (!(std::fabs(v.d) < 9.2e18)) fail(e.line, "int() of a float out of range");
+        return Value::Int(static_cast<std::int64_t>(v.d));
+      }
+      if (v.kind == Value::string) {
+        try {
+          return Value::Int(std::stoll(v.s));
+        } catch (const std::exception&) {
+          return Value::Int(0);
+        }
+      }
+      return Value::Int(v.kind == Value::integer ? v.i : v.kind == Value::boolean ? v.b : 0);
+    }
+    if (f == "float") return Value::Real(v.numeric() ? v.as_real() : 0.0);
+    if (f == "tojson") {
+      const Value* indent = kwarg("indent");
+      if (!indent && !a.empty()) indent = &a[0];
+      std::string out;
+      dump_json(v, out, indent && indent->kind == Value::integer ? static_cast<int>(indent->i) : -1,
+                0);
+      return Value::Str(out);
+    }
+    if (f == "default" || f == "d") {
+      const bool boolean =
+          (a.size() > 1 && truthy(a[1])) || (kwarg("boolean") && truthy(*kwarg("boolean")));
+      const bool use_default = v.kind == Value::undefined || (boolean && !truthy(v));
+      return use_default ? (a.empty() ? Value::Str("") : a[0]) : v;
+    }
+    if (f == "items")
+      return attribute(v, "items", e.line).kind == Value::function
+                 ? (*attribute(v, "items", e.line).f)({}, {})
+                 : Value::Lst({});
+    List items;
+    if (v.kind == Value::list)
+      items = *v.l;
+    else if (v.kind == Value::dict)
+      for (const auto& [k, x] : *v.m) items.push_back(Value::Str(k));
+    else if (v.kind == Value::string)
+      items = characters(v.s);
+    else if (v.kind != Value::undefined && v.kind != Value::none)
+      fail(e.line, str("'|", f, "' on a ", kind_name(v)));
+    if (f == "list") return Value::Lst(items);
+    if (f == "first") return items.empty() ? Value() : items.front();
+    if (f == "last") return items.empty() ? Value() : items.back();
+    if (f == "reverse") {
+      std::reverse(items.begin(), items.end());
+      if (v.kind == Value::string) {
+        std::string s;
+        for (const Value& x : items) s += x.s;
+        return Value::Str(s);
+      }
+      return Value::Lst(items);
+    }
+    if (f == "join") {
+      const std::string sep = !a.empty() ? to_str(a[0]) : "";
+      const Value* attr = kwarg("attribute");
+      std::string out;
+      for (std::size_t k = 0; k < items.size(); ++k)
+        out += (k ? sep : "") + to_str(attr ? item(items[k], *attr, e.line) : items[k]);
+      return Value::Str(out);
+    }
+    if (f == "map") {
+      const Value* attr = kwarg("attribute");
+      List out;
+      for (const Value& x : items) {
+        if (attr)
+          out.push_back(item(x, *attr, e.line));
+        else if (!a.empty() && a[0].kind == Value::string) {
+          Expr call;
+          call.kind = Expr::filter;
+          call.line = e.line;
+          call.text = a[0].s;
+          auto lit = std::make_shared<Expr>();
+          lit->kind = Expr::literal;
+          lit->value = x;
+          call.args.push_back(lit);
+          out.push_back(filter(call));
+        } else
+          fail(e.line, "map() needs attribute= or a filter name");
+      }
+      return Value::Lst(std::move(out));
+    }
+    if (f == "selectattr" || f == "rejectattr" || f == "select" || f == "reject") {
+      const bool attr_form = f == "selectattr" || f == "rejectattr";
+      const bool keep = f == "selectattr" || f == "select";
+      std::size_t at = 0;
+      Value key;
+      if (attr_form) {
+        if (a.empty()) fail(e.line, str(f, "() needs an attribute name"));
+        key = a[at++];
+      }
+      List out;
+      for (const Value& x : items) {
+        const Value subject = attr_form ? item(x, key, e.line) : x;
+        bool r = truthy(subject);
+        if (at < a.size()) {
+          Expr t;
+          t.kind = Expr::test;
+          t.line = e.line;
+          t.text = to_str(a[at]);
+          auto lit = std::make_shared<Expr>();
+          lit->kind = Expr::literal;
+          lit->value = subject;
+          t.args.push_back(lit);
+          for (std::size_t k = at + 1; k < a.size(); ++k) {
+            auto arg = std::make_shared<Expr>();
+            arg->kind = Expr::literal;
+            arg->value = a[k];
+            t.args.push_back(arg);
+          }
+          r = test(t);
+        }
+        if (r == keep) out.push_back(x);
+      }
+      return Value::Lst(std::move(out));
+    }
+    if (f == "unique") {
+      List out;
+      for (const Value& x : items)
+        if (std::none_of(out.begin(), out.end(), [&](const Value& y) { return equal(x, y); }))
+          out.push_back(x);
+      return Value::Lst(std::move(out));
+    }
+    fail(e.line, str("the filter '|", f, "' is not supported"));
+  }
+
+  std::vector<std::unique_ptr<Dict>> namespaces_;  // first: destroyed after the scopes
+  std::vector<std::shared_ptr<Dict>> scopes_;
+  std::size_t iterations_ = 0;
+};
+
+}  // namespace
+
+std::string render(const Body& body, const Value& context) {
+  Renderer r(context);
+  std::string out;
+  r.render(body, out);
+  return out;
+}
+
+}  // namespace dcp::jinja

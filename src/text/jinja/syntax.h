@@ -1,0 +1,58 @@
+// A chat template's syntax: source -> segments (text and tags, Jinja's whitespace rules applied)
+// -> a tree of nodes (text, output, if, for, set) holding expression trees.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "value.h"
+
+namespace dcp::jinja {
+
+struct Expr;
+using ExprPtr = std::shared_ptr<Expr>;
+struct Expr {
+  enum Kind {
+    literal,
+    name,
+    attr,
+    item,
+    slice,
+    call,
+    filter,
+    test,
+    unary,
+    binary,
+    cond,
+    list_lit,
+    dict_lit
+  } kind;
+  int line = 0;
+  Value value;                // literal
+  std::string text;           // name, attribute, filter or test name, operator
+  std::vector<ExprPtr> args;  // operands, call and filter arguments, list items, dict pairs
+  std::vector<std::pair<std::string, ExprPtr>> kwargs;
+  bool negated = false;  // test: "is not"
+  int depth = 1;         // of the tree under it: evaluation recurses this deep
+};
+
+struct Node;
+using Body = std::vector<std::shared_ptr<Node>>;
+struct Node {
+  enum Kind { text_node, output, if_chain, for_loop, set } kind;
+  int line = 0;
+  std::string text;                                // text
+  ExprPtr expr;                                    // output, for's iterable, set's value
+  std::vector<std::pair<ExprPtr, Body>> branches;  // if/elif (null condition: else)
+  std::vector<std::string> targets;                // for's loop variables; set: name [, attr]
+  ExprPtr filter;                                  // for ... if filter
+  Body body, else_body;                            // for
+};
+
+// Parses a template; throws dcp::Error (invalid_argument) naming the line of a syntax error or
+// of a construct the interpreter does not run.
+Body parse(const std::string& source);
+
+}  // namespace dcp::jinja
