@@ -618,6 +618,23 @@ case_families() {
   check "the generated tokenizer encodes" stdout_has '^\[116,258,'
   echo '[{"role": "user", "content": "Hi"}]' | "$dcp" tokenize --tokenizer-path "$tmp/deepseek-v3" --chat --add-generation-prompt --print-prompt >"$out" 2>"$err"
   check "the generated chat template renders" stdout_has '^<s><|user|>Hi<|assistant|>$'
+  # --jsonl: many texts in one run, each line answered as a run of its own would answer it
+  local v3="$tmp/deepseek-v3"
+  printf '"the thing"\n"a\\nb"\n""\n' | "$dcp" tokenize --tokenizer-path "$v3" --jsonl >"$out" 2>"$err"
+  check "--jsonl: one line of ids a line" [ "$(wc -l <"$out")" -eq 3 ]
+  check "--jsonl: a text's ids as alone" [ "$(sed -n 1p "$out")" = "$(printf 'the thing' | "$dcp" tokenize --tokenizer-path "$v3")" ]
+  check "--jsonl: a newline inside a text" [ "$(sed -n 2p "$out")" = "$(printf 'a\nb' | "$dcp" tokenize --tokenizer-path "$v3")" ]
+  check "--jsonl: an empty text has no ids" [ "$(sed -n 3p "$out")" = "[]" ]
+  printf '"the"\n' | "$dcp" tokenize --tokenizer-path "$v3" --jsonl --add-special-tokens >"$tmp/bos" 2>"$err"
+  check "--jsonl --add-special-tokens: as alone" [ "$(cat "$tmp/bos")" = "$(printf 'the' | "$dcp" tokenize --tokenizer-path "$v3" --add-special-tokens)" ]
+  head -2 "$out" | "$dcp" tokenize --tokenizer-path "$v3" --jsonl --decode >"$tmp/texts" 2>"$err"
+  check "--jsonl --decode: the texts back, one JSON string a line" [ "$(cat "$tmp/texts")" = "$(printf '"the thing"\n"a\\nb"')" ]
+  printf '"ok"\n[1,2]\n' | "$dcp" tokenize --tokenizer-path "$v3" --jsonl >"$out" 2>"$err"
+  check "--jsonl: a line that is not a string fails naming it" stderr_has "--jsonl: stdin line 2 must be a JSON string"
+  printf '[1]\n[-1]\n' | "$dcp" tokenize --tokenizer-path "$v3" --jsonl --decode >"$out" 2>"$err"
+  check "--jsonl --decode: names the line and the legal ids" stderr_has "--jsonl: stdin line 2: -1 is not a token id in \[0, "
+  expect 2 "--jsonl with --chat" -- tokenize --tokenizer-path "$v3" --jsonl --chat
+  check "names both flags" stderr_has "--chat excludes --jsonl"
   expect 2 "gen-checkpoint, unknown family" -- gen-checkpoint --family llama --out "$tmp/x"
   check "names the flag and the families" stderr_has "--family: 'llama' is not one of: deepseek-v2-lite, deepseek-v2, deepseek-v3, kimi-k2, moonlight"
   expect 2 "gen-checkpoint, --family with --preset" -- gen-checkpoint --family kimi-k2 --preset tiny --out "$tmp/x"

@@ -80,23 +80,40 @@ while (Buffer.byteLength(mixed) < 210 * 1024) {
 }
 texts.mixed_200kb = mixed;
 
+// Every text through one `dcp tokenize --jsonl` run, every reference id list back through one
+// --jsonl --decode run; the mixed text also alone on raw stdin, each way.
+const jsonl = (args, values) =>
+  execFileSync(dcp, ["tokenize", "--tokenizer-path", dir, "--jsonl", ...args],
+               { input: values.map((v) => JSON.stringify(v)).join("\n") + "\n", maxBuffer: 1 << 28 })
+    .toString("utf8").split("\n").slice(0, values.length).map((line) => JSON.parse(line));
+const names = Object.keys(texts);
+const wants = names.map((name) => Array.from(enc.encode(texts[name], "all")));
+const gots = jsonl([], names.map((name) => texts[name]));
+const decodeds = jsonl(["--decode"], wants);
+const k = names.indexOf("mixed_200kb");
+const alone = {
+  ids: JSON.parse(execFileSync(dcp, ["tokenize", "--tokenizer-path", dir], { input: texts.mixed_200kb, maxBuffer: 1 << 28 })),
+  text: execFileSync(dcp, ["tokenize", "--tokenizer-path", dir, "--decode"],
+                     { input: JSON.stringify(wants[k]), maxBuffer: 1 << 28 }).toString("utf8"),
+};
 let failures = 0;
-for (const [name, text] of Object.entries(texts)) {
-  const want = Array.from(enc.encode(text, "all"));
-  const got = JSON.parse(execFileSync(dcp, ["tokenize", "--tokenizer-path", dir], { input: text, maxBuffer: 1 << 28 }));
-  const same = got.length === want.length && got.every((v, i) => v === want[i]);
-  let decoded = execFileSync(dcp, ["tokenize", "--tokenizer-path", dir, "--decode"],
-                             { input: JSON.stringify(want), maxBuffer: 1 << 28 }).toString("utf8");
-  const decodeSame = decoded === text;
+if (JSON.stringify(alone.ids) !== JSON.stringify(gots[k]) || alone.text !== decodeds[k]) {
+  failures++;
+  console.log("FAIL mixed_200kb: raw stdin and --jsonl disagree");
+}
+names.forEach((name, i) => {
+  const [want, got] = [wants[i], gots[i]];
+  const same = got.length === want.length && got.every((v, j) => v === want[j]);
+  const decodeSame = decodeds[i] === texts[name];
   if (!same || !decodeSame) {
     failures++;
-    const at = got.findIndex((v, i) => v !== want[i]);
+    const at = got.findIndex((v, j) => v !== want[j]);
     console.log(`FAIL ${name}: ${same ? "" : `ids differ at ${at} (dcp ${got.slice(at, at + 5)}, tiktoken ${want.slice(at, at + 5)})`}${decodeSame ? "" : " decoded text differs"}`);
   } else {
     console.log(`ok ${name}: ${want.length} ids`);
   }
-}
+});
 fs.rmSync(dir, { recursive: true });
 enc.free();
-console.log(`${Object.keys(texts).length - failures}/${Object.keys(texts).length} identical`);
+console.log(`${failures} failed of ${names.length} texts (and the mixed one alone)`);
 process.exit(failures ? 1 : 0);

@@ -56,15 +56,29 @@ while (Buffer.byteLength(mixed) < 210 * 1024) {
 }
 texts.mixed_200kb = mixed;
 
+// Texts go through one `dcp tokenize --jsonl` run; byte cases (invalid UTF-8 cannot travel as
+// JSON) each through a run of their own on raw stdin. Every case's reference ids are decoded
+// back in one --jsonl --decode run, the byte cases' also one run each.
+const tokenize = (args, input) =>
+  execFileSync(dcp, ["tokenize", "--tokenizer-path", dir, ...args], { input, maxBuffer: 1 << 28 });
+const jsonl = (args, values) =>
+  tokenize(["--jsonl", ...args], values.map((v) => JSON.stringify(v)).join("\n") + "\n")
+    .toString("utf8").split("\n").slice(0, values.length).map((line) => JSON.parse(line));
+
+const decoder = new TextDecoder("utf-8", { fatal: false });  // invalid bytes -> U+FFFD
 const cases = [];
-for (const [name, t] of Object.entries(texts)) cases.push([name, Buffer.from(t, "utf8")]);
-for (const [name, b] of Object.entries(bytes)) cases.push([name, b]);
+for (const [name, t] of Object.entries(texts)) cases.push({ name, input: Buffer.from(t, "utf8"), text: t });
+for (const [name, b] of Object.entries(bytes)) cases.push({ name, input: b });
+for (const c of cases) c.want = tok.encode(decoder.decode(c.input), { add_special_tokens: false }).ids;
+
+const textCases = cases.filter((c) => c.text !== undefined);
+jsonl([], textCases.map((c) => c.text)).forEach((ids, k) => { textCases[k].got = ids; });
+for (const c of cases.filter((c) => c.text === undefined)) c.got = JSON.parse(tokenize([], c.input).toString());
+jsonl(["--decode"], cases.map((c) => c.want)).forEach((text, k) => { cases[k].decoded = text; });
 
 let failed = 0;
-const decoder = new TextDecoder("utf-8", { fatal: false });  // invalid bytes -> U+FFFD
-for (const [name, input] of cases) {
-  const want = tok.encode(decoder.decode(input), { add_special_tokens: false }).ids;
-  const got = JSON.parse(execFileSync(dcp, ["tokenize", "--tokenizer-path", dir], { input, maxBuffer: 1 << 28 }).toString());
+for (const c of cases) {
+  const { name, input, want, got } = c;
   const same = got.length === want.length && got.every((v, i) => v === want[i]);
   if (!same) {
     failed++;
@@ -74,11 +88,13 @@ for (const [name, input] of cases) {
     console.log(`  reference tokens there: ${JSON.stringify(want.slice(i, i + 8).map((id) => tok.decode([id])))}`);
     continue;
   }
-  const text = execFileSync(dcp, ["tokenize", "--tokenizer-path", dir, "--decode"], { input: JSON.stringify(want), maxBuffer: 1 << 28 }).toString("utf8");
   const ref = want.length ? tok.decode(want, { skip_special_tokens: false }) : "";  // it refuses []
-  if (text !== ref) {
+  const decoded = [c.decoded];
+  if (c.text === undefined) decoded.push(tokenize(["--decode"], JSON.stringify(want)).toString("utf8"));
+  const wrong = decoded.find((text) => text !== ref);
+  if (wrong !== undefined) {
     failed++;
-    console.log(`FAIL ${name}: decoded text differs (dcp ${JSON.stringify(text.slice(0, 80))}, reference ${JSON.stringify(ref.slice(0, 80))})`);
+    console.log(`FAIL ${name}: decoded text differs (dcp ${JSON.stringify(wrong.slice(0, 80))}, reference ${JSON.stringify(ref.slice(0, 80))})`);
     continue;
   }
   console.log(`ok ${name}: ${want.length} ids, ${input.length} bytes`);

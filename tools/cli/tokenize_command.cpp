@@ -1,6 +1,7 @@
 // `dcp tokenize`: a tokenizer checked by hand. Text on stdin -> its token ids as a JSON array;
 // --decode: a JSON array of ids on stdin -> the text; --chat: JSON messages on stdin -> the
-// prompt the chat template renders (--print-prompt) or its ids.
+// prompt the chat template renders (--print-prompt) or its ids; --jsonl: many texts (or id
+// lists) in one run, one JSON value a line each way.
 #include <cstdio>
 #include <iostream>
 #include <iterator>
@@ -15,12 +16,54 @@
 #include "dcp/tokenizer.h"
 
 namespace dcp::cli {
+namespace {
+
+// The ids of a JSON array; `where` names the input in errors.
+std::vector<std::int32_t> token_ids(const nlohmann::json& ids, const Tokenizer& tok,
+                                    const std::string& where) {
+  DCP_ARG_CHECK(ids.is_array(), where, " must be a JSON array of token ids");
+  std::vector<std::int32_t> list;
+  for (const auto& id : ids) {
+    DCP_ARG_CHECK(id.is_number_integer() && id.get<std::int64_t>() >= 0 &&
+                      id.get<std::int64_t>() < tok.vocab_size(),
+                  where, ": ", id.dump(), " is not a token id in [0, ", tok.vocab_size(), ")");
+    list.push_back(id.get<std::int32_t>());
+  }
+  return list;
+}
+
+// --jsonl: each line of stdin a JSON string (--decode: a JSON array of ids), each answered by one
+// line, a JSON array of ids (--decode: a JSON string of the text, invalid UTF-8 as U+FFFD).
+void tokenize_lines(const Tokenizer& tok, bool decode, bool add_special, bool skip_special) {
+  std::string line;
+  for (std::int64_t n = 1; std::getline(std::cin, line); ++n) {
+    const std::string where = str("--jsonl: stdin line ", n);
+    nlohmann::json value;
+    try {
+      value = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(ErrorCategory::invalid_argument, str(where, " is not JSON: ", e.what()));
+    }
+    if (decode) {
+      const std::string text = tok.decode(token_ids(value, tok, where), skip_special);
+      std::printf("%s\n", nlohmann::json(text)
+                              .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                              .c_str());
+    } else {
+      DCP_ARG_CHECK(value.is_string(), where, " must be a JSON string");
+      std::printf("%s\n",
+                  nlohmann::json(tok.encode(value.get<std::string>(), add_special)).dump().c_str());
+    }
+  }
+}
+
+}  // namespace
 
 void add_tokenize_command(CLI::App& app) {
   struct Options {
     std::string tokenizer_path;
     bool decode = false, add_special = false, skip_special = false;
-    bool chat = false, print_prompt = false, generation_prompt = false;
+    bool chat = false, print_prompt = false, generation_prompt = false, jsonl = false;
   };
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
@@ -45,9 +88,17 @@ void add_tokenize_command(CLI::App& app) {
       ->needs(chat);
   cmd->add_flag("--print-prompt", o->print_prompt, "print the rendered prompt, not its ids")
       ->needs(chat);
+  cmd->add_flag("--jsonl", o->jsonl,
+                "many inputs in one run: each line of stdin a JSON string (--decode: a JSON array "
+                "of ids), each printed as one line, its ids (--decode: its text as a JSON string)")
+      ->excludes(chat);
   cmd->callback([o] {
     const Tokenizer tok =
         with_flag("--tokenizer-path", [&] { return Tokenizer::from_dir(o->tokenizer_path); });
+    if (o->jsonl) {
+      tokenize_lines(tok, o->decode, o->add_special, o->skip_special);
+      return;
+    }
     const std::string input((std::istreambuf_iterator<char>(std::cin)),
                             std::istreambuf_iterator<char>());
     if (o->chat) {
@@ -76,15 +127,7 @@ void add_tokenize_command(CLI::App& app) {
       throw Error(ErrorCategory::invalid_argument,
                   str("--decode: stdin is not a JSON array of token ids: ", e.what()));
     }
-    DCP_ARG_CHECK(ids.is_array(), "--decode: stdin must be a JSON array of token ids");
-    std::vector<std::int32_t> list;
-    for (const auto& id : ids) {
-      DCP_ARG_CHECK(id.is_number_integer() && id.get<std::int64_t>() >= 0 &&
-                        id.get<std::int64_t>() < tok.vocab_size(),
-                    "--decode: ", id.dump(), " is not a token id in [0, ", tok.vocab_size(), ")");
-      list.push_back(id.get<std::int32_t>());
-    }
-    const std::string text = tok.decode(list, o->skip_special);
+    const std::string text = tok.decode(token_ids(ids, tok, "--decode: stdin"), o->skip_special);
     std::fwrite(text.data(), 1, text.size(), stdout);
   });
 }
