@@ -14,21 +14,11 @@ namespace dcp::jinja {
 struct Expr;
 using ExprPtr = std::shared_ptr<Expr>;
 struct Expr {
-  enum Kind {
-    literal,
-    name,
-    attr,
-    item,
-    slice,
-    call,
-    filter,
-    test,
-    unary,
-    binary,
-    cond,
-    list_lit,
-    dict_lit
-  } kind;
+  // clang-format off
+  enum Kind { literal, name, attr, item, slice, call, filter, test, unary, binary, cond, list_lit,
+              dict_lit };
+  // clang-format on
+  Kind kind;
   int line = 0;
   Value value;                // literal
   std::string text;           // name, attribute, filter or test name, operator
