@@ -303,6 +303,7 @@ case_bench_step_engine() {
   check "bench decode writes a prefill row per configuration and dtype" [ "$(grep -c '^prefill,tp[12]dcp[12],512,1,[12],\(f32\|bf16\|fp8\),' "$tmp/decode.csv")" -eq 6 ]
   check "bench decode has the columns a reader needs" grep -q '^mode,config,context,batch,threads,weights_dtype,tokens_per_s,.*roofline_fraction$' "$tmp/decode.csv"
   check "bench decode prints the ceilings it used" stdout_has "read ceiling"
+  check "bench decode names its attention kernel" stdout_has "^attention kernel: \(portable\|avx2\|avx512\) (exact)$"
   check "bench decode names its weight kernel" stdout_has "weight kernel (decode shapes): \(portable\|avx2, FP8 widened by F16C\|avx512, FP8 widened by \(F16C\|AVX512-VBMI byte lookups\)\); prefill shapes: \(BLAS sgemm, bf16/FP8 rows widened a tile at a time\|\(avx2\|avx512\), x packed once, bf16/FP8 widened in L1 chunks\)$"
   check "bench decode names both GEMMs of its compute ceiling" stdout_has "compute ceiling [0-9.]* GFLOP/s (1 thread; sgemm [0-9.]* with OpenBLAS [0-9.]*, [A-Za-z]* kernels\(, forced by OPENBLAS_CORETYPE\)\{0,1\}, dcp's blocked product \([0-9.]*\|not on the portable path\))"
   expect 0 "bench decode on a forced weight path" -- bench decode --preset tiny --num-layers 1 --configs tp1dcp1 --dtypes bf16 --contexts 0 --batches 1 --new-tokens 2 --prefill-tokens 20 --weight-kernel portable
@@ -310,6 +311,10 @@ case_bench_step_engine() {
   check "no blocked product on the portable path" stdout_has "dcp's blocked product not on the portable path)"
   expect 2 "bench decode refuses an unknown weight path" -- bench decode --preset tiny --num-layers 1 --weight-kernel bogus
   check "names the flag and the legal paths" stderr_has "--weight-kernel bogus: not one of: automatic, portable, avx2, avx512, avx512_bf16"
+  expect 0 "bench decode on a forced attention path" -- bench decode --preset tiny --num-layers 1 --configs tp1dcp1 --dtypes bf16 --contexts 64 --batches 1 --new-tokens 2 --prefill-tokens 20 --attention-kernel portable
+  check "names the forced attention path" stdout_has "^attention kernel: portable (exact)$"
+  expect 2 "bench decode refuses an unknown attention path" -- bench decode --preset tiny --num-layers 1 --attention-kernel bogus
+  check "names the flag and the legal paths" stderr_has "--attention-kernel bogus: kernel path 'bogus' is not one of: automatic, portable, avx2, avx512, amx_bf16, avx512_bf16"
   # Eight requests whose contexts end mid-page: the KV must hold each one's last partial page.
   expect 0 "bench decode, a batch of contexts ending mid-page" -- bench decode --preset tiny --num-layers 1 --configs tp1dcp1,tp2dcp2 --dtypes bf16 --contexts 100 --batches 8 --prefill-tokens 0 --new-tokens 3 --csv "$tmp/decode.csv"
   check "bench decode ran the batch of 8 on both configurations" [ "$(grep -c '^decode,tp[12]dcp[12],100,8,' "$tmp/decode.csv")" -eq 2 ]

@@ -119,7 +119,8 @@ struct DecodeBenchOptions {
   std::string threads = "1";  // per rank
   std::string prefill_tokens = "512";  // prompt lengths of the prefill rows ("" or 0: none)
   int new_tokens = 8;
-  std::string weight_kernel = "automatic";  // the weight products' path (ModelOptions)
+  std::string weight_kernel = "automatic";     // the weight products' path (ModelOptions)
+  std::string attention_kernel = "automatic";  // the local attention kernel's (ModelOptions)
   std::string csv;
 };
 void bench_decode(const DecodeBenchOptions& o);

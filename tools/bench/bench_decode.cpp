@@ -99,6 +99,7 @@ void bench_decode(const DecodeBenchOptions& o) {
                     std::find(dtypes.begin(), dtypes.end(), "f32") == dtypes.end(),
                 "--weight-kernel avx512_bf16 multiplies bf16 and FP8 weights in pairs; --dtypes ",
                 o.dtypes, " includes f32, whose model holds neither (legal with it: bf16, fp8)");
+  const KernelPath attention_kernel = parse_attention_kernel(o.attention_kernel, KvDtype::bf16);
 
   // Before anything runs: an unwritable --csv fails at once.
   CsvFile csv(o.csv,
@@ -118,6 +119,15 @@ void bench_decode(const DecodeBenchOptions& o) {
   std::printf("weight kernel (decode shapes): %s; prefill shapes: %s\n",
               weight_kernel_label(weight_kernel).c_str(),
               weight_prefill_kernel_label(weight_kernel).c_str());
+  // The compute ceiling is the weight products'; a bf16-pair attention path runs its FLOPs on
+  // bf16 pairs, faster than an fp32 ceiling allows.
+  const std::string attention_label =
+      is_bf16_pair_path(attention_kernel)
+          ? str(to_string(attention_kernel),
+                " (bf16 pairs, q and P rounded to bf16: its FLOPs can run above an fp32 compute "
+                "ceiling)")
+          : str(to_string(resolve_exact_path(attention_kernel)), " (exact)");
+  std::printf("attention kernel: %s\n", attention_label.c_str());
   std::printf("%-7s %-8s %5s %8s %6s %8s | %10s %9s %9s %9s %9s | %8s\n", "mode", "config", "dtype",
               "context", "batch", "threads", "tokens/s", "step ms", "MB/step", "GFLOP", "roof ms",
               "% roof");
@@ -207,6 +217,7 @@ void bench_decode(const DecodeBenchOptions& o) {
         mo.kv_dtype = KvDtype::bf16;
         mo.threads = static_cast<int>(per_rank);
         mo.weight_kernel = weight_kernel;
+        mo.attention_kernel = attention_kernel;
         // Each request rounds up to whole (virtual) pages.
         const std::int64_t page = static_cast<std::int64_t>(mo.page_size) * pc_in.dcp;
         const auto pages = [&](std::int64_t tokens) { return (tokens + page - 1) / page * page; };
@@ -319,6 +330,8 @@ void add_decode_bench(CLI::App* bench) {
       ->check(at_least(2))
       ->capture_default_str();
   cmd->add_option("--weight-kernel", o->weight_kernel, kWeightKernelHelp)->capture_default_str();
+  cmd->add_option("--attention-kernel", o->attention_kernel, kAttentionKernelHelp)
+      ->capture_default_str();
   cmd->add_option("--csv", o->csv, "write the table as CSV")->check(writable_file());
   cmd->callback([o] { bench_decode(*o); });
 }

@@ -132,6 +132,22 @@ KernelPath parse_weight_kernel(const std::string& name) {
   return k;
 }
 
+KernelPath parse_attention_kernel(const std::string& name, KvDtype kv_dtype) {
+  KernelPath k = KernelPath::automatic;
+  try {
+    k = parse_kernel_path(name);
+    if (is_bf16_pair_path(k)) {
+      require_bf16_pair_path(k);
+      DCP_ARG_CHECK(kv_dtype == KvDtype::bf16, to_string(k), " needs --kv-cache-dtype bf16");
+    } else {
+      resolve_exact_path(k);
+    }
+  } catch (const Error& e) {
+    throw Error(e.category(), str("--attention-kernel ", name, ": ", e.what()));
+  }
+  return k;
+}
+
 double physical_memory_bytes() {
   return static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
 }

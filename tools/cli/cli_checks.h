@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "dcp/dtype.h"
 #include "dcp/error.h"
 #include "dcp/kernel_path.h"
 #include "dcp/model_config.h"
@@ -47,6 +48,14 @@ inline constexpr const char* kWeightKernelHelp =
     "the weight products' path: automatic (the widest this CPU runs), portable, avx2, avx512, or "
     "avx512_bf16 (opt-in: bf16 and FP8 weights in vdpbf16ps pairs with x rounded to bf16; fp32 "
     "ones as avx512)";
+
+// --attention-kernel: a path this CPU runs, checked before any rank starts; the bf16-pair paths
+// (amx_bf16, avx512_bf16) need bf16 KV. dcp::Error naming the flag otherwise. Its help:
+KernelPath parse_attention_kernel(const std::string& name, KvDtype kv_dtype);
+inline constexpr const char* kAttentionKernelHelp =
+    "local attention kernel: automatic (fastest exact path), portable, avx2, avx512, or a "
+    "bf16-pair "
+    "path, amx_bf16 or avx512_bf16 (bf16 KV; rounds q and P to bf16)";
 
 // This machine's physical memory in bytes.
 double physical_memory_bytes();

@@ -14,27 +14,6 @@
 #include "dcp/weights.h"
 
 namespace dcp::cli {
-namespace {
-
-// --attention-kernel: a path this CPU runs, checked before any rank starts. The bf16-pair paths
-// (amx_bf16, avx512_bf16) read bf16 KV.
-KernelPath parse_attention_kernel(const std::string& name, KvDtype kv_dtype) {
-  KernelPath k = KernelPath::automatic;
-  try {
-    k = parse_kernel_path(name);
-    if (is_bf16_pair_path(k)) {
-      require_bf16_pair_path(k);
-      DCP_ARG_CHECK(kv_dtype == KvDtype::bf16, to_string(k), " needs --kv-cache-dtype bf16");
-    } else {
-      resolve_exact_path(k);
-    }
-  } catch (const Error& e) {
-    throw Error(e.category(), str("--attention-kernel ", name, ": ", e.what()));
-  }
-  return k;
-}
-
-}  // namespace
 
 std::string kernel_name(KernelPath k) {
   return std::string(to_string(is_bf16_pair_path(k) ? k : resolve_exact_path(k)));
@@ -271,10 +250,7 @@ void add_deployment_flags(CLI::App* cmd, RunOptions& o) {
   cmd->add_option("--kv-cache-dtype", o.kv_cache_dtype, "fp32 or bf16")
       ->check(one_of({"fp32", "bf16"}))
       ->capture_default_str();
-  cmd->add_option("--attention-kernel", o.attention_kernel,
-                  "local attention kernel: automatic (fastest exact path), portable, avx2, avx512, "
-                  "or a bf16-pair path, amx_bf16 or avx512_bf16 (bf16 KV; rounds q and P to "
-                  "bf16)")
+  cmd->add_option("--attention-kernel", o.attention_kernel, kAttentionKernelHelp)
       ->capture_default_str();
   cmd->add_option("--weight-kernel", o.weight_kernel, kWeightKernelHelp)->capture_default_str();
   cmd->add_option("--threads-per-rank", o.threads_per_rank,
