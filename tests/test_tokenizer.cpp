@@ -306,6 +306,11 @@ TEST(ChatTemplate, NumbersPast64BitsAreRefused) {
 
 // Also found by fuzz_chat_template: strings index and slice by character (as Python's str), and
 // tojson of bytes that are not UTF-8 writes U+FFFD instead of throwing.
+TEST(ChatTemplate, PowersGoLeftToRightAsInJinja) {
+  // Not Python's order: Jinja's parser loops over '**', and a sign binds before the power.
+  EXPECT_EQ(render("{{ 2 ** 3 ** 2 }} {{ -2 ** 2 }} {{ 2 * 3 ** 2 }}"), "64 4 18");
+}
+
 TEST(ChatTemplate, StringsAreCharactersAndTojsonNeverThrows) {
   EXPECT_EQ(
       render("{{ 'h\xc3\xa9llo'[1] }}|{{ 'h\xc3\xa9llo'[1:3] }}|{{ 'h\xc3\xa9llo' | length }}"),

@@ -103,7 +103,7 @@ const templates = {
   // Booleans are tested, not printed: Python's Jinja prints True where the JavaScript one prints
   // true (dcp prints as Python does, as transformers' apply_chat_template would).
   tests: "{% for t in [x is defined, y is none, messages is iterable, 'a' is string, 3 is number, z is not defined, x is none] %}{{ 'Y' if t else 'N' }}{% endfor %}",
-  operators: "{{ 7 // 2 }} {{ 7 % 3 }} {{ 2 ** 5 }} {{ 'ab' ~ 3 }} {{ 1 + 2 * 3 }} {{ (1 + 2) * 3 }} {{ 'Y' if (not false and true or false) }} {{ 'Y' if 'b' in 'abc' }} {{ 'Y' if 4 not in [1, 2] }} {{ -3 // 2 }}",  // (-7 % 3: Python's 2, JavaScript's -1)
+  operators: "{{ 7 // 2 }} {{ 7 % 3 }} {{ 2 ** 5 }} {{ 'ab' ~ 3 }} {{ 1 + 2 * 3 }} {{ (1 + 2) * 3 }} {{ 'Y' if (not false and true or false) }} {{ 'Y' if 'b' in 'abc' }} {{ 'Y' if 4 not in [1, 2] }} {{ -3 // 2 }} {{ 2 ** 3 ** 2 }} {{ -2 ** 2 }} {{ 2 * 3 ** 2 }}",  // (-7 % 3: Python's 2, JavaScript's -1)
   conditional_expression: "{% for m in messages %}{{ m.content if m.role == 'user' else '-' }}{% endfor %}",
   string_methods: "{{ '  pad  '.strip() }}|{{ 'a,b'.split(',') | join(' ') }}|{{ 'Y' if 'abc'.startswith('ab') }}|{{ 'Hello'.lower() }}|{{ 'x-y'.replace('-', '+') }}",
   dict_items: "{% for k, v in tool.items() %}{{ k }}={{ v }};{% endfor %}",

@@ -370,9 +370,9 @@ class Parser {
     }
     return e;
   }
-  ExprPtr power() {
+  ExprPtr power() {  // left to right, as Jinja's: 2 ** 3 ** 2 is 64
     ExprPtr e = unary();
-    if (is_op("**")) {
+    while (is_op("**")) {
       const int line = next().line;
       ExprPtr rhs = unary();
       e = make(Expr::binary, line, {e, rhs}, "**");
