@@ -24,8 +24,8 @@ struct PageMemory {
 // `bytes` of zeroed memory. From 2 MiB up it is its own mapping, 2 MiB-aligned and advised for
 // huge pages; the mapping is `bytes` rounded up to the base page, so a last part smaller than a
 // huge page stays base-paged and the advice costs no memory. Smaller sizes come from the heap,
-// 64-byte aligned. Under AddressSanitizer every size comes from the heap (2 MiB-aligned from
-// 2 MiB up, without the advice), so that the sanitizer still sees overruns. Release with
+// 64-byte aligned. Under AddressSanitizer every size comes from the heap (from 2 MiB up
+// 2 MiB-aligned and advised too), so that the sanitizer still sees overruns. Release with
 // free_pages and the same `bytes`.
 PageMemory allocate_pages(std::size_t bytes) noexcept;
 void free_pages(void* p, std::size_t bytes) noexcept;

@@ -59,9 +59,14 @@ PageMemory allocate_pages(std::size_t bytes) noexcept {
     // Large buffers keep their 2 MiB alignment under the sanitizer too. aligned_alloc wants a
     // multiple of the alignment, and at least one (bytes may be 0).
     const std::size_t align = bytes >= kHugePage ? kHugePage : kLine;
-    void* p = std::aligned_alloc(align, round_up(bytes > 0 ? bytes : 1, align));
-    if (p != nullptr) std::memset(p, 0, bytes);
-    return {p, false};
+    const std::size_t len = round_up(bytes > 0 ? bytes : 1, align);
+    void* p = std::aligned_alloc(align, len);
+    if (p == nullptr) return {};
+    // The advice here too: first touches of base pages made most of the time the sanitizer
+    // builds spent allocating gigabyte buffers.
+    const bool huge = align == kHugePage && madvise(p, len, MADV_HUGEPAGE) == 0;
+    std::memset(p, 0, bytes);
+    return {p, huge};
   }
   // Map a huge page more than needed, then give back the parts before the first 2 MiB boundary
   // and after the buffer's last base page.
