@@ -638,8 +638,16 @@ case_families() {
   check "--jsonl: a line that is not a string fails naming it" stderr_has "--jsonl: stdin line 2 must be a JSON string"
   printf '[1]\n[-1]\n' | "$dcp" tokenize --tokenizer-path "$v3" --jsonl --decode >"$out" 2>"$err"
   check "--jsonl --decode: names the line and the legal ids" stderr_has "--jsonl: stdin line 2: -1 is not a token id in \[0, "
-  expect 2 "--jsonl with --chat" -- tokenize --tokenizer-path "$v3" --jsonl --chat
-  check "names both flags" stderr_has "--chat excludes --jsonl"
+  # --chat --jsonl: a conversation a line (a list of messages, or an object of variables)
+  local chats='[{"role": "user", "content": "Hi"}]
+{"messages": [{"role": "user", "content": "a\nb"}], "add_generation_prompt": false}'
+  printf '%s\n' "$chats" | "$dcp" tokenize --tokenizer-path "$v3" --chat --jsonl --add-generation-prompt --print-prompt >"$out" 2>"$err"
+  check "--chat --jsonl --print-prompt: each prompt as a JSON string" [ "$(cat "$out")" = "$(printf '"<s><|user|>Hi<|assistant|>"\n"<s><|user|>a\\nb"')" ]
+  printf '%s\n' "$chats" | "$dcp" tokenize --tokenizer-path "$v3" --chat --jsonl --add-generation-prompt >"$out" 2>"$err"
+  check "--chat --jsonl: a conversation's ids as alone" [ "$(sed -n 1p "$out")" = "$(printf '%s' "$chats" | sed -n 1p | "$dcp" tokenize --tokenizer-path "$v3" --chat --add-generation-prompt)" ]
+  check "--chat --jsonl: its own add_generation_prompt kept" [ "$(sed -n 2p "$out")" = "$(printf '%s' "$chats" | sed -n 2p | "$dcp" tokenize --tokenizer-path "$v3" --chat --add-generation-prompt)" ]
+  printf '[]\n3\n' | "$dcp" tokenize --tokenizer-path "$v3" --chat --jsonl >"$out" 2>"$err"
+  check "--chat --jsonl: a line that is not a conversation fails naming it" stderr_has "--jsonl: stdin line 2: chat input must be a list of messages or an object with 'messages'"
   expect 2 "gen-checkpoint, unknown family" -- gen-checkpoint --family llama --out "$tmp/x"
   check "names the flag and the families" stderr_has "--family: 'llama' is not one of: deepseek-v2-lite, deepseek-v2, deepseek-v3, kimi-k2, moonlight"
   expect 2 "gen-checkpoint, --family with --preset" -- gen-checkpoint --family kimi-k2 --preset tiny --out "$tmp/x"

@@ -14,15 +14,37 @@ const tokenizerJson = fs.readFileSync(`${dir}/tokenizer.json`, "utf8");
 const config = JSON.parse(fs.readFileSync(`${dir}/tokenizer_config.json`, "utf8"));
 const tok = new Tokenizer(JSON.parse(tokenizerJson), config);
 const scratch = fs.mkdtempSync(path.join(os.tmpdir(), "dcp-chat-"));
-fs.copyFileSync(`${dir}/tokenizer.json`, `${scratch}/tokenizer.json`);
+// Two tokenizer folders whose template each check rewrites: DeepSeek-V3's, for its own template
+// (the ids are compared too), and the small one dcp gen-checkpoint writes, for the templates
+// written here, which only render (it loads in milliseconds, DeepSeek's 128K vocabulary in a
+// good part of a second: a run per template).
+const deepseek = { dir: `${scratch}/deepseek`, config, bos: "<｜begin▁of▁sentence｜>", eos: "<｜end▁of▁sentence｜>" };
+fs.mkdirSync(deepseek.dir);
+fs.copyFileSync(`${dir}/tokenizer.json`, `${deepseek.dir}/tokenizer.json`);
+execFileSync(dcp, ["gen-checkpoint", "--out", `${scratch}/small`], { stdio: ["ignore", "ignore", "inherit"] });
+const smallConfig = JSON.parse(fs.readFileSync(`${scratch}/small/tokenizer_config.json`, "utf8"));
+const small = { dir: `${scratch}/small`, config: smallConfig, bos: smallConfig.bos_token, eos: smallConfig.eos_token };
 
-const bos = "<｜begin▁of▁sentence｜>", eos = "<｜end▁of▁sentence｜>";
 let failed = 0, passed = 0;
-// Renders `template` on `context` with both, and compares the text (and, for DeepSeek's own
-// template, the ids dcp tokenizes it to).
-function check(name, template, context, ids = false) {
-  fs.writeFileSync(`${scratch}/tokenizer_config.json`, JSON.stringify({ ...config, chat_template: template }));
-  const full = { bos_token: bos, eos_token: eos, add_generation_prompt: false, ...context };
+const withTemplate = (folder, template) =>
+  fs.writeFileSync(`${folder.dir}/tokenizer_config.json`, JSON.stringify({ ...folder.config, chat_template: template }));
+// The variables apply_chat_template adds: the folder's special tokens and the generation flag.
+const fullContext = (folder, context) =>
+  ({ bos_token: folder.bos, eos_token: folder.eos, add_generation_prompt: false, ...context });
+// Reports the first difference between dcp's prompt and the reference's; true when alike.
+function same(name, got, want) {
+  if (got === want) return true;
+  failed++;
+  let i = 0;
+  while (i < got.length && got[i] === want[i]) ++i;
+  console.log(`FAIL ${name}: differs at ${i}: dcp ${JSON.stringify(got.slice(i, i + 60))}, reference ${JSON.stringify(want.slice(i, i + 60))}`);
+  return false;
+}
+// Renders `template` on `context` with both, and compares the text (and with `ids`, the ids dcp
+// tokenizes it to against the reference tokenizer's; DeepSeek's folder only).
+function check(name, folder, template, context, ids = false) {
+  withTemplate(folder, template);
+  const full = fullContext(folder, context);
   let want;
   try {
     want = new Template(template).render(full);
@@ -31,7 +53,7 @@ function check(name, template, context, ids = false) {
   }
   let got;
   try {
-    got = execFileSync(dcp, ["tokenize", "--tokenizer-path", scratch, "--chat", "--print-prompt"],
+    got = execFileSync(dcp, ["tokenize", "--tokenizer-path", folder.dir, "--chat", "--print-prompt"],
                        { input: JSON.stringify(full), stdio: ["pipe", "pipe", "pipe"] }).toString("utf8");
   } catch (e) {
     got = { error: e.stderr.toString() };
@@ -43,15 +65,9 @@ function check(name, template, context, ids = false) {
     console.log(`FAIL ${name}: reference ${JSON.stringify(want)}, dcp ${JSON.stringify(got)}`);
     return;
   }
-  if (got !== want) {
-    failed++;
-    let i = 0;
-    while (i < got.length && got[i] === want[i]) ++i;
-    console.log(`FAIL ${name}: differs at ${i}: dcp ${JSON.stringify(got.slice(i, i + 60))}, reference ${JSON.stringify(want.slice(i, i + 60))}`);
-    return;
-  }
+  if (!same(name, got, want)) return;
   if (ids) {
-    const dcpIds = JSON.parse(execFileSync(dcp, ["tokenize", "--tokenizer-path", scratch, "--chat"], { input: JSON.stringify(full) }).toString());
+    const dcpIds = JSON.parse(execFileSync(dcp, ["tokenize", "--tokenizer-path", folder.dir, "--chat"], { input: JSON.stringify(full) }).toString());
     const refIds = tok.encode(want, { add_special_tokens: false }).ids;
     if (JSON.stringify(dcpIds) !== JSON.stringify(refIds)) {
       failed++;
@@ -87,7 +103,32 @@ const conversations = {
                                  add_generation_prompt: true },
   empty: { messages: [] },
 };
-for (const [name, ctx] of Object.entries(conversations)) check(`deepseek_v3.${name}`, ds, ctx, true);
+// One conversation a run of its own, then all of them through one run of `--chat --jsonl`
+// (prompts, then ids): the tokenizer loads once.
+check("deepseek_v3.user_only_alone", deepseek, ds, conversations.user_only, true);
+withTemplate(deepseek, ds);
+const contexts = Object.values(conversations).map((c) => fullContext(deepseek, c));
+const lines = contexts.map((c) => JSON.stringify(c)).join("\n") + "\n";
+const dcpLines = (flags) =>
+  execFileSync(dcp, ["tokenize", "--tokenizer-path", deepseek.dir, "--chat", "--jsonl", ...flags], { input: lines })
+    .toString("utf8").trimEnd().split("\n").map((l) => JSON.parse(l));
+const prompts = dcpLines(["--print-prompt"]), idLists = dcpLines([]);
+Object.keys(conversations).forEach((key, i) => {
+  const name = `deepseek_v3.${key}`, want = new Template(ds).render(contexts[i]);
+  if (prompts.length !== contexts.length || idLists.length !== contexts.length) {
+    failed++;
+    console.log(`FAIL ${name}: dcp answered ${prompts.length} and ${idLists.length} lines for ${contexts.length}`);
+    return;
+  }
+  if (!same(name, prompts[i], want)) return;
+  if (JSON.stringify(idLists[i]) !== JSON.stringify(tok.encode(want, { add_special_tokens: false }).ids)) {
+    failed++;
+    console.log(`FAIL ${name}: the prompt renders alike but tokenizes differently`);
+    return;
+  }
+  passed++;
+  console.log(`ok ${name}: ${want.length} characters`);
+});
 
 // The rest of the Jinja chat templates use.
 const msgs = [{ role: "system", content: "  sys  " }, { role: "user", content: "a" }, { role: "assistant", content: "b" }, { role: "user", content: "c" }];
@@ -114,7 +155,7 @@ const templates = {
   list_and_dict_literals: "{% set d = {'a': 1, 'b': [1, 2]} %}{{ d['b'][1] }} {{ [1, 2, 3][1:] | length }}",
 };
 const vars = { messages: msgs, x: 1, y: null, tool: { name: "f", n: 2 } };
-for (const [name, t] of Object.entries(templates)) check(`jinja.${name}`, t, vars);
+for (const [name, t] of Object.entries(templates)) check(`jinja.${name}`, small, t, vars);
 
 fs.rmSync(scratch, { recursive: true, force: true });
 console.log(`${passed} passed, ${failed} failed`);

@@ -1,7 +1,7 @@
 // `dcp tokenize`: a tokenizer checked by hand. Text on stdin -> its token ids as a JSON array;
 // --decode: a JSON array of ids on stdin -> the text; --chat: JSON messages on stdin -> the
-// prompt the chat template renders (--print-prompt) or its ids; --jsonl: many texts (or id
-// lists) in one run, one JSON value a line each way.
+// prompt the chat template renders (--print-prompt) or its ids; --jsonl: many texts (id lists,
+// conversations) in one run, one JSON value a line each way.
 #include <cstdio>
 #include <iostream>
 #include <iterator>
@@ -32,9 +32,30 @@ std::vector<std::int32_t> token_ids(const nlohmann::json& ids, const Tokenizer& 
   return list;
 }
 
-// --jsonl: each line of stdin a JSON string (--decode: a JSON array of ids), each answered by one
-// line, a JSON array of ids (--decode: a JSON string of the text, invalid UTF-8 as U+FFFD).
-void tokenize_lines(const Tokenizer& tok, bool decode, bool add_special, bool skip_special) {
+// The prompt the chat template renders over `context_json`; errors name `where`.
+std::string render_chat(const Tokenizer& tok, const std::string& context_json,
+                        bool generation_prompt, const std::string& where) {
+  try {
+    return apply_chat_template(tok, context_json, generation_prompt);
+  } catch (const Error& e) {
+    throw Error(e.category(), str(where, ": ", e.what()));
+  }
+}
+
+// A text as one line of JSON (a string); invalid UTF-8 as U+FFFD, so a dump never throws.
+std::string json_line(const std::string& text) {
+  return nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+struct LineModes {
+  bool decode = false, add_special = false, skip_special = false;
+  bool chat = false, print_prompt = false, generation_prompt = false;
+};
+
+// --jsonl: each line of stdin a JSON string (--decode: a JSON array of ids; --chat: a
+// conversation), each answered by one line: a JSON array of ids (--decode: the text as a JSON
+// string; --chat --print-prompt: the rendered prompt as a JSON string).
+void tokenize_lines(const Tokenizer& tok, const LineModes& m) {
   std::string line;
   for (std::int64_t n = 1; std::getline(std::cin, line); ++n) {
     const std::string where = str("--jsonl: stdin line ", n);
@@ -44,15 +65,18 @@ void tokenize_lines(const Tokenizer& tok, bool decode, bool add_special, bool sk
     } catch (const nlohmann::json::exception& e) {
       throw Error(ErrorCategory::invalid_argument, str(where, " is not JSON: ", e.what()));
     }
-    if (decode) {
-      const std::string text = tok.decode(token_ids(value, tok, where), skip_special);
-      std::printf("%s\n", nlohmann::json(text)
-                              .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-                              .c_str());
+    if (m.decode) {
+      const std::string text = tok.decode(token_ids(value, tok, where), m.skip_special);
+      std::printf("%s\n", json_line(text).c_str());
+    } else if (m.chat) {
+      const std::string prompt = render_chat(tok, line, m.generation_prompt, where);
+      std::printf("%s\n", m.print_prompt ? json_line(prompt).c_str()
+                                         : nlohmann::json(tok.encode(prompt)).dump().c_str());
     } else {
       DCP_ARG_CHECK(value.is_string(), where, " must be a JSON string");
-      std::printf("%s\n",
-                  nlohmann::json(tok.encode(value.get<std::string>(), add_special)).dump().c_str());
+      std::printf(
+          "%s\n",
+          nlohmann::json(tok.encode(value.get<std::string>(), m.add_special)).dump().c_str());
     }
   }
 }
@@ -86,28 +110,25 @@ void add_tokenize_command(CLI::App& app) {
   cmd->add_flag("--add-generation-prompt", o->generation_prompt,
                 "end the rendered prompt with the assistant's turn")
       ->needs(chat);
-  cmd->add_flag("--print-prompt", o->print_prompt, "print the rendered prompt, not its ids")
+  cmd->add_flag("--print-prompt", o->print_prompt,
+                "print the rendered prompt, not its ids (with --jsonl: as a JSON string)")
       ->needs(chat);
   cmd->add_flag("--jsonl", o->jsonl,
                 "many inputs in one run: each line of stdin a JSON string (--decode: a JSON array "
-                "of ids), each printed as one line, its ids (--decode: its text as a JSON string)")
-      ->excludes(chat);
+                "of ids; --chat: a conversation), each printed as one line, its ids (--decode: "
+                "its text as a JSON string)");
   cmd->callback([o] {
     const Tokenizer tok =
         with_flag("--tokenizer-path", [&] { return Tokenizer::from_dir(o->tokenizer_path); });
     if (o->jsonl) {
-      tokenize_lines(tok, o->decode, o->add_special, o->skip_special);
+      tokenize_lines(tok, {o->decode, o->add_special, o->skip_special, o->chat, o->print_prompt,
+                           o->generation_prompt});
       return;
     }
     const std::string input((std::istreambuf_iterator<char>(std::cin)),
                             std::istreambuf_iterator<char>());
     if (o->chat) {
-      std::string prompt;
-      try {
-        prompt = apply_chat_template(tok, input, o->generation_prompt);
-      } catch (const Error& e) {
-        throw Error(e.category(), str("--chat: ", e.what()));
-      }
+      const std::string prompt = render_chat(tok, input, o->generation_prompt, "--chat");
       if (o->print_prompt) {
         std::fwrite(prompt.data(), 1, prompt.size(), stdout);
       } else {
