@@ -1,4 +1,5 @@
-// The byte-level BPE tokenizer of tokenizer.json (see dcp/tokenizer.h for the pipeline).
+// The byte-level BPE tokenizer: tokenizer.json read, text encoded and decoded (see
+// dcp/tokenizer.h for the pipeline; tiktoken.cpp reads tiktoken.model into the same state).
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "dcp/tokenizer.h"
 
@@ -6,10 +7,8 @@
 
 #include <algorithm>
 #include <array>
-#include <charconv>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <queue>
@@ -17,50 +16,40 @@
 #include <unordered_map>
 
 #include "dcp/error.h"
+#include "tokenizer_impl.h"
 
 namespace dcp {
 namespace {
 
-using json = nlohmann::json;
-
-std::string read_file(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  DCP_CHECK(in, io, "cannot read ", p.string());
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// GPT-2's byte-to-unicode map: printable Latin-1 bytes stand for themselves, the other bytes for
-// U+0100 upwards, so that every byte is a visible character.
-struct ByteLevelMap {
-  std::array<std::string, 256> to_char;           // byte -> UTF-8 of its character
-  std::unordered_map<std::string, unsigned char> to_byte;
-  ByteLevelMap() {
-    int next = 256;
-    for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
-      const int cp = printable ? b : next++;
-      std::string u;
-      if (cp < 0x80) {
-        u += static_cast<char>(cp);
-      } else {  // U+0080..U+07FF: two bytes
-        u += static_cast<char>(0xC0 | (cp >> 6));
-        u += static_cast<char>(0x80 | (cp & 0x3F));
-      }
-      to_char[static_cast<std::size_t>(b)] = u;
-      to_byte[u] = static_cast<unsigned char>(b);
-    }
-  }
-};
-const ByteLevelMap& byte_level_map() {
-  static const ByteLevelMap map;
-  return map;
-}
-
 // The UTF-8 length of the character starting with byte b (the text is valid UTF-8 here).
 std::size_t char_len(unsigned char b) {
   return b < 0x80 ? 1 : b < 0xE0 ? 2 : b < 0xF0 ? 3 : 4;
+}
+
+}  // namespace
+
+namespace text_internal {
+
+ByteLevelMap::ByteLevelMap() {
+  int next = 256;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+    const int cp = printable ? b : next++;
+    std::string u;
+    if (cp < 0x80) {
+      u += static_cast<char>(cp);
+    } else {  // U+0080..U+07FF: two bytes
+      u += static_cast<char>(0xC0 | (cp >> 6));
+      u += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+    to_char[static_cast<std::size_t>(b)] = u;
+    to_byte[u] = static_cast<unsigned char>(b);
+  }
+}
+
+const ByteLevelMap& byte_level_map() {
+  static const ByteLevelMap map;
+  return map;
 }
 
 // A compiled PCRE2 pattern (UTF, Unicode properties), shareable across threads.
@@ -111,12 +100,23 @@ class Regex {
   pcre2_code* code_ = nullptr;
 };
 
-struct PreStep {
-  enum Kind { split, byte_level } kind = split;
-  std::shared_ptr<Regex> regex;  // split; byte_level with use_regex (GPT-2's pattern)
-  bool keep_matches = true, keep_gaps = true;
-  bool add_prefix_space = false;
-};
+}  // namespace text_internal
+
+namespace {
+
+using json = nlohmann::json;
+using text_internal::byte_level_map;
+using text_internal::ByteLevelMap;
+using text_internal::PreStep;
+using text_internal::Regex;
+
+std::string read_file(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  DCP_CHECK(in, io, "cannot read ", p.string());
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
 
 // GPT-2's pre-tokenizer pattern (ByteLevel with use_regex).
 const char* const kGpt2Pattern =
@@ -135,37 +135,6 @@ bool flag(const json& j, const char* key, bool fallback) {
 }
 
 }  // namespace
-
-struct Tokenizer::Impl {
-  std::unordered_map<std::string, std::int32_t> vocab;
-  std::vector<std::string> id_to_token;  // model vocabulary and added tokens by id
-  std::vector<char> special;             // per id: a special added token
-  struct Merge {
-    std::int32_t rank, result;
-  };
-  std::unordered_map<std::uint64_t, Merge> merges;  // (left id, right id) -> rank, merged id
-  bool ignore_merges = false;
-  struct Added {
-    std::string content;
-    std::int32_t id;
-  };
-  std::vector<Added> added;                         // longest first within a first byte
-  std::array<std::vector<std::size_t>, 256> added_by_first_byte;
-  std::vector<PreStep> pre;
-  std::optional<std::int32_t> bos, eos;
-  std::string bos_text, eos_text;
-  bool add_bos = false, add_eos = false;
-  std::optional<std::string> chat_template;
-
-  mutable std::mutex cache_mutex;
-  mutable std::unordered_map<std::string, std::vector<std::int32_t>> cache;
-
-  void load(const json& t);
-  void load_config(const json& c);
-  std::vector<std::string> pre_tokenize(const std::string& text) const;
-  void bpe(const std::string& word, std::vector<std::int32_t>& out) const;
-  void encode_plain(const std::string& text, std::vector<std::int32_t>& out) const;
-};
 
 void Tokenizer::Impl::load(const json& t) {
   DCP_CHECK(t.is_object(), io, "tokenizer.json must hold a JSON object");
@@ -523,223 +492,6 @@ Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::str
     }
     impl->load_config(c);
   }
-  return Tokenizer(std::move(impl));
-}
-
-namespace {
-
-int base64_value(char c) {
-  if (c >= 'A' && c <= 'Z') return c - 'A';
-  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-  if (c >= '0' && c <= '9') return c - '0' + 52;
-  if (c == '+') return 62;
-  if (c == '/') return 63;
-  return -1;
-}
-
-// Standard base64 with padding; nullopt when malformed.
-std::optional<std::string> base64_decode(std::string_view in) {
-  if (in.empty() || in.size() % 4 != 0) return std::nullopt;
-  std::string out;
-  for (std::size_t i = 0; i < in.size(); i += 4) {
-    int v[4];
-    int pad = 0;
-    for (int k = 0; k < 4; ++k) {
-      const char ch = in[i + static_cast<std::size_t>(k)];
-      if (ch == '=' && i + 4 == in.size() && k >= 2) {
-        v[k] = 0;
-        ++pad;
-      } else if (pad > 0 || (v[k] = base64_value(ch)) < 0) {
-        return std::nullopt;
-      }
-    }
-    const std::uint32_t n =
-        (static_cast<std::uint32_t>(v[0]) << 18) | (static_cast<std::uint32_t>(v[1]) << 12) |
-        (static_cast<std::uint32_t>(v[2]) << 6) | static_cast<std::uint32_t>(v[3]);
-    out += static_cast<char>(n >> 16);
-    if (pad < 2) out += static_cast<char>((n >> 8) & 0xFF);
-    if (pad < 1) out += static_cast<char>(n & 0xFF);
-  }
-  return out;
-}
-
-}  // namespace
-
-namespace {
-const char* const kKimiPattern =
-    R"([\p{Han}]+|)"
-    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|)"
-    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|)"
-    R"(\p{N}{1,3}|)"
-    R"( ?[^\s\p{L}\p{N}]+[\r\n]*|)"
-    R"(\s*[\r\n]+|)"
-    R"(\s+(?!\S)|)"
-    R"(\s+)";
-}  // namespace
-
-const std::string& Tokenizer::kimi_pattern() {
-  static const std::string pattern = kKimiPattern;
-  return pattern;
-}
-
-
-
-std::string rewrite_class_intersections(const std::string& pattern) {
-  // Finds the ']' closing the class that opens at `open`, past escapes and nested classes.
-  const auto class_end = [](const std::string& p, std::size_t open) {
-    int depth = 0;
-    for (std::size_t i = open; i < p.size(); ++i) {
-      if (p[i] == '\\') {
-        ++i;
-      } else if (p[i] == '[') {
-        ++depth;
-      } else if (p[i] == ']' && --depth == 0) {
-        return i;
-      }
-    }
-    throw Error(ErrorCategory::invalid_argument,
-                str("pattern: the class at offset ", open, " is not closed"));
-  };
-  std::string out;
-  for (std::size_t i = 0; i < pattern.size(); ++i) {
-    if (pattern[i] == '\\') {
-      out += pattern.substr(i, 2);
-      ++i;
-      continue;
-    }
-    if (pattern[i] != '[') {
-      out += pattern[i];
-      continue;
-    }
-    const std::size_t end = class_end(pattern, i);
-    const std::string body = pattern.substr(i + 1, end - i - 1);
-    // A top-level "&&" (outside escapes and nested classes) splits the class.
-    std::size_t amp = std::string::npos;
-    for (std::size_t k = 0, depth = 0; k + 1 < body.size(); ++k) {
-      if (body[k] == '\\') {
-        ++k;
-      } else if (body[k] == '[') {
-        ++depth;
-      } else if (body[k] == ']') {
-        --depth;
-      } else if (depth == 0 && body[k] == '&' && body[k + 1] == '&') {
-        amp = k;
-        break;
-      }
-    }
-    if (amp == std::string::npos) {
-      out += pattern.substr(i, end - i + 1);
-    } else {
-      const std::string left = body.substr(0, amp), right = body.substr(amp + 2);
-      DCP_ARG_CHECK(!right.empty() && right.front() == '[' &&
-                        class_end(right, 0) + 1 == right.size() &&
-                        right.find("&&") == std::string::npos,
-                    "pattern: the intersection at offset ", i,
-                    " must be [A&&[B]] with one bracketed class after &&");
-      // [A&&B]: one character that B accepts (a lookahead) and A consumes.
-      out += "(?:(?=" + right + ")[" + left + "])";
-    }
-    i = end;
-  }
-  return out;
-}
-
-Tokenizer Tokenizer::from_tiktoken(const std::string& model_text, const std::string& config_json,
-                                   const std::string& pattern) {
-  // The ranks: one "base64-token rank" per line; the rank is the token id.
-  std::map<std::int32_t, std::string> by_rank;
-  std::unordered_map<std::string, std::int32_t> rank_of;
-  std::size_t line_no = 0;
-  for (std::size_t at = 0; at < model_text.size();) {
-    std::size_t eol = model_text.find('\n', at);
-    if (eol == std::string::npos) eol = model_text.size();
-    std::string_view line(model_text.data() + at, eol - at);
-    at = eol + 1;
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.empty()) continue;
-    const std::size_t sp = line.find(' ');
-    const auto bytes = sp == std::string::npos ? std::nullopt : base64_decode(line.substr(0, sp));
-    std::int64_t rank = -1;
-    if (sp != std::string::npos) {
-      const std::string_view r = line.substr(sp + 1);
-      const auto [p, ec] = std::from_chars(r.data(), r.data() + r.size(), rank);
-      if (ec != std::errc() || p != r.data() + r.size()) rank = -1;
-    }
-    DCP_CHECK(bytes && rank >= 0 && rank < (1LL << 30), io, "tiktoken.model line ", line_no,
-              ": expected 'base64-token rank' with a rank in [0, 2^30)");
-    DCP_CHECK(by_rank.emplace(static_cast<std::int32_t>(rank), *bytes).second &&
-                  rank_of.emplace(*bytes, static_cast<std::int32_t>(rank)).second,
-              io, "tiktoken.model line ", line_no, ": rank ", rank, " or its token repeats");
-  }
-  for (int b = 0; b < 256; ++b) {
-    DCP_CHECK(rank_of.count(std::string(1, static_cast<char>(b))), io,
-              "tiktoken.model: byte ", b, " has no token (byte-level BPE needs all 256)");
-  }
-  // As a byte-level BPE: tokens as byte-level characters, the pre-tokenizer pattern (its class
-  // intersections rewritten for PCRE2), whole pieces that are tokens kept as they are.
-  const ByteLevelMap& map = byte_level_map();
-  const auto visible = [&](const std::string& bytes) {
-    std::string v;
-    for (unsigned char ch : bytes) v += map.to_char[ch];
-    return v;
-  };
-  json t;
-  json vocab = json::object();
-  for (const auto& [rank, bytes] : by_rank) vocab[visible(bytes)] = rank;
-  t["model"] = {
-      {"type", "BPE"}, {"vocab", vocab}, {"merges", json::array()}, {"ignore_merges", true}};
-  t["pre_tokenizer"] = {
-      {"type", "Sequence"},
-      {"pretokenizers",
-       json::array({{{"type", "Split"},
-                     {"pattern", {{"Regex", rewrite_class_intersections(pattern)}}},
-                     {"behavior", "Isolated"},
-                     {"invert", false}},
-                    {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
-  t["decoder"] = {{"type", "ByteLevel"}};
-  // Special tokens: tokenizer_config.json's added_tokens_decoder ({"id": {"content": ...}}).
-  json config = json::object();
-  if (!config_json.empty()) {
-    try {
-      config = json::parse(config_json);
-    } catch (const json::exception& e) {
-      throw Error(ErrorCategory::io, str("tokenizer_config.json is not valid JSON: ", e.what()));
-    }
-  }
-  t["added_tokens"] = json::array();
-  if (config.is_object() && config.contains("added_tokens_decoder")) {
-    const json& d = config["added_tokens_decoder"];
-    DCP_CHECK(d.is_object(), io, "tokenizer_config.json: added_tokens_decoder must be an object");
-    for (const auto& [key, value] : d.items()) {
-      std::int64_t id = -1;
-      const auto [p, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
-      DCP_CHECK(ec == std::errc() && p == key.data() + key.size() && value.is_object() &&
-                    value.contains("content") && value["content"].is_string(),
-                io, "tokenizer_config.json: added_tokens_decoder entry '", key,
-                "' needs an integer id and a string 'content'");
-      DCP_CHECK(!by_rank.count(static_cast<std::int32_t>(id)), io,
-                "tokenizer_config.json: added token id ", id, " is also a tiktoken rank");
-      t["added_tokens"].push_back({{"id", id}, {"content", value["content"]},
-                                   {"special", value.value("special", true)}});
-    }
-  }
-  auto impl = std::make_unique<Impl>();
-  impl->load(t);
-  // tiktoken keeps only the pattern's matches, and merges the adjacent pair whose bytes form the
-  // lowest-ranked token (leftmost on ties): every split of a token into two tokens is a merge of
-  // that token's rank.
-  impl->pre.front().keep_gaps = false;
-  for (const auto& [rank, bytes] : by_rank) {
-    for (std::size_t k = 1; k < bytes.size(); ++k) {
-      const auto left = rank_of.find(bytes.substr(0, k)), right = rank_of.find(bytes.substr(k));
-      if (left == rank_of.end() || right == rank_of.end()) continue;
-      const std::uint64_t key = (static_cast<std::uint64_t>(left->second) << 32) |
-                                static_cast<std::uint32_t>(right->second);
-      impl->merges.emplace(key, Impl::Merge{rank, rank});
-    }
-  }
-  if (config.is_object() && !config.empty()) impl->load_config(config);
   return Tokenizer(std::move(impl));
 }
 
