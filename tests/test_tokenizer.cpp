@@ -160,6 +160,18 @@ TEST(Tokenizer, ConfigGivesBosEosAndTheChatTemplate) {
                                  "clean_up_tokenization_spaces = true is not supported"));
 }
 
+TEST(Tokenizer, ASetChatTemplateReplacesTheConfigsOrIsTheOnlyOne) {
+  Tokenizer own = make(small_tokenizer({}), {{"bos_token", "<s>"}, {"chat_template", "config"}});
+  own.set_chat_template("{{ bos_token }}{{ messages | length }}");
+  EXPECT_EQ(apply_chat_template(own, R"([{"role": "user", "content": "a"}])", false), "<s>1");
+  Tokenizer none = make(small_tokenizer({}));
+  ASSERT_FALSE(none.chat_template().has_value());
+  EXPECT_TRUE(test::throws_error([&] { apply_chat_template(none, "[]", false); },
+                                 ErrorCategory::invalid_argument, "has no chat_template"));
+  none.set_chat_template("{{ messages | length }} messages");
+  EXPECT_EQ(apply_chat_template(none, "[]", false), "0 messages");
+}
+
 TEST(Tokenizer, RefusesWhatItCannotReadExactly) {
   const auto refused = [](const std::function<void(json&)>& edit, const std::string& needle) {
     json t = small_tokenizer({{"a", "b"}});

@@ -57,8 +57,10 @@ class Tokenizer {
   std::int32_t vocab_size() const noexcept;
   std::optional<std::int32_t> bos_id() const noexcept;
   std::optional<std::int32_t> eos_id() const noexcept;
-  // tokenizer_config.json's chat_template, when it has one (a string).
+  // tokenizer_config.json's chat_template, when it has one (a string), or the one set below.
   const std::optional<std::string>& chat_template() const noexcept;
+  // Replaces the chat template (a model's own overridden, or one given to a tokenizer without).
+  void set_chat_template(std::string jinja);
   // bos_token / eos_token text ("" when absent), for chat templates.
   const std::string& bos_token() const noexcept;
   const std::string& eos_token() const noexcept;

@@ -587,6 +587,9 @@ std::optional<std::int32_t> Tokenizer::eos_id() const noexcept { return impl_->e
 const std::optional<std::string>& Tokenizer::chat_template() const noexcept {
   return impl_->chat_template;
 }
+void Tokenizer::set_chat_template(std::string jinja) {
+  impl_->chat_template = std::move(jinja);
+}
 const std::string& Tokenizer::bos_token() const noexcept { return impl_->bos_text; }
 const std::string& Tokenizer::eos_token() const noexcept { return impl_->eos_text; }
 

@@ -648,6 +648,17 @@ case_families() {
   check "--chat --jsonl: its own add_generation_prompt kept" [ "$(sed -n 2p "$out")" = "$(printf '%s' "$chats" | sed -n 2p | "$dcp" tokenize --tokenizer-path "$v3" --chat --add-generation-prompt)" ]
   printf '[]\n3\n' | "$dcp" tokenize --tokenizer-path "$v3" --chat --jsonl >"$out" 2>"$err"
   check "--chat --jsonl: a line that is not a conversation fails naming it" stderr_has "--jsonl: stdin line 2: chat input must be a list of messages or an object with 'messages'"
+  # --chat-template FILE: the file's template instead of tokenizer_config.json's
+  printf '{%% for m in messages %%}[{{ m.role }}] {{ m.content }}|{%% endfor %%}{%% if add_generation_prompt %%}[assistant]{%% endif %%}' >"$tmp/template.jinja"
+  echo '[{"role": "user", "content": "Hi"}]' | "$dcp" tokenize --tokenizer-path "$v3" --chat --chat-template "$tmp/template.jinja" --add-generation-prompt --print-prompt >"$out" 2>"$err"
+  check "--chat-template: the file's template renders" [ "$(cat "$out")" = "[user] Hi|[assistant]" ]
+  echo '[]' | "$dcp" tokenize --tokenizer-path "$v3" --chat --chat-template "$tmp/none.jinja" >"$out" 2>"$err"
+  check "--chat-template: a missing file is named" stderr_has "--chat-template: cannot read '$tmp/none.jinja'"
+  printf '{%% if messages %%}open' >"$tmp/unclosed.jinja"
+  echo '[]' | "$dcp" tokenize --tokenizer-path "$v3" --chat --chat-template "$tmp/unclosed.jinja" >"$out" 2>"$err"
+  check "--chat-template: a template that does not parse is refused naming the flag" stderr_has "--chat-template: chat template line 1: "
+  expect 2 "--chat-template without --chat" -- tokenize --tokenizer-path "$v3" --chat-template "$tmp/template.jinja"
+  check "names --chat" stderr_has "--chat-template requires --chat"
   expect 2 "gen-checkpoint, unknown family" -- gen-checkpoint --family llama --out "$tmp/x"
   check "names the flag and the families" stderr_has "--family: 'llama' is not one of: deepseek-v2-lite, deepseek-v2, deepseek-v3, kimi-k2, moonlight"
   expect 2 "gen-checkpoint, --family with --preset" -- gen-checkpoint --family kimi-k2 --preset tiny --out "$tmp/x"
@@ -706,6 +717,11 @@ case_serve_flags() {
   check "names --tokenizer-path" stderr_has "--tokenizer-path: tokenizer directory $tmp/none has neither"
   expect 0 "gen-checkpoint" -- gen-checkpoint --out "$tmp/ck"
   bad_value "--max-queued-requests 0" "--max-queued-requests" -- serve --model-path "$tmp/ck" --max-queued-requests 0
+  expect 2 "--chat-template with no tokenizer" -- serve --preset tiny --chat-template "$tmp/ck/config.json" --port 0
+  check "says it needs a tokenizer" stderr_has "--chat-template needs a tokenizer: --tokenizer-path, or a --model-path that has one"
+  printf '{{ messages' >"$tmp/broken.jinja"
+  expect 2 "--chat-template that does not parse" -- serve --model-path "$tmp/ck" --chat-template "$tmp/broken.jinja" --port 0
+  check "refused before serving, naming the flag" stderr_has "^dcp: error: --chat-template: chat template line 1: "
   # A port in use: exit 1 naming --port, before the model loads.
   /usr/bin/python3 -c 'import socket,time; s=socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(); print(s.getsockname()[1], flush=True); time.sleep(30)' >"$tmp/port" &
   local holder=$!

@@ -296,6 +296,33 @@ def case_metrics_and_models(s):
           "histogram +Inf bucket equals its count")
 
 
+def case_chat_template():
+    """--chat-template FILE: chat requests render the file's template, not the checkpoint's."""
+    path = os.path.join(TMP, "template.jinja")
+    with open(path, "w") as f:
+        f.write("{% for m in messages %}### {{ m.role }}: {{ m.content }}\n{% endfor %}"
+                "{% if add_generation_prompt %}### assistant:{% endif %}")
+    messages = [{"role": "user", "content": "Name a color."}]
+
+    def ids(*flags):
+        out = subprocess.run([DCP, "tokenize", "--tokenizer-path", CKPT, "--chat", "--add-generation-prompt", *flags],
+                             input=json.dumps(messages), capture_output=True, text=True, check=True).stdout
+        return json.loads(out)
+    want, own = ids("--chat-template", path), ids()
+    check(want != own, "the file's template renders another prompt than the checkpoint's")
+    s = Server("--chat-template", path)
+    try:
+        status, r = s.post("/v1/chat/completions", {"messages": messages, "max_tokens": 4, "temperature": 0})
+        check(status == 200 and r["usage"]["prompt_tokens"] == len(want),
+              f"the chat prompt is the file's template's ({len(want)} tokens): {status} {r}")
+        status, g = s.post("/generate", {"input_ids": want, "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+        check(status == 200 and g["text"] == r["choices"][0]["message"]["content"],
+              f"the chat reply is the reply to the file's prompt: {g} {r}")
+    finally:
+        code, _ = s.stop()
+        check(code == 0, f"server exit {code}")
+
+
 def case_queue_bound():
     """A full KV queues requests; past --max-queued-requests the server answers 503 and keeps serving.
 
@@ -416,7 +443,7 @@ def main():
     if args[:1] == ["mpi"]:
         case_mpi(args[1])
     else:
-        wanted = args or list(CASES) + ["queue_bound", "shutdown"]
+        wanted = args or list(CASES) + ["chat_template", "queue_bound", "shutdown"]
         shared = [n for n in wanted if n in CASES]
         if shared:
             s = Server("--tp-size", "2", "--dcp-size", "2", "--max-total-tokens", "4096")
@@ -427,6 +454,9 @@ def main():
             finally:
                 code, _ = s.stop()
                 check(code == 0, f"server exit {code}")
+        if "chat_template" in wanted:
+            print("case chat_template", flush=True)
+            case_chat_template()
         if "queue_bound" in wanted:
             print("case queue_bound", flush=True)
             case_queue_bound()

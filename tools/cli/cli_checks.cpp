@@ -11,7 +11,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
+#include "dcp/chat_template.h"
 #include "dcp/error.h"
 #include "dcp/weights.h"
 
@@ -108,6 +110,15 @@ std::vector<std::int64_t> parse_list(const std::string& text, const char* flag) 
   }
   DCP_ARG_CHECK(!v.empty(), flag, " is empty");
   return v;
+}
+
+void use_chat_template_file(Tokenizer& tokenizer, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  DCP_ARG_CHECK(in && std::filesystem::is_regular_file(path), "--chat-template: cannot read '",
+                path, "'");
+  std::string jinja((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  with_flag("--chat-template", [&] { ChatTemplate parsed(jinja); });
+  tokenizer.set_chat_template(std::move(jinja));
 }
 
 void check_divides_heads(const ModelConfig& model, int size, const char* flag) {

@@ -12,6 +12,7 @@
 #include "dcp/error.h"
 #include "dcp/kernel_path.h"
 #include "dcp/model_config.h"
+#include "dcp/tokenizer.h"
 
 namespace dcp::cli {
 
@@ -56,6 +57,13 @@ inline constexpr const char* kAttentionKernelHelp =
     "local attention kernel: automatic (fastest exact path), portable, avx2, avx512, or a "
     "bf16-pair "
     "path, amx_bf16 or avx512_bf16 (bf16 KV; rounds q and P to bf16)";
+
+// --chat-template FILE: the Jinja template in `path` becomes `tokenizer`'s chat template. Throws
+// dcp::Error naming the flag when the file cannot be read or the template does not parse (the
+// parser's error names the line), before anything renders it.
+void use_chat_template_file(Tokenizer& tokenizer, const std::string& path);
+inline constexpr const char* kChatTemplateHelp =
+    "a file with a Jinja chat template, used instead of tokenizer_config.json's chat_template";
 
 // This machine's physical memory in bytes.
 double physical_memory_bytes();

@@ -30,6 +30,7 @@ struct ServeFlags {
   std::string host = "127.0.0.1";
   int port = 30000;
   std::string tokenizer_path;
+  std::string chat_template;  // a file replacing the tokenizer's template
   std::string served_model_name;
   int max_queued = 256;
   int default_max_tokens = 128;
@@ -40,14 +41,19 @@ std::unique_ptr<Tokenizer> load_tokenizer(const ServeFlags& f, int model_vocab) 
   if (dir.empty()) {
     const std::filesystem::path model(f.run.model_path);
     if (f.run.model_path.empty() || (!std::filesystem::exists(model / "tokenizer.json") &&
-                                     !std::filesystem::exists(model / "tiktoken.model")))
+                                     !std::filesystem::exists(model / "tiktoken.model"))) {
+      DCP_ARG_CHECK(f.chat_template.empty(),
+                    "--chat-template needs a tokenizer: --tokenizer-path, "
+                    "or a --model-path that has one");
       return nullptr;  // token ids only
+    }
     dir = f.run.model_path;
   }
   const char* flag = f.tokenizer_path.empty() ? "--model-path" : "--tokenizer-path";
   auto tok = with_flag(flag, [&] { return std::make_unique<Tokenizer>(Tokenizer::from_dir(dir)); });
   DCP_ARG_CHECK(tok->vocab_size() <= model_vocab, flag, " ", dir, ": the tokenizer's ",
                 tok->vocab_size(), " ids exceed the model's vocabulary of ", model_vocab);
+  if (!f.chat_template.empty()) use_chat_template_file(*tok, f.chat_template);
   return tok;
 }
 
@@ -148,6 +154,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--tokenizer-path", f->tokenizer_path,
                   "folder with tokenizer.json, or Kimi's tiktoken.model (default: --model-path "
                   "when it has one)");
+  cmd->add_option("--chat-template", f->chat_template, kChatTemplateHelp)->type_name("FILE");
   cmd->add_option("--host", f->host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", f->port, "port to listen on (0: any free port)")
       ->check(CLI::Range(0, 65535))

@@ -85,7 +85,7 @@ void tokenize_lines(const Tokenizer& tok, const LineModes& m) {
 
 void add_tokenize_command(CLI::App& app) {
   struct Options {
-    std::string tokenizer_path;
+    std::string tokenizer_path, chat_template;
     bool decode = false, add_special = false, skip_special = false;
     bool chat = false, print_prompt = false, generation_prompt = false, jsonl = false;
   };
@@ -107,6 +107,9 @@ void add_tokenize_command(CLI::App& app) {
       "stdin is a JSON list of messages (or an object of template variables with 'messages'): "
       "render the tokenizer's chat template, then tokenize")
                           ->excludes(decode);
+  cmd->add_option("--chat-template", o->chat_template, kChatTemplateHelp)
+      ->needs(chat)
+      ->type_name("FILE");
   cmd->add_flag("--add-generation-prompt", o->generation_prompt,
                 "end the rendered prompt with the assistant's turn")
       ->needs(chat);
@@ -118,8 +121,9 @@ void add_tokenize_command(CLI::App& app) {
                 "of ids; --chat: a conversation), each printed as one line, its ids (--decode: "
                 "its text as a JSON string)");
   cmd->callback([o] {
-    const Tokenizer tok =
+    Tokenizer tok =
         with_flag("--tokenizer-path", [&] { return Tokenizer::from_dir(o->tokenizer_path); });
+    if (!o->chat_template.empty()) use_chat_template_file(tok, o->chat_template);
     if (o->jsonl) {
       tokenize_lines(tok, {o->decode, o->add_special, o->skip_special, o->chat, o->print_prompt,
                            o->generation_prompt});
