@@ -168,6 +168,9 @@ TEST(Tokenizer, ASetChatTemplateReplacesTheConfigsOrIsTheOnlyOne) {
   ASSERT_FALSE(none.chat_template().has_value());
   EXPECT_TRUE(test::throws_error([&] { apply_chat_template(none, "[]", false); },
                                  ErrorCategory::invalid_argument, "has no chat_template"));
+  // A template for one call: the tokenizer's stays as it was.
+  EXPECT_EQ(apply_chat_template(own, "[]", true, "{{ add_generation_prompt }}"), "True");
+  EXPECT_EQ(*own.chat_template(), "{{ bos_token }}{{ messages | length }}");
   none.set_chat_template("{{ messages | length }} messages");
   EXPECT_EQ(apply_chat_template(none, "[]", false), "0 messages");
 }

@@ -42,5 +42,9 @@ class ChatTemplate {
 // (invalid_argument) when the tokenizer has no template or the context is not such JSON.
 std::string apply_chat_template(const Tokenizer& tokenizer, const std::string& context_json,
                                 bool add_generation_prompt);
+// The same with `chat_template` (Jinja source) in place of the tokenizer's: a template for one
+// call. Throws dcp::Error (invalid_argument) when it does not parse, naming the line.
+std::string apply_chat_template(const Tokenizer& tokenizer, const std::string& context_json,
+                                bool add_generation_prompt, const std::string& chat_template);
 
 }  // namespace dcp

@@ -1,4 +1,4 @@
-"""Offline generation in the shape of vLLM's ``LLM.generate``.
+"""Offline generation in the shape of vLLM's ``LLM.generate`` and ``LLM.chat``.
 
     llm = dcp.LLM(model="deepseek-v2-lite", num_layers=2, tp_size=2, dcp_size=2)
     out = llm.generate([[1, 2, 3], [4, 5]], dcp.SamplingParams(max_tokens=8, temperature=0))
@@ -8,6 +8,7 @@ The ranks run as threads of this process for as long as the LLM lives (``close()
 ``with`` block, stops them); the weights load once.
 """
 import dataclasses
+import json
 import random
 from typing import List, Optional, Sequence, Union
 
@@ -129,21 +130,62 @@ class LLM:
                 all(isinstance(t, int) for t in prompts)):
             prompts = [prompts]
         prompts = list(prompts)
-        if sampling_params is None:
-            sampling_params = SamplingParams()
-        if isinstance(sampling_params, SamplingParams):
-            params = [sampling_params] * len(prompts)
-        else:
-            params = list(sampling_params)
-            if len(params) != len(prompts):
-                raise ValueError(f"sampling_params has {len(params)} entries for "
-                                 f"{len(prompts)} prompts")
+        params = self._params(sampling_params, len(prompts), "prompts")
         texts, ids = [], []
         for i, p in enumerate(prompts):
             text, tokens = self._prompt(i, p)
             texts.append(text)
             ids.append(tokens)
-        requests = [self._request(ids[i], params[i]) for i in range(len(prompts))]
+        return self._run(texts, ids, params)
+
+    def chat(self, messages, sampling_params: Union[SamplingParams, Sequence[SamplingParams],
+                                                    None] = None, *,
+             chat_template: Optional[str] = None,
+             add_generation_prompt: bool = True) -> List[RequestOutput]:
+        """Generates the next turn of every conversation and returns one RequestOutput each.
+
+        messages: a conversation (a list of {"role": ..., "content": ...} dicts) or a list of
+        them. Each is rendered by the tokenizer's chat template (chat_template: Jinja source to
+        use instead), whose text is the RequestOutput's prompt; the template writes the special
+        tokens, so none are added. sampling_params: one for all, or one per conversation.
+        """
+        if not self._llm.has_tokenizer:
+            raise ValueError("chat needs a tokenizer: a checkpoint with tokenizer.json or "
+                             "tiktoken.model, or LLM(..., tokenizer=PATH)")
+        messages = list(messages)
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        params = self._params(sampling_params, len(conversations), "conversations")
+        texts, ids = [], []
+        for i, conversation in enumerate(conversations):
+            if not isinstance(conversation, (list, tuple)):
+                raise ValueError(f"messages[{i}] must be a list of message dicts, got "
+                                 f"{type(conversation).__name__}")
+            try:
+                context = json.dumps({"messages": list(conversation),
+                                      "add_generation_prompt": bool(add_generation_prompt)})
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"messages[{i}] is not JSON: {e}") from None
+            text = self._llm.apply_chat_template(context, bool(add_generation_prompt),
+                                                 chat_template)
+            tokens = self.encode(text, add_special_tokens=False)
+            if not tokens:
+                raise ValueError(f"messages[{i}] renders to an empty prompt")
+            texts.append(text)
+            ids.append(tokens)
+        return self._run(texts, ids, params)
+
+    def _params(self, sampling_params, count, what):
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            return [sampling_params] * count
+        params = list(sampling_params)
+        if len(params) != count:
+            raise ValueError(f"sampling_params has {len(params)} entries for {count} {what}")
+        return params
+
+    def _run(self, texts, ids, params):
+        requests = [self._request(ids[i], params[i]) for i in range(len(ids))]
         results = self._llm.generate(requests)
         outputs = []
         for i, g in enumerate(results):

@@ -1,6 +1,8 @@
 // The offline LLM: one served deployment whose ranks run as threads of this process, started
 // once (the weights load once) and fed whole batches by generate(). Requests go through the same
 // ServingDeployment as `dcp serve`, so scheduling, sampling and stop tokens behave alike.
+#include <pybind11/stl.h>
+
 #include <chrono>
 #include <exception>
 #include <filesystem>
@@ -14,12 +16,11 @@
 #include <vector>
 
 #include "bindings.h"
+#include "dcp/chat_template.h"
 #include "dcp/error.h"
 #include "dcp/serving.h"
 #include "dcp/tokenizer.h"
 #include "dcp/weights.h"
-
-#include <pybind11/stl.h>
 
 namespace dcp::python {
 namespace {
@@ -373,19 +374,39 @@ void bind_llm(py::module_& m) {
       .def_property_readonly("has_tokenizer", &Llm::has_tokenizer)
       .def_property_readonly("vocab_size", &Llm::vocab_size)
       .def_property_readonly("kv_capacity_tokens", &Llm::kv_capacity_tokens)
-      .def("encode", [](const Llm& l, const std::string& text, bool add_special_tokens) {
-        return l.tokenizer().encode(text, add_special_tokens);
-      }, py::arg("text"), py::arg("add_special_tokens"))
-      .def("decode", [](const Llm& l, const std::vector<std::int32_t>& ids, bool skip_special) {
-        return l.tokenizer().decode(ids, skip_special);
-      }, py::arg("ids"), py::arg("skip_special_tokens"))
+      .def(
+          "encode",
+          [](const Llm& l, const std::string& text, bool add_special_tokens) {
+            return l.tokenizer().encode(text, add_special_tokens);
+          },
+          py::arg("text"), py::arg("add_special_tokens"))
+      .def(
+          "decode",
+          [](const Llm& l, const std::vector<std::int32_t>& ids, bool skip_special) {
+            return l.tokenizer().decode(ids, skip_special);
+          },
+          py::arg("ids"), py::arg("skip_special_tokens"))
       // A generation's text: a model whose vocabulary is larger than its tokenizer's may emit ids
       // with no text (as `dcp serve` does, they add nothing).
-      .def("decode_output", [](const Llm& l, std::vector<std::int32_t> ids, bool skip_special) {
-        const Tokenizer& t = l.tokenizer();
-        std::erase_if(ids, [&](std::int32_t id) { return !t.contains(id); });
-        return t.decode(ids, skip_special);
-      }, py::arg("ids"), py::arg("skip_special_tokens"))
+      .def(
+          "decode_output",
+          [](const Llm& l, std::vector<std::int32_t> ids, bool skip_special) {
+            const Tokenizer& t = l.tokenizer();
+            std::erase_if(ids, [&](std::int32_t id) { return !t.contains(id); });
+            return t.decode(ids, skip_special);
+          },
+          py::arg("ids"), py::arg("skip_special_tokens"))
+      // The tokenizer's chat template (or `chat_template`, Jinja source) over a JSON context.
+      .def(
+          "apply_chat_template",
+          [](const Llm& l, const std::string& context_json, bool add_generation_prompt,
+             const std::optional<std::string>& chat_template) {
+            return chat_template
+                       ? apply_chat_template(l.tokenizer(), context_json, add_generation_prompt,
+                                             *chat_template)
+                       : apply_chat_template(l.tokenizer(), context_json, add_generation_prompt);
+          },
+          py::arg("context_json"), py::arg("add_generation_prompt"), py::arg("chat_template"))
       .def_property_readonly("eos_token_id", [](const Llm& l) -> std::optional<std::int32_t> {
         return l.has_tokenizer() ? l.tokenizer().eos_id() : std::nullopt;
       });

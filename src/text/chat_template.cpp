@@ -40,6 +40,12 @@ std::string apply_chat_template(const Tokenizer& tokenizer, const std::string& c
                                 bool add_generation_prompt) {
   DCP_ARG_CHECK(tokenizer.chat_template().has_value(),
                 "the tokenizer has no chat_template (tokenizer_config.json)");
+  return apply_chat_template(tokenizer, context_json, add_generation_prompt,
+                             *tokenizer.chat_template());
+}
+
+std::string apply_chat_template(const Tokenizer& tokenizer, const std::string& context_json,
+                                bool add_generation_prompt, const std::string& chat_template) {
   nlohmann::ordered_json context;  // keys keep their order: templates iterate dicts
   try {
     context = nlohmann::ordered_json::parse(context_json);
@@ -55,7 +61,7 @@ std::string apply_chat_template(const Tokenizer& tokenizer, const std::string& c
   context["eos_token"] = tokenizer.eos_token();
   if (!context.contains("add_generation_prompt"))
     context["add_generation_prompt"] = add_generation_prompt;
-  return ChatTemplate(*tokenizer.chat_template()).render(context.dump());
+  return ChatTemplate(chat_template).render(context.dump());
 }
 
 }  // namespace dcp

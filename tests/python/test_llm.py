@@ -1,6 +1,6 @@
 """LLM.generate against `dcp run` (the same greedy tokens for the same prompts and configuration),
-text in and out through the checkpoint's tokenizer (against `dcp tokenize`), sampling seeds,
-stop tokens, logprobs, timing and errors."""
+text in and out through the checkpoint's tokenizer (against `dcp tokenize`), LLM.chat (its prompt
+against `dcp tokenize --chat`), sampling seeds, stop tokens, logprobs, timing and errors."""
 import json
 import math
 import subprocess
@@ -166,10 +166,49 @@ def test_bad_configurations_raise(kwargs, message):
     assert message in str(e.value)
 
 
+def test_chat_renders_the_template_then_generates(dcp_bin, checkpoint, text_llm):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    params = dcp.SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    out = text_llm.chat(messages, params)[0]
+
+    def tokenize(*flags):
+        return subprocess.run([dcp_bin, "tokenize", "--tokenizer-path", checkpoint, "--chat",
+                               "--add-generation-prompt", *flags], input=json.dumps(messages),
+                              check=True, capture_output=True, text=True).stdout
+    assert out.prompt == tokenize("--print-prompt")
+    assert out.prompt_token_ids == json.loads(tokenize())
+    alone = text_llm.generate({"prompt_token_ids": out.prompt_token_ids}, params)[0]
+    assert out.outputs[0].token_ids == alone.outputs[0].token_ids
+    # Several conversations, a template for the call, no generation prompt.
+    template = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}" \
+               "{% if add_generation_prompt %}<assistant>{% endif %}"
+    outs = text_llm.chat([messages, [{"role": "user", "content": "Yo"}]], [params, params],
+                         chat_template=template, add_generation_prompt=False)
+    assert [o.prompt for o in outs] == ["<system>Be brief.<user>Hi", "<user>Yo"]
+    assert outs[1].prompt_token_ids == text_llm.encode("<user>Yo", add_special_tokens=False)
+
+
+@pytest.mark.parametrize("messages,kwargs,message", [
+    ([{"role": "user", "content": "Hi"}], dict(chat_template="{% if x %}"), "line 1"),
+    (["not a conversation"], {}, "messages[0] must be a list of message dicts"),
+    ([{"role": "user", "content": {1, 2}}], {}, "messages[0] is not JSON"),
+    ([[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]],
+     dict(sampling_params=[dcp.SamplingParams()]), "sampling_params has 1 entries for 2 conversations"),
+])
+def test_bad_chats_raise_and_leave_the_llm_usable(text_llm, messages, kwargs, message):
+    with pytest.raises(ValueError) as e:
+        text_llm.chat(messages, **kwargs)
+    assert message in str(e.value)
+    ok = text_llm.chat([{"role": "user", "content": "Hi"}], dcp.SamplingParams(max_tokens=2))
+    assert len(ok[0].outputs[0].token_ids) <= 2
+
+
 def test_text_needs_a_tokenizer():
     with dcp.LLM("tiny") as llm:
         with pytest.raises(ValueError, match="no tokenizer"):
             llm.generate("hello")
+        with pytest.raises(ValueError, match="chat needs a tokenizer"):
+            llm.chat([{"role": "user", "content": "hello"}])
 
 
 def test_closed_llm_refuses_work():
