@@ -11,6 +11,7 @@
 
 #include "dcp/chat_template.h"
 #include "dcp/error.h"
+#include "dcp/text_stream.h"
 #include "dcp/tokenizer.h"
 #include "test_util.h"
 
@@ -173,6 +174,37 @@ TEST(Tokenizer, ASetChatTemplateReplacesTheConfigsOrIsTheOnlyOne) {
   EXPECT_EQ(*own.chat_template(), "{{ bos_token }}{{ messages | length }}");
   none.set_chat_template("{{ messages | length }} messages");
   EXPECT_EQ(apply_chat_template(none, "[]", false), "0 messages");
+}
+
+// The text of `tokens` pushed one at a time, then finished; the pieces as they came.
+std::vector<std::string> stream_pieces(TextStream& s, const std::string& tokens) {
+  std::vector<std::string> pieces;
+  for (unsigned char c : tokens) pieces.push_back(s.push(c));  // byte-level ids: the byte
+  pieces.push_back(s.finish());
+  return pieces;
+}
+
+TEST(TextStream, EndsBeforeTheFirstStopStringAcrossTokens) {
+  const Tokenizer t = make(small_tokenizer({}));
+  TextStream s(&t, {"cd", "xyz", ""}, false);  // the empty string stops nothing
+  // "c" is held back until "d" completes "cd"; what follows is dropped.
+  EXPECT_EQ(stream_pieces(s, "abcdef"), (std::vector<std::string>{"a", "b", "", "", "", "", ""}));
+  EXPECT_TRUE(s.stopped());
+  EXPECT_EQ(s.tokens(), (std::vector<std::int32_t>{'a', 'b', 'c', 'd'}));
+  // A start of a stop string that does not go on is released, at the end at the latest.
+  TextStream t2(&t, {"xyz"}, false);
+  EXPECT_EQ(stream_pieces(t2, "axyaxy"),
+            (std::vector<std::string>{"a", "", "", "xya", "", "", "xy"}));
+  EXPECT_FALSE(t2.stopped());
+  // One token completes both: the earlier match wins over the stop string listed first.
+  TextStream t3(&t, {"bc", "abc"}, false);
+  std::string text;
+  for (const std::string& p : stream_pieces(t3, "xabc")) text += p;
+  EXPECT_EQ(text, "x");
+  // No tokenizer: ids only, no text.
+  TextStream ids(nullptr, {"a"}, false);
+  EXPECT_EQ(stream_pieces(ids, "ab"), (std::vector<std::string>{"", "", ""}));
+  EXPECT_EQ(ids.tokens(), (std::vector<std::int32_t>{'a', 'b'}));
 }
 
 TEST(Tokenizer, RefusesWhatItCannotReadExactly) {

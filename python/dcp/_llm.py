@@ -21,8 +21,9 @@ class SamplingParams:
 
     temperature 0 is greedy; top_k 0 or -1 is off; seed None draws a fresh seed per request.
     Generation stops after max_tokens, or at a token of stop_token_ids, or at the tokenizer's
-    EOS token unless ignore_eos. logprobs k (0-20) returns each step's chosen token and the k
-    most likely ones.
+    EOS token unless ignore_eos, or where the text comes to contain a string of stop (the text
+    ends before it; the token that completed it is the last). logprobs k (0-20) returns each
+    step's chosen token and the k most likely ones.
     """
     max_tokens: int = 16
     temperature: float = 1.0
@@ -30,6 +31,7 @@ class SamplingParams:
     top_k: int = 0
     min_p: float = 0.0
     seed: Optional[int] = None
+    stop: Union[str, Sequence[str], None] = None
     stop_token_ids: Sequence[int] = ()
     ignore_eos: bool = False
     logprobs: Optional[int] = None
@@ -190,9 +192,7 @@ class LLM:
         outputs = []
         for i, g in enumerate(results):
             tokens = list(g.token_ids)
-            text = (self._llm.decode_output(tokens, params[i].skip_special_tokens)
-                    if self._llm.has_tokenizer else None)
-            completion = CompletionOutput(0, text, tokens, g.finish_reason,
+            completion = CompletionOutput(0, g.text, tokens, g.finish_reason,
                                           g.logprobs if params[i].logprobs is not None else None)
             outputs.append(RequestOutput(i, texts[i], ids[i], [completion],
                                          g.time_to_first_token_s, g.latency_s))
@@ -232,5 +232,10 @@ class LLM:
         if seed < 0:
             raise ValueError(f"seed = {seed} must be >= 0")
         logprobs = -1 if p.logprobs is None else int(p.logprobs)
+        stop_strings = [p.stop] if isinstance(p.stop, str) else list(p.stop or ())
+        for s in stop_strings:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop = {p.stop!r}: each stop string must be a non-empty str")
         return _dcp._GenerateRequest(tokens, int(p.max_tokens), float(p.temperature),
-                                     float(p.top_p), top_k, float(p.min_p), seed, stop, logprobs)
+                                     float(p.top_p), top_k, float(p.min_p), seed, stop,
+                                     stop_strings, bool(p.skip_special_tokens), logprobs)

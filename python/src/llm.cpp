@@ -19,6 +19,7 @@
 #include "dcp/chat_template.h"
 #include "dcp/error.h"
 #include "dcp/serving.h"
+#include "dcp/text_stream.h"
 #include "dcp/tokenizer.h"
 #include "dcp/weights.h"
 
@@ -52,11 +53,14 @@ struct GenerateRequest {
   int max_new_tokens = 16;
   SamplingParams sampling;
   std::vector<std::int32_t> stop_token_ids;
+  std::vector<std::string> stop;  // stop strings (need the tokenizer)
+  bool skip_special_tokens = true;
   int logprobs = -1;
 };
 
 struct Generated {
   std::vector<std::int32_t> tokens;
+  std::optional<std::string> text;  // with a tokenizer: the text, up to a stop string
   std::string finish_reason;  // "length", "stop", "cancelled"
   std::vector<StepLogprobs> logprobs;
   double time_to_first_token_s = 0, latency_s = 0;
@@ -215,6 +219,18 @@ class Llm {
     if (!deployment_) throw py::value_error("this LLM was closed");
     rethrow_failure();
     std::vector<std::shared_ptr<RequestStream>> streams;
+    // Each request's text as the server makes it: detokenized as tokens come, ended by the first
+    // stop string (the request is then cancelled, its finish reason "stop").
+    std::vector<std::optional<TextStream>> texts(requests.size());
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      if (!requests[i].stop.empty() && !tokenizer_) {
+        throw py::value_error("request " + std::to_string(i) +
+                              ": stop strings need a tokenizer (LLM(..., tokenizer=PATH))");
+      }
+      if (tokenizer_) {
+        texts[i].emplace(tokenizer_.get(), requests[i].stop, requests[i].skip_special_tokens);
+      }
+    }
     auto cancel_all = [&] {
       for (auto& s : streams) s->cancel();
     };
@@ -247,13 +263,21 @@ class Llm {
           // A short wait per stream: this loop returns to Python often enough to see Ctrl-C.
           while (auto u = streams[i]->next(std::chrono::milliseconds(remaining == 1 ? 50 : 0))) {
             Generated& g = out[i];
-            g.tokens.insert(g.tokens.end(), u->tokens.begin(), u->tokens.end());
-            std::move(u->logprobs.begin(), u->logprobs.end(), std::back_inserter(g.logprobs));
+            std::optional<TextStream>& text = texts[i];
+            if (text && !g.text) g.text.emplace();
+            for (std::size_t k = 0; k < u->tokens.size() && !(text && text->stopped()); ++k) {
+              g.tokens.push_back(u->tokens[k]);
+              if (k < u->logprobs.size()) g.logprobs.push_back(std::move(u->logprobs[k]));
+              if (text) *g.text += text->push(u->tokens[k]);
+            }
+            const bool stopped = text && text->stopped();
+            if (stopped && !u->finished) streams[i]->cancel();  // its last update follows
             if (!u->error.empty() && rejected.empty()) {
               rejected = "request " + std::to_string(i) + " was rejected: " + u->error;
             }
             if (u->finished) {
-              g.finish_reason = std::string(to_string(u->finish_reason));
+              if (text) *g.text += text->finish();
+              g.finish_reason = stopped ? "stop" : std::string(to_string(u->finish_reason));
               const StreamTiming t = streams[i]->timing();
               const auto secs = [&](auto at) {
                 return std::chrono::duration<double>(at - t.submitted).count();
@@ -334,7 +358,8 @@ void bind_llm(py::module_& m) {
   py::class_<GenerateRequest>(m, "_GenerateRequest")
       .def(py::init([](std::vector<std::int32_t> prompt, int max_new_tokens, double temperature,
                        double top_p, int top_k, double min_p, std::uint64_t seed,
-                       std::vector<std::int32_t> stop_token_ids, int logprobs) {
+                       std::vector<std::int32_t> stop_token_ids, std::vector<std::string> stop,
+                       bool skip_special_tokens, int logprobs) {
              GenerateRequest r;
              r.prompt = std::move(prompt);
              r.max_new_tokens = max_new_tokens;
@@ -344,15 +369,18 @@ void bind_llm(py::module_& m) {
              r.sampling.min_p = min_p;
              r.sampling.seed = seed;
              r.stop_token_ids = std::move(stop_token_ids);
+             r.stop = std::move(stop);
+             r.skip_special_tokens = skip_special_tokens;
              r.logprobs = logprobs;
              return r;
            }),
            py::arg("prompt"), py::arg("max_new_tokens"), py::arg("temperature"), py::arg("top_p"),
            py::arg("top_k"), py::arg("min_p"), py::arg("seed"), py::arg("stop_token_ids"),
-           py::arg("logprobs"));
+           py::arg("stop"), py::arg("skip_special_tokens"), py::arg("logprobs"));
 
   py::class_<Generated>(m, "_Generated")
       .def_readonly("token_ids", &Generated::tokens)
+      .def_readonly("text", &Generated::text)
       .def_readonly("finish_reason", &Generated::finish_reason)
       .def_readonly("time_to_first_token_s", &Generated::time_to_first_token_s)
       .def_readonly("latency_s", &Generated::latency_s)
@@ -384,16 +412,6 @@ void bind_llm(py::module_& m) {
           "decode",
           [](const Llm& l, const std::vector<std::int32_t>& ids, bool skip_special) {
             return l.tokenizer().decode(ids, skip_special);
-          },
-          py::arg("ids"), py::arg("skip_special_tokens"))
-      // A generation's text: a model whose vocabulary is larger than its tokenizer's may emit ids
-      // with no text (as `dcp serve` does, they add nothing).
-      .def(
-          "decode_output",
-          [](const Llm& l, std::vector<std::int32_t> ids, bool skip_special) {
-            const Tokenizer& t = l.tokenizer();
-            std::erase_if(ids, [&](std::int32_t id) { return !t.contains(id); });
-            return t.decode(ids, skip_special);
           },
           py::arg("ids"), py::arg("skip_special_tokens"))
       // The tokenizer's chat template (or `chat_template`, Jinja source) over a JSON context.

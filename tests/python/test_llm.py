@@ -1,6 +1,7 @@
 """LLM.generate against `dcp run` (the same greedy tokens for the same prompts and configuration),
 text in and out through the checkpoint's tokenizer (against `dcp tokenize`), LLM.chat (its prompt
-against `dcp tokenize --chat`), sampling seeds, stop tokens, logprobs, timing and errors."""
+against `dcp tokenize --chat`), sampling seeds, stop tokens and strings, logprobs, timing and
+errors."""
 import json
 import math
 import subprocess
@@ -59,6 +60,13 @@ def test_greedy_tokens_equal_dcp_run_on_an_moe_checkpoint(dcp_bin, tmp_path, ep_
     assert [o.outputs[0].token_ids for o in got] == want
 
 
+def tokenizer_ids(checkpoint):
+    """The ids the checkpoint's tokenizer has (the model's vocabulary is larger; the other ids
+    have no text)."""
+    t = json.load(open(f"{checkpoint}/tokenizer.json"))
+    return set(t["model"]["vocab"].values()) | {a["id"] for a in t.get("added_tokens", [])}
+
+
 @pytest.fixture(scope="module")
 def text_llm(checkpoint):
     with dcp.LLM(checkpoint, tp_size=2, dcp_size=2, max_total_tokens=4096) as llm:
@@ -74,11 +82,7 @@ def test_text_in_and_out(dcp_bin, checkpoint, text_llm):
                              capture_output=True, text=True)
     assert out.prompt == prompt
     assert out.prompt_token_ids == json.loads(encoded.stdout)
-    # The ids this tokenizer has (the model's vocabulary is larger; the others have no text).
-    vocab = json.load(open(f"{checkpoint}/tokenizer.json"))["model"]["vocab"]
-    known = set(vocab.values()) | {t["id"] for t in json.load(open(
-        f"{checkpoint}/tokenizer.json")).get("added_tokens", [])}
-    ids = [t for t in out.outputs[0].token_ids if t in known]
+    ids = [t for t in out.outputs[0].token_ids if t in tokenizer_ids(checkpoint)]
     decoded = subprocess.run([dcp_bin, "tokenize", "--tokenizer-path", checkpoint, "--decode",
                               "--skip-special-tokens"], input=json.dumps(ids),
                              check=True, capture_output=True, text=True)
@@ -106,6 +110,37 @@ def test_stop_token_ends_the_request(text_llm):
         max_tokens=10, temperature=0, ignore_eos=True, stop_token_ids=[stop]))[0].outputs[0]
     assert out.token_ids == tokens[:tokens.index(stop) + 1]
     assert out.finish_reason == "stop"
+
+
+def test_a_stop_string_ends_the_text_before_it(checkpoint, text_llm):
+    prompt = "Once upon a time"
+    params = dict(max_tokens=24, temperature=0, ignore_eos=True, logprobs=1)
+    whole = text_llm.generate(prompt, dcp.SamplingParams(**params))[0].outputs[0]
+    # A stop string from the second half of the greedy text (U+FFFD left out: the random model
+    # emits bytes that are not whole characters), cut at its first occurrence.
+    stop = next(whole.text[k:k + 2] for k in range(len(whole.text) // 2, len(whole.text) - 1)
+                if "\ufffd" not in whole.text[k:k + 2])
+    cut = whole.text.find(stop)
+    assert stop and cut > 0
+    out = text_llm.generate(prompt, dcp.SamplingParams(**params, stop=["never there", stop]))[0]
+    got = out.outputs[0]
+    assert got.text == whole.text[:cut]
+    assert got.finish_reason == "stop"
+    # The tokens up to the one that completed the stop string, their logprobs with them.
+    n = len(got.token_ids)
+    assert got.token_ids == whole.token_ids[:n] and len(got.logprobs) == n
+    def text(ids):
+        return text_llm.decode([t for t in ids if t in tokenizer_ids(checkpoint)])
+    assert stop in text(got.token_ids) and stop not in text(got.token_ids[:-1])
+    # A string that never comes changes nothing.
+    same = text_llm.generate(prompt, dcp.SamplingParams(**params, stop="never there"))[0].outputs[0]
+    assert (same.text, same.token_ids, same.finish_reason) == (whole.text, whole.token_ids, "length")
+
+
+@pytest.mark.parametrize("stop,message", [("", "non-empty"), (["a", 3], "non-empty str")])
+def test_bad_stop_strings_raise(text_llm, stop, message):
+    with pytest.raises(ValueError, match=message):
+        text_llm.generate("Hi", dcp.SamplingParams(stop=stop))
 
 
 def test_logprobs_and_timing(text_llm):
@@ -209,6 +244,8 @@ def test_text_needs_a_tokenizer():
             llm.generate("hello")
         with pytest.raises(ValueError, match="chat needs a tokenizer"):
             llm.chat([{"role": "user", "content": "hello"}])
+        with pytest.raises(ValueError, match="stop strings need a tokenizer"):
+            llm.generate([[1, 2]], dcp.SamplingParams(stop="x"))
 
 
 def test_closed_llm_refuses_work():

@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "dcp/chat_template.h"
-#include "serve/text_stream.h"
+#include "dcp/text_stream.h"
 
 namespace dcp::serve {
 namespace {

@@ -1,8 +1,8 @@
-#include "serve/text_stream.h"
+#include "dcp/text_stream.h"
 
 #include <algorithm>
 
-namespace dcp::serve {
+namespace dcp {
 
 TextStream::TextStream(const Tokenizer* tokenizer, std::vector<std::string> stops,
                        bool skip_special_tokens)
@@ -52,4 +52,4 @@ std::string TextStream::release(bool at_end) {
   return out;
 }
 
-}  // namespace dcp::serve
+}  // namespace dcp

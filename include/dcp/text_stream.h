@@ -9,7 +9,7 @@
 
 #include "dcp/tokenizer.h"
 
-namespace dcp::serve {
+namespace dcp {
 
 class TextStream {
  public:
@@ -38,4 +38,4 @@ class TextStream {
   bool stopped_ = false;
 };
 
-}  // namespace dcp::serve
+}  // namespace dcp
