@@ -23,8 +23,10 @@ class SamplingParams:
     Generation stops after max_tokens, or at a token of stop_token_ids, or at the tokenizer's
     EOS token unless ignore_eos, or where the text comes to contain a string of stop (the text
     ends before it; the token that completed it is the last). logprobs k (0-20) returns each
-    step's chosen token and the k most likely ones.
+    step's chosen token and the k most likely ones. n completions of each prompt are sampled,
+    the i-th with seed + i when seeded (as dcp serve does).
     """
+    n: int = 1
     max_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
@@ -53,7 +55,8 @@ class RequestOutput:
     prompt: Optional[str]
     prompt_token_ids: List[int]
     outputs: List[CompletionOutput]
-    # Seconds from submission to the first token and to the last, measured by the frontend.
+    # Seconds from submission to the first token (of any completion) and to the last, measured
+    # by the frontend.
     time_to_first_token_s: float
     latency_s: float
 
@@ -187,15 +190,26 @@ class LLM:
         return params
 
     def _run(self, texts, ids, params):
-        requests = [self._request(ids[i], params[i]) for i in range(len(ids))]
-        results = self._llm.generate(requests)
+        counts = []
+        for i, p in enumerate(params):
+            if not isinstance(p, SamplingParams):
+                raise ValueError(f"sampling_params must be SamplingParams, got {type(p).__name__}")
+            if isinstance(p.n, bool) or not isinstance(p.n, int) or p.n < 1:
+                raise ValueError(f"n = {p.n!r} must be an int >= 1")
+            counts.append(p.n)
+        # One engine request per completion, all in one batch: a refusal drops them all.
+        requests = [self._request(ids[i], params[i], j)
+                    for i in range(len(ids)) for j in range(counts[i])]
+        results = iter(self._llm.generate(requests))
         outputs = []
-        for i, g in enumerate(results):
-            tokens = list(g.token_ids)
-            completion = CompletionOutput(0, g.text, tokens, g.finish_reason,
-                                          g.logprobs if params[i].logprobs is not None else None)
-            outputs.append(RequestOutput(i, texts[i], ids[i], [completion],
-                                         g.time_to_first_token_s, g.latency_s))
+        for i in range(len(ids)):
+            generated = [next(results) for _ in range(counts[i])]
+            completions = [CompletionOutput(j, g.text, list(g.token_ids), g.finish_reason,
+                                            g.logprobs if params[i].logprobs is not None else None)
+                           for j, g in enumerate(generated)]
+            outputs.append(RequestOutput(i, texts[i], ids[i], completions,
+                                         min(g.time_to_first_token_s for g in generated),
+                                         max(g.latency_s for g in generated)))
         return outputs
 
     def _prompt(self, i, p):
@@ -220,17 +234,15 @@ class LLM:
             raise ValueError(f"prompts[{i}] is empty: a prompt needs at least one token")
         return None, tokens
 
-    def _request(self, tokens, p: SamplingParams):
-        if not isinstance(p, SamplingParams):
-            raise ValueError(f"sampling_params must be SamplingParams, got {type(p).__name__}")
+    def _request(self, tokens, p: SamplingParams, completion: int):
         stop = [int(t) for t in p.stop_token_ids]
         eos = self._llm.eos_token_id
         if not p.ignore_eos and eos is not None:
             stop.append(eos)
         top_k = 0 if p.top_k == -1 else int(p.top_k)
-        seed = random.getrandbits(63) if p.seed is None else int(p.seed)
-        if seed < 0:
-            raise ValueError(f"seed = {seed} must be >= 0")
+        if p.seed is not None and int(p.seed) < 0:
+            raise ValueError(f"seed = {p.seed} must be >= 0")
+        seed = random.getrandbits(63) if p.seed is None else int(p.seed) + completion
         logprobs = -1 if p.logprobs is None else int(p.logprobs)
         stop_strings = [p.stop] if isinstance(p.stop, str) else list(p.stop or ())
         for s in stop_strings:

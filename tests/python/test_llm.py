@@ -112,6 +112,26 @@ def test_stop_token_ends_the_request(text_llm):
     assert out.finish_reason == "stop"
 
 
+def test_n_completions_are_the_seeds_one_after_another(text_llm):
+    prompt = [5, 6, 7, 8]
+    sampled = dict(max_tokens=6, temperature=1.0, top_k=50, ignore_eos=True)
+    out = text_llm.generate(prompt, dcp.SamplingParams(n=3, seed=40, **sampled))[0]
+    assert [c.index for c in out.outputs] == [0, 1, 2]
+    for j, c in enumerate(out.outputs):
+        alone = text_llm.generate(prompt, dcp.SamplingParams(seed=40 + j, **sampled))[0].outputs[0]
+        assert (c.token_ids, c.text) == (alone.token_ids, alone.text)
+    assert len({tuple(c.token_ids) for c in out.outputs}) > 1  # the seeds differ
+    greedy = text_llm.generate([prompt, [9]], dcp.SamplingParams(n=2, max_tokens=4, temperature=0))
+    assert [len(r.outputs) for r in greedy] == [2, 2]
+    assert greedy[0].outputs[0].token_ids == greedy[0].outputs[1].token_ids
+
+
+@pytest.mark.parametrize("n", [0, 1.5, True])
+def test_bad_n_raises(text_llm, n):
+    with pytest.raises(ValueError, match="must be an int >= 1"):
+        text_llm.generate([[1, 2]], dcp.SamplingParams(n=n))
+
+
 def test_a_stop_string_ends_the_text_before_it(checkpoint, text_llm):
     prompt = "Once upon a time"
     params = dict(max_tokens=24, temperature=0, ignore_eos=True, logprobs=1)
