@@ -186,7 +186,12 @@ std::vector<std::string> stream_pieces(TextStream& s, const std::string& tokens)
 
 TEST(TextStream, EndsBeforeTheFirstStopStringAcrossTokens) {
   const Tokenizer t = make(small_tokenizer({}));
-  TextStream s(&t, {"cd", "xyz", ""}, false);  // the empty string stops nothing
+  EXPECT_TRUE(test::throws_error(
+      [&] {
+        TextStream(&t, {"cd", ""}, false);
+      },
+      ErrorCategory::invalid_argument, "must not be empty"));
+  TextStream s(&t, {"cd", "xyz"}, false);
   // "c" is held back until "d" completes "cd"; what follows is dropped.
   EXPECT_EQ(stream_pieces(s, "abcdef"), (std::vector<std::string>{"a", "b", "", "", "", "", ""}));
   EXPECT_TRUE(s.stopped());

@@ -13,7 +13,8 @@ namespace dcp {
 
 class TextStream {
  public:
-  // `tokenizer` may be null (a server without one produces no text, only ids).
+  // `tokenizer` may be null (a server without one produces no text, only ids). Throws dcp::Error
+  // (invalid_argument) on an empty stop string, which would match before any text.
   TextStream(const Tokenizer* tokenizer, std::vector<std::string> stops, bool skip_special_tokens);
 
   // Feeds one generated token; returns the text that is now safe to show. Once a stop string

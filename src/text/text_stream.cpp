@@ -2,13 +2,17 @@
 
 #include <algorithm>
 
+#include "dcp/error.h"
+
 namespace dcp {
 
 TextStream::TextStream(const Tokenizer* tokenizer, std::vector<std::string> stops,
                        bool skip_special_tokens)
     : tokenizer_(tokenizer), stops_(std::move(stops)) {
+  for (const std::string& s : stops_) {
+    DCP_ARG_CHECK(!s.empty(), "a stop string must not be empty");
+  }
   if (tokenizer_) decoder_.emplace(*tokenizer_, skip_special_tokens);
-  stops_.erase(std::remove(stops_.begin(), stops_.end(), std::string()), stops_.end());
 }
 
 std::string TextStream::push(std::int32_t token) {

@@ -217,6 +217,8 @@ def case_errors(s):
     expect(400, {"prompt": "hi", "top_p": 1.5}, "top_p")
     expect(400, {"prompt": "hi", "n": 0}, "n")
     expect(400, {"prompt": "hi", "stop": 3}, "stop")
+    expect(400, {"prompt": "hi", "stop": ""}, "stop")
+    expect(400, {"prompt": "hi", "stop": ["ok", ""]}, "stop")
     expect(400, {"prompt": "hi", "presence_penalty": 0.5}, "presence_penalty")
     expect(400, {"prompt": [1, 2, 100000]}, "prompt")
     expect(400, {"prompt": "hi", "max_tokens": 10**6})

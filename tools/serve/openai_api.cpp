@@ -80,12 +80,14 @@ std::vector<std::int32_t> token_ids(const json& v, const std::string& param, int
 std::vector<std::string> stop_strings(const json& obj) {
   const json* v = field(obj, "stop");
   if (!v) return {};
-  if (v->is_string()) return {v->get<std::string>()};
-  if (!v->is_array() || v->size() > 16)
+  if (!v->is_string() && (!v->is_array() || v->size() > 16))
     bad("stop", "'stop' must be a string or a list of at most 16 strings");
   std::vector<std::string> out;
-  for (const json& s : *v) {
+  for (const json& s : v->is_string() ? json::array({*v}) : *v) {
     if (!s.is_string()) bad("stop", "'stop' must be a string or a list of strings");
+    // An empty string would match before any text: refused, as vLLM refuses it.
+    if (s.get_ref<const std::string&>().empty())
+      bad("stop", "'stop' cannot contain an empty string");
     out.push_back(s.get<std::string>());
   }
   return out;
