@@ -245,9 +245,9 @@ class LLM:
         seed = random.getrandbits(63) if p.seed is None else int(p.seed) + completion
         logprobs = -1 if p.logprobs is None else int(p.logprobs)
         stop_strings = [p.stop] if isinstance(p.stop, str) else list(p.stop or ())
-        for s in stop_strings:
-            if not isinstance(s, str) or not s:
-                raise ValueError(f"stop = {p.stop!r}: each stop string must be a non-empty str")
+        for s in stop_strings:  # an empty one is refused with the request (TextStream)
+            if not isinstance(s, str):
+                raise ValueError(f"stop = {p.stop!r}: each stop string must be a str")
         return _dcp._GenerateRequest(tokens, int(p.max_tokens), float(p.temperature),
                                      float(p.top_p), top_k, float(p.min_p), seed, stop,
                                      stop_strings, bool(p.skip_special_tokens), logprobs)

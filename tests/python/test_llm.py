@@ -157,7 +157,8 @@ def test_a_stop_string_ends_the_text_before_it(checkpoint, text_llm):
     assert (same.text, same.token_ids, same.finish_reason) == (whole.text, whole.token_ids, "length")
 
 
-@pytest.mark.parametrize("stop,message", [("", "non-empty"), (["a", 3], "non-empty str")])
+@pytest.mark.parametrize("stop,message", [("", "a stop string must not be empty"),
+                                          (["a", 3], "each stop string must be a str")])
 def test_bad_stop_strings_raise(text_llm, stop, message):
     with pytest.raises(ValueError, match=message):
         text_llm.generate("Hi", dcp.SamplingParams(stop=stop))

@@ -55,8 +55,7 @@ inline constexpr const char* kWeightKernelHelp =
 KernelPath parse_attention_kernel(const std::string& name, KvDtype kv_dtype);
 inline constexpr const char* kAttentionKernelHelp =
     "local attention kernel: automatic (fastest exact path), portable, avx2, avx512, or a "
-    "bf16-pair "
-    "path, amx_bf16 or avx512_bf16 (bf16 KV; rounds q and P to bf16)";
+    "bf16-pair path, amx_bf16 or avx512_bf16 (bf16 KV; rounds q and P to bf16)";
 
 // --chat-template FILE: the Jinja template in `path` becomes `tokenizer`'s chat template. Throws
 // dcp::Error naming the flag when the file cannot be read or the template does not parse (the

@@ -35,11 +35,8 @@ std::vector<std::int32_t> token_ids(const nlohmann::json& ids, const Tokenizer& 
 // The prompt the chat template renders over `context_json`; errors name `where`.
 std::string render_chat(const Tokenizer& tok, const std::string& context_json,
                         bool generation_prompt, const std::string& where) {
-  try {
-    return apply_chat_template(tok, context_json, generation_prompt);
-  } catch (const Error& e) {
-    throw Error(e.category(), str(where, ": ", e.what()));
-  }
+  return with_flag(where.c_str(),
+                   [&] { return apply_chat_template(tok, context_json, generation_prompt); });
 }
 
 // A text as one line of JSON (a string); invalid UTF-8 as U+FFFD, so a dump never throws.
