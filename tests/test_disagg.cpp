@@ -145,6 +145,11 @@ TEST(Disaggregation, DecodeAfterTransferEqualsMonolithic) {
   const int lengths[] = {1, 7, 67, 130};  // not multiples of the page size or N
   for (int i = 0; i < 4; ++i)
     reqs.push_back(test::request(i, test::random_tokens(rng, lengths[i], c.vocab_size), 5));
+  // Penalties span the handoff: the decode side counts the first token, chosen by the prefill side.
+  reqs[2].sampling.repetition_penalty = 0.6;
+  reqs[2].sampling.presence_penalty = -1.5;
+  reqs[3].sampling.logit_bias = {{reqs[3].prompt[0], 5.0}};
+  reqs[3].sampling.frequency_penalty = 2;
   const DisaggCase cases[] = {{1, 4, 4, 1},  {1, 4, 4, 64}, {1, 2, 2, 16},
                               {2, 2, 2, 64}, {4, 4, 4, 1},  {2, 4, 2, 16}};
   for (const DisaggCase& k : cases) {

@@ -76,6 +76,15 @@ TEST(Engine, RejectsInvalidRequestsNamingThemAndChangingNothing) {
           engine.submit(request(1, {1, c.vocab_size}, 3));
         },
         bad, "is outside the vocabulary"));
+    RequestSpec biased = request(1, {1, 2}, 3);
+    biased.sampling.logit_bias[c.vocab_size] = 1;
+    EXPECT_TRUE(throws_error([&] { engine.submit(biased); }, bad,
+                             "request 1: logit_bias: token 512 is outside the vocabulary"));
+    RequestSpec continued = request(1, {1, 2}, 3);
+    continued.continue_from = 0;
+    continued.sampling.repetition_penalty = 1.1;
+    EXPECT_TRUE(throws_error([&] { engine.submit(continued); }, bad,
+                             "request 1: repetition_penalty does not combine with continue_from"));
     EXPECT_TRUE(engine.results().empty()) << "a refused request left a result behind";
     EXPECT_EQ(engine.waiting(), 0);
     engine.submit(request(1, {1, 2}, 2));
@@ -151,7 +160,9 @@ TEST(Engine, SampledTokensAreTheSameUnderAnyDcpSize) {
   std::vector<RequestSpec> reqs;
   for (int i = 0; i < 3; ++i) {
     RequestSpec r = request(i, random_tokens(rng, 20 + 9 * i, c.vocab_size), 12);
-    r.sampling = {0.9, 0.95, 0, 0.0, 1000 + static_cast<std::uint64_t>(i)};
+    r.sampling.temperature = 0.9;
+    r.sampling.top_p = 0.95;
+    r.sampling.seed = 1000 + static_cast<std::uint64_t>(i);
     reqs.push_back(r);
   }
   EngineSetup s;
@@ -170,6 +181,75 @@ TEST(Engine, SampledTokensAreTheSameUnderAnyDcpSize) {
     differ += other.results[i].output_tokens != two.results[i].output_tokens;
   }
   EXPECT_GT(differ, 0) << "another seed drew the same tokens for every request";
+}
+
+// Penalties and biases: each step's token is the greedy choice of that step's recorded logits
+// adjusted as a float64 reference does it, given the prompt and the tokens before; the same
+// tokens under DCP 2 and under speculative decoding (whose acceptance applies them too).
+TEST(Engine, PenaltiesAndBiasChooseFromTheAdjustedLogitsAtEveryStep) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 2);
+  const auto w = make_synthetic_weights(8);
+  std::vector<RequestSpec> reqs, plain;
+  for (int i = 0; i < 4; ++i) {
+    RequestSpec r = request(i, random_tokens(rng, 5 + 23 * i, c.vocab_size), 14);
+    plain.push_back(r);
+    // Greedy decoding of a random model seldom repeats a token: penalties below 1 or 0 make it
+    // favour the prompt's tokens (0) or its own (1), so that they change the tokens chosen.
+    const double repetition[] = {0.5, 1.0, 1.6, 1.2}, presence[] = {0.0, -2.0, 0.7, 0.4},
+                 frequency[] = {0.3, -1.5, 2.0, 0.0};
+    r.sampling.repetition_penalty = repetition[i];
+    r.sampling.presence_penalty = presence[i];
+    r.sampling.frequency_penalty = frequency[i];
+    if (i == 3) r.sampling.logit_bias = {{r.prompt[0], 30.0}, {7, -100.0}};
+    reqs.push_back(r);
+  }
+  EngineSetup s;
+  s.tp = 2;
+  s.page_size = 4;
+  const EngineRun base = run_engine(c, *w, s, plain);
+  const EngineRun one = run_engine(c, *w, s, reqs);
+  const int vocab = c.vocab_size;
+  int changed = 0;
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    const RequestResult& r = one.results[i];
+    const SamplingParams& p = reqs[i].sampling;
+    ASSERT_EQ(r.step_logits.size(), r.output_tokens.size() * static_cast<std::size_t>(vocab));
+    changed += r.output_tokens != base.results[i].output_tokens;
+    for (std::size_t k = 0; k < r.output_tokens.size(); ++k) {
+      std::vector<double> adjusted(r.step_logits.begin() + k * vocab,
+                                   r.step_logits.begin() + (k + 1) * vocab);
+      const std::vector<std::int32_t> before(r.output_tokens.begin(), r.output_tokens.begin() + k);
+      for (int t = 0; t < vocab; ++t) {
+        double& x = adjusted[static_cast<std::size_t>(t)];
+        if (p.logit_bias.count(t)) x += p.logit_bias.at(t);
+        const auto n = std::count(before.begin(), before.end(), t);
+        if (n > 0 || std::count(reqs[i].prompt.begin(), reqs[i].prompt.end(), t) > 0)
+          x = x > 0 ? x / p.repetition_penalty : x * p.repetition_penalty;
+        x -= p.frequency_penalty * static_cast<double>(n) + p.presence_penalty * (n > 0);
+      }
+      const auto best = std::max_element(adjusted.begin(), adjusted.end()) - adjusted.begin();
+      EXPECT_EQ(r.output_tokens[k], best) << "request " << i << " step " << k;
+    }
+  }
+  EXPECT_GT(changed, 2) << changed
+                        << ": the penalties changed too few requests' tokens to be tested";
+  s.dcp = 2;
+  const EngineRun two = run_engine(c, *w, s, reqs);
+  s.num_draft_tokens = 3;
+  s.draft_weights = w.get();
+  s.draft_config = preset_config("tiny", 1);
+  const EngineRun spec = run_engine(c, *w, s, reqs);
+  EXPECT_GT(spec.stats.spec_accepted, 0);
+  // A draft equal to the target proposes with the same penalties: every proposal is accepted.
+  s.draft_config = c;
+  const EngineRun exact = run_engine(c, *w, s, reqs);
+  EXPECT_EQ(exact.stats.spec_accepted, exact.stats.spec_proposed);
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(two.results[i].output_tokens, one.results[i].output_tokens) << "request " << i;
+    EXPECT_EQ(spec.results[i].output_tokens, one.results[i].output_tokens) << "request " << i;
+    EXPECT_EQ(exact.results[i].output_tokens, one.results[i].output_tokens) << "request " << i;
+  }
 }
 
 TEST(Engine, StopTokenEndsTheRequestAtItsFirstOccurrence) {

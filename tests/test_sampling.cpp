@@ -14,6 +14,17 @@
 namespace dcp {
 namespace {
 
+SamplingParams params(double temperature, double top_p, int top_k, double min_p,
+                      std::uint64_t seed) {
+  SamplingParams p;
+  p.temperature = temperature;
+  p.top_p = top_p;
+  p.top_k = top_k;
+  p.min_p = min_p;
+  p.seed = seed;
+  return p;
+}
+
 // The reference: softmax(logits / T); keep the top_k most likely (ties by lower id); of those,
 // the shortest most-likely prefix whose mass reaches top_p; of those, every token whose
 // probability is at least min_p times the largest. Renormalised.
@@ -69,7 +80,7 @@ std::vector<SamplingParams> parameter_grid() {
   for (double t : {0.0, 0.3, 1.0, 1.7}) {
     for (int k : {0, 1, 5, 40}) {
       for (double top_p : {1.0, 0.9, 0.5}) {
-        for (double min_p : {0.0, 0.05, 0.3}) grid.push_back({t, top_p, k, min_p, 7});
+        for (double min_p : {0.0, 0.05, 0.3}) grid.push_back(params(t, top_p, k, min_p, 7));
       }
     }
   }
@@ -96,9 +107,8 @@ TEST(Sampling, DrawsFollowTheDistributionAndNeverPickATruncatedToken) {
   auto rng = test::make_rng();
   const int vocab = 12;
   const std::vector<float> logits = random_logits(rng, vocab, 1.0f);
-  for (const SamplingParams& base :
-       {SamplingParams{1.0, 1.0, 0, 0.0, 0}, SamplingParams{0.7, 0.8, 0, 0.0, 0},
-        SamplingParams{1.3, 1.0, 4, 0.0, 0}, SamplingParams{1.0, 1.0, 0, 0.2, 0}}) {
+  for (const SamplingParams& base : {params(1.0, 1.0, 0, 0.0, 0), params(0.7, 0.8, 0, 0.0, 0),
+                                     params(1.3, 1.0, 4, 0.0, 0), params(1.0, 1.0, 0, 0.2, 0)}) {
     SamplingParams p = base;
     p.seed = test::test_seed();
     const std::vector<double> want = reference_distribution(logits, p);
@@ -125,7 +135,7 @@ TEST(Sampling, GreedyIsTheFirstMaximumAndDrawsAreDeterministic) {
   EXPECT_EQ(sample_token(tie.data(), 4, SamplingParams{}, 0), 1);
   auto rng = test::make_rng();
   const std::vector<float> logits = random_logits(rng, 500, 1.0f);
-  SamplingParams p{1.0, 0.95, 0, 0.0, 42};
+  SamplingParams p = params(1.0, 0.95, 0, 0.0, 42);
   std::vector<std::int32_t> a, b, c;
   for (std::uint64_t s = 0; s < 64; ++s) {
     a.push_back(sample_token(logits.data(), 500, p, s));
@@ -160,15 +170,86 @@ TEST(Sampling, LogprobsAreTheFloat64LogSoftmax) {
 
 TEST(Sampling, RefusesParametersOutsideTheirRanges) {
   const auto refused = [](SamplingParams p, const char* what) {
-    return test::throws_error([&] { validate(p); }, ErrorCategory::invalid_argument, what);
+    return test::throws_error([&] { validate(p, 50); }, ErrorCategory::invalid_argument, what);
   };
-  EXPECT_TRUE(refused({-0.1, 1, 0, 0, 0}, "temperature = -0.1 must be in [0, 100]"));
-  EXPECT_TRUE(refused({NAN, 1, 0, 0, 0}, "temperature"));
-  EXPECT_TRUE(refused({1, 0, 0, 0, 0}, "top_p = 0 must be in (0, 1]"));
-  EXPECT_TRUE(refused({1, 1.5, 0, 0, 0}, "top_p"));
-  EXPECT_TRUE(refused({1, 1, -2, 0, 0}, "top_k = -2 must be >= 0"));
-  EXPECT_TRUE(refused({1, 1, 0, 2, 0}, "min_p = 2 must be in [0, 1]"));
-  validate(SamplingParams{0.5, 0.9, 10, 0.1, 3});
+  EXPECT_TRUE(refused(params(-0.1, 1, 0, 0, 0), "temperature = -0.1 must be in [0, 100]"));
+  EXPECT_TRUE(refused(params(NAN, 1, 0, 0, 0), "temperature"));
+  EXPECT_TRUE(refused(params(1, 0, 0, 0, 0), "top_p = 0 must be in (0, 1]"));
+  EXPECT_TRUE(refused(params(1, 1.5, 0, 0, 0), "top_p"));
+  EXPECT_TRUE(refused(params(1, 1, -2, 0, 0), "top_k = -2 must be >= 0"));
+  EXPECT_TRUE(refused(params(1, 1, 0, 2, 0), "min_p = 2 must be in [0, 1]"));
+  validate(params(0.5, 0.9, 10, 0.1, 3), 50);
+  const auto with = [](auto set) {
+    SamplingParams p;
+    set(p);
+    return p;
+  };
+  EXPECT_TRUE(refused(with([](SamplingParams& p) { p.repetition_penalty = 0; }),
+                      "repetition_penalty = 0 must be > 0 (1: off)"));
+  EXPECT_TRUE(
+      refused(with([](SamplingParams& p) { p.repetition_penalty = INFINITY; }), "repetition"));
+  EXPECT_TRUE(refused(with([](SamplingParams& p) { p.presence_penalty = 2.5; }),
+                      "presence_penalty = 2.5 must be in [-2, 2]"));
+  EXPECT_TRUE(refused(with([](SamplingParams& p) { p.frequency_penalty = -2.01; }),
+                      "frequency_penalty = -2.01 must be in [-2, 2]"));
+  EXPECT_TRUE(refused(with([](SamplingParams& p) { p.logit_bias[50] = 1; }),
+                      "logit_bias: token 50 is outside the vocabulary [0, 50)"));
+  EXPECT_TRUE(refused(with([](SamplingParams& p) { p.logit_bias[-1] = 1; }), "token -1"));
+  EXPECT_TRUE(refused(with([](SamplingParams& p) { p.logit_bias[3] = 100.5; }),
+                      "logit_bias: token 3's bias 100.5 must be in [-100, 100]"));
+  validate(with([](SamplingParams& p) {
+             p.repetition_penalty = 1.3;
+             p.presence_penalty = -2;
+             p.frequency_penalty = 2;
+             p.logit_bias = {{0, -100}, {49, 100}};
+           }),
+           50);
+}
+
+// The adjustments written out in float64: bias, then the repetition penalty over the prompt and
+// output, then frequency and presence over the output.
+std::vector<double> reference_adjusted(const std::vector<float>& logits, const SamplingParams& p,
+                                       const std::vector<std::int32_t>& prompt,
+                                       const std::vector<std::int32_t>& output) {
+  std::vector<double> out(logits.begin(), logits.end());
+  for (std::size_t t = 0; t < out.size(); ++t) {
+    const auto id = static_cast<std::int32_t>(t);
+    if (p.logit_bias.count(id)) out[t] += p.logit_bias.at(id);
+    const auto n = std::count(output.begin(), output.end(), id);
+    if (n > 0 || std::count(prompt.begin(), prompt.end(), id) > 0)
+      out[t] = out[t] > 0 ? out[t] / p.repetition_penalty : out[t] * p.repetition_penalty;
+    out[t] -= p.frequency_penalty * static_cast<double>(n) + p.presence_penalty * (n > 0);
+  }
+  return out;
+}
+
+TEST(Sampling, PenaltiesAndBiasAdjustTheLogitsAsTheReference) {
+  auto rng = test::make_rng();
+  const int vocab = 40;
+  for (int trial = 0; trial < 50; ++trial) {
+    const std::vector<float> logits = random_logits(rng, vocab, 3.0f);
+    // Few distinct ids, so tokens repeat within and across prompt and output; either may be empty.
+    const auto tokens = [&](int max_len) {
+      std::vector<std::int32_t> t(static_cast<std::size_t>(rng.range(0, max_len)));
+      for (auto& x : t) x = static_cast<std::int32_t>(rng.range(0, 11));
+      return t;
+    };
+    const std::vector<std::int32_t> prompt = tokens(8), output = tokens(10);
+    SamplingParams p;
+    p.repetition_penalty = trial % 3 == 0 ? 1.0 : 1 + 0.9 * rng.uniform(-1, 1);
+    p.presence_penalty = trial % 4 == 1 ? 0.0 : 2 * rng.uniform(-1, 1);
+    p.frequency_penalty = trial % 5 == 2 ? 0.0 : 2 * rng.uniform(-1, 1);
+    for (int b = 0; b < trial % 4; ++b)
+      p.logit_bias[static_cast<std::int32_t>(rng.range(0, vocab - 1))] = 100 * rng.uniform(-1, 1);
+    const std::vector<double> want = reference_adjusted(logits, p, prompt, output);
+    const std::vector<float> got = adjusted_logits(logits.data(), vocab, p, prompt, output);
+    ASSERT_EQ(got.size(), want.size());
+    for (int i = 0; i < vocab; ++i) {
+      const double w = want[static_cast<std::size_t>(i)];
+      EXPECT_NEAR(got[static_cast<std::size_t>(i)], w, 1e-5 * (1 + std::abs(w)))
+          << "trial " << trial << " token " << i;
+    }
+  }
 }
 
 }  // namespace

@@ -137,7 +137,10 @@ TEST(Serving, SeededSamplingGivesTheSameTextUnderAnyDcpSize) {
   auto rng = test::make_rng();
   const auto w = make_synthetic_weights(22);
   ServeRequest r = greedy(test::random_tokens(rng, 30, 64), 16);
-  r.sampling = {0.8, 0.9, 20, 0.0, 12345};
+  r.sampling.temperature = 0.8;
+  r.sampling.top_p = 0.9;
+  r.sampling.top_k = 20;
+  r.sampling.seed = 12345;
   r.logprobs = 3;
   std::vector<std::vector<std::int32_t>> outs;
   for (int dcp : {1, 2}) {
@@ -147,6 +150,29 @@ TEST(Serving, SeededSamplingGivesTheSameTextUnderAnyDcpSize) {
     outs.push_back(u.tokens);
   }
   EXPECT_EQ(outs[0], outs[1]);
+}
+
+// Penalties and biases travel with the request to every rank: the served tokens equal a batch
+// run's with the same parameters (and differ from the plain request's).
+TEST(Serving, PenaltiesAndBiasReachEveryRank) {
+  auto rng = test::make_rng();
+  const auto w = make_synthetic_weights(25);
+  ServeRequest r = greedy(test::random_tokens(rng, 20, 64), 12);
+  r.sampling.repetition_penalty = 0.6;
+  r.sampling.presence_penalty = -1.5;
+  r.sampling.frequency_penalty = -0.5;
+  r.sampling.logit_bias = {{r.prompt[3], 8.0}, {r.prompt[5], -100.0}};
+  DeploymentSpec batch = small_spec(*w, 2, 2, 2);
+  RequestSpec spec;
+  spec.prompt = r.prompt;
+  spec.max_new_tokens = r.max_new_tokens;
+  spec.sampling = r.sampling;
+  batch.requests.push_back(spec);
+  const DeploymentReport want = run_deployment(batch).report;
+  Running server(small_spec(*w, 2, 2, 2));
+  EXPECT_EQ(drain_stream(*server->submit(r)).tokens, want.results[0].output_tokens);
+  EXPECT_NE(drain_stream(*server->submit(greedy(r.prompt, 12))).tokens,
+            want.results[0].output_tokens);
 }
 
 TEST(Serving, CancelFreesTheKvWithinAStepAndTheOthersFinish) {
@@ -200,6 +226,9 @@ TEST(Serving, RefusesWhatItCannotServeAndKeepsServing) {
   ServeRequest hot = greedy({1, 2}, 3);
   hot.sampling.top_p = 0;
   expect_refusal(hot, Refusal::invalid, "top_p");
+  ServeRequest biased = greedy({1, 2}, 3);
+  biased.sampling.logit_bias[server->config().vocab_size] = 2;
+  expect_refusal(biased, Refusal::invalid, "logit_bias: token 512 is outside the vocabulary");
   // One request takes nearly the whole cache; the next waits; a third is past the queue bound.
   const auto big =
       server->submit(greedy(test::random_tokens(rng, 30, 64), static_cast<int>(cap) - 34));

@@ -165,6 +165,9 @@ class Engine {
   bool run_prefill();
   bool run_decode();
   bool run_speculative();
+  // The token request l chooses from `logits` after emitting `output`.
+  std::int32_t choose(const Live& l, const float* logits,
+                      std::span<const std::int32_t> output) const;
   // Feeds each request's pending tokens to the draft, then proposes up to k tokens each.
   std::vector<std::vector<std::int32_t>> propose(const std::vector<std::size_t>& members,
                                                  const std::vector<int>& k);

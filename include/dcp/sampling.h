@@ -1,12 +1,15 @@
 // Choosing the next token from a step's logits: greedy, or a seeded draw after temperature,
-// top-k, top-p and min-p truncation; and the log-probabilities a client may ask for.
+// top-k, top-p and min-p truncation; the penalties and biases applied to the logits first; and
+// the log-probabilities a client may ask for.
 //
-// A draw is a pure function of (logits, params, seed, step): every rank of a group computes the
-// same logits and so the same token with no extra collective, and the same seed and request give
-// the same text on every run.
+// A draw is a pure function of (logits, params, tokens so far, seed, step): every rank of a group
+// computes the same logits and so the same token with no extra collective, and the same seed and
+// request give the same text on every run.
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <span>
 #include <vector>
 
 namespace dcp {
@@ -17,11 +20,33 @@ struct SamplingParams {
   int top_k = 0;           // 0: off; else only the k most likely tokens
   double min_p = 0;        // [0, 1]: drop tokens below min_p x the most likely one's probability
   std::uint64_t seed = 0;  // the draw for step s is a function of (seed, s)
+  // Logit adjustments, applied before temperature and truncation (greedy chooses the maximum of
+  // the adjusted logits), in vLLM's order and with its meaning:
+  // logit_bias: added to its token's logit; [-100, 100] each (OpenAI's range).
+  std::map<std::int32_t, double> logit_bias;
+  // repetition_penalty > 0: the logit of every token of the prompt or the output so far is
+  // divided by it where positive and multiplied by it where not (1: off).
+  double repetition_penalty = 1;
+  // [-2, 2]: subtracted once from the logit of every token the output holds so far (presence)
+  // and once per occurrence (frequency); the prompt does not count.
+  double presence_penalty = 0;
+  double frequency_penalty = 0;
   bool greedy() const noexcept { return temperature == 0; }
+  bool adjusts_logits() const noexcept {
+    return !logit_bias.empty() || repetition_penalty != 1 || presence_penalty != 0 ||
+           frequency_penalty != 0;
+  }
 };
 
-// Throws dcp::Error(invalid_argument) naming the field and its legal range.
-void validate(const SamplingParams& p);
+// Throws dcp::Error(invalid_argument) naming the field and its legal range (logit_bias tokens in
+// [0, vocab)).
+void validate(const SamplingParams& p, int vocab);
+
+// The logits the choice is made from: `logits` with p's bias and penalties applied, given the
+// request's prompt and the tokens it has emitted so far.
+std::vector<float> adjusted_logits(const float* logits, int vocab, const SamplingParams& p,
+                                   std::span<const std::int32_t> prompt,
+                                   std::span<const std::int32_t> output);
 
 struct TokenLogprob {
   std::int32_t token = 0;

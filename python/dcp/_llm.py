@@ -10,7 +10,7 @@ The ranks run as threads of this process for as long as the LLM lives (``close()
 import dataclasses
 import json
 import random
-from typing import List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 from . import _dcp
 
@@ -24,7 +24,11 @@ class SamplingParams:
     EOS token unless ignore_eos, or where the text comes to contain a string of stop (the text
     ends before it; the token that completed it is the last). logprobs k (0-20) returns each
     step's chosen token and the k most likely ones. n completions of each prompt are sampled,
-    the i-th with seed + i when seeded (as dcp serve does).
+    the i-th with seed + i when seeded (as dcp serve does). logit_bias {token id: bias in
+    [-100, 100]} is added to the logits; then repetition_penalty (> 0) divides the positive logits
+    of tokens of the prompt or the output so far and multiplies the others; then
+    frequency_penalty and presence_penalty ([-2, 2]) are subtracted per occurrence and once from
+    the logits of tokens the output holds (vLLM's meanings and order).
     """
     n: int = 1
     max_tokens: int = 16
@@ -32,6 +36,10 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: Optional[Dict[int, float]] = None
     seed: Optional[int] = None
     stop: Union[str, Sequence[str], None] = None
     stop_token_ids: Sequence[int] = ()
@@ -248,6 +256,12 @@ class LLM:
         for s in stop_strings:  # an empty one is refused with the request (TextStream)
             if not isinstance(s, str):
                 raise ValueError(f"stop = {p.stop!r}: each stop string must be a str")
+        try:
+            bias = {int(t): float(b) for t, b in (p.logit_bias or {}).items()}
+        except (AttributeError, TypeError, ValueError):
+            raise ValueError(f"logit_bias = {p.logit_bias!r} must map token ids to numbers") from None
         return _dcp._GenerateRequest(tokens, int(p.max_tokens), float(p.temperature),
-                                     float(p.top_p), top_k, float(p.min_p), seed, stop,
+                                     float(p.top_p), top_k, float(p.min_p),
+                                     float(p.presence_penalty), float(p.frequency_penalty),
+                                     float(p.repetition_penalty), bias, seed, stop,
                                      stop_strings, bool(p.skip_special_tokens), logprobs)

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <future>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -357,7 +358,9 @@ void bind_llm(py::module_& m) {
 
   py::class_<GenerateRequest>(m, "_GenerateRequest")
       .def(py::init([](std::vector<std::int32_t> prompt, int max_new_tokens, double temperature,
-                       double top_p, int top_k, double min_p, std::uint64_t seed,
+                       double top_p, int top_k, double min_p, double presence_penalty,
+                       double frequency_penalty, double repetition_penalty,
+                       std::map<std::int32_t, double> logit_bias, std::uint64_t seed,
                        std::vector<std::int32_t> stop_token_ids, std::vector<std::string> stop,
                        bool skip_special_tokens, int logprobs) {
              GenerateRequest r;
@@ -367,6 +370,10 @@ void bind_llm(py::module_& m) {
              r.sampling.top_p = top_p;
              r.sampling.top_k = top_k;
              r.sampling.min_p = min_p;
+             r.sampling.presence_penalty = presence_penalty;
+             r.sampling.frequency_penalty = frequency_penalty;
+             r.sampling.repetition_penalty = repetition_penalty;
+             r.sampling.logit_bias = std::move(logit_bias);
              r.sampling.seed = seed;
              r.stop_token_ids = std::move(stop_token_ids);
              r.stop = std::move(stop);
@@ -375,8 +382,10 @@ void bind_llm(py::module_& m) {
              return r;
            }),
            py::arg("prompt"), py::arg("max_new_tokens"), py::arg("temperature"), py::arg("top_p"),
-           py::arg("top_k"), py::arg("min_p"), py::arg("seed"), py::arg("stop_token_ids"),
-           py::arg("stop"), py::arg("skip_special_tokens"), py::arg("logprobs"));
+           py::arg("top_k"), py::arg("min_p"), py::arg("presence_penalty"),
+           py::arg("frequency_penalty"), py::arg("repetition_penalty"), py::arg("logit_bias"),
+           py::arg("seed"), py::arg("stop_token_ids"), py::arg("stop"),
+           py::arg("skip_special_tokens"), py::arg("logprobs"));
 
   py::class_<Generated>(m, "_Generated")
       .def_readonly("token_ids", &Generated::tokens)

@@ -58,13 +58,17 @@ void Engine::submit(const RequestSpec& spec) {
                   " is outside the vocabulary [0, ", model_.config().vocab_size, ")");
   }
   try {
-    validate(spec.sampling);
+    validate(spec.sampling, model_.config().vocab_size);
   } catch (const Error& e) {
     throw Error(e.category(), str("request ", spec.id, ": ", e.what()));
   }
   DCP_ARG_CHECK(spec.sampling.greedy() || options_.num_draft_tokens == 0, "request ", spec.id,
                 ": sampling (temperature > 0) does not combine with speculative decoding, whose "
                 "verification is greedy");
+  // A continuation's prompt is its new turn only; the earlier turns' tokens are not kept.
+  DCP_ARG_CHECK(spec.sampling.repetition_penalty == 1 || !spec.continue_from, "request ", spec.id,
+                ": repetition_penalty does not combine with continue_from (the penalty covers the "
+                "prompt, and a continuation's earlier turns are not kept as tokens)");
   DCP_ARG_CHECK(spec.logprobs >= -1 && spec.logprobs <= 20, "request ", spec.id,
                 ": logprobs = ", spec.logprobs, " must be in [0, 20] (-1: none)");
   for (const RequestResult& r : results_) {
@@ -148,6 +152,11 @@ void Engine::adopt(const RequestSpec& spec, std::int32_t first_token) {
   DCP_ARG_CHECK(
       spec.max_new_tokens >= 1 && first_token >= 0 && first_token < model_.config().vocab_size,
       "adopt: request ", spec.id, " needs max_new_tokens >= 1 and a first token in the vocabulary");
+  try {
+    validate(spec.sampling, model_.config().vocab_size);
+  } catch (const Error& e) {
+    throw Error(e.category(), str("adopt: request ", spec.id, ": ", e.what()));
+  }
   const std::int64_t final_len =
       static_cast<std::int64_t>(spec.prompt.size()) + spec.max_new_tokens;
   const std::int64_t need =
@@ -287,11 +296,21 @@ void Engine::admit() {
   stats_.max_queue = std::max(stats_.max_queue, static_cast<std::int64_t>(waiting_.size()));
 }
 
+std::int32_t Engine::choose(const Live& l, const float* logits,
+                            std::span<const std::int32_t> output) const {
+  const SamplingParams& p = l.spec.sampling;
+  const int vocab = model_.config().vocab_size;
+  const std::uint64_t step = output.size();
+  if (!p.adjusts_logits()) return sample_token(logits, vocab, p, step);
+  return sample_token(adjusted_logits(logits, vocab, p, l.spec.prompt, output).data(), vocab, p,
+                      step);
+}
+
 void Engine::emit(Live& l, const float* logits) {
   RequestResult& r = results_[l.result];
   const int vocab = model_.config().vocab_size;
   if (options_.record_logits) r.step_logits.insert(r.step_logits.end(), logits, logits + vocab);
-  const std::int32_t token = sample_token(logits, vocab, l.spec.sampling, r.output_tokens.size());
+  const std::int32_t token = choose(l, logits, r.output_tokens);
   if (l.spec.logprobs >= 0)
     r.logprobs.push_back(step_logprobs(logits, vocab, token, l.spec.logprobs));
   r.output_tokens.push_back(token);
@@ -446,8 +465,14 @@ std::vector<std::vector<std::int32_t>> Engine::propose(const std::vector<std::si
       in_round.push_back(m);
     }
     const std::vector<float> logits = draft_->forward(batch);
-    for (std::size_t j = 0; j < in_round.size(); ++j)
-      drafts[in_round[j]].push_back(greedy_token(logits.data() + j * vocab, vocab));
+    for (std::size_t j = 0; j < in_round.size(); ++j) {
+      // The draft proposes what the target would choose from its logits: penalties included.
+      const std::size_t m = in_round[j];
+      const Live& l = running_[members[m]];
+      std::vector<std::int32_t> output = results_[l.result].output_tokens;
+      output.insert(output.end(), drafts[m].begin(), drafts[m].end());
+      drafts[m].push_back(choose(l, logits.data() + j * vocab, output));
+    }
   }
   return drafts;
 }
@@ -495,12 +520,14 @@ bool Engine::run_speculative() {
   std::size_t row = 0;
   for (std::size_t m = 0; m < members.size(); ++m) {
     Live& l = running_[members[m]];
-    // Greedy acceptance: keep drafts while they equal the target's choice; the first target
-    // choice that differs (or follows the last draft) is emitted as well.
+    // Greedy acceptance: keep drafts while they equal the target's choice (after the request's
+    // penalties, given the drafts before); the first target choice that differs (or follows the
+    // last draft) is emitted as well.
+    std::vector<std::int32_t> output = results_[l.result].output_tokens;
     int accepted = 0;
     while (accepted < k[m] &&
-           greedy_token(logits.data() + (row + accepted) * vocab, vocab) == drafts[m][accepted])
-      ++accepted;
+           choose(l, logits.data() + (row + accepted) * vocab, output) == drafts[m][accepted])
+      output.push_back(drafts[m][accepted++]);
     // A stop token ends the emission early: what follows it is rolled back as if rejected.
     int emitted = 0;
     while (emitted <= accepted && !l.stopped) emit(l, logits.data() + (row + emitted++) * vocab);

@@ -71,7 +71,7 @@ std::int32_t greedy_token(const float* logits, int vocab) {
   return static_cast<std::int32_t>(std::max_element(logits, logits + vocab) - logits);
 }
 
-void validate(const SamplingParams& p) {
+void validate(const SamplingParams& p, int vocab) {
   DCP_ARG_CHECK(std::isfinite(p.temperature) && p.temperature >= 0 && p.temperature <= 100,
                 "temperature = ", p.temperature, " must be in [0, 100] (0: greedy)");
   DCP_ARG_CHECK(std::isfinite(p.top_p) && p.top_p > 0 && p.top_p <= 1, "top_p = ", p.top_p,
@@ -79,6 +79,45 @@ void validate(const SamplingParams& p) {
   DCP_ARG_CHECK(p.top_k >= 0, "top_k = ", p.top_k, " must be >= 0 (0: off)");
   DCP_ARG_CHECK(std::isfinite(p.min_p) && p.min_p >= 0 && p.min_p <= 1, "min_p = ", p.min_p,
                 " must be in [0, 1]");
+  DCP_ARG_CHECK(std::isfinite(p.repetition_penalty) && p.repetition_penalty > 0,
+                "repetition_penalty = ", p.repetition_penalty, " must be > 0 (1: off)");
+  DCP_ARG_CHECK(std::isfinite(p.presence_penalty) && std::abs(p.presence_penalty) <= 2,
+                "presence_penalty = ", p.presence_penalty, " must be in [-2, 2]");
+  DCP_ARG_CHECK(std::isfinite(p.frequency_penalty) && std::abs(p.frequency_penalty) <= 2,
+                "frequency_penalty = ", p.frequency_penalty, " must be in [-2, 2]");
+  for (const auto& [token, bias] : p.logit_bias) {
+    DCP_ARG_CHECK(token >= 0 && token < vocab, "logit_bias: token ", token,
+                  " is outside the vocabulary [0, ", vocab, ")");
+    DCP_ARG_CHECK(std::isfinite(bias) && std::abs(bias) <= 100, "logit_bias: token ", token,
+                  "'s bias ", bias, " must be in [-100, 100]");
+  }
+}
+
+std::vector<float> adjusted_logits(const float* logits, int vocab, const SamplingParams& p,
+                                   std::span<const std::int32_t> prompt,
+                                   std::span<const std::int32_t> output) {
+  std::vector<float> out(logits, logits + vocab);
+  for (const auto& [token, bias] : p.logit_bias)
+    out[static_cast<std::size_t>(token)] += static_cast<float>(bias);
+  if (p.repetition_penalty != 1) {
+    std::vector<bool> seen(static_cast<std::size_t>(vocab), false);
+    for (auto tokens : {prompt, output}) {
+      for (std::int32_t t : tokens) seen[static_cast<std::size_t>(t)] = true;
+    }
+    const auto rp = static_cast<float>(p.repetition_penalty);
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      if (seen[i]) out[i] = out[i] > 0 ? out[i] / rp : out[i] * rp;
+    }
+  }
+  if (p.presence_penalty != 0 || p.frequency_penalty != 0) {
+    std::vector<std::int32_t> count(static_cast<std::size_t>(vocab), 0);
+    for (std::int32_t t : output) ++count[static_cast<std::size_t>(t)];
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      if (count[i] == 0) continue;
+      out[i] -= static_cast<float>(p.frequency_penalty * count[i] + p.presence_penalty);
+    }
+  }
+  return out;
 }
 
 std::int32_t sample_token(const float* logits, int vocab, const SamplingParams& p,

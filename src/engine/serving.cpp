@@ -18,6 +18,14 @@ void write_spec(ByteWriter& w, const RequestSpec& r) {
   w.i64(r.sampling.top_k);
   w.f64(r.sampling.min_p);
   w.i64(static_cast<std::int64_t>(r.sampling.seed));
+  w.f64(r.sampling.repetition_penalty);
+  w.f64(r.sampling.presence_penalty);
+  w.f64(r.sampling.frequency_penalty);
+  w.i64(static_cast<std::int64_t>(r.sampling.logit_bias.size()));
+  for (const auto& [token, bias] : r.sampling.logit_bias) {
+    w.i64(token);
+    w.f64(bias);
+  }
   w.vec(r.stop_token_ids);
   w.i64(r.logprobs);
 }
@@ -32,6 +40,13 @@ RequestSpec read_spec(ByteReader& in) {
   r.sampling.top_k = static_cast<int>(in.i64());
   r.sampling.min_p = in.f64();
   r.sampling.seed = static_cast<std::uint64_t>(in.i64());
+  r.sampling.repetition_penalty = in.f64();
+  r.sampling.presence_penalty = in.f64();
+  r.sampling.frequency_penalty = in.f64();
+  for (std::int64_t n = in.i64(); n > 0; --n) {
+    const auto token = static_cast<std::int32_t>(in.i64());
+    r.sampling.logit_bias[token] = in.f64();
+  }
   r.stop_token_ids = in.vec<std::int32_t>();
   r.logprobs = static_cast<int>(in.i64());
   return r;
@@ -158,7 +173,7 @@ std::shared_ptr<RequestStream> ServingDeployment::submit(const ServeRequest& req
   refuse_if(req.logprobs < -1 || req.logprobs > 20, Refusal::invalid,
             str("logprobs = ", req.logprobs, " must be in [0, 20]"));
   try {
-    validate(req.sampling);
+    validate(req.sampling, c.vocab_size);
   } catch (const Error& e) {
     throw RefusedError(Refusal::invalid, e.what());
   }

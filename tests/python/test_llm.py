@@ -126,6 +126,37 @@ def test_n_completions_are_the_seeds_one_after_another(text_llm):
     assert greedy[0].outputs[0].token_ids == greedy[0].outputs[1].token_ids
 
 
+def test_logit_bias_and_penalties_change_the_greedy_choice(text_llm):
+    # Outcomes known without the model: a bias of 100 makes its token the greedy choice at every
+    # step; a huge repetition penalty forbids it once emitted (it is not in the prompt).
+    base = dict(max_tokens=4, temperature=0, ignore_eos=True)
+    prompt = [1, 2, 3]
+
+    def tokens(**kw):
+        return text_llm.generate([prompt], dcp.SamplingParams(**base, **kw))[0].outputs[0].token_ids
+    assert tokens(logit_bias={7: 100}) == [7] * 4
+    repeated = tokens(logit_bias={7: 100.0}, repetition_penalty=1e6)
+    assert repeated[0] == 7 and 7 not in repeated[1:]
+    assert tokens(logit_bias={7: 100}, presence_penalty=2, frequency_penalty=2) == [7] * 4
+    first = tokens()[0]
+    assert first not in tokens(logit_bias={first: -100})
+
+
+@pytest.mark.parametrize("params,message", [
+    (dcp.SamplingParams(presence_penalty=2.5), "presence_penalty = 2.5 must be in [-2, 2]"),
+    (dcp.SamplingParams(frequency_penalty=-3), "frequency_penalty = -3 must be in [-2, 2]"),
+    (dcp.SamplingParams(repetition_penalty=0), "repetition_penalty = 0 must be > 0"),
+    (dcp.SamplingParams(logit_bias={10**6: 1}), "logit_bias: token 1000000 is outside the vocabulary"),
+    (dcp.SamplingParams(logit_bias={3: 200}), "logit_bias: token 3's bias 200 must be in [-100, 100]"),
+    (dcp.SamplingParams(logit_bias={"x": 1}), "must map token ids to numbers"),
+    (dcp.SamplingParams(logit_bias=[3]), "must map token ids to numbers"),
+])
+def test_bad_penalties_raise(text_llm, params, message):
+    with pytest.raises(ValueError) as e:
+        text_llm.generate([[1, 2]], params)
+    assert message in str(e.value)
+
+
 @pytest.mark.parametrize("n", [0, 1.5, True])
 def test_bad_n_raises(text_llm, n):
     with pytest.raises(ValueError, match="must be an int >= 1"):

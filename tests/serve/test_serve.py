@@ -183,6 +183,27 @@ def case_stop_strings(s):
     check(r["choices"][0]["finish_reason"] == "stop", "stop token: finish_reason stop")
 
 
+def case_penalties(s):
+    """logit_bias and the penalties, with outcomes known without the model: a bias of 100 makes
+    its token the greedy choice; a huge repetition penalty then forbids it once emitted."""
+    body = {"prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    status, r = s.post("/v1/completions", {**body, "logit_bias": {"7": 100}})
+    check(status == 200 and r["choices"][0]["token_ids"] == [7] * 4, f"a bias of 100 picks token 7 each step: {r}")
+    status, r = s.post("/v1/completions", {**body, "logit_bias": {"7": 100}, "repetition_penalty": 1e6})
+    ids = r["choices"][0]["token_ids"] if status == 200 else []
+    check(ids[:1] == [7] and 7 not in ids[1:], f"the repetition penalty forbids 7 once emitted: {r}")
+    status, r = s.post("/v1/completions", {**body, "logit_bias": {"7": 100}, "frequency_penalty": 2,
+                                           "presence_penalty": 2})
+    check(status == 200 and r["choices"][0]["token_ids"] == [7] * 4, f"penalties of 4 do not outweigh 100: {r}")
+    status, r = s.post("/generate", {"input_ids": [1, 2, 3], "sampling_params": {
+        "max_new_tokens": 3, "temperature": 0, "ignore_eos": True, "logit_bias": {"9": 100}}})
+    check(status == 200 and r["output_ids"] == [9] * 3, f"/generate honours logit_bias: {r}")
+    status, r = s.post("/v1/completions", body)
+    first = r["choices"][0]["token_ids"][0]
+    status, r = s.post("/v1/completions", {**body, "logit_bias": {str(first): -100, "8": 0}})
+    check(status == 200 and first not in r["choices"][0]["token_ids"], f"a bias of -100 forbids {first}: {r}")
+
+
 def case_logprobs(s):
     status, r = s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 3,
                                            "ignore_eos": True})
@@ -219,7 +240,14 @@ def case_errors(s):
     expect(400, {"prompt": "hi", "stop": 3}, "stop")
     expect(400, {"prompt": "hi", "stop": ""}, "stop")
     expect(400, {"prompt": "hi", "stop": ["ok", ""]}, "stop")
-    expect(400, {"prompt": "hi", "presence_penalty": 0.5}, "presence_penalty")
+    expect(400, {"prompt": "hi", "presence_penalty": 2.5}, "presence_penalty")
+    expect(400, {"prompt": "hi", "frequency_penalty": "1"}, "frequency_penalty")
+    expect(400, {"prompt": "hi", "repetition_penalty": 0}, "repetition_penalty")
+    expect(400, {"prompt": "hi", "logit_bias": {"abc": 1}}, "logit_bias")
+    expect(400, {"prompt": "hi", "logit_bias": {"7": 101}}, "logit_bias")
+    expect(400, {"prompt": "hi", "logit_bias": {"100000": 1}}, "logit_bias")
+    expect(400, {"prompt": "hi", "logit_bias": [7]}, "logit_bias")
+    expect(400, {"text": "hi", "sampling_params": {"logit_bias": {"-1": 1}}}, "logit_bias", path="/generate")
     expect(400, {"prompt": [1, 2, 100000]}, "prompt")
     expect(400, {"prompt": "hi", "max_tokens": 10**6})
     expect(404, {"prompt": "hi", "model": "gpt-5"}, "model")
@@ -435,7 +463,7 @@ def case_mpi(mpiexec):
 
 
 CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_whole, case_seeds,
-                                     case_stop_strings, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
+                                     case_stop_strings, case_penalties, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
                                      case_metrics_and_models]}
 
 

@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -77,6 +79,30 @@ std::vector<std::int32_t> token_ids(const json& v, const std::string& param, int
   return out;
 }
 
+// OpenAI's logit_bias: {"token id": bias}, each bias in [-100, 100].
+std::map<std::int32_t, double> logit_bias(const json& obj, int vocab) {
+  const json* v = field(obj, "logit_bias");
+  if (!v) return {};
+  if (!v->is_object()) bad("logit_bias", "'logit_bias' must be an object of token id: bias");
+  std::map<std::int32_t, double> out;
+  for (const auto& [key, bias] : v->items()) {
+    std::size_t used = 0;
+    long long id = -1;
+    try {
+      id = std::stoll(key, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != key.size() || id < 0 || id >= vocab)
+      bad("logit_bias", str("'logit_bias': key '", key, "' is not a token id in [0, ", vocab, ")"));
+    if (!bias.is_number() || !(std::abs(bias.get<double>()) <= 100))
+      bad("logit_bias",
+          str("'logit_bias': the bias of token ", id, " must be a number in [-100, 100]"));
+    out[static_cast<std::int32_t>(id)] = bias.get<double>();
+  }
+  return out;
+}
+
 std::vector<std::string> stop_strings(const json& obj) {
   const json* v = field(obj, "stop");
   if (!v) return {};
@@ -95,15 +121,6 @@ std::vector<std::string> stop_strings(const json& obj) {
 
 // Fields with a meaning this server does not implement: refused unless they ask for nothing.
 void refuse_unsupported(const json& b) {
-  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
-    if (const json* v = field(b, key); v && !(v->is_number() && v->get<double>() == 0))
-      bad(key, str("'", key, "' is not supported (only 0)"));
-  }
-  if (const json* v = field(b, "repetition_penalty");
-      v && !(v->is_number() && v->get<double>() == 1))
-    bad("repetition_penalty", "'repetition_penalty' is not supported (only 1)");
-  if (const json* v = field(b, "logit_bias"); v && !(v->is_object() && v->empty()))
-    bad("logit_bias", "'logit_bias' is not supported");
   if (const json* v = field(b, "best_of");
       v && !(v->is_number_integer() && v->get<std::int64_t>() == 1))
     bad("best_of", "'best_of' is not supported (only 1)");
@@ -273,6 +290,13 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
   const std::int64_t k = integer(*src, "top_k", -1, std::int64_t{1} << 30).value_or(0);
   r.sampling.top_k = k < 0 ? 0 : static_cast<int>(k);
   r.sampling.min_p = number(*src, "min_p", 0, 1).value_or(0.0);
+  r.sampling.presence_penalty = number(*src, "presence_penalty", -2, 2).value_or(0.0);
+  r.sampling.frequency_penalty = number(*src, "frequency_penalty", -2, 2).value_or(0.0);
+  r.sampling.repetition_penalty =
+      number(*src, "repetition_penalty", 0, std::numeric_limits<double>::max()).value_or(1.0);
+  if (r.sampling.repetition_penalty == 0)
+    bad("repetition_penalty", "'repetition_penalty' = 0 must be > 0 (1: off)");
+  r.sampling.logit_bias = logit_bias(*src, vocab);
   if (const auto seed = integer(*src, "seed", 0, std::numeric_limits<std::int64_t>::max())) {
     r.sampling.seed = static_cast<std::uint64_t>(*seed);
     job.seeded = true;
