@@ -150,6 +150,8 @@ TEST(Disaggregation, DecodeAfterTransferEqualsMonolithic) {
   reqs[2].sampling.presence_penalty = -1.5;
   reqs[3].sampling.logit_bias = {{reqs[3].prompt[0], 5.0}};
   reqs[3].sampling.frequency_penalty = 2;
+  reqs[1].stop_token_ids = {3, 5, 8, 13, 21};
+  reqs[1].min_tokens = 4;
   const DisaggCase cases[] = {{1, 4, 4, 1},  {1, 4, 4, 64}, {1, 2, 2, 16},
                               {2, 2, 2, 64}, {4, 4, 4, 1},  {2, 4, 2, 16}};
   for (const DisaggCase& k : cases) {

@@ -290,6 +290,58 @@ TEST(Engine, StopTokenEndsTheRequestAtItsFirstOccurrence) {
   }
 }
 
+// min_tokens: the stop tokens are masked for the first min_tokens steps (each step then the
+// greedy choice among the others), then end the request as before; speculation agrees.
+TEST(Engine, MinTokensHoldsTheStopTokensBack) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 1);
+  const auto w = make_synthetic_weights(6);
+  const std::vector<std::int32_t> prompt = random_tokens(rng, 30, c.vocab_size);
+  EngineSetup s;
+  s.tp = 2;
+  s.dcp = 2;
+  s.page_size = 4;
+  const std::vector<std::int32_t> full =
+      run_engine(c, *w, s, {request(0, prompt, 12)}).results[0].output_tokens;
+  RequestSpec r = request(0, prompt, 12);
+  r.stop_token_ids = {full[1], full[2]};  // the plain run would stop at step 1
+  r.min_tokens = 6;
+  for (int draft_tokens : {0, 3}) {
+    EngineSetup e = s;
+    e.num_draft_tokens = draft_tokens;
+    if (draft_tokens > 0) {
+      e.draft_config = c;
+      e.draft_weights = w.get();
+    }
+    const RequestResult got = run_engine(c, *w, e, {r}).results[0];
+    const std::string what = "draft tokens " + std::to_string(draft_tokens);
+    ASSERT_GE(got.output_tokens.size(), 6u) << what;
+    for (std::size_t k = 0; k < got.output_tokens.size(); ++k) {
+      const bool is_stop = got.output_tokens[k] == full[1] || got.output_tokens[k] == full[2];
+      EXPECT_TRUE(!is_stop || (k >= 6 && k + 1 == got.output_tokens.size()))
+          << what << " step " << k;
+      // The greedy choice of the step's logits, the stop tokens left out before step 6.
+      std::vector<float> logits(got.step_logits.begin() + k * c.vocab_size,
+                                got.step_logits.begin() + (k + 1) * c.vocab_size);
+      if (k < 6) {
+        for (std::int32_t t : r.stop_token_ids) logits[static_cast<std::size_t>(t)] = -1e30f;
+      }
+      EXPECT_EQ(got.output_tokens[k],
+                std::max_element(logits.begin(), logits.end()) - logits.begin())
+          << what << " step " << k;
+    }
+    const std::int32_t last = got.output_tokens.back();
+    EXPECT_EQ(got.finish_reason,
+              last == full[1] || last == full[2] ? FinishReason::stop : FinishReason::length)
+        << what;
+  }
+  RequestSpec too_many = r;
+  too_many.min_tokens = 13;
+  EXPECT_TRUE(test::throws_error([&] { run_engine(c, *w, s, {too_many}); },
+                                 ErrorCategory::invalid_argument,
+                                 "request 0: min_tokens = 13 must be in [0, max_new_tokens = 12]"));
+}
+
 TEST(Engine, CancelFreesTheKvAndLeavesTheOtherRequestsUntouched) {
   auto rng = test::make_rng();
   const ModelConfig c = preset_config("tiny", 1);

@@ -2,6 +2,7 @@
 // cancellation freeing KV, the refusals a server must give, shutdown, DP replicas.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "dcp/serving.h"
@@ -152,9 +153,9 @@ TEST(Serving, SeededSamplingGivesTheSameTextUnderAnyDcpSize) {
   EXPECT_EQ(outs[0], outs[1]);
 }
 
-// Penalties and biases travel with the request to every rank: the served tokens equal a batch
-// run's with the same parameters (and differ from the plain request's).
-TEST(Serving, PenaltiesAndBiasReachEveryRank) {
+// Penalties, biases and min_tokens travel with the request to every rank: the served tokens equal
+// a batch run's with the same parameters (and differ from the plain request's).
+TEST(Serving, PenaltiesBiasAndMinTokensReachEveryRank) {
   auto rng = test::make_rng();
   const auto w = make_synthetic_weights(25);
   ServeRequest r = greedy(test::random_tokens(rng, 20, 64), 12);
@@ -173,6 +174,17 @@ TEST(Serving, PenaltiesAndBiasReachEveryRank) {
   EXPECT_EQ(drain_stream(*server->submit(r)).tokens, want.results[0].output_tokens);
   EXPECT_NE(drain_stream(*server->submit(greedy(r.prompt, 12))).tokens,
             want.results[0].output_tokens);
+  // min_tokens: a token biased to be chosen at every step is also a stop token; it is held back
+  // for the first 3 steps, chosen and ends the request at the fourth.
+  ServeRequest held = greedy(r.prompt, 12);
+  held.sampling.logit_bias = {{9, 100.0}};
+  held.stop_token_ids = {9};
+  held.min_tokens = 3;
+  const StreamUpdate u = drain_stream(*server->submit(held));
+  ASSERT_EQ(u.tokens.size(), 4u);
+  EXPECT_EQ(std::count(u.tokens.begin(), u.tokens.end(), 9), 1);
+  EXPECT_EQ(u.tokens.back(), 9);
+  EXPECT_EQ(u.finish_reason, FinishReason::stop);
 }
 
 TEST(Serving, CancelFreesTheKvWithinAStepAndTheOthersFinish) {
@@ -229,6 +241,9 @@ TEST(Serving, RefusesWhatItCannotServeAndKeepsServing) {
   ServeRequest biased = greedy({1, 2}, 3);
   biased.sampling.logit_bias[server->config().vocab_size] = 2;
   expect_refusal(biased, Refusal::invalid, "logit_bias: token 512 is outside the vocabulary");
+  ServeRequest held = greedy({1, 2}, 3);
+  held.min_tokens = 4;
+  expect_refusal(held, Refusal::invalid, "min_tokens = 4 must be in [0, max_tokens = 3]");
   // One request takes nearly the whole cache; the next waits; a third is past the queue bound.
   const auto big =
       server->submit(greedy(test::random_tokens(rng, 30, 64), static_cast<int>(cap) - 34));

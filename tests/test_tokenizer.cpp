@@ -212,6 +212,34 @@ TEST(TextStream, EndsBeforeTheFirstStopStringAcrossTokens) {
   EXPECT_EQ(ids.tokens(), (std::vector<std::int32_t>{'a', 'b'}));
 }
 
+// min_tokens: a stop string counts only where it ends in a later token's text.
+TEST(TextStream, MinTokensLetsOnlyLaterTextEndAStopString) {
+  const Tokenizer t = make(small_tokenizer({}));
+  const auto text_of = [](TextStream& s, const std::string& chars) {
+    std::string text;
+    for (const std::string& p : stream_pieces(s, chars)) text += p;
+    return text;
+  };
+  // "cd" lies within the first 4 tokens: it does not stop; the second "cd" (tokens 6-7) does.
+  TextStream s(&t, {"cd"}, false, 4);
+  EXPECT_EQ(text_of(s, "abcdecdf"), "abcde");
+  EXPECT_TRUE(s.stopped());
+  EXPECT_EQ(s.tokens().size(), 7u);
+  // One that starts within them and ends after them counts, cut where it starts.
+  TextStream straddle(&t, {"cde"}, false, 4);
+  EXPECT_EQ(text_of(straddle, "abcdef"), "ab");
+  EXPECT_EQ(straddle.tokens().size(), 5u);
+  // One that ends on the last of the first min_tokens tokens does not.
+  TextStream last(&t, {"cd"}, false, 4);
+  EXPECT_EQ(text_of(last, "abcd"), "abcd");
+  EXPECT_FALSE(last.stopped());
+  // min_tokens 0 is the plain stream.
+  TextStream none(&t, {"cd"}, false, 0);
+  EXPECT_EQ(text_of(none, "abcdecdf"), "ab");
+  EXPECT_TRUE(test::throws_error([&] { TextStream(&t, {"cd"}, false, -1); },
+                                 ErrorCategory::invalid_argument, "min_tokens = -1 must be >= 0"));
+}
+
 TEST(Tokenizer, RefusesWhatItCannotReadExactly) {
   const auto refused = [](const std::function<void(json&)>& edit, const std::string& needle) {
     json t = small_tokenizer({{"a", "b"}});

@@ -41,6 +41,9 @@ struct RequestSpec {
   SamplingParams sampling;
   // The request ends (finish_reason stop) right after emitting one of these (an EOS, say).
   std::vector<std::int32_t> stop_token_ids;
+  // [0, max_new_tokens]: the first min_tokens tokens are never one of stop_token_ids (their
+  // logits are masked), as vLLM's min_tokens.
+  int min_tokens = 0;
   // -1: none; k in [0, 20]: each step's chosen-token logprob and the k most likely tokens.
   int logprobs = -1;
 };

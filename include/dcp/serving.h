@@ -30,6 +30,7 @@ struct ServeRequest {
   int max_new_tokens = 16;
   SamplingParams sampling;
   std::vector<std::int32_t> stop_token_ids;  // an EOS, say
+  int min_tokens = 0;                        // see RequestSpec::min_tokens
   int logprobs = -1;                         // see RequestSpec::logprobs
 };
 

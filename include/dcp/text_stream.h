@@ -13,9 +13,12 @@ namespace dcp {
 
 class TextStream {
  public:
-  // `tokenizer` may be null (a server without one produces no text, only ids). Throws dcp::Error
-  // (invalid_argument) on an empty stop string, which would match before any text.
-  TextStream(const Tokenizer* tokenizer, std::vector<std::string> stops, bool skip_special_tokens);
+  // `tokenizer` may be null (a server without one produces no text, only ids). A stop string
+  // counts only where it ends in the text of a token after the first `min_tokens` (vLLM's
+  // min_tokens). Throws dcp::Error (invalid_argument) on an empty stop string, which would match
+  // before any text.
+  TextStream(const Tokenizer* tokenizer, std::vector<std::string> stops, bool skip_special_tokens,
+             int min_tokens = 0);
 
   // Feeds one generated token; returns the text that is now safe to show. Once a stop string
   // matched, stopped() is true and later tokens add nothing.
@@ -34,7 +37,9 @@ class TextStream {
   const Tokenizer* tokenizer_;
   std::optional<StreamDecoder> decoder_;
   std::vector<std::string> stops_;
-  std::string held_;  // decoded text not yet shown
+  std::size_t min_tokens_;
+  std::string held_;               // decoded text not yet shown
+  std::size_t protected_end_ = 0;  // held_[0, this) is the first min_tokens tokens' text
   std::vector<std::int32_t> tokens_;
   bool stopped_ = false;
 };

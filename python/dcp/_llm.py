@@ -22,7 +22,8 @@ class SamplingParams:
     temperature 0 is greedy; top_k 0 or -1 is off; seed None draws a fresh seed per request.
     Generation stops after max_tokens, or at a token of stop_token_ids, or at the tokenizer's
     EOS token unless ignore_eos, or where the text comes to contain a string of stop (the text
-    ends before it; the token that completed it is the last). logprobs k (0-20) returns each
+    ends before it; the token that completed it is the last); none of these before min_tokens
+    tokens (a stop string must end in a later token's text). logprobs k (0-20) returns each
     step's chosen token and the k most likely ones. n completions of each prompt are sampled,
     the i-th with seed + i when seeded (as dcp serve does). logit_bias {token id: bias in
     [-100, 100]} is added to the logits; then repetition_penalty (> 0) divides the positive logits
@@ -43,6 +44,7 @@ class SamplingParams:
     seed: Optional[int] = None
     stop: Union[str, Sequence[str], None] = None
     stop_token_ids: Sequence[int] = ()
+    min_tokens: int = 0
     ignore_eos: bool = False
     logprobs: Optional[int] = None
     skip_special_tokens: bool = True
@@ -264,4 +266,4 @@ class LLM:
                                      float(p.top_p), top_k, float(p.min_p),
                                      float(p.presence_penalty), float(p.frequency_penalty),
                                      float(p.repetition_penalty), bias, seed, stop,
-                                     stop_strings, bool(p.skip_special_tokens), logprobs)
+                                     int(p.min_tokens), stop_strings, bool(p.skip_special_tokens), logprobs)

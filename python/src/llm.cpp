@@ -54,6 +54,7 @@ struct GenerateRequest {
   int max_new_tokens = 16;
   SamplingParams sampling;
   std::vector<std::int32_t> stop_token_ids;
+  int min_tokens = 0;             // neither stop tokens nor stop strings before this many tokens
   std::vector<std::string> stop;  // stop strings (need the tokenizer)
   bool skip_special_tokens = true;
   int logprobs = -1;
@@ -229,7 +230,8 @@ class Llm {
                               ": stop strings need a tokenizer (LLM(..., tokenizer=PATH))");
       }
       if (tokenizer_) {
-        texts[i].emplace(tokenizer_.get(), requests[i].stop, requests[i].skip_special_tokens);
+        texts[i].emplace(tokenizer_.get(), requests[i].stop, requests[i].skip_special_tokens,
+                         requests[i].min_tokens);
       }
     }
     auto cancel_all = [&] {
@@ -244,6 +246,7 @@ class Llm {
           q.max_new_tokens = r.max_new_tokens;
           q.sampling = r.sampling;
           q.stop_token_ids = r.stop_token_ids;
+          q.min_tokens = r.min_tokens;
           q.logprobs = r.logprobs;
           streams.push_back(deployment_->submit(q));
         }
@@ -361,8 +364,8 @@ void bind_llm(py::module_& m) {
                        double top_p, int top_k, double min_p, double presence_penalty,
                        double frequency_penalty, double repetition_penalty,
                        std::map<std::int32_t, double> logit_bias, std::uint64_t seed,
-                       std::vector<std::int32_t> stop_token_ids, std::vector<std::string> stop,
-                       bool skip_special_tokens, int logprobs) {
+                       std::vector<std::int32_t> stop_token_ids, int min_tokens,
+                       std::vector<std::string> stop, bool skip_special_tokens, int logprobs) {
              GenerateRequest r;
              r.prompt = std::move(prompt);
              r.max_new_tokens = max_new_tokens;
@@ -376,6 +379,7 @@ void bind_llm(py::module_& m) {
              r.sampling.logit_bias = std::move(logit_bias);
              r.sampling.seed = seed;
              r.stop_token_ids = std::move(stop_token_ids);
+             r.min_tokens = min_tokens;
              r.stop = std::move(stop);
              r.skip_special_tokens = skip_special_tokens;
              r.logprobs = logprobs;
@@ -384,7 +388,7 @@ void bind_llm(py::module_& m) {
            py::arg("prompt"), py::arg("max_new_tokens"), py::arg("temperature"), py::arg("top_p"),
            py::arg("top_k"), py::arg("min_p"), py::arg("presence_penalty"),
            py::arg("frequency_penalty"), py::arg("repetition_penalty"), py::arg("logit_bias"),
-           py::arg("seed"), py::arg("stop_token_ids"), py::arg("stop"),
+           py::arg("seed"), py::arg("stop_token_ids"), py::arg("min_tokens"), py::arg("stop"),
            py::arg("skip_special_tokens"), py::arg("logprobs"));
 
   py::class_<Generated>(m, "_Generated")

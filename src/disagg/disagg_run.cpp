@@ -59,6 +59,7 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
     for (const RequestSpec& r : requests) {
       RequestSpec p = r;
       p.max_new_tokens = 1;
+      p.min_tokens = std::min(r.min_tokens, 1);  // the first token; the decode side the rest
       p.keep_kv = true;
       p.forced_outputs.clear();
       prefill.submit(p);

@@ -1,6 +1,7 @@
 #include "dcp/engine.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "dcp/error.h"
 #include "dcp/timing.h"
@@ -57,6 +58,10 @@ void Engine::submit(const RequestSpec& spec) {
     DCP_ARG_CHECK(t >= 0 && t < model_.config().vocab_size, "request ", spec.id, ": token id ", t,
                   " is outside the vocabulary [0, ", model_.config().vocab_size, ")");
   }
+  for (std::int32_t t : spec.stop_token_ids) {
+    DCP_ARG_CHECK(t >= 0 && t < model_.config().vocab_size, "request ", spec.id, ": stop token id ",
+                  t, " is outside the vocabulary [0, ", model_.config().vocab_size, ")");
+  }
   try {
     validate(spec.sampling, model_.config().vocab_size);
   } catch (const Error& e) {
@@ -69,6 +74,9 @@ void Engine::submit(const RequestSpec& spec) {
   DCP_ARG_CHECK(spec.sampling.repetition_penalty == 1 || !spec.continue_from, "request ", spec.id,
                 ": repetition_penalty does not combine with continue_from (the penalty covers the "
                 "prompt, and a continuation's earlier turns are not kept as tokens)");
+  DCP_ARG_CHECK(spec.min_tokens >= 0 && spec.min_tokens <= spec.max_new_tokens, "request ", spec.id,
+                ": min_tokens = ", spec.min_tokens,
+                " must be in [0, max_new_tokens = ", spec.max_new_tokens, "]");
   DCP_ARG_CHECK(spec.logprobs >= -1 && spec.logprobs <= 20, "request ", spec.id,
                 ": logprobs = ", spec.logprobs, " must be in [0, 20] (-1: none)");
   for (const RequestResult& r : results_) {
@@ -152,6 +160,9 @@ void Engine::adopt(const RequestSpec& spec, std::int32_t first_token) {
   DCP_ARG_CHECK(
       spec.max_new_tokens >= 1 && first_token >= 0 && first_token < model_.config().vocab_size,
       "adopt: request ", spec.id, " needs max_new_tokens >= 1 and a first token in the vocabulary");
+  DCP_ARG_CHECK(spec.min_tokens >= 0 && spec.min_tokens <= spec.max_new_tokens, "adopt: request ",
+                spec.id, ": min_tokens = ", spec.min_tokens,
+                " must be in [0, max_new_tokens = ", spec.max_new_tokens, "]");
   try {
     validate(spec.sampling, model_.config().vocab_size);
   } catch (const Error& e) {
@@ -301,9 +312,17 @@ std::int32_t Engine::choose(const Live& l, const float* logits,
   const SamplingParams& p = l.spec.sampling;
   const int vocab = model_.config().vocab_size;
   const std::uint64_t step = output.size();
-  if (!p.adjusts_logits()) return sample_token(logits, vocab, p, step);
-  return sample_token(adjusted_logits(logits, vocab, p, l.spec.prompt, output).data(), vocab, p,
-                      step);
+  const bool hold_stops = static_cast<std::int64_t>(output.size()) < l.spec.min_tokens &&
+                          !l.spec.stop_token_ids.empty();
+  if (!p.adjusts_logits() && !hold_stops) return sample_token(logits, vocab, p, step);
+  std::vector<float> adjusted = p.adjusts_logits()
+                                    ? adjusted_logits(logits, vocab, p, l.spec.prompt, output)
+                                    : std::vector<float>(logits, logits + vocab);
+  if (hold_stops) {
+    for (std::int32_t t : l.spec.stop_token_ids)
+      adjusted[static_cast<std::size_t>(t)] = -std::numeric_limits<float>::infinity();
+  }
+  return sample_token(adjusted.data(), vocab, p, step);
 }
 
 void Engine::emit(Live& l, const float* logits) {

@@ -27,6 +27,7 @@ void write_spec(ByteWriter& w, const RequestSpec& r) {
     w.f64(bias);
   }
   w.vec(r.stop_token_ids);
+  w.i64(r.min_tokens);
   w.i64(r.logprobs);
 }
 
@@ -48,6 +49,7 @@ RequestSpec read_spec(ByteReader& in) {
     r.sampling.logit_bias[token] = in.f64();
   }
   r.stop_token_ids = in.vec<std::int32_t>();
+  r.min_tokens = static_cast<int>(in.i64());
   r.logprobs = static_cast<int>(in.i64());
   return r;
 }
@@ -170,6 +172,9 @@ std::shared_ptr<RequestStream> ServingDeployment::submit(const ServeRequest& req
   }
   refuse_if(req.max_new_tokens < 1, Refusal::invalid,
             str("max_tokens = ", req.max_new_tokens, " must be >= 1"));
+  refuse_if(req.min_tokens < 0 || req.min_tokens > req.max_new_tokens, Refusal::invalid,
+            str("min_tokens = ", req.min_tokens,
+                " must be in [0, max_tokens = ", req.max_new_tokens, "]"));
   refuse_if(req.logprobs < -1 || req.logprobs > 20, Refusal::invalid,
             str("logprobs = ", req.logprobs, " must be in [0, 20]"));
   try {
@@ -230,6 +235,7 @@ std::vector<std::uint8_t> ServingDeployment::take_control(bool busy) {
     spec.max_new_tokens = req.max_new_tokens;
     spec.sampling = req.sampling;
     spec.stop_token_ids = req.stop_token_ids;
+    spec.min_tokens = req.min_tokens;
     spec.logprobs = req.logprobs;
     write_spec(w, spec);
   }

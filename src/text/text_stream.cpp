@@ -7,11 +7,13 @@
 namespace dcp {
 
 TextStream::TextStream(const Tokenizer* tokenizer, std::vector<std::string> stops,
-                       bool skip_special_tokens)
+                       bool skip_special_tokens, int min_tokens)
     : tokenizer_(tokenizer), stops_(std::move(stops)) {
   for (const std::string& s : stops_) {
     DCP_ARG_CHECK(!s.empty(), "a stop string must not be empty");
   }
+  DCP_ARG_CHECK(min_tokens >= 0, "min_tokens = ", min_tokens, " must be >= 0");
+  min_tokens_ = static_cast<std::size_t>(min_tokens);
   if (tokenizer_) decoder_.emplace(*tokenizer_, skip_special_tokens);
 }
 
@@ -20,6 +22,7 @@ std::string TextStream::push(std::int32_t token) {
   tokens_.push_back(token);
   // A model whose vocabulary is larger than its tokenizer's may emit ids with no text.
   if (decoder_ && tokenizer_->contains(token)) held_ += decoder_->push(token);
+  if (tokens_.size() <= min_tokens_) protected_end_ = held_.size();
   return release(false);
 }
 
@@ -30,9 +33,13 @@ std::string TextStream::finish() {
 }
 
 std::string TextStream::release(bool at_end) {
-  // The earliest stop string ends the text before it.
+  // The earliest stop string ends the text before it; one within the first min_tokens tokens'
+  // text does not count (it must end after protected_end_).
   std::size_t cut = std::string::npos;
-  for (const std::string& s : stops_) cut = std::min(cut, held_.find(s));
+  for (const std::string& s : stops_) {
+    const std::size_t from = protected_end_ >= s.size() ? protected_end_ - s.size() + 1 : 0;
+    cut = std::min(cut, held_.find(s, from));
+  }
   if (cut != std::string::npos) {
     stopped_ = true;
     std::string out = held_.substr(0, cut);
@@ -53,6 +60,7 @@ std::string TextStream::release(bool at_end) {
   }
   std::string out = held_.substr(0, held_.size() - keep);
   held_.erase(0, held_.size() - keep);
+  protected_end_ -= std::min(protected_end_, out.size());
   return out;
 }
 

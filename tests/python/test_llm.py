@@ -142,7 +142,27 @@ def test_logit_bias_and_penalties_change_the_greedy_choice(text_llm):
     assert first not in tokens(logit_bias={first: -100})
 
 
+def test_min_tokens_holds_stop_tokens_and_strings_back(text_llm):
+    # A token biased to be chosen at every step is also the stop token: it ends the request at
+    # once, or at step min_tokens + 1.
+    held = dict(max_tokens=10, temperature=0, ignore_eos=True, logit_bias={9: 100}, stop_token_ids=[9])
+    out = text_llm.generate([[1, 2, 3]] * 2, [dcp.SamplingParams(**held),
+                                              dcp.SamplingParams(**held, min_tokens=3)])
+    assert out[0].outputs[0].token_ids == [9]
+    ids = out[1].outputs[0].token_ids
+    assert len(ids) == 4 and ids[-1] == 9 and 9 not in ids[:3]
+    assert out[1].outputs[0].finish_reason == "stop"
+    # A stop string within the first min_tokens tokens' text does not count.
+    plain = dict(max_tokens=6, temperature=0, ignore_eos=True)
+    text = text_llm.generate([[1, 2, 3]], dcp.SamplingParams(**plain))[0].outputs[0].text
+    assert text
+    kept = text_llm.generate([[1, 2, 3]], dcp.SamplingParams(**plain, stop=text[:1], min_tokens=6))
+    assert kept[0].outputs[0].text == text
+
+
 @pytest.mark.parametrize("params,message", [
+    (dcp.SamplingParams(min_tokens=5, max_tokens=3), "min_tokens = 5 must be in [0, max_tokens = 3]"),
+    (dcp.SamplingParams(min_tokens=-1), "min_tokens = -1"),
     (dcp.SamplingParams(presence_penalty=2.5), "presence_penalty = 2.5 must be in [-2, 2]"),
     (dcp.SamplingParams(frequency_penalty=-3), "frequency_penalty = -3 must be in [-2, 2]"),
     (dcp.SamplingParams(repetition_penalty=0), "repetition_penalty = 0 must be > 0"),

@@ -204,6 +204,30 @@ def case_penalties(s):
     check(status == 200 and first not in r["choices"][0]["token_ids"], f"a bias of -100 forbids {first}: {r}")
 
 
+def case_min_tokens(s):
+    """min_tokens holds a stop token (and stop strings) back: a token biased to be chosen at every
+    step is also the stop token; it ends the request only at step min_tokens + 1."""
+    body = {"prompt": [1, 2, 3], "max_tokens": 10, "temperature": 0, "ignore_eos": True,
+            "logit_bias": {"9": 100}, "stop_token_ids": [9]}
+    status, r = s.post("/v1/completions", body)
+    check(status == 200 and r["choices"][0]["token_ids"] == [9], f"without min_tokens: stops at once: {r}")
+    status, r = s.post("/v1/completions", {**body, "min_tokens": 3})
+    ids = r["choices"][0]["token_ids"] if status == 200 else []
+    check(len(ids) == 4 and ids[-1] == 9 and 9 not in ids[:3], f"min_tokens 3: the stop token 4th: {r}")
+    check(r["choices"][0]["finish_reason"] == "stop", f"finish_reason stop: {r}")
+    status, r = s.post("/generate", {"input_ids": [1, 2, 3], "sampling_params": {
+        "max_new_tokens": 10, "temperature": 0, "ignore_eos": True, "logit_bias": {"9": 100},
+        "stop_token_ids": [9], "min_new_tokens": 2}})
+    check(status == 200 and r["output_ids"][:2] != [9, 9] and r["output_ids"][2:] == [9],
+          f"/generate's min_new_tokens: {r}")
+    # A stop string within the first min_tokens tokens' text does not count.
+    text_body = {"prompt": [1, 2, 3], "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    status, r = s.post("/v1/completions", text_body)
+    text = r["choices"][0]["text"]
+    status, r = s.post("/v1/completions", {**text_body, "stop": [text[:1]], "min_tokens": 6})
+    check(status == 200 and r["choices"][0]["text"] == text, f"a stop string held back by min_tokens: {r}")
+
+
 def case_logprobs(s):
     status, r = s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 3,
                                            "ignore_eos": True})
@@ -247,6 +271,8 @@ def case_errors(s):
     expect(400, {"prompt": "hi", "logit_bias": {"7": 101}}, "logit_bias")
     expect(400, {"prompt": "hi", "logit_bias": {"100000": 1}}, "logit_bias")
     expect(400, {"prompt": "hi", "logit_bias": [7]}, "logit_bias")
+    expect(400, {"prompt": "hi", "min_tokens": -1}, "min_tokens")
+    expect(400, {"prompt": "hi", "min_tokens": 5, "max_tokens": 3})
     expect(400, {"text": "hi", "sampling_params": {"logit_bias": {"-1": 1}}}, "logit_bias", path="/generate")
     expect(400, {"prompt": [1, 2, 100000]}, "prompt")
     expect(400, {"prompt": "hi", "max_tokens": 10**6})
@@ -463,7 +489,7 @@ def case_mpi(mpiexec):
 
 
 CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_whole, case_seeds,
-                                     case_stop_strings, case_penalties, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
+                                     case_stop_strings, case_penalties, case_min_tokens, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
                                      case_metrics_and_models]}
 
 

@@ -312,6 +312,11 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
                         : kind == Kind::chat && field(b, "max_completion_tokens")
                             ? "max_completion_tokens"
                             : "max_tokens";
+  // vLLM's min_tokens, SGLang's min_new_tokens: checked against max_tokens on submission.
+  r.min_tokens =
+      static_cast<int>(integer(*src, kind == Kind::generate ? "min_new_tokens" : "min_tokens", 0,
+                               std::numeric_limits<int>::max())
+                           .value_or(0));
   const std::int64_t context = deployment_.kv_capacity_tokens();
   const std::int64_t room = context - static_cast<std::int64_t>(prompt.size());
   if (const auto max = integer(*src, max_key, 1, std::numeric_limits<int>::max())) {
@@ -406,7 +411,7 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
                                  : (static_cast<std::uint64_t>(entropy()) << 32) ^ entropy();
     try {
       choices->push_back({deployment_.submit(r),
-                          TextStream(tokenizer_, job.stop, job.skip_special),
+                          TextStream(tokenizer_, job.stop, job.skip_special, r.min_tokens),
                           {},
                           {},
                           false,
