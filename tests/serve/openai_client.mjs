@@ -56,6 +56,16 @@ const a = await client.completions.create(seeded);
 const b = await client.completions.create(seeded);
 check(a.choices[0].text === b.choices[0].text, "same seed, same text");
 
+// A batch of prompts, and the penalties and bias as the client sends them: each choice is its
+// prompt's alone, in order.
+const batch = { ...body, max_tokens: 8, frequency_penalty: 0.5, presence_penalty: -0.5, logit_bias: { "7": 3 } };
+const both = await client.completions.create({ ...batch, prompt: ["In a small village", "The sea"] });
+const first = await client.completions.create({ ...batch, prompt: "In a small village" });
+const second = await client.completions.create({ ...batch, prompt: "The sea" });
+check(both.choices.length === 2 && both.choices[0].index === 0 && both.choices[1].index === 1, "batch choices in order");
+check(both.choices[0].text === first.choices[0].text && both.choices[1].text === second.choices[0].text,
+  "each choice of a batch equals its prompt's alone");
+
 // Errors arrive as the client's typed errors.
 try {
   await client.completions.create({ ...body, max_tokens: 0 });

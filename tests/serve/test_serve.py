@@ -148,6 +148,30 @@ def case_stream_equals_whole(s):
         check(usage == whole["usage"], f"{path}: stream usage {usage} != {whole['usage']}")
 
 
+def case_prompt_batch(s):
+    """A list of prompts in one /v1/completions request: choice prompt x n + j is what the prompt
+    alone gives as its choice j, streamed or not; usage counts each prompt once."""
+    prompts = ["Once upon a time", "The sea", [5, 6, 7]]
+    body = {"max_tokens": 8, "temperature": 1.0, "seed": 11, "n": 2, "ignore_eos": True}
+    alone = [s.post("/v1/completions", {**body, "prompt": p})[1] for p in prompts]
+    status, r = s.post("/v1/completions", {**body, "prompt": prompts})
+    check(status == 200 and [c["index"] for c in r["choices"]] == list(range(6)), f"six choices in order: {r}")
+    for k, c in enumerate(r["choices"]):
+        want = alone[k // 2]["choices"][k % 2]
+        check((c["token_ids"], c["text"]) == (want["token_ids"], want["text"]), f"choice {k} equals its prompt's alone")
+    check(r["usage"]["prompt_tokens"] == sum(a["usage"]["prompt_tokens"] for a in alone),
+          f"prompt tokens counted once per prompt: {r['usage']}")
+    check(r["usage"]["completion_tokens"] == sum(a["usage"]["completion_tokens"] for a in alone), "completion tokens")
+    status, ctype, events = s.stream("/v1/completions", {**body, "prompt": prompts, "stream": True})
+    texts = [""] * 6
+    for e in events[:-1]:
+        for c in e["choices"]:
+            texts[c["index"]] += c["text"]
+    check(texts == [c["text"] for c in r["choices"]], f"streamed per index: {texts}")
+    ids = s.post("/v1/completions", {**body, "prompt": [[1, 2], [3, 4, 5]], "n": 1})[1]
+    check(len(ids["choices"]) == 2 and ids["usage"]["prompt_tokens"] == 5, f"a batch of id lists: {ids}")
+
+
 def case_seeds(s):
     body = {"prompt": PROMPT, "max_tokens": 20, "temperature": 1.0, "top_p": 0.9, "seed": 7, "ignore_eos": True}
     a = s.post("/v1/completions", body)[1]["choices"][0]["token_ids"]
@@ -275,6 +299,9 @@ def case_errors(s):
     expect(400, {"prompt": "hi", "min_tokens": 5, "max_tokens": 3})
     expect(400, {"text": "hi", "sampling_params": {"logit_bias": {"-1": 1}}}, "logit_bias", path="/generate")
     expect(400, {"prompt": [1, 2, 100000]}, "prompt")
+    expect(400, {"prompt": [[1, 2], []]}, "prompt")
+    expect(400, {"prompt": [[1, 2], [3, 100000]]}, "prompt")
+    expect(400, {"prompt": [[1]] * 257}, "prompt")
     expect(400, {"prompt": "hi", "max_tokens": 10**6})
     expect(404, {"prompt": "hi", "model": "gpt-5"}, "model")
     expect(400, {"messages": []}, "messages", path="/v1/chat/completions")
@@ -489,7 +516,7 @@ def case_mpi(mpiexec):
 
 
 CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_whole, case_seeds,
-                                     case_stop_strings, case_penalties, case_min_tokens, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
+                                     case_prompt_batch, case_stop_strings, case_penalties, case_min_tokens, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
                                      case_metrics_and_models]}
 
 

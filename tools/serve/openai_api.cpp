@@ -23,6 +23,9 @@ std::string text_of(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+// Prompts one /v1/completions request may batch: each becomes n engine requests.
+constexpr std::size_t kMaxPrompts = 256;
+
 // A request the API refuses: the status, the field at fault and why.
 struct BadRequest : std::runtime_error {
   BadRequest(int status_, std::string param_, const std::string& message)
@@ -150,7 +153,9 @@ std::string finish_text(FinishReason r, bool stop_string) {
 struct OpenAiApi::Job {
   Kind kind = Kind::completion;
   std::string id;
-  ServeRequest request;
+  ServeRequest request;  // its prompt: the first of `prompts`
+  // /v1/completions takes a list of prompts: each runs n choices, numbered prompt x n + choice.
+  std::vector<std::vector<std::int32_t>> prompts;
   std::vector<std::string> stop;
   int n = 1;
   bool stream = false, include_usage = false, skip_special = true, seeded = false;
@@ -212,18 +217,21 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
   if (kind == Kind::completion) {
     const json* p = field(b, "prompt");
     if (!p) bad("prompt", "'prompt' is required");
-    const json* one = p;
-    if (p->is_array() && !p->empty() && (p->front().is_string() || p->front().is_array())) {
-      if (p->size() != 1)
-        bad("prompt", "'prompt' holds one prompt per request here; send a request per prompt");
-      one = &p->front();
+    // A string, a list of token ids, or a list of either (a batch of prompts).
+    const bool batch =
+        p->is_array() && !p->empty() && (p->front().is_string() || p->front().is_array());
+    if (batch && p->size() > kMaxPrompts)
+      bad("prompt", str("'prompt' holds ", p->size(), " prompts; at most ", kMaxPrompts));
+    for (const json& one : batch ? *p : json::array({*p})) {
+      if (one.is_string()) {
+        need_tokenizer("prompt");
+        job.prompts.push_back(tokenizer_->encode(one.get<std::string>(), true));
+      } else {
+        job.prompts.push_back(token_ids(one, "prompt", vocab));
+      }
+      if (job.prompts.back().empty()) bad("prompt", "the prompt must hold at least one token");
     }
-    if (one->is_string()) {
-      need_tokenizer("prompt");
-      prompt = tokenizer_->encode(one->get<std::string>(), true);
-    } else {
-      prompt = token_ids(*one, "prompt", vocab);
-    }
+    prompt = job.prompts.front();
   } else if (kind == Kind::chat) {
     const json* msgs = field(b, "messages");
     if (!msgs || !msgs->is_array() || msgs->empty())
@@ -273,6 +281,7 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
     }
   }
   if (prompt.empty()) bad("prompt", "the prompt must hold at least one token");
+  if (job.prompts.empty()) job.prompts.push_back(prompt);
 
   // Sampling: the body's fields, or SGLang's sampling_params.
   const json empty = json::object();
@@ -318,7 +327,9 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
                                std::numeric_limits<int>::max())
                            .value_or(0));
   const std::int64_t context = deployment_.kv_capacity_tokens();
-  const std::int64_t room = context - static_cast<std::int64_t>(prompt.size());
+  std::size_t longest = 0;
+  for (const auto& p : job.prompts) longest = std::max(longest, p.size());
+  const std::int64_t room = context - static_cast<std::int64_t>(longest);
   if (const auto max = integer(*src, max_key, 1, std::numeric_limits<int>::max())) {
     r.max_new_tokens = static_cast<int>(*max);  // beyond the context: submit() says so
   } else {
@@ -402,11 +413,15 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
                                                         : "";
   static std::atomic<std::int64_t> serial{0};
   job.id = prefix + std::to_string(created_) + "-" + std::to_string(serial++);
-  // Submit every choice (n of them); a refusal withdraws the ones already in.
+  // Submit every choice (n of each prompt); a refusal withdraws the ones already in.
   auto choices = std::make_shared<std::vector<Choice>>();
   std::random_device entropy;
-  for (int i = 0; i < job.n; ++i) {
+  std::int64_t prompt_tokens = 0;
+  for (std::size_t k = 0; k < job.prompts.size() * static_cast<std::size_t>(job.n); ++k) {
+    const std::size_t i = k % static_cast<std::size_t>(job.n);
     ServeRequest r = job.request;
+    r.prompt = job.prompts[k / static_cast<std::size_t>(job.n)];
+    if (i == 0) prompt_tokens += static_cast<std::int64_t>(r.prompt.size());
     r.sampling.seed = job.seeded ? job.request.sampling.seed + static_cast<std::uint64_t>(i)
                                  : (static_cast<std::uint64_t>(entropy()) << 32) ^ entropy();
     try {
@@ -425,7 +440,6 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
       return {error(status, e.what(), e.why() == Refusal::invalid ? "max_tokens" : ""), {}};
     }
   }
-  const std::int64_t prompt_tokens = static_cast<std::int64_t>(job.request.prompt.size());
   const std::string model = options_.model_name;
   const std::int64_t created = created_;
 
