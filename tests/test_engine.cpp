@@ -252,7 +252,7 @@ TEST(Engine, PenaltiesAndBiasChooseFromTheAdjustedLogitsAtEveryStep) {
   }
 }
 
-TEST(Engine, StopTokenEndsTheRequestAtItsFirstOccurrence) {
+TEST(Engine, StopTokenEndsTheRequestAtItsFirstOccurrenceAfterMinTokens) {
   auto rng = test::make_rng();
   const ModelConfig c = preset_config("tiny", 1);
   const auto w = make_synthetic_weights(6);
@@ -288,22 +288,10 @@ TEST(Engine, StopTokenEndsTheRequestAtItsFirstOccurrence) {
       EXPECT_EQ(got.logprobs[k].top[0].token, got.output_tokens[k]) << "greedy picks the top";
     }
   }
-}
 
-// min_tokens: the stop tokens are masked for the first min_tokens steps (each step then the
-// greedy choice among the others), then end the request as before; speculation agrees.
-TEST(Engine, MinTokensHoldsTheStopTokensBack) {
-  auto rng = test::make_rng();
-  const ModelConfig c = preset_config("tiny", 1);
-  const auto w = make_synthetic_weights(6);
-  const std::vector<std::int32_t> prompt = random_tokens(rng, 30, c.vocab_size);
-  EngineSetup s;
-  s.tp = 2;
-  s.dcp = 2;
-  s.page_size = 4;
-  const std::vector<std::int32_t> full =
-      run_engine(c, *w, s, {request(0, prompt, 12)}).results[0].output_tokens;
-  RequestSpec r = request(0, prompt, 12);
+  // min_tokens: the stop tokens are masked for the first min_tokens steps (each step then the
+  // greedy choice among the others), then end the request as before; speculation agrees.
+  r = request(0, prompt, 10);
   r.stop_token_ids = {full[1], full[2]};  // the plain run would stop at step 1
   r.min_tokens = 6;
   for (int draft_tokens : {0, 3}) {
@@ -336,10 +324,10 @@ TEST(Engine, MinTokensHoldsTheStopTokensBack) {
         << what;
   }
   RequestSpec too_many = r;
-  too_many.min_tokens = 13;
+  too_many.min_tokens = 11;
   EXPECT_TRUE(test::throws_error([&] { run_engine(c, *w, s, {too_many}); },
                                  ErrorCategory::invalid_argument,
-                                 "request 0: min_tokens = 13 must be in [0, max_new_tokens = 12]"));
+                                 "request 0: min_tokens = 11 must be in [0, max_new_tokens = 10]"));
 }
 
 TEST(Engine, CancelFreesTheKvAndLeavesTheOtherRequestsUntouched) {
