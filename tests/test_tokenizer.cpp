@@ -212,8 +212,9 @@ TEST(TextStream, EndsBeforeTheFirstStopStringAcrossTokens) {
   EXPECT_EQ(ids.tokens(), (std::vector<std::int32_t>{'a', 'b'}));
 }
 
-// min_tokens: a stop string counts only where it ends in a later token's text.
-TEST(TextStream, MinTokensLetsOnlyLaterTextEndAStopString) {
+// min_tokens: a stop string counts only where it ends in a later token's text; include_stop
+// keeps the stop string in the text.
+TEST(TextStream, MinTokensAndIncludeStopString) {
   const Tokenizer t = make(small_tokenizer({}));
   const auto text_of = [](TextStream& s, const std::string& chars) {
     std::string text;
@@ -233,6 +234,11 @@ TEST(TextStream, MinTokensLetsOnlyLaterTextEndAStopString) {
   TextStream last(&t, {"cd"}, false, 4);
   EXPECT_EQ(text_of(last, "abcd"), "abcd");
   EXPECT_FALSE(last.stopped());
+  // include_stop: the text ends after the stop string (the one starting first).
+  TextStream kept(&t, {"bc", "abc"}, false, 0, true);
+  EXPECT_EQ(text_of(kept, "xabcd"), "xabc");
+  TextStream kept_min(&t, {"cd"}, false, 4, true);
+  EXPECT_EQ(text_of(kept_min, "abcdecdf"), "abcdecd");
   // min_tokens 0 is the plain stream.
   TextStream none(&t, {"cd"}, false, 0);
   EXPECT_EQ(text_of(none, "abcdecdf"), "ab");

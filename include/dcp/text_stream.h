@@ -15,10 +15,11 @@ class TextStream {
  public:
   // `tokenizer` may be null (a server without one produces no text, only ids). A stop string
   // counts only where it ends in the text of a token after the first `min_tokens` (vLLM's
-  // min_tokens). Throws dcp::Error (invalid_argument) on an empty stop string, which would match
-  // before any text.
+  // min_tokens). The text ends before the stop string, or after it with `include_stop` (vLLM's
+  // include_stop_str_in_output). Throws dcp::Error (invalid_argument) on an empty stop string,
+  // which would match before any text.
   TextStream(const Tokenizer* tokenizer, std::vector<std::string> stops, bool skip_special_tokens,
-             int min_tokens = 0);
+             int min_tokens = 0, bool include_stop = false);
 
   // Feeds one generated token; returns the text that is now safe to show. Once a stop string
   // matched, stopped() is true and later tokens add nothing.
@@ -38,6 +39,7 @@ class TextStream {
   std::optional<StreamDecoder> decoder_;
   std::vector<std::string> stops_;
   std::size_t min_tokens_;
+  bool include_stop_;
   std::string held_;               // decoded text not yet shown
   std::size_t protected_end_ = 0;  // held_[0, this) is the first min_tokens tokens' text
   std::vector<std::int32_t> tokens_;

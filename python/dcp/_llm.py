@@ -22,7 +22,8 @@ class SamplingParams:
     temperature 0 is greedy; top_k 0 or -1 is off; seed None draws a fresh seed per request.
     Generation stops after max_tokens, or at a token of stop_token_ids, or at the tokenizer's
     EOS token unless ignore_eos, or where the text comes to contain a string of stop (the text
-    ends before it; the token that completed it is the last); none of these before min_tokens
+    ends before it, or after it with include_stop_str_in_output; the token that completed it is
+    the last); none of these before min_tokens
     tokens (a stop string must end in a later token's text). logprobs k (0-20) returns each
     step's chosen token and the k most likely ones. n completions of each prompt are sampled,
     the i-th with seed + i when seeded (as dcp serve does). logit_bias {token id: bias in
@@ -43,6 +44,7 @@ class SamplingParams:
     logit_bias: Optional[Dict[int, float]] = None
     seed: Optional[int] = None
     stop: Union[str, Sequence[str], None] = None
+    include_stop_str_in_output: bool = False
     stop_token_ids: Sequence[int] = ()
     min_tokens: int = 0
     ignore_eos: bool = False
@@ -266,4 +268,6 @@ class LLM:
                                      float(p.top_p), top_k, float(p.min_p),
                                      float(p.presence_penalty), float(p.frequency_penalty),
                                      float(p.repetition_penalty), bias, seed, stop,
-                                     int(p.min_tokens), stop_strings, bool(p.skip_special_tokens), logprobs)
+                                     int(p.min_tokens), stop_strings,
+                                     bool(p.include_stop_str_in_output),
+                                     bool(p.skip_special_tokens), logprobs)

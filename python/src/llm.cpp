@@ -56,6 +56,7 @@ struct GenerateRequest {
   std::vector<std::int32_t> stop_token_ids;
   int min_tokens = 0;             // neither stop tokens nor stop strings before this many tokens
   std::vector<std::string> stop;  // stop strings (need the tokenizer)
+  bool include_stop_str_in_output = false;
   bool skip_special_tokens = true;
   int logprobs = -1;
 };
@@ -231,7 +232,7 @@ class Llm {
       }
       if (tokenizer_) {
         texts[i].emplace(tokenizer_.get(), requests[i].stop, requests[i].skip_special_tokens,
-                         requests[i].min_tokens);
+                         requests[i].min_tokens, requests[i].include_stop_str_in_output);
       }
     }
     auto cancel_all = [&] {
@@ -365,7 +366,8 @@ void bind_llm(py::module_& m) {
                        double frequency_penalty, double repetition_penalty,
                        std::map<std::int32_t, double> logit_bias, std::uint64_t seed,
                        std::vector<std::int32_t> stop_token_ids, int min_tokens,
-                       std::vector<std::string> stop, bool skip_special_tokens, int logprobs) {
+                       std::vector<std::string> stop, bool include_stop_str_in_output,
+                       bool skip_special_tokens, int logprobs) {
              GenerateRequest r;
              r.prompt = std::move(prompt);
              r.max_new_tokens = max_new_tokens;
@@ -381,6 +383,7 @@ void bind_llm(py::module_& m) {
              r.stop_token_ids = std::move(stop_token_ids);
              r.min_tokens = min_tokens;
              r.stop = std::move(stop);
+             r.include_stop_str_in_output = include_stop_str_in_output;
              r.skip_special_tokens = skip_special_tokens;
              r.logprobs = logprobs;
              return r;
@@ -389,7 +392,8 @@ void bind_llm(py::module_& m) {
            py::arg("top_k"), py::arg("min_p"), py::arg("presence_penalty"),
            py::arg("frequency_penalty"), py::arg("repetition_penalty"), py::arg("logit_bias"),
            py::arg("seed"), py::arg("stop_token_ids"), py::arg("min_tokens"), py::arg("stop"),
-           py::arg("skip_special_tokens"), py::arg("logprobs"));
+           py::arg("include_stop_str_in_output"), py::arg("skip_special_tokens"),
+           py::arg("logprobs"));
 
   py::class_<Generated>(m, "_Generated")
       .def_readonly("token_ids", &Generated::tokens)

@@ -7,8 +7,8 @@
 namespace dcp {
 
 TextStream::TextStream(const Tokenizer* tokenizer, std::vector<std::string> stops,
-                       bool skip_special_tokens, int min_tokens)
-    : tokenizer_(tokenizer), stops_(std::move(stops)) {
+                       bool skip_special_tokens, int min_tokens, bool include_stop)
+    : tokenizer_(tokenizer), stops_(std::move(stops)), include_stop_(include_stop) {
   for (const std::string& s : stops_) {
     DCP_ARG_CHECK(!s.empty(), "a stop string must not be empty");
   }
@@ -33,16 +33,21 @@ std::string TextStream::finish() {
 }
 
 std::string TextStream::release(bool at_end) {
-  // The earliest stop string ends the text before it; one within the first min_tokens tokens'
-  // text does not count (it must end after protected_end_).
-  std::size_t cut = std::string::npos;
+  // The earliest stop string (the first listed of those starting there) ends the text before it,
+  // or after it; one within the first min_tokens tokens' text does not count (it must end after
+  // protected_end_).
+  std::size_t cut = std::string::npos, cut_size = 0;
   for (const std::string& s : stops_) {
     const std::size_t from = protected_end_ >= s.size() ? protected_end_ - s.size() + 1 : 0;
-    cut = std::min(cut, held_.find(s, from));
+    const std::size_t at = held_.find(s, from);
+    if (at < cut) {
+      cut = at;
+      cut_size = s.size();
+    }
   }
   if (cut != std::string::npos) {
     stopped_ = true;
-    std::string out = held_.substr(0, cut);
+    std::string out = held_.substr(0, include_stop_ ? cut + cut_size : cut);
     held_.clear();
     return out;
   }

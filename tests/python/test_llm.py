@@ -142,7 +142,7 @@ def test_logit_bias_and_penalties_change_the_greedy_choice(text_llm):
     assert first not in tokens(logit_bias={first: -100})
 
 
-def test_min_tokens_holds_stop_tokens_and_strings_back(text_llm):
+def test_min_tokens_and_include_stop_str_in_output(text_llm):
     # A token biased to be chosen at every step is also the stop token: it ends the request at
     # once, or at step min_tokens + 1.
     held = dict(max_tokens=10, temperature=0, ignore_eos=True, logit_bias={9: 100}, stop_token_ids=[9])
@@ -158,6 +158,12 @@ def test_min_tokens_holds_stop_tokens_and_strings_back(text_llm):
     assert text
     kept = text_llm.generate([[1, 2, 3]], dcp.SamplingParams(**plain, stop=text[:1], min_tokens=6))
     assert kept[0].outputs[0].text == text
+    # include_stop_str_in_output: the text ends after the stop string instead of before it.
+    stop = text[-2:]
+    cut, end = text.index(stop), text.index(stop) + len(stop)
+    out = text_llm.generate([[1, 2, 3]] * 2, [dcp.SamplingParams(**plain, stop=stop),
+                                              dcp.SamplingParams(**plain, stop=stop, include_stop_str_in_output=True)])
+    assert [o.outputs[0].text for o in out] == [text[:cut], text[:end]]
 
 
 @pytest.mark.parametrize("params,message", [

@@ -200,6 +200,17 @@ def case_stop_strings(s):
     _, _, events = s.stream("/v1/completions", {**body, "stop": stop, "stream": True})
     streamed = "".join(e["choices"][0]["text"] for e in events[:-1])
     check(streamed == got["text"], f"streamed stop {streamed!r} != {got['text']!r}")
+    # vLLM's include_stop_str_in_output, SGLang's no_stop_trim: the text ends after it.
+    end = text.index(stop) + len(stop)
+    status, r = s.post("/v1/completions", {**body, "stop": [stop], "include_stop_str_in_output": True})
+    check(r["choices"][0]["text"] == text[:end], f"stop string kept: {r['choices'][0]['text']!r}")
+    _, _, events = s.stream("/v1/completions", {**body, "stop": stop, "stream": True,
+                                                "include_stop_str_in_output": True})
+    streamed = "".join(e["choices"][0]["text"] for e in events[:-1])
+    check(streamed == text[:end], f"streamed with the stop string kept: {streamed!r}")
+    status, r = s.post("/generate", {"text": body["prompt"], "sampling_params": {
+        "max_new_tokens": 40, "temperature": 0, "ignore_eos": True, "stop": stop, "no_stop_trim": True}})
+    check(r["text"] == text[:end], f"/generate's no_stop_trim: {r['text']!r}")
     # A stop token id: the text ends with that token, finish_reason stop.
     ids = full["token_ids"]
     status, r = s.post("/v1/completions", {**body, "stop_token_ids": [ids[5]]})
@@ -296,6 +307,7 @@ def case_errors(s):
     expect(400, {"prompt": "hi", "logit_bias": {"100000": 1}}, "logit_bias")
     expect(400, {"prompt": "hi", "logit_bias": [7]}, "logit_bias")
     expect(400, {"prompt": "hi", "min_tokens": -1}, "min_tokens")
+    expect(400, {"prompt": "hi", "include_stop_str_in_output": 1}, "include_stop_str_in_output")
     expect(400, {"prompt": "hi", "min_tokens": 5, "max_tokens": 3})
     expect(400, {"text": "hi", "sampling_params": {"logit_bias": {"-1": 1}}}, "logit_bias", path="/generate")
     expect(400, {"prompt": [1, 2, 100000]}, "prompt")

@@ -159,6 +159,7 @@ struct OpenAiApi::Job {
   std::vector<std::string> stop;
   int n = 1;
   bool stream = false, include_usage = false, skip_special = true, seeded = false;
+  bool include_stop = false;  // the text keeps the stop string that ended it
   int top_logprobs = -1;  // -1: no logprobs
 };
 
@@ -311,6 +312,10 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
     job.seeded = true;
   }
   job.stop = stop_strings(*src);
+  // vLLM's include_stop_str_in_output; SGLang's no_stop_trim.
+  job.include_stop =
+      boolean(*src, kind == Kind::generate ? "no_stop_trim" : "include_stop_str_in_output")
+          .value_or(false);
   if (!job.stop.empty() && !tokenizer_) need_tokenizer("stop");
   if (const json* ids = field(*src, "stop_token_ids"))
     r.stop_token_ids = token_ids(*ids, "stop_token_ids", vocab);
@@ -425,13 +430,14 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
     r.sampling.seed = job.seeded ? job.request.sampling.seed + static_cast<std::uint64_t>(i)
                                  : (static_cast<std::uint64_t>(entropy()) << 32) ^ entropy();
     try {
-      choices->push_back({deployment_.submit(r),
-                          TextStream(tokenizer_, job.stop, job.skip_special, r.min_tokens),
-                          {},
-                          {},
-                          false,
-                          FinishReason::none,
-                          {}});
+      choices->push_back(
+          {deployment_.submit(r),
+           TextStream(tokenizer_, job.stop, job.skip_special, r.min_tokens, job.include_stop),
+           {},
+           {},
+           false,
+           FinishReason::none,
+           {}});
     } catch (const RefusedError& e) {
       for (Choice& c : *choices) c.stream->cancel();
       const int status = e.why() == Refusal::too_long  ? 413
