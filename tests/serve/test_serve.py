@@ -303,6 +303,8 @@ def case_errors(s):
     expect(400, {"prompt": "hi", "frequency_penalty": "1"}, "frequency_penalty")
     expect(400, {"prompt": "hi", "repetition_penalty": 0}, "repetition_penalty")
     expect(400, {"prompt": "hi", "logit_bias": {"abc": 1}}, "logit_bias")
+    expect(400, {"prompt": "hi", "logit_bias": {" 7": 1}}, "logit_bias")
+    expect(400, {"prompt": "hi", "logit_bias": {"+7": 1}}, "logit_bias")
     expect(400, {"prompt": "hi", "logit_bias": {"7": 101}}, "logit_bias")
     expect(400, {"prompt": "hi", "logit_bias": {"100000": 1}}, "logit_bias")
     expect(400, {"prompt": "hi", "logit_bias": [7]}, "logit_bias")

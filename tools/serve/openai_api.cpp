@@ -96,7 +96,7 @@ std::map<std::int32_t, double> logit_bias(const json& obj, int vocab) {
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used == 0 || used != key.size() || id < 0 || id >= vocab)
+    if (key.empty() || key[0] < '0' || key[0] > '9' || used != key.size() || id < 0 || id >= vocab)
       bad("logit_bias", str("'logit_bias': key '", key, "' is not a token id in [0, ", vocab, ")"));
     if (!bias.is_number() || !(std::abs(bias.get<double>()) <= 100))
       bad("logit_bias",
