@@ -309,6 +309,13 @@ def case_errors(s):
     expect(400, {"prompt": "hi", "logit_bias": {"100000": 1}}, "logit_bias")
     expect(400, {"prompt": "hi", "logit_bias": [7]}, "logit_bias")
     expect(400, {"prompt": "hi", "min_tokens": -1}, "min_tokens")
+    # vLLM's and SGLang's extensions that would change the result are refused, not ignored.
+    for key, value in [("prompt_logprobs", 1), ("guided_json", {"type": "object"}), ("allowed_token_ids", [1]),
+                       ("bad_words", ["x"]), ("use_beam_search", True), ("truncate_prompt_tokens", 4)]:
+        expect(400, {"prompt": "hi", key: value}, key)
+    expect(400, {"text": "hi", "sampling_params": {"json_schema": "{}"}}, "json_schema", path="/generate")
+    status, r = s.post("/v1/completions", {"prompt": "hi", "max_tokens": 1, "bad_words": [], "use_beam_search": False})
+    check(status == 200, f"extensions that ask for nothing are accepted: {status} {r}")
     expect(400, {"prompt": "hi", "include_stop_str_in_output": 1}, "include_stop_str_in_output")
     expect(400, {"prompt": "hi", "min_tokens": 5, "max_tokens": 3})
     expect(400, {"text": "hi", "sampling_params": {"logit_bias": {"-1": 1}}}, "logit_bias", path="/generate")

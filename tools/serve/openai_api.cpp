@@ -135,6 +135,17 @@ void refuse_unsupported(const json& b) {
     if (const json* v = field(b, key); v && !(v->is_array() && v->empty()))
       bad(key, str("'", key, "' (tool calling) is not supported"));
   }
+  // vLLM's and SGLang's extensions that would change the result: refused rather than ignored.
+  for (const char* key :
+       {"prompt_logprobs", "truncate_prompt_tokens", "guided_json", "guided_regex", "guided_choice",
+        "guided_grammar", "structured_outputs", "json_schema", "regex", "ebnf", "logprob_start_len",
+        "allowed_token_ids"}) {
+    if (field(b, key)) bad(key, str("'", key, "' is not supported"));
+  }
+  if (const json* v = field(b, "bad_words"); v && !(v->is_array() && v->empty()))
+    bad("bad_words", "'bad_words' is not supported");
+  if (const json* v = field(b, "use_beam_search"); v && !(v->is_boolean() && !v->get<bool>()))
+    bad("use_beam_search", "'use_beam_search' (beam search) is not supported");
   if (const json* v = field(b, "response_format");
       v && !(v->is_object() && v->value("type", "") == "text"))
     bad("response_format", "'response_format' is not supported (only {\"type\": \"text\"})");
