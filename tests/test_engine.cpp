@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -80,11 +82,19 @@ TEST(Engine, RejectsInvalidRequestsNamingThemAndChangingNothing) {
     biased.sampling.logit_bias[c.vocab_size] = 1;
     EXPECT_TRUE(throws_error([&] { engine.submit(biased); }, bad,
                              "request 1: logit_bias: token 512 is outside the vocabulary"));
+    RequestSpec scored = request(1, {1, 2}, 3);
+    scored.prompt_logprobs = 21;
+    EXPECT_TRUE(throws_error([&] { engine.submit(scored); }, bad,
+                             "request 1: prompt_logprobs = 21 must be in [0, 20] (-1: none)"));
     RequestSpec continued = request(1, {1, 2}, 3);
     continued.continue_from = 0;
     continued.sampling.repetition_penalty = 1.1;
     EXPECT_TRUE(throws_error([&] { engine.submit(continued); }, bad,
                              "request 1: repetition_penalty does not combine with continue_from"));
+    continued.sampling.repetition_penalty = 1;
+    continued.prompt_logprobs = 0;
+    EXPECT_TRUE(throws_error([&] { engine.submit(continued); }, bad,
+                             "request 1: prompt_logprobs does not combine with continue_from"));
     EXPECT_TRUE(engine.results().empty()) << "a refused request left a result behind";
     EXPECT_EQ(engine.waiting(), 0);
     engine.submit(request(1, {1, 2}, 2));
@@ -328,6 +338,59 @@ TEST(Engine, StopTokenEndsTheRequestAtItsFirstOccurrenceAfterMinTokens) {
   EXPECT_TRUE(test::throws_error([&] { run_engine(c, *w, s, {too_many}); },
                                  ErrorCategory::invalid_argument,
                                  "request 0: min_tokens = 11 must be in [0, max_new_tokens = 10]"));
+}
+
+// Prompt logprobs: the logprob of prompt token p (and the top k there) equals the log-softmax, in
+// float64, of the logits that decoding reaches after being fed the first p tokens (teacher
+// forcing); across prefill chunks (the 256-token cap), beside a request without them in the same
+// steps, under DCP 2, and with a cached copy of the prompt in the prefix cache.
+TEST(Engine, PromptLogprobsAreTheLogSoftmaxOfEachPrefix) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 2);
+  const auto w = make_synthetic_weights(12);
+  const int vocab = c.vocab_size;
+  const std::vector<std::int32_t> prompt = random_tokens(rng, 300, vocab);
+  EngineSetup s;
+  s.tp = 2;
+  s.dcp = 2;
+  s.page_size = 8;
+  s.chunk = 300;
+  s.prefix_cache = true;
+  RequestSpec asked = request(1, prompt, 2);
+  asked.prompt_logprobs = 3;
+  // Request 0 puts the prompt into the prefix cache first; 2 runs beside 1 without logprobs.
+  const test::EngineRun run = test::run_engine_phases(
+      c, *w, s, {{request(0, prompt, 1)}, {asked, request(2, random_tokens(rng, 40, vocab), 3)}});
+  const RequestResult& got = run.results[1];
+  ASSERT_EQ(got.prompt_logprobs.size(), prompt.size() - 1);
+  EXPECT_TRUE(run.results[0].prompt_logprobs.empty());
+  EXPECT_TRUE(run.results[2].prompt_logprobs.empty());
+  EXPECT_EQ(got.output_tokens[0], run.results[0].output_tokens[0]) << "the same first token";
+  // The reference: the first token alone, then the rest forced one decode step at a time.
+  s.prefix_cache = false;
+  s.dcp = 1;
+  const std::vector<std::int32_t> rest(prompt.begin() + 1, prompt.end());
+  const RequestResult ref =
+      run_engine(c, *w, s, {request(0, {prompt[0]}, static_cast<int>(rest.size()), rest)})
+          .results[0];
+  ASSERT_EQ(ref.step_logits.size(), rest.size() * static_cast<std::size_t>(vocab));
+  for (std::size_t p = 0; p < rest.size(); ++p) {
+    const float* l = ref.step_logits.data() + p * static_cast<std::size_t>(vocab);
+    double m = *std::max_element(l, l + vocab), z = 0;
+    for (int t = 0; t < vocab; ++t) z += std::exp(static_cast<double>(l[t]) - m);
+    const double lse = m + std::log(z);
+    const StepLogprobs& lp = got.prompt_logprobs[p];
+    EXPECT_EQ(lp.chosen.token, rest[p]) << "position " << p + 1;
+    EXPECT_NEAR(lp.chosen.logprob, l[rest[p]] - lse, 1e-3) << "position " << p + 1;
+    ASSERT_EQ(lp.top.size(), 3u);
+    std::vector<int> order(static_cast<std::size_t>(vocab));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return l[a] > l[b]; });
+    for (std::size_t k = 0; k < 3; ++k) {
+      EXPECT_EQ(lp.top[k].token, order[k]) << "position " << p + 1 << " rank " << k;
+      EXPECT_NEAR(lp.top[k].logprob, l[order[k]] - lse, 1e-3) << "position " << p + 1;
+    }
+  }
 }
 
 TEST(Engine, CancelFreesTheKvAndLeavesTheOtherRequestsUntouched) {

@@ -72,6 +72,8 @@ StreamUpdate drain_stream(RequestStream& s, int* updates = nullptr) {
     if (updates) ++*updates;
     all.tokens.insert(all.tokens.end(), u->tokens.begin(), u->tokens.end());
     all.logprobs.insert(all.logprobs.end(), u->logprobs.begin(), u->logprobs.end());
+    all.prompt_logprobs.insert(all.prompt_logprobs.end(), u->prompt_logprobs.begin(),
+                               u->prompt_logprobs.end());
     if (u->finished) {
       all.finished = true;
       all.finish_reason = u->finish_reason;
@@ -187,6 +189,34 @@ TEST(Serving, PenaltiesBiasAndMinTokensReachEveryRank) {
   EXPECT_EQ(u.finish_reason, FinishReason::stop);
 }
 
+// Prompt logprobs reach the client whole, with the first tokens: equal to a batch run's.
+TEST(Serving, PromptLogprobsArriveWithTheFirstUpdate) {
+  auto rng = test::make_rng();
+  const auto w = make_synthetic_weights(26);
+  ServeRequest r = greedy(test::random_tokens(rng, 37, 64), 4);
+  r.prompt_logprobs = 2;
+  DeploymentSpec batch = small_spec(*w, 2, 2, 2);
+  RequestSpec spec;
+  spec.prompt = r.prompt;
+  spec.max_new_tokens = r.max_new_tokens;
+  spec.prompt_logprobs = r.prompt_logprobs;
+  batch.requests.push_back(spec);
+  const DeploymentReport want = run_deployment(batch).report;
+  const std::vector<StepLogprobs>& expect = want.results[0].prompt_logprobs;
+  ASSERT_EQ(expect.size(), r.prompt.size() - 1);
+  Running server(small_spec(*w, 2, 2, 2));
+  const StreamUpdate u = drain_stream(*server->submit(r));
+  EXPECT_EQ(u.tokens, want.results[0].output_tokens);
+  ASSERT_EQ(u.prompt_logprobs.size(), expect.size());
+  for (std::size_t p = 0; p < expect.size(); ++p) {
+    EXPECT_EQ(u.prompt_logprobs[p].chosen.token, r.prompt[p + 1]);
+    EXPECT_NEAR(u.prompt_logprobs[p].chosen.logprob, expect[p].chosen.logprob, 1e-4);
+    ASSERT_EQ(u.prompt_logprobs[p].top.size(), 2u);
+    EXPECT_EQ(u.prompt_logprobs[p].top[0].token, expect[p].top[0].token);
+  }
+  EXPECT_TRUE(drain_stream(*server->submit(greedy(r.prompt, 2))).prompt_logprobs.empty());
+}
+
 TEST(Serving, CancelFreesTheKvWithinAStepAndTheOthersFinish) {
   auto rng = test::make_rng();
   const auto w = make_synthetic_weights(23);
@@ -244,6 +274,9 @@ TEST(Serving, RefusesWhatItCannotServeAndKeepsServing) {
   ServeRequest held = greedy({1, 2}, 3);
   held.min_tokens = 4;
   expect_refusal(held, Refusal::invalid, "min_tokens = 4 must be in [0, max_tokens = 3]");
+  ServeRequest scored = greedy({1, 2}, 3);
+  scored.prompt_logprobs = 21;
+  expect_refusal(scored, Refusal::invalid, "prompt_logprobs = 21 must be in [0, 20]");
   // One request takes nearly the whole cache; the next waits; a third is past the queue bound.
   const auto big =
       server->submit(greedy(test::random_tokens(rng, 30, 64), static_cast<int>(cap) - 34));

@@ -46,7 +46,13 @@ struct RequestSpec {
   int min_tokens = 0;
   // -1: none; k in [0, 20]: each step's chosen-token logprob and the k most likely tokens.
   int logprobs = -1;
+  // -1: none; k in [0, 20]: for every prompt token after the first, its logprob given the tokens
+  // before it and the k most likely tokens there (vLLM's prompt_logprobs). The prompt is then
+  // computed whole: no prefix-cache hit, and prefill steps of at most kPromptLogprobsChunk tokens
+  // (each needs logits for every token).
+  int prompt_logprobs = -1;
 };
+inline constexpr int kPromptLogprobsChunk = 256;
 
 enum class RequestState : std::uint8_t { waiting, prefill, decode, finished, rejected };
 // Why a finished request ended: its token budget, a stop token, or cancel().
@@ -61,6 +67,7 @@ struct RequestResult {
   std::vector<std::int32_t> output_tokens;  // the chosen tokens, one per step
   std::vector<float> step_logits;           // [steps, vocab] when record_logits
   std::vector<StepLogprobs> logprobs;       // one per output token when spec.logprobs >= 0
+  std::vector<StepLogprobs> prompt_logprobs;  // one per prompt token but the first, when asked
 };
 
 struct EngineOptions {

@@ -32,6 +32,7 @@ struct ServeRequest {
   std::vector<std::int32_t> stop_token_ids;  // an EOS, say
   int min_tokens = 0;                        // see RequestSpec::min_tokens
   int logprobs = -1;                         // see RequestSpec::logprobs
+  int prompt_logprobs = -1;                  // see RequestSpec::prompt_logprobs
 };
 
 // Why submit() refused a request: HTTP maps each to its status.
@@ -54,6 +55,7 @@ class RefusedError : public Error {
 struct StreamUpdate {
   std::vector<std::int32_t> tokens;  // new tokens, in order
   std::vector<StepLogprobs> logprobs;
+  std::vector<StepLogprobs> prompt_logprobs;  // when asked: all of them, in the first update
   bool finished = false;
   FinishReason finish_reason = FinishReason::none;
   std::string error;  // the engine rejected it

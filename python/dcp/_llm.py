@@ -49,6 +49,7 @@ class SamplingParams:
     min_tokens: int = 0
     ignore_eos: bool = False
     logprobs: Optional[int] = None
+    prompt_logprobs: Optional[int] = None
     skip_special_tokens: bool = True
 
 
@@ -71,6 +72,9 @@ class RequestOutput:
     # by the frontend.
     time_to_first_token_s: float
     latency_s: float
+    # With SamplingParams.prompt_logprobs: None for the first prompt token, then per token
+    # {token_id: logprob} (its own and the k most likely there).
+    prompt_logprobs: Optional[list] = None
 
 
 class LLM:
@@ -219,9 +223,12 @@ class LLM:
             completions = [CompletionOutput(j, g.text, list(g.token_ids), g.finish_reason,
                                             g.logprobs if params[i].logprobs is not None else None)
                            for j, g in enumerate(generated)]
+            prompt_lp = None
+            if params[i].prompt_logprobs is not None:
+                prompt_lp = [None] + list(generated[0].prompt_logprobs)
             outputs.append(RequestOutput(i, texts[i], ids[i], completions,
                                          min(g.time_to_first_token_s for g in generated),
-                                         max(g.latency_s for g in generated)))
+                                         max(g.latency_s for g in generated), prompt_lp))
         return outputs
 
     def _prompt(self, i, p):
@@ -256,6 +263,8 @@ class LLM:
             raise ValueError(f"seed = {p.seed} must be >= 0")
         seed = random.getrandbits(63) if p.seed is None else int(p.seed) + completion
         logprobs = -1 if p.logprobs is None else int(p.logprobs)
+        # One completion of each prompt computes them: its others share the prompt.
+        prompt_logprobs = -1 if p.prompt_logprobs is None or completion > 0 else int(p.prompt_logprobs)
         stop_strings = [p.stop] if isinstance(p.stop, str) else list(p.stop or ())
         for s in stop_strings:  # an empty one is refused with the request (TextStream)
             if not isinstance(s, str):
@@ -269,5 +278,5 @@ class LLM:
                                      float(p.presence_penalty), float(p.frequency_penalty),
                                      float(p.repetition_penalty), bias, seed, stop,
                                      int(p.min_tokens), stop_strings,
-                                     bool(p.include_stop_str_in_output),
+                                     bool(p.include_stop_str_in_output), prompt_logprobs,
                                      bool(p.skip_special_tokens), logprobs)

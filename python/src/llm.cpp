@@ -57,6 +57,7 @@ struct GenerateRequest {
   int min_tokens = 0;             // neither stop tokens nor stop strings before this many tokens
   std::vector<std::string> stop;  // stop strings (need the tokenizer)
   bool include_stop_str_in_output = false;
+  int prompt_logprobs = -1;
   bool skip_special_tokens = true;
   int logprobs = -1;
 };
@@ -66,8 +67,21 @@ struct Generated {
   std::optional<std::string> text;  // with a tokenizer: the text, up to a stop string
   std::string finish_reason;  // "length", "stop", "cancelled"
   std::vector<StepLogprobs> logprobs;
+  std::vector<StepLogprobs> prompt_logprobs;  // one per prompt token but the first, when asked
   double time_to_first_token_s = 0, latency_s = 0;
 };
+
+// Per step {token_id: logprob}: the chosen token's and its alternatives', as vLLM lists them.
+py::list logprobs_list(const std::vector<StepLogprobs>& lps) {
+  py::list steps;
+  for (const StepLogprobs& s : lps) {
+    py::dict d;
+    d[py::int_(s.chosen.token)] = s.chosen.logprob;
+    for (const TokenLogprob& t : s.top) d[py::int_(t.token)] = t.logprob;
+    steps.append(d);
+  }
+  return steps;
+}
 
 void check_positive(long long v, const char* name) {
   if (v < 1) throw py::value_error(std::string(name) + " = " + std::to_string(v) + " must be >= 1");
@@ -248,6 +262,7 @@ class Llm {
           q.sampling = r.sampling;
           q.stop_token_ids = r.stop_token_ids;
           q.min_tokens = r.min_tokens;
+          q.prompt_logprobs = r.prompt_logprobs;
           q.logprobs = r.logprobs;
           streams.push_back(deployment_->submit(q));
         }
@@ -270,6 +285,8 @@ class Llm {
             Generated& g = out[i];
             std::optional<TextStream>& text = texts[i];
             if (text && !g.text) g.text.emplace();
+            std::move(u->prompt_logprobs.begin(), u->prompt_logprobs.end(),
+                      std::back_inserter(g.prompt_logprobs));
             for (std::size_t k = 0; k < u->tokens.size() && !(text && text->stopped()); ++k) {
               g.tokens.push_back(u->tokens[k]);
               if (k < u->logprobs.size()) g.logprobs.push_back(std::move(u->logprobs[k]));
@@ -367,7 +384,7 @@ void bind_llm(py::module_& m) {
                        std::map<std::int32_t, double> logit_bias, std::uint64_t seed,
                        std::vector<std::int32_t> stop_token_ids, int min_tokens,
                        std::vector<std::string> stop, bool include_stop_str_in_output,
-                       bool skip_special_tokens, int logprobs) {
+                       int prompt_logprobs, bool skip_special_tokens, int logprobs) {
              GenerateRequest r;
              r.prompt = std::move(prompt);
              r.max_new_tokens = max_new_tokens;
@@ -384,6 +401,7 @@ void bind_llm(py::module_& m) {
              r.min_tokens = min_tokens;
              r.stop = std::move(stop);
              r.include_stop_str_in_output = include_stop_str_in_output;
+             r.prompt_logprobs = prompt_logprobs;
              r.skip_special_tokens = skip_special_tokens;
              r.logprobs = logprobs;
              return r;
@@ -392,8 +410,8 @@ void bind_llm(py::module_& m) {
            py::arg("top_k"), py::arg("min_p"), py::arg("presence_penalty"),
            py::arg("frequency_penalty"), py::arg("repetition_penalty"), py::arg("logit_bias"),
            py::arg("seed"), py::arg("stop_token_ids"), py::arg("min_tokens"), py::arg("stop"),
-           py::arg("include_stop_str_in_output"), py::arg("skip_special_tokens"),
-           py::arg("logprobs"));
+           py::arg("include_stop_str_in_output"), py::arg("prompt_logprobs"),
+           py::arg("skip_special_tokens"), py::arg("logprobs"));
 
   py::class_<Generated>(m, "_Generated")
       .def_readonly("token_ids", &Generated::tokens)
@@ -401,16 +419,10 @@ void bind_llm(py::module_& m) {
       .def_readonly("finish_reason", &Generated::finish_reason)
       .def_readonly("time_to_first_token_s", &Generated::time_to_first_token_s)
       .def_readonly("latency_s", &Generated::latency_s)
-      .def_property_readonly("logprobs", [](const Generated& g) {
-        py::list steps;
-        for (const StepLogprobs& s : g.logprobs) {
-          py::dict d;
-          d[py::int_(s.chosen.token)] = s.chosen.logprob;
-          for (const TokenLogprob& t : s.top) d[py::int_(t.token)] = t.logprob;
-          steps.append(d);
-        }
-        return steps;
-      });
+      .def_property_readonly("logprobs",
+                             [](const Generated& g) { return logprobs_list(g.logprobs); })
+      .def_property_readonly("prompt_logprobs",
+                             [](const Generated& g) { return logprobs_list(g.prompt_logprobs); });
 
   py::class_<Llm>(m, "_Llm")
       .def(py::init<const LlmConfig&>(), py::arg("config"))

@@ -23,6 +23,10 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
   const int a = c.prefill_dcp_size, t = c.decode.tp_size;
   DCP_ARG_CHECK(c.decode.dp_size == 1, "disaggregation: decode dp_size = ", c.decode.dp_size,
                 " is not supported (legal: 1)");
+  for (const RequestSpec& r : requests) {  // the prefill side hands over one token, not the rest
+    DCP_ARG_CHECK(r.prompt_logprobs < 0, "disaggregation: request ", r.id,
+                  ": prompt_logprobs is not supported (legal: -1)");
+  }
   const Topology prefill_topo = resolve(prefill_side(a));
   const Topology decode_topo = resolve(c.decode);
   DCP_ARG_CHECK(world.size() == a + t, "disaggregation needs ", a + t, " ranks (prefill_dcp_size ",

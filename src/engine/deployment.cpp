@@ -8,6 +8,7 @@
 #include "dcp/comm_threads.h"
 #include "dcp/error.h"
 #include "dcp/timing.h"
+#include "engine/logprobs_bytes.h"
 
 namespace dcp {
 
@@ -183,11 +184,8 @@ std::vector<std::uint8_t> pack_results(const std::vector<RequestResult>& results
     w.raw(r.step_logits.data(), r.step_logits.size() * sizeof(float));
     w.i64(static_cast<std::int64_t>(r.error.size()));
     w.raw(r.error.data(), r.error.size());
-    w.i64(static_cast<std::int64_t>(r.logprobs.size()));
-    for (const StepLogprobs& lp : r.logprobs) {
-      w.raw(&lp.chosen, sizeof lp.chosen);
-      w.vec(lp.top);
-    }
+    write_logprobs(w, r.logprobs);
+    write_logprobs(w, r.prompt_logprobs);
   }
   return bytes;
 }
@@ -206,11 +204,8 @@ std::vector<RequestResult> unpack_results(const std::vector<std::uint8_t>& bytes
     in.raw(r.step_logits.data(), r.step_logits.size() * sizeof(float));
     r.error.resize(in.count(1));
     in.raw(r.error.data(), r.error.size());
-    r.logprobs.resize(in.count(sizeof(TokenLogprob) + sizeof(std::int64_t)));
-    for (StepLogprobs& lp : r.logprobs) {
-      in.raw(&lp.chosen, sizeof lp.chosen);
-      lp.top = in.vec<TokenLogprob>();
-    }
+    r.logprobs = read_logprobs(in);
+    r.prompt_logprobs = read_logprobs(in);
     out.push_back(std::move(r));
   }
   return out;

@@ -79,6 +79,11 @@ void Engine::submit(const RequestSpec& spec) {
                 " must be in [0, max_new_tokens = ", spec.max_new_tokens, "]");
   DCP_ARG_CHECK(spec.logprobs >= -1 && spec.logprobs <= 20, "request ", spec.id,
                 ": logprobs = ", spec.logprobs, " must be in [0, 20] (-1: none)");
+  DCP_ARG_CHECK(spec.prompt_logprobs >= -1 && spec.prompt_logprobs <= 20, "request ", spec.id,
+                ": prompt_logprobs = ", spec.prompt_logprobs, " must be in [0, 20] (-1: none)");
+  DCP_ARG_CHECK(spec.prompt_logprobs < 0 || !spec.continue_from, "request ", spec.id,
+                ": prompt_logprobs does not combine with continue_from (the earlier turns are "
+                "not computed again)");
   for (const RequestResult& r : results_) {
     DCP_ARG_CHECK(r.id != spec.id, "request id ", spec.id, " was already submitted");
   }
@@ -272,7 +277,7 @@ void Engine::admit() {
     if (static_cast<int>(running_.size()) >= options_.max_running_requests) break;
     // A prefix-cache hit: whole pages the request shares instead of computing (pinned for now).
     std::vector<std::int32_t> hit, prefix;
-    if (it->cacheable) hit = cache_->match(it->feed);
+    if (it->cacheable && it->spec.prompt_logprobs < 0) hit = cache_->match(it->feed);
     const std::int64_t held = it->context > 0
                                   ? static_cast<std::int64_t>(alloc.pages(it->spec.id).size())
                                   : static_cast<std::int64_t>(hit.size());
@@ -387,6 +392,13 @@ bool Engine::run_prefill() {
   batch.mode = options_.extend_mode;
   std::vector<std::size_t> members;
   std::int64_t budget = options_.chunked_prefill_size;
+  // Prompt logprobs need logits for every token of the step: bound the step, and so its logits.
+  for (const Live& l : running_) {
+    if (results_[l.result].state == RequestState::prefill && l.spec.prompt_logprobs >= 0) {
+      budget = std::min<std::int64_t>(budget, kPromptLogprobsChunk);
+      batch.all_logits = true;
+    }
+  }
   for (std::size_t i = 0; i < running_.size() && budget > 0; ++i) {
     Live& l = running_[i];
     if (results_[l.result].state != RequestState::prefill) continue;
@@ -410,18 +422,33 @@ bool Engine::run_prefill() {
     for (const BatchEntry& e : batch.entries) draft_->extend(e.request, e.q_len);
     ForwardBatch d = batch;
     d.mode = ForwardMode::extend;
+    d.all_logits = false;
     draft_->forward(d);
   }
   stats_.prefill_ms += ms_since(t0);
   const int vocab = model_.config().vocab_size;
+  std::size_t row = 0;  // with all_logits: the first row of member k
   for (std::size_t k = 0; k < members.size(); ++k) {
     Live& l = running_[members[k]];
-    l.prefilled += batch.entries[k].q_len;
-    prompt_done_ += batch.entries[k].q_len;
+    const std::int32_t q = batch.entries[k].q_len;
+    if (l.spec.prompt_logprobs >= 0) {  // row j predicts the token after position prefilled + j
+      RequestResult& r = results_[l.result];
+      for (std::int32_t j = 0; j < q; ++j) {
+        const auto next = static_cast<std::size_t>(l.prefilled + j + 1);
+        if (next < l.feed.size()) {
+          r.prompt_logprobs.push_back(step_logprobs(logits.data() + (row + j) * vocab, vocab,
+                                                    l.feed[next], l.spec.prompt_logprobs));
+        }
+      }
+    }
+    const float* last = logits.data() + (batch.all_logits ? row + q - 1 : k) * vocab;
+    row += static_cast<std::size_t>(q);
+    l.prefilled += q;
+    prompt_done_ += q;
     if (l.prefilled == static_cast<std::int64_t>(l.feed.size())) {
       if (l.cacheable)
         cache_->insert(l.spec.prompt, l.spec.id);  // whole prompt pages, for later requests
-      emit(l, logits.data() + k * vocab);  // the prompt's last logits give the first new token
+      emit(l, last);  // the prompt's last logits give the first new token
       l.draft_pending = {results_[l.result].output_tokens.back()};
       results_[l.result].state = RequestState::decode;
     }

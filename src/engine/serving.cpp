@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "core/bytes.h"
+#include "engine/logprobs_bytes.h"
 
 namespace dcp {
 namespace {
@@ -29,6 +30,7 @@ void write_spec(ByteWriter& w, const RequestSpec& r) {
   w.vec(r.stop_token_ids);
   w.i64(r.min_tokens);
   w.i64(r.logprobs);
+  w.i64(r.prompt_logprobs);
 }
 
 RequestSpec read_spec(ByteReader& in) {
@@ -51,6 +53,7 @@ RequestSpec read_spec(ByteReader& in) {
   r.stop_token_ids = in.vec<std::int32_t>();
   r.min_tokens = static_cast<int>(in.i64());
   r.logprobs = static_cast<int>(in.i64());
+  r.prompt_logprobs = static_cast<int>(in.i64());
   return r;
 }
 
@@ -64,18 +67,15 @@ struct RankLoad {
   std::int64_t dealt_tokens = 0;
 };
 
+// A request's news since `from` tokens were reported; its prompt logprobs go with the first.
 void write_news(ByteWriter& w, const RequestResult& r, std::size_t from) {
   w.i64(r.id);
   w.i64(static_cast<std::int64_t>(r.state));
   w.i64(static_cast<std::int64_t>(r.finish_reason));
   w.vec(std::vector<std::int32_t>(r.output_tokens.begin() + static_cast<std::ptrdiff_t>(from),
                                   r.output_tokens.end()));
-  const std::size_t lp_from = std::min(from, r.logprobs.size());
-  w.i64(static_cast<std::int64_t>(r.logprobs.size() - lp_from));
-  for (std::size_t k = lp_from; k < r.logprobs.size(); ++k) {
-    w.raw(&r.logprobs[k].chosen, sizeof(TokenLogprob));
-    w.vec(r.logprobs[k].top);
-  }
+  write_logprobs(w, r.logprobs, from);
+  write_logprobs(w, r.prompt_logprobs, from == 0 ? 0 : r.prompt_logprobs.size());
   w.vec(std::vector<char>(r.error.begin(), r.error.end()));
 }
 
@@ -177,6 +177,8 @@ std::shared_ptr<RequestStream> ServingDeployment::submit(const ServeRequest& req
                 " must be in [0, max_tokens = ", req.max_new_tokens, "]"));
   refuse_if(req.logprobs < -1 || req.logprobs > 20, Refusal::invalid,
             str("logprobs = ", req.logprobs, " must be in [0, 20]"));
+  refuse_if(req.prompt_logprobs < -1 || req.prompt_logprobs > 20, Refusal::invalid,
+            str("prompt_logprobs = ", req.prompt_logprobs, " must be in [0, 20]"));
   try {
     validate(req.sampling, c.vocab_size);
   } catch (const Error& e) {
@@ -236,6 +238,7 @@ std::vector<std::uint8_t> ServingDeployment::take_control(bool busy) {
     spec.sampling = req.sampling;
     spec.stop_token_ids = req.stop_token_ids;
     spec.min_tokens = req.min_tokens;
+    spec.prompt_logprobs = req.prompt_logprobs;
     spec.logprobs = req.logprobs;
     write_spec(w, spec);
   }
@@ -276,11 +279,8 @@ void ServingDeployment::publish(const std::vector<std::vector<std::uint8_t>>& re
       const auto state = static_cast<RequestState>(in.i64());
       u.finish_reason = static_cast<FinishReason>(in.i64());
       u.tokens = in.vec<std::int32_t>();
-      u.logprobs.resize(in.count(sizeof(TokenLogprob) + sizeof(std::int64_t)));
-      for (StepLogprobs& lp : u.logprobs) {
-        in.raw(&lp.chosen, sizeof lp.chosen);
-        lp.top = in.vec<TokenLogprob>();
-      }
+      u.logprobs = read_logprobs(in);
+      u.prompt_logprobs = read_logprobs(in);
       const std::vector<char> error = in.vec<char>();
       u.error.assign(error.begin(), error.end());
       u.finished = state == RequestState::finished || state == RequestState::rejected;
@@ -309,6 +309,8 @@ void ServingDeployment::publish(const std::vector<std::vector<std::uint8_t>>& re
         StreamUpdate& p = s.pending_;
         p.tokens.insert(p.tokens.end(), u.tokens.begin(), u.tokens.end());
         std::move(u.logprobs.begin(), u.logprobs.end(), std::back_inserter(p.logprobs));
+        std::move(u.prompt_logprobs.begin(), u.prompt_logprobs.end(),
+                  std::back_inserter(p.prompt_logprobs));
         p.finished = u.finished;
         p.finish_reason = u.finish_reason;
         p.error = u.error;

@@ -166,7 +166,25 @@ def test_min_tokens_and_include_stop_str_in_output(text_llm):
     assert [o.outputs[0].text for o in out] == [text[:cut], text[:end]]
 
 
+def test_prompt_logprobs_of_a_greedy_continuation_equal_decodings(text_llm):
+    # A prompt that is the model's own greedy continuation: each of those tokens has the logprob
+    # decoding gave it, and is the most likely token there.
+    first = text_llm.generate([[1, 2, 3]], dcp.SamplingParams(max_tokens=5, temperature=0, logprobs=0,
+                                                             ignore_eos=True))[0].outputs[0]
+    prompt = [1, 2, 3] + first.token_ids
+    out = text_llm.generate([prompt], dcp.SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=2,
+                                                        n=2, seed=1))[0]
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(prompt)
+    for p, (token, step) in enumerate(zip(first.token_ids, first.logprobs)):
+        scored = out.prompt_logprobs[3 + p]
+        assert token in scored and len(scored) <= 3
+        assert abs(scored[token] - step[token]) < 0.05
+        assert scored[token] == max(scored.values())
+    assert text_llm.generate([prompt], dcp.SamplingParams(max_tokens=1))[0].prompt_logprobs is None
+
+
 @pytest.mark.parametrize("params,message", [
+    (dcp.SamplingParams(prompt_logprobs=21), "prompt_logprobs = 21 must be in [0, 20]"),
     (dcp.SamplingParams(min_tokens=5, max_tokens=3), "min_tokens = 5 must be in [0, max_tokens = 3]"),
     (dcp.SamplingParams(min_tokens=-1), "min_tokens = -1"),
     (dcp.SamplingParams(presence_penalty=2.5), "presence_penalty = 2.5 must be in [-2, 2]"),

@@ -263,6 +263,34 @@ def case_min_tokens(s):
     check(status == 200 and r["choices"][0]["text"] == text, f"a stop string held back by min_tokens: {r}")
 
 
+def case_echo(s):
+    """echo: the prompt comes back before the text; with logprobs, the prompt's own. A prompt that
+    is the model's greedy continuation has, at each of those tokens, the logprob decoding gave
+    it."""
+    base = {"max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    status, r = s.post("/v1/completions", {**base, "prompt": "Once upon a time"})
+    plain = r["choices"][0]
+    status, r = s.post("/v1/completions", {**base, "prompt": "Once upon a time", "echo": True})
+    check(status == 200 and r["choices"][0]["text"] == "Once upon a time" + plain["text"], f"echo: {r}")
+    check(r["choices"][0]["token_ids"] == plain["token_ids"], "token_ids stay the completion's")
+    status, r = s.post("/v1/completions", {**base, "prompt": [1, 2, 3], "logprobs": 1})
+    greedy, decoded = r["choices"][0]["token_ids"], r["choices"][0]["logprobs"]["token_logprobs"]
+    prompt = [1, 2, 3] + greedy
+    status, r = s.post("/v1/completions", {**base, "max_tokens": 2, "prompt": prompt, "echo": True, "logprobs": 2})
+    lp = r["choices"][0]["logprobs"] if status == 200 else {}
+    check(status == 200, f"echo with logprobs: {status} {r}")
+    check(len(lp.get("tokens", [])) == len(prompt) + 2, f"echo logprobs cover prompt and completion: {lp}")
+    check(lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None, "the first prompt token has none")
+    scored = lp["token_logprobs"][3:len(prompt)]
+    check(all(abs(a - b) < 0.05 for a, b in zip(scored, decoded)) and len(scored) == len(decoded),
+          f"prompt logprobs {scored} equal decoding's {decoded}")
+    check(all(len(t) <= 2 for t in lp["top_logprobs"][1:]), "at most 2 alternatives")
+    check(lp["text_offset"] == sorted(lp["text_offset"]), "text offsets run on")
+    status, r = s.post("/v1/completions", {**base, "prompt": [[1, 2], [4, 5, 6]], "echo": True, "logprobs": 0})
+    check(status == 200 and [len(c["logprobs"]["tokens"]) for c in r["choices"]] == [8, 9],
+          f"each prompt of a batch echoes itself: {r}")
+
+
 def case_logprobs(s):
     status, r = s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 3,
                                            "ignore_eos": True})
@@ -309,6 +337,8 @@ def case_errors(s):
     expect(400, {"prompt": "hi", "logit_bias": {"100000": 1}}, "logit_bias")
     expect(400, {"prompt": "hi", "logit_bias": [7]}, "logit_bias")
     expect(400, {"prompt": "hi", "min_tokens": -1}, "min_tokens")
+    expect(400, {"prompt": "hi", "echo": True, "stream": True}, "echo")
+    expect(400, {"messages": [{"role": "user", "content": "hi"}], "echo": True}, "echo", path="/v1/chat/completions")
     # vLLM's and SGLang's extensions that would change the result are refused, not ignored.
     for key, value in [("prompt_logprobs", 1), ("guided_json", {"type": "object"}), ("allowed_token_ids", [1]),
                        ("bad_words", ["x"]), ("use_beam_search", True), ("truncate_prompt_tokens", 4)]:
@@ -537,7 +567,7 @@ def case_mpi(mpiexec):
 
 
 CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_whole, case_seeds,
-                                     case_prompt_batch, case_stop_strings, case_penalties, case_min_tokens, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
+                                     case_prompt_batch, case_stop_strings, case_penalties, case_min_tokens, case_echo, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
                                      case_metrics_and_models]}
 
 

@@ -127,8 +127,6 @@ void refuse_unsupported(const json& b) {
   if (const json* v = field(b, "best_of");
       v && !(v->is_number_integer() && v->get<std::int64_t>() == 1))
     bad("best_of", "'best_of' is not supported (only 1)");
-  if (const json* v = field(b, "echo"); v && !(v->is_boolean() && !v->get<bool>()))
-    bad("echo", "'echo' is not supported");
   if (const json* v = field(b, "suffix"); v && !(v->is_string() && v->get<std::string>().empty()))
     bad("suffix", "'suffix' is not supported");
   for (const char* key : {"tools", "functions"}) {
@@ -171,6 +169,8 @@ struct OpenAiApi::Job {
   int n = 1;
   bool stream = false, include_usage = false, skip_special = true, seeded = false;
   bool include_stop = false;  // the text keeps the stop string that ended it
+  bool echo = false;          // completions: the prompt comes back before each choice's text
+  std::vector<std::string> prompt_texts;  // with echo: each prompt as text
   int top_logprobs = -1;  // -1: no logprobs
 };
 
@@ -238,8 +238,12 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
       if (one.is_string()) {
         need_tokenizer("prompt");
         job.prompts.push_back(tokenizer_->encode(one.get<std::string>(), true));
+        job.prompt_texts.push_back(one.get<std::string>());
       } else {
         job.prompts.push_back(token_ids(one, "prompt", vocab));
+        std::string bytes;  // ids beyond the tokenizer's (a larger model vocabulary) have no text
+        for (std::int32_t id : job.prompts.back()) bytes += token_bytes(id);
+        job.prompt_texts.push_back(utf8_lossy(bytes));
       }
       if (job.prompts.back().empty()) bad("prompt", "the prompt must hold at least one token");
     }
@@ -364,7 +368,13 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
   }
   if (kind == Kind::completion) {
     if (const auto lp = integer(b, "logprobs", 0, 20)) job.top_logprobs = static_cast<int>(*lp);
+    // The prompt's logprobs come with the echo when logprobs are asked for.
+    job.echo = boolean(b, "echo").value_or(false);
+    if (job.echo && job.stream) bad("echo", "'echo' with 'stream' is not supported");
+    if (job.echo) r.prompt_logprobs = job.top_logprobs;
   } else if (kind == Kind::chat) {
+    if (boolean(b, "echo").value_or(false))
+      bad("echo", "'echo' is not supported on chat completions");
     const auto top = integer(b, "top_logprobs", 0, 20);
     if (boolean(b, "logprobs").value_or(false)) {
       job.top_logprobs = static_cast<int>(top.value_or(0));
@@ -387,6 +397,7 @@ struct Choice {
   std::shared_ptr<RequestStream> stream;
   TextStream text;
   std::vector<StepLogprobs> logprobs;
+  std::vector<StepLogprobs> prompt_logprobs;  // when the prompt is echoed with logprobs
   std::string shown;
   bool finished = false;
   FinishReason reason = FinishReason::none;
@@ -398,6 +409,8 @@ struct Choice {
 std::string pull_news(Choice& c, std::chrono::milliseconds wait) {
   const std::optional<StreamUpdate> u = c.stream->next(wait);
   if (!u) return {};
+  c.prompt_logprobs.insert(c.prompt_logprobs.end(), u->prompt_logprobs.begin(),
+                           u->prompt_logprobs.end());
   std::string out;
   for (std::size_t k = 0; k < u->tokens.size(); ++k) {
     if (c.text.stopped()) break;
@@ -444,6 +457,7 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
       choices->push_back(
           {deployment_.submit(r),
            TextStream(tokenizer_, job.stop, job.skip_special, r.min_tokens, job.include_stop),
+           {},
            {},
            {},
            false,
@@ -494,6 +508,37 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
                 {"top_logprobs", tops},
                 {"text_offset", offsets}};
   };
+  // With echo: the prompt's tokens (the first without a logprob, as OpenAI gives it), then the
+  // completion's, their text offsets running on across both.
+  const auto echo_logprobs_json = [&](const Choice& c, const std::vector<std::int32_t>& prompt) {
+    json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
+    std::int64_t offset = 0;
+    for (std::size_t p = 0; p < prompt.size(); ++p) {
+      const std::string t = token_text(prompt[p]);
+      tokens.push_back(t);
+      offsets.push_back(offset);
+      offset += static_cast<std::int64_t>(t.size());
+      if (p == 0 || p > c.prompt_logprobs.size()) {
+        lps.push_back(nullptr);
+        tops.push_back(nullptr);
+        continue;
+      }
+      const StepLogprobs& lp = c.prompt_logprobs[p - 1];
+      lps.push_back(lp.chosen.logprob);
+      json top = json::object();
+      for (const TokenLogprob& a : lp.top) top[token_text(a.token)] = a.logprob;
+      tops.push_back(top);
+    }
+    json rest = logprobs_json(c, 0, c.text.tokens().size(), offset);
+    for (json& x : rest["tokens"]) tokens.push_back(std::move(x));
+    for (json& x : rest["token_logprobs"]) lps.push_back(std::move(x));
+    for (json& x : rest["top_logprobs"]) tops.push_back(std::move(x));
+    for (json& x : rest["text_offset"]) offsets.push_back(std::move(x));
+    return json{{"tokens", tokens},
+                {"token_logprobs", lps},
+                {"top_logprobs", tops},
+                {"text_offset", offsets}};
+  };
   const auto usage = [prompt_tokens](const std::vector<Choice>& cs) {
     std::int64_t completion = 0;
     for (const Choice& c : cs) completion += static_cast<std::int64_t>(c.text.tokens().size());
@@ -524,12 +569,14 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
       for (std::size_t i = 0; i < choices->size(); ++i) {
         const Choice& c = (*choices)[i];
         json choice = {{"index", i}, {"finish_reason", reason(c)}, {"token_ids", c.text.tokens()}};
-        choice["logprobs"] =
-            job.top_logprobs >= 0 ? logprobs_json(c, 0, c.text.tokens().size(), 0) : json(nullptr);
+        const std::size_t prompt_of = i / static_cast<std::size_t>(job.n);
+        choice["logprobs"] = job.top_logprobs < 0 ? json(nullptr)
+                             : job.echo           ? echo_logprobs_json(c, job.prompts[prompt_of])
+                                                  : logprobs_json(c, 0, c.text.tokens().size(), 0);
         if (kind == Kind::chat) {
           choice["message"] = {{"role", "assistant"}, {"content", c.shown}};
         } else {
-          choice["text"] = c.shown;
+          choice["text"] = job.echo ? job.prompt_texts[prompt_of] + c.shown : c.shown;
         }
         list.push_back(choice);
       }
