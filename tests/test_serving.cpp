@@ -155,6 +155,21 @@ TEST(Serving, SeededSamplingGivesTheSameTextUnderAnyDcpSize) {
   EXPECT_EQ(outs[0], outs[1]);
 }
 
+// The request run as a batch on the deployment the tests below serve (TP 2, DCP 2, DP 2).
+DeploymentReport batch_run(const WeightSource& w, const ServeRequest& r) {
+  DeploymentSpec batch = small_spec(w, 2, 2, 2);
+  RequestSpec spec;
+  spec.prompt = r.prompt;
+  spec.max_new_tokens = r.max_new_tokens;
+  spec.sampling = r.sampling;
+  spec.stop_token_ids = r.stop_token_ids;
+  spec.min_tokens = r.min_tokens;
+  spec.logprobs = r.logprobs;
+  spec.prompt_logprobs = r.prompt_logprobs;
+  batch.requests.push_back(spec);
+  return run_deployment(batch).report;
+}
+
 // Penalties, biases and min_tokens travel with the request to every rank: the served tokens equal
 // a batch run's with the same parameters (and differ from the plain request's).
 TEST(Serving, PenaltiesBiasAndMinTokensReachEveryRank) {
@@ -165,13 +180,7 @@ TEST(Serving, PenaltiesBiasAndMinTokensReachEveryRank) {
   r.sampling.presence_penalty = -1.5;
   r.sampling.frequency_penalty = -0.5;
   r.sampling.logit_bias = {{r.prompt[3], 8.0}, {r.prompt[5], -100.0}};
-  DeploymentSpec batch = small_spec(*w, 2, 2, 2);
-  RequestSpec spec;
-  spec.prompt = r.prompt;
-  spec.max_new_tokens = r.max_new_tokens;
-  spec.sampling = r.sampling;
-  batch.requests.push_back(spec);
-  const DeploymentReport want = run_deployment(batch).report;
+  const DeploymentReport want = batch_run(*w, r);
   Running server(small_spec(*w, 2, 2, 2));
   EXPECT_EQ(drain_stream(*server->submit(r)).tokens, want.results[0].output_tokens);
   EXPECT_NE(drain_stream(*server->submit(greedy(r.prompt, 12))).tokens,
@@ -195,13 +204,7 @@ TEST(Serving, PromptLogprobsArriveWithTheFirstUpdate) {
   const auto w = make_synthetic_weights(26);
   ServeRequest r = greedy(test::random_tokens(rng, 37, 64), 4);
   r.prompt_logprobs = 2;
-  DeploymentSpec batch = small_spec(*w, 2, 2, 2);
-  RequestSpec spec;
-  spec.prompt = r.prompt;
-  spec.max_new_tokens = r.max_new_tokens;
-  spec.prompt_logprobs = r.prompt_logprobs;
-  batch.requests.push_back(spec);
-  const DeploymentReport want = run_deployment(batch).report;
+  const DeploymentReport want = batch_run(*w, r);
   const std::vector<StepLogprobs>& expect = want.results[0].prompt_logprobs;
   ASSERT_EQ(expect.size(), r.prompt.size() - 1);
   Running server(small_spec(*w, 2, 2, 2));
