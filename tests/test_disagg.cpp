@@ -213,6 +213,20 @@ TEST(Disaggregation, SpeculativeDecodingAfterTransferEqualsGreedy) {
   }
 }
 
+// The prefill side hands over one token, not the prompt's logprobs: refused, naming the field.
+TEST(Disaggregation, RefusesPromptLogprobs) {
+  const ModelConfig c = preset_config("tiny", 1);
+  const auto w = make_synthetic_weights(54);
+  RequestSpec r = test::request(3, {1, 2, 3}, 2);
+  r.prompt_logprobs = 1;
+  EXPECT_TRUE(test::throws_error(
+      [&] {
+        run_disagg(c, *w, DisaggCase{1, 2, 2, 16}, {r});
+      },
+      ErrorCategory::invalid_argument,
+      "disaggregation: request 3: prompt_logprobs is not supported"));
+}
+
 TEST(Disaggregation, ACorruptedTransferFailsOnlyItsRequest) {
   auto rng = test::make_rng();
   const ModelConfig c = preset_config("tiny", 1);

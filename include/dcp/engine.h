@@ -175,6 +175,8 @@ class Engine {
   bool run_prefill();
   bool run_decode();
   bool run_speculative();
+  // The fields that choose and report a request's tokens; errors start with `who`.
+  void check_choice(const RequestSpec& spec, const std::string& who) const;
   // The token request l chooses from `logits` after emitting `output`.
   std::int32_t choose(const Live& l, const float* logits,
                       std::span<const std::int32_t> output) const;

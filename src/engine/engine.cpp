@@ -48,6 +48,26 @@ Engine::Engine(MlaModel& model, const EngineOptions& options, MlaModel* draft)
   }
 }
 
+void Engine::check_choice(const RequestSpec& spec, const std::string& who) const {
+  const int vocab = model_.config().vocab_size;
+  for (std::int32_t t : spec.stop_token_ids) {
+    DCP_ARG_CHECK(t >= 0 && t < vocab, who, ": stop token id ", t,
+                  " is outside the vocabulary [0, ", vocab, ")");
+  }
+  try {
+    validate(spec.sampling, vocab);
+  } catch (const Error& e) {
+    throw Error(e.category(), str(who, ": ", e.what()));
+  }
+  DCP_ARG_CHECK(spec.min_tokens >= 0 && spec.min_tokens <= spec.max_new_tokens, who,
+                ": min_tokens = ", spec.min_tokens,
+                " must be in [0, max_new_tokens = ", spec.max_new_tokens, "]");
+  DCP_ARG_CHECK(spec.logprobs >= -1 && spec.logprobs <= 20, who, ": logprobs = ", spec.logprobs,
+                " must be in [0, 20] (-1: none)");
+  DCP_ARG_CHECK(spec.prompt_logprobs >= -1 && spec.prompt_logprobs <= 20, who,
+                ": prompt_logprobs = ", spec.prompt_logprobs, " must be in [0, 20] (-1: none)");
+}
+
 void Engine::submit(const RequestSpec& spec) {
   DCP_ARG_CHECK(!spec.prompt.empty(), "request ", spec.id, ": the prompt must hold >= 1 token");
   DCP_ARG_CHECK(spec.max_new_tokens >= 1, "request ", spec.id,
@@ -58,15 +78,7 @@ void Engine::submit(const RequestSpec& spec) {
     DCP_ARG_CHECK(t >= 0 && t < model_.config().vocab_size, "request ", spec.id, ": token id ", t,
                   " is outside the vocabulary [0, ", model_.config().vocab_size, ")");
   }
-  for (std::int32_t t : spec.stop_token_ids) {
-    DCP_ARG_CHECK(t >= 0 && t < model_.config().vocab_size, "request ", spec.id, ": stop token id ",
-                  t, " is outside the vocabulary [0, ", model_.config().vocab_size, ")");
-  }
-  try {
-    validate(spec.sampling, model_.config().vocab_size);
-  } catch (const Error& e) {
-    throw Error(e.category(), str("request ", spec.id, ": ", e.what()));
-  }
+  check_choice(spec, str("request ", spec.id));
   DCP_ARG_CHECK(spec.sampling.greedy() || options_.num_draft_tokens == 0, "request ", spec.id,
                 ": sampling (temperature > 0) does not combine with speculative decoding, whose "
                 "verification is greedy");
@@ -74,13 +86,6 @@ void Engine::submit(const RequestSpec& spec) {
   DCP_ARG_CHECK(spec.sampling.repetition_penalty == 1 || !spec.continue_from, "request ", spec.id,
                 ": repetition_penalty does not combine with continue_from (the penalty covers the "
                 "prompt, and a continuation's earlier turns are not kept as tokens)");
-  DCP_ARG_CHECK(spec.min_tokens >= 0 && spec.min_tokens <= spec.max_new_tokens, "request ", spec.id,
-                ": min_tokens = ", spec.min_tokens,
-                " must be in [0, max_new_tokens = ", spec.max_new_tokens, "]");
-  DCP_ARG_CHECK(spec.logprobs >= -1 && spec.logprobs <= 20, "request ", spec.id,
-                ": logprobs = ", spec.logprobs, " must be in [0, 20] (-1: none)");
-  DCP_ARG_CHECK(spec.prompt_logprobs >= -1 && spec.prompt_logprobs <= 20, "request ", spec.id,
-                ": prompt_logprobs = ", spec.prompt_logprobs, " must be in [0, 20] (-1: none)");
   DCP_ARG_CHECK(spec.prompt_logprobs < 0 || !spec.continue_from, "request ", spec.id,
                 ": prompt_logprobs does not combine with continue_from (the earlier turns are "
                 "not computed again)");
@@ -165,14 +170,9 @@ void Engine::adopt(const RequestSpec& spec, std::int32_t first_token) {
   DCP_ARG_CHECK(
       spec.max_new_tokens >= 1 && first_token >= 0 && first_token < model_.config().vocab_size,
       "adopt: request ", spec.id, " needs max_new_tokens >= 1 and a first token in the vocabulary");
-  DCP_ARG_CHECK(spec.min_tokens >= 0 && spec.min_tokens <= spec.max_new_tokens, "adopt: request ",
-                spec.id, ": min_tokens = ", spec.min_tokens,
-                " must be in [0, max_new_tokens = ", spec.max_new_tokens, "]");
-  try {
-    validate(spec.sampling, model_.config().vocab_size);
-  } catch (const Error& e) {
-    throw Error(e.category(), str("adopt: request ", spec.id, ": ", e.what()));
-  }
+  check_choice(spec, str("adopt: request ", spec.id));
+  DCP_ARG_CHECK(spec.prompt_logprobs < 0, "adopt: request ", spec.id,
+                ": prompt_logprobs is not supported (its prompt was computed elsewhere)");
   const std::int64_t final_len =
       static_cast<std::int64_t>(spec.prompt.size()) + spec.max_new_tokens;
   const std::int64_t need =

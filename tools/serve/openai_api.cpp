@@ -170,7 +170,8 @@ struct OpenAiApi::Job {
   bool stream = false, include_usage = false, skip_special = true, seeded = false;
   bool include_stop = false;  // the text keeps the stop string that ended it
   bool echo = false;          // completions: the prompt comes back before each choice's text
-  std::vector<std::string> prompt_texts;  // with echo: each prompt as text
+  // Each prompt's text: as sent, or (with echo) made from its ids.
+  std::vector<std::optional<std::string>> prompt_texts;
   int top_logprobs = -1;  // -1: no logprobs
 };
 
@@ -241,9 +242,7 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
         job.prompt_texts.push_back(one.get<std::string>());
       } else {
         job.prompts.push_back(token_ids(one, "prompt", vocab));
-        std::string bytes;  // ids beyond the tokenizer's (a larger model vocabulary) have no text
-        for (std::int32_t id : job.prompts.back()) bytes += token_bytes(id);
-        job.prompt_texts.push_back(utf8_lossy(bytes));
+        job.prompt_texts.emplace_back();
       }
       if (job.prompts.back().empty()) bad("prompt", "the prompt must hold at least one token");
     }
@@ -372,6 +371,14 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
     job.echo = boolean(b, "echo").value_or(false);
     if (job.echo && job.stream) bad("echo", "'echo' with 'stream' is not supported");
     if (job.echo) r.prompt_logprobs = job.top_logprobs;
+    for (std::size_t i = 0; job.echo && i < job.prompts.size(); ++i) {
+      if (!job.prompt_texts[i]) {  // ids beyond the tokenizer's (a larger model vocabulary) have no
+                                   // text
+        std::string bytes;
+        for (std::int32_t id : job.prompts[i]) bytes += token_bytes(id);
+        job.prompt_texts[i] = utf8_lossy(bytes);
+      }
+    }
   } else if (kind == Kind::chat) {
     if (boolean(b, "echo").value_or(false))
       bad("echo", "'echo' is not supported on chat completions");
@@ -576,7 +583,7 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
         if (kind == Kind::chat) {
           choice["message"] = {{"role", "assistant"}, {"content", c.shown}};
         } else {
-          choice["text"] = job.echo ? job.prompt_texts[prompt_of] + c.shown : c.shown;
+          choice["text"] = job.echo ? *job.prompt_texts[prompt_of] + c.shown : c.shown;
         }
         list.push_back(choice);
       }
