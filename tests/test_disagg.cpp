@@ -145,13 +145,16 @@ TEST(Disaggregation, DecodeAfterTransferEqualsMonolithic) {
   const int lengths[] = {1, 7, 67, 130};  // not multiples of the page size or N
   for (int i = 0; i < 4; ++i)
     reqs.push_back(test::request(i, test::random_tokens(rng, lengths[i], c.vocab_size), 5));
-  // Penalties span the handoff: the decode side counts the first token, chosen by the prefill side.
+  // Penalties and masks span the handoff: the decode side counts the first token, chosen by the
+  // prefill side.
   reqs[2].sampling.repetition_penalty = 0.6;
   reqs[2].sampling.presence_penalty = -1.5;
   reqs[3].sampling.logit_bias = {{reqs[3].prompt[0], 5.0}};
   reqs[3].sampling.frequency_penalty = 2;
   reqs[1].stop_token_ids = {3, 5, 8, 13, 21};
   reqs[1].min_tokens = 4;
+  for (int t = 0; t < c.vocab_size; t += 3) reqs[0].sampling.allowed_token_ids.push_back(t);
+  reqs[0].sampling.bad_words = {{0}, {6, 9}};
   const DisaggCase cases[] = {{1, 4, 4, 1},  {1, 4, 4, 64}, {1, 2, 2, 16},
                               {2, 2, 2, 64}, {4, 4, 4, 1},  {2, 4, 2, 16}};
   for (const DisaggCase& k : cases) {

@@ -193,10 +193,10 @@ TEST(Engine, SampledTokensAreTheSameUnderAnyDcpSize) {
   EXPECT_GT(differ, 0) << "another seed drew the same tokens for every request";
 }
 
-// Penalties and biases: each step's token is the greedy choice of that step's recorded logits
-// adjusted as a float64 reference does it, given the prompt and the tokens before; the same
-// tokens under DCP 2 and under speculative decoding (whose acceptance applies them too).
-TEST(Engine, PenaltiesAndBiasChooseFromTheAdjustedLogitsAtEveryStep) {
+// Penalties, biases and masks: each step's token is the greedy choice of that step's recorded
+// logits adjusted as a float64 reference does it, given the prompt and the tokens before; the
+// same tokens under DCP 2 and under speculative decoding (whose acceptance applies them too).
+TEST(Engine, PenaltiesBiasAndMasksChooseFromTheAdjustedLogitsAtEveryStep) {
   auto rng = test::make_rng();
   const ModelConfig c = preset_config("tiny", 2);
   const auto w = make_synthetic_weights(8);
@@ -214,10 +214,22 @@ TEST(Engine, PenaltiesAndBiasChooseFromTheAdjustedLogitsAtEveryStep) {
     if (i == 3) r.sampling.logit_bias = {{r.prompt[0], 30.0}, {7, -100.0}};
     reqs.push_back(r);
   }
+  for (int i = 4; i < 6; ++i) {
+    plain.push_back(request(i, random_tokens(rng, 17 + 9 * i, c.vocab_size), 14));
+    reqs.push_back(plain.back());
+  }
   EngineSetup s;
   s.tp = 2;
   s.page_size = 4;
   const EngineRun base = run_engine(c, *w, s, plain);
+  // Masks taken from the unmasked tokens, so that they must change them: request 4 bans its
+  // third token and the pair of its 7th and 8th; request 5 allows half the vocabulary, without
+  // its first token.
+  const std::vector<std::int32_t>& b4 = base.results[4].output_tokens;
+  reqs[4].sampling.bad_words = {{b4[2]}, {b4[6], b4[7]}};
+  for (int t = 0; t < c.vocab_size; t += 2) {
+    if (t != base.results[5].output_tokens[0]) reqs[5].sampling.allowed_token_ids.push_back(t);
+  }
   const EngineRun one = run_engine(c, *w, s, reqs);
   const int vocab = c.vocab_size;
   int changed = 0;
@@ -237,13 +249,20 @@ TEST(Engine, PenaltiesAndBiasChooseFromTheAdjustedLogitsAtEveryStep) {
         if (n > 0 || std::count(reqs[i].prompt.begin(), reqs[i].prompt.end(), t) > 0)
           x = x > 0 ? x / p.repetition_penalty : x * p.repetition_penalty;
         x -= p.frequency_penalty * static_cast<double>(n) + p.presence_penalty * (n > 0);
+        const auto& allowed = p.allowed_token_ids;
+        if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), t) == allowed.end())
+          x = -INFINITY;
+        for (const auto& word : p.bad_words) {
+          if (word.back() == t && (word.size() == 1 || (k > 0 && before.back() == word[0])))
+            x = -INFINITY;  // the test's words hold one or two tokens
+        }
       }
       const auto best = std::max_element(adjusted.begin(), adjusted.end()) - adjusted.begin();
       EXPECT_EQ(r.output_tokens[k], best) << "request " << i << " step " << k;
     }
   }
-  EXPECT_GT(changed, 2) << changed
-                        << ": the penalties changed too few requests' tokens to be tested";
+  EXPECT_GT(changed, 4) << changed
+                        << ": the adjustments changed too few requests' tokens to be tested";
   s.dcp = 2;
   const EngineRun two = run_engine(c, *w, s, reqs);
   s.num_draft_tokens = 3;

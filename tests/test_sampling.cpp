@@ -197,6 +197,37 @@ TEST(Sampling, RefusesParametersOutsideTheirRanges) {
   EXPECT_TRUE(refused(with([](SamplingParams& p) { p.logit_bias[-1] = 1; }), "token -1"));
   EXPECT_TRUE(refused(with([](SamplingParams& p) { p.logit_bias[3] = 100.5; }),
                       "logit_bias: token 3's bias 100.5 must be in [-100, 100]"));
+  EXPECT_TRUE(refused(with([](SamplingParams& p) {
+                        p.allowed_token_ids = {3, 50};
+                      }),
+                      "allowed_token_ids: token 50 is outside the vocabulary [0, 50)"));
+  EXPECT_TRUE(refused(with([](SamplingParams& p) {
+                        p.bad_words = {{1, 2}, {}};
+                      }),
+                      "bad_words[1] is empty"));
+  EXPECT_TRUE(refused(with([](SamplingParams& p) {
+                        p.bad_words = {{-1, 2}};
+                      }),
+                      "bad_words[0]: token -1 is outside the vocabulary [0, 50)"));
+  // Masks that could leave nothing to choose: every allowed token ends a bad word, or is a stop
+  // token the caller holds back.
+  EXPECT_TRUE(refused(with([](SamplingParams& p) {
+                        p.allowed_token_ids = {4, 9};
+                        p.bad_words = {{1, 4}, {9}};
+                      }),
+                      "could mask every token"));
+  EXPECT_TRUE(test::throws_error(
+      [&] {
+        validate(with([](SamplingParams& p) {
+                   p.allowed_token_ids = {4, 9};
+                 }),
+                 50, std::vector<std::int32_t>{9, 4});
+      },
+      ErrorCategory::invalid_argument, "could mask every token"));
+  validate(with([](SamplingParams& p) {
+             p.allowed_token_ids = {4, 9};
+           }),
+           50, std::vector<std::int32_t>{9});
   validate(with([](SamplingParams& p) {
              p.repetition_penalty = 1.3;
              p.presence_penalty = -2;
@@ -207,7 +238,7 @@ TEST(Sampling, RefusesParametersOutsideTheirRanges) {
 }
 
 // The adjustments written out in float64: bias, then the repetition penalty over the prompt and
-// output, then frequency and presence over the output.
+// output, then frequency and presence over the output; then the masks.
 std::vector<double> reference_adjusted(const std::vector<float>& logits, const SamplingParams& p,
                                        const std::vector<std::int32_t>& prompt,
                                        const std::vector<std::int32_t>& output) {
@@ -219,13 +250,24 @@ std::vector<double> reference_adjusted(const std::vector<float>& logits, const S
     if (n > 0 || std::count(prompt.begin(), prompt.end(), id) > 0)
       out[t] = out[t] > 0 ? out[t] / p.repetition_penalty : out[t] * p.repetition_penalty;
     out[t] -= p.frequency_penalty * static_cast<double>(n) + p.presence_penalty * (n > 0);
+    const auto& allowed = p.allowed_token_ids;
+    if (!allowed.empty() && std::find(allowed.begin(), allowed.end(), id) == allowed.end())
+      out[t] = -INFINITY;
+    for (const auto& word : p.bad_words) {
+      // The word's other tokens, in order, are the output's last ones.
+      const std::size_t k = word.size() - 1;
+      bool ends = word.back() == id && k <= output.size();
+      for (std::size_t j = 0; ends && j < k; ++j) ends = output[output.size() - k + j] == word[j];
+      if (ends) out[t] = -INFINITY;
+    }
   }
   return out;
 }
 
-TEST(Sampling, PenaltiesAndBiasAdjustTheLogitsAsTheReference) {
+TEST(Sampling, PenaltiesBiasAndMasksAdjustTheLogitsAsTheReference) {
   auto rng = test::make_rng();
   const int vocab = 40;
+  int masked = 0;
   for (int trial = 0; trial < 50; ++trial) {
     const std::vector<float> logits = random_logits(rng, vocab, 3.0f);
     // Few distinct ids, so tokens repeat within and across prompt and output; either may be empty.
@@ -241,15 +283,33 @@ TEST(Sampling, PenaltiesAndBiasAdjustTheLogitsAsTheReference) {
     p.frequency_penalty = trial % 5 == 2 ? 0.0 : 2 * rng.uniform(-1, 1);
     for (int b = 0; b < trial % 4; ++b)
       p.logit_bias[static_cast<std::int32_t>(rng.range(0, vocab - 1))] = 100 * rng.uniform(-1, 1);
+    if (trial % 3 == 1) {
+      for (int a = 0; a < 12; ++a)
+        p.allowed_token_ids.push_back(static_cast<std::int32_t>(rng.range(0, vocab - 1)));
+    }
+    // Bad words of one to three tokens over the ids the output uses, so that some end it; and
+    // one taken from the output's tail, which must match.
+    for (int b = 0; b < trial % 5; ++b) {
+      const std::vector<std::int32_t> word = tokens(3);
+      if (!word.empty()) p.bad_words.push_back(word);
+    }
+    if (trial % 2 == 0 && output.size() >= 2)
+      p.bad_words.push_back({output[output.size() - 2], output.back(), 5});
     const std::vector<double> want = reference_adjusted(logits, p, prompt, output);
     const std::vector<float> got = adjusted_logits(logits.data(), vocab, p, prompt, output);
     ASSERT_EQ(got.size(), want.size());
     for (int i = 0; i < vocab; ++i) {
       const double w = want[static_cast<std::size_t>(i)];
+      if (std::isinf(w)) {
+        EXPECT_EQ(got[static_cast<std::size_t>(i)], w) << "trial " << trial << " token " << i;
+        ++masked;
+        continue;
+      }
       EXPECT_NEAR(got[static_cast<std::size_t>(i)], w, 1e-5 * (1 + std::abs(w)))
           << "trial " << trial << " token " << i;
     }
   }
+  EXPECT_GT(masked, 0) << "no trial masked a token";
 }
 
 }  // namespace

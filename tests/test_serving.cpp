@@ -170,9 +170,9 @@ DeploymentReport batch_run(const WeightSource& w, const ServeRequest& r) {
   return run_deployment(batch).report;
 }
 
-// Penalties, biases and min_tokens travel with the request to every rank: the served tokens equal
-// a batch run's with the same parameters (and differ from the plain request's).
-TEST(Serving, PenaltiesBiasAndMinTokensReachEveryRank) {
+// Penalties, biases, masks and min_tokens travel with the request to every rank: the served tokens
+// equal a batch run's with the same parameters (and differ from the plain request's).
+TEST(Serving, PenaltiesBiasMasksAndMinTokensReachEveryRank) {
   auto rng = test::make_rng();
   const auto w = make_synthetic_weights(25);
   ServeRequest r = greedy(test::random_tokens(rng, 20, 64), 12);
@@ -183,8 +183,21 @@ TEST(Serving, PenaltiesBiasAndMinTokensReachEveryRank) {
   const DeploymentReport want = batch_run(*w, r);
   Running server(small_spec(*w, 2, 2, 2));
   EXPECT_EQ(drain_stream(*server->submit(r)).tokens, want.results[0].output_tokens);
-  EXPECT_NE(drain_stream(*server->submit(greedy(r.prompt, 12))).tokens,
-            want.results[0].output_tokens);
+  const std::vector<std::int32_t> plain =
+      drain_stream(*server->submit(greedy(r.prompt, 12))).tokens;
+  EXPECT_NE(plain, want.results[0].output_tokens);
+  // Masks: the plain request's first token banned, and a pair of its next; only the tokens of the
+  // first one's parity allowed (so that it is the bad word that bans it).
+  ServeRequest masked = greedy(r.prompt, 12);
+  masked.sampling.bad_words = {{plain[0]}, {plain[1], plain[2]}};
+  for (int t = plain[0] % 2; t < server->config().vocab_size; t += 2)
+    masked.sampling.allowed_token_ids.push_back(t);
+  const DeploymentReport masked_want = batch_run(*w, masked);
+  EXPECT_EQ(drain_stream(*server->submit(masked)).tokens, masked_want.results[0].output_tokens);
+  for (std::int32_t t : masked_want.results[0].output_tokens) {
+    EXPECT_EQ(t % 2, plain[0] % 2);
+    EXPECT_NE(t, plain[0]);
+  }
   // min_tokens: a token biased to be chosen at every step is also a stop token; it is held back
   // for the first 3 steps, chosen and ends the request at the fourth.
   ServeRequest held = greedy(r.prompt, 12);

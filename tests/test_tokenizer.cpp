@@ -246,6 +246,20 @@ TEST(TextStream, MinTokensAndIncludeStopString) {
                                  ErrorCategory::invalid_argument, "min_tokens = -1 must be >= 0"));
 }
 
+TEST(TextStream, BadWordsAreBannedAtTheStartAndAfterASpace) {
+  // "hi" is one token (256) and " hi" another (257); "x y" has no merges.
+  const Tokenizer t = make(small_tokenizer({{"h", "i"}, {byte_char(' '), "hi"}}));
+  using Ids = std::vector<std::vector<std::int32_t>>;
+  EXPECT_EQ(bad_word_token_ids(t, {"  hi", "x y"}),
+            (Ids{{256}, {257}, {'x', ' ', 'y'}, {' ', 'x', ' ', 'y'}}));
+  EXPECT_TRUE(bad_word_token_ids(t, {}).empty());
+  EXPECT_TRUE(test::throws_error(
+      [&] {
+        bad_word_token_ids(t, {"hi", " \t"});
+      },
+      ErrorCategory::invalid_argument, "bad_words[1] = ' \t' holds no token"));
+}
+
 TEST(Tokenizer, RefusesWhatItCannotReadExactly) {
   const auto refused = [](const std::function<void(json&)>& edit, const std::string& needle) {
     json t = small_tokenizer({{"a", "b"}});

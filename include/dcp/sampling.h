@@ -31,19 +31,25 @@ struct SamplingParams {
   // and once per occurrence (frequency); the prompt does not count.
   double presence_penalty = 0;
   double frequency_penalty = 0;
+  // Masks (a masked token's logit becomes -inf): every token outside allowed_token_ids when it is
+  // not empty; and the last token of each bad word whose other tokens end the output so far (a
+  // one-token bad word is never chosen). Only the output counts, not the prompt.
+  std::vector<std::int32_t> allowed_token_ids;
+  std::vector<std::vector<std::int32_t>> bad_words;
   bool greedy() const noexcept { return temperature == 0; }
   bool adjusts_logits() const noexcept {
     return !logit_bias.empty() || repetition_penalty != 1 || presence_penalty != 0 ||
-           frequency_penalty != 0;
+           frequency_penalty != 0 || !allowed_token_ids.empty() || !bad_words.empty();
   }
 };
 
-// Throws dcp::Error(invalid_argument) naming the field and its legal range (logit_bias tokens in
-// [0, vocab)).
-void validate(const SamplingParams& p, int vocab);
+// Throws dcp::Error(invalid_argument) naming the field and its legal range (tokens in [0, vocab)).
+// `maskable` are tokens the caller may also mask (a request's stop tokens during min_tokens): p is
+// refused when its masks and those could leave no token to choose.
+void validate(const SamplingParams& p, int vocab, std::span<const std::int32_t> maskable = {});
 
-// The logits the choice is made from: `logits` with p's bias and penalties applied, given the
-// request's prompt and the tokens it has emitted so far.
+// The logits the choice is made from: `logits` with p's bias, penalties and masks applied, given
+// the request's prompt and the tokens it has emitted so far.
 std::vector<float> adjusted_logits(const float* logits, int vocab, const SamplingParams& p,
                                    std::span<const std::int32_t> prompt,
                                    std::span<const std::int32_t> output);

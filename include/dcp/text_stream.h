@@ -46,4 +46,11 @@ class TextStream {
   bool stopped_ = false;
 };
 
+// A client's bad words as the token sequences SamplingParams::bad_words masks: each word (its
+// leading whitespace dropped) as it is tokenized at the start of a text and, where that differs,
+// after a space (inside a text, a word usually takes a leading-space token). Throws dcp::Error
+// (invalid_argument) naming bad_words[i] when a word holds no token.
+std::vector<std::vector<std::int32_t>> bad_word_token_ids(const Tokenizer& tokenizer,
+                                                          const std::vector<std::string>& words);
+
 }  // namespace dcp

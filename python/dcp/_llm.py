@@ -30,7 +30,10 @@ class SamplingParams:
     [-100, 100]} is added to the logits; then repetition_penalty (> 0) divides the positive logits
     of tokens of the prompt or the output so far and multiplies the others; then
     frequency_penalty and presence_penalty ([-2, 2]) are subtracted per occurrence and once from
-    the logits of tokens the output holds (vLLM's meanings and order).
+    the logits of tokens the output holds (vLLM's meanings and order). allowed_token_ids keeps
+    only those tokens; bad_words (strings: each as it tokenizes at the start of a text and after a
+    space) are never generated: a word's last token is masked where its others end the output.
+    truncate_prompt_tokens k keeps each prompt's last k tokens (-1: max_total_tokens of them).
     """
     n: int = 1
     max_tokens: int = 16
@@ -42,6 +45,9 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: Optional[Dict[int, float]] = None
+    allowed_token_ids: Optional[Sequence[int]] = None
+    bad_words: Optional[Sequence[str]] = None
+    truncate_prompt_tokens: Optional[int] = None
     seed: Optional[int] = None
     stop: Union[str, Sequence[str], None] = None
     include_stop_str_in_output: bool = False
@@ -116,6 +122,7 @@ class LLM:
         c.chunked_prefill_size = int(chunked_prefill_size)
         c.max_running_requests = int(max_running_requests)
         c.comm_timeout_s = float(comm_timeout_s)
+        self._max_total_tokens = c.max_total_tokens
         self._llm = _dcp._Llm(c)
 
     def __enter__(self):
@@ -213,6 +220,18 @@ class LLM:
             if isinstance(p.n, bool) or not isinstance(p.n, int) or p.n < 1:
                 raise ValueError(f"n = {p.n!r} must be an int >= 1")
             counts.append(p.n)
+        texts, ids = list(texts), list(ids)
+        for i, p in enumerate(params):
+            keep = p.truncate_prompt_tokens
+            if keep is None:
+                continue
+            if isinstance(keep, bool) or not isinstance(keep, int) or not (keep == -1 or keep >= 1):
+                raise ValueError(f"truncate_prompt_tokens = {keep!r} must be an int >= 1 or -1 "
+                                 "(max_total_tokens)")
+            keep = self._max_total_tokens if keep == -1 else keep
+            if len(ids[i]) > keep:  # the prompt becomes the tokens kept
+                ids[i] = ids[i][-keep:]
+                texts[i] = None if texts[i] is None else self.decode(ids[i], False)
         # One engine request per completion, all in one batch: a refusal drops them all.
         requests = [self._request(ids[i], params[i], j)
                     for i in range(len(ids)) for j in range(counts[i])]
@@ -273,10 +292,20 @@ class LLM:
             bias = {int(t): float(b) for t, b in (p.logit_bias or {}).items()}
         except (AttributeError, TypeError, ValueError):
             raise ValueError(f"logit_bias = {p.logit_bias!r} must map token ids to numbers") from None
+        try:
+            allowed = [int(t) for t in (p.allowed_token_ids or ())]
+        except (TypeError, ValueError):
+            raise ValueError(f"allowed_token_ids = {p.allowed_token_ids!r} must be token ids") from None
+        if p.allowed_token_ids is not None and not allowed:
+            raise ValueError("allowed_token_ids = [] must not be empty (None allows every token)")
+        bad_words = [p.bad_words] if isinstance(p.bad_words, str) else list(p.bad_words or ())
+        for w in bad_words:
+            if not isinstance(w, str):
+                raise ValueError(f"bad_words = {p.bad_words!r}: each bad word must be a str")
         return _dcp._GenerateRequest(tokens, int(p.max_tokens), float(p.temperature),
                                      float(p.top_p), top_k, float(p.min_p),
                                      float(p.presence_penalty), float(p.frequency_penalty),
-                                     float(p.repetition_penalty), bias, seed, stop,
+                                     float(p.repetition_penalty), bias, allowed, bad_words, seed, stop,
                                      int(p.min_tokens), stop_strings,
                                      bool(p.include_stop_str_in_output), prompt_logprobs,
                                      bool(p.skip_special_tokens), logprobs)

@@ -56,6 +56,7 @@ struct GenerateRequest {
   std::vector<std::int32_t> stop_token_ids;
   int min_tokens = 0;             // neither stop tokens nor stop strings before this many tokens
   std::vector<std::string> stop;  // stop strings (need the tokenizer)
+  std::vector<std::string> bad_words;  // tokenized into sampling.bad_words (need the tokenizer)
   bool include_stop_str_in_output = false;
   int prompt_logprobs = -1;
   bool skip_special_tokens = true;
@@ -249,17 +250,32 @@ class Llm {
                          requests[i].min_tokens, requests[i].include_stop_str_in_output);
       }
     }
+    std::vector<std::vector<std::vector<std::int32_t>>> bad_words(requests.size());
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+      if (requests[i].bad_words.empty()) continue;
+      if (!tokenizer_) {
+        throw py::value_error("request " + std::to_string(i) +
+                              ": bad_words need a tokenizer (LLM(..., tokenizer=PATH))");
+      }
+      try {
+        bad_words[i] = bad_word_token_ids(*tokenizer_, requests[i].bad_words);
+      } catch (const Error& e) {
+        throw py::value_error("request " + std::to_string(i) + ": " + e.what());
+      }
+    }
     auto cancel_all = [&] {
       for (auto& s : streams) s->cancel();
     };
     {
       py::gil_scoped_release unlocked;
       try {
-        for (const GenerateRequest& r : requests) {
+        for (std::size_t i = 0; i < requests.size(); ++i) {
+          const GenerateRequest& r = requests[i];
           ServeRequest q;
           q.prompt = r.prompt;
           q.max_new_tokens = r.max_new_tokens;
           q.sampling = r.sampling;
+          q.sampling.bad_words = std::move(bad_words[i]);
           q.stop_token_ids = r.stop_token_ids;
           q.min_tokens = r.min_tokens;
           q.prompt_logprobs = r.prompt_logprobs;
@@ -381,7 +397,9 @@ void bind_llm(py::module_& m) {
       .def(py::init([](std::vector<std::int32_t> prompt, int max_new_tokens, double temperature,
                        double top_p, int top_k, double min_p, double presence_penalty,
                        double frequency_penalty, double repetition_penalty,
-                       std::map<std::int32_t, double> logit_bias, std::uint64_t seed,
+                       std::map<std::int32_t, double> logit_bias,
+                       std::vector<std::int32_t> allowed_token_ids,
+                       std::vector<std::string> bad_words, std::uint64_t seed,
                        std::vector<std::int32_t> stop_token_ids, int min_tokens,
                        std::vector<std::string> stop, bool include_stop_str_in_output,
                        int prompt_logprobs, bool skip_special_tokens, int logprobs) {
@@ -396,6 +414,8 @@ void bind_llm(py::module_& m) {
              r.sampling.frequency_penalty = frequency_penalty;
              r.sampling.repetition_penalty = repetition_penalty;
              r.sampling.logit_bias = std::move(logit_bias);
+             r.sampling.allowed_token_ids = std::move(allowed_token_ids);
+             r.bad_words = std::move(bad_words);
              r.sampling.seed = seed;
              r.stop_token_ids = std::move(stop_token_ids);
              r.min_tokens = min_tokens;
@@ -409,7 +429,8 @@ void bind_llm(py::module_& m) {
            py::arg("prompt"), py::arg("max_new_tokens"), py::arg("temperature"), py::arg("top_p"),
            py::arg("top_k"), py::arg("min_p"), py::arg("presence_penalty"),
            py::arg("frequency_penalty"), py::arg("repetition_penalty"), py::arg("logit_bias"),
-           py::arg("seed"), py::arg("stop_token_ids"), py::arg("min_tokens"), py::arg("stop"),
+           py::arg("allowed_token_ids"), py::arg("bad_words"), py::arg("seed"),
+           py::arg("stop_token_ids"), py::arg("min_tokens"), py::arg("stop"),
            py::arg("include_stop_str_in_output"), py::arg("prompt_logprobs"),
            py::arg("skip_special_tokens"), py::arg("logprobs"));
 

@@ -54,14 +54,16 @@ void Engine::check_choice(const RequestSpec& spec, const std::string& who) const
     DCP_ARG_CHECK(t >= 0 && t < vocab, who, ": stop token id ", t,
                   " is outside the vocabulary [0, ", vocab, ")");
   }
-  try {
-    validate(spec.sampling, vocab);
-  } catch (const Error& e) {
-    throw Error(e.category(), str(who, ": ", e.what()));
-  }
   DCP_ARG_CHECK(spec.min_tokens >= 0 && spec.min_tokens <= spec.max_new_tokens, who,
                 ": min_tokens = ", spec.min_tokens,
                 " must be in [0, max_new_tokens = ", spec.max_new_tokens, "]");
+  try {  // min_tokens masks the stop tokens too
+    validate(spec.sampling, vocab,
+             spec.min_tokens > 0 ? std::span<const std::int32_t>(spec.stop_token_ids)
+                                 : std::span<const std::int32_t>());
+  } catch (const Error& e) {
+    throw Error(e.category(), str(who, ": ", e.what()));
+  }
   DCP_ARG_CHECK(spec.logprobs >= -1 && spec.logprobs <= 20, who, ": logprobs = ", spec.logprobs,
                 " must be in [0, 20] (-1: none)");
   DCP_ARG_CHECK(spec.prompt_logprobs >= -1 && spec.prompt_logprobs <= 20, who,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "dcp/error.h"
@@ -71,7 +72,7 @@ std::int32_t greedy_token(const float* logits, int vocab) {
   return static_cast<std::int32_t>(std::max_element(logits, logits + vocab) - logits);
 }
 
-void validate(const SamplingParams& p, int vocab) {
+void validate(const SamplingParams& p, int vocab, std::span<const std::int32_t> maskable) {
   DCP_ARG_CHECK(std::isfinite(p.temperature) && p.temperature >= 0 && p.temperature <= 100,
                 "temperature = ", p.temperature, " must be in [0, 100] (0: greedy)");
   DCP_ARG_CHECK(std::isfinite(p.top_p) && p.top_p > 0 && p.top_p <= 1, "top_p = ", p.top_p,
@@ -91,6 +92,27 @@ void validate(const SamplingParams& p, int vocab) {
     DCP_ARG_CHECK(std::isfinite(bias) && std::abs(bias) <= 100, "logit_bias: token ", token,
                   "'s bias ", bias, " must be in [-100, 100]");
   }
+  // Tokens some step may mask; a choice needs one that no step can.
+  std::vector<bool> masked(static_cast<std::size_t>(vocab), !p.allowed_token_ids.empty());
+  for (std::int32_t t : p.allowed_token_ids) {
+    DCP_ARG_CHECK(t >= 0 && t < vocab, "allowed_token_ids: token ", t,
+                  " is outside the vocabulary [0, ", vocab, ")");
+    masked[static_cast<std::size_t>(t)] = false;
+  }
+  for (std::size_t w = 0; w < p.bad_words.size(); ++w) {
+    DCP_ARG_CHECK(!p.bad_words[w].empty(), "bad_words[", w, "] is empty");
+    for (std::int32_t t : p.bad_words[w]) {
+      DCP_ARG_CHECK(t >= 0 && t < vocab, "bad_words[", w, "]: token ", t,
+                    " is outside the vocabulary [0, ", vocab, ")");
+    }
+    masked[static_cast<std::size_t>(p.bad_words[w].back())] = true;
+  }
+  for (std::int32_t t : maskable) {
+    if (t >= 0 && t < vocab) masked[static_cast<std::size_t>(t)] = true;
+  }
+  DCP_ARG_CHECK(std::find(masked.begin(), masked.end(), false) != masked.end(),
+                "allowed_token_ids and bad_words (with the stop tokens held back by min_tokens) "
+                "could mask every token: leave at least one token that is never masked");
 }
 
 std::vector<float> adjusted_logits(const float* logits, int vocab, const SamplingParams& p,
@@ -116,6 +138,19 @@ std::vector<float> adjusted_logits(const float* logits, int vocab, const Samplin
       if (count[i] == 0) continue;
       out[i] -= static_cast<float>(p.frequency_penalty * count[i] + p.presence_penalty);
     }
+  }
+  constexpr float kMasked = -std::numeric_limits<float>::infinity();
+  if (!p.allowed_token_ids.empty()) {
+    std::vector<float> kept(out.size(), kMasked);
+    for (std::int32_t t : p.allowed_token_ids)
+      kept[static_cast<std::size_t>(t)] = out[static_cast<std::size_t>(t)];
+    out.swap(kept);
+  }
+  for (const std::vector<std::int32_t>& word : p.bad_words) {
+    const std::size_t before = word.size() - 1;  // the tokens that must end the output
+    if (before <= output.size() && std::equal(word.begin(), word.end() - 1,
+                                              output.end() - static_cast<std::ptrdiff_t>(before)))
+      out[static_cast<std::size_t>(word.back())] = kMasked;
   }
   return out;
 }

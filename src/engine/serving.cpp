@@ -27,6 +27,9 @@ void write_spec(ByteWriter& w, const RequestSpec& r) {
     w.i64(token);
     w.f64(bias);
   }
+  w.vec(r.sampling.allowed_token_ids);
+  w.i64(static_cast<std::int64_t>(r.sampling.bad_words.size()));
+  for (const auto& word : r.sampling.bad_words) w.vec(word);
   w.vec(r.stop_token_ids);
   w.i64(r.min_tokens);
   w.i64(r.logprobs);
@@ -50,6 +53,9 @@ RequestSpec read_spec(ByteReader& in) {
     const auto token = static_cast<std::int32_t>(in.i64());
     r.sampling.logit_bias[token] = in.f64();
   }
+  r.sampling.allowed_token_ids = in.vec<std::int32_t>();
+  for (std::int64_t n = in.i64(); n > 0; --n)
+    r.sampling.bad_words.push_back(in.vec<std::int32_t>());
   r.stop_token_ids = in.vec<std::int32_t>();
   r.min_tokens = static_cast<int>(in.i64());
   r.logprobs = static_cast<int>(in.i64());
@@ -179,8 +185,10 @@ std::shared_ptr<RequestStream> ServingDeployment::submit(const ServeRequest& req
             str("logprobs = ", req.logprobs, " must be in [0, 20]"));
   refuse_if(req.prompt_logprobs < -1 || req.prompt_logprobs > 20, Refusal::invalid,
             str("prompt_logprobs = ", req.prompt_logprobs, " must be in [0, 20]"));
-  try {
-    validate(req.sampling, c.vocab_size);
+  try {  // min_tokens masks the stop tokens too
+    validate(req.sampling, c.vocab_size,
+             req.min_tokens > 0 ? std::span<const std::int32_t>(req.stop_token_ids)
+                                : std::span<const std::int32_t>());
   } catch (const Error& e) {
     throw RefusedError(Refusal::invalid, e.what());
   }

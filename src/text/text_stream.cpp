@@ -69,4 +69,19 @@ std::string TextStream::release(bool at_end) {
   return out;
 }
 
+std::vector<std::vector<std::int32_t>> bad_word_token_ids(const Tokenizer& tokenizer,
+                                                          const std::vector<std::string>& words) {
+  std::vector<std::vector<std::int32_t>> out;
+  for (std::size_t i = 0; i < words.size(); ++i) {
+    const std::string& w = words[i];
+    const std::string word = w.substr(std::min(w.size(), w.find_first_not_of(" \t\r\n")));
+    std::vector<std::int32_t> start = tokenizer.encode(word, false);
+    DCP_ARG_CHECK(!start.empty(), "bad_words[", i, "] = '", w, "' holds no token");
+    std::vector<std::int32_t> inside = tokenizer.encode(" " + word, false);
+    out.push_back(std::move(start));
+    if (inside != out.back()) out.push_back(std::move(inside));
+  }
+  return out;
+}
+
 }  // namespace dcp

@@ -142,6 +142,29 @@ def test_logit_bias_and_penalties_change_the_greedy_choice(text_llm):
     assert first not in tokens(logit_bias={first: -100})
 
 
+def test_allowed_token_ids_bad_words_and_truncation(checkpoint, text_llm):
+    base = dict(max_tokens=6, temperature=0, ignore_eos=True)
+    out = text_llm.generate([[6, 7, 8, 9]], dcp.SamplingParams(**base, allowed_token_ids=[5, 9, 400]))
+    assert len(out[0].outputs[0].token_ids) == 6 and set(out[0].outputs[0].token_ids) <= {5, 9, 400}
+    # A word the greedy text holds, banned: the token that made it never comes again.
+    plain = text_llm.generate("Once upon a time", dcp.SamplingParams(**base))[0].outputs[0].token_ids
+    named = tokenizer_ids(checkpoint)
+    words = [(text_llm.decode([t]).strip(), t) for t in plain if t in named]
+    words = [(w, t) for w, t in words if w and w.isascii() and w.isprintable()]
+    assert words, f"no generated token with a printable word to ban: {plain}"
+    word, banned = words[0]
+    got = text_llm.generate("Once upon a time", dcp.SamplingParams(**base, bad_words=[word]))
+    assert banned not in got[0].outputs[0].token_ids and got[0].outputs[0].token_ids != plain
+    # truncate_prompt_tokens: the last 3 tokens are the prompt.
+    cut = text_llm.generate([[1, 2, 3, 4, 5]], dcp.SamplingParams(**base, truncate_prompt_tokens=3))[0]
+    alone = text_llm.generate([[3, 4, 5]], dcp.SamplingParams(**base))[0]
+    assert cut.prompt_token_ids == [3, 4, 5] and cut.outputs[0].token_ids == alone.outputs[0].token_ids
+    assert cut.prompt is None
+    ids = text_llm.encode("Once upon a time")
+    cut = text_llm.generate("Once upon a time", dcp.SamplingParams(**base, truncate_prompt_tokens=2))[0]
+    assert cut.prompt_token_ids == ids[-2:] and cut.prompt == text_llm.decode(ids[-2:], False)
+
+
 def test_min_tokens_and_include_stop_str_in_output(text_llm):
     # A token biased to be chosen at every step is also the stop token: it ends the request at
     # once, or at step min_tokens + 1.
@@ -194,6 +217,13 @@ def test_prompt_logprobs_of_a_greedy_continuation_equal_decodings(text_llm):
     (dcp.SamplingParams(logit_bias={3: 200}), "logit_bias: token 3's bias 200 must be in [-100, 100]"),
     (dcp.SamplingParams(logit_bias={"x": 1}), "must map token ids to numbers"),
     (dcp.SamplingParams(logit_bias=[3]), "must map token ids to numbers"),
+    (dcp.SamplingParams(allowed_token_ids=[]), "allowed_token_ids = [] must not be empty"),
+    (dcp.SamplingParams(allowed_token_ids=[10**6]), "allowed_token_ids: token 1000000 is outside"),
+    (dcp.SamplingParams(allowed_token_ids=["x"]), "must be token ids"),
+    (dcp.SamplingParams(allowed_token_ids=[9], stop_token_ids=[9], min_tokens=1), "could mask every token"),
+    (dcp.SamplingParams(bad_words=[" "]), "bad_words[0] = ' ' holds no token"),
+    (dcp.SamplingParams(bad_words=[3]), "each bad word must be a str"),
+    (dcp.SamplingParams(truncate_prompt_tokens=0), "truncate_prompt_tokens = 0 must be an int >= 1 or -1"),
 ])
 def test_bad_penalties_raise(text_llm, params, message):
     with pytest.raises(ValueError) as e:
@@ -342,6 +372,8 @@ def test_text_needs_a_tokenizer():
             llm.chat([{"role": "user", "content": "hello"}])
         with pytest.raises(ValueError, match="stop strings need a tokenizer"):
             llm.generate([[1, 2]], dcp.SamplingParams(stop="x"))
+        with pytest.raises(ValueError, match="bad_words need a tokenizer"):
+            llm.generate([[1, 2]], dcp.SamplingParams(bad_words=["x"]))
 
 
 def test_closed_llm_refuses_work():

@@ -239,6 +239,39 @@ def case_penalties(s):
     check(status == 200 and first not in r["choices"][0]["token_ids"], f"a bias of -100 forbids {first}: {r}")
 
 
+def case_masks(s):
+    """allowed_token_ids, bad_words and truncate_prompt_tokens, each checked against what it must
+    leave out or keep."""
+    body = {"prompt": [6, 7, 8, 9], "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    status, r = s.post("/v1/completions", {**body, "allowed_token_ids": [5, 9, 400]})
+    ids = r["choices"][0]["token_ids"] if status == 200 else []
+    check(len(ids) == 6 and set(ids) <= {5, 9, 400}, f"allowed_token_ids: only those: {r}")
+    status, r = s.post("/generate", {"input_ids": [6, 7, 8, 9], "sampling_params": {
+        "max_new_tokens": 4, "temperature": 0, "ignore_eos": True, "allowed_token_ids": [11]}})
+    check(status == 200 and r["output_ids"] == [11] * 4, f"/generate's allowed_token_ids: {r}")
+    # A word the model emits, banned: its token never comes again, at the start or after a space.
+    text_body = {"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0, "ignore_eos": True,
+                 "logprobs": 0}
+    status, r = s.post("/v1/completions", text_body)
+    plain = r["choices"][0]
+    words = [(t, i) for i, t in zip(plain["token_ids"], plain["logprobs"]["tokens"])
+             if t.strip() and t.strip().isascii() and t.strip().isprintable()]
+    check(words, f"the greedy text has a token with a printable word to ban: {plain}")
+    word, banned = words[0]
+    status, r = s.post("/v1/completions", {**text_body, "bad_words": [word.strip()]})
+    ids = r["choices"][0]["token_ids"] if status == 200 else []
+    check(len(ids) == 16 and banned not in ids and ids != plain["token_ids"],
+          f"bad_words [{word.strip()!r}] bans token {banned}: {ids} (plain {plain['token_ids']})")
+    # truncate_prompt_tokens keeps the last k tokens: the same completion as that prompt alone.
+    status, r = s.post("/v1/completions", {**body, "prompt": PROMPT, "truncate_prompt_tokens": 4, "echo": True})
+    status2, r2 = s.post("/v1/completions", {**body, "prompt": PROMPT[-4:], "echo": True})
+    check(status == 200 and r["choices"][0]["token_ids"] == r2["choices"][0]["token_ids"]
+          and r["usage"]["prompt_tokens"] == 4 and r["choices"][0]["text"] == r2["choices"][0]["text"],
+          f"truncate_prompt_tokens 4: {r} vs {r2}")
+    status, r = s.post("/v1/completions", {**body, "prompt": [1, 2], "truncate_prompt_tokens": -1})
+    check(status == 200 and r["usage"]["prompt_tokens"] == 2, f"truncate_prompt_tokens -1 keeps a short prompt: {r}")
+
+
 def case_min_tokens(s):
     """min_tokens holds a stop token (and stop strings) back: a token biased to be chosen at every
     step is also the stop token; it ends the request only at step min_tokens + 1."""
@@ -340,9 +373,17 @@ def case_errors(s):
     expect(400, {"prompt": "hi", "echo": True, "stream": True}, "echo")
     expect(400, {"messages": [{"role": "user", "content": "hi"}], "echo": True}, "echo", path="/v1/chat/completions")
     # vLLM's and SGLang's extensions that would change the result are refused, not ignored.
-    for key, value in [("prompt_logprobs", 1), ("guided_json", {"type": "object"}), ("allowed_token_ids", [1]),
-                       ("bad_words", ["x"]), ("use_beam_search", True), ("truncate_prompt_tokens", 4)]:
+    for key, value in [("prompt_logprobs", 1), ("guided_json", {"type": "object"}), ("use_beam_search", True)]:
         expect(400, {"prompt": "hi", key: value}, key)
+    expect(400, {"prompt": "hi", "allowed_token_ids": []}, "allowed_token_ids")
+    expect(400, {"prompt": "hi", "allowed_token_ids": [3, 100000]}, "allowed_token_ids")
+    expect(400, {"prompt": "hi", "allowed_token_ids": [9], "bad_words": ["\t"]}, "bad_words")
+    expect(400, {"prompt": "hi", "bad_words": "hi"}, "bad_words")
+    expect(400, {"prompt": "hi", "bad_words": [1]}, "bad_words")
+    expect(400, {"prompt": "hi", "bad_words": ["x"] * 257}, "bad_words")
+    expect(400, {"prompt": "hi", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens")
+    expect(400, {"prompt": "hi", "truncate_prompt_tokens": -2}, "truncate_prompt_tokens")
+    expect(400, {"prompt": "hi", "allowed_token_ids": [9], "stop_token_ids": [9], "min_tokens": 1})
     expect(400, {"text": "hi", "sampling_params": {"json_schema": "{}"}}, "json_schema", path="/generate")
     status, r = s.post("/v1/completions", {"prompt": "hi", "max_tokens": 1, "bad_words": [], "use_beam_search": False})
     check(status == 200, f"extensions that ask for nothing are accepted: {status} {r}")
@@ -567,7 +608,7 @@ def case_mpi(mpiexec):
 
 
 CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_whole, case_seeds,
-                                     case_prompt_batch, case_stop_strings, case_penalties, case_min_tokens, case_echo, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
+                                     case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_min_tokens, case_echo, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
                                      case_metrics_and_models]}
 
 

@@ -25,6 +25,8 @@ std::string text_of(const json& j) {
 
 // Prompts one /v1/completions request may batch: each becomes n engine requests.
 constexpr std::size_t kMaxPrompts = 256;
+// Words one request may ban (each is tokenized on the HTTP thread).
+constexpr std::size_t kMaxBadWords = 256;
 
 // A request the API refuses: the status, the field at fault and why.
 struct BadRequest : std::runtime_error {
@@ -135,13 +137,10 @@ void refuse_unsupported(const json& b) {
   }
   // vLLM's and SGLang's extensions that would change the result: refused rather than ignored.
   for (const char* key :
-       {"prompt_logprobs", "truncate_prompt_tokens", "guided_json", "guided_regex", "guided_choice",
-        "guided_grammar", "structured_outputs", "json_schema", "regex", "ebnf", "logprob_start_len",
-        "allowed_token_ids"}) {
+       {"prompt_logprobs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+        "structured_outputs", "json_schema", "regex", "ebnf", "logprob_start_len"}) {
     if (field(b, key)) bad(key, str("'", key, "' is not supported"));
   }
-  if (const json* v = field(b, "bad_words"); v && !(v->is_array() && v->empty()))
-    bad("bad_words", "'bad_words' is not supported");
   if (const json* v = field(b, "use_beam_search"); v && !(v->is_boolean() && !v->get<bool>()))
     bad("use_beam_search", "'use_beam_search' (beam search) is not supported");
   if (const json* v = field(b, "response_format");
@@ -321,6 +320,43 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
   if (r.sampling.repetition_penalty == 0)
     bad("repetition_penalty", "'repetition_penalty' = 0 must be > 0 (1: off)");
   r.sampling.logit_bias = logit_bias(*src, vocab);
+  if (const json* ids = field(*src, "allowed_token_ids")) {
+    r.sampling.allowed_token_ids = token_ids(*ids, "allowed_token_ids", vocab);
+    if (r.sampling.allowed_token_ids.empty())
+      bad("allowed_token_ids", "'allowed_token_ids' must not be empty (leave it out to allow all)");
+  }
+  if (const json* words = field(*src, "bad_words");
+      words && !(words->is_array() && words->empty())) {
+    if (!words->is_array() || words->size() > kMaxBadWords)
+      bad("bad_words", str("'bad_words' must be a list of at most ", kMaxBadWords, " strings"));
+    std::vector<std::string> list;
+    for (const json& w : *words) {
+      if (!w.is_string()) bad("bad_words", "'bad_words' must be a list of strings");
+      list.push_back(w.get<std::string>());
+    }
+    need_tokenizer("bad_words");
+    try {
+      r.sampling.bad_words = bad_word_token_ids(*tokenizer_, list);
+    } catch (const Error& e) {
+      bad("bad_words", e.what());
+    }
+  }
+  // vLLM's truncate_prompt_tokens: keep each prompt's last k tokens (-1: the context's worth).
+  if (const auto keep =
+          integer(*src, "truncate_prompt_tokens", -1, std::numeric_limits<int>::max())) {
+    if (*keep == 0)
+      bad("truncate_prompt_tokens",
+          "'truncate_prompt_tokens' = 0 must be >= 1 or -1 (the context)");
+    const auto last =
+        static_cast<std::ptrdiff_t>(*keep < 0 ? deployment_.kv_capacity_tokens() : *keep);
+    for (std::size_t i = 0; i < job.prompts.size(); ++i) {
+      std::vector<std::int32_t>& p = job.prompts[i];
+      if (static_cast<std::ptrdiff_t>(p.size()) <= last) continue;
+      p.erase(p.begin(), p.end() - last);
+      if (i < job.prompt_texts.size()) job.prompt_texts[i].reset();  // echo shows what was kept
+    }
+    prompt = job.prompts.front();
+  }
   if (const auto seed = integer(*src, "seed", 0, std::numeric_limits<std::int64_t>::max())) {
     r.sampling.seed = static_cast<std::uint64_t>(*seed);
     job.seeded = true;
