@@ -1,0 +1,158 @@
+#include "serve/request_fields.h"
+
+#include <cmath>
+#include <string>
+
+#include "dcp/chat_template.h"
+#include "dcp/error.h"
+
+namespace dcp::serve {
+
+std::string text_of(const json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+void bad(const std::string& param, const std::string& message, int status) {
+  throw BadRequest(status, param, message);
+}
+
+const json* field(const json& obj, const char* key) {
+  const auto it = obj.find(key);
+  return it == obj.end() || it->is_null() ? nullptr : &*it;
+}
+
+std::optional<double> number(const json& obj, const char* key, double lo, double hi) {
+  const json* v = field(obj, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number()) bad(key, str("'", key, "' must be a number"));
+  const double x = v->get<double>();
+  if (!(x >= lo && x <= hi)) bad(key, str("'", key, "' = ", x, " must be in [", lo, ", ", hi, "]"));
+  return x;
+}
+
+std::optional<std::int64_t> integer(const json& obj, const char* key, std::int64_t lo,
+                                    std::int64_t hi) {
+  const json* v = field(obj, key);
+  if (!v) return std::nullopt;
+  if (!v->is_number_integer()) bad(key, str("'", key, "' must be an integer"));
+  if (v->is_number_unsigned() && v->get<std::uint64_t>() > static_cast<std::uint64_t>(hi))
+    bad(key, str("'", key, "' = ", v->dump(), " must be in [", lo, ", ", hi, "]"));
+  const std::int64_t x = v->get<std::int64_t>();
+  if (x < lo || x > hi) bad(key, str("'", key, "' = ", x, " must be in [", lo, ", ", hi, "]"));
+  return x;
+}
+
+std::optional<bool> boolean(const json& obj, const char* key) {
+  const json* v = field(obj, key);
+  if (!v) return std::nullopt;
+  if (!v->is_boolean()) bad(key, str("'", key, "' must be true or false"));
+  return v->get<bool>();
+}
+
+std::vector<std::int32_t> token_ids(const json& v, const std::string& param, int vocab) {
+  if (!v.is_array()) bad(param, str("'", param, "' must be a list of token ids"));
+  std::vector<std::int32_t> out;
+  for (const json& t : v) {
+    if (!t.is_number_integer() || t.get<std::int64_t>() < 0 || t.get<std::int64_t>() >= vocab)
+      bad(param, str("'", param, "': ", text_of(t), " is not a token id in [0, ", vocab, ")"));
+    out.push_back(t.get<std::int32_t>());
+  }
+  return out;
+}
+
+std::map<std::int32_t, double> logit_bias(const json& obj, int vocab) {
+  const json* v = field(obj, "logit_bias");
+  if (!v) return {};
+  if (!v->is_object()) bad("logit_bias", "'logit_bias' must be an object of token id: bias");
+  std::map<std::int32_t, double> out;
+  for (const auto& [key, bias] : v->items()) {
+    std::size_t used = 0;
+    long long id = -1;
+    try {
+      id = std::stoll(key, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (key.empty() || key[0] < '0' || key[0] > '9' || used != key.size() || id < 0 || id >= vocab)
+      bad("logit_bias", str("'logit_bias': key '", key, "' is not a token id in [0, ", vocab, ")"));
+    if (!bias.is_number() || !(std::abs(bias.get<double>()) <= 100))
+      bad("logit_bias",
+          str("'logit_bias': the bias of token ", id, " must be a number in [-100, 100]"));
+    out[static_cast<std::int32_t>(id)] = bias.get<double>();
+  }
+  return out;
+}
+
+std::vector<std::string> stop_strings(const json& obj) {
+  const json* v = field(obj, "stop");
+  if (!v) return {};
+  if (!v->is_string() && (!v->is_array() || v->size() > 16))
+    bad("stop", "'stop' must be a string or a list of at most 16 strings");
+  std::vector<std::string> out;
+  for (const json& s : v->is_string() ? json::array({*v}) : *v) {
+    if (!s.is_string()) bad("stop", "'stop' must be a string or a list of strings");
+    // An empty string would match before any text: refused, as vLLM refuses it.
+    if (s.get_ref<const std::string&>().empty())
+      bad("stop", "'stop' cannot contain an empty string");
+    out.push_back(s.get<std::string>());
+  }
+  return out;
+}
+
+json parse_object(const std::string& body) {
+  json b;
+  try {
+    b = json::parse(body);
+  } catch (const json::exception& e) {
+    bad("", str("the body is not JSON: ", e.what()));
+  }
+  if (!b.is_object()) bad("", "the body must be a JSON object");
+  return b;
+}
+
+void check_model(const json& b, const std::string& served) {
+  if (const json* m = field(b, "model")) {
+    if (!m->is_string()) bad("model", "'model' must be a string");
+    if (m->get<std::string>() != served)
+      bad("model",
+          str("the model '", m->get<std::string>(), "' does not exist; this server serves '",
+              served, "'"),
+          404);
+  }
+}
+
+std::string chat_prompt_text(const Tokenizer& tokenizer, const json& b) {
+  const json* msgs = field(b, "messages");
+  if (!msgs || !msgs->is_array() || msgs->empty())
+    bad("messages", "'messages' must be a non-empty list");
+  json plain = json::array();  // content parts joined: templates expect strings
+  for (const json& m : *msgs) {
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+      bad("messages", "each message must be an object with a string 'role'");
+    json copy = m;
+    if (m.contains("content") && m["content"].is_array()) {
+      std::string text;
+      for (const json& part : m["content"]) {
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+            !part["text"].is_string())
+          bad("messages", "message content parts must be {\"type\": \"text\", \"text\": ...}");
+        text += part["text"].get<std::string>();
+      }
+      copy["content"] = text;
+    } else if (m.contains("content") && !m["content"].is_string() && !m["content"].is_null()) {
+      bad("messages", "a message's 'content' must be a string or a list of text parts");
+    }
+    plain.push_back(copy);
+  }
+  json context = {{"messages", plain}};
+  context["add_generation_prompt"] = boolean(b, "add_generation_prompt").value_or(true);
+  std::string text;
+  try {
+    text = apply_chat_template(tokenizer, text_of(context), true);
+  } catch (const Error& e) {
+    bad("messages", str("the chat template failed: ", e.what()));
+  }
+  return text;
+}
+
+}  // namespace dcp::serve
