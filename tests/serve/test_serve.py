@@ -272,6 +272,40 @@ def case_masks(s):
     check(status == 200 and r["usage"]["prompt_tokens"] == 2, f"truncate_prompt_tokens -1 keeps a short prompt: {r}")
 
 
+def case_tokenize(s):
+    """/tokenize and /detokenize give the ids and text dcp tokenize gives, and what the generation
+    endpoints count."""
+    def cli(text, *flags):
+        out = subprocess.run([DCP, "tokenize", "--tokenizer-path", CKPT, *flags], input=text,
+                             capture_output=True, text=True, check=True).stdout
+        return json.loads(out)
+    text = "Once upon a time, 42 cats"
+    status, r = s.post("/tokenize", {"prompt": text})
+    want = cli(text, "--add-special-tokens")
+    check(status == 200 and r == {"count": len(want), "max_model_len": 4096, "tokens": want},
+          f"/tokenize {r} != dcp tokenize {want}")
+    status, c = s.post("/v1/completions", {"prompt": text, "max_tokens": 1})
+    check(c["usage"]["prompt_tokens"] == r["count"], f"a completion counts {c['usage']} prompt tokens")
+    status, r = s.post("/tokenize", {"prompt": text, "add_special_tokens": False, "return_token_strs": True})
+    check(status == 200 and r["tokens"] == cli(text) and "".join(r["token_strs"]) == text,
+          f"/tokenize without special tokens, with their texts: {r}")
+    messages = [{"role": "user", "content": "Name a color."}]
+    status, r = s.post("/tokenize", {"messages": messages})
+    want = cli(json.dumps(messages), "--chat", "--add-generation-prompt")
+    check(status == 200 and r["tokens"] == want, f"/tokenize of a chat {r} != dcp tokenize --chat {want}")
+    status, c = s.post("/v1/chat/completions", {"messages": messages, "max_tokens": 1})
+    check(c["usage"]["prompt_tokens"] == len(want), f"a chat counts {c['usage']} prompt tokens")
+    status, r = s.post("/tokenize", {"messages": messages, "add_generation_prompt": False})
+    check(status == 200 and r["tokens"] == cli(json.dumps(messages), "--chat"),
+          f"add_generation_prompt false: {r}")
+    ids = cli(text, "--add-special-tokens")
+    status, r = s.post("/detokenize", {"tokens": ids})
+    want = subprocess.run([DCP, "tokenize", "--tokenizer-path", CKPT, "--decode"], input=json.dumps(ids),
+                          capture_output=True, text=True, check=True).stdout
+    check(status == 200 and r == {"prompt": want} and want.endswith(text),
+          f"/detokenize {r} != dcp tokenize --decode {want!r}")
+
+
 def case_min_tokens(s):
     """min_tokens holds a stop token (and stop strings) back: a token biased to be chosen at every
     step is also the stop token; it ends the request only at step min_tokens + 1."""
@@ -382,6 +416,16 @@ def case_errors(s):
     expect(400, {"prompt": "hi", "bad_words": [1]}, "bad_words")
     expect(400, {"prompt": "hi", "bad_words": ["x"] * 257}, "bad_words")
     expect(400, {"prompt": "hi", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens")
+    expect(400, {"prompt": "hi", "messages": []}, "prompt", path="/tokenize")
+    expect(400, {}, "prompt", path="/tokenize")
+    expect(400, {"prompt": [1, 2]}, "prompt", path="/tokenize")
+    expect(400, {"messages": [{"content": "no role"}]}, "messages", path="/tokenize")
+    expect(404, {"prompt": "hi", "model": "gpt-5"}, "model", path="/tokenize")
+    expect(400, None, raw="[1]", path="/tokenize")
+    expect(400, {"tokens": [1, 100000]}, "tokens", path="/detokenize")
+    expect(400, {"tokens": [1, 450]}, "tokens", path="/detokenize")  # beyond the tokenizer's 319 ids
+    expect(400, {"tokens": "1 2"}, "tokens", path="/detokenize")
+    expect(400, {}, "tokens", path="/detokenize")
     expect(400, {"prompt": "hi", "truncate_prompt_tokens": -2}, "truncate_prompt_tokens")
     expect(400, {"prompt": "hi", "allowed_token_ids": [9], "stop_token_ids": [9], "min_tokens": 1})
     expect(400, {"text": "hi", "sampling_params": {"json_schema": "{}"}}, "json_schema", path="/generate")
@@ -493,6 +537,8 @@ def case_chat_template():
         status, g = s.post("/generate", {"input_ids": want, "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
         check(status == 200 and g["text"] == r["choices"][0]["message"]["content"],
               f"the chat reply is the reply to the file's prompt: {g} {r}")
+        status, t = s.post("/tokenize", {"messages": messages})
+        check(status == 200 and t["tokens"] == want, f"/tokenize renders the file's template: {t}")
     finally:
         code, _ = s.stop()
         check(code == 0, f"server exit {code}")
@@ -608,7 +654,7 @@ def case_mpi(mpiexec):
 
 
 CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_whole, case_seeds,
-                                     case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_min_tokens, case_echo, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
+                                     case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_tokenize, case_min_tokens, case_echo, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
                                      case_metrics_and_models]}
 
 

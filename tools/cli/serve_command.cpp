@@ -146,8 +146,10 @@ void add_serve_command(CLI::App& app) {
   f->run.parallel.dcp_size = 1;
   f->run.max_total_tokens = 65536;
   CLI::App* cmd = app.add_subcommand(
-      "serve", "Serve the model over HTTP: OpenAI-compatible /v1/completions and "
-               "/v1/chat/completions, SGLang's /generate, /v1/models, /health, /metrics");
+      "serve",
+      "Serve the model over HTTP: OpenAI-compatible /v1/completions and "
+      "/v1/chat/completions, SGLang's /generate, vLLM's /tokenize and /detokenize, "
+      "/v1/models, /health, /metrics");
   RunOptions& o = f->run;
   add_parallel_flags(cmd, o.parallel);
   add_deployment_flags(cmd, o);

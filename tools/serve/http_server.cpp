@@ -56,6 +56,12 @@ HttpServer::HttpServer(OpenAiApi& api) : impl_(std::make_unique<Impl>()) {
   s.Post("/generate", [&api](const httplib::Request& req, httplib::Response& res) {
     answer(res, api.generate(req.body));
   });
+  s.Post("/tokenize", [&api](const httplib::Request& req, httplib::Response& res) {
+    reply(res, api.tokenize(req.body));
+  });
+  s.Post("/detokenize", [&api](const httplib::Request& req, httplib::Response& res) {
+    reply(res, api.detokenize(req.body));
+  });
   s.Get("/v1/models",
         [&api](const httplib::Request&, httplib::Response& res) { reply(res, api.models()); });
   s.Get("/health",

@@ -41,6 +41,9 @@ class OpenAiApi {
   Handled completions(const std::string& body);       // POST /v1/completions
   Handled chat_completions(const std::string& body);  // POST /v1/chat/completions
   Handled generate(const std::string& body);          // POST /generate (SGLang)
+  // vLLM's: text or a chat (rendered by the template) to token ids, and token ids to text.
+  HttpReply tokenize(const std::string& body) const;    // POST /tokenize
+  HttpReply detokenize(const std::string& body) const;  // POST /detokenize
   HttpReply models() const;                           // GET /v1/models
   HttpReply health() const;                           // GET /health
   HttpReply metrics() const;                          // GET /metrics (Prometheus text)
