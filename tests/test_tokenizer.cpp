@@ -314,6 +314,17 @@ std::string render(const std::string& tmpl, const std::string& context = "{}") {
 
 // Where Python's Jinja (what transformers' apply_chat_template runs) and the JavaScript reference
 // differ, dcp follows Python; the rest is compared with the reference in tests/text/.
+TEST(ChatTemplate, ContinueFinalMessageCutsAfterItsLastOccurrence) {
+  // The content also appears earlier (in a user turn): the cut is after the final one.
+  EXPECT_EQ(continue_final_message("<u>The sky is<a>The sky is</s>", "The sky is"),
+            "<u>The sky is<a>The sky is");
+  EXPECT_TRUE(test::throws_error([] { continue_final_message("<a></s>", ""); },
+                                 ErrorCategory::invalid_argument, "has no content to continue"));
+  EXPECT_TRUE(test::throws_error([] { continue_final_message("<a>THE SKY</s>", "the sky"); },
+                                 ErrorCategory::invalid_argument,
+                                 "did not write the final message"));
+}
+
 TEST(ChatTemplate, FollowsPythonWhereTheJavaScriptReferenceDiffers) {
   EXPECT_EQ(render("{{ true }} {{ none }} {{ 1.0 }} {{ [1, 'a'] }}"), "True None 1.0 [1, 'a']");
   EXPECT_EQ(render("{{ -7 % 3 }} {{ -7 // 2 }} {{ 'ab' * 3 }} {{ 7 / 2 }}"), "2 -4 ababab 3.5");

@@ -47,4 +47,10 @@ std::string apply_chat_template(const Tokenizer& tokenizer, const std::string& c
 std::string apply_chat_template(const Tokenizer& tokenizer, const std::string& context_json,
                                 bool add_generation_prompt, const std::string& chat_template);
 
+// vLLM's continue_final_message: `rendered` (a chat rendered without the generation prompt) cut
+// right after the last message's content, so that generation continues that message instead of
+// starting a turn after it. Throws dcp::Error (invalid_argument) when that content is empty or
+// the template did not write it verbatim.
+std::string continue_final_message(const std::string& rendered, const std::string& final_content);
+
 }  // namespace dcp

@@ -169,17 +169,34 @@ class LLM:
     def chat(self, messages, sampling_params: Union[SamplingParams, Sequence[SamplingParams],
                                                     None] = None, *,
              chat_template: Optional[str] = None,
-             add_generation_prompt: bool = True) -> List[RequestOutput]:
+             add_generation_prompt: bool = True,
+             continue_final_message: bool = False,
+             chat_template_kwargs: Optional[Dict[str, object]] = None) -> List[RequestOutput]:
         """Generates the next turn of every conversation and returns one RequestOutput each.
 
         messages: a conversation (a list of {"role": ..., "content": ...} dicts) or a list of
         them. Each is rendered by the tokenizer's chat template (chat_template: Jinja source to
         use instead), whose text is the RequestOutput's prompt; the template writes the special
         tokens, so none are added. sampling_params: one for all, or one per conversation.
+        chat_template_kwargs: more template variables (they override add_generation_prompt).
+        continue_final_message (with add_generation_prompt=False): the prompt ends with the last
+        message's content, which the reply continues, instead of a closed turn.
         """
         if not self._llm.has_tokenizer:
             raise ValueError("chat needs a tokenizer: a checkpoint with tokenizer.json or "
                              "tiktoken.model, or LLM(..., tokenizer=PATH)")
+        variables = chat_template_kwargs or {}
+        if not isinstance(variables, dict) or "messages" in variables:
+            raise ValueError(f"chat_template_kwargs = {chat_template_kwargs!r} must be a dict of "
+                             "template variables other than 'messages'")
+        try:
+            variables = json.loads(json.dumps(variables))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"chat_template_kwargs is not JSON: {e}") from None
+        generation_prompt = bool(variables.pop("add_generation_prompt", add_generation_prompt))
+        if continue_final_message and generation_prompt:
+            raise ValueError("continue_final_message needs add_generation_prompt=False (the reply "
+                             "continues the final message instead of starting a turn)")
         messages = list(messages)
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         params = self._params(sampling_params, len(conversations), "conversations")
@@ -189,12 +206,15 @@ class LLM:
                 raise ValueError(f"messages[{i}] must be a list of message dicts, got "
                                  f"{type(conversation).__name__}")
             try:
-                context = json.dumps({"messages": list(conversation),
-                                      "add_generation_prompt": bool(add_generation_prompt)})
+                context = json.dumps({**variables, "messages": list(conversation),
+                                      "add_generation_prompt": generation_prompt})
             except (TypeError, ValueError) as e:
                 raise ValueError(f"messages[{i}] is not JSON: {e}") from None
-            text = self._llm.apply_chat_template(context, bool(add_generation_prompt),
-                                                 chat_template)
+            text = self._llm.apply_chat_template(context, generation_prompt, chat_template)
+            if continue_final_message:
+                last = conversation[-1] if conversation else {}
+                content = last.get("content") if isinstance(last, dict) else None
+                text = self._llm.continue_final_message(text, content if isinstance(content, str) else "")
             tokens = self.encode(text, add_special_tokens=False)
             if not tokens:
                 raise ValueError(f"messages[{i}] renders to an empty prompt")

@@ -475,6 +475,8 @@ void bind_llm(py::module_& m) {
                        : apply_chat_template(l.tokenizer(), context_json, add_generation_prompt);
           },
           py::arg("context_json"), py::arg("add_generation_prompt"), py::arg("chat_template"))
+      .def_static("continue_final_message", &continue_final_message, py::arg("rendered"),
+                  py::arg("final_content"))
       .def_property_readonly("eos_token_id", [](const Llm& l) -> std::optional<std::int32_t> {
         return l.has_tokenizer() ? l.tokenizer().eos_id() : std::nullopt;
       });

@@ -64,4 +64,14 @@ std::string apply_chat_template(const Tokenizer& tokenizer, const std::string& c
   return ChatTemplate(chat_template).render(context.dump());
 }
 
+std::string continue_final_message(const std::string& rendered, const std::string& final_content) {
+  DCP_ARG_CHECK(!final_content.empty(),
+                "continue_final_message: the final message has no content to continue");
+  const std::size_t at = rendered.rfind(final_content);
+  DCP_ARG_CHECK(at != std::string::npos,
+                "continue_final_message: the chat template did not write the final message's "
+                "content verbatim, so there is no place to continue it from");
+  return rendered.substr(0, at + final_content.size());
+}
+
 }  // namespace dcp

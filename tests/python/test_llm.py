@@ -347,9 +347,25 @@ def test_chat_renders_the_template_then_generates(dcp_bin, checkpoint, text_llm)
                          chat_template=template, add_generation_prompt=False)
     assert [o.prompt for o in outs] == ["<system>Be brief.<user>Hi", "<user>Yo"]
     assert outs[1].prompt_token_ids == text_llm.encode("<user>Yo", add_special_tokens=False)
+    # Template variables (overriding add_generation_prompt), and an open final message.
+    outs = text_llm.chat(messages, params, chat_template=template + "{{ tail }}",
+                         chat_template_kwargs={"tail": "!", "add_generation_prompt": True})
+    assert outs[0].prompt == "<system>Be brief.<user>Hi<assistant>!"
+    turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello the"}]
+    open_end = text_llm.chat(turns, params, add_generation_prompt=False, continue_final_message=True)[0]
+    assert open_end.prompt == "<s><|user|>Hi<|assistant|>Hello the"
+    closed = text_llm.chat(turns, params, add_generation_prompt=False)[0]
+    assert closed.prompt == open_end.prompt + "</s>"
 
 
 @pytest.mark.parametrize("messages,kwargs,message", [
+    ([{"role": "user", "content": "Hi"}], dict(continue_final_message=True),
+     "continue_final_message needs add_generation_prompt=False"),
+    ([{"role": "user", "content": "Hi"}], dict(continue_final_message=True, add_generation_prompt=False,
+                                               chat_template="{{ 'x' }}"), "did not write the final message"),
+    ([{"role": "user", "content": "Hi"}], dict(chat_template_kwargs={"messages": []}),
+     "chat_template_kwargs = {'messages': []} must be a dict"),
+    ([{"role": "user", "content": "Hi"}], dict(chat_template_kwargs=[1]), "must be a dict"),
     ([{"role": "user", "content": "Hi"}], dict(chat_template="{% if x %}"), "line 1"),
     (["not a conversation"], {}, "messages[0] must be a list of message dicts"),
     ([{"role": "user", "content": {1, 2}}], {}, "messages[0] is not JSON"),

@@ -306,6 +306,41 @@ def case_tokenize(s):
           f"/detokenize {r} != dcp tokenize --decode {want!r}")
 
 
+def case_chat_options(s):
+    """vLLM's chat fields: continue_final_message, a request's own chat_template with
+    chat_template_kwargs and documents, add_special_tokens; each checked against the text it must
+    render, tokenized by dcp tokenize."""
+    def ids(text):
+        out = subprocess.run([DCP, "tokenize", "--tokenizer-path", CKPT], input=text,
+                             capture_output=True, text=True, check=True).stdout
+        return json.loads(out)
+    turns = [{"role": "user", "content": "Name a color."}, {"role": "assistant", "content": "The color is"}]
+    body = {"messages": turns, "add_generation_prompt": False, "continue_final_message": True}
+    status, r = s.post("/tokenize", body)
+    want = ids("<s><|user|>Name a color.<|assistant|>The color is")
+    check(status == 200 and r["tokens"] == want, f"continue_final_message ends in the message: {r} != {want}")
+    status, c = s.post("/v1/chat/completions", {**body, "max_tokens": 2, "temperature": 0})
+    check(status == 200 and c["usage"]["prompt_tokens"] == len(want), f"the chat continues that prompt: {c}")
+    status, g = s.post("/generate", {"input_ids": want, "sampling_params": {"max_new_tokens": 2, "temperature": 0}})
+    check(c["choices"][0]["message"]["content"] == g["text"], f"its reply is that prompt's: {c} {g}")
+    status, r = s.post("/tokenize", {"messages": turns, "add_generation_prompt": False})
+    check(status == 200 and r["tokens"] == ids("<s><|user|>Name a color.<|assistant|>The color is</s>"),
+          f"without it the turn is closed: {r}")
+    template = ("{% for m in messages %}[{{ m.role }}] {{ m.content }}{% endfor %}"
+                "{% if flavor %}+{{ flavor }}{% endif %}{% for d in documents %}|{{ d.title }}{% endfor %}")
+    status, r = s.post("/tokenize", {"messages": turns[:1], "chat_template": template,
+                                     "chat_template_kwargs": {"flavor": "mint"},
+                                     "documents": [{"title": "a"}, {"title": "b"}]})
+    check(status == 200 and r["tokens"] == ids("[user] Name a color.+mint|a|b"),
+          f"the request's template, variables and documents: {r}")
+    status, r = s.post("/tokenize", {"messages": turns[:1], "chat_template": "{{ messages[0].content }}",
+                                     "add_special_tokens": True})
+    check(status == 200 and r["tokens"] == ids("<s>Name a color."), f"add_special_tokens adds the BOS: {r}")
+    status, r = s.post("/v1/completions", {"prompt": "Name a color.", "max_tokens": 1, "add_special_tokens": False})
+    check(status == 200 and r["usage"]["prompt_tokens"] == len(ids("Name a color.")),
+          f"a completion without the BOS: {r}")
+
+
 def case_min_tokens(s):
     """min_tokens holds a stop token (and stop strings) back: a token biased to be chosen at every
     step is also the stop token; it ends the request only at step min_tokens + 1."""
@@ -426,6 +461,15 @@ def case_errors(s):
     expect(400, {"tokens": [1, 450]}, "tokens", path="/detokenize")  # beyond the tokenizer's 319 ids
     expect(400, {"tokens": "1 2"}, "tokens", path="/detokenize")
     expect(400, {}, "tokens", path="/detokenize")
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    expect(400, {**chat, "continue_final_message": True}, "continue_final_message", path="/v1/chat/completions")
+    expect(400, {**chat, "continue_final_message": True, "add_generation_prompt": False,
+                 "chat_template": "{{ 'x' }}"}, "continue_final_message", path="/tokenize")
+    expect(400, {**chat, "chat_template": "{% if %}"}, "chat_template", path="/v1/chat/completions")
+    expect(400, {**chat, "chat_template": 3}, "chat_template", path="/tokenize")
+    expect(400, {**chat, "chat_template_kwargs": [1]}, "chat_template_kwargs", path="/tokenize")
+    expect(400, {**chat, "chat_template_kwargs": {"messages": []}}, "chat_template_kwargs", path="/tokenize")
+    expect(400, {**chat, "documents": {"title": "a"}}, "documents", path="/tokenize")
     expect(400, {"prompt": "hi", "truncate_prompt_tokens": -2}, "truncate_prompt_tokens")
     expect(400, {"prompt": "hi", "allowed_token_ids": [9], "stop_token_ids": [9], "min_tokens": 1})
     expect(400, {"text": "hi", "sampling_params": {"json_schema": "{}"}}, "json_schema", path="/generate")
@@ -654,7 +698,7 @@ def case_mpi(mpiexec):
 
 
 CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_whole, case_seeds,
-                                     case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_tokenize, case_min_tokens, case_echo, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
+                                     case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_tokenize, case_chat_options, case_min_tokens, case_echo, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
                                      case_metrics_and_models]}
 
 

@@ -111,6 +111,7 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
   if (kind == Kind::completion) {
     const json* p = field(b, "prompt");
     if (!p) bad("prompt", "'prompt' is required");
+    const bool add_special = boolean(b, "add_special_tokens").value_or(true);  // the BOS
     // A string, a list of token ids, or a list of either (a batch of prompts).
     const bool batch =
         p->is_array() && !p->empty() && (p->front().is_string() || p->front().is_array());
@@ -119,7 +120,7 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
     for (const json& one : batch ? *p : json::array({*p})) {
       if (one.is_string()) {
         need_tokenizer("prompt");
-        job.prompts.push_back(tokenizer_->encode(one.get<std::string>(), true));
+        job.prompts.push_back(tokenizer_->encode(one.get<std::string>(), add_special));
         job.prompt_texts.push_back(one.get<std::string>());
       } else {
         job.prompts.push_back(token_ids(one, "prompt", vocab));
@@ -130,8 +131,9 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
     prompt = job.prompts.front();
   } else if (kind == Kind::chat) {
     need_tokenizer("messages");
-    // The template wrote the special tokens.
-    prompt = tokenizer_->encode(chat_prompt_text(*tokenizer_, b), false);
+    // The template writes the special tokens: none are added unless asked for (vLLM's default).
+    prompt = tokenizer_->encode(chat_prompt_text(*tokenizer_, b),
+                                boolean(b, "add_special_tokens").value_or(false));
   } else {  // SGLang /generate
     const json* text = field(b, "text");
     const json* ids = field(b, "input_ids");

@@ -144,13 +144,53 @@ std::string chat_prompt_text(const Tokenizer& tokenizer, const json& b) {
     }
     plain.push_back(copy);
   }
-  json context = {{"messages", plain}};
-  context["add_generation_prompt"] = boolean(b, "add_generation_prompt").value_or(true);
+  // vLLM's order: the request's template variables, overridden by chat_template_kwargs.
+  json context = {{"messages", plain},
+                  {"add_generation_prompt", boolean(b, "add_generation_prompt").value_or(true)}};
+  if (const json* docs = field(b, "documents")) {  // for templates that cite them (RAG)
+    if (!docs->is_array()) bad("documents", "'documents' must be a list");
+    context["documents"] = *docs;
+  }
+  if (const json* kwargs = field(b, "chat_template_kwargs")) {
+    if (!kwargs->is_object())
+      bad("chat_template_kwargs", "'chat_template_kwargs' must be an object of template variables");
+    for (const auto& [key, value] : kwargs->items()) {
+      if (key == "messages" || key == "bos_token" || key == "eos_token")
+        bad("chat_template_kwargs", str("'chat_template_kwargs' may not set '", key, "'"));
+      context[key] = value;
+    }
+  }
+  const bool open_end = boolean(b, "continue_final_message").value_or(false);
+  if (open_end && context["add_generation_prompt"] != false)
+    bad("continue_final_message",
+        "'continue_final_message' needs 'add_generation_prompt': false (the reply continues the "
+        "final message instead of starting a turn)");
+  std::optional<std::string> own;  // a template for this request only
+  if (const json* t = field(b, "chat_template")) {
+    if (!t->is_string()) bad("chat_template", "'chat_template' must be a string of Jinja");
+    try {
+      ChatTemplate parsed(t->get<std::string>());
+    } catch (const Error& e) {
+      bad("chat_template", str("'chat_template' does not parse: ", e.what()));
+    }
+    own = t->get<std::string>();
+  }
   std::string text;
   try {
-    text = apply_chat_template(tokenizer, text_of(context), true);
+    text = own ? apply_chat_template(tokenizer, text_of(context), true, *own)
+               : apply_chat_template(tokenizer, text_of(context), true);
   } catch (const Error& e) {
     bad("messages", str("the chat template failed: ", e.what()));
+  }
+  if (open_end) {
+    const json& last = plain.back();
+    try {
+      text = continue_final_message(text, last.contains("content") && last["content"].is_string()
+                                              ? last["content"].get<std::string>()
+                                              : "");
+    } catch (const Error& e) {
+      bad("continue_final_message", e.what());
+    }
   }
   return text;
 }

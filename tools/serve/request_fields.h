@@ -52,7 +52,9 @@ std::map<std::int32_t, double> logit_bias(const json& obj, int vocab);
 std::vector<std::string> stop_strings(const json& obj);
 
 // The prompt text of a chat request: its `messages` (content parts joined: templates expect
-// strings) and `add_generation_prompt` (default true) through the tokenizer's chat template.
+// strings), `add_generation_prompt` (default true) and `chat_template_kwargs` through the
+// tokenizer's chat template or the request's `chat_template`; with `continue_final_message`, cut
+// after the last message's content.
 std::string chat_prompt_text(const Tokenizer& tokenizer, const json& body);
 
 }  // namespace dcp::serve
