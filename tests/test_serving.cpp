@@ -158,15 +158,7 @@ TEST(Serving, SeededSamplingGivesTheSameTextUnderAnyDcpSize) {
 // The request run as a batch on the deployment the tests below serve (TP 2, DCP 2, DP 2).
 DeploymentReport batch_run(const WeightSource& w, const ServeRequest& r) {
   DeploymentSpec batch = small_spec(w, 2, 2, 2);
-  RequestSpec spec;
-  spec.prompt = r.prompt;
-  spec.max_new_tokens = r.max_new_tokens;
-  spec.sampling = r.sampling;
-  spec.stop_token_ids = r.stop_token_ids;
-  spec.min_tokens = r.min_tokens;
-  spec.logprobs = r.logprobs;
-  spec.prompt_logprobs = r.prompt_logprobs;
-  batch.requests.push_back(spec);
+  batch.requests.push_back(r.spec(0));
   return run_deployment(batch).report;
 }
 

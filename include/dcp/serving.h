@@ -33,6 +33,9 @@ struct ServeRequest {
   int min_tokens = 0;                        // see RequestSpec::min_tokens
   int logprobs = -1;                         // see RequestSpec::logprobs
   int prompt_logprobs = -1;                  // see RequestSpec::prompt_logprobs
+
+  // The engine request it becomes (every rank builds the same one).
+  RequestSpec spec(RequestId id) const;
 };
 
 // Why submit() refused a request: HTTP maps each to its status.

@@ -87,6 +87,19 @@ void write_news(ByteWriter& w, const RequestResult& r, std::size_t from) {
 
 }  // namespace
 
+RequestSpec ServeRequest::spec(RequestId id) const {
+  RequestSpec r;
+  r.id = id;
+  r.prompt = prompt;
+  r.max_new_tokens = max_new_tokens;
+  r.sampling = sampling;
+  r.stop_token_ids = stop_token_ids;
+  r.min_tokens = min_tokens;
+  r.logprobs = logprobs;
+  r.prompt_logprobs = prompt_logprobs;
+  return r;
+}
+
 RefusedError::RefusedError(Refusal why, const std::string& message)
     : Error(why == Refusal::invalid ? ErrorCategory::invalid_argument : ErrorCategory::capacity,
             message),
@@ -239,16 +252,7 @@ std::vector<std::uint8_t> ServingDeployment::take_control(bool busy) {
   w.i64(drain_);
   w.i64(static_cast<std::int64_t>(incoming_.size()));
   for (const auto& [req, stream] : incoming_) {
-    RequestSpec spec;
-    spec.id = stream->id();
-    spec.prompt = req.prompt;
-    spec.max_new_tokens = req.max_new_tokens;
-    spec.sampling = req.sampling;
-    spec.stop_token_ids = req.stop_token_ids;
-    spec.min_tokens = req.min_tokens;
-    spec.prompt_logprobs = req.prompt_logprobs;
-    spec.logprobs = req.logprobs;
-    write_spec(w, spec);
+    write_spec(w, req.spec(stream->id()));
   }
   metrics_.queued += static_cast<std::int64_t>(incoming_.size());  // until the next report
   incoming_.clear();
