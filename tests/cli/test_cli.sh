@@ -717,6 +717,7 @@ case_serve_flags() {
   check "names --tokenizer-path" stderr_has "--tokenizer-path: tokenizer directory $tmp/none has neither"
   expect 0 "gen-checkpoint" -- gen-checkpoint --out "$tmp/ck"
   bad_value "--max-queued-requests 0" "--max-queued-requests" -- serve --model-path "$tmp/ck" --max-queued-requests 0
+  bad_value "an empty --api-key" "--api-key: must not be empty" -- serve --model-path "$tmp/ck" --api-key "" --port 0
   expect 2 "--chat-template with no tokenizer" -- serve --preset tiny --chat-template "$tmp/ck/config.json" --port 0
   check "says it needs a tokenizer" stderr_has "--chat-template needs a tokenizer: --tokenizer-path, or a --model-path that has one"
   printf '{{ messages' >"$tmp/broken.jinja"

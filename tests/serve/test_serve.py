@@ -45,10 +45,10 @@ class Server:
             raise RuntimeError("the server did not start: " + line + self.log.read())
         self.port = int(m.group(1))
 
-    def request(self, method, path, body=None, raw=None):
+    def request(self, method, path, body=None, raw=None, headers=None):
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
         data = raw if raw is not None else (json.dumps(body) if body is not None else None)
-        conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+        conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
         r = conn.getresponse()
         text = r.read().decode("utf-8", "replace")
         conn.close()
@@ -588,6 +588,36 @@ def case_chat_template():
         check(code == 0, f"server exit {code}")
 
 
+def case_api_key():
+    """--api-key (and $DCP_API_KEY): 401 without the bearer key on every endpoint but the health
+    probe and the metrics."""
+    for flags, env in [(("--api-key", "sesame"), {}), ((), {"DCP_API_KEY": "sesame"})]:
+        os.environ.update(env)
+        try:
+            s = Server(*flags)
+        finally:
+            for k in env:
+                del os.environ[k]
+        try:
+            body = {"prompt": [1, 2], "max_tokens": 2}
+            for headers in [{}, {"Authorization": "Bearer sesam"}, {"Authorization": "Bearer sesame2"},
+                            {"Authorization": "sesame"}]:
+                status, r = s.request("POST", "/v1/completions", body, headers=headers)
+                check(status == 401 and "API key" in r["error"]["message"], f"{headers}: {status} {r}")
+            for method, path in [("POST", "/generate"), ("POST", "/tokenize"), ("GET", "/v1/models")]:
+                status, r = s.request(method, path, {"input_ids": [1]} if method == "POST" else None)
+                check(status == 401, f"{method} {path} without the key: {status} {r}")
+            status, r = s.request("POST", "/v1/completions", body, headers={"Authorization": "Bearer sesame"})
+            check(status == 200 and len(r["choices"][0]["token_ids"]) == 2, f"with the key: {status} {r}")
+            status, _ = s.request("GET", "/health")
+            check(status == 200, f"/health needs no key: {status}")
+            status, text = s.request("GET", "/metrics")
+            check(status == 200 and "dcp_num_running_reqs" in text, f"/metrics needs no key: {status}")
+        finally:
+            code, _ = s.stop()
+            check(code == 0, f"server exit {code}")
+
+
 def case_queue_bound():
     """A full KV queues requests; past --max-queued-requests the server answers 503 and keeps serving.
 
@@ -708,7 +738,7 @@ def main():
     if args[:1] == ["mpi"]:
         case_mpi(args[1])
     else:
-        wanted = args or list(CASES) + ["chat_template", "queue_bound", "shutdown"]
+        wanted = args or list(CASES) + ["chat_template", "api_key", "queue_bound", "shutdown"]
         shared = [n for n in wanted if n in CASES]
         if shared:
             s = Server("--tp-size", "2", "--dcp-size", "2", "--max-total-tokens", "4096")
@@ -722,6 +752,9 @@ def main():
         if "chat_template" in wanted:
             print("case chat_template", flush=True)
             case_chat_template()
+        if "api_key" in wanted:
+            print("case api_key", flush=True)
+            case_api_key()
         if "queue_bound" in wanted:
             print("case queue_bound", flush=True)
             case_queue_bound()

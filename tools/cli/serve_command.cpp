@@ -32,6 +32,7 @@ struct ServeFlags {
   std::string tokenizer_path;
   std::string chat_template;  // a file replacing the tokenizer's template
   std::string served_model_name;
+  std::string api_key;  // empty: no key asked
   int max_queued = 256;
   int default_max_tokens = 128;
 };
@@ -95,7 +96,7 @@ int serve(const ServeFlags& f) {
   ao.model_name = f.served_model_name.empty() ? w.model_label : f.served_model_name;
   ao.default_max_tokens = f.default_max_tokens;
   serve::OpenAiApi api(deployment, tokenizer.get(), ao);
-  serve::HttpServer http(api);
+  serve::HttpServer http(api, {f.api_key});
   const int port = http.bind(f.host, f.port);  // before loading: a taken port fails at once
   std::thread listener([&] { http.listen(); });
 
@@ -163,6 +164,15 @@ void add_serve_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--served-model-name", f->served_model_name,
                   "the model's name in the API (default: the path or preset:NAME)");
+  cmd->add_option(
+         "--api-key", f->api_key,
+         "require 'Authorization: Bearer KEY' on every request but GET /health and "
+         "/metrics (or from $DCP_API_KEY when not empty, which keeps it out of the process "
+         "list)")
+      ->envname("DCP_API_KEY")
+      ->check(CLI::Validator(
+          [](std::string& key) { return key.empty() ? std::string("must not be empty") : ""; },
+          "KEY"));
   cmd->add_option("--max-total-tokens", o.max_total_tokens,
                   "KV capacity in tokens: the longest prompt + completion, and what running "
                   "requests share")

@@ -3,6 +3,8 @@
 #include <httplib.h>
 #include <sys/socket.h>
 
+#include <string_view>
+
 #include "dcp/error.h"
 
 namespace dcp::serve {
@@ -33,10 +35,35 @@ void answer(httplib::Response& res, Handled h) {
       });
 }
 
+// Whether an Authorization header carries the key, compared in time independent of where it
+// differs (a timing probe learns nothing of the key's bytes).
+bool authorized(const std::string& header, const std::string& key) {
+  const std::string prefix = "Bearer ";
+  if (header.compare(0, prefix.size(), prefix) != 0) return false;
+  const std::string_view sent = std::string_view(header).substr(prefix.size());
+  unsigned char diff = sent.size() == key.size() ? 0 : 1;
+  for (std::size_t i = 0; i < key.size(); ++i)
+    diff |= static_cast<unsigned char>(key[i] ^ (i < sent.size() ? sent[i] : ~key[i]));
+  return diff == 0;
+}
+
 }  // namespace
 
-HttpServer::HttpServer(OpenAiApi& api) : impl_(std::make_unique<Impl>()) {
+HttpServer::HttpServer(OpenAiApi& api, HttpOptions options) : impl_(std::make_unique<Impl>()) {
   httplib::Server& s = impl_->server;
+  if (!options.api_key.empty()) {
+    s.set_pre_routing_handler([key = options.api_key](const httplib::Request& req,
+                                                      httplib::Response& res) {
+      const bool open = req.method == "GET" && (req.path == "/health" || req.path == "/metrics");
+      if (open || authorized(req.get_header_value("Authorization"), key))
+        return httplib::Server::HandlerResponse::Unhandled;
+      reply(res, OpenAiApi::error(401,
+                                  "a valid API key is required: send the header "
+                                  "'Authorization: Bearer <key>' (dcp serve --api-key)"));
+      res.set_header("WWW-Authenticate", "Bearer");
+      return httplib::Server::HandlerResponse::Handled;
+    });
+  }
   // Every open stream holds a worker for its whole generation: size the pool for many clients.
   s.new_task_queue = [] { return new httplib::ThreadPool(128); };
   s.set_payload_max_length(64u << 20);  // beyond: 413 from httplib

@@ -8,9 +8,15 @@
 
 namespace dcp::serve {
 
+struct HttpOptions {
+  // When set, every request but GET /health and GET /metrics (probes and scrapers) must send
+  // "Authorization: Bearer <api_key>"; others get 401.
+  std::string api_key;
+};
+
 class HttpServer {
  public:
-  explicit HttpServer(OpenAiApi& api);
+  explicit HttpServer(OpenAiApi& api, HttpOptions options = {});
   ~HttpServer();
   // Binds host:port (0: any free port) and returns the port; throws naming --host/--port.
   int bind(const std::string& host, int port);
