@@ -1,9 +1,9 @@
 // Drives `dcp serve` with the official OpenAI Node client (npm `openai`): what a real client
-// sends and parses must work. Usage: node openai_client.mjs BASE_URL MODEL
+// sends and parses must work. Usage: node openai_client.mjs BASE_URL MODEL API_KEY
 import OpenAI from "openai";
 
-const [baseURL, model] = process.argv.slice(2);
-const client = new OpenAI({ baseURL, apiKey: "unused", maxRetries: 0 });
+const [baseURL, model, apiKey] = process.argv.slice(2);
+const client = new OpenAI({ baseURL, apiKey, maxRetries: 0 });
 let failures = 0;
 const check = (cond, what) => {
   if (!cond) {
@@ -11,6 +11,14 @@ const check = (cond, what) => {
     console.log("FAIL:", what);
   }
 };
+
+// Another key is refused as OpenAI refuses one: the client raises its AuthenticationError.
+try {
+  await new OpenAI({ baseURL, apiKey: apiKey + "x", maxRetries: 0 }).models.list();
+  check(false, "a wrong API key is refused");
+} catch (e) {
+  check(e instanceof OpenAI.AuthenticationError && e.status === 401, `a wrong API key: ${e}`);
+}
 
 const models = await client.models.list();
 check(models.data.some((m) => m.id === model), `models.list names ${model}`);

@@ -3,6 +3,7 @@
 # given) and drives it with the npm `openai` client and with `curl -N`; then SIGTERM must end it
 # with exit 0. The client is fetched from npm into a cache outside the source tree
 # (DCP_NPM_CACHE, default ~/.cache/dcp-npm); exits 77 (skipped) when node or npm is not there.
+# The server requires an API key, which the client sends as OpenAI's api_key.
 # Usage: run_openai_client.sh path/to/dcp [MPIEXEC]
 set -u
 dcp="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"  # before the cd below
@@ -28,7 +29,8 @@ cp "$here/openai_client.mjs" "$cache/"  # node finds the package beside the scri
 tmp=$(mktemp -d)
 trap '[ -n "${server:-}" ] && kill -KILL "$server" 2>/dev/null; rm -rf "$tmp"' EXIT
 "$dcp" gen-checkpoint --out "$tmp/ckpt" --num-layers 2 >/dev/null || { echo "gen-checkpoint failed"; exit 1; }
-flags=(serve --model-path "$tmp/ckpt" --port 0 --tp-size 2 --dcp-size 2 --served-model-name tiny-mla)
+key="dcp-test-$$"  # the client sends it as OpenAI's api_key
+flags=(serve --model-path "$tmp/ckpt" --port 0 --tp-size 2 --dcp-size 2 --served-model-name tiny-mla --api-key "$key")
 if [ -n "$mpiexec" ]; then
   "$mpiexec" -np 4 "$dcp" "${flags[@]}" --comm mpi --dp-size 2 >"$tmp/out" 2>"$tmp/err" &
 else
@@ -44,10 +46,10 @@ for _ in $(seq 1 300); do
 done
 [ -n "$port" ] || { echo "FAIL: the server did not start"; cat "$tmp/err"; exit 1; }
 failed=0
-node "$cache/openai_client.mjs" "http://127.0.0.1:$port/v1" tiny-mla || failed=1
+node "$cache/openai_client.mjs" "http://127.0.0.1:$port/v1" tiny-mla "$key" || failed=1
 
 # curl -N: the raw event stream, one data: line per piece, ending in [DONE].
-curl -sN "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' \
+curl -sN "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' -H "Authorization: Bearer $key" \
   -d '{"messages":[{"role":"user","content":"hello"}],"max_tokens":10,"temperature":0,"stream":true}' >"$tmp/sse"
 if [ "$(grep -c '^data: ' "$tmp/sse")" -ge 3 ] && [ "$(grep '^data: ' "$tmp/sse" | tail -1)" = "data: [DONE]" ]; then :; else
   echo "FAIL: curl -N stream"; cat "$tmp/sse"; failed=1
