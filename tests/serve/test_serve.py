@@ -146,6 +146,17 @@ def case_stream_equals_whole(s):
         check(len(chunks) > 2, f"{path}: {len(chunks)} chunks, expected one per token or so")
         usage = events[-2].get("usage")
         check(usage == whole["usage"], f"{path}: stream usage {usage} != {whole['usage']}")
+        check(all("usage" not in c for c in chunks), f"{path}: no usage per chunk unless asked")
+        # continuous_usage_stats: every chunk tells the tokens so far, ending at the whole's.
+        status, _, events = s.stream(path, {**body, "stream": True, "stream_options": {
+            "include_usage": True, "continuous_usage_stats": True}})
+        chunks = [e for e in events[:-1] if e["choices"]]
+        counts = [c["usage"]["completion_tokens"] for c in chunks]
+        check(all(c["usage"]["prompt_tokens"] == whole["usage"]["prompt_tokens"] and
+                  c["usage"]["total_tokens"] == c["usage"]["prompt_tokens"] + c["usage"]["completion_tokens"]
+                  for c in chunks), f"{path}: per-chunk usage {[c['usage'] for c in chunks]}")
+        check(counts == sorted(counts) and counts[-1] == whole["usage"]["completion_tokens"] and counts[0] < counts[-1],
+              f"{path}: completion tokens so far {counts}")
 
 
 def case_prompt_batch(s):
@@ -391,6 +402,18 @@ def case_echo(s):
     status, r = s.post("/v1/completions", {**base, "prompt": [[1, 2], [4, 5, 6]], "echo": True, "logprobs": 0})
     check(status == 200 and [len(c["logprobs"]["tokens"]) for c in r["choices"]] == [8, 9],
           f"each prompt of a batch echoes itself: {r}")
+    # Streamed: each choice's first chunk leads with its prompt; the pieces join to the whole reply.
+    for body in [{**base, "prompt": "Once upon a time", "echo": True},
+                 {**base, "max_tokens": 2, "prompt": prompt, "echo": True, "logprobs": 2},
+                 {**base, "prompt": [[1, 2], [4, 5, 6]], "echo": True, "logprobs": 0, "n": 2}]:
+        status, whole = s.post("/v1/completions", body)
+        status, _, events = s.stream("/v1/completions", {**body, "stream": True})
+        for c in whole["choices"]:
+            pieces = [e["choices"][0] for e in events[:-1] if e["choices"][0]["index"] == c["index"]]
+            check("".join(p["text"] for p in pieces) == c["text"], f"streamed echo {pieces} != {c['text']!r}")
+            if c["logprobs"]:
+                joined = {k: [x for p in pieces for x in p["logprobs"][k]] for k in c["logprobs"]}
+                check(joined == c["logprobs"], f"streamed echo logprobs {joined} != {c['logprobs']}")
 
 
 def case_logprobs(s):
@@ -439,7 +462,6 @@ def case_errors(s):
     expect(400, {"prompt": "hi", "logit_bias": {"100000": 1}}, "logit_bias")
     expect(400, {"prompt": "hi", "logit_bias": [7]}, "logit_bias")
     expect(400, {"prompt": "hi", "min_tokens": -1}, "min_tokens")
-    expect(400, {"prompt": "hi", "echo": True, "stream": True}, "echo")
     expect(400, {"messages": [{"role": "user", "content": "hi"}], "echo": True}, "echo", path="/v1/chat/completions")
     # vLLM's and SGLang's extensions that would change the result are refused, not ignored.
     for key, value in [("prompt_logprobs", 1), ("guided_json", {"type": "object"}), ("use_beam_search", True)]:

@@ -62,6 +62,7 @@ struct OpenAiApi::Job {
   std::vector<std::string> stop;
   int n = 1;
   bool stream = false, include_usage = false, skip_special = true, seeded = false;
+  bool continuous_usage = false;  // stream_options.continuous_usage_stats
   bool include_stop = false;  // the text keeps the stop string that ended it
   bool echo = false;          // completions: the prompt comes back before each choice's text
   // Each prompt's text: as sent, or (with echo) made from its ids.
@@ -252,6 +253,9 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
     if (const json* so = field(b, "stream_options")) {
       if (!so->is_object()) bad("stream_options", "'stream_options' must be an object");
       job.include_usage = boolean(*so, "include_usage").value_or(false);
+      // vLLM's: every chunk carries its choice's usage so far (with include_usage only).
+      job.continuous_usage =
+          job.include_usage && boolean(*so, "continuous_usage_stats").value_or(false);
     }
   } else {
     job.stream = boolean(b, "stream").value_or(false);
@@ -260,7 +264,6 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
     if (const auto lp = integer(b, "logprobs", 0, 20)) job.top_logprobs = static_cast<int>(*lp);
     // The prompt's logprobs come with the echo when logprobs are asked for.
     job.echo = boolean(b, "echo").value_or(false);
-    if (job.echo && job.stream) bad("echo", "'echo' with 'stream' is not supported");
     if (job.echo) r.prompt_logprobs = job.top_logprobs;
     for (std::size_t i = 0; job.echo && i < job.prompts.size(); ++i) {
       if (!job.prompt_texts[i]) {  // ids beyond the tokenizer's (a larger model vocabulary) have no
@@ -406,9 +409,9 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
                 {"top_logprobs", tops},
                 {"text_offset", offsets}};
   };
-  // With echo: the prompt's tokens (the first without a logprob, as OpenAI gives it), then the
-  // completion's, their text offsets running on across both.
-  const auto echo_logprobs_json = [&](const Choice& c, const std::vector<std::int32_t>& prompt) {
+  // With echo: the prompt's tokens (the first without a logprob, as OpenAI gives it), their text
+  // offsets from 0; the completion's follow them (`join`), offsets running on.
+  const auto prompt_logprobs_json = [&](const Choice& c, const std::vector<std::int32_t>& prompt) {
     json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
     std::int64_t offset = 0;
     for (std::size_t p = 0; p < prompt.size(); ++p) {
@@ -427,15 +430,17 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
       for (const TokenLogprob& a : lp.top) top[token_text(a.token)] = a.logprob;
       tops.push_back(top);
     }
-    json rest = logprobs_json(c, 0, c.text.tokens().size(), offset);
-    for (json& x : rest["tokens"]) tokens.push_back(std::move(x));
-    for (json& x : rest["token_logprobs"]) lps.push_back(std::move(x));
-    for (json& x : rest["top_logprobs"]) tops.push_back(std::move(x));
-    for (json& x : rest["text_offset"]) offsets.push_back(std::move(x));
-    return json{{"tokens", tokens},
-                {"token_logprobs", lps},
-                {"top_logprobs", tops},
-                {"text_offset", offsets}};
+    return std::pair{json{{"tokens", tokens},
+                          {"token_logprobs", lps},
+                          {"top_logprobs", tops},
+                          {"text_offset", offsets}},
+                     offset};
+  };
+  const auto join = [](json head, json tail) {
+    for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+      for (json& x : tail[key]) head[key].push_back(std::move(x));
+    }
+    return head;
   };
   const auto usage = [prompt_tokens](const std::vector<Choice>& cs) {
     std::int64_t completion = 0;
@@ -468,9 +473,15 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
         const Choice& c = (*choices)[i];
         json choice = {{"index", i}, {"finish_reason", reason(c)}, {"token_ids", c.text.tokens()}};
         const std::size_t prompt_of = i / static_cast<std::size_t>(job.n);
-        choice["logprobs"] = job.top_logprobs < 0 ? json(nullptr)
-                             : job.echo           ? echo_logprobs_json(c, job.prompts[prompt_of])
-                                                  : logprobs_json(c, 0, c.text.tokens().size(), 0);
+        const std::size_t kept = c.text.tokens().size();
+        if (job.top_logprobs < 0) {
+          choice["logprobs"] = nullptr;
+        } else if (job.echo) {
+          auto [head, end] = prompt_logprobs_json(c, job.prompts[prompt_of]);
+          choice["logprobs"] = join(std::move(head), logprobs_json(c, 0, kept, end));
+        } else {
+          choice["logprobs"] = logprobs_json(c, 0, kept, 0);
+        }
         if (kind == Kind::chat) {
           choice["message"] = {{"role", "assistant"}, {"content", c.shown}};
         } else {
@@ -492,9 +503,19 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
   Handled h;
   h.stream = [=, this](const ChunkWriter& write) {
     const char* object = kind == Kind::chat ? "chat.completion.chunk" : "text_completion";
-    const auto chunk = [&](json choice_list) {
-      return sse({{"id", job.id}, {"object", object}, {"created", created}, {"model", model},
-                  {"choices", std::move(choice_list)}});
+    // A chunk of choices; with continuous_usage_stats, the usage of the prompt and `completion`
+    // tokens so far (those of the chunk's choice).
+    const auto chunk = [&](json choice_list, std::size_t prompt, std::size_t completion) {
+      json j = {{"id", job.id},
+                {"object", object},
+                {"created", created},
+                {"model", model},
+                {"choices", std::move(choice_list)}};
+      if (job.continuous_usage)
+        j["usage"] = {{"prompt_tokens", prompt},
+                      {"completion_tokens", completion},
+                      {"total_tokens", prompt + completion}};
+      return sse(j);
     };
     const auto abandon = [&] {  // the client went away: free its KV now
       for (Choice& c : *choices) c.stream->cancel();
@@ -505,11 +526,11 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
         first.push_back({{"index", i},
                          {"delta", {{"role", "assistant"}, {"content", ""}}},
                          {"finish_reason", nullptr}});
-      if (!write(chunk(first))) return abandon();
+      if (!write(chunk(first, job.prompts.front().size(), 0))) return abandon();
     }
     std::vector<std::size_t> sent_lp(choices->size(), 0);
     std::vector<std::int64_t> offsets(choices->size(), 0);
-    std::vector<bool> closed(choices->size(), false);
+    std::vector<bool> closed(choices->size(), false), echoed(choices->size(), false);
     std::size_t open = choices->size();
     while (open > 0) {
       for (std::size_t i = 0; i < choices->size(); ++i) {
@@ -535,17 +556,24 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
         } else {
           json choice = {{"index", i},
                          {"finish_reason", c.finished ? json(reason(c)) : json(nullptr)}};
-          choice["logprobs"] = job.top_logprobs >= 0
-                                   ? logprobs_json(c, sent_lp[i], kept, offsets[i])
-                                   : json(nullptr);
+          // echo: the choice's first chunk leads with its prompt (and the prompt's logprobs).
+          const bool lead = job.echo && !echoed[i];
+          const std::size_t prompt_of = i / static_cast<std::size_t>(job.n);
+          json head;
+          if (lead && job.top_logprobs >= 0)
+            std::tie(head, offsets[i]) = prompt_logprobs_json(c, job.prompts[prompt_of]);
+          choice["logprobs"] = job.top_logprobs < 0 ? json(nullptr)
+                               : lead ? join(head, logprobs_json(c, sent_lp[i], kept, offsets[i]))
+                                      : logprobs_json(c, sent_lp[i], kept, offsets[i]);
           for (std::size_t k = sent_lp[i]; k < kept && k < c.logprobs.size(); ++k)
             offsets[i] += static_cast<std::int64_t>(token_text(c.logprobs[k].chosen.token).size());
           if (kind == Kind::chat) {
             choice["delta"] = text.empty() && c.finished ? json::object() : json{{"content", text}};
           } else {
-            choice["text"] = text;
+            choice["text"] = lead ? *job.prompt_texts[prompt_of] + text : text;
           }
-          out = chunk(json::array({choice}));
+          if (lead) echoed[i] = true;
+          out = chunk(json::array({choice}), job.prompts[prompt_of].size(), kept);
         }
         sent_lp[i] = kept;
         if (!write(out)) return abandon();
