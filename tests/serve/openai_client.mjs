@@ -22,6 +22,8 @@ try {
 
 const models = await client.models.list();
 check(models.data.some((m) => m.id === model), `models.list names ${model}`);
+const retrieved = await client.models.retrieve(model);
+check(retrieved.id === model && retrieved.object === "model", `models.retrieve: ${JSON.stringify(retrieved)}`);
 
 // Completions: whole and streamed, greedy, must agree.
 const body = { model, prompt: "In a small village", max_tokens: 20, temperature: 0 };

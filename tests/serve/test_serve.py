@@ -570,6 +570,10 @@ def case_concurrent_streams(s):
 def case_metrics_and_models(s):
     status, r = s.request("GET", "/v1/models")
     check(status == 200 and r["data"][0]["id"] == CKPT, f"/v1/models {r}")
+    status, one = s.request("GET", "/v1/models/" + CKPT)  # the name holds '/'
+    check(status == 200 and one == r["data"][0], f"/v1/models/NAME {one} != {r['data'][0]}")
+    status, one = s.request("GET", "/v1/models/gpt-5")
+    check(status == 404 and one["error"]["param"] == "model", f"/v1/models/gpt-5: {status} {one}")
     status, _ = s.request("GET", "/health")
     check(status == 200, "/health")
     m = s.metrics()

@@ -91,6 +91,9 @@ HttpServer::HttpServer(OpenAiApi& api, HttpOptions options) : impl_(std::make_un
   });
   s.Get("/v1/models",
         [&api](const httplib::Request&, httplib::Response& res) { reply(res, api.models()); });
+  s.Get(R"(/v1/models/(.+))", [&api](const httplib::Request& req, httplib::Response& res) {
+    reply(res, api.model(req.matches[1]));  // OpenAI's retrieve (model names may hold '/')
+  });
   s.Get("/health",
         [&api](const httplib::Request&, httplib::Response& res) { reply(res, api.health()); });
   s.Get("/metrics",

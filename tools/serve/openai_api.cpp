@@ -593,10 +593,31 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
   return h;
 }
 
+namespace {
+
+json model_object(const std::string& name, std::int64_t created, std::int64_t context) {
+  return {{"id", name},
+          {"object", "model"},
+          {"created", created},
+          {"owned_by", "dcp"},
+          {"max_model_len", context}};
+}
+
+}  // namespace
+
 HttpReply OpenAiApi::models() const {
-  const json m = {{"id", options_.model_name}, {"object", "model"}, {"created", created_},
-                  {"owned_by", "dcp"}, {"max_model_len", deployment_.kv_capacity_tokens()}};
+  const json m = model_object(options_.model_name, created_, deployment_.kv_capacity_tokens());
   return {200, "application/json", text_of(json{{"object", "list"}, {"data", json::array({m})}})};
+}
+
+HttpReply OpenAiApi::model(const std::string& id) const {
+  if (id != options_.model_name)
+    return error(
+        404,
+        str("the model '", id, "' does not exist; this server serves '", options_.model_name, "'"),
+        "model");
+  return {200, "application/json",
+          text_of(model_object(options_.model_name, created_, deployment_.kv_capacity_tokens()))};
 }
 
 HttpReply OpenAiApi::health() const {

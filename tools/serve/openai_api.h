@@ -45,6 +45,7 @@ class OpenAiApi {
   HttpReply tokenize(const std::string& body) const;    // POST /tokenize
   HttpReply detokenize(const std::string& body) const;  // POST /detokenize
   HttpReply models() const;                           // GET /v1/models
+  HttpReply model(const std::string& id) const;       // GET /v1/models/{id}
   HttpReply health() const;                           // GET /health
   HttpReply metrics() const;                          // GET /metrics (Prometheus text)
 
