@@ -106,9 +106,16 @@ TEST(Sampling, DistributionEqualsTheFloat64Reference) {
 TEST(Sampling, DrawsFollowTheDistributionAndNeverPickATruncatedToken) {
   auto rng = test::make_rng();
   const int vocab = 12;
-  const std::vector<float> logits = random_logits(rng, vocab, 1.0f);
-  for (const SamplingParams& base : {params(1.0, 1.0, 0, 0.0, 0), params(0.7, 0.8, 0, 0.0, 0),
-                                     params(1.3, 1.0, 4, 0.0, 0), params(1.0, 1.0, 0, 0.2, 0)}) {
+  const std::vector<float> plain = random_logits(rng, vocab, 1.0f);
+  // Masked logits (allowed_token_ids, bad_words) are -inf: never drawn, the last one included.
+  std::vector<float> masked = plain;
+  masked[3] = masked[vocab - 1] = -INFINITY;
+  for (const auto& [logits, base] : {std::pair{plain, params(1.0, 1.0, 0, 0.0, 0)},
+                                     std::pair{plain, params(0.7, 0.8, 0, 0.0, 0)},
+                                     std::pair{plain, params(1.3, 1.0, 4, 0.0, 0)},
+                                     std::pair{plain, params(1.0, 1.0, 0, 0.2, 0)},
+                                     std::pair{masked, params(1.0, 1.0, 0, 0.0, 0)},
+                                     std::pair{masked, params(1.3, 1.0, vocab, 0.0, 0)}}) {
     SamplingParams p = base;
     p.seed = test::test_seed();
     const std::vector<double> want = reference_distribution(logits, p);

@@ -57,12 +57,12 @@ std::vector<Weighted> kept_tokens(const float* logits, int vocab, const Sampling
     while (keep < w.size() && mass < p.top_p * total) mass += w[keep++].weight;
     w.resize(std::max<std::size_t>(keep, 1));
   }
-  if (p.min_p > 0) {
-    // The most likely token has weight 1 (logits were shifted by their maximum).
-    w.erase(
-        std::remove_if(w.begin(), w.end(), [&](const Weighted& x) { return x.weight < p.min_p; }),
-        w.end());
-  }
+  // The most likely token has weight 1 (logits were shifted by their maximum). Tokens of weight 0
+  // go too (masked, or beyond exp's range), so that no rounding at the end of a draw picks one.
+  const double floor = p.min_p;
+  w.erase(std::remove_if(w.begin(), w.end(),
+                         [&](const Weighted& x) { return !(x.weight > 0) || x.weight < floor; }),
+          w.end());
   return w;
 }
 
