@@ -195,6 +195,10 @@ def case_seeds(s):
     check(status == 200 and [ch["index"] for ch in r["choices"]] == [0, 1, 2], f"n=3: {status}")
     check(ids[0] == a and len({tuple(x) for x in ids}) == 3, "n=3: choice i uses seed + i")
     check(r["usage"]["completion_tokens"] == 60, "n=3 usage counts every choice")
+    # /generate takes the seed as SGLang names it too.
+    params = {"max_new_tokens": 20, "temperature": 1.0, "top_p": 0.9, "ignore_eos": True}
+    status, g = s.post("/generate", {"input_ids": PROMPT, "sampling_params": {**params, "sampling_seed": 7}})
+    check(status == 200 and g["output_ids"] == a, f"/generate's sampling_seed is the seed: {g}")
 
 
 def case_stop_strings(s):
@@ -430,6 +434,20 @@ def case_logprobs(s):
     content = r["choices"][0]["logprobs"]["content"]
     check(status == 200 and len(content) == r["usage"]["completion_tokens"], "chat logprobs per token")
     check(all(len(c["top_logprobs"]) == 2 and "bytes" in c for c in content), "chat top_logprobs")
+    # return_tokens_as_token_ids: each token named "token_id:N", offsets still over the text.
+    body = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 2, "ignore_eos": True}
+    status, plain = s.post("/v1/completions", body)
+    status, r = s.post("/v1/completions", {**body, "return_tokens_as_token_ids": True})
+    lp, ids = r["choices"][0]["logprobs"], r["choices"][0]["token_ids"]
+    check(lp["tokens"] == [f"token_id:{t}" for t in ids], f"tokens as ids: {lp['tokens']} vs {ids}")
+    check(all(k.startswith("token_id:") for t in lp["top_logprobs"] for k in t) and
+          lp["text_offset"] == plain["choices"][0]["logprobs"]["text_offset"], f"top keys and offsets: {lp}")
+    status, r = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                                                "temperature": 0, "logprobs": True, "top_logprobs": 2,
+                                                "return_tokens_as_token_ids": True})
+    content = r["choices"][0]["logprobs"]["content"]
+    check(all(c["token"].startswith("token_id:") for c in content) and
+          all(t["token"].startswith("token_id:") for c in content for t in c["top_logprobs"]), f"chat: {content}")
 
 
 def case_errors(s):
@@ -495,7 +513,12 @@ def case_errors(s):
     expect(400, {"prompt": "hi", "truncate_prompt_tokens": -2}, "truncate_prompt_tokens")
     expect(400, {"prompt": "hi", "allowed_token_ids": [9], "stop_token_ids": [9], "min_tokens": 1})
     expect(400, {"text": "hi", "sampling_params": {"json_schema": "{}"}}, "json_schema", path="/generate")
-    status, r = s.post("/v1/completions", {"prompt": "hi", "max_tokens": 1, "bad_words": [], "use_beam_search": False})
+    expect(400, {"text": "hi", "sampling_params": {"structural_tag": "{}"}}, "structural_tag", path="/generate")
+    expect(400, {"text": "hi", "sampling_params": {"n": 2}}, "n", path="/generate")
+    expect(400, {"text": "hi", "custom_logit_processor": "x"}, "custom_logit_processor", path="/generate")
+    expect(400, {"prompt": "hi", "priority": 1}, "priority")
+    status, r = s.post("/v1/completions", {"prompt": "hi", "max_tokens": 1, "bad_words": [], "use_beam_search": False,
+                                           "priority": 0})
     check(status == 200, f"extensions that ask for nothing are accepted: {status} {r}")
     expect(400, {"prompt": "hi", "include_stop_str_in_output": 1}, "include_stop_str_in_output")
     expect(400, {"prompt": "hi", "min_tokens": 5, "max_tokens": 3})

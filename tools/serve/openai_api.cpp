@@ -33,9 +33,13 @@ void refuse_unsupported(const json& b) {
   // vLLM's and SGLang's extensions that would change the result: refused rather than ignored.
   for (const char* key :
        {"prompt_logprobs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-        "structured_outputs", "json_schema", "regex", "ebnf", "logprob_start_len"}) {
+        "structured_outputs", "json_schema", "regex", "ebnf", "structural_tag", "logprob_start_len",
+        "custom_logit_processor", "logits_processors"}) {
     if (field(b, key)) bad(key, str("'", key, "' is not supported"));
   }
+  if (const json* v = field(b, "priority");
+      v && !(v->is_number_integer() && v->get<std::int64_t>() == 0))
+    bad("priority", "'priority' is not supported (requests are served first come, first served)");
   if (const json* v = field(b, "use_beam_search"); v && !(v->is_boolean() && !v->get<bool>()))
     bad("use_beam_search", "'use_beam_search' (beam search) is not supported");
   if (const json* v = field(b, "response_format");
@@ -63,6 +67,7 @@ struct OpenAiApi::Job {
   int n = 1;
   bool stream = false, include_usage = false, skip_special = true, seeded = false;
   bool continuous_usage = false;  // stream_options.continuous_usage_stats
+  bool tokens_as_ids = false;     // return_tokens_as_token_ids
   bool include_stop = false;  // the text keeps the stop string that ended it
   bool echo = false;          // completions: the prompt comes back before each choice's text
   // Each prompt's text: as sent, or (with echo) made from its ids.
@@ -161,6 +166,11 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
     if (src && !src->is_object()) bad("sampling_params", "'sampling_params' must be an object");
     if (!src) src = &empty;
     refuse_unsupported(*src);
+    if (const json* n = field(*src, "n");
+        n && !(n->is_number_integer() && n->get<std::int64_t>() == 1))
+      bad("n",
+          "'n' > 1 is not supported on /generate (send a request per sample, or use "
+          "/v1/completions)");
   }
   ServeRequest& r = job.request;
   r.sampling.temperature = number(*src, "temperature", 0, 100).value_or(1.0);
@@ -213,7 +223,9 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
     }
     prompt = job.prompts.front();
   }
-  if (const auto seed = integer(*src, "seed", 0, std::numeric_limits<std::int64_t>::max())) {
+  const char* seed_key =
+      kind == Kind::generate && field(*src, "sampling_seed") ? "sampling_seed" : "seed";
+  if (const auto seed = integer(*src, seed_key, 0, std::numeric_limits<std::int64_t>::max())) {
     r.sampling.seed = static_cast<std::uint64_t>(*seed);
     job.seeded = true;
   }
@@ -284,6 +296,7 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
     }
   }
   r.logprobs = job.top_logprobs;
+  job.tokens_as_ids = boolean(b, "return_tokens_as_token_ids").value_or(false);
   return job;
 }
 
@@ -375,15 +388,21 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
   const std::string model = options_.model_name;
   const std::int64_t created = created_;
 
+  // How logprobs name a token: its text, or (vLLM's return_tokens_as_token_ids) "token_id:N",
+  // which stays exact where a token's bytes are not a whole character.
+  const auto label = [this, as_ids = job.tokens_as_ids](std::int32_t id) {
+    return as_ids ? "token_id:" + std::to_string(id) : token_text(id);
+  };
   // The JSON of one choice's logprobs over tokens [from, to).
-  const auto logprobs_json = [this, kind](const Choice& c, std::size_t from, std::size_t to,
-                                          std::int64_t offset) {
+  const auto logprobs_json = [this, kind, label](const Choice& c, std::size_t from, std::size_t to,
+                                                 std::int64_t offset) {
     if (kind == Kind::chat) {
       json content = json::array();
       for (std::size_t k = from; k < to && k < c.logprobs.size(); ++k) {
         const auto entry = [&](const TokenLogprob& t) {
           const std::string raw = token_bytes(t.token);
-          return json{{"token", utf8_lossy(raw)}, {"logprob", t.logprob},
+          return json{{"token", label(t.token)},
+                      {"logprob", t.logprob},
                       {"bytes", std::vector<unsigned char>(raw.begin(), raw.end())}};
         };
         json e = entry(c.logprobs[k].chosen);
@@ -396,10 +415,10 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
     json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
     for (std::size_t k = from; k < to && k < c.logprobs.size(); ++k) {
       const std::string t = token_text(c.logprobs[k].chosen.token);
-      tokens.push_back(t);
+      tokens.push_back(label(c.logprobs[k].chosen.token));
       lps.push_back(c.logprobs[k].chosen.logprob);
       json top = json::object();
-      for (const TokenLogprob& a : c.logprobs[k].top) top[token_text(a.token)] = a.logprob;
+      for (const TokenLogprob& a : c.logprobs[k].top) top[label(a.token)] = a.logprob;
       tops.push_back(top);
       offsets.push_back(offset);
       offset += static_cast<std::int64_t>(t.size());
@@ -416,7 +435,7 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
     std::int64_t offset = 0;
     for (std::size_t p = 0; p < prompt.size(); ++p) {
       const std::string t = token_text(prompt[p]);
-      tokens.push_back(t);
+      tokens.push_back(label(prompt[p]));
       offsets.push_back(offset);
       offset += static_cast<std::int64_t>(t.size());
       if (p == 0 || p > c.prompt_logprobs.size()) {
@@ -427,7 +446,7 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
       const StepLogprobs& lp = c.prompt_logprobs[p - 1];
       lps.push_back(lp.chosen.logprob);
       json top = json::object();
-      for (const TokenLogprob& a : lp.top) top[token_text(a.token)] = a.logprob;
+      for (const TokenLogprob& a : lp.top) top[label(a.token)] = a.logprob;
       tops.push_back(top);
     }
     return std::pair{json{{"tokens", tokens},
