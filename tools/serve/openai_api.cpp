@@ -429,8 +429,10 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
                 {"text_offset", offsets}};
   };
   // With echo: the prompt's tokens (the first without a logprob, as OpenAI gives it), their text
-  // offsets from 0; the completion's follow them (`join`), offsets running on.
-  const auto prompt_logprobs_json = [&](const Choice& c, const std::vector<std::int32_t>& prompt) {
+  // offsets from 0; the completion's follow them (`join`), offsets running on. (Captures by value:
+  // a stream runs it after this function has returned.)
+  const auto prompt_logprobs_json = [this, label](const Choice& c,
+                                                  const std::vector<std::int32_t>& prompt) {
     json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
     std::int64_t offset = 0;
     for (std::size_t p = 0; p < prompt.size(); ++p) {
