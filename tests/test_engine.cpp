@@ -281,6 +281,74 @@ TEST(Engine, PenaltiesBiasAndMasksChooseFromTheAdjustedLogitsAtEveryStep) {
   }
 }
 
+// Guided choices: each step's token is the greedy choice among the tokens that continue a choice
+// (of that step's recorded logits), the output is a choice and ends there (finish stop); the same
+// under DCP 2 and under speculative decoding.
+TEST(Engine, ChoicesEndTheOutputAtOneOfThemChosenStepByStep) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 2);
+  const auto w = make_synthetic_weights(9);
+  std::vector<RequestSpec> reqs;
+  for (int i = 0; i < 6; ++i) {
+    RequestSpec r = request(i, random_tokens(rng, 7 + 19 * i, c.vocab_size), 12);
+    // Shared beginnings, so that later steps choose too; lengths 1 to 6.
+    const std::vector<std::int32_t> a = random_tokens(rng, 3, c.vocab_size);
+    r.sampling.choices = {{a[0], a[1], a[2], 7, 9, 11},
+                          {a[0], a[2]},
+                          {a[1]},
+                          {a[0], a[1], a[2], 8},
+                          random_tokens(rng, 4, c.vocab_size)};
+    if (prefix_pair(r.sampling.choices)) r.sampling.choices.pop_back();
+    if (i == 4) {  // every choice longer than max_new_tokens: ends by length
+      r.sampling.choices = {{a[0], 1, 2}, {(a[0] + 1) % c.vocab_size, 3, 4, 5}};
+      r.max_new_tokens = 2;
+    }
+    if (i == 5) r.sampling.choices = {random_tokens(rng, 6, c.vocab_size)};  // forced: drafted
+    reqs.push_back(r);
+  }
+  EngineSetup s;
+  s.tp = 2;
+  s.page_size = 4;
+  const EngineRun one = run_engine(c, *w, s, reqs);
+  const int vocab = c.vocab_size;
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    const RequestResult& r = one.results[i];
+    const auto& choices = reqs[i].sampling.choices;
+    for (std::size_t k = 0; k < r.output_tokens.size(); ++k) {
+      std::int32_t best = -1;
+      for (const auto& ch : choices) {
+        if (ch.size() <= k ||
+            !std::equal(r.output_tokens.begin(), r.output_tokens.begin() + k, ch.begin()))
+          continue;
+        const float x = r.step_logits[k * vocab + static_cast<std::size_t>(ch[k])];
+        if (best < 0 || x > r.step_logits[k * vocab + static_cast<std::size_t>(best)] ||
+            (x == r.step_logits[k * vocab + static_cast<std::size_t>(best)] && ch[k] < best))
+          best = ch[k];
+      }
+      EXPECT_EQ(r.output_tokens[k], best) << "request " << i << " step " << k;
+    }
+    if (i != 4) {
+      EXPECT_NE(std::find(choices.begin(), choices.end(), r.output_tokens), choices.end())
+          << "request " << i;
+      EXPECT_EQ(r.finish_reason, FinishReason::stop) << "request " << i;
+    } else {
+      EXPECT_EQ(r.output_tokens.size(), 2u);
+      EXPECT_EQ(r.finish_reason, FinishReason::length);
+    }
+  }
+  s.dcp = 2;
+  const EngineRun two = run_engine(c, *w, s, reqs);
+  s.num_draft_tokens = 3;
+  s.draft_weights = w.get();
+  s.draft_config = c;  // a draft equal to the target proposes within the choices too
+  const EngineRun spec = run_engine(c, *w, s, reqs);
+  EXPECT_GT(spec.stats.spec_accepted, 0);  // request 5's forced tokens at least
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(two.results[i].output_tokens, one.results[i].output_tokens) << "request " << i;
+    EXPECT_EQ(spec.results[i].output_tokens, one.results[i].output_tokens) << "request " << i;
+  }
+}
+
 TEST(Engine, StopTokenEndsTheRequestAtItsFirstOccurrenceAfterMinTokens) {
   auto rng = test::make_rng();
   const ModelConfig c = preset_config("tiny", 1);

@@ -319,5 +319,48 @@ TEST(Sampling, PenaltiesBiasAndMasksAdjustTheLogitsAsTheReference) {
   EXPECT_GT(masked, 0) << "no trial masked a token";
 }
 
+TEST(Sampling, ChoicesAllowOnlyTheTokensThatContinueOne) {
+  SamplingParams p;
+  p.choices = {{1, 2, 3}, {1, 4}, {5}};
+  const std::vector<float> logits(8, 0.5f);
+  const auto allowed = [&](std::vector<std::int32_t> output) {
+    const std::vector<float> got = adjusted_logits(logits.data(), 8, p, {}, output);
+    std::vector<std::int32_t> ids;
+    for (std::int32_t t = 0; t < 8; ++t) {
+      if (std::isfinite(got[static_cast<std::size_t>(t)])) ids.push_back(t);
+    }
+    return ids;
+  };
+  using Ids = std::vector<std::int32_t>;
+  EXPECT_EQ(allowed({}), (Ids{1, 5}));
+  EXPECT_EQ(allowed({1}), (Ids{2, 4}));
+  EXPECT_EQ(allowed({1, 2}), (Ids{3}));
+  EXPECT_TRUE(p.completes_choice(Ids{1, 4}));
+  EXPECT_TRUE(p.completes_choice(Ids{5}));
+  EXPECT_FALSE(p.completes_choice(Ids{1, 2}));
+  EXPECT_FALSE(p.completes_choice(Ids{1, 2, 3, 0}));
+  EXPECT_FALSE(SamplingParams{}.completes_choice(Ids{}));
+  validate(p, 8);
+  const auto refused = [](SamplingParams q, std::vector<std::int32_t> maskable, const char* what) {
+    return test::throws_error([&] { validate(q, 8, maskable); }, ErrorCategory::invalid_argument,
+                              what);
+  };
+  SamplingParams q = p;
+  q.choices.push_back({1, 2});
+  EXPECT_TRUE(refused(q, {}, "choices[3] begins choices[0]: a reply could not tell them apart"));
+  q.choices = {{1, 2}, {1, 2}};
+  EXPECT_TRUE(refused(q, {}, "choices[0] begins choices[1]"));
+  q.choices = {{1}, {}};
+  EXPECT_TRUE(refused(q, {}, "choices[1] is empty"));
+  q.choices = {{1, 8}};
+  EXPECT_TRUE(refused(q, {}, "choices[0]: token 8 is outside the vocabulary [0, 8)"));
+  EXPECT_TRUE(refused(p, {4}, "choices[1] holds token 4, a stop token that min_tokens holds back"));
+  q = p;
+  q.allowed_token_ids = {1, 2, 3};
+  EXPECT_TRUE(refused(q, {}, "choices do not combine with allowed_token_ids or bad_words"));
+  EXPECT_EQ(prefix_pair({{3}, {4, 3}}), std::nullopt);
+  EXPECT_EQ(prefix_pair({{4, 3, 1}, {4, 3}}), (std::pair<std::size_t, std::size_t>{1, 0}));
+}
+
 }  // namespace
 }  // namespace dcp

@@ -9,7 +9,9 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace dcp {
@@ -36,12 +38,24 @@ struct SamplingParams {
   // one-token bad word is never chosen). Only the output counts, not the prompt.
   std::vector<std::int32_t> allowed_token_ids;
   std::vector<std::vector<std::int32_t>> bad_words;
+  // Guided choice: when not empty, the output is one of these token sequences (none may begin
+  // another): each step allows only the tokens that continue one of them, and the engine ends the
+  // request (finish_reason stop) once the output is one. Not combined with the masks above.
+  std::vector<std::vector<std::int32_t>> choices;
   bool greedy() const noexcept { return temperature == 0; }
   bool adjusts_logits() const noexcept {
     return !logit_bias.empty() || repetition_penalty != 1 || presence_penalty != 0 ||
-           frequency_penalty != 0 || !allowed_token_ids.empty() || !bad_words.empty();
+           frequency_penalty != 0 || !allowed_token_ids.empty() || !bad_words.empty() ||
+           !choices.empty();
   }
+  // Whether `output` is one of `choices` (never true without choices).
+  bool completes_choice(std::span<const std::int32_t> output) const;
 };
+
+// The first pair (i, j) of token sequences where sequence j begins with sequence i (i != j, equal
+// sequences included), if any: such guided choices cannot be told apart when one is complete.
+std::optional<std::pair<std::size_t, std::size_t>> prefix_pair(
+    const std::vector<std::vector<std::int32_t>>& sequences);
 
 // Throws dcp::Error(invalid_argument) naming the field and its legal range (tokens in [0, vocab)).
 // `maskable` are tokens the caller may also mask (a request's stop tokens during min_tokens): p is

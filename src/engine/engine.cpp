@@ -342,6 +342,7 @@ void Engine::emit(Live& l, const float* logits) {
   r.output_tokens.push_back(token);
   const auto& stops = l.spec.stop_token_ids;
   if (std::find(stops.begin(), stops.end(), token) != stops.end()) l.stopped = true;
+  if (l.spec.sampling.completes_choice(r.output_tokens)) l.stopped = true;  // a guided choice
 }
 
 void Engine::finish(std::size_t i, FinishReason reason) {

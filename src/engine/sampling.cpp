@@ -110,6 +110,25 @@ void validate(const SamplingParams& p, int vocab, std::span<const std::int32_t> 
   for (std::int32_t t : maskable) {
     if (t >= 0 && t < vocab) masked[static_cast<std::size_t>(t)] = true;
   }
+  if (!p.choices.empty()) {
+    DCP_ARG_CHECK(p.allowed_token_ids.empty() && p.bad_words.empty(),
+                  "choices do not combine with allowed_token_ids or bad_words (their masks could "
+                  "leave no choice to continue)");
+    for (std::size_t c = 0; c < p.choices.size(); ++c) {
+      DCP_ARG_CHECK(!p.choices[c].empty(), "choices[", c, "] is empty");
+      for (std::int32_t t : p.choices[c]) {
+        DCP_ARG_CHECK(t >= 0 && t < vocab, "choices[", c, "]: token ", t,
+                      " is outside the vocabulary [0, ", vocab, ")");
+        DCP_ARG_CHECK(std::find(maskable.begin(), maskable.end(), t) == maskable.end(), "choices[",
+                      c, "] holds token ", t, ", a stop token that min_tokens holds back");
+      }
+    }
+    if (const auto pair = prefix_pair(p.choices)) {
+      throw Error(ErrorCategory::invalid_argument,
+                  str("choices[", pair->first, "] begins choices[", pair->second,
+                      "]: a reply could not tell them apart"));
+    }
+  }
   DCP_ARG_CHECK(std::find(masked.begin(), masked.end(), false) != masked.end(),
                 "allowed_token_ids and bad_words (with the stop tokens held back by min_tokens) "
                 "could mask every token: leave at least one token that is never masked");
@@ -146,6 +165,16 @@ std::vector<float> adjusted_logits(const float* logits, int vocab, const Samplin
       kept[static_cast<std::size_t>(t)] = out[static_cast<std::size_t>(t)];
     out.swap(kept);
   }
+  if (!p.choices.empty()) {  // only the tokens that continue a choice the output begins
+    std::vector<float> kept(out.size(), kMasked);
+    for (const std::vector<std::int32_t>& c : p.choices) {
+      if (c.size() > output.size() && std::equal(output.begin(), output.end(), c.begin())) {
+        const auto t = static_cast<std::size_t>(c[output.size()]);
+        kept[t] = out[t];
+      }
+    }
+    out.swap(kept);
+  }
   for (const std::vector<std::int32_t>& word : p.bad_words) {
     const std::size_t before = word.size() - 1;  // the tokens that must end the output
     if (before <= output.size() && std::equal(word.begin(), word.end() - 1,
@@ -153,6 +182,25 @@ std::vector<float> adjusted_logits(const float* logits, int vocab, const Samplin
       out[static_cast<std::size_t>(word.back())] = kMasked;
   }
   return out;
+}
+
+bool SamplingParams::completes_choice(std::span<const std::int32_t> output) const {
+  return std::any_of(choices.begin(), choices.end(), [&](const std::vector<std::int32_t>& c) {
+    return std::equal(c.begin(), c.end(), output.begin(), output.end());
+  });
+}
+
+std::optional<std::pair<std::size_t, std::size_t>> prefix_pair(
+    const std::vector<std::vector<std::int32_t>>& sequences) {
+  for (std::size_t i = 0; i < sequences.size(); ++i) {
+    for (std::size_t j = 0; j < sequences.size(); ++j) {
+      const auto& a = sequences[i];
+      const auto& b = sequences[j];
+      if (i != j && a.size() <= b.size() && std::equal(a.begin(), a.end(), b.begin()))
+        return std::pair{i, j};
+    }
+  }
+  return std::nullopt;
 }
 
 std::int32_t sample_token(const float* logits, int vocab, const SamplingParams& p,

@@ -30,6 +30,8 @@ void write_spec(ByteWriter& w, const RequestSpec& r) {
   w.vec(r.sampling.allowed_token_ids);
   w.i64(static_cast<std::int64_t>(r.sampling.bad_words.size()));
   for (const auto& word : r.sampling.bad_words) w.vec(word);
+  w.i64(static_cast<std::int64_t>(r.sampling.choices.size()));
+  for (const auto& choice : r.sampling.choices) w.vec(choice);
   w.vec(r.stop_token_ids);
   w.i64(r.min_tokens);
   w.i64(r.logprobs);
@@ -56,6 +58,7 @@ RequestSpec read_spec(ByteReader& in) {
   r.sampling.allowed_token_ids = in.vec<std::int32_t>();
   for (std::int64_t n = in.i64(); n > 0; --n)
     r.sampling.bad_words.push_back(in.vec<std::int32_t>());
+  for (std::int64_t n = in.i64(); n > 0; --n) r.sampling.choices.push_back(in.vec<std::int32_t>());
   r.stop_token_ids = in.vec<std::int32_t>();
   r.min_tokens = static_cast<int>(in.i64());
   r.logprobs = static_cast<int>(in.i64());

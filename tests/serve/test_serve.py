@@ -277,6 +277,24 @@ def case_masks(s):
     ids = r["choices"][0]["token_ids"] if status == 200 else []
     check(len(ids) == 16 and banned not in ids and ids != plain["token_ids"],
           f"bad_words [{word.strip()!r}] bans token {banned}: {ids} (plain {plain['token_ids']})")
+    # guided_choice: the reply is one of the choices, whole, streamed, sampled, in a chat.
+    colors = ["red", "green", "dark blue", "blue-green"]
+    status, r = s.post("/v1/completions", {**body, "max_tokens": 16, "guided_choice": colors})
+    check(status == 200 and r["choices"][0]["text"] in colors and r["choices"][0]["finish_reason"] == "stop",
+          f"guided_choice: one of {colors}: {r}")
+    status, _, events = s.stream("/v1/completions", {**body, "max_tokens": 16, "guided_choice": colors, "stream": True})
+    check("".join(e["choices"][0]["text"] for e in events[:-1]) == r["choices"][0]["text"], f"streamed: {events}")
+    status, r = s.post("/v1/completions", {**body, "max_tokens": 16, "guided_choice": colors, "temperature": 1,
+                                           "seed": 5, "n": 8})
+    texts = [c["text"] for c in r["choices"]] if status == 200 else []
+    check(len(texts) == 8 and set(texts) <= set(colors) and len(set(texts)) > 1, f"sampled choices: {texts}")
+    status, r = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Name a color."}],
+                                                "max_tokens": 16, "temperature": 0, "guided_choice": colors})
+    check(status == 200 and r["choices"][0]["message"]["content"] in colors, f"chat guided_choice: {r}")
+    status, r = s.post("/v1/completions", {**body, "max_tokens": 2, "guided_choice": ["dark blue", "dark red"]})
+    check(status == 200 and r["choices"][0]["finish_reason"] == "length" and
+          len(r["choices"][0]["token_ids"]) == 2 and "dark ".startswith(r["choices"][0]["text"]),
+          f"a choice longer than max_tokens is cut, finish_reason length: {r}")
     # truncate_prompt_tokens keeps the last k tokens: the same completion as that prompt alone.
     status, r = s.post("/v1/completions", {**body, "prompt": PROMPT, "truncate_prompt_tokens": 4, "echo": True})
     status2, r2 = s.post("/v1/completions", {**body, "prompt": PROMPT[-4:], "echo": True})
@@ -482,7 +500,8 @@ def case_errors(s):
     expect(400, {"prompt": "hi", "min_tokens": -1}, "min_tokens")
     expect(400, {"messages": [{"role": "user", "content": "hi"}], "echo": True}, "echo", path="/v1/chat/completions")
     # vLLM's and SGLang's extensions that would change the result are refused, not ignored.
-    for key, value in [("prompt_logprobs", 1), ("guided_json", {"type": "object"}), ("use_beam_search", True)]:
+    for key, value in [("prompt_logprobs", 1), ("guided_json", {"type": "object"}), ("guided_regex", "a+"),
+                       ("use_beam_search", True)]:
         expect(400, {"prompt": "hi", key: value}, key)
     expect(400, {"prompt": "hi", "allowed_token_ids": []}, "allowed_token_ids")
     expect(400, {"prompt": "hi", "allowed_token_ids": [3, 100000]}, "allowed_token_ids")
@@ -491,6 +510,11 @@ def case_errors(s):
     expect(400, {"prompt": "hi", "bad_words": [1]}, "bad_words")
     expect(400, {"prompt": "hi", "bad_words": ["x"] * 257}, "bad_words")
     expect(400, {"prompt": "hi", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens")
+    expect(400, {"prompt": "hi", "guided_choice": ["red", "redder"]}, "guided_choice")
+    expect(400, {"prompt": "hi", "guided_choice": []}, "guided_choice")
+    expect(400, {"prompt": "hi", "guided_choice": ["red", ""]}, "guided_choice")
+    expect(400, {"prompt": "hi", "guided_choice": "red"}, "guided_choice")
+    expect(400, {"prompt": "hi", "guided_choice": ["red"], "allowed_token_ids": [1]}, "guided_choice")
     expect(400, {"prompt": "hi", "messages": []}, "prompt", path="/tokenize")
     expect(400, {}, "prompt", path="/tokenize")
     expect(400, {"prompt": [1, 2]}, "prompt", path="/tokenize")

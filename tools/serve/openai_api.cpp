@@ -16,8 +16,10 @@ using namespace std::chrono_literals;
 
 // Prompts one /v1/completions request may batch: each becomes n engine requests.
 constexpr std::size_t kMaxPrompts = 256;
-// Words one request may ban (each is tokenized on the HTTP thread).
+// Words one request may ban, and guided choices it may list (each is tokenized on the HTTP
+// thread).
 constexpr std::size_t kMaxBadWords = 256;
+constexpr std::size_t kMaxChoices = 256;
 
 // Fields with a meaning this server does not implement: refused unless they ask for nothing.
 void refuse_unsupported(const json& b) {
@@ -31,10 +33,9 @@ void refuse_unsupported(const json& b) {
       bad(key, str("'", key, "' (tool calling) is not supported"));
   }
   // vLLM's and SGLang's extensions that would change the result: refused rather than ignored.
-  for (const char* key :
-       {"prompt_logprobs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-        "structured_outputs", "json_schema", "regex", "ebnf", "structural_tag", "logprob_start_len",
-        "custom_logit_processor", "logits_processors"}) {
+  for (const char* key : {"prompt_logprobs", "guided_json", "guided_regex", "guided_grammar",
+                          "structured_outputs", "json_schema", "regex", "ebnf", "structural_tag",
+                          "logprob_start_len", "custom_logit_processor", "logits_processors"}) {
     if (field(b, key)) bad(key, str("'", key, "' is not supported"));
   }
   if (const json* v = field(b, "priority");
@@ -206,6 +207,26 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
     } catch (const Error& e) {
       bad("bad_words", e.what());
     }
+  }
+  if (const json* choices = field(*src, "guided_choice")) {  // vLLM's: the reply is one of them
+    if (!choices->is_array() || choices->empty() || choices->size() > kMaxChoices)
+      bad("guided_choice",
+          str("'guided_choice' must be a list of 1 to ", kMaxChoices, " non-empty strings"));
+    if (!r.sampling.allowed_token_ids.empty() || !r.sampling.bad_words.empty())
+      bad("guided_choice", "'guided_choice' does not combine with allowed_token_ids or bad_words");
+    need_tokenizer("guided_choice");
+    std::vector<std::string> texts;
+    for (const json& c : *choices) {
+      if (!c.is_string() || c.get_ref<const std::string&>().empty())
+        bad("guided_choice",
+            str("'guided_choice' must be a list of 1 to ", kMaxChoices, " non-empty strings"));
+      texts.push_back(c.get<std::string>());
+      r.sampling.choices.push_back(tokenizer_->encode(texts.back(), false));
+    }
+    if (const auto pair = prefix_pair(r.sampling.choices))
+      bad("guided_choice",
+          str("'guided_choice': the tokens of '", texts[pair->first], "' begin those of '",
+              texts[pair->second], "', so a reply could not tell them apart"));
   }
   // vLLM's truncate_prompt_tokens: keep each prompt's last k tokens (-1: the context's worth).
   if (const auto keep =
