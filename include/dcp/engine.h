@@ -54,6 +54,13 @@ struct RequestSpec {
 };
 inline constexpr int kPromptLogprobsChunk = 256;
 
+// The checks of the fields that choose and report a request's tokens (stop token ids, min_tokens,
+// sampling, logprobs, prompt_logprobs), shared by the engine and the server's admission so that
+// both refuse alike. `budget_name` is what the caller's users call max_new_tokens. Throws
+// dcp::Error (invalid_argument) naming the field.
+void check_request_choice(const RequestSpec& spec, int vocab,
+                          std::string_view budget_name = "max_new_tokens");
+
 enum class RequestState : std::uint8_t { waiting, prefill, decode, finished, rejected };
 // Why a finished request ended: its token budget, a stop token, or cancel().
 enum class FinishReason : std::uint8_t { none, length, stop, cancelled };

@@ -48,26 +48,30 @@ Engine::Engine(MlaModel& model, const EngineOptions& options, MlaModel* draft)
   }
 }
 
-void Engine::check_choice(const RequestSpec& spec, const std::string& who) const {
-  const int vocab = model_.config().vocab_size;
+void check_request_choice(const RequestSpec& spec, int vocab, std::string_view budget_name) {
   for (std::int32_t t : spec.stop_token_ids) {
-    DCP_ARG_CHECK(t >= 0 && t < vocab, who, ": stop token id ", t,
-                  " is outside the vocabulary [0, ", vocab, ")");
+    DCP_ARG_CHECK(t >= 0 && t < vocab, "stop token id ", t, " is outside the vocabulary [0, ",
+                  vocab, ")");
   }
-  DCP_ARG_CHECK(spec.min_tokens >= 0 && spec.min_tokens <= spec.max_new_tokens, who,
-                ": min_tokens = ", spec.min_tokens,
-                " must be in [0, max_new_tokens = ", spec.max_new_tokens, "]");
-  try {  // min_tokens masks the stop tokens too
-    validate(spec.sampling, vocab,
-             spec.min_tokens > 0 ? std::span<const std::int32_t>(spec.stop_token_ids)
-                                 : std::span<const std::int32_t>());
+  DCP_ARG_CHECK(spec.min_tokens >= 0 && spec.min_tokens <= spec.max_new_tokens,
+                "min_tokens = ", spec.min_tokens, " must be in [0, ", budget_name, " = ",
+                spec.max_new_tokens, "]");
+  // min_tokens masks the stop tokens too.
+  validate(spec.sampling, vocab,
+           spec.min_tokens > 0 ? std::span<const std::int32_t>(spec.stop_token_ids)
+                               : std::span<const std::int32_t>());
+  DCP_ARG_CHECK(spec.logprobs >= -1 && spec.logprobs <= 20, "logprobs = ", spec.logprobs,
+                " must be in [0, 20] (-1: none)");
+  DCP_ARG_CHECK(spec.prompt_logprobs >= -1 && spec.prompt_logprobs <= 20,
+                "prompt_logprobs = ", spec.prompt_logprobs, " must be in [0, 20] (-1: none)");
+}
+
+void Engine::check_choice(const RequestSpec& spec, const std::string& who) const {
+  try {
+    check_request_choice(spec, model_.config().vocab_size);
   } catch (const Error& e) {
     throw Error(e.category(), str(who, ": ", e.what()));
   }
-  DCP_ARG_CHECK(spec.logprobs >= -1 && spec.logprobs <= 20, who, ": logprobs = ", spec.logprobs,
-                " must be in [0, 20] (-1: none)");
-  DCP_ARG_CHECK(spec.prompt_logprobs >= -1 && spec.prompt_logprobs <= 20, who,
-                ": prompt_logprobs = ", spec.prompt_logprobs, " must be in [0, 20] (-1: none)");
 }
 
 void Engine::submit(const RequestSpec& spec) {

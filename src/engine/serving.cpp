@@ -188,23 +188,10 @@ std::shared_ptr<RequestStream> ServingDeployment::submit(const ServeRequest& req
     refuse_if(t < 0 || t >= c.vocab_size, Refusal::invalid,
               str("prompt token id ", t, " is outside the vocabulary [0, ", c.vocab_size, ")"));
   }
-  for (std::int32_t t : req.stop_token_ids) {
-    refuse_if(t < 0 || t >= c.vocab_size, Refusal::invalid,
-              str("stop token id ", t, " is outside the vocabulary [0, ", c.vocab_size, ")"));
-  }
   refuse_if(req.max_new_tokens < 1, Refusal::invalid,
             str("max_tokens = ", req.max_new_tokens, " must be >= 1"));
-  refuse_if(req.min_tokens < 0 || req.min_tokens > req.max_new_tokens, Refusal::invalid,
-            str("min_tokens = ", req.min_tokens,
-                " must be in [0, max_tokens = ", req.max_new_tokens, "]"));
-  refuse_if(req.logprobs < -1 || req.logprobs > 20, Refusal::invalid,
-            str("logprobs = ", req.logprobs, " must be in [0, 20]"));
-  refuse_if(req.prompt_logprobs < -1 || req.prompt_logprobs > 20, Refusal::invalid,
-            str("prompt_logprobs = ", req.prompt_logprobs, " must be in [0, 20]"));
-  try {  // min_tokens masks the stop tokens too
-    validate(req.sampling, c.vocab_size,
-             req.min_tokens > 0 ? std::span<const std::int32_t>(req.stop_token_ids)
-                                : std::span<const std::int32_t>());
+  try {  // what every rank's engine would refuse, refused here before it reaches them
+    check_request_choice(req.spec(0), c.vocab_size, "max_tokens");
   } catch (const Error& e) {
     throw RefusedError(Refusal::invalid, e.what());
   }
