@@ -37,6 +37,7 @@ EngineRun run_engine_phases(const ModelConfig& config, const WeightSource& weigh
   eo.record_logits = true;
   eo.extend_mode = s.extend_mode;
   eo.num_draft_tokens = s.num_draft_tokens;
+  eo.guide_vocabulary = s.guide_vocabulary;
   eo.enable_prefix_cache = s.prefix_cache;
   eo.host_kv_capacity_tokens = s.host_tokens;
   eo.max_running_requests = s.max_running;

@@ -32,6 +32,7 @@ struct EngineSetup {
   bool prefix_cache = false;
   std::int64_t host_tokens = 0;
   int max_running = 64;
+  std::shared_ptr<const GuideVocabulary> guide_vocabulary;  // for requests with a regex
 };
 
 struct EngineRun {

@@ -213,6 +213,47 @@ TEST(Serving, PenaltiesBiasMasksAndMinTokensReachEveryRank) {
   EXPECT_EQ(u.finish_reason, FinishReason::stop);
 }
 
+// A regex travels with the request to every rank (each rank masks by its own copy of the
+// vocabulary's bytes): the served tokens equal a batch run's and differ from the unguided ones.
+TEST(Serving, RegexReachesEveryRank) {
+  auto rng = test::make_rng();
+  const auto w = make_synthetic_weights(25);
+  DeploymentSpec spec = small_spec(*w, 2, 2, 2);
+  std::vector<std::optional<std::string>> texts(
+      static_cast<std::size_t>(spec.model.config.vocab_size));
+  for (std::size_t t = 1; t < texts.size(); ++t)  // one letter, or two for every third id past 26
+    texts[t] = std::string(1, static_cast<char>('a' + t % 26)) +
+               (t >= 26 && t % 3 == 0 ? std::string(1, static_cast<char>('a' + t / 26 % 26)) : "");
+  spec.engine.guide_vocabulary = std::make_shared<const GuideVocabulary>(texts);
+  ServeRequest r = greedy(test::random_tokens(rng, 20, 64), 12);
+  r.sampling.regex = "(ab|cd)+e?";
+  r.stop_token_ids = {0};
+  DeploymentSpec batch = spec;
+  batch.requests.push_back(r.spec(0));
+  const DeploymentReport want = run_deployment(batch).report;
+  {
+    Running server(spec);
+    const StreamUpdate u = drain_stream(*server->submit(r));
+    EXPECT_EQ(u.tokens, want.results[0].output_tokens);
+    EXPECT_NE(u.tokens, drain_stream(*server->submit(greedy(r.prompt, 12))).tokens);
+    std::string text;
+    for (std::int32_t t : u.tokens)
+      if (t != 0) text += *texts[static_cast<std::size_t>(t)];
+    EXPECT_TRUE(text.starts_with("ab") || text.starts_with("cd")) << text;
+  }
+  // A deployment without the vocabulary's bytes refuses the request and keeps serving.
+  Running bare(small_spec(*w, 2, 2, 2));
+  try {
+    bare->submit(r);
+    ADD_FAILURE() << "a regex was accepted without a vocabulary";
+  } catch (const RefusedError& e) {
+    EXPECT_EQ(e.why(), Refusal::invalid);
+    EXPECT_STREQ(e.what(),
+                 "'regex' needs the vocabulary's bytes (a tokenizer); this engine has none");
+  }
+  EXPECT_EQ(drain_stream(*bare->submit(greedy(r.prompt, 3))).tokens.size(), 3u);
+}
+
 // Prompt logprobs reach the client whole, with the first tokens: equal to a batch run's.
 TEST(Serving, PromptLogprobsArriveWithTheFirstUpdate) {
   auto rng = test::make_rng();

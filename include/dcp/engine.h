@@ -21,6 +21,7 @@
 #include "dcp/model.h"
 #include "dcp/prefix_cache.h"
 #include "dcp/sampling.h"
+#include "dcp/token_guide.h"
 
 namespace dcp {
 
@@ -60,6 +61,12 @@ inline constexpr int kPromptLogprobsChunk = 256;
 // dcp::Error (invalid_argument) naming the field.
 void check_request_choice(const RequestSpec& spec, int vocab,
                           std::string_view budget_name = "max_new_tokens");
+// The guide of a request with a regex (null without one) over `vocabulary`. Throws dcp::Error
+// (invalid_argument) naming `field` when there is no vocabulary, when the pattern does not
+// compile, or when no token can begin a match.
+std::shared_ptr<TokenGuide> request_guide(const RequestSpec& spec,
+                                          std::shared_ptr<const GuideVocabulary> vocabulary,
+                                          std::string_view field = "regex");
 
 enum class RequestState : std::uint8_t { waiting, prefill, decode, finished, rejected };
 // Why a finished request ended: its token budget, a stop token, or cancel().
@@ -90,6 +97,9 @@ struct EngineOptions {
   // tokens (0: evicted pages are dropped).
   bool enable_prefix_cache = false;
   std::int64_t host_kv_capacity_tokens = 0;
+  // The bytes each token writes, for requests with a regex (SamplingParams::regex); every rank's
+  // engine holds the same. Null: such requests are refused.
+  std::shared_ptr<const GuideVocabulary> guide_vocabulary;
 };
 
 struct EngineStats {
@@ -167,6 +177,7 @@ class Engine {
     std::vector<std::int32_t> draft_pending;  // tokens the draft has not seen yet
     bool cacheable = false;  // its prompt goes into the prefix cache when prefilled
     bool stopped = false;    // it emitted a stop token
+    std::shared_ptr<TokenGuide> guide;  // its regex over the vocabulary, if it has one
   };
   std::int64_t pages_for(std::int64_t tokens) const;
   // Pages the running requests will still take in `allocator` (the target's or the draft's).
@@ -184,6 +195,10 @@ class Engine {
   bool run_speculative();
   // The fields that choose and report a request's tokens; errors start with `who`.
   void check_choice(const RequestSpec& spec, const std::string& who) const;
+  // request_guide with errors that start with `who`.
+  std::shared_ptr<TokenGuide> guide_of(const RequestSpec& spec, const std::string& who) const;
+  // Whether l's guide ends the request after `output` (false without a guide).
+  bool guide_ends(const Live& l, std::span<const std::int32_t> output) const;
   // The token request l chooses from `logits` after emitting `output`.
   std::int32_t choose(const Live& l, const float* logits,
                       std::span<const std::int32_t> output) const;

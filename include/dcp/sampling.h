@@ -11,6 +11,7 @@
 #include <map>
 #include <optional>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -42,6 +43,12 @@ struct SamplingParams {
   // another): each step allows only the tokens that continue one of them, and the engine ends the
   // request (finish_reason stop) once the output is one. Not combined with the masks above.
   std::vector<std::vector<std::int32_t>> choices;
+  // Guided regex (RegexDfa's syntax): when not empty, the output's bytes must match it whole.
+  // Each step allows only the tokens whose bytes keep the output a prefix of a match (the stop
+  // tokens too once it is a match), and the engine ends the request once nothing may extend the
+  // match. Needs the vocabulary's bytes (EngineOptions::guide_vocabulary); not combined with
+  // the masks or choices above.
+  std::string regex;
   bool greedy() const noexcept { return temperature == 0; }
   bool adjusts_logits() const noexcept {
     return !logit_bias.empty() || repetition_penalty != 1 || presence_penalty != 0 ||

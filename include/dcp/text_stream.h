@@ -3,10 +3,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "dcp/token_guide.h"
 #include "dcp/tokenizer.h"
 
 namespace dcp {
@@ -52,5 +54,10 @@ class TextStream {
 // (invalid_argument) naming bad_words[i] when a word holds no token.
 std::vector<std::vector<std::int32_t>> bad_word_token_ids(const Tokenizer& tokenizer,
                                                           const std::vector<std::string>& words);
+
+// The bytes each of the model's `model_vocab` token ids writes, for guided requests: special tokens
+// and ids the tokenizer lacks write none of their own (a guide never allows them).
+std::shared_ptr<const GuideVocabulary> guide_vocabulary(const Tokenizer& tokenizer,
+                                                        int model_vocab);
 
 }  // namespace dcp

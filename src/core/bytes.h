@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "dcp/error.h"
@@ -19,6 +20,10 @@ class ByteWriter {
   void vec(const std::vector<T>& v) {
     i64(static_cast<std::int64_t>(v.size()));
     raw(v.data(), v.size() * sizeof(T));
+  }
+  void str(const std::string& s) {
+    i64(static_cast<std::int64_t>(s.size()));
+    raw(s.data(), s.size());
   }
   void raw(const void* p, std::size_t n) {
     const auto* b = static_cast<const std::uint8_t*>(p);
@@ -48,6 +53,11 @@ class ByteReader {
     std::vector<T> v(count(sizeof(T)));
     raw(v.data(), v.size() * sizeof(T));
     return v;
+  }
+  std::string str() {
+    std::string s(count(1), '\0');
+    raw(s.data(), s.size());
+    return s;
   }
   // A count of items of `item_bytes` each that must fit in what is left.
   std::size_t count(std::size_t item_bytes) {

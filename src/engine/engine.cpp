@@ -66,12 +66,44 @@ void check_request_choice(const RequestSpec& spec, int vocab, std::string_view b
                 "prompt_logprobs = ", spec.prompt_logprobs, " must be in [0, 20] (-1: none)");
 }
 
+std::shared_ptr<TokenGuide> request_guide(const RequestSpec& spec,
+                                          std::shared_ptr<const GuideVocabulary> vocabulary,
+                                          std::string_view field) {
+  if (spec.sampling.regex.empty()) return nullptr;
+  DCP_ARG_CHECK(vocabulary, "'", field,
+                "' needs the vocabulary's bytes (a tokenizer); this engine has none");
+  auto dfa = std::make_shared<const RegexDfa>(spec.sampling.regex, field);
+  DCP_ARG_CHECK(dfa->extendable(dfa->start()), "'", field,
+                "' matches only the empty text (a reply holds at least one token)");
+  auto guide = std::make_shared<TokenGuide>(std::move(dfa), std::move(vocabulary));
+  DCP_ARG_CHECK(!guide->allowed(guide->dfa().start()).empty(), "'", field,
+                "': no token of the vocabulary begins a match");
+  return guide;
+}
+
 void Engine::check_choice(const RequestSpec& spec, const std::string& who) const {
   try {
     check_request_choice(spec, model_.config().vocab_size);
   } catch (const Error& e) {
     throw Error(e.category(), str(who, ": ", e.what()));
   }
+}
+
+std::shared_ptr<TokenGuide> Engine::guide_of(const RequestSpec& spec,
+                                             const std::string& who) const {
+  try {
+    return request_guide(spec, options_.guide_vocabulary);
+  } catch (const Error& e) {
+    throw Error(e.category(), str(who, ": ", e.what()));
+  }
+}
+
+bool Engine::guide_ends(const Live& l, std::span<const std::int32_t> output) const {
+  if (!l.guide) return false;
+  // A match nothing may extend; or no token can continue (a match whose stop tokens were not
+  // asked for, or a vocabulary that cannot spell the next bytes the pattern needs).
+  const std::optional<std::int32_t> s = l.guide->state_after(output);
+  return !s || !l.guide->dfa().extendable(*s) || l.guide->allowed(*s).empty();
 }
 
 void Engine::submit(const RequestSpec& spec) {
@@ -98,7 +130,8 @@ void Engine::submit(const RequestSpec& spec) {
   for (const RequestResult& r : results_) {
     DCP_ARG_CHECK(r.id != spec.id, "request id ", spec.id, " was already submitted");
   }
-  Live live{spec, 0, 0, {}, 0, {}};
+  Live live{spec, 0, 0, {}, 0, {}, false, false, nullptr};
+  live.guide = guide_of(spec, str("request ", spec.id));
   if (spec.continue_from) {
     const RequestId from = *spec.continue_from;
     const auto kept = std::find(kept_.begin(), kept_.end(), from);
@@ -177,6 +210,7 @@ void Engine::adopt(const RequestSpec& spec, std::int32_t first_token) {
       spec.max_new_tokens >= 1 && first_token >= 0 && first_token < model_.config().vocab_size,
       "adopt: request ", spec.id, " needs max_new_tokens >= 1 and a first token in the vocabulary");
   check_choice(spec, str("adopt: request ", spec.id));
+  std::shared_ptr<TokenGuide> guide = guide_of(spec, str("adopt: request ", spec.id));
   DCP_ARG_CHECK(spec.prompt_logprobs < 0, "adopt: request ", spec.id,
                 ": prompt_logprobs is not supported (its prompt was computed elsewhere)");
   const std::int64_t final_len =
@@ -198,9 +232,17 @@ void Engine::adopt(const RequestSpec& spec, std::int32_t first_token) {
   result.state = RequestState::decode;
   result.output_tokens.push_back(first_token);
   results_.push_back(result);
-  Live live{
-      spec, results_.size() - 1, static_cast<std::int64_t>(spec.prompt.size()), spec.prompt, 0, {}};
+  Live live{spec,
+            results_.size() - 1,
+            static_cast<std::int64_t>(spec.prompt.size()),
+            spec.prompt,
+            0,
+            {},
+            false,
+            false,
+            std::move(guide)};
   live.draft_pending = {first_token};
+  live.stopped = guide_ends(live, results_.back().output_tokens);
   running_.push_back(std::move(live));
   if (spec.max_new_tokens == 1) finish(running_.size() - 1, FinishReason::length);
 }
@@ -325,13 +367,31 @@ std::int32_t Engine::choose(const Live& l, const float* logits,
   const std::uint64_t step = output.size();
   const bool hold_stops = static_cast<std::int64_t>(output.size()) < l.spec.min_tokens &&
                           !l.spec.stop_token_ids.empty();
-  if (!p.adjusts_logits() && !hold_stops) return sample_token(logits, vocab, p, step);
+  // A guide's state; none past its end (a speculative proposal after the request would stop).
+  std::optional<std::int32_t> state;
+  if (l.guide) state = l.guide->state_after(output);
+  if (!p.adjusts_logits() && !hold_stops && !state) return sample_token(logits, vocab, p, step);
   std::vector<float> adjusted = p.adjusts_logits()
                                     ? adjusted_logits(logits, vocab, p, l.spec.prompt, output)
                                     : std::vector<float>(logits, logits + vocab);
+  constexpr float kMasked = -std::numeric_limits<float>::infinity();
   if (hold_stops) {
-    for (std::int32_t t : l.spec.stop_token_ids)
-      adjusted[static_cast<std::size_t>(t)] = -std::numeric_limits<float>::infinity();
+    for (std::int32_t t : l.spec.stop_token_ids) adjusted[static_cast<std::size_t>(t)] = kMasked;
+  }
+  if (state) {  // only the tokens that keep the output a prefix of a match; stops after a match
+    std::vector<float> guided(static_cast<std::size_t>(vocab), kMasked);
+    bool any = false;
+    for (std::int32_t t : l.guide->allowed(*state)) {
+      guided[static_cast<std::size_t>(t)] = adjusted[static_cast<std::size_t>(t)];
+      any = true;
+    }
+    if (l.guide->dfa().accepting(*state)) {
+      for (std::int32_t t : l.spec.stop_token_ids) {
+        guided[static_cast<std::size_t>(t)] = adjusted[static_cast<std::size_t>(t)];
+        any = any || !hold_stops;
+      }
+    }
+    if (any) adjusted = std::move(guided);  // none: past the end, as above
   }
   return sample_token(adjusted.data(), vocab, p, step);
 }
@@ -347,6 +407,7 @@ void Engine::emit(Live& l, const float* logits) {
   const auto& stops = l.spec.stop_token_ids;
   if (std::find(stops.begin(), stops.end(), token) != stops.end()) l.stopped = true;
   if (l.spec.sampling.completes_choice(r.output_tokens)) l.stopped = true;  // a guided choice
+  if (guide_ends(l, r.output_tokens)) l.stopped = true;
 }
 
 void Engine::finish(std::size_t i, FinishReason reason) {

@@ -32,6 +32,7 @@ void write_spec(ByteWriter& w, const RequestSpec& r) {
   for (const auto& word : r.sampling.bad_words) w.vec(word);
   w.i64(static_cast<std::int64_t>(r.sampling.choices.size()));
   for (const auto& choice : r.sampling.choices) w.vec(choice);
+  w.str(r.sampling.regex);
   w.vec(r.stop_token_ids);
   w.i64(r.min_tokens);
   w.i64(r.logprobs);
@@ -59,6 +60,7 @@ RequestSpec read_spec(ByteReader& in) {
   for (std::int64_t n = in.i64(); n > 0; --n)
     r.sampling.bad_words.push_back(in.vec<std::int32_t>());
   for (std::int64_t n = in.i64(); n > 0; --n) r.sampling.choices.push_back(in.vec<std::int32_t>());
+  r.sampling.regex = in.str();
   r.stop_token_ids = in.vec<std::int32_t>();
   r.min_tokens = static_cast<int>(in.i64());
   r.logprobs = static_cast<int>(in.i64());
@@ -192,6 +194,7 @@ std::shared_ptr<RequestStream> ServingDeployment::submit(const ServeRequest& req
             str("max_tokens = ", req.max_new_tokens, " must be >= 1"));
   try {  // what every rank's engine would refuse, refused here before it reaches them
     check_request_choice(req.spec(0), c.vocab_size, "max_tokens");
+    request_guide(req.spec(0), spec_.engine.guide_vocabulary);
   } catch (const Error& e) {
     throw RefusedError(Refusal::invalid, e.what());
   }

@@ -84,4 +84,14 @@ std::vector<std::vector<std::int32_t>> bad_word_token_ids(const Tokenizer& token
   return out;
 }
 
+std::shared_ptr<const GuideVocabulary> guide_vocabulary(const Tokenizer& tokenizer,
+                                                        int model_vocab) {
+  std::vector<std::optional<std::string>> texts(static_cast<std::size_t>(model_vocab));
+  for (std::int32_t id = 0; id < model_vocab; ++id) {
+    if (tokenizer.contains(id) && !tokenizer.is_special(id))
+      texts[static_cast<std::size_t>(id)] = tokenizer.token_bytes(id);
+  }
+  return std::make_shared<const GuideVocabulary>(texts);
+}
+
 }  // namespace dcp

@@ -1,0 +1,58 @@
+// A regular expression compiled to a deterministic automaton over bytes, for guided generation
+// (vLLM's guided_regex): the whole output must match the pattern, so there are no anchors to
+// search with and no capture groups.
+//
+// Syntax: literal characters (UTF-8; a non-ASCII character is its bytes in sequence); `.` (any
+// character but a newline); classes `[abc]`, `[a-z]`, `[^...]` over code points; escapes \d \D
+// \w \W \s \S (ASCII meanings), \n \r \t \f \v \0, \xHH, \x{H...}, \uHHHH, and an escaped
+// punctuation character; groups `(...)`, `(?:...)` and `(?P<name>...)`/`(?<name>...)` (names
+// ignored); alternation `|`; quantifiers `*`, `+`, `?`, `{n}`, `{n,}`, `{,m}`, `{n,m}` (a
+// trailing `?` or `+`, lazy or possessive, changes nothing for a whole match); `^` first and `$`
+// last (the match is whole anyway). A `{` that does not open a quantifier is a literal. Refused,
+// naming the byte offset: back-references, look-arounds, word boundaries, inline flags, POSIX
+// classes, `^`/`$` elsewhere; and patterns whose automaton would be too large.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace dcp {
+
+class RegexDfa {
+ public:
+  static constexpr int kMaxRepeat = 1000;       // largest n or m of {n,m}
+  static constexpr int kMaxNfaStates = 200000;  // before determinization
+  static constexpr int kMaxStates = 20000;      // of the automaton itself
+  static constexpr std::int32_t kDead = -1;
+
+  // Throws dcp::Error(invalid_argument) naming `field` and the byte offset at fault, or saying
+  // the pattern is too large or matches no text.
+  explicit RegexDfa(std::string_view pattern, std::string_view field = "regex");
+
+  std::int32_t start() const noexcept { return 0; }
+  std::int32_t states() const noexcept { return static_cast<std::int32_t>(accepting_.size()); }
+  // The state after byte b from `state`; kDead when no match can follow. Every live state can
+  // still reach a match.
+  std::int32_t next(std::int32_t state, std::uint8_t b) const noexcept {
+    return next_[static_cast<std::size_t>(state) * classes_ + class_of_[b]];
+  }
+  // The state after `bytes` from `state` (kDead stays kDead).
+  std::int32_t walk(std::int32_t state, std::string_view bytes) const noexcept;
+  // Whether the bytes read so far are a whole match.
+  bool accepting(std::int32_t state) const noexcept { return accepting_[state] != 0; }
+  // Whether some byte continues from `state` (false: a match that nothing may extend).
+  bool extendable(std::int32_t state) const noexcept { return extendable_[state] != 0; }
+  // Whether the whole of `text` matches.
+  bool matches(std::string_view text) const noexcept;
+
+ private:
+  std::array<std::uint8_t, 256> class_of_{};  // bytes no pattern edge tells apart share a class
+  std::size_t classes_ = 1;
+  std::vector<std::int32_t> next_;  // [state][class]
+  std::vector<char> accepting_, extendable_;
+};
+
+}  // namespace dcp

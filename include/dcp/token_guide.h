@@ -1,0 +1,58 @@
+// Guided generation over a vocabulary: which tokens keep the output a prefix of some match of a
+// byte-level pattern (RegexDfa). Every rank of a group holds the same vocabulary bytes and walks
+// the same automaton, so every rank masks the same tokens with no extra collective.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "dcp/regex_dfa.h"
+
+namespace dcp {
+
+// The bytes each token id writes. A token that writes no text of its own (a special token, an id
+// the tokenizer lacks) is not writable, and a guide never allows it.
+class GuideVocabulary {
+ public:
+  // texts[id]: the token's bytes, or nullopt when it is not writable.
+  explicit GuideVocabulary(const std::vector<std::optional<std::string>>& texts);
+  std::int32_t size() const noexcept { return static_cast<std::int32_t>(writable_.size()); }
+  bool writable(std::int32_t id) const noexcept {
+    return id >= 0 && id < size() && writable_[static_cast<std::size_t>(id)];
+  }
+  std::string_view bytes(std::int32_t id) const noexcept {
+    const auto i = static_cast<std::size_t>(id);
+    return std::string_view(all_).substr(begin_[i], begin_[i + 1] - begin_[i]);
+  }
+
+ private:
+  std::string all_;                   // every token's bytes, in id order
+  std::vector<std::uint32_t> begin_;  // token id's bytes: all_[begin_[id], begin_[id + 1])
+  std::vector<char> writable_;
+};
+
+// One request's guide: the automaton state its output reached and the tokens that may follow.
+class TokenGuide {
+ public:
+  TokenGuide(std::shared_ptr<const RegexDfa> dfa, std::shared_ptr<const GuideVocabulary> vocab);
+
+  // The state after `output`; nullopt once a token of it is not allowed where it stands (a stop
+  // token ended the request, or a speculative proposal looks past the end).
+  std::optional<std::int32_t> state_after(std::span<const std::int32_t> output) const;
+  // The tokens allowed in `state`, ascending (a state's set is computed once, on first use).
+  const std::vector<std::int32_t>& allowed(std::int32_t state);
+  const RegexDfa& dfa() const noexcept { return *dfa_; }
+
+ private:
+  std::shared_ptr<const RegexDfa> dfa_;
+  std::shared_ptr<const GuideVocabulary> vocab_;
+  std::unordered_map<std::int32_t, std::vector<std::int32_t>> allowed_;
+};
+
+}  // namespace dcp

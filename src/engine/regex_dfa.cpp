@@ -1,0 +1,633 @@
+// Pattern -> syntax tree over code points -> Thompson automaton over bytes (each code point range
+// becomes the UTF-8 byte-range sequences that spell it) -> subset construction over the byte
+// classes the edges tell apart -> states that cannot reach a match become dead.
+#include "dcp/regex_dfa.h"
+
+#include <algorithm>
+#include <cctype>
+#include <map>
+
+#include "dcp/error.h"
+
+namespace dcp {
+namespace {
+
+constexpr char32_t kMaxCodePoint = 0x10FFFF;
+using Ranges = std::vector<std::pair<char32_t, char32_t>>;  // inclusive code point ranges
+
+Ranges normalized(Ranges r) {
+  std::sort(r.begin(), r.end());
+  Ranges out;
+  for (const auto& [lo, hi] : r) {
+    if (!out.empty() && lo <= out.back().second + 1)
+      out.back().second = std::max(out.back().second, hi);
+    else
+      out.emplace_back(lo, hi);
+  }
+  return out;
+}
+
+Ranges complement(const Ranges& sorted) {
+  Ranges out;
+  char32_t from = 0;
+  for (const auto& [lo, hi] : sorted) {
+    if (lo > from) out.emplace_back(from, lo - 1);
+    from = hi + 1;
+  }
+  if (from <= kMaxCodePoint) out.emplace_back(from, kMaxCodePoint);
+  return out;
+}
+
+struct Node {
+  enum Kind { empty, set, concat, alt, repeat } kind = empty;
+  Ranges ranges;          // set
+  std::vector<int> kids;  // concat, alt; repeat: one
+  int min = 0, max = 0;   // repeat; max -1: unbounded
+};
+
+class Parser {
+ public:
+  Parser(std::string_view p, std::string_view field) : p_(p), field_(field) {}
+
+  std::vector<Node> parse(int& root) {
+    root = alternation();
+    if (at_ < p_.size()) fail("unbalanced ')'");
+    return std::move(nodes_);
+  }
+
+ private:
+  [[noreturn]] void fail(std::string_view why) const {
+    throw Error(ErrorCategory::invalid_argument,
+                str("'", field_, "': ", why, " at byte ", at_, " of the pattern"));
+  }
+  bool more() const { return at_ < p_.size(); }
+  char peek() const { return p_[at_]; }
+  bool eat(char c) {
+    if (!more() || peek() != c) return false;
+    ++at_;
+    return true;
+  }
+  bool eat(std::string_view s) {
+    if (p_.substr(at_, s.size()) != s) return false;
+    at_ += s.size();
+    return true;
+  }
+  int add(Node n) {
+    nodes_.push_back(std::move(n));
+    return static_cast<int>(nodes_.size()) - 1;
+  }
+  int set_node(Ranges r) {
+    Node n;
+    n.kind = Node::set;
+    n.ranges = normalized(std::move(r));
+    return add(std::move(n));
+  }
+
+  int alternation() {
+    std::vector<int> kids{sequence()};
+    while (eat('|')) kids.push_back(sequence());
+    if (kids.size() == 1) return kids[0];
+    Node n;
+    n.kind = Node::alt;
+    n.kids = std::move(kids);
+    return add(std::move(n));
+  }
+
+  int sequence() {
+    Node n;
+    n.kind = Node::concat;
+    while (more() && peek() != '|' && peek() != ')') {
+      int item = atom();
+      while (more()) {
+        int lo = 0, hi = 0;
+        if (!quantifier(lo, hi)) break;
+        if (!eat('?')) eat('+');  // lazy or possessive: the same whole matches
+        Node r;
+        r.kind = Node::repeat;
+        r.kids = {item};
+        r.min = lo;
+        r.max = hi;
+        item = add(std::move(r));
+      }
+      n.kids.push_back(item);
+    }
+    if (n.kids.size() == 1) return n.kids[0];
+    if (n.kids.empty()) return add(Node{});
+    return add(std::move(n));
+  }
+
+  // * + ? {n} {n,} {,m} {n,m}; false (nothing read) when none starts here.
+  bool quantifier(int& lo, int& hi) {
+    const auto give = [&](int a, int b) {
+      lo = a;
+      hi = b;
+      return true;
+    };
+    if (eat('*')) return give(0, -1);
+    if (eat('+')) return give(1, -1);
+    if (eat('?')) return give(0, 1);
+    if (peek() != '{') return false;
+    const std::size_t open = at_;
+    ++at_;
+    const auto number = [&](int& v) {
+      const std::size_t from = at_;
+      long long x = 0;
+      while (more() && peek() >= '0' && peek() <= '9') {
+        x = std::min<long long>(x * 10 + (peek() - '0'), 1LL << 40);
+        ++at_;
+      }
+      if (at_ == from) return false;
+      if (x > RegexDfa::kMaxRepeat) fail(str("a repeat count above ", RegexDfa::kMaxRepeat));
+      v = static_cast<int>(x);
+      return true;
+    };
+    const bool has_lo = number(lo);
+    if (!has_lo) lo = 0;
+    if (eat('}')) {
+      if (has_lo) return give(lo, lo);
+    } else if (eat(',')) {
+      const bool has_hi = number(hi);
+      if (!has_hi) hi = -1;
+      if ((has_lo || has_hi) && eat('}')) {
+        if (hi >= 0 && hi < lo) {
+          at_ = open;
+          fail(str("{", lo, ",", hi, "}: the larger count comes second"));
+        }
+        return true;
+      }
+    }
+    at_ = open;  // not a quantifier: a literal '{'
+    return false;
+  }
+
+  int atom() {
+    const std::size_t here = at_;
+    const char c = peek();
+    if (c == '*' || c == '+' || c == '?') fail("nothing to repeat");
+    int lo = 0, hi = 0;
+    if (c == '{' && quantifier(lo, hi)) {
+      at_ = here;
+      fail("nothing to repeat");
+    }
+    if (eat('(')) {
+      if (eat("?:") || named_group()) {
+      } else if (more() && peek() == '?') {
+        fail("look-arounds and inline flags are not supported");
+      }
+      const int inner = alternation();
+      if (!eat(')')) fail("missing ')'");
+      return inner;
+    }
+    if (eat('[')) return set_node(char_class());
+    if (eat('.')) return set_node({{0, '\n' - 1}, {'\n' + 1, kMaxCodePoint}});
+    if (c == '^' || c == '$') {
+      const bool edge = c == '^' ? at_ == 0 : at_ + 1 == p_.size();
+      if (!edge) fail(str("'", c, "' other than at the pattern's ", c == '^' ? "start" : "end"));
+      ++at_;
+      return add(Node{});
+    }
+    if (eat('\\')) {
+      Ranges r;
+      if (class_escape(r)) return set_node(std::move(r));
+      const char32_t cp = char_escape();
+      return set_node({{cp, cp}});
+    }
+    const char32_t cp = code_point();
+    return set_node({{cp, cp}});
+  }
+
+  // (?P<name> or (?<name> (not a look-behind); false (nothing read) otherwise.
+  bool named_group() {
+    if (!eat("?P<")) {
+      if (p_.substr(at_, 2) != "?<" || at_ + 2 >= p_.size() || p_[at_ + 2] == '=' ||
+          p_[at_ + 2] == '!')
+        return false;
+      at_ += 2;
+    }
+    while (more() && peek() != '>') ++at_;
+    if (!eat('>')) fail("an unterminated group name");
+    return true;
+  }
+
+  // One UTF-8 encoded code point of the pattern.
+  char32_t code_point() {
+    const auto b0 = static_cast<std::uint8_t>(p_[at_]);
+    const int len = b0 < 0x80         ? 1
+                    : (b0 >> 5) == 6  ? 2
+                    : (b0 >> 4) == 14 ? 3
+                    : (b0 >> 3) == 30 ? 4
+                                      : 0;
+    if (len == 0 || at_ + len > p_.size()) fail("invalid UTF-8");
+    char32_t cp = len == 1 ? b0 : b0 & (0x7F >> len);
+    for (int i = 1; i < len; ++i) {
+      const auto b = static_cast<std::uint8_t>(p_[at_ + i]);
+      if ((b & 0xC0) != 0x80) fail("invalid UTF-8");
+      cp = (cp << 6) | (b & 0x3F);
+    }
+    at_ += len;
+    return cp;
+  }
+
+  // \d \D \w \W \s \S after the backslash; false (nothing read) for other escapes.
+  bool class_escape(Ranges& r) {
+    if (!more()) fail("a pattern ending in '\\'");
+    static const Ranges digit{{'0', '9'}};
+    static const Ranges word{{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
+    static const Ranges space{{'\t', '\r'}, {' ', ' '}};
+    const char c = peek();
+    const Ranges* base = c == 'd' || c == 'D'   ? &digit
+                         : c == 'w' || c == 'W' ? &word
+                         : c == 's' || c == 'S' ? &space
+                                                : nullptr;
+    if (!base) return false;
+    ++at_;
+    r = c >= 'a' ? *base : complement(*base);
+    return true;
+  }
+
+  // A one-character escape after the backslash.
+  char32_t char_escape() {
+    if (!more()) fail("a pattern ending in '\\'");
+    const char c = peek();
+    const auto hex = [&](std::size_t digits) {
+      char32_t v = 0;
+      for (std::size_t i = 0; i < digits; ++i) {
+        if (!more() || !std::isxdigit(static_cast<unsigned char>(peek())))
+          fail("a malformed hexadecimal escape");
+        const char h = peek();
+        v = v * 16 + static_cast<char32_t>(h <= '9' ? h - '0' : (h | 0x20) - 'a' + 10);
+        ++at_;
+      }
+      return v;
+    };
+    ++at_;
+    switch (c) {
+      case 'n': return '\n';
+      case 'r': return '\r';
+      case 't': return '\t';
+      case 'f': return '\f';
+      case 'v': return '\v';
+      case '0': return 0;
+      case 'x': {
+        if (!eat('{')) return hex(2);
+        char32_t cp = 0;
+        int digits = 0;
+        while (more() && peek() != '}') {
+          if (++digits > 6) fail("a malformed \\x{...} escape");
+          cp = cp * 16 + hex(1);
+        }
+        if (digits == 0 || !eat('}')) fail("a malformed \\x{...} escape");
+        if (cp > kMaxCodePoint) fail("a code point above U+10FFFF");
+        return cp;
+      }
+      case 'u': return hex(4);
+      default: break;
+    }
+    if (c >= '1' && c <= '9') {
+      --at_;
+      fail("back-references are not supported");
+    }
+    if (std::isalnum(static_cast<unsigned char>(c))) {
+      --at_;
+      fail(str("'\\", c, "' is not a supported escape"));
+    }
+    if (static_cast<unsigned char>(c) >= 0x80) {
+      --at_;
+      return code_point();
+    }
+    return static_cast<unsigned char>(c);
+  }
+
+  // After '[': the class's code point ranges, up to and past its ']'.
+  Ranges char_class() {
+    const bool negate = eat('^');
+    Ranges r;
+    bool first = true;
+    while (true) {
+      if (!more()) fail("an unterminated '['");
+      if (peek() == ']' && !first) break;
+      if (p_.substr(at_, 2) == "[:") fail("POSIX classes ([:name:]) are not supported");
+      first = false;
+      char32_t lo;
+      if (eat('\\')) {
+        Ranges set;
+        if (class_escape(set)) {
+          r.insert(r.end(), set.begin(), set.end());
+          continue;
+        }
+        lo = char_escape();
+      } else {
+        lo = code_point();
+      }
+      char32_t hi = lo;
+      if (p_.substr(at_, 1) == "-" && at_ + 1 < p_.size() && p_[at_ + 1] != ']') {
+        ++at_;
+        if (eat('\\')) {
+          Ranges set;
+          if (class_escape(set)) fail("a range ending in a class escape");
+          hi = char_escape();
+        } else {
+          hi = code_point();
+        }
+        if (hi < lo) fail("a class range whose end comes before its start");
+      }
+      r.emplace_back(lo, hi);
+    }
+    ++at_;  // ']'
+    r = normalized(std::move(r));
+    return negate ? complement(r) : r;
+  }
+
+  std::string_view p_, field_;
+  std::size_t at_ = 0;
+  std::vector<Node> nodes_;
+};
+
+// Thompson's construction over bytes.
+class Nfa {
+ public:
+  struct Edge {
+    std::uint8_t lo, hi;
+    int to;
+  };
+  struct State {
+    std::vector<int> eps;
+    std::vector<Edge> edges;
+  };
+  std::vector<State> states;
+
+  explicit Nfa(std::string_view field) : field_(field) {}
+
+  int add() {
+    if (states.size() >= RegexDfa::kMaxNfaStates)
+      throw Error(ErrorCategory::invalid_argument,
+                  str("'", field_, "': the pattern is too large (more than ",
+                      RegexDfa::kMaxNfaStates, " automaton states before determinization)"));
+    states.emplace_back();
+    return static_cast<int>(states.size()) - 1;
+  }
+
+  // A fragment from `start` to `end`; `end` gets its outgoing edges later.
+  struct Frag {
+    int start, end;
+  };
+
+  Frag build(const std::vector<Node>& nodes, int i) {
+    const Node& n = nodes[static_cast<std::size_t>(i)];
+    switch (n.kind) {
+      case Node::empty: {
+        const int s = add();
+        return {s, s};
+      }
+      case Node::set: {
+        const int s = add(), e = add();
+        for (const auto& [lo, hi] : n.ranges) utf8_ranges(s, e, lo, hi);
+        return {s, e};
+      }
+      case Node::concat: {
+        Frag f = build(nodes, n.kids[0]);
+        for (std::size_t k = 1; k < n.kids.size(); ++k) {
+          const Frag g = build(nodes, n.kids[k]);
+          link(f.end, g.start);
+          f.end = g.end;
+        }
+        return f;
+      }
+      case Node::alt: {
+        const int s = add(), e = add();
+        for (int kid : n.kids) {
+          const Frag g = build(nodes, kid);
+          link(s, g.start);
+          link(g.end, e);
+        }
+        return {s, e};
+      }
+      case Node::repeat: {
+        const int s = add();
+        int end = s;
+        for (int k = 0; k < n.min; ++k) {
+          const Frag g = build(nodes, n.kids[0]);
+          link(end, g.start);
+          end = g.end;
+        }
+        if (n.max < 0) {  // a loop: enter or leave at `end`
+          const Frag g = build(nodes, n.kids[0]);
+          const int loop = add();
+          link(end, loop);
+          link(loop, g.start);
+          link(g.end, loop);
+          return {s, loop};
+        }
+        const int e = add();
+        for (int k = n.min; k < n.max; ++k) {  // each optional copy may skip to the end
+          link(end, e);
+          const Frag g = build(nodes, n.kids[0]);
+          link(end, g.start);
+          end = g.end;
+        }
+        link(end, e);
+        return {s, e};
+      }
+    }
+    return {add(), add()};
+  }
+
+ private:
+  void link(int from, int to) { states[static_cast<std::size_t>(from)].eps.push_back(to); }
+
+  void edge_chain(int s, int e, const std::uint8_t* lo, const std::uint8_t* hi, int n) {
+    int at = s;
+    for (int k = 0; k < n; ++k) {
+      const int to = k + 1 == n ? e : add();
+      states[static_cast<std::size_t>(at)].edges.push_back({lo[k], hi[k], to});
+      at = to;
+    }
+  }
+
+  static int encode(char32_t cp, std::uint8_t* out) {
+    if (cp < 0x80) return out[0] = static_cast<std::uint8_t>(cp), 1;
+    if (cp < 0x800) {
+      out[0] = static_cast<std::uint8_t>(0xC0 | (cp >> 6));
+      out[1] = static_cast<std::uint8_t>(0x80 | (cp & 0x3F));
+      return 2;
+    }
+    if (cp < 0x10000) {
+      out[0] = static_cast<std::uint8_t>(0xE0 | (cp >> 12));
+      out[1] = static_cast<std::uint8_t>(0x80 | ((cp >> 6) & 0x3F));
+      out[2] = static_cast<std::uint8_t>(0x80 | (cp & 0x3F));
+      return 3;
+    }
+    out[0] = static_cast<std::uint8_t>(0xF0 | (cp >> 18));
+    out[1] = static_cast<std::uint8_t>(0x80 | ((cp >> 12) & 0x3F));
+    out[2] = static_cast<std::uint8_t>(0x80 | ((cp >> 6) & 0x3F));
+    out[3] = static_cast<std::uint8_t>(0x80 | (cp & 0x3F));
+    return 4;
+  }
+
+  // Edges from s to e spelling every code point of [lo, hi] (surrogates excluded) in UTF-8: the
+  // range is split until each piece's code points share their length and vary only in whole
+  // trailing bytes, so one byte range per position spells exactly that piece.
+  void utf8_ranges(int s, int e, char32_t lo, char32_t hi) {
+    if (lo > hi) return;
+    if (lo < 0xD800 && hi > 0xDFFF) {
+      utf8_ranges(s, e, lo, 0xD7FF);
+      utf8_ranges(s, e, 0xE000, hi);
+      return;
+    }
+    if (lo >= 0xD800 && hi <= 0xDFFF) return;
+    if (lo >= 0xD800 && lo <= 0xDFFF) lo = 0xE000;
+    if (hi >= 0xD800 && hi <= 0xDFFF) hi = 0xD7FF;
+    if (lo > hi) return;
+    for (const char32_t edge : {char32_t{0x7F}, char32_t{0x7FF}, char32_t{0xFFFF}}) {
+      if (lo <= edge && hi > edge) {
+        utf8_ranges(s, e, lo, edge);
+        utf8_ranges(s, e, edge + 1, hi);
+        return;
+      }
+    }
+    std::uint8_t a[4], b[4];
+    const int n = encode(lo, a);
+    encode(hi, b);
+    for (int k = 1; k < n; ++k) {  // the last k bytes must span their whole continuation range
+      const char32_t m = (char32_t{1} << (6 * k)) - 1;
+      if ((lo & ~m) != (hi & ~m)) {
+        if ((lo & m) != 0) {
+          utf8_ranges(s, e, lo, lo | m);
+          utf8_ranges(s, e, (lo | m) + 1, hi);
+          return;
+        }
+        if ((hi & m) != m) {
+          utf8_ranges(s, e, lo, (hi & ~m) - 1);
+          utf8_ranges(s, e, hi & ~m, hi);
+          return;
+        }
+      }
+    }
+    edge_chain(s, e, a, b, n);
+  }
+
+  std::string_view field_;
+};
+
+}  // namespace
+
+RegexDfa::RegexDfa(std::string_view pattern, std::string_view field) {
+  int root = 0;
+  const std::vector<Node> nodes = Parser(pattern, field).parse(root);
+  Nfa nfa(field);
+  const Nfa::Frag whole = nfa.build(nodes, root);
+  const int accept = whole.end;
+
+  // Bytes that no edge tells apart share a class.
+  std::array<bool, 257> cut{};
+  cut[0] = true;
+  for (const Nfa::State& st : nfa.states) {
+    for (const Nfa::Edge& e : st.edges) cut[e.lo] = cut[static_cast<std::size_t>(e.hi) + 1] = true;
+  }
+  std::vector<std::uint8_t> representative;
+  for (int b = 0; b < 256; ++b) {
+    if (cut[static_cast<std::size_t>(b)]) representative.push_back(static_cast<std::uint8_t>(b));
+    class_of_[static_cast<std::size_t>(b)] = static_cast<std::uint8_t>(representative.size() - 1);
+  }
+  classes_ = representative.size();
+
+  std::vector<int> mark(nfa.states.size(), -1);
+  int stamp = 0;
+  const auto closure = [&](std::vector<int> seeds) {
+    ++stamp;
+    std::vector<int> out;
+    while (!seeds.empty()) {
+      const int s = seeds.back();
+      seeds.pop_back();
+      if (mark[static_cast<std::size_t>(s)] == stamp) continue;
+      mark[static_cast<std::size_t>(s)] = stamp;
+      out.push_back(s);
+      for (int t : nfa.states[static_cast<std::size_t>(s)].eps) seeds.push_back(t);
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+
+  std::map<std::vector<int>, std::int32_t> ids;
+  std::vector<std::vector<int>> sets{closure({whole.start})};
+  ids.emplace(sets[0], 0);
+  for (std::size_t d = 0; d < sets.size(); ++d) {
+    for (std::size_t c = 0; c < classes_; ++c) {
+      const std::uint8_t b = representative[c];
+      std::vector<int> moved;
+      for (int s : sets[d]) {
+        for (const Nfa::Edge& e : nfa.states[static_cast<std::size_t>(s)].edges)
+          if (e.lo <= b && b <= e.hi) moved.push_back(e.to);
+      }
+      std::int32_t to = kDead;
+      if (!moved.empty()) {
+        std::vector<int> set = closure(std::move(moved));
+        const auto [it, added] = ids.emplace(set, static_cast<std::int32_t>(sets.size()));
+        if (added) {
+          if (sets.size() >= static_cast<std::size_t>(kMaxStates))
+            throw Error(ErrorCategory::invalid_argument,
+                        str("'", field,
+                            "': the pattern is too large (its automaton needs more "
+                            "than ",
+                            kMaxStates, " states)"));
+          sets.push_back(std::move(set));
+        }
+        to = it->second;
+      }
+      next_.push_back(to);
+    }
+    accepting_.push_back(std::binary_search(sets[d].begin(), sets[d].end(), accept) ? 1 : 0);
+  }
+
+  // States that cannot reach a match are dead.
+  const std::size_t n = sets.size();
+  std::vector<std::vector<std::int32_t>> into(n);
+  for (std::size_t s = 0; s < n; ++s) {
+    for (std::size_t c = 0; c < classes_; ++c) {
+      const std::int32_t t = next_[s * classes_ + c];
+      if (t != kDead) into[static_cast<std::size_t>(t)].push_back(static_cast<std::int32_t>(s));
+    }
+  }
+  std::vector<char> live(n, 0);
+  std::vector<std::int32_t> todo;
+  for (std::size_t s = 0; s < n; ++s) {
+    if (accepting_[s]) {
+      live[s] = 1;
+      todo.push_back(static_cast<std::int32_t>(s));
+    }
+  }
+  while (!todo.empty()) {
+    const std::int32_t t = todo.back();
+    todo.pop_back();
+    for (std::int32_t s : into[static_cast<std::size_t>(t)]) {
+      if (!live[static_cast<std::size_t>(s)]) {
+        live[static_cast<std::size_t>(s)] = 1;
+        todo.push_back(s);
+      }
+    }
+  }
+  DCP_ARG_CHECK(live[0], "'", field, "': the pattern matches no text");
+  extendable_.assign(n, 0);
+  for (std::size_t s = 0; s < n; ++s) {
+    for (std::size_t c = 0; c < classes_; ++c) {
+      std::int32_t& t = next_[s * classes_ + c];
+      if (t != kDead && !live[static_cast<std::size_t>(t)]) t = kDead;
+      if (t != kDead) extendable_[s] = 1;
+    }
+  }
+}
+
+std::int32_t RegexDfa::walk(std::int32_t state, std::string_view bytes) const noexcept {
+  for (const char c : bytes) {
+    if (state == kDead) break;
+    state = next(state, static_cast<std::uint8_t>(c));
+  }
+  return state;
+}
+
+bool RegexDfa::matches(std::string_view text) const noexcept {
+  const std::int32_t s = walk(start(), text);
+  return s != kDead && accepting(s);
+}
+
+}  // namespace dcp

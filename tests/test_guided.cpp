@@ -1,0 +1,456 @@
+// Guided regex: the pattern compiler against Python's `re` on random patterns and texts, the token
+// masks against the prefixes of a finite language written out by hand, and the engine's tokens
+// chosen step by step among those masks (DCP 2 and speculative decoding alike).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "dcp/engine.h"
+#include "dcp/error.h"
+#include "dcp/regex_dfa.h"
+#include "dcp/token_guide.h"
+#include "engine_util.h"
+#include "test_util.h"
+
+namespace dcp {
+namespace {
+
+using test::EngineSetup;
+using test::random_tokens;
+using test::request;
+using test::run_engine;
+
+std::string refusal(std::string_view pattern) {
+  try {
+    RegexDfa dfa(pattern, "guided_regex");
+  } catch (const Error& e) {
+    EXPECT_EQ(e.category(), ErrorCategory::invalid_argument);
+    return e.what();
+  }
+  return "";
+}
+
+TEST(RegexDfa, MatchesWholeTextsOnly) {
+  const RegexDfa date(R"(\d{4}-\d{2}-\d{2})");
+  EXPECT_TRUE(date.matches("2026-12-04"));
+  EXPECT_FALSE(date.matches("2026-12-4"));
+  EXPECT_FALSE(date.matches("x2026-12-04"));
+  EXPECT_FALSE(date.matches("2026-12-045"));
+  const RegexDfa words("^(?:yes|no)(?P<tail>!+)?$");
+  EXPECT_TRUE(words.matches("yes"));
+  EXPECT_TRUE(words.matches("no!!!"));
+  EXPECT_FALSE(words.matches("yes!no"));
+  EXPECT_FALSE(words.matches(""));
+  // Classes over code points: a two-byte and a three-byte character are one item each.
+  const RegexDfa accents("[à-é]{2}[^a-z]");
+  EXPECT_TRUE(accents.matches("àé€"));
+  EXPECT_TRUE(accents.matches("éé\n"));
+  EXPECT_FALSE(accents.matches("àéz"));
+  EXPECT_FALSE(accents.matches("à\xC3\xA9"));  // the third item is missing
+  const RegexDfa dot("a.c");
+  EXPECT_TRUE(dot.matches("a€c"));
+  EXPECT_FALSE(dot.matches("a\nc"));
+  EXPECT_FALSE(
+      dot.matches("a\xE2\x82"
+                  "c"));             // half a character is not one
+  const RegexDfa brace("a{,2}b{x");  // `{x` opens no quantifier: a literal
+  EXPECT_TRUE(brace.matches("aab{x"));
+  EXPECT_TRUE(brace.matches("b{x"));
+  EXPECT_FALSE(brace.matches("aaab{x"));
+  const RegexDfa escapes(R"(\x41\x{20AC}\u00e9\.\[\t)");
+  EXPECT_TRUE(escapes.matches("A€é.[\t"));
+  // The state after a match that nothing may extend, and one that may be extended.
+  const RegexDfa three("ab?");
+  const std::int32_t a = three.walk(three.start(), "a");
+  EXPECT_TRUE(three.accepting(a) && three.extendable(a));
+  const std::int32_t ab = three.walk(a, "b");
+  EXPECT_TRUE(three.accepting(ab) && !three.extendable(ab));
+  EXPECT_EQ(three.walk(ab, "b"), RegexDfa::kDead);
+}
+
+TEST(RegexDfa, RefusesWhatItDoesNotImplementNamingTheField) {
+  EXPECT_EQ(refusal("(a"), "'guided_regex': missing ')' at byte 2 of the pattern");
+  EXPECT_EQ(refusal("a)"), "'guided_regex': unbalanced ')' at byte 1 of the pattern");
+  EXPECT_EQ(refusal("*a"), "'guided_regex': nothing to repeat at byte 0 of the pattern");
+  EXPECT_EQ(refusal("a|{2}"), "'guided_regex': nothing to repeat at byte 2 of the pattern");
+  EXPECT_EQ(refusal("(a)\\1"),
+            "'guided_regex': back-references are not supported at byte 4 of the pattern");
+  EXPECT_EQ(refusal("a(?=b)"),
+            "'guided_regex': look-arounds and inline flags are not supported at byte 2 of the "
+            "pattern");
+  EXPECT_EQ(refusal("(?<!a)b"),
+            "'guided_regex': look-arounds and inline flags are not supported at byte 1 of the "
+            "pattern");
+  EXPECT_EQ(refusal("\\bword"),
+            "'guided_regex': '\\b' is not a supported escape at byte 1 of the pattern");
+  EXPECT_EQ(refusal("[[:alpha:]]"),
+            "'guided_regex': POSIX classes ([:name:]) are not supported at byte 1 of the pattern");
+  EXPECT_EQ(refusal("a^b"),
+            "'guided_regex': '^' other than at the pattern's start at byte 1 of "
+            "the pattern");
+  EXPECT_EQ(refusal("[z-a]"),
+            "'guided_regex': a class range whose end comes before its start at "
+            "byte 4 of the pattern");
+  EXPECT_EQ(refusal("[ab"), "'guided_regex': an unterminated '[' at byte 3 of the pattern");
+  EXPECT_EQ(refusal("a{3,2}"),
+            "'guided_regex': {3,2}: the larger count comes second at byte 1 of "
+            "the pattern");
+  EXPECT_EQ(refusal("a{1001}"),
+            "'guided_regex': a repeat count above 1000 at byte 6 of the pattern");
+  EXPECT_EQ(refusal("\xC3"), "'guided_regex': invalid UTF-8 at byte 0 of the pattern");
+  EXPECT_EQ(refusal("[^\\x00-\\x{10FFFF}]"), "'guided_regex': the pattern matches no text");
+  // Too large before determinization, and after.
+  EXPECT_NE(refusal("((a{1000}){1000}){1000}").find("the pattern is too large (more than 200000"),
+            std::string::npos);
+  EXPECT_NE(refusal("[ab]*a[ab]{20}").find("its automaton needs more than 20000 states"),
+            std::string::npos);
+}
+
+// Random patterns and texts over a small alphabet (ASCII, two- and three-byte characters),
+// each pattern with a text built to match it where the generator can: Python's re.fullmatch
+// (re.ASCII: \d \w \s as here) decides every case.
+class PatternMaker {
+ public:
+  explicit PatternMaker(std::mt19937_64& rng) : rng_(rng) {}
+  std::pair<std::string, std::string> make(int depth) {  // (pattern, a text it likely matches)
+    std::string pattern, sample;
+    const int items = pick(1, 3);
+    for (int i = 0; i < items; ++i) {
+      auto [p, s] = quantified(depth);
+      pattern += p;
+      sample += s;
+    }
+    if (depth > 0 && pick(0, 3) == 0) {  // an alternative
+      auto [p, s] = make(depth - 1);
+      pattern += "|" + p;
+      if (pick(0, 1)) sample = s;
+    }
+    return {pattern, sample};
+  }
+  std::string text() {
+    std::string t;
+    for (int n = pick(0, 6); n > 0; --n) t += any_char();
+    return t;
+  }
+
+ private:
+  static constexpr const char* kChars[] = {"a",  "b",  "c", "é", "0", "-", " ",
+                                           "\n", "\r", "_", "Z", "9", "€", "\t"};
+  std::string any_char() { return kChars[pick(0, static_cast<int>(std::size(kChars)) - 1)]; }
+  int pick(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
+
+  std::pair<std::string, std::string> quantified(int depth) {
+    auto [p, s] = atom(depth);
+    switch (pick(0, 7)) {
+      case 0: return {p + "*", pick(0, 1) ? s + s : ""};
+      case 1: return {p + "+", s};
+      case 2: return {p + "?", pick(0, 1) ? s : ""};
+      case 3: return {p + "{2}", s + s};
+      case 4: return {p + "{1,3}", s};
+      case 5: return {p + "{2,}", s + s + s};
+      default: return {p, s};
+    }
+  }
+
+  std::pair<std::string, std::string> atom(int depth) {
+    switch (pick(0, 9)) {
+      case 0: return {".", any_char()};
+      case 1: return {"\\d", "7"};
+      case 2: return {"\\w", "_"};
+      case 3: return {"\\s", " "};
+      case 4: return {"\\W", "€"};
+      case 5: return {"[a-c0é]", "b"};
+      case 6: return {"[^b\\d]", any_char()};
+      case 7:
+        if (depth > 0) {
+          auto [p, s] = make(depth - 1);
+          return {(pick(0, 1) ? "(?:" : "(") + p + ")", s};
+        }
+        [[fallthrough]];
+      default: {
+        const std::string c = any_char();
+        const std::string p = c == "\n"   ? "\\n"
+                              : c == "\r" ? "\\r"
+                              : c == "\t" ? "\\t"
+                              : c == "-"  ? "\\-"
+                                          : c;
+        return {p, c};
+      }
+    }
+  }
+
+  std::mt19937_64& rng_;
+};
+
+TEST(RegexDfa, AgreesWithPythonReOnRandomPatternsAndTexts) {
+  const char* python = "/usr/bin/python3";
+  if (!std::filesystem::exists(python)) GTEST_SKIP() << python << " is not installed";
+  test::Rng rng = test::make_rng();
+  PatternMaker maker(rng.engine());
+  nlohmann::json cases = nlohmann::json::array();
+  for (int i = 0; i < 400; ++i) {
+    auto [pattern, sample] = maker.make(2);
+    nlohmann::json texts = {sample};
+    for (int k = 0; k < 15; ++k) texts.push_back(maker.text());
+    cases.push_back({pattern, texts});
+  }
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("dcp_regex_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "cases.json") << cases.dump();
+  const std::string script =
+      "import json, re, sys\n"
+      "cases = json.load(open(sys.argv[1]))\n"
+      "out = [[bool(re.fullmatch(p, t, re.ASCII)) for t in texts] for p, texts in cases]\n"
+      "json.dump(out, open(sys.argv[2], 'w'))\n";
+  std::ofstream(dir / "oracle.py") << script;
+  const std::string command = std::string(python) + " " + (dir / "oracle.py").string() + " " +
+                              (dir / "cases.json").string() + " " +
+                              (dir / "expected.json").string();
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  const nlohmann::json expected = nlohmann::json::parse(std::ifstream(dir / "expected.json"));
+  std::filesystem::remove_all(dir);
+  int matched = 0;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const std::string pattern = cases[i][0];
+    const RegexDfa dfa(pattern);
+    for (std::size_t k = 0; k < cases[i][1].size(); ++k) {
+      const std::string text = cases[i][1][k];
+      const bool want = expected[i][k];
+      matched += want;
+      EXPECT_EQ(dfa.matches(text), want) << "pattern '" << pattern << "' text '" << text << "'";
+    }
+  }
+  EXPECT_GT(matched, 300);  // the generator's samples make many positive cases
+}
+
+// A finite language written out whole, so the allowed tokens follow from its prefixes alone.
+const std::vector<std::string> kYesNoMaybe = [] {
+  std::vector<std::string> all;
+  for (const char* word : {"yes", "no", "maybe"})
+    for (const char* bang : {"!", "!!", "!!!"}) all.push_back(std::string(word) + bang);
+  return all;
+}();
+constexpr const char* kYesNoMaybePattern = "(yes|no|maybe)!{1,3}";
+
+bool viable(const std::string& text) {  // a prefix of some word of the language
+  return std::any_of(kYesNoMaybe.begin(), kYesNoMaybe.end(),
+                     [&](const std::string& w) { return w.compare(0, text.size(), text) == 0; });
+}
+bool complete(const std::string& text) {
+  return std::find(kYesNoMaybe.begin(), kYesNoMaybe.end(), text) != kYesNoMaybe.end();
+}
+
+// Pieces of the language's words at random ids among junk (no '#' anywhere) and special tokens.
+std::shared_ptr<const GuideVocabulary> test_vocabulary(int vocab, std::mt19937_64& rng,
+                                                       std::vector<std::int32_t>& specials) {
+  std::vector<std::optional<std::string>> texts(static_cast<std::size_t>(vocab));
+  const std::string junk = "xqzYe so!ab";
+  for (auto& t : texts) {
+    std::string s;
+    for (int n = 1 + static_cast<int>(rng() % 4); n > 0; --n) s += junk[rng() % junk.size()];
+    t = s;
+  }
+  std::vector<std::int32_t> ids(static_cast<std::size_t>(vocab));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::size_t next = 0;
+  for (const char* piece :
+       {"y",  "e",   "s",  "n",     "o",  "m",  "a",   "b",  "!",   "ye",     "yes",
+        "no", "may", "be", "maybe", "s!", "!!", "!!!", "o!", "e!!", "yes!!!!"})
+    texts[static_cast<std::size_t>(ids[next++])] = piece;
+  for (int k = 0; k < 3; ++k) {
+    specials.push_back(ids[next]);
+    texts[static_cast<std::size_t>(ids[next++])].reset();
+  }
+  return std::make_shared<const GuideVocabulary>(texts);
+}
+
+TEST(TokenGuide, AllowsExactlyTheTokensThatKeepAPrefixOfAMatch) {
+  std::mt19937_64 rng(7);
+  std::vector<std::int32_t> specials;
+  const auto vocab = test_vocabulary(320, rng, specials);
+  TokenGuide guide(std::make_shared<const RegexDfa>(kYesNoMaybePattern), vocab);
+  // Every prefix of every word, and texts that are not prefixes.
+  std::vector<std::string> texts{"", "x", "yes!!!", "nob"};
+  for (const std::string& w : kYesNoMaybe)
+    for (std::size_t n = 0; n <= w.size(); ++n) texts.push_back(w.substr(0, n));
+  for (const std::string& text : texts) {
+    // Spell the text with single-character tokens where it can be reached.
+    std::vector<std::int32_t> output;
+    bool spelled = true;
+    for (char ch : text) {
+      std::int32_t id = -1;
+      for (std::int32_t t = 0; t < vocab->size() && id < 0; ++t)
+        if (vocab->writable(t) && vocab->bytes(t) == std::string(1, ch)) id = t;
+      if (id < 0) spelled = false;
+      output.push_back(id);
+    }
+    if (!spelled) continue;
+    const std::optional<std::int32_t> state = guide.state_after(output);
+    ASSERT_EQ(state.has_value(), viable(text)) << "'" << text << "'";
+    if (!state) continue;
+    EXPECT_EQ(guide.dfa().accepting(*state), complete(text)) << "'" << text << "'";
+    std::vector<std::int32_t> want;
+    for (std::int32_t t = 0; t < vocab->size(); ++t)
+      if (vocab->writable(t) && viable(text + std::string(vocab->bytes(t)))) want.push_back(t);
+    EXPECT_EQ(guide.allowed(*state), want) << "'" << text << "'";
+  }
+  // A special token leaves the language; so does a token past a match nothing extends.
+  EXPECT_FALSE(guide.state_after(std::vector<std::int32_t>{specials[0]}).has_value());
+}
+
+std::string text_of(const GuideVocabulary& v, const std::vector<std::int32_t>& tokens) {
+  std::string s;
+  for (std::int32_t t : tokens)
+    if (v.writable(t)) s += v.bytes(t);
+  return s;
+}
+
+// Each step's token is the greedy choice of that step's recorded logits among the tokens whose
+// bytes keep the text a prefix of a word (and the stop tokens once it is a word); the request
+// ends at a word nothing extends, at a stop token, or at a text no token can continue; the same
+// under DCP 2 and with a draft.
+TEST(Engine, RegexChoosesAmongTheTokensThatKeepAPrefixOfAMatch) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 2);
+  const auto w = make_synthetic_weights(11);
+  std::vector<std::int32_t> specials;
+  const auto vocab = test_vocabulary(c.vocab_size, rng.engine(), specials);
+  std::vector<RequestSpec> reqs;
+  for (int i = 0; i < 6; ++i) {
+    RequestSpec r = request(i, random_tokens(rng, 9 + 13 * i, c.vocab_size), 10);
+    r.sampling.regex = kYesNoMaybePattern;
+    if (i % 2 == 0) r.stop_token_ids = {specials[0], specials[1]};
+    if (i == 2) r.min_tokens = 4;
+    if (i == 3) r.max_new_tokens = 2;
+    // A stop token the model favours: chosen as soon as the text is a word.
+    if (i == 4) r.sampling.logit_bias[specials[1]] = 30;
+    reqs.push_back(r);
+  }
+  // The vocabulary cannot spell '#': the request ends where the pattern needs it.
+  RequestSpec stuck = request(6, random_tokens(rng, 11, c.vocab_size), 10);
+  stuck.sampling.regex = "no#|m";
+  reqs.push_back(stuck);
+  EngineSetup s;
+  s.tp = 2;
+  s.page_size = 4;
+  s.guide_vocabulary = vocab;
+  const test::EngineRun one = run_engine(c, *w, s, reqs);
+  const int v = c.vocab_size;
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    const RequestResult& r = one.results[i];
+    const RequestSpec& q = reqs[i];
+    std::vector<std::int32_t> sofar;
+    for (std::size_t k = 0; k < r.output_tokens.size(); ++k) {
+      const std::string text = text_of(*vocab, sofar);
+      const bool stops_open =
+          static_cast<int>(k) >= q.min_tokens && (i == 6 ? text == "m" : complete(text));
+      std::int32_t best = -1;
+      for (std::int32_t t = 0; t < v; ++t) {
+        const bool is_stop = std::find(q.stop_token_ids.begin(), q.stop_token_ids.end(), t) !=
+                             q.stop_token_ids.end();
+        const std::string next = text + std::string(vocab->writable(t) ? vocab->bytes(t) : "");
+        const bool ok = is_stop ? stops_open
+                                : vocab->writable(t) &&
+                                      (i == 6 ? std::string("no#").starts_with(next) || next == "m"
+                                              : viable(next));
+        if (!ok) continue;
+        const float x = r.step_logits[k * v + static_cast<std::size_t>(t)] +
+                        (q.sampling.logit_bias.count(t) ? 30.0f : 0.0f);
+        const float b = best < 0 ? 0
+                                 : r.step_logits[k * v + static_cast<std::size_t>(best)] +
+                                       (q.sampling.logit_bias.count(best) ? 30.0f : 0.0f);
+        if (best < 0 || x > b) best = t;
+      }
+      ASSERT_EQ(r.output_tokens[k], best) << "request " << i << " step " << k;
+      sofar.push_back(r.output_tokens[k]);
+    }
+    const std::string text = text_of(*vocab, r.output_tokens);
+    const bool stopped_by_token =
+        !r.output_tokens.empty() && std::find(q.stop_token_ids.begin(), q.stop_token_ids.end(),
+                                              r.output_tokens.back()) != q.stop_token_ids.end();
+    if (i == 3) {
+      EXPECT_EQ(r.output_tokens.size(), 2u);
+      EXPECT_TRUE(viable(text)) << text;
+    } else if (i == 6) {
+      EXPECT_TRUE(text == "no" || text == "m") << text;
+      EXPECT_EQ(r.finish_reason, FinishReason::stop);
+    } else {
+      EXPECT_TRUE(complete(text)) << "request " << i << ": '" << text << "'";
+      EXPECT_EQ(r.finish_reason, FinishReason::stop) << "request " << i;
+      // Without stop tokens only "!!!" ends a word; with them a stop token may end it earlier.
+      if (q.stop_token_ids.empty()) {
+        EXPECT_TRUE(text.ends_with("!!!")) << text;
+      }
+      if (i == 4) {  // its stop token wins wherever it is open (the steps above check where)
+        EXPECT_TRUE(stopped_by_token || text.ends_with("!!!")) << text;
+      }
+    }
+  }
+  s.dcp = 2;
+  const test::EngineRun two = run_engine(c, *w, s, reqs);
+  s.num_draft_tokens = 3;
+  s.draft_weights = w.get();
+  s.draft_config = c;  // a draft equal to the target proposes within the pattern too
+  const test::EngineRun spec = run_engine(c, *w, s, reqs);
+  EXPECT_GT(spec.stats.spec_accepted, 0);
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(two.results[i].output_tokens, one.results[i].output_tokens) << "request " << i;
+    EXPECT_EQ(spec.results[i].output_tokens, one.results[i].output_tokens) << "request " << i;
+  }
+}
+
+TEST(Engine, RegexRequestsAreRefusedWithoutAVocabularyOrAWayToBegin) {
+  const ModelConfig c = preset_config("tiny", 1);
+  std::mt19937_64 rng(3);
+  std::vector<std::int32_t> specials;
+  const auto vocab = test_vocabulary(c.vocab_size, rng, specials);
+  RequestSpec r = request(0, {1, 2, 3}, 4);
+  r.sampling.regex = "yes";
+  EXPECT_THROW(request_guide(r, nullptr), Error);
+  try {
+    request_guide(r, nullptr);
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "'regex' needs the vocabulary's bytes (a tokenizer); this engine has none");
+  }
+  EXPECT_NE(request_guide(r, vocab), nullptr);
+  r.sampling.regex = "#";
+  try {
+    request_guide(r, vocab);
+    ADD_FAILURE() << "a pattern no token begins was accepted";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "'regex': no token of the vocabulary begins a match");
+  }
+  r.sampling.regex = "a{0}|";
+  try {
+    request_guide(r, vocab);
+    ADD_FAILURE() << "a pattern of the empty text only was accepted";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "'regex' matches only the empty text (a reply holds at least one token)");
+  }
+  // Checked with the other sampling fields: syntax, and masks beside it.
+  SamplingParams p;
+  p.regex = "(a";
+  EXPECT_THROW(validate(p, c.vocab_size), Error);
+  p.regex = "a";
+  p.allowed_token_ids = {1};
+  EXPECT_THROW(validate(p, c.vocab_size), Error);
+  p.allowed_token_ids.clear();
+  EXPECT_NO_THROW(validate(p, c.vocab_size));
+}
+
+}  // namespace
+}  // namespace dcp
