@@ -2,13 +2,15 @@
 // endpoint (completions, chat, /generate, /tokenize, /detokenize), the rest is the body. Every body
 // gets a reply, an error or a refusal, never a crash. The deployment is built but not running, so a
 // body that parses is refused at submission ("still loading").
+#include <unistd.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <string>
-#include <unistd.h>
 
 #include "dcp/serving.h"
+#include "dcp/text_stream.h"
 #include "dcp/tokenizer.h"
 #include "serve/openai_api.h"
 
@@ -23,6 +25,8 @@ struct Fixture {
     std::filesystem::remove_all(dir);
     dcp::DeploymentSpec spec;
     spec.model.config = dcp::preset_config("tiny", 1);
+    // Guided regexes compile and are checked against the vocabulary at parse time.
+    spec.engine.guide_vocabulary = dcp::guide_vocabulary(*tokenizer, spec.model.config.vocab_size);
     deployment.emplace(spec);
     api.emplace(*deployment, &*tokenizer, dcp::serve::ApiOptions{"tiny", 16});
   }

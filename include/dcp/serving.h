@@ -143,6 +143,10 @@ class ServingDeployment {
   bool ready() const;
 
   const ModelConfig& config() const noexcept { return spec_.model.config; }
+  // The vocabulary bytes guided requests are masked with (null: regexes are refused).
+  const std::shared_ptr<const GuideVocabulary>& guide_vocabulary() const noexcept {
+    return spec_.engine.guide_vocabulary;
+  }
   // The logical KV capacity in tokens (every DP replica's is the same), known once ready.
   std::int64_t kv_capacity_tokens() const;
 

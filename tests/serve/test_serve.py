@@ -305,6 +305,36 @@ def case_masks(s):
     check(status == 200 and r["usage"]["prompt_tokens"] == 2, f"truncate_prompt_tokens -1 keeps a short prompt: {r}")
 
 
+def case_guided_regex(s):
+    """guided_regex (and SGLang's regex): the reply's text matches the pattern whole (Python's re
+    decides), whole, streamed, sampled, in a chat and on /generate; cut by max_tokens, a prefix."""
+    body = {"prompt": "Once upon a time", "temperature": 0, "max_tokens": 32}
+    pattern = r"\d{3}-[a-z]{2,4}( ok)?"
+    status, r = s.post("/v1/completions", {**body, "guided_regex": pattern})
+    c = r["choices"][0] if status == 200 else {}
+    check(status == 200 and re.fullmatch(pattern, c["text"]) and c["finish_reason"] == "stop",
+          f"guided_regex {pattern!r}: {r}")
+    status, _, events = s.stream("/v1/completions", {**body, "guided_regex": pattern, "stream": True})
+    check("".join(e["choices"][0]["text"] for e in events[:-1]) == c.get("text"), f"streamed: {events}")
+    status, r = s.post("/v1/completions", {**body, "guided_regex": pattern, "temperature": 1, "seed": 3, "n": 6})
+    texts = [x["text"] for x in r["choices"]] if status == 200 else []
+    check(len(texts) == 6 and all(re.fullmatch(pattern, t) for t in texts) and len(set(texts)) > 1,
+          f"sampled: {texts}")
+    status, r = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Yes or no?"}],
+                                                "max_tokens": 8, "temperature": 0, "guided_regex": "(yes|no)!?"})
+    check(status == 200 and re.fullmatch("(yes|no)!?", r["choices"][0]["message"]["content"]), f"chat: {r}")
+    status, r = s.post("/generate", {"text": "Once upon a time", "sampling_params": {
+        "max_new_tokens": 16, "temperature": 0, "regex": "[A-Z][a-z]{1,3} [0-9]{2}"}})
+    check(status == 200 and re.fullmatch("[A-Z][a-z]{1,3} [0-9]{2}", r["text"]), f"/generate regex: {r}")
+    # Non-ASCII classes and '.', and a match that may go on: max_tokens cuts it, a prefix stays.
+    status, r = s.post("/v1/completions", {**body, "guided_regex": "[à-ü]+.", "ignore_eos": True,
+                                           "max_tokens": 4})
+    c = r["choices"][0] if status == 200 else {}
+    check(status == 200 and (re.fullmatch("[à-ü]+.", c["text"]) if c["finish_reason"] == "stop" else
+                             c["finish_reason"] == "length" and len(c["token_ids"]) == 4
+                             and re.fullmatch("[à-ü]*", c["text"].rstrip("\ufffd"))), f"a cut match: {r}")
+
+
 def case_tokenize(s):
     """/tokenize and /detokenize give the ids and text dcp tokenize gives, and what the generation
     endpoints count."""
@@ -506,8 +536,7 @@ def case_errors(s):
     expect(400, {"prompt": "hi", "min_tokens": -1}, "min_tokens")
     expect(400, {"messages": [{"role": "user", "content": "hi"}], "echo": True}, "echo", path="/v1/chat/completions")
     # vLLM's and SGLang's extensions that would change the result are refused, not ignored.
-    for key, value in [("prompt_logprobs", 1), ("guided_json", {"type": "object"}), ("guided_regex", "a+"),
-                       ("use_beam_search", True)]:
+    for key, value in [("prompt_logprobs", 1), ("guided_json", {"type": "object"}), ("use_beam_search", True)]:
         expect(400, {"prompt": "hi", key: value}, key)
     expect(400, {"prompt": "hi", "allowed_token_ids": []}, "allowed_token_ids")
     expect(400, {"prompt": "hi", "allowed_token_ids": [3, 100000]}, "allowed_token_ids")
@@ -521,6 +550,12 @@ def case_errors(s):
     expect(400, {"prompt": "hi", "guided_choice": ["red", ""]}, "guided_choice")
     expect(400, {"prompt": "hi", "guided_choice": "red"}, "guided_choice")
     expect(400, {"prompt": "hi", "guided_choice": ["red"], "allowed_token_ids": [1]}, "guided_choice")
+    expect(400, {"prompt": "hi", "guided_regex": "(a"}, "guided_regex")
+    expect(400, {"prompt": "hi", "guided_regex": ""}, "guided_regex")
+    expect(400, {"prompt": "hi", "guided_regex": "a(?=b)"}, "guided_regex")
+    expect(400, {"prompt": "hi", "guided_regex": "a", "regex": "a"}, "regex")
+    expect(400, {"prompt": "hi", "guided_regex": "a", "guided_choice": ["a"]}, "guided_regex")
+    expect(400, {"text": "hi", "sampling_params": {"regex": "a{0}"}}, "regex", path="/generate")
     expect(400, {"prompt": "hi", "messages": []}, "prompt", path="/tokenize")
     expect(400, {}, "prompt", path="/tokenize")
     expect(400, {"prompt": [1, 2]}, "prompt", path="/tokenize")
@@ -780,7 +815,11 @@ def case_mpi(mpiexec):
         _, _, events = s.stream("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
                                                         "max_tokens": 8, "temperature": 0, "stream": True})
         check(events[-1] == "[DONE]", "mpi stream ends")
-        print("mpi: greedy with DP attention and a chat stream checked", flush=True)
+        # Every rank masks a guided request by its own copy of the tokenizer's bytes.
+        status, r = s.post("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0,
+                                               "guided_regex": r"\d{3}-[a-z]{2,4}"})
+        check(status == 200 and re.fullmatch(r"\d{3}-[a-z]{2,4}", r["choices"][0]["text"]), f"mpi regex: {r}")
+        print("mpi: greedy with DP attention, a chat stream and a regex checked", flush=True)
     finally:
         # mpirun exits 1 when it is signalled itself, even if every rank exits 0: signal rank 0,
         # which shuts the job down, as an operator would.
@@ -807,7 +846,7 @@ def case_mpi(mpiexec):
 
 
 CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_whole, case_seeds,
-                                     case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_tokenize, case_chat_options, case_min_tokens, case_echo, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
+                                     case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_guided_regex, case_tokenize, case_chat_options, case_min_tokens, case_echo, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
                                      case_metrics_and_models]}
 
 

@@ -16,6 +16,7 @@
 #include "cli/run_workload.h"
 #include "dcp/error.h"
 #include "dcp/serving.h"
+#include "dcp/text_stream.h"
 #include "dcp/tokenizer.h"
 #include "serve/http_server.h"
 #include "serve/openai_api.h"
@@ -83,6 +84,10 @@ int serve(const ServeFlags& f) {
   sigaction(SIGINT, &action, nullptr);
   sigaction(SIGTERM, &action, nullptr);
 
+  // Every process loads the tokenizer: guided requests mask tokens by their bytes on every rank.
+  const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(f, w.spec.model.config.vocab_size);
+  if (tokenizer)
+    w.spec.engine.guide_vocabulary = guide_vocabulary(*tokenizer, w.spec.model.config.vocab_size);
   ServeOptions so;
   so.max_queued_requests = f.max_queued;
   ServingDeployment deployment(w.spec, so);
@@ -90,8 +95,6 @@ int serve(const ServeFlags& f) {
     deployment.run();
     return 0;
   }
-  const std::unique_ptr<Tokenizer> tokenizer =
-      load_tokenizer(f, w.spec.model.config.vocab_size);
   serve::ApiOptions ao;
   ao.model_name = f.served_model_name.empty() ? w.model_label : f.served_model_name;
   ao.default_max_tokens = f.default_max_tokens;

@@ -33,9 +33,9 @@ void refuse_unsupported(const json& b) {
       bad(key, str("'", key, "' (tool calling) is not supported"));
   }
   // vLLM's and SGLang's extensions that would change the result: refused rather than ignored.
-  for (const char* key : {"prompt_logprobs", "guided_json", "guided_regex", "guided_grammar",
-                          "structured_outputs", "json_schema", "regex", "ebnf", "structural_tag",
-                          "logprob_start_len", "custom_logit_processor", "logits_processors"}) {
+  for (const char* key : {"prompt_logprobs", "guided_json", "guided_grammar", "structured_outputs",
+                          "json_schema", "ebnf", "structural_tag", "logprob_start_len",
+                          "custom_logit_processor", "logits_processors"}) {
     if (field(b, key)) bad(key, str("'", key, "' is not supported"));
   }
   if (const json* v = field(b, "priority");
@@ -227,6 +227,25 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
       bad("guided_choice",
           str("'guided_choice': the tokens of '", texts[pair->first], "' begin those of '",
               texts[pair->second], "', so a reply could not tell them apart"));
+  }
+  // vLLM's guided_regex, SGLang's regex: the reply's text matches the pattern whole.
+  if (field(*src, "guided_regex") && field(*src, "regex"))
+    bad("regex", "send one of 'guided_regex' and 'regex', not both");
+  const char* regex_key = field(*src, "regex") ? "regex" : "guided_regex";
+  if (const json* pattern = field(*src, regex_key)) {
+    if (!pattern->is_string() || pattern->get_ref<const std::string&>().empty())
+      bad(regex_key, str("'", regex_key, "' must be a non-empty string (a regular expression)"));
+    if (!r.sampling.allowed_token_ids.empty() || !r.sampling.bad_words.empty() ||
+        !r.sampling.choices.empty())
+      bad(regex_key, str("'", regex_key,
+                         "' does not combine with allowed_token_ids, bad_words or guided_choice"));
+    need_tokenizer(regex_key);
+    r.sampling.regex = pattern->get<std::string>();
+    try {  // the pattern's syntax, and whether this vocabulary can begin a match
+      request_guide(r.spec(0), deployment_.guide_vocabulary(), regex_key);
+    } catch (const Error& e) {
+      bad(regex_key, e.what());
+    }
   }
   // vLLM's truncate_prompt_tokens: keep each prompt's last k tokens (-1: the context's worth).
   if (const auto keep =
