@@ -17,6 +17,7 @@
 
 #include "dcp/engine.h"
 #include "dcp/error.h"
+#include "dcp/json_grammar.h"
 #include "dcp/regex_dfa.h"
 #include "dcp/token_guide.h"
 #include "engine_util.h"
@@ -234,6 +235,179 @@ TEST(RegexDfa, AgreesWithPythonReOnRandomPatternsAndTexts) {
   EXPECT_GT(matched, 300);  // the generator's samples make many positive cases
 }
 
+// Python decides each case of a list of byte strings (sent as hex): runs `script` with the cases'
+// file and the answers' file; skips when Debian's python3 is missing.
+std::optional<nlohmann::json> python_oracle(const nlohmann::json& cases,
+                                            const std::string& script) {
+  const char* python = "/usr/bin/python3";
+  if (!std::filesystem::exists(python)) return std::nullopt;
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("dcp_oracle_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "cases.json") << cases.dump();
+  std::ofstream(dir / "oracle.py") << script;
+  const std::string command = std::string(python) + " " + (dir / "oracle.py").string() + " " +
+                              (dir / "cases.json").string() + " " +
+                              (dir / "expected.json").string();
+  EXPECT_EQ(std::system(command.c_str()), 0) << command;
+  nlohmann::json out = nlohmann::json::parse(std::ifstream(dir / "expected.json"));
+  std::filesystem::remove_all(dir);
+  return out;
+}
+
+std::string hex(std::string_view bytes) {
+  static const char* digits = "0123456789abcdef";
+  std::string h;
+  for (const char c : bytes) {
+    h += digits[static_cast<std::uint8_t>(c) >> 4];
+    h += digits[static_cast<std::uint8_t>(c) & 15];
+  }
+  return h;
+}
+
+// Random JSON objects: nested values, strings with escapes and one- to four-byte characters,
+// every number form, whitespace between tokens.
+class JsonMaker {
+ public:
+  explicit JsonMaker(std::mt19937_64& rng) : rng_(rng) {}
+  std::string object(int depth) {
+    std::string s = "{";
+    s += ws();
+    for (int n = pick(0, 3), i = 0; i < n; ++i) {
+      if (i) s.append(",").append(ws());
+      s.append(string()).append(ws()).append(":").append(ws()).append(value(depth - 1));
+      s.append(ws());
+    }
+    return s.append("}");
+  }
+
+ private:
+  int pick(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
+  std::string ws() {
+    static const char* spaces[] = {"", "", "", " ", "\n  ", "\t", "\r\n"};
+    return spaces[pick(0, 6)];
+  }
+  std::string string() {
+    static const char* parts[] = {"a",    "Z",    " ",   "é",   "€",       "\xF0\x9F\x98\x80",
+                                  "\\\"", "\\\\", "\\/", "\\n", "\\u00e9", "\\uD83D",
+                                  "k"};
+    std::string s = "\"";
+    for (int n = pick(0, 4); n > 0; --n) s += parts[pick(0, 12)];
+    return s.append("\"");
+  }
+  std::string number() {
+    std::string s = pick(0, 2) ? "" : "-";
+    if (pick(0, 3))
+      s.append(std::to_string(pick(1, 9))).append(std::string(pick(0, 3), '7'));
+    else
+      s.append("0");
+    if (!pick(0, 2)) s.append(".").append(std::to_string(pick(0, 99)));
+    if (!pick(0, 3)) s.append(pick(0, 1) ? "e" : "E").append(pick(0, 1) ? "-" : "").append("12");
+    return s;
+  }
+  std::string value(int depth) {
+    switch (pick(0, depth > 0 ? 7 : 5)) {
+      case 0:
+      case 1: return string();
+      case 2:
+      case 3: return number();
+      case 4: return pick(0, 1) ? "true" : pick(0, 1) ? "false" : "null";
+      case 5: return std::string("[").append(ws()).append("]");
+      case 6: {
+        std::string s = "[";
+        s.append(ws()).append(value(depth - 1));
+        for (int n = pick(0, 2); n > 0; --n)
+          s.append(ws()).append(",").append(ws()).append(value(depth - 1));
+        return s.append(ws()).append("]");
+      }
+      default: return object(depth);
+    }
+  }
+  std::mt19937_64& rng_;
+};
+
+TEST(JsonGrammar, AgreesWithPythonJsonOnRandomAndMutatedObjects) {
+  test::Rng rng = test::make_rng();
+  JsonMaker maker(rng.engine());
+  std::vector<std::string> texts, valid;
+  const std::string mutations =
+      std::string("{}[],:\"\\0-e.+ aE\x01\xC3\x80\xFF\xED\xA0\xF4\x90", 26);
+  for (int i = 0; i < 300; ++i) {
+    const std::string t = maker.object(3);
+    texts.push_back(t);
+    for (int k = 0; k < 4; ++k) {
+      std::string m = t;
+      const std::size_t at = rng.engine()() % (m.size() + 1);
+      const char c = mutations[rng.engine()() % mutations.size()];
+      switch (k) {
+        case 0:
+          if (at < m.size()) m.erase(at, 1);
+          break;
+        case 1: m.insert(at, 1, c); break;
+        case 2:
+          if (at < m.size()) m[at] = c;
+          break;
+        default: m = m.substr(0, at); break;
+      }
+      texts.push_back(m);
+    }
+  }
+  for (const char* t : {"{}", "{ }", " {}", "{} ", "[]", "{\"a\":01}", "{\"a\":1.}", "{\"a\":-}",
+                        "{\"a\":1e}", "{\"a\":tru}", "{\"a\":\"\t\"}", "{\"a\":\"\\x\"}",
+                        "{\"a\":\"\\u12G4\"}", "{\"a\" :[1 ,2, {\"b\":null}] }", "{\"\xC0\xAF\":1}",
+                        "{\"\xED\xA0\x80\":1}", "{\"\xF4\x90\x80\x80\":1}", "{\"a\":NaN}"})
+    texts.push_back(t);
+  nlohmann::json cases = nlohmann::json::array();
+  for (const std::string& t : texts) cases.push_back(hex(t));
+  const auto expected = python_oracle(cases, R"(import json, sys
+def ok(b):
+    try:
+        t = b.decode('utf-8')
+    except UnicodeDecodeError:
+        return False
+    if t != t.strip(' \t\n\r'):
+        return False
+    def refuse(x):
+        raise ValueError(x)
+    try:
+        return isinstance(json.loads(t, parse_constant=refuse), dict)
+    except ValueError:
+        return False
+cases = json.load(open(sys.argv[1]))
+json.dump([ok(bytes.fromhex(h)) for h in cases], open(sys.argv[2], 'w'))
+)");
+  if (!expected) GTEST_SKIP() << "/usr/bin/python3 is not installed";
+  const JsonGrammar json;
+  int accepted = 0;
+  for (std::size_t i = 0; i < texts.size(); ++i) {
+    const bool want = (*expected)[i];
+    accepted += want;
+    EXPECT_EQ(json.matches(texts[i]), want) << "'" << texts[i] << "'";
+    if (!want) continue;
+    for (std::size_t n = 0; n < texts[i].size(); ++n)  // every prefix of a text can go on
+      ASSERT_NE(json.walk(json.start(), texts[i].substr(0, n)), ByteGrammar::kDead)
+          << "'" << texts[i].substr(0, n) << "'";
+    EXPECT_FALSE(json.extendable(json.walk(json.start(), texts[i])));
+  }
+  EXPECT_GT(accepted, 300);
+}
+
+TEST(JsonGrammar, BoundsNestingAndWhitespaceRuns) {
+  const JsonGrammar json;
+  std::string deep = "{\"a\":";
+  for (int d = 1; d < JsonGrammar::kMaxDepth; ++d) deep += "[";
+  const std::int32_t at_limit = json.walk(json.start(), deep);
+  ASSERT_NE(at_limit, ByteGrammar::kDead);
+  EXPECT_EQ(json.walk(at_limit, "["), ByteGrammar::kDead);
+  EXPECT_EQ(json.walk(at_limit, "{"), ByteGrammar::kDead);
+  EXPECT_NE(json.walk(at_limit, "1" + std::string(JsonGrammar::kMaxDepth - 1, ']') + "}"),
+            ByteGrammar::kDead);
+  const std::string spaces(JsonGrammar::kMaxWhitespace, ' ');
+  EXPECT_TRUE(json.matches("{" + spaces + "\"a\":" + spaces + "1" + spaces + "}"));
+  EXPECT_FALSE(json.matches("{" + spaces + " \"a\":1}"));
+  EXPECT_TRUE(json.matches("{\"" + spaces + spaces + "\":1}"));  // inside a string: text
+}
+
 // A finite language written out whole, so the allowed tokens follow from its prefixes alone.
 const std::vector<std::string> kYesNoMaybe = [] {
   std::vector<std::string> all;
@@ -300,7 +474,7 @@ TEST(TokenGuide, AllowsExactlyTheTokensThatKeepAPrefixOfAMatch) {
     const std::optional<std::int32_t> state = guide.state_after(output);
     ASSERT_EQ(state.has_value(), viable(text)) << "'" << text << "'";
     if (!state) continue;
-    EXPECT_EQ(guide.dfa().accepting(*state), complete(text)) << "'" << text << "'";
+    EXPECT_EQ(guide.grammar().accepting(*state), complete(text)) << "'" << text << "'";
     std::vector<std::int32_t> want;
     for (std::int32_t t = 0; t < vocab->size(); ++t)
       if (vocab->writable(t) && viable(text + std::string(vocab->bytes(t)))) want.push_back(t);
@@ -403,6 +577,89 @@ TEST(Engine, RegexChoosesAmongTheTokensThatKeepAPrefixOfAMatch) {
   s.num_draft_tokens = 3;
   s.draft_weights = w.get();
   s.draft_config = c;  // a draft equal to the target proposes within the pattern too
+  const test::EngineRun spec = run_engine(c, *w, s, reqs);
+  EXPECT_GT(spec.stats.spec_accepted, 0);
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(two.results[i].output_tokens, one.results[i].output_tokens) << "request " << i;
+    EXPECT_EQ(spec.results[i].output_tokens, one.results[i].output_tokens) << "request " << i;
+  }
+}
+
+// JSON mode: each step's token is the greedy choice among the tokens whose bytes keep the text
+// a prefix of a JSON object (JsonGrammar, checked against Python above); a request ends when its
+// object closes; the same under DCP 2 and with a draft.
+TEST(Engine, JsonObjectChoosesAmongTheTokensThatKeepAPrefixOfAnObject) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 2);
+  const auto w = make_synthetic_weights(12);
+  std::vector<std::optional<std::string>> texts(static_cast<std::size_t>(c.vocab_size));
+  const std::string junk = "xyz(!)=?";
+  for (auto& t : texts) t = std::string(1, junk[rng.engine()() % junk.size()]);
+  std::vector<std::int32_t> ids(texts.size());
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng.engine());
+  std::size_t next = 0;
+  for (const char* piece : {"{",  "}", "\"",   "a",    "b",    ":",    ",",   "1",   "0",   "-",
+                            ".",  "[", "]",    " ",    "true", "null", "{\"", "\":", "\"}", "\",\"",
+                            "12", "é", "\xC3", "\xA9", "\\",   "n",    "e",   "}}",  "\n"})
+    texts[static_cast<std::size_t>(ids[next++])] = piece;
+  const std::int32_t special = ids[next++];
+  texts[static_cast<std::size_t>(special)].reset();
+  const auto vocab = std::make_shared<const GuideVocabulary>(texts);
+  std::vector<RequestSpec> reqs;
+  for (int i = 0; i < 6; ++i) {
+    RequestSpec r = request(i, random_tokens(rng, 8 + 11 * i, c.vocab_size), 16 + 4 * i);
+    r.sampling.json_object = true;
+    if (i % 2) r.stop_token_ids = {special};
+    // Biases towards the structure, so that some objects close within the budget.
+    if (i >= 3) r.sampling.logit_bias = {{ids[1], 4.0}, {ids[18], 3.0}, {ids[7], 2.0}};
+    if (i == 5) r.sampling.logit_bias[ids[1]] = 30;  // "}" wherever it may come
+    reqs.push_back(r);
+  }
+  EngineSetup s;
+  s.tp = 2;
+  s.page_size = 4;
+  s.guide_vocabulary = vocab;
+  const test::EngineRun one = run_engine(c, *w, s, reqs);
+  const int v = c.vocab_size;
+  int closed = 0;
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    const RequestResult& r = one.results[i];
+    const JsonGrammar json;
+    std::string text;
+    for (std::size_t k = 0; k < r.output_tokens.size(); ++k) {
+      std::int32_t best = -1;
+      float best_x = 0;
+      for (std::int32_t t = 0; t < v; ++t) {
+        if (!texts[static_cast<std::size_t>(t)] ||
+            json.walk(json.start(), text + *texts[static_cast<std::size_t>(t)]) ==
+                ByteGrammar::kDead)
+          continue;
+        const auto bias = reqs[i].sampling.logit_bias.find(t);
+        const float x =
+            r.step_logits[k * v + static_cast<std::size_t>(t)] +
+            (bias == reqs[i].sampling.logit_bias.end() ? 0.0f : static_cast<float>(bias->second));
+        if (best < 0 || x > best_x) {
+          best = t;
+          best_x = x;
+        }
+      }
+      ASSERT_EQ(r.output_tokens[k], best) << "request " << i << " step " << k;
+      text += *texts[static_cast<std::size_t>(best)];
+    }
+    if (r.finish_reason == FinishReason::stop) {
+      ++closed;
+      EXPECT_TRUE(json.matches(text)) << text;
+    } else {
+      EXPECT_EQ(r.output_tokens.size(), static_cast<std::size_t>(reqs[i].max_new_tokens)) << text;
+    }
+  }
+  EXPECT_GT(closed, 0);
+  s.dcp = 2;
+  const test::EngineRun two = run_engine(c, *w, s, reqs);
+  s.num_draft_tokens = 3;
+  s.draft_weights = w.get();
+  s.draft_config = c;
   const test::EngineRun spec = run_engine(c, *w, s, reqs);
   EXPECT_GT(spec.stats.spec_accepted, 0);
   for (std::size_t i = 0; i < reqs.size(); ++i) {

@@ -61,9 +61,9 @@ inline constexpr int kPromptLogprobsChunk = 256;
 // dcp::Error (invalid_argument) naming the field.
 void check_request_choice(const RequestSpec& spec, int vocab,
                           std::string_view budget_name = "max_new_tokens");
-// The guide of a request with a regex (null without one) over `vocabulary`. Throws dcp::Error
-// (invalid_argument) naming `field` when there is no vocabulary, when the pattern does not
-// compile, or when no token can begin a match.
+// The guide of a request with a regex or json_object (null without either) over `vocabulary`.
+// Throws dcp::Error (invalid_argument) naming `field` when there is no vocabulary, when the
+// pattern does not compile, or when no token can begin a match.
 std::shared_ptr<TokenGuide> request_guide(const RequestSpec& spec,
                                           std::shared_ptr<const GuideVocabulary> vocabulary,
                                           std::string_view field = "regex");

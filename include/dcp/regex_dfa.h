@@ -19,20 +19,21 @@
 #include <string_view>
 #include <vector>
 
+#include "dcp/byte_grammar.h"
+
 namespace dcp {
 
-class RegexDfa {
+class RegexDfa final : public ByteGrammar {
  public:
   static constexpr int kMaxRepeat = 1000;       // largest n or m of {n,m}
   static constexpr int kMaxNfaStates = 200000;  // before determinization
   static constexpr int kMaxStates = 20000;      // of the automaton itself
-  static constexpr std::int32_t kDead = -1;
 
   // Throws dcp::Error(invalid_argument) naming `field` and the byte offset at fault, or saying
   // the pattern is too large or matches no text.
   explicit RegexDfa(std::string_view pattern, std::string_view field = "regex");
 
-  std::int32_t start() const noexcept { return 0; }
+  std::int32_t start() const noexcept override { return 0; }
   std::int32_t states() const noexcept { return static_cast<std::int32_t>(accepting_.size()); }
   // The state after byte b from `state`; kDead when no match can follow. Every live state can
   // still reach a match.
@@ -40,11 +41,11 @@ class RegexDfa {
     return next_[static_cast<std::size_t>(state) * classes_ + class_of_[b]];
   }
   // The state after `bytes` from `state` (kDead stays kDead).
-  std::int32_t walk(std::int32_t state, std::string_view bytes) const noexcept;
+  std::int32_t walk(std::int32_t state, std::string_view bytes) const noexcept override;
   // Whether the bytes read so far are a whole match.
-  bool accepting(std::int32_t state) const noexcept { return accepting_[state] != 0; }
+  bool accepting(std::int32_t state) const noexcept override { return accepting_[state] != 0; }
   // Whether some byte continues from `state` (false: a match that nothing may extend).
-  bool extendable(std::int32_t state) const noexcept { return extendable_[state] != 0; }
+  bool extendable(std::int32_t state) const noexcept override { return extendable_[state] != 0; }
   // Whether the whole of `text` matches.
   bool matches(std::string_view text) const noexcept;
 

@@ -49,6 +49,9 @@ struct SamplingParams {
   // match. Needs the vocabulary's bytes (EngineOptions::guide_vocabulary); not combined with
   // the masks or choices above.
   std::string regex;
+  // JSON mode (OpenAI's response_format json_object): the output is one JSON object (JsonGrammar),
+  // guided as a regex is. Not combined with a regex, choices or the masks.
+  bool json_object = false;
   bool greedy() const noexcept { return temperature == 0; }
   bool adjusts_logits() const noexcept {
     return !logit_bias.empty() || repetition_penalty != 1 || presence_penalty != 0 ||

@@ -1,6 +1,7 @@
-// Guided generation over a vocabulary: which tokens keep the output a prefix of some match of a
-// byte-level pattern (RegexDfa). Every rank of a group holds the same vocabulary bytes and walks
-// the same automaton, so every rank masks the same tokens with no extra collective.
+// Guided generation over a vocabulary: which tokens keep the output a prefix of some text of a
+// byte-level language (ByteGrammar: a regex, JSON). Every rank of a group holds the same
+// vocabulary bytes and walks the same automaton, so every rank masks the same tokens with no extra
+// collective.
 #pragma once
 
 #include <cstdint>
@@ -12,7 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "dcp/regex_dfa.h"
+#include "dcp/byte_grammar.h"
 
 namespace dcp {
 
@@ -40,17 +41,18 @@ class GuideVocabulary {
 // One request's guide: the automaton state its output reached and the tokens that may follow.
 class TokenGuide {
  public:
-  TokenGuide(std::shared_ptr<const RegexDfa> dfa, std::shared_ptr<const GuideVocabulary> vocab);
+  TokenGuide(std::shared_ptr<const ByteGrammar> grammar,
+             std::shared_ptr<const GuideVocabulary> vocab);
 
   // The state after `output`; nullopt once a token of it is not allowed where it stands (a stop
   // token ended the request, or a speculative proposal looks past the end).
   std::optional<std::int32_t> state_after(std::span<const std::int32_t> output) const;
   // The tokens allowed in `state`, ascending (a state's set is computed once, on first use).
   const std::vector<std::int32_t>& allowed(std::int32_t state);
-  const RegexDfa& dfa() const noexcept { return *dfa_; }
+  const ByteGrammar& grammar() const noexcept { return *grammar_; }
 
  private:
-  std::shared_ptr<const RegexDfa> dfa_;
+  std::shared_ptr<const ByteGrammar> grammar_;
   std::shared_ptr<const GuideVocabulary> vocab_;
   std::unordered_map<std::int32_t, std::vector<std::int32_t>> allowed_;
 };

@@ -4,6 +4,8 @@
 #include <limits>
 
 #include "dcp/error.h"
+#include "dcp/json_grammar.h"
+#include "dcp/regex_dfa.h"
 #include "dcp/timing.h"
 
 namespace dcp {
@@ -69,14 +71,21 @@ void check_request_choice(const RequestSpec& spec, int vocab, std::string_view b
 std::shared_ptr<TokenGuide> request_guide(const RequestSpec& spec,
                                           std::shared_ptr<const GuideVocabulary> vocabulary,
                                           std::string_view field) {
-  if (spec.sampling.regex.empty()) return nullptr;
+  const SamplingParams& p = spec.sampling;
+  if (p.regex.empty() && !p.json_object) return nullptr;
   DCP_ARG_CHECK(vocabulary, "'", field,
                 "' needs the vocabulary's bytes (a tokenizer); this engine has none");
-  auto dfa = std::make_shared<const RegexDfa>(spec.sampling.regex, field);
-  DCP_ARG_CHECK(dfa->extendable(dfa->start()), "'", field,
-                "' matches only the empty text (a reply holds at least one token)");
-  auto guide = std::make_shared<TokenGuide>(std::move(dfa), std::move(vocabulary));
-  DCP_ARG_CHECK(!guide->allowed(guide->dfa().start()).empty(), "'", field,
+  std::shared_ptr<const ByteGrammar> grammar;
+  if (p.json_object) {
+    grammar = std::make_shared<const JsonGrammar>();  // one per request: it grows as it is walked
+  } else {
+    auto dfa = std::make_shared<const RegexDfa>(p.regex, field);
+    DCP_ARG_CHECK(dfa->extendable(dfa->start()), "'", field,
+                  "' matches only the empty text (a reply holds at least one token)");
+    grammar = std::move(dfa);
+  }
+  auto guide = std::make_shared<TokenGuide>(std::move(grammar), std::move(vocabulary));
+  DCP_ARG_CHECK(!guide->allowed(guide->grammar().start()).empty(), "'", field,
                 "': no token of the vocabulary begins a match");
   return guide;
 }
@@ -103,7 +112,7 @@ bool Engine::guide_ends(const Live& l, std::span<const std::int32_t> output) con
   // A match nothing may extend; or no token can continue (a match whose stop tokens were not
   // asked for, or a vocabulary that cannot spell the next bytes the pattern needs).
   const std::optional<std::int32_t> s = l.guide->state_after(output);
-  return !s || !l.guide->dfa().extendable(*s) || l.guide->allowed(*s).empty();
+  return !s || !l.guide->grammar().extendable(*s) || l.guide->allowed(*s).empty();
 }
 
 void Engine::submit(const RequestSpec& spec) {
@@ -385,7 +394,7 @@ std::int32_t Engine::choose(const Live& l, const float* logits,
       guided[static_cast<std::size_t>(t)] = adjusted[static_cast<std::size_t>(t)];
       any = true;
     }
-    if (l.guide->dfa().accepting(*state)) {
+    if (l.guide->grammar().accepting(*state)) {
       for (std::int32_t t : l.spec.stop_token_ids) {
         guided[static_cast<std::size_t>(t)] = adjusted[static_cast<std::size_t>(t)];
         any = any || !hold_stops;

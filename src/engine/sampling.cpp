@@ -130,6 +130,12 @@ void validate(const SamplingParams& p, int vocab, std::span<const std::int32_t> 
                       "]: a reply could not tell them apart"));
     }
   }
+  if (p.json_object) {
+    DCP_ARG_CHECK(
+        p.regex.empty() && p.choices.empty() && p.allowed_token_ids.empty() && p.bad_words.empty(),
+        "json_object does not combine with regex, choices, allowed_token_ids or "
+        "bad_words");
+  }
   if (!p.regex.empty()) {
     DCP_ARG_CHECK(p.choices.empty() && p.allowed_token_ids.empty() && p.bad_words.empty(),
                   "regex does not combine with choices, allowed_token_ids or bad_words");

@@ -18,18 +18,18 @@ GuideVocabulary::GuideVocabulary(const std::vector<std::optional<std::string>>& 
             "a vocabulary of more than 4 GiB of token bytes");
 }
 
-TokenGuide::TokenGuide(std::shared_ptr<const RegexDfa> dfa,
+TokenGuide::TokenGuide(std::shared_ptr<const ByteGrammar> grammar,
                        std::shared_ptr<const GuideVocabulary> vocab)
-    : dfa_(std::move(dfa)), vocab_(std::move(vocab)) {
-  DCP_CHECK(dfa_ && vocab_, internal, "a token guide needs an automaton and a vocabulary");
+    : grammar_(std::move(grammar)), vocab_(std::move(vocab)) {
+  DCP_CHECK(grammar_ && vocab_, internal, "a token guide needs a grammar and a vocabulary");
 }
 
 std::optional<std::int32_t> TokenGuide::state_after(std::span<const std::int32_t> output) const {
-  std::int32_t s = dfa_->start();
+  std::int32_t s = grammar_->start();
   for (const std::int32_t t : output) {
     if (!vocab_->writable(t)) return std::nullopt;
-    s = dfa_->walk(s, vocab_->bytes(t));
-    if (s == RegexDfa::kDead) return std::nullopt;
+    s = grammar_->walk(s, vocab_->bytes(t));
+    if (s == ByteGrammar::kDead) return std::nullopt;
   }
   return s;
 }
@@ -39,7 +39,7 @@ const std::vector<std::int32_t>& TokenGuide::allowed(std::int32_t state) {
   if (it != allowed_.end()) return it->second;
   std::vector<std::int32_t> ids;
   for (std::int32_t t = 0; t < vocab_->size(); ++t) {
-    if (vocab_->writable(t) && dfa_->walk(state, vocab_->bytes(t)) != RegexDfa::kDead)
+    if (vocab_->writable(t) && grammar_->walk(state, vocab_->bytes(t)) != ByteGrammar::kDead)
       ids.push_back(t);
   }
   return allowed_.emplace(state, std::move(ids)).first->second;

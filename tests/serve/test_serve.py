@@ -335,6 +335,33 @@ def case_guided_regex(s):
                              and re.fullmatch("[à-ü]*", c["text"].rstrip("\ufffd"))), f"a cut match: {r}")
 
 
+def case_json_mode(s):
+    """response_format json_object: the reply is one JSON object (Python's json decides) when it
+    ends by itself; forced to close by a bias, whole, streamed and in a chat."""
+    status, r = s.post("/tokenize", {"prompt": "}", "add_special_tokens": False})
+    close = r["tokens"]
+    check(status == 200 and len(close) == 1, f"'}}' is one token: {r}")
+    body = {"prompt": "Once upon a time", "temperature": 0, "max_tokens": 48,
+            "response_format": {"type": "json_object"}}
+    for extra in [{}, {"logit_bias": {str(close[0]): 100}}, {"temperature": 1, "seed": 7, "n": 4}]:
+        status, r = s.post("/v1/completions", {**body, **extra})
+        check(status == 200, f"json_object {extra}: {r}")
+        for c in r.get("choices", []):
+            if c["finish_reason"] == "stop":
+                check(isinstance(json.loads(c["text"]), dict), f"json_object {extra}: {c}")
+            else:
+                check(c["finish_reason"] == "length" and c["text"].startswith("{"), f"cut: {c}")
+        if "logit_bias" in extra:
+            check(r["choices"][0]["text"] == "{}" and r["choices"][0]["finish_reason"] == "stop",
+                  f"'}}' forced: the smallest object: {r}")
+            status, _, events = s.stream("/v1/completions", {**body, **extra, "stream": True})
+            check("".join(e["choices"][0]["text"] for e in events[:-1]) == "{}", f"streamed: {events}")
+            status, r = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "JSON?"}],
+                                                        "max_tokens": 8, "temperature": 0, **extra,
+                                                        "response_format": {"type": "json_object"}})
+            check(status == 200 and r["choices"][0]["message"]["content"] == "{}", f"chat: {r}")
+
+
 def case_tokenize(s):
     """/tokenize and /detokenize give the ids and text dcp tokenize gives, and what the generation
     endpoints count."""
@@ -556,6 +583,8 @@ def case_errors(s):
     expect(400, {"prompt": "hi", "guided_regex": "a", "regex": "a"}, "regex")
     expect(400, {"prompt": "hi", "guided_regex": "a", "guided_choice": ["a"]}, "guided_regex")
     expect(400, {"text": "hi", "sampling_params": {"regex": "a{0}"}}, "regex", path="/generate")
+    expect(400, {"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {}}}, "response_format")
+    expect(400, {"prompt": "hi", "response_format": {"type": "json_object"}, "guided_regex": "a"}, "response_format")
     expect(400, {"prompt": "hi", "messages": []}, "prompt", path="/tokenize")
     expect(400, {}, "prompt", path="/tokenize")
     expect(400, {"prompt": [1, 2]}, "prompt", path="/tokenize")
@@ -819,7 +848,12 @@ def case_mpi(mpiexec):
         status, r = s.post("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0,
                                                "guided_regex": r"\d{3}-[a-z]{2,4}"})
         check(status == 200 and re.fullmatch(r"\d{3}-[a-z]{2,4}", r["choices"][0]["text"]), f"mpi regex: {r}")
-        print("mpi: greedy with DP attention, a chat stream and a regex checked", flush=True)
+        status, r = s.post("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 48, "temperature": 0,
+                                               "response_format": {"type": "json_object"}})
+        c = r["choices"][0] if status == 200 else {}
+        check(status == 200 and (c["finish_reason"] == "length" or isinstance(json.loads(c["text"]), dict)),
+              f"mpi json_object: {r}")
+        print("mpi: greedy with DP attention, a chat stream, a regex and JSON mode checked", flush=True)
     finally:
         # mpirun exits 1 when it is signalled itself, even if every rank exits 0: signal rank 0,
         # which shuts the job down, as an operator would.
@@ -846,7 +880,7 @@ def case_mpi(mpiexec):
 
 
 CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_whole, case_seeds,
-                                     case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_guided_regex, case_tokenize, case_chat_options, case_min_tokens, case_echo, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
+                                     case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_guided_regex, case_json_mode, case_tokenize, case_chat_options, case_min_tokens, case_echo, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
                                      case_metrics_and_models]}
 
 

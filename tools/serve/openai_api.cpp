@@ -44,8 +44,11 @@ void refuse_unsupported(const json& b) {
   if (const json* v = field(b, "use_beam_search"); v && !(v->is_boolean() && !v->get<bool>()))
     bad("use_beam_search", "'use_beam_search' (beam search) is not supported");
   if (const json* v = field(b, "response_format");
-      v && !(v->is_object() && v->value("type", "") == "text"))
-    bad("response_format", "'response_format' is not supported (only {\"type\": \"text\"})");
+      v && !(v->is_object() && v->contains("type") && (*v)["type"].is_string() &&
+             ((*v)["type"] == "text" || (*v)["type"] == "json_object")))
+    bad("response_format",
+        "'response_format' is not supported (only {\"type\": \"text\"} or {\"type\": "
+        "\"json_object\"}; json_schema is not)");
 }
 
 std::string sse(const json& j) { return "data: " + text_of(j) + "\n\n"; }
@@ -245,6 +248,22 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
       request_guide(r.spec(0), deployment_.guide_vocabulary(), regex_key);
     } catch (const Error& e) {
       bad(regex_key, e.what());
+    }
+  }
+  // OpenAI's JSON mode: the reply is one JSON object.
+  if (const json* format = field(*src, "response_format");
+      format && (*format)["type"] == "json_object") {
+    if (!r.sampling.regex.empty() || !r.sampling.choices.empty() ||
+        !r.sampling.allowed_token_ids.empty() || !r.sampling.bad_words.empty())
+      bad("response_format",
+          "'response_format' json_object does not combine with guided_regex, "
+          "guided_choice, allowed_token_ids or bad_words");
+    need_tokenizer("response_format");
+    r.sampling.json_object = true;
+    try {
+      request_guide(r.spec(0), deployment_.guide_vocabulary(), "response_format");
+    } catch (const Error& e) {
+      bad("response_format", e.what());
     }
   }
   // vLLM's truncate_prompt_tokens: keep each prompt's last k tokens (-1: the context's worth).

@@ -1,0 +1,26 @@
+// A language over bytes as a deterministic automaton, which guided generation walks token by
+// token (TokenGuide): a regular expression (RegexDfa) or JSON (JsonGrammar). States are small
+// integers; an automaton may build them as they are first reached (such an instance belongs to
+// one request and one thread).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+namespace dcp {
+
+class ByteGrammar {
+ public:
+  static constexpr std::int32_t kDead = -1;  // no text of the language begins so
+  virtual ~ByteGrammar() = default;
+  virtual std::int32_t start() const noexcept = 0;
+  // The state after `bytes` from `state` (kDead stays kDead). Every live state can still reach a
+  // whole text of the language.
+  virtual std::int32_t walk(std::int32_t state, std::string_view bytes) const = 0;
+  // Whether the bytes read so far are a whole text of the language.
+  virtual bool accepting(std::int32_t state) const noexcept = 0;
+  // Whether some byte continues from `state` (false: a whole text that nothing may extend).
+  virtual bool extendable(std::int32_t state) const noexcept = 0;
+};
+
+}  // namespace dcp
