@@ -16,6 +16,18 @@ from . import _dcp
 
 
 @dataclasses.dataclass
+class GuidedDecodingParams:
+    """Guided decoding (vLLM's names); set one of: regex (the text matches it whole: dcp serve's
+    guided_regex syntax), choice (the text is one of these strings, as each tokenizes), or
+    json_object=True (the text is one JSON object). json (a schema) and grammar are refused."""
+    json: Optional[object] = None
+    regex: Optional[str] = None
+    choice: Optional[Sequence[str]] = None
+    grammar: Optional[str] = None
+    json_object: Optional[bool] = None
+
+
+@dataclasses.dataclass
 class SamplingParams:
     """How each request's tokens are chosen (vLLM's names and defaults).
 
@@ -34,6 +46,8 @@ class SamplingParams:
     only those tokens; bad_words (strings: each as it tokenizes at the start of a text and after a
     space) are never generated: a word's last token is masked where its others end the output.
     truncate_prompt_tokens k keeps each prompt's last k tokens (-1: max_total_tokens of them).
+    guided_decoding (GuidedDecodingParams) constrains the text to a regex, a choice or a JSON
+    object; it needs a tokenizer.
     """
     n: int = 1
     max_tokens: int = 16
@@ -57,6 +71,7 @@ class SamplingParams:
     logprobs: Optional[int] = None
     prompt_logprobs: Optional[int] = None
     skip_special_tokens: bool = True
+    guided_decoding: Optional[GuidedDecodingParams] = None
 
 
 @dataclasses.dataclass
@@ -81,6 +96,27 @@ class RequestOutput:
     # With SamplingParams.prompt_logprobs: None for the first prompt token, then per token
     # {token_id: logprob} (its own and the k most likely there).
     prompt_logprobs: Optional[list] = None
+
+
+def _guided(g: Optional[GuidedDecodingParams]):
+    """(regex, choice, json_object) for the request, or ValueError naming what is unsupported."""
+    if g is None:
+        return "", [], False
+    if not isinstance(g, GuidedDecodingParams):
+        raise ValueError(f"guided_decoding = {g!r} must be a GuidedDecodingParams")
+    for name in ("json", "grammar"):
+        if getattr(g, name) is not None:
+            raise ValueError(f"guided_decoding.{name} is not supported (regex, choice and "
+                             "json_object are)")
+    given = [name for name in ("regex", "choice", "json_object") if getattr(g, name)]
+    if len(given) > 1:
+        raise ValueError(f"guided_decoding: set one of regex, choice and json_object, not {given}")
+    if g.regex is not None and not (isinstance(g.regex, str) and g.regex):
+        raise ValueError(f"guided_decoding.regex = {g.regex!r} must be a non-empty str")
+    choice = [] if g.choice is None else list(g.choice)
+    if g.choice is not None and (not choice or not all(isinstance(c, str) and c for c in choice)):
+        raise ValueError(f"guided_decoding.choice = {g.choice!r} must be non-empty strings")
+    return g.regex or "", choice, bool(g.json_object)
 
 
 class LLM:
@@ -322,10 +358,12 @@ class LLM:
         for w in bad_words:
             if not isinstance(w, str):
                 raise ValueError(f"bad_words = {p.bad_words!r}: each bad word must be a str")
+        regex, choice, json_object = _guided(p.guided_decoding)
         return _dcp._GenerateRequest(tokens, int(p.max_tokens), float(p.temperature),
                                      float(p.top_p), top_k, float(p.min_p),
                                      float(p.presence_penalty), float(p.frequency_penalty),
                                      float(p.repetition_penalty), bias, allowed, bad_words, seed, stop,
                                      int(p.min_tokens), stop_strings,
                                      bool(p.include_stop_str_in_output), prompt_logprobs,
-                                     bool(p.skip_special_tokens), logprobs)
+                                     bool(p.skip_special_tokens), logprobs, regex, choice,
+                                     json_object)

@@ -57,6 +57,7 @@ struct GenerateRequest {
   int min_tokens = 0;             // neither stop tokens nor stop strings before this many tokens
   std::vector<std::string> stop;  // stop strings (need the tokenizer)
   std::vector<std::string> bad_words;  // tokenized into sampling.bad_words (need the tokenizer)
+  std::vector<std::string> choice;     // tokenized into sampling.choices (need the tokenizer)
   bool include_stop_str_in_output = false;
   int prompt_logprobs = -1;
   bool skip_special_tokens = true;
@@ -191,6 +192,8 @@ class Llm {
       }
     }
     vocab_ = vocab;
+    // Guided decoding masks tokens by their bytes.
+    if (tokenizer_) spec.engine.guide_vocabulary = guide_vocabulary(*tokenizer_, vocab);
     ServeOptions serve;
     // Offline: every prompt of a generate() call waits in the queue; none is refused for it.
     serve.max_queued_requests = std::numeric_limits<int>::max();
@@ -251,7 +254,15 @@ class Llm {
       }
     }
     std::vector<std::vector<std::vector<std::int32_t>>> bad_words(requests.size());
+    std::vector<std::vector<std::vector<std::int32_t>>> choices(requests.size());
     for (std::size_t i = 0; i < requests.size(); ++i) {
+      const SamplingParams& p = requests[i].sampling;
+      if ((!requests[i].choice.empty() || !p.regex.empty() || p.json_object) && !tokenizer_) {
+        throw py::value_error("request " + std::to_string(i) +
+                              ": guided decoding needs a tokenizer (LLM(..., tokenizer=PATH))");
+      }
+      for (const std::string& text : requests[i].choice)  // as dcp serve's guided_choice
+        choices[i].push_back(tokenizer_->encode(text, false));
       if (requests[i].bad_words.empty()) continue;
       if (!tokenizer_) {
         throw py::value_error("request " + std::to_string(i) +
@@ -276,6 +287,7 @@ class Llm {
           q.max_new_tokens = r.max_new_tokens;
           q.sampling = r.sampling;
           q.sampling.bad_words = std::move(bad_words[i]);
+          q.sampling.choices = std::move(choices[i]);
           q.stop_token_ids = r.stop_token_ids;
           q.min_tokens = r.min_tokens;
           q.prompt_logprobs = r.prompt_logprobs;
@@ -402,7 +414,8 @@ void bind_llm(py::module_& m) {
                        std::vector<std::string> bad_words, std::uint64_t seed,
                        std::vector<std::int32_t> stop_token_ids, int min_tokens,
                        std::vector<std::string> stop, bool include_stop_str_in_output,
-                       int prompt_logprobs, bool skip_special_tokens, int logprobs) {
+                       int prompt_logprobs, bool skip_special_tokens, int logprobs,
+                       std::string regex, std::vector<std::string> choice, bool json_object) {
              GenerateRequest r;
              r.prompt = std::move(prompt);
              r.max_new_tokens = max_new_tokens;
@@ -424,6 +437,9 @@ void bind_llm(py::module_& m) {
              r.prompt_logprobs = prompt_logprobs;
              r.skip_special_tokens = skip_special_tokens;
              r.logprobs = logprobs;
+             r.sampling.regex = std::move(regex);
+             r.choice = std::move(choice);
+             r.sampling.json_object = json_object;
              return r;
            }),
            py::arg("prompt"), py::arg("max_new_tokens"), py::arg("temperature"), py::arg("top_p"),
@@ -432,7 +448,8 @@ void bind_llm(py::module_& m) {
            py::arg("allowed_token_ids"), py::arg("bad_words"), py::arg("seed"),
            py::arg("stop_token_ids"), py::arg("min_tokens"), py::arg("stop"),
            py::arg("include_stop_str_in_output"), py::arg("prompt_logprobs"),
-           py::arg("skip_special_tokens"), py::arg("logprobs"));
+           py::arg("skip_special_tokens"), py::arg("logprobs"), py::arg("regex") = "",
+           py::arg("choice") = std::vector<std::string>{}, py::arg("json_object") = false);
 
   py::class_<Generated>(m, "_Generated")
       .def_readonly("token_ids", &Generated::tokens)

@@ -165,6 +165,32 @@ def test_allowed_token_ids_bad_words_and_truncation(checkpoint, text_llm):
     assert cut.prompt_token_ids == ids[-2:] and cut.prompt == text_llm.decode(ids[-2:], False)
 
 
+def test_guided_decoding(text_llm):
+    """GuidedDecodingParams: a regex (Python's re decides), a choice, a JSON object (json decides);
+    each sampled too; refusals."""
+    import re
+    G = dcp.GuidedDecodingParams
+    base = dict(max_tokens=32, temperature=0)
+    pattern = r"\d{3}-[a-z]{2,4}"
+    out = text_llm.generate("Once upon a time", dcp.SamplingParams(**base, guided_decoding=G(regex=pattern)))
+    assert re.fullmatch(pattern, out[0].outputs[0].text) and out[0].outputs[0].finish_reason == "stop"
+    sampled = text_llm.generate("Once upon a time", dcp.SamplingParams(
+        **{**base, "temperature": 1.0}, n=4, seed=2, guided_decoding=G(regex=pattern)))[0].outputs
+    assert all(re.fullmatch(pattern, o.text) for o in sampled)
+    colors = ["red", "green", "dark blue"]
+    out = text_llm.generate("Name a color:", dcp.SamplingParams(**base, guided_decoding=G(choice=colors)))
+    assert out[0].outputs[0].text in colors
+    out = text_llm.generate("JSON:", dcp.SamplingParams(max_tokens=48, temperature=0,
+                                                        guided_decoding=G(json_object=True)))
+    o = out[0].outputs[0]
+    assert (o.finish_reason == "length" and o.text.startswith("{")) or isinstance(json.loads(o.text), dict)
+    for bad, what in [(G(json={"type": "object"}), "json"), (G(grammar="root ::= x"), "grammar"),
+                      (G(regex="a", choice=["a"]), "set one of"), (G(regex=""), "regex"),
+                      (G(choice=[]), "choice"), (G(regex="(a"), "missing ')'")]:
+        with pytest.raises(ValueError, match=re.escape(what)):
+            text_llm.generate("hi", dcp.SamplingParams(max_tokens=4, guided_decoding=bad))
+
+
 def test_min_tokens_and_include_stop_str_in_output(text_llm):
     # A token biased to be chosen at every step is also the stop token: it ends the request at
     # once, or at step min_tokens + 1.
