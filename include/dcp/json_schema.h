@@ -1,0 +1,24 @@
+// JSON Schema -> a regular expression (RegexDfa's syntax) whose matches are compact-or-spaced JSON
+// texts valid under the schema, for guided generation (OpenAI's response_format json_schema,
+// vLLM's guided_json, SGLang's json_schema).
+//
+// Supported: "type" (one or a list) object, array, string, integer, number, boolean, null;
+// objects' "properties" (written in the schema's order; those not in "required" may be left out)
+// and "additionalProperties" (no others are written, which every value allows); arrays' "items"
+// with "minItems"/"maxItems"; strings' "minLength"/"maxLength", "pattern" and "format" (date,
+// time, date-time, uuid); "enum", "const", "anyOf", and "$ref" to "#/$defs/..." or
+// "#/definitions/..." (not recursive). Annotations (title, description, default, examples,
+// $schema, $id, $comment) are ignored. Anything else that would constrain a value (numeric bounds,
+// oneOf, allOf, not, patternProperties, a recursive $ref, ...) is refused by name. Between tokens
+// the text holds at most one space (compact or as json.dumps writes it, never indented).
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace dcp {
+
+// Throws dcp::Error(invalid_argument) naming `field` and where in the schema it fails.
+std::string json_schema_regex(std::string_view schema_json, std::string_view field = "json_schema");
+
+}  // namespace dcp

@@ -1,0 +1,305 @@
+// Each schema node becomes a regex fragment for its JSON text (outlines' approach, written anew):
+// objects write their properties in the schema's order, each optional one present or not.
+#include "dcp/json_schema.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <vector>
+
+#include "dcp/error.h"
+#include "dcp/regex_dfa.h"
+
+namespace dcp {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// Between tokens at most one space, as json.dumps writes: a model that favours blank space cannot
+// spend its tokens on it.
+const std::string kWs = " ?";
+// One character of a JSON string: any but a quote, a backslash or a control character; or an
+// escape.
+const std::string kChar = "(?:[^\"\\\\\\x00-\\x1F]|\\\\[\"\\\\/bfnrt]|\\\\u[0-9a-fA-F]{4})";
+const std::string kInteger = "-?(?:0|[1-9][0-9]*)";
+const std::string kNumber = kInteger + "(?:\\.[0-9]+)?(?:[eE][+-]?[0-9]+)?";
+
+const std::set<std::string, std::less<>> kAnnotations = {
+    "title", "description", "default", "examples",    "$schema",
+    "$id",   "$comment",    "$defs",   "definitions", "additionalProperties"};
+
+// `text` as a regex literal.
+std::string literal(std::string_view text) {
+  std::string out;
+  for (const char c : text) {
+    const auto b = static_cast<unsigned char>(c);
+    if (b < 0x20) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02X", b);
+      out += hex;
+    } else {
+      if (std::strchr("\\.^$|?*+()[]{}", c)) out += '\\';
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string group(const std::vector<std::string>& alternatives) {
+  std::string out = "(?:";
+  for (std::size_t i = 0; i < alternatives.size(); ++i) out += (i ? "|" : "") + alternatives[i];
+  return out + ")";
+}
+
+// {lo,hi} with hi < 0 meaning unbounded.
+std::string repeat(int lo, int hi) {
+  return "{" + std::to_string(lo) + "," + (hi < 0 ? "" : std::to_string(hi)) + "}";
+}
+
+class Compiler {
+ public:
+  Compiler(const Json& root, std::string_view field) : root_(root), field_(field) {}
+
+  std::string value(const Json& s, const std::string& where) {
+    if (!s.is_object())
+      fail(where, "a schema must be an object (true/false schemas are not supported)");
+    for (const auto& [key, v] : s.items()) {
+      static const std::set<std::string, std::less<>> known = {
+          "type",      "properties", "required", "items", "minItems", "maxItems", "minLength",
+          "maxLength", "pattern",    "format",   "enum",  "const",    "anyOf",    "$ref"};
+      if (!known.count(key) && !kAnnotations.count(key))
+        fail(where, "'" + key + "' is not supported");
+    }
+    const auto only = [&](std::string_view keyword) {  // keyword with annotations at most
+      for (const auto& [key, v] : s.items()) {
+        if (key != keyword && !kAnnotations.count(key))
+          fail(where, "'" + std::string(keyword) + "' with '" + key + "' is not supported");
+      }
+    };
+    if (s.contains("$ref")) {
+      only("$ref");
+      return reference(s["$ref"], where);
+    }
+    if (s.contains("const")) {
+      only("const");
+      return literal(s["const"].dump());
+    }
+    if (s.contains("enum")) {
+      only("enum");
+      const Json& e = s["enum"];
+      if (!e.is_array() || e.empty()) fail(where, "'enum' must be a non-empty list");
+      std::vector<std::string> alts;
+      for (const Json& v : e) alts.push_back(literal(v.dump()));
+      return group(alts);
+    }
+    if (s.contains("anyOf")) {
+      only("anyOf");
+      const Json& a = s["anyOf"];
+      if (!a.is_array() || a.empty()) fail(where, "'anyOf' must be a non-empty list");
+      std::vector<std::string> alts;
+      for (std::size_t i = 0; i < a.size(); ++i)
+        alts.push_back(value(a[i], where + "/anyOf/" + std::to_string(i)));
+      return group(alts);
+    }
+    std::vector<std::string> types;
+    if (!s.contains("type")) {
+      if (s.contains("properties")) {
+        types = {"object"};
+      } else if (s.contains("items")) {
+        types = {"array"};
+      } else {
+        fail(where, "a schema needs 'type' (or 'enum', 'const', 'anyOf', '$ref')");
+      }
+    } else if (s["type"].is_string()) {
+      types = {s["type"].get<std::string>()};
+    } else if (s["type"].is_array() && !s["type"].empty()) {
+      for (const Json& t : s["type"]) {
+        if (!t.is_string()) fail(where, "'type' must be a string or a list of strings");
+        types.push_back(t.get<std::string>());
+      }
+    } else {
+      fail(where, "'type' must be a string or a list of strings");
+    }
+    std::vector<std::string> alts;
+    for (const std::string& t : types) alts.push_back(typed(s, t, where));
+    return alts.size() == 1 ? alts[0] : group(alts);
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& where, const std::string& why) const {
+    throw Error(ErrorCategory::invalid_argument,
+                str("'", field_, "': the schema at '", where, "': ", why));
+  }
+
+  int count(const Json& s, const char* key, const std::string& where, int fallback) const {
+    if (!s.contains(key)) return fallback;
+    const Json& v = s[key];
+    if (!v.is_number_integer() || v.get<std::int64_t>() < 0 ||
+        v.get<std::int64_t>() > RegexDfa::kMaxRepeat)
+      fail(where, str("'", key, "' must be an integer in [0, ", RegexDfa::kMaxRepeat, "]"));
+    return static_cast<int>(v.get<std::int64_t>());
+  }
+
+  // Keywords that belong to other types are refused rather than ignored.
+  void allow(const Json& s, const std::string& t, const std::string& where,
+             std::initializer_list<const char*> keys) {
+    for (const auto& [key, v] : s.items()) {
+      if (key == "type" || kAnnotations.count(key)) continue;
+      if (std::none_of(keys.begin(), keys.end(), [&](const char* k) { return key == k; }))
+        fail(where, "'" + key + "' does not apply to type '" + t + "'");
+    }
+  }
+
+  std::string typed(const Json& s, const std::string& t, const std::string& where) {
+    if (t == "string") {
+      allow(s, t, where, {"minLength", "maxLength", "pattern", "format"});
+      return "\"" + string_body(s, where) + "\"";
+    }
+    if (t == "integer" || t == "number") {
+      allow(s, t, where, {});
+      return t == "integer" ? kInteger : kNumber;
+    }
+    if (t == "boolean") {
+      allow(s, t, where, {});
+      return "(?:true|false)";
+    }
+    if (t == "null") {
+      allow(s, t, where, {});
+      return "null";
+    }
+    if (t == "array") {
+      allow(s, t, where, {"items", "minItems", "maxItems"});
+      if (!s.contains("items")) fail(where, "an array needs 'items'");
+      const std::string item = value(s["items"], where + "/items");
+      const int lo = count(s, "minItems", where, 0), hi = count(s, "maxItems", where, -1);
+      if (hi >= 0 && hi < lo) fail(where, "'maxItems' is below 'minItems'");
+      std::string elements;
+      if (hi != 0) {
+        const std::string more = "(?:" + kWs + "," + kWs + item + ")";
+        elements = item + more + repeat(std::max(lo - 1, 0), hi < 0 ? -1 : hi - 1);
+        if (lo == 0) elements = "(?:" + elements + ")?";
+      }
+      return "\\[" + kWs + elements + kWs + "\\]";
+    }
+    if (t == "object") {
+      allow(s, t, where, {"properties", "required"});
+      if (!s.contains("properties") || !s["properties"].is_object())
+        fail(where,
+             "an object needs 'properties' (JSON mode, response_format json_object, takes "
+             "any object)");
+      std::set<std::string> required;
+      if (s.contains("required")) {
+        if (!s["required"].is_array()) fail(where, "'required' must be a list of names");
+        for (const Json& n : s["required"]) {
+          if (!n.is_string() || !s["properties"].contains(n.get<std::string>()))
+            fail(where, "'required' names " + n.dump() + ", which 'properties' does not hold");
+          required.insert(n.get<std::string>());
+        }
+      }
+      std::vector<std::string> props;
+      std::vector<bool> needed;
+      for (const auto& [name, sub] : s["properties"].items()) {
+        props.push_back(literal(Json(name).dump()) + kWs + ":" + kWs +
+                        value(sub, where + "/properties/" + name));
+        needed.push_back(required.count(name) > 0);
+      }
+      // after(i): properties i.. once one was written (each then follows a comma);
+      // first(i): properties i.. when none was written yet.
+      const std::size_t n = props.size();
+      std::vector<std::string> after(n + 1);
+      for (std::size_t i = n; i-- > 0;) {
+        const std::string c = kWs + "," + kWs + props[i];
+        after[i] = (needed[i] ? c : "(?:" + c + ")?") + after[i + 1];
+      }
+      std::string first;
+      for (std::size_t i = n; i-- > 0;)
+        first = needed[i]
+                    ? props[i] + after[i + 1]
+                    : "(?:" + props[i] + after[i + 1] + (first.empty() ? ")?" : "|" + first + ")");
+      return "\\{" + kWs + first + kWs + "\\}";
+    }
+    fail(where, "type '" + t + "' is not a JSON Schema type");
+  }
+
+  std::string string_body(const Json& s, const std::string& where) {
+    const bool lengths = s.contains("minLength") || s.contains("maxLength");
+    if (s.contains("pattern") + s.contains("format") + lengths > 1)
+      fail(where, "only one of 'pattern', 'format' and minLength/maxLength is supported at a time");
+    if (s.contains("format")) {
+      const std::string f = s["format"].is_string() ? s["format"].get<std::string>() : "";
+      const std::string date = "[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])";
+      const std::string time =
+          "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]+)?(?:Z|[+-](?:[01][0-9]|2[0-3]):["
+          "0-5][0-9])?";
+      if (f == "date") return date;
+      if (f == "time") return time;
+      if (f == "date-time") return date + "T" + time;
+      if (f == "uuid")
+        return "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}";
+      fail(where,
+           "'format' " + s["format"].dump() + " is not supported (date, time, date-time, uuid)");
+    }
+    if (s.contains("pattern")) {
+      if (!s["pattern"].is_string()) fail(where, "'pattern' must be a string");
+      std::string p = s["pattern"].get<std::string>();
+      if (p.starts_with("^")) p.erase(0, 1);
+      if (p.ends_with("$") && !p.ends_with("\\$")) p.pop_back();
+      // The pattern is matched by the string's raw characters: it must not write what would end
+      // the string or break the JSON (a quote, a backslash, a control character).
+      const RegexDfa dfa(p, str(field_, "' pattern at '", where));
+      for (std::int32_t st = 0; st < dfa.states(); ++st) {
+        for (int b = 0; b < 0x20; ++b)
+          if (dfa.next(st, static_cast<std::uint8_t>(b)) != RegexDfa::kDead)
+            fail(where, "'pattern' may write a control character, which a JSON string must escape");
+        if (dfa.next(st, '"') != RegexDfa::kDead || dfa.next(st, '\\') != RegexDfa::kDead)
+          fail(where,
+               "'pattern' may write a quote or a backslash, which a JSON string must escape");
+      }
+      return "(?:" + p + ")";
+    }
+    const int lo = count(s, "minLength", where, 0), hi = count(s, "maxLength", where, -1);
+    if (hi >= 0 && hi < lo) fail(where, "'maxLength' is below 'minLength'");
+    return kChar + repeat(lo, hi);
+  }
+
+  std::string reference(const Json& ref, const std::string& where) {
+    if (!ref.is_string()) fail(where, "'$ref' must be a string");
+    const std::string r = ref.get<std::string>();
+    std::string section, name;
+    for (const char* prefix : {"#/$defs/", "#/definitions/"}) {
+      if (r.starts_with(prefix)) {
+        section = std::string(prefix).substr(2, std::strlen(prefix) - 3);
+        name = r.substr(std::strlen(prefix));
+      }
+    }
+    if (section.empty() || !root_.contains(section) || !root_[section].contains(name))
+      fail(where, "'$ref' " + ref.dump() + " names no entry of the root's $defs or definitions");
+    if (std::find(expanding_.begin(), expanding_.end(), r) != expanding_.end())
+      fail(where, "'$ref' " + ref.dump() + " is recursive, which is not supported");
+    expanding_.push_back(r);
+    std::string out = value(root_[section][name], r);
+    expanding_.pop_back();
+    return out;
+  }
+
+  const Json& root_;
+  std::string field_;
+  std::vector<std::string> expanding_;  // $refs being expanded
+};
+
+}  // namespace
+
+std::string json_schema_regex(std::string_view schema_json, std::string_view field) {
+  Json root;
+  try {
+    root = Json::parse(schema_json);
+  } catch (const Json::exception& e) {
+    throw Error(ErrorCategory::invalid_argument,
+                str("'", field, "': the schema is not JSON: ", e.what()));
+  }
+  return Compiler(root, field).value(root, "#");
+}
+
+}  // namespace dcp
