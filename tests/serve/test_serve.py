@@ -362,6 +362,39 @@ def case_json_mode(s):
             check(status == 200 and r["choices"][0]["message"]["content"] == "{}", f"chat: {r}")
 
 
+def case_json_schema(s):
+    """response_format json_schema, vLLM's guided_json and SGLang's json_schema: the reply is JSON
+    valid under the schema, with its properties in the schema's order (not sorted)."""
+    schema = {"type": "object", "properties": {
+        "zeta": {"type": "string", "maxLength": 6},
+        "alpha": {"enum": ["red", "green", 7, None]},
+        "ok": {"type": "boolean"},
+        "list": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2}},
+        "required": ["zeta", "alpha", "ok"]}
+
+    def valid(text):
+        v = json.loads(text)
+        return (list(v)[:3] == ["zeta", "alpha", "ok"] and isinstance(v["zeta"], str) and len(v["zeta"]) <= 6
+                and v["alpha"] in ["red", "green", 7, None] and isinstance(v["ok"], bool)
+                and set(v) <= {"zeta", "alpha", "ok", "list"}
+                and all(isinstance(x, bool) for x in v.get("list", [])) and len(v.get("list", [])) <= 2)
+    body = {"prompt": "Once upon a time", "temperature": 0, "max_tokens": 128}
+    fmt = {"type": "json_schema", "json_schema": {"name": "t", "schema": schema, "strict": True}}
+    status, r = s.post("/v1/completions", {**body, "response_format": fmt})
+    c = r["choices"][0] if status == 200 else {}
+    check(status == 200 and c["finish_reason"] == "stop" and valid(c["text"]), f"json_schema: {r}")
+    status, r = s.post("/v1/completions", {**body, "guided_json": json.dumps(schema), "temperature": 1,
+                                           "seed": 4, "n": 3})
+    texts = [x["text"] for x in r["choices"]] if status == 200 else []
+    check(len(texts) == 3 and all(valid(t) for t in texts), f"guided_json sampled: {texts}")
+    status, r = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "JSON"}],
+                                                "max_tokens": 128, "temperature": 0, "response_format": fmt})
+    check(status == 200 and valid(r["choices"][0]["message"]["content"]), f"chat json_schema: {r}")
+    status, r = s.post("/generate", {"text": "Once upon a time", "sampling_params": {
+        "max_new_tokens": 128, "temperature": 0, "json_schema": json.dumps(schema)}})
+    check(status == 200 and valid(r["text"]), f"/generate json_schema: {r}")
+
+
 def case_tokenize(s):
     """/tokenize and /detokenize give the ids and text dcp tokenize gives, and what the generation
     endpoints count."""
@@ -563,7 +596,7 @@ def case_errors(s):
     expect(400, {"prompt": "hi", "min_tokens": -1}, "min_tokens")
     expect(400, {"messages": [{"role": "user", "content": "hi"}], "echo": True}, "echo", path="/v1/chat/completions")
     # vLLM's and SGLang's extensions that would change the result are refused, not ignored.
-    for key, value in [("prompt_logprobs", 1), ("guided_json", {"type": "object"}), ("use_beam_search", True)]:
+    for key, value in [("prompt_logprobs", 1), ("guided_grammar", "root ::= x"), ("use_beam_search", True)]:
         expect(400, {"prompt": "hi", key: value}, key)
     expect(400, {"prompt": "hi", "allowed_token_ids": []}, "allowed_token_ids")
     expect(400, {"prompt": "hi", "allowed_token_ids": [3, 100000]}, "allowed_token_ids")
@@ -584,6 +617,13 @@ def case_errors(s):
     expect(400, {"prompt": "hi", "guided_regex": "a", "guided_choice": ["a"]}, "guided_regex")
     expect(400, {"text": "hi", "sampling_params": {"regex": "a{0}"}}, "regex", path="/generate")
     expect(400, {"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {}}}, "response_format")
+    expect(400, {"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {"schema": {
+        "type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}}}}}, "response_format")
+    expect(400, {"prompt": "hi", "guided_json": {"type": "object", "properties": {}}, "response_format": {
+        "type": "json_schema", "json_schema": {"schema": {"type": "null"}}}}, "guided_json")
+    expect(400, {"prompt": "hi", "guided_json": "{not json"}, "guided_json")
+    expect(400, {"prompt": "hi", "guided_json": 5}, "guided_json")
+    expect(400, {"prompt": "hi", "response_format": {"type": "xml"}}, "response_format")
     expect(400, {"prompt": "hi", "response_format": {"type": "json_object"}, "guided_regex": "a"}, "response_format")
     expect(400, {"prompt": "hi", "messages": []}, "prompt", path="/tokenize")
     expect(400, {}, "prompt", path="/tokenize")
@@ -880,7 +920,7 @@ def case_mpi(mpiexec):
 
 
 CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_whole, case_seeds,
-                                     case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_guided_regex, case_json_mode, case_tokenize, case_chat_options, case_min_tokens, case_echo, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
+                                     case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_guided_regex, case_json_mode, case_json_schema, case_tokenize, case_chat_options, case_min_tokens, case_echo, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
                                      case_metrics_and_models]}
 
 

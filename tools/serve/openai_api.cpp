@@ -6,6 +6,7 @@
 #include <random>
 #include <sstream>
 
+#include "dcp/json_schema.h"
 #include "dcp/text_stream.h"
 #include "serve/request_fields.h"
 
@@ -33,9 +34,9 @@ void refuse_unsupported(const json& b) {
       bad(key, str("'", key, "' (tool calling) is not supported"));
   }
   // vLLM's and SGLang's extensions that would change the result: refused rather than ignored.
-  for (const char* key : {"prompt_logprobs", "guided_json", "guided_grammar", "structured_outputs",
-                          "json_schema", "ebnf", "structural_tag", "logprob_start_len",
-                          "custom_logit_processor", "logits_processors"}) {
+  for (const char* key :
+       {"prompt_logprobs", "guided_grammar", "structured_outputs", "ebnf", "structural_tag",
+        "logprob_start_len", "custom_logit_processor", "logits_processors"}) {
     if (field(b, key)) bad(key, str("'", key, "' is not supported"));
   }
   if (const json* v = field(b, "priority");
@@ -44,11 +45,12 @@ void refuse_unsupported(const json& b) {
   if (const json* v = field(b, "use_beam_search"); v && !(v->is_boolean() && !v->get<bool>()))
     bad("use_beam_search", "'use_beam_search' (beam search) is not supported");
   if (const json* v = field(b, "response_format");
-      v && !(v->is_object() && v->contains("type") && (*v)["type"].is_string() &&
-             ((*v)["type"] == "text" || (*v)["type"] == "json_object")))
+      v &&
+      !(v->is_object() && v->contains("type") && (*v)["type"].is_string() &&
+        ((*v)["type"] == "text" || (*v)["type"] == "json_object" || (*v)["type"] == "json_schema")))
     bad("response_format",
-        "'response_format' is not supported (only {\"type\": \"text\"} or {\"type\": "
-        "\"json_object\"}; json_schema is not)");
+        "'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+        "{\"type\": \"json_schema\", \"json_schema\": {\"schema\": ...}}");
 }
 
 std::string sse(const json& j) { return "data: " + text_of(j) + "\n\n"; }
@@ -248,6 +250,46 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
       request_guide(r.spec(0), deployment_.guide_vocabulary(), regex_key);
     } catch (const Error& e) {
       bad(regex_key, e.what());
+    }
+  }
+  // A JSON Schema (OpenAI's response_format json_schema, vLLM's guided_json, SGLang's
+  // json_schema), compiled to a regex; the body is read again so that its properties keep the
+  // client's order.
+  const std::vector<std::string> at_src =
+      src == &b ? std::vector<std::string>{} : std::vector<std::string>{"sampling_params"};
+  std::vector<std::pair<const char*, std::vector<std::string>>> schemas;
+  if (const json* format = field(*src, "response_format");
+      format && (*format)["type"] == "json_schema") {
+    const json* spec = field(*format, "json_schema");
+    if (!spec || !spec->is_object() || !field(*spec, "schema") || !(*spec)["schema"].is_object())
+      bad("response_format",
+          "'response_format' json_schema needs \"json_schema\": {\"schema\": "
+          "{...}}");
+    schemas.push_back({"response_format", {"response_format", "json_schema", "schema"}});
+  }
+  for (const char* key : {"guided_json", "json_schema"}) {
+    if (const json* v = field(*src, key)) {
+      if (!v->is_object() && !v->is_string())
+        bad(key, str("'", key, "' must be a JSON Schema (an object, or its JSON text)"));
+      schemas.push_back({key, {key}});
+    }
+  }
+  if (schemas.size() > 1) bad(schemas[1].first, "send one JSON Schema, not several");
+  if (!schemas.empty()) {
+    const char* key = schemas[0].first;
+    if (!r.sampling.regex.empty() || !r.sampling.choices.empty() ||
+        !r.sampling.allowed_token_ids.empty() || !r.sampling.bad_words.empty())
+      bad(key, str("'", key,
+                   "' (a JSON Schema) does not combine with guided_regex, "
+                   "guided_choice, allowed_token_ids or bad_words"));
+    need_tokenizer(key);
+    std::vector<std::string> path = at_src;
+    path.insert(path.end(), schemas[0].second.begin(), schemas[0].second.end());
+    try {
+      r.sampling.regex = json_schema_regex(ordered_text(body, path), key);
+      request_guide(r.spec(0), deployment_.guide_vocabulary(), key);
+    } catch (const Error& e) {
+      bad(key, e.what());
     }
   }
   // OpenAI's JSON mode: the reply is one JSON object.

@@ -195,4 +195,10 @@ std::string chat_prompt_text(const Tokenizer& tokenizer, const json& b) {
   return text;
 }
 
+std::string ordered_text(const std::string& body, const std::vector<std::string>& path) {
+  nlohmann::ordered_json at = nlohmann::ordered_json::parse(body);  // parse_object checked it
+  for (const std::string& key : path) at = nlohmann::ordered_json(at.at(key));
+  return at.is_string() ? at.get<std::string>() : at.dump();
+}
+
 }  // namespace dcp::serve
