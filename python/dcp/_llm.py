@@ -18,8 +18,10 @@ from . import _dcp
 @dataclasses.dataclass
 class GuidedDecodingParams:
     """Guided decoding (vLLM's names); set one of: regex (the text matches it whole: dcp serve's
-    guided_regex syntax), choice (the text is one of these strings, as each tokenizes), or
-    json_object=True (the text is one JSON object). json (a schema) and grammar are refused."""
+    guided_regex syntax), choice (the text is one of these strings, as each tokenizes), json (a
+    JSON Schema, as a dict or its JSON text: the text is valid under it, properties in its order;
+    dcp serve's json_schema subset) or json_object=True (the text is one JSON object). grammar is
+    refused."""
     json: Optional[object] = None
     regex: Optional[str] = None
     choice: Optional[Sequence[str]] = None
@@ -104,13 +106,16 @@ def _guided(g: Optional[GuidedDecodingParams]):
         return "", [], False
     if not isinstance(g, GuidedDecodingParams):
         raise ValueError(f"guided_decoding = {g!r} must be a GuidedDecodingParams")
-    for name in ("json", "grammar"):
-        if getattr(g, name) is not None:
-            raise ValueError(f"guided_decoding.{name} is not supported (regex, choice and "
-                             "json_object are)")
-    given = [name for name in ("regex", "choice", "json_object") if getattr(g, name)]
+    if g.grammar is not None:
+        raise ValueError("guided_decoding.grammar is not supported (regex, choice, json and "
+                         "json_object are)")
+    given = [name for name in ("regex", "choice", "json", "json_object")
+             if getattr(g, name) is not None and getattr(g, name) is not False]
     if len(given) > 1:
-        raise ValueError(f"guided_decoding: set one of regex, choice and json_object, not {given}")
+        raise ValueError(f"guided_decoding: set one of regex, choice, json and json_object, not {given}")
+    if g.json is not None:
+        schema = g.json if isinstance(g.json, str) else json.dumps(g.json)
+        return _dcp._json_schema_regex(schema), [], False
     if g.regex is not None and not (isinstance(g.regex, str) and g.regex):
         raise ValueError(f"guided_decoding.regex = {g.regex!r} must be a non-empty str")
     choice = [] if g.choice is None else list(g.choice)

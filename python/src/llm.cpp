@@ -19,6 +19,7 @@
 #include "bindings.h"
 #include "dcp/chat_template.h"
 #include "dcp/error.h"
+#include "dcp/json_schema.h"
 #include "dcp/serving.h"
 #include "dcp/text_stream.h"
 #include "dcp/tokenizer.h"
@@ -461,6 +462,11 @@ void bind_llm(py::module_& m) {
                              [](const Generated& g) { return logprobs_list(g.logprobs); })
       .def_property_readonly("prompt_logprobs",
                              [](const Generated& g) { return logprobs_list(g.prompt_logprobs); });
+
+  m.def(
+      "_json_schema_regex",
+      [](const std::string& schema) { return json_schema_regex(schema, "guided_decoding.json"); },
+      py::arg("schema"));
 
   py::class_<Llm>(m, "_Llm")
       .def(py::init<const LlmConfig&>(), py::arg("config"))

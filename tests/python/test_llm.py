@@ -184,7 +184,13 @@ def test_guided_decoding(text_llm):
                                                         guided_decoding=G(json_object=True)))
     o = out[0].outputs[0]
     assert (o.finish_reason == "length" and o.text.startswith("{")) or isinstance(json.loads(o.text), dict)
-    for bad, what in [(G(json={"type": "object"}), "json"), (G(grammar="root ::= x"), "grammar"),
+    schema = {"type": "object", "properties": {"b": {"type": "boolean"}, "a": {"enum": ["x", "y"]}},
+              "required": ["b", "a"]}
+    out = text_llm.generate("JSON:", dcp.SamplingParams(max_tokens=32, temperature=0,
+                                                        guided_decoding=G(json=schema)))
+    v = json.loads(out[0].outputs[0].text)
+    assert list(v) == ["b", "a"] and isinstance(v["b"], bool) and v["a"] in ("x", "y")
+    for bad, what in [(G(json={"type": "object"}), "needs 'properties'"), (G(grammar="root ::= x"), "grammar"),
                       (G(regex="a", choice=["a"]), "set one of"), (G(regex=""), "regex"),
                       (G(choice=[]), "choice"), (G(regex="(a"), "missing ')'")]:
         with pytest.raises(ValueError, match=re.escape(what)):
