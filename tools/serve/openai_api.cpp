@@ -6,7 +6,6 @@
 #include <random>
 #include <sstream>
 
-#include "dcp/json_schema.h"
 #include "dcp/text_stream.h"
 #include "serve/request_fields.h"
 
@@ -20,7 +19,6 @@ constexpr std::size_t kMaxPrompts = 256;
 // Words one request may ban, and guided choices it may list (each is tokenized on the HTTP
 // thread).
 constexpr std::size_t kMaxBadWords = 256;
-constexpr std::size_t kMaxChoices = 256;
 
 // Fields with a meaning this server does not implement: refused unless they ask for nothing.
 void refuse_unsupported(const json& b) {
@@ -106,6 +104,12 @@ std::string OpenAiApi::token_bytes(std::int32_t id) const {
 
 std::string OpenAiApi::token_text(std::int32_t id) const { return utf8_lossy(token_bytes(id)); }
 
+void OpenAiApi::need_tokenizer_for(const char* field_name) const {
+  if (!tokenizer_)
+    bad(field_name, str("this server has no tokenizer (serve a checkpoint with one, or pass "
+                        "--tokenizer-path): send token ids instead of text"));
+}
+
 OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
   const json b = parse_object(body);
   const int vocab = deployment_.config().vocab_size;
@@ -113,11 +117,7 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
   job.kind = kind;
   check_model(b, options_.model_name);
   refuse_unsupported(b);
-  const auto need_tokenizer = [&](const char* what) {
-    if (!tokenizer_)
-      bad(what, str("this server has no tokenizer (serve a checkpoint with one, or pass "
-                    "--tokenizer-path): send token ids instead of text"));
-  };
+  const auto need_tokenizer = [&](const char* what) { need_tokenizer_for(what); };
   // The prompt.
   std::vector<std::int32_t>& prompt = job.request.prompt;
   if (kind == Kind::completion) {
@@ -213,101 +213,7 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
       bad("bad_words", e.what());
     }
   }
-  if (const json* choices = field(*src, "guided_choice")) {  // vLLM's: the reply is one of them
-    if (!choices->is_array() || choices->empty() || choices->size() > kMaxChoices)
-      bad("guided_choice",
-          str("'guided_choice' must be a list of 1 to ", kMaxChoices, " non-empty strings"));
-    if (!r.sampling.allowed_token_ids.empty() || !r.sampling.bad_words.empty())
-      bad("guided_choice", "'guided_choice' does not combine with allowed_token_ids or bad_words");
-    need_tokenizer("guided_choice");
-    std::vector<std::string> texts;
-    for (const json& c : *choices) {
-      if (!c.is_string() || c.get_ref<const std::string&>().empty())
-        bad("guided_choice",
-            str("'guided_choice' must be a list of 1 to ", kMaxChoices, " non-empty strings"));
-      texts.push_back(c.get<std::string>());
-      r.sampling.choices.push_back(tokenizer_->encode(texts.back(), false));
-    }
-    if (const auto pair = prefix_pair(r.sampling.choices))
-      bad("guided_choice",
-          str("'guided_choice': the tokens of '", texts[pair->first], "' begin those of '",
-              texts[pair->second], "', so a reply could not tell them apart"));
-  }
-  // vLLM's guided_regex, SGLang's regex: the reply's text matches the pattern whole.
-  if (field(*src, "guided_regex") && field(*src, "regex"))
-    bad("regex", "send one of 'guided_regex' and 'regex', not both");
-  const char* regex_key = field(*src, "regex") ? "regex" : "guided_regex";
-  if (const json* pattern = field(*src, regex_key)) {
-    if (!pattern->is_string() || pattern->get_ref<const std::string&>().empty())
-      bad(regex_key, str("'", regex_key, "' must be a non-empty string (a regular expression)"));
-    if (!r.sampling.allowed_token_ids.empty() || !r.sampling.bad_words.empty() ||
-        !r.sampling.choices.empty())
-      bad(regex_key, str("'", regex_key,
-                         "' does not combine with allowed_token_ids, bad_words or guided_choice"));
-    need_tokenizer(regex_key);
-    r.sampling.regex = pattern->get<std::string>();
-    try {  // the pattern's syntax, and whether this vocabulary can begin a match
-      request_guide(r.spec(0), deployment_.guide_vocabulary(), regex_key);
-    } catch (const Error& e) {
-      bad(regex_key, e.what());
-    }
-  }
-  // A JSON Schema (OpenAI's response_format json_schema, vLLM's guided_json, SGLang's
-  // json_schema), compiled to a regex; the body is read again so that its properties keep the
-  // client's order.
-  const std::vector<std::string> at_src =
-      src == &b ? std::vector<std::string>{} : std::vector<std::string>{"sampling_params"};
-  std::vector<std::pair<const char*, std::vector<std::string>>> schemas;
-  if (const json* format = field(*src, "response_format");
-      format && (*format)["type"] == "json_schema") {
-    const json* spec = field(*format, "json_schema");
-    if (!spec || !spec->is_object() || !field(*spec, "schema") || !(*spec)["schema"].is_object())
-      bad("response_format",
-          "'response_format' json_schema needs \"json_schema\": {\"schema\": "
-          "{...}}");
-    schemas.push_back({"response_format", {"response_format", "json_schema", "schema"}});
-  }
-  for (const char* key : {"guided_json", "json_schema"}) {
-    if (const json* v = field(*src, key)) {
-      if (!v->is_object() && !v->is_string())
-        bad(key, str("'", key, "' must be a JSON Schema (an object, or its JSON text)"));
-      schemas.push_back({key, {key}});
-    }
-  }
-  if (schemas.size() > 1) bad(schemas[1].first, "send one JSON Schema, not several");
-  if (!schemas.empty()) {
-    const char* key = schemas[0].first;
-    if (!r.sampling.regex.empty() || !r.sampling.choices.empty() ||
-        !r.sampling.allowed_token_ids.empty() || !r.sampling.bad_words.empty())
-      bad(key, str("'", key,
-                   "' (a JSON Schema) does not combine with guided_regex, "
-                   "guided_choice, allowed_token_ids or bad_words"));
-    need_tokenizer(key);
-    std::vector<std::string> path = at_src;
-    path.insert(path.end(), schemas[0].second.begin(), schemas[0].second.end());
-    try {
-      r.sampling.regex = json_schema_regex(ordered_text(body, path), key);
-      request_guide(r.spec(0), deployment_.guide_vocabulary(), key);
-    } catch (const Error& e) {
-      bad(key, e.what());
-    }
-  }
-  // OpenAI's JSON mode: the reply is one JSON object.
-  if (const json* format = field(*src, "response_format");
-      format && (*format)["type"] == "json_object") {
-    if (!r.sampling.regex.empty() || !r.sampling.choices.empty() ||
-        !r.sampling.allowed_token_ids.empty() || !r.sampling.bad_words.empty())
-      bad("response_format",
-          "'response_format' json_object does not combine with guided_regex, "
-          "guided_choice, allowed_token_ids or bad_words");
-    need_tokenizer("response_format");
-    r.sampling.json_object = true;
-    try {
-      request_guide(r.spec(0), deployment_.guide_vocabulary(), "response_format");
-    } catch (const Error& e) {
-      bad("response_format", e.what());
-    }
-  }
+  parse_guides(*src, src == &b ? "" : "sampling_params", body, r.sampling);
   // vLLM's truncate_prompt_tokens: keep each prompt's last k tokens (-1: the context's worth).
   if (const auto keep =
           integer(*src, "truncate_prompt_tokens", -1, std::numeric_limits<int>::max())) {

@@ -10,6 +10,7 @@
 
 #include "dcp/serving.h"
 #include "dcp/tokenizer.h"
+#include "serve/request_fields.h"
 
 namespace dcp::serve {
 
@@ -57,6 +58,12 @@ class OpenAiApi {
   enum class Kind { completion, chat, generate };
   Handled handle(const std::string& body, Kind kind);  // parse, submit, reply or stream
   Job parse(const std::string& body, Kind kind) const;
+  // The fields that constrain the reply (guided_fields.cpp), read from `src`: the body, or its
+  // `within` object (/generate's sampling_params); `body` is the raw text (a schema's key order).
+  void parse_guides(const json& src, const char* within, const std::string& body,
+                    SamplingParams& p) const;
+  void check_guide(const SamplingParams& p, const char* field_name) const;
+  void need_tokenizer_for(const char* field_name) const;  // BadRequest naming it without one
   std::string token_bytes(std::int32_t id) const;  // "" for an id the tokenizer lacks
   std::string token_text(std::int32_t id) const;   // as UTF-8 (lossy)
 
