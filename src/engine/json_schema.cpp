@@ -145,7 +145,8 @@ class Compiler {
   // Keywords that belong to other types are refused rather than ignored.
   void allow(const Json& s, const std::string& t, const std::string& where,
              std::initializer_list<const char*> keys) {
-    for (const auto& [key, v] : s.items()) {
+    for (const auto& item : s.items()) {
+      const std::string& key = item.key();  // a name a lambda may capture (clang 14)
       if (key == "type" || kAnnotations.count(key)) continue;
       if (std::none_of(keys.begin(), keys.end(), [&](const char* k) { return key == k; }))
         fail(where, "'" + key + "' does not apply to type '" + t + "'");
