@@ -340,9 +340,9 @@ class JsonMaker {
 TEST(JsonGrammar, AgreesWithPythonJsonOnRandomAndMutatedObjects) {
   test::Rng rng = test::make_rng();
   JsonMaker maker(rng.engine());
-  std::vector<std::string> texts, valid;
-  const std::string mutations =
-      std::string("{}[],:\"\\0-e.+ aE\x01\xC3\x80\xFF\xED\xA0\xF4\x90", 26);
+  std::vector<std::string> texts;
+  static constexpr char kMutations[] = "{}[],:\"\\0-e.+ aE\x01\xC3\x80\xFF\xED\xA0\xF4\x90";
+  const std::string mutations(kMutations, sizeof kMutations - 1);
   for (int i = 0; i < 300; ++i) {
     const std::string t = maker.object(3);
     texts.push_back(t);
