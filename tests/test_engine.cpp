@@ -292,7 +292,9 @@ TEST(Engine, ChoicesEndTheOutputAtOneOfThemChosenStepByStep) {
   for (int i = 0; i < 6; ++i) {
     RequestSpec r = request(i, random_tokens(rng, 7 + 19 * i, c.vocab_size), 12);
     // Shared beginnings, so that later steps choose too; lengths 1 to 6.
-    const std::vector<std::int32_t> a = random_tokens(rng, 3, c.vocab_size);
+    // Three distinct tokens: with a repeat, the fixed choices below would begin one another.
+    std::vector<std::int32_t> a = random_tokens(rng, 3, c.vocab_size);
+    while (a[0] == a[1] || a[0] == a[2] || a[1] == a[2]) a = random_tokens(rng, 3, c.vocab_size);
     r.sampling.choices = {{a[0], a[1], a[2], 7, 9, 11},
                           {a[0], a[2]},
                           {a[1]},
