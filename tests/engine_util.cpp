@@ -1,5 +1,7 @@
 #include "engine_util.h"
 
+#include <gtest/gtest.h>
+
 #include "dcp/deployment.h"
 #include "dcp/error.h"
 
@@ -87,6 +89,22 @@ std::vector<std::int32_t> random_tokens(Rng& rng, int n, int vocab) {
   std::vector<std::int32_t> t(static_cast<std::size_t>(n));
   for (auto& x : t) x = static_cast<std::int32_t>(rng.range(0, vocab - 1));
   return t;
+}
+
+void expect_same_under_dcp2_and_a_draft(const ModelConfig& c, const WeightSource& w, EngineSetup s,
+                                        const std::vector<RequestSpec>& reqs,
+                                        const EngineRun& want) {
+  s.dcp = 2;
+  const EngineRun two = run_engine(c, w, s, reqs);
+  s.num_draft_tokens = 3;
+  s.draft_weights = &w;
+  s.draft_config = c;
+  const EngineRun spec = run_engine(c, w, s, reqs);
+  EXPECT_GT(spec.stats.spec_accepted, 0);
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(two.results[i].output_tokens, want.results[i].output_tokens) << "request " << i;
+    EXPECT_EQ(spec.results[i].output_tokens, want.results[i].output_tokens) << "request " << i;
+  }
 }
 
 }  // namespace dcp::test

@@ -52,6 +52,13 @@ inline EngineRun run_engine(const ModelConfig& config, const WeightSource& weigh
   return run_engine_phases(config, weights, s, {requests});
 }
 
+// Runs `reqs` again under DCP 2, and with a draft equal to the target (3 tokens a step), and
+// expects every request's tokens to equal `want`'s and some drafts to be accepted: a constraint
+// (penalties, masks, guides) must hold the same on every rank and for the draft's proposals.
+void expect_same_under_dcp2_and_a_draft(const ModelConfig& c, const WeightSource& w, EngineSetup s,
+                                        const std::vector<RequestSpec>& reqs,
+                                        const EngineRun& want);
+
 RequestSpec request(RequestId id, std::vector<std::int32_t> prompt, int max_new,
                     std::vector<std::int32_t> forced = {});
 std::vector<std::int32_t> random_tokens(Rng& rng, int n, int vocab);

@@ -338,17 +338,7 @@ TEST(Engine, ChoicesEndTheOutputAtOneOfThemChosenStepByStep) {
       EXPECT_EQ(r.finish_reason, FinishReason::length);
     }
   }
-  s.dcp = 2;
-  const EngineRun two = run_engine(c, *w, s, reqs);
-  s.num_draft_tokens = 3;
-  s.draft_weights = w.get();
-  s.draft_config = c;  // a draft equal to the target proposes within the choices too
-  const EngineRun spec = run_engine(c, *w, s, reqs);
-  EXPECT_GT(spec.stats.spec_accepted, 0);  // request 5's forced tokens at least
-  for (std::size_t i = 0; i < reqs.size(); ++i) {
-    EXPECT_EQ(two.results[i].output_tokens, one.results[i].output_tokens) << "request " << i;
-    EXPECT_EQ(spec.results[i].output_tokens, one.results[i].output_tokens) << "request " << i;
-  }
+  test::expect_same_under_dcp2_and_a_draft(c, *w, s, reqs, one);
 }
 
 TEST(Engine, StopTokenEndsTheRequestAtItsFirstOccurrenceAfterMinTokens) {

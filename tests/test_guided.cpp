@@ -118,6 +118,26 @@ TEST(RegexDfa, RefusesWhatItDoesNotImplementNamingTheField) {
             std::string::npos);
 }
 
+// Python decides each case: runs `script` with the cases' JSON file and the answers' file
+// (byte strings travel as hex); nullopt when Debian's python3 is missing.
+std::optional<nlohmann::json> python_oracle(const nlohmann::json& cases,
+                                            const std::string& script) {
+  const char* python = "/usr/bin/python3";
+  if (!std::filesystem::exists(python)) return std::nullopt;
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("dcp_oracle_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "cases.json") << cases.dump();
+  std::ofstream(dir / "oracle.py") << script;
+  const std::string command = std::string(python) + " " + (dir / "oracle.py").string() + " " +
+                              (dir / "cases.json").string() + " " +
+                              (dir / "expected.json").string();
+  EXPECT_EQ(std::system(command.c_str()), 0) << command;
+  nlohmann::json out = nlohmann::json::parse(std::ifstream(dir / "expected.json"));
+  std::filesystem::remove_all(dir);
+  return out;
+}
+
 // Random patterns and texts over a small alphabet (ASCII, two- and three-byte characters),
 // each pattern with a text built to match it where the generator can: Python's re.fullmatch
 // (re.ASCII: \d \w \s as here) decides every case.
@@ -195,8 +215,6 @@ class PatternMaker {
 };
 
 TEST(RegexDfa, AgreesWithPythonReOnRandomPatternsAndTexts) {
-  const char* python = "/usr/bin/python3";
-  if (!std::filesystem::exists(python)) GTEST_SKIP() << python << " is not installed";
   test::Rng rng = test::make_rng();
   PatternMaker maker(rng.engine());
   nlohmann::json cases = nlohmann::json::array();
@@ -206,22 +224,13 @@ TEST(RegexDfa, AgreesWithPythonReOnRandomPatternsAndTexts) {
     for (int k = 0; k < 15; ++k) texts.push_back(maker.text());
     cases.push_back({pattern, texts});
   }
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("dcp_regex_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir / "cases.json") << cases.dump();
-  const std::string script =
-      "import json, re, sys\n"
-      "cases = json.load(open(sys.argv[1]))\n"
-      "out = [[bool(re.fullmatch(p, t, re.ASCII)) for t in texts] for p, texts in cases]\n"
-      "json.dump(out, open(sys.argv[2], 'w'))\n";
-  std::ofstream(dir / "oracle.py") << script;
-  const std::string command = std::string(python) + " " + (dir / "oracle.py").string() + " " +
-                              (dir / "cases.json").string() + " " +
-                              (dir / "expected.json").string();
-  ASSERT_EQ(std::system(command.c_str()), 0) << command;
-  const nlohmann::json expected = nlohmann::json::parse(std::ifstream(dir / "expected.json"));
-  std::filesystem::remove_all(dir);
+  const auto verdicts = python_oracle(cases, R"(import json, re, sys
+cases = json.load(open(sys.argv[1]))
+out = [[bool(re.fullmatch(p, t, re.ASCII)) for t in texts] for p, texts in cases]
+json.dump(out, open(sys.argv[2], 'w'))
+)");
+  if (!verdicts) GTEST_SKIP() << "/usr/bin/python3 is not installed";
+  const nlohmann::json& expected = *verdicts;
   int matched = 0, too_large = 0;
   for (std::size_t i = 0; i < cases.size(); ++i) {
     const std::string pattern = cases[i][0];
@@ -244,26 +253,6 @@ TEST(RegexDfa, AgreesWithPythonReOnRandomPatternsAndTexts) {
   }
   EXPECT_GT(matched, 300);  // the generator's samples make many positive cases
   EXPECT_LT(too_large, 8);
-}
-
-// Python decides each case of a list of byte strings (sent as hex): runs `script` with the cases'
-// file and the answers' file; skips when Debian's python3 is missing.
-std::optional<nlohmann::json> python_oracle(const nlohmann::json& cases,
-                                            const std::string& script) {
-  const char* python = "/usr/bin/python3";
-  if (!std::filesystem::exists(python)) return std::nullopt;
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("dcp_oracle_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir / "cases.json") << cases.dump();
-  std::ofstream(dir / "oracle.py") << script;
-  const std::string command = std::string(python) + " " + (dir / "oracle.py").string() + " " +
-                              (dir / "cases.json").string() + " " +
-                              (dir / "expected.json").string();
-  EXPECT_EQ(std::system(command.c_str()), 0) << command;
-  nlohmann::json out = nlohmann::json::parse(std::ifstream(dir / "expected.json"));
-  std::filesystem::remove_all(dir);
-  return out;
 }
 
 std::string hex(std::string_view bytes) {
@@ -752,17 +741,7 @@ TEST(Engine, RegexChoosesAmongTheTokensThatKeepAPrefixOfAMatch) {
       }
     }
   }
-  s.dcp = 2;
-  const test::EngineRun two = run_engine(c, *w, s, reqs);
-  s.num_draft_tokens = 3;
-  s.draft_weights = w.get();
-  s.draft_config = c;  // a draft equal to the target proposes within the pattern too
-  const test::EngineRun spec = run_engine(c, *w, s, reqs);
-  EXPECT_GT(spec.stats.spec_accepted, 0);
-  for (std::size_t i = 0; i < reqs.size(); ++i) {
-    EXPECT_EQ(two.results[i].output_tokens, one.results[i].output_tokens) << "request " << i;
-    EXPECT_EQ(spec.results[i].output_tokens, one.results[i].output_tokens) << "request " << i;
-  }
+  test::expect_same_under_dcp2_and_a_draft(c, *w, s, reqs, one);
 }
 
 // JSON mode: each step's token is the greedy choice among the tokens whose bytes keep the text
@@ -838,17 +817,7 @@ TEST(Engine, JsonObjectChoosesAmongTheTokensThatKeepAPrefixOfAnObject) {
     }
   }
   EXPECT_GT(closed, 0);
-  s.dcp = 2;
-  const test::EngineRun two = run_engine(c, *w, s, reqs);
-  s.num_draft_tokens = 3;
-  s.draft_weights = w.get();
-  s.draft_config = c;
-  const test::EngineRun spec = run_engine(c, *w, s, reqs);
-  EXPECT_GT(spec.stats.spec_accepted, 0);
-  for (std::size_t i = 0; i < reqs.size(); ++i) {
-    EXPECT_EQ(two.results[i].output_tokens, one.results[i].output_tokens) << "request " << i;
-    EXPECT_EQ(spec.results[i].output_tokens, one.results[i].output_tokens) << "request " << i;
-  }
+  test::expect_same_under_dcp2_and_a_draft(c, *w, s, reqs, one);
 }
 
 TEST(Engine, RegexRequestsAreRefusedWithoutAVocabularyOrAWayToBegin) {
@@ -881,10 +850,15 @@ TEST(Engine, RegexRequestsAreRefusedWithoutAVocabularyOrAWayToBegin) {
     EXPECT_STREQ(e.what(),
                  "'regex' matches only the empty text (a reply holds at least one token)");
   }
-  // Checked with the other sampling fields: syntax, and masks beside it.
+  r.sampling.regex = "(a";
+  try {
+    request_guide(r, vocab);
+    ADD_FAILURE() << "a pattern that does not parse was accepted";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "'regex': missing ')' at byte 2 of the pattern");
+  }
+  // Checked with the other sampling fields: the masks beside it.
   SamplingParams p;
-  p.regex = "(a";
-  EXPECT_THROW(validate(p, c.vocab_size), Error);
   p.regex = "a";
   p.allowed_token_ids = {1};
   EXPECT_THROW(validate(p, c.vocab_size), Error);

@@ -63,7 +63,8 @@ void check_request_choice(const RequestSpec& spec, int vocab,
                           std::string_view budget_name = "max_new_tokens");
 // The guide of a request with a regex or json_object (null without either) over `vocabulary`.
 // Throws dcp::Error (invalid_argument) naming `field` when there is no vocabulary, when the
-// pattern does not compile, or when no token can begin a match.
+// pattern does not compile, or when no token can begin a match. Callers of check_request_choice
+// call it too (it compiles the pattern once; check_request_choice only checks the combinations).
 std::shared_ptr<TokenGuide> request_guide(const RequestSpec& spec,
                                           std::shared_ptr<const GuideVocabulary> vocabulary,
                                           std::string_view field = "regex");

@@ -387,20 +387,20 @@ std::int32_t Engine::choose(const Live& l, const float* logits,
   if (hold_stops) {
     for (std::int32_t t : l.spec.stop_token_ids) adjusted[static_cast<std::size_t>(t)] = kMasked;
   }
-  if (state) {  // only the tokens that keep the output a prefix of a match; stops after a match
-    std::vector<float> guided(static_cast<std::size_t>(vocab), kMasked);
-    bool any = false;
-    for (std::int32_t t : l.guide->allowed(*state)) {
-      guided[static_cast<std::size_t>(t)] = adjusted[static_cast<std::size_t>(t)];
-      any = true;
-    }
-    if (l.guide->grammar().accepting(*state)) {
-      for (std::int32_t t : l.spec.stop_token_ids) {
-        guided[static_cast<std::size_t>(t)] = adjusted[static_cast<std::size_t>(t)];
-        any = any || !hold_stops;
+  // Only the tokens that keep the output a prefix of a match, and the stop tokens after a match.
+  // None at all only past the end (as above): then nothing is masked.
+  const std::vector<std::int32_t>* allowed = state ? &l.guide->allowed(*state) : nullptr;
+  const bool stops_open = state && l.guide->grammar().accepting(*state) && !hold_stops;
+  if (allowed && (!allowed->empty() || (stops_open && !l.spec.stop_token_ids.empty()))) {
+    const auto& stops = l.spec.stop_token_ids;
+    auto next = allowed->begin();  // ascending
+    for (std::int32_t t = 0; t < vocab; ++t) {
+      if (next != allowed->end() && *next == t) {
+        ++next;
+      } else if (!stops_open || std::find(stops.begin(), stops.end(), t) == stops.end()) {
+        adjusted[static_cast<std::size_t>(t)] = kMasked;
       }
     }
-    if (any) adjusted = std::move(guided);  // none: past the end, as above
   }
   return sample_token(adjusted.data(), vocab, p, step);
 }

@@ -111,14 +111,9 @@ bool transition(Config& c, std::uint8_t b) {
   switch (c.mode) {
     case kTop: return b == '{' && open(c, '{');
     case kObjectOpen:
+    case kKey:  // a key, or (right after '{' only) the close
       if (is_space(b)) return whitespace();
-      if (b == '}') return close(c, '{');
-      if (b != '"') return false;
-      c.mode = kString;
-      c.aux = kKeyBit;
-      return true;
-    case kKey:
-      if (is_space(b)) return whitespace();
+      if (b == '}' && c.mode == kObjectOpen) return close(c, '{');
       if (b != '"') return false;
       c.mode = kString;
       c.aux = kKeyBit;

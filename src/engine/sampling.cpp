@@ -6,7 +6,6 @@
 #include <numeric>
 
 #include "dcp/error.h"
-#include "dcp/regex_dfa.h"
 
 namespace dcp {
 namespace {
@@ -139,7 +138,6 @@ void validate(const SamplingParams& p, int vocab, std::span<const std::int32_t> 
   if (!p.regex.empty()) {
     DCP_ARG_CHECK(p.choices.empty() && p.allowed_token_ids.empty() && p.bad_words.empty(),
                   "regex does not combine with choices, allowed_token_ids or bad_words");
-    const RegexDfa syntax(p.regex, "regex");  // request_guide checks it against a vocabulary
   }
   DCP_ARG_CHECK(std::find(masked.begin(), masked.end(), false) != masked.end(),
                 "allowed_token_ids and bad_words (with the stop tokens held back by min_tokens) "

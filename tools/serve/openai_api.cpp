@@ -117,7 +117,6 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
   job.kind = kind;
   check_model(b, options_.model_name);
   refuse_unsupported(b);
-  const auto need_tokenizer = [&](const char* what) { need_tokenizer_for(what); };
   // The prompt.
   std::vector<std::int32_t>& prompt = job.request.prompt;
   if (kind == Kind::completion) {
@@ -131,7 +130,7 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
       bad("prompt", str("'prompt' holds ", p->size(), " prompts; at most ", kMaxPrompts));
     for (const json& one : batch ? *p : json::array({*p})) {
       if (one.is_string()) {
-        need_tokenizer("prompt");
+        need_tokenizer_for("prompt");
         job.prompts.push_back(tokenizer_->encode(one.get<std::string>(), add_special));
         job.prompt_texts.push_back(one.get<std::string>());
       } else {
@@ -142,7 +141,7 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
     }
     prompt = job.prompts.front();
   } else if (kind == Kind::chat) {
-    need_tokenizer("messages");
+    need_tokenizer_for("messages");
     // The template writes the special tokens: none are added unless asked for (vLLM's default).
     prompt = tokenizer_->encode(chat_prompt_text(*tokenizer_, b),
                                 boolean(b, "add_special_tokens").value_or(false));
@@ -152,7 +151,7 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
     if (!text == !ids) bad("text", "give exactly one of 'text' and 'input_ids'");
     if (text) {
       if (!text->is_string()) bad("text", "'text' must be a string (one prompt per request)");
-      need_tokenizer("text");
+      need_tokenizer_for("text");
       prompt = tokenizer_->encode(text->get<std::string>(), true);
     } else {
       prompt = token_ids(*ids, "input_ids", vocab);
@@ -206,7 +205,7 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
       if (!w.is_string()) bad("bad_words", "'bad_words' must be a list of strings");
       list.push_back(w.get<std::string>());
     }
-    need_tokenizer("bad_words");
+    need_tokenizer_for("bad_words");
     try {
       r.sampling.bad_words = bad_word_token_ids(*tokenizer_, list);
     } catch (const Error& e) {
@@ -241,7 +240,7 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
   job.include_stop =
       boolean(*src, kind == Kind::generate ? "no_stop_trim" : "include_stop_str_in_output")
           .value_or(false);
-  if (!job.stop.empty() && !tokenizer_) need_tokenizer("stop");
+  if (!job.stop.empty() && !tokenizer_) need_tokenizer_for("stop");
   if (const json* ids = field(*src, "stop_token_ids"))
     r.stop_token_ids = token_ids(*ids, "stop_token_ids", vocab);
   job.skip_special = boolean(*src, "skip_special_tokens").value_or(true);
