@@ -246,6 +246,26 @@ TEST(TextStream, MinTokensAndIncludeStopString) {
                                  ErrorCategory::invalid_argument, "min_tokens = -1 must be >= 0"));
 }
 
+// The stop token that ends a generation counts among its tokens but writes no text (unless the
+// stop is to be kept); a special token elsewhere is text when special tokens are kept.
+TEST(TextStream, TheEndingStopTokenWritesNoText) {
+  const Tokenizer t = make(small_tokenizer({}));
+  TextStream s(&t, {}, false);
+  EXPECT_EQ(s.push(400), "<s>");
+  EXPECT_EQ(s.push('a'), "a");
+  EXPECT_EQ(s.push_stop_token(400), "");
+  EXPECT_EQ(s.finish(), "");
+  EXPECT_EQ(s.tokens(), (std::vector<std::int32_t>{400, 'a', 400}));
+  TextStream kept(&t, {}, false, 0, /*include_stop=*/true);
+  EXPECT_EQ(kept.push('a'), "a");
+  EXPECT_EQ(kept.push_stop_token(400), "<s>");
+  // A stop string's held-back start is released by the stop token, as the end releases it.
+  TextStream held(&t, {"ab"}, false);
+  EXPECT_EQ(held.push('a'), "");
+  EXPECT_EQ(held.push_stop_token(400), "");
+  EXPECT_EQ(held.finish(), "a");
+}
+
 TEST(TextStream, BadWordsAreBannedAtTheStartAndAfterASpace) {
   // "hi" is one token (256) and " hi" another (257); "x y" has no merges.
   const Tokenizer t = make(small_tokenizer({{"h", "i"}, {byte_char(' '), "hi"}}));

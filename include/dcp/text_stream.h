@@ -26,6 +26,9 @@ class TextStream {
   // Feeds one generated token; returns the text that is now safe to show. Once a stop string
   // matched, stopped() is true and later tokens add nothing.
   std::string push(std::int32_t token);
+  // Feeds the stop token that ended the generation (EOS, a stop_token_ids entry): it counts among
+  // the tokens but writes no text (vLLM's; include_stop writes it as push does).
+  std::string push_stop_token(std::int32_t token);
   // The end of the generation: what was held back (a possible start of a stop string, an
   // incomplete character as U+FFFD).
   std::string finish();

@@ -26,6 +26,13 @@ std::string TextStream::push(std::int32_t token) {
   return release(false);
 }
 
+std::string TextStream::push_stop_token(std::int32_t token) {
+  if (include_stop_) return push(token);
+  if (stopped_) return {};
+  tokens_.push_back(token);
+  return release(false);
+}
+
 std::string TextStream::finish() {
   if (stopped_) return {};
   if (decoder_) held_ += decoder_->finish();

@@ -486,6 +486,18 @@ def case_min_tokens(s):
     text = r["choices"][0]["text"]
     status, r = s.post("/v1/completions", {**text_body, "stop": [text[:1]], "min_tokens": 6})
     check(status == 200 and r["choices"][0]["text"] == text, f"a stop string held back by min_tokens: {r}")
+    # The stop token that ends a reply is counted but not written, even with special tokens kept
+    # (vLLM's); with include_stop_str_in_output it is written.
+    status, eos = s.post("/tokenize", {"prompt": "</s>", "add_special_tokens": False})
+    body = {"prompt": [1, 2, 3], "max_tokens": 6, "temperature": 0, "min_tokens": 2,
+            "logit_bias": {str(eos["tokens"][0]): 100}, "skip_special_tokens": False}
+    status, r = s.post("/v1/completions", body)
+    c = r["choices"][0] if status == 200 else {}
+    check(status == 200 and c["token_ids"][-1] == eos["tokens"][0] and len(c["token_ids"]) == 3
+          and c["text"] == text[:len(c["text"])] and not c["text"].endswith("</s>"), f"EOS not written: {r}")
+    status, r2 = s.post("/v1/completions", {**body, "include_stop_str_in_output": True})
+    check(status == 200 and r2["choices"][0]["text"] == c.get("text", "") + "</s>", f"EOS kept: {r2}")
+
 
 
 def case_echo(s):

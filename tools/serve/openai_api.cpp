@@ -325,8 +325,9 @@ struct Choice {
 };
 
 // Pulls what the engine produced for `c` into its text; returns the new text. `wait` bounds the
-// wait for news.
-std::string pull_news(Choice& c, std::chrono::milliseconds wait) {
+// wait for news; the stop token that ends the choice (one of `stop_ids`) writes no text.
+std::string pull_news(Choice& c, const std::vector<std::int32_t>& stop_ids,
+                      std::chrono::milliseconds wait) {
   const std::optional<StreamUpdate> u = c.stream->next(wait);
   if (!u) return {};
   c.prompt_logprobs.insert(c.prompt_logprobs.end(), u->prompt_logprobs.begin(),
@@ -334,7 +335,10 @@ std::string pull_news(Choice& c, std::chrono::milliseconds wait) {
   std::string out;
   for (std::size_t k = 0; k < u->tokens.size(); ++k) {
     if (c.text.stopped()) break;
-    out += c.text.push(u->tokens[k]);
+    const bool ends = u->finished && u->finish_reason == FinishReason::stop &&
+                      k + 1 == u->tokens.size() &&
+                      std::find(stop_ids.begin(), stop_ids.end(), u->tokens[k]) != stop_ids.end();
+    out += ends ? c.text.push_stop_token(u->tokens[k]) : c.text.push(u->tokens[k]);
     if (k < u->logprobs.size()) c.logprobs.push_back(u->logprobs[k]);
   }
   if (c.text.stopped() && !u->finished) c.stream->cancel();  // a stop string: end it now
@@ -484,7 +488,7 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
 
   if (!job.stream) {
     for (Choice& c : *choices) {
-      while (!c.finished) pull_news(c, 1s);
+      while (!c.finished) pull_news(c, job.request.stop_token_ids, 1s);
     }
     if (const Choice* f = failed(*choices)) return {error(500, f->error), {}};
     json reply;
@@ -563,8 +567,9 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
       for (std::size_t i = 0; i < choices->size(); ++i) {
         Choice& c = (*choices)[i];
         if (closed[i]) continue;
-        const std::string text = pull_news(c, choices->size() == 1 ? std::chrono::milliseconds(1000)
-                                                                   : std::chrono::milliseconds(5));
+        const std::string text = pull_news(
+            c, job.request.stop_token_ids,
+            choices->size() == 1 ? std::chrono::milliseconds(1000) : std::chrono::milliseconds(5));
         const std::size_t kept = c.text.tokens().size();
         // A token that completes no character (or is held back for a stop string) sends nothing,
         // unless the client follows ids or logprobs.
