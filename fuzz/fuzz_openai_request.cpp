@@ -25,10 +25,12 @@ struct Fixture {
     std::filesystem::remove_all(dir);
     dcp::DeploymentSpec spec;
     spec.model.config = dcp::preset_config("tiny", 1);
-    // Guided regexes compile and are checked against the vocabulary at parse time.
+    // Guided regexes compile and are checked against the vocabulary at parse time; tool_choice
+    // "auto" reads DeepSeek's format.
     spec.engine.guide_vocabulary = dcp::guide_vocabulary(*tokenizer, spec.model.config.vocab_size);
     deployment.emplace(spec);
-    api.emplace(*deployment, &*tokenizer, dcp::serve::ApiOptions{"tiny", 16});
+    api.emplace(*deployment, &*tokenizer,
+                dcp::serve::ApiOptions{"tiny", 16, dcp::ToolCallFormat::deepseek_v3});
   }
   std::filesystem::path dir;
   std::optional<dcp::Tokenizer> tokenizer;

@@ -212,7 +212,8 @@ class LLM:
              chat_template: Optional[str] = None,
              add_generation_prompt: bool = True,
              continue_final_message: bool = False,
-             chat_template_kwargs: Optional[Dict[str, object]] = None) -> List[RequestOutput]:
+             chat_template_kwargs: Optional[Dict[str, object]] = None,
+             tools: Optional[List[Dict[str, object]]] = None) -> List[RequestOutput]:
         """Generates the next turn of every conversation and returns one RequestOutput each.
 
         messages: a conversation (a list of {"role": ..., "content": ...} dicts) or a list of
@@ -222,6 +223,8 @@ class LLM:
         chat_template_kwargs: more template variables (they override add_generation_prompt).
         continue_final_message (with add_generation_prompt=False): the prompt ends with the last
         message's content, which the reply continues, instead of a closed turn.
+        tools: OpenAI-style tool definitions, the template's `tools` variable (vLLM's); the reply
+        is text, in the model's own tool-call format where it calls one.
         """
         if not self._llm.has_tokenizer:
             raise ValueError("chat needs a tokenizer: a checkpoint with tokenizer.json or "
@@ -234,6 +237,13 @@ class LLM:
             variables = json.loads(json.dumps(variables))
         except (TypeError, ValueError) as e:
             raise ValueError(f"chat_template_kwargs is not JSON: {e}") from None
+        if tools is not None and "tools" not in variables:  # chat_template_kwargs override it
+            if not isinstance(tools, (list, tuple)) or not all(isinstance(t, dict) for t in tools):
+                raise ValueError(f"tools must be a list of tool dicts, got {tools!r}")
+            try:
+                variables["tools"] = json.loads(json.dumps(list(tools)))
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"tools is not JSON: {e}") from None
         generation_prompt = bool(variables.pop("add_generation_prompt", add_generation_prompt))
         if continue_final_message and generation_prompt:
             raise ValueError("continue_final_message needs add_generation_prompt=False (the reply "

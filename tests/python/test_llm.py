@@ -388,6 +388,12 @@ def test_chat_renders_the_template_then_generates(dcp_bin, checkpoint, text_llm)
     assert open_end.prompt == "<s><|user|>Hi<|assistant|>Hello the"
     closed = text_llm.chat(turns, params, add_generation_prompt=False)[0]
     assert closed.prompt == open_end.prompt + "</s>"
+    # Tools reach the template as its `tools` variable.
+    tools = [{"type": "function", "function": {"name": "get_weather"}},
+             {"type": "function", "function": {"name": "now"}}]
+    out = text_llm.chat(messages, params, tools=tools,
+                        chat_template="{% for t in tools %}{{ t.function.name }};{% endfor %}")[0]
+    assert out.prompt == "get_weather;now;"
 
 
 @pytest.mark.parametrize("messages,kwargs,message", [
@@ -399,6 +405,8 @@ def test_chat_renders_the_template_then_generates(dcp_bin, checkpoint, text_llm)
      "chat_template_kwargs = {'messages': []} must be a dict"),
     ([{"role": "user", "content": "Hi"}], dict(chat_template_kwargs=[1]), "must be a dict"),
     ([{"role": "user", "content": "Hi"}], dict(chat_template="{% if x %}"), "line 1"),
+    ([{"role": "user", "content": "Hi"}], dict(tools={"name": "f"}), "tools must be a list of tool dicts"),
+    ([{"role": "user", "content": "Hi"}], dict(tools=[{"f": {1}}]), "is not JSON"),
     (["not a conversation"], {}, "messages[0] must be a list of message dicts"),
     ([{"role": "user", "content": {1, 2}}], {}, "messages[0] is not JSON"),
     ([[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]],

@@ -499,7 +499,6 @@ def case_min_tokens(s):
     check(status == 200 and r2["choices"][0]["text"] == c.get("text", "") + "</s>", f"EOS kept: {r2}")
 
 
-
 def case_echo(s):
     """echo: the prompt comes back before the text; with logprobs, the prompt's own. A prompt that
     is the model's greedy continuation has, at each of those tokens, the logprob decoding gave
@@ -754,6 +753,181 @@ def case_metrics_and_models(s):
           "histogram +Inf bucket equals its count")
 
 
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                      "parameters": {"type": "object", "properties": {
+                                          "city": {"type": "string", "maxLength": 8},
+                                          "days": {"type": "integer"},
+                                          "unit": {"enum": ["C", "F"]}}, "required": ["city"]}}},
+    {"type": "function", "function": {"name": "now"}},
+]
+
+
+def valid_arguments(name, text):
+    """A tool's arguments as its schema in TOOLS allows (the schema checked here by hand)."""
+    args = json.loads(text)
+    if name == "now":
+        return args == {}
+    return (isinstance(args, dict) and set(args) <= {"city", "days", "unit"} and isinstance(args.get("city"), str)
+            and len(args["city"]) <= 8 and isinstance(args.get("days", 0), int) and args.get("unit", "C") in "CF")
+
+
+def joined_stream(events):
+    """A streamed chat reply's content, its tool calls assembled from their deltas, and its finish."""
+    content, calls, finish = "", {}, None
+    for e in events[:-1]:
+        for c in e["choices"]:
+            d = c["delta"]
+            content += d.get("content") or ""
+            for t in d.get("tool_calls", []):
+                call = calls.setdefault(t["index"], {"id": None, "name": "", "arguments": ""})
+                call["id"] = t.get("id", call["id"])
+                call["name"] += t.get("function", {}).get("name", "")
+                call["arguments"] += t.get("function", {}).get("arguments", "")
+            finish = c["finish_reason"] or finish
+    return content, [calls[k] for k in sorted(calls)], finish
+
+
+def flat_calls(message):
+    return [{"id": t["id"], "name": t["function"]["name"], "arguments": t["function"]["arguments"]}
+            for t in message.get("tool_calls", [])]
+
+
+def case_tools():
+    """OpenAI's tools on chat completions. "required" and a named function guide the reply to
+    calls whose arguments are valid under each tool's schema; "auto" reads the calls the model
+    writes in DeepSeek's or Kimi K2's format (forced here by a guided_regex, since the random model
+    writes none itself), whole and streamed; "none" and tools the model does not call leave the
+    content alone; the template sees the tools; refusals name their field."""
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    base = {"messages": messages, "temperature": 0, "max_tokens": 64}
+    # The DeepSeek V3 format with two calls (as its chat template writes calls into a conversation),
+    # and Kimi K2's with one; the markers are plain text to this small tokenizer.
+    ds = ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+          '{"city": "Paris", "days": 2}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>now\n'
+          "```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
+    ds_calls = [("get_weather", '{"city": "Paris", "days": 2}'), ("now", "{}")]
+    kimi = ('<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>'
+            '{"city": "Oslo"}<|tool_call_end|><|tool_calls_section_end|>')
+    s = Server("--tool-call-parser", "deepseek_v3")
+    try:
+        # none: the reply a chat without tools gets (this template does not render tools).
+        status, plain = s.post("/v1/chat/completions", base)
+        status2, r = s.post("/v1/chat/completions", {**base, "tools": TOOLS, "tool_choice": "none"})
+        check(status == status2 == 200 and r["choices"][0]["message"] == plain["choices"][0]["message"]
+              and "tool_calls" not in r["choices"][0]["message"], f"tool_choice none: {r} vs {plain}")
+        # required: one call or more, each of a listed tool with valid arguments; sampled too.
+        for extra in [{}, {"temperature": 1, "seed": 5, "n": 4}, {"parallel_tool_calls": False}]:
+            status, r = s.post("/v1/chat/completions", {**base, "max_tokens": 200, "tools": TOOLS,
+                                                        "tool_choice": "required", **extra})
+            for c in r.get("choices", []):
+                calls = flat_calls(c["message"])
+                check(status == 200 and c["finish_reason"] == "tool_calls" and c["message"]["content"] is None
+                      and len(calls) >= 1 and all(valid_arguments(t["name"], t["arguments"]) for t in calls)
+                      and len({t["id"] for t in calls}) == len(calls)
+                      and all("index" not in t for t in c["message"]["tool_calls"]), f"required {extra}: {c}")
+                if "parallel_tool_calls" in extra:
+                    check(len(calls) == 1, f"parallel_tool_calls false: one call: {calls}")
+            check(status == 200 and len(r["choices"]) == extra.get("n", 1), f"required {extra}: {r}")
+            if not extra:
+                whole = r
+        status, _, events = s.stream("/v1/chat/completions", {**base, "max_tokens": 200, "tools": TOOLS,
+                                                              "tool_choice": "required", "stream": True})
+        content, calls, finish = joined_stream(events)
+        drop_id = lambda ts: [{k: t[k] for k in ("name", "arguments")} for t in ts]
+        want = drop_id(flat_calls(whole["choices"][0]["message"]))
+        check(content == "" and drop_id(calls) == want
+              and finish == "tool_calls", f"required streamed: {calls} vs {want}")
+        # A named function: its arguments, as the model wrote them, valid under its schema.
+        named = {"type": "function", "function": {"name": "get_weather"}}
+        status, r = s.post("/v1/chat/completions", {**base, "max_tokens": 200, "tools": TOOLS, "tool_choice": named})
+        c = r["choices"][0] if status == 200 else {}
+        calls = flat_calls(c.get("message", {}))
+        check(status == 200 and c["finish_reason"] == "stop" and len(calls) == 1 and calls[0]["name"] == "get_weather"
+              and valid_arguments("get_weather", calls[0]["arguments"]), f"named: {r}")
+        status, _, events = s.stream("/v1/chat/completions", {**base, "max_tokens": 200, "tools": TOOLS,
+                                                              "tool_choice": named, "stream": True})
+        content, streamed, finish = joined_stream(events)
+        deltas = [t for e in events[:-1] for t in e["choices"][0]["delta"].get("tool_calls", [])]
+        check(drop_id(streamed) == drop_id(calls) and finish == "stop" and deltas and "id" in deltas[0]
+              and all(set(t) == {"index", "function"} and set(t["function"]) == {"arguments"} for t in deltas[1:]),
+              f"named streamed (the id and name first, then arguments as they come): {streamed} vs {calls}: {deltas}")
+        # auto, the model writing DeepSeek V3's calls after some text: read whole and streamed.
+        forced = {**base, "max_tokens": 400, "tools": TOOLS, "guided_regex": re.escape("Sure. " + ds)}
+        status, r = s.post("/v1/chat/completions", forced)
+        c = r["choices"][0] if status == 200 else {}
+        check(status == 200 and c["finish_reason"] == "tool_calls" and c["message"]["content"] == "Sure. "
+              and [(t["name"], t["arguments"]) for t in flat_calls(c["message"])] == ds_calls, f"auto: {r}")
+        status, _, events = s.stream("/v1/chat/completions", {**forced, "stream": True})
+        content, calls, finish = joined_stream(events)
+        check(content == "Sure. " and [(t["name"], t["arguments"]) for t in calls] == ds_calls
+              and finish == "tool_calls", f"auto streamed: {content!r} {calls} {finish}")
+        check(all("<" not in (e["choices"][0]["delta"].get("content") or "") for e in events[:-1]),
+              f"no piece of a marker is streamed as content: {events}")
+        # Cut short by max_tokens: what was written is content, no call.
+        status, r = s.post("/v1/chat/completions", {**forced, "max_tokens": 60})
+        c = r["choices"][0] if status == 200 else {}
+        check(status == 200 and c["finish_reason"] == "length" and "tool_calls" not in c["message"]
+              and c["message"]["content"].startswith("Sure. <｜tool▁calls▁begin｜>"), f"auto cut: {r}")
+        # auto where the model calls nothing: its text, as without tools.
+        status, r = s.post("/v1/chat/completions", {**base, "tools": TOOLS, "skip_special_tokens": False})
+        status2, p2 = s.post("/v1/chat/completions", {**base, "skip_special_tokens": False})
+        check(status == status2 == 200 and r["choices"][0]["message"] == p2["choices"][0]["message"],
+              f"auto without a call: {r} vs {p2}")
+        # The template sees the tools.
+        status, r = s.post("/tokenize", {"messages": messages, "tools": TOOLS,
+                                         "chat_template": "{% for t in tools %}{{ t.function.name }};{% endfor %}"})
+        status2, want = s.post("/tokenize", {"prompt": "get_weather;now;", "add_special_tokens": False})
+        check(status == 200 and r["tokens"] == want["tokens"], f"the template's tools: {r} vs {want}")
+        # Refusals, each naming its field.
+        for body, param in [({**base, "tool_choice": "required"}, "tool_choice"),
+                            ({**base, "tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "x"}}},
+                             "tool_choice"),
+                            ({**base, "tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+                            ({**base, "tools": TOOLS, "tool_choice": "required", "guided_regex": "a"}, "tool_choice"),
+                            ({**base, "tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools"),
+                            ({**base, "tools": [TOOLS[1], TOOLS[1]]}, "tools"),
+                            ({**base, "tools": [{"type": "code", "function": {"name": "a"}}]}, "tools"),
+                            ({**base, "tools": [{"type": "function", "function": {"name": "a", "parameters": {
+                                "type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}}}}],
+                              "tool_choice": "required"}, "tools"),
+                            ({"prompt": "x", "tools": TOOLS}, "tools"),
+                            ({**base, "functions": [{"name": "f"}]}, "functions")]:
+            path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+            status, r = s.post(path, body)
+            check(status == 400 and r["error"]["param"] == param, f"refused naming {param}: {body} -> {status} {r}")
+        status, r = s.post("/v1/chat/completions", {**base, "tools": [{"type": "function", "function": {
+            "name": "a", "parameters": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}}}}],
+            "tool_choice": "required"})
+        check("tools[0].function.parameters" in r.get("error", {}).get("message", ""),
+              f"the schema's fault is placed: {r}")
+    finally:
+        code, _ = s.stop()
+        check(code == 0, f"server exit {code}")
+    s = Server("--tool-call-parser", "kimi_k2")
+    try:
+        status, r = s.post("/v1/chat/completions", {**base, "max_tokens": 300, "tools": TOOLS,
+                                                    "guided_regex": re.escape(kimi)})
+        c = r["choices"][0] if status == 200 else {}
+        check(status == 200 and c["finish_reason"] == "tool_calls" and c["message"]["content"] is None
+              and flat_calls(c["message"]) == [{"id": "functions.get_weather:0", "name": "get_weather",
+                                                "arguments": '{"city": "Oslo"}'}], f"Kimi K2 auto: {r}")
+    finally:
+        code, _ = s.stop()
+        check(code == 0, f"server exit {code}")
+    # This tokenizer has neither format's tokens: "auto" (the default with tools) is refused.
+    s = Server()
+    try:
+        status, r = s.post("/v1/chat/completions", {**base, "tools": TOOLS})
+        check(status == 400 and r["error"]["param"] == "tool_choice" and "--tool-call-parser" in r["error"]["message"],
+              f"auto without a parser: {r}")
+        status, r = s.post("/v1/chat/completions", {**base, "max_tokens": 200, "tools": TOOLS, "tool_choice": "required"})
+        check(status == 200 and r["choices"][0]["finish_reason"] == "tool_calls", f"required without a parser: {r}")
+    finally:
+        code, _ = s.stop()
+        check(code == 0, f"server exit {code}")
+
+
 def case_chat_template():
     """--chat-template FILE: chat requests render the file's template, not the checkpoint's."""
     path = os.path.join(TMP, "template.jinja")
@@ -942,7 +1116,7 @@ def main():
     if args[:1] == ["mpi"]:
         case_mpi(args[1])
     else:
-        wanted = args or list(CASES) + ["chat_template", "api_key", "queue_bound", "shutdown"]
+        wanted = args or list(CASES) + ["chat_template", "tools", "api_key", "queue_bound", "shutdown"]
         shared = [n for n in wanted if n in CASES]
         if shared:
             s = Server("--tp-size", "2", "--dcp-size", "2", "--max-total-tokens", "4096")
@@ -956,6 +1130,9 @@ def main():
         if "chat_template" in wanted:
             print("case chat_template", flush=True)
             case_chat_template()
+        if "tools" in wanted:
+            print("case tools", flush=True)
+            case_tools()
         if "api_key" in wanted:
             print("case api_key", flush=True)
             case_api_key()

@@ -18,6 +18,7 @@
 #include "dcp/serving.h"
 #include "dcp/text_stream.h"
 #include "dcp/tokenizer.h"
+#include "dcp/tool_calls.h"
 #include "serve/http_server.h"
 #include "serve/openai_api.h"
 
@@ -36,6 +37,7 @@ struct ServeFlags {
   std::string api_key;  // empty: no key asked
   int max_queued = 256;
   int default_max_tokens = 128;
+  std::string tool_call_parser = "auto";  // how tool_choice "auto" reads the model's calls
 };
 
 std::unique_ptr<Tokenizer> load_tokenizer(const ServeFlags& f, int model_vocab) {
@@ -98,6 +100,13 @@ int serve(const ServeFlags& f) {
   serve::ApiOptions ao;
   ao.model_name = f.served_model_name.empty() ? w.model_label : f.served_model_name;
   ao.default_max_tokens = f.default_max_tokens;
+  if (f.tool_call_parser == "auto") {
+    if (tokenizer) ao.tool_call_format = tool_call_format_of(*tokenizer);
+  } else {
+    DCP_ARG_CHECK(tokenizer, "--tool-call-parser ", f.tool_call_parser,
+                  " needs a tokenizer: --tokenizer-path, or a --model-path that has one");
+    ao.tool_call_format = tool_call_format_named(f.tool_call_parser);
+  }
   serve::OpenAiApi api(deployment, tokenizer.get(), ao);
   serve::HttpServer http(api, {f.api_key});
   const int port = http.bind(f.host, f.port);  // before loading: a taken port fails at once
@@ -161,6 +170,12 @@ void add_serve_command(CLI::App& app) {
                   "folder with tokenizer.json, or Kimi's tiktoken.model (default: --model-path "
                   "when it has one)");
   cmd->add_option("--chat-template", f->chat_template, kChatTemplateHelp)->type_name("FILE");
+  cmd->add_option("--tool-call-parser", f->tool_call_parser,
+                  "how replies to tool_choice \"auto\" are read for tool calls: deepseek_v3 "
+                  "(DeepSeek V3 and V3.1), kimi_k2, or auto (the format whose tokens the "
+                  "tokenizer holds; none: \"auto\" is refused)")
+      ->check(CLI::IsMember({"auto", "deepseek_v3", "kimi_k2"}))
+      ->capture_default_str();
   cmd->add_option("--host", f->host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", f->port, "port to listen on (0: any free port)")
       ->check(CLI::Range(0, 65535))

@@ -27,10 +27,8 @@ void refuse_unsupported(const json& b) {
     bad("best_of", "'best_of' is not supported (only 1)");
   if (const json* v = field(b, "suffix"); v && !(v->is_string() && v->get<std::string>().empty()))
     bad("suffix", "'suffix' is not supported");
-  for (const char* key : {"tools", "functions"}) {
-    if (const json* v = field(b, key); v && !(v->is_array() && v->empty()))
-      bad(key, str("'", key, "' (tool calling) is not supported"));
-  }
+  if (const json* v = field(b, "functions"); v && !(v->is_array() && v->empty()))
+    bad("functions", "'functions' is not supported (send 'tools')");
   // vLLM's and SGLang's extensions that would change the result: refused rather than ignored.
   for (const char* key :
        {"prompt_logprobs", "guided_grammar", "structured_outputs", "ebnf", "structural_tag",
@@ -77,6 +75,7 @@ struct OpenAiApi::Job {
   // Each prompt's text: as sent, or (with echo) made from its ids.
   std::vector<std::optional<std::string>> prompt_texts;
   int top_logprobs = -1;  // -1: no logprobs
+  ToolUse tools;          // chat: what the reply does with tools
 };
 
 OpenAiApi::OpenAiApi(ServingDeployment& deployment, const Tokenizer* tokenizer, ApiOptions options)
@@ -213,6 +212,14 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
     }
   }
   parse_guides(*src, src == &b ? "" : "sampling_params", body, r.sampling);
+  if (kind == Kind::chat) {
+    job.tools = parse_tools(b, body, r.sampling);
+  } else {
+    for (const char* key : {"tools", "tool_choice"}) {
+      if (const json* v = field(*src, key); v && !(v->is_array() && v->empty()))
+        bad(key, str("'", key, "' (tool calling) is for chat completions"));
+    }
+  }
   // vLLM's truncate_prompt_tokens: keep each prompt's last k tokens (-1: the context's worth).
   if (const auto keep =
           integer(*src, "truncate_prompt_tokens", -1, std::numeric_limits<int>::max())) {
@@ -244,6 +251,8 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
   if (const json* ids = field(*src, "stop_token_ids"))
     r.stop_token_ids = token_ids(*ids, "stop_token_ids", vocab);
   job.skip_special = boolean(*src, "skip_special_tokens").value_or(true);
+  // The calls' markers are special tokens: the text that is read for them keeps them.
+  if (job.tools.mode == ToolUse::Mode::read_auto) job.skip_special = false;
   if (!boolean(*src, "ignore_eos").value_or(false) && tokenizer_ && tokenizer_->eos_id())
     r.stop_token_ids.push_back(*tokenizer_->eos_id());
   const char* max_key = kind == Kind::generate ? "max_new_tokens"
@@ -480,6 +489,10 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
                 {"total_tokens", prompt_tokens + completion}};
   };
   const auto reason = [](const Choice& c) { return finish_text(c.reason, c.text.stopped()); };
+  // The ids of choice i's tool calls where the model writes none: "call-<request>-<i>-<k>".
+  const auto call_id = [id = job.id.substr(prefix.size())](std::size_t i) {
+    return str("call-", id, "-", i);
+  };
   const auto failed = [](const std::vector<Choice>& cs) -> const Choice* {
     for (const Choice& c : cs)
       if (!c.error.empty()) return &c;
@@ -514,7 +527,10 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
           choice["logprobs"] = logprobs_json(c, 0, kept, 0);
         }
         if (kind == Kind::chat) {
-          choice["message"] = {{"role", "assistant"}, {"content", c.shown}};
+          ToolReply tools(job.tools, call_id(i));
+          choice["message"] = tools.message(c.shown, c.reason != FinishReason::length);
+          if (tools.called() && job.tools.mode != ToolUse::Mode::named)
+            choice["finish_reason"] = "tool_calls";
         } else {
           choice["text"] = job.echo ? *job.prompt_texts[prompt_of] + c.shown : c.shown;
         }
@@ -559,6 +575,9 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
                          {"finish_reason", nullptr}});
       if (!write(chunk(first, job.prompts.front().size(), 0))) return abandon();
     }
+    std::vector<ToolReply> tool_replies;  // chat: what each choice's text says
+    for (std::size_t i = 0; i < choices->size(); ++i)
+      tool_replies.emplace_back(job.tools, call_id(i));
     std::vector<std::size_t> sent_lp(choices->size(), 0);
     std::vector<std::int64_t> offsets(choices->size(), 0);
     std::vector<bool> closed(choices->size(), false), echoed(choices->size(), false);
@@ -579,6 +598,21 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
           write(sse({{"error", json::parse(error(500, c.error).body)["error"]}}));
           return abandon();
         }
+        // Chat: the delta (tool calls are read as a whole at the end: text may wait for it).
+        json delta;
+        bool tool_calls = false;
+        if (kind == Kind::chat) {
+          delta = tool_replies[i].delta(text);
+          if (c.finished) {
+            json last = tool_replies[i].last_delta(c.reason != FinishReason::length);
+            if (delta.is_null()) delta = json::object();
+            if (last.contains("content"))
+              delta["content"] = delta.value("content", "") + last["content"].get<std::string>();
+            if (last.contains("tool_calls")) delta["tool_calls"] = last["tool_calls"];
+            tool_calls = tool_replies[i].called() && job.tools.mode != ToolUse::Mode::named;
+          }
+          if (delta.is_null() && job.top_logprobs < 0) continue;
+        }
         std::string out;
         if (kind == Kind::generate) {
           json meta = {
@@ -587,7 +621,9 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
           out = sse({{"text", c.shown}, {"output_ids", c.text.tokens()}, {"meta_info", meta}});
         } else {
           json choice = {{"index", i},
-                         {"finish_reason", c.finished ? json(reason(c)) : json(nullptr)}};
+                         {"finish_reason", !c.finished  ? json(nullptr)
+                                           : tool_calls ? json("tool_calls")
+                                                        : json(reason(c))}};
           // echo: the choice's first chunk leads with its prompt (and the prompt's logprobs).
           const bool lead = job.echo && !echoed[i];
           const std::size_t prompt_of = i / static_cast<std::size_t>(job.n);
@@ -600,7 +636,7 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
           for (std::size_t k = sent_lp[i]; k < kept && k < c.logprobs.size(); ++k)
             offsets[i] += static_cast<std::int64_t>(token_text(c.logprobs[k].chosen.token).size());
           if (kind == Kind::chat) {
-            choice["delta"] = text.empty() && c.finished ? json::object() : json{{"content", text}};
+            choice["delta"] = delta.is_null() ? json{{"content", ""}} : delta;
           } else {
             choice["text"] = lead ? *job.prompt_texts[prompt_of] + text : text;
           }

@@ -11,6 +11,7 @@
 #include "dcp/serving.h"
 #include "dcp/tokenizer.h"
 #include "serve/request_fields.h"
+#include "serve/tool_fields.h"
 
 namespace dcp::serve {
 
@@ -32,6 +33,8 @@ struct Handled {
 struct ApiOptions {
   std::string model_name;      // what /v1/models lists and requests must name (when they do)
   int default_max_tokens = 128;  // when a request gives none (capped by the context)
+  // How the model writes tool calls (tool_choice "auto" reads them); none: "auto" is refused.
+  std::optional<ToolCallFormat> tool_call_format;
 };
 
 class OpenAiApi {
@@ -62,6 +65,9 @@ class OpenAiApi {
   // `within` object (/generate's sampling_params); `body` is the raw text (a schema's key order).
   void parse_guides(const json& src, const char* within, const std::string& body,
                     SamplingParams& p) const;
+  // Chat's tools, tool_choice and parallel_tool_calls (tool_fields.cpp): "required" and a named
+  // function set `p`'s guide.
+  ToolUse parse_tools(const json& b, const std::string& body, SamplingParams& p) const;
   void check_guide(const SamplingParams& p, const char* field_name) const;
   void need_tokenizer_for(const char* field_name) const;  // BadRequest naming it without one
   std::string token_bytes(std::int32_t id) const;  // "" for an id the tokenizer lacks

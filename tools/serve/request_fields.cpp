@@ -5,6 +5,7 @@
 
 #include "dcp/chat_template.h"
 #include "dcp/error.h"
+#include "serve/tool_fields.h"
 
 namespace dcp::serve {
 
@@ -147,6 +148,7 @@ std::string chat_prompt_text(const Tokenizer& tokenizer, const json& b) {
   // vLLM's order: the request's template variables, overridden by chat_template_kwargs.
   json context = {{"messages", plain},
                   {"add_generation_prompt", boolean(b, "add_generation_prompt").value_or(true)}};
+  if (const json* tools = checked_tools(b)) context["tools"] = *tools;
   if (const json* docs = field(b, "documents")) {  // for templates that cite them (RAG)
     if (!docs->is_array()) bad("documents", "'documents' must be a list");
     context["documents"] = *docs;
@@ -197,7 +199,8 @@ std::string chat_prompt_text(const Tokenizer& tokenizer, const json& b) {
 
 std::string ordered_text(const std::string& body, const std::vector<std::string>& path) {
   nlohmann::ordered_json at = nlohmann::ordered_json::parse(body);  // parse_object checked it
-  for (const std::string& key : path) at = nlohmann::ordered_json(at.at(key));
+  for (const std::string& key : path)                               // a list's element by its index
+    at = nlohmann::ordered_json(at.is_array() ? at.at(std::stoul(key)) : at.at(key));
   return at.is_string() ? at.get<std::string>() : at.dump();
 }
 

@@ -40,8 +40,8 @@ void check_model(const json& body, const std::string& served);
 const json* field(const json& obj, const char* key);
 
 // The JSON text at `path` of the body with its objects' keys in the client's order (json keeps
-// them sorted), e.g. a JSON Schema whose properties are written in that order; a string there is
-// returned as it is (a schema sent as JSON text).
+// them sorted), e.g. a JSON Schema whose properties are written in that order (a list's element
+// named by its index); a string there is returned as it is (a schema sent as JSON text).
 std::string ordered_text(const std::string& body, const std::vector<std::string>& path);
 // Each: nullopt when absent; BadRequest naming the key when of another type or out of [lo, hi].
 std::optional<double> number(const json& obj, const char* key, double lo, double hi);

@@ -1,0 +1,227 @@
+// Reading tool calls back out of replies: DeepSeek V3's and V3.1's and Kimi K2's formats, written
+// here as their chat templates write a call into a conversation, whole, cut anywhere and spoiled.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "dcp/tokenizer.h"
+#include "dcp/tool_calls.h"
+#include "test_util.h"
+
+namespace dcp {
+namespace {
+
+// DeepSeek's markers (full-width bars, U+2581 word marks), and Kimi K2's.
+const std::string kDsCallsBegin = "<｜tool▁calls▁begin｜>", kDsCallBegin = "<｜tool▁call▁begin｜>",
+                  kDsSep = "<｜tool▁sep｜>", kDsCallEnd = "<｜tool▁call▁end｜>",
+                  kDsCallsEnd = "<｜tool▁calls▁end｜>";
+const std::string kKimiCallsBegin = "<|tool_calls_section_begin|>",
+                  kKimiCallBegin = "<|tool_call_begin|>",
+                  kKimiArgs = "<|tool_call_argument_begin|>", kKimiCallEnd = "<|tool_call_end|>",
+                  kKimiCallsEnd = "<|tool_calls_section_end|>";
+
+// Concatenation by appends (gcc 12 warns falsely on chains that begin with a literal).
+template <class... Parts>
+std::string cat(const Parts&... parts) {
+  std::string s;
+  (s.append(parts), ...);
+  return s;
+}
+
+struct Call {
+  std::string name, arguments;
+};
+
+// A reply as the model writes it: `content`, then the calls. DeepSeek V3 (the template's
+// "function<sep>NAME\n```json\nARGS\n```", calls after the first on a new line), V3.1
+// ("NAME<sep>ARGS"), Kimi K2 ("functions.NAME:INDEX" then the arguments).
+enum class Style { v3, v31, kimi };
+// `ends`, when given, gets where each call's end marker ends.
+std::string write(Style style, const std::string& content, const std::vector<Call>& calls,
+                  bool close = true, std::vector<std::size_t>* ends = nullptr) {
+  std::string out = cat(content, style == Style::kimi ? kKimiCallsBegin : kDsCallsBegin);
+  for (std::size_t k = 0; k < calls.size(); ++k) {
+    const Call& c = calls[k];
+    if (style == Style::v3) {
+      out += cat(k ? "\n" : "", kDsCallBegin, "function", kDsSep, c.name, "\n```json\n",
+                 c.arguments, "\n```", kDsCallEnd);
+    } else if (style == Style::v31) {
+      out += cat(kDsCallBegin, c.name, kDsSep, c.arguments, kDsCallEnd);
+    } else {
+      out += cat(kKimiCallBegin, "functions.", c.name, ":", std::to_string(k), kKimiArgs,
+                 c.arguments, kKimiCallEnd);
+    }
+    if (ends) ends->push_back(out.size());
+  }
+  if (close) out += style == Style::kimi ? kKimiCallsEnd : kDsCallsEnd;
+  return out;
+}
+
+ToolCallFormat format_of(Style s) {
+  return s == Style::kimi ? ToolCallFormat::kimi_k2 : ToolCallFormat::deepseek_v3;
+}
+
+void expect_calls(const ParsedToolCalls& got, const std::string& content,
+                  const std::vector<Call>& calls, Style style) {
+  EXPECT_EQ(got.content, content);
+  ASSERT_EQ(got.calls.size(), calls.size());
+  for (std::size_t k = 0; k < calls.size(); ++k) {
+    EXPECT_EQ(got.calls[k].name, calls[k].name) << k;
+    EXPECT_EQ(got.calls[k].arguments, calls[k].arguments) << k;
+    EXPECT_EQ(got.calls[k].id,
+              style == Style::kimi ? cat("functions.", calls[k].name, ":", std::to_string(k)) : "")
+        << k;
+  }
+}
+
+TEST(ToolCalls, EachFormatReadsBackWhatItWrites) {
+  const std::vector<Call> calls = {{"get_weather", R"({"city": "Paris", "days": [1, 2]})"},
+                                   {"now", "{}"},
+                                   {"search-web", "{\"q\": \"a\\nb ```\"}"}};
+  for (Style style : {Style::v3, Style::v31, Style::kimi}) {
+    SCOPED_TRACE(static_cast<int>(style));
+    const ToolCallFormat f = format_of(style);
+    expect_calls(parse_tool_calls(write(style, "Let me look.\n", calls), f), "Let me look.\n",
+                 calls, style);
+    expect_calls(parse_tool_calls(write(style, "", {calls[0]}), f), "", {calls[0]}, style);
+    // DeepSeek-V3's template leaves the closing marker out after a single call.
+    expect_calls(parse_tool_calls(write(style, "x", calls, false), f), "x", calls, style);
+    // Text after the calls stays content.
+    expect_calls(parse_tool_calls(write(style, "a", {calls[1]}) + " b", f), "a b", {calls[1]},
+                 style);
+    // No marker: all content, the other format's markers included.
+    const std::string other = write(style == Style::kimi ? Style::v3 : Style::kimi, "c", calls);
+    expect_calls(parse_tool_calls(other, f), other, {}, style);
+  }
+  // Kimi's name is what lies between "functions." and the index.
+  const ParsedToolCalls dotted = parse_tool_calls(
+      kKimiCallsBegin + kKimiCallBegin + "functions.a.b:12" + kKimiArgs + "{}" + kKimiCallEnd,
+      ToolCallFormat::kimi_k2);
+  ASSERT_EQ(dotted.calls.size(), 1u);
+  EXPECT_EQ(dotted.calls[0].name, "a.b");
+  EXPECT_EQ(dotted.calls[0].id, "functions.a.b:12");
+}
+
+// Calls that do not all parse leave the whole reply as content: nothing the model wrote is lost.
+TEST(ToolCalls, ASpoiledCallLeavesTheReplyAsContent) {
+  const std::vector<std::string> spoiled = {
+      kDsCallsBegin + kDsCallBegin + "function" + kDsSep + "f\n```json\n{}\n" + kDsCallEnd,
+      kDsCallsBegin + kDsCallBegin + "function" + kDsSep + "f{}" + kDsCallEnd,
+      kDsCallsBegin + kDsCallBegin + "f{}" + kDsCallEnd,
+      kDsCallsBegin + kDsCallBegin + kDsSep + "{}" + kDsCallEnd,
+      kDsCallsBegin + kDsCallBegin + "f" + kDsSep + kDsCallEnd,
+      kDsCallsBegin + "text" + kDsCallBegin + "f" + kDsSep + "{}" + kDsCallEnd,
+      kDsCallsBegin + kDsCallsEnd,
+      kDsCallsBegin + kDsCallBegin + "f" + kDsSep + "{}" + kDsCallEnd + "x" + kDsCallBegin,
+  };
+  for (const std::string& text : spoiled) {
+    const ParsedToolCalls got = parse_tool_calls(cat("a ", text), ToolCallFormat::deepseek_v3);
+    EXPECT_EQ(got.content, cat("a ", text));
+    EXPECT_TRUE(got.calls.empty()) << text;
+  }
+}
+
+// Random calls in each format: read back whole; and any prefix of the reply (a generation cut by
+// max_tokens) gives the calls completed so far where only blank space follows the last one's end
+// marker, and otherwise all content: never a call half read.
+TEST(ToolCalls, RandomRepliesAndTheirPrefixes) {
+  test::Rng rng = test::make_rng();
+  const std::string alphabet = "abcxyz_-09 {}[]\":,.\n`<|>｜▁é";
+  const auto random_text = [&](int most) {
+    std::string s;
+    const int n = static_cast<int>(rng.range(0, most));
+    for (int i = 0; i < n; ++i) {
+      // Whole characters only: the multi-byte ones are picked as a unit.
+      const std::size_t at = static_cast<std::size_t>(rng.range(0, 26));
+      const unsigned char lead = static_cast<unsigned char>(alphabet[at]);
+      std::size_t len = lead < 0x80 ? 1 : lead < 0xE0 ? 2 : 3;
+      if (at + len > alphabet.size() || (lead & 0xC0) == 0x80)
+        len = 1, s += 'q';
+      else
+        s += alphabet.substr(at, len);
+    }
+    return s;
+  };
+  for (int round = 0; round < 300; ++round) {
+    const Style style = static_cast<Style>(rng.range(0, 2));
+    const ToolCallFormat f = format_of(style);
+    const std::string marker = std::string(tool_calls_begin(f));
+    std::string content = random_text(12);
+    if (content.find(marker) != std::string::npos) content.clear();
+    std::vector<Call> calls(static_cast<std::size_t>(rng.range(1, 4)));
+    for (Call& c : calls) {
+      c.name = cat("f", std::to_string(rng.range(0, 999)));
+      // Arguments a model could write: no marker inside, no blank space at the ends.
+      c.arguments = cat("{\"v\": \"", random_text(10), "\"}");
+      for (const std::string& m : {kDsCallEnd, kDsSep, kKimiCallEnd, kKimiArgs})
+        if (c.arguments.find(m) != std::string::npos) c.arguments = "{}";
+    }
+    const bool close = rng.coin();
+    std::vector<std::size_t> ends;
+    const std::string text = write(style, content, calls, close, &ends);
+    SCOPED_TRACE(text);
+    expect_calls(parse_tool_calls(text, f), content, calls, style);
+    for (std::size_t cut = 0; cut <= text.size(); ++cut) {
+      const ParsedToolCalls got = parse_tool_calls(text.substr(0, cut), f);
+      std::size_t ended = 0;
+      while (ended < ends.size() && ends[ended] <= cut) ++ended;
+      const bool clean =
+          cut == text.size() ||
+          (ended > 0 &&
+           text.substr(ends[ended - 1], cut - ends[ended - 1]).find_first_not_of(" \n") ==
+               std::string::npos);
+      if (!clean) {
+        EXPECT_EQ(got.content, text.substr(0, cut));
+        EXPECT_TRUE(got.calls.empty()) << cut;
+        continue;
+      }
+      expect_calls(got, content, std::vector<Call>(calls.begin(), calls.begin() + ended), style);
+    }
+  }
+}
+
+// A tokenizer with only the bytes and `specials` as added tokens.
+Tokenizer tokenizer_with(const std::vector<std::string>& specials) {
+  // GPT-2's byte characters: bytes ! .. ~, 0xA1 .. 0xAC, 0xAE .. 0xFF as themselves, the rest
+  // from U+0100 on in byte order.
+  nlohmann::json vocab = nlohmann::json::object();
+  int moved = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool kept = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+    const int cp = kept ? b : 256 + moved++;
+    std::string ch;
+    if (cp < 0x80) {
+      ch += static_cast<char>(cp);
+    } else {
+      ch += static_cast<char>(0xC0 | (cp >> 6));
+      ch += static_cast<char>(0x80 | (cp & 0x3F));
+    }
+    vocab[ch] = b;
+  }
+  nlohmann::json added = nlohmann::json::array();
+  for (std::size_t k = 0; k < specials.size(); ++k)
+    added.push_back({{"id", 300 + k}, {"content", specials[k]}, {"special", true}});
+  const nlohmann::json t = {
+      {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"added_tokens", added}};
+  return Tokenizer::from_json(t.dump());
+}
+
+TEST(ToolCalls, TheFormatIsNamedOrFoundInTheTokenizer) {
+  EXPECT_EQ(tool_call_format_named("deepseek_v3"), ToolCallFormat::deepseek_v3);
+  EXPECT_EQ(tool_call_format_named("kimi_k2"), ToolCallFormat::kimi_k2);
+  EXPECT_EQ(tool_call_format_named("hermes"), std::nullopt);
+  EXPECT_STREQ(tool_call_format_name(ToolCallFormat::kimi_k2), "kimi_k2");
+  EXPECT_EQ(tool_call_format_of(tokenizer_with({kDsCallsBegin, kDsCallBegin})),
+            ToolCallFormat::deepseek_v3);
+  EXPECT_EQ(tool_call_format_of(tokenizer_with({"<s>", kKimiCallsBegin})), ToolCallFormat::kimi_k2);
+  EXPECT_EQ(tool_call_format_of(tokenizer_with({"<s>", "</s>"})), std::nullopt);
+}
+
+}  // namespace
+}  // namespace dcp
