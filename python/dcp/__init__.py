@@ -16,11 +16,12 @@ GIL while it runs.
 """
 from ._arrays import as_kernel_array, like_input
 from ._layout import chunk_share, local_count, owner, position, row, topology
-from ._llm import LLM, CompletionOutput, GuidedDecodingParams, RequestOutput, SamplingParams
+from ._llm import (LLM, CompletionOutput, GuidedDecodingParams, RequestOutput, SamplingParams,
+                   StructuredOutputsParams)
 from . import _dcp
 
 __all__ = ["owner", "row", "local_count", "position", "chunk_share", "topology", "mla_decode",
-           "merge_states", "kernel_paths", "LLM", "SamplingParams", "GuidedDecodingParams",
+           "merge_states", "kernel_paths", "LLM", "SamplingParams", "GuidedDecodingParams", "StructuredOutputsParams",
            "RequestOutput", "CompletionOutput"]
 
 kernel_paths = _dcp.kernel_paths

@@ -29,6 +29,10 @@ class GuidedDecodingParams:
     json_object: Optional[bool] = None
 
 
+# vLLM's newer name for the same constraints (SamplingParams.structured_outputs).
+StructuredOutputsParams = GuidedDecodingParams
+
+
 @dataclasses.dataclass
 class SamplingParams:
     """How each request's tokens are chosen (vLLM's names and defaults).
@@ -49,7 +53,8 @@ class SamplingParams:
     space) are never generated: a word's last token is masked where its others end the output.
     truncate_prompt_tokens k keeps each prompt's last k tokens (-1: max_total_tokens of them).
     guided_decoding (GuidedDecodingParams) constrains the text to a regex, a choice or a JSON
-    object; it needs a tokenizer.
+    object; it needs a tokenizer. structured_outputs (StructuredOutputsParams, vLLM's newer name)
+    is the same, in its place.
     """
     n: int = 1
     max_tokens: int = 16
@@ -74,6 +79,7 @@ class SamplingParams:
     prompt_logprobs: Optional[int] = None
     skip_special_tokens: bool = True
     guided_decoding: Optional[GuidedDecodingParams] = None
+    structured_outputs: Optional[StructuredOutputsParams] = None
 
 
 @dataclasses.dataclass
@@ -100,27 +106,30 @@ class RequestOutput:
     prompt_logprobs: Optional[list] = None
 
 
-def _guided(g: Optional[GuidedDecodingParams]):
+def _guided(p: SamplingParams):
     """(regex, choice, json_object) for the request, or ValueError naming what is unsupported."""
+    if p.guided_decoding is not None and p.structured_outputs is not None:
+        raise ValueError("set one of guided_decoding and structured_outputs, not both")
+    name = "guided_decoding" if p.structured_outputs is None else "structured_outputs"
+    g = getattr(p, name)
     if g is None:
         return "", [], False
     if not isinstance(g, GuidedDecodingParams):
-        raise ValueError(f"guided_decoding = {g!r} must be a GuidedDecodingParams")
+        raise ValueError(f"{name} = {g!r} must be a GuidedDecodingParams (StructuredOutputsParams)")
     if g.grammar is not None:
-        raise ValueError("guided_decoding.grammar is not supported (regex, choice, json and "
-                         "json_object are)")
-    given = [name for name in ("regex", "choice", "json", "json_object")
-             if getattr(g, name) is not None and getattr(g, name) is not False]
+        raise ValueError(f"{name}.grammar is not supported (regex, choice, json and json_object are)")
+    given = [field for field in ("regex", "choice", "json", "json_object")
+             if getattr(g, field) is not None and getattr(g, field) is not False]
     if len(given) > 1:
-        raise ValueError(f"guided_decoding: set one of regex, choice, json and json_object, not {given}")
+        raise ValueError(f"{name}: set one of regex, choice, json and json_object, not {given}")
     if g.json is not None:
         schema = g.json if isinstance(g.json, str) else json.dumps(g.json)
         return _dcp._json_schema_regex(schema), [], False
     if g.regex is not None and not (isinstance(g.regex, str) and g.regex):
-        raise ValueError(f"guided_decoding.regex = {g.regex!r} must be a non-empty str")
+        raise ValueError(f"{name}.regex = {g.regex!r} must be a non-empty str")
     choice = [] if g.choice is None else list(g.choice)
     if g.choice is not None and (not choice or not all(isinstance(c, str) and c for c in choice)):
-        raise ValueError(f"guided_decoding.choice = {g.choice!r} must be non-empty strings")
+        raise ValueError(f"{name}.choice = {g.choice!r} must be non-empty strings")
     return g.regex or "", choice, bool(g.json_object)
 
 
@@ -373,7 +382,7 @@ class LLM:
         for w in bad_words:
             if not isinstance(w, str):
                 raise ValueError(f"bad_words = {p.bad_words!r}: each bad word must be a str")
-        regex, choice, json_object = _guided(p.guided_decoding)
+        regex, choice, json_object = _guided(p)
         return _dcp._GenerateRequest(tokens, int(p.max_tokens), float(p.temperature),
                                      float(p.top_p), top_k, float(p.min_p),
                                      float(p.presence_penalty), float(p.frequency_penalty),

@@ -195,6 +195,16 @@ def test_guided_decoding(text_llm):
                       (G(choice=[]), "choice"), (G(regex="(a"), "missing ')'")]:
         with pytest.raises(ValueError, match=re.escape(what)):
             text_llm.generate("hi", dcp.SamplingParams(max_tokens=4, guided_decoding=bad))
+    # vLLM's newer names: SamplingParams.structured_outputs, StructuredOutputsParams.
+    S = dcp.StructuredOutputsParams
+    again = text_llm.generate("JSON:", dcp.SamplingParams(max_tokens=32, temperature=0,
+                                                          structured_outputs=S(json=schema)))
+    assert again[0].outputs[0].text == out[0].outputs[0].text
+    with pytest.raises(ValueError, match="structured_outputs.grammar is not supported"):
+        text_llm.generate("hi", dcp.SamplingParams(max_tokens=4, structured_outputs=S(grammar="x")))
+    with pytest.raises(ValueError, match="not both"):
+        text_llm.generate("hi", dcp.SamplingParams(max_tokens=4, structured_outputs=S(regex="a"),
+                                                   guided_decoding=G(regex="a")))
 
 
 def test_min_tokens_and_include_stop_str_in_output(text_llm):

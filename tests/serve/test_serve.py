@@ -395,6 +395,37 @@ def case_json_schema(s):
     check(status == 200 and valid(r["text"]), f"/generate json_schema: {r}")
 
 
+def case_structured_outputs(s):
+    """vLLM's structured_outputs object: each of its constraints gives the reply the guided_* field
+    it replaces gives (greedy, so the same text); what it cannot honour is refused naming it."""
+    body = {"prompt": "Once upon a time", "temperature": 0, "max_tokens": 64}
+    schema = {"type": "object", "properties": {"a": {"type": "boolean"}, "b": {"enum": ["x", "y"]}},
+              "required": ["a", "b"]}
+    for so, legacy in [({"regex": r"\d{2}-[a-z]{3}"}, {"guided_regex": r"\d{2}-[a-z]{3}"}),
+                       ({"choice": ["red", "blue"]}, {"guided_choice": ["red", "blue"]}),
+                       ({"json": schema}, {"guided_json": schema}),
+                       ({"json": json.dumps(schema), "disable_additional_properties": True}, {"guided_json": schema}),
+                       ({"json_object": True}, {"response_format": {"type": "json_object"}})]:
+        status, r = s.post("/v1/completions", {**body, "structured_outputs": so})
+        status2, want = s.post("/v1/completions", {**body, **legacy})
+        check(status == status2 == 200 and r["choices"][0]["text"] == want["choices"][0]["text"]
+              and r["choices"][0]["finish_reason"] == want["choices"][0]["finish_reason"],
+              f"structured_outputs {so}: {r} vs {want}")
+    status, r = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "?"}], "max_tokens": 8,
+                                                "temperature": 0, "structured_outputs": {"choice": ["yes", "no"]}})
+    check(status == 200 and r["choices"][0]["message"]["content"] in ("yes", "no"), f"chat structured_outputs: {r}")
+    for bad_body, words in [({"structured_outputs": {"grammar": "root ::= 'a'"}}, "structured_outputs.grammar"),
+                            ({"structured_outputs": {"regex": "a"}, "guided_regex": "a"}, "not both"),
+                            ({"structured_outputs": {"regex": "("}}, "structured_outputs.regex"),
+                            ({"structured_outputs": {"json": {"type": "integer", "minimum": 1}}},
+                             "structured_outputs.json"),
+                            ({"structured_outputs": {"choice": "red"}}, "structured_outputs.choice"),
+                            ({"structured_outputs": ["regex"]}, "must be an object")]:
+        status, r = s.post("/v1/completions", {**body, **bad_body})
+        check(status == 400 and r["error"]["param"] == "structured_outputs" and words in r["error"]["message"],
+              f"refused {bad_body}: {status} {r}")
+
+
 def case_tokenize(s):
     """/tokenize and /detokenize give the ids and text dcp tokenize gives, and what the generation
     endpoints count."""
@@ -1106,7 +1137,7 @@ def case_mpi(mpiexec):
 
 
 CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_whole, case_seeds,
-                                     case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_guided_regex, case_json_mode, case_json_schema, case_tokenize, case_chat_options, case_min_tokens, case_echo, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
+                                     case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_guided_regex, case_json_mode, case_json_schema, case_structured_outputs, case_tokenize, case_chat_options, case_min_tokens, case_echo, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
                                      case_metrics_and_models]}
 
 

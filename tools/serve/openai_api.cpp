@@ -30,9 +30,8 @@ void refuse_unsupported(const json& b) {
   if (const json* v = field(b, "functions"); v && !(v->is_array() && v->empty()))
     bad("functions", "'functions' is not supported (send 'tools')");
   // vLLM's and SGLang's extensions that would change the result: refused rather than ignored.
-  for (const char* key :
-       {"prompt_logprobs", "guided_grammar", "structured_outputs", "ebnf", "structural_tag",
-        "logprob_start_len", "custom_logit_processor", "logits_processors"}) {
+  for (const char* key : {"prompt_logprobs", "guided_grammar", "ebnf", "structural_tag",
+                          "logprob_start_len", "custom_logit_processor", "logits_processors"}) {
     if (field(b, key)) bad(key, str("'", key, "' is not supported"));
   }
   if (const json* v = field(b, "priority");

@@ -68,7 +68,8 @@ class OpenAiApi {
   // Chat's tools, tool_choice and parallel_tool_calls (tool_fields.cpp): "required" and a named
   // function set `p`'s guide.
   ToolUse parse_tools(const json& b, const std::string& body, SamplingParams& p) const;
-  void check_guide(const SamplingParams& p, const char* field_name) const;
+  void check_guide(const SamplingParams& p, const std::string& param,
+                   const std::string& shown) const;
   void need_tokenizer_for(const char* field_name) const;  // BadRequest naming it without one
   std::string token_bytes(std::int32_t id) const;  // "" for an id the tokenizer lacks
   std::string token_text(std::int32_t id) const;   // as UTF-8 (lossy)

@@ -154,7 +154,7 @@ ToolUse OpenAiApi::parse_tools(const json& b, const std::string& body, SamplingP
     const std::string call = "(?:" + alternatives + ")";
     p.regex = "\\[ ?" + call + (use.parallel ? "(?: ?, ?" + call + ")*" : "") + " ?\\]";
   }
-  check_guide(p, "tool_choice");
+  check_guide(p, "tool_choice", "tool_choice");
   return use;
 }
 
