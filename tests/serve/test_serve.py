@@ -959,6 +959,48 @@ def case_tools():
         check(code == 0, f"server exit {code}")
 
 
+def case_reasoning():
+    """--reasoning-parser: a chat reply's thinking comes back as reasoning_content. The random
+    model never writes "</think>", so all its text is thinking (content null), whole and
+    streamed; include_reasoning false leaves it out; deepseek_v3 splits only in thinking mode;
+    a guided reply is refused (the split of replies that close their thinking is tested in
+    test_reply_parsers)."""
+    base = {"messages": [{"role": "user", "content": "2 + 2?"}], "temperature": 0, "max_tokens": 24}
+    s = Server("--reasoning-parser", "deepseek_r1")
+    try:
+        status, plain = s.post("/v1/chat/completions", base)
+        m = plain["choices"][0]["message"] if status == 200 else {}
+        check(status == 200 and "</think>" not in m.get("reasoning_content", "</think>")
+              and m["content"] is None and len(m["reasoning_content"]) > 0, f"all thinking: {plain}")
+        status, _, events = s.stream("/v1/chat/completions", {**base, "stream": True})
+        deltas = [e["choices"][0]["delta"] for e in events[:-1]]
+        check("".join(d.get("reasoning_content", "") for d in deltas) == m.get("reasoning_content")
+              and "".join(d.get("content") or "" for d in deltas) == "", f"streamed thinking: {deltas}")
+        status, r = s.post("/v1/chat/completions", {**base, "include_reasoning": False})
+        check(status == 200 and "reasoning_content" not in r["choices"][0]["message"]
+              and r["choices"][0]["token_ids"] == plain["choices"][0]["token_ids"], f"include_reasoning false: {r}")
+        status, r = s.post("/v1/chat/completions", {**base, "guided_regex": "[a-z]+"})
+        check(status == 400 and r["error"]["param"] == "guided_regex", f"guided with reasoning: {r}")
+        status, r = s.post("/v1/completions", {"prompt": "2 + 2?", "temperature": 0, "max_tokens": 24})
+        check(status == 200 and "reasoning_content" not in r["choices"][0], f"completions are text: {r}")
+    finally:
+        code, _ = s.stop()
+        check(code == 0, f"server exit {code}")
+    s = Server("--reasoning-parser", "deepseek_v3")
+    try:
+        status, r = s.post("/v1/chat/completions", base)
+        m2 = r["choices"][0]["message"] if status == 200 else {}
+        check(status == 200 and "reasoning_content" not in m2 and m2["content"] == m.get("reasoning_content"),
+              f"deepseek_v3 without thinking: content: {r}")
+        status, r = s.post("/v1/chat/completions", {**base, "chat_template_kwargs": {"thinking": True}})
+        m3 = r["choices"][0]["message"] if status == 200 else {}
+        check(status == 200 and m3.get("content", "") is None and len(m3.get("reasoning_content", "")) > 0,
+              f"deepseek_v3 thinking: {r}")
+    finally:
+        code, _ = s.stop()
+        check(code == 0, f"server exit {code}")
+
+
 def case_chat_template():
     """--chat-template FILE: chat requests render the file's template, not the checkpoint's."""
     path = os.path.join(TMP, "template.jinja")
@@ -1147,7 +1189,7 @@ def main():
     if args[:1] == ["mpi"]:
         case_mpi(args[1])
     else:
-        wanted = args or list(CASES) + ["chat_template", "tools", "api_key", "queue_bound", "shutdown"]
+        wanted = args or list(CASES) + ["chat_template", "tools", "reasoning", "api_key", "queue_bound", "shutdown"]
         shared = [n for n in wanted if n in CASES]
         if shared:
             s = Server("--tp-size", "2", "--dcp-size", "2", "--max-total-tokens", "4096")
@@ -1164,6 +1206,9 @@ def main():
         if "tools" in wanted:
             print("case tools", flush=True)
             case_tools()
+        if "reasoning" in wanted:
+            print("case reasoning", flush=True)
+            case_reasoning()
         if "api_key" in wanted:
             print("case api_key", flush=True)
             case_api_key()

@@ -38,6 +38,7 @@ struct ServeFlags {
   int max_queued = 256;
   int default_max_tokens = 128;
   std::string tool_call_parser = "auto";  // how tool_choice "auto" reads the model's calls
+  std::string reasoning_parser = "none";  // how a chat reply's thinking is told from its content
 };
 
 std::unique_ptr<Tokenizer> load_tokenizer(const ServeFlags& f, int model_vocab) {
@@ -100,6 +101,12 @@ int serve(const ServeFlags& f) {
   serve::ApiOptions ao;
   ao.model_name = f.served_model_name.empty() ? w.model_label : f.served_model_name;
   ao.default_max_tokens = f.default_max_tokens;
+  ao.reasoning_parser = f.reasoning_parser == "deepseek_r1"   ? serve::ReasoningParser::deepseek_r1
+                        : f.reasoning_parser == "deepseek_v3" ? serve::ReasoningParser::deepseek_v3
+                                                              : serve::ReasoningParser::none;
+  DCP_ARG_CHECK(ao.reasoning_parser == serve::ReasoningParser::none || tokenizer,
+                "--reasoning-parser ", f.reasoning_parser,
+                " needs a tokenizer: --tokenizer-path, or a --model-path that has one");
   if (f.tool_call_parser == "auto") {
     if (tokenizer) ao.tool_call_format = tool_call_format_of(*tokenizer);
   } else {
@@ -175,6 +182,12 @@ void add_serve_command(CLI::App& app) {
                   "(DeepSeek V3 and V3.1), kimi_k2, or auto (the format whose tokens the "
                   "tokenizer holds; none: \"auto\" is refused)")
       ->check(CLI::IsMember({"auto", "deepseek_v3", "kimi_k2"}))
+      ->capture_default_str();
+  cmd->add_option("--reasoning-parser", f->reasoning_parser,
+                  "how chat replies' thinking is returned apart (reasoning_content): deepseek_r1 "
+                  "(every reply starts with it, closed by </think>), deepseek_v3 (the same where "
+                  "chat_template_kwargs.thinking is true: V3.1), or none")
+      ->check(CLI::IsMember({"none", "deepseek_r1", "deepseek_v3"}))
       ->capture_default_str();
   cmd->add_option("--host", f->host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", f->port, "port to listen on (0: any free port)")

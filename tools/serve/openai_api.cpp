@@ -6,6 +6,7 @@
 #include <random>
 #include <sstream>
 
+#include "dcp/reasoning.h"
 #include "dcp/text_stream.h"
 #include "serve/request_fields.h"
 
@@ -48,6 +49,15 @@ void refuse_unsupported(const json& b) {
         "{\"type\": \"json_schema\", \"json_schema\": {\"schema\": ...}}");
 }
 
+// Whether a chat reply starts with the model's thinking: always for DeepSeek-R1; for V3.1 when
+// the request turns its template's thinking mode on (chat_template_kwargs.thinking).
+bool reasoning_reply(ReasoningParser parser, const json& b) {
+  if (parser == ReasoningParser::deepseek_r1) return true;
+  if (parser != ReasoningParser::deepseek_v3) return false;
+  const json* kwargs = field(b, "chat_template_kwargs");
+  return kwargs && kwargs->is_object() && kwargs->value("thinking", json(false)) == json(true);
+}
+
 std::string sse(const json& j) { return "data: " + text_of(j) + "\n\n"; }
 
 std::string finish_text(FinishReason r, bool stop_string) {
@@ -75,6 +85,8 @@ struct OpenAiApi::Job {
   std::vector<std::optional<std::string>> prompt_texts;
   int top_logprobs = -1;  // -1: no logprobs
   ToolUse tools;          // chat: what the reply does with tools
+  bool reasoning = false;         // chat: the reply's thinking comes first (--reasoning-parser)
+  bool include_reasoning = true;  // vLLM's: the reply carries it as reasoning_content
 };
 
 OpenAiApi::OpenAiApi(ServingDeployment& deployment, const Tokenizer* tokenizer, ApiOptions options)
@@ -213,6 +225,24 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
   parse_guides(*src, src == &b ? "" : "sampling_params", body, r.sampling);
   if (kind == Kind::chat) {
     job.tools = parse_tools(b, body, r.sampling);
+    job.reasoning = reasoning_reply(options_.reasoning_parser, b);
+    job.include_reasoning = boolean(b, "include_reasoning").value_or(true);
+    // A guide would hold the thinking to the reply's shape too: refused rather than applied.
+    if (job.reasoning &&
+        (!r.sampling.regex.empty() || !r.sampling.choices.empty() || r.sampling.json_object)) {
+      std::string param = "tool_choice";
+      for (const char* key : {"structured_outputs", "guided_choice", "guided_regex", "regex",
+                              "guided_json", "json_schema", "response_format"}) {
+        if (field(b, key)) {
+          param = key;
+          break;
+        }
+      }
+      bad(param, str("'", param,
+                     "' constrains the whole reply, and this server's reasoning "
+                     "parser reads the reply's first part as the model's thinking: guided "
+                     "replies from a reasoning model are not supported"));
+    }
   } else {
     for (const char* key : {"tools", "tool_choice"}) {
       if (const json* v = field(*src, key); v && !(v->is_array() && v->empty()))
@@ -527,7 +557,21 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
         }
         if (kind == Kind::chat) {
           ToolReply tools(job.tools, call_id(i));
-          choice["message"] = tools.message(c.shown, c.reason != FinishReason::length);
+          // A reasoning model's thinking, then its content (which tool calls are read from).
+          ReasoningSplit split;
+          ReasoningSplit::Parts parts{"", c.shown};
+          if (job.reasoning) {
+            parts = split.push(c.shown);
+            ReasoningSplit::Parts rest = split.finish();
+            parts.reasoning += rest.reasoning;
+            parts.content += rest.content;
+          }
+          json& message = choice["message"] =
+              tools.message(parts.content, c.reason != FinishReason::length);
+          if (job.reasoning && !split.ended() && message["content"] == "")
+            message["content"] = nullptr;  // it never got past its thinking
+          if (job.reasoning && job.include_reasoning)
+            message["reasoning_content"] = parts.reasoning;
           if (tools.called() && job.tools.mode != ToolUse::Mode::named)
             choice["finish_reason"] = "tool_calls";
         } else {
@@ -574,7 +618,8 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
                          {"finish_reason", nullptr}});
       if (!write(chunk(first, job.prompts.front().size(), 0))) return abandon();
     }
-    std::vector<ToolReply> tool_replies;  // chat: what each choice's text says
+    std::vector<ReasoningSplit> splits(choices->size());  // chat: each choice's reasoning
+    std::vector<ToolReply> tool_replies;                  // chat: what each choice's text says
     for (std::size_t i = 0; i < choices->size(); ++i)
       tool_replies.emplace_back(job.tools, call_id(i));
     std::vector<std::size_t> sent_lp(choices->size(), 0);
@@ -597,11 +642,27 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
           write(sse({{"error", json::parse(error(500, c.error).body)["error"]}}));
           return abandon();
         }
-        // Chat: the delta (tool calls are read as a whole at the end: text may wait for it).
+        // Chat: the delta (tool calls are read as a whole at the end: text may wait for it), the
+        // reasoning first split off.
         json delta;
         bool tool_calls = false;
         if (kind == Kind::chat) {
-          delta = tool_replies[i].delta(text);
+          std::string content = text, reasoning;
+          if (job.reasoning) {
+            ReasoningSplit::Parts parts = splits[i].push(text);
+            if (c.finished) {
+              ReasoningSplit::Parts rest = splits[i].finish();
+              parts.reasoning += rest.reasoning;
+              parts.content += rest.content;
+            }
+            content = std::move(parts.content);
+            if (job.include_reasoning) reasoning = std::move(parts.reasoning);
+          }
+          delta = tool_replies[i].delta(content);
+          if (!reasoning.empty()) {
+            if (delta.is_null()) delta = json::object();
+            delta["reasoning_content"] = reasoning;
+          }
           if (c.finished) {
             json last = tool_replies[i].last_delta(c.reason != FinishReason::length);
             if (delta.is_null()) delta = json::object();

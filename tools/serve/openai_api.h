@@ -30,11 +30,19 @@ struct Handled {
   std::function<void(const ChunkWriter&)> stream;
 };
 
+// How a chat reply's reasoning is told from its content (vLLM's --reasoning-parser).
+enum class ReasoningParser {
+  none,
+  deepseek_r1,  // the reply starts with thinking, closed by "</think>"
+  deepseek_v3,  // the same where chat_template_kwargs.thinking is true (V3.1's thinking mode)
+};
+
 struct ApiOptions {
   std::string model_name;      // what /v1/models lists and requests must name (when they do)
   int default_max_tokens = 128;  // when a request gives none (capped by the context)
   // How the model writes tool calls (tool_choice "auto" reads them); none: "auto" is refused.
   std::optional<ToolCallFormat> tool_call_format;
+  ReasoningParser reasoning_parser = ReasoningParser::none;
 };
 
 class OpenAiApi {

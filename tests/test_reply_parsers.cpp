@@ -1,11 +1,13 @@
-// Reading tool calls back out of replies: DeepSeek V3's and V3.1's and Kimi K2's formats, written
-// here as their chat templates write a call into a conversation, whole, cut anywhere and spoiled.
+// Reading replies: tool calls in DeepSeek V3's and V3.1's and Kimi K2's formats (written here as
+// their chat templates write a call into a conversation), whole, cut anywhere and spoiled; and a
+// reasoning model's thinking told from its content, whole and streamed in random pieces.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "dcp/reasoning.h"
 #include "dcp/tokenizer.h"
 #include "dcp/tool_calls.h"
 #include "test_util.h"
@@ -221,6 +223,82 @@ TEST(ToolCalls, TheFormatIsNamedOrFoundInTheTokenizer) {
             ToolCallFormat::deepseek_v3);
   EXPECT_EQ(tool_call_format_of(tokenizer_with({"<s>", kKimiCallsBegin})), ToolCallFormat::kimi_k2);
   EXPECT_EQ(tool_call_format_of(tokenizer_with({"<s>", "</s>"})), std::nullopt);
+}
+
+// DeepSeek-R1's split, written independently: a leading "<think>" dropped (vLLM drops all text up
+// to a "<think>" anywhere; dcp keeps text that is not a leading one); reasoning up to the first
+// "</think>", content after; without one, all reasoning.
+std::pair<std::string, std::string> reference_split(std::string text, bool* ended) {
+  if (text.rfind("<think>", 0) == 0) text.erase(0, 7);
+  const std::size_t close = text.find("</think>");
+  *ended = close != std::string::npos;
+  if (!*ended) return {text, ""};
+  return {text.substr(0, close), text.substr(close + 8)};
+}
+
+ReasoningSplit::Parts streamed(const std::vector<std::string>& pieces, ReasoningSplit& s) {
+  ReasoningSplit::Parts all;
+  for (const std::string& p : pieces) {
+    ReasoningSplit::Parts got = s.push(p);
+    all.reasoning += got.reasoning;
+    all.content += got.content;
+  }
+  ReasoningSplit::Parts rest = s.finish();
+  all.reasoning += rest.reasoning;
+  all.content += rest.content;
+  return all;
+}
+
+TEST(ReasoningSplit, ThinkingThenContent) {
+  const auto whole = [](const std::string& text) {
+    ReasoningSplit s;
+    ReasoningSplit::Parts p = streamed({text}, s);
+    return std::tuple{p.reasoning, p.content, s.ended()};
+  };
+  EXPECT_EQ(whole("Let me see.</think>Four."), std::tuple("Let me see.", "Four.", true));
+  EXPECT_EQ(whole("<think>\nHm.\n</think>\n\nYes"), std::tuple("\nHm.\n", "\n\nYes", true));
+  EXPECT_EQ(whole("still thinking <"), std::tuple("still thinking <", "", false));
+  EXPECT_EQ(whole("</think>"), std::tuple("", "", true));
+  EXPECT_EQ(whole("<think"), std::tuple("<think", "", false));
+  EXPECT_EQ(whole("a</think>b</think>c"), std::tuple("a", "b</think>c", true));
+  EXPECT_EQ(whole("x<think>y"), std::tuple("x<think>y", "", false));
+  // Streamed: a piece that could begin a marker waits for the next.
+  ReasoningSplit s;
+  EXPECT_EQ(s.push("<thi").reasoning, "");
+  EXPECT_EQ(s.push("nk>ab</th").reasoning, "ab");
+  EXPECT_FALSE(s.ended());
+  const ReasoningSplit::Parts p = s.push("ink>cd");
+  EXPECT_EQ(p.reasoning, "");
+  EXPECT_EQ(p.content, "cd");
+  EXPECT_TRUE(s.ended());
+}
+
+// Random replies over an alphabet rich in the markers' characters, cut into random pieces: the
+// streamed parts joined equal the reference's split of the whole.
+TEST(ReasoningSplit, RandomRepliesInRandomPiecesSplitAsTheWhole) {
+  test::Rng rng = test::make_rng();
+  const std::vector<std::string> atoms = {"<", ">",       "/",        "t",     "h", "i",  "n",
+                                          "k", "<think>", "</think>", "</thi", "x", "\n", "é"};
+  for (int round = 0; round < 2000; ++round) {
+    std::string text;
+    const int n = static_cast<int>(rng.range(0, 14));
+    for (int i = 0; i < n; ++i)
+      text += atoms[static_cast<std::size_t>(
+          rng.range(0, static_cast<std::int64_t>(atoms.size()) - 1))];
+    std::vector<std::string> pieces;
+    for (std::size_t at = 0; at < text.size();) {
+      const std::size_t len = static_cast<std::size_t>(rng.range(0, 5));
+      pieces.push_back(text.substr(at, len));
+      at += len;
+    }
+    bool ended = false;
+    const auto [reasoning, content] = reference_split(text, &ended);
+    ReasoningSplit s;
+    const ReasoningSplit::Parts got = streamed(pieces, s);
+    EXPECT_EQ(got.reasoning, reasoning) << text;
+    EXPECT_EQ(got.content, content) << text;
+    EXPECT_EQ(s.ended(), ended) << text;
+  }
 }
 
 }  // namespace
