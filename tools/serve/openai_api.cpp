@@ -6,8 +6,8 @@
 #include <random>
 #include <sstream>
 
-#include "dcp/reasoning.h"
 #include "dcp/text_stream.h"
+#include "serve/chat_reply.h"
 #include "serve/request_fields.h"
 
 namespace dcp::serve {
@@ -556,24 +556,9 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
           choice["logprobs"] = logprobs_json(c, 0, kept, 0);
         }
         if (kind == Kind::chat) {
-          ToolReply tools(job.tools, call_id(i));
-          // A reasoning model's thinking, then its content (which tool calls are read from).
-          ReasoningSplit split;
-          ReasoningSplit::Parts parts{"", c.shown};
-          if (job.reasoning) {
-            parts = split.push(c.shown);
-            ReasoningSplit::Parts rest = split.finish();
-            parts.reasoning += rest.reasoning;
-            parts.content += rest.content;
-          }
-          json& message = choice["message"] =
-              tools.message(parts.content, c.reason != FinishReason::length);
-          if (job.reasoning && !split.ended() && message["content"] == "")
-            message["content"] = nullptr;  // it never got past its thinking
-          if (job.reasoning && job.include_reasoning)
-            message["reasoning_content"] = parts.reasoning;
-          if (tools.called() && job.tools.mode != ToolUse::Mode::named)
-            choice["finish_reason"] = "tool_calls";
+          ChatReply said(job.tools, call_id(i), job.reasoning, job.include_reasoning);
+          choice["message"] = said.message(c.shown, c.reason != FinishReason::length);
+          if (said.ends_in_tool_calls()) choice["finish_reason"] = "tool_calls";
         } else {
           choice["text"] = job.echo ? *job.prompt_texts[prompt_of] + c.shown : c.shown;
         }
@@ -618,10 +603,9 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
                          {"finish_reason", nullptr}});
       if (!write(chunk(first, job.prompts.front().size(), 0))) return abandon();
     }
-    std::vector<ReasoningSplit> splits(choices->size());  // chat: each choice's reasoning
-    std::vector<ToolReply> tool_replies;                  // chat: what each choice's text says
+    std::vector<ChatReply> replies;  // chat: what each choice's text says
     for (std::size_t i = 0; i < choices->size(); ++i)
-      tool_replies.emplace_back(job.tools, call_id(i));
+      replies.emplace_back(job.tools, call_id(i), job.reasoning, job.include_reasoning);
     std::vector<std::size_t> sent_lp(choices->size(), 0);
     std::vector<std::int64_t> offsets(choices->size(), 0);
     std::vector<bool> closed(choices->size(), false), echoed(choices->size(), false);
@@ -642,35 +626,10 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
           write(sse({{"error", json::parse(error(500, c.error).body)["error"]}}));
           return abandon();
         }
-        // Chat: the delta (tool calls are read as a whole at the end: text may wait for it), the
-        // reasoning first split off.
+        // Chat: the delta (the thinking apart; tool calls read at the end: text may wait).
         json delta;
-        bool tool_calls = false;
         if (kind == Kind::chat) {
-          std::string content = text, reasoning;
-          if (job.reasoning) {
-            ReasoningSplit::Parts parts = splits[i].push(text);
-            if (c.finished) {
-              ReasoningSplit::Parts rest = splits[i].finish();
-              parts.reasoning += rest.reasoning;
-              parts.content += rest.content;
-            }
-            content = std::move(parts.content);
-            if (job.include_reasoning) reasoning = std::move(parts.reasoning);
-          }
-          delta = tool_replies[i].delta(content);
-          if (!reasoning.empty()) {
-            if (delta.is_null()) delta = json::object();
-            delta["reasoning_content"] = reasoning;
-          }
-          if (c.finished) {
-            json last = tool_replies[i].last_delta(c.reason != FinishReason::length);
-            if (delta.is_null()) delta = json::object();
-            if (last.contains("content"))
-              delta["content"] = delta.value("content", "") + last["content"].get<std::string>();
-            if (last.contains("tool_calls")) delta["tool_calls"] = last["tool_calls"];
-            tool_calls = tool_replies[i].called() && job.tools.mode != ToolUse::Mode::named;
-          }
+          delta = replies[i].delta(text, c.finished, c.reason != FinishReason::length);
           if (delta.is_null() && job.top_logprobs < 0) continue;
         }
         std::string out;
@@ -681,9 +640,10 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
           out = sse({{"text", c.shown}, {"output_ids", c.text.tokens()}, {"meta_info", meta}});
         } else {
           json choice = {{"index", i},
-                         {"finish_reason", !c.finished  ? json(nullptr)
-                                           : tool_calls ? json("tool_calls")
-                                                        : json(reason(c))}};
+                         {"finish_reason", !c.finished ? json(nullptr)
+                                           : kind == Kind::chat && replies[i].ends_in_tool_calls()
+                                               ? json("tool_calls")
+                                               : json(reason(c))}};
           // echo: the choice's first chunk leads with its prompt (and the prompt's logprobs).
           const bool lead = job.echo && !echoed[i];
           const std::size_t prompt_of = i / static_cast<std::size_t>(job.n);

@@ -1,0 +1,184 @@
+// One chat choice's reply: its thinking (with --reasoning-parser), its content and the tool calls
+// it makes, whole or as deltas (see chat_reply.h).
+#include "serve/chat_reply.h"
+
+#include "dcp/error.h"
+
+namespace dcp::serve {
+namespace {
+
+// JSON text as Python's json.dumps writes it (", " and ": ", non-ASCII kept), as vLLM returns the
+// arguments of a call it read from JSON.
+std::string dumps(const nlohmann::ordered_json& v) {
+  if (v.is_object()) {
+    std::string out = "{";
+    for (auto it = v.begin(); it != v.end(); ++it) {
+      if (it != v.begin()) out += ", ";
+      out.append(nlohmann::ordered_json(it.key()).dump()).append(": ").append(dumps(it.value()));
+    }
+    return out + "}";
+  }
+  if (v.is_array()) {
+    std::string out = "[";
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (i) out += ", ";
+      out += dumps(v[i]);
+    }
+    return out + "]";
+  }
+  return v.dump();
+}
+
+}  // namespace
+
+ChatReply::ChatReply(ToolUse use, std::string call_id, bool reasoning, bool include_reasoning)
+    : use_(std::move(use)),
+      call_id_(std::move(call_id)),
+      reasoning_(reasoning),
+      include_reasoning_(include_reasoning) {}
+
+json ChatReply::call_json(std::size_t index, const std::string& id, const std::string& name,
+                          const std::string& arguments) const {
+  return {{"index", index},
+          {"id", id.empty() ? str(call_id_, "-", index) : id},
+          {"type", "function"},
+          {"function", {{"name", name}, {"arguments", arguments}}}};
+}
+
+ChatReply::Read ChatReply::read(const std::string& text, bool complete) const {
+  Read r;
+  switch (use_.mode) {
+    case ToolUse::Mode::none: r.content = text; break;
+    case ToolUse::Mode::named: r.calls.push_back(call_json(0, "", use_.function, text)); break;
+    case ToolUse::Mode::required: {
+      // The guide kept the text to the list's grammar; cut short, it is content.
+      nlohmann::ordered_json list;
+      if (complete) list = nlohmann::ordered_json::parse(text, nullptr, false);
+      if (!list.is_array()) {
+        r.content = text;
+        break;
+      }
+      for (std::size_t k = 0; k < list.size(); ++k)
+        r.calls.push_back(
+            call_json(k, "", list[k]["name"].get<std::string>(), dumps(list[k]["parameters"])));
+      break;
+    }
+    case ToolUse::Mode::read_auto: {
+      ParsedToolCalls parsed = parse_tool_calls(text, use_.format);
+      r.content = std::move(parsed.content);
+      // parallel_tool_calls false: the first call only.
+      const std::size_t keep =
+          use_.parallel ? parsed.calls.size() : std::min<std::size_t>(parsed.calls.size(), 1);
+      for (std::size_t k = 0; k < keep; ++k) {
+        const ToolCall& c = parsed.calls[k];
+        r.calls.push_back(call_json(k, c.id, c.name, c.arguments));
+      }
+      break;
+    }
+  }
+  return r;
+}
+
+json ChatReply::content_delta(const std::string& text) {
+  text_ += text;
+  switch (use_.mode) {
+    case ToolUse::Mode::none:
+      sent_ = text_.size();
+      return text.empty() ? json(nullptr) : json{{"content", text}};
+    case ToolUse::Mode::named: {
+      // The arguments stream as they come, after a first delta with the call's id and name.
+      json call = {{"index", 0}, {"function", {{"arguments", text}}}};
+      if (!opened_) {
+        call = call_json(0, "", use_.function, text);
+        opened_ = called_ = true;
+      } else if (text.empty()) {
+        return nullptr;
+      }
+      return {{"tool_calls", json::array({call})}};
+    }
+    case ToolUse::Mode::required: return nullptr;  // a list is read whole, at the end
+    case ToolUse::Mode::read_auto: {
+      // Content up to the calls' marker, or up to a tail that could begin it.
+      const std::string_view marker = tool_calls_begin(use_.format);
+      std::size_t safe = text_.find(marker);
+      if (safe == std::string::npos) {
+        safe = text_.size();
+        for (std::size_t n = std::min(marker.size() - 1, text_.size()); n > 0; --n) {
+          if (text_.compare(text_.size() - n, n, marker.substr(0, n)) == 0) {
+            safe = text_.size() - n;
+            break;
+          }
+        }
+      }
+      if (safe <= sent_) return nullptr;
+      json d = {{"content", text_.substr(sent_, safe - sent_)}};
+      sent_ = safe;
+      return d;
+    }
+  }
+  return nullptr;
+}
+
+json ChatReply::last_delta(bool complete) {
+  if (use_.mode == ToolUse::Mode::none || use_.mode == ToolUse::Mode::named) return nullptr;
+  Read r = read(text_, complete);
+  json d = json::object();
+  if (r.content.size() > sent_) d["content"] = r.content.substr(sent_);
+  if (!r.calls.empty()) {
+    d["tool_calls"] = std::move(r.calls);
+    called_ = true;
+  }
+  return d.empty() ? json(nullptr) : d;
+}
+
+json ChatReply::message(const std::string& text, bool complete) {
+  // A reasoning model's thinking, then its content (which tool calls are read from).
+  ReasoningSplit split;
+  ReasoningSplit::Parts parts{"", text};
+  if (reasoning_) {
+    parts = split.push(text);
+    ReasoningSplit::Parts rest = split.finish();
+    parts.reasoning += rest.reasoning;
+    parts.content += rest.content;
+  }
+  Read r = read(parts.content, complete);
+  called_ = !r.calls.empty();
+  json m = {{"role", "assistant"}};
+  // null: the calls say it all, or the reply never got past its thinking.
+  const bool none = r.content.empty() && (called_ || (reasoning_ && !split.ended()));
+  m["content"] = none ? json(nullptr) : json(r.content);
+  if (called_) {
+    for (json& call : r.calls) call.erase("index");  // deltas number their calls; a message lists
+    m["tool_calls"] = std::move(r.calls);
+  }
+  if (reasoning_ && include_reasoning_) m["reasoning_content"] = parts.reasoning;
+  return m;
+}
+
+json ChatReply::delta(const std::string& text, bool finished, bool complete) {
+  std::string content = text, reasoning;
+  if (reasoning_) {
+    ReasoningSplit::Parts parts = split_.push(text);
+    if (finished) {
+      ReasoningSplit::Parts rest = split_.finish();
+      parts.reasoning += rest.reasoning;
+      parts.content += rest.content;
+    }
+    content = std::move(parts.content);
+    if (include_reasoning_) reasoning = std::move(parts.reasoning);
+  }
+  json d = content_delta(content);
+  if (!reasoning.empty()) {
+    if (d.is_null()) d = json::object();
+    d["reasoning_content"] = reasoning;
+  }
+  if (finished) {
+    json last = last_delta(complete);
+    if (d.is_null()) d = json::object();  // the last chunk goes out, if empty
+    if (last.contains("content"))
+      d["content"] = d.value("content", "") + last["content"].get<std::string>();
+    if (last.contains("tool_calls")) d["tool_calls"] = std::move(last["tool_calls"]);
+  }
+  return d;
+}
+}  // namespace dcp::serve

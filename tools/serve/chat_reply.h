@@ -1,0 +1,50 @@
+// One chat choice's reply as the client reads it: with --reasoning-parser its thinking apart
+// (reasoning_content), then its content and the tool calls read from it (tool_fields.h), as one
+// message or streamed as deltas.
+#pragma once
+
+#include <string>
+
+#include "dcp/reasoning.h"
+#include "serve/request_fields.h"
+#include "serve/tool_fields.h"
+
+namespace dcp::serve {
+
+class ChatReply {
+ public:
+  // `call_id` names the calls (numbered after it) where the model's format gives them no id;
+  // `reasoning`: the reply starts with the model's thinking.
+  ChatReply(ToolUse use, std::string call_id, bool reasoning, bool include_reasoning);
+  // Streaming: the delta for newly generated `text`, and with `finished` what was held back and
+  // the calls read at the end (`complete`: not cut by max_tokens); null when nothing is to be sent
+  // yet (a finished reply always sends one).
+  json delta(const std::string& text, bool finished, bool complete);
+  // A whole reply's message for its `text`.
+  json message(const std::string& text, bool complete);
+  // finish_reason "tool_calls": the reply called a tool (a forced named call ends with "stop", as
+  // OpenAI's does).
+  bool ends_in_tool_calls() const noexcept { return called_ && use_.mode != ToolUse::Mode::named; }
+
+ private:
+  struct Read {
+    std::string content;
+    json calls = json::array();
+  };
+  Read read(const std::string& text, bool complete) const;
+  json call_json(std::size_t index, const std::string& id, const std::string& name,
+                 const std::string& arguments) const;
+  json content_delta(const std::string& text);  // the content's part of a delta
+  json last_delta(bool complete);               // the calls read at the end
+
+  ToolUse use_;
+  std::string call_id_;
+  bool reasoning_, include_reasoning_;
+  ReasoningSplit split_;  // streaming: the thinking told from the content
+  std::string text_;      // the content so far
+  std::size_t sent_ = 0;  // content bytes sent (a prefix of the content read at the end)
+  bool opened_ = false;   // named: the call's head was sent
+  bool called_ = false;
+};
+
+}  // namespace dcp::serve
