@@ -186,22 +186,8 @@ TEST(ToolCalls, RandomRepliesAndTheirPrefixes) {
 
 // A tokenizer with only the bytes and `specials` as added tokens.
 Tokenizer tokenizer_with(const std::vector<std::string>& specials) {
-  // GPT-2's byte characters: bytes ! .. ~, 0xA1 .. 0xAC, 0xAE .. 0xFF as themselves, the rest
-  // from U+0100 on in byte order.
   nlohmann::json vocab = nlohmann::json::object();
-  int moved = 0;
-  for (int b = 0; b < 256; ++b) {
-    const bool kept = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
-    const int cp = kept ? b : 256 + moved++;
-    std::string ch;
-    if (cp < 0x80) {
-      ch += static_cast<char>(cp);
-    } else {
-      ch += static_cast<char>(0xC0 | (cp >> 6));
-      ch += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-    vocab[ch] = b;
-  }
+  for (int b = 0; b < 256; ++b) vocab[test::byte_char(b)] = b;
   nlohmann::json added = nlohmann::json::array();
   for (std::size_t k = 0; k < specials.size(); ++k)
     added.push_back({{"id", 300 + k}, {"content", specials[k]}, {"special", true}});

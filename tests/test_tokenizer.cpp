@@ -20,27 +20,7 @@ namespace {
 
 using json = nlohmann::json;
 
-// GPT-2's byte-to-unicode table, written out here: bytes ! .. ~, 0xA1 .. 0xAC and 0xAE .. 0xFF
-// stand for themselves; the rest, in byte order, for U+0100, U+0101, ...
-std::string byte_char(int b) {
-  int cp = b;
-  const auto kept = [](int x) {
-    return (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174;
-  };
-  if (!kept(b)) {
-    cp = 256;
-    for (int x = 0; x < b; ++x)
-      if (!kept(x)) ++cp;
-  }
-  std::string u;
-  if (cp < 0x80) {
-    u += static_cast<char>(cp);
-  } else {
-    u += static_cast<char>(0xC0 | (cp >> 6));
-    u += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-  return u;
-}
+using test::byte_char;
 
 // Ids 0..255: the byte characters (id = byte); then the merged tokens listed, from 256.
 json small_tokenizer(const std::vector<std::pair<std::string, std::string>>& merges) {

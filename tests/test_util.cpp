@@ -241,4 +241,24 @@ ref::FullAttentionInput random_context(const ContextSpec& spec, KvDtype dtype, R
   return in;
 }
 
+std::string byte_char(int b) {
+  int cp = b;
+  const auto kept = [](int x) {
+    return (x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174;
+  };
+  if (!kept(b)) {
+    cp = 256;
+    for (int x = 0; x < b; ++x)
+      if (!kept(x)) ++cp;
+  }
+  std::string u;
+  if (cp < 0x80) {
+    u += static_cast<char>(cp);
+  } else {
+    u += static_cast<char>(0xC0 | (cp >> 6));
+    u += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return u;
+}
+
 }  // namespace dcp::test

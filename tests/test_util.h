@@ -1,5 +1,5 @@
-// Shared helpers for the test suite: seeded randomness, numerical comparison, and a
-// builder that stripes a full context over N ranks' paged KV pools.
+// Shared helpers for the test suite: seeded randomness, numerical comparison, a builder that
+// stripes a full context over N ranks' paged KV pools, and byte-level tokenizer characters.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -96,5 +96,10 @@ struct ContextSpec {
   std::vector<int> q_lens;            // query tokens per request (the last q_len positions)
 };
 ref::FullAttentionInput random_context(const ContextSpec& spec, KvDtype dtype, Rng& rng);
+
+// GPT-2's byte-to-unicode table, written out here for tokenizer.json files the tests write: bytes
+// ! .. ~, 0xA1 .. 0xAC and 0xAE .. 0xFF stand for themselves; the rest, in byte order, for U+0100,
+// U+0101, ...
+std::string byte_char(int b);
 
 }  // namespace dcp::test

@@ -1182,6 +1182,9 @@ CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_
                                      case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_guided_regex, case_json_mode, case_json_schema, case_structured_outputs, case_tokenize, case_chat_options, case_min_tokens, case_echo, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
                                      case_metrics_and_models]}
 
+OWN_SERVER = {f.__name__[5:]: f for f in [case_chat_template, case_tools, case_reasoning, case_api_key,
+                                          case_queue_bound, case_shutdown]}
+
 
 def main():
     subprocess.run([DCP, "gen-checkpoint", "--out", CKPT, "--num-layers", "2"], check=True, stdout=subprocess.DEVNULL)
@@ -1189,7 +1192,7 @@ def main():
     if args[:1] == ["mpi"]:
         case_mpi(args[1])
     else:
-        wanted = args or list(CASES) + ["chat_template", "tools", "reasoning", "api_key", "queue_bound", "shutdown"]
+        wanted = args or list(CASES) + list(OWN_SERVER)
         shared = [n for n in wanted if n in CASES]
         if shared:
             s = Server("--tp-size", "2", "--dcp-size", "2", "--max-total-tokens", "4096")
@@ -1200,24 +1203,10 @@ def main():
             finally:
                 code, _ = s.stop()
                 check(code == 0, f"server exit {code}")
-        if "chat_template" in wanted:
-            print("case chat_template", flush=True)
-            case_chat_template()
-        if "tools" in wanted:
-            print("case tools", flush=True)
-            case_tools()
-        if "reasoning" in wanted:
-            print("case reasoning", flush=True)
-            case_reasoning()
-        if "api_key" in wanted:
-            print("case api_key", flush=True)
-            case_api_key()
-        if "queue_bound" in wanted:
-            print("case queue_bound", flush=True)
-            case_queue_bound()
-        if "shutdown" in wanted:
-            print("case shutdown", flush=True)
-            case_shutdown()
+        for name, case in OWN_SERVER.items():  # cases that start servers of their own
+            if name in wanted:
+                print("case", name, flush=True)
+                case()
     subprocess.run(["rm", "-rf", TMP])
     print(f"{len(failures)} failure(s)")
     sys.exit(1 if failures else 0)
