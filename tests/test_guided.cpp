@@ -820,6 +820,101 @@ TEST(Engine, JsonObjectChoosesAmongTheTokensThatKeepAPrefixOfAnObject) {
   test::expect_same_under_dcp2_and_a_draft(c, *w, s, reqs, one);
 }
 
+// guide_after (a reasoning model's "</think>"): the output is the unguided one up to and through
+// the first occurrence of the marker, then guided: each later step the greedy choice of its
+// recorded logits among the tokens that keep the text after the marker a prefix of a word (or
+// continue a choice), ending at a word (a choice); the same under DCP 2 and with a draft. A
+// marker that never comes leaves the whole output free.
+TEST(Engine, GuideAfterHoldsOnlyTheOutputAfterItsMarker) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 2);
+  const auto w = make_synthetic_weights(13);
+  std::vector<std::int32_t> specials;
+  const auto vocab = test_vocabulary(c.vocab_size, rng.engine(), specials);
+  EngineSetup s;
+  s.tp = 2;
+  s.page_size = 4;
+  s.guide_vocabulary = vocab;
+  // The unguided outputs, whose tokens 2 and 3 become each request's marker.
+  std::vector<RequestSpec> free;
+  for (int i = 0; i < 4; ++i)
+    free.push_back(request(i, random_tokens(rng, 7 + 11 * i, c.vocab_size), 8));
+  const test::EngineRun unguided = run_engine(c, *w, s, free);
+  std::vector<RequestSpec> reqs;
+  std::vector<std::size_t> starts;
+  for (int i = 0; i < 4; ++i) {
+    const std::vector<std::int32_t>& u =
+        unguided.results[static_cast<std::size_t>(i)].output_tokens;
+    ASSERT_EQ(u.size(), 8u);
+    RequestSpec r = free[static_cast<std::size_t>(i)];
+    r.max_new_tokens = 24;
+    r.sampling.guide_after = {u[2], u[3]};
+    if (i % 2 == 0) {
+      r.sampling.regex = kYesNoMaybePattern;
+    } else {
+      r.sampling.choices = {{u[0]}, {u[1], u[1]}, {u[5], u[6], u[7]}};
+      if (prefix_pair(r.sampling.choices)) r.sampling.choices = {{u[5], u[6], u[7]}};
+    }
+    const auto at = std::search(u.begin(), u.end(), u.begin() + 2, u.begin() + 4);
+    starts.push_back(static_cast<std::size_t>(at - u.begin()) + 2);
+    reqs.push_back(r);
+  }
+  // A marker the model does not write: nothing is guided.
+  RequestSpec never = free[0];
+  never.id = 4;
+  never.sampling.regex = kYesNoMaybePattern;
+  never.sampling.guide_after = {specials[0], specials[0], specials[0]};
+  reqs.push_back(never);
+  const test::EngineRun one = run_engine(c, *w, s, reqs);
+  const int v = c.vocab_size;
+  for (std::size_t i = 0; i < 4; ++i) {
+    const std::vector<std::int32_t>& out = one.results[i].output_tokens;
+    const std::vector<std::int32_t>& u = unguided.results[i].output_tokens;
+    const std::size_t start = starts[i];
+    ASSERT_GT(out.size(), start) << i;
+    EXPECT_TRUE(std::equal(u.begin(), u.begin() + static_cast<std::ptrdiff_t>(start), out.begin()))
+        << "request " << i << ": free up to its marker";
+    const std::vector<std::vector<std::int32_t>>& choices = reqs[i].sampling.choices;
+    std::vector<std::int32_t> after;
+    for (std::size_t k = start; k < out.size(); ++k) {
+      std::int32_t best = -1;
+      for (std::int32_t t = 0; t < v; ++t) {
+        bool ok;
+        if (choices.empty()) {
+          ok = vocab->writable(t) && viable(text_of(*vocab, after).append(vocab->bytes(t)));
+        } else {
+          ok = std::any_of(choices.begin(), choices.end(), [&](const auto& ch) {
+            return ch.size() > after.size() && std::equal(after.begin(), after.end(), ch.begin()) &&
+                   ch[after.size()] == t;
+          });
+        }
+        const float x = one.results[i].step_logits[k * v + static_cast<std::size_t>(t)];
+        if (ok &&
+            (best < 0 || x > one.results[i].step_logits[k * v + static_cast<std::size_t>(best)]))
+          best = t;
+      }
+      ASSERT_EQ(out[k], best) << "request " << i << " step " << k;
+      after.push_back(out[k]);
+    }
+    EXPECT_EQ(one.results[i].finish_reason, FinishReason::stop) << i;
+    if (choices.empty()) {
+      EXPECT_TRUE(complete(text_of(*vocab, after))) << text_of(*vocab, after);
+    } else {
+      EXPECT_TRUE(std::find(choices.begin(), choices.end(), after) != choices.end()) << i;
+    }
+  }
+  EXPECT_EQ(one.results[4].output_tokens, unguided.results[0].output_tokens);
+  test::expect_same_under_dcp2_and_a_draft(c, *w, s, reqs, one);
+  // Refused without a guide to hold back, or with a token outside the vocabulary.
+  SamplingParams p;
+  p.guide_after = {1};
+  EXPECT_THROW(validate(p, c.vocab_size), Error);
+  p.regex = "a";
+  EXPECT_NO_THROW(validate(p, c.vocab_size));
+  p.guide_after = {c.vocab_size};
+  EXPECT_THROW(validate(p, c.vocab_size), Error);
+}
+
 TEST(Engine, RegexRequestsAreRefusedWithoutAVocabularyOrAWayToBegin) {
   const ModelConfig c = preset_config("tiny", 1);
   std::mt19937_64 rng(3);

@@ -254,6 +254,36 @@ TEST(Serving, RegexReachesEveryRank) {
   EXPECT_EQ(drain_stream(*bare->submit(greedy(r.prompt, 3))).tokens.size(), 3u);
 }
 
+// guide_after travels with the request too: two at once (one per DP replica) equal a batch run's,
+// free through the marker (the unguided reply's first two tokens) and guided after it.
+TEST(Serving, GuideAfterReachesEveryRank) {
+  auto rng = test::make_rng();
+  const auto w = make_synthetic_weights(25);
+  DeploymentSpec spec = small_spec(*w, 2, 2, 2);
+  std::vector<std::optional<std::string>> texts(
+      static_cast<std::size_t>(spec.model.config.vocab_size));
+  for (std::size_t t = 1; t < texts.size(); ++t) texts[t] = std::string(1, 'a' + t % 26);
+  spec.engine.guide_vocabulary = std::make_shared<const GuideVocabulary>(texts);
+  ServeRequest r = greedy(test::random_tokens(rng, 20, 64), 12);
+  r.sampling.regex = "(ab|cd)+e?";
+  r.stop_token_ids = {0};
+  Running server(spec);
+  const std::vector<std::int32_t> free = drain_stream(*server->submit(greedy(r.prompt, 12))).tokens;
+  ASSERT_GE(free.size(), 2u);
+  r.sampling.guide_after = {free[0], free[1]};
+  DeploymentSpec batch = spec;
+  batch.requests.push_back(r.spec(0));
+  const std::vector<std::int32_t> want = run_deployment(batch).report.results[0].output_tokens;
+  ASSERT_GT(want.size(), 2u);
+  EXPECT_EQ(want[0], free[0]);
+  EXPECT_EQ(want[1], free[1]);
+  const std::string after = *texts[static_cast<std::size_t>(want[2])];
+  EXPECT_TRUE(after == "a" || after == "c") << after;
+  const auto a = server->submit(r), b = server->submit(r);
+  EXPECT_EQ(drain_stream(*a).tokens, want);
+  EXPECT_EQ(drain_stream(*b).tokens, want);
+}
+
 // Prompt logprobs reach the client whole, with the first tokens: equal to a batch run's.
 TEST(Serving, PromptLogprobsArriveWithTheFirstUpdate) {
   auto rng = test::make_rng();

@@ -52,14 +52,21 @@ struct SamplingParams {
   // JSON mode (OpenAI's response_format json_object): the output is one JSON object (JsonGrammar),
   // guided as a regex is. Not combined with a regex, choices or the masks.
   bool json_object = false;
+  // When not empty, the guide (choices, regex or JSON mode) holds only the output after the first
+  // occurrence of this token sequence, and nothing before it: a reasoning model's thinking, closed
+  // by "</think>", stays free. Needs a guide.
+  std::vector<std::int32_t> guide_after;
   bool greedy() const noexcept { return temperature == 0; }
   bool adjusts_logits() const noexcept {
     return !logit_bias.empty() || repetition_penalty != 1 || presence_penalty != 0 ||
            frequency_penalty != 0 || !allowed_token_ids.empty() || !bad_words.empty() ||
            !choices.empty();
   }
-  // Whether `output` is one of `choices` (never true without choices).
+  // Whether `output` (its guided part) is one of `choices` (never true without choices).
   bool completes_choice(std::span<const std::int32_t> output) const;
+  // Where the guided part of `output` begins: 0 without guide_after, just past its first
+  // occurrence with it; nullopt while it has not occurred (nothing is guided yet).
+  std::optional<std::size_t> guide_start(std::span<const std::int32_t> output) const;
 };
 
 // The first pair (i, j) of token sequences where sequence j begins with sequence i (i != j, equal

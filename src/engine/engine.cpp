@@ -111,7 +111,9 @@ bool Engine::guide_ends(const Live& l, std::span<const std::int32_t> output) con
   if (!l.guide) return false;
   // A match nothing may extend; or no token can continue (a match whose stop tokens were not
   // asked for, or a vocabulary that cannot spell the next bytes the pattern needs).
-  const std::optional<std::int32_t> s = l.guide->state_after(output);
+  const std::optional<std::size_t> start = l.spec.sampling.guide_start(output);
+  if (!start) return false;  // not guided yet
+  const std::optional<std::int32_t> s = l.guide->state_after(output.subspan(*start));
   return !s || !l.guide->grammar().extendable(*s) || l.guide->allowed(*s).empty();
 }
 
@@ -377,8 +379,12 @@ std::int32_t Engine::choose(const Live& l, const float* logits,
   const bool hold_stops = static_cast<std::int64_t>(output.size()) < l.spec.min_tokens &&
                           !l.spec.stop_token_ids.empty();
   // A guide's state; none past its end (a speculative proposal after the request would stop).
+  // Not guided yet (before guide_after): as without a guide.
   std::optional<std::int32_t> state;
-  if (l.guide) state = l.guide->state_after(output);
+  if (l.guide) {
+    if (const std::optional<std::size_t> start = p.guide_start(output))
+      state = l.guide->state_after(output.subspan(*start));
+  }
   if (!p.adjusts_logits() && !hold_stops && !state) return sample_token(logits, vocab, p, step);
   std::vector<float> adjusted = p.adjusts_logits()
                                     ? adjusted_logits(logits, vocab, p, l.spec.prompt, output)

@@ -129,6 +129,14 @@ void validate(const SamplingParams& p, int vocab, std::span<const std::int32_t> 
                       "]: a reply could not tell them apart"));
     }
   }
+  if (!p.guide_after.empty()) {
+    DCP_ARG_CHECK(!p.choices.empty() || !p.regex.empty() || p.json_object,
+                  "guide_after needs a guide (choices, regex or json_object) to hold back");
+    for (std::int32_t t : p.guide_after) {
+      DCP_ARG_CHECK(t >= 0 && t < vocab, "guide_after: token ", t,
+                    " is outside the vocabulary [0, ", vocab, ")");
+    }
+  }
   if (p.json_object) {
     DCP_ARG_CHECK(
         p.regex.empty() && p.choices.empty() && p.allowed_token_ids.empty() && p.bad_words.empty(),
@@ -175,11 +183,13 @@ std::vector<float> adjusted_logits(const float* logits, int vocab, const Samplin
       kept[static_cast<std::size_t>(t)] = out[static_cast<std::size_t>(t)];
     out.swap(kept);
   }
-  if (!p.choices.empty()) {  // only the tokens that continue a choice the output begins
+  const std::optional<std::size_t> start = p.choices.empty() ? std::nullopt : p.guide_start(output);
+  if (start) {  // only the tokens that continue a choice the guided output begins
+    const std::span<const std::int32_t> guided = output.subspan(*start);
     std::vector<float> kept(out.size(), kMasked);
     for (const std::vector<std::int32_t>& c : p.choices) {
-      if (c.size() > output.size() && std::equal(output.begin(), output.end(), c.begin())) {
-        const auto t = static_cast<std::size_t>(c[output.size()]);
+      if (c.size() > guided.size() && std::equal(guided.begin(), guided.end(), c.begin())) {
+        const auto t = static_cast<std::size_t>(c[guided.size()]);
         kept[t] = out[t];
       }
     }
@@ -195,9 +205,19 @@ std::vector<float> adjusted_logits(const float* logits, int vocab, const Samplin
 }
 
 bool SamplingParams::completes_choice(std::span<const std::int32_t> output) const {
+  const std::optional<std::size_t> start = choices.empty() ? std::nullopt : guide_start(output);
+  if (!start) return false;
+  const std::span<const std::int32_t> guided = output.subspan(*start);
   return std::any_of(choices.begin(), choices.end(), [&](const std::vector<std::int32_t>& c) {
-    return std::equal(c.begin(), c.end(), output.begin(), output.end());
+    return std::equal(c.begin(), c.end(), guided.begin(), guided.end());
   });
+}
+
+std::optional<std::size_t> SamplingParams::guide_start(std::span<const std::int32_t> output) const {
+  if (guide_after.empty()) return 0;
+  const auto at = std::search(output.begin(), output.end(), guide_after.begin(), guide_after.end());
+  if (at == output.end()) return std::nullopt;
+  return static_cast<std::size_t>(at - output.begin()) + guide_after.size();
 }
 
 std::optional<std::pair<std::size_t, std::size_t>> prefix_pair(

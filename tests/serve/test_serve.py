@@ -962,9 +962,10 @@ def case_tools():
 def case_reasoning():
     """--reasoning-parser: a chat reply's thinking comes back as reasoning_content. The random
     model never writes "</think>", so all its text is thinking (content null), whole and
-    streamed; include_reasoning false leaves it out; deepseek_v3 splits only in thinking mode;
-    a guided reply is refused (the split of replies that close their thinking is tested in
-    test_reply_parsers)."""
+    streamed, and a guide (which holds only what follows "</think>") leaves it free;
+    include_reasoning false leaves it out; deepseek_v3 splits only in thinking mode (the split of
+    replies that close their thinking is tested in test_reply_parsers, the guide after the marker
+    in test_guided)."""
     base = {"messages": [{"role": "user", "content": "2 + 2?"}], "temperature": 0, "max_tokens": 24}
     s = Server("--reasoning-parser", "deepseek_r1")
     try:
@@ -979,8 +980,14 @@ def case_reasoning():
         status, r = s.post("/v1/chat/completions", {**base, "include_reasoning": False})
         check(status == 200 and "reasoning_content" not in r["choices"][0]["message"]
               and r["choices"][0]["token_ids"] == plain["choices"][0]["token_ids"], f"include_reasoning false: {r}")
-        status, r = s.post("/v1/chat/completions", {**base, "guided_regex": "[a-z]+"})
-        check(status == 400 and r["error"]["param"] == "guided_regex", f"guided with reasoning: {r}")
+        # A guide holds only what follows "</think>": this reply never gets there, so it is free.
+        for guide in [{"guided_regex": "[a-z]+"}, {"response_format": {"type": "json_object"}},
+                      {"tools": TOOLS, "tool_choice": "required"}]:
+            status, r = s.post("/v1/chat/completions", {**base, **guide})
+            check(status == 200 and r["choices"][0]["token_ids"] == plain["choices"][0]["token_ids"]
+                  and r["choices"][0]["message"]["reasoning_content"] == m.get("reasoning_content")
+                  and r["choices"][0]["message"]["content"] is None
+                  and "tool_calls" not in r["choices"][0]["message"], f"guided thinking is free: {guide}: {r}")
         status, r = s.post("/v1/completions", {"prompt": "2 + 2?", "temperature": 0, "max_tokens": 24})
         check(status == 200 and "reasoning_content" not in r["choices"][0], f"completions are text: {r}")
     finally:

@@ -49,7 +49,13 @@ ChatReply::Read ChatReply::read(const std::string& text, bool complete) const {
   Read r;
   switch (use_.mode) {
     case ToolUse::Mode::none: r.content = text; break;
-    case ToolUse::Mode::named: r.calls.push_back(call_json(0, "", use_.function, text)); break;
+    case ToolUse::Mode::named:  // no call where nothing was written (thinking that never ended)
+      if (text.empty()) {
+        r.content = text;
+      } else {
+        r.calls.push_back(call_json(0, "", use_.function, text));
+      }
+      break;
     case ToolUse::Mode::required: {
       // The guide kept the text to the list's grammar; cut short, it is content.
       nlohmann::ordered_json list;
@@ -88,11 +94,10 @@ json ChatReply::content_delta(const std::string& text) {
     case ToolUse::Mode::named: {
       // The arguments stream as they come, after a first delta with the call's id and name.
       json call = {{"index", 0}, {"function", {{"arguments", text}}}};
+      if (text.empty()) return nullptr;
       if (!opened_) {
         call = call_json(0, "", use_.function, text);
         opened_ = called_ = true;
-      } else if (text.empty()) {
-        return nullptr;
       }
       return {{"tool_calls", json::array({call})}};
     }

@@ -227,22 +227,10 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
     job.tools = parse_tools(b, body, r.sampling);
     job.reasoning = reasoning_reply(options_.reasoning_parser, b);
     job.include_reasoning = boolean(b, "include_reasoning").value_or(true);
-    // A guide would hold the thinking to the reply's shape too: refused rather than applied.
+    // A guide holds only the content: it starts after the thinking closes (vLLM's).
     if (job.reasoning &&
-        (!r.sampling.regex.empty() || !r.sampling.choices.empty() || r.sampling.json_object)) {
-      std::string param = "tool_choice";
-      for (const char* key : {"structured_outputs", "guided_choice", "guided_regex", "regex",
-                              "guided_json", "json_schema", "response_format"}) {
-        if (field(b, key)) {
-          param = key;
-          break;
-        }
-      }
-      bad(param, str("'", param,
-                     "' constrains the whole reply, and this server's reasoning "
-                     "parser reads the reply's first part as the model's thinking: guided "
-                     "replies from a reasoning model are not supported"));
-    }
+        (!r.sampling.regex.empty() || !r.sampling.choices.empty() || r.sampling.json_object))
+      r.sampling.guide_after = tokenizer_->encode("</think>", false);
   } else {
     for (const char* key : {"tools", "tool_choice"}) {
       if (const json* v = field(*src, key); v && !(v->is_array() && v->empty()))
