@@ -919,6 +919,9 @@ def case_tools():
                             ({**base, "tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools"),
                             ({**base, "tools": [TOOLS[1], TOOLS[1]]}, "tools"),
                             ({**base, "tools": [{"type": "code", "function": {"name": "a"}}]}, "tools"),
+                            ({**base, "tools": [{"type": 1, "function": {"name": "a"}}]}, "tools"),
+                            ({**base, "tools": TOOLS, "tool_choice": {"type": 5}}, "tool_choice"),
+                            ({**base, "messages": [{"role": "user", "content": [{"type": 3}]}]}, "messages"),
                             ({**base, "tools": [{"type": "function", "function": {"name": "a", "parameters": {
                                 "type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}}}}],
                               "tool_choice": "required"}, "tools"),

@@ -134,7 +134,7 @@ std::string chat_prompt_text(const Tokenizer& tokenizer, const json& b) {
     if (m.contains("content") && m["content"].is_array()) {
       std::string text;
       for (const json& part : m["content"]) {
-        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+        if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") ||
             !part["text"].is_string())
           bad("messages", "message content parts must be {\"type\": \"text\", \"text\": ...}");
         text += part["text"].get<std::string>();

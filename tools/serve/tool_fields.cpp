@@ -31,7 +31,7 @@ const json* checked_tools(const json& b) {
   for (std::size_t i = 0; i < tools->size(); ++i) {
     const json& t = (*tools)[i];
     const std::string at = str("tools[", i, "]");
-    if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") ||
+    if (!t.is_object() || t.value("type", json()) != "function" || !t.contains("function") ||
         !t["function"].is_object())
       bad("tools", str("'", at, "' must be {\"type\": \"function\", \"function\": {...}}"));
     const json& f = t["function"];
@@ -80,7 +80,7 @@ ToolUse OpenAiApi::parse_tools(const json& b, const std::string& body, SamplingP
   }
   if (mode == "required") {
     use.mode = ToolUse::Mode::required;
-  } else if (choice->is_object() && choice->value("type", "") == "function" &&
+  } else if (choice->is_object() && choice->value("type", json()) == "function" &&
              choice->contains("function") && (*choice)["function"].is_object() &&
              (*choice)["function"].contains("name") && (*choice)["function"]["name"].is_string()) {
     use.mode = ToolUse::Mode::named;
