@@ -186,4 +186,5 @@ json ChatReply::delta(const std::string& text, bool finished, bool complete) {
   }
   return d;
 }
+
 }  // namespace dcp::serve
