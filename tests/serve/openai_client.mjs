@@ -76,6 +76,31 @@ check(both.choices.length === 2 && both.choices[0].index === 0 && both.choices[1
 check(both.choices[0].text === first.choices[0].text && both.choices[1].text === second.choices[0].text,
   "each choice of a batch equals its prompt's alone");
 
+// Tool calls as the client reads them: a named function whole, and "required" through the client's
+// stream helper, which assembles the calls from their deltas as it would OpenAI's.
+const tools = [
+  { type: "function", function: { name: "get_weather", description: "The weather in a city.",
+    parameters: { type: "object", properties: { city: { type: "string", maxLength: 8 } }, required: ["city"] } } },
+  { type: "function", function: { name: "now", parameters: { type: "object", properties: {} } } },
+];
+const ask = { ...chat, max_tokens: 200, tools };
+const named = await client.chat.completions.create({ ...ask, tool_choice: { type: "function", function: { name: "get_weather" } } });
+const call = named.choices[0].message.tool_calls?.[0];
+check(call && call.type === "function" && call.function.name === "get_weather" && typeof call.id === "string"
+  && typeof JSON.parse(call.function.arguments).city === "string", `named tool call: ${JSON.stringify(named.choices[0])}`);
+const required = await client.chat.completions.create({ ...ask, tool_choice: "required" });
+const stream = client.beta.chat.completions.stream({ ...ask, tool_choice: "required" });
+const final = await stream.finalChatCompletion();
+const calls = (m) => (m.tool_calls ?? []).map((t) => [t.function.name, t.function.arguments]);
+check(required.choices[0].finish_reason === "tool_calls" && calls(required.choices[0].message).length >= 1,
+  `required tool calls: ${JSON.stringify(required.choices[0])}`);
+check(JSON.stringify(calls(final.choices[0].message)) === JSON.stringify(calls(required.choices[0].message))
+  && final.choices[0].finish_reason === "tool_calls", `the stream helper's calls equal the whole reply's: ${JSON.stringify(final.choices[0])}`);
+const namedStream = client.beta.chat.completions.stream({ ...ask, tool_choice: { type: "function", function: { name: "get_weather" } } });
+const namedFinal = await namedStream.finalChatCompletion();
+check(JSON.stringify(calls(namedFinal.choices[0].message)) === JSON.stringify(calls(named.choices[0].message)),
+  `a named call streamed as its arguments come: ${JSON.stringify(namedFinal.choices[0])}`);
+
 // Errors arrive as the client's typed errors.
 try {
   await client.completions.create({ ...body, max_tokens: 0 });
