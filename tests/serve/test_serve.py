@@ -44,6 +44,7 @@ class Server:
             self.log.seek(0)
             raise RuntimeError("the server did not start: " + line + self.log.read())
         self.port = int(m.group(1))
+        self.banner = line
 
     def request(self, method, path, body=None, raw=None, headers=None):
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
@@ -842,6 +843,7 @@ def case_tools():
             '{"city": "Oslo"}<|tool_call_end|><|tool_calls_section_end|>')
     s = Server("--tool-call-parser", "deepseek_v3")
     try:
+        check("tool calls: deepseek_v3, reasoning: none)" in s.banner, f"the banner names the reader: {s.banner}")
         # none: the reply a chat without tools gets (this template does not render tools).
         status, plain = s.post("/v1/chat/completions", base)
         status2, r = s.post("/v1/chat/completions", {**base, "tools": TOOLS, "tool_choice": "none"})
@@ -952,6 +954,7 @@ def case_tools():
     # This tokenizer has neither format's tokens: "auto" (the default with tools) is refused.
     s = Server()
     try:
+        check("tool calls: required or named only" in s.banner, f"the banner says auto is not read: {s.banner}")
         status, r = s.post("/v1/chat/completions", {**base, "tools": TOOLS})
         check(status == 400 and r["error"]["param"] == "tool_choice" and "--tool-call-parser" in r["error"]["message"],
               f"auto without a parser: {r}")

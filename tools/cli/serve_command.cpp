@@ -135,12 +135,20 @@ int serve(const ServeFlags& f) {
   });
   try {
     deployment.run([&] {
-      std::printf("dcp serve: listening on http://%s:%d (model '%s', %d ranks, TP %d, DCP %d, "
-                  "KV %lld tokens, %s)\n",
-                  f.host.c_str(), port, ao.model_name.c_str(), w.spec.parallel.world_size(),
-                  w.spec.parallel.tp_size, w.spec.parallel.dcp_size,
-                  static_cast<long long>(deployment.kv_capacity_tokens()),
-                  tokenizer ? "text and token ids" : "token ids only: no tokenizer");
+      // What tool_choice "auto" reads (auto-detected or asked for) and the reasoning parser.
+      const std::string readers =
+          tokenizer ? str(", tool calls: ",
+                          ao.tool_call_format ? tool_call_format_name(*ao.tool_call_format)
+                                              : "required or named only",
+                          ", reasoning: ", f.reasoning_parser)
+                    : "";
+      std::printf(
+          "dcp serve: listening on http://%s:%d (model '%s', %d ranks, TP %d, DCP %d, "
+          "KV %lld tokens, %s%s)\n",
+          f.host.c_str(), port, ao.model_name.c_str(), w.spec.parallel.world_size(),
+          w.spec.parallel.tp_size, w.spec.parallel.dcp_size,
+          static_cast<long long>(deployment.kv_capacity_tokens()),
+          tokenizer ? "text and token ids" : "token ids only: no tokenizer", readers.c_str());
       std::fflush(stdout);
     });
   } catch (...) {
