@@ -1,6 +1,6 @@
-// Every MLA family as published (DeepSeek-V2-Lite, V2, V3, Kimi-K2, Moonlight): mixture-of-experts
-// routing as the Hugging Face code does it, against an independent float64 model, at every TP and
-// DCP size.
+// Every MLA family as published (DeepSeek-V2-Lite, V2, V3, Kimi-K2 and K2-Thinking, Moonlight):
+// mixture-of-experts routing as the Hugging Face code does it, against an independent float64
+// model, at every TP and DCP size.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -19,14 +20,15 @@
 #include "dcp/model_config.h"
 #include "dcp/weights.h"
 #include "engine_util.h"
+#include "model/safetensors.h"
 #include "naive_model.h"
 #include "test_util.h"
 
 namespace dcp {
 namespace {
 
-const char* const kFamilies[] = {"deepseek-v2-lite", "deepseek-v2", "deepseek-v3", "kimi-k2",
-                                 "moonlight"};
+const char* const kFamilies[] = {"deepseek-v2-lite", "deepseek-v2",      "deepseek-v3",
+                                 "kimi-k2",          "kimi-k2-thinking", "moonlight"};
 
 // Step logits of the engine (fp32 KV, teacher-forced) against the float64 model at the same
 // positions, to 1e-4 relative to the largest logit.
@@ -314,6 +316,142 @@ TEST_F(FamilyCheckpoint, RefusesWhatItCannotLoadExactly) {
   (void)shape;
 }
 
+// Kimi-K2-Thinking's routed experts as compressed-tensors stores them, read here from the file's
+// own int32 words (eight codes a word from its low bits, value code - 8, times the group's BF16
+// scale): the loaded weight is that, whole and sliced on groups; the other tensors stay BF16.
+TEST_F(FamilyCheckpoint, Int4ExpertsAreReadAsCompressedTensorsPacksThem) {
+  const ModelConfig c = family_config("kimi-k2-thinking");
+  write_checkpoint(dir_.string(), c, *make_synthetic_weights(11), "BF16", 1);
+  const safetensors::File file((dir_ / "model.safetensors").string());
+  const auto& t = file.tensors();
+  const std::string name = "model.layers.1.mlp.experts.2.down_proj.weight";
+  const std::int64_t rows = c.hidden_size, cols = c.moe_intermediate_size, group = 32;
+  ASSERT_EQ(t.count(name), 0u);
+  ASSERT_EQ(t.at(name + "_packed").dtype, "I32");
+  ASSERT_EQ(t.at(name + "_packed").shape, (std::vector<std::int64_t>{rows, cols / 8}));
+  ASSERT_EQ(t.at(name + "_scale").dtype, "BF16");
+  ASSERT_EQ(t.at(name + "_scale").shape, (std::vector<std::int64_t>{rows, cols / group}));
+  ASSERT_EQ(t.at(name + "_shape").shape, std::vector<std::int64_t>{2});
+  for (const std::string other : {"lm_head.weight", "model.layers.0.mlp.down_proj.weight",
+                                  "model.layers.1.self_attn.kv_b_proj.weight",
+                                  "model.layers.1.mlp.shared_experts.up_proj.weight"}) {
+    ASSERT_EQ(t.at(other).dtype, "BF16") << other << ": in Kimi-K2-Thinking's ignore list";
+  }
+  std::vector<std::int32_t> words(static_cast<std::size_t>(rows * cols / 8));
+  std::memcpy(words.data(), file.bytes(t.at(name + "_packed")), words.size() * 4);
+  const std::vector<float> scales =
+      file.read(name + "_scale", 0, rows, 0, cols / group);  // BF16 widened
+  const auto w = open_checkpoint(dir_.string());
+  const std::vector<std::int64_t> shape{rows, cols};
+  const std::vector<float> whole = w->load(name, shape);
+  const std::vector<float> truth = make_synthetic_weights(11)->load(name, shape);
+  float worst = 0;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t col = 0; col < cols; ++col) {
+      const std::uint32_t word = static_cast<std::uint32_t>(words[r * cols / 8 + col / 8]);
+      const int code = static_cast<int>(word >> (4 * (col % 8)) & 15u);
+      const float s = scales[r * (cols / group) + col / group];
+      ASSERT_EQ(whole[r * cols + col], static_cast<float>(code - 8) * s) << r << "," << col;
+      worst = std::max(worst, std::fabs(whole[r * cols + col] - truth[r * cols + col]) / s);
+    }
+  }
+  // Half a code, but for a group's largest value clamped to code 7 when its scale (largest / 7.5)
+  // rounded down to bf16: up to half a bf16 unit (2^-8 relative) of 7.5 more.
+  EXPECT_LE(worst, 0.5f + 7.5f / 256) << "each value is the nearest code times its group's scale";
+  EXPECT_GT(worst, 0.0f) << "the weights were not quantized";
+  const WeightMatrix m = w->load_matrix(name, shape, {5, 40}, {32, 96});
+  ASSERT_EQ(m.dtype, WeightDtype::int4);
+  EXPECT_EQ(m.bytes(), 35u * 64u / 2u + 35u * 2u * 4u);
+  const std::vector<float> part = m.to_float();
+  for (std::int64_t r = 5; r < 40; ++r)
+    for (std::int64_t col = 32; col < 96; ++col)
+      ASSERT_EQ(part[(r - 5) * 64 + (col - 32)], whole[r * cols + col]) << r << "," << col;
+  EXPECT_TRUE(test::throws_error(
+      [&] {
+        w->load_matrix(name, shape, {}, {16, 64});
+      },
+      ErrorCategory::unsupported, "inside a group of 32 columns"));
+  EXPECT_TRUE(w->contains(name));
+  EXPECT_EQ(w->load_matrix("model.layers.1.mlp.shared_experts.up_proj.weight",
+                           {c.moe_intermediate_size * c.n_shared_experts, c.hidden_size})
+                .dtype,
+            WeightDtype::bf16);
+}
+
+// Every field of compressed-tensors' config that changes what the weights mean is read: what dcp
+// does not run is refused naming it; a packed tensor missing a part, or one a config does not
+// describe, is refused naming the tensor.
+TEST_F(FamilyCheckpoint, Int4RefusesWhatItCannotRunExactly) {
+  const ModelConfig c = family_config("kimi-k2-thinking");
+  using test::throws_error;
+  const auto refused = [&](const std::function<void(nlohmann::json&)>& edit, const char* says) {
+    nlohmann::json j = nlohmann::json::parse(model_config_to_json(c));
+    edit(j["quantization_config"]);
+    return throws_error([&] { parse_model_config(j.dump()); }, ErrorCategory::unsupported, says);
+  };
+  const auto weights = [](nlohmann::json& q) -> nlohmann::json& {
+    return q["config_groups"]["group_0"]["weights"];
+  };
+  EXPECT_TRUE(refused([](nlohmann::json& q) { q["format"] = "float-quantized"; },
+                      "format = \"float-quantized\" is not supported"));
+  EXPECT_TRUE(refused([&](nlohmann::json& q) { weights(q)["num_bits"] = 8; }, "num_bits = 8"));
+  EXPECT_TRUE(
+      refused([&](nlohmann::json& q) { weights(q)["symmetric"] = false; }, "symmetric = false"));
+  EXPECT_TRUE(refused([&](nlohmann::json& q) { weights(q)["strategy"] = "channel"; },
+                      "strategy = \"channel\""));
+  EXPECT_TRUE(refused([&](nlohmann::json& q) { weights(q)["actorder"] = "group"; },
+                      "actorder = \"group\""));
+  EXPECT_TRUE(
+      refused([&](nlohmann::json& q) { weights(q)["type"] = "float"; }, "type = \"float\""));
+  EXPECT_TRUE(refused([&](nlohmann::json& q) { weights(q)["group_size"] = 48; },
+                      "group_size = 48 is not supported (legal: a multiple of 32)"));
+  EXPECT_TRUE(refused(
+      [](nlohmann::json& q) {
+        q["config_groups"]["group_0"]["input_activations"] = {{"num_bits", 8}};
+      },
+      "input_activations"));
+  EXPECT_TRUE(refused(
+      [](nlohmann::json& q) { q["config_groups"]["group_0"]["targets"] = {"re:.*experts.*"}; },
+      "targets = [\"re:.*experts.*\"]"));
+  EXPECT_TRUE(refused([](nlohmann::json& q) { q["config_groups"]["group_1"] = {}; },
+                      "an object of one group"));
+  EXPECT_TRUE(refused([](nlohmann::json& q) { q["ignore"] = {"lm_head"}; },
+                      "leaves model.layers.0.self_attn.kv_a_proj_with_mqa quantized"));
+  EXPECT_TRUE(refused([](nlohmann::json& q) { q["ignore"].push_back("re:("); }, "'re:('"));
+  EXPECT_TRUE(refused(
+      [](nlohmann::json& q) {
+        q["kv_cache_scheme"] = {{"num_bits", 8}};
+      },
+      "kv_cache_scheme"));
+  EXPECT_TRUE(refused([](nlohmann::json& q) { q["quantization_status"] = "frozen"; },
+                      "quantization_status"));
+  // Entries are module names, or expressions matched from the start of the name.
+  ModelConfig k = c;
+  k.int4_ignore = {"lm_head", "re:model\\.layers\\.0\\.", "re:mlp"};
+  EXPECT_TRUE(k.int4_ignores("lm_head"));
+  EXPECT_FALSE(k.int4_ignores("model.lm_head"));
+  EXPECT_TRUE(k.int4_ignores("model.layers.0.mlp.up_proj"));
+  EXPECT_FALSE(k.int4_ignores("model.layers.10.mlp.up_proj")) << "re:mlp matches from the start";
+  EXPECT_TRUE(is_int4_weight(c, "model.layers.2.mlp.experts.7.gate_proj.weight"));
+  EXPECT_FALSE(is_int4_weight(c, "model.layers.2.mlp.shared_experts.gate_proj.weight"));
+  EXPECT_FALSE(is_int4_weight(c, "model.layers.2.mlp.gate.weight")) << "the router";
+  EXPECT_FALSE(is_int4_weight(c, "model.embed_tokens.weight"));
+
+  // A packed weight without its scales, and packed weights under an FP8 config.
+  const std::string name = "model.layers.1.mlp.experts.0.up_proj.weight";
+  const std::vector<std::int64_t> shape{c.moe_intermediate_size, c.hidden_size};
+  std::filesystem::create_directories(dir_);
+  std::ofstream(dir_ / "config.json") << model_config_to_json(c);
+  safetensors::NamedTensor words{name + "_packed", {shape[0], shape[1] / 8}, {}, "I32", {}};
+  words.raw.assign(static_cast<std::size_t>(shape[0] * shape[1] / 2), 0x88);
+  safetensors::write_file((dir_ / "model.safetensors").string(), {words});
+  EXPECT_TRUE(throws_error([&] { open_checkpoint(dir_.string())->load_matrix(name, shape); },
+                           ErrorCategory::io, "has no '" + name + "_scale' beside it"));
+  std::ofstream(dir_ / "config.json") << model_config_to_json(family_config("kimi-k2"));
+  EXPECT_TRUE(throws_error([&] { open_checkpoint(dir_.string())->load_matrix(name, shape); },
+                           ErrorCategory::io, "no compressed-tensors quantization_config"));
+}
+
 TEST(Families, ConfigsRoundTripAndKeepTheirFields) {
   for (const char* family : kFamilies) {
     const ModelConfig c = family_config(family);
@@ -329,6 +467,8 @@ TEST(Families, ConfigsRoundTripAndKeepTheirFields) {
     EXPECT_EQ(back.norm_topk_prob, c.norm_topk_prob) << family;
     EXPECT_DOUBLE_EQ(back.routed_scaling_factor, c.routed_scaling_factor) << family;
     EXPECT_EQ(back.quant_method, c.quant_method) << family;
+    EXPECT_EQ(back.int4_group_size, c.int4_group_size) << family;
+    EXPECT_EQ(back.int4_ignore, c.int4_ignore) << family;
     EXPECT_EQ(back.q_lora_rank.has_value(), c.q_lora_rank.has_value()) << family;
   }
   EXPECT_TRUE(test::throws_error([] { family_config("llama"); }, ErrorCategory::invalid_argument,

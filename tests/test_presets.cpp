@@ -63,6 +63,29 @@ const char* const kKimiK2 = R"({
   "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",
   "quant_method": "fp8", "weight_block_size": [128, 128]}})";
 
+// Kimi-K2-Thinking: Kimi-K2's geometry, a 256K context, and its routed experts in
+// compressed-tensors INT4.
+const char* const kKimiK2Thinking = R"({
+  "architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2",
+  "vocab_size": 163840, "hidden_size": 7168, "intermediate_size": 18432,
+  "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_nextn_predict_layers": 0,
+  "num_attention_heads": 64, "n_shared_experts": 1, "n_routed_experts": 384,
+  "routed_scaling_factor": 2.827, "kv_lora_rank": 512, "q_lora_rank": 1536,
+  "qk_rope_head_dim": 64, "v_head_dim": 128, "qk_nope_head_dim": 128,
+  "topk_method": "noaux_tc", "n_group": 1, "topk_group": 1, "num_experts_per_tok": 8,
+  "moe_layer_freq": 1, "first_k_dense_replace": 1, "norm_topk_prob": true,
+  "scoring_func": "sigmoid", "rms_norm_eps": 1e-06, "rope_theta": 50000.0,
+  "rope_scaling": {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 64.0, "mscale": 1.0,
+  "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"},
+  "quantization_config": {"config_groups": {"group_0": {"input_activations": null,
+  "output_activations": null, "targets": ["Linear"], "weights": {"actorder": null,
+  "block_structure": null, "dynamic": false, "group_size": 32, "num_bits": 4,
+  "observer": "minmax", "observer_kwargs": {}, "strategy": "group", "symmetric": true,
+  "type": "int"}}}, "format": "pack-quantized", "ignore": ["lm_head", "re:.*self_attn.*",
+  "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
+  "kv_cache_scheme": null, "quant_method": "compressed-tensors",
+  "quantization_status": "compressed"}})";
+
 const char* const kMoonlight = R"({
   "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
   "vocab_size": 163840, "hidden_size": 2048, "intermediate_size": 11264,
@@ -118,6 +141,8 @@ void expect_same_geometry(const ModelConfig& got, const ModelConfig& want, const
     EXPECT_EQ(got.weight_block_rows, want.weight_block_rows) << name;
     EXPECT_EQ(got.weight_block_cols, want.weight_block_cols) << name;
   }
+  EXPECT_EQ(got.int4_group_size, want.int4_group_size) << name;
+  EXPECT_EQ(got.int4_ignore, want.int4_ignore) << name;
   EXPECT_EQ(got.num_nextn_predict_layers, want.num_nextn_predict_layers) << name;
 }
 
@@ -125,6 +150,7 @@ TEST(Presets, AreThePublishedConfigsAtFullWidth) {
   const std::pair<const char*, const char*> published[] = {{"deepseek-v2-lite", kDeepSeekV2Lite},
                                                            {"deepseek-v3", kDeepSeekV3},
                                                            {"kimi-k2", kKimiK2},
+                                                           {"kimi-k2-thinking", kKimiK2Thinking},
                                                            {"moonlight", kMoonlight}};
   for (const auto& [name, json] : published) {
     expect_same_geometry(preset_config(name), parse_model_config(json), name);
@@ -221,6 +247,44 @@ TEST(SyntheticWeights, Fp8SlicesAreTheWholeTensorsSlicesAndNeverSaturate) {
       ASSERT_EQ(got[(r - 5) * 26 + (col - 13)], all[r * 40 + col]) << r << "," << col;
   // load() returns what load_matrix holds.
   EXPECT_EQ(typed->load(name, shape, {5, 70}, {13, 39}), got);
+}
+
+// Kimi-K2-Thinking's experts drawn in INT4: a slice on group boundaries is the whole tensor's
+// slice, each value the nearest code of the plain draw times its group's scale, the other
+// projections in bf16.
+TEST(SyntheticWeights, Int4SlicesAreTheWholeTensorsSlices) {
+  const ModelConfig c = family_config("kimi-k2-thinking");
+  const auto typed = make_synthetic_weights(9, c, WeightDtype::bf16);
+  const auto plain = make_synthetic_weights(9);
+  const std::string name = "model.layers.1.mlp.experts.3.down_proj.weight";
+  ASSERT_TRUE(is_int4_weight(c, name));
+  const std::int64_t cols = c.moe_intermediate_size;
+  const std::vector<std::int64_t> shape{c.hidden_size, cols};
+  const WeightMatrix whole = typed->load_matrix(name, shape);
+  ASSERT_EQ(whole.dtype, WeightDtype::int4);
+  ASSERT_EQ(whole.scale_cols, cols / 32);
+  const std::vector<float> all = whole.to_float();
+  const std::vector<float> fp32 = plain->load(name, shape);
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const float scale = whole.scale_inv[i / static_cast<std::size_t>(32)];
+    EXPECT_LE(std::fabs(all[i] - fp32[i]), scale * (0.5f + 7.5f / 256)) << i;
+  }
+  const WeightMatrix part = typed->load_matrix(name, shape, {5, 70}, {32, 96});
+  const std::vector<float> got = part.to_float();
+  for (std::int64_t r = 5; r < 70; ++r)
+    for (std::int64_t col = 32; col < 96; ++col)
+      ASSERT_EQ(got[(r - 5) * 64 + (col - 32)], all[r * cols + col]) << r << "," << col;
+  EXPECT_EQ(typed->load(name, shape, {5, 70}, {32, 96}), got);
+  EXPECT_TRUE(test::throws_error(
+      [&] {
+        typed->load_matrix(name, shape, {}, {8, 64});
+      },
+      ErrorCategory::invalid_argument, "groups of 32"));
+  EXPECT_EQ(typed
+                ->load_matrix("model.layers.1.self_attn.o_proj.weight",
+                              {c.hidden_size, c.num_attention_heads * c.v_head_dim})
+                .dtype,
+            WeightDtype::bf16);
 }
 
 TEST(SyntheticWeights, Bf16AndFp32TensorsRoundTheSameValues) {

@@ -1,4 +1,5 @@
-// dcp::linear with weights in their checkpoint dtype (fp32, bf16, FP8 E4M3 with block scales)
+// dcp::linear with weights in their checkpoint dtype (fp32, bf16, FP8 E4M3 with block scales,
+// INT4 with group scales)
 // against a float64 reference that decodes the weight bits itself: every SIMD path, decode shapes
 // (widened in registers) and prefill shapes (dcp's blocked product, or tiles for BLAS), slices that
 // start inside a scale block, row strides, and the FP8 NaN code.
@@ -93,6 +94,38 @@ Case random_fp8(std::int64_t rows, std::int64_t cols, int br, int bc, std::int64
       w.data[r * cols + k] = b;
       const std::int64_t sr = (row0 + r) / br - row0 / br, sc = (col0 + k) / bc - col0 / bc;
       c.values.push_back(decode_e4m3(b) * static_cast<double>(w.scale_inv[sr * w.scale_cols + sc]));
+    }
+  }
+  return c;
+}
+
+// A slice [row0, row0 + rows) x [col0, col0 + cols) of an INT4 tensor with groups of `group`
+// columns (col0 and cols whole groups), every code 0..15 (value code - 8) with random scales.
+Case random_int4(std::int64_t rows, std::int64_t cols, int group, std::int64_t row0,
+                 std::int64_t col0, test::Rng& rng) {
+  Case c;
+  WeightMatrix& w = c.w;
+  w.dtype = WeightDtype::int4;
+  w.rows = rows;
+  w.cols = cols;
+  w.block_rows = 1;
+  w.block_cols = group;
+  w.row0 = row0;
+  w.col0 = col0;
+  w.scale_rows = rows;
+  w.scale_cols = cols / group;
+  for (std::int64_t i = 0; i < w.scale_rows * w.scale_cols; ++i)
+    w.scale_inv.push_back(rng.uniform(0.001f, 0.1f));
+  w.data.resize(static_cast<std::size_t>(rows * cols / 2));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t k = 0; k < cols; k += 2) {
+      const int lo = rng.range(0, 15), hi = rng.range(0, 15);
+      w.data[static_cast<std::size_t>((r * cols + k) / 2)] =
+          static_cast<std::uint8_t>(lo | hi << 4);
+      const double s0 = w.scale_inv[r * w.scale_cols + k / group];
+      const double s1 = w.scale_inv[r * w.scale_cols + (k + 1) / group];
+      c.values.push_back((lo - 8) * s0);
+      c.values.push_back((hi - 8) * s1);
     }
   }
   return c;
@@ -195,6 +228,64 @@ TEST(WeightLinear, Fp8BlockScaledSlicesEveryPath) {
   }
 }
 
+// INT4 groups of 32 (Kimi-K2-Thinking's), 64 and 128 columns: every path, one to 40 rows of x
+// (decode groups of one to four rows against one, two or four weight rows, and prefill), slices
+// that start at any row and at a later group.
+TEST(WeightLinear, Int4GroupScaledSlicesEveryPath) {
+  test::Rng rng = test::make_rng();
+  for (const KernelPath path : paths()) {
+    for (const std::int64_t m : {1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 40}) {
+      for (const int groups : {1, 2, 3, 7}) {
+        const int group = std::vector<int>{32, 64, 128}[rng.range(0, 2)];
+        const Case c = random_int4(rng.range(1, 70), std::int64_t{groups} * group, group,
+                                   rng.range(0, 300), group * rng.range(0, 5), rng);
+        check(c, m, path, rng, "int4");
+      }
+    }
+  }
+}
+
+// quantize_int4: each group's scale is its largest magnitude over 7.5 in bf16, each code the
+// nearest of value / scale clamped to [-8, 7]; row_to_float gives code - 8 times the scale.
+TEST(WeightLinear, QuantizeInt4PicksEachGroupsScaleAndTheNearestCode) {
+  test::Rng rng = test::make_rng();
+  const std::int64_t rows = 5, cols = 96;
+  const int group = 32;
+  std::vector<float> values(static_cast<std::size_t>(rows * cols));
+  for (float& v : values) v = rng.normal();
+  std::fill(values.begin() + cols, values.begin() + cols + group, 0.0f);  // an all-zero group
+  const WeightMatrix m = WeightMatrix::quantize_int4(values, rows, cols, group);
+  ASSERT_EQ(m.dtype, WeightDtype::int4);
+  ASSERT_EQ(m.data.size(), static_cast<std::size_t>(rows * cols / 2));
+  ASSERT_EQ(m.scale_rows, rows);
+  ASSERT_EQ(m.scale_cols, cols / group);
+  EXPECT_EQ(m.bytes(), m.data.size() + m.scale_inv.size() * sizeof(float));
+  std::vector<float> row(static_cast<std::size_t>(cols));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    m.row_to_float(r, row.data());
+    for (std::int64_t g = 0; g < cols / group; ++g) {
+      double largest = 0;
+      for (int c = 0; c < group; ++c)
+        largest = std::max(largest, std::fabs(double{values[r * cols + g * group + c]}));
+      const float s = m.scale_inv[r * m.scale_cols + g];
+      if (largest == 0) {
+        EXPECT_EQ(s, 1.0f);
+      } else {
+        EXPECT_EQ(s, decode_bf16(float_to_bf16(static_cast<float>(largest) / 7.5f)));
+      }
+      for (int c = 0; c < group; ++c) {
+        const std::int64_t at = r * cols + g * group + c;
+        const int code = (m.data[static_cast<std::size_t>(at / 2)] >> (4 * (at % 2))) & 15;
+        const double want = std::clamp(std::nearbyint(values[at] / s), -8.0f, 7.0f);
+        ASSERT_EQ(code - 8, want) << "row " << r << " column " << g * group + c;
+        ASSERT_EQ(row[static_cast<std::size_t>(g * group + c)], static_cast<float>(want) * s);
+      }
+    }
+  }
+  EXPECT_THROW(WeightMatrix::quantize_int4(values, rows, cols, 40), Error);  // 96 % 40
+  EXPECT_THROW(m.transposed(), Error);  // packed along its columns
+}
+
 TEST(WeightLinear, Fp8NanCodeGivesNan) {
   // m = 1: the decode product; m = 20: prefill tiles widened in memory.
   test::Rng rng = test::make_rng();
@@ -264,6 +355,7 @@ TEST(WeightLinear, ThreadsSplitTheRowsAndKeepEverySum) {
       std::vector<Case> cases;
       cases.push_back(random_bf16(rows, k, rng));
       cases.push_back(random_fp8(rows, k, 128, 128, rng.range(0, 300), rng.range(0, 300), rng));
+      if (k % 32 == 0) cases.push_back(random_int4(rows, k, 32, rng.range(0, 300), 0, rng));
       cases.push_back(random_bf16(rows, k, rng));
       cases.back().w = WeightMatrix::from_float(
           std::vector<float>(cases.back().values.begin(), cases.back().values.end()), rows, k);
@@ -456,8 +548,11 @@ TEST(WeightLinear, BlockedPrefillSumsEachColumnInOrder) {
     cases.push_back(random_f32(s.n, s.k, rng));
     cases.push_back(random_bf16(s.n, s.k, rng));
     cases.push_back(random_fp8(s.n, s.k, 128, 128, rng.range(0, 300), rng.range(0, 300), rng));
+    const std::int64_t whole_groups = s.k / 32 * 32;
+    if (whole_groups > 0) cases.push_back(random_int4(s.n, whole_groups, 32, 0, 0, rng));
     for (const Case& c : cases) {
-      const std::int64_t ldx = s.k + 3, ldy = s.n + 5;
+      const std::int64_t k = c.w.cols;  // INT4: the whole groups of s.k
+      const std::int64_t ldx = k + 3, ldy = s.n + 5;
       std::vector<float> x(static_cast<std::size_t>(s.m * ldx));
       for (float& v : x) v = rng.normal();
       for (const auto& [path, threads] :
@@ -468,12 +563,12 @@ TEST(WeightLinear, BlockedPrefillSumsEachColumnInOrder) {
         for (std::int64_t i = 0; i < s.m; ++i) {
           for (std::int64_t r = 0; r < s.n; ++r) {
             float want = 0;  // the weight as the dtype holds it: its value rounded to fp32 once
-            for (std::int64_t j = 0; j < s.k; ++j) {
-              want = std::fmaf(x[i * ldx + j], static_cast<float>(c.values[r * s.k + j]), want);
+            for (std::int64_t j = 0; j < k; ++j) {
+              want = std::fmaf(x[i * ldx + j], static_cast<float>(c.values[r * k + j]), want);
             }
             ASSERT_EQ(y[i * ldy + r], want)
                 << to_string(path) << " " << to_string(c.w.dtype) << " m " << s.m << " n " << s.n
-                << " k " << s.k << " threads " << threads << " (" << i << ", " << r << ")";
+                << " k " << k << " threads " << threads << " (" << i << ", " << r << ")";
           }
           for (std::int64_t r = s.n; r < ldy; ++r) ASSERT_EQ(y[i * ldy + r], -7.0f);
         }

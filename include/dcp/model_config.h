@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace dcp {
 
@@ -39,10 +40,17 @@ struct ModelConfig {
   // kimi_k2; architectures[0] is DeepseekV2ForCausalLM or DeepseekV3ForCausalLM.
   std::string model_type = "deepseek_v3";
   std::string architecture = "DeepseekV3ForCausalLM";
-  // quantization_config: "" (none) or "fp8" (E4M3 weights with F32 weight_scale_inv blocks).
+  // quantization_config: "" (none), "fp8" (E4M3 weights with F32 weight_scale_inv blocks) or
+  // "compressed-tensors" (Kimi-K2-Thinking: symmetric INT4 weights packed eight to an int32, one
+  // scale per group of int4_group_size columns of a row).
   std::string quant_method;
   int weight_block_rows = 128, weight_block_cols = 128;  // weight_block_size
-  bool quantized = false;                                // quant_method is set
+  bool quantized = false;                                // FP8 projections: quant_method fp8
+  // compressed-tensors: config_groups' weights.group_size, and `ignore`: the Linear modules left
+  // unquantized, each a module name or, after "re:", a regular expression matched from the start
+  // of the name (as Python's re.match).
+  int int4_group_size = 0;
+  std::vector<std::string> int4_ignore;
   // Mixture of experts: layer i is MoE iff n_routed_experts > 0, i >= first_k_dense_replace and
   // i % moe_layer_freq == 0.
   int n_routed_experts = 0;
@@ -70,10 +78,16 @@ struct ModelConfig {
     return n_routed_experts > 0 && layer >= first_k_dense_replace && moe_layer_freq > 0 &&
            layer % moe_layer_freq == 0;
   }
+  // compressed-tensors: whether `module` (a Linear's name, e.g. "model.layers.1.mlp.experts.0.
+  // up_proj") is left unquantized by int4_ignore; throws naming the entry for a bad expression.
+  bool int4_ignores(const std::string& module) const;
   // 1/sqrt(q_head_dim), times mscale^2 under YaRN with mscale_all_dim (as DeepSeek does).
   double softmax_scale() const;
   // Throws dcp::Error naming the field when a value is out of range.
   void validate() const;
+
+ private:
+  void validate_int4() const;
 };
 
 // Parses a config.json text; throws dcp::Error(io) on malformed JSON or missing fields.
@@ -82,9 +96,10 @@ std::string model_config_to_json(const ModelConfig& c);
 
 // Geometries for synthetic weights (num_layers overrides the layer count when > 0):
 //   tiny                  small and fast, every attention feature on the path
-//   deepseek-v2-lite, deepseek-v3, kimi-k2, moonlight
+//   deepseek-v2-lite, deepseek-v3, kimi-k2, kimi-k2-thinking, moonlight
 //                         the published configs at full width: MoE layers where the model has
-//                         them, FP8 projections for deepseek-v3 and kimi-k2
+//                         them, FP8 projections for deepseek-v3 and kimi-k2, INT4 routed experts
+//                         for kimi-k2-thinking
 //   deepseek-v3-attn      DeepSeek-V3's attention with a small dense MLP and vocabulary
 //   kimi-k3               Kimi-K3's attention (96 heads, output gate, no RoPE), small MLP
 // Throws naming the legal presets otherwise.
@@ -93,13 +108,18 @@ ModelConfig preset_config(const std::string& name, int num_layers = 0);
 const char* preset_names() noexcept;
 
 // The MLA families as published, scaled down so that a random checkpoint of one runs in seconds:
-// "deepseek-v2-lite", "deepseek-v2", "deepseek-v3", "kimi-k2", "moonlight". Each keeps its
-// family's config fields (model_type, architecture, routing, q-LoRA or not, RoPE, weight dtype:
-// FP8 block-quantized for deepseek-v3 and kimi-k2) and the real ratios where it can (experts per
-// token, groups); widths and counts are small. Throws naming the legal families otherwise.
+// "deepseek-v2-lite", "deepseek-v2", "deepseek-v3", "kimi-k2", "kimi-k2-thinking", "moonlight".
+// Each keeps its family's config fields (model_type, architecture, routing, q-LoRA or not, RoPE,
+// weight dtype: FP8 block-quantized for deepseek-v3 and kimi-k2, INT4 routed experts for
+// kimi-k2-thinking) and the real ratios where it can (experts per token, groups); widths and
+// counts are small. Throws naming the legal families otherwise.
 ModelConfig family_config(const std::string& family);
 // The families family_config knows, comma-separated.
 const char* family_names() noexcept;
+
+// Kimi-K2-Thinking's quantization_config on `c`: its routed experts in compressed-tensors INT4
+// (groups of 32 columns); attention, shared experts, dense MLPs and lm_head left in 16 bits.
+void quantize_experts_int4(ModelConfig& c);
 
 // YaRN helper (DeepSeek): 0.1 * mscale * ln(scale) + 1 for scale > 1, else 1.
 double yarn_get_mscale(double scale, double mscale);

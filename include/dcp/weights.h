@@ -24,20 +24,24 @@ struct Range {
 };
 
 // How a weight is held in memory: the checkpoint's own dtype.
-enum class WeightDtype : std::uint8_t { f32, bf16, f8_e4m3 };
+// int4: compressed-tensors' symmetric INT4, two values a byte (the even column in the low
+// nibble), each a code 0..15 standing for code - 8, times its group's scale.
+enum class WeightDtype : std::uint8_t { f32, bf16, f8_e4m3, int4 };
 std::string_view to_string(WeightDtype d) noexcept;
 
 // One rank's slice of a 2-D weight (a torch Linear weight [out, in]) in its checkpoint dtype:
 // rows x cols values, row-major. An FP8 slice carries the weight_scale_inv blocks that cover it
 // (block_rows x block_cols values of the whole tensor share one F32 scale), indexed by the slice's
 // place in the whole tensor, so a slice that starts inside a block scales exactly as the whole.
+// An INT4 slice carries its weight_scale groups the same way, as blocks of 1 x group columns
+// (its columns start on a group's first).
 struct WeightMatrix {
   WeightDtype dtype = WeightDtype::f32;
   std::int64_t rows = 0, cols = 0;
-  // rows x cols elements of dtype; huge pages where the kernel allows, as a decode step streams
-  // every weight once
+  // rows x cols elements of dtype (INT4: rows x cols / 2 bytes); huge pages where the kernel
+  // allows, as a decode step streams every weight once
   HugePageVector<std::uint8_t> data;
-  // FP8 only.
+  // FP8 and INT4 only.
   int block_rows = 0, block_cols = 0;
   std::int64_t row0 = 0, col0 = 0;              // the slice's first row and column in the tensor
   std::int64_t scale_rows = 0, scale_cols = 0;  // the blocks held: from (row0 / block_rows,
@@ -45,12 +49,14 @@ struct WeightMatrix {
 
   // Bytes held (values and scales).
   std::size_t bytes() const noexcept;
-  // Row r of the slice as fp32, exactly (an FP8 value times its block's scale).
+  // Row r of the slice as fp32, exactly (an FP8 value or an INT4 code - 8 times its block's
+  // scale, rounded once).
   void row_to_float(std::int64_t r, float* out) const;
   // The whole slice as fp32.
   std::vector<float> to_float() const;
   // The transpose (cols x rows) in the same dtype, each value kept bit for bit; an FP8 slice's
-  // scale blocks, block shape and place in the tensor are transposed with it.
+  // scale blocks, block shape and place in the tensor are transposed with it. INT4 is refused
+  // (its packing and groups run along the columns).
   WeightMatrix transposed() const;
   // An fp32 matrix holding `values` (rows x cols).
   static WeightMatrix from_float(std::vector<float> values, std::int64_t rows, std::int64_t cols);
@@ -59,12 +65,18 @@ struct WeightMatrix {
   // block), and each value divided by its block's scale, rounded to the nearest code.
   static WeightMatrix quantize_fp8(const std::vector<float>& values, std::int64_t rows,
                                    std::int64_t cols, int block_rows, int block_cols);
+  // `values` (rows x cols, cols a multiple of `group`, group even) in INT4 as compressed-tensors
+  // packs it: one scale per `group` columns of a row, the group's largest magnitude over 7.5
+  // rounded to bf16 (a checkpoint's scale dtype; 1 for an all-zero group), each value divided by
+  // it, rounded to the nearest integer and clamped to [-8, 7].
+  static WeightMatrix quantize_int4(const std::vector<float>& values, std::int64_t rows,
+                                    std::int64_t cols, int group);
 };
 
 // The most rows of x for which linear() runs its decode-shaped product, reading each weight from
-// memory once and widening bf16 and FP8 in registers; beyond it (prefill shapes) the product is
-// the blocked one below. The crossovers were measured with `dcp bench decode`'s shapes on an AVX2
-// CPU.
+// memory once and widening bf16, FP8 and INT4 in registers; beyond it (prefill shapes) the product
+// is the blocked one below. The crossovers were measured with `dcp bench decode`'s shapes on an
+// AVX2 CPU.
 constexpr std::int64_t weight_gemv_max_rows(WeightDtype d) noexcept {
   return d == WeightDtype::f32 ? 8 : 16;
 }
@@ -78,8 +90,9 @@ constexpr std::int64_t weight_gemv_max_rows(WeightDtype d) noexcept {
 // by the values row_to_float gives; sums differ only in their rounding order. The opt-in
 // avx512_bf16 path multiplies bf16 and FP8 weights (their codes widened to bf16 exactly, each
 // scale block summed on its own and times its scale) by x rounded to bf16, two columns per
-// vdpbf16ps (1.5-2x the exact products' rate where they are compute-bound); fp32 weights as
-// avx512 does, and FP8 in decode shapes too on a CPU without AVX512-VBMI; amx_bf16 is refused.
+// vdpbf16ps (1.5-2x the exact products' rate where they are compute-bound); fp32 and INT4
+// weights as avx512 does, and FP8 in decode shapes too on a CPU without AVX512-VBMI; amx_bf16 is
+// refused.
 // threads > 1 splits the output rows over the calling thread's worker pool
 // (this_thread_worker_pool) in parts of at least 64K weights; every sum is bitwise the one-thread
 // sum, except BLAS's.
@@ -158,7 +171,8 @@ ModelConfig read_checkpoint_config(const std::string& dir);
 // config.json plus `num_files` safetensors files (an index file when num_files > 1), tensors in
 // dtype "BF16", "F16" or "F32". With an FP8 config (quant_method fp8) the projection weights are
 // written as F8_E4M3 with F32 weight_scale_inv blocks, as DeepSeek-V3 ships them, and the
-// rest (embeddings, norms, router) in `dtype`.
+// rest (embeddings, norms, router) in `dtype`; with a compressed-tensors config its INT4 weights
+// as quantize_int4 makes them, in the three tensors is_int4_weight names.
 void write_checkpoint(const std::string& dir, const ModelConfig& config, const WeightSource& source,
                       const std::string& dtype = "BF16", int num_files = 1);
 
@@ -166,6 +180,11 @@ void write_checkpoint(const std::string& dir, const ModelConfig& config, const W
 // projection and expert weights of an FP8 config; never embeddings, norms, the router or its
 // bias.
 bool is_fp8_weight(const ModelConfig& config, const std::string& name);
+// Whether a checkpoint of `config` holds weight `name` ("X.weight") in INT4, as compressed-tensors
+// stores it: X.weight_packed (I32 [out, in / 8]), X.weight_scale (BF16 [out, in / group]) and
+// X.weight_shape (I32 [2]). The Linear weights (projections, experts, lm_head) of a
+// compressed-tensors config that its `ignore` does not name.
+bool is_int4_weight(const ModelConfig& config, const std::string& name);
 
 // Whether every rank of a TP group holds tensor `name` (of `shape`) whole rather than a slice:
 // norms and biases, the low-rank down projections, the router.
@@ -176,8 +195,9 @@ bool is_replicated_weight(const std::string& name, const std::vector<std::int64_
 // bytes per value, FP8 scale blocks included: what to check against memory before loading.
 double weight_bytes_per_rank(const ModelConfig& config, int tp_size,
                              const std::function<double(const std::string&)>& element_bytes);
-// The element size of each tensor as a checkpoint of `config` stores it (FP8 projections, the rest
-// in `dtype_bytes`); synthetic weights of a preset take the same sizes.
+// The element size of each tensor as a checkpoint of `config` stores it (FP8 projections, INT4
+// weights with their group scales as a rank holds them, the rest in `dtype_bytes`); synthetic
+// weights of a preset take the same sizes.
 std::function<double(const std::string&)> checkpoint_element_bytes(const ModelConfig& config,
                                                                    double dtype_bytes);
 

@@ -104,6 +104,7 @@ class CheckpointWeights final : public WeightSource {
       const ModelConfig c = read_checkpoint_config(dir);
       block_rows_ = c.weight_block_rows;
       block_cols_ = c.weight_block_cols;
+      int4_group_ = c.quant_method == "compressed-tensors" ? c.int4_group_size : 0;
     }
     std::vector<fs::path> files;
     std::map<std::string, std::string> indexed;  // tensor -> the file the index names
@@ -158,6 +159,7 @@ class CheckpointWeights final : public WeightSource {
 
   std::vector<float> load(const std::string& name, const std::vector<std::int64_t>& shape,
                           Range rows, Range cols) const override {
+    if (packed(name)) return load_matrix(name, shape, rows, cols).to_float();
     const auto& [file, info] = find(name, shape);
     if (info.dtype == "F8_E4M3") return load_matrix(name, shape, rows, cols).to_float();
     const std::int64_t n_rows = shape[0];
@@ -172,10 +174,11 @@ class CheckpointWeights final : public WeightSource {
 
   WeightMatrix load_matrix(const std::string& name, const std::vector<std::int64_t>& shape,
                            Range rows, Range cols) const override {
-    const auto& [file, info] = find(name, shape);
     const std::int64_t n_rows = shape[0], n_cols = shape.size() == 2 ? shape[1] : 1;
     const std::int64_t r0 = rows.whole() ? 0 : rows.begin, r1 = rows.whole() ? n_rows : rows.end;
     const std::int64_t c0 = cols.whole() ? 0 : cols.begin, c1 = cols.whole() ? n_cols : cols.end;
+    if (packed(name)) return load_int4(name, shape, r0, r1, c0, c1);
+    const auto& [file, info] = find(name, shape);
     if (info.dtype != "BF16" && info.dtype != "F8_E4M3") {  // F32 and F16 are held as fp32
       std::vector<float> v = file->read(name, r0, r1, c0, c1);
       check_finite(v, r0, c0, c1 - c0, shape.size() == 1, dir_, name);
@@ -225,7 +228,9 @@ class CheckpointWeights final : public WeightSource {
     return m;
   }
 
-  bool contains(const std::string& name) const override { return where_.count(name) != 0; }
+  bool contains(const std::string& name) const override {
+    return where_.count(name) != 0 || packed(name);
+  }
   std::string describe() const override {
     return str("checkpoint ", dir_, " (", files_.size(), " files)");
   }
@@ -241,8 +246,88 @@ class CheckpointWeights final : public WeightSource {
     return {it->second, info};
   }
 
+  // Whether weight `name` is stored as compressed-tensors packs INT4: `name`_packed beside it.
+  bool packed(const std::string& name) const {
+    return where_.count(name) == 0 && where_.count(name + "_packed") != 0;
+  }
+
+  // One tensor of compressed-tensors' INT4 weight `name`: its dtype and shape checked.
+  const safetensors::TensorInfo& int4_part(const std::string& name, const std::string& part,
+                                           const std::vector<std::string>& dtypes,
+                                           const std::vector<std::int64_t>& shape) const {
+    const auto it = where_.find(name + part);
+    DCP_CHECK(it != where_.end(), io, "checkpoint ", dir_, ": INT4 tensor '", name,
+              "_packed' has no '", name, part, "' beside it");
+    const safetensors::TensorInfo& info = it->second->tensors().at(name + part);
+    const bool dtype_ok = std::find(dtypes.begin(), dtypes.end(), info.dtype) != dtypes.end();
+    std::string legal;
+    for (const std::string& d : dtypes) legal += (legal.empty() ? "" : " or ") + d;
+    DCP_CHECK(dtype_ok && info.shape == shape, io, "checkpoint ", dir_, ": tensor '", name, part,
+              "' is ", info.dtype, " ", shape_str(info.shape), "; it must be ", legal, " ",
+              shape_str(shape));
+    return info;
+  }
+
+  // compressed-tensors' pack-quantized INT4: the packed int32 words of rows [r0, r1) (eight codes
+  // each, the first in the low bits, so their little-endian bytes are the codes in column order,
+  // two a byte) and the scales of their groups. Columns [c0, c1) must hold whole groups.
+  WeightMatrix load_int4(const std::string& name, const std::vector<std::int64_t>& shape,
+                         std::int64_t r0, std::int64_t r1, std::int64_t c0, std::int64_t c1) const {
+    DCP_CHECK(int4_group_ > 0, io, "checkpoint ", dir_, ": tensor '", name,
+              "_packed' is INT4, but config.json has no compressed-tensors quantization_config");
+    DCP_CHECK(shape.size() == 2 && shape[1] % int4_group_ == 0, io, "checkpoint ", dir_,
+              ": INT4 weight '", name, "' of shape ", shape_str(shape),
+              " does not hold whole groups of ", int4_group_, " columns");
+    const std::int64_t n_rows = shape[0], n_cols = shape[1], group = int4_group_;
+    DCP_CHECK(c0 % group == 0 && c1 % group == 0, unsupported, "checkpoint ", dir_,
+              ": INT4 weight '", name, "' would be split at column ", c0 % group ? c0 : c1,
+              ", inside a group of ", group,
+              " columns (choose a tp_size that splits it into whole groups)");
+    const safetensors::TensorInfo& words =
+        int4_part(name, "_packed", {"I32"}, {n_rows, n_cols / 8});
+    int4_part(name, "_scale", {"BF16", "F16", "F32"}, {n_rows, n_cols / group});
+    if (where_.count(name + "_shape")) {
+      const safetensors::TensorInfo& dims = int4_part(name, "_shape", {"I32", "I64"}, {2});
+      const std::uint8_t* p = where_.at(name + "_shape")->bytes(dims);
+      std::int64_t stored[2];
+      for (int i = 0; i < 2; ++i) {
+        if (dims.dtype == "I32") {
+          std::int32_t v;
+          std::memcpy(&v, p + 4 * i, 4);
+          stored[i] = v;
+        } else {
+          std::memcpy(&stored[i], p + 8 * i, 8);
+        }
+      }
+      DCP_CHECK(stored[0] == n_rows && stored[1] == n_cols, io, "checkpoint ", dir_, ": tensor '",
+                name, "_shape' says [", stored[0], ", ", stored[1], "]; the model config needs ",
+                shape_str(shape));
+    }
+    WeightMatrix m;
+    m.dtype = WeightDtype::int4;
+    m.rows = r1 - r0;
+    m.cols = c1 - c0;
+    m.block_rows = 1;
+    m.block_cols = static_cast<int>(group);
+    m.row0 = r0;
+    m.col0 = c0;
+    m.data.resize(static_cast<std::size_t>(m.rows * m.cols / 2));
+    const std::uint8_t* src = where_.at(name + "_packed")->bytes(words);
+    for (std::int64_t r = r0; r < r1; ++r) {
+      std::memcpy(m.data.data() + static_cast<std::size_t>((r - r0) * m.cols / 2),
+                  src + static_cast<std::size_t>((r * n_cols + c0) / 2),
+                  static_cast<std::size_t>(m.cols / 2));
+    }
+    m.scale_rows = m.rows;
+    m.scale_cols = m.cols / group;
+    m.scale_inv = where_.at(name + "_scale")->read(name + "_scale", r0, r1, c0 / group, c1 / group);
+    check_finite(m.scale_inv, r0, c0 / group, m.scale_cols, false, dir_, name + "_scale");
+    return m;
+  }
+
   std::string dir_;
   int block_rows_ = 128, block_cols_ = 128;
+  int int4_group_ = 0;  // compressed-tensors' group size; 0 without it
   std::vector<std::unique_ptr<safetensors::File>> files_;
   std::map<std::string, const safetensors::File*> where_;
 };
@@ -283,9 +368,25 @@ double weight_bytes_per_rank(const ModelConfig& c, int tp_size,
 std::function<double(const std::string&)> checkpoint_element_bytes(const ModelConfig& c,
                                                                    double dtype_bytes) {
   const double scale = 4.0 / (static_cast<double>(c.weight_block_rows) * c.weight_block_cols);
-  return [c, dtype_bytes, scale](const std::string& name) {
-    return is_fp8_weight(c, name) ? 1.0 + scale : dtype_bytes;
+  // INT4: half a byte a value, and its group's scale as a rank holds it (fp32; the file's BF16
+  // takes half that).
+  const double int4 = c.int4_group_size > 0 ? 0.5 + 4.0 / c.int4_group_size : 0.0;
+  return [c, dtype_bytes, scale, int4](const std::string& name) {
+    if (is_fp8_weight(c, name)) return 1.0 + scale;
+    return is_int4_weight(c, name) ? int4 : dtype_bytes;
   };
+}
+
+bool is_int4_weight(const ModelConfig& c, const std::string& name) {
+  if (c.quant_method != "compressed-tensors") return false;
+  const auto ends_with = [&](const std::string& tail) {
+    return name.size() >= tail.size() &&
+           name.compare(name.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  const bool linear = name == "lm_head.weight" ||
+                      (name.rfind("model.layers.", 0) == 0 &&
+                       (ends_with("_proj.weight") || ends_with("_proj_with_mqa.weight")));
+  return linear && !c.int4_ignores(name.substr(0, name.size() - std::string(".weight").size()));
 }
 
 bool is_fp8_weight(const ModelConfig& c, const std::string& name) {
@@ -368,6 +469,24 @@ void write_checkpoint(const std::string& dir, const ModelConfig& config, const W
     const std::size_t f = i * static_cast<std::size_t>(num_files) / tensors.size();
     const auto& [name, shape] = tensors[i];
     std::vector<float> values = source.load(name, shape);
+    if (is_int4_weight(config, name)) {
+      // compressed-tensors' three tensors; the codes' bytes are the int32 words' little-endian
+      // bytes.
+      WeightMatrix q =
+          WeightMatrix::quantize_int4(values, shape[0], shape[1], config.int4_group_size);
+      const std::int32_t dims[2] = {static_cast<std::int32_t>(shape[0]),
+                                    static_cast<std::int32_t>(shape[1])};
+      std::vector<std::uint8_t> dim_bytes(sizeof dims);
+      std::memcpy(dim_bytes.data(), dims, sizeof dims);
+      per_file[f].push_back(
+          {name + "_packed", {shape[0], shape[1] / 8}, {}, "I32", {q.data.begin(), q.data.end()}});
+      per_file[f].push_back(
+          {name + "_scale", {q.scale_rows, q.scale_cols}, std::move(q.scale_inv), "BF16", {}});
+      per_file[f].push_back({name + "_shape", {2}, {}, "I32", std::move(dim_bytes)});
+      for (const char* part : {"_packed", "_scale", "_shape"})
+        weight_map[name + part] = file_name(f);
+      continue;
+    }
     if (!is_fp8_weight(config, name)) {
       per_file[f].push_back({name, shape, std::move(values), dtype, {}});
       weight_map[name] = file_name(f);

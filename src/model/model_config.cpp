@@ -3,7 +3,10 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <type_traits>
 
 #include "dcp/error.h"
@@ -64,13 +67,14 @@ void ModelConfig::validate() const {
             unsupported, "model config: architectures = ['", architecture,
             "'] is not an MLA architecture dcp runs (legal: DeepseekV2ForCausalLM, "
             "DeepseekV3ForCausalLM)");
-  DCP_CHECK(quant_method.empty() || quant_method == "fp8", unsupported,
-            "model config: quantization_config.quant_method = '", quant_method,
-            "' is not supported (legal: fp8, or no quantization_config)");
-  if (!quant_method.empty()) {
+  DCP_CHECK(quant_method.empty() || quant_method == "fp8" || quant_method == "compressed-tensors",
+            unsupported, "model config: quantization_config.quant_method = '", quant_method,
+            "' is not supported (legal: fp8, compressed-tensors, or no quantization_config)");
+  if (quant_method == "fp8") {
     positive(weight_block_rows, "quantization_config.weight_block_size[0]");
     positive(weight_block_cols, "quantization_config.weight_block_size[1]");
   }
+  if (quant_method == "compressed-tensors") validate_int4();
   DCP_CHECK(n_routed_experts >= 0, io, "model config: n_routed_experts = ", n_routed_experts,
             " must be >= 0");
   DCP_CHECK(first_k_dense_replace >= 0, io,
@@ -116,6 +120,93 @@ void ModelConfig::validate() const {
 
 namespace {
 
+// The compiled expressions of `ignore` entries, shared by every config that names them: a real
+// checkpoint asks about some 70,000 expert modules.
+const std::regex& ignore_expression(const std::string& pattern) {
+  static std::mutex mutex;
+  static std::map<std::string, std::regex> compiled;
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto it = compiled.find(pattern);
+  if (it == compiled.end()) {
+    try {
+      it = compiled.emplace(pattern, std::regex(pattern, std::regex::ECMAScript)).first;
+    } catch (const std::regex_error& e) {
+      throw Error(ErrorCategory::unsupported,
+                  str("model config: quantization_config.ignore entry 're:", pattern,
+                      "' is not a regular expression dcp reads: ", e.what()));
+    }
+  }
+  return it->second;
+}
+
+}  // namespace
+
+bool ModelConfig::int4_ignores(const std::string& module) const {
+  for (const std::string& entry : int4_ignore) {
+    if (entry.rfind("re:", 0) != 0) {
+      if (entry == module) return true;
+      continue;
+    }
+    if (std::regex_search(module, ignore_expression(entry.substr(3)),
+                          std::regex_constants::match_continuous)) {
+      return true;
+    }
+  }
+  return false;
+}
+
+void ModelConfig::validate_int4() const {
+  DCP_CHECK(int4_group_size >= 32 && int4_group_size % 32 == 0, unsupported,
+            "model config: quantization_config.config_groups weights.group_size = ",
+            int4_group_size, " is not supported (legal: a multiple of 32)");
+  // The columns of every INT4 weight hold whole groups: hidden (the MLPs' gate and up, lm_head)
+  // and the MLPs' widths (their down projections); each MLP kind asked about by its first layer
+  // and expert.
+  const auto whole_groups = [&](const std::string& module, int columns, const char* field) {
+    DCP_CHECK(int4_ignores(module) || columns % int4_group_size == 0, unsupported,
+              "model config: ", field, " = ", columns, " (the columns of INT4 ", module,
+              ") is not a multiple of quantization_config weights.group_size = ", int4_group_size);
+  };
+  whole_groups("lm_head", hidden_size, "hidden_size");
+  for (int i = 0; i < num_hidden_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".mlp.";
+    for (const char* m : {"gate_proj", "up_proj"}) {
+      whole_groups(p + (is_moe_layer(i) ? "experts.0." : "") + m, hidden_size, "hidden_size");
+    }
+    if (!is_moe_layer(i)) {
+      whole_groups(p + "down_proj", intermediate_size, "intermediate_size");
+      continue;
+    }
+    whole_groups(p + "experts.0.down_proj", moe_intermediate_size, "moe_intermediate_size");
+    if (n_shared_experts > 0) {
+      whole_groups(p + "shared_experts.down_proj", moe_intermediate_size * n_shared_experts,
+                   "moe_intermediate_size x n_shared_experts");
+    }
+  }
+  // Attention projections stay in their 16-bit dtype (Kimi-K2-Thinking ignores re:.*self_attn.*):
+  // the absorbed attention transposes kv_b_proj, which a packed row of columns cannot be.
+  for (int i = 0; i < num_hidden_layers; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".self_attn.";
+    std::vector<std::string> names{"kv_a_proj_with_mqa", "kv_b_proj", "o_proj"};
+    if (q_lora_rank) {
+      names.insert(names.end(), {"q_a_proj", "q_b_proj"});
+    } else {
+      names.push_back("q_proj");
+    }
+    if (attn_output_gate) names.push_back("g_proj");
+    for (const std::string& n : names) {
+      DCP_CHECK(int4_ignores(p + n), unsupported,
+                "model config: quantization_config.ignore "
+                "leaves ",
+                p, n,
+                " quantized; dcp runs INT4 MLP and expert weights only (legal: "
+                "ignore every self_attn projection, e.g. \"re:.*self_attn.*\")");
+    }
+  }
+}
+
+namespace {
+
 template <typename T>
 T get(const nlohmann::json& j, const char* key) {
   DCP_CHECK(j.contains(key) && !j[key].is_null(), io, "config.json: missing field '", key, "'");
@@ -149,6 +240,75 @@ template <typename T>
 T get_or(const nlohmann::json& j, const char* key, T fallback) {
   if (!j.contains(key) || j[key].is_null()) return fallback;
   return get<T>(j, key);
+}
+
+// compressed-tensors' pack-quantized INT4, as Kimi-K2-Thinking ships its experts: one group of
+// Linear targets with symmetric 4-bit integer weights, a scale per group of columns, activations
+// unquantized. Every field that changes what the weights mean is read: a value dcp does not run
+// is refused by name.
+void parse_compressed_tensors(const nlohmann::json& q, ModelConfig& c) {
+  const auto refuse_unless = [](bool ok, const std::string& field, const nlohmann::json& v,
+                                const char* legal) {
+    DCP_CHECK(ok, unsupported, "config.json: quantization_config.", field, " = ", v.dump(),
+              " is not supported (legal: ", legal, ")");
+  };
+  const auto field = [&](const nlohmann::json& o, const char* key) {
+    return o.contains(key) ? o[key] : nlohmann::json();
+  };
+  const nlohmann::json format = field(q, "format");
+  refuse_unless(format == "pack-quantized", "format", format, "\"pack-quantized\"");
+  const nlohmann::json status = field(q, "quantization_status");
+  refuse_unless(status.is_null() || status == "compressed", "quantization_status", status,
+                "\"compressed\"");
+  for (const char* key : {"kv_cache_scheme", "sparsity_config", "transform_config"}) {
+    const nlohmann::json v = field(q, key);
+    refuse_unless(v.is_null() || (v.is_object() && v.empty()), key, v, "null");
+  }
+  const nlohmann::json groups = field(q, "config_groups");
+  DCP_CHECK(groups.is_object() && groups.size() == 1, unsupported,
+            "config.json: quantization_config.config_groups = ", groups.dump(),
+            " is not supported (legal: an object of one group)");
+  const std::string name = groups.begin().key();
+  const nlohmann::json& g = groups.begin().value();
+  const std::string at = "config_groups." + name + ".";
+  DCP_CHECK(g.is_object(), io, "config.json: quantization_config.", at, " must be an object");
+  refuse_unless(field(g, "targets") == nlohmann::json::array({"Linear"}), at + "targets",
+                field(g, "targets"), "[\"Linear\"]");
+  for (const char* key : {"input_activations", "output_activations"}) {
+    refuse_unless(field(g, key).is_null(), at + key, field(g, key),
+                  "null: weight-only quantization");
+  }
+  const nlohmann::json w = field(g, "weights");
+  DCP_CHECK(w.is_object(), io, "config.json: quantization_config.", at,
+            "weights must be an object");
+  const std::string wat = at + "weights.";
+  refuse_unless(field(w, "num_bits") == 4, wat + "num_bits", field(w, "num_bits"), "4");
+  refuse_unless(field(w, "type") == "int", wat + "type", field(w, "type"), "\"int\"");
+  refuse_unless(field(w, "symmetric") == true, wat + "symmetric", field(w, "symmetric"), "true");
+  refuse_unless(field(w, "strategy") == "group", wat + "strategy", field(w, "strategy"),
+                "\"group\"");
+  refuse_unless(field(w, "dynamic").is_null() || field(w, "dynamic") == false, wat + "dynamic",
+                field(w, "dynamic"), "false");
+  for (const char* key : {"actorder", "block_structure"}) {
+    refuse_unless(field(w, key).is_null(), wat + key, field(w, key), "null");
+  }
+  const nlohmann::json size = field(w, "group_size");
+  DCP_CHECK(size.is_number_integer() && size.get<std::int64_t>() > 0 &&
+                size.get<std::int64_t>() <= (1 << 20),
+            io, "config.json: quantization_config.", wat, "group_size = ", size.dump(),
+            " must be a positive integer");
+  c.int4_group_size = size.get<int>();
+  const nlohmann::json ignore = field(q, "ignore");
+  DCP_CHECK(ignore.is_null() || ignore.is_array(), io,
+            "config.json: quantization_config.ignore must be a list of module names");
+  c.int4_ignore.clear();
+  if (ignore.is_array()) {
+    for (const auto& e : ignore) {
+      DCP_CHECK(e.is_string(), io, "config.json: quantization_config.ignore holds ", e.dump(),
+                ", not a module name (a string)");
+      c.int4_ignore.push_back(e.get<std::string>());
+    }
+  }
 }
 
 }  // namespace
@@ -213,6 +373,7 @@ ModelConfig parse_model_config(const std::string& text) {
     const auto& q = j["quantization_config"];
     DCP_CHECK(q.is_object(), io, "config.json: field 'quantization_config' must be an object");
     c.quant_method = get<std::string>(q, "quant_method");
+    if (c.quant_method == "compressed-tensors") parse_compressed_tensors(q, c);
     if (q.contains("weight_block_size") && !q["weight_block_size"].is_null()) {
       const auto& b = q["weight_block_size"];
       DCP_CHECK(
@@ -234,7 +395,7 @@ ModelConfig parse_model_config(const std::string& text) {
                 "' is not supported (legal: e4m3)");
     }
   }
-  c.quantized = !c.quant_method.empty();
+  c.quantized = c.quant_method == "fp8";
   c.n_routed_experts = get_or<int>(j, "n_routed_experts", 0);
   c.n_shared_experts = get_or<int>(j, "n_shared_experts", 0);
   c.num_experts_per_tok = get_or<int>(j, "num_experts_per_tok", 0);
@@ -300,7 +461,26 @@ std::string model_config_to_json(const ModelConfig& c) {
   j["first_k_dense_replace"] = c.first_k_dense_replace;
   j["moe_layer_freq"] = c.moe_layer_freq;
   if (c.num_nextn_predict_layers > 0) j["num_nextn_predict_layers"] = c.num_nextn_predict_layers;
-  if (c.quantized) {
+  if (c.quant_method == "compressed-tensors") {
+    nlohmann::ordered_json weights = {{"num_bits", 4},
+                                      {"type", "int"},
+                                      {"symmetric", true},
+                                      {"strategy", "group"},
+                                      {"group_size", c.int4_group_size},
+                                      {"dynamic", false},
+                                      {"actorder", nullptr}};
+    j["quantization_config"] = {{"config_groups",
+                                 {{"group_0",
+                                   {{"targets", {"Linear"}},
+                                    {"weights", weights},
+                                    {"input_activations", nullptr},
+                                    {"output_activations", nullptr}}}}},
+                                {"format", "pack-quantized"},
+                                {"ignore", c.int4_ignore},
+                                {"kv_cache_scheme", nullptr},
+                                {"quant_method", c.quant_method},
+                                {"quantization_status", "compressed"}};
+  } else if (c.quantized) {
     j["quantization_config"] = {{"activation_scheme", "dynamic"},
                                 {"fmt", "e4m3"},
                                 {"quant_method", c.quant_method},
@@ -309,8 +489,16 @@ std::string model_config_to_json(const ModelConfig& c) {
   return j.dump(2);
 }
 
+void quantize_experts_int4(ModelConfig& c) {
+  c.quant_method = "compressed-tensors";
+  c.quantized = false;
+  c.int4_group_size = 32;
+  c.int4_ignore = {"lm_head", "re:.*self_attn.*", "re:.*shared_experts.*",
+                   "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"};
+}
+
 const char* family_names() noexcept {
-  return "deepseek-v2-lite, deepseek-v2, deepseek-v3, kimi-k2, moonlight";
+  return "deepseek-v2-lite, deepseek-v2, deepseek-v3, kimi-k2, kimi-k2-thinking, moonlight";
 }
 
 ModelConfig family_config(const std::string& family) {
@@ -372,7 +560,8 @@ ModelConfig family_config(const std::string& family) {
     c.num_nextn_predict_layers = 1;
     c.quant_method = "fp8";
     c.weight_block_rows = c.weight_block_cols = 32;  // partial edge blocks at these widths
-  } else if (family == "kimi-k2") {  // 384 experts in 1 group, 8 per token, x2.827; FP8
+  } else if (family == "kimi-k2" || family == "kimi-k2-thinking") {
+    // 384 experts in 1 group, 8 per token, x2.827; FP8, or Thinking's INT4 experts
     c.model_type = "kimi_k2";
     c.architecture = "DeepseekV3ForCausalLM";
     c.q_lora_rank = 48;
@@ -385,8 +574,13 @@ ModelConfig family_config(const std::string& family) {
     c.topk_method = "noaux_tc";
     c.norm_topk_prob = true;
     c.routed_scaling_factor = 2.827;
-    c.quant_method = "fp8";
-    c.weight_block_rows = c.weight_block_cols = 32;
+    if (family == "kimi-k2") {
+      c.quant_method = "fp8";
+      c.weight_block_rows = c.weight_block_cols = 32;
+    } else {
+      quantize_experts_int4(c);
+      c.moe_intermediate_size = 128;  // whole groups of 32 in each rank's slice at TP 1, 2, 4
+    }
   } else if (family == "moonlight") {  // 64 experts in 1 group, 6 per token, 2 shared; no q-LoRA
     c.model_type = "deepseek_v3";
     c.architecture = "DeepseekV3ForCausalLM";
@@ -403,13 +597,14 @@ ModelConfig family_config(const std::string& family) {
     throw Error(ErrorCategory::invalid_argument,
                 str("family = '", family, "' is not one of: ", family_names()));
   }
-  c.quantized = !c.quant_method.empty();
+  c.quantized = c.quant_method == "fp8";
   c.validate();
   return c;
 }
 
 const char* preset_names() noexcept {
-  return "tiny, deepseek-v2-lite, deepseek-v3, kimi-k2, moonlight, deepseek-v3-attn, kimi-k3";
+  return "tiny, deepseek-v2-lite, deepseek-v3, kimi-k2, kimi-k2-thinking, moonlight, "
+         "deepseek-v3-attn, kimi-k3";
 }
 
 namespace {
@@ -525,6 +720,10 @@ ModelConfig preset_config(const std::string& name, int num_layers) {
     c.routed_scaling_factor = 2.827;
     c.rope_theta = 50000;
     c.rope_scaling = RopeScaling{32, 4096, 1, 1, 1.0, 1.0};
+  } else if (name == "kimi-k2-thinking") {  // moonshotai/Kimi-K2-Thinking: INT4 experts
+    c = preset_config("kimi-k2", 0);
+    quantize_experts_int4(c);
+    c.rope_scaling = RopeScaling{64, 4096, 1, 1, 1.0, 1.0};
   } else if (name == "deepseek-v3-attn") {
     // DeepSeek-V3's attention with a small dense MLP and vocabulary: what the attention and DCP
     // benchmarks run, where the feed-forward half would only add time.

@@ -89,14 +89,16 @@ kernels::GemvWeight gemv_weight(const WeightMatrix& w, std::int64_t r0, std::int
                               : w.dtype == WeightDtype::bf16 ? 2
                                                              : 1;
   kernels::GemvWeight g;
-  g.data = w.data.data() + static_cast<std::size_t>(r0 * w.cols) * element;
+  g.data = w.data.data() +
+           static_cast<std::size_t>(r0 * w.cols) * element / (w.dtype == WeightDtype::int4 ? 2 : 1);
   g.rows = r1 - r0;
   g.k = w.cols;
   switch (w.dtype) {
     case WeightDtype::f32: g.dtype = kernels::GemvDtype::f32; break;
     case WeightDtype::bf16: g.dtype = kernels::GemvDtype::bf16; break;
     case WeightDtype::f8_e4m3:
-      g.dtype = kernels::GemvDtype::fp8;
+    case WeightDtype::int4:
+      g.dtype = w.dtype == WeightDtype::int4 ? kernels::GemvDtype::int4 : kernels::GemvDtype::fp8;
       g.row0 = w.row0 + r0;
       g.scales =
           w.scale_inv.data() + (g.row0 / w.block_rows - w.row0 / w.block_rows) * w.scale_cols;

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <optional>
@@ -71,6 +72,7 @@ class SyntheticWeights final : public WeightSource {
         for (std::int64_t c = d.c0; c < d.c1; ++c) *out++ = float_to_bf16(d.at(r, c));
       return m;
     }
+    if (dtype == WeightDtype::int4) return int4_matrix(name, d, std::move(m));
     // FP8 E4M3 with a scale per block, drawn in [1, 1.5) x amp / 448 so that every value of the
     // block fits without saturating; each block's scale depends on the block alone, so any slice
     // is drawn without the rest of the tensor.
@@ -105,11 +107,53 @@ class SyntheticWeights final : public WeightSource {
 
   bool contains(const std::string&) const override { return true; }
   std::string describe() const override {
-    return str("synthetic weights (seed ", seed_, ", ", to_string(dtype_),
-               config_ && config_->quantized ? ", projections fp8" : "", ")");
+    return str(
+        "synthetic weights (seed ", seed_, ", ", to_string(dtype_),
+        config_ && config_->quantized ? ", projections fp8" : "",
+        config_ && config_->quant_method == "compressed-tensors" ? ", int4 per its config" : "",
+        ")");
   }
 
  private:
+  // INT4 with a scale per group of columns of a row, drawn in [1, 1.5) x amp / 7.5 and rounded to
+  // bf16 (a checkpoint's scale dtype), so that the largest draws reach the codes' ends; a group's
+  // scale depends on the group alone, so any slice on group boundaries is drawn alone.
+  WeightMatrix int4_matrix(const std::string& name, const Draw& d, WeightMatrix m) const {
+    const int group = config_->int4_group_size;
+    DCP_ARG_CHECK(d.c0 % group == 0 && (d.c1 % group == 0 || d.c1 == d.n_cols), "tensor ", name,
+                  ": INT4 columns [", d.c0, ", ", d.c1, ") do not start and end on groups of ",
+                  group);
+    m.block_rows = 1;
+    m.block_cols = group;
+    m.row0 = d.r0;
+    m.col0 = d.c0;
+    m.scale_rows = m.rows;
+    m.scale_cols = m.cols / group;
+    m.scale_inv.resize(static_cast<std::size_t>(m.scale_rows * m.scale_cols));
+    const std::uint64_t scale_key = mix(d.key ^ 0x1a7e4a11c0de5eedull);
+    const std::int64_t groups_per_row = d.n_cols / group;
+    for (std::int64_t i = 0; i < m.scale_rows; ++i) {
+      for (std::int64_t j = 0; j < m.scale_cols; ++j) {
+        const auto at = static_cast<std::uint64_t>((d.r0 + i) * groups_per_row + d.c0 / group + j);
+        const float u = static_cast<float>(mix(scale_key + at) >> 40) / 16777216.0f;  // [0, 1)
+        m.scale_inv[i * m.scale_cols + j] =
+            bf16_to_float(float_to_bf16(d.amp / 7.5f * (1.0f + 0.5f * u)));
+      }
+    }
+    m.data.assign(static_cast<std::size_t>(m.rows * m.cols / 2), 0);
+    for (std::int64_t r = d.r0; r < d.r1; ++r) {
+      const float* scales = m.scale_inv.data() + (r - d.r0) * m.scale_cols;
+      for (std::int64_t c = d.c0; c < d.c1; ++c) {
+        const float q =
+            std::clamp(std::nearbyint(d.at(r, c) / scales[(c - d.c0) / group]), -8.0f, 7.0f);
+        const std::int64_t k = (r - d.r0) * m.cols + (c - d.c0);
+        m.data[static_cast<std::size_t>(k / 2)] |=
+            static_cast<std::uint8_t>(static_cast<int>(q + 8.0f) << (4 * (k % 2)));
+      }
+    }
+    return m;
+  }
+
   Draw draw(const std::string& name, const std::vector<std::int64_t>& shape, Range rows,
             Range cols) const {
     DCP_ARG_CHECK(shape.size() == 1 || shape.size() == 2, "tensor ", name, ": rank ", shape.size(),
@@ -140,6 +184,7 @@ class SyntheticWeights final : public WeightSource {
   WeightDtype dtype_of(const std::string& name, const std::vector<std::int64_t>& shape) const {
     if (shape.size() != 2) return WeightDtype::f32;
     if (config_ && is_fp8_weight(*config_, name)) return WeightDtype::f8_e4m3;
+    if (config_ && is_int4_weight(*config_, name)) return WeightDtype::int4;
     return dtype_;
   }
 

@@ -16,6 +16,7 @@ std::string_view to_string(WeightDtype d) noexcept {
     case WeightDtype::f32: return "fp32";
     case WeightDtype::bf16: return "bf16";
     case WeightDtype::f8_e4m3: return "fp8_e4m3";
+    case WeightDtype::int4: return "int4";
   }
   return "?";
 }
@@ -35,6 +36,9 @@ std::vector<float> WeightMatrix::to_float() const {
 }
 
 WeightMatrix WeightMatrix::transposed() const {
+  DCP_CHECK(dtype != WeightDtype::int4, unsupported,
+            "an INT4 weight cannot be transposed: its values are packed and grouped along its "
+            "columns (leave the projection unquantized)");
   WeightMatrix t;
   t.dtype = dtype;
   t.rows = cols;
@@ -52,6 +56,7 @@ WeightMatrix WeightMatrix::transposed() const {
     case WeightDtype::f32: transpose(std::uint32_t{}); break;
     case WeightDtype::bf16: transpose(std::uint16_t{}); break;
     case WeightDtype::f8_e4m3: transpose(std::uint8_t{}); break;
+    case WeightDtype::int4: break;
   }
   t.block_rows = block_cols;
   t.block_cols = block_rows;
@@ -105,6 +110,41 @@ WeightMatrix WeightMatrix::quantize_fp8(const std::vector<float>& values, std::i
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < cols; ++c)
       m.data[r * cols + c] = float_to_fp8_e4m3(values[r * cols + c] / block(r, c));
+  return m;
+}
+
+WeightMatrix WeightMatrix::quantize_int4(const std::vector<float>& values, std::int64_t rows,
+                                         std::int64_t cols, int group) {
+  DCP_ARG_CHECK(rows >= 0 && cols >= 0 && static_cast<std::int64_t>(values.size()) == rows * cols,
+                "quantize_int4: ", values.size(), " values for a ", rows, " x ", cols, " matrix");
+  DCP_ARG_CHECK(group > 0 && group % 2 == 0 && cols % group == 0, "quantize_int4: group = ", group,
+                " must be even and divide cols = ", cols);
+  WeightMatrix m;
+  m.dtype = WeightDtype::int4;
+  m.rows = rows;
+  m.cols = cols;
+  m.block_rows = 1;
+  m.block_cols = group;
+  m.scale_rows = rows;
+  m.scale_cols = cols / group;
+  m.scale_inv.resize(static_cast<std::size_t>(rows * m.scale_cols));
+  m.data.assign(static_cast<std::size_t>(rows * cols / 2), 0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t g = 0; g < m.scale_cols; ++g) {
+      const float* v = values.data() + r * cols + g * group;
+      float largest = 0;
+      for (int c = 0; c < group; ++c) largest = std::max(largest, std::fabs(v[c]));
+      const float s = largest > 0 ? bf16_to_float(float_to_bf16(largest / 7.5f)) : 1.0f;
+      m.scale_inv[static_cast<std::size_t>(r * m.scale_cols + g)] = s;
+      for (int c = 0; c < group; ++c) {
+        const auto code =
+            static_cast<std::uint8_t>(std::clamp(std::nearbyint(v[c] / s), -8.0f, 7.0f) + 8.0f);
+        const std::int64_t at = r * cols + g * group + c;
+        m.data[static_cast<std::size_t>(at / 2)] |=
+            static_cast<std::uint8_t>(code << (4 * (at % 2)));
+      }
+    }
+  }
   return m;
 }
 

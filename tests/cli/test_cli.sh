@@ -140,7 +140,7 @@ case_run_refusals() {
   check "names --dcp-size" stderr_has "--dcp-size 3 must divide --tp-size 4"
   expect 2 "bad kv dtype" -- run --kv-cache-dtype fp8
   expect 2 "bad preset" -- run --preset llama
-  check "lists presets" stderr_has "tiny, deepseek-v2-lite, deepseek-v3, kimi-k2, moonlight, deepseek-v3-attn, kimi-k3"
+  check "lists presets" stderr_has "tiny, deepseek-v2-lite, deepseek-v3, kimi-k2, kimi-k2-thinking, moonlight, deepseek-v3-attn, kimi-k3"
   expect 2 "bad token id" -- run --prompt-tokens "1,x"
   expect 2 "token outside vocab" -- run --prompt-tokens "100000" --max-new-tokens 1
   check "names the vocabulary" stderr_has "outside the vocabulary"
@@ -660,7 +660,7 @@ case_families() {
   expect 2 "--chat-template without --chat" -- tokenize --tokenizer-path "$v3" --chat-template "$tmp/template.jinja"
   check "names --chat" stderr_has "--chat-template requires --chat"
   expect 2 "gen-checkpoint, unknown family" -- gen-checkpoint --family llama --out "$tmp/x"
-  check "names the flag and the families" stderr_has "--family: 'llama' is not one of: deepseek-v2-lite, deepseek-v2, deepseek-v3, kimi-k2, moonlight"
+  check "names the flag and the families" stderr_has "--family: 'llama' is not one of: deepseek-v2-lite, deepseek-v2, deepseek-v3, kimi-k2, kimi-k2-thinking, moonlight"
   expect 2 "gen-checkpoint, --family with --preset" -- gen-checkpoint --family kimi-k2 --preset tiny --out "$tmp/x"
 }
 

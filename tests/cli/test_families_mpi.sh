@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Every MLA family as published under mpirun: a generated checkpoint (FP8 with scales where the
-# family ships FP8) runs one rank per process at TP 4 x DCP 4 and verifies against DCP 1; the
-# DeepSeek-V3 family also with DP attention and EP 8 at TP 8 (DP 2 and 4, DCP 2), and with EP 4
+# Every MLA family as published under mpirun: a generated checkpoint (FP8 with scales, or INT4
+# experts, where the family ships them) runs one rank per process at TP 4 x DCP 4 and verifies
+# against DCP 1; the DeepSeek-V3 family also with DP attention and EP 8 at TP 8 (DP 2 and 4, DCP 2), and with EP 4
 # alone at TP 4, against DP 1 / DCP 1 / EP 1.
 # Usage: test_families_mpi.sh MPIEXEC path/to/dcp
 set -eu
@@ -10,7 +10,7 @@ dcp="$2"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 passed=0
-for family in deepseek-v2-lite deepseek-v2 deepseek-v3 kimi-k2 moonlight; do
+for family in deepseek-v2-lite deepseek-v2 deepseek-v3 kimi-k2 kimi-k2-thinking moonlight; do
   "$dcp" gen-checkpoint --family "$family" --out "$tmp/$family" >/dev/null
   "$mpiexec" -np 4 "$dcp" run --comm mpi --model-path "$tmp/$family" --tp-size 4 --dcp-size 4 \
     --batch 3 --prompt-len 40 --max-new-tokens 4 --json "$tmp/run.json" >"$tmp/out" 2>"$tmp/err" || {

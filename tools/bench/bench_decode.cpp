@@ -48,12 +48,17 @@ std::vector<DecodeConfig> parse_configs(const std::string& text) {
   return out;
 }
 
-// The model as the dtype row holds it: fp32 or bf16 everywhere, or FP8 block-scaled projections
-// (the other matrices bf16), as DeepSeek-V3 ships.
+// The model as the dtype row holds it: fp32 or bf16 everywhere, FP8 block-scaled projections
+// (the other matrices bf16) as DeepSeek-V3 ships, or INT4 routed experts (the rest bf16) as
+// Kimi-K2-Thinking ships.
 ModelSource model_in(const ModelConfig& base, const std::string& dtype) {
   ModelSource m;
   m.config = base;
   m.config.quantized = dtype == "fp8";
+  m.config.quant_method = m.config.quantized ? "fp8" : "";
+  m.config.int4_group_size = 0;
+  m.config.int4_ignore.clear();
+  if (dtype == "int4") quantize_experts_int4(m.config);
   m.synthetic_dtype = dtype == "f32" ? WeightDtype::f32 : WeightDtype::bf16;
   return m;
 }
@@ -307,8 +312,10 @@ void add_decode_bench(CLI::App* bench) {
       ->capture_default_str();
   cmd->add_option("--configs", o->configs, "comma-separated tpTdcpN (ranks as threads)")
       ->capture_default_str();
-  cmd->add_option("--dtypes", o->dtypes, "comma-separated weight dtypes: f32, bf16, fp8")
-      ->check(list_of({"f32", "bf16", "fp8"}))
+  cmd->add_option("--dtypes", o->dtypes,
+                  "comma-separated weight dtypes: f32, bf16, fp8, int4 (routed experts; the rest "
+                  "bf16)")
+      ->check(list_of({"f32", "bf16", "fp8", "int4"}))
       ->capture_default_str();
   cmd->add_option("--contexts", o->contexts,
                   "comma-separated context lengths (0: a 1-token prompt)")

@@ -51,9 +51,10 @@ void add_gen_checkpoint_command(CLI::App& app) {
   cmd->add_option(
          "--family", o->family,
          str("an MLA family as published, scaled down (its config fields, tensor names and "
-             "dtypes: FP8 with scales where it ships FP8): ",
+             "dtypes: FP8 with scales, or compressed-tensors INT4 experts, where it ships them): ",
              family_names()))
-      ->check(one_of({"deepseek-v2-lite", "deepseek-v2", "deepseek-v3", "kimi-k2", "moonlight"}))
+      ->check(one_of({"deepseek-v2-lite", "deepseek-v2", "deepseek-v3", "kimi-k2",
+                      "kimi-k2-thinking", "moonlight"}))
       ->excludes(cmd->get_option("--preset"));
   cmd->add_option("--out", o->out, "output directory")->required();
   cmd->add_option("--dtype", o->dtype, "tensor dtype: BF16, F16, F32")
@@ -79,12 +80,15 @@ void add_gen_checkpoint_command(CLI::App& app) {
       write_checkpoint(o->out, c, *make_synthetic_weights(o->seed), o->dtype, files);
       if (with_tokenizer) write_small_tokenizer(o->out, c.vocab_size);
     });
-    std::printf("wrote %s: %s (%s), %d layers, %s%s, %d file(s)%s\n", o->out.c_str(),
-                family ? o->family.c_str() : o->preset.c_str(), c.model_type.c_str(),
-                c.num_hidden_layers, c.quantized ? "FP8 E4M3 projections with scales, rest " : "",
-                o->dtype.c_str(), files,
-                with_tokenizer ? ", and a small byte-level tokenizer with a chat template"
-                               : " (no tokenizer: a vocabulary under 260 ids)");
+    std::printf(
+        "wrote %s: %s (%s), %d layers, %s%s, %d file(s)%s\n", o->out.c_str(),
+        family ? o->family.c_str() : o->preset.c_str(), c.model_type.c_str(), c.num_hidden_layers,
+        c.quantized                              ? "FP8 E4M3 projections with scales, rest "
+        : c.quant_method == "compressed-tensors" ? "INT4 experts (compressed-tensors), rest "
+                                                 : "",
+        o->dtype.c_str(), files,
+        with_tokenizer ? ", and a small byte-level tokenizer with a chat template"
+                       : " (no tokenizer: a vocabulary under 260 ids)");
   });
 }
 

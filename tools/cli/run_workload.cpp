@@ -192,15 +192,17 @@ Workload build_workload(const RunOptions& o) {
     const double weights =
         ranks_here * weight_bytes_per_rank(s.model.config, s.parallel.tp_size,
                                            checkpoint_element_bytes(s.model.config, dtype_bytes));
-    check_fits_in_memory(
-        weights,
-        str("loading the weights of ", s.model.config.num_hidden_layers, " layers at TP ",
-            s.parallel.tp_size, synthetic ? str(" (synthetic, ", to_string(s.model.synthetic_dtype),
-                                                s.model.config.quantized ? ", FP8 projections" : "",
-                                                ")")
-                                          : ""),
-        synthetic ? "raise --tp-size or lower --num-layers"
-                  : "raise --tp-size or run one rank per process (--comm mpi)");
+    check_fits_in_memory(weights,
+                         str("loading the weights of ", s.model.config.num_hidden_layers,
+                             " layers at TP ", s.parallel.tp_size,
+                             synthetic ? str(" (synthetic, ", to_string(s.model.synthetic_dtype),
+                                             s.model.config.quantized ? ", FP8 projections"
+                                             : s.model.config.int4_group_size > 0 ? ", INT4 experts"
+                                                                                  : "",
+                                             ")")
+                                       : ""),
+                         synthetic ? "raise --tp-size or lower --num-layers"
+                                   : "raise --tp-size or run one rank per process (--comm mpi)");
     const bool asked = o.max_total_tokens > 0;
     check_fits_in_memory(
         weights + ranks_here * rows * row_bytes,

@@ -59,6 +59,11 @@ void widen_chunk(const GemvWeight& w, std::int64_t r0, std::int64_t rows, std::i
       V::widen_bf16(static_cast<const bf16_t*>(w.data) + r * w.k + c0, count, out);
       continue;
     }
+    if (w.dtype == GemvDtype::int4) {
+      widen_int4(static_cast<const std::uint8_t*>(w.data) + r * (w.k / 2), w.row_scales(r),
+                 w.block_cols, c0, count, out);
+      continue;
+    }
     const auto* row = static_cast<const fp8_e4m3_t*>(w.data) + r * w.k;
     const float* scales = w.row_scales(r);
     for (std::int64_t c = c0; c < c0 + count;) {

@@ -47,7 +47,31 @@ void widen_scalar(const GemvWeight& w, std::int64_t r0, std::int64_t r1, float* 
   }
 }
 
+void gemv_int4_scalar(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeight& w,
+                      float* y, std::int64_t ldy) {
+  const auto* data = static_cast<const std::uint8_t*>(w.data);
+  for (std::int64_t r = 0; r < w.rows; ++r) {
+    const std::uint8_t* row = data + r * (w.k / 2);
+    const float* scales = w.row_scales(r);
+    for (std::int64_t i = 0; i < m; ++i) {
+      const float* xi = x + i * ldx;
+      float sum = 0;
+      for (std::int64_t c = 0; c < w.k; ++c) {
+        sum += int4_weight(row, c) * scales[c / w.block_cols] * xi[c];
+      }
+      y[i * ldy + r] = sum;
+    }
+  }
+}
+
 }  // namespace
+
+void widen_rows_int4(const GemvWeight& w, std::int64_t r0, std::int64_t r1, float* out) {
+  const auto* data = static_cast<const std::uint8_t*>(w.data);
+  for (std::int64_t r = r0; r < r1; ++r, out += w.k) {
+    widen_int4(data + r * (w.k / 2), w.row_scales(r), w.block_cols, 0, w.k, out);
+  }
+}
 
 bool avx512_vbmi_available() {
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -61,6 +85,7 @@ void widen_rows_portable(const GemvWeight& w, std::int64_t r0, std::int64_t r1, 
     case GemvDtype::f32: widen_scalar<float>(w, r0, r1, out); break;
     case GemvDtype::bf16: widen_scalar<bf16_t>(w, r0, r1, out); break;
     case GemvDtype::fp8: widen_scalar<fp8_e4m3_t>(w, r0, r1, out); break;
+    case GemvDtype::int4: widen_rows_int4(w, r0, r1, out); break;
   }
 }
 
@@ -70,6 +95,7 @@ void gemv_portable(const float* x, std::int64_t m, std::int64_t ldx, const GemvW
     case GemvDtype::f32: gemv_scalar<float>(x, m, ldx, w, y, ldy); break;
     case GemvDtype::bf16: gemv_scalar<bf16_t>(x, m, ldx, w, y, ldy); break;
     case GemvDtype::fp8: gemv_scalar<fp8_e4m3_t>(x, m, ldx, w, y, ldy); break;
+    case GemvDtype::int4: gemv_int4_scalar(x, m, ldx, w, y, ldy); break;
   }
 }
 

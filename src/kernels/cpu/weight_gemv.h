@@ -1,7 +1,7 @@
 // Decode-shaped products with weights in their checkpoint dtype: y[i, r] = x[i, :] . w[r, :] for
-// a few rows of x (a decode batch) and every row r of an fp32, bf16 or FP8 weight. The weights
-// are widened in registers, never into memory, so each weight byte is read from memory once; the
-// per-instruction-set copies are compiled from weight_gemv_simd.h with their own flags.
+// a few rows of x (a decode batch) and every row r of an fp32, bf16, FP8 or INT4 weight. The
+// weights are widened in registers, never into memory, so each weight byte is read from memory
+// once; the per-instruction-set copies are compiled from weight_gemv_simd.h with their own flags.
 #pragma once
 
 #include <algorithm>
@@ -11,12 +11,15 @@
 
 namespace dcp::kernels {
 
-enum class GemvDtype : std::uint8_t { f32, bf16, fp8 };
+enum class GemvDtype : std::uint8_t { f32, bf16, fp8, int4 };
 
 // A weight slice [rows, k] in its dtype. FP8: the values of row r between column boundaries
 // share one scale, scales[r_block * scale_stride + c_block]; the first column block of the slice
 // ends at column `first_block_cols` (a slice may start inside a block), later ones every
-// `block_cols` columns; r_block = (row0 + r) / block_rows - row0 / block_rows.
+// `block_cols` columns; r_block = (row0 + r) / block_rows - row0 / block_rows. INT4: the same
+// with blocks of one row and block_cols (the group) columns, the first one whole
+// (first_block_cols = block_cols, a multiple of 32 that divides k); row r's codes are the k / 2
+// bytes at data + r * k / 2, column c in the low (c even) or high nibble of byte c / 2.
 struct GemvWeight {
   const void* data = nullptr;
   GemvDtype dtype = GemvDtype::f32;
@@ -36,6 +39,22 @@ struct GemvWeight {
     return std::min(k, b == 0 ? first_block_cols : c + block_cols);
   }
 };
+
+// INT4 column c of a row of codes, before its group's scale: code - 8.
+inline float int4_weight(const std::uint8_t* row, std::int64_t c) {
+  return static_cast<float>(((row[c / 2] >> (4 * (c % 2))) & 15) - 8);
+}
+
+// INT4 columns [c0, c0 + count) of a row (codes at `row`, its group scales at `scales`, groups of
+// `group` columns) as fp32: code - 8 times its scale, rounded once.
+inline void widen_int4(const std::uint8_t* row, const float* scales, std::int64_t group,
+                       std::int64_t c0, std::int64_t count, float* out) {
+  for (std::int64_t c = c0; c < c0 + count;) {
+    const float s = scales[c / group];
+    const std::int64_t end = std::min(c0 + count, (c / group + 1) * group);
+    for (; c < end; ++c) out[c - c0] = int4_weight(row, c) * s;
+  }
+}
 
 // One weight as fp32 (an FP8 value before its block scale): the tails and the portable copy.
 inline float widen_weight(float v) {
@@ -71,6 +90,8 @@ using WidenRowsFn = void (*)(const GemvWeight& w, std::int64_t r0, std::int64_t 
 
 void widen_rows_portable(const GemvWeight& w, std::int64_t r0, std::int64_t r1, float* out);
 void widen_rows_avx2(const GemvWeight& w, std::int64_t r0, std::int64_t r1, float* out);
+// INT4 rows, for both copies (each value one conversion and one multiplication).
+void widen_rows_int4(const GemvWeight& w, std::int64_t r0, std::int64_t r1, float* out);
 // widen_rows_avx2's pieces: count bf16 values, and count FP8 codes under one block scale s.
 void widen_bf16_avx2(const bf16_t* src, std::int64_t count, float* out);
 void widen_fp8_avx2(const fp8_e4m3_t* src, std::int64_t count, float s, float* out);

@@ -64,6 +64,7 @@ void widen_rows_avx2(const GemvWeight& w, std::int64_t r0, std::int64_t r1, floa
         }
         break;
       }
+      case GemvDtype::int4: widen_rows_int4(w, r, r + 1, out); break;
     }
   }
 }
