@@ -415,8 +415,6 @@ TEST_F(FamilyCheckpoint, Int4RefusesWhatItCannotRunExactly) {
       "targets = [\"re:.*experts.*\"]"));
   EXPECT_TRUE(refused([](nlohmann::json& q) { q["config_groups"]["group_1"] = {}; },
                       "an object of one group"));
-  EXPECT_TRUE(refused([](nlohmann::json& q) { q["ignore"] = {"lm_head"}; },
-                      "leaves model.layers.0.self_attn.kv_a_proj_with_mqa quantized"));
   EXPECT_TRUE(refused([](nlohmann::json& q) { q["ignore"].push_back("re:("); }, "'re:('"));
   EXPECT_TRUE(refused(
       [](nlohmann::json& q) {
@@ -436,6 +434,24 @@ TEST_F(FamilyCheckpoint, Int4RefusesWhatItCannotRunExactly) {
   EXPECT_FALSE(is_int4_weight(c, "model.layers.2.mlp.shared_experts.gate_proj.weight"));
   EXPECT_FALSE(is_int4_weight(c, "model.layers.2.mlp.gate.weight")) << "the router";
   EXPECT_FALSE(is_int4_weight(c, "model.embed_tokens.weight"));
+
+  // INT4 attention projections: the model refuses them as it loads each layer.
+  ModelConfig attention_int4 = c;
+  attention_int4.int4_ignore = {"lm_head"};
+  attention_int4.validate();
+  const auto int4_everywhere = make_synthetic_weights(3, attention_int4, WeightDtype::bf16);
+  EXPECT_TRUE(throws_error(
+      [&] {
+        ModelSource src;
+        src.config = attention_int4;
+        src.weights = int4_everywhere.get();
+        ModelOptions mo;
+        mo.kv_capacity_tokens = 64;
+        launch_ranks({RankTransport::threads, 1, {}}, [&](Communicator& world, bool) {
+          RankSystem sys(world, resolve(ParallelConfig{}), src, mo, EngineOptions{});
+        });
+      },
+      ErrorCategory::unsupported, "leaves model.layers.0.self_attn.q_a_proj quantized"));
 
   // A packed weight without its scales, and packed weights under an FP8 config.
   const std::string name = "model.layers.1.mlp.experts.0.up_proj.weight";

@@ -130,6 +130,16 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
     L->post_norm = w.load(p + "post_attention_layernorm.weight", {hidden});
     const std::string q_name =
         c.q_lora_rank ? p + "self_attn.q_b_proj.weight" : p + "self_attn.q_proj.weight";
+    // Attention projections stay in 16 bits (Kimi-K2-Thinking ignores re:.*self_attn.*): the
+    // absorbed attention transposes kv_b_proj, which packed INT4 columns cannot be.
+    for (const char* proj : {"q_a_proj", "q_b_proj", "q_proj", "kv_a_proj_with_mqa", "kv_b_proj",
+                             "g_proj", "o_proj"}) {
+      const std::string name = p + "self_attn." + proj + ".weight";
+      DCP_CHECK(!is_int4_weight(c, name), unsupported,
+                "model config: quantization_config.ignore leaves ", p, "self_attn.", proj,
+                " quantized; dcp runs INT4 MLP and expert weights only (legal: ignore every "
+                "self_attn projection, e.g. \"re:.*self_attn.*\")");
+    }
     if (c.q_lora_rank) {
       L->q_a = w.load_matrix(p + "self_attn.q_a_proj.weight", {q_in, hidden});
       L->q_a_norm = w.load(p + "self_attn.q_a_layernorm.weight", {q_in});

@@ -74,7 +74,6 @@ void ModelConfig::validate() const {
     positive(weight_block_rows, "quantization_config.weight_block_size[0]");
     positive(weight_block_cols, "quantization_config.weight_block_size[1]");
   }
-  if (quant_method == "compressed-tensors") validate_int4();
   DCP_CHECK(n_routed_experts >= 0, io, "model config: n_routed_experts = ", n_routed_experts,
             " must be >= 0");
   DCP_CHECK(first_k_dense_replace >= 0, io,
@@ -116,6 +115,7 @@ void ModelConfig::validate() const {
                 " exceeds the experts of topk_group = ", topk_group, " groups");
     }
   }
+  if (quant_method == "compressed-tensors") validate_int4();
 }
 
 namespace {
@@ -160,48 +160,38 @@ void ModelConfig::validate_int4() const {
             "model config: quantization_config.config_groups weights.group_size = ",
             int4_group_size, " is not supported (legal: a multiple of 32)");
   // The columns of every INT4 weight hold whole groups: hidden (the MLPs' gate and up, lm_head)
-  // and the MLPs' widths (their down projections); each MLP kind asked about by its first layer
-  // and expert.
-  const auto whole_groups = [&](const std::string& module, int columns, const char* field) {
+  // and the MLPs' widths (their down projections). Each kind is asked about by its first layer
+  // and expert (every layer would cost a config of 2^31 layers that long; a weight of another
+  // layer whose groups do not fit is refused when it loads).
+  const auto whole_groups = [&](const std::string& module, std::int64_t columns,
+                                const char* field) {
     DCP_CHECK(int4_ignores(module) || columns % int4_group_size == 0, unsupported,
               "model config: ", field, " = ", columns, " (the columns of INT4 ", module,
               ") is not a multiple of quantization_config weights.group_size = ", int4_group_size);
   };
   whole_groups("lm_head", hidden_size, "hidden_size");
-  for (int i = 0; i < num_hidden_layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".mlp.";
+  const auto mlp = [&](int layer) {
+    if (layer < 0 || layer >= num_hidden_layers) return;
+    const std::string p = "model.layers." + std::to_string(layer) + ".mlp.";
+    const bool moe = is_moe_layer(layer);
     for (const char* m : {"gate_proj", "up_proj"}) {
-      whole_groups(p + (is_moe_layer(i) ? "experts.0." : "") + m, hidden_size, "hidden_size");
+      whole_groups(p + (moe ? "experts.0." : "") + m, hidden_size, "hidden_size");
     }
-    if (!is_moe_layer(i)) {
+    if (!moe) {
       whole_groups(p + "down_proj", intermediate_size, "intermediate_size");
-      continue;
+      return;
     }
     whole_groups(p + "experts.0.down_proj", moe_intermediate_size, "moe_intermediate_size");
     if (n_shared_experts > 0) {
-      whole_groups(p + "shared_experts.down_proj", moe_intermediate_size * n_shared_experts,
+      whole_groups(p + "shared_experts.down_proj",
+                   std::int64_t{moe_intermediate_size} * n_shared_experts,
                    "moe_intermediate_size x n_shared_experts");
     }
-  }
-  // Attention projections stay in their 16-bit dtype (Kimi-K2-Thinking ignores re:.*self_attn.*):
-  // the absorbed attention transposes kv_b_proj, which a packed row of columns cannot be.
-  for (int i = 0; i < num_hidden_layers; ++i) {
-    const std::string p = "model.layers." + std::to_string(i) + ".self_attn.";
-    std::vector<std::string> names{"kv_a_proj_with_mqa", "kv_b_proj", "o_proj"};
-    if (q_lora_rank) {
-      names.insert(names.end(), {"q_a_proj", "q_b_proj"});
-    } else {
-      names.push_back("q_proj");
-    }
-    if (attn_output_gate) names.push_back("g_proj");
-    for (const std::string& n : names) {
-      DCP_CHECK(int4_ignores(p + n), unsupported,
-                "model config: quantization_config.ignore "
-                "leaves ",
-                p, n,
-                " quantized; dcp runs INT4 MLP and expert weights only (legal: "
-                "ignore every self_attn projection, e.g. \"re:.*self_attn.*\")");
-    }
+  };
+  mlp(0);                      // dense unless every layer is MoE
+  if (n_routed_experts > 0) {  // the first MoE layer
+    mlp((std::max(first_k_dense_replace, 0) + moe_layer_freq - 1) / moe_layer_freq *
+        moe_layer_freq);
   }
 }
 
