@@ -9,7 +9,8 @@
 //   zero(), load(p), set1(f), fma(a, b, c) = a * b + c, store(p, v)   (p aligned to a vector)
 //   load_first(p, count)          p[0 .. count) (count <= lanes), zero in the lanes past it
 //   transpose(r[lanes])           element j of r[i] to element i of r[j]
-//   widen_bf16(src, count, out), widen_fp8(src, count, scale, out)   bit for bit widen_rows'
+//   widen_bf16(src, count, out), widen_fp8(src, count, scale, out),
+//   widen_int4(row, scales, group, c0, count, out)   bit for bit widen_rows'
 // Internal linkage: each instruction set keeps its own copy.
 #pragma once
 
@@ -60,8 +61,8 @@ void widen_chunk(const GemvWeight& w, std::int64_t r0, std::int64_t rows, std::i
       continue;
     }
     if (w.dtype == GemvDtype::int4) {
-      widen_int4(static_cast<const std::uint8_t*>(w.data) + r * (w.k / 2), w.row_scales(r),
-                 w.block_cols, c0, count, out);
+      V::widen_int4(static_cast<const std::uint8_t*>(w.data) + r * (w.k / 2), w.row_scales(r),
+                    w.block_cols, c0, count, out);
       continue;
     }
     const auto* row = static_cast<const fp8_e4m3_t*>(w.data) + r * w.k;
