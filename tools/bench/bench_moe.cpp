@@ -17,19 +17,23 @@
 namespace dcp::cli {
 namespace {
 
-// The preset's geometry with its weights held in `dtype`: "bf16", or "fp8" (E4M3 projections in
-// 128 x 128 blocks, as DeepSeek-V3 ships them).
+// The preset's geometry with its weights held in `dtype`: "bf16", "fp8" (E4M3 projections in
+// 128 x 128 blocks, as DeepSeek-V3 ships them) or "int4" (routed experts in INT4 groups of 32,
+// the rest bf16, as Kimi-K2-Thinking ships them).
 ModelConfig moe_config(const std::string& preset, const std::string& dtype, int* layer) {
   ModelConfig c = preset_config(preset);
   *layer = -1;
   for (int i = 0; i < c.num_hidden_layers && *layer < 0; ++i)
     if (c.is_moe_layer(i)) *layer = i;
   DCP_ARG_CHECK(*layer >= 0, "--preset ", preset, " has no mixture-of-experts layer (use one of: ",
-                "deepseek-v2-lite, deepseek-v3, kimi-k2, moonlight)");
+                "deepseek-v2-lite, deepseek-v3, kimi-k2, kimi-k2-thinking, moonlight)");
   c.num_hidden_layers = *layer + 1;
   c.quantized = dtype == "fp8";
   c.quant_method = c.quantized ? "fp8" : "";
   c.weight_block_rows = c.weight_block_cols = 128;
+  c.int4_group_size = 0;
+  c.int4_ignore.clear();
+  if (dtype == "int4") quantize_experts_int4(c);
   return c;
 }
 
@@ -199,13 +203,16 @@ void add_moe_bench(CLI::App* bench) {
   CLI::App* cmd = bench->add_subcommand(
       "moe", "one MoE layer at decode batches: expert weight bytes read vs the read ceiling");
   cmd->add_option("--preset", o->preset, "a geometry with MoE layers")
-      ->check(one_of({"deepseek-v2-lite", "deepseek-v3", "kimi-k2", "moonlight"}))
+      ->check(
+          one_of({"deepseek-v2-lite", "deepseek-v3", "kimi-k2", "kimi-k2-thinking", "moonlight"}))
       ->capture_default_str();
   cmd->add_option("--batches", o->batches, "tokens per forward (comma-separated)")
       ->check(list_at_least(1))
       ->capture_default_str();
-  cmd->add_option("--dtypes", o->dtypes, "weight dtypes (comma-separated): bf16, fp8")
-      ->check(list_of({"bf16", "fp8"}))
+  cmd->add_option("--dtypes", o->dtypes,
+                  "weight dtypes (comma-separated): bf16, fp8, int4 (routed experts; the rest "
+                  "bf16)")
+      ->check(list_of({"bf16", "fp8", "int4"}))
       ->capture_default_str();
   cmd->add_option("--threads", o->threads,
                   "threads of the weight products and BLAS (comma-separated)")
