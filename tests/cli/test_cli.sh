@@ -298,6 +298,8 @@ case_bench_step_engine() {
   expect 2 "bench decode with an unwritable CSV" -- bench decode --preset tiny --num-layers 1 --csv /nonexistent-dir/decode.csv
   check "bench decode says which file, before running" stderr_has "--csv: cannot write '/nonexistent-dir/decode.csv'"
   check "bench decode ran nothing" stdout_empty
+  expect 2 "bench decode int4 without experts" -- bench decode --preset tiny --num-layers 1 --dtypes int4
+  check "bench decode names the preset's missing experts" stderr_has "--preset tiny has none"
   expect 0 "bench decode (small)" -- bench decode --preset tiny --num-layers 1 --configs tp1dcp1,tp2dcp2 --dtypes f32,bf16,fp8 --contexts 0,64 --batches 1,2 --new-tokens 3 --csv "$tmp/decode.csv"
   check "bench decode writes one row per point" [ "$(grep -c '^decode,tp[12]dcp[12],' "$tmp/decode.csv")" -eq 24 ]
   check "bench decode writes a prefill row per configuration and dtype" [ "$(grep -c '^prefill,tp[12]dcp[12],512,1,[12],\(f32\|bf16\|fp8\),' "$tmp/decode.csv")" -eq 6 ]

@@ -99,6 +99,13 @@ void bench_decode(const DecodeBenchOptions& o) {
                   kMaxRankThreads, "] (threads per rank)");
   }
   const std::vector<std::string> dtypes = comma_items(o.dtypes);  // checked by the flag's validator
+  DCP_ARG_CHECK(
+      base.n_routed_experts > 0 || std::find(dtypes.begin(), dtypes.end(), "int4") == dtypes.end(),
+      "--dtypes int4 holds the routed experts in INT4 (Kimi-K2-Thinking's layout); "
+      "--preset ",
+      o.preset,
+      " has none (legal: deepseek-v2-lite, deepseek-v3, kimi-k2, "
+      "kimi-k2-thinking, moonlight)");
   const KernelPath weight_kernel = parse_weight_kernel(o.weight_kernel);
   DCP_ARG_CHECK(weight_kernel != KernelPath::avx512_bf16 ||
                     std::find(dtypes.begin(), dtypes.end(), "f32") == dtypes.end(),
