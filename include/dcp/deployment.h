@@ -184,6 +184,7 @@ struct DeploymentReport {
   CombineBackend backend = CombineBackend::ag_rs;  // the combine that ran (ag_rs at DCP 1)
   bool replicated_q = false;
   WeightDtype weight_dtype = WeightDtype::f32;  // the projection weights' dtype in memory
+  WeightDtype expert_weight_dtype = WeightDtype::f32;  // the routed experts' (MlaModel's)
   std::int64_t logical_capacity_tokens = 0;
   std::vector<RankKv> ranks;  // every rank
   EngineStats stats;          // world rank 0's (ranks run in lockstep)

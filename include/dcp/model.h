@@ -113,6 +113,9 @@ class MlaModel {
   // its projection weights (what the checkpoint ships: fp32 for synthetic weights).
   std::size_t weight_bytes() const noexcept;
   WeightDtype weight_dtype() const noexcept;
+  // The routed experts' dtype (the first MoE layer's; INT4 in Kimi-K2-Thinking beside bf16
+  // projections), or weight_dtype() without MoE layers.
+  WeightDtype expert_dtype() const noexcept;
 
   // Runs the batch and returns logits [rows, vocab] (rows = tokens if all_logits, else requests).
   // With DP attention every rank of the whole TP group must call it together; an attention group

@@ -281,6 +281,7 @@ DeploymentReport run_rank(const DeploymentSpec& spec, const Topology& topo, Comm
   report.backend = sys.dcp_group().size() > 1 ? topo.backend : CombineBackend::ag_rs;
   report.replicated_q = model.replicated_q();
   report.weight_dtype = model.weight_dtype();
+  report.expert_weight_dtype = model.expert_dtype();
   report.logical_capacity_tokens = model.allocator().capacity_tokens();
   report.stats = engine.stats();
   if (topo.config.enable_dp_attention) {  // the groups step together: their tokens add up

@@ -228,6 +228,13 @@ WeightDtype MlaModel::weight_dtype() const noexcept {
   return layers_.empty() ? WeightDtype::f32 : layers_.front()->o_proj.dtype;
 }
 
+WeightDtype MlaModel::expert_dtype() const noexcept {
+  for (const auto& L : layers_) {
+    if (L->moe) return L->moe->dtype();
+  }
+  return weight_dtype();
+}
+
 void MlaModel::extend(RequestId request, std::int64_t n) {
   const std::vector<PageCopy> copies = allocator_->extend(request, n);
   for (const auto& L : layers_) L->shard->apply(copies);

@@ -608,7 +608,7 @@ JSON
 # every MLA family as published: a generated checkpoint in its dtypes runs at TP 4 x DCP 4 and
 # verifies against DCP 1
 case_families() {
-  for family in deepseek-v2-lite deepseek-v2 deepseek-v3 kimi-k2 moonlight; do
+  for family in deepseek-v2-lite deepseek-v2 deepseek-v3 kimi-k2 kimi-k2-thinking moonlight; do
     expect 0 "gen-checkpoint $family" -- gen-checkpoint --family "$family" --out "$tmp/$family"
     check "$family: sharded with an index" [ -f "$tmp/$family/model.safetensors.index.json" ]
     check "$family: a tokenizer beside the weights" [ -f "$tmp/$family/tokenizer.json" -a -f "$tmp/$family/tokenizer_config.json" ]
@@ -621,6 +621,9 @@ case_families() {
   check "weights per rank are reported" json_has '"bytes_per_rank"'
   check "the multi-token-prediction layer is skipped with a note" stderr_has "multi-token-prediction layer(s) (layer 3 on) are not part of the main model"
   check "the summary shows the weights" stdout_has "^weights: fp8_e4m3, MiB per rank: "
+  expect 0 "run kimi-k2-thinking" -- run --model-path "$tmp/kimi-k2-thinking" --batch 1 --prompt-len 20 --max-new-tokens 2 --json "$tmp/run.json"
+  check "INT4 experts are reported" json_has '"experts_dtype": "int4"'
+  check "the summary names the experts' dtype" stdout_has "^weights: bf16 (routed experts int4), MiB per rank: "
   printf 'the thing' | "$dcp" tokenize --tokenizer-path "$tmp/deepseek-v3" >"$out" 2>"$err"
   check "the generated tokenizer encodes" stdout_has '^\[116,258,'
   echo '[{"role": "user", "content": "Hi"}]' | "$dcp" tokenize --tokenizer-path "$tmp/deepseek-v3" --chat --add-generation-prompt --print-prompt >"$out" 2>"$err"

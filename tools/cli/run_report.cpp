@@ -119,6 +119,7 @@ ordered_json report_json(const RunOptions& o, const Workload& w, const Deploymen
   ordered_json weight_bytes = ordered_json::array();
   for (const RankKv& k : r.ranks) weight_bytes.push_back(k.weight_bytes);
   j["weights"] = {{"dtype", std::string(to_string(r.weight_dtype))},
+                  {"experts_dtype", std::string(to_string(r.expert_weight_dtype))},
                   {"bytes_per_rank", weight_bytes}};
   j["timing"] = {
       {"model_load_ms", r.model_load_ms},
@@ -246,7 +247,10 @@ void print_summary(const ordered_json& j) {
       std::snprintf(mib, sizeof mib, "%.2f", static_cast<double>(b.get<long long>()) / 1048576.0);
       per_rank += mib;
     }
-    std::printf("weights: %s, MiB per rank: %s\n", wt["dtype"].get<std::string>().c_str(),
+    const std::string dtype = wt["dtype"].get<std::string>();
+    const std::string experts = wt["experts_dtype"].get<std::string>();
+    std::printf("weights: %s%s, MiB per rank: %s\n", dtype.c_str(),
+                experts == dtype ? "" : (" (routed experts " + experts + ")").c_str(),
                 per_rank.c_str());
   }
   std::printf("KV: logical capacity %lld tokens%s\n",
