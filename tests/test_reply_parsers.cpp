@@ -213,13 +213,19 @@ TEST(ToolCalls, TheFormatIsNamedOrFoundInTheTokenizer) {
 
 // DeepSeek-R1's split, written independently: a leading "<think>" dropped (vLLM drops all text up
 // to a "<think>" anywhere; dcp keeps text that is not a leading one); reasoning up to the first
-// "</think>", content after; without one, all reasoning.
-std::pair<std::string, std::string> reference_split(std::string text, bool* ended) {
+// "</think>", content after; without one, all reasoning. With `opens` (Kimi-K2's tool-call
+// section), reasoning up to whichever comes first, and `opens` starts the content.
+std::pair<std::string, std::string> reference_split(std::string text, bool* ended,
+                                                    const std::string& opens = "") {
   if (text.rfind("<think>", 0) == 0) text.erase(0, 7);
-  const std::size_t close = text.find("</think>");
+  std::size_t close = text.find("</think>"), skip = 8;
+  if (const std::size_t at = opens.empty() ? std::string::npos : text.find(opens); at < close) {
+    close = at;
+    skip = 0;
+  }
   *ended = close != std::string::npos;
   if (!*ended) return {text, ""};
-  return {text.substr(0, close), text.substr(close + 8)};
+  return {text.substr(0, close), text.substr(close + skip)};
 }
 
 ReasoningSplit::Parts streamed(const std::vector<std::string>& pieces, ReasoningSplit& s) {
@@ -259,12 +265,39 @@ TEST(ReasoningSplit, ThinkingThenContent) {
   EXPECT_TRUE(s.ended());
 }
 
+// Kimi-K2-Thinking may go from its thinking straight to its tool-call section: the section ends
+// the thinking and is the content's start (where its calls are read from).
+TEST(ReasoningSplit, AToolCallSectionEndsKimisThinking) {
+  const std::string section = "<|tool_calls_section_begin|>";
+  const auto whole = [&](const std::string& text) {
+    ReasoningSplit s(section);
+    ReasoningSplit::Parts p = streamed({text}, s);
+    return std::tuple{p.reasoning, p.content, s.ended()};
+  };
+  EXPECT_EQ(whole("Weather first." + section + "<|tool_call_begin|>"),
+            std::tuple("Weather first.", section + "<|tool_call_begin|>", true));
+  EXPECT_EQ(whole("a</think>b" + section), std::tuple("a", "b" + section, true));
+  EXPECT_EQ(whole("a" + section + "b</think>c"), std::tuple("a", section + "b</think>c", true));
+  EXPECT_EQ(whole("a<|tool_calls"), std::tuple("a<|tool_calls", "", false));
+  ReasoningSplit s(section);
+  EXPECT_EQ(s.push("hm<|tool_calls_sec").reasoning, "hm");  // held: it may be the section
+  const ReasoningSplit::Parts p = s.push("tion_begin|>x");
+  EXPECT_EQ(p.reasoning, "");
+  EXPECT_EQ(p.content, section + "x");
+  EXPECT_TRUE(s.ended());
+  // Without the marker (DeepSeek's parsers), the section is thinking.
+  ReasoningSplit plain;
+  EXPECT_EQ(streamed({"a" + section}, plain).reasoning, "a" + section);
+}
+
 // Random replies over an alphabet rich in the markers' characters, cut into random pieces: the
 // streamed parts joined equal the reference's split of the whole.
 TEST(ReasoningSplit, RandomRepliesInRandomPiecesSplitAsTheWhole) {
   test::Rng rng = test::make_rng();
-  const std::vector<std::string> atoms = {"<", ">",       "/",        "t",     "h", "i",  "n",
-                                          "k", "<think>", "</think>", "</thi", "x", "\n", "é"};
+  const std::string section = "<|tool_calls_section_begin|>";
+  const std::vector<std::string> atoms = {"<",  ">", "/",       "t",        "h",       "i",
+                                          "n",  "k", "<think>", "</think>", "</thi",   "x",
+                                          "\n", "é", section,   "<|",       "<|tool_", "|>"};
   for (int round = 0; round < 2000; ++round) {
     std::string text;
     const int n = static_cast<int>(rng.range(0, 14));
@@ -277,13 +310,15 @@ TEST(ReasoningSplit, RandomRepliesInRandomPiecesSplitAsTheWhole) {
       pieces.push_back(text.substr(at, len));
       at += len;
     }
-    bool ended = false;
-    const auto [reasoning, content] = reference_split(text, &ended);
-    ReasoningSplit s;
-    const ReasoningSplit::Parts got = streamed(pieces, s);
-    EXPECT_EQ(got.reasoning, reasoning) << text;
-    EXPECT_EQ(got.content, content) << text;
-    EXPECT_EQ(s.ended(), ended) << text;
+    for (const std::string& opens : {std::string(), section}) {
+      bool ended = false;
+      const auto [reasoning, content] = reference_split(text, &ended, opens);
+      ReasoningSplit s(opens);
+      const ReasoningSplit::Parts got = streamed(pieces, s);
+      EXPECT_EQ(got.reasoning, reasoning) << text << " | " << opens;
+      EXPECT_EQ(got.content, content) << text << " | " << opens;
+      EXPECT_EQ(s.ended(), ended) << text << " | " << opens;
+    }
   }
 }
 

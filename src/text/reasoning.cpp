@@ -2,6 +2,8 @@
 #include "dcp/reasoning.h"
 
 #include <algorithm>
+#include <string>
+#include <utility>
 
 namespace dcp {
 namespace {
@@ -17,6 +19,9 @@ std::size_t partial_tail(std::string_view text, std::string_view marker) {
 }
 
 }  // namespace
+
+ReasoningSplit::ReasoningSplit(std::string opens_content)
+    : opens_content_(std::move(opens_content)) {}
 
 ReasoningSplit::Parts ReasoningSplit::push(std::string_view text) {
   held_.append(text);
@@ -46,14 +51,23 @@ ReasoningSplit::Parts ReasoningSplit::release(bool at_end) {
     held_.clear();
     return out;
   }
-  if (const std::size_t close = held_.find(kClose); close != std::string::npos) {
-    out.reasoning = held_.substr(0, close);
-    out.content = held_.substr(close + kClose.size());
+  // The first of "</think>" (dropped) and opens_content (kept: the content's start).
+  const std::size_t close = held_.find(kClose);
+  const std::size_t opens = opens_content_.empty() ? std::string::npos : held_.find(opens_content_);
+  if (close != std::string::npos || opens != std::string::npos) {
+    const bool by_close =
+        opens == std::string::npos || (close != std::string::npos && close < opens);
+    const std::size_t at = by_close ? close : opens;
+    out.reasoning = held_.substr(0, at);
+    out.content = held_.substr(by_close ? at + kClose.size() : at);
     held_.clear();
     ended_ = true;
     return out;
   }
-  const std::size_t keep = at_end ? 0 : partial_tail(held_, kClose);
+  const std::size_t keep =
+      at_end ? 0
+             : std::max(partial_tail(held_, kClose),
+                        opens_content_.empty() ? 0 : partial_tail(held_, opens_content_));
   out.reasoning = held_.substr(0, held_.size() - keep);
   held_.erase(0, held_.size() - keep);
   return out;

@@ -698,11 +698,12 @@ case_presets() {
   expect 0 "run deepseek-v2-lite, 2 layers (one MoE)" -- run --preset deepseek-v2-lite --num-layers 2 --tp-size 2 --dcp-size 2 --batch 2 --prompt-len 30 --max-new-tokens 3 --json "$tmp/run.json"
   check "deepseek-v2-lite verifies" json_has '"passed": true'
   check "deepseek-v2-lite holds bf16 weights" json_has '"dtype": "bf16"'
-  expect 0 "bench moe (small)" -- bench moe --batches 1,2 --threads 1 --dtypes fp8 --repeats 1 --cache warm --csv "$tmp/moe.csv"
+  expect 0 "bench moe (small)" -- bench moe --batches 1,2 --threads 1 --dtypes fp8,int4 --repeats 1 --cache warm --csv "$tmp/moe.csv"
   # DeepSeek-V2-Lite routes each token to 6 of its 64 experts.
   check "bench moe: one token runs 6 experts" grep -q '^deepseek-v2-lite,fp8,1,1,6,' "$tmp/moe.csv"
   check "bench moe: two tokens run 6 to 12" grep -qE '^deepseek-v2-lite,fp8,1,2,([6-9]|1[0-2]),' "$tmp/moe.csv"
-  bad_value "bench moe, a preset without experts" "--preset: 'tiny' is not one of: deepseek-v2-lite, deepseek-v3, kimi-k2, moonlight" -- bench moe --preset tiny
+  check "bench moe: INT4 experts run" grep -q '^deepseek-v2-lite,int4,1,1,6,' "$tmp/moe.csv"
+  bad_value "bench moe, a preset without experts" "--preset: 'tiny' is not one of: deepseek-v2-lite, deepseek-v3, kimi-k2, kimi-k2-thinking, moonlight" -- bench moe --preset tiny
   bad_value "bench moe, unknown dtype" "--dtypes" -- bench moe --dtypes fp16
   # Over two ranks: the TP-sliced layer sends only the all-reduce (2 ranks x 2048 floats); the
   # expert-parallel one also sends, per entry for the other rank, its row with the expert id out

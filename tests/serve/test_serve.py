@@ -1012,6 +1012,20 @@ def case_reasoning():
     finally:
         code, _ = s.stop()
         check(code == 0, f"server exit {code}")
+    # Kimi-K2-Thinking's: thinking unless the request turns it off.
+    s = Server("--reasoning-parser", "kimi_k2")
+    try:
+        status, r = s.post("/v1/chat/completions", base)
+        m4 = r["choices"][0]["message"] if status == 200 else {}
+        check(status == 200 and m4.get("content", "") is None and m4.get("reasoning_content") == m.get("reasoning_content"),
+              f"kimi_k2 thinks by default: {r}")
+        status, r = s.post("/v1/chat/completions", {**base, "chat_template_kwargs": {"thinking": False}})
+        m5 = r["choices"][0]["message"] if status == 200 else {}
+        check(status == 200 and "reasoning_content" not in m5 and m5["content"] == m.get("reasoning_content"),
+              f"kimi_k2 without thinking: content: {r}")
+    finally:
+        code, _ = s.stop()
+        check(code == 0, f"server exit {code}")
 
 
 def case_chat_template():

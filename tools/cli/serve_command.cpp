@@ -103,6 +103,7 @@ int serve(const ServeFlags& f) {
   ao.default_max_tokens = f.default_max_tokens;
   ao.reasoning_parser = f.reasoning_parser == "deepseek_r1"   ? serve::ReasoningParser::deepseek_r1
                         : f.reasoning_parser == "deepseek_v3" ? serve::ReasoningParser::deepseek_v3
+                        : f.reasoning_parser == "kimi_k2"     ? serve::ReasoningParser::kimi_k2
                                                               : serve::ReasoningParser::none;
   DCP_ARG_CHECK(ao.reasoning_parser == serve::ReasoningParser::none || tokenizer,
                 "--reasoning-parser ", f.reasoning_parser,
@@ -194,8 +195,9 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--reasoning-parser", f->reasoning_parser,
                   "how chat replies' thinking is returned apart (reasoning_content): deepseek_r1 "
                   "(every reply starts with it, closed by </think>), deepseek_v3 (the same where "
-                  "chat_template_kwargs.thinking is true: V3.1), or none")
-      ->check(CLI::IsMember({"none", "deepseek_r1", "deepseek_v3"}))
+                  "chat_template_kwargs.thinking is true: V3.1), kimi_k2 (the same unless it is "
+                  "false: Kimi-K2-Thinking; a tool-call section also ends the thinking), or none")
+      ->check(CLI::IsMember({"none", "deepseek_r1", "deepseek_v3", "kimi_k2"}))
       ->capture_default_str();
   cmd->add_option("--host", f->host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", f->port, "port to listen on (0: any free port)")

@@ -31,11 +31,14 @@ std::string dumps(const nlohmann::ordered_json& v) {
 
 }  // namespace
 
-ChatReply::ChatReply(ToolUse use, std::string call_id, bool reasoning, bool include_reasoning)
+ChatReply::ChatReply(ToolUse use, std::string call_id, bool reasoning, bool include_reasoning,
+                     std::string opens_content)
     : use_(std::move(use)),
       call_id_(std::move(call_id)),
       reasoning_(reasoning),
-      include_reasoning_(include_reasoning) {}
+      include_reasoning_(include_reasoning),
+      opens_content_(std::move(opens_content)),
+      split_(opens_content_) {}
 
 json ChatReply::call_json(std::size_t index, const std::string& id, const std::string& name,
                           const std::string& arguments) const {
@@ -138,7 +141,7 @@ json ChatReply::last_delta(bool complete) {
 
 json ChatReply::message(const std::string& text, bool complete) {
   // A reasoning model's thinking, then its content (which tool calls are read from).
-  ReasoningSplit split;
+  ReasoningSplit split(opens_content_);
   ReasoningSplit::Parts parts{"", text};
   if (reasoning_) {
     parts = split.push(text);

@@ -14,8 +14,10 @@ namespace dcp::serve {
 class ChatReply {
  public:
   // `call_id` names the calls (numbered after it) where the model's format gives them no id;
-  // `reasoning`: the reply starts with the model's thinking.
-  ChatReply(ToolUse use, std::string call_id, bool reasoning, bool include_reasoning);
+  // `reasoning`: the reply starts with the model's thinking (ended by "</think>", or by
+  // `opens_content`, which starts the content: ReasoningSplit).
+  ChatReply(ToolUse use, std::string call_id, bool reasoning, bool include_reasoning,
+            std::string opens_content = {});
   // Streaming: the delta for newly generated `text`, and with `finished` what was held back and
   // the calls read at the end (`complete`: not cut by max_tokens); null when nothing is to be sent
   // yet (a finished reply always sends one).
@@ -40,6 +42,7 @@ class ChatReply {
   ToolUse use_;
   std::string call_id_;
   bool reasoning_, include_reasoning_;
+  std::string opens_content_;
   ReasoningSplit split_;  // streaming: the thinking told from the content
   std::string text_;      // the content so far
   std::size_t sent_ = 0;  // content bytes sent (a prefix of the content read at the end)

@@ -50,12 +50,14 @@ void refuse_unsupported(const json& b) {
 }
 
 // Whether a chat reply starts with the model's thinking: always for DeepSeek-R1; for V3.1 when
-// the request turns its template's thinking mode on (chat_template_kwargs.thinking).
+// the request turns its template's thinking mode on (chat_template_kwargs.thinking), for
+// Kimi-K2-Thinking unless it turns it off.
 bool reasoning_reply(ReasoningParser parser, const json& b) {
+  if (parser == ReasoningParser::none) return false;
   if (parser == ReasoningParser::deepseek_r1) return true;
-  if (parser != ReasoningParser::deepseek_v3) return false;
   const json* kwargs = field(b, "chat_template_kwargs");
-  return kwargs && kwargs->is_object() && kwargs->value("thinking", json(false)) == json(true);
+  const bool kimi = parser == ReasoningParser::kimi_k2;
+  return kwargs && kwargs->is_object() ? kwargs->value("thinking", json(kimi)) == json(true) : kimi;
 }
 
 std::string sse(const json& j) { return "data: " + text_of(j) + "\n\n"; }
@@ -87,6 +89,7 @@ struct OpenAiApi::Job {
   ToolUse tools;          // chat: what the reply does with tools
   bool reasoning = false;         // chat: the reply's thinking comes first (--reasoning-parser)
   bool include_reasoning = true;  // vLLM's: the reply carries it as reasoning_content
+  std::string reasoning_opens_content;  // a marker that also ends the thinking (ReasoningSplit)
 };
 
 OpenAiApi::OpenAiApi(ServingDeployment& deployment, const Tokenizer* tokenizer, ApiOptions options)
@@ -226,6 +229,9 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
   if (kind == Kind::chat) {
     job.tools = parse_tools(b, body, r.sampling);
     job.reasoning = reasoning_reply(options_.reasoning_parser, b);
+    // Kimi-K2-Thinking may go from its thinking straight to a tool call.
+    if (options_.reasoning_parser == ReasoningParser::kimi_k2)
+      job.reasoning_opens_content = "<|tool_calls_section_begin|>";
     job.include_reasoning = boolean(b, "include_reasoning").value_or(true);
     // A guide holds only the content: it starts after the thinking closes (vLLM's).
     if (job.reasoning &&
@@ -544,7 +550,8 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
           choice["logprobs"] = logprobs_json(c, 0, kept, 0);
         }
         if (kind == Kind::chat) {
-          ChatReply said(job.tools, call_id(i), job.reasoning, job.include_reasoning);
+          ChatReply said(job.tools, call_id(i), job.reasoning, job.include_reasoning,
+                         job.reasoning_opens_content);
           choice["message"] = said.message(c.shown, c.reason != FinishReason::length);
           if (said.ends_in_tool_calls()) choice["finish_reason"] = "tool_calls";
         } else {
@@ -593,7 +600,8 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
     }
     std::vector<ChatReply> replies;  // chat: what each choice's text says
     for (std::size_t i = 0; i < choices->size(); ++i)
-      replies.emplace_back(job.tools, call_id(i), job.reasoning, job.include_reasoning);
+      replies.emplace_back(job.tools, call_id(i), job.reasoning, job.include_reasoning,
+                           job.reasoning_opens_content);
     std::vector<std::size_t> sent_lp(choices->size(), 0);
     std::vector<std::int64_t> offsets(choices->size(), 0);
     std::vector<bool> closed(choices->size(), false), echoed(choices->size(), false);

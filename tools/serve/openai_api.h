@@ -35,6 +35,8 @@ enum class ReasoningParser {
   none,
   deepseek_r1,  // the reply starts with thinking, closed by "</think>"
   deepseek_v3,  // the same where chat_template_kwargs.thinking is true (V3.1's thinking mode)
+  kimi_k2,      // the same unless chat_template_kwargs.thinking is false (Kimi-K2-Thinking); the
+                // thinking also ends where the reply opens its tool-call section
 };
 
 struct ApiOptions {
