@@ -403,6 +403,11 @@ TEST_F(FamilyCheckpoint, Int4RefusesWhatItCannotRunExactly) {
                       "actorder = \"group\""));
   EXPECT_TRUE(
       refused([&](nlohmann::json& q) { weights(q)["type"] = "float"; }, "type = \"float\""));
+  EXPECT_TRUE(refused([&](nlohmann::json& q) { weights(q)["scale_dtype"] = "torch.uint8"; },
+                      "scale_dtype = \"torch.uint8\""));
+  EXPECT_TRUE(refused(
+      [](nlohmann::json& q) { q["config_groups"]["group_0"]["format"] = "mxfp4-pack-quantized"; },
+      "group_0.format = \"mxfp4-pack-quantized\""));
   EXPECT_TRUE(refused([&](nlohmann::json& q) { weights(q)["group_size"] = 48; },
                       "group_size = 48 is not supported (legal: a multiple of 32)"));
   EXPECT_TRUE(refused(

@@ -264,6 +264,8 @@ void parse_compressed_tensors(const nlohmann::json& q, ModelConfig& c) {
   DCP_CHECK(g.is_object(), io, "config.json: quantization_config.", at, " must be an object");
   refuse_unless(field(g, "targets") == nlohmann::json::array({"Linear"}), at + "targets",
                 field(g, "targets"), "[\"Linear\"]");
+  refuse_unless(field(g, "format").is_null() || field(g, "format") == "pack-quantized",
+                at + "format", field(g, "format"), "\"pack-quantized\"");
   for (const char* key : {"input_activations", "output_activations"}) {
     refuse_unless(field(g, key).is_null(), at + key, field(g, key),
                   "null: weight-only quantization");
@@ -279,9 +281,14 @@ void parse_compressed_tensors(const nlohmann::json& q, ModelConfig& c) {
                 "\"group\"");
   refuse_unless(field(w, "dynamic").is_null() || field(w, "dynamic") == false, wat + "dynamic",
                 field(w, "dynamic"), "false");
-  for (const char* key : {"actorder", "block_structure"}) {
+  for (const char* key : {"actorder", "block_structure", "zp_dtype"}) {
     refuse_unless(field(w, key).is_null(), wat + key, field(w, key), "null");
   }
+  const nlohmann::json scale_dtype = field(w, "scale_dtype");
+  refuse_unless(scale_dtype.is_null() || scale_dtype == "torch.bfloat16" ||
+                    scale_dtype == "torch.float16" || scale_dtype == "torch.float32",
+                wat + "scale_dtype", scale_dtype,
+                "null, \"torch.bfloat16\", \"torch.float16\" or \"torch.float32\"");
   const nlohmann::json size = field(w, "group_size");
   DCP_CHECK(size.is_number_integer() && size.get<std::int64_t>() > 0 &&
                 size.get<std::int64_t>() <= (1 << 20),
