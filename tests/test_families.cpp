@@ -371,6 +371,11 @@ TEST_F(FamilyCheckpoint, Int4ExpertsAreReadAsCompressedTensorsPacksThem) {
         w->load_matrix(name, shape, {}, {16, 64});
       },
       ErrorCategory::unsupported, "inside a group of 32 columns"));
+  EXPECT_TRUE(test::throws_error(
+      [&] {
+        w->load_matrix(name, shape, {90, 100});
+      },
+      ErrorCategory::invalid_argument, "is outside its shape"));
   EXPECT_TRUE(w->contains(name));
   EXPECT_EQ(w->load_matrix("model.layers.1.mlp.shared_experts.up_proj.weight",
                            {c.moe_intermediate_size * c.n_shared_experts, c.hidden_size})

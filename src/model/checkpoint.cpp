@@ -279,6 +279,9 @@ class CheckpointWeights final : public WeightSource {
               ": INT4 weight '", name, "' of shape ", shape_str(shape),
               " does not hold whole groups of ", int4_group_, " columns");
     const std::int64_t n_rows = shape[0], n_cols = shape[1], group = int4_group_;
+    DCP_ARG_CHECK(0 <= r0 && r0 <= r1 && r1 <= n_rows && 0 <= c0 && c0 <= c1 && c1 <= n_cols,
+                  "tensor ", name, ": slice rows [", r0, ", ", r1, ") x columns [", c0, ", ", c1,
+                  ") is outside its shape ", shape_str(shape));
     DCP_CHECK(c0 % group == 0 && c1 % group == 0, unsupported, "checkpoint ", dir_,
               ": INT4 weight '", name, "' would be split at column ", c0 % group ? c0 : c1,
               ", inside a group of ", group,
