@@ -54,11 +54,7 @@ std::vector<DecodeConfig> parse_configs(const std::string& text) {
 ModelSource model_in(const ModelConfig& base, const std::string& dtype) {
   ModelSource m;
   m.config = base;
-  m.config.quantized = dtype == "fp8";
-  m.config.quant_method = m.config.quantized ? "fp8" : "";
-  m.config.int4_group_size = 0;
-  m.config.int4_ignore.clear();
-  if (dtype == "int4") quantize_experts_int4(m.config);
+  hold_weights_as(m.config, dtype);
   m.synthetic_dtype = dtype == "f32" ? WeightDtype::f32 : WeightDtype::bf16;
   return m;
 }

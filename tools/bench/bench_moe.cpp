@@ -28,12 +28,8 @@ ModelConfig moe_config(const std::string& preset, const std::string& dtype, int*
   DCP_ARG_CHECK(*layer >= 0, "--preset ", preset, " has no mixture-of-experts layer (use one of: ",
                 "deepseek-v2-lite, deepseek-v3, kimi-k2, kimi-k2-thinking, moonlight)");
   c.num_hidden_layers = *layer + 1;
-  c.quantized = dtype == "fp8";
-  c.quant_method = c.quantized ? "fp8" : "";
   c.weight_block_rows = c.weight_block_cols = 128;
-  c.int4_group_size = 0;
-  c.int4_ignore.clear();
-  if (dtype == "int4") quantize_experts_int4(c);
+  hold_weights_as(c, dtype);
   return c;
 }
 

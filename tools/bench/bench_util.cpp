@@ -136,6 +136,14 @@ double CacheFlusher::read_gbps(int threads, int reads) {
   return best;
 }
 
+void hold_weights_as(ModelConfig& c, const std::string& dtype) {
+  c.quantized = dtype == "fp8";
+  c.quant_method = c.quantized ? "fp8" : "";
+  c.int4_group_size = 0;
+  c.int4_ignore.clear();
+  if (dtype == "int4") quantize_experts_int4(c);
+}
+
 CacheState parse_cache_state(const std::string& text, const std::string& flag) {
   DCP_ARG_CHECK(text == "cold" || text == "warm", flag, " '", text,
                 "' is not a cache state: legal values are cold, warm");

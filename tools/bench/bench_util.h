@@ -52,6 +52,11 @@ enum class CacheState { cold, warm };
 // Parses "cold" or "warm"; the error names `flag` and the legal values.
 CacheState parse_cache_state(const std::string& text, const std::string& flag);
 
+// `c` with its weights held as a benchmark's --dtypes row names them: "fp8" (E4M3 projections
+// in c's blocks, as DeepSeek-V3 ships them), "int4" (routed experts in INT4, the rest 16-bit, as
+// Kimi-K2-Thinking ships them), or "bf16"/"f32" (no quantization_config).
+void hold_weights_as(ModelConfig& c, const std::string& dtype);
+
 // A benchmark's table as CSV: the column names, then a line per row, each written as the
 // benchmark prints it (a long run that is stopped keeps what it measured). An empty path writes
 // nothing. Throws dcp::Error (io) naming the path when it cannot be written.

@@ -504,54 +504,36 @@ void gemv_typed(const float* x, std::int64_t m, std::int64_t ldx, const GemvWeig
 // value row_to_float gives; then it is multiplied by x. Groups are multiples of 32 columns, so
 // whole chunks fill them. (A lookup of the group's sixteen values by vpermps, one vector made per
 // group, ran no faster on Zen 5 and puts three shuffles on every 32 values.)
+// Per instruction set: W codes zero-extended from W bytes, and code x scale + bias rounded once
+// (GCC's vector casts reinterpret the bits).
 template <int W>
 struct Int4Codes;
 
 #if defined(__AVX2__)
 template <>
 struct Int4Codes<8> {
-  static Simd<8>::ivec load(const std::uint8_t* p) {
-    const __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
-    Simd<8>::ivec codes;
-    std::memcpy(&codes, &c, sizeof codes);
-    return codes;
+  using S = Simd<8>;
+  static S::ivec load(const std::uint8_t* p) {
+    return (S::ivec)_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
   }
-  // code x scale + bias, rounded once.
-  static Simd<8>::vec value(Simd<8>::ivec code, Simd<8>::vec scale, Simd<8>::vec bias) {
-    __m256 c, s, b;
-    const Simd<8>::vec f = __builtin_convertvector(code, Simd<8>::vec);
-    std::memcpy(&c, &f, sizeof c);
-    std::memcpy(&s, &scale, sizeof s);
-    std::memcpy(&b, &bias, sizeof b);
-    const __m256 v = _mm256_fmadd_ps(c, s, b);
-    Simd<8>::vec out;
-    std::memcpy(&out, &v, sizeof out);
-    return out;
+  static S::vec value(S::ivec code, S::vec scale, S::vec bias) {
+    return (S::vec)_mm256_fmadd_ps((__m256) __builtin_convertvector(code, S::vec), (__m256)scale,
+                                   (__m256)bias);
   }
 };
 #endif
 #if defined(__AVX512F__)
 template <>
 struct Int4Codes<16> {
-  static Simd<16>::ivec load(const std::uint8_t* p) {
+  using S = Simd<16>;
+  static S::ivec load(const std::uint8_t* p) {
     // (The masked form: GCC 12 warns on the unmasked one's undefined source.)
-    const __m512i c =
-        _mm512_maskz_cvtepu8_epi32(0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    Simd<16>::ivec codes;
-    std::memcpy(&codes, &c, sizeof codes);
-    return codes;
+    return (S::ivec)_mm512_maskz_cvtepu8_epi32(
+        0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
   }
-  // code x scale + bias, rounded once.
-  static Simd<16>::vec value(Simd<16>::ivec code, Simd<16>::vec scale, Simd<16>::vec bias) {
-    __m512 c, s, b;
-    const Simd<16>::vec f = __builtin_convertvector(code, Simd<16>::vec);
-    std::memcpy(&c, &f, sizeof c);
-    std::memcpy(&s, &scale, sizeof s);
-    std::memcpy(&b, &bias, sizeof b);
-    const __m512 v = _mm512_fmadd_ps(c, s, b);
-    Simd<16>::vec out;
-    std::memcpy(&out, &v, sizeof out);
-    return out;
+  static S::vec value(S::ivec code, S::vec scale, S::vec bias) {
+    return (S::vec)_mm512_fmadd_ps((__m512) __builtin_convertvector(code, S::vec), (__m512)scale,
+                                   (__m512)bias);
   }
 };
 #endif
