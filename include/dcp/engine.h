@@ -61,7 +61,8 @@ inline constexpr int kPromptLogprobsChunk = 256;
 // dcp::Error (invalid_argument) naming the field.
 void check_request_choice(const RequestSpec& spec, int vocab,
                           std::string_view budget_name = "max_new_tokens");
-// The guide of a request with a regex or json_object (null without either) over `vocabulary`.
+// The guide of a request with a regex, json_object or grammar (null without one) over
+// `vocabulary`.
 // Throws dcp::Error (invalid_argument) naming `field` when there is no vocabulary, when the
 // pattern does not compile, or when no token can begin a match. Callers of check_request_choice
 // call it too (it compiles the pattern once; check_request_choice only checks the combinations).

@@ -52,11 +52,18 @@ struct SamplingParams {
   // JSON mode (OpenAI's response_format json_object): the output is one JSON object (JsonGrammar),
   // guided as a regex is. Not combined with a regex, choices or the masks.
   bool json_object = false;
-  // When not empty, the guide (choices, regex or JSON mode) holds only the output after the first
-  // occurrence of this token sequence, and nothing before it: a reasoning model's thinking, closed
-  // by "</think>", stays free. Needs a guide.
+  // Guided grammar (GbnfGrammar's GBNF): when not empty, the output's bytes are a whole text of
+  // it, guided as a regex is. Not combined with a regex, JSON mode, choices or the masks.
+  std::string grammar;
+  // When not empty, the guide (choices, regex, JSON mode or grammar) holds only the output after
+  // the first occurrence of this token sequence, and nothing before it: a reasoning model's
+  // thinking, closed by "</think>", stays free. Needs a guide.
   std::vector<std::int32_t> guide_after;
   bool greedy() const noexcept { return temperature == 0; }
+  // Whether a guide (choices, regex, JSON mode or grammar) constrains the output.
+  bool guided() const noexcept {
+    return !choices.empty() || !regex.empty() || json_object || !grammar.empty();
+  }
   bool adjusts_logits() const noexcept {
     return !logit_bias.empty() || repetition_penalty != 1 || presence_penalty != 0 ||
            frequency_penalty != 0 || !allowed_token_ids.empty() || !bad_words.empty() ||

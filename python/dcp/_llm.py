@@ -20,8 +20,8 @@ class GuidedDecodingParams:
     """Guided decoding (vLLM's names); set one of: regex (the text matches it whole: dcp serve's
     guided_regex syntax), choice (the text is one of these strings, as each tokenizes), json (a
     JSON Schema, as a dict or its JSON text: the text is valid under it, properties in its order;
-    dcp serve's json_schema subset) or json_object=True (the text is one JSON object). grammar is
-    refused."""
+    dcp serve's json_schema subset), grammar (a GBNF grammar: the text is one it derives, from its
+    rule root) or json_object=True (the text is one JSON object)."""
     json: Optional[object] = None
     regex: Optional[str] = None
     choice: Optional[Sequence[str]] = None
@@ -107,30 +107,33 @@ class RequestOutput:
 
 
 def _guided(p: SamplingParams):
-    """(regex, choice, json_object) for the request, or ValueError naming what is unsupported."""
+    """(regex, choice, json_object, grammar) for the request, or ValueError naming what is
+    unsupported."""
     if p.guided_decoding is not None and p.structured_outputs is not None:
         raise ValueError("set one of guided_decoding and structured_outputs, not both")
     name = "guided_decoding" if p.structured_outputs is None else "structured_outputs"
     g = getattr(p, name)
     if g is None:
-        return "", [], False
+        return "", [], False, ""
     if not isinstance(g, GuidedDecodingParams):
         raise ValueError(f"{name} = {g!r} must be a GuidedDecodingParams (StructuredOutputsParams)")
-    if g.grammar is not None:
-        raise ValueError(f"{name}.grammar is not supported (regex, choice, json and json_object are)")
-    given = [field for field in ("regex", "choice", "json", "json_object")
+    given = [field for field in ("regex", "choice", "json", "grammar", "json_object")
              if getattr(g, field) is not None and getattr(g, field) is not False]
     if len(given) > 1:
-        raise ValueError(f"{name}: set one of regex, choice, json and json_object, not {given}")
+        raise ValueError(f"{name}: set one of regex, choice, json, grammar and json_object, not {given}")
     if g.json is not None:
         schema = g.json if isinstance(g.json, str) else json.dumps(g.json)
-        return _dcp._json_schema_regex(schema), [], False
+        return _dcp._json_schema_regex(schema), [], False, ""
+    if g.grammar is not None:
+        if not (isinstance(g.grammar, str) and g.grammar):
+            raise ValueError(f"{name}.grammar = {g.grammar!r} must be a non-empty str (GBNF)")
+        return "", [], False, g.grammar
     if g.regex is not None and not (isinstance(g.regex, str) and g.regex):
         raise ValueError(f"{name}.regex = {g.regex!r} must be a non-empty str")
     choice = [] if g.choice is None else list(g.choice)
     if g.choice is not None and (not choice or not all(isinstance(c, str) and c for c in choice)):
         raise ValueError(f"{name}.choice = {g.choice!r} must be non-empty strings")
-    return g.regex or "", choice, bool(g.json_object)
+    return g.regex or "", choice, bool(g.json_object), ""
 
 
 class LLM:
@@ -382,7 +385,7 @@ class LLM:
         for w in bad_words:
             if not isinstance(w, str):
                 raise ValueError(f"bad_words = {p.bad_words!r}: each bad word must be a str")
-        regex, choice, json_object = _guided(p)
+        regex, choice, json_object, grammar = _guided(p)
         return _dcp._GenerateRequest(tokens, int(p.max_tokens), float(p.temperature),
                                      float(p.top_p), top_k, float(p.min_p),
                                      float(p.presence_penalty), float(p.frequency_penalty),
@@ -390,4 +393,4 @@ class LLM:
                                      int(p.min_tokens), stop_strings,
                                      bool(p.include_stop_str_in_output), prompt_logprobs,
                                      bool(p.skip_special_tokens), logprobs, regex, choice,
-                                     json_object)
+                                     json_object, grammar)

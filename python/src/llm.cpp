@@ -258,7 +258,7 @@ class Llm {
     std::vector<std::vector<std::vector<std::int32_t>>> choices(requests.size());
     for (std::size_t i = 0; i < requests.size(); ++i) {
       const SamplingParams& p = requests[i].sampling;
-      if ((!requests[i].choice.empty() || !p.regex.empty() || p.json_object) && !tokenizer_) {
+      if ((!requests[i].choice.empty() || p.guided()) && !tokenizer_) {
         throw py::value_error("request " + std::to_string(i) +
                               ": guided decoding needs a tokenizer (LLM(..., tokenizer=PATH))");
       }
@@ -407,42 +407,43 @@ void bind_llm(py::module_& m) {
       .def_readwrite("comm_timeout_s", &LlmConfig::comm_timeout_s);
 
   py::class_<GenerateRequest>(m, "_GenerateRequest")
-      .def(py::init([](std::vector<std::int32_t> prompt, int max_new_tokens, double temperature,
-                       double top_p, int top_k, double min_p, double presence_penalty,
-                       double frequency_penalty, double repetition_penalty,
-                       std::map<std::int32_t, double> logit_bias,
-                       std::vector<std::int32_t> allowed_token_ids,
-                       std::vector<std::string> bad_words, std::uint64_t seed,
-                       std::vector<std::int32_t> stop_token_ids, int min_tokens,
-                       std::vector<std::string> stop, bool include_stop_str_in_output,
-                       int prompt_logprobs, bool skip_special_tokens, int logprobs,
-                       std::string regex, std::vector<std::string> choice, bool json_object) {
-             GenerateRequest r;
-             r.prompt = std::move(prompt);
-             r.max_new_tokens = max_new_tokens;
-             r.sampling.temperature = temperature;
-             r.sampling.top_p = top_p;
-             r.sampling.top_k = top_k;
-             r.sampling.min_p = min_p;
-             r.sampling.presence_penalty = presence_penalty;
-             r.sampling.frequency_penalty = frequency_penalty;
-             r.sampling.repetition_penalty = repetition_penalty;
-             r.sampling.logit_bias = std::move(logit_bias);
-             r.sampling.allowed_token_ids = std::move(allowed_token_ids);
-             r.bad_words = std::move(bad_words);
-             r.sampling.seed = seed;
-             r.stop_token_ids = std::move(stop_token_ids);
-             r.min_tokens = min_tokens;
-             r.stop = std::move(stop);
-             r.include_stop_str_in_output = include_stop_str_in_output;
-             r.prompt_logprobs = prompt_logprobs;
-             r.skip_special_tokens = skip_special_tokens;
-             r.logprobs = logprobs;
-             r.sampling.regex = std::move(regex);
-             r.choice = std::move(choice);
-             r.sampling.json_object = json_object;
-             return r;
-           }),
+      .def(py::init(
+               [](std::vector<std::int32_t> prompt, int max_new_tokens, double temperature,
+                  double top_p, int top_k, double min_p, double presence_penalty,
+                  double frequency_penalty, double repetition_penalty,
+                  std::map<std::int32_t, double> logit_bias,
+                  std::vector<std::int32_t> allowed_token_ids, std::vector<std::string> bad_words,
+                  std::uint64_t seed, std::vector<std::int32_t> stop_token_ids, int min_tokens,
+                  std::vector<std::string> stop, bool include_stop_str_in_output,
+                  int prompt_logprobs, bool skip_special_tokens, int logprobs, std::string regex,
+                  std::vector<std::string> choice, bool json_object, std::string grammar) {
+                 GenerateRequest r;
+                 r.prompt = std::move(prompt);
+                 r.max_new_tokens = max_new_tokens;
+                 r.sampling.temperature = temperature;
+                 r.sampling.top_p = top_p;
+                 r.sampling.top_k = top_k;
+                 r.sampling.min_p = min_p;
+                 r.sampling.presence_penalty = presence_penalty;
+                 r.sampling.frequency_penalty = frequency_penalty;
+                 r.sampling.repetition_penalty = repetition_penalty;
+                 r.sampling.logit_bias = std::move(logit_bias);
+                 r.sampling.allowed_token_ids = std::move(allowed_token_ids);
+                 r.bad_words = std::move(bad_words);
+                 r.sampling.seed = seed;
+                 r.stop_token_ids = std::move(stop_token_ids);
+                 r.min_tokens = min_tokens;
+                 r.stop = std::move(stop);
+                 r.include_stop_str_in_output = include_stop_str_in_output;
+                 r.prompt_logprobs = prompt_logprobs;
+                 r.skip_special_tokens = skip_special_tokens;
+                 r.logprobs = logprobs;
+                 r.sampling.regex = std::move(regex);
+                 r.choice = std::move(choice);
+                 r.sampling.json_object = json_object;
+                 r.sampling.grammar = std::move(grammar);
+                 return r;
+               }),
            py::arg("prompt"), py::arg("max_new_tokens"), py::arg("temperature"), py::arg("top_p"),
            py::arg("top_k"), py::arg("min_p"), py::arg("presence_penalty"),
            py::arg("frequency_penalty"), py::arg("repetition_penalty"), py::arg("logit_bias"),
@@ -450,7 +451,8 @@ void bind_llm(py::module_& m) {
            py::arg("stop_token_ids"), py::arg("min_tokens"), py::arg("stop"),
            py::arg("include_stop_str_in_output"), py::arg("prompt_logprobs"),
            py::arg("skip_special_tokens"), py::arg("logprobs"), py::arg("regex") = "",
-           py::arg("choice") = std::vector<std::string>{}, py::arg("json_object") = false);
+           py::arg("choice") = std::vector<std::string>{}, py::arg("json_object") = false,
+           py::arg("grammar") = "");
 
   py::class_<Generated>(m, "_Generated")
       .def_readonly("token_ids", &Generated::tokens)

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "dcp/error.h"
+#include "dcp/gbnf_grammar.h"
 #include "dcp/json_grammar.h"
 #include "dcp/regex_dfa.h"
 #include "dcp/timing.h"
@@ -72,12 +73,17 @@ std::shared_ptr<TokenGuide> request_guide(const RequestSpec& spec,
                                           std::shared_ptr<const GuideVocabulary> vocabulary,
                                           std::string_view field) {
   const SamplingParams& p = spec.sampling;
-  if (p.regex.empty() && !p.json_object) return nullptr;
+  if (p.regex.empty() && !p.json_object && p.grammar.empty()) return nullptr;
   DCP_ARG_CHECK(vocabulary, "'", field,
                 "' needs the vocabulary's bytes (a tokenizer); this engine has none");
   std::shared_ptr<const ByteGrammar> grammar;
   if (p.json_object) {
     grammar = std::make_shared<const JsonGrammar>();  // one per request: it grows as it is walked
+  } else if (!p.grammar.empty()) {
+    auto gbnf = std::make_shared<const GbnfGrammar>(p.grammar, field);  // one per request too
+    DCP_ARG_CHECK(gbnf->extendable(gbnf->start()), "'", field,
+                  "' derives only the empty text (a reply holds at least one token)");
+    grammar = std::move(gbnf);
   } else {
     auto dfa = std::make_shared<const RegexDfa>(p.regex, field);
     DCP_ARG_CHECK(dfa->extendable(dfa->start()), "'", field,

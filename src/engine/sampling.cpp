@@ -130,8 +130,9 @@ void validate(const SamplingParams& p, int vocab, std::span<const std::int32_t> 
     }
   }
   if (!p.guide_after.empty()) {
-    DCP_ARG_CHECK(!p.choices.empty() || !p.regex.empty() || p.json_object,
-                  "guide_after needs a guide (choices, regex or json_object) to hold back");
+    DCP_ARG_CHECK(
+        p.guided(),
+        "guide_after needs a guide (choices, regex, json_object or grammar) to hold back");
     for (std::int32_t t : p.guide_after) {
       DCP_ARG_CHECK(t >= 0 && t < vocab, "guide_after: token ", t,
                     " is outside the vocabulary [0, ", vocab, ")");
@@ -146,6 +147,12 @@ void validate(const SamplingParams& p, int vocab, std::span<const std::int32_t> 
   if (!p.regex.empty()) {
     DCP_ARG_CHECK(p.choices.empty() && p.allowed_token_ids.empty() && p.bad_words.empty(),
                   "regex does not combine with choices, allowed_token_ids or bad_words");
+  }
+  if (!p.grammar.empty()) {
+    DCP_ARG_CHECK(p.regex.empty() && !p.json_object && p.choices.empty() &&
+                      p.allowed_token_ids.empty() && p.bad_words.empty(),
+                  "grammar does not combine with regex, json_object, choices, allowed_token_ids "
+                  "or bad_words");
   }
   DCP_ARG_CHECK(std::find(masked.begin(), masked.end(), false) != masked.end(),
                 "allowed_token_ids and bad_words (with the stop tokens held back by min_tokens) "

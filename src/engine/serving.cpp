@@ -34,6 +34,7 @@ void write_spec(ByteWriter& w, const RequestSpec& r) {
   for (const auto& choice : r.sampling.choices) w.vec(choice);
   w.str(r.sampling.regex);
   w.i64(r.sampling.json_object ? 1 : 0);
+  w.str(r.sampling.grammar);
   w.vec(r.sampling.guide_after);
   w.vec(r.stop_token_ids);
   w.i64(r.min_tokens);
@@ -64,6 +65,7 @@ RequestSpec read_spec(ByteReader& in) {
   for (std::int64_t n = in.i64(); n > 0; --n) r.sampling.choices.push_back(in.vec<std::int32_t>());
   r.sampling.regex = in.str();
   r.sampling.json_object = in.i64() != 0;
+  r.sampling.grammar = in.str();
   r.sampling.guide_after = in.vec<std::int32_t>();
   r.stop_token_ids = in.vec<std::int32_t>();
   r.min_tokens = static_cast<int>(in.i64());

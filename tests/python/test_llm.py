@@ -190,7 +190,12 @@ def test_guided_decoding(text_llm):
                                                         guided_decoding=G(json=schema)))
     v = json.loads(out[0].outputs[0].text)
     assert list(v) == ["b", "a"] and isinstance(v["b"], bool) and v["a"] in ("x", "y")
-    for bad, what in [(G(json={"type": "object"}), "needs 'properties'"), (G(grammar="root ::= x"), "grammar"),
+    grammar = 'root ::= answer " " [1-9] [0-9]{0,2}\nanswer ::= "yes" | "no"'
+    by_grammar = text_llm.generate("Once upon a time", dcp.SamplingParams(**base, guided_decoding=G(grammar=grammar)))
+    assert re.fullmatch(r"(yes|no) [1-9][0-9]{0,2}", by_grammar[0].outputs[0].text)
+    for bad, what in [(G(json={"type": "object"}), "needs 'properties'"),
+                      (G(grammar="root ::= x"), "rule 'x' is used but not defined"),
+                      (G(grammar=""), "must be a non-empty str"), (G(grammar="a", regex="a"), "set one of"),
                       (G(regex="a", choice=["a"]), "set one of"), (G(regex=""), "regex"),
                       (G(choice=[]), "choice"), (G(regex="(a"), "missing ')'")]:
         with pytest.raises(ValueError, match=re.escape(what)):
@@ -200,8 +205,10 @@ def test_guided_decoding(text_llm):
     again = text_llm.generate("JSON:", dcp.SamplingParams(max_tokens=32, temperature=0,
                                                           structured_outputs=S(json=schema)))
     assert again[0].outputs[0].text == out[0].outputs[0].text
-    with pytest.raises(ValueError, match="structured_outputs.grammar is not supported"):
-        text_llm.generate("hi", dcp.SamplingParams(max_tokens=4, structured_outputs=S(grammar="x")))
+    again = text_llm.generate("Once upon a time", dcp.SamplingParams(**base, structured_outputs=S(grammar=grammar)))
+    assert re.fullmatch(r"(yes|no) [1-9][0-9]{0,2}", again[0].outputs[0].text)
+    with pytest.raises(ValueError, match="double quotes"):
+        text_llm.generate("hi", dcp.SamplingParams(max_tokens=4, structured_outputs=S(grammar="root ::= 'a'")))
     with pytest.raises(ValueError, match="not both"):
         text_llm.generate("hi", dcp.SamplingParams(max_tokens=4, structured_outputs=S(regex="a"),
                                                    guided_decoding=G(regex="a")))

@@ -336,6 +336,77 @@ def case_guided_regex(s):
                              and re.fullmatch("[à-ü]*", c["text"].rstrip("\ufffd"))), f"a cut match: {r}")
 
 
+def bracket_list(text):
+    """'whole', 'prefix' or None: whether text is a list of the guided_grammar case's grammar
+    (root ::= "[" (item ("," item)*)? "]", item ::= [a-z]+ | root), a prefix of one, or neither."""
+    depth, prev = 0, ""
+    for i, ch in enumerate(text):
+        if ch == "[":
+            if i and prev not in "[,":
+                return None
+            depth += 1
+        elif ch == "]":
+            if depth == 0 or prev == ",":
+                return None
+            depth -= 1
+            if depth == 0 and i != len(text) - 1:
+                return None
+        elif ch == ",":
+            if depth == 0 or prev in "[,":
+                return None
+        elif "a" <= ch <= "z":
+            if depth == 0 or prev == "]":
+                return None
+        else:
+            return None
+        prev = ch
+    if not text:
+        return "prefix"
+    return "whole" if depth == 0 else "prefix"
+
+
+def case_guided_grammar(s):
+    """guided_grammar (vLLM's), ebnf (SGLang's) and structured_outputs.grammar: the reply is a
+    whole text of the GBNF grammar (Python's re decides a regular one, a bracket counter nested
+    lists), whole, streamed, sampled, in a chat and on /generate; refusals name the field."""
+    body = {"prompt": "Once upon a time", "temperature": 0, "max_tokens": 32}
+    grammar = 'root ::= answer " " num\nanswer ::= "yes" | "no"  # a comment\nnum ::= [1-9] [0-9]{0,2}'
+    pattern = r"(yes|no) [1-9][0-9]{0,2}"
+    status, r = s.post("/v1/completions", {**body, "guided_grammar": grammar})
+    c = r["choices"][0] if status == 200 else {}
+    check(status == 200 and re.fullmatch(pattern, c["text"]) and c["finish_reason"] == "stop",
+          f"guided_grammar: {r}")
+    status, _, events = s.stream("/v1/completions", {**body, "guided_grammar": grammar, "stream": True})
+    check("".join(e["choices"][0]["text"] for e in events[:-1]) == c.get("text"), f"streamed: {events}")
+    for other in [{"structured_outputs": {"grammar": grammar}}, {"ebnf": grammar}]:
+        status, r2 = s.post("/v1/completions", {**body, **other})
+        check(status == 200 and r2["choices"][0]["text"] == c.get("text"), f"{other}: {r2}")
+    status, r = s.post("/generate", {"text": "Once upon a time", "sampling_params": {
+        "max_new_tokens": 16, "temperature": 0, "ebnf": grammar}})
+    check(status == 200 and re.fullmatch(pattern, r["text"]), f"/generate ebnf: {r}")
+    status, r = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Yes or no?"}],
+                                                "max_tokens": 8, "temperature": 0, "guided_grammar": grammar})
+    check(status == 200 and re.fullmatch(pattern, r["choices"][0]["message"]["content"]), f"chat: {r}")
+    # Recursive: nested lists, sampled; a reply max_tokens cuts is a prefix of one.
+    nested = 'root ::= "[" (item ("," item)*)? "]"\nitem ::= [a-z]+ | root\n'
+    status, r = s.post("/v1/completions", {**body, "guided_grammar": nested, "temperature": 1, "seed": 5,
+                                           "n": 6, "max_tokens": 24})
+    outs = [(x["text"], x["finish_reason"]) for x in r["choices"]] if status == 200 else []
+    check(len(outs) == 6 and all(bracket_list(t) == ("whole" if f == "stop" else "prefix") for t, f in outs)
+          and any(f == "stop" for _, f in outs), f"nested lists: {outs}")
+    for bad_body, param, words in [
+            ({"guided_grammar": "root ::= root \"a\" | \"b\""}, "guided_grammar", "left-recursive"),
+            ({"guided_grammar": "root ::= \"a\" b"}, "guided_grammar", "rule 'b' is used but not defined"),
+            ({"guided_grammar": ""}, "guided_grammar", "non-empty string"),
+            ({"guided_grammar": "root ::= \"a\"", "guided_regex": "a"}, "guided_grammar", "does not combine"),
+            ({"guided_grammar": "root ::= \"a\"", "ebnf": "root ::= \"a\""}, "ebnf", "not both"),
+            ({"ebnf": "root ::= [a-"}, "ebnf", "'[' without its ']' at line 1, column 10"),
+            ({"structured_outputs": {"grammar": "root ::= x"}}, "structured_outputs", "structured_outputs.grammar")]:
+        status, r = s.post("/v1/completions", {**body, **bad_body})
+        check(status == 400 and r["error"]["param"] == param and words in r["error"]["message"],
+              f"refused {bad_body}: {status} {r}")
+
+
 def case_json_mode(s):
     """response_format json_object: the reply is one JSON object (Python's json decides) when it
     ends by itself; forced to close by a bias, whole, streamed and in a chat."""
@@ -415,7 +486,7 @@ def case_structured_outputs(s):
     status, r = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "?"}], "max_tokens": 8,
                                                 "temperature": 0, "structured_outputs": {"choice": ["yes", "no"]}})
     check(status == 200 and r["choices"][0]["message"]["content"] in ("yes", "no"), f"chat structured_outputs: {r}")
-    for bad_body, words in [({"structured_outputs": {"grammar": "root ::= 'a'"}}, "structured_outputs.grammar"),
+    for bad_body, words in [({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag"),
                             ({"structured_outputs": {"regex": "a"}, "guided_regex": "a"}, "not both"),
                             ({"structured_outputs": {"regex": "("}}, "structured_outputs.regex"),
                             ({"structured_outputs": {"json": {"type": "integer", "minimum": 1}}},
@@ -639,7 +710,7 @@ def case_errors(s):
     expect(400, {"prompt": "hi", "min_tokens": -1}, "min_tokens")
     expect(400, {"messages": [{"role": "user", "content": "hi"}], "echo": True}, "echo", path="/v1/chat/completions")
     # vLLM's and SGLang's extensions that would change the result are refused, not ignored.
-    for key, value in [("prompt_logprobs", 1), ("guided_grammar", "root ::= x"), ("use_beam_search", True)]:
+    for key, value in [("prompt_logprobs", 1), ("structural_tag", "{}"), ("use_beam_search", True)]:
         expect(400, {"prompt": "hi", key: value}, key)
     expect(400, {"prompt": "hi", "allowed_token_ids": []}, "allowed_token_ids")
     expect(400, {"prompt": "hi", "allowed_token_ids": [3, 100000]}, "allowed_token_ids")
@@ -1206,7 +1277,7 @@ def case_mpi(mpiexec):
 
 
 CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_whole, case_seeds,
-                                     case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_guided_regex, case_json_mode, case_json_schema, case_structured_outputs, case_tokenize, case_chat_options, case_min_tokens, case_echo, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
+                                     case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_guided_regex, case_guided_grammar, case_json_mode, case_json_schema, case_structured_outputs, case_tokenize, case_chat_options, case_min_tokens, case_echo, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
                                      case_metrics_and_models]}
 
 OWN_SERVER = {f.__name__[5:]: f for f in [case_chat_template, case_tools, case_reasoning, case_api_key,

@@ -1,7 +1,8 @@
 // The fields that constrain what a reply may say: vLLM's guided_choice and guided_regex,
 // SGLang's regex, a JSON Schema (OpenAI's response_format json_schema, vLLM's guided_json,
-// SGLang's json_schema) and OpenAI's JSON mode, or vLLM's structured_outputs object holding any of
-// them. Each becomes a guide the engine walks token by token; every refusal names its field.
+// SGLang's json_schema), OpenAI's JSON mode, a GBNF grammar (vLLM's guided_grammar, SGLang's
+// ebnf), or vLLM's structured_outputs object holding any of them. Each becomes a guide the engine
+// walks token by token; every refusal names its field.
 #include <optional>
 
 #include "dcp/engine.h"
@@ -29,7 +30,8 @@ void OpenAiApi::check_guide(const SamplingParams& p, const std::string& param,
   }
 }
 
-// vLLM's newer form, {"structured_outputs": {"choice" | "regex" | "json" | "json_object"}}, as
+// vLLM's newer form, {"structured_outputs": {"choice" | "regex" | "json" | "json_object" |
+// "grammar"}}, as
 // the guided_* fields it replaces; null when the body has none. Anything else it may hold that
 // would change the reply is refused.
 std::optional<json> structured_outputs(const json& src, const char* within) {
@@ -38,10 +40,10 @@ std::optional<json> structured_outputs(const json& src, const char* within) {
   if (*within) bad("structured_outputs", "'structured_outputs' is a field of the body (vLLM's)");
   if (!so->is_object())
     bad("structured_outputs",
-        "'structured_outputs' must be an object (choice, regex, json or "
-        "json_object)");
+        "'structured_outputs' must be an object (choice, regex, json, json_object or "
+        "grammar)");
   for (const char* key : {"guided_choice", "guided_regex", "regex", "guided_json", "json_schema",
-                          "response_format"}) {
+                          "guided_grammar", "ebnf", "response_format"}) {
     if (field(src, key) &&
         (std::string_view(key) != "response_format" || (*field(src, key))["type"] != "text"))
       bad("structured_outputs", str("send 'structured_outputs' or '", key, "', not both"));
@@ -55,6 +57,8 @@ std::optional<json> structured_outputs(const json& src, const char* within) {
       legacy["guided_regex"] = value;
     } else if (key == "json") {
       legacy["guided_json"] = value;
+    } else if (key == "grammar") {
+      legacy["guided_grammar"] = value;
     } else if (key == "json_object") {
       if (!value.is_boolean())
         bad("structured_outputs", "'structured_outputs.json_object' must be a boolean");
@@ -67,7 +71,7 @@ std::optional<json> structured_outputs(const json& src, const char* within) {
     } else {
       bad("structured_outputs",
           str("'structured_outputs.", key,
-              "' is not supported (supported: choice, regex, json, json_object, "
+              "' is not supported (supported: choice, regex, json, json_object, grammar, "
               "disable_additional_properties)"));
     }
   }
@@ -177,6 +181,22 @@ void OpenAiApi::parse_guides(const json& body_src, const char* within, const std
                        "guided_choice, allowed_token_ids or bad_words"));
     need_tokenizer_for(k.param.c_str());
     p.json_object = true;
+    check_guide(p, k.param, k.shown);
+  }
+  // vLLM's guided_grammar, SGLang's ebnf: the reply's text is a whole text of the GBNF grammar.
+  if (field(src, "guided_grammar") && field(src, "ebnf"))
+    bad("ebnf", "send one of 'guided_grammar' and 'ebnf', not both");
+  const char* grammar_key = field(src, "ebnf") ? "ebnf" : "guided_grammar";
+  if (const json* grammar = field(src, grammar_key)) {
+    const Key k = key_of(grammar_key, "grammar");
+    if (!grammar->is_string() || grammar->get_ref<const std::string&>().empty())
+      bad(k.param, str("'", k.shown, "' must be a non-empty string (a GBNF grammar)"));
+    if (p.guided() || !p.allowed_token_ids.empty() || !p.bad_words.empty())
+      bad(k.param, str("'", k.shown,
+                       "' (a grammar) does not combine with response_format, guided_regex, "
+                       "guided_choice, guided_json, allowed_token_ids or bad_words"));
+    need_tokenizer_for(k.param.c_str());
+    p.grammar = grammar->get<std::string>();
     check_guide(p, k.param, k.shown);
   }
 }

@@ -31,8 +31,8 @@ void refuse_unsupported(const json& b) {
   if (const json* v = field(b, "functions"); v && !(v->is_array() && v->empty()))
     bad("functions", "'functions' is not supported (send 'tools')");
   // vLLM's and SGLang's extensions that would change the result: refused rather than ignored.
-  for (const char* key : {"prompt_logprobs", "guided_grammar", "ebnf", "structural_tag",
-                          "logprob_start_len", "custom_logit_processor", "logits_processors"}) {
+  for (const char* key : {"prompt_logprobs", "structural_tag", "logprob_start_len",
+                          "custom_logit_processor", "logits_processors"}) {
     if (field(b, key)) bad(key, str("'", key, "' is not supported"));
   }
   if (const json* v = field(b, "priority");
@@ -234,8 +234,7 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
       job.reasoning_opens_content = "<|tool_calls_section_begin|>";
     job.include_reasoning = boolean(b, "include_reasoning").value_or(true);
     // A guide holds only the content: it starts after the thinking closes (vLLM's).
-    if (job.reasoning &&
-        (!r.sampling.regex.empty() || !r.sampling.choices.empty() || r.sampling.json_object))
+    if (job.reasoning && r.sampling.guided())
       r.sampling.guide_after = tokenizer_->encode("</think>", false);
   } else {
     for (const char* key : {"tools", "tool_choice"}) {

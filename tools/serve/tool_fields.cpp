@@ -91,8 +91,7 @@ ToolUse OpenAiApi::parse_tools(const json& b, const std::string& body, SamplingP
         "\"function\": {\"name\": ...}}");
   }
   // "required" and a named function guide the reply: not combined with other guides.
-  if (!p.regex.empty() || !p.choices.empty() || p.json_object || !p.allowed_token_ids.empty() ||
-      !p.bad_words.empty())
+  if (p.guided() || !p.allowed_token_ids.empty() || !p.bad_words.empty())
     bad("tool_choice",
         "'tool_choice' \"required\" or a named function guides the reply itself: it does not "
         "combine with response_format, guided_*, allowed_token_ids or bad_words");

@@ -1,0 +1,76 @@
+// A context-free grammar in GBNF (llama.cpp's grammar format, which xgrammar's EBNF shares) as a
+// byte automaton for guided generation (vLLM's guided_grammar and structured_outputs.grammar,
+// SGLang's ebnf): the whole output must be a text the rule `root` derives.
+//
+// Syntax: rules `name ::= body` (names of letters, digits, '_' and '-'; a body runs on to the next
+// `name ::=`); in a body, string literals "..." (UTF-8), classes [abc], [a-z], [^...] over code
+// points, `.` (any character), rule names, groups (...), alternatives `|` (an empty one matches
+// the empty text), and the quantifiers `*`, `+`, `?`, `{n}`, `{n,}`, `{,m}`, `{n,m}`; escapes
+// \n \r \t \\ \" \' \[ \] \- \^ \/ \xHH \uHHHH \UHHHHHHHH; `#` comments to the end of the line.
+// Refused, naming the line and column: a syntax error, a rule used but not defined or defined
+// twice, no `root`, a class that matches no character, a rule that derives no finite text, a
+// left-recursive rule (one that can reach itself before reading a byte: the parse would not
+// end), and grammars too large.
+//
+// States are the parses still open after the bytes read (each a stack of rule positions, with
+// the bytes of a character not yet complete), built as they are first reached, so an instance
+// belongs to one request and one thread. A parse may nest at most kMaxDepth rules deep, and a
+// state keeps at most kMaxParses parses (a highly ambiguous grammar, whose parses multiply with
+// each byte, keeps the first ones): each kept parse is a parse of the grammar and can still end
+// in a whole text, so the output stays a text of the grammar, from fewer choices.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "dcp/byte_grammar.h"
+
+namespace dcp {
+
+struct GbnfRules;  // the compiled rules (src/engine/gbnf_rules.h)
+
+class GbnfGrammar final : public ByteGrammar {
+ public:
+  static constexpr std::size_t kMaxTextBytes = 256 * 1024;
+  static constexpr int kMaxRepeat = 1000;              // largest n or m of {n,m}
+  static constexpr std::size_t kMaxElements = 200000;  // after quantifiers are expanded
+  static constexpr std::size_t kMaxDepth = 512;
+  static constexpr std::size_t kMaxParses = 1024;
+
+  // Throws dcp::Error(invalid_argument) naming `field` and the line and column at fault.
+  explicit GbnfGrammar(std::string_view text, std::string_view field = "grammar");
+  ~GbnfGrammar() override;
+
+  std::int32_t start() const noexcept override { return 0; }
+  std::int32_t walk(std::int32_t state, std::string_view bytes) const override;
+  bool accepting(std::int32_t state) const noexcept override;
+  bool extendable(std::int32_t state) const noexcept override;
+  // Whether the whole of `text` is a text of the grammar.
+  bool matches(std::string_view text) const;
+  // Whether `state` kept every parse on the way to it (none nested past kMaxDepth, never more
+  // than kMaxParses): if not, some texts that begin with its bytes are no longer reachable.
+  bool whole(std::int32_t state) const noexcept;
+
+  // The open parses and the bytes of an incomplete character.
+  struct Config {
+    std::vector<std::vector<std::int32_t>> stacks;  // sorted, distinct; top: the next class
+    std::string partial;
+    bool trimmed = false;  // some parse was dropped on the way here
+  };
+
+ private:
+  std::int32_t intern(Config c) const;
+  std::int32_t next(std::int32_t state, std::uint8_t b) const;
+
+  std::unique_ptr<const GbnfRules> rules_;
+  mutable std::vector<Config> configs_;
+  mutable std::unordered_map<std::string, std::int32_t> ids_;
+  mutable std::vector<std::array<std::int32_t, 256>> next_;  // kUnknown until first asked
+};
+
+}  // namespace dcp
