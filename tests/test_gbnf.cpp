@@ -752,6 +752,31 @@ TEST(GbnfGrammar, BoundsHowDeepAParseNestsAndHowManyAStateKeeps) {
   EXPECT_EQ(rest->size(), open.size());
   EXPECT_EQ(rest->find_first_not_of(")]"), std::string::npos);
   EXPECT_TRUE(twice.matches(open + "x" + *rest));
+
+  // Forty counters in a row: each position a state of its own. Walking all of them fills the memory
+  // bound, past which nothing new is built: the rest of the text is dead, what was walked before
+  // still matches, and the rest of the grammar's texts that need new states are not reached.
+  const std::string marks = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!$%&";
+  std::string rules = "root ::=", text;
+  for (const char m : marks) {
+    rules += std::string(" \"") + m + "\"{0,1000}";
+    text += std::string(1000, m);
+  }
+  const GbnfGrammar counters(rules);
+  EXPECT_TRUE(counters.matches("AAAB"));
+  EXPECT_FALSE(live(counters, text));
+  EXPECT_GE(counters.bytes(), GbnfGrammar::kMaxBytes - (1u << 16));
+  EXPECT_LE(counters.bytes(), GbnfGrammar::kMaxBytes);
+  EXPECT_TRUE(counters.matches("AAAB"));
+  std::size_t reached = 0;  // how far the walk went before the bound stopped it
+  for (std::int32_t st = counters.start(); reached < text.size(); ++reached) {
+    st = counters.walk(st, text.substr(reached, 1));
+    if (st == ByteGrammar::kDead) break;
+  }
+  EXPECT_GT(reached, 5000u);
+  EXPECT_LT(reached, text.size());
+  EXPECT_TRUE(counters.matches(text.substr(0, reached)));       // walked before the bound
+  EXPECT_FALSE(counters.matches(text.substr(0, reached + 1)));  // in the language, past it
 }
 
 }  // namespace

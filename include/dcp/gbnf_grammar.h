@@ -17,7 +17,10 @@
 // belongs to one request and one thread. A parse may nest at most kMaxDepth rules deep, and a
 // state keeps at most kMaxParses parses (a highly ambiguous grammar, whose parses multiply with
 // each byte, keeps the first ones): each kept parse is a parse of the grammar and can still end
-// in a whole text, so the output stays a text of the grammar, from fewer choices.
+// in a whole text, so the output stays a text of the grammar, from fewer choices. The states of
+// one instance hold at most kMaxBytes: past that no new state is built, and a byte that would
+// need one is not allowed (a text so guided ends where it stands), so that no grammar can make a
+// request's guide take unbounded memory or time.
 #pragma once
 
 #include <array>
@@ -40,7 +43,8 @@ class GbnfGrammar final : public ByteGrammar {
   static constexpr int kMaxRepeat = 1000;              // largest n or m of {n,m}
   static constexpr std::size_t kMaxElements = 200000;  // after quantifiers are expanded
   static constexpr std::size_t kMaxDepth = 512;
-  static constexpr std::size_t kMaxParses = 1024;
+  static constexpr std::size_t kMaxParses = 256;
+  static constexpr std::size_t kMaxBytes = std::size_t{32} << 20;  // the states of one instance
 
   // Throws dcp::Error(invalid_argument) naming `field` and the line and column at fault.
   explicit GbnfGrammar(std::string_view text, std::string_view field = "grammar");
@@ -55,6 +59,8 @@ class GbnfGrammar final : public ByteGrammar {
   // Whether `state` kept every parse on the way to it (none nested past kMaxDepth, never more
   // than kMaxParses): if not, some texts that begin with its bytes are no longer reachable.
   bool whole(std::int32_t state) const noexcept;
+  // Memory the states built so far hold (at most kMaxBytes past the first state).
+  std::size_t bytes() const noexcept { return bytes_; }
 
   // The open parses and the bytes of an incomplete character.
   struct Config {
@@ -71,6 +77,7 @@ class GbnfGrammar final : public ByteGrammar {
   mutable std::vector<Config> configs_;
   mutable std::unordered_map<std::string, std::int32_t> ids_;
   mutable std::vector<std::array<std::int32_t, 256>> next_;  // kUnknown until first asked
+  mutable std::size_t bytes_ = 0;
 };
 
 }  // namespace dcp
