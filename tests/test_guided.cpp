@@ -654,6 +654,30 @@ TEST(TokenGuide, AllowsExactlyTheTokensThatKeepAPrefixOfAMatch) {
   EXPECT_FALSE(guide.state_after(std::vector<std::int32_t>{specials[0]}).has_value());
 }
 
+// A reply whose every step is a new state (a counted repetition) asks for a new set each step:
+// the kept sets stay within their bound, and a set asked again after they were dropped is the
+// same.
+TEST(TokenGuide, KeepsItsAllowedSetsWithinABound) {
+  std::vector<std::optional<std::string>> texts;
+  for (int i = 0; i < 65536; ++i)
+    texts.push_back(std::string(1 + i % 3, static_cast<char>('a' + i % 26)));
+  const auto vocab = std::make_shared<const GuideVocabulary>(texts);
+  TokenGuide guide(std::make_shared<const RegexDfa>("[a-z]{0,300}"), vocab);
+  const std::vector<std::int32_t> first = guide.allowed(guide.grammar().start());
+  EXPECT_EQ(first.size(), texts.size());
+  std::size_t most = 0;
+  for (int n = 0; n < 100; ++n) {
+    const std::int32_t s = guide.grammar().walk(guide.grammar().start(), std::string(n, 'q'));
+    EXPECT_EQ(guide.allowed(s).size(), texts.size()) << n;
+    most = std::max(most, guide.cached_ids());
+  }
+  EXPECT_LE(most, TokenGuide::kMaxCachedIds);
+  EXPECT_GT(most, TokenGuide::kMaxCachedIds / 2);
+  EXPECT_EQ(guide.allowed(guide.grammar().start()), first);
+  const std::int32_t late = guide.grammar().walk(guide.grammar().start(), std::string(299, 'q'));
+  EXPECT_EQ(guide.allowed(late).size(), 65536u / 3 + 1);  // only one-letter tokens fit
+}
+
 std::string text_of(const GuideVocabulary& v, const std::vector<std::int32_t>& tokens) {
   std::string s;
   for (std::int32_t t : tokens)

@@ -47,14 +47,20 @@ class TokenGuide {
   // The state after `output`; nullopt once a token of it is not allowed where it stands (a stop
   // token ended the request, or a speculative proposal looks past the end).
   std::optional<std::int32_t> state_after(std::span<const std::int32_t> output) const;
-  // The tokens allowed in `state`, ascending (a state's set is computed once, on first use).
+  // The tokens allowed in `state`, ascending. Sets are kept for the states asked before, up to
+  // kMaxCachedIds ids in all (past that the kept sets are dropped: a reply whose every step is a
+  // new state, as a counted repetition makes, must not grow them without end); the reference is
+  // valid until the next call.
   const std::vector<std::int32_t>& allowed(std::int32_t state);
+  static constexpr std::size_t kMaxCachedIds = std::size_t{1} << 22;
+  std::size_t cached_ids() const noexcept { return cached_ids_; }
   const ByteGrammar& grammar() const noexcept { return *grammar_; }
 
  private:
   std::shared_ptr<const ByteGrammar> grammar_;
   std::shared_ptr<const GuideVocabulary> vocab_;
   std::unordered_map<std::int32_t, std::vector<std::int32_t>> allowed_;
+  std::size_t cached_ids_ = 0;  // in allowed_
 };
 
 }  // namespace dcp

@@ -42,6 +42,11 @@ const std::vector<std::int32_t>& TokenGuide::allowed(std::int32_t state) {
     if (vocab_->writable(t) && grammar_->walk(state, vocab_->bytes(t)) != ByteGrammar::kDead)
       ids.push_back(t);
   }
+  if (cached_ids_ + ids.size() > kMaxCachedIds) {
+    allowed_.clear();
+    cached_ids_ = 0;
+  }
+  cached_ids_ += ids.size();
   return allowed_.emplace(state, std::move(ids)).first->second;
 }
 
