@@ -687,6 +687,7 @@ TEST(GbnfGrammar, RefusesWhatItCannotWalkNamingWhere) {
       {"", "the grammar is empty"},
       {"   # only a comment\n", "the grammar is empty"},
       {"root = \"a\"", "expected a rule ('name ::= ...') at line 1, column 1"},
+      {"start: \"a\"", "this reads GBNF, not Lark's 'name: ...' at line 1, column 1"},
       {"root ::= foo", "rule 'foo' is used but not defined at line 1, column 10"},
       {"root ::= a\n\na ::= \"x\" b", "rule 'b' is used but not defined at line 3, column 11"},
       {"root ::= \"a\"\nroot ::= \"b\"",

@@ -72,7 +72,14 @@ class Parser {
     if (at_ >= t_.size()) fail(0, "the grammar is empty (it needs a rule 'root ::= ...')");
     while (at_ < t_.size()) {
       const std::size_t where = at_;
-      if (!at_rule_start()) fail(at_, "expected a rule ('name ::= ...')");
+      if (!at_rule_start()) {
+        // Lark's "name: ..." (outlines' grammars) is a different language: say so.
+        std::size_t i = at_;
+        while (i < t_.size() && is_name_char(t_[i])) ++i;
+        const bool lark = i > at_ && t_.substr(i, 1) == ":" && t_.substr(i, 3) != "::=";
+        fail(at_, lark ? "expected a rule ('name ::= ...'): this reads GBNF, not Lark's 'name: ...'"
+                       : "expected a rule ('name ::= ...')");
+      }
       const std::string name = read_name();
       const std::int32_t r = rule_id(name, kNone);
       if (rules_[static_cast<std::size_t>(r)].defined != kNone)
