@@ -727,6 +727,11 @@ TEST(GbnfGrammar, RefusesWhatItCannotWalkNamingWhere) {
   }
   EXPECT_NE(refusal(std::string(GbnfGrammar::kMaxTextBytes + 1, ' ')).find("is over"),
             std::string::npos);
+  const std::size_t deep = GbnfGrammar::kMaxGroupNesting;
+  EXPECT_TRUE(GbnfGrammar("root ::= " + std::string(deep, '(') + "\"a\"" + std::string(deep, ')'))
+                  .matches("a"));
+  EXPECT_NE(refusal("root ::= " + std::string(200000, '(')).find("groups nest more than 256 deep"),
+            std::string::npos);
   std::string large = "root ::=";  // quantifiers copy what they repeat
   for (int i = 0; i < 201; ++i) large += " \"a\"{1000}";
   EXPECT_NE(refusal(large).find("the grammar is too large"), std::string::npos);

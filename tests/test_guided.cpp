@@ -83,6 +83,11 @@ TEST(RegexDfa, MatchesWholeTextsOnly) {
 
 TEST(RegexDfa, RefusesWhatItDoesNotImplementNamingTheField) {
   EXPECT_EQ(refusal("(a"), "'guided_regex': missing ')' at byte 2 of the pattern");
+  // Groups nest up to a bound, past which they are refused rather than overflow the stack.
+  const std::size_t deep = RegexDfa::kMaxGroupNesting;
+  EXPECT_TRUE(RegexDfa(std::string(deep, '(') + "a" + std::string(deep, ')')).matches("a"));
+  EXPECT_EQ(refusal(std::string(100000, '(')),
+            "'guided_regex': groups nest more than 256 deep at byte 257 of the pattern");
   EXPECT_EQ(refusal("a)"), "'guided_regex': unbalanced ')' at byte 1 of the pattern");
   EXPECT_EQ(refusal("*a"), "'guided_regex': nothing to repeat at byte 0 of the pattern");
   EXPECT_EQ(refusal("a|{2}"), "'guided_regex': nothing to repeat at byte 2 of the pattern");
@@ -543,6 +548,28 @@ json.dump([ok(bytes.fromhex(h)) for h in json.load(open(sys.argv[1]))], open(sys
 }
 
 TEST(JsonSchema, RefusesWhatItCannotHonourNamingWhere) {
+  // Nested objects: kMaxSchemaNesting levels compile; far more are refused, not a stack overflow.
+  const auto nested = [](int n) {
+    std::string s;
+    for (int i = 0; i < n; ++i) s += R"({"type":"object","properties":{"a":)";
+    s += R"({"type":"integer"})";
+    for (int i = 0; i < n; ++i) s += R"(},"required":["a"]})";
+    return s;
+  };
+  EXPECT_NO_THROW(json_schema_regex(nested(kMaxSchemaNesting - 1)));
+  for (const int n : {kMaxSchemaNesting + 1, 100000}) {  // seen compiling, and before parsing
+    try {
+      json_schema_regex(nested(n), "response_format");
+      ADD_FAILURE() << "a schema nested " << n << " deep was compiled";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("the schema nests more than 64 levels"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(json_nesting(R"({"a": "[[[\"{{"}, "b": [[1], {"c": []}]})"), 3u);
+  EXPECT_EQ(json_nesting("12"), 0u);
+  EXPECT_EQ(json_nesting(nested(100000)), 200001u);
   const auto refusal = [](const char* schema) {
     try {
       json_schema_regex(schema, "response_format");

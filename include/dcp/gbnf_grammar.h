@@ -41,6 +41,7 @@ class GbnfGrammar final : public ByteGrammar {
  public:
   static constexpr std::size_t kMaxTextBytes = 256 * 1024;
   static constexpr int kMaxRepeat = 1000;              // largest n or m of {n,m}
+  static constexpr std::size_t kMaxGroupNesting = 256;  // (((...))) in the text
   static constexpr std::size_t kMaxElements = 200000;  // after quantifiers are expanded
   static constexpr std::size_t kMaxDepth = 512;
   static constexpr std::size_t kMaxParses = 256;

@@ -13,10 +13,19 @@
 // the text holds at most one space (compact or as json.dumps writes it, never indented).
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
 namespace dcp {
+
+// Schemas nested deeper than this (objects in objects, items in items) are refused.
+constexpr int kMaxSchemaNesting = 64;
+
+// How deep the arrays and objects of a JSON text nest (0 for a scalar), read without parsing it:
+// nlohmann's parser copies a nested object's members as it grows an ordered object, by recursion,
+// so outside text is measured before it is parsed.
+std::size_t json_nesting(std::string_view text) noexcept;
 
 // Throws dcp::Error(invalid_argument) naming `field` and where in the schema it fails.
 std::string json_schema_regex(std::string_view schema_json, std::string_view field = "json_schema");

@@ -26,6 +26,7 @@ namespace dcp {
 class RegexDfa final : public ByteGrammar {
  public:
   static constexpr int kMaxRepeat = 1000;       // largest n or m of {n,m}
+  static constexpr std::size_t kMaxGroupNesting = 256;
   static constexpr int kMaxNfaStates = 200000;  // before determinization
   static constexpr int kMaxStates = 20000;      // of the automaton itself
 

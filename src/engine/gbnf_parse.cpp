@@ -237,10 +237,14 @@ class Parser {
     }
     if (c == '(') {
       const std::size_t open = at_++;
+      // Groups are read by recursion: bound it, so that a text of '(' cannot overflow the stack.
+      if (++groups_open_ > GbnfGrammar::kMaxGroupNesting)
+        fail(open, str("groups nest more than ", GbnfGrammar::kMaxGroupNesting, " deep"));
       const std::int32_t g = new_rule(r, {});
       alternatives(g, true);
       if (peek() != ')') fail(open, "'(' without its ')'");
       ++at_;
+      --groups_open_;
       return {{GbnfRules::kRule, g}};
     }
     if (is_name_char(c)) {
@@ -513,7 +517,7 @@ class Parser {
   }
 
   std::string_view t_, field_;
-  std::size_t at_ = 0, elements_ = 0;
+  std::size_t at_ = 0, elements_ = 0, groups_open_ = 0;
   std::vector<Rule> rules_;
   std::map<std::string, std::int32_t> names_;
   std::map<std::vector<Range>, std::int32_t> class_ids_;

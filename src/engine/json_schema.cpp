@@ -63,6 +63,13 @@ class Compiler {
   Compiler(const Json& root, std::string_view field) : root_(root), field_(field) {}
 
   std::string value(const Json& s, const std::string& where) {
+    // Schemas are compiled by recursion: bound it, so that a deep one cannot overflow the stack.
+    struct Nesting {
+      int& depth;
+      ~Nesting() { --depth; }
+    } nesting{++depth_};
+    if (depth_ > kMaxSchemaNesting)
+      fail(where, str("the schema nests more than ", kMaxSchemaNesting, " levels"));
     if (!s.is_object())
       fail(where, "a schema must be an object (true/false schemas are not supported)");
     for (const auto& [key, v] : s.items()) {
@@ -288,11 +295,37 @@ class Compiler {
   const Json& root_;
   std::string field_;
   std::vector<std::string> expanding_;  // $refs being expanded
+  int depth_ = 0;                       // schemas being compiled, outermost first
 };
 
 }  // namespace
 
+std::size_t json_nesting(std::string_view text) noexcept {
+  std::size_t depth = 0, most = 0;
+  bool in_string = false;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      most = std::max(most, ++depth);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return most;
+}
+
 std::string json_schema_regex(std::string_view schema_json, std::string_view field) {
+  // A schema holds a level of objects or arrays per level of schemas, and a few of its own.
+  if (json_nesting(schema_json) > 4 * kMaxSchemaNesting)
+    throw Error(ErrorCategory::invalid_argument,
+                str("'", field, "': the schema nests more than ", kMaxSchemaNesting, " levels"));
   Json root;
   try {
     root = Json::parse(schema_json);

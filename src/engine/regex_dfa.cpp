@@ -170,12 +170,16 @@ class Parser {
       fail("nothing to repeat");
     }
     if (eat('(')) {
+      // Groups are read by recursion: bound it, so that a pattern of '(' cannot overflow the stack.
+      if (++groups_open_ > RegexDfa::kMaxGroupNesting)
+        fail(str("groups nest more than ", RegexDfa::kMaxGroupNesting, " deep"));
       if (eat("?:") || named_group()) {
       } else if (more() && peek() == '?') {
         fail("look-arounds and inline flags are not supported");
       }
       const int inner = alternation();
       if (!eat(')')) fail("missing ')'");
+      --groups_open_;
       return inner;
     }
     if (eat('[')) return set_node(char_class());
@@ -339,7 +343,7 @@ class Parser {
   }
 
   std::string_view p_, field_;
-  std::size_t at_ = 0;
+  std::size_t at_ = 0, groups_open_ = 0;
   std::vector<Node> nodes_;
 };
 

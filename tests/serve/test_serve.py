@@ -712,6 +712,9 @@ def case_errors(s):
     # vLLM's and SGLang's extensions that would change the result are refused, not ignored.
     for key, value in [("prompt_logprobs", 1), ("structural_tag", "{}"), ("use_beam_search", True)]:
         expect(400, {"prompt": "hi", key: value}, key)
+    # Deep nesting is refused before the body is parsed (a parser copies deep objects by recursion).
+    status, r = s.request("POST", "/v1/completions", raw='{"prompt": "hi", "x": ' + '{"a": ' * 100000 + "1" + "}" * 100001)
+    check(status == 400 and "nests arrays and objects more than 300 levels" in r["error"]["message"], f"deep body: {status} {r}")
     expect(400, {"prompt": "hi", "allowed_token_ids": []}, "allowed_token_ids")
     expect(400, {"prompt": "hi", "allowed_token_ids": [3, 100000]}, "allowed_token_ids")
     expect(400, {"prompt": "hi", "allowed_token_ids": [9], "bad_words": ["\t"]}, "bad_words")
@@ -727,6 +730,8 @@ def case_errors(s):
     expect(400, {"prompt": "hi", "guided_regex": "(a"}, "guided_regex")
     expect(400, {"prompt": "hi", "guided_regex": ""}, "guided_regex")
     expect(400, {"prompt": "hi", "guided_regex": "a(?=b)"}, "guided_regex")
+    expect(400, {"prompt": "hi", "guided_regex": "(" * 100000}, "guided_regex")  # nesting bounded
+    expect(400, {"prompt": "hi", "guided_grammar": "root ::= " + "(" * 100000}, "guided_grammar")
     expect(400, {"prompt": "hi", "guided_regex": "a", "regex": "a"}, "regex")
     expect(400, {"prompt": "hi", "guided_regex": "a", "guided_choice": ["a"]}, "guided_regex")
     expect(400, {"text": "hi", "sampling_params": {"regex": "a{0}"}}, "regex", path="/generate")

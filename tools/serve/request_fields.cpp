@@ -5,6 +5,7 @@
 
 #include "dcp/chat_template.h"
 #include "dcp/error.h"
+#include "dcp/json_schema.h"
 #include "serve/tool_fields.h"
 
 namespace dcp::serve {
@@ -101,6 +102,9 @@ std::vector<std::string> stop_strings(const json& obj) {
 }
 
 json parse_object(const std::string& body) {
+  // No request needs deep nesting; refused before parsing it (json_nesting says why).
+  if (json_nesting(body) > kMaxBodyNesting)
+    bad("", str("the body nests arrays and objects more than ", kMaxBodyNesting, " levels"));
   json b;
   try {
     b = json::parse(body);

@@ -30,6 +30,9 @@ struct BadRequest : std::runtime_error {
 
 [[noreturn]] void bad(const std::string& param, const std::string& message, int status = 400);
 
+// How deep a request body may nest its arrays and objects (a JSON Schema in it: 64 schema levels).
+constexpr std::size_t kMaxBodyNesting = 300;
+
 // The body as a JSON object, or BadRequest.
 json parse_object(const std::string& body);
 
