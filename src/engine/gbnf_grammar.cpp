@@ -74,19 +74,26 @@ bool expand_all(const GbnfRules& g, std::vector<Stack> from, std::vector<Stack>&
   return settle(out) && whole;
 }
 
-// The code points a valid UTF-8 character beginning with `partial` (1-3 bytes) can be.
+std::size_t utf8_length(std::uint8_t lead) {
+  return lead < 0x80 ? 1 : lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : 2;
+}
+
+// The range of the byte after `lead` in valid UTF-8 (no overlong forms, no surrogates, nothing
+// past U+10FFFF); bytes after the second are 80-BF.
+std::pair<std::uint8_t, std::uint8_t> second_byte(std::uint8_t lead) {
+  return {lead == 0xE0 ? 0xA0 : lead == 0xF0 ? 0x90 : 0x80,
+          lead == 0xED ? 0x9F : lead == 0xF4 ? 0x8F : 0xBF};
+}
+
+// The code points a valid UTF-8 character beginning with `partial` can be (one, when whole).
 std::pair<char32_t, char32_t> completions(std::string_view partial) {
   const auto lead = static_cast<std::uint8_t>(partial[0]);
-  if (lead < 0x80) return {lead, lead};
-  const int length = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : 2;
-  // The second byte's range after each lead (no overlong forms, no surrogates, nothing past
-  // U+10FFFF); later bytes 80-BF.
-  const std::uint8_t lo2 = lead == 0xE0 ? 0xA0 : lead == 0xF0 ? 0x90 : 0x80;
-  const std::uint8_t hi2 = lead == 0xED ? 0x9F : lead == 0xF4 ? 0x8F : 0xBF;
+  const std::size_t length = utf8_length(lead);
+  if (length == 1) return {lead, lead};
   char32_t lo = lead & (0x7F >> length), hi = lo;
-  for (int i = 1; i < length; ++i) {
-    std::uint8_t a = i == 1 ? lo2 : 0x80, b = i == 1 ? hi2 : 0xBF;
-    if (static_cast<std::size_t>(i) < partial.size()) a = b = static_cast<std::uint8_t>(partial[i]);
+  for (std::size_t i = 1; i < length; ++i) {
+    auto [a, b] = i == 1 ? second_byte(lead) : std::pair<std::uint8_t, std::uint8_t>{0x80, 0xBF};
+    if (i < partial.size()) a = b = static_cast<std::uint8_t>(partial[i]);
     lo = lo << 6 | (a & 0x3F);
     hi = hi << 6 | (b & 0x3F);
   }
@@ -96,15 +103,9 @@ std::pair<char32_t, char32_t> completions(std::string_view partial) {
 // Whether byte b may follow `partial` (empty: b begins a character) in valid UTF-8.
 bool utf8_continues(std::string_view partial, std::uint8_t b) {
   if (partial.empty()) return b < 0x80 || (b >= 0xC2 && b <= 0xF4);
-  const auto lead = static_cast<std::uint8_t>(partial[0]);
   if (partial.size() > 1) return b >= 0x80 && b <= 0xBF;
-  const std::uint8_t lo2 = lead == 0xE0 ? 0xA0 : lead == 0xF0 ? 0x90 : 0x80;
-  const std::uint8_t hi2 = lead == 0xED ? 0x9F : lead == 0xF4 ? 0x8F : 0xBF;
-  return b >= lo2 && b <= hi2;
-}
-
-std::size_t utf8_length(std::uint8_t lead) {
-  return lead < 0x80 ? 1 : lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : 2;
+  const auto [lo, hi] = second_byte(static_cast<std::uint8_t>(partial[0]));
+  return b >= lo && b <= hi;
 }
 
 // The configuration after byte b, or no parses when none may read it.
