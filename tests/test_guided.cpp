@@ -705,6 +705,118 @@ TEST(TokenGuide, KeepsItsAllowedSetsWithinABound) {
   EXPECT_EQ(guide.allowed(late).size(), 65536u / 3 + 1);  // only one-letter tokens fit
 }
 
+// A vocabulary grown as BPE grows one: each token an earlier one plus a piece of `alphabet`, so
+// tokens share prefixes at every depth; with repeated bytes under two ids, ids that write nothing,
+// an empty token, and a few long tokens.
+std::vector<std::optional<std::string>> grown_vocabulary(const std::vector<std::string>& alphabet,
+                                                         int size, test::Rng& rng) {
+  std::vector<std::optional<std::string>> texts;
+  const auto piece = [&] {
+    return alphabet[static_cast<std::size_t>(
+        rng.range(0, static_cast<std::int64_t>(alphabet.size()) - 1))];
+  };
+  while (static_cast<int>(texts.size()) < size) {
+    const std::int64_t kind = rng.range(0, 99);
+    if (kind < 4) {
+      texts.emplace_back();  // writes nothing
+    } else if (kind < 5) {
+      texts.emplace_back("");
+    } else if (kind < 8 && !texts.empty()) {
+      texts.push_back(texts[static_cast<std::size_t>(
+          rng.range(0, static_cast<std::int64_t>(texts.size()) - 1))]);  // the same bytes again
+    } else if (kind < 10) {
+      std::string t;
+      for (std::int64_t n = rng.range(10, 40); n > 0; --n) t += piece();
+      texts.push_back(t);
+    } else if (kind < 60 && !texts.empty()) {
+      const auto& base = texts[static_cast<std::size_t>(
+          rng.range(0, static_cast<std::int64_t>(texts.size()) - 1))];
+      texts.push_back(base.value_or("") + piece());
+    } else {
+      texts.push_back(piece());
+    }
+  }
+  return texts;
+}
+
+// The guide walks the vocabulary in byte order, sharing prefixes: at every state a random walk
+// reaches, it allows exactly the tokens whose bytes, each walked alone from that state, stay live;
+// for random regexes, JSON and a grammar over vocabularies of up to 3000 tokens.
+TEST(TokenGuide, WalkInByteOrderAllowsWhatEachTokenWalkedAloneAllows) {
+  test::Rng rng = test::make_rng();
+  PatternMaker maker(rng.engine());
+  const std::vector<std::string> pattern_alphabet = {"a", "b", "c",  "0", "7", " ",    "_",
+                                                     "é", "€", "\n", "-", "Z", "\xc3", "\xff"};
+  const std::vector<std::string> json_alphabet = {"{",  "}", "[", "]", "\"",   ":",    ",",
+                                                  " ",  "a", "1", "0", "e",    ".",    "-",
+                                                  "\\", "u", "é", "n", "true", "null", "\n"};
+  int grammars = 0, states = 0;
+  for (int i = 0; i < 90; ++i) {
+    std::shared_ptr<const ByteGrammar> grammar;
+    std::vector<std::string> alphabet = pattern_alphabet;
+    if (i % 3 == 2) {
+      alphabet = json_alphabet;
+      if (i % 2) {
+        grammar = std::make_shared<const JsonGrammar>();
+      } else {
+        grammar = std::make_shared<const GbnfGrammar>(R"(root ::= "{" ws (pair ("," ws pair)*)? "}"
+pair ::= str ws ":" ws (str | num | "true" | "null" | root) ws
+str ::= "\"" [^"\\]* "\""
+num ::= "-"? [0-9]+ ("." [0-9]+)? ("e" [0-9]+)?
+ws ::= " "*)");
+      }
+    } else {
+      const std::string pattern = maker.make(2).first;
+      try {
+        grammar = std::make_shared<const RegexDfa>(pattern);
+      } catch (const Error& e) {  // a pattern past the automaton's size bound
+        ASSERT_NE(std::string(e.what()).find("too large"), std::string::npos) << e.what();
+        continue;
+      }
+    }
+    ++grammars;
+    const auto texts = grown_vocabulary(alphabet, static_cast<int>(rng.range(1, 3000)), rng);
+    const auto vocab = std::make_shared<const GuideVocabulary>(texts);
+    // The byte order itself: every writable id once, ordered, each shared prefix exact.
+    std::vector<std::int32_t> writable;
+    for (std::int32_t t = 0; t < vocab->size(); ++t)
+      if (vocab->writable(t)) writable.push_back(t);
+    std::vector<std::int32_t> ordered = vocab->by_bytes();
+    ASSERT_EQ(ordered.size(), writable.size());
+    for (std::size_t k = 0; k < ordered.size(); ++k) {
+      const std::string_view b = vocab->bytes(ordered[k]);
+      ASSERT_EQ(vocab->sorted_bytes(k), b);
+      if (k == 0) continue;
+      const std::string_view a = vocab->bytes(ordered[k - 1]);
+      ASSERT_LE(a, b);
+      std::size_t same = 0;
+      while (same < a.size() && same < b.size() && a[same] == b[same]) ++same;
+      ASSERT_EQ(vocab->shared_prefix()[k], same) << k;
+    }
+    std::sort(ordered.begin(), ordered.end());
+    ASSERT_EQ(ordered, writable);
+
+    TokenGuide guide(grammar, vocab);
+    std::int32_t s = grammar->start();
+    for (int step = 0; step < 30; ++step, ++states) {
+      std::vector<std::int32_t> want;
+      for (std::int32_t t = 0; t < vocab->size(); ++t) {
+        if (vocab->writable(t) && grammar->walk(s, vocab->bytes(t)) != ByteGrammar::kDead)
+          want.push_back(t);
+      }
+      const std::vector<std::int32_t>& got = guide.allowed(s);
+      ASSERT_EQ(got, want) << "grammar " << i << ", step " << step << ", vocabulary of "
+                           << texts.size();
+      if (want.empty()) break;
+      const std::int32_t t =
+          want[static_cast<std::size_t>(rng.range(0, static_cast<std::int64_t>(want.size()) - 1))];
+      s = grammar->walk(s, vocab->bytes(t));
+    }
+  }
+  EXPECT_GE(grammars, 60);
+  EXPECT_GE(states, 600);
+}
+
 std::string text_of(const GuideVocabulary& v, const std::vector<std::int32_t>& tokens) {
   std::string s;
   for (std::int32_t t : tokens)

@@ -52,7 +52,7 @@ class GbnfGrammar final : public ByteGrammar {
   ~GbnfGrammar() override;
 
   std::int32_t start() const noexcept override { return 0; }
-  std::int32_t walk(std::int32_t state, std::string_view bytes) const override;
+  std::int32_t next(std::int32_t state, std::uint8_t b) const override;
   bool accepting(std::int32_t state) const noexcept override;
   bool extendable(std::int32_t state) const noexcept override;
   // Whether the whole of `text` is a text of the grammar.
@@ -72,7 +72,6 @@ class GbnfGrammar final : public ByteGrammar {
 
  private:
   std::int32_t intern(Config c) const;
-  std::int32_t next(std::int32_t state, std::uint8_t b) const;
 
   std::unique_ptr<const GbnfRules> rules_;
   mutable std::vector<Config> configs_;

@@ -23,7 +23,7 @@ class JsonGrammar final : public ByteGrammar {
 
   JsonGrammar();
   std::int32_t start() const noexcept override { return 0; }
-  std::int32_t walk(std::int32_t state, std::string_view bytes) const override;
+  std::int32_t next(std::int32_t state, std::uint8_t b) const override;
   bool accepting(std::int32_t state) const noexcept override;
   bool extendable(std::int32_t state) const noexcept override;
   // Whether the whole of `text` is such an object.
@@ -39,7 +39,6 @@ class JsonGrammar final : public ByteGrammar {
 
  private:
   std::int32_t intern(const Config& c) const;
-  std::int32_t next(std::int32_t state, std::uint8_t b) const;
 
   mutable std::vector<Config> configs_;
   mutable std::unordered_map<std::string, std::int32_t> ids_;

@@ -38,11 +38,9 @@ class RegexDfa final : public ByteGrammar {
   std::int32_t states() const noexcept { return static_cast<std::int32_t>(accepting_.size()); }
   // The state after byte b from `state`; kDead when no match can follow. Every live state can
   // still reach a match.
-  std::int32_t next(std::int32_t state, std::uint8_t b) const noexcept {
+  std::int32_t next(std::int32_t state, std::uint8_t b) const noexcept override {
     return next_[static_cast<std::size_t>(state) * classes_ + class_of_[b]];
   }
-  // The state after `bytes` from `state` (kDead stays kDead).
-  std::int32_t walk(std::int32_t state, std::string_view bytes) const noexcept override;
   // Whether the bytes read so far are a whole match.
   bool accepting(std::int32_t state) const noexcept override { return accepting_[state] != 0; }
   // Whether some byte continues from `state` (false: a match that nothing may extend).

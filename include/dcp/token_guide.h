@@ -18,7 +18,8 @@
 namespace dcp {
 
 // The bytes each token id writes. A token that writes no text of its own (a special token, an id
-// the tokenizer lacks) is not writable, and a guide never allows it.
+// the tokenizer lacks) is not writable, and a guide never allows it. The writable tokens are also
+// kept in byte order, so that a guide walks each prefix they share once (a trie laid flat).
 class GuideVocabulary {
  public:
   // texts[id]: the token's bytes, or nullopt when it is not writable.
@@ -31,11 +32,26 @@ class GuideVocabulary {
     const auto i = static_cast<std::size_t>(id);
     return std::string_view(all_).substr(begin_[i], begin_[i + 1] - begin_[i]);
   }
+  // The writable ids ordered by their bytes (ties by id), and for each the length of the prefix
+  // its bytes share with the previous one's (0 for the first).
+  const std::vector<std::int32_t>& by_bytes() const noexcept { return by_bytes_; }
+  const std::vector<std::uint32_t>& shared_prefix() const noexcept { return shared_prefix_; }
+  // The bytes of by_bytes()[k], from a copy laid out in that order (a walk reads it in sequence).
+  std::string_view sorted_bytes(std::size_t k) const noexcept {
+    return std::string_view(sorted_all_)
+        .substr(sorted_begin_[k], sorted_begin_[k + 1] - sorted_begin_[k]);
+  }
+  std::size_t longest() const noexcept { return longest_; }  // bytes of the longest token
 
  private:
   std::string all_;                   // every token's bytes, in id order
   std::vector<std::uint32_t> begin_;  // token id's bytes: all_[begin_[id], begin_[id + 1])
   std::vector<char> writable_;
+  std::vector<std::int32_t> by_bytes_;
+  std::vector<std::uint32_t> shared_prefix_;
+  std::string sorted_all_;
+  std::vector<std::uint32_t> sorted_begin_;
+  std::size_t longest_ = 0;
 };
 
 // One request's guide: the automaton state its output reached and the tokens that may follow.
@@ -61,6 +77,9 @@ class TokenGuide {
   std::shared_ptr<const GuideVocabulary> vocab_;
   std::unordered_map<std::int32_t, std::vector<std::int32_t>> allowed_;
   std::size_t cached_ids_ = 0;  // in allowed_
+  // Scratch of allowed(): the states after each prefix of the token walked last, and a flag per id.
+  std::vector<std::int32_t> path_;
+  std::vector<char> keep_;
 };
 
 }  // namespace dcp

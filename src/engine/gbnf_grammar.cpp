@@ -190,14 +190,6 @@ std::int32_t GbnfGrammar::next(std::int32_t state, std::uint8_t b) const {
   return to;
 }
 
-std::int32_t GbnfGrammar::walk(std::int32_t state, std::string_view bytes) const {
-  for (const char ch : bytes) {
-    if (state == kDead) break;
-    state = next(state, static_cast<std::uint8_t>(ch));
-  }
-  return state;
-}
-
 bool GbnfGrammar::accepting(std::int32_t state) const noexcept {
   const Config& c = configs_[static_cast<std::size_t>(state)];
   return c.partial.empty() && c.stacks.front().empty();  // sorted: an empty stack comes first

@@ -299,14 +299,6 @@ std::int32_t JsonGrammar::next(std::int32_t state, std::uint8_t b) const {
   return to;
 }
 
-std::int32_t JsonGrammar::walk(std::int32_t state, std::string_view bytes) const {
-  for (const char ch : bytes) {
-    if (state == kDead) break;
-    state = next(state, static_cast<std::uint8_t>(ch));
-  }
-  return state;
-}
-
 bool JsonGrammar::accepting(std::int32_t state) const noexcept {
   return configs_[static_cast<std::size_t>(state)].mode == kDone;
 }

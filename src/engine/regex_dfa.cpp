@@ -621,14 +621,6 @@ RegexDfa::RegexDfa(std::string_view pattern, std::string_view field) {
   }
 }
 
-std::int32_t RegexDfa::walk(std::int32_t state, std::string_view bytes) const noexcept {
-  for (const char c : bytes) {
-    if (state == kDead) break;
-    state = next(state, static_cast<std::uint8_t>(c));
-  }
-  return state;
-}
-
 bool RegexDfa::matches(std::string_view text) const noexcept {
   const std::int32_t s = walk(start(), text);
   return s != kDead && accepting(s);

@@ -1,6 +1,9 @@
 #include "dcp/token_guide.h"
 
+#include <algorithm>
+
 #include "dcp/error.h"
+#include "dcp/regex_dfa.h"
 
 namespace dcp {
 
@@ -16,6 +19,28 @@ GuideVocabulary::GuideVocabulary(const std::vector<std::optional<std::string>>& 
   begin_.push_back(static_cast<std::uint32_t>(all_.size()));
   DCP_CHECK(all_.size() < (std::size_t{1} << 32), invalid_argument,
             "a vocabulary of more than 4 GiB of token bytes");
+  for (std::int32_t t = 0; t < size(); ++t) {
+    if (!writable(t)) continue;
+    by_bytes_.push_back(t);
+    longest_ = std::max(longest_, bytes(t).size());
+  }
+  // std::string_view compares as unsigned bytes, the order a walk over bytes shares prefixes in.
+  std::stable_sort(by_bytes_.begin(), by_bytes_.end(),
+                   [this](std::int32_t a, std::int32_t b) { return bytes(a) < bytes(b); });
+  shared_prefix_.assign(by_bytes_.size(), 0);
+  sorted_begin_.reserve(by_bytes_.size() + 1);
+  for (const std::int32_t t : by_bytes_) {
+    sorted_begin_.push_back(static_cast<std::uint32_t>(sorted_all_.size()));
+    sorted_all_ += bytes(t);
+  }
+  sorted_begin_.push_back(static_cast<std::uint32_t>(sorted_all_.size()));
+  for (std::size_t k = 1; k < by_bytes_.size(); ++k) {
+    const std::string_view a = bytes(by_bytes_[k - 1]), b = bytes(by_bytes_[k]);
+    const auto n = std::min(a.size(), b.size());
+    std::uint32_t i = 0;
+    while (i < n && a[i] == b[i]) ++i;
+    shared_prefix_[k] = i;
+  }
 }
 
 TokenGuide::TokenGuide(std::shared_ptr<const ByteGrammar> grammar,
@@ -34,14 +59,64 @@ std::optional<std::int32_t> TokenGuide::state_after(std::span<const std::int32_t
   return s;
 }
 
+namespace token_trie {  // named: a unity build shares one file's anonymous namespace
+
+// Marks in `keep` (zeroed, one flag per id) the tokens whose bytes stay live from `state`, and
+// returns how many. The tokens go in byte order: each shares a prefix with the one before, whose
+// states along it are in `path`, so only the rest of its bytes is walked; a dead prefix skips
+// every token that begins with it without walking at all. A template so that an automaton whose
+// step is inline (a regex's table) is not called through the virtual table at every byte.
+template <class Grammar>
+std::size_t mark_live(const Grammar& grammar, const GuideVocabulary& vocab, std::int32_t state,
+                      std::int32_t* path, char* keep) {
+  const std::int32_t* order = vocab.by_bytes().data();
+  const std::uint32_t* shared = vocab.shared_prefix().data();
+  const std::size_t tokens = vocab.by_bytes().size();
+  path[0] = state;
+  std::size_t dead_at = vocab.longest() + 1;  // the last walk's prefix of this length is dead
+  std::size_t kept = 0;
+  for (std::size_t k = 0; k < tokens; ++k) {
+    if (shared[k] >= dead_at) continue;  // begins with that dead prefix
+    const std::string_view b = vocab.sorted_bytes(k);
+    dead_at = vocab.longest() + 1;
+    std::int32_t s = path[shared[k]];
+    for (std::size_t i = shared[k]; i < b.size(); ++i) {
+      s = grammar.next(s, static_cast<std::uint8_t>(b[i]));
+      path[i + 1] = s;
+      if (s == ByteGrammar::kDead) {
+        dead_at = i + 1;
+        break;
+      }
+    }
+    if (s != ByteGrammar::kDead) {
+      keep[static_cast<std::size_t>(order[k])] = 1;
+      ++kept;
+    }
+  }
+  return kept;
+}
+
+}  // namespace token_trie
+
 const std::vector<std::int32_t>& TokenGuide::allowed(std::int32_t state) {
   auto it = allowed_.find(state);
   if (it != allowed_.end()) return it->second;
-  std::vector<std::int32_t> ids;
+  keep_.assign(static_cast<std::size_t>(vocab_->size()), 0);
+  path_.resize(vocab_->longest() + 1);
+  std::size_t kept = 0;
+  if (const auto* regex = dynamic_cast<const RegexDfa*>(grammar_.get()))
+    kept = token_trie::mark_live(*regex, *vocab_, state, path_.data(), keep_.data());
+  else
+    kept = token_trie::mark_live(*grammar_, *vocab_, state, path_.data(), keep_.data());
+  // Ascending ids without a branch per id (which half the vocabulary would mispredict).
+  std::vector<std::int32_t> ids(kept + 1);
+  std::size_t n = 0;
   for (std::int32_t t = 0; t < vocab_->size(); ++t) {
-    if (vocab_->writable(t) && grammar_->walk(state, vocab_->bytes(t)) != ByteGrammar::kDead)
-      ids.push_back(t);
+    ids[n] = t;
+    n += static_cast<std::size_t>(keep_[static_cast<std::size_t>(t)]);
+    if (n == kept) break;
   }
+  ids.resize(kept);
   if (cached_ids_ + ids.size() > kMaxCachedIds) {
     allowed_.clear();
     cached_ids_ = 0;
