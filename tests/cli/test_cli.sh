@@ -278,6 +278,21 @@ case_bench_merge() {
   check "bench merge names the flag" stderr_has "--cache: 'lukewarm' is not one of: cold, warm"
 }
 
+# `dcp bench guide`: a synthetic vocabulary and a tokenizer's, the walk checked against the scan
+case_bench_guide() {
+  expect 0 "bench guide, synthetic" -- bench guide --vocab-size 3000 --repeats 1 --csv "$tmp/guide.csv"
+  check "bench guide prints both sides" stdout_has "first scan first walk"
+  check "bench guide writes its CSV" grep -q "^guide,vocabulary,tokens,states,allowed_per_state,first_scan_ms_per_state,first_walk_ms_per_state,first_speedup," "$tmp/guide.csv"
+  check "one CSV line per guide" [ "$(wc -l <"$tmp/guide.csv")" -eq 5 ]
+  check "the synthetic vocabulary is named" [ "$(grep -c ',synthetic,' "$tmp/guide.csv")" -eq 4 ]
+  expect 0 "gen-checkpoint for its tokenizer" -- gen-checkpoint --family deepseek-v2-lite --out "$tmp/lite"
+  expect 0 "bench guide, a tokenizer" -- bench guide --tokenizer-path "$tmp/lite" --repeats 2
+  check "bench guide names the tokenizer" stdout_has "vocabulary: $tmp/lite, 319 ids"
+  bad_value "bench guide, --vocab-size with a tokenizer" "--tokenizer-path excludes --vocab-size" -- bench guide --tokenizer-path "$tmp/lite" --vocab-size 500
+  bad_value "bench guide, a vocabulary under 256" "--vocab-size: Value 100 not in range" -- bench guide --vocab-size 100
+  bad_value "bench guide, no such folder" "--tokenizer-path: Directory does not exist" -- bench guide --tokenizer-path "$tmp/none"
+}
+
 # `dcp bench step` and `dcp bench engine`
 case_bench_step_engine() {
   expect 2 "bench step with an unwritable CSV" -- bench step --preset tiny --contexts 64 --new-tokens 3 --csv /nonexistent-dir/step.csv
@@ -748,7 +763,7 @@ case_run_not_here() {
   expect 0 "topology still describes them" -- topology --tp-size 4 --dcp-size 4 --platform blackwell-mnnvl
 }
 
-cases="topology demo run_summary run_rejected run_combine run_refusals run_checkpoint run_speculative run_extend run_prefix_cache plan bench_comm bench_attention bench_merge bench_step_engine run_dp run_dp_attention run_kernel run_interleave run_disagg bad_values output_files memory_limits bench_plot families presets strict_flags serve_flags run_not_here"
+cases="topology demo run_summary run_rejected run_combine run_refusals run_checkpoint run_speculative run_extend run_prefix_cache plan bench_comm bench_attention bench_merge bench_guide bench_step_engine run_dp run_dp_attention run_kernel run_interleave run_disagg bad_values output_files memory_limits bench_plot families presets strict_flags serve_flags run_not_here"
 if [ "$case_name" = "--list" ]; then
   echo "$cases"
   exit 0

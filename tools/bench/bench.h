@@ -24,6 +24,7 @@ void add_extend_bench(CLI::App* bench);
 void add_plot_bench(CLI::App* bench);
 void add_moe_bench(CLI::App* bench);
 void add_serve_bench(CLI::App* bench);
+void add_guide_bench(CLI::App* bench);
 
 // Every benchmark's --csv (the table) and --svg (`plot`, e.g. "a plot (GFLOP/s vs heads)"), both
 // checked as they parse, so that a long run does not end on a file it cannot write.
@@ -130,6 +131,16 @@ struct MergeBenchOptions {
   std::string csv, svg;  // the table as CSV; merge GB/s against parts as SVG
 };
 void bench_merge(const MergeBenchOptions& o);
+
+// Guided decoding's allowed-token sets per automaton state, against a token-by-token scan.
+struct GuideBenchOptions {
+  std::string tokenizer_path;  // empty: a synthetic vocabulary
+  int vocab_size = 129280;
+  std::uint64_t seed = 1;
+  int repeats = 5;
+  std::string csv;
+};
+void bench_guide(const GuideBenchOptions& o);
 
 // One MoE layer (TP 1) at decode batches: the weight bytes it reads against the read ceiling.
 struct MoeBenchOptions {

@@ -9,6 +9,7 @@
 //                        gather path vs DCP-native path, against prefix length
 //   dcp bench serve      dcp serve on loopback under concurrent streaming clients vs the
 //                        engine alone on the same requests
+//   dcp bench guide      guided decoding's allowed tokens per state vs a token-by-token scan
 //   dcp bench plot       a table, CSV and SVG plot of the Google Benchmark binaries' JSON
 // Each benchmark lives in tools/bench/ with the function that registers it.
 #include "bench/bench.h"
@@ -29,6 +30,7 @@ void add_bench_command(CLI::App& app) {
   add_extend_bench(bench);
   add_moe_bench(bench);
   add_serve_bench(bench);
+  add_guide_bench(bench);
   add_plot_bench(bench);
 }
 
