@@ -817,6 +817,65 @@ ws ::= " "*)");
   EXPECT_GE(states, 600);
 }
 
+// state_after walks only past the prefix shared with the output it was asked last: through
+// outputs that grow, shrink, change their tail (as speculative proposals do) and hold tokens that
+// are not allowed, it gives the state of the whole text walked from the start, or none.
+TEST(TokenGuide, StateAfterAnOutputIsThatOfItsWholeTextWhateverWasAskedBefore) {
+  test::Rng rng = test::make_rng();
+  const auto texts = grown_vocabulary({"a", "b", "{", "}", "\"", ":", " ", "1", "é"}, 400, rng);
+  const auto vocab = std::make_shared<const GuideVocabulary>(texts);
+  const auto grammar = std::make_shared<const JsonGrammar>();
+  TokenGuide guide(grammar, vocab);
+  TokenGuide chooser(grammar, vocab);  // picks the tokens, so `guide` sees only the outputs
+  const auto pick = [&](const std::vector<std::int32_t>& from) {
+    return from[static_cast<std::size_t>(rng.range(0, static_cast<std::int64_t>(from.size()) - 1))];
+  };
+  // Mostly a token that keeps the text live, now and then any id.
+  const auto add_token = [&](std::vector<std::int32_t>& out) {
+    const std::optional<std::int32_t> s = chooser.state_after(out);
+    const std::vector<std::int32_t>* allowed = s ? &chooser.allowed(*s) : nullptr;
+    if (allowed && !allowed->empty() && rng.range(0, 4) > 0)
+      out.push_back(pick(*allowed));
+    else
+      out.push_back(static_cast<std::int32_t>(rng.range(0, vocab->size() - 1)));
+  };
+  std::vector<std::int32_t> output;
+  int live = 0, dead = 0;
+  for (int step = 0; step < 3000; ++step) {
+    const std::int64_t move = rng.range(0, 9);
+    const std::size_t back = static_cast<std::size_t>(
+        std::min<std::int64_t>(rng.range(1, 3), static_cast<std::int64_t>(output.size())));
+    if (move < 5 || output.empty()) {  // a step's token
+      add_token(output);
+    } else if (move < 7) {  // back a few tokens
+      output.resize(output.size() - back);
+    } else if (move < 9) {  // a few tokens in place of the last ones, as new proposals
+      output.resize(output.size() - back);
+      for (std::int64_t n = rng.range(1, 3); n > 0; --n) add_token(output);
+    } else {
+      output.clear();
+    }
+    std::string text;
+    bool writable = true;
+    for (const std::int32_t t : output) {
+      writable = writable && vocab->writable(t);
+      if (vocab->writable(t)) text += vocab->bytes(t);
+    }
+    std::int32_t want = writable ? grammar->walk(grammar->start(), text) : ByteGrammar::kDead;
+    const std::optional<std::int32_t> got = guide.state_after(output);
+    if (want == ByteGrammar::kDead) {
+      ASSERT_FALSE(got.has_value()) << step;
+      ++dead;
+    } else {
+      ASSERT_TRUE(got.has_value()) << step;
+      ASSERT_EQ(*got, want) << step;
+      ++live;
+    }
+  }
+  EXPECT_GT(live, 300);
+  EXPECT_GT(dead, 300);
+}
+
 std::string text_of(const GuideVocabulary& v, const std::vector<std::int32_t>& tokens) {
   std::string s;
   for (std::int32_t t : tokens)

@@ -61,8 +61,10 @@ class TokenGuide {
              std::shared_ptr<const GuideVocabulary> vocab);
 
   // The state after `output`; nullopt once a token of it is not allowed where it stands (a stop
-  // token ended the request, or a speculative proposal looks past the end).
-  std::optional<std::int32_t> state_after(std::span<const std::int32_t> output) const;
+  // token ended the request, or a speculative proposal looks past the end). Walks only the tokens
+  // after the prefix `output` shares with the output asked for last (a step adds a token or a
+  // few), so a long reply is not walked again at every step.
+  std::optional<std::int32_t> state_after(std::span<const std::int32_t> output);
   // The tokens allowed in `state`, ascending. Sets are kept for the states asked before, up to
   // kMaxCachedIds ids in all (past that the kept sets are dropped: a reply whose every step is a
   // new state, as a counted repetition makes, must not grow them without end); the reference is
@@ -77,6 +79,10 @@ class TokenGuide {
   std::shared_ptr<const GuideVocabulary> vocab_;
   std::unordered_map<std::int32_t, std::vector<std::int32_t>> allowed_;
   std::size_t cached_ids_ = 0;  // in allowed_
+  // The output state_after walked last, up to its first token not allowed, and the state after
+  // each of its prefixes (walked_states_[i]: after i tokens).
+  std::vector<std::int32_t> walked_;
+  std::vector<std::int32_t> walked_states_;
   // Scratch of allowed(): the states after each prefix of the token walked last, and a flag per id.
   std::vector<std::int32_t> path_;
   std::vector<char> keep_;

@@ -49,14 +49,22 @@ TokenGuide::TokenGuide(std::shared_ptr<const ByteGrammar> grammar,
   DCP_CHECK(grammar_ && vocab_, internal, "a token guide needs a grammar and a vocabulary");
 }
 
-std::optional<std::int32_t> TokenGuide::state_after(std::span<const std::int32_t> output) const {
-  std::int32_t s = grammar_->start();
-  for (const std::int32_t t : output) {
+std::optional<std::int32_t> TokenGuide::state_after(std::span<const std::int32_t> output) {
+  const std::size_t same = static_cast<std::size_t>(
+      std::mismatch(walked_.begin(), walked_.end(), output.begin(), output.end()).first -
+      walked_.begin());
+  walked_.resize(same);
+  walked_states_.resize(same + 1);
+  walked_states_[0] = grammar_->start();
+  for (std::size_t i = same; i < output.size(); ++i) {
+    const std::int32_t t = output[i];
     if (!vocab_->writable(t)) return std::nullopt;
-    s = grammar_->walk(s, vocab_->bytes(t));
+    const std::int32_t s = grammar_->walk(walked_states_.back(), vocab_->bytes(t));
     if (s == ByteGrammar::kDead) return std::nullopt;
+    walked_.push_back(t);
+    walked_states_.push_back(s);
   }
-  return s;
+  return walked_states_[output.size()];
 }
 
 namespace token_trie {  // named: a unity build shares one file's anonymous namespace
