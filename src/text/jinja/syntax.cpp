@@ -1,6 +1,7 @@
 #include "syntax.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdint>
 
 namespace dcp::jinja {
