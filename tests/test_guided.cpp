@@ -547,6 +547,136 @@ json.dump([ok(bytes.fromhex(h)) for h in json.load(open(sys.argv[1]))], open(sys
     EXPECT_FALSE(dfa.matches(invalid)) << invalid;
 }
 
+// A value's text as an exact rational: numerator over 10^scale (a JSON integer or decimal, no
+// exponent); nullopt for any other text.
+struct Scaled {
+  std::int64_t numerator = 0;  // the texts below stay far from 2^63
+  int scale = 0;
+};
+std::optional<Scaled> decimal_value(const std::string& text) {
+  std::size_t i = 0;
+  const bool negative = !text.empty() && text[0] == '-';
+  if (negative) ++i;
+  Scaled v;
+  bool digits = false, point = false;
+  for (; i < text.size(); ++i) {
+    if (text[i] == '.' && !point) {
+      point = true;
+      continue;
+    }
+    if (text[i] < '0' || text[i] > '9') return std::nullopt;
+    v.numerator = v.numerator * 10 + (text[i] - '0');
+    digits = true;
+    if (point) ++v.scale;
+  }
+  if (!digits) return std::nullopt;
+  if (negative) v.numerator = -v.numerator;
+  return v;
+}
+
+// Bounded integers and numbers match exactly the canonical texts whose value lies within the
+// bounds, checked by exact arithmetic over every integer of a window around them, decimals at
+// and near each integer, and values near powers of ten; non-canonical texts never match.
+TEST(JsonSchema, BoundsAdmitExactlyTheNumbersWithinThem) {
+  test::Rng rng = test::make_rng();
+  int checked = 0;
+  for (int c = 0; c < 120; ++c) {
+    const bool integer = c % 2 == 0;
+    struct Side {
+      bool present = false, exclusive = false;
+      double value = 0;
+    } lo, hi;
+    std::string schema = str(R"({"type":")", integer ? "integer" : "number", "\"");
+    const std::int64_t open = rng.range(0, 5);  // 0: no lower bound, 1: no upper one
+    for (Side* side : {&lo, &hi}) {
+      if ((side == &lo && open == 0) || (side == &hi && open == 1)) continue;
+      side->present = true;
+      side->exclusive = rng.range(0, 1) == 1;
+      side->value = static_cast<double>(rng.range(-300, 300));
+      if (integer && rng.range(0, 3) == 0)
+        side->value += 0.25 * static_cast<double>(rng.range(1, 3));
+      if (rng.range(0, 9) == 0) side->value *= 1e9;  // far from zero
+      schema += str(",\"",
+                    side == &lo ? (side->exclusive ? "exclusiveMinimum" : "minimum")
+                                : (side->exclusive ? "exclusiveMaximum" : "maximum"),
+                    "\":", nlohmann::json(side->value).dump());
+    }
+    schema += "}";
+    // Exact membership: value * 4 * 10^scale against the bound * 4 * 10^scale (bounds are
+    // multiples of 1/4).
+    const auto within = [&](const Scaled& v) {
+      std::int64_t ten = 1;
+      for (int k = 0; k < v.scale; ++k) ten *= 10;
+      const std::int64_t x = v.numerator * 4;
+      const auto bound = [&](const Side& b) {
+        return static_cast<std::int64_t>(b.value * 4) * ten;
+      };
+      if (lo.present && (lo.exclusive ? x <= bound(lo) : x < bound(lo))) return false;
+      if (hi.present && (hi.exclusive ? x >= bound(hi) : x > bound(hi))) return false;
+      return true;
+    };
+    std::string regex;
+    try {
+      regex = json_schema_regex(schema);
+    } catch (const Error& e) {  // only a range with no value in it is refused
+      ASSERT_NE(std::string(e.what()).find("lies within its bounds"), std::string::npos)
+          << schema << ": " << e.what();
+      for (std::int64_t n = -400; n <= 400; ++n)
+        ASSERT_FALSE(within(*decimal_value(std::to_string(n)))) << schema << " holds " << n;
+      continue;
+    }
+    const RegexDfa dfa(regex);
+    std::vector<std::string> texts;
+    std::vector<std::int64_t> centres = {0};
+    for (const Side* side : {&lo, &hi}) {
+      if (side->present) centres.push_back(static_cast<std::int64_t>(side->value));
+    }
+    for (const std::int64_t centre : centres) {
+      for (std::int64_t n = centre - 150; n <= centre + 150; ++n) {
+        texts.push_back(std::to_string(n));
+        if (!integer) {
+          for (const char* f : {".0", ".00", ".5", ".05", ".999", ".001"})
+            texts.push_back((n == 0 && rng.range(0, 1) ? "-0" : std::to_string(n)) + f);
+        }
+      }
+    }
+    for (std::int64_t p = 10; p <= 1000000000000000; p *= 10) {
+      for (const std::int64_t n : {p - 1, p, p + 1}) {
+        texts.push_back(std::to_string(n));
+        texts.push_back(std::to_string(-n));
+      }
+    }
+    for (const std::string& t : texts) {
+      // Zero written with a minus sign ("-0", "-0.00") is left out: JSON writes 0.
+      const Scaled v = *decimal_value(t);
+      const bool want = within(v) && !(t[0] == '-' && v.numerator == 0);
+      ASSERT_EQ(dfa.matches(t), want) << schema << " on " << t;
+      ++checked;
+    }
+    for (const char* odd : {"01", "-01", "+1", "1.", ".5", "1e2", "-0", "00", "1.5e1", "0x10"})
+      ASSERT_FALSE(dfa.matches(odd)) << schema << " on " << odd;
+  }
+  EXPECT_GT(checked, 20000);
+}
+
+// 'enum' and 'const' with 'type': only the listed values that are of the type (an integer is a
+// number with no fraction).
+TEST(JsonSchema, EnumAndConstKeepToTheirType) {
+  const RegexDfa units(json_schema_regex(R"({"type":"string","enum":["celsius","fahrenheit",3]})"));
+  EXPECT_TRUE(units.matches(R"("celsius")"));
+  EXPECT_TRUE(units.matches(R"("fahrenheit")"));
+  EXPECT_FALSE(units.matches("3"));
+  const RegexDfa whole(json_schema_regex(R"({"type":"integer","enum":[1,2.0,2.5,"3",null]})"));
+  EXPECT_TRUE(whole.matches("1"));
+  EXPECT_TRUE(whole.matches("2.0"));
+  for (const char* no : {"2.5", R"("3")", "null", "3"}) EXPECT_FALSE(whole.matches(no)) << no;
+  const RegexDfa either(json_schema_regex(R"({"type":["string","null"],"enum":["a",null,1]})"));
+  EXPECT_TRUE(either.matches(R"("a")"));
+  EXPECT_TRUE(either.matches("null"));
+  EXPECT_FALSE(either.matches("1"));
+  EXPECT_TRUE(RegexDfa(json_schema_regex(R"({"type":"boolean","const":true})")).matches("true"));
+}
+
 TEST(JsonSchema, RefusesWhatItCannotHonourNamingWhere) {
   // Nested objects: kMaxSchemaNesting levels compile; far more are refused, not a stack overflow.
   const auto nested = [](int n) {
@@ -578,8 +708,8 @@ TEST(JsonSchema, RefusesWhatItCannotHonourNamingWhere) {
     }
     return std::string();
   };
-  EXPECT_EQ(refusal(R"({"type":"object","properties":{"n":{"type":"integer","minimum":0}}})"),
-            "'response_format': the schema at '#/properties/n': 'minimum' is not supported");
+  EXPECT_EQ(refusal(R"({"type":"object","properties":{"n":{"type":"integer","multipleOf":2}}})"),
+            "'response_format': the schema at '#/properties/n': 'multipleOf' is not supported");
   EXPECT_EQ(refusal(R"({"oneOf":[{"type":"null"}]})"),
             "'response_format': the schema at '#': 'oneOf' is not supported");
   EXPECT_EQ(
@@ -596,6 +726,28 @@ TEST(JsonSchema, RefusesWhatItCannotHonourNamingWhere) {
   EXPECT_EQ(refusal(R"({"type":"string","format":"email"})"),
             "'response_format': the schema at '#': 'format' \"email\" is not supported (date, "
             "time, date-time, uuid)");
+  EXPECT_EQ(refusal(R"({"type":"integer","minimum":5,"maximum":3})"),
+            "'response_format': the schema at '#': no integer lies within its bounds");
+  EXPECT_EQ(refusal(R"({"type":"integer","minimum":0.2,"maximum":0.8})"),
+            "'response_format': the schema at '#': no integer lies within its bounds");
+  EXPECT_EQ(refusal(R"({"type":"number","exclusiveMinimum":1,"maximum":1})"),
+            "'response_format': the schema at '#': no number lies within its bounds");
+  EXPECT_EQ(refusal(R"({"type":"number","minimum":0.5})"),
+            "'response_format': the schema at '#': 'minimum' 0.5 is not a whole number, which a "
+            "bound of type 'number' must be");
+  EXPECT_EQ(refusal(R"({"type":"integer","minimum":0,"exclusiveMinimum":true})"),
+            "'response_format': the schema at '#': 'exclusiveMinimum' must be a number (draft "
+            "4's true/false form is not read)");
+  EXPECT_EQ(refusal(R"({"type":"integer","maximum":1e16})"),
+            "'response_format': the schema at '#': 'maximum' must be within +-2^53");
+  EXPECT_EQ(refusal(R"({"type":"string","minimum":1})"),
+            "'response_format': the schema at '#': 'minimum' does not apply to type 'string'");
+  EXPECT_EQ(refusal(R"({"type":"string","enum":[1,2]})"),
+            "'response_format': the schema at '#': no value of 'enum' is of its 'type'");
+  EXPECT_EQ(refusal(R"({"type":"string","const":1})"),
+            "'response_format': the schema at '#': 'const' 1 is not of its 'type'");
+  EXPECT_EQ(refusal(R"({"type":"string","enum":["a"],"minLength":1})"),
+            "'response_format': the schema at '#': 'enum' with 'minLength' is not supported");
   EXPECT_EQ(refusal(R"({"type":"integer","maxLength":3})"),
             "'response_format': the schema at '#': 'maxLength' does not apply to type 'integer'");
   EXPECT_EQ(refusal(R"({"type":"array"})"),

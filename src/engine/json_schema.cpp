@@ -3,6 +3,7 @@
 #include "dcp/json_schema.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -11,6 +12,7 @@
 
 #include "dcp/error.h"
 #include "dcp/regex_dfa.h"
+#include "number_range_regex.h"
 
 namespace dcp {
 namespace {
@@ -55,7 +57,7 @@ std::string group(const std::vector<std::string>& alternatives) {
 
 // {lo,hi} with hi < 0 meaning unbounded.
 std::string repeat(int lo, int hi) {
-  return "{" + std::to_string(lo) + "," + (hi < 0 ? "" : std::to_string(hi)) + "}";
+  return hi < 0 ? str("{", lo, ",}") : str("{", lo, ",", hi, "}");
 }
 
 class Compiler {
@@ -73,15 +75,31 @@ class Compiler {
     if (!s.is_object())
       fail(where, "a schema must be an object (true/false schemas are not supported)");
     for (const auto& [key, v] : s.items()) {
-      static const std::set<std::string, std::less<>> known = {
-          "type",      "properties", "required", "items", "minItems", "maxItems", "minLength",
-          "maxLength", "pattern",    "format",   "enum",  "const",    "anyOf",    "$ref"};
+      static const std::set<std::string, std::less<>> known = {"type",
+                                                               "properties",
+                                                               "required",
+                                                               "items",
+                                                               "minItems",
+                                                               "maxItems",
+                                                               "minLength",
+                                                               "maxLength",
+                                                               "pattern",
+                                                               "format",
+                                                               "enum",
+                                                               "const",
+                                                               "anyOf",
+                                                               "$ref",
+                                                               "minimum",
+                                                               "maximum",
+                                                               "exclusiveMinimum",
+                                                               "exclusiveMaximum"};
       if (!known.count(key) && !kAnnotations.count(key))
         fail(where, "'" + key + "' is not supported");
     }
-    const auto only = [&](std::string_view keyword) {  // keyword with annotations at most
+    // `keyword` with annotations at most (and 'type' where `typed`).
+    const auto only = [&](std::string_view keyword, bool typed = false) {
       for (const auto& [key, v] : s.items()) {
-        if (key != keyword && !kAnnotations.count(key))
+        if (key != keyword && !kAnnotations.count(key) && !(typed && key == "type"))
           fail(where, "'" + std::string(keyword) + "' with '" + key + "' is not supported");
       }
     };
@@ -90,15 +108,20 @@ class Compiler {
       return reference(s["$ref"], where);
     }
     if (s.contains("const")) {
-      only("const");
+      only("const", true);
+      if (!of_type(s, s["const"], where))
+        fail(where, "'const' " + s["const"].dump() + " is not of its 'type'");
       return literal(s["const"].dump());
     }
     if (s.contains("enum")) {
-      only("enum");
+      only("enum", true);
       const Json& e = s["enum"];
       if (!e.is_array() || e.empty()) fail(where, "'enum' must be a non-empty list");
       std::vector<std::string> alts;
-      for (const Json& v : e) alts.push_back(literal(v.dump()));
+      for (const Json& v : e) {
+        if (of_type(s, v, where)) alts.push_back(literal(v.dump()));  // both must hold
+      }
+      if (alts.empty()) fail(where, "no value of 'enum' is of its 'type'");
       return group(alts);
     }
     if (s.contains("anyOf")) {
@@ -166,8 +189,8 @@ class Compiler {
       return "\"" + string_body(s, where) + "\"";
     }
     if (t == "integer" || t == "number") {
-      allow(s, t, where, {});
-      return t == "integer" ? kInteger : kNumber;
+      allow(s, t, where, {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"});
+      return number(s, t == "integer", where);
     }
     if (t == "boolean") {
       allow(s, t, where, {});
@@ -229,6 +252,72 @@ class Compiler {
       return "\\{" + kWs + first + kWs + "\\}";
     }
     fail(where, "type '" + t + "' is not a JSON Schema type");
+  }
+
+  // Whether `v` is of the schema's 'type' (any value when it has none), as JSON Schema reads
+  // types: an integer is a number whose fraction is zero.
+  bool of_type(const Json& s, const Json& v, const std::string& where) const {
+    if (!s.contains("type")) return true;
+    std::vector<std::string> types;
+    if (s["type"].is_string()) types = {s["type"].get<std::string>()};
+    if (s["type"].is_array()) {
+      for (const Json& t : s["type"]) {
+        if (t.is_string()) types.push_back(t.get<std::string>());
+      }
+    }
+    if (types.empty()) fail(where, "'type' must be a string or a list of strings");
+    return std::any_of(types.begin(), types.end(), [&](const std::string& t) {
+      if (t == "integer")
+        return v.is_number_integer() || (v.is_number_float() && std::isfinite(v.get<double>()) &&
+                                         v.get<double>() == std::floor(v.get<double>()));
+      if (t == "number") return v.is_number();
+      if (t == "string") return v.is_string();
+      if (t == "boolean") return v.is_boolean();
+      if (t == "null") return v.is_null();
+      if (t == "array") return v.is_array();
+      if (t == "object") return v.is_object();
+      fail(where, "type '" + t + "' is not a JSON Schema type");
+    });
+  }
+
+  // An integer or a number, within its bounds when it has any.
+  std::string number(const Json& s, bool integer, const std::string& where) const {
+    std::optional<WholeBound> lo, hi;
+    // A bound as a whole number: an integer's bounds round inward (x >= 0.5 is x >= 1 among
+    // integers); a number's must be whole. The tighter of two bounds on one side holds.
+    const auto read = [&](const char* key, bool lower, bool exclusive) {
+      if (!s.contains(key)) return;
+      const Json& v = s[key];
+      if (!v.is_number())
+        fail(where, str("'", key, "' must be a number (draft 4's true/false form is not read)"));
+      const double x = v.get<double>();
+      if (!std::isfinite(x) || std::fabs(x) > static_cast<double>(kMaxWholeBound))
+        fail(where, str("'", key, "' must be within +-2^53"));
+      WholeBound b;
+      if (v.is_number_integer()) {
+        b = {v.get<std::int64_t>(), exclusive};
+      } else if (x == std::floor(x)) {
+        b = {static_cast<std::int64_t>(x), exclusive};
+      } else if (integer) {
+        b = {static_cast<std::int64_t>(lower ? std::ceil(x) : std::floor(x)), false};
+      } else {
+        fail(where, str("'", key, "' ", v.dump(),
+                        " is not a whole number, which a bound of type 'number' must be"));
+      }
+      std::optional<WholeBound>& side = lower ? lo : hi;
+      const bool tighter = !side || (lower ? b.value > side->value : b.value < side->value) ||
+                           (b.value == side->value && b.exclusive);
+      if (tighter) side = b;
+    };
+    read("minimum", true, false);
+    read("exclusiveMinimum", true, true);
+    read("maximum", false, false);
+    read("exclusiveMaximum", false, true);
+    if (!lo && !hi) return integer ? kInteger : kNumber;
+    const std::string r = integer ? integer_range_regex(lo, hi) : decimal_range_regex(lo, hi);
+    if (r.empty())
+      fail(where, str("no ", integer ? "integer" : "number", " lies within its bounds"));
+    return r;
   }
 
   std::string string_body(const Json& s, const std::string& where) {

@@ -441,14 +441,17 @@ def case_json_schema(s):
         "zeta": {"type": "string", "maxLength": 6},
         "alpha": {"enum": ["red", "green", 7, None]},
         "ok": {"type": "boolean"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit", 3]},
+        "n": {"type": "integer", "minimum": -5, "exclusiveMaximum": 40},
         "list": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2}},
-        "required": ["zeta", "alpha", "ok"]}
+        "required": ["zeta", "alpha", "ok", "unit", "n"]}
 
     def valid(text):
         v = json.loads(text)
-        return (list(v)[:3] == ["zeta", "alpha", "ok"] and isinstance(v["zeta"], str) and len(v["zeta"]) <= 6
-                and v["alpha"] in ["red", "green", 7, None] and isinstance(v["ok"], bool)
-                and set(v) <= {"zeta", "alpha", "ok", "list"}
+        return (list(v)[:5] == ["zeta", "alpha", "ok", "unit", "n"] and isinstance(v["zeta"], str)
+                and len(v["zeta"]) <= 6 and v["alpha"] in ["red", "green", 7, None] and isinstance(v["ok"], bool)
+                and v["unit"] in ["celsius", "fahrenheit"] and type(v["n"]) is int and -5 <= v["n"] < 40
+                and set(v) <= {"zeta", "alpha", "ok", "unit", "n", "list"}
                 and all(isinstance(x, bool) for x in v.get("list", [])) and len(v.get("list", [])) <= 2)
     body = {"prompt": "Once upon a time", "temperature": 0, "max_tokens": 128}
     fmt = {"type": "json_schema", "json_schema": {"name": "t", "schema": schema, "strict": True}}
@@ -489,7 +492,7 @@ def case_structured_outputs(s):
     for bad_body, words in [({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag"),
                             ({"structured_outputs": {"regex": "a"}, "guided_regex": "a"}, "not both"),
                             ({"structured_outputs": {"regex": "("}}, "structured_outputs.regex"),
-                            ({"structured_outputs": {"json": {"type": "integer", "minimum": 1}}},
+                            ({"structured_outputs": {"json": {"type": "integer", "multipleOf": 2}}},
                              "structured_outputs.json"),
                             ({"structured_outputs": {"choice": "red"}}, "structured_outputs.choice"),
                             ({"structured_outputs": ["regex"]}, "must be an object")]:
@@ -737,7 +740,7 @@ def case_errors(s):
     expect(400, {"text": "hi", "sampling_params": {"regex": "a{0}"}}, "regex", path="/generate")
     expect(400, {"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {}}}, "response_format")
     expect(400, {"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {"schema": {
-        "type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}}}}}, "response_format")
+        "type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}}}}}}, "response_format")
     expect(400, {"prompt": "hi", "guided_json": {"type": "object", "properties": {}}, "response_format": {
         "type": "json_schema", "json_schema": {"schema": {"type": "null"}}}}, "guided_json")
     expect(400, {"prompt": "hi", "guided_json": "{not json"}, "guided_json")
@@ -1001,7 +1004,7 @@ def case_tools():
                             ({**base, "tools": TOOLS, "tool_choice": {"type": 5}}, "tool_choice"),
                             ({**base, "messages": [{"role": "user", "content": [{"type": 3}]}]}, "messages"),
                             ({**base, "tools": [{"type": "function", "function": {"name": "a", "parameters": {
-                                "type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}}}}],
+                                "type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}}}}}],
                               "tool_choice": "required"}, "tools"),
                             ({"prompt": "x", "tools": TOOLS}, "tools"),
                             ({**base, "functions": [{"name": "f"}]}, "functions")]:
@@ -1009,7 +1012,7 @@ def case_tools():
             status, r = s.post(path, body)
             check(status == 400 and r["error"]["param"] == param, f"refused naming {param}: {body} -> {status} {r}")
         status, r = s.post("/v1/chat/completions", {**base, "tools": [{"type": "function", "function": {
-            "name": "a", "parameters": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1}}}}}],
+            "name": "a", "parameters": {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}}}}}],
             "tool_choice": "required"})
         check("tools[0].function.parameters" in r.get("error", {}).get("message", ""),
               f"the schema's fault is placed: {r}")
