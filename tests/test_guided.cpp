@@ -675,6 +675,11 @@ TEST(JsonSchema, EnumAndConstKeepToTheirType) {
   EXPECT_TRUE(either.matches("null"));
   EXPECT_FALSE(either.matches("1"));
   EXPECT_TRUE(RegexDfa(json_schema_regex(R"({"type":"boolean","const":true})")).matches("true"));
+  // allOf of one schema is that schema (Pydantic's form of a described $ref).
+  const RegexDfa wrapped(json_schema_regex(
+      R"({"$defs":{"U":{"enum":["c","f"]}},"type":"object","properties":{"u":{"allOf":[{"$ref":"#/$defs/U"}],"description":"unit"}},"required":["u"]})"));
+  EXPECT_TRUE(wrapped.matches(R"({"u": "c"})"));
+  EXPECT_FALSE(wrapped.matches(R"({"u": "k"})"));
 }
 
 TEST(JsonSchema, RefusesWhatItCannotHonourNamingWhere) {
@@ -712,6 +717,10 @@ TEST(JsonSchema, RefusesWhatItCannotHonourNamingWhere) {
             "'response_format': the schema at '#/properties/n': 'multipleOf' is not supported");
   EXPECT_EQ(refusal(R"({"oneOf":[{"type":"null"}]})"),
             "'response_format': the schema at '#': 'oneOf' is not supported");
+  EXPECT_EQ(refusal(R"({"allOf":[{"type":"null"},{"type":"null"}]})"),
+            "'response_format': the schema at '#': 'allOf' is supported with one schema only");
+  EXPECT_EQ(refusal(R"({"allOf":[{"type":"null"}],"type":"null"})"),
+            "'response_format': the schema at '#': 'allOf' with 'type' is not supported");
   EXPECT_EQ(
       refusal(
           R"({"$defs":{"T":{"type":"object","properties":{"next":{"$ref":"#/$defs/T"}}}},"$ref":"#/$defs/T"})"),

@@ -28,6 +28,13 @@ const std::string kChar = "(?:[^\"\\\\\\x00-\\x1F]|\\\\[\"\\\\/bfnrt]|\\\\u[0-9a
 const std::string kInteger = "-?(?:0|[1-9][0-9]*)";
 const std::string kNumber = kInteger + "(?:\\.[0-9]+)?(?:[eE][+-]?[0-9]+)?";
 
+// The keywords that constrain a value which the compiler honours (others are refused).
+const std::set<std::string, std::less<>> kKeywords = {
+    "type",  "properties", "required",         "items",   "minItems",         "maxItems", "enum",
+    "const", "minLength",  "maxLength",        "pattern", "format",           "anyOf",    "allOf",
+    "$ref",  "minimum",    "exclusiveMinimum", "maximum", "exclusiveMaximum",
+};
+
 const std::set<std::string, std::less<>> kAnnotations = {
     "title", "description", "default", "examples",    "$schema",
     "$id",   "$comment",    "$defs",   "definitions", "additionalProperties"};
@@ -75,25 +82,7 @@ class Compiler {
     if (!s.is_object())
       fail(where, "a schema must be an object (true/false schemas are not supported)");
     for (const auto& [key, v] : s.items()) {
-      static const std::set<std::string, std::less<>> known = {"type",
-                                                               "properties",
-                                                               "required",
-                                                               "items",
-                                                               "minItems",
-                                                               "maxItems",
-                                                               "minLength",
-                                                               "maxLength",
-                                                               "pattern",
-                                                               "format",
-                                                               "enum",
-                                                               "const",
-                                                               "anyOf",
-                                                               "$ref",
-                                                               "minimum",
-                                                               "maximum",
-                                                               "exclusiveMinimum",
-                                                               "exclusiveMaximum"};
-      if (!known.count(key) && !kAnnotations.count(key))
+      if (!kKeywords.count(key) && !kAnnotations.count(key))
         fail(where, "'" + key + "' is not supported");
     }
     // `keyword` with annotations at most (and 'type' where `typed`).
@@ -123,6 +112,12 @@ class Compiler {
       }
       if (alts.empty()) fail(where, "no value of 'enum' is of its 'type'");
       return group(alts);
+    }
+    if (s.contains("allOf")) {  // one schema, as Pydantic wraps a described $ref
+      only("allOf");
+      const Json& a = s["allOf"];
+      if (!a.is_array() || a.size() != 1) fail(where, "'allOf' is supported with one schema only");
+      return value(a[0], where + "/allOf/0");
     }
     if (s.contains("anyOf")) {
       only("anyOf");
