@@ -976,6 +976,11 @@ ws ::= " "*)");
   }
   EXPECT_GE(grammars, 60);
   EXPECT_GE(states, 600);
+  // A state past the language's end allows nothing.
+  TokenGuide guide(std::make_shared<const JsonGrammar>(),
+                   std::make_shared<const GuideVocabulary>(
+                       std::vector<std::optional<std::string>>{"{", "}", "x"}));
+  EXPECT_TRUE(guide.allowed(ByteGrammar::kDead).empty());
 }
 
 // state_after walks only past the prefix shared with the output it was asked last: through

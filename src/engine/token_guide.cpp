@@ -112,7 +112,9 @@ const std::vector<std::int32_t>& TokenGuide::allowed(std::int32_t state) {
   keep_.assign(static_cast<std::size_t>(vocab_->size()), 0);
   path_.resize(vocab_->longest() + 1);
   std::size_t kept = 0;
-  if (const auto* regex = dynamic_cast<const RegexDfa*>(grammar_.get()))
+  if (state == ByteGrammar::kDead)
+    kept = 0;  // nothing continues a text that left the language
+  else if (const auto* regex = dynamic_cast<const RegexDfa*>(grammar_.get()))
     kept = token_trie::mark_live(*regex, *vocab_, state, path_.data(), keep_.data());
   else
     kept = token_trie::mark_live(*grammar_, *vocab_, state, path_.data(), keep_.data());

@@ -133,21 +133,14 @@ std::vector<std::int32_t> scan_allowed(const ByteGrammar& g, const GuideVocabula
 }  // namespace
 
 void bench_guide(const GuideBenchOptions& o) {
-  std::vector<std::optional<std::string>> texts;
+  std::vector<std::optional<std::string>> texts;  // the synthetic vocabulary's
   std::optional<Tokenizer> tokenizer;
-  if (!o.tokenizer_path.empty()) {
-    tokenizer = Tokenizer::from_dir(o.tokenizer_path);
-    for (std::int32_t id = 0; id < tokenizer->vocab_size(); ++id) {
-      if (tokenizer->contains(id) && !tokenizer->is_special(id))
-        texts.emplace_back(tokenizer->token_bytes(id));
-      else
-        texts.emplace_back();
-    }
-  } else {
-    texts = synthetic_vocabulary(o.vocab_size, o.seed);
-  }
-  auto start = Clock::now();
-  const auto vocab = std::make_shared<const GuideVocabulary>(texts);
+  std::shared_ptr<const GuideVocabulary> vocab;
+  if (!o.tokenizer_path.empty()) tokenizer = Tokenizer::from_dir(o.tokenizer_path);
+  if (!tokenizer) texts = synthetic_vocabulary(o.vocab_size, o.seed);
+  const auto start = Clock::now();
+  vocab = tokenizer ? guide_vocabulary(*tokenizer, tokenizer->vocab_size())  // as dcp serve does
+                    : std::make_shared<const GuideVocabulary>(texts);
   const double vocab_ms = ms_since(start);
   std::printf(
       "allowed tokens per guide state, 1 thread: byte-ordered walk vs token-by-token scan\n");
