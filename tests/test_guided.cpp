@@ -13,6 +13,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dcp/engine.h"
@@ -219,6 +220,46 @@ class PatternMaker {
 
   std::mt19937_64& rng_;
 };
+
+// A pattern is compiled once and shared while it is held or among the most recent; one that does
+// not compile throws naming the field it came from, each time; threads asking at once for the
+// same patterns get one automaton each.
+TEST(RegexDfa, SharedAutomataAreCompiledOncePerPatternWithinABound) {
+  const auto a = shared_regex("x[0-9]+");
+  EXPECT_EQ(shared_regex("x[0-9]+", "guided_regex"), a);
+  EXPECT_NE(shared_regex("x[0-9]*"), a);
+  EXPECT_TRUE(a->matches("x12"));
+  for (const char* field : {"guided_regex", "tools"}) {
+    try {
+      shared_regex("(", field);
+      ADD_FAILURE() << "'(' compiled";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(str("'", field, "'")), std::string::npos) << e.what();
+    }
+  }
+  // Past kSharedRegexCount other patterns the first is dropped (asked again, it is compiled
+  // again); the automaton a request still holds stays whole.
+  for (std::size_t i = 0; i < kSharedRegexCount + 8; ++i) shared_regex(str("p", i, "[a-z]"));
+  const auto again = shared_regex("x[0-9]+");
+  EXPECT_NE(again, a);
+  EXPECT_TRUE(a->matches("x7"));
+  EXPECT_FALSE(a->matches("x"));
+  // Four threads over the same twelve patterns: every answer is that pattern's automaton.
+  std::vector<std::vector<std::shared_ptr<const RegexDfa>>> got(4);
+  std::vector<std::thread> threads;
+  for (std::size_t t = 0; t < got.size(); ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 240; ++i) got[t].push_back(shared_regex(str("t", i % 12, "[0-9]{2}")));
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (std::size_t t = 0; t < got.size(); ++t) {
+    for (std::size_t i = 0; i < got[t].size(); ++i) {
+      EXPECT_EQ(got[t][i], got[0][i % 12]) << t << " " << i;
+      EXPECT_TRUE(got[t][i]->matches(str("t", i % 12, "42")));
+    }
+  }
+}
 
 TEST(RegexDfa, AgreesWithPythonReOnRandomPatternsAndTexts) {
   test::Rng rng = test::make_rng();

@@ -15,6 +15,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -47,6 +48,10 @@ class RegexDfa final : public ByteGrammar {
   bool extendable(std::int32_t state) const noexcept override { return extendable_[state] != 0; }
   // Whether the whole of `text` matches.
   bool matches(std::string_view text) const noexcept;
+  // Memory the automaton holds.
+  std::size_t bytes() const noexcept {
+    return sizeof(*this) + next_.size() * sizeof(std::int32_t) + 2 * accepting_.size();
+  }
 
  private:
   std::array<std::uint8_t, 256> class_of_{};  // bytes no pattern edge tells apart share a class
@@ -54,5 +59,15 @@ class RegexDfa final : public ByteGrammar {
   std::vector<std::int32_t> next_;  // [state][class]
   std::vector<char> accepting_, extendable_;
 };
+
+// The automaton of `pattern`, compiled once and shared by the requests that ask for it (a server
+// sees the same tool-call and schema patterns request after request, and every rank of a process
+// compiles each): kept while in use, and among the most recently asked while the kept ones hold
+// at most kSharedRegexBytes. A RegexDfa is immutable, so any thread may walk a shared one. A
+// pattern that does not compile throws as the constructor does, naming `field`, every time.
+std::shared_ptr<const RegexDfa> shared_regex(std::string_view pattern,
+                                             std::string_view field = "regex");
+inline constexpr std::size_t kSharedRegexBytes = std::size_t{64} << 20;
+inline constexpr std::size_t kSharedRegexCount = 256;
 
 }  // namespace dcp

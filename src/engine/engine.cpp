@@ -85,7 +85,7 @@ std::shared_ptr<TokenGuide> request_guide(const RequestSpec& spec,
                   "' derives only the empty text (a reply holds at least one token)");
     grammar = std::move(gbnf);
   } else {
-    auto dfa = std::make_shared<const RegexDfa>(p.regex, field);
+    auto dfa = shared_regex(p.regex, field);  // compiled once for every request and rank
     DCP_ARG_CHECK(dfa->extendable(dfa->start()), "'", field,
                   "' matches only the empty text (a reply holds at least one token)");
     grammar = std::move(dfa);
