@@ -330,8 +330,19 @@ class Compiler {
       if (f == "date-time") return date + "T" + time;
       if (f == "uuid")
         return "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}";
-      fail(where,
-           "'format' " + s["format"].dump() + " is not supported (date, time, date-time, uuid)");
+      const std::string octet = "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])";
+      if (f == "ipv4") return octet + "(?:\\." + octet + "){3}";
+      // RFC 1123 labels, at most four of at most 62 characters: never past 253 in all.
+      const std::string label = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,60}[A-Za-z0-9])?";
+      if (f == "hostname") return label + "(?:\\." + label + "){0,3}";
+      if (f == "email") {
+        // RFC 5321's dot-atom local part (at most four atoms of 15: under its 64) at a host name
+        // of two or three labels: never past the 254 an address may hold.
+        const std::string atom = "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]{1,15}";
+        return atom + "(?:\\." + atom + "){0,3}@" + label + "(?:\\." + label + "){1,2}";
+      }
+      fail(where, "'format' " + s["format"].dump() +
+                      " is not supported (date, time, date-time, uuid, ipv4, hostname, email)");
     }
     if (s.contains("pattern")) {
       if (!s["pattern"].is_string()) fail(where, "'pattern' must be a string");
