@@ -1076,6 +1076,66 @@ ws ::= " "*)");
   EXPECT_TRUE(guide.allowed(ByteGrammar::kDead).empty());
 }
 
+// Guides of one regex over one vocabulary share their allowed sets (across requests and rank
+// threads): four threads walking at once get the sets an unshared guide works out alone; JSON and
+// grammars, built as they are walked, share nothing; the sets kept together stay within their
+// bound.
+TEST(TokenGuide, GuidesOfOneRegexShareTheirSetsWithinABound) {
+  test::Rng rng = test::make_rng();
+  const auto texts = grown_vocabulary({"a", "b", "c", "0", "7", " ", "é"}, 2000, rng);
+  const auto vocab = std::make_shared<const GuideVocabulary>(texts);
+  const auto dfa = shared_regex("(?:[ab]+ ?|[0-9]{1,3})+c?");
+  EXPECT_EQ(SharedAllowedSets::of(dfa, vocab), SharedAllowedSets::of(dfa, vocab));
+  EXPECT_NE(SharedAllowedSets::of(dfa, vocab),
+            SharedAllowedSets::of(dfa, std::make_shared<const GuideVocabulary>(texts)));
+  EXPECT_EQ(SharedAllowedSets::of(std::make_shared<const JsonGrammar>(), vocab), nullptr);
+  // The states of random walks, and each one's set from a guide that shares nothing.
+  std::vector<std::int32_t> states;
+  std::vector<std::vector<std::int32_t>> want;
+  TokenGuide alone(dfa, vocab, false);
+  for (int walk = 0; walk < 20; ++walk) {
+    std::int32_t s = dfa->start();
+    for (int step = 0; step < 12; ++step) {
+      states.push_back(s);
+      want.push_back(alone.allowed(s));
+      if (want.back().empty()) break;
+      s = dfa->walk(s, vocab->bytes(want.back()[static_cast<std::size_t>(
+                           rng.range(0, static_cast<std::int64_t>(want.back().size()) - 1))]));
+    }
+  }
+  std::vector<std::thread> threads;
+  std::vector<int> wrong(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      TokenGuide guide(dfa, vocab);
+      for (std::size_t k = 0; k < states.size(); ++k) {
+        const std::size_t i = (k * 7 + static_cast<std::size_t>(t) * 13) % states.size();
+        if (guide.allowed(states[i]) != want[i]) ++wrong[static_cast<std::size_t>(t)];
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  EXPECT_EQ(wrong, std::vector<int>(4, 0));
+  // 300 states of 65536 allowed ids each pass the 2^24 ids kept together: still within it, and a
+  // set asked after a fresh start is the same.
+  std::vector<std::optional<std::string>> letters;
+  for (int i = 0; i < 65536; ++i)
+    letters.push_back(std::string(1 + i % 3, static_cast<char>('a' + i % 26)));
+  const auto big = std::make_shared<const GuideVocabulary>(letters);
+  const auto counted = std::make_shared<const RegexDfa>("[a-z]{0,600}");
+  std::size_t most = 0;
+  for (int n = 0; n < 300; ++n) {
+    TokenGuide guide(counted, big);  // a request each
+    const std::int32_t s = counted->walk(counted->start(), std::string(n, 'q'));
+    ASSERT_EQ(guide.allowed(s).size(), letters.size()) << n;
+    most = std::max(most, SharedAllowedSets::total_ids());
+  }
+  EXPECT_LE(most, SharedAllowedSets::kMaxSharedIds);
+  EXPECT_GT(most, SharedAllowedSets::kMaxSharedIds / 2);
+  TokenGuide late(counted, big);
+  EXPECT_EQ(late.allowed(counted->start()).size(), letters.size());
+}
+
 // state_after walks only past the prefix shared with the output it was asked last: through
 // outputs that grow, shrink, change their tail (as speculative proposals do) and hold tokens that
 // are not allowed, it gives the state of the whole text walked from the start, or none.

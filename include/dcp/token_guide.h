@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -54,11 +56,41 @@ class GuideVocabulary {
   std::size_t longest_ = 0;
 };
 
+// The allowed sets of one immutable automaton (a RegexDfa) over one vocabulary, shared by every
+// guide that walks them, across requests and the ranks of a process: each state's set is worked
+// out once. Thread-safe; every instance together keeps at most kMaxSharedIds ids (past that the
+// instance that would pass it starts afresh).
+class SharedAllowedSets {
+ public:
+  using Set = std::shared_ptr<const std::vector<std::int32_t>>;
+  static constexpr std::size_t kMaxSharedIds = std::size_t{1} << 24;
+  SharedAllowedSets() = default;
+  SharedAllowedSets(const SharedAllowedSets&) = delete;
+  SharedAllowedSets& operator=(const SharedAllowedSets&) = delete;
+  ~SharedAllowedSets();
+  // The set of `state`, computed by `compute` under this instance's lock when none is kept (so
+  // ranks asking for the same state at once compute it once).
+  Set get(std::int32_t state, const std::function<std::vector<std::int32_t>()>& compute);
+  // The instance for `grammar` over `vocab`, made on first use; nullptr for an automaton that
+  // builds its states as it is walked (JSON, grammars), which no two requests may share.
+  static std::shared_ptr<SharedAllowedSets> of(const std::shared_ptr<const ByteGrammar>& grammar,
+                                               const std::shared_ptr<const GuideVocabulary>& vocab);
+  // The ids every instance keeps, together.
+  static std::size_t total_ids() noexcept;
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<std::int32_t, Set> sets_;
+  std::size_t ids_ = 0;  // in sets_
+};
+
 // One request's guide: the automaton state its output reached and the tokens that may follow.
 class TokenGuide {
  public:
+  // share_sets: keep the allowed sets of an immutable automaton in its SharedAllowedSets (every
+  // guide does, but a benchmark timing the walk itself).
   TokenGuide(std::shared_ptr<const ByteGrammar> grammar,
-             std::shared_ptr<const GuideVocabulary> vocab);
+             std::shared_ptr<const GuideVocabulary> vocab, bool share_sets = true);
 
   // The state after `output`; nullopt once a token of it is not allowed where it stands (a stop
   // token ended the request, or a speculative proposal looks past the end). Walks only the tokens
@@ -77,8 +109,11 @@ class TokenGuide {
  private:
   std::shared_ptr<const ByteGrammar> grammar_;
   std::shared_ptr<const GuideVocabulary> vocab_;
-  std::unordered_map<std::int32_t, std::vector<std::int32_t>> allowed_;
+  std::vector<std::int32_t> compute(std::int32_t state);
+
+  std::unordered_map<std::int32_t, SharedAllowedSets::Set> allowed_;
   std::size_t cached_ids_ = 0;  // in allowed_
+  std::shared_ptr<SharedAllowedSets> shared_;  // for an immutable automaton
   // The output state_after walked last, up to its first token not allowed, and the state after
   // each of its prefixes (walked_states_[i]: after i tokens).
   std::vector<std::int32_t> walked_;

@@ -1,6 +1,7 @@
 #include "dcp/token_guide.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "dcp/error.h"
 #include "dcp/regex_dfa.h"
@@ -44,9 +45,10 @@ GuideVocabulary::GuideVocabulary(const std::vector<std::optional<std::string>>& 
 }
 
 TokenGuide::TokenGuide(std::shared_ptr<const ByteGrammar> grammar,
-                       std::shared_ptr<const GuideVocabulary> vocab)
+                       std::shared_ptr<const GuideVocabulary> vocab, bool share_sets)
     : grammar_(std::move(grammar)), vocab_(std::move(vocab)) {
   DCP_CHECK(grammar_ && vocab_, internal, "a token guide needs a grammar and a vocabulary");
+  if (share_sets) shared_ = SharedAllowedSets::of(grammar_, vocab_);
 }
 
 std::optional<std::int32_t> TokenGuide::state_after(std::span<const std::int32_t> output) {
@@ -106,9 +108,7 @@ std::size_t mark_live(const Grammar& grammar, const GuideVocabulary& vocab, std:
 
 }  // namespace token_trie
 
-const std::vector<std::int32_t>& TokenGuide::allowed(std::int32_t state) {
-  auto it = allowed_.find(state);
-  if (it != allowed_.end()) return it->second;
+std::vector<std::int32_t> TokenGuide::compute(std::int32_t state) {
   keep_.assign(static_cast<std::size_t>(vocab_->size()), 0);
   path_.resize(vocab_->longest() + 1);
   std::size_t kept = 0;
@@ -127,12 +127,90 @@ const std::vector<std::int32_t>& TokenGuide::allowed(std::int32_t state) {
     if (n == kept) break;
   }
   ids.resize(kept);
-  if (cached_ids_ + ids.size() > kMaxCachedIds) {
+  return ids;
+}
+
+const std::vector<std::int32_t>& TokenGuide::allowed(std::int32_t state) {
+  auto it = allowed_.find(state);
+  if (it != allowed_.end()) return *it->second;
+  SharedAllowedSets::Set set =
+      shared_ ? shared_->get(state, [&] { return compute(state); })
+              : std::make_shared<const std::vector<std::int32_t>>(compute(state));
+  if (cached_ids_ + set->size() > kMaxCachedIds) {
     allowed_.clear();
     cached_ids_ = 0;
   }
-  cached_ids_ += ids.size();
-  return allowed_.emplace(state, std::move(ids)).first->second;
+  cached_ids_ += set->size();
+  return *allowed_.emplace(state, std::move(set)).first->second;
+}
+
+namespace token_trie {
+
+std::atomic<std::size_t> shared_ids{0};  // ids kept by every SharedAllowedSets
+
+// The instances of the automata alive, each for its automaton and vocabulary.
+struct Registry {
+  struct Entry {
+    std::weak_ptr<const ByteGrammar> grammar;
+    std::weak_ptr<const GuideVocabulary> vocab;
+    std::shared_ptr<SharedAllowedSets> sets;  // kept while the automaton lives (shared_regex)
+  };
+  std::mutex mutex;
+  std::vector<Entry> entries;
+};
+
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+}  // namespace token_trie
+
+SharedAllowedSets::~SharedAllowedSets() {
+  token_trie::shared_ids -= ids_;
+}
+
+std::size_t SharedAllowedSets::total_ids() noexcept {
+  return token_trie::shared_ids;
+}
+
+SharedAllowedSets::Set SharedAllowedSets::get(
+    std::int32_t state, const std::function<std::vector<std::int32_t>()>& compute) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = sets_.find(state);
+  if (it != sets_.end()) return it->second;
+  auto set = std::make_shared<const std::vector<std::int32_t>>(compute());
+  if (token_trie::shared_ids + set->size() > kMaxSharedIds) {  // start afresh
+    token_trie::shared_ids -= ids_;
+    ids_ = 0;
+    sets_.clear();
+    if (token_trie::shared_ids + set->size() > kMaxSharedIds) return set;  // others hold the rest
+  }
+  ids_ += set->size();
+  token_trie::shared_ids += set->size();
+  sets_.emplace(state, set);
+  return set;
+}
+
+std::shared_ptr<SharedAllowedSets> SharedAllowedSets::of(
+    const std::shared_ptr<const ByteGrammar>& grammar,
+    const std::shared_ptr<const GuideVocabulary>& vocab) {
+  if (!dynamic_cast<const RegexDfa*>(grammar.get())) return nullptr;
+  token_trie::Registry& r = token_trie::registry();
+  const std::lock_guard<std::mutex> lock(r.mutex);
+  std::shared_ptr<SharedAllowedSets> found;
+  // Drop the entries of automata or vocabularies gone (an address may be reused).
+  std::erase_if(r.entries, [&](const token_trie::Registry::Entry& e) {
+    const auto g = e.grammar.lock();
+    const auto v = e.vocab.lock();
+    if (!g || !v) return true;
+    if (g == grammar && v == vocab) found = e.sets;
+    return false;
+  });
+  if (found) return found;
+  found = std::make_shared<SharedAllowedSets>();
+  r.entries.push_back({grammar, vocab, found});
+  return found;
 }
 
 }  // namespace dcp

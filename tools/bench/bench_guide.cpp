@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <iomanip>
 #include <map>
 #include <memory>
 #include <optional>
@@ -158,11 +159,14 @@ void bench_guide(const GuideBenchOptions& o) {
       "first: a new automaton (states built as the walk reaches them); again: the same\n"
       "states asked of a new guide (transitions known); medians of %d runs\n",
       o.repeats);
-  std::printf("%-22s %6s %6s %9s | %10s %10s %7s | %10s %10s %7s\n", "guide", "tokens", "states",
-              "allowed", "first scan", "first walk", "ratio", "again scan", "again walk", "ratio");
+  std::printf("shared: a regex's next request, whose sets an earlier guide kept\n");
+  std::printf("%-22s %6s %6s %9s | %10s %10s %7s | %10s %10s %7s | %10s\n", "guide", "tokens",
+              "states", "allowed", "first scan", "first walk", "ratio", "again scan", "again walk",
+              "ratio", "shared");
   CsvFile csv(o.csv, {"guide", "vocabulary", "tokens", "states", "allowed_per_state",
                       "first_scan_ms_per_state", "first_walk_ms_per_state", "first_speedup",
-                      "again_scan_ms_per_state", "again_walk_ms_per_state", "again_speedup"});
+                      "again_scan_ms_per_state", "again_walk_ms_per_state", "again_speedup",
+                      "shared_ms_per_state"});
   for (const GuideCase& c : guide_cases()) {
     const std::vector<std::int32_t> tokens =
         tokenizer ? tokenizer->encode(c.text) : greedy_encode(texts, c.text);
@@ -190,7 +194,7 @@ void bench_guide(const GuideBenchOptions& o) {
         f(s);
       }
     };
-    std::vector<double> first_scan, first_walk, again_scan, again_walk;
+    std::vector<double> first_scan, first_walk, again_scan, again_walk, shared_walk;
     double allowed = 0;
     for (int r = 0; r < o.repeats; ++r) {
       const auto scanned = c.make(), walked = c.make();
@@ -206,8 +210,9 @@ void bench_guide(const GuideBenchOptions& o) {
         });
         return ms;
       };
-      const auto time_walk = [&](const std::shared_ptr<const ByteGrammar>& g) {
-        TokenGuide guide(g, vocab);
+      // share: with the sets an earlier guide of the same automaton kept (a regex's next request).
+      const auto time_walk = [&](const std::shared_ptr<const ByteGrammar>& g, bool share) {
+        TokenGuide guide(g, vocab, share);
         std::vector<std::vector<std::int32_t>> by_walk;
         double ms = 0;
         visit(*g, [&](std::int32_t state) {
@@ -227,20 +232,27 @@ void bench_guide(const GuideBenchOptions& o) {
         return ms;
       };
       first_scan.push_back(time_scan(*scanned));
-      first_walk.push_back(time_walk(walked));
+      first_walk.push_back(time_walk(walked, false));
       again_scan.push_back(time_scan(*walked));
-      again_walk.push_back(time_walk(walked));
+      again_walk.push_back(time_walk(walked, false));
+      if (dynamic_cast<const RegexDfa*>(walked.get())) {
+        time_walk(walked, true);  // keeps the sets
+        shared_walk.push_back(time_walk(walked, true));
+      }
     }
     const double n = static_cast<double>(firsts.size());
     const double fs = median(first_scan) / n, fw = median(first_walk) / n;
     const double as = median(again_scan) / n, aw = median(again_walk) / n;
-    std::printf("%-22s %6zu %6zu %9.0f | %10.3f %10.3f %6.2fx | %10.3f %10.3f %6.2fx\n",
-                c.name.c_str(), tokens.size(), firsts.size(), allowed, fs, fw, fs / fw, as, aw,
-                as / aw);
+    const std::string shared = shared_walk.empty() ? "" : str(median(shared_walk) / n);
+    std::printf(
+        "%-22s %6zu %6zu %9.0f | %10.3f %10.3f %6.2fx | %10.3f %10.3f %6.2fx | %10s\n",
+        c.name.c_str(), tokens.size(), firsts.size(), allowed, fs, fw, fs / fw, as, aw, as / aw,
+        shared.empty() ? "-"
+                       : str(std::setprecision(4), std::fixed, median(shared_walk) / n).c_str());
     std::fflush(stdout);
     csv.row({c.name, tokenizer ? o.tokenizer_path : "synthetic", str(tokens.size()),
              str(firsts.size()), str(allowed), str(fs), str(fw), str(fs / fw), str(as), str(aw),
-             str(as / aw)});
+             str(as / aw), shared});
   }
 }
 
