@@ -180,14 +180,22 @@ SharedAllowedSets::Set SharedAllowedSets::get(
   const auto it = sets_.find(state);
   if (it != sets_.end()) return it->second;
   auto set = std::make_shared<const std::vector<std::int32_t>>(compute());
-  if (token_trie::shared_ids + set->size() > kMaxSharedIds) {  // start afresh
+  // Room for the set under the bound every instance shares, taken in one step (another
+  // instance may be taking room at the same time).
+  const auto reserve = [n = set->size()] {
+    std::size_t now = token_trie::shared_ids.load();
+    do {
+      if (now + n > kMaxSharedIds) return false;
+    } while (!token_trie::shared_ids.compare_exchange_weak(now, now + n));
+    return true;
+  };
+  if (!reserve()) {  // start afresh
     token_trie::shared_ids -= ids_;
     ids_ = 0;
     sets_.clear();
-    if (token_trie::shared_ids + set->size() > kMaxSharedIds) return set;  // others hold the rest
+    if (!reserve()) return set;  // others hold the rest: not kept
   }
   ids_ += set->size();
-  token_trie::shared_ids += set->size();
   sets_.emplace(state, set);
   return set;
 }
