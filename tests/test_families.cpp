@@ -440,6 +440,21 @@ TEST_F(FamilyCheckpoint, Int4RefusesWhatItCannotRunExactly) {
   EXPECT_FALSE(k.int4_ignores("model.lm_head"));
   EXPECT_TRUE(k.int4_ignores("model.layers.0.mlp.up_proj"));
   EXPECT_FALSE(k.int4_ignores("model.layers.10.mlp.up_proj")) << "re:mlp matches from the start";
+  // Python's syntax beyond ECMAScript's: a named group and a lookbehind.
+  k.int4_ignore = {"re:(?P<m>model)\\.layers\\.\\d+\\.(?<=\\.)mlp\\.gate$"};
+  EXPECT_TRUE(k.int4_ignores("model.layers.12.mlp.gate"));
+  EXPECT_FALSE(k.int4_ignores("model.layers.12.mlp.gate_proj"));
+  // A pattern that backtracks without end is refused, naming it (std::regex ran one for more
+  // than ten minutes under the config fuzzer; ctest's timeout catches a return of that).
+  k.int4_ignore = {"re:(a+)+$"};
+  try {
+    k.int4_ignores(std::string(40, 'a') + "!");
+    ADD_FAILURE() << "(a+)+$ was matched";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'re:(a+)+$' could not be matched against 'aaaa"),
+              std::string::npos)
+        << e.what();
+  }
   EXPECT_TRUE(is_int4_weight(c, "model.layers.2.mlp.experts.7.gate_proj.weight"));
   EXPECT_FALSE(is_int4_weight(c, "model.layers.2.mlp.shared_experts.gate_proj.weight"));
   EXPECT_FALSE(is_int4_weight(c, "model.layers.2.mlp.gate.weight")) << "the router";

@@ -3,13 +3,11 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <map>
-#include <mutex>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <type_traits>
 
 #include "dcp/error.h"
+#include "ignore_pattern.h"
 
 namespace dcp {
 
@@ -118,39 +116,13 @@ void ModelConfig::validate() const {
   if (quant_method == "compressed-tensors") validate_int4();
 }
 
-namespace {
-
-// The compiled expressions of `ignore` entries, shared by every config that names them: a real
-// checkpoint asks about some 70,000 expert modules.
-const std::regex& ignore_expression(const std::string& pattern) {
-  static std::mutex mutex;
-  static std::map<std::string, std::regex> compiled;
-  const std::lock_guard<std::mutex> lock(mutex);
-  auto it = compiled.find(pattern);
-  if (it == compiled.end()) {
-    try {
-      it = compiled.emplace(pattern, std::regex(pattern, std::regex::ECMAScript)).first;
-    } catch (const std::regex_error& e) {
-      throw Error(ErrorCategory::unsupported,
-                  str("model config: quantization_config.ignore entry 're:", pattern,
-                      "' is not a regular expression dcp reads: ", e.what()));
-    }
-  }
-  return it->second;
-}
-
-}  // namespace
-
 bool ModelConfig::int4_ignores(const std::string& module) const {
   for (const std::string& entry : int4_ignore) {
     if (entry.rfind("re:", 0) != 0) {
       if (entry == module) return true;
       continue;
     }
-    if (std::regex_search(module, ignore_expression(entry.substr(3)),
-                          std::regex_constants::match_continuous)) {
-      return true;
-    }
+    if (ignore_pattern_matches(entry.substr(3), module)) return true;
   }
   return false;
 }
