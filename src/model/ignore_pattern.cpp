@@ -21,6 +21,15 @@ using Code = std::unique_ptr<pcre2_code, CodeFree>;
 // fewer; a pattern that needs more would stall the load.
 constexpr std::uint32_t kMatchLimit = 1000000;
 
+// Refuses the entry 're:PATTERN', saying `what` failed and PCRE2's message for `code`.
+[[noreturn]] void refuse(const std::string& pattern, const std::string& what, int code) {
+  PCRE2_UCHAR message[256];
+  pcre2_get_error_message(code, message, sizeof message);
+  throw Error(ErrorCategory::unsupported,
+              str("model config: quantization_config.ignore entry 're:", pattern, "' ", what,
+                  ": ", reinterpret_cast<const char*>(message)));
+}
+
 const pcre2_code& compiled(const std::string& pattern) {
   static std::mutex mutex;
   static std::map<std::string, Code> codes;  // a real checkpoint asks about 70,000 modules
@@ -31,14 +40,7 @@ const pcre2_code& compiled(const std::string& pattern) {
     PCRE2_SIZE offset = 0;
     Code code(pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
                             PCRE2_ANCHORED, &err, &offset, nullptr));
-    if (!code) {
-      PCRE2_UCHAR message[256];
-      pcre2_get_error_message(err, message, sizeof message);
-      throw Error(ErrorCategory::unsupported,
-                  str("model config: quantization_config.ignore entry 're:", pattern,
-                      "' is not a regular expression dcp reads (at offset ", offset,
-                      "): ", reinterpret_cast<const char*>(message)));
-    }
+    if (!code) refuse(pattern, str("is not a regular expression dcp reads (at offset ", offset, ")"), err);
     it = codes.emplace(pattern, std::move(code)).first;
   }
   return *it->second;
@@ -57,14 +59,7 @@ bool ignore_pattern_matches(const std::string& pattern, const std::string& modul
   pcre2_match_data_free(data);
   pcre2_match_context_free(context);
   if (rc == PCRE2_ERROR_NOMATCH) return false;
-  if (rc < 0) {
-    PCRE2_UCHAR message[256];
-    pcre2_get_error_message(rc, message, sizeof message);
-    throw Error(ErrorCategory::unsupported,
-                str("model config: quantization_config.ignore entry 're:", pattern,
-                    "' could not be matched against '", module,
-                    "': ", reinterpret_cast<const char*>(message)));
-  }
+  if (rc < 0) ignore_pattern::refuse(pattern, str("could not be matched against '", module, "'"), rc);
   return true;
 }
 

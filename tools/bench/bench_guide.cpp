@@ -243,12 +243,14 @@ void bench_guide(const GuideBenchOptions& o) {
     const double n = static_cast<double>(firsts.size());
     const double fs = median(first_scan) / n, fw = median(first_walk) / n;
     const double as = median(again_scan) / n, aw = median(again_walk) / n;
-    const std::string shared = shared_walk.empty() ? "" : str(median(shared_walk) / n);
+    // A regex's next request; none for the automata each request builds for itself.
+    const std::optional<double> sw =
+        shared_walk.empty() ? std::nullopt : std::optional(median(shared_walk) / n);
+    const std::string shared = sw ? str(*sw) : "";
     std::printf(
         "%-22s %6zu %6zu %9.0f | %10.3f %10.3f %6.2fx | %10.3f %10.3f %6.2fx | %10s\n",
         c.name.c_str(), tokens.size(), firsts.size(), allowed, fs, fw, fs / fw, as, aw, as / aw,
-        shared.empty() ? "-"
-                       : str(std::setprecision(4), std::fixed, median(shared_walk) / n).c_str());
+        sw ? str(std::setprecision(4), std::fixed, *sw).c_str() : "-");
     std::fflush(stdout);
     csv.row({c.name, tokenizer ? o.tokenizer_path : "synthetic", str(tokens.size()),
              str(firsts.size()), str(allowed), str(fs), str(fw), str(fs / fw), str(as), str(aw),
