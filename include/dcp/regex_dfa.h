@@ -29,7 +29,8 @@ class RegexDfa final : public ByteGrammar {
   static constexpr int kMaxRepeat = 1000;       // largest n or m of {n,m}
   static constexpr std::size_t kMaxGroupNesting = 256;
   static constexpr int kMaxNfaStates = 200000;  // before determinization
-  static constexpr int kMaxStates = 20000;      // of the automaton itself
+  static constexpr int kMaxSubsetStates = 100000;  // of the subset construction
+  static constexpr int kMaxStates = 20000;         // of the automaton itself, minimized
 
   // Throws dcp::Error(invalid_argument) naming `field` and the byte offset at fault, or saying
   // the pattern is too large or matches no text.

@@ -1,6 +1,6 @@
 // Pattern -> syntax tree over code points -> Thompson automaton over bytes (each code point range
 // becomes the UTF-8 byte-range sequences that spell it) -> subset construction over the byte
-// classes the edges tell apart -> states that cannot reach a match become dead.
+// classes the edges tell apart -> the fewest states of the language (dfa_minimize.h).
 #include "dcp/regex_dfa.h"
 
 #include <algorithm>
@@ -8,6 +8,7 @@
 #include <map>
 
 #include "dcp/error.h"
+#include "dfa_minimize.h"
 
 namespace dcp {
 namespace {
@@ -552,6 +553,10 @@ RegexDfa::RegexDfa(std::string_view pattern, std::string_view field) {
     return out;
   };
 
+  // Subset construction, then the fewest states of the language (the copies a pattern spells out
+  // merge), within kMaxStates.
+  DfaTable table;
+  table.classes = classes_;
   std::map<std::vector<int>, std::int32_t> ids;
   std::vector<std::vector<int>> sets{closure({whole.start})};
   ids.emplace(sets[0], 0);
@@ -568,56 +573,34 @@ RegexDfa::RegexDfa(std::string_view pattern, std::string_view field) {
         std::vector<int> set = closure(std::move(moved));
         const auto [it, added] = ids.emplace(set, static_cast<std::int32_t>(sets.size()));
         if (added) {
-          if (sets.size() >= static_cast<std::size_t>(kMaxStates))
+          if (sets.size() >= static_cast<std::size_t>(kMaxSubsetStates))
             throw Error(ErrorCategory::invalid_argument,
-                        str("'", field,
-                            "': the pattern is too large (its automaton needs more "
-                            "than ",
-                            kMaxStates, " states)"));
+                        str("'", field, "': the pattern is too large (more than ", kMaxSubsetStates,
+                            " automaton states before minimization)"));
           sets.push_back(std::move(set));
         }
         to = it->second;
       }
-      next_.push_back(to);
+      table.next.push_back(to);
     }
-    accepting_.push_back(std::binary_search(sets[d].begin(), sets[d].end(), accept) ? 1 : 0);
+    table.accepting.push_back(std::binary_search(sets[d].begin(), sets[d].end(), accept) ? 1 : 0);
   }
+  sets.clear();
+  ids.clear();
 
-  // States that cannot reach a match are dead.
-  const std::size_t n = sets.size();
-  std::vector<std::vector<std::int32_t>> into(n);
-  for (std::size_t s = 0; s < n; ++s) {
-    for (std::size_t c = 0; c < classes_; ++c) {
-      const std::int32_t t = next_[s * classes_ + c];
-      if (t != kDead) into[static_cast<std::size_t>(t)].push_back(static_cast<std::int32_t>(s));
-    }
-  }
-  std::vector<char> live(n, 0);
-  std::vector<std::int32_t> todo;
-  for (std::size_t s = 0; s < n; ++s) {
-    if (accepting_[s]) {
-      live[s] = 1;
-      todo.push_back(static_cast<std::int32_t>(s));
-    }
-  }
-  while (!todo.empty()) {
-    const std::int32_t t = todo.back();
-    todo.pop_back();
-    for (std::int32_t s : into[static_cast<std::size_t>(t)]) {
-      if (!live[static_cast<std::size_t>(s)]) {
-        live[static_cast<std::size_t>(s)] = 1;
-        todo.push_back(s);
-      }
-    }
-  }
-  DCP_ARG_CHECK(live[0], "'", field, "': the pattern matches no text");
+  table = minimized(table);
+  const std::size_t n = table.states();
+  DCP_ARG_CHECK(n > 0, "'", field, "': the pattern matches no text");
+  if (n > static_cast<std::size_t>(kMaxStates))
+    throw Error(ErrorCategory::invalid_argument,
+                str("'", field, "': the pattern is too large (its automaton needs more than ",
+                    kMaxStates, " states)"));
+  next_ = std::move(table.next);
+  accepting_ = std::move(table.accepting);
   extendable_.assign(n, 0);
   for (std::size_t s = 0; s < n; ++s) {
-    for (std::size_t c = 0; c < classes_; ++c) {
-      std::int32_t& t = next_[s * classes_ + c];
-      if (t != kDead && !live[static_cast<std::size_t>(t)]) t = kDead;
-      if (t != kDead) extendable_[s] = 1;
-    }
+    for (std::size_t c = 0; c < classes_; ++c)
+      if (next_[s * classes_ + c] != kDead) extendable_[s] = 1;
   }
 }
 
