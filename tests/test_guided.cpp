@@ -128,6 +128,11 @@ TEST(RegexDfa, RefusesWhatItDoesNotImplementNamingTheField) {
             std::string::npos);
   EXPECT_NE(refusal("[ab]*a[ab]{14}").find("its automaton needs more than 20000 states"),
             std::string::npos);
+  // Sets of a thousand NFA states each: bounded in all, not only in count (this one held 3 GB).
+  EXPECT_NE(refusal("(?:[ab]?){1000}a[ab]{16}")
+                .find("the pattern is too large (its automaton's states before minimization hold "
+                      "more than 8388608 NFA states in all)"),
+            std::string::npos);
 }
 
 // Minimization against oracles written apart: the product of the two automata (same language:

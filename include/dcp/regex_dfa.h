@@ -30,6 +30,7 @@ class RegexDfa final : public ByteGrammar {
   static constexpr std::size_t kMaxGroupNesting = 256;
   static constexpr int kMaxNfaStates = 200000;  // before determinization
   static constexpr int kMaxSubsetStates = 100000;  // of the subset construction
+  static constexpr std::size_t kMaxSubsetEntries = std::size_t{1} << 23;  // NFA states in its sets
   static constexpr int kMaxStates = 20000;         // of the automaton itself, minimized
 
   // Throws dcp::Error(invalid_argument) naming `field` and the byte offset at fault, or saying

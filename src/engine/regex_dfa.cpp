@@ -557,33 +557,43 @@ RegexDfa::RegexDfa(std::string_view pattern, std::string_view field) {
   // merge), within kMaxStates.
   DfaTable table;
   table.classes = classes_;
+  // Each set of NFA states is kept once, as a key of `ids`; `sets` points at them in id order.
+  // The sets' sizes are bounded in all too: a pattern like (?:a?){1000} holds a thousand NFA
+  // states in every set.
   std::map<std::vector<int>, std::int32_t> ids;
-  std::vector<std::vector<int>> sets{closure({whole.start})};
-  ids.emplace(sets[0], 0);
+  std::vector<const std::vector<int>*> sets{&ids.emplace(closure({whole.start}), 0).first->first};
+  std::size_t entries = sets[0]->size();
   for (std::size_t d = 0; d < sets.size(); ++d) {
+    const std::vector<int>& from = *sets[d];
     for (std::size_t c = 0; c < classes_; ++c) {
       const std::uint8_t b = representative[c];
       std::vector<int> moved;
-      for (int s : sets[d]) {
+      for (int s : from) {
         for (const Nfa::Edge& e : nfa.states[static_cast<std::size_t>(s)].edges)
           if (e.lo <= b && b <= e.hi) moved.push_back(e.to);
       }
       std::int32_t to = kDead;
       if (!moved.empty()) {
-        std::vector<int> set = closure(std::move(moved));
-        const auto [it, added] = ids.emplace(set, static_cast<std::int32_t>(sets.size()));
+        const auto [it, added] =
+            ids.emplace(closure(std::move(moved)), static_cast<std::int32_t>(sets.size()));
         if (added) {
+          entries += it->first.size();
           if (sets.size() >= static_cast<std::size_t>(kMaxSubsetStates))
             throw Error(ErrorCategory::invalid_argument,
                         str("'", field, "': the pattern is too large (more than ", kMaxSubsetStates,
                             " automaton states before minimization)"));
-          sets.push_back(std::move(set));
+          if (entries > kMaxSubsetEntries)
+            throw Error(ErrorCategory::invalid_argument,
+                        str("'", field, "': the pattern is too large (its automaton's states ",
+                            "before minimization hold more than ", kMaxSubsetEntries,
+                            " NFA states in all)"));
+          sets.push_back(&it->first);
         }
         to = it->second;
       }
       table.next.push_back(to);
     }
-    table.accepting.push_back(std::binary_search(sets[d].begin(), sets[d].end(), accept) ? 1 : 0);
+    table.accepting.push_back(std::binary_search(from.begin(), from.end(), accept) ? 1 : 0);
   }
   sets.clear();
   ids.clear();
