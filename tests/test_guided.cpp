@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -917,6 +918,237 @@ TEST(JsonSchema, EnumAndConstKeepToTheirType) {
   EXPECT_FALSE(wrapped.matches(R"({"u": "k"})"));
 }
 
+// A random JSON value: every kind of scalar (strings with escapes, control characters and
+// UTF-8), and arrays and objects nesting up to `levels` deep (`deep`: containers down a first
+// branch).
+nlohmann::ordered_json random_json(test::Rng& rng, int levels, bool deep = false) {
+  using J = nlohmann::ordered_json;
+  const auto text = [&] {
+    static const char* const kPieces[] = {"a",  "Zq",   " ",        "\"",   "\\",
+                                          "\n", "\x01", "\xC3\xA9", "\x7F", "\xF0\x9F\x98\x80",
+                                          "}",  "[",    ",",        ":"};
+    std::string t;
+    for (int n = static_cast<int>(rng.range(0, 4)); n > 0; --n)
+      t += kPieces[rng.range(0, std::size(kPieces) - 1)];
+    return t;
+  };
+  switch (levels == 0 ? rng.range(0, 5) : deep ? rng.range(6, 7) : rng.range(0, 7)) {
+    case 0: return nullptr;
+    case 1: return rng.coin();
+    case 2: return rng.range(-100000, 100000);
+    case 3: return static_cast<double>(rng.uniform(-1e3f, 1e3f));
+    case 4:
+    case 5: return text();
+    case 6: {
+      J a = J::array();
+      for (int n = static_cast<int>(rng.range(deep, 3)); n > 0; --n)
+        a.push_back(random_json(rng, levels - 1, deep && a.empty()));
+      return a;
+    }
+    default: {
+      J o = J::object();
+      for (int n = static_cast<int>(rng.range(deep, 3)); n > 0; --n) {
+        const bool first = o.empty();
+        o[text()] = random_json(rng, levels - 1, deep && first);
+      }
+      return o;
+    }
+  }
+}
+
+// How many levels of arrays and objects a value holds (an empty one is a level).
+int levels_of(const nlohmann::ordered_json& v) {
+  int inner = 0;
+  if (!v.is_structured()) return 0;
+  for (const auto& x : v) inner = std::max(inner, levels_of(x));
+  return 1 + inner;
+}
+
+// As json.dumps writes it: ", " between members, ": " after names.
+std::string spaced(const nlohmann::ordered_json& v) {
+  if (!v.is_structured()) return v.dump();
+  std::string out = v.is_array() ? "[" : "{";
+  bool first = true;
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    out += first ? "" : ", ";
+    first = false;
+    if (v.is_object()) out += nlohmann::ordered_json(it.key()).dump() + ": ";
+    out += spaced(*it);
+  }
+  return out + (v.is_array() ? "]" : "}");
+}
+
+// `text` parsed by nlohmann, a parser written apart from the schema compiler; nullopt for a
+// number past a double's range, which JSON's grammar allows (1e400) and nlohmann refuses. Any
+// other failure fails the test.
+std::optional<nlohmann::ordered_json> parsed(const std::string& text) {
+  try {
+    return nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::json::out_of_range&) {
+    return std::nullopt;
+  } catch (const nlohmann::json::exception& e) {
+    ADD_FAILURE() << "not JSON: " << text << ": " << e.what();
+    return std::nullopt;
+  }
+}
+
+// A value the schema leaves free ({}, true, an object or array with nothing said of its members)
+// is any JSON value nested at most kFreeFormNesting levels, itself included: random values of
+// every kind and up to one level deeper match exactly when they are of the kind and within the
+// bound, compact or spaced; random texts of the automaton are such values (nlohmann parses them).
+TEST(JsonSchema, FreeValuesAreAnyJsonNestedWithinTheBound) {
+  test::Rng rng = test::make_rng();
+  using J = nlohmann::ordered_json;
+  struct Case {
+    const char* schema;
+    bool (*admits)(const J&);
+  };
+  const Case cases[] = {
+      {"{}", [](const J&) { return true; }},
+      {"true", [](const J&) { return true; }},
+      {R"({"description": "anything", "title": "Any"})", [](const J&) { return true; }},
+      {R"({"type": "object"})", [](const J& v) { return v.is_object(); }},
+      {R"({"type": "object", "additionalProperties": true})",
+       [](const J& v) { return v.is_object(); }},
+      {R"({"type": "array"})", [](const J& v) { return v.is_array(); }},
+      {R"({"type": ["object", "null"]})", [](const J& v) { return v.is_object() || v.is_null(); }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.schema);
+    const RegexDfa dfa(json_schema_regex(c.schema));
+    int matched = 0, too_deep = 0;
+    for (int i = 0; i < 600; ++i) {
+      const J v =
+          random_json(rng, static_cast<int>(rng.range(0, kFreeFormNesting + 1)), rng.coin());
+      const bool expected = c.admits(v) && levels_of(v) <= kFreeFormNesting;
+      EXPECT_EQ(dfa.matches(v.dump()), expected) << v.dump();
+      EXPECT_EQ(dfa.matches(spaced(v)), expected) << spaced(v);
+      matched += expected;
+      too_deep += c.admits(v) && !expected;
+    }
+    EXPECT_GT(matched, 20);
+    EXPECT_GT(too_deep, 5);
+    for (const std::string& t : random_matches(dfa, rng.engine(), 200)) {
+      const std::optional<J> v = parsed(t);
+      if (!v) continue;
+      EXPECT_TRUE(c.admits(*v)) << t;
+      EXPECT_LE(levels_of(*v), kFreeFormNesting) << t;
+    }
+  }
+  // The bound is the free value's own: typed containers around it do not count.
+  const RegexDfa inside(json_schema_regex(
+      R"({"type": "object", "properties": {"meta": {}, "list": {"type": "array", "items": {"type": "array"}}}, "required": ["meta"]})"));
+  EXPECT_TRUE(inside.matches(R"({"meta": {"a": [[1]]}})"));
+  EXPECT_FALSE(inside.matches(R"({"meta": {"a": [[[1]]]}})"));
+  EXPECT_TRUE(inside.matches(R"({"meta": 1, "list": [[[{"b": 1}]], []]})"));
+  EXPECT_FALSE(inside.matches(R"({"meta": 1, "list": [[[{"b": []}]]]})"));
+  // A surrogate escape only in a pair, which is one character to the length bounds.
+  const RegexDfa any(json_schema_regex("{}")),
+      one(json_schema_regex(R"({"type": "string", "maxLength": 1})"));
+  for (const char* pair : {R"("\ud83d\ude00")", R"("\uD800\uDFFF")", R"("\uDBFF\udc00")"}) {
+    EXPECT_TRUE(any.matches(pair)) << pair;
+    EXPECT_TRUE(one.matches(pair)) << pair;
+  }
+  for (const char* alone : {R"("\ud83d")", R"("\ude00\ud83d")", R"("\udc00")", R"("\ud800x")",
+                            R"("\ud800\u0041")", R"("\ud800\ud800")"})
+    EXPECT_FALSE(any.matches(alone)) << alone;
+  EXPECT_TRUE(any.matches(R"("\ud7ff\ue000\uffff\u0000")"));
+}
+
+// The keywords of the maps and tuples below, read as JSON Schema reads them (written apart from
+// the compiler): 'type', 'minimum', 'enum', 'items', 'prefixItems', 'additionalProperties',
+// 'minItems'/'maxItems', 'minProperties'/'maxProperties'.
+bool schema_admits(const nlohmann::ordered_json& v, const nlohmann::ordered_json& s) {
+  if (s.is_boolean()) return s.get<bool>();
+  if (s.contains("enum") && std::find(s["enum"].begin(), s["enum"].end(), v) == s["enum"].end())
+    return false;
+  const std::string type =
+      s.value("type", s.contains("prefixItems") || s.contains("items") ? "array" : "object");
+  if (type == "integer") {  // a number with no fraction: past 2^64 nlohmann holds it as a double
+    if (!v.is_number()) return false;
+    const double x = v.get<double>();
+    return x == std::floor(x) && x >= s.value("minimum", -1e300);
+  }
+  if (type == "string") return v.is_string();
+  if (type == "boolean") return v.is_boolean();
+  if (type == "array") {
+    if (!v.is_array() || v.size() < s.value("minItems", 0u) ||
+        v.size() > s.value("maxItems", 1000u))
+      return false;
+    const std::size_t listed = s.contains("prefixItems") ? s["prefixItems"].size() : 0;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      const nlohmann::ordered_json& under =
+          i < listed ? s["prefixItems"][i] : s.value("items", nlohmann::ordered_json(true));
+      if (!schema_admits(v[i], under)) return false;
+    }
+    return true;
+  }
+  if (!v.is_object() || v.size() < s.value("minProperties", 0u) ||
+      v.size() > s.value("maxProperties", 1000u))
+    return false;
+  for (const auto& [name, x] : v.items())
+    if (!schema_admits(x, s.value("additionalProperties", nlohmann::ordered_json(true))))
+      return false;
+  return true;
+}
+
+// Objects without 'properties' hold any names with values under 'additionalProperties', and
+// tuples their 'prefixItems' then 'items': random candidates match exactly when valid (and, for
+// a tuple whose 'items' is absent, when holding no more than 'prefixItems' lists or 'minItems'
+// asks: the subset written), compact or spaced; random texts of each automaton are valid.
+TEST(JsonSchema, MapsAndTuplesHoldTheirMembersUnderTheirSchemas) {
+  test::Rng rng = test::make_rng();
+  using J = nlohmann::ordered_json;
+  const char* const kSchemas[] = {
+      R"({"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}})",
+      R"({"type": "object", "additionalProperties": {"type": "string", "enum": ["x", "y"]}, "minProperties": 1, "maxProperties": 2})",
+      R"({"type": "object", "additionalProperties": false})",
+      R"({"additionalProperties": {"type": "array", "items": {"type": "boolean"}}, "maxProperties": 0})",
+      R"({"additionalProperties": {"type": "array", "items": {"type": "boolean"}}})",
+      R"({"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string", "enum": ["a", "b"]}]})",
+      R"({"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string", "enum": ["a", "b"]}], "items": {"type": "boolean"}, "minItems": 1, "maxItems": 4})",
+      R"({"prefixItems": [{"type": "integer"}, {"type": "string", "enum": ["a", "b"]}], "items": false, "minItems": 2})",
+      R"({"prefixItems": [{"type": "integer"}, {"type": "string", "enum": ["a", "b"]}], "minItems": 3})",
+      R"({"prefixItems": [{"type": "integer"}, {"type": "boolean"}, {"type": "boolean"}], "maxItems": 1})",
+      R"({"type": "array", "items": false})",
+      R"({"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 2, "maxItems": 3})",
+  };
+  const J pool =
+      J::parse(R"([0, 5, -1, "x", "y", "a", "b", true, false, null, [true, false], [], [1]])");
+  for (const char* text : kSchemas) {
+    SCOPED_TRACE(text);
+    const J schema = J::parse(text);
+    const RegexDfa dfa(json_schema_regex(text));
+    const bool tuple = schema.contains("prefixItems");
+    const std::size_t listed = tuple ? schema["prefixItems"].size() : 0;
+    const bool extra =
+        schema.contains("items") ? schema["items"] != false : schema.value("minItems", 0u) > listed;
+    int matched = 0;
+    for (int i = 0; i < 1500; ++i) {
+      J v = tuple || schema.value("type", "") == "array" ? J::array() : J::object();
+      for (int n = static_cast<int>(rng.range(0, 5)); n > 0; --n) {
+        const J& x = pool[rng.range(0, pool.size() - 1)];
+        if (v.is_array())
+          v.push_back(x);
+        else
+          v[str("k", rng.range(0, 9))] = x;
+      }
+      const bool written = !tuple || v.size() <= listed || extra;
+      const bool expected = schema_admits(v, schema) && written;
+      EXPECT_EQ(dfa.matches(v.dump()), expected) << v.dump();
+      EXPECT_EQ(dfa.matches(spaced(v)), expected) << spaced(v);
+      matched += expected;
+    }
+    EXPECT_GT(matched, 0);
+    for (const std::string& t : random_matches(dfa, rng.engine(), 200)) {
+      const std::optional<J> v = parsed(t);
+      if (v) {
+        EXPECT_TRUE(schema_admits(*v, schema)) << t;
+      }
+    }
+  }
+}
+
 TEST(JsonSchema, RefusesWhatItCannotHonourNamingWhere) {
   // Nested objects: kMaxSchemaNesting levels compile; far more are refused, not a stack overflow.
   const auto nested = [](int n) {
@@ -964,9 +1196,45 @@ TEST(JsonSchema, RefusesWhatItCannotHonourNamingWhere) {
   EXPECT_EQ(refusal(R"({"type":"string","pattern":"[a\"]+"})"),
             "'response_format': the schema at '#': 'pattern' may write a quote or a backslash, "
             "which a JSON string must escape");
-  EXPECT_EQ(refusal(R"({"type":"object"})"),
-            "'response_format': the schema at '#': an object needs 'properties' (JSON mode, "
-            "response_format json_object, takes any object)");
+  EXPECT_EQ(refusal("false"),
+            "'response_format': the schema at '#': the schema false admits no "
+            "value");
+  EXPECT_EQ(refusal(R"({"type":"object","properties":{"a":{"type":"null"}},"maxProperties":1})"),
+            "'response_format': the schema at '#': 'minProperties' and 'maxProperties' are "
+            "supported without 'properties' only");
+  EXPECT_EQ(refusal(R"({"type":"object","minProperties":2})"),
+            "'response_format': the schema at '#': 'minProperties' above 1 is not supported "
+            "(names may repeat)");
+  EXPECT_EQ(refusal(R"({"type":"object","additionalProperties":false,"minProperties":1})"),
+            "'response_format': the schema at '#': 'minProperties' asks for properties, which "
+            "'additionalProperties' false forbids");
+  EXPECT_EQ(refusal(R"({"type":"object","required":["a"]})"),
+            "'response_format': the schema at '#': 'required' needs 'properties'");
+  EXPECT_EQ(refusal(R"({"type":"object","maxProperties":0,"minProperties":1})"),
+            "'response_format': the schema at '#': 'maxProperties' is below 'minProperties'");
+  EXPECT_EQ(refusal(R"({"type":"object","additionalProperties":{"type":"integer","maxLength":2}})"),
+            "'response_format': the schema at '#/additionalProperties': 'maxLength' does not "
+            "apply to type 'integer'");
+  EXPECT_EQ(refusal(R"({"type":"object","properties":[]})"),
+            "'response_format': the schema at '#': 'properties' must be an object");
+  EXPECT_EQ(refusal(R"({"type":"array","items":false,"minItems":1})"),
+            "'response_format': the schema at '#': 'minItems' asks for items, which 'items' false "
+            "forbids");
+  EXPECT_EQ(refusal(R"({"type":"array","prefixItems":[]})"),
+            "'response_format': the schema at '#': 'prefixItems' must be a non-empty list of "
+            "schemas");
+  EXPECT_EQ(refusal(R"({"prefixItems":[{"type":"null"}],"items":false,"minItems":2})"),
+            "'response_format': the schema at '#': 'minItems' asks for more items than "
+            "'prefixItems' lists, which 'items' false forbids");
+  EXPECT_EQ(refusal(R"({"prefixItems":[{"type":"null"},{"type":"nil"}]})"),
+            "'response_format': the schema at '#/prefixItems/1': type 'nil' is not a JSON Schema "
+            "type");
+  EXPECT_EQ(refusal(R"({"minLength":1})"),
+            "'response_format': the schema at '#': a schema needs 'type' (or 'enum', 'const', "
+            "'anyOf', '$ref')");
+  EXPECT_EQ(refusal(R"({"type":"string","additionalProperties":false})"),
+            "'response_format': the schema at '#': 'additionalProperties' does not apply to type "
+            "'string'");
   EXPECT_EQ(refusal(R"({"type":"string","format":"uri"})"),
             "'response_format': the schema at '#': 'format' \"uri\" is not supported (date, "
             "time, date-time, uuid, ipv4, hostname, email)");
@@ -994,8 +1262,6 @@ TEST(JsonSchema, RefusesWhatItCannotHonourNamingWhere) {
             "'response_format': the schema at '#': 'enum' with 'minLength' is not supported");
   EXPECT_EQ(refusal(R"({"type":"integer","maxLength":3})"),
             "'response_format': the schema at '#': 'maxLength' does not apply to type 'integer'");
-  EXPECT_EQ(refusal(R"({"type":"array"})"),
-            "'response_format': the schema at '#': an array needs 'items'");
   EXPECT_NE(refusal("{").find("the schema is not JSON"), std::string::npos);
   EXPECT_EQ(refusal(R"({"type":"string","pattern":"(a"})"),
             "'response_format' pattern at '#': missing ')' at byte 2 of the pattern");

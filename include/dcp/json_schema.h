@@ -3,14 +3,18 @@
 // vLLM's guided_json, SGLang's json_schema).
 //
 // Supported: "type" (one or a list) object, array, string, integer, number, boolean, null;
-// objects' "properties" (written in the schema's order; those not in "required" may be left out)
-// and "additionalProperties" (no others are written, which every value allows); arrays' "items"
-// with "minItems"/"maxItems"; strings' "minLength"/"maxLength", "pattern" and "format" (date,
-// time, date-time, uuid); "enum", "const", "anyOf", and "$ref" to "#/$defs/..." or
-// "#/definitions/..." (not recursive). Annotations (title, description, default, examples,
-// $schema, $id, $comment) are ignored. Anything else that would constrain a value (numeric bounds,
-// oneOf, allOf, not, patternProperties, a recursive $ref, ...) is refused by name. Between tokens
-// the text holds at most one space (compact or as json.dumps writes it, never indented).
+// objects' "properties" (written in the schema's order; those not in "required" may be left out;
+// no others are written, which every "additionalProperties" allows); objects without "properties"
+// (any names, values under "additionalProperties", up to "maxProperties", "minProperties" 0 or
+// 1); arrays' "items" and "prefixItems" with "minItems"/"maxItems"; strings' "minLength"/
+// "maxLength", "pattern" and "format" (date, time, date-time, uuid, ipv4, hostname, email);
+// integers' and numbers' bounds; "enum", "const", "anyOf", "allOf" of one schema, and "$ref" to
+// "#/$defs/..." or "#/definitions/..." (not recursive). A value the schema leaves free ({}, true,
+// an object or array with nothing said of its members) is any JSON value whose arrays and objects
+// nest at most kFreeFormNesting levels, itself included. Annotations (title, description,
+// default, examples, $schema, $id, $comment) are ignored. Anything else that would constrain a
+// value (multipleOf, oneOf, not, patternProperties, a recursive $ref, ...) is refused by name.
+// Between tokens the text holds at most one space (compact or as json.dumps writes it).
 #pragma once
 
 #include <cstddef>
@@ -21,6 +25,10 @@ namespace dcp {
 
 // Schemas nested deeper than this (objects in objects, items in items) are refused.
 constexpr int kMaxSchemaNesting = 64;
+
+// How deep the arrays and objects of a value the schema leaves free may nest: a regex holds
+// nesting only to a bound, and its automaton grows with it (about 700 states at 3 levels).
+constexpr int kFreeFormNesting = 3;
 
 // How deep the arrays and objects of a JSON text nest (0 for a scalar), read without parsing it:
 // nlohmann's parser copies a nested object's members as it grows an ordered object, by recursion,

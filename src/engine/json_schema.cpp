@@ -23,21 +23,45 @@ using Json = nlohmann::ordered_json;
 // spend its tokens on it.
 const std::string kWs = " ?";
 // One character of a JSON string: any but a quote, a backslash or a control character; or an
-// escape.
-const std::string kChar = "(?:[^\"\\\\\\x00-\\x1F]|\\\\[\"\\\\/bfnrt]|\\\\u[0-9a-fA-F]{4})";
+// escape, a surrogate only in a pair (strict parsers refuse one alone, and a pair is one
+// character to minLength and maxLength).
+const std::string kChar =
+    "(?:[^\"\\\\\\x00-\\x1F]|\\\\[\"\\\\/"
+    "bfnrt]|\\\\u(?:[0-9a-cA-CeEfF][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2}|"
+    "[dD][89abAB][0-9a-fA-F]{2}\\\\u[dD][c-fC-F][0-9a-fA-F]{2}))";
 const std::string kInteger = "-?(?:0|[1-9][0-9]*)";
 const std::string kNumber = kInteger + "(?:\\.[0-9]+)?(?:[eE][+-]?[0-9]+)?";
 
 // The keywords that constrain a value which the compiler honours (others are refused).
 const std::set<std::string, std::less<>> kKeywords = {
-    "type",  "properties", "required",         "items",   "minItems",         "maxItems", "enum",
-    "const", "minLength",  "maxLength",        "pattern", "format",           "anyOf",    "allOf",
-    "$ref",  "minimum",    "exclusiveMinimum", "maximum", "exclusiveMaximum",
+    "type",
+    "properties",
+    "required",
+    "items",
+    "minItems",
+    "maxItems",
+    "enum",
+    "const",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "format",
+    "anyOf",
+    "allOf",
+    "$ref",
+    "minimum",
+    "exclusiveMinimum",
+    "maximum",
+    "exclusiveMaximum",
+    "prefixItems",
+    "additionalProperties",
+    "minProperties",
+    "maxProperties",
 };
 
-const std::set<std::string, std::less<>> kAnnotations = {
-    "title", "description", "default", "examples",    "$schema",
-    "$id",   "$comment",    "$defs",   "definitions", "additionalProperties"};
+const std::set<std::string, std::less<>> kAnnotations = {"title",    "description", "default",
+                                                         "examples", "$schema",     "$id",
+                                                         "$comment", "$defs",       "definitions"};
 
 // `text` as a regex literal.
 std::string literal(std::string_view text) {
@@ -67,6 +91,31 @@ std::string repeat(int lo, int hi) {
   return hi < 0 ? str("{", lo, ",}") : str("{", lo, ",", hi, "}");
 }
 
+// A JSON string, its characters unconstrained.
+const std::string kAnyString = "\"" + kChar + "*\"";
+
+// `element` listed between brackets, comma-separated, `lo` to `hi` times (hi < 0: unbounded).
+std::string listed(const std::string& open, const std::string& element, int lo, int hi,
+                   const std::string& close) {
+  std::string elements;
+  if (hi != 0) {
+    const std::string more = "(?:" + kWs + "," + kWs + element + ")";
+    elements = element + more + repeat(std::max(lo - 1, 0), hi < 0 ? -1 : hi - 1);
+    if (lo == 0) elements = "(?:" + elements + ")?";
+  }
+  return open + kWs + elements + kWs + close;
+}
+
+// Any JSON value whose arrays and objects nest at most `levels` deep (a regex cannot count
+// brackets without a bound).
+std::string any_value(int levels) {
+  const std::string scalar = kAnyString + "|" + kNumber + "|true|false|null";
+  if (levels == 0) return "(?:" + scalar + ")";
+  const std::string inner = any_value(levels - 1);
+  return "(?:" + scalar + "|" + listed("\\[", inner, 0, -1, "\\]") + "|" +
+         listed("\\{", kAnyString + kWs + ":" + kWs + inner, 0, -1, "\\}") + ")";
+}
+
 class Compiler {
  public:
   Compiler(const Json& root, std::string_view field) : root_(root), field_(field) {}
@@ -79,8 +128,11 @@ class Compiler {
     } nesting{++depth_};
     if (depth_ > kMaxSchemaNesting)
       fail(where, str("the schema nests more than ", kMaxSchemaNesting, " levels"));
-    if (!s.is_object())
-      fail(where, "a schema must be an object (true/false schemas are not supported)");
+    if (s.is_boolean()) {
+      if (s.get<bool>()) return any_value(kFreeFormNesting);
+      fail(where, "the schema false admits no value");
+    }
+    if (!s.is_object()) fail(where, "a schema must be an object, true or false");
     for (const auto& [key, v] : s.items()) {
       if (!kKeywords.count(key) && !kAnnotations.count(key))
         fail(where, "'" + key + "' is not supported");
@@ -130,10 +182,16 @@ class Compiler {
     }
     std::vector<std::string> types;
     if (!s.contains("type")) {
-      if (s.contains("properties")) {
+      const auto has = [&](std::initializer_list<const char*> keys) {
+        return std::any_of(keys.begin(), keys.end(), [&](const char* k) { return s.contains(k); });
+      };
+      if (has({"properties", "additionalProperties", "minProperties", "maxProperties"})) {
         types = {"object"};
-      } else if (s.contains("items")) {
+      } else if (has({"items", "prefixItems"})) {
         types = {"array"};
+      } else if (std::all_of(s.items().begin(), s.items().end(),
+                             [](const auto& kv) { return kAnnotations.count(kv.key()) > 0; })) {
+        return any_value(kFreeFormNesting);  // {} or annotations only: any value
       } else {
         fail(where, "a schema needs 'type' (or 'enum', 'const', 'anyOf', '$ref')");
       }
@@ -196,25 +254,27 @@ class Compiler {
       return "null";
     }
     if (t == "array") {
-      allow(s, t, where, {"items", "minItems", "maxItems"});
-      if (!s.contains("items")) fail(where, "an array needs 'items'");
-      const std::string item = value(s["items"], where + "/items");
-      const int lo = count(s, "minItems", where, 0), hi = count(s, "maxItems", where, -1);
+      allow(s, t, where, {"items", "prefixItems", "minItems", "maxItems"});
+      int lo = count(s, "minItems", where, 0), hi = count(s, "maxItems", where, -1);
       if (hi >= 0 && hi < lo) fail(where, "'maxItems' is below 'minItems'");
-      std::string elements;
-      if (hi != 0) {
-        const std::string more = "(?:" + kWs + "," + kWs + item + ")";
-        elements = item + more + repeat(std::max(lo - 1, 0), hi < 0 ? -1 : hi - 1);
-        if (lo == 0) elements = "(?:" + elements + ")?";
+      if (s.contains("prefixItems")) return tuple(s, lo, hi, where);
+      if (s.contains("items") && s["items"] == false) {
+        if (lo > 0) fail(where, "'minItems' asks for items, which 'items' false forbids");
+        hi = 0;
       }
-      return "\\[" + kWs + elements + kWs + "\\]";
+      // Without 'items' the array is a value left free: its items nest one level less.
+      const std::string item = !s.contains("items")  ? any_value(kFreeFormNesting - 1)
+                               : s["items"] == false ? ""
+                                                     : value(s["items"], where + "/items");
+      return listed("\\[", item, lo, hi, "\\]");
     }
     if (t == "object") {
-      allow(s, t, where, {"properties", "required"});
-      if (!s.contains("properties") || !s["properties"].is_object())
-        fail(where,
-             "an object needs 'properties' (JSON mode, response_format json_object, takes "
-             "any object)");
+      allow(s, t, where,
+            {"properties", "required", "additionalProperties", "minProperties", "maxProperties"});
+      if (!s.contains("properties")) return map(s, where);
+      if (!s["properties"].is_object()) fail(where, "'properties' must be an object");
+      if (s.contains("minProperties") || s.contains("maxProperties"))
+        fail(where, "'minProperties' and 'maxProperties' are supported without 'properties' only");
       std::set<std::string> required;
       if (s.contains("required")) {
         if (!s["required"].is_array()) fail(where, "'required' must be a list of names");
@@ -247,6 +307,66 @@ class Compiler {
       return "\\{" + kWs + first + kWs + "\\}";
     }
     fail(where, "type '" + t + "' is not a JSON Schema type");
+  }
+
+  // An array of 'prefixItems' (Pydantic's tuples): the i-th item under the i-th schema, then
+  // items under 'items' (false or absent: no more, unless 'minItems' asks for more, which are
+  // then left free), lo to hi items in all.
+  std::string tuple(const Json& s, int lo, int hi, const std::string& where) {
+    const Json& prefix = s["prefixItems"];
+    if (!prefix.is_array() || prefix.empty())
+      fail(where, "'prefixItems' must be a non-empty list of schemas");
+    std::vector<std::string> first;
+    for (std::size_t i = 0; i < prefix.size(); ++i)
+      first.push_back(value(prefix[i], str(where, "/prefixItems/", i)));
+    const int listed_count = static_cast<int>(first.size());
+    std::string rest;
+    if (s.contains("items") && s["items"] != false) {
+      rest = value(s["items"], where + "/items");
+    } else if (lo > listed_count) {
+      if (s.contains("items"))
+        fail(where,
+             "'minItems' asks for more items than 'prefixItems' lists, which 'items' "
+             "false forbids");
+      rest = any_value(kFreeFormNesting);
+    }
+    const int cap = hi >= 0 ? hi : rest.empty() ? listed_count : -1;  // -1: unbounded
+    // after[i]: what follows once i items are written.
+    std::string after;
+    if (!rest.empty() && (cap < 0 || cap > listed_count))
+      after = "(?:" + kWs + "," + kWs + rest + ")" +
+              repeat(std::max(lo - listed_count, 0), cap < 0 ? -1 : cap - listed_count);
+    for (int i = std::min(listed_count, cap < 0 ? listed_count : cap) - 1; i >= 1; --i) {
+      const std::string c = kWs + "," + kWs + first[static_cast<std::size_t>(i)] + after;
+      after = i >= lo ? "(?:" + c + ")?" : c;
+    }
+    std::string items = cap == 0 ? "" : first[0] + after;
+    if (lo == 0 && !items.empty()) items = "(?:" + items + ")?";
+    return "\\[" + kWs + items + kWs + "\\]";
+  }
+
+  // An object without 'properties': any names, each value under 'additionalProperties' (absent
+  // or true: a value left free, one level less deep), minProperties to maxProperties of them.
+  std::string map(const Json& s, const std::string& where) {
+    const int lo = count(s, "minProperties", where, 0);
+    int hi = count(s, "maxProperties", where, -1);
+    if (hi >= 0 && hi < lo) fail(where, "'maxProperties' is below 'minProperties'");
+    // A regex cannot keep names apart: a repeated name would count once when parsed.
+    if (lo > 1) fail(where, "'minProperties' above 1 is not supported (names may repeat)");
+    if (s.contains("required")) fail(where, "'required' needs 'properties'");
+    std::string member;
+    if (!s.contains("additionalProperties") || s["additionalProperties"] == true) {
+      member = any_value(kFreeFormNesting - 1);
+    } else if (s["additionalProperties"] == false) {
+      if (lo > 0)
+        fail(where,
+             "'minProperties' asks for properties, which 'additionalProperties' false "
+             "forbids");
+      hi = 0;
+    } else {
+      member = value(s["additionalProperties"], where + "/additionalProperties");
+    }
+    return listed("\\{", kAnyString + kWs + ":" + kWs + member, lo, hi, "\\}");
   }
 
   // Whether `v` is of the schema's 'type' (any value when it has none), as JSON Schema reads

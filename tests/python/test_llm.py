@@ -193,7 +193,7 @@ def test_guided_decoding(text_llm):
     grammar = 'root ::= answer " " [1-9] [0-9]{0,2}\nanswer ::= "yes" | "no"'
     by_grammar = text_llm.generate("Once upon a time", dcp.SamplingParams(**base, guided_decoding=G(grammar=grammar)))
     assert re.fullmatch(r"(yes|no) [1-9][0-9]{0,2}", by_grammar[0].outputs[0].text)
-    for bad, what in [(G(json={"type": "object"}), "needs 'properties'"),
+    for bad, what in [(G(json={"type": "object", "minProperties": 2}), "'minProperties' above 1"),
                       (G(grammar="root ::= x"), "rule 'x' is used but not defined"),
                       (G(grammar=""), "must be a non-empty str"), (G(grammar="a", regex="a"), "set one of"),
                       (G(regex="a", choice=["a"]), "set one of"), (G(regex=""), "regex"),

@@ -468,6 +468,30 @@ def case_json_schema(s):
     status, r = s.post("/generate", {"text": "Once upon a time", "sampling_params": {
         "max_new_tokens": 128, "temperature": 0, "json_schema": json.dumps(schema)}})
     check(status == 200 and valid(r["text"]), f"/generate json_schema: {r}")
+    # Values the schema leaves free (any JSON nested at most 3 levels), a map and a tuple.
+    free = {"type": "object", "properties": {
+        "meta": {"type": "object"},
+        "scores": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 0}, "maxProperties": 2},
+        "pair": {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "boolean"}]},
+        "any": {}}, "required": ["meta", "scores", "pair", "any"]}
+
+    def levels(v):
+        inner = [levels(x) for x in (v.values() if isinstance(v, dict) else v)] if isinstance(v, (dict, list)) else None
+        return 0 if inner is None else 1 + max(inner, default=0)
+
+    def valid_free(text):
+        v = json.loads(text)
+        return (list(v) == ["meta", "scores", "pair", "any"] and isinstance(v["meta"], dict) and levels(v["meta"]) <= 3
+                and isinstance(v["scores"], dict) and len(v["scores"]) <= 2
+                and all(type(x) is int and x >= 0 for x in v["scores"].values())
+                and isinstance(v["pair"], list) and len(v["pair"]) <= 2
+                and all(type(x) is t for x, t in zip(v["pair"], [int, bool])) and levels(v["any"]) <= 3)
+    # Sampled (greedy, this random model repeats one token inside a free string to the limit):
+    # every reply that ends is valid, and under this seed some do.
+    status, r = s.post("/v1/completions", {**body, "temperature": 1, "seed": 3, "n": 4, "max_tokens": 400,
+                                           "guided_json": free})
+    done = [c["text"] for c in r.get("choices", []) if c["finish_reason"] == "stop"]
+    check(status == 200 and done and all(valid_free(t) for t in done), f"free values: {r}")
 
 
 def case_structured_outputs(s):
@@ -768,7 +792,7 @@ def case_errors(s):
     expect(400, {**chat, "documents": {"title": "a"}}, "documents", path="/tokenize")
     expect(400, {"prompt": "hi", "truncate_prompt_tokens": -2}, "truncate_prompt_tokens")
     expect(400, {"prompt": "hi", "allowed_token_ids": [9], "stop_token_ids": [9], "min_tokens": 1})
-    expect(400, {"text": "hi", "sampling_params": {"json_schema": "{}"}}, "json_schema", path="/generate")
+    expect(400, {"text": "hi", "sampling_params": {"json_schema": '{"not": {}}'}}, "json_schema", path="/generate")
     expect(400, {"text": "hi", "sampling_params": {"structural_tag": "{}"}}, "structural_tag", path="/generate")
     expect(400, {"text": "hi", "sampling_params": {"n": 2}}, "n", path="/generate")
     expect(400, {"text": "hi", "custom_logit_processor": "x"}, "custom_logit_processor", path="/generate")
