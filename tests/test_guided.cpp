@@ -479,7 +479,7 @@ class JsonMaker {
   }
   std::string string() {
     static const char* parts[] = {"a",    "Z",    " ",   "é",   "€",       "\xF0\x9F\x98\x80",
-                                  "\\\"", "\\\\", "\\/", "\\n", "\\u00e9", "\\uD83D",
+                                  "\\\"", "\\\\", "\\/", "\\n", "\\u00e9", "\\uD83D\\uDE00",
                                   "k"};
     std::string s = "\"";
     for (int n = pick(0, 4); n > 0; --n) s += parts[pick(0, 12)];
@@ -545,7 +545,12 @@ TEST(JsonGrammar, AgreesWithPythonJsonOnRandomAndMutatedObjects) {
   for (const char* t : {"{}", "{ }", " {}", "{} ", "[]", "{\"a\":01}", "{\"a\":1.}", "{\"a\":-}",
                         "{\"a\":1e}", "{\"a\":tru}", "{\"a\":\"\t\"}", "{\"a\":\"\\x\"}",
                         "{\"a\":\"\\u12G4\"}", "{\"a\" :[1 ,2, {\"b\":null}] }", "{\"\xC0\xAF\":1}",
-                        "{\"\xED\xA0\x80\":1}", "{\"\xF4\x90\x80\x80\":1}", "{\"a\":NaN}"})
+                        "{\"\xED\xA0\x80\":1}", "{\"\xF4\x90\x80\x80\":1}", "{\"a\":NaN}",
+                        // Surrogate escapes: pairs, and each way of standing alone.
+                        R"({"\ud83d\ude00":"\uDBFF\uDFFF\ud800\udc00"})", R"({"a":"\ud800"})",
+                        R"({"a":"\udc00\ud800"})", R"({"a":"\ud800\u0041"})", R"({"a":"\ud800\n"})",
+                        R"({"a":"\ud800\ud800"})", R"({"a":"\udfff"})", R"({"a":"\ud7ff\ue000"})",
+                        R"({"\uDB00":1})"})
     texts.push_back(t);
   nlohmann::json cases = nlohmann::json::array();
   for (const std::string& t : texts) cases.push_back(hex(t));
@@ -559,9 +564,18 @@ def ok(b):
         return False
     def refuse(x):
         raise ValueError(x)
+    def strings(v):
+        if isinstance(v, dict):
+            return [s for k, x in v.items() for s in [k] + strings(x)]
+        return [s for x in v for s in strings(x)] if isinstance(v, list) else [v] if isinstance(v, str) else []
     try:
-        return isinstance(json.loads(t, parse_constant=refuse), dict)
-    except ValueError:
+        v = json.loads(t, parse_constant=refuse)
+        # A surrogate escape alone stays a surrogate, which UTF-8 cannot encode (strict parsers
+        # refuse it); a pair becomes one character.
+        for s in strings(v) if isinstance(v, dict) else []:
+            s.encode('utf-8')
+        return isinstance(v, dict)
+    except (ValueError, UnicodeEncodeError):
         return False
 cases = json.load(open(sys.argv[1]))
 json.dump([ok(bytes.fromhex(h)) for h in cases], open(sys.argv[2], 'w'))

@@ -1,8 +1,9 @@
 // JSON (RFC 8259) as a byte automaton for guided generation (OpenAI's response_format
-// {"type": "json_object"}): the text is one JSON object, strict UTF-8 inside its strings, with no
-// whitespace before or after it, nested at most kMaxDepth deep, with at most kMaxWhitespace
-// whitespace bytes in a row (so that a model cannot spend its tokens on blank space). Its states
-// (a parsing mode and the stack of open objects and arrays) are built as they are first reached.
+// {"type": "json_object"}): the text is one JSON object, strict UTF-8 inside its strings (a
+// surrogate escape only in a pair, as strict parsers require), with no whitespace before or after
+// it, nested at most kMaxDepth deep, with at most kMaxWhitespace whitespace bytes in a row (so
+// that a model cannot spend its tokens on blank space). Its states (a parsing mode and the stack
+// of open objects and arrays) are built as they are first reached.
 #pragma once
 
 #include <array>

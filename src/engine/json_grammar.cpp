@@ -14,7 +14,9 @@ enum Mode : std::uint8_t {
   kAfterValue,  // after a value inside a container: ',' or the container's close
   kString,      // inside a string; aux: kKeyBit when it is a key
   kEscape,      // after a backslash in a string; aux: kKeyBit
-  kHex,         // in \uXXXX; aux: digits still needed, | kKeyBit
+  kHex,         // in \uXXXX; aux: digits still needed | surrogate flags | kKeyBit
+  kLowSlash,    // after a high surrogate's \uXXXX: the backslash of its low one; aux: kKeyBit
+  kLowU,        // then its 'u'; aux: kKeyBit
   kUtf8,        // inside a multi-byte character; aux: bytes still needed | range << 3 | kKeyBit
   kNumMinus,    // '-'
   kNumZero,     // a leading 0
@@ -28,6 +30,10 @@ enum Mode : std::uint8_t {
   kDone,        // the root object closed: nothing may follow
 };
 constexpr std::uint8_t kKeyBit = 0x80;
+// A surrogate escape stands only in a pair (a high one, D800-DBFF, then a low one, DC00-DFFF):
+// strict parsers refuse one alone. kHex's flags: the first digit was D; this escape is a high
+// surrogate; this escape must be the low one.
+constexpr std::uint8_t kFirstD = 0x08, kHigh = 0x10, kLowNeeded = 0x20;
 constexpr std::int32_t kUnknown = -2;
 constexpr std::string_view kLiterals[] = {"true", "false", "null"};
 // The first continuation byte's range after a lead byte (UTF-8's table: no overlong forms, no
@@ -197,12 +203,37 @@ bool transition(Config& c, std::uint8_t b) {
       return true;
     case kHex: {
       if (!is_hex(b)) return false;
-      const std::uint8_t key = c.aux & kKeyBit;
       const int need = (c.aux & 7) - 1;
-      c.mode = need == 0 ? kString : kHex;
-      c.aux = static_cast<std::uint8_t>(need | key);
+      std::uint8_t flags = c.aux & (kHigh | kLowNeeded | kKeyBit);
+      const bool d = b == 'd' || b == 'D';
+      if (need == 3) {  // the first digit
+        if (c.aux & kLowNeeded && !d) return false;
+        if (d) flags |= kFirstD;
+      } else if (need == 2 && c.aux & kFirstD) {  // the second digit of DXXX
+        const bool high =
+            (b >= '8' && b <= '9') || (b >= 'a' && b <= 'b') || (b >= 'A' && b <= 'B');
+        const bool low = is_hex(b) && !is_digit(b) && !high;  // c-f
+        if (c.aux & kLowNeeded ? !low : low) return false;
+        if (high) flags |= kHigh;
+      }
+      if (need > 0) {
+        c.mode = kHex;
+        c.aux = static_cast<std::uint8_t>(need | flags);
+      } else {
+        c.mode = flags & kHigh ? kLowSlash : kString;
+        c.aux = flags & kKeyBit;
+      }
       return true;
     }
+    case kLowSlash:
+      if (b != '\\') return false;
+      c.mode = kLowU;
+      return true;
+    case kLowU:
+      if (b != 'u') return false;
+      c.mode = kHex;
+      c.aux = static_cast<std::uint8_t>(4 | kLowNeeded | (c.aux & kKeyBit));
+      return true;
     case kNumMinus:
       if (b == '0') {
         c.mode = kNumZero;
