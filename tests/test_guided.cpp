@@ -9,10 +9,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -1163,6 +1165,92 @@ TEST(JsonSchema, MapsAndTuplesHoldTheirMembersUnderTheirSchemas) {
   }
 }
 
+// A tree node of the schema below as parsed: its depth in levels of nodes, or -1 when it is not
+// one (checked apart from the compiler).
+int node_depth(const nlohmann::ordered_json& v) {
+  if (!v.is_object() || v.size() != 2 || !v.contains("name") || !v["name"].is_string() ||
+      !v.contains("children") || !v["children"].is_array() || v["children"].size() > 2)
+    return -1;
+  const std::string name = v["name"].get<std::string>();
+  if (std::count_if(name.begin(), name.end(), [](char c) { return (c & 0xC0) != 0x80; }) > 3)
+    return -1;  // more than 3 characters (UTF-8 lead bytes)
+  int deepest = 0;
+  for (const auto& c : v["children"]) {
+    const int d = node_depth(c);
+    if (d < 0) return -1;
+    deepest = std::max(deepest, d);
+  }
+  return 1 + deepest;
+}
+
+// A recursive definition is written down to kMaxRecursion levels of itself, the deepest taking
+// the alternatives that end: trees and lists of every depth match exactly when within the bound
+// (compact and spaced), random texts of the automaton are such trees, and a definition that
+// cannot end is refused as a schema that admits no value.
+TEST(JsonSchema, RecursiveDefinitionsNestToTheBound) {
+  test::Rng rng = test::make_rng();
+  using J = nlohmann::ordered_json;
+  const RegexDfa tree(json_schema_regex(
+      R"({"$defs": {"Node": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 3}, "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}, "maxItems": 2}}, "required": ["name", "children"]}}, "$ref": "#/$defs/Node"})"));
+  std::function<J(int)> make = [&](int depth) {  // exactly `depth` levels, down a first branch
+    J node = {{"name", std::string(static_cast<std::size_t>(rng.range(0, 3)), 'x')},
+              {"children", J::array()}};
+    if (depth > 1) {
+      for (int i = 0, n = static_cast<int>(rng.range(1, 2)); i < n; ++i)
+        node["children"].push_back(
+            make(i == 0 ? depth - 1 : static_cast<int>(rng.range(1, depth - 1))));
+    }
+    return node;
+  };
+  for (int depth = 1; depth <= kMaxRecursion + 2; ++depth) {
+    for (int i = 0; i < 20; ++i) {
+      const J v = make(depth);
+      ASSERT_EQ(node_depth(v), depth);
+      EXPECT_EQ(tree.matches(v.dump()), depth <= kMaxRecursion) << v.dump();
+      EXPECT_EQ(tree.matches(spaced(v)), depth <= kMaxRecursion) << spaced(v);
+    }
+  }
+  std::set<int> depths;
+  for (const std::string& t : random_matches(tree, rng.engine(), 300)) {
+    const std::optional<J> v = parsed(t);
+    ASSERT_TRUE(v) << t;
+    const int d = node_depth(*v);
+    EXPECT_GE(d, 1) << t;
+    EXPECT_LE(d, kMaxRecursion) << t;
+    depths.insert(d);
+  }
+  EXPECT_GE(depths.size(), 2u);
+  // A list through the root: its tail another list or null.
+  const RegexDfa list(json_schema_regex(
+      R"({"type": "object", "properties": {"value": {"type": "integer"}, "next": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}}, "required": ["value", "next"]})"));
+  for (int n = 1; n <= kMaxRecursion + 2; ++n) {
+    J v = nullptr;
+    for (int i = 0; i < n; ++i) v = J{{"value", i}, {"next", v}};
+    EXPECT_EQ(list.matches(v.dump()), n <= kMaxRecursion) << v.dump();
+  }
+  // Branches that are optional properties: left out at the deepest level.
+  const RegexDfa branches(json_schema_regex(
+      R"({"type": "object", "properties": {"v": {"type": "integer"}, "left": {"$ref": "#"}, "right": {"$ref": "#"}}, "required": ["v"]})"));
+  std::string chain = R"({"v":0})";
+  for (int n = 2; n <= kMaxRecursion + 1; ++n) {
+    chain = R"({"v":0,"right":)" + chain + "}";
+    EXPECT_EQ(branches.matches(chain), n <= kMaxRecursion) << chain;
+  }
+  EXPECT_TRUE(
+      branches.matches(R"({"v":1,"left":{"v":2,"left":{"v":3},"right":{"v":4}},"right":{"v":5}})"));
+  // A property that requires its own definition never ends.
+  try {
+    json_schema_regex(R"({"type":"object","properties":{"next":{"$ref":"#"}},"required":["next"]})",
+                      "response_format");
+    ADD_FAILURE() << "a schema with no finite value was compiled";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()),
+              str("'response_format': the schema admits no value: a recursive '$ref' has no way "
+                  "to end within ",
+                  kMaxRecursion, " levels"));
+  }
+}
+
 TEST(JsonSchema, RefusesWhatItCannotHonourNamingWhere) {
   // Nested objects: kMaxSchemaNesting levels compile; far more are refused, not a stack overflow.
   const auto nested = [](int n) {
@@ -1202,11 +1290,12 @@ TEST(JsonSchema, RefusesWhatItCannotHonourNamingWhere) {
             "'response_format': the schema at '#': 'allOf' is supported with one schema only");
   EXPECT_EQ(refusal(R"({"allOf":[{"type":"null"}],"type":"null"})"),
             "'response_format': the schema at '#': 'allOf' with 'type' is not supported");
-  EXPECT_EQ(
-      refusal(
-          R"({"$defs":{"T":{"type":"object","properties":{"next":{"$ref":"#/$defs/T"}}}},"$ref":"#/$defs/T"})"),
-      "'response_format': the schema at '#/$defs/T/properties/next': '$ref' \"#/$defs/T\" is "
-      "recursive, which is not supported");
+  EXPECT_EQ(refusal(R"({"$defs":{"T":{"type":"null"}},"$ref":"#/$defs/U"})"),
+            "'response_format': the schema at '#': '$ref' \"#/$defs/U\" names neither the root "
+            "('#') nor an entry of its $defs or definitions");
+  EXPECT_EQ(refusal(R"({"$ref":"#/properties/a"})"),
+            "'response_format': the schema at '#': '$ref' \"#/properties/a\" names neither the "
+            "root ('#') nor an entry of its $defs or definitions");
   EXPECT_EQ(refusal(R"({"type":"string","pattern":"[a\"]+"})"),
             "'response_format': the schema at '#': 'pattern' may write a quote or a backslash, "
             "which a JSON string must escape");

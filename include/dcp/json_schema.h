@@ -9,11 +9,12 @@
 // 1); arrays' "items" and "prefixItems" with "minItems"/"maxItems"; strings' "minLength"/
 // "maxLength", "pattern" and "format" (date, time, date-time, uuid, ipv4, hostname, email);
 // integers' and numbers' bounds; "enum", "const", "anyOf", "allOf" of one schema, and "$ref" to
-// "#/$defs/..." or "#/definitions/..." (not recursive). A value the schema leaves free ({}, true,
+// "#", "#/$defs/..." or "#/definitions/..." (recursion written down to kMaxRecursion levels).
+// A value the schema leaves free ({}, true,
 // an object or array with nothing said of its members) is any JSON value whose arrays and objects
 // nest at most kFreeFormNesting levels, itself included. Annotations (title, description,
 // default, examples, $schema, $id, $comment) are ignored. Anything else that would constrain a
-// value (multipleOf, oneOf, not, patternProperties, a recursive $ref, ...) is refused by name.
+// value (multipleOf, oneOf, not, patternProperties, ...) is refused by name.
 // Between tokens the text holds at most one space (compact or as json.dumps writes it).
 #pragma once
 
@@ -29,6 +30,11 @@ constexpr int kMaxSchemaNesting = 64;
 // How deep the arrays and objects of a value the schema leaves free may nest: a regex holds
 // nesting only to a bound, and its automaton grows with it (about 700 states at 3 levels).
 constexpr int kFreeFormNesting = 3;
+
+// How many levels of itself a recursive definition ($ref to "#" or to an enclosing $defs entry)
+// is written down to: below that only the alternatives that end remain (an empty array, an
+// absent optional property, another branch of an anyOf).
+constexpr int kMaxRecursion = 4;
 
 // How deep the arrays and objects of a JSON text nest (0 for a scalar), read without parsing it:
 // nlohmann's parser copies a nested object's members as it grows an ordered object, by recursion,

@@ -116,9 +116,15 @@ std::string any_value(int levels) {
          listed("\\{", kAnyString + kWs + ":" + kWs + inner, 0, -1, "\\}") + ")";
 }
 
+// A regex of no text (a class with no character): what a reference below the recursion bound
+// stands for; the automaton drops every path through it.
+const std::string kNoValue = "[^\\x00-\\x{10FFFF}]";
+
 class Compiler {
  public:
-  Compiler(const Json& root, std::string_view field) : root_(root), field_(field) {}
+  // The root counts as a level of itself ('$ref': '#').
+  Compiler(const Json& root, std::string_view field)
+      : root_(root), field_(field), expanding_{"#"} {}
 
   std::string value(const Json& s, const std::string& where) {
     // Schemas are compiled by recursion: bound it, so that a deep one cannot overflow the stack.
@@ -209,6 +215,9 @@ class Compiler {
     for (const std::string& t : types) alts.push_back(typed(s, t, where));
     return alts.size() == 1 ? alts[0] : group(alts);
   }
+
+  // Whether a recursive $ref was cut at kMaxRecursion levels.
+  bool cut_recursion() const noexcept { return cut_recursion_; }
 
  private:
   [[noreturn]] void fail(const std::string& where, const std::string& why) const {
@@ -490,19 +499,25 @@ class Compiler {
   std::string reference(const Json& ref, const std::string& where) {
     if (!ref.is_string()) fail(where, "'$ref' must be a string");
     const std::string r = ref.get<std::string>();
-    std::string section, name;
+    const Json* target = r == "#" ? &root_ : nullptr;
     for (const char* prefix : {"#/$defs/", "#/definitions/"}) {
-      if (r.starts_with(prefix)) {
-        section = std::string(prefix).substr(2, std::strlen(prefix) - 3);
-        name = r.substr(std::strlen(prefix));
-      }
+      const std::string section = std::string(prefix).substr(2, std::strlen(prefix) - 3);
+      if (r.starts_with(prefix) && root_.contains(section) && root_[section].is_object() &&
+          root_[section].contains(r.substr(std::strlen(prefix))))
+        target = &root_[section][r.substr(std::strlen(prefix))];
     }
-    if (section.empty() || !root_.contains(section) || !root_[section].contains(name))
-      fail(where, "'$ref' " + ref.dump() + " names no entry of the root's $defs or definitions");
-    if (std::find(expanding_.begin(), expanding_.end(), r) != expanding_.end())
-      fail(where, "'$ref' " + ref.dump() + " is recursive, which is not supported");
+    if (!target)
+      fail(where, "'$ref' " + ref.dump() +
+                      " names neither the root ('#') nor an entry of its $defs or definitions");
+    // A recursive definition (a tree, a list of replies) is written down to kMaxRecursion levels
+    // of itself; below that the reference admits no value, so the deepest level takes the
+    // alternatives that end (an empty list, an absent property, null).
+    if (std::count(expanding_.begin(), expanding_.end(), r) >= kMaxRecursion) {
+      cut_recursion_ = true;
+      return kNoValue;
+    }
     expanding_.push_back(r);
-    std::string out = value(root_[section][name], r);
+    std::string out = value(*target, r);
     expanding_.pop_back();
     return out;
   }
@@ -510,6 +525,7 @@ class Compiler {
   const Json& root_;
   std::string field_;
   std::vector<std::string> expanding_;  // $refs being expanded
+  bool cut_recursion_ = false;          // some $ref stood for no value
   int depth_ = 0;                       // schemas being compiled, outermost first
 };
 
@@ -548,7 +564,25 @@ std::string json_schema_regex(std::string_view schema_json, std::string_view fie
     throw Error(ErrorCategory::invalid_argument,
                 str("'", field, "': the schema is not JSON: ", e.what()));
   }
-  return Compiler(root, field).value(root, "#");
+  Compiler compiler(root, field);
+  std::string pattern = compiler.value(root, "#");
+  // A recursion cut at its bound may leave no text at all (a property that requires its own
+  // definition with no way to end): said of the schema here, not of the regex later. The
+  // automaton is compiled into the shared cache, where the request's own compile finds it.
+  if (compiler.cut_recursion()) {
+    try {
+      shared_regex(pattern, field);
+    } catch (const Error& e) {
+      if (std::string_view(e.what()) == str("'", field, "': the pattern matches no text"))
+        throw Error(ErrorCategory::invalid_argument,
+                    str("'", field,
+                        "': the schema admits no value: a recursive '$ref' has no "
+                        "way to end within ",
+                        kMaxRecursion, " levels"));
+      throw;
+    }
+  }
+  return pattern;
 }
 
 }  // namespace dcp
