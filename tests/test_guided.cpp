@@ -1143,7 +1143,8 @@ TEST(JsonSchema, MapsAndTuplesHoldTheirMembersUnderTheirSchemas) {
     for (int i = 0; i < 1500; ++i) {
       J v = tuple || schema.value("type", "") == "array" ? J::array() : J::object();
       for (int n = static_cast<int>(rng.range(0, 5)); n > 0; --n) {
-        const J& x = pool[rng.range(0, pool.size() - 1)];
+        // Half the time a whole number, which most of the member schemas ask for.
+        const J& x = pool[rng.coin() ? rng.range(0, 2) : rng.range(0, pool.size() - 1)];
         if (v.is_array())
           v.push_back(x);
         else
@@ -1251,6 +1252,76 @@ TEST(JsonSchema, RecursiveDefinitionsNestToTheBound) {
   }
 }
 
+// oneOf whose schemas no value can satisfy two of is written as anyOf, so that exactly one holds:
+// Pydantic's discriminated unions (a required property's 'const' or enum of one differs), schemas
+// of different types, different single values. One whose schemas may overlap is refused, naming
+// the two; random texts of the union satisfy exactly one of its schemas (checked apart).
+TEST(JsonSchema, OneOfIsWrittenWhereItsSchemasExcludeEachOther) {
+  test::Rng rng = test::make_rng();
+  using J = nlohmann::ordered_json;
+  const RegexDfa pets(json_schema_regex(
+      R"({"$defs": {"Cat": {"properties": {"pet_type": {"const": "cat", "title": "Pet Type", "type": "string"}, "meows": {"title": "Meows", "type": "integer"}}, "required": ["pet_type", "meows"], "title": "Cat", "type": "object"}, "Dog": {"properties": {"pet_type": {"enum": ["dog"], "title": "Pet Type", "type": "string"}, "barks": {"title": "Barks", "type": "number"}}, "required": ["pet_type", "barks"], "title": "Dog", "type": "object"}}, "properties": {"pet": {"discriminator": {"mapping": {"cat": "#/$defs/Cat", "dog": "#/$defs/Dog"}, "propertyName": "pet_type"}, "oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}], "title": "Pet"}}, "required": ["pet"], "title": "Model", "type": "object"})"));
+  EXPECT_TRUE(pets.matches(R"({"pet": {"pet_type": "cat", "meows": 3}})"));
+  EXPECT_TRUE(pets.matches(R"({"pet":{"pet_type":"dog","barks":1.5}})"));
+  EXPECT_FALSE(pets.matches(R"({"pet": {"pet_type": "dog", "meows": 3}})"));
+  EXPECT_FALSE(pets.matches(R"({"pet": {"pet_type": "cat", "barks": 1.5}})"));
+  for (const std::string& t : random_matches(pets, rng.engine(), 200)) {
+    const std::optional<J> v = parsed(t);
+    if (!v) continue;
+    const J& pet = (*v)["pet"];
+    const bool cat = pet.size() == 2 && pet.value("pet_type", "") == "cat" &&
+                     pet.contains("meows") && pet["meows"].is_number() &&
+                     pet["meows"].get<double>() == std::floor(pet["meows"].get<double>());
+    const bool dog = pet.size() == 2 && pet.value("pet_type", "") == "dog" &&
+                     pet.contains("barks") && pet["barks"].is_number();
+    EXPECT_NE(cat, dog) << t;
+  }
+  const RegexDfa mixed(json_schema_regex(
+      R"({"oneOf": [{"type": "string", "maxLength": 2}, {"type": "integer"}, {"type": "null"}, {"const": true}, {"enum": [[1]]}]})"));
+  for (const char* t : {"\"ab\"", "12", "null", "true", "[1]"}) EXPECT_TRUE(mixed.matches(t)) << t;
+  for (const char* t : {"\"abc\"", "1.5", "false", "[2]"}) EXPECT_FALSE(mixed.matches(t)) << t;
+
+  const auto refusal = [](const char* schema) {
+    try {
+      json_schema_regex(schema, "response_format");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const auto overlap = [](int i, int j) {
+    return str("'response_format': the schema at '#': 'oneOf' schemas ", i, " and ", j,
+               " may both hold for one value (supported: schemas of different types, or objects "
+               "whose 'const' of a common required property differs)");
+  };
+  EXPECT_EQ(refusal(R"({"oneOf": [{"type": "integer"}, {"type": "number"}]})"), overlap(0, 1));
+  EXPECT_EQ(
+      refusal(
+          R"({"oneOf": [{"type": "null"}, {"type": "string"}, {"type": "string", "maxLength": 1}]})"),
+      overlap(1, 2));
+  EXPECT_EQ(refusal(R"({"oneOf": [{"const": 1}, {"const": 1.0}]})"), overlap(0, 1));
+  EXPECT_EQ(refusal(R"({"oneOf": [{"type": "number"}, {"const": 2}]})"), overlap(0, 1));
+  // Objects: without a common required property of differing single values, any two may overlap.
+  EXPECT_EQ(
+      refusal(
+          R"({"oneOf": [{"type": "object", "properties": {"a": {"type": "integer"}}}, {"type": "object", "properties": {"b": {"type": "integer"}}}]})"),
+      overlap(0, 1));
+  EXPECT_EQ(
+      refusal(
+          R"({"oneOf": [{"type": "object", "properties": {"k": {"const": "a"}}, "required": ["k"]}, {"type": "object", "properties": {"k": {"const": "b"}}}]})"),
+      overlap(0, 1));
+  EXPECT_EQ(
+      refusal(
+          R"({"oneOf": [{"type": "object", "properties": {"k": {"const": "a"}}, "required": ["k"]}, {"type": "object", "properties": {"k": {"enum": ["a", "b"]}}, "required": ["k"]}]})"),
+      overlap(0, 1));
+  EXPECT_EQ(refusal(R"({"oneOf": [{"$ref": "#/$defs/Missing"}, {"type": "null"}]})"),
+            overlap(0, 1));
+  EXPECT_EQ(refusal(R"({"oneOf": []})"),
+            "'response_format': the schema at '#': 'oneOf' must be a non-empty list");
+  EXPECT_EQ(refusal(R"({"oneOf": [{"type": "null"}], "type": "null"})"),
+            "'response_format': the schema at '#': 'oneOf' with 'type' is not supported");
+}
+
 TEST(JsonSchema, RefusesWhatItCannotHonourNamingWhere) {
   // Nested objects: kMaxSchemaNesting levels compile; far more are refused, not a stack overflow.
   const auto nested = [](int n) {
@@ -1284,8 +1355,8 @@ TEST(JsonSchema, RefusesWhatItCannotHonourNamingWhere) {
   };
   EXPECT_EQ(refusal(R"({"type":"object","properties":{"n":{"type":"integer","multipleOf":2}}})"),
             "'response_format': the schema at '#/properties/n': 'multipleOf' is not supported");
-  EXPECT_EQ(refusal(R"({"oneOf":[{"type":"null"}]})"),
-            "'response_format': the schema at '#': 'oneOf' is not supported");
+  EXPECT_EQ(refusal(R"({"not":{"type":"null"}})"),
+            "'response_format': the schema at '#': 'not' is not supported");
   EXPECT_EQ(refusal(R"({"allOf":[{"type":"null"},{"type":"null"}]})"),
             "'response_format': the schema at '#': 'allOf' is supported with one schema only");
   EXPECT_EQ(refusal(R"({"allOf":[{"type":"null"}],"type":"null"})"),

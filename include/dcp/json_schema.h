@@ -8,14 +8,15 @@
 // (any names, values under "additionalProperties", up to "maxProperties", "minProperties" 0 or
 // 1); arrays' "items" and "prefixItems" with "minItems"/"maxItems"; strings' "minLength"/
 // "maxLength", "pattern" and "format" (date, time, date-time, uuid, ipv4, hostname, email);
-// integers' and numbers' bounds; "enum", "const", "anyOf", "allOf" of one schema, and "$ref" to
-// "#", "#/$defs/..." or "#/definitions/..." (recursion written down to kMaxRecursion levels).
-// A value the schema leaves free ({}, true,
-// an object or array with nothing said of its members) is any JSON value whose arrays and objects
-// nest at most kFreeFormNesting levels, itself included. Annotations (title, description,
-// default, examples, $schema, $id, $comment) are ignored. Anything else that would constrain a
-// value (multipleOf, oneOf, not, patternProperties, ...) is refused by name.
-// Between tokens the text holds at most one space (compact or as json.dumps writes it).
+// integers' and numbers' bounds; "enum", "const", "anyOf", "oneOf" of schemas that exclude each
+// other (types, single values, or a required property's const), "allOf" of one schema, "$ref" to
+// "#", "#/$defs/..." or "#/definitions/..." (recursion written down to kMaxRecursion levels). A
+// value the schema leaves free ({}, true, an object or array with nothing said of its members) is
+// any JSON value whose arrays and objects nest at most kFreeFormNesting levels, itself included.
+// Annotations (title, description, default, examples, $schema, $id, $comment, discriminator) are
+// ignored. Anything else that would constrain a value (multipleOf, not, patternProperties, ...)
+// is refused by name. Between tokens the text holds at most one space (compact or as json.dumps
+// writes it).
 #pragma once
 
 #include <cstddef>

@@ -34,34 +34,26 @@ const std::string kNumber = kInteger + "(?:\\.[0-9]+)?(?:[eE][+-]?[0-9]+)?";
 
 // The keywords that constrain a value which the compiler honours (others are refused).
 const std::set<std::string, std::less<>> kKeywords = {
-    "type",
-    "properties",
-    "required",
-    "items",
-    "minItems",
-    "maxItems",
-    "enum",
-    "const",
-    "minLength",
-    "maxLength",
-    "pattern",
-    "format",
-    "anyOf",
-    "allOf",
-    "$ref",
-    "minimum",
-    "exclusiveMinimum",
-    "maximum",
-    "exclusiveMaximum",
-    "prefixItems",
-    "additionalProperties",
-    "minProperties",
-    "maxProperties",
+    "type",          "properties",
+    "required",      "additionalProperties",
+    "minProperties", "maxProperties",
+    "items",         "prefixItems",
+    "minItems",      "maxItems",
+    "enum",          "const",
+    "minLength",     "maxLength",
+    "pattern",       "format",
+    "anyOf",         "oneOf",
+    "allOf",         "$ref",
+    "minimum",       "exclusiveMinimum",
+    "maximum",       "exclusiveMaximum",
 };
 
-const std::set<std::string, std::less<>> kAnnotations = {"title",    "description", "default",
-                                                         "examples", "$schema",     "$id",
-                                                         "$comment", "$defs",       "definitions"};
+// OpenAPI's 'discriminator' names the property that tells a oneOf's schemas apart, which the
+// schemas' own 'const's already enforce.
+const std::set<std::string, std::less<>> kAnnotations = {
+    "title", "description", "default", "examples",    "$schema",
+    "$id",   "$comment",    "$defs",   "definitions", "discriminator",
+};
 
 // `text` as a regex literal.
 std::string literal(std::string_view text) {
@@ -176,6 +168,24 @@ class Compiler {
       const Json& a = s["allOf"];
       if (!a.is_array() || a.size() != 1) fail(where, "'allOf' is supported with one schema only");
       return value(a[0], where + "/allOf/0");
+    }
+    if (s.contains("oneOf")) {  // exactly one: written as anyOf where no value can satisfy two
+      only("oneOf");
+      const Json& a = s["oneOf"];
+      if (!a.is_array() || a.empty()) fail(where, "'oneOf' must be a non-empty list");
+      for (std::size_t j = 1; j < a.size(); ++j) {
+        for (std::size_t i = 0; i < j; ++i) {
+          if (!exclusive(a[i], a[j]))
+            fail(where, str("'oneOf' schemas ", i, " and ", j,
+                            " may both hold for one value (supported: schemas of different "
+                            "types, or objects whose 'const' of a common required property "
+                            "differs)"));
+        }
+      }
+      std::vector<std::string> alts;
+      for (std::size_t i = 0; i < a.size(); ++i)
+        alts.push_back(value(a[i], str(where, "/oneOf/", i)));
+      return group(alts);
     }
     if (s.contains("anyOf")) {
       only("anyOf");
@@ -378,6 +388,105 @@ class Compiler {
     return listed("\\{", kAnyString + kWs + ":" + kWs + member, lo, hi, "\\}");
   }
 
+  // The schema `s` stands for, through $refs and allOf of one; nullptr when it names none.
+  const Json* resolved(const Json& s) const {
+    const Json* at = &s;
+    for (int hop = 0; hop < kMaxSchemaNesting && at->is_object(); ++hop) {
+      if (at->contains("$ref") && (*at)["$ref"].is_string()) {
+        at = target((*at)["$ref"].get<std::string>());
+        if (!at) return nullptr;
+      } else if (at->contains("allOf") && (*at)["allOf"].is_array() && (*at)["allOf"].size() == 1) {
+        at = &(*at)["allOf"][0];
+      } else {
+        break;
+      }
+    }
+    return at;
+  }
+
+  // The JSON types a schema's values may have, as bits (whole numbers apart from others), read
+  // from 'type', 'const' and 'enum'; all bits where the schema does not say.
+  static unsigned kinds(const Json& s) {
+    constexpr unsigned kAll = 0x7F;
+    const auto kind_of_value = [](const Json& v) -> unsigned {
+      if (v.is_null()) return 1;
+      if (v.is_boolean()) return 2;
+      if (v.is_number_integer() ||
+          (v.is_number_float() && v.get<double>() == std::floor(v.get<double>())))
+        return 4;
+      if (v.is_number()) return 8;
+      if (v.is_string()) return 16;
+      return v.is_array() ? 32 : 64;
+    };
+    const auto kind_of_type = [](const Json& t) -> unsigned {
+      const std::string n = t.is_string() ? t.get<std::string>() : "";
+      return n == "null"      ? 1
+             : n == "boolean" ? 2
+             : n == "integer" ? 4
+             : n == "number"  ? 4 | 8
+             : n == "string"  ? 16
+             : n == "array"   ? 32
+             : n == "object"  ? 64
+                              : kAll;
+    };
+    if (!s.is_object()) return kAll;
+    unsigned k = kAll;
+    if (s.contains("type")) {
+      unsigned t = 0;
+      if (s["type"].is_array()) {
+        for (const Json& x : s["type"]) t |= kind_of_type(x);
+      } else {
+        t = kind_of_type(s["type"]);
+      }
+      k &= t;
+    }
+    if (s.contains("const")) k &= kind_of_value(s["const"]);
+    if (s.contains("enum") && s["enum"].is_array()) {
+      unsigned e = 0;
+      for (const Json& v : s["enum"]) e |= kind_of_value(v);
+      k &= e;
+    }
+    return k;
+  }
+
+  // The one value a schema allows ('const', or an 'enum' of one), if it says so.
+  static const Json* only_value(const Json& s) {
+    if (!s.is_object()) return nullptr;
+    if (s.contains("const")) return &s["const"];
+    if (s.contains("enum") && s["enum"].is_array() && s["enum"].size() == 1) return &s["enum"][0];
+    return nullptr;
+  }
+
+  // Whether no value can satisfy both schemas under JSON Schema's own reading (not only among the
+  // texts written here): their types differ, their single values differ, or both are objects
+  // requiring a property whose single allowed value differs (Pydantic's discriminated unions).
+  bool exclusive(const Json& a_in, const Json& b_in) const {
+    const Json* a = resolved(a_in);
+    const Json* b = resolved(b_in);
+    if (!a || !b) return false;
+    if ((kinds(*a) & kinds(*b)) == 0) return true;
+    const Json *va = only_value(*a), *vb = only_value(*b);
+    if (va && vb && *va != *vb) return true;
+    const auto object = [](const Json& s) {
+      return kinds(s) == 64 && s.contains("properties") && s["properties"].is_object() &&
+             s.contains("required") && s["required"].is_array();
+    };
+    if (!object(*a) || !object(*b)) return false;
+    const auto required = [](const Json& s, const Json& name) {
+      return std::find(s["required"].begin(), s["required"].end(), name) != s["required"].end();
+    };
+    for (const auto& [name, pa] : (*a)["properties"].items()) {
+      const Json key(name);
+      if (!required(*a, key) || !required(*b, key) || !(*b)["properties"].contains(name)) continue;
+      const Json* ra = resolved(pa);
+      const Json* rb = resolved((*b)["properties"][name]);
+      const Json* ca = ra ? only_value(*ra) : nullptr;
+      const Json* cb = rb ? only_value(*rb) : nullptr;
+      if (ca && cb && *ca != *cb) return true;
+    }
+    return false;
+  }
+
   // Whether `v` is of the schema's 'type' (any value when it has none), as JSON Schema reads
   // types: an integer is a number whose fraction is zero.
   bool of_type(const Json& s, const Json& v, const std::string& where) const {
@@ -496,17 +605,24 @@ class Compiler {
     return kChar + repeat(lo, hi);
   }
 
+  // The schema a $ref names: the root ('#') or an entry of its $defs or definitions.
+  const Json* target(const std::string& r) const {
+    if (r == "#") return &root_;
+    for (const char* prefix : {"#/$defs/", "#/definitions/"}) {
+      const std::string section = std::string(prefix).substr(2, std::strlen(prefix) - 3);
+      const std::string name = r.substr(std::min(r.size(), std::strlen(prefix)));
+      if (r.starts_with(prefix) && root_.contains(section) && root_[section].is_object() &&
+          root_[section].contains(name))
+        return &root_[section][name];
+    }
+    return nullptr;
+  }
+
   std::string reference(const Json& ref, const std::string& where) {
     if (!ref.is_string()) fail(where, "'$ref' must be a string");
     const std::string r = ref.get<std::string>();
-    const Json* target = r == "#" ? &root_ : nullptr;
-    for (const char* prefix : {"#/$defs/", "#/definitions/"}) {
-      const std::string section = std::string(prefix).substr(2, std::strlen(prefix) - 3);
-      if (r.starts_with(prefix) && root_.contains(section) && root_[section].is_object() &&
-          root_[section].contains(r.substr(std::strlen(prefix))))
-        target = &root_[section][r.substr(std::strlen(prefix))];
-    }
-    if (!target)
+    const Json* to = target(r);
+    if (!to)
       fail(where, "'$ref' " + ref.dump() +
                       " names neither the root ('#') nor an entry of its $defs or definitions");
     // A recursive definition (a tree, a list of replies) is written down to kMaxRecursion levels
@@ -517,7 +633,7 @@ class Compiler {
       return kNoValue;
     }
     expanding_.push_back(r);
-    std::string out = value(*target, r);
+    std::string out = value(*to, r);
     expanding_.pop_back();
     return out;
   }
