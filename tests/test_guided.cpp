@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
@@ -753,18 +754,68 @@ json.dump([ok(bytes.fromhex(h)) for h in json.load(open(sys.argv[1]))], open(sys
 TEST(JsonSchema, FormatsWriteOnlyValidAddressesAndNames) {
   test::Rng rng = test::make_rng();
   nlohmann::json cases = nlohmann::json::array();
-  for (const char* format : {"ipv4", "hostname", "email"}) {
+  // Each format's lengths in characters, worked out by hand from its definition (the refusals
+  // of lengths that would cut them name these).
+  const std::map<std::string, std::pair<std::size_t, std::size_t>> lengths = {
+      {"ipv4", {7, 15}}, {"hostname", {1, 251}},  {"email", {5, 252}}, {"date", {10, 10}},
+      {"time", {8, 24}}, {"date-time", {19, 35}}, {"uuid", {36, 36}},  {"uri", {5, 2001}}};
+  for (const auto& [format, bounds] : lengths) {
     const RegexDfa dfa(json_schema_regex(str(R"({"type":"string","format":")", format, "\"}")));
-    for (const std::string& t : random_matches(dfa, rng.engine(), 200))
+    for (const std::string& t : random_matches(dfa, rng.engine(), 200)) {
       cases.push_back({format, hex(t)});
+      EXPECT_GE(t.size() - 2, bounds.first) << t;  // ASCII: a byte is a character
+      EXPECT_LE(t.size() - 2, bounds.second) << t;
+    }
+    const std::string at = str(R"({"type":"string","format":")", format, R"(","minLength":)",
+                               bounds.first, R"(,"maxLength":)", bounds.second, "}");
+    EXPECT_NO_THROW(json_schema_regex(at)) << at;
+    for (const auto& [lo, hi] :
+         {std::pair{bounds.first + 1, bounds.second}, std::pair{bounds.first, bounds.second - 1}}) {
+      try {
+        json_schema_regex(str(R"({"type":"string","format":")", format, R"(","minLength":)", lo,
+                              R"(,"maxLength":)", hi, "}"),
+                          "f");
+        ADD_FAILURE() << format << " cut to " << lo << ".." << hi;
+      } catch (const Error& e) {
+        EXPECT_EQ(std::string(e.what()),
+                  str("'f': the schema at '#': 'format' \"", format, "\" writes ", bounds.first,
+                      " to ", bounds.second,
+                      " characters: 'minLength' and 'maxLength' are supported around that only"));
+      }
+    }
   }
-  const auto verdicts = python_oracle(cases, R"(import ipaddress, json, re, sys
+  // Pydantic's HttpUrl.
+  EXPECT_NO_THROW(
+      json_schema_regex(R"({"type":"string","format":"uri","minLength":1,"maxLength":2083})"));
+  const auto verdicts =
+      python_oracle(cases, R"(import datetime, ipaddress, json, re, sys, urllib.parse, uuid
 def label_ok(l):
     return 1 <= len(l) <= 63 and re.fullmatch(r'[A-Za-z0-9-]+', l) and l[0] != '-' and l[-1] != '-'
 def host_ok(h):
     return len(h) <= 253 and all(label_ok(l) for l in h.split('.'))
+def time_ok(t):
+    m = re.fullmatch(r'(\d\d):(\d\d):(\d\d)(\.\d{1,9})?(Z|[+-](\d\d):(\d\d))?', t, re.ASCII)
+    return (m and int(m[1]) < 24 and int(m[2]) < 60 and int(m[3]) < 60
+            and (not m[6] or (int(m[6]) < 24 and int(m[7]) < 60)))
+def uri_ok(v):
+    u = urllib.parse.urlsplit(v)
+    chars = r"(?:[A-Za-z0-9._~!$&'()*+,;=:@/?-]|%[0-9A-Fa-f]{2})*"
+    return (re.fullmatch(r'[A-Za-z][A-Za-z0-9+.-]*', u.scheme) and v.lower().startswith(u.scheme + '://')
+            and host_ok(u.hostname or '') and (u.port is None or 0 <= u.port <= 65535)
+            and re.fullmatch(chars, u.path) and '?' not in u.path
+            and re.fullmatch(chars, u.query) and re.fullmatch(chars, u.fragment))
 def ok(fmt, text):
     v = json.loads(text)
+    if fmt == 'date':
+        return datetime.date.fromisoformat(v).isoformat() == v
+    if fmt == 'time':
+        return time_ok(v)
+    if fmt == 'date-time':
+        return datetime.date.fromisoformat(v[:10]).isoformat() == v[:10] and v[10] == 'T' and time_ok(v[11:])
+    if fmt == 'uuid':
+        return str(uuid.UUID(v)) == v.lower()
+    if fmt == 'uri':
+        return uri_ok(v)
     if fmt == 'ipv4':
         return str(ipaddress.IPv4Address(v)) == v
     if fmt == 'hostname':
@@ -797,6 +848,19 @@ json.dump([bool(ok(f, bytes.fromhex(h).decode())) for f, h in cases], open(sys.a
   for (const char* no : {R"("ann@localhost")", R"(".ann@x.io")", R"("ann.@x.io")", R"("a b@x.io")",
                          R"("ann@@x.io")"})
     EXPECT_FALSE(matches("email", no)) << no;
+  for (const char* yes :
+       {R"("2024-02-29")", R"("2000-02-29")", R"("2023-04-30")", R"("1999-12-31")"})
+    EXPECT_TRUE(matches("date", yes)) << yes;
+  for (const char* no : {R"("2023-02-29")", R"("1900-02-29")", R"("2023-04-31")", R"("2023-02-30")",
+                         R"("2023-13-01")", R"("2023-00-10")"})
+    EXPECT_FALSE(matches("date", no)) << no;
+  for (const char* yes :
+       {R"("https://example.com/a/b?x=1&y=%20#top")", R"("http://10.0.0.1:65535")",
+        R"("ftp://files.example.org/pub/")", R"("s3://bucket/key%2Fpart")"})
+    EXPECT_TRUE(matches("uri", yes)) << yes;
+  for (const char* no : {R"("https://exa mple.com")", R"("example.com")", R"("http://a:65536")",
+                         R"("https://a/%zz")", R"("http://a/b#c#d")"})
+    EXPECT_FALSE(matches("uri", no)) << no;
 }
 
 // A value's text as an exact rational: numerator over 10^scale (a JSON integer or decimal, no
@@ -1409,9 +1473,14 @@ TEST(JsonSchema, RefusesWhatItCannotHonourNamingWhere) {
   EXPECT_EQ(refusal(R"({"type":"string","additionalProperties":false})"),
             "'response_format': the schema at '#': 'additionalProperties' does not apply to type "
             "'string'");
-  EXPECT_EQ(refusal(R"({"type":"string","format":"uri"})"),
-            "'response_format': the schema at '#': 'format' \"uri\" is not supported (date, "
-            "time, date-time, uuid, ipv4, hostname, email)");
+  EXPECT_EQ(refusal(R"({"type":"string","format":"iri"})"),
+            "'response_format': the schema at '#': 'format' \"iri\" is not supported (date, "
+            "time, date-time, uuid, ipv4, hostname, email, uri)");
+  EXPECT_EQ(refusal(R"({"type":"string","pattern":"a+","maxLength":3})"),
+            "'response_format': the schema at '#': 'pattern' does not combine with 'format', "
+            "'minLength' or 'maxLength'");
+  EXPECT_EQ(refusal(R"({"type":"string","format":"uuid","maxLength":-1})"),
+            "'response_format': the schema at '#': 'maxLength' must be a non-negative integer");
   EXPECT_EQ(refusal(R"({"type":"integer","minimum":5,"maximum":3})"),
             "'response_format': the schema at '#': no integer lies within its bounds");
   EXPECT_EQ(refusal(R"({"type":"integer","minimum":0.2,"maximum":0.8})"),
