@@ -14,6 +14,7 @@
 #include "dcp/error.h"
 #include "dcp/regex_dfa.h"
 #include "number_range_regex.h"
+#include "string_formats.h"
 
 namespace dcp {
 namespace {
@@ -554,58 +555,6 @@ class Compiler {
     return r;
   }
 
-  // A string format as written here: a subset of the format's texts, which are all ASCII (a
-  // character is a byte), from min_chars to max_chars long.
-  struct Format {
-    std::string regex;
-    int min_chars, max_chars;
-  };
-  static std::optional<Format> format(const std::string& name) {
-    // Every piece below is ASCII, so a character is a byte and lengths are counted by hand.
-    // RFC 3339's full-date: each month's days, February's 29th in leap years only.
-    const std::string leap_year =
-        "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)";
-    const std::string date =
-        "(?:[0-9]{4}-(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])|"
-        "(?:0[13-9]|1[0-2])-(?:29|30)|(?:0[13578]|1[02])-31)|" +
-        leap_year + "-02-29)";
-    // Fractions of a second to nanoseconds.
-    const std::string time =
-        "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,9})?(?:Z|[+-](?:[01][0-9]|2[0-3]):"
-        "[0-5][0-9])?";
-    if (name == "date") return Format{date, 10, 10};
-    if (name == "time") return Format{time, 8, 8 + 10 + 6};
-    if (name == "date-time") return Format{date + "T" + time, 19, 19 + 10 + 6};
-    if (name == "uuid")
-      return Format{"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
-                    36, 36};
-    const std::string octet = "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])";
-    if (name == "ipv4") return Format{octet + "(?:\\." + octet + "){3}", 7, 15};
-    // RFC 1123 labels, at most four of at most 62 characters: never past 253 in all.
-    const std::string label = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,60}[A-Za-z0-9])?";
-    const std::string host = label + "(?:\\." + label + "){0,3}";
-    if (name == "hostname") return Format{host, 1, 4 * 62 + 3};
-    if (name == "email") {
-      // RFC 5321's dot-atom local part (at most four atoms of 15: under its 64) at a host name of
-      // two or three labels: never past the 254 an address may hold.
-      const std::string atom = "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]{1,15}";
-      return Format{atom + "(?:\\." + atom + "){0,3}@" + label + "(?:\\." + label + "){1,2}", 5,
-                    (4 * 15 + 3) + 1 + (3 * 62 + 2)};
-    }
-    if (name == "uri") {
-      // RFC 3986's scheme://authority/path?query#fragment with a host name (or address) and
-      // bounded parts: a path and a query of up to 255 characters or percent escapes each, a
-      // fragment of up to 64; never past the 2083 Pydantic's HttpUrl allows.
-      const std::string unit = "(?:[A-Za-z0-9._~!$&'()*+,;=:@/-]|%[0-9A-Fa-f]{2})";
-      const std::string query_unit = "(?:[A-Za-z0-9._~!$&'()*+,;=:@/?-]|%[0-9A-Fa-f]{2})";
-      const std::string port = integer_range_regex(WholeBound{0}, WholeBound{65535});
-      return Format{"[A-Za-z][A-Za-z0-9+.-]{0,15}://" + host + "(?::" + port + ")?(?:/" + unit +
-                        "{0,255})?(?:\\?" + query_unit + "{0,255})?(?:#" + query_unit + "{0,64})?",
-                    5, 16 + 3 + (4 * 62 + 3) + 6 + (1 + 3 * 255) + (1 + 3 * 255) + (1 + 3 * 64)};
-    }
-    return std::nullopt;
-  }
-
   // A length bound beside a format: any non-negative integer (not a repeat count).
   std::int64_t length(const Json& s, const char* key, const std::string& where,
                       std::int64_t fallback) const {
@@ -621,11 +570,10 @@ class Compiler {
       fail(where, "'pattern' does not combine with 'format', 'minLength' or 'maxLength'");
     if (s.contains("format")) {
       const std::string name = s["format"].is_string() ? s["format"].get<std::string>() : "";
-      const std::optional<Format> f = format(name);
+      const std::optional<StringFormat> f = string_format(name);
       if (!f)
-        fail(where, "'format' " + s["format"].dump() +
-                        " is not supported (date, time, date-time, uuid, ipv4, hostname, email, "
-                        "uri)");
+        fail(where, "'format' " + s["format"].dump() + " is not supported (" +
+                        std::string(kStringFormats) + ")");
       // Lengths are honoured where they hold every text the format writes (Pydantic's HttpUrl
       // is a uri of 1 to 2083 characters); a regex cannot cut a format's texts to a length.
       const std::int64_t lo = length(s, "minLength", where, 0);

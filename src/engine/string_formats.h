@@ -1,0 +1,24 @@
+// JSON Schema's string formats as regexes of their texts, for the schema compiler: each a subset
+// of the format (bounded parts, no leap seconds), its texts all ASCII, from min_chars to max_chars
+// characters long (so that lengths beside a format can be checked against it).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace dcp {
+
+struct StringFormat {
+  std::string regex;
+  int min_chars, max_chars;
+};
+
+// The formats string_format knows, for messages.
+inline constexpr std::string_view kStringFormats =
+    "date, time, date-time, uuid, ipv4, hostname, email, uri";
+
+// nullopt for a format it does not know.
+std::optional<StringFormat> string_format(std::string_view name);
+
+}  // namespace dcp
