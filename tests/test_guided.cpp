@@ -1406,6 +1406,27 @@ TEST(JsonSchema, RefusesWhatItCannotHonourNamingWhere) {
           << e.what();
     }
   }
+  // Copies multiply (a list writes its item twice; recursion repeats a definition): a small
+  // schema asking for a regex of gigabytes is refused, not built.
+  std::string wide = R"({"type":"object","properties":{)";
+  for (int i = 0; i < 12; ++i)
+    wide += str(i ? "," : "", "\"p", i, R"(":{"type":"array","items":{"$ref":"#"}})");
+  std::string chain = R"({"$defs":{)";
+  for (int i = 0; i < 30; ++i)  // 2^30 copies of the last, within the 64 levels of nesting
+    chain += str(i ? "," : "", "\"D", i, R"(":{"type":"array","items":{"$ref":"#/$defs/D)", i + 1,
+                 "\"}}");
+  chain += R"(,"D30":{"type":"null"}},"$ref":"#/$defs/D0"})";
+  for (const std::string& big : {wide + "}}", chain}) {
+    try {
+      json_schema_regex(big, "response_format");
+      ADD_FAILURE() << "compiled: " << big;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(str("the schema is too large (its regex passes ",
+                                               kMaxSchemaRegexBytes, " bytes)")),
+                std::string::npos)
+          << e.what();
+    }
+  }
   EXPECT_EQ(json_nesting(R"({"a": "[[[\"{{"}, "b": [[1], {"c": []}]})"), 3u);
   EXPECT_EQ(json_nesting("12"), 0u);
   EXPECT_EQ(json_nesting(nested(100000)), 200001u);

@@ -38,6 +38,10 @@ constexpr int kFreeFormNesting = 3;
 // absent optional property, another branch of an anyOf).
 constexpr int kMaxRecursion = 4;
 
+// The regex text a schema may compile to, copies of its parts included (each is written out
+// where it is used): past it the schema is refused as too large, before any automaton is built.
+constexpr std::size_t kMaxSchemaRegexBytes = std::size_t{4} << 20;
+
 // How deep the arrays and objects of a JSON text nest (0 for a scalar), read without parsing it:
 // nlohmann's parser copies a nested object's members as it grows an ordered object, by recursion,
 // so outside text is measured before it is parsed.

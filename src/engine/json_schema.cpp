@@ -120,7 +120,23 @@ class Compiler {
   Compiler(const Json& root, std::string_view field)
       : root_(root), field_(field), expanding_{"#"} {}
 
+  // The regex of the values `s` admits. Every regex compiled is counted against
+  // kMaxSchemaRegexBytes: copies multiply (a $ref in a list is written twice, recursion
+  // repeats a definition), so a few hundred bytes of schema could otherwise ask for gigabytes.
   std::string value(const Json& s, const std::string& where) {
+    std::string out = value_of(s, where);
+    written_ += out.size();
+    if (written_ > kMaxSchemaRegexBytes)
+      fail(where,
+           str("the schema is too large (its regex passes ", kMaxSchemaRegexBytes, " bytes)"));
+    return out;
+  }
+
+  // Whether a recursive $ref was cut at kMaxRecursion levels.
+  bool cut_recursion() const noexcept { return cut_recursion_; }
+
+ private:
+  std::string value_of(const Json& s, const std::string& where) {
     // Schemas are compiled by recursion: bound it, so that a deep one cannot overflow the stack.
     struct Nesting {
       int& depth;
@@ -228,10 +244,6 @@ class Compiler {
     return alts.size() == 1 ? alts[0] : group(alts);
   }
 
-  // Whether a recursive $ref was cut at kMaxRecursion levels.
-  bool cut_recursion() const noexcept { return cut_recursion_; }
-
- private:
   [[noreturn]] void fail(const std::string& where, const std::string& why) const {
     throw Error(ErrorCategory::invalid_argument,
                 str("'", field_, "': the schema at '", where, "': ", why));
@@ -644,6 +656,7 @@ class Compiler {
   std::string field_;
   std::vector<std::string> expanding_;  // $refs being expanded
   bool cut_recursion_ = false;          // some $ref stood for no value
+  std::size_t written_ = 0;             // bytes of every regex compiled so far
   int depth_ = 0;                       // schemas being compiled, outermost first
 };
 
