@@ -3,6 +3,7 @@
 # time from its committed seed corpus (fuzz/corpus/<target>). New inputs go to a scratch folder,
 # not the committed corpus. A crash fails the run and leaves its input in that folder: add it to
 # fuzz/corpus/<target> with the fix.
+# An input that runs past 60 s is a failure too (a hang, not slowness).
 # Usage: scripts/fuzz.sh [seconds per target, default 60] [target ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +12,7 @@ shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(fuzz_safetensors fuzz_checkpoint_index fuzz_model_config fuzz_prompt_tokens
                                       fuzz_tokenizer_json fuzz_tokenize fuzz_chat_template fuzz_tiktoken
-                                      fuzz_openai_request fuzz_regex fuzz_grammar)
+                                      fuzz_openai_request fuzz_regex fuzz_grammar fuzz_json_schema)
 
 scripts/setup.sh fuzz  # clang and its libFuzzer runtime, then the build
 
@@ -22,7 +23,7 @@ run_one() {
   mkdir -p "$scratch/$t"
   local rc=0
   ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1 \
-    "build/fuzz/fuzz/$t" -max_total_time="$seconds" -rss_limit_mb=4096 -max_len=65536 \
+    "build/fuzz/fuzz/$t" -max_total_time="$seconds" -timeout=60 -rss_limit_mb=4096 -max_len=65536 \
     -print_final_stats=1 -artifact_prefix="$scratch/$t/" "$scratch/$t" "fuzz/corpus/$t" \
     >"$scratch/$t.log" 2>&1 || rc=$?
   echo "$rc" >"$scratch/$t.rc"
