@@ -1316,6 +1316,16 @@ TEST(JsonSchema, RecursiveDefinitionsNestToTheBound) {
   }
 }
 
+// What compiling `schema` as response_format's schema says when it is refused; "" when it compiles.
+std::string schema_refusal(const std::string& schema) {
+  try {
+    json_schema_regex(schema, "response_format");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 // oneOf whose schemas no value can satisfy two of is written as anyOf, so that exactly one holds:
 // Pydantic's discriminated unions (a required property's 'const' or enum of one differs), schemas
 // of different types, different single values. One whose schemas may overlap is refused, naming
@@ -1345,14 +1355,7 @@ TEST(JsonSchema, OneOfIsWrittenWhereItsSchemasExcludeEachOther) {
   for (const char* t : {"\"ab\"", "12", "null", "true", "[1]"}) EXPECT_TRUE(mixed.matches(t)) << t;
   for (const char* t : {"\"abc\"", "1.5", "false", "[2]"}) EXPECT_FALSE(mixed.matches(t)) << t;
 
-  const auto refusal = [](const char* schema) {
-    try {
-      json_schema_regex(schema, "response_format");
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
+  const auto& refusal = schema_refusal;
   const auto overlap = [](int i, int j) {
     return str("'response_format': the schema at '#': 'oneOf' schemas ", i, " and ", j,
                " may both hold for one value (supported: schemas of different types, or objects "
@@ -1430,14 +1433,7 @@ TEST(JsonSchema, RefusesWhatItCannotHonourNamingWhere) {
   EXPECT_EQ(json_nesting(R"({"a": "[[[\"{{"}, "b": [[1], {"c": []}]})"), 3u);
   EXPECT_EQ(json_nesting("12"), 0u);
   EXPECT_EQ(json_nesting(nested(100000)), 200001u);
-  const auto refusal = [](const char* schema) {
-    try {
-      json_schema_regex(schema, "response_format");
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
-    return std::string();
-  };
+  const auto& refusal = schema_refusal;
   EXPECT_EQ(refusal(R"({"type":"object","properties":{"n":{"type":"integer","multipleOf":2}}})"),
             "'response_format': the schema at '#/properties/n': 'multipleOf' is not supported");
   EXPECT_EQ(refusal(R"({"not":{"type":"null"}})"),
