@@ -1493,9 +1493,31 @@ TEST(JsonSchema, RefusesWhatItCannotHonourNamingWhere) {
   EXPECT_EQ(refusal(R"({"type":"string","format":"iri"})"),
             "'response_format': the schema at '#': 'format' \"iri\" is not supported (date, "
             "time, date-time, uuid, ipv4, hostname, email, uri)");
+  // Lengths beside a pattern: honoured where they hold all its matches, counted in characters.
   EXPECT_EQ(refusal(R"({"type":"string","pattern":"a+","maxLength":3})"),
-            "'response_format': the schema at '#': 'pattern' does not combine with 'format', "
-            "'minLength' or 'maxLength'");
+            "'response_format': the schema at '#': 'pattern' writes 1 or more characters: "
+            "'minLength' and 'maxLength' are supported around that only");
+  EXPECT_EQ(refusal(R"({"type":"string","pattern":"^\\d{5}(-\\d{4})?$","maxLength":9})"),
+            "'response_format': the schema at '#': 'pattern' writes 5 to 10 characters: "
+            "'minLength' and 'maxLength' are supported around that only");
+  EXPECT_EQ(refusal(R"({"type":"string","pattern":"\u00e9{2}x?","minLength":3})"),
+            "'response_format': the schema at '#': 'pattern' writes 2 to 3 characters: "
+            "'minLength' and 'maxLength' are supported around that only");
+  EXPECT_EQ(refusal(R"({"type":"string","pattern":"\u00e9{2}x?","maxLength":2})"),
+            "'response_format': the schema at '#': 'pattern' writes 2 to 3 characters: "
+            "'minLength' and 'maxLength' are supported around that only");
+  EXPECT_EQ(refusal(R"({"type":"string","pattern":"(ab|c)*d","minLength":1,"maxLength":1000})"),
+            "'response_format': the schema at '#': 'pattern' writes 1 or more characters: "
+            "'minLength' and 'maxLength' are supported around that only");
+  for (const char* fits :
+       {R"({"type":"string","pattern":"^[A-Z]{3}$","minLength":3,"maxLength":3})",
+        R"({"type":"string","pattern":"^\\d{5}(-\\d{4})?$","maxLength":10})",
+        R"({"type":"string","pattern":"\u00e9{2}x?","minLength":2,"maxLength":3})",
+        R"({"type":"string","pattern":"a+","minLength":1})",
+        R"({"type":"string","pattern":"(?:ab|c){0,4}","maxLength":8})"})
+    EXPECT_EQ(refusal(fits), "") << fits;
+  EXPECT_EQ(refusal(R"({"type":"string","pattern":"a","format":"date"})"),
+            "'response_format': the schema at '#': 'pattern' does not combine with 'format'");
   EXPECT_EQ(refusal(R"({"type":"string","format":"uuid","maxLength":-1})"),
             "'response_format': the schema at '#': 'maxLength' must be a non-negative integer");
   EXPECT_EQ(refusal(R"({"type":"integer","minimum":5,"maximum":3})"),

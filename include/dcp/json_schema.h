@@ -8,7 +8,7 @@
 // (any names, values under "additionalProperties", up to "maxProperties", "minProperties" 0 or
 // 1); arrays' "items" and "prefixItems" with "minItems"/"maxItems"; strings' "minLength"/
 // "maxLength", "pattern" and "format" (date, time, date-time, uuid, ipv4, hostname, email, uri;
-// lengths beside a format only where they hold all its texts);
+// lengths beside a format or pattern only where they hold all its texts);
 // integers' and numbers' bounds; "enum", "const", "anyOf", "oneOf" of schemas that exclude each
 // other (types, single values, or a required property's const), "allOf" of one schema, "$ref" to
 // "#", "#/$defs/..." or "#/definitions/..." (recursion written down to kMaxRecursion levels). A

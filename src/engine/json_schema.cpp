@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -108,6 +109,60 @@ std::string any_value(int levels) {
   const std::string inner = any_value(levels - 1);
   return "(?:" + scalar + "|" + listed("\\[", inner, 0, -1, "\\]") + "|" +
          listed("\\{", kAnyString + kWs + ":" + kWs + inner, 0, -1, "\\}") + ")";
+}
+
+// The fewest and most characters of a pattern's matches (most -1: unbounded), counted as the
+// UTF-8 bytes that begin one along the automaton's paths: 0-1 breadth-first for the fewest,
+// the longest path of the state graph (which a cycle makes unbounded) for the most.
+std::pair<std::int64_t, std::int64_t> pattern_span(const RegexDfa& dfa) {
+  const auto n = static_cast<std::size_t>(dfa.states());
+  const auto begins_character = [](int b) { return (b & 0xC0) != 0x80; };
+  std::vector<std::int64_t> fewest(n, -1);
+  std::deque<std::pair<std::int32_t, std::int64_t>> todo{{dfa.start(), 0}};
+  std::int64_t min_chars = -1;
+  while (!todo.empty()) {
+    const auto [st, d] = todo.front();
+    todo.pop_front();
+    if (fewest[static_cast<std::size_t>(st)] >= 0) continue;
+    fewest[static_cast<std::size_t>(st)] = d;
+    if (dfa.accepting(st) && (min_chars < 0 || d < min_chars)) min_chars = d;
+    for (int b = 0; b < 256; ++b) {
+      const std::int32_t t = dfa.next(st, static_cast<std::uint8_t>(b));
+      if (t == RegexDfa::kDead || fewest[static_cast<std::size_t>(t)] >= 0) continue;
+      if (begins_character(b))
+        todo.emplace_back(t, d + 1);
+      else
+        todo.emplace_front(t, d);
+    }
+  }
+  // Kahn's order over the edges; states left over lie on a cycle.
+  std::vector<std::vector<std::pair<std::int32_t, int>>> out(n);
+  std::vector<int> into(n, 0);
+  for (std::size_t st = 0; st < n; ++st) {
+    for (int b = 0; b < 256; ++b) {
+      const std::int32_t t = dfa.next(static_cast<std::int32_t>(st), static_cast<std::uint8_t>(b));
+      if (t == RegexDfa::kDead) continue;
+      out[st].emplace_back(t, begins_character(b) ? 1 : 0);
+      ++into[static_cast<std::size_t>(t)];
+    }
+  }
+  std::vector<std::int64_t> most(n, 0);
+  std::vector<std::int32_t> ready;
+  for (std::size_t st = 0; st < n; ++st)
+    if (into[st] == 0) ready.push_back(static_cast<std::int32_t>(st));
+  std::size_t ordered = 0;
+  std::int64_t max_chars = 0;
+  while (!ready.empty()) {
+    const auto st = static_cast<std::size_t>(ready.back());
+    ready.pop_back();
+    ++ordered;
+    if (dfa.accepting(static_cast<std::int32_t>(st))) max_chars = std::max(max_chars, most[st]);
+    for (const auto& [t, w] : out[st]) {
+      most[static_cast<std::size_t>(t)] = std::max(most[static_cast<std::size_t>(t)], most[st] + w);
+      if (--into[static_cast<std::size_t>(t)] == 0) ready.push_back(t);
+    }
+  }
+  return {min_chars, ordered < n ? -1 : max_chars};
 }
 
 // A regex of no text (a class with no character): what a reference below the recursion bound
@@ -577,23 +632,28 @@ class Compiler {
   }
 
   std::string string_body(const Json& s, const std::string& where) {
-    const bool lengths = s.contains("minLength") || s.contains("maxLength");
-    if (s.contains("pattern") + s.contains("format") > 1 || (s.contains("pattern") && lengths))
-      fail(where, "'pattern' does not combine with 'format', 'minLength' or 'maxLength'");
+    if (s.contains("pattern") && s.contains("format"))
+      fail(where, "'pattern' does not combine with 'format'");
+    // Lengths beside a format or pattern are honoured where they hold every text it writes
+    // (Pydantic's HttpUrl is a uri of 1 to 2083 characters): a regex cannot cut another's texts
+    // to a length.
+    const auto within_lengths = [&](const std::string& what, std::int64_t min_chars,
+                                    std::int64_t max_chars) {  // max_chars < 0: unbounded
+      const std::int64_t lo = length(s, "minLength", where, 0);
+      const std::int64_t hi = length(s, "maxLength", where, -1);
+      if (lo > min_chars || (hi >= 0 && (max_chars < 0 || hi < max_chars)))
+        fail(where,
+             str(what, " writes ", min_chars, max_chars < 0 ? " or more" : str(" to ", max_chars),
+                 " characters: 'minLength' and 'maxLength' are supported around that "
+                 "only"));
+    };
     if (s.contains("format")) {
       const std::string name = s["format"].is_string() ? s["format"].get<std::string>() : "";
       const std::optional<StringFormat> f = string_format(name);
       if (!f)
         fail(where, "'format' " + s["format"].dump() + " is not supported (" +
                         std::string(kStringFormats) + ")");
-      // Lengths are honoured where they hold every text the format writes (Pydantic's HttpUrl
-      // is a uri of 1 to 2083 characters); a regex cannot cut a format's texts to a length.
-      const std::int64_t lo = length(s, "minLength", where, 0);
-      const std::int64_t hi = length(s, "maxLength", where, -1);
-      if (lo > f->min_chars || (hi >= 0 && hi < f->max_chars))
-        fail(where, str("'format' \"", name, "\" writes ", f->min_chars, " to ", f->max_chars,
-                        " characters: 'minLength' and 'maxLength' are supported around that "
-                        "only"));
+      within_lengths(str("'format' \"", name, "\""), f->min_chars, f->max_chars);
       return f->regex;
     }
     if (s.contains("pattern")) {
@@ -612,6 +672,8 @@ class Compiler {
           fail(where,
                "'pattern' may write a quote or a backslash, which a JSON string must escape");
       }
+      const auto [min_chars, max_chars] = pattern_span(dfa);
+      within_lengths("'pattern'", min_chars, max_chars);
       return "(?:" + p + ")";
     }
     const int lo = count(s, "minLength", where, 0), hi = count(s, "maxLength", where, -1);
