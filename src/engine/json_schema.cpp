@@ -304,13 +304,21 @@ class Compiler {
                 str("'", field_, "': the schema at '", where, "': ", why));
   }
 
-  int count(const Json& s, const char* key, const std::string& where, int fallback) const {
+  // A non-negative integer keyword, at most `most` (no bound when `most` < 0).
+  std::int64_t whole(const Json& s, const char* key, const std::string& where,
+                     std::int64_t fallback, std::int64_t most) const {
     if (!s.contains(key)) return fallback;
     const Json& v = s[key];
     if (!v.is_number_integer() || v.get<std::int64_t>() < 0 ||
-        v.get<std::int64_t>() > RegexDfa::kMaxRepeat)
-      fail(where, str("'", key, "' must be an integer in [0, ", RegexDfa::kMaxRepeat, "]"));
-    return static_cast<int>(v.get<std::int64_t>());
+        (most >= 0 && v.get<std::int64_t>() > most))
+      fail(where, most < 0 ? str("'", key, "' must be a non-negative integer")
+                           : str("'", key, "' must be an integer in [0, ", most, "]"));
+    return v.get<std::int64_t>();
+  }
+
+  // A count a regex repeats by (minItems, maxLength, ...).
+  int count(const Json& s, const char* key, const std::string& where, int fallback) const {
+    return static_cast<int>(whole(s, key, where, fallback, RegexDfa::kMaxRepeat));
   }
 
   // Keywords that belong to other types are refused rather than ignored.
@@ -622,15 +630,6 @@ class Compiler {
     return r;
   }
 
-  // A length bound beside a format: any non-negative integer (not a repeat count).
-  std::int64_t length(const Json& s, const char* key, const std::string& where,
-                      std::int64_t fallback) const {
-    if (!s.contains(key)) return fallback;
-    if (!s[key].is_number_integer() || s[key].get<std::int64_t>() < 0)
-      fail(where, str("'", key, "' must be a non-negative integer"));
-    return s[key].get<std::int64_t>();
-  }
-
   std::string string_body(const Json& s, const std::string& where) {
     if (s.contains("pattern") && s.contains("format"))
       fail(where, "'pattern' does not combine with 'format'");
@@ -639,8 +638,9 @@ class Compiler {
     // to a length.
     const auto within_lengths = [&](const std::string& what, std::int64_t min_chars,
                                     std::int64_t max_chars) {  // max_chars < 0: unbounded
-      const std::int64_t lo = length(s, "minLength", where, 0);
-      const std::int64_t hi = length(s, "maxLength", where, -1);
+      // Bounds, not repeat counts: any size.
+      const std::int64_t lo = whole(s, "minLength", where, 0, -1);
+      const std::int64_t hi = whole(s, "maxLength", where, -1, -1);
       if (lo > min_chars || (hi >= 0 && (max_chars < 0 || hi < max_chars)))
         fail(where,
              str(what, " writes ", min_chars, max_chars < 0 ? " or more" : str(" to ", max_chars),
