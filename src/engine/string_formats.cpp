@@ -6,11 +6,13 @@ namespace dcp {
 
 std::optional<StringFormat> string_format(std::string_view name) {
   // Every piece below is ASCII, so a character is a byte and lengths are counted by hand.
-  // RFC 3339's full-date: each month's days, February's 29th in leap years only.
+  // RFC 3339's full-date: each month's days, February's 29th in leap years only; years 0001 to
+  // 9999, those Python's date type (which Pydantic validates into) holds.
   const std::string leap_year =
-      "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)";
+      "(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:[02468][48]|[2468]0|[13579][26])00)";
+  const std::string year = "(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])";
   const std::string date =
-      "(?:[0-9]{4}-(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])|"
+      "(?:" + year + "-(?:(?:0[1-9]|1[0-2])-(?:0[1-9]|1[0-9]|2[0-8])|"
       "(?:0[13-9]|1[0-2])-(?:29|30)|(?:0[13578]|1[02])-31)|" +
       leap_year + "-02-29)";
   // Fractions of a second to nanoseconds.
