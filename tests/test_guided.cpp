@@ -122,6 +122,17 @@ TEST(RegexDfa, RefusesWhatItDoesNotImplementNamingTheField) {
   EXPECT_EQ(refusal("a{1001}"),
             "'guided_regex': a repeat count above 1000 at byte 6 of the pattern");
   EXPECT_EQ(refusal("\xC3"), "'guided_regex': invalid UTF-8 at byte 0 of the pattern");
+  EXPECT_EQ(refusal("(?{3,2}:a)"),
+            "'guided_regex': {3,2}: the larger count comes second at byte 2 of the pattern");
+  EXPECT_EQ(refusal("(?{x}:a)"),
+            "'guided_regex': a length group opens with (?{n}:, (?{n,}:, (?{,m}: or (?{n,m}: at "
+            "byte 2 of the pattern");
+  EXPECT_EQ(refusal("(?{2}a)"),
+            "'guided_regex': a length group opens with (?{n}:, (?{n,}:, (?{,m}: or (?{n,m}: at "
+            "byte 2 of the pattern");
+  EXPECT_EQ(refusal("(?{100001}:a*)"),
+            "'guided_regex': a length above 100000 at byte 9 of the pattern");
+  EXPECT_EQ(refusal("(?{2,3}:a{4})"), "'guided_regex': the pattern matches no text");
   EXPECT_EQ(refusal("[^\\x00-\\x{10FFFF}]"), "'guided_regex': the pattern matches no text");
   // Too large before determinization, before minimization (2^21 states), and after (2^15).
   EXPECT_NE(refusal("((a{1000}){1000}){1000}").find("the pattern is too large (more than 200000"),
@@ -448,6 +459,82 @@ json.dump(out, open(sys.argv[2], 'w'))
   EXPECT_LT(too_large, 8);
 }
 
+// A length group keeps exactly the matches of its pattern that have its number of characters
+// (code points, as Python's len counts them); the characters around it do not count.
+TEST(RegexDfa, LengthGroupsKeepTheMatchesOfTheirLength) {
+  test::Rng rng = test::make_rng();
+  PatternMaker maker(rng.engine());
+  std::uniform_int_distribution<int> small(0, 4);
+  nlohmann::json cases = nlohmann::json::array();
+  for (int i = 0; i < 400; ++i) {
+    auto [pattern, sample] = maker.make(2);
+    // Bounds around the sample's length, so that some hold it and some cut it.
+    const auto length = static_cast<int>(
+        std::count_if(sample.begin(), sample.end(), [](char c) { return (c & 0xC0) != 0x80; }));
+    const int lo = std::max(0, length - small(rng.engine()) + 1);
+    const int hi = small(rng.engine()) == 0 ? -1 : lo + small(rng.engine());
+    nlohmann::json texts = nlohmann::json::array();
+    for (const std::string& inner : {sample, sample + sample, std::string()})
+      texts.push_back("«" + inner + "»");
+    for (int k = 0; k < 12; ++k) texts.push_back("«" + maker.text() + "»");
+    cases.push_back({pattern, lo, hi, texts});
+  }
+  const auto verdicts = python_oracle(cases, R"(import json, re, sys
+cases = json.load(open(sys.argv[1]))
+out = [[bool(re.fullmatch(p, t[1:-1], re.ASCII)) and lo <= len(t) - 2 and (hi < 0 or len(t) - 2 <= hi)
+        for t in texts] for p, lo, hi, texts in cases]
+json.dump(out, open(sys.argv[2], 'w'))
+)");
+  if (!verdicts) GTEST_SKIP() << "/usr/bin/python3 is not installed";
+  int matched = 0, cut = 0, too_large = 0;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const std::string inner = cases[i][0];
+    const int lo = cases[i][1], hi = cases[i][2];
+    const std::string pattern =
+        str("«(?{", lo, hi == lo ? "" : ",", hi > lo ? std::to_string(hi) : "", "}:", inner, ")»");
+    std::optional<RegexDfa> compiled;
+    try {
+      compiled.emplace(pattern);
+    } catch (const Error& e) {  // too large, or no match of those lengths: never a wrong answer
+      const std::string why = e.what();
+      if (why.find("the pattern matches no text") != std::string::npos) {
+        for (const bool want : (*verdicts)[i]) EXPECT_FALSE(want) << pattern;
+      } else {
+        ASSERT_NE(why.find("the pattern is too large"), std::string::npos)
+            << pattern << ": " << why;
+        ++too_large;
+      }
+      continue;
+    }
+    const RegexDfa plain(inner);
+    for (std::size_t k = 0; k < cases[i][3].size(); ++k) {
+      const std::string text = cases[i][3][k];
+      const bool want = (*verdicts)[i][k];
+      matched += want;
+      cut += !want && plain.matches(text.substr(2, text.size() - 4));
+      EXPECT_EQ(compiled->matches(text), want) << "pattern '" << pattern << "' text '" << text;
+    }
+  }
+  EXPECT_GT(matched, 200);
+  EXPECT_GT(cut, 100);  // matches of the pattern that the length group refuses
+  EXPECT_LT(too_large, 8);
+
+  // Inside a repeat, each copy counts its own characters; bounds on both sides and one alone.
+  const RegexDfa words("(?:(?{2,3}:[a-zé]+) )*");
+  EXPECT_TRUE(words.matches("ab éé abc "));
+  EXPECT_FALSE(words.matches("ab a "));
+  EXPECT_FALSE(words.matches("abcd "));
+  const RegexDfa at_least("(?{3,}:\\w*)x(?{,1}:\\d*)");
+  EXPECT_TRUE(at_least.matches("abcx"));
+  EXPECT_TRUE(at_least.matches("abcdefghx7"));
+  EXPECT_FALSE(at_least.matches("abx"));
+  EXPECT_FALSE(at_least.matches("abcx12"));
+  const RegexDfa exact("(?{4}:.*)");
+  EXPECT_TRUE(exact.matches("€€€€"));
+  EXPECT_FALSE(exact.matches("€€€"));
+  EXPECT_FALSE(exact.matches("€€€€€"));
+}
+
 std::string hex(std::string_view bytes) {
   static const char* digits = "0123456789abcdef";
   std::string h;
@@ -658,6 +745,80 @@ std::vector<std::string> random_matches(const RegexDfa& dfa, std::mt19937_64& rn
   return out;
 }
 
+// Lengths that cut a pattern's texts keep those of its texts that have them, in characters: every
+// random text of the automaton and every candidate string is checked by Python's re and len.
+TEST(JsonSchema, LengthsBesideAPatternKeepItsTextsOfThoseLengths) {
+  test::Rng rng = test::make_rng();
+  const std::vector<std::tuple<std::string, int, int>> schemas = {
+      // pattern, minLength, maxLength
+      {"a+", 0, 3},          {"^\\d{5}(-\\d{4})?$", 0, 9}, {"\u00e9{2}x?", 3, -1},
+      {"\u00e9{2}x?", 0, 2}, {"(ab|c)*d", 1, 1000},        {"^[a-d0-9]+(?:-[a-d0-9]+)*$", 3, 8},
+      {"[\u20aca]*", 2, 4},  {"(?:x|\u00e9\u00e9)*", 3, 3}};
+  const std::vector<std::string> alphabet = {"a", "b", "c", "d",      "x",
+                                             "-", "0", "5", "\u00e9", "\u20ac"};
+  nlohmann::json cases = nlohmann::json::array();
+  std::vector<RegexDfa> dfas;
+  for (const auto& [pattern, lo, hi] : schemas) {
+    nlohmann::json schema = {{"type", "string"}, {"pattern", pattern}};
+    if (lo > 0) schema["minLength"] = lo;
+    if (hi >= 0) schema["maxLength"] = hi;
+    dfas.emplace_back(json_schema_regex(schema.dump()));
+    nlohmann::json texts = nlohmann::json::array();
+    std::vector<std::string> variants;  // near the matches: longer, shorter, doubled
+    for (const std::string& t : random_matches(dfas.back(), rng.engine(), 60)) {
+      texts.push_back(t);
+      const std::string v = nlohmann::json::parse(t).get<std::string>();
+      std::string shorter = v;
+      while (!shorter.empty() && (static_cast<unsigned char>(shorter.back()) & 0xC0) == 0x80)
+        shorter.pop_back();
+      if (!shorter.empty()) shorter.pop_back();
+      for (const std::string& w : {v + v, v + alphabet[rng.engine()() % alphabet.size()], shorter})
+        variants.push_back("\"" + w + "\"");
+    }
+    for (const std::string& w : variants) texts.push_back(w);
+    for (int k = 0; k < 200; ++k) {
+      std::string v;
+      for (int n = static_cast<int>(rng.engine()() % 11); n > 0; --n)
+        v += alphabet[rng.engine()() % alphabet.size()];
+      texts.push_back("\"" + v + "\"");
+    }
+    cases.push_back({pattern, lo, hi, texts});
+  }
+  const auto verdicts = python_oracle(cases, R"(import json, re, sys
+def verdict(p, lo, hi, t):  # [a match within the bounds, a match of the pattern]
+    v = json.loads(t)
+    plain = bool(re.fullmatch(p, v))
+    return [plain and lo <= len(v) and (hi < 0 or len(v) <= hi), plain]
+cases = json.load(open(sys.argv[1]))
+json.dump([[verdict(p, lo, hi, t) for t in texts] for p, lo, hi, texts in cases],
+          open(sys.argv[2], 'w'))
+)");
+  if (!verdicts) GTEST_SKIP() << "/usr/bin/python3 is not installed";
+  int candidates_matched = 0, cut = 0;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    for (std::size_t k = 0; k < cases[i][3].size(); ++k) {
+      const std::string text = cases[i][3][k];
+      const bool want = (*verdicts)[i][k][0], plain = (*verdicts)[i][k][1];
+      if (k < 60) {
+        EXPECT_TRUE(want) << cases[i][0] << " wrote " << text;
+      } else {
+        candidates_matched += want;
+      }
+      cut += plain && !want;
+      EXPECT_EQ(dfas[i].matches(text), want) << cases[i][0] << ": " << text;
+    }
+  }
+  EXPECT_GT(candidates_matched, 100);
+  EXPECT_GT(cut, 100);  // matches of a pattern that its lengths refuse
+  // The shortest and longest texts within the bounds, and one past each.
+  EXPECT_TRUE(dfas[1].matches("\"12345\""));
+  EXPECT_FALSE(dfas[1].matches("\"12345-6789\""));
+  EXPECT_TRUE(dfas[2].matches("\"\u00e9\u00e9x\""));
+  EXPECT_FALSE(dfas[2].matches("\"\u00e9\u00e9\""));
+  EXPECT_TRUE(dfas[6].matches("\"\u20ac\u20ac\u20ac\u20ac\""));
+  EXPECT_FALSE(dfas[6].matches("\"\u20ac\u20ac\u20ac\u20ac\u20ac\""));
+}
+
 // Every text the schema's regex matches is JSON valid under the schema: random matches checked by
 // a small validator written in Python for the supported keywords; instances as json.dumps writes
 // them (in the schema's order, compact or spaced) match; invalid ones do not.
@@ -769,18 +930,33 @@ TEST(JsonSchema, FormatsWriteOnlyValidAddressesAndNames) {
     const std::string at = str(R"({"type":"string","format":")", format, R"(","minLength":)",
                                bounds.first, R"(,"maxLength":)", bounds.second, "}");
     EXPECT_NO_THROW(json_schema_regex(at)) << at;
+    // Lengths that cut the format's texts keep those of their lengths (a fixed length cut is
+    // refused; uri's automaton cut to a length would be too large).
     for (const auto& [lo, hi] :
-         {std::pair{bounds.first + 1, bounds.second}, std::pair{bounds.first, bounds.second - 1}}) {
+         {std::pair{bounds.first + 1, bounds.second}, std::pair{bounds.first, bounds.second - 1},
+          std::pair{bounds.first, (bounds.first + bounds.second) / 2}}) {
+      const std::string cut = str(R"({"type":"string","format":")", format, R"(","minLength":)", lo,
+                                  R"(,"maxLength":)", hi, "}");
+      std::optional<RegexDfa> cut_dfa;
       try {
-        json_schema_regex(str(R"({"type":"string","format":")", format, R"(","minLength":)", lo,
-                              R"(,"maxLength":)", hi, "}"),
-                          "f");
-        ADD_FAILURE() << format << " cut to " << lo << ".." << hi;
+        cut_dfa.emplace(json_schema_regex(cut, "f"));
       } catch (const Error& e) {
-        EXPECT_EQ(std::string(e.what()),
-                  str("'f': the schema at '#': 'format' \"", format, "\" writes ", bounds.first,
-                      " to ", bounds.second,
-                      " characters: 'minLength' and 'maxLength' are supported around that only"));
+        if (lo > hi)
+          EXPECT_EQ(std::string(e.what()),
+                    "'f': the schema at '#': 'maxLength' is below 'minLength'");
+        else
+          EXPECT_EQ(std::string(e.what()),
+                    str("'f': the schema at '#': 'format' \"", format, "\" cut to ", lo, " to ", hi,
+                        " characters is too large an automaton (it writes ", bounds.first, " to ",
+                        bounds.second, " characters)"));
+        EXPECT_TRUE(lo > hi || format == "uri") << cut << ": " << e.what();
+        continue;
+      }
+      EXPECT_LE(lo, hi) << cut;
+      for (const std::string& t : random_matches(*cut_dfa, rng.engine(), 100)) {
+        cases.push_back({format, hex(t)});
+        EXPECT_GE(t.size() - 2, lo) << cut << " wrote " << t;
+        EXPECT_LE(t.size() - 2, hi) << cut << " wrote " << t;
       }
     }
   }
@@ -1496,22 +1672,22 @@ TEST(JsonSchema, RefusesWhatItCannotHonourNamingWhere) {
   EXPECT_EQ(refusal(R"({"type":"string","format":"iri"})"),
             "'response_format': the schema at '#': 'format' \"iri\" is not supported (date, "
             "time, date-time, uuid, ipv4, hostname, email, uri)");
-  // Lengths beside a pattern: honoured where they hold all its matches, counted in characters.
-  EXPECT_EQ(refusal(R"({"type":"string","pattern":"a+","maxLength":3})"),
-            "'response_format': the schema at '#': 'pattern' writes 1 or more characters: "
-            "'minLength' and 'maxLength' are supported around that only");
-  EXPECT_EQ(refusal(R"({"type":"string","pattern":"^\\d{5}(-\\d{4})?$","maxLength":9})"),
-            "'response_format': the schema at '#': 'pattern' writes 5 to 10 characters: "
-            "'minLength' and 'maxLength' are supported around that only");
-  EXPECT_EQ(refusal(R"({"type":"string","pattern":"\u00e9{2}x?","minLength":3})"),
-            "'response_format': the schema at '#': 'pattern' writes 2 to 3 characters: "
-            "'minLength' and 'maxLength' are supported around that only");
-  EXPECT_EQ(refusal(R"({"type":"string","pattern":"\u00e9{2}x?","maxLength":2})"),
-            "'response_format': the schema at '#': 'pattern' writes 2 to 3 characters: "
-            "'minLength' and 'maxLength' are supported around that only");
-  EXPECT_EQ(refusal(R"({"type":"string","pattern":"(ab|c)*d","minLength":1,"maxLength":1000})"),
-            "'response_format': the schema at '#': 'pattern' writes 1 or more characters: "
-            "'minLength' and 'maxLength' are supported around that only");
+  // Lengths beside a pattern: they must leave it a text, within the automaton's bounds.
+  EXPECT_EQ(refusal(R"({"type":"string","pattern":"^[a-z]{2,5}$","minLength":6})"),
+            "'response_format': the schema at '#': 'pattern' writes no text of 6 or more "
+            "characters (it writes 2 to 5 characters)");
+  EXPECT_EQ(
+      refusal(R"({"type":"string","pattern":"\\d{5}(-\\d{4})?","minLength":6,"maxLength":9})"),
+      "'response_format': the schema at '#': 'pattern' writes no text of 6 to 9 characters "
+      "(it writes 5 to 10 characters)");
+  EXPECT_EQ(refusal(R"({"type":"string","pattern":"a{3}","minLength":4,"maxLength":2})"),
+            "'response_format': the schema at '#': 'maxLength' is below 'minLength'");
+  EXPECT_EQ(refusal(R"({"type":"string","pattern":"a+","maxLength":100001})"),
+            "'response_format': the schema at '#': 'minLength' and 'maxLength' that cut the texts "
+            "of 'pattern' are supported up to 100000 (it writes 1 or more characters)");
+  EXPECT_EQ(refusal(R"({"type":"string","pattern":"[ab]*a[ab]{10}","maxLength":100})"),
+            "'response_format': the schema at '#': 'pattern' cut to at most 100 characters is too "
+            "large an automaton (it writes 11 or more characters)");
   for (const char* fits :
        {R"({"type":"string","pattern":"^[A-Z]{3}$","minLength":3,"maxLength":3})",
         R"({"type":"string","pattern":"^\\d{5}(-\\d{4})?$","maxLength":10})",

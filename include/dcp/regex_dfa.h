@@ -8,7 +8,9 @@
 // punctuation character; groups `(...)`, `(?:...)` and `(?P<name>...)`/`(?<name>...)` (names
 // ignored); alternation `|`; quantifiers `*`, `+`, `?`, `{n}`, `{n,}`, `{,m}`, `{n,m}` (a
 // trailing `?` or `+`, lazy or possessive, changes nothing for a whole match); `^` first and `$`
-// last (the match is whole anyway). A `{` that does not open a quantifier is a literal. Refused,
+// last (the match is whole anyway). A `{` that does not open a quantifier is a literal. One
+// extension, which JSON Schema's lengths beside a pattern need: a length group `(?{n,m}:X)` (or
+// `{n}`, `{n,}`, `{,m}`) matches the texts X matches that are n to m characters long. Refused,
 // naming the byte offset: back-references, look-arounds, word boundaries, inline flags, POSIX
 // classes, `^`/`$` elsewhere; and patterns whose automaton would be too large.
 #pragma once
@@ -27,6 +29,7 @@ namespace dcp {
 class RegexDfa final : public ByteGrammar {
  public:
   static constexpr int kMaxRepeat = 1000;       // largest n or m of {n,m}
+  static constexpr int kMaxCountedLength = 100000;  // largest n or m of a length group (?{n,m}:
   static constexpr std::size_t kMaxGroupNesting = 256;
   static constexpr int kMaxNfaStates = 200000;  // before determinization
   static constexpr int kMaxSubsetStates = 100000;  // of the subset construction

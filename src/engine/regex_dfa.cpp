@@ -40,10 +40,10 @@ Ranges complement(const Ranges& sorted) {
 }
 
 struct Node {
-  enum Kind { empty, set, concat, alt, repeat } kind = empty;
+  enum Kind { empty, set, concat, alt, repeat, counted } kind = empty;
   Ranges ranges;          // set
-  std::vector<int> kids;  // concat, alt; repeat: one
-  int min = 0, max = 0;   // repeat; max -1: unbounded
+  std::vector<int> kids;  // concat, alt; repeat, counted: one
+  int min = 0, max = 0;   // repeat: copies; counted: characters; max -1: unbounded
 };
 
 class Parser {
@@ -117,8 +117,10 @@ class Parser {
     return add(std::move(n));
   }
 
-  // * + ? {n} {n,} {,m} {n,m}; false (nothing read) when none starts here.
-  bool quantifier(int& lo, int& hi) {
+  // * + ? {n} {n,} {,m} {n,m}; false (nothing read) when none starts here. Counts above `limit`
+  // are refused, naming them as `what`.
+  bool quantifier(int& lo, int& hi, int limit = RegexDfa::kMaxRepeat,
+                  std::string_view what = "a repeat count") {
     const auto give = [&](int a, int b) {
       lo = a;
       hi = b;
@@ -138,7 +140,7 @@ class Parser {
         ++at_;
       }
       if (at_ == from) return false;
-      if (x > RegexDfa::kMaxRepeat) fail(str("a repeat count above ", RegexDfa::kMaxRepeat));
+      if (x > limit) fail(str(what, " above ", limit));
       v = static_cast<int>(x);
       return true;
     };
@@ -174,14 +176,29 @@ class Parser {
       // Groups are read by recursion: bound it, so that a pattern of '(' cannot overflow the stack.
       if (++groups_open_ > RegexDfa::kMaxGroupNesting)
         fail(str("groups nest more than ", RegexDfa::kMaxGroupNesting, " deep"));
+      Node counted;
+      counted.kind = Node::counted;
       if (eat("?:") || named_group()) {
+        counted.kind = Node::empty;
+      } else if (p_.substr(at_, 2) == "?{") {
+        ++at_;
+        const std::size_t open = at_;
+        if (!quantifier(counted.min, counted.max, RegexDfa::kMaxCountedLength, "a length") ||
+            !eat(':')) {
+          at_ = open;
+          fail("a length group opens with (?{n}:, (?{n,}:, (?{,m}: or (?{n,m}:");
+        }
       } else if (more() && peek() == '?') {
         fail("look-arounds and inline flags are not supported");
+      } else {
+        counted.kind = Node::empty;
       }
       const int inner = alternation();
       if (!eat(')')) fail("missing ')'");
       --groups_open_;
-      return inner;
+      if (counted.kind == Node::empty) return inner;
+      counted.kids = {inner};
+      return add(std::move(counted));
     }
     if (eat('[')) return set_node(char_class());
     if (eat('.')) return set_node({{0, '\n' - 1}, {'\n' + 1, kMaxCodePoint}});
@@ -433,12 +450,65 @@ class Nfa {
         link(end, e);
         return {s, e};
       }
+      case Node::counted: return counted(nodes, n);
     }
     return {add(), add()};
   }
 
  private:
   void link(int from, int to) { states[static_cast<std::size_t>(from)].eps.push_back(to); }
+
+  // The matches of n.kids[0] that are n.min to n.max characters long: its fragment, built apart,
+  // is copied once per count of characters read so far (the product with a counter), an edge
+  // whose bytes begin a character leading to the next count. Unbounded above, the last count is
+  // n.min and stays there. A fragment's states lead only to each other, so the copies replace it.
+  Frag counted(const std::vector<Node>& nodes, const Node& n) {
+    const std::size_t first = states.size();
+    const Frag g = build(nodes, n.kids[0]);
+    std::vector<State> inner(std::make_move_iterator(states.begin() + static_cast<long>(first)),
+                             std::make_move_iterator(states.end()));
+    states.resize(first);
+    const auto local = [&](int state) { return static_cast<std::size_t>(state) - first; };
+    const int top = n.max < 0 ? n.min : n.max;
+    const int s = add(), e = add();
+    // Copies of the fragment's states at count c (`here`) and c + 1 (`ahead`), made as reached.
+    std::vector<int> here(inner.size(), -1), ahead(inner.size(), -1);
+    std::vector<std::size_t> todo{local(g.start)}, todo_ahead;
+    here[local(g.start)] = add();
+    link(s, here[local(g.start)]);
+    const auto copy = [&](std::vector<int>& at, std::vector<std::size_t>& work, std::size_t q) {
+      if (at[q] < 0) {
+        at[q] = add();
+        work.push_back(q);
+      }
+      return at[q];
+    };
+    for (int c = 0;; ++c) {
+      while (!todo.empty()) {
+        const std::size_t q = todo.back();
+        todo.pop_back();
+        const int me = here[q];
+        for (const int t : inner[q].eps) link(me, copy(here, todo, local(t)));
+        for (const Edge& edge : inner[q].edges) {
+          const bool begins_character = (edge.lo & 0xC0) != 0x80;
+          int to;
+          if (!begins_character || (n.max < 0 && c == top))
+            to = copy(here, todo, local(edge.to));
+          else if (c < top)
+            to = copy(ahead, todo_ahead, local(edge.to));
+          else
+            continue;  // a character past n.max
+          states[static_cast<std::size_t>(me)].edges.push_back({edge.lo, edge.hi, to});
+        }
+        if (q == local(g.end) && c >= n.min) link(me, e);
+      }
+      if (c == top || todo_ahead.empty()) break;
+      here.swap(ahead);
+      std::fill(ahead.begin(), ahead.end(), -1);
+      todo.swap(todo_ahead);
+    }
+    return {s, e};
+  }
 
   void edge_chain(int s, int e, const std::uint8_t* lo, const std::uint8_t* hi, int n) {
     int at = s;
