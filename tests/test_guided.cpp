@@ -654,16 +654,22 @@ def ok(b):
         return False
     def refuse(x):
         raise ValueError(x)
-    def strings(v):
-        if isinstance(v, dict):
-            return [s for k, x in v.items() for s in [k] + strings(x)]
-        return [s for x in v for s in strings(x)] if isinstance(v, list) else [v] if isinstance(v, str) else []
+    # A surrogate escape alone stays a surrogate, which UTF-8 cannot encode (strict parsers
+    # refuse it); a pair becomes one character. Every member is checked as its object is read,
+    # before a repeated name drops one.
+    def check(x):
+        if isinstance(x, str):
+            x.encode('utf-8')
+        elif isinstance(x, list):
+            for y in x:
+                check(y)
+    def members(pairs):
+        for k, x in pairs:
+            check(k)
+            check(x)
+        return dict(pairs)
     try:
-        v = json.loads(t, parse_constant=refuse)
-        # A surrogate escape alone stays a surrogate, which UTF-8 cannot encode (strict parsers
-        # refuse it); a pair becomes one character.
-        for s in strings(v) if isinstance(v, dict) else []:
-            s.encode('utf-8')
+        v = json.loads(t, parse_constant=refuse, object_pairs_hook=members)
         return isinstance(v, dict)
     except (ValueError, UnicodeEncodeError):
         return False
