@@ -8,9 +8,11 @@
 // punctuation character; groups `(...)`, `(?:...)` and `(?P<name>...)`/`(?<name>...)` (names
 // ignored); alternation `|`; quantifiers `*`, `+`, `?`, `{n}`, `{n,}`, `{,m}`, `{n,m}` (a
 // trailing `?` or `+`, lazy or possessive, changes nothing for a whole match); `^` first and `$`
-// last (the match is whole anyway). A `{` that does not open a quantifier is a literal. One
-// extension, which JSON Schema's lengths beside a pattern need: a length group `(?{n,m}:X)` (or
-// `{n}`, `{n,}`, `{,m}`) matches the texts X matches that are n to m characters long. Refused,
+// last (the match is whole anyway). A `{` that does not open a quantifier is a literal. Two
+// extensions, which a JSON Schema's string patterns need: a length group `(?{n,m}:X)` (or `{n}`,
+// `{n,}`, `{,m}`) matches the texts X matches that are n to m characters long; a JSON group
+// `(?json:X)` matches X's texts as a JSON string's body writes them (json.dumps' escapes for a
+// quote, a backslash and control characters, every other character as itself). Refused,
 // naming the byte offset: back-references, look-arounds, word boundaries, inline flags, POSIX
 // classes, `^`/`$` elsewhere; and patterns whose automaton would be too large.
 #pragma once

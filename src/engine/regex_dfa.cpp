@@ -40,9 +40,9 @@ Ranges complement(const Ranges& sorted) {
 }
 
 struct Node {
-  enum Kind { empty, set, concat, alt, repeat, counted } kind = empty;
+  enum Kind { empty, set, concat, alt, repeat, counted, json_escaped } kind = empty;
   Ranges ranges;          // set
-  std::vector<int> kids;  // concat, alt; repeat, counted: one
+  std::vector<int> kids;  // concat, alt; repeat, counted, json_escaped: one
   int min = 0, max = 0;   // repeat: copies; counted: characters; max -1: unbounded
 };
 
@@ -176,10 +176,12 @@ class Parser {
       // Groups are read by recursion: bound it, so that a pattern of '(' cannot overflow the stack.
       if (++groups_open_ > RegexDfa::kMaxGroupNesting)
         fail(str("groups nest more than ", RegexDfa::kMaxGroupNesting, " deep"));
-      Node counted;
+      Node counted;  // or a JSON-escaped group, or none (counted.kind empty)
       counted.kind = Node::counted;
       if (eat("?:") || named_group()) {
         counted.kind = Node::empty;
+      } else if (eat("?json:")) {
+        counted.kind = Node::json_escaped;
       } else if (p_.substr(at_, 2) == "?{") {
         ++at_;
         const std::size_t open = at_;
@@ -451,12 +453,73 @@ class Nfa {
         return {s, e};
       }
       case Node::counted: return counted(nodes, n);
+      case Node::json_escaped: {
+        const std::size_t first = states.size();
+        const Frag g = build(nodes, n.kids[0]);
+        json_escape(first, states.size());
+        return g;
+      }
     }
     return {add(), add()};
   }
 
  private:
   void link(int from, int to) { states[static_cast<std::size_t>(from)].eps.push_back(to); }
+
+  // The edges of states [first, last) that read a character a JSON string must escape read its
+  // escape instead, as json.dumps writes it: \" \\ \b \f \n \r \t, other control
+  // characters as \u00xx (lowercase).
+  void json_escape(std::size_t first, std::size_t last) {
+    const auto needs_escape = [](int b) { return b < 0x20 || b == '"' || b == '\\'; };
+    for (std::size_t st = first; st < last; ++st) {
+      std::vector<Edge> edges = std::move(states[st].edges), kept;
+      int backslash = -1;  // after the escape's backslash, shared by this state's escapes
+      std::array<int, 2> high{-1, -1};  // after \u00 and the escape's third hex digit, 0 or 1
+      for (const Edge& e : edges) {
+        int from = e.lo;  // the start of the run of bytes written as themselves
+        for (int b = e.lo; b <= e.hi + 1; ++b) {
+          if (b <= e.hi && !needs_escape(b)) continue;
+          if (from < b)
+            kept.push_back(
+                {static_cast<std::uint8_t>(from), static_cast<std::uint8_t>(b - 1), e.to});
+          from = b + 1;
+          if (b > e.hi) break;
+          if (backslash < 0) {
+            backslash = add();
+            kept.push_back({'\\', '\\', backslash});
+          }
+          const char* const shorts = "\"\"\\\\\bb\ff\nn\rr\tt";  // byte, then its letter
+          const char* letter = nullptr;
+          for (const char* p = shorts; *p; p += 2)
+            if (static_cast<unsigned char>(p[0]) == b) letter = p + 1;
+          if (letter) {
+            const auto c = static_cast<std::uint8_t>(*letter);
+            states[static_cast<std::size_t>(backslash)].edges.push_back({c, c, e.to});
+            continue;
+          }
+          if (high[static_cast<std::size_t>(b >> 4)] < 0) {
+            int at = backslash;
+            for (const char c : {'u', '0', '0', static_cast<char>('0' + (b >> 4))}) {
+              const auto byte = static_cast<std::uint8_t>(c);
+              int to = -1;
+              for (const Edge& x : states[static_cast<std::size_t>(at)].edges)
+                if (x.lo == byte && x.hi == byte) to = x.to;
+              if (to < 0) {
+                to = add();
+                states[static_cast<std::size_t>(at)].edges.push_back({byte, byte, to});
+              }
+              at = to;
+            }
+            high[static_cast<std::size_t>(b >> 4)] = at;
+          }
+          const auto digit = static_cast<std::uint8_t>("0123456789abcdef"[b & 15]);
+          states[static_cast<std::size_t>(high[static_cast<std::size_t>(b >> 4)])].edges.push_back(
+              {digit, digit, e.to});
+        }
+      }
+      states[st].edges = std::move(kept);
+    }
+  }
 
   // The matches of n.kids[0] that are n.min to n.max characters long: its fragment, built apart,
   // is copied once per count of characters read so far (the product with a counter), an edge

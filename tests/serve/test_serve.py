@@ -492,6 +492,19 @@ def case_json_schema(s):
                                            "guided_json": free})
     done = [c["text"] for c in r.get("choices", []) if c["finish_reason"] == "stop"]
     check(status == 200 and done and all(valid_free(t) for t in done), f"free values: {r}")
+    # Patterns that write what JSON escapes, one cut by maxLength (Pydantic's constr).
+    patterned = {"type": "object", "properties": {
+        "mail": {"type": "string", "pattern": "^[^@]+@[^@]+$", "maxLength": 12},
+        "line": {"type": "string", "pattern": "^.*$"}}, "required": ["mail", "line"]}
+
+    def valid_patterned(text):
+        v = json.loads(text)
+        return (list(v) == ["mail", "line"] and re.fullmatch("[^@]+@[^@]+", v["mail"]) is not None
+                and len(v["mail"]) <= 12 and re.fullmatch(".*", v["line"]) is not None)
+    status, r = s.post("/v1/completions", {**body, "temperature": 1, "seed": 5, "n": 4, "max_tokens": 200,
+                                           "guided_json": patterned})
+    done = [c["text"] for c in r.get("choices", []) if c["finish_reason"] == "stop"]
+    check(status == 200 and done and all(valid_patterned(t) for t in done), f"patterns: {r}")
 
 
 def case_structured_outputs(s):
