@@ -15,6 +15,7 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <regex>
 #include <set>
 #include <string>
 #include <thread>
@@ -1578,6 +1579,101 @@ TEST(JsonSchema, MapsAndTuplesHoldTheirMembersUnderTheirSchemas) {
   }
 }
 
+// A map's names follow 'propertyNames' (Pydantic's dict keyed by an enum, msgspec's by a pattern)
+// or the one pattern of 'patternProperties' (Pydantic's dict keyed by a constr), whose values
+// follow its schema: random candidates match exactly when valid and written (no name outside the
+// pattern is), compact or spaced; random texts of each automaton are valid. Checked with
+// std::regex and predicates written here.
+TEST(JsonSchema, MapNamesFollowPropertyNamesAndPatternProperties) {
+  test::Rng rng = test::make_rng();
+  using J = nlohmann::ordered_json;
+  const auto natural = [](const J& x) {  // past 2^64 nlohmann holds a whole number as a double
+    return x.is_number() && x.get<double>() == std::floor(x.get<double>()) && x.get<double>() >= 0;
+  };
+  const auto boolean = [](const J& x) { return x.is_boolean(); };
+  const auto any = [](const J&) { return true; };
+  const auto color = [](const std::string& n) { return n == "red" || n == "green"; };
+  const auto k_to = [](char last) {
+    return [last](const std::string& n) {
+      return std::regex_match(n, std::regex(str("k[0-", last, "]")));
+    };
+  };
+  struct Case {
+    const char* schema;
+    std::function<bool(const std::string&)> name;
+    std::function<bool(const J&)> value;
+    std::size_t lo, hi;
+  };
+  const std::vector<Case> cases = {
+      {R"({"type": "object", "propertyNames": {"enum": ["red", "green"]}, "additionalProperties": {"type": "integer", "minimum": 0}})",
+       color, natural, 0, 99},
+      {R"({"$defs": {"Color": {"enum": ["red", "green"], "type": "string", "title": "Color"}}, "type": "object", "propertyNames": {"$ref": "#/$defs/Color"}, "additionalProperties": {"type": "integer", "minimum": 0}})",
+       color, natural, 0, 99},
+      {R"({"type": "object", "propertyNames": {"pattern": "^k[0-3]$"}, "additionalProperties": {"type": "boolean"}, "maxProperties": 2})",
+       k_to('3'), boolean, 0, 2},
+      {R"({"propertyNames": {"maxLength": 2}, "additionalProperties": {"type": "boolean"}})",
+       [](const std::string& n) {  // characters: UTF-8 lead bytes
+         return std::count_if(n.begin(), n.end(), [](char b) { return (b & 0xC0) != 0x80; }) <= 2;
+       },
+       boolean, 0, 99},
+      {R"({"propertyNames": true})", [](const std::string&) { return true; }, any, 0, 99},
+      {R"({"type": "object", "patternProperties": {"^k[0-5]$": {"type": "integer", "minimum": 0}}})",
+       k_to('5'), natural, 0, 99},
+      {R"({"type": "object", "patternProperties": {"^k[0-5]$": {"type": "boolean"}}, "additionalProperties": false, "minProperties": 1})",
+       k_to('5'), boolean, 1, 99},
+  };
+  const J pool = J::parse(R"([0, 5, -1, "x", true, false, null, [true], {}])");
+  const std::vector<std::string> names = {"red", "green", "blue", "k0", "k3", "k4", "k7", "x", ""};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.schema);
+    const RegexDfa dfa(json_schema_regex(c.schema));
+    const auto valid = [&](const J& v) {
+      if (!v.is_object() || v.size() < c.lo || v.size() > c.hi) return false;
+      for (const auto& [n, x] : v.items())
+        if (!c.name(n) || !c.value(x)) return false;
+      return true;
+    };
+    int matched = 0;
+    for (int i = 0; i < 1500; ++i) {
+      J v = J::object();
+      for (int n = static_cast<int>(rng.range(0, 3)); n > 0; --n)
+        v[names[rng.range(0, names.size() - 1)]] = pool[rng.range(0, pool.size() - 1)];
+      const bool expected = valid(v);
+      EXPECT_EQ(dfa.matches(v.dump()), expected) << v.dump();
+      EXPECT_EQ(dfa.matches(spaced(v)), expected) << spaced(v);
+      matched += expected;
+    }
+    EXPECT_GT(matched, 0);
+    for (const std::string& t : random_matches(dfa, rng.engine(), 200)) {
+      const std::optional<J> v = parsed(t);
+      if (v) {
+        EXPECT_TRUE(valid(*v)) << t;
+      }
+    }
+  }
+  const auto refusal = [](const char* schema) -> std::string {
+    try {
+      json_schema_regex(schema, "f");
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(refusal(R"({"propertyNames": {"enum": [1, "a"]}})"),
+            "'f': the schema at '#/propertyNames': 'propertyNames' admits values other than "
+            "strings, which no name is");
+  EXPECT_EQ(refusal(R"({"patternProperties": {"^a$": {}, "^b$": {}}})"),
+            "'f': the schema at '#': 'patternProperties' is supported with one pattern only");
+  EXPECT_EQ(refusal(R"({"patternProperties": {"^a$": {}}, "propertyNames": {"maxLength": 1}})"),
+            "'f': the schema at '#': 'propertyNames' and 'patternProperties' are not supported "
+            "together");
+  EXPECT_EQ(refusal(R"({"properties": {"a": {}}, "propertyNames": {"maxLength": 1}})"),
+            "'f': the schema at '#': 'propertyNames' and 'patternProperties' are supported "
+            "without 'properties' only");
+  EXPECT_EQ(refusal(R"({"patternProperties": {"^a$": false}})"),
+            "'f': the schema at '#/patternProperties/^a$': the schema false admits no value");
+}
+
 // A tree node of the schema below as parsed: its depth in levels of nodes, or -1 when it is not
 // one (checked apart from the compiler).
 int node_depth(const nlohmann::ordered_json& v) {
@@ -1829,9 +1925,13 @@ TEST(JsonSchema, RefusesWhatItCannotHonourNamingWhere) {
   EXPECT_EQ(refusal(R"({"prefixItems":[{"type":"null"},{"type":"nil"}]})"),
             "'response_format': the schema at '#/prefixItems/1': type 'nil' is not a JSON Schema "
             "type");
-  EXPECT_EQ(refusal(R"({"minLength":1})"),
+  // Keywords of one type stand for it ({"minLength": 1} is a string); bounds of two do not.
+  EXPECT_EQ(refusal(R"({"minimum":1})"),
             "'response_format': the schema at '#': a schema needs 'type' (or 'enum', 'const', "
             "'anyOf', '$ref')");
+  EXPECT_TRUE(RegexDfa(json_schema_regex(R"({"minLength":1})")).matches("\"a\""));
+  EXPECT_FALSE(RegexDfa(json_schema_regex(R"({"minLength":1})")).matches("\"\""));
+  EXPECT_TRUE(RegexDfa(json_schema_regex(R"({"maxItems":1})")).matches("[null]"));
   EXPECT_EQ(refusal(R"({"type":"string","additionalProperties":false})"),
             "'response_format': the schema at '#': 'additionalProperties' does not apply to type "
             "'string'");

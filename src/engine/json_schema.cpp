@@ -40,6 +40,7 @@ const std::set<std::string, std::less<>> kKeywords = {
     "type",          "properties",
     "required",      "additionalProperties",
     "minProperties", "maxProperties",
+    "propertyNames", "patternProperties",
     "items",         "prefixItems",
     "minItems",      "maxItems",
     "enum",          "const",
@@ -274,10 +275,15 @@ class Compiler {
       const auto has = [&](std::initializer_list<const char*> keys) {
         return std::any_of(keys.begin(), keys.end(), [&](const char* k) { return s.contains(k); });
       };
-      if (has({"properties", "additionalProperties", "minProperties", "maxProperties"})) {
+      // Keywords that hold of one type only: a value of that type satisfies them (msgspec writes
+      // a dict's propertyNames as {"pattern": ...}).
+      if (has({"properties", "additionalProperties", "minProperties", "maxProperties",
+               "propertyNames", "patternProperties"})) {
         types = {"object"};
-      } else if (has({"items", "prefixItems"})) {
+      } else if (has({"items", "prefixItems", "minItems", "maxItems"})) {
         types = {"array"};
+      } else if (has({"pattern", "format", "minLength", "maxLength"})) {
+        types = {"string"};
       } else if (std::all_of(s.items().begin(), s.items().end(),
                              [](const auto& kv) { return kAnnotations.count(kv.key()) > 0; })) {
         return any_value(kFreeFormNesting);  // {} or annotations only: any value
@@ -366,9 +372,13 @@ class Compiler {
     }
     if (t == "object") {
       allow(s, t, where,
-            {"properties", "required", "additionalProperties", "minProperties", "maxProperties"});
+            {"properties", "required", "additionalProperties", "minProperties", "maxProperties",
+             "propertyNames", "patternProperties"});
       if (!s.contains("properties")) return map(s, where);
       if (!s["properties"].is_object()) fail(where, "'properties' must be an object");
+      if (s.contains("propertyNames") || s.contains("patternProperties"))
+        fail(where,
+             "'propertyNames' and 'patternProperties' are supported without 'properties' only");
       if (s.contains("minProperties") || s.contains("maxProperties"))
         fail(where, "'minProperties' and 'maxProperties' are supported without 'properties' only");
       std::set<std::string> required;
@@ -441,8 +451,11 @@ class Compiler {
     return "\\[" + kWs + items + kWs + "\\]";
   }
 
-  // An object without 'properties': any names, each value under 'additionalProperties' (absent
-  // or true: a value left free, one level less deep), minProperties to maxProperties of them.
+  // An object without 'properties' (a map): names under 'propertyNames' (Pydantic's dict keyed by
+  // an enum), each value under 'additionalProperties' (absent or true: a value left free, one
+  // level less deep); or names matching the one pattern of 'patternProperties' (Pydantic's dict
+  // keyed by a constr), each value under its schema, no other name being written. minProperties to
+  // maxProperties of them.
   std::string map(const Json& s, const std::string& where) {
     const int lo = count(s, "minProperties", where, 0);
     int hi = count(s, "maxProperties", where, -1);
@@ -450,6 +463,22 @@ class Compiler {
     // A regex cannot keep names apart: a repeated name would count once when parsed.
     if (lo > 1) fail(where, "'minProperties' above 1 is not supported (names may repeat)");
     if (s.contains("required")) fail(where, "'required' needs 'properties'");
+    if (s.contains("patternProperties")) {
+      if (s.contains("propertyNames"))
+        fail(where, "'propertyNames' and 'patternProperties' are not supported together");
+      const Json& patterned = s["patternProperties"];
+      if (!patterned.is_object() || patterned.size() != 1)
+        fail(where, "'patternProperties' is supported with one pattern only");
+      const std::string pattern = patterned.items().begin().key();
+      const std::string name =
+          value(Json{{"type", "string"}, {"pattern", pattern}}, where + "/patternProperties");
+      const std::string member =
+          value(patterned.items().begin().value(), where + "/patternProperties/" + pattern);
+      return listed("\\{", name + kWs + ":" + kWs + member, lo, hi, "\\}");
+    }
+    const std::string name = s.contains("propertyNames")
+                                 ? names(s["propertyNames"], where + "/propertyNames")
+                                 : kAnyString;
     std::string member;
     if (!s.contains("additionalProperties") || s["additionalProperties"] == true) {
       member = any_value(kFreeFormNesting - 1);
@@ -462,7 +491,23 @@ class Compiler {
     } else {
       member = value(s["additionalProperties"], where + "/additionalProperties");
     }
-    return listed("\\{", kAnyString + kWs + ":" + kWs + member, lo, hi, "\\}");
+    return listed("\\{", name + kWs + ":" + kWs + member, lo, hi, "\\}");
+  }
+
+  // A map's names under 'propertyNames': a schema all of whose values are strings.
+  std::string names(const Json& n, const std::string& where) {
+    if (n == true ||
+        (n.is_object() && std::all_of(n.items().begin(), n.items().end(), [](const auto& kv) {
+           return kAnnotations.count(kv.key()) > 0;
+         })))
+      return kAnyString;
+    std::string r = value(n, where);
+    // A JSON string is the one value that begins with a quote.
+    const std::shared_ptr<const RegexDfa> dfa = shared_regex(r, field_);
+    for (int b = 0; b < 256; ++b)
+      if (b != '"' && dfa->next(dfa->start(), static_cast<std::uint8_t>(b)) != RegexDfa::kDead)
+        fail(where, "'propertyNames' admits values other than strings, which no name is");
+    return r;
   }
 
   // The schema `s` stands for, through $refs and allOf of one; nullptr when it names none.
