@@ -1674,6 +1674,110 @@ TEST(JsonSchema, MapNamesFollowPropertyNamesAndPatternProperties) {
             "'f': the schema at '#/patternProperties/^a$': the schema false admits no value");
 }
 
+// uniqueItems over listed values (Pydantic's set[SomeEnum]): each value at most once, in the
+// list's order (the subset written); false, or at most one item, constrains nothing more. Random
+// candidates match exactly when valid and written, random texts of each automaton are valid.
+TEST(JsonSchema, UniqueItemsAreListedValuesEachWrittenOnce) {
+  test::Rng rng = test::make_rng();
+  using J = nlohmann::ordered_json;
+  struct Case {
+    const char* schema;
+    std::vector<J> values;  // the items allowed, in the order written; empty: any string
+    bool unique;
+    std::size_t lo, hi;
+  };
+  const std::vector<Case> cases = {
+      {R"({"type": "array", "items": {"enum": ["red", "green", "blue"]}, "uniqueItems": true})",
+       {"red", "green", "blue"},
+       true,
+       0,
+       99},
+      {R"({"$defs": {"Color": {"enum": ["red", "green"], "type": "string"}}, "type": "array", "items": {"$ref": "#/$defs/Color"}, "uniqueItems": true, "minItems": 1})",
+       {"red", "green"},
+       true,
+       1,
+       99},
+      {R"({"items": {"enum": [1, 1.0, 2, "a"], "type": "integer"}, "uniqueItems": true})",
+       {1, 2},
+       true,
+       0,
+       99},
+      {R"({"type": "array", "items": {"type": "string"}, "uniqueItems": false, "maxItems": 3})",
+       {},
+       false,
+       0,
+       3},
+      {R"({"type": "array", "items": {"type": "string"}, "uniqueItems": true, "maxItems": 1})",
+       {},
+       true,
+       0,
+       1},
+  };
+  const J pool = J::parse(R"(["red", "green", "blue", "x", 1, 2, 3, true])");
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.schema);
+    const RegexDfa dfa(json_schema_regex(c.schema));
+    // Valid, and in the order written when the values are listed.
+    const auto written = [&](const J& v) {
+      if (!v.is_array() || v.size() < c.lo || v.size() > c.hi) return false;
+      std::ptrdiff_t last = -1;
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        if (c.unique)
+          for (std::size_t j = 0; j < i; ++j)
+            if (v[i] == v[j]) return false;
+        if (c.values.empty()) {
+          if (!v[i].is_string()) return false;
+          continue;
+        }
+        const auto at = std::find(c.values.begin(), c.values.end(), v[i]);
+        if (at == c.values.end() || at - c.values.begin() <= last) return false;
+        last = at - c.values.begin();
+      }
+      return true;
+    };
+    int matched = 0;
+    for (int i = 0; i < 1500; ++i) {
+      J v = J::array();
+      for (int n = static_cast<int>(rng.range(0, 4)); n > 0; --n)
+        v.push_back(pool[rng.range(0, pool.size() - 1)]);
+      const bool expected = written(v);
+      EXPECT_EQ(dfa.matches(v.dump()), expected) << v.dump();
+      EXPECT_EQ(dfa.matches(spaced(v)), expected) << spaced(v);
+      matched += expected;
+    }
+    EXPECT_GT(matched, 0);
+    for (const std::string& t : random_matches(dfa, rng.engine(), 200)) {
+      const std::optional<J> v = parsed(t);
+      if (v) {
+        EXPECT_TRUE(written(*v)) << t;
+      }
+    }
+  }
+  const auto refusal = [](const char* schema) -> std::string {
+    try {
+      json_schema_regex(schema, "f");
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(refusal(R"({"type": "array", "items": {"type": "string"}, "uniqueItems": true})"),
+            "'f': the schema at '#': 'uniqueItems' is supported for items listed by 'enum' or "
+            "'const', or at most one item, only (a regex cannot remember which items it wrote)");
+  EXPECT_EQ(refusal(R"({"items": {"enum": ["a", "b"]}, "uniqueItems": true, "minItems": 2})"),
+            "'f': the schema at '#': 'uniqueItems' is supported with 'minItems' of 0 or 1 and no "
+            "'maxItems' below the number of values only");
+  EXPECT_EQ(refusal(R"({"items": {"enum": ["a", "b"]}, "uniqueItems": true, "minItems": 3})"),
+            "'f': the schema at '#': 'minItems' asks for more than the 2 distinct items");
+  EXPECT_EQ(refusal(R"({"items": {"enum": [[1], [2]]}, "uniqueItems": true})"),
+            "'f': the schema at '#': 'uniqueItems' is supported for items of scalar values only");
+  EXPECT_EQ(refusal(R"({"items": {"const": "a"}, "uniqueItems": 1})"),
+            "'f': the schema at '#': 'uniqueItems' must be true or false");
+  EXPECT_EQ(refusal(R"({"prefixItems": [{"const": "a"}], "uniqueItems": true})"),
+            "'f': the schema at '#': 'uniqueItems' is supported for items listed by 'enum' or "
+            "'const', or at most one item, only (a regex cannot remember which items it wrote)");
+}
+
 // A tree node of the schema below as parsed: its depth in levels of nodes, or -1 when it is not
 // one (checked apart from the compiler).
 int node_depth(const nlohmann::ordered_json& v) {

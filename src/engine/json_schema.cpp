@@ -37,19 +37,33 @@ const std::string kNumber = kInteger + "(?:\\.[0-9]+)?(?:[eE][+-]?[0-9]+)?";
 
 // The keywords that constrain a value which the compiler honours (others are refused).
 const std::set<std::string, std::less<>> kKeywords = {
-    "type",          "properties",
-    "required",      "additionalProperties",
-    "minProperties", "maxProperties",
-    "propertyNames", "patternProperties",
-    "items",         "prefixItems",
-    "minItems",      "maxItems",
-    "enum",          "const",
-    "minLength",     "maxLength",
-    "pattern",       "format",
-    "anyOf",         "oneOf",
-    "allOf",         "$ref",
-    "minimum",       "exclusiveMinimum",
-    "maximum",       "exclusiveMaximum",
+    "type",
+    "properties",
+    "required",
+    "additionalProperties",
+    "minProperties",
+    "maxProperties",
+    "propertyNames",
+    "patternProperties",
+    "items",
+    "prefixItems",
+    "uniqueItems",
+    "minItems",
+    "maxItems",
+    "enum",
+    "const",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "format",
+    "anyOf",
+    "oneOf",
+    "allOf",
+    "$ref",
+    "minimum",
+    "exclusiveMinimum",
+    "maximum",
+    "exclusiveMaximum",
 };
 
 // OpenAPI's 'discriminator' names the property that tells a oneOf's schemas apart, which the
@@ -356,11 +370,18 @@ class Compiler {
       return "null";
     }
     if (t == "array") {
-      allow(s, t, where, {"items", "prefixItems", "minItems", "maxItems"});
+      allow(s, t, where, {"items", "prefixItems", "minItems", "maxItems", "uniqueItems"});
       int lo = count(s, "minItems", where, 0), hi = count(s, "maxItems", where, -1);
       if (hi >= 0 && hi < lo) fail(where, "'maxItems' is below 'minItems'");
+      const bool no_items = s.contains("items") && s["items"] == false;
+      if (s.contains("uniqueItems")) {  // nothing to keep apart in at most one item
+        if (!s["uniqueItems"].is_boolean()) fail(where, "'uniqueItems' must be true or false");
+        if (s["uniqueItems"] == true && (hi < 0 || hi > 1) &&
+            !(no_items && !s.contains("prefixItems")))
+          return distinct(s, lo, hi, where);
+      }
       if (s.contains("prefixItems")) return tuple(s, lo, hi, where);
-      if (s.contains("items") && s["items"] == false) {
+      if (no_items) {
         if (lo > 0) fail(where, "'minItems' asks for items, which 'items' false forbids");
         hi = 0;
       }
@@ -413,6 +434,49 @@ class Compiler {
       return "\\{" + kWs + first + kWs + "\\}";
     }
     fail(where, "type '" + t + "' is not a JSON Schema type");
+  }
+
+  // An array of distinct items ('uniqueItems', Pydantic's set[X]) where a regex can keep them
+  // apart: items from a list of values (an enum, a const), each written at most once, in the
+  // list's order. Elsewhere (a set of strings, of numbers) it would need to remember every item.
+  std::string distinct(const Json& s, int lo, int hi, const std::string& where) {
+    const Json* items =
+        s.contains("items") && !s.contains("prefixItems") ? resolved(s["items"]) : nullptr;
+    std::vector<std::string> values;
+    if (items && items->is_object() && (items->contains("enum") || items->contains("const"))) {
+      value(s["items"], where + "/items");  // refuses what the items' schema would
+      const Json listed =
+          items->contains("const") ? Json::array({(*items)["const"]}) : (*items)["enum"];
+      std::vector<Json> kept;
+      for (const Json& v : listed) {
+        if (v.is_structured())
+          fail(where, "'uniqueItems' is supported for items of scalar values only");
+        // 1 and 1.0 are one value to uniqueness: each is written once.
+        if (of_type(*items, v, where) && std::find(kept.begin(), kept.end(), v) == kept.end()) {
+          kept.push_back(v);
+          values.push_back(literal(v.dump()));
+        }
+      }
+    }
+    if (values.empty())
+      fail(where,
+           "'uniqueItems' is supported for items listed by 'enum' or 'const', or at most one "
+           "item, only (a regex cannot remember which items it wrote)");
+    const int n = static_cast<int>(values.size());
+    if (lo > n) fail(where, str("'minItems' asks for more than the ", n, " distinct items"));
+    if (lo > 1 || (hi >= 0 && hi < n))
+      fail(where,
+           "'uniqueItems' is supported with 'minItems' of 0 or 1 and no 'maxItems' below "
+           "the number of values only");
+    // after[i]: any of values i.. in order, each after a comma.
+    std::vector<std::string> after(values.size() + 1);
+    for (std::size_t i = values.size(); i-- > 0;)
+      after[i] = "(?:" + kWs + "," + kWs + values[i] + ")?" + after[i + 1];
+    std::vector<std::string> firsts;
+    for (std::size_t i = 0; i < values.size(); ++i) firsts.push_back(values[i] + after[i + 1]);
+    std::string items_regex = group(firsts);
+    if (lo == 0) items_regex = "(?:" + items_regex + ")?";
+    return "\\[" + kWs + items_regex + kWs + "\\]";
   }
 
   // An array of 'prefixItems' (Pydantic's tuples): the i-th item under the i-th schema, then
