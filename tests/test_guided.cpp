@@ -1521,6 +1521,38 @@ bool schema_admits(const nlohmann::ordered_json& v, const nlohmann::ordered_json
   return true;
 }
 
+// 1500 random candidates match `dfa` exactly when `written` holds of them, compact and spaced
+// (some do); 200 random texts of the automaton that parse are written values.
+void expect_writes_exactly(const RegexDfa& dfa, test::Rng& rng,
+                           const std::function<nlohmann::ordered_json()>& candidate,
+                           const std::function<bool(const nlohmann::ordered_json&)>& written) {
+  int matched = 0;
+  for (int i = 0; i < 1500; ++i) {
+    const nlohmann::ordered_json v = candidate();
+    const bool expected = written(v);
+    EXPECT_EQ(dfa.matches(v.dump()), expected) << v.dump();
+    EXPECT_EQ(dfa.matches(spaced(v)), expected) << spaced(v);
+    matched += expected;
+  }
+  EXPECT_GT(matched, 0);
+  for (const std::string& t : random_matches(dfa, rng.engine(), 200)) {
+    const std::optional<nlohmann::ordered_json> v = parsed(t);
+    if (v) {
+      EXPECT_TRUE(written(*v)) << t;
+    }
+  }
+}
+
+// What compiling `schema` as response_format's schema says when it is refused; "" when it compiles.
+std::string schema_refusal(const std::string& schema) {
+  try {
+    json_schema_regex(schema, "response_format");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 // Objects without 'properties' hold any names with values under 'additionalProperties', and
 // tuples their 'prefixItems' then 'items': random candidates match exactly when valid (and, for
 // a tuple whose 'items' is absent, when holding no more than 'prefixItems' lists or 'minItems'
@@ -1627,51 +1659,38 @@ TEST(JsonSchema, MapNamesFollowPropertyNamesAndPatternProperties) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.schema);
     const RegexDfa dfa(json_schema_regex(c.schema));
-    const auto valid = [&](const J& v) {
+    const auto candidate = [&] {
+      J v = J::object();
+      for (int n = static_cast<int>(rng.range(0, 3)); n > 0; --n)
+        v[names[rng.range(0, names.size() - 1)]] = pool[rng.range(0, pool.size() - 1)];
+      return v;
+    };
+    expect_writes_exactly(dfa, rng, candidate, [&](const J& v) {
       if (!v.is_object() || v.size() < c.lo || v.size() > c.hi) return false;
       for (const auto& [n, x] : v.items())
         if (!c.name(n) || !c.value(x)) return false;
       return true;
-    };
-    int matched = 0;
-    for (int i = 0; i < 1500; ++i) {
-      J v = J::object();
-      for (int n = static_cast<int>(rng.range(0, 3)); n > 0; --n)
-        v[names[rng.range(0, names.size() - 1)]] = pool[rng.range(0, pool.size() - 1)];
-      const bool expected = valid(v);
-      EXPECT_EQ(dfa.matches(v.dump()), expected) << v.dump();
-      EXPECT_EQ(dfa.matches(spaced(v)), expected) << spaced(v);
-      matched += expected;
-    }
-    EXPECT_GT(matched, 0);
-    for (const std::string& t : random_matches(dfa, rng.engine(), 200)) {
-      const std::optional<J> v = parsed(t);
-      if (v) {
-        EXPECT_TRUE(valid(*v)) << t;
-      }
-    }
+    });
   }
-  const auto refusal = [](const char* schema) -> std::string {
-    try {
-      json_schema_regex(schema, "f");
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
-  };
+  const auto& refusal = schema_refusal;
   EXPECT_EQ(refusal(R"({"propertyNames": {"enum": [1, "a"]}})"),
-            "'f': the schema at '#/propertyNames': 'propertyNames' admits values other than "
+            "'response_format': the schema at '#/propertyNames': 'propertyNames' admits values "
+            "other than "
             "strings, which no name is");
   EXPECT_EQ(refusal(R"({"patternProperties": {"^a$": {}, "^b$": {}}})"),
-            "'f': the schema at '#': 'patternProperties' is supported with one pattern only");
+            "'response_format': the schema at '#': 'patternProperties' is supported with one "
+            "pattern only");
   EXPECT_EQ(refusal(R"({"patternProperties": {"^a$": {}}, "propertyNames": {"maxLength": 1}})"),
-            "'f': the schema at '#': 'propertyNames' and 'patternProperties' are not supported "
+            "'response_format': the schema at '#': 'propertyNames' and 'patternProperties' are not "
+            "supported "
             "together");
-  EXPECT_EQ(refusal(R"({"properties": {"a": {}}, "propertyNames": {"maxLength": 1}})"),
-            "'f': the schema at '#': 'propertyNames' and 'patternProperties' are supported "
-            "without 'properties' only");
+  EXPECT_EQ(
+      refusal(R"({"properties": {"a": {}}, "propertyNames": {"maxLength": 1}})"),
+      "'response_format': the schema at '#': 'propertyNames' and 'patternProperties' are supported "
+      "without 'properties' only");
   EXPECT_EQ(refusal(R"({"patternProperties": {"^a$": false}})"),
-            "'f': the schema at '#/patternProperties/^a$': the schema false admits no value");
+            "'response_format': the schema at '#/patternProperties/^a$': the schema false admits "
+            "no value");
 }
 
 // uniqueItems over listed values (Pydantic's set[SomeEnum]): each value at most once, in the
@@ -1735,46 +1754,34 @@ TEST(JsonSchema, UniqueItemsAreListedValuesEachWrittenOnce) {
       }
       return true;
     };
-    int matched = 0;
-    for (int i = 0; i < 1500; ++i) {
+    const auto candidate = [&] {
       J v = J::array();
       for (int n = static_cast<int>(rng.range(0, 4)); n > 0; --n)
         v.push_back(pool[rng.range(0, pool.size() - 1)]);
-      const bool expected = written(v);
-      EXPECT_EQ(dfa.matches(v.dump()), expected) << v.dump();
-      EXPECT_EQ(dfa.matches(spaced(v)), expected) << spaced(v);
-      matched += expected;
-    }
-    EXPECT_GT(matched, 0);
-    for (const std::string& t : random_matches(dfa, rng.engine(), 200)) {
-      const std::optional<J> v = parsed(t);
-      if (v) {
-        EXPECT_TRUE(written(*v)) << t;
-      }
-    }
+      return v;
+    };
+    expect_writes_exactly(dfa, rng, candidate, written);
   }
-  const auto refusal = [](const char* schema) -> std::string {
-    try {
-      json_schema_regex(schema, "f");
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "";
-  };
+  const auto& refusal = schema_refusal;
   EXPECT_EQ(refusal(R"({"type": "array", "items": {"type": "string"}, "uniqueItems": true})"),
-            "'f': the schema at '#': 'uniqueItems' is supported for items listed by 'enum' or "
+            "'response_format': the schema at '#': 'uniqueItems' is supported for items listed by "
+            "'enum' or "
             "'const', or at most one item, only (a regex cannot remember which items it wrote)");
   EXPECT_EQ(refusal(R"({"items": {"enum": ["a", "b"]}, "uniqueItems": true, "minItems": 2})"),
-            "'f': the schema at '#': 'uniqueItems' is supported with 'minItems' of 0 or 1 and no "
+            "'response_format': the schema at '#': 'uniqueItems' is supported with 'minItems' of 0 "
+            "or 1 and no "
             "'maxItems' below the number of values only");
-  EXPECT_EQ(refusal(R"({"items": {"enum": ["a", "b"]}, "uniqueItems": true, "minItems": 3})"),
-            "'f': the schema at '#': 'minItems' asks for more than the 2 distinct items");
+  EXPECT_EQ(
+      refusal(R"({"items": {"enum": ["a", "b"]}, "uniqueItems": true, "minItems": 3})"),
+      "'response_format': the schema at '#': 'minItems' asks for more than the 2 distinct items");
   EXPECT_EQ(refusal(R"({"items": {"enum": [[1], [2]]}, "uniqueItems": true})"),
-            "'f': the schema at '#': 'uniqueItems' is supported for items of scalar values only");
+            "'response_format': the schema at '#': 'uniqueItems' is supported for items of scalar "
+            "values only");
   EXPECT_EQ(refusal(R"({"items": {"const": "a"}, "uniqueItems": 1})"),
-            "'f': the schema at '#': 'uniqueItems' must be true or false");
+            "'response_format': the schema at '#': 'uniqueItems' must be true or false");
   EXPECT_EQ(refusal(R"({"prefixItems": [{"const": "a"}], "uniqueItems": true})"),
-            "'f': the schema at '#': 'uniqueItems' is supported for items listed by 'enum' or "
+            "'response_format': the schema at '#': 'uniqueItems' is supported for items listed by "
+            "'enum' or "
             "'const', or at most one item, only (a regex cannot remember which items it wrote)");
 }
 
@@ -1862,16 +1869,6 @@ TEST(JsonSchema, RecursiveDefinitionsNestToTheBound) {
                   "to end within ",
                   kMaxRecursion, " levels"));
   }
-}
-
-// What compiling `schema` as response_format's schema says when it is refused; "" when it compiles.
-std::string schema_refusal(const std::string& schema) {
-  try {
-    json_schema_regex(schema, "response_format");
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // oneOf whose schemas no value can satisfy two of is written as anyOf, so that exactly one holds:

@@ -176,31 +176,29 @@ class Parser {
       // Groups are read by recursion: bound it, so that a pattern of '(' cannot overflow the stack.
       if (++groups_open_ > RegexDfa::kMaxGroupNesting)
         fail(str("groups nest more than ", RegexDfa::kMaxGroupNesting, " deep"));
-      Node counted;  // or a JSON-escaped group, or none (counted.kind empty)
-      counted.kind = Node::counted;
+      // A plain group is its inner pattern; a length or JSON group wraps it in a node of its own.
+      Node group;
       if (eat("?:") || named_group()) {
-        counted.kind = Node::empty;
       } else if (eat("?json:")) {
-        counted.kind = Node::json_escaped;
+        group.kind = Node::json_escaped;
       } else if (p_.substr(at_, 2) == "?{") {
         ++at_;
         const std::size_t open = at_;
-        if (!quantifier(counted.min, counted.max, RegexDfa::kMaxCountedLength, "a length") ||
+        group.kind = Node::counted;
+        if (!quantifier(group.min, group.max, RegexDfa::kMaxCountedLength, "a length") ||
             !eat(':')) {
           at_ = open;
           fail("a length group opens with (?{n}:, (?{n,}:, (?{,m}: or (?{n,m}:");
         }
       } else if (more() && peek() == '?') {
         fail("look-arounds and inline flags are not supported");
-      } else {
-        counted.kind = Node::empty;
       }
       const int inner = alternation();
       if (!eat(')')) fail("missing ')'");
       --groups_open_;
-      if (counted.kind == Node::empty) return inner;
-      counted.kids = {inner};
-      return add(std::move(counted));
+      if (group.kind == Node::empty) return inner;
+      group.kids = {inner};
+      return add(std::move(group));
     }
     if (eat('[')) return set_node(char_class());
     if (eat('.')) return set_node({{0, '\n' - 1}, {'\n' + 1, kMaxCodePoint}});
@@ -488,12 +486,16 @@ class Nfa {
             backslash = add();
             kept.push_back({'\\', '\\', backslash});
           }
-          const char* const shorts = "\"\"\\\\\bb\ff\nn\rr\tt";  // byte, then its letter
-          const char* letter = nullptr;
-          for (const char* p = shorts; *p; p += 2)
-            if (static_cast<unsigned char>(p[0]) == b) letter = p + 1;
+          const char letter = b == '"'    ? '"'
+                              : b == '\\' ? '\\'
+                              : b == '\b' ? 'b'
+                              : b == '\f' ? 'f'
+                              : b == '\n' ? 'n'
+                              : b == '\r' ? 'r'
+                              : b == '\t' ? 't'
+                                          : 0;
           if (letter) {
-            const auto c = static_cast<std::uint8_t>(*letter);
+            const auto c = static_cast<std::uint8_t>(letter);
             states[static_cast<std::size_t>(backslash)].edges.push_back({c, c, e.to});
             continue;
           }
