@@ -22,6 +22,17 @@ std::optional<StringFormat> string_format(std::string_view name) {
   if (name == "date") return StringFormat{date, 10, 10};
   if (name == "time") return StringFormat{time, 8, 8 + 10 + 6};
   if (name == "date-time") return StringFormat{date + "T" + time, 19, 19 + 10 + 6};
+  if (name == "duration") {
+    // RFC 3339 Appendix A's duration (Pydantic's timedelta) in weeks, or in days then hours,
+    // minutes and seconds: up to 6 digits of weeks, 8 of days and 9 of the others, within the
+    // 999999999 days Python's timedelta holds. Years and months, whose lengths vary, are not
+    // written.
+    const std::string n = "[0-9]{1,9}";
+    const std::string second = n + "S", minute = n + "M(?:" + second + ")?";
+    const std::string clock = "T(?:" + n + "H(?:" + minute + ")?|" + minute + "|" + second + ")";
+    return StringFormat{"P(?:[0-9]{1,8}D(?:" + clock + ")?|" + clock + "|[0-9]{1,6}W)", 3,
+                        1 + 9 + 1 + 3 * 10};
+  }
   if (name == "uuid")
     return StringFormat{
         "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}", 36, 36};
