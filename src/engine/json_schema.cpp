@@ -739,53 +739,56 @@ class Compiler {
     return r;
   }
 
+  // Lengths beside a format or a pattern (Pydantic's HttpUrl is a uri of 1 to 2083 characters,
+  // `constr(pattern=..., max_length=...)` a pattern bounded twice): where they hold every text
+  // it writes, its regex as it is; where they cut some, a length group of its texts that have
+  // those lengths, which must exist and stay within the automaton's bounds.
+  std::string within_lengths(const Json& s, const std::string& where, const std::string& what,
+                             const std::string& regex, std::int64_t min_chars,
+                             std::int64_t max_chars) const {
+    // Bounds, not repeat counts: any size (max_chars < 0: the texts are unbounded).
+    const std::int64_t lo = whole(s, "minLength", where, 0, -1);
+    const std::int64_t hi = whole(s, "maxLength", where, -1, -1);
+    if (hi >= 0 && hi < lo) fail(where, "'maxLength' is below 'minLength'");
+    if (lo <= min_chars && (hi < 0 || (max_chars >= 0 && hi >= max_chars)))
+      return "(?:" + regex + ")";
+    const auto range = [](std::int64_t a, std::int64_t b) {
+      return b < 0    ? str(a, " or more")
+             : a == b ? str(a)
+             : a == 0 ? str("at most ", b)
+                      : str(a, " to ", b);
+    };
+    const std::string span = str(" (it writes ", range(min_chars, max_chars), " characters)");
+    if (std::max(lo, hi) > RegexDfa::kMaxCountedLength)
+      fail(where, str("'minLength' and 'maxLength' that cut the texts of ", what,
+                      " are supported up to ", RegexDfa::kMaxCountedLength, span));
+    const std::string group =
+        str("(?{", lo, ",", hi < 0 ? "" : std::to_string(hi), "}:", regex, ")");
+    try {
+      shared_regex(group, field_);  // compiled once: the whole schema's compile is another
+    } catch (const Error& e) {
+      const std::string why = e.what();
+      if (why.find("the pattern matches no text") != std::string::npos)
+        fail(where, str(what, " writes no text of ", range(lo, hi), " characters", span));
+      if (why.find("the pattern is too large") != std::string::npos)
+        fail(where,
+             str(what, " cut to ", range(lo, hi), " characters is too large an automaton", span));
+      throw;
+    }
+    return group;
+  }
+
   std::string string_body(const Json& s, const std::string& where) {
     if (s.contains("pattern") && s.contains("format"))
       fail(where, "'pattern' does not combine with 'format'");
-    // Lengths beside a format or a pattern (Pydantic's HttpUrl is a uri of 1 to 2083 characters,
-    // `constr(pattern=..., max_length=...)` a pattern bounded twice): where they hold every text
-    // it writes, its regex as it is; where they cut some, a length group of its texts that have
-    // those lengths, which must exist and stay within the automaton's bounds.
-    const auto within_lengths = [&](const std::string& what, const std::string& regex,
-                                    std::int64_t min_chars, std::int64_t max_chars) {
-      // Bounds, not repeat counts: any size (max_chars < 0: the texts are unbounded).
-      const std::int64_t lo = whole(s, "minLength", where, 0, -1);
-      const std::int64_t hi = whole(s, "maxLength", where, -1, -1);
-      if (hi >= 0 && hi < lo) fail(where, "'maxLength' is below 'minLength'");
-      if (lo <= min_chars && (hi < 0 || (max_chars >= 0 && hi >= max_chars)))
-        return "(?:" + regex + ")";
-      const auto range = [](std::int64_t a, std::int64_t b) {
-        return b < 0    ? str(a, " or more")
-               : a == b ? str(a)
-               : a == 0 ? str("at most ", b)
-                        : str(a, " to ", b);
-      };
-      const std::string span = str(" (it writes ", range(min_chars, max_chars), " characters)");
-      if (std::max(lo, hi) > RegexDfa::kMaxCountedLength)
-        fail(where, str("'minLength' and 'maxLength' that cut the texts of ", what,
-                        " are supported up to ", RegexDfa::kMaxCountedLength, span));
-      const std::string group =
-          str("(?{", lo, ",", hi < 0 ? "" : std::to_string(hi), "}:", regex, ")");
-      try {
-        shared_regex(group, field_);  // compiled once: the whole schema's compile is another
-      } catch (const Error& e) {
-        const std::string why = e.what();
-        if (why.find("the pattern matches no text") != std::string::npos)
-          fail(where, str(what, " writes no text of ", range(lo, hi), " characters", span));
-        if (why.find("the pattern is too large") != std::string::npos)
-          fail(where,
-               str(what, " cut to ", range(lo, hi), " characters is too large an automaton", span));
-        throw;
-      }
-      return group;
-    };
     if (s.contains("format")) {
       const std::string name = s["format"].is_string() ? s["format"].get<std::string>() : "";
       const std::optional<StringFormat> f = string_format(name);
       if (!f)
         fail(where, "'format' " + s["format"].dump() + " is not supported (" +
                         std::string(kStringFormats) + ")");
-      return within_lengths(str("'format' \"", name, "\""), f->regex, f->min_chars, f->max_chars);
+      return within_lengths(s, where, str("'format' \"", name, "\""), f->regex, f->min_chars,
+                            f->max_chars);
     }
     if (s.contains("pattern")) {
       if (!s["pattern"].is_string()) fail(where, "'pattern' must be a string");
@@ -796,7 +799,7 @@ class Compiler {
       // does: a quote, a backslash or a control character by its escape (a JSON group).
       const RegexDfa dfa(p, str(field_, "' pattern at '", where));
       const auto [min_chars, max_chars] = pattern_span(dfa);
-      return "(?json:" + within_lengths("'pattern'", p, min_chars, max_chars) + ")";
+      return "(?json:" + within_lengths(s, where, "'pattern'", p, min_chars, max_chars) + ")";
     }
     const int lo = count(s, "minLength", where, 0), hi = count(s, "maxLength", where, -1);
     if (hi >= 0 && hi < lo) fail(where, "'maxLength' is below 'minLength'");

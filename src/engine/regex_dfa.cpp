@@ -474,6 +474,10 @@ class Nfa {
       int backslash = -1;  // after the escape's backslash, shared by this state's escapes
       std::array<int, 2> high{-1, -1};  // after \u00 and the escape's third hex digit, 0 or 1
       for (const Edge& e : edges) {
+        if (e.lo > '\\') {  // nothing past the backslash needs an escape
+          kept.push_back(e);
+          continue;
+        }
         int from = e.lo;  // the start of the run of bytes written as themselves
         for (int b = e.lo; b <= e.hi + 1; ++b) {
           if (b <= e.hi && !needs_escape(b)) continue;
