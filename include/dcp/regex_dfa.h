@@ -25,8 +25,23 @@
 #include <vector>
 
 #include "dcp/byte_grammar.h"
+#include "dcp/error.h"
 
 namespace dcp {
+
+// A pattern that parses but has no usable automaton, thrown apart from syntax errors (plain
+// dcp::Errors) so that callers who composed the pattern from their own input (a JSON Schema's
+// lengths around a pattern) can say what in that input asked for it.
+class RegexError final : public Error {
+ public:
+  enum class Kind { too_large, no_text };
+  RegexError(Kind kind, const std::string& message)
+      : Error(ErrorCategory::invalid_argument, message), kind_(kind) {}
+  Kind kind() const noexcept { return kind_; }
+
+ private:
+  Kind kind_;
+};
 
 class RegexDfa final : public ByteGrammar {
  public:
@@ -38,8 +53,8 @@ class RegexDfa final : public ByteGrammar {
   static constexpr std::size_t kMaxSubsetEntries = std::size_t{1} << 23;  // NFA states in its sets
   static constexpr int kMaxStates = 20000;         // of the automaton itself, minimized
 
-  // Throws dcp::Error(invalid_argument) naming `field` and the byte offset at fault, or saying
-  // the pattern is too large or matches no text.
+  // Throws dcp::Error(invalid_argument) naming `field` and the byte offset at fault, or a
+  // RegexError saying the pattern is too large or matches no text.
   explicit RegexDfa(std::string_view pattern, std::string_view field = "regex");
 
   std::int32_t start() const noexcept override { return 0; }

@@ -382,9 +382,9 @@ class Nfa {
 
   int add() {
     if (states.size() >= RegexDfa::kMaxNfaStates)
-      throw Error(ErrorCategory::invalid_argument,
-                  str("'", field_, "': the pattern is too large (more than ",
-                      RegexDfa::kMaxNfaStates, " automaton states before determinization)"));
+      throw RegexError(RegexError::Kind::too_large,
+                       str("'", field_, "': the pattern is too large (more than ",
+                           RegexDfa::kMaxNfaStates, " automaton states before determinization)"));
     states.emplace_back();
     return static_cast<int>(states.size()) - 1;
   }
@@ -718,14 +718,14 @@ RegexDfa::RegexDfa(std::string_view pattern, std::string_view field) {
         if (added) {
           entries += it->first.size();
           if (sets.size() >= static_cast<std::size_t>(kMaxSubsetStates))
-            throw Error(ErrorCategory::invalid_argument,
-                        str("'", field, "': the pattern is too large (more than ", kMaxSubsetStates,
-                            " automaton states before minimization)"));
+            throw RegexError(RegexError::Kind::too_large,
+                             str("'", field, "': the pattern is too large (more than ",
+                                 kMaxSubsetStates, " automaton states before minimization)"));
           if (entries > kMaxSubsetEntries)
-            throw Error(ErrorCategory::invalid_argument,
-                        str("'", field, "': the pattern is too large (its automaton's states ",
-                            "before minimization hold more than ", kMaxSubsetEntries,
-                            " NFA states in all)"));
+            throw RegexError(RegexError::Kind::too_large,
+                             str("'", field, "': the pattern is too large (its automaton's states ",
+                                 "before minimization hold more than ", kMaxSubsetEntries,
+                                 " NFA states in all)"));
           sets.push_back(&it->first);
         }
         to = it->second;
@@ -739,11 +739,12 @@ RegexDfa::RegexDfa(std::string_view pattern, std::string_view field) {
 
   table = minimized(table);
   const std::size_t n = table.states();
-  DCP_ARG_CHECK(n > 0, "'", field, "': the pattern matches no text");
+  if (n == 0)
+    throw RegexError(RegexError::Kind::no_text, str("'", field, "': the pattern matches no text"));
   if (n > static_cast<std::size_t>(kMaxStates))
-    throw Error(ErrorCategory::invalid_argument,
-                str("'", field, "': the pattern is too large (its automaton needs more than ",
-                    kMaxStates, " states)"));
+    throw RegexError(RegexError::Kind::too_large,
+                     str("'", field, "': the pattern is too large (its automaton needs more than ",
+                         kMaxStates, " states)"));
   next_ = std::move(table.next);
   accepting_ = std::move(table.accepting);
   extendable_.assign(n, 0);
