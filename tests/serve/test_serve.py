@@ -1192,7 +1192,7 @@ def case_api_key():
             for k in env:
                 del os.environ[k]
         try:
-            body = {"prompt": [1, 2], "max_tokens": 2}
+            body = {"prompt": [1, 2], "max_tokens": 2, "ignore_eos": True}  # sampled: EOS may come
             for headers in [{}, {"Authorization": "Bearer sesam"}, {"Authorization": "Bearer sesame2"},
                             {"Authorization": "sesame"}]:
                 status, r = s.request("POST", "/v1/completions", body, headers=headers)
