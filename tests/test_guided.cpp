@@ -112,18 +112,36 @@ TEST(RegexDfa, RefusesWhatItDoesNotImplementNamingTheField) {
   EXPECT_EQ(refusal("(a)\\1"),
             "'guided_regex': back-references are not supported at byte 4 of the pattern");
   EXPECT_EQ(refusal("a(?=b)"),
-            "'guided_regex': look-arounds and inline flags are not supported at byte 2 of the "
-            "pattern");
+            "'guided_regex': a look-ahead only opens an alternative of the pattern or of a "
+            "length or JSON group at byte 2 of the pattern");
+  EXPECT_EQ(refusal("(?:(?!a)b)"),
+            "'guided_regex': a look-ahead only opens an alternative of the pattern or of a "
+            "length or JSON group at byte 4 of the pattern");
+  EXPECT_EQ(refusal("(?=(?=a)a)a"),
+            "'guided_regex': a look-ahead only opens an alternative of the pattern or of a "
+            "length or JSON group at byte 4 of the pattern");
   EXPECT_EQ(refusal("(?<!a)b"),
-            "'guided_regex': look-arounds and inline flags are not supported at byte 1 of the "
-            "pattern");
+            "'guided_regex': look-behinds, inline flags and atomic groups are not supported at "
+            "byte 1 of the pattern");
+  EXPECT_EQ(refusal("(?i)a"),
+            "'guided_regex': look-behinds, inline flags and atomic groups are not supported at "
+            "byte 1 of the pattern");
+  EXPECT_EQ(refusal("(?=a$b)a"),
+            "'guided_regex': '$' other than at the end of an alternative of the pattern, of a "
+            "length or JSON group or of a look-ahead at byte 4 of the pattern");
+  EXPECT_EQ(refusal("(?=(?:a$))a"),
+            "'guided_regex': '$' other than at the end of an alternative of the pattern, of a "
+            "length or JSON group or of a look-ahead at byte 7 of the pattern");
+  EXPECT_EQ(refusal("(?=a)^a"),
+            "'guided_regex': '^' other than at the start of an alternative of the pattern, of a "
+            "length or JSON group or of a look-ahead at byte 5 of the pattern");
   EXPECT_EQ(refusal("\\bword"),
             "'guided_regex': '\\b' is not a supported escape at byte 1 of the pattern");
   EXPECT_EQ(refusal("[[:alpha:]]"),
             "'guided_regex': POSIX classes ([:name:]) are not supported at byte 1 of the pattern");
   EXPECT_EQ(refusal("a^b"),
-            "'guided_regex': '^' other than at the pattern's start at byte 1 of "
-            "the pattern");
+            "'guided_regex': '^' other than at the start of an alternative of the pattern, of a "
+            "length or JSON group or of a look-ahead at byte 1 of the pattern");
   EXPECT_EQ(refusal("[z-a]"),
             "'guided_regex': a class range whose end comes before its start at "
             "byte 4 of the pattern");
@@ -576,6 +594,122 @@ json.dump([[verdict(p, lo, hi, t) for t in texts] for p, lo, hi, texts in cases]
   EXPECT_FALSE(exact.matches("€€€€€"));
 }
 
+// Look-aheads opening an alternative of the pattern, or of a length group's body (their scope:
+// the characters around the group are not seen), positive and negative, one or two, with `^` and
+// `$` on some of their alternatives, against Python's re.fullmatch (its `$` written `\Z`, the end
+// of the text, which ours is).
+TEST(RegexDfa, LookAheadsKeepTheTextsTheyAdmitWithinTheirScope) {
+  test::Rng rng = test::make_rng();
+  PatternMaker maker(rng.engine());
+  const auto pick = [&](int lo, int hi) {
+    return std::uniform_int_distribution<int>(lo, hi)(rng.engine());
+  };
+  nlohmann::json cases = nlohmann::json::array();
+  for (int i = 0; i < 400; ++i) {
+    auto [body, sample] = maker.make(2);
+    std::string ours, python;
+    std::vector<std::string> begins;  // texts a look-ahead reads
+    for (int k = pick(1, 2); k > 0; --k) {
+      auto [x, x_sample] = maker.make(1);
+      const std::string open = pick(0, 1) ? "(?=" : "(?!", caret = pick(0, 3) ? "" : "^";
+      const bool to_end = pick(0, 1);
+      ours += open + caret + x + (to_end ? "$)" : ")");
+      python += open + caret + x + (to_end ? "\\Z)" : ")");
+      begins.push_back(x_sample);
+    }
+    ours += body;
+    python += body;
+    if (pick(0, 2) == 0) {  // the look-aheads open a later alternative, and see the whole text
+      const std::string before = maker.make(1).first;
+      ours = before + "|" + ours;
+      python = before + "|" + python;
+      body = before + "|" + body;
+    }
+    const bool scoped = pick(0, 1);
+    if (scoped) ours = "«(?{0,}:" + ours + ")»";
+    nlohmann::json texts = nlohmann::json::array();
+    const auto wrap = [&](const std::string& t) { return scoped ? "«" + t + "»" : t; };
+    texts.push_back(wrap(sample));
+    for (const std::string& b : begins) {
+      texts.push_back(wrap(b));
+      texts.push_back(wrap(b + sample));
+    }
+    for (int k = 0; k < 10; ++k) texts.push_back(wrap(maker.text()));
+    cases.push_back({ours, python, body, scoped, texts});
+  }
+  const auto verdicts = python_oracle(cases, R"(import json, re, signal, sys
+def expired(*_):
+    raise TimeoutError
+signal.signal(signal.SIGALRM, expired)
+def verdict(p, scoped, t):
+    signal.alarm(1)
+    try:
+        return bool(re.fullmatch(p, t[1:-1] if scoped else t, re.ASCII))
+    except TimeoutError:
+        return None
+    finally:
+        signal.alarm(0)
+cases = json.load(open(sys.argv[1]))
+json.dump([[verdict(p, scoped, t) for t in texts] for _, p, _, scoped, texts in cases],
+          open(sys.argv[2], 'w'))
+)");
+  if (!verdicts) GTEST_SKIP() << "/usr/bin/python3 is not installed";
+  int matched = 0, kept_out = 0, too_large = 0, undecided = 0;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const std::string pattern = cases[i][0];
+    std::optional<RegexDfa> compiled;
+    try {
+      compiled.emplace(pattern);
+    } catch (const RegexError& e) {  // too large, or a scope that admits nothing: no wrong answer
+      if (e.kind() == RegexError::Kind::no_text) {
+        for (const auto& want : (*verdicts)[i]) EXPECT_FALSE(want == true) << pattern;
+      } else {
+        ++too_large;
+      }
+      continue;
+    }
+    std::optional<RegexDfa> body;  // to count the matches the look-aheads keep out
+    try {
+      body.emplace(cases[i][2].get<std::string>());
+    } catch (const Error&) {
+    }
+    const bool scoped = cases[i][3];
+    for (std::size_t k = 0; k < cases[i][4].size(); ++k) {
+      const std::string text = cases[i][4][k];
+      if ((*verdicts)[i][k].is_null()) {
+        ++undecided;
+        continue;
+      }
+      const bool want = (*verdicts)[i][k];
+      matched += want;
+      kept_out += !want && body && body->matches(scoped ? text.substr(2, text.size() - 4) : text);
+      EXPECT_EQ(compiled->matches(text), want) << "pattern '" << pattern << "' text '" << text;
+    }
+  }
+  EXPECT_GT(matched, 300);
+  EXPECT_GT(kept_out, 100);  // matches of the body that a look-ahead refuses
+  EXPECT_LT(too_large, 8);
+  EXPECT_LT(undecided, 5);
+
+  // Pydantic's Decimal: a number's text, not only signs and points.
+  const RegexDfa decimal(R"(^(?!^[-+.]*$)[+-]?0*\d*\.?\d*$)");
+  for (const char* yes : {"1", "-0.5", ".5", "5.", "+007", "12.340"})
+    EXPECT_TRUE(decimal.matches(yes)) << yes;
+  for (const char* no : {"", "+", "-", ".", "+.", "-.", "1.2.3", "1e5", " 1"})
+    EXPECT_FALSE(decimal.matches(no)) << no;
+  // `$` is the end of the text, not also before a final newline.
+  const RegexDfa not_a("(?!a$)[a\n]*");
+  EXPECT_TRUE(not_a.matches("a\n"));
+  EXPECT_FALSE(not_a.matches("a"));
+  // Several look-aheads, positive: each must hold.
+  const RegexDfa password("^(?=.*\\d)(?=.*[A-Z]).{8,}$");
+  EXPECT_TRUE(password.matches("abcdefG1"));
+  EXPECT_FALSE(password.matches("abcdefgh1"));
+  EXPECT_FALSE(password.matches("abcdefGh"));
+  EXPECT_FALSE(password.matches("abcdG1"));
+  EXPECT_EQ(refusal_kind("(?=a)b"), RegexError::Kind::no_text);
+}
+
 std::string hex(std::string_view bytes) {
   static const char* digits = "0123456789abcdef";
   std::string h;
@@ -936,12 +1070,18 @@ TEST(JsonSchema, PatternsWriteTheirTextsOfTheirLengthsAsJsonStrings) {
       // Patterns that write what JSON escapes: a quote, a backslash, a control character.
       {"^.*$", 0, 5},
       {"[^@]+@[^@]+", 3, 12},
-      {"[\"\\\\a\n]+", 0, -1}};
+      {"[\"\\\\a\n]+", 0, -1},
+      // Look-aheads, which look at the string's characters (Pydantic's Decimal first).
+      {"^(?!^[-+.]*$)[+-]?0*\\d*\\.?\\d*$", 0, -1},
+      {"^(?!^[-+.]*$)[+-]?0*\\d*\\.?\\d*$", 0, 4},
+      {"^(?=.*\\d)(?=.*[a-d]).+$", 3, 8},
+      {"(?!.*[\"\n])(?!a$).+", 1, 6},
+      {"^(?=a)a+$|^(?!x)\\d+$", 0, 4}};
   // Bodies of JSON strings: characters as themselves, escapes (canonical or not, which Python
   // reads and the automaton does not write).
-  const std::vector<std::string> alphabet = {"a",    "b",   "c",       "d",      "x", "-",
-                                             "0",    "5",   "\u00e9",  "\u20ac", "@", "\\\"",
-                                             "\\\\", "\\n", "\\u0001", "\\u0041"};
+  const std::vector<std::string> alphabet = {"a", "b",    "c",    "d",   "x",       "-",
+                                             "+", "0",    ".",    "5",   "\u00e9",  "\u20ac",
+                                             "@", "\\\"", "\\\\", "\\n", "\\u0001", "\\u0041"};
   nlohmann::json cases = nlohmann::json::array();
   std::vector<RegexDfa> dfas;
   for (const auto& [pattern, lo, hi] : schemas) {
@@ -970,13 +1110,15 @@ TEST(JsonSchema, PatternsWriteTheirTextsOfTheirLengthsAsJsonStrings) {
     }
     cases.push_back({pattern, lo, hi, texts});
   }
+  // A look-ahead's `$` is the end of the text, Python's \Z; \d is ASCII, as ECMA-262 has it.
   const auto verdicts = python_oracle(cases, R"(import json, re, sys
 def verdict(p, lo, hi, t):  # [a match within the bounds, a match of the pattern]
     try:
         v = json.loads(t)  # written as json.dumps writes it, or not at all
     except ValueError:
         return [False, False]
-    plain = bool(re.fullmatch(p, v)) and json.dumps(v, ensure_ascii=False) == t
+    p = re.sub(r'\$(?=[)|])', r'\\Z', p)
+    plain = bool(re.fullmatch(p, v, re.ASCII)) and json.dumps(v, ensure_ascii=False) == t
     return [plain and lo <= len(v) and (hi < 0 or len(v) <= hi), plain]
 cases = json.load(open(sys.argv[1]))
 json.dump([[verdict(p, lo, hi, t) for t in texts] for p, lo, hi, texts in cases],
@@ -1006,6 +1148,14 @@ json.dump([[verdict(p, lo, hi, t) for t in texts] for p, lo, hi, texts in cases]
   EXPECT_FALSE(dfas[2].matches("\"\u00e9\u00e9\""));
   EXPECT_TRUE(dfas[6].matches("\"\u20ac\u20ac\u20ac\u20ac\""));
   EXPECT_FALSE(dfas[6].matches("\"\u20ac\u20ac\u20ac\u20ac\u20ac\""));
+  // Pydantic's Decimal field: a number, or a string of a number's text.
+  const RegexDfa decimal(json_schema_regex(
+      R"({"anyOf": [{"type": "number"}, {"type": "string",
+          "pattern": "^(?!^[-+.]*$)[+-]?0*\\d*\\.?\\d*$"}]})"));
+  for (const char* yes : {"1.5", "-2", "\"1.50\"", "\"-.5\"", "\"007\""})
+    EXPECT_TRUE(decimal.matches(yes)) << yes;
+  for (const char* no : {"\"\"", "\"-\"", "\"+.\"", "\"1e5\"", "\"abc\""})
+    EXPECT_FALSE(decimal.matches(no)) << no;
 }
 
 // Every text the schema's regex matches is JSON valid under the schema: random matches checked by

@@ -7,14 +7,25 @@
 // \w \W \s \S (ASCII meanings), \n \r \t \f \v \0, \xHH, \x{H...}, \uHHHH, and an escaped
 // punctuation character; groups `(...)`, `(?:...)` and `(?P<name>...)`/`(?<name>...)` (names
 // ignored); alternation `|`; quantifiers `*`, `+`, `?`, `{n}`, `{n,}`, `{,m}`, `{n,m}` (a
-// trailing `?` or `+`, lazy or possessive, changes nothing for a whole match); `^` first and `$`
-// last (the match is whole anyway). A `{` that does not open a quantifier is a literal. Two
-// extensions, which a JSON Schema's string patterns need: a length group `(?{n,m}:X)` (or `{n}`,
-// `{n,}`, `{,m}`) matches the texts X matches that are n to m characters long; a JSON group
-// `(?json:X)` matches X's texts as a JSON string's body writes them (json.dumps' escapes for a
-// quote, a backslash and control characters, every other character as itself). Refused,
-// naming the byte offset: back-references, look-arounds, word boundaries, inline flags, POSIX
-// classes, `^`/`$` elsewhere; and patterns whose automaton would be too large.
+// trailing `?` or `+`, lazy or possessive, changes nothing for a whole match); `^` opening and
+// `$` ending an alternative of the pattern or of a length or JSON group (the match is whole
+// anyway). A `{` that does not open a quantifier is a literal.
+//
+// Two extensions, which a JSON Schema's string patterns need: a length group `(?{n,m}:X)` (or
+// `{n}`, `{n,}`, `{,m}`) matches the texts X matches that are n to m characters long; a JSON
+// group `(?json:X)` matches X's texts as a JSON string's body writes them (json.dumps' escapes
+// for a quote, a backslash and control characters, every other character as itself).
+//
+// Look-aheads `(?=X)` and `(?!X)` may open an alternative of the pattern or of a length or JSON
+// group (after its `^`), each looking at the whole text that pattern or group matches: that text
+// must (or must not) begin with a match of X, and an alternative of X ending in `$` must match to
+// its end. Pydantic's Decimal pattern `^(?!^[-+.]*$)[+-]?0*\d*\.?\d*$` and a password's
+// `^(?=.*\d)(?=.*[A-Z]).{8,}$` are such. `$` is the end of the text, as in ECMA-262 (JSON
+// Schema's dialect), not also before a final newline as in Python.
+//
+// Refused, naming the byte offset: back-references, look-aheads elsewhere, look-behinds, word
+// boundaries, inline flags, POSIX classes, `^`/`$` elsewhere; and patterns whose automaton would
+// be too large.
 #pragma once
 
 #include <array>

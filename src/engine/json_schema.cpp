@@ -741,17 +741,16 @@ class Compiler {
 
   // Lengths beside a format or a pattern (Pydantic's HttpUrl is a uri of 1 to 2083 characters,
   // `constr(pattern=..., max_length=...)` a pattern bounded twice): where they hold every text
-  // it writes, its regex as it is; where they cut some, a length group of its texts that have
-  // those lengths, which must exist and stay within the automaton's bounds.
-  std::string within_lengths(const Json& s, const std::string& where, const std::string& what,
-                             const std::string& regex, std::int64_t min_chars,
-                             std::int64_t max_chars) const {
+  // it writes, nothing; where they cut some, a length group of its texts that have those
+  // lengths, which must exist and stay within the automaton's bounds.
+  std::optional<std::string> length_cut(const Json& s, const std::string& where,
+                                        const std::string& what, const std::string& regex,
+                                        std::int64_t min_chars, std::int64_t max_chars) const {
     // Bounds, not repeat counts: any size (max_chars < 0: the texts are unbounded).
     const std::int64_t lo = whole(s, "minLength", where, 0, -1);
     const std::int64_t hi = whole(s, "maxLength", where, -1, -1);
     if (hi >= 0 && hi < lo) fail(where, "'maxLength' is below 'minLength'");
-    if (lo <= min_chars && (hi < 0 || (max_chars >= 0 && hi >= max_chars)))
-      return "(?:" + regex + ")";
+    if (lo <= min_chars && (hi < 0 || (max_chars >= 0 && hi >= max_chars))) return std::nullopt;
     const auto range = [](std::int64_t a, std::int64_t b) {
       return b < 0    ? str(a, " or more")
              : a == b ? str(a)
@@ -784,8 +783,9 @@ class Compiler {
       if (!f)
         fail(where, "'format' " + s["format"].dump() + " is not supported (" +
                         std::string(kStringFormats) + ")");
-      return within_lengths(s, where, str("'format' \"", name, "\""), f->regex, f->min_chars,
-                            f->max_chars);
+      return length_cut(s, where, str("'format' \"", name, "\""), f->regex, f->min_chars,
+                        f->max_chars)
+          .value_or("(?:" + f->regex + ")");
     }
     if (s.contains("pattern")) {
       if (!s["pattern"].is_string()) fail(where, "'pattern' must be a string");
@@ -793,10 +793,12 @@ class Compiler {
       if (p.starts_with("^")) p.erase(0, 1);
       if (p.ends_with("$") && !p.ends_with("\\$")) p.pop_back();
       // The pattern holds of the string's characters, which the JSON text writes as json.dumps
-      // does: a quote, a backslash or a control character by its escape (a JSON group).
+      // does: a quote, a backslash or a control character by its escape (a JSON group). The
+      // group is the pattern's scope, so look-aheads that open it look at the string's text.
       const RegexDfa dfa(p, str(field_, "' pattern at '", where));
       const auto [min_chars, max_chars] = pattern_span(dfa);
-      return "(?json:" + within_lengths(s, where, "'pattern'", p, min_chars, max_chars) + ")";
+      return "(?json:" + length_cut(s, where, "'pattern'", p, min_chars, max_chars).value_or(p) +
+             ")";
     }
     const int lo = count(s, "minLength", where, 0), hi = count(s, "maxLength", where, -1);
     if (hi >= 0 && hi < lo) fail(where, "'maxLength' is below 'minLength'");

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <map>
 
 #include "dcp/error.h"
@@ -40,10 +41,22 @@ Ranges complement(const Ranges& sorted) {
 }
 
 struct Node {
-  enum Kind { empty, set, concat, alt, repeat, counted, json_escaped } kind = empty;
+  enum Kind {
+    empty,
+    set,
+    concat,
+    alt,
+    repeat,
+    counted,
+    json_escaped,
+    guarded,     // kids: the body, then its look-aheads
+    look_ahead,  // kid: the texts it admits (followed by any text where it did not end in `$`)
+    end_anchor,  // a `$` ending a look-ahead's alternative, until the look-ahead is read
+  } kind = empty;
   Ranges ranges;          // set
-  std::vector<int> kids;  // concat, alt; repeat, counted, json_escaped: one
-  int min = 0, max = 0;   // repeat: copies; counted: characters; max -1: unbounded
+  std::vector<int> kids;  // concat, alt, guarded; repeat, counted, json_escaped, look_ahead: one
+  int min = 0, max = 0;   // repeat: copies; counted: characters; max -1: unbounded; look_ahead:
+                          // min 1 where negative
 };
 
 class Parser {
@@ -84,6 +97,59 @@ class Parser {
     return add(std::move(n));
   }
 
+  // (?=X) or (?!X) opening an alternative of a scope (the pattern, or a length or JSON group's
+  // body, which is matched whole): the scope's text begins (or does not begin) with a match of X,
+  // as Python's re reads one at the start of the text it matches. An alternative of X may open
+  // with `^` (the scope's start, where X is read anyway) and end with `$` (the scope's end: then
+  // the whole text must match it).
+  int look_ahead() {
+    Node n;
+    n.kind = Node::look_ahead;
+    n.min = p_[at_ + 2] == '!' ? 1 : 0;
+    at_ += 3;
+    if (++groups_open_ > RegexDfa::kMaxGroupNesting)
+      fail(str("groups nest more than ", RegexDfa::kMaxGroupNesting, " deep"));
+    const std::size_t outer = look_level_;
+    look_level_ = groups_open_;
+    const int inner = alternation();
+    if (!eat(')')) fail("missing ')'");
+    look_level_ = outer;
+    --groups_open_;
+    std::vector<int> alts{inner};
+    if (nodes_[static_cast<std::size_t>(inner)].kind == Node::alt)
+      alts = nodes_[static_cast<std::size_t>(inner)].kids;
+    for (int& a : alts) a = open_ended(a);
+    if (alts.size() == 1) {
+      n.kids = {alts[0]};
+    } else {
+      Node either;
+      either.kind = Node::alt;
+      either.kids = std::move(alts);
+      n.kids = {add(std::move(either))};
+    }
+    return add(std::move(n));
+  }
+
+  // A look-ahead's alternative as the texts it admits: itself where it ends in `$`, itself
+  // followed by any text where it does not.
+  int open_ended(int i) {
+    Node n = nodes_[static_cast<std::size_t>(i)];  // a copy: add() may move the nodes
+    if (n.kind == Node::end_anchor) return add(Node{});
+    if (n.kind == Node::concat &&
+        nodes_[static_cast<std::size_t>(n.kids.back())].kind == Node::end_anchor) {
+      n.kids.pop_back();
+      return n.kids.size() == 1 ? n.kids[0] : add(std::move(n));
+    }
+    Node any;
+    any.kind = Node::repeat;
+    any.max = -1;
+    any.kids = {set_node({{0, kMaxCodePoint}})};
+    Node then;
+    then.kind = Node::concat;
+    then.kids = {i, add(std::move(any))};
+    return add(std::move(then));
+  }
+
   int alternation() {
     std::vector<int> kids{sequence()};
     while (eat('|')) kids.push_back(sequence());
@@ -95,6 +161,22 @@ class Parser {
   }
 
   int sequence() {
+    // An alternative of a scope may open with `^` and look-aheads, one of a look-ahead with `^`.
+    const bool in_scope = groups_open_ == scope_level_;
+    if (in_scope || groups_open_ == look_level_) eat('^');
+    std::vector<int> looks;
+    while (in_scope && (p_.substr(at_, 3) == "(?=" || p_.substr(at_, 3) == "(?!"))
+      looks.push_back(look_ahead());
+    const int body = items();
+    if (looks.empty()) return body;
+    Node n;
+    n.kind = Node::guarded;
+    n.kids = {body};
+    n.kids.insert(n.kids.end(), looks.begin(), looks.end());
+    return add(std::move(n));
+  }
+
+  int items() {
     Node n;
     n.kind = Node::concat;
     while (more() && peek() != '|' && peek() != ')') {
@@ -190,10 +272,15 @@ class Parser {
           at_ = open;
           fail("a length group opens with (?{n}:, (?{n,}:, (?{,m}: or (?{n,m}:");
         }
+      } else if (p_.substr(at_, 2) == "?=" || p_.substr(at_, 2) == "?!") {
+        fail("a look-ahead only opens an alternative of the pattern or of a length or JSON group");
       } else if (more() && peek() == '?') {
-        fail("look-arounds and inline flags are not supported");
+        fail("look-behinds, inline flags and atomic groups are not supported");
       }
+      const std::size_t outer = scope_level_;
+      if (group.kind != Node::empty) scope_level_ = groups_open_;
       const int inner = alternation();
+      scope_level_ = outer;
       if (!eat(')')) fail("missing ')'");
       --groups_open_;
       if (group.kind == Node::empty) return inner;
@@ -202,12 +289,16 @@ class Parser {
     }
     if (eat('[')) return set_node(char_class());
     if (eat('.')) return set_node({{0, '\n' - 1}, {'\n' + 1, kMaxCodePoint}});
-    if (c == '^' || c == '$') {
-      const bool edge = c == '^' ? at_ == 0 : at_ + 1 == p_.size();
-      if (!edge) fail(str("'", c, "' other than at the pattern's ", c == '^' ? "start" : "end"));
-      ++at_;
-      return add(Node{});
+    if (c == '$' && (groups_open_ == scope_level_ || groups_open_ == look_level_) &&
+        (at_ + 1 == p_.size() || p_[at_ + 1] == ')' || p_[at_ + 1] == '|')) {
+      ++at_;  // a scope is matched whole: its `$` holds anyway, a look-ahead's until it is read
+      Node end;
+      if (groups_open_ == look_level_) end.kind = Node::end_anchor;
+      return add(std::move(end));
     }
+    if (c == '^' || c == '$')
+      fail(str("'", c, "' other than at the ", c == '^' ? "start" : "end",
+               " of an alternative of the pattern, of a length or JSON group or of a look-ahead"));
     if (eat('\\')) {
       Ranges r;
       if (class_escape(r)) return set_node(std::move(r));
@@ -362,6 +453,8 @@ class Parser {
 
   std::string_view p_, field_;
   std::size_t at_ = 0, groups_open_ = 0;
+  std::size_t scope_level_ = 0;        // groups_open_ inside the innermost scope
+  std::size_t look_level_ = SIZE_MAX;  // groups_open_ inside the look-ahead being read
   std::vector<Node> nodes_;
 };
 
@@ -451,17 +544,23 @@ class Nfa {
         return {s, e};
       }
       case Node::counted: return counted(nodes, n);
+      case Node::guarded: return guarded(nodes, n);
       case Node::json_escaped: {
         const std::size_t first = states.size();
         const Frag g = build(nodes, n.kids[0]);
         json_escape(first, states.size());
         return g;
       }
+      case Node::look_ahead:  // read by `guarded`, whose kids they are
+      case Node::end_anchor:  // replaced when its look-ahead is read
+        break;
     }
     return {add(), add()};
   }
 
  private:
+  Frag guarded(const std::vector<Node>& nodes, const Node& n);
+
   void link(int from, int to) { states[static_cast<std::size_t>(from)].eps.push_back(to); }
 
   // The edges of states [first, last) that read a character a JSON string must escape read its
@@ -653,29 +752,27 @@ class Nfa {
   std::string_view field_;
 };
 
-}  // namespace
-
-RegexDfa::RegexDfa(std::string_view pattern, std::string_view field) {
-  int root = 0;
-  const std::vector<Node> nodes = Parser(pattern, field).parse(root);
-  Nfa nfa(field);
-  const Nfa::Frag whole = nfa.build(nodes, root);
-  const int accept = whole.end;
-
-  // Bytes that no edge tells apart share a class.
+// The first byte of each class of bytes that no edge of states [first, last) tells apart.
+std::vector<std::uint8_t> class_starts(const std::vector<Nfa::State>& states, std::size_t first,
+                                       std::size_t last) {
   std::array<bool, 257> cut{};
   cut[0] = true;
-  for (const Nfa::State& st : nfa.states) {
-    for (const Nfa::Edge& e : st.edges) cut[e.lo] = cut[static_cast<std::size_t>(e.hi) + 1] = true;
+  for (std::size_t s = first; s < last; ++s) {
+    for (const Nfa::Edge& e : states[s].edges)
+      cut[e.lo] = cut[static_cast<std::size_t>(e.hi) + 1] = true;
   }
-  std::vector<std::uint8_t> representative;
-  for (int b = 0; b < 256; ++b) {
-    if (cut[static_cast<std::size_t>(b)]) representative.push_back(static_cast<std::uint8_t>(b));
-    class_of_[static_cast<std::size_t>(b)] = static_cast<std::uint8_t>(representative.size() - 1);
-  }
-  classes_ = representative.size();
+  std::vector<std::uint8_t> starts;
+  for (int b = 0; b < 256; ++b)
+    if (cut[static_cast<std::size_t>(b)]) starts.push_back(static_cast<std::uint8_t>(b));
+  return starts;
+}
 
-  std::vector<int> mark(nfa.states.size(), -1);
+// Subset construction from NFA state `start` over the classes beginning at `starts`, `accept`
+// the accepting NFA state; not yet minimized. The sets' sizes are bounded in all too: a pattern
+// like (?:a?){1000} holds a thousand NFA states in every set.
+DfaTable determinized(const std::vector<Nfa::State>& states, int start, int accept,
+                      const std::vector<std::uint8_t>& starts, std::string_view field) {
+  std::vector<int> mark(states.size(), -1);
   int stamp = 0;
   const auto closure = [&](std::vector<int> seeds) {
     ++stamp;
@@ -686,45 +783,40 @@ RegexDfa::RegexDfa(std::string_view pattern, std::string_view field) {
       if (mark[static_cast<std::size_t>(s)] == stamp) continue;
       mark[static_cast<std::size_t>(s)] = stamp;
       out.push_back(s);
-      for (int t : nfa.states[static_cast<std::size_t>(s)].eps) seeds.push_back(t);
+      for (int t : states[static_cast<std::size_t>(s)].eps) seeds.push_back(t);
     }
     std::sort(out.begin(), out.end());
     return out;
   };
-
-  // Subset construction, then the fewest states of the language (the copies a pattern spells out
-  // merge), within kMaxStates.
   DfaTable table;
-  table.classes = classes_;
+  table.classes = starts.size();
   // Each set of NFA states is kept once, as a key of `ids`; `sets` points at them in id order.
-  // The sets' sizes are bounded in all too: a pattern like (?:a?){1000} holds a thousand NFA
-  // states in every set.
   std::map<std::vector<int>, std::int32_t> ids;
-  std::vector<const std::vector<int>*> sets{&ids.emplace(closure({whole.start}), 0).first->first};
+  std::vector<const std::vector<int>*> sets{&ids.emplace(closure({start}), 0).first->first};
   std::size_t entries = sets[0]->size();
   for (std::size_t d = 0; d < sets.size(); ++d) {
     const std::vector<int>& from = *sets[d];
-    for (std::size_t c = 0; c < classes_; ++c) {
-      const std::uint8_t b = representative[c];
+    for (const std::uint8_t b : starts) {
       std::vector<int> moved;
       for (int s : from) {
-        for (const Nfa::Edge& e : nfa.states[static_cast<std::size_t>(s)].edges)
+        for (const Nfa::Edge& e : states[static_cast<std::size_t>(s)].edges)
           if (e.lo <= b && b <= e.hi) moved.push_back(e.to);
       }
-      std::int32_t to = kDead;
+      std::int32_t to = RegexDfa::kDead;
       if (!moved.empty()) {
         const auto [it, added] =
             ids.emplace(closure(std::move(moved)), static_cast<std::int32_t>(sets.size()));
         if (added) {
           entries += it->first.size();
-          if (sets.size() >= static_cast<std::size_t>(kMaxSubsetStates))
-            throw RegexError(RegexError::Kind::too_large,
-                             str("'", field, "': the pattern is too large (more than ",
-                                 kMaxSubsetStates, " automaton states before minimization)"));
-          if (entries > kMaxSubsetEntries)
+          if (sets.size() >= static_cast<std::size_t>(RegexDfa::kMaxSubsetStates))
+            throw RegexError(
+                RegexError::Kind::too_large,
+                str("'", field, "': the pattern is too large (more than ",
+                    RegexDfa::kMaxSubsetStates, " automaton states before minimization)"));
+          if (entries > RegexDfa::kMaxSubsetEntries)
             throw RegexError(RegexError::Kind::too_large,
                              str("'", field, "': the pattern is too large (its automaton's states ",
-                                 "before minimization hold more than ", kMaxSubsetEntries,
+                                 "before minimization hold more than ", RegexDfa::kMaxSubsetEntries,
                                  " NFA states in all)"));
           sets.push_back(&it->first);
         }
@@ -734,10 +826,119 @@ RegexDfa::RegexDfa(std::string_view pattern, std::string_view field) {
     }
     table.accepting.push_back(std::binary_search(from.begin(), from.end(), accept) ? 1 : 0);
   }
-  sets.clear();
-  ids.clear();
+  return table;
+}
 
-  table = minimized(table);
+// A scope opened by look-aheads: the body's and each look-ahead's automata, built apart, run side
+// by side (the product construction); a text is kept where the body and every positive look-ahead
+// accept it and no negative one does. The product's fewest states are then written back as NFA
+// states, so that a JSON or length group around it treats them as any other fragment's.
+Nfa::Frag Nfa::guarded(const std::vector<Node>& nodes, const Node& n) {
+  const std::size_t first = states.size();
+  std::vector<Frag> parts;
+  for (const int kid : n.kids) {
+    const Node& k = nodes[static_cast<std::size_t>(kid)];
+    parts.push_back(build(nodes, k.kind == Node::look_ahead ? k.kids[0] : kid));
+  }
+  const std::vector<std::uint8_t> starts = class_starts(states, first, states.size());
+  const std::size_t classes = starts.size();
+  std::vector<DfaTable> dfas;
+  for (const Frag& f : parts)
+    dfas.push_back(minimized(determinized(states, f.start, f.end, starts, field_)));
+  states.resize(first);
+  const auto negative = [&](std::size_t i) {  // kids[0] is the body
+    return i > 0 && nodes[static_cast<std::size_t>(n.kids[i])].min == 1;
+  };
+
+  // A product state holds each automaton's state, kDead where it has read past its language (for
+  // the body or a positive look-ahead, the product is then dead too).
+  DfaTable product;
+  product.classes = classes;
+  std::map<std::vector<std::int32_t>, std::int32_t> ids;
+  std::vector<std::vector<std::int32_t>> tuples;
+  const auto id = [&](std::vector<std::int32_t> t) {
+    for (std::size_t i = 0; i < t.size(); ++i)
+      if (t[i] == RegexDfa::kDead && !negative(i)) return RegexDfa::kDead;
+    const auto [it, added] = ids.emplace(t, static_cast<std::int32_t>(tuples.size()));
+    if (added) {
+      if (tuples.size() >= static_cast<std::size_t>(RegexDfa::kMaxSubsetStates))
+        throw RegexError(RegexError::Kind::too_large,
+                         str("'", field_, "': the pattern is too large (more than ",
+                             RegexDfa::kMaxSubsetStates, " states in its look-aheads' product)"));
+      tuples.push_back(std::move(t));
+    }
+    return it->second;
+  };
+  std::vector<std::int32_t> start;
+  for (const DfaTable& d : dfas) start.push_back(d.states() ? 0 : RegexDfa::kDead);
+  if (id(start) != RegexDfa::kDead) {
+    for (std::size_t q = 0; q < tuples.size(); ++q) {
+      bool accepting = true;
+      for (std::size_t i = 0; i < dfas.size(); ++i) {
+        const std::int32_t at = tuples[q][i];
+        const bool accepts =
+            at != RegexDfa::kDead && dfas[i].accepting[static_cast<std::size_t>(at)];
+        if (accepts == negative(i)) accepting = false;
+      }
+      product.accepting.push_back(accepting ? 1 : 0);
+      for (std::size_t c = 0; c < classes; ++c) {
+        std::vector<std::int32_t> t(dfas.size());
+        for (std::size_t i = 0; i < dfas.size(); ++i) {
+          const std::int32_t at = tuples[q][i];
+          t[i] =
+              at == RegexDfa::kDead ? at : dfas[i].next[static_cast<std::size_t>(at) * classes + c];
+        }
+        product.next.push_back(id(std::move(t)));
+      }
+    }
+  }
+  product = minimized(product);
+
+  // One NFA state per product state; a class's bytes as one edge, neighbouring classes with the
+  // same target merged within ASCII, continuation bytes and lead bytes (a length group tells
+  // those apart by an edge's first byte).
+  const int s = add(), e = add();
+  std::vector<int> at(product.states());
+  for (int& a : at) a = add();
+  if (!at.empty()) link(s, at[0]);
+  for (std::size_t q = 0; q < product.states(); ++q) {
+    std::vector<Edge>& edges = states[static_cast<std::size_t>(at[q])].edges;
+    for (std::size_t c = 0; c < classes; ++c) {
+      const std::int32_t to = product.next[q * classes + c];
+      if (to == RegexDfa::kDead) continue;
+      const auto lo = starts[c];
+      const auto hi = static_cast<std::uint8_t>(c + 1 < classes ? starts[c + 1] - 1 : 0xFF);
+      const int target = at[static_cast<std::size_t>(to)];
+      if (!edges.empty() && edges.back().to == target && edges.back().hi + 1 == lo && lo != 0x80 &&
+          lo != 0xC0)
+        edges.back().hi = hi;
+      else
+        edges.push_back({lo, hi, target});
+    }
+    if (product.accepting[q]) link(at[q], e);
+  }
+  return {s, e};
+}
+
+}  // namespace
+
+RegexDfa::RegexDfa(std::string_view pattern, std::string_view field) {
+  int root = 0;
+  const std::vector<Node> nodes = Parser(pattern, field).parse(root);
+  Nfa nfa(field);
+  const Nfa::Frag whole = nfa.build(nodes, root);
+
+  // Bytes that no edge tells apart share a class.
+  const std::vector<std::uint8_t> starts = class_starts(nfa.states, 0, nfa.states.size());
+  for (std::size_t c = 0; c < starts.size(); ++c) {
+    const std::size_t end = c + 1 < starts.size() ? starts[c + 1] : 256;
+    for (std::size_t b = starts[c]; b < end; ++b) class_of_[b] = static_cast<std::uint8_t>(c);
+  }
+  classes_ = starts.size();
+
+  // Subset construction, then the fewest states of the language (the copies a pattern spells out
+  // merge), within kMaxStates.
+  DfaTable table = minimized(determinized(nfa.states, whole.start, whole.end, starts, field));
   const std::size_t n = table.states();
   if (n == 0)
     throw RegexError(RegexError::Kind::no_text, str("'", field, "': the pattern matches no text"));
