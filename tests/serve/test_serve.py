@@ -513,6 +513,22 @@ def case_json_schema(s):
                                            "guided_json": patterned})
     done = [c["text"] for c in r.get("choices", []) if c["finish_reason"] == "stop"]
     check(status == 200 and done and all(valid_patterned(t) for t in done), f"patterns: {r}")
+    # Pydantic's Decimal: a number, or a string of a number's text (a pattern opened by a look-ahead);
+    # the tax only the string.
+    decimal = {"anyOf": [{"type": "number"},
+                         {"type": "string", "pattern": r"^(?!^[-+.]*$)[+-]?0*\d*\.?\d*$"}]}
+    priced = {"type": "object", "properties": {"price": decimal, "tax": decimal["anyOf"][1]},
+              "required": ["price", "tax"]}
+
+    def valid_decimal(v):
+        if isinstance(v, str):  # the pattern's look-ahead $ is the end of the text: Python's \Z
+            return re.fullmatch(r"(?!^[-+.]*\Z)[+-]?0*\d*\.?\d*", v, re.ASCII) is not None
+        return type(v) in (int, float)
+    status, r = s.post("/v1/completions", {**body, "temperature": 1, "seed": 8, "n": 4, "max_tokens": 100,
+                                           "guided_json": priced})
+    done = [json.loads(c["text"]) for c in r.get("choices", []) if c["finish_reason"] == "stop"]
+    check(status == 200 and done and all(list(v) == ["price", "tax"] and valid_decimal(v["price"])
+                                          and valid_decimal(v["tax"]) for v in done), f"decimals: {r}")
 
 
 def case_structured_outputs(s):
