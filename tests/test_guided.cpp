@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -1257,9 +1258,9 @@ TEST(JsonSchema, FormatsWriteOnlyValidAddressesAndNames) {
   // Each format's lengths in characters, worked out by hand from its definition (the refusals
   // of lengths that would cut them name these).
   const std::map<std::string, std::pair<std::size_t, std::size_t>> lengths = {
-      {"ipv4", {7, 15}},  {"hostname", {1, 251}}, {"email", {5, 252}},
-      {"date", {10, 10}}, {"time", {8, 24}},      {"date-time", {19, 35}},
-      {"uuid", {36, 36}}, {"uri", {5, 2001}},     {"duration", {3, 41}}};
+      {"ipv4", {7, 15}},     {"hostname", {1, 251}},  {"email", {5, 252}}, {"date", {10, 10}},
+      {"time", {8, 24}},     {"date-time", {19, 35}}, {"uuid", {36, 36}},  {"uri", {5, 2001}},
+      {"duration", {3, 41}}, {"ipv6", {2, 45}},       {"uuid4", {36, 36}}, {"uuid7", {36, 36}}};
   for (const auto& [format, bounds] : lengths) {
     const RegexDfa dfa(json_schema_regex(str(R"({"type":"string","format":")", format, "\"}")));
     for (const std::string& t : random_matches(dfa, rng.engine(), 200)) {
@@ -1355,6 +1356,10 @@ def ok(fmt, text):
         return datetime.date.fromisoformat(v[:10]).isoformat() == v[:10] and v[10] == 'T' and time_ok(v[11:])
     if fmt == 'uuid':
         return str(uuid.UUID(v)) == v.lower()
+    if fmt.startswith('uuid'):
+        return str(uuid.UUID(v)) == v.lower() and uuid.UUID(v).version == int(fmt[4:])
+    if fmt == 'ipv6':
+        return ipaddress.IPv6Address(v) and '%' not in v
     if fmt == 'uri':
         return uri_ok(v)
     if fmt == 'ipv4':
@@ -1413,6 +1418,94 @@ json.dump([bool(ok(f, bytes.fromhex(h).decode())) for f, h in cases], open(sys.a
   for (const char* no : {R"("https://exa mple.com")", R"("example.com")", R"("http://a:65536")",
                          R"("https://a/%zz")", R"("http://a/b#c#d")"})
     EXPECT_FALSE(matches("uri", no)) << no;
+}
+
+// IPv6 addresses in every text form RFC 4291 gives them (leading zeros or not, either case, `::`
+// over any run of zero groups, the last two groups as an IPv4 address) and near misses: the
+// formats ipv6 and ipvanyaddress (Pydantic's IPv6Address and IPvAnyAddress) match exactly those
+// Python's ipaddress reads (without a zone index, which is not written).
+TEST(JsonSchema, IpAddressFormatsMatchWhatPythonsIpaddressReads) {
+  test::Rng rng = test::make_rng();
+  const auto pick = [&](int lo, int hi) {
+    return std::uniform_int_distribution<int>(lo, hi)(rng.engine());
+  };
+  std::vector<std::string> texts;
+  for (int i = 0; i < 600; ++i) {
+    std::array<int, 8> groups{};
+    for (int& g : groups) g = pick(0, 9) < 4 ? 0 : pick(0, 0xFFFF);
+    const bool dotted = pick(0, 3) == 0, padded = pick(0, 3) == 0;
+    const int hex_groups = dotted ? 6 : 8;
+    // A run of zero groups written `::` (any run, not only the longest), or none.
+    int from = -1, to = -1;
+    if (pick(0, 3) != 0) {
+      from = pick(0, hex_groups - 1);
+      to = from;
+      while (to < hex_groups && groups[static_cast<std::size_t>(to)] == 0) ++to;
+      if (to == from) from = to = -1;
+    }
+    std::string t;
+    for (int k = 0; k < hex_groups; ++k) {
+      if (k == from) t += k == 0 ? "::" : ":";
+      if (k >= from && k < to) continue;
+      char buf[8];
+      std::snprintf(buf, sizeof buf, padded ? "%04x" : "%x", groups[static_cast<std::size_t>(k)]);
+      for (char* c = buf; *c; ++c)
+        if (pick(0, 2) == 0) *c = static_cast<char>(std::toupper(*c));
+      t += buf;
+      if (k + 1 < hex_groups || dotted) t += ":";
+    }
+    if (dotted)
+      t += str(groups[6] >> 8, ".", groups[6] & 255, ".", groups[7] >> 8, ".", groups[7] & 255);
+    texts.push_back(t);
+    std::string miss = t;  // a character more, fewer or changed
+    const std::string chars = ":.0123456789abcdefABCDEFg%";
+    const auto at = static_cast<std::size_t>(pick(0, static_cast<int>(miss.size()) - 1));
+    const char c = chars[static_cast<std::size_t>(pick(0, static_cast<int>(chars.size()) - 1))];
+    switch (pick(0, 2)) {
+      case 0: miss.insert(at, 1, c); break;
+      case 1: miss.erase(at, 1); break;
+      default: miss[at] = c;
+    }
+    texts.push_back(miss);
+  }
+  for (int i = 0; i < 100; ++i)
+    texts.push_back(
+        str(pick(0, 300), ".", pick(0, 255), ".", pick(0, 9) == 0 ? "01" : "7", ".", pick(0, 255)));
+  // Groups counted to the bound on each side of `::`, and one past it.
+  for (const char* t : {"1:2:3:4:5:6:7::", "::2:3:4:5:6:7:8", "1::3:4:5:6:7:8", "1:2:3:4:5:6::8",
+                        "1:2:3:4:5::1.2.3.4", "::2:3:4:5:6:1.2.3.4", "1:2:3:4::5:6:7:8",
+                        "1:2:3:4:5:6:7:8::", "::1:2:3:4:5:6:7:8", "1:2:3:4:5:6::1.2.3.4",
+                        "1:2:3:4:5:6:7:1.2.3.4", "1::2::3", ":::", "::", "1:::2", ":1::", "::1:"})
+    texts.push_back(t);
+  nlohmann::json cases = texts;
+  const auto verdicts = python_oracle(cases, R"(import ipaddress, json, sys
+def reads(kind, v):
+    try:
+        kind(v)
+        return '%' not in v
+    except ValueError:
+        return False
+cases = json.load(open(sys.argv[1]))
+json.dump([[reads(ipaddress.IPv6Address, v), reads(ipaddress.IPv4Address, v)] for v in cases],
+          open(sys.argv[2], 'w'))
+)");
+  if (!verdicts) GTEST_SKIP() << "/usr/bin/python3 is not installed";
+  const RegexDfa ipv6(json_schema_regex(R"({"type":"string","format":"ipv6"})"));
+  const RegexDfa any(json_schema_regex(R"({"type":"string","format":"ipvanyaddress"})"));
+  int valid = 0, compressed = 0, dotted = 0;
+  for (std::size_t i = 0; i < texts.size(); ++i) {
+    const bool v6 = (*verdicts)[i][0], v4 = (*verdicts)[i][1];
+    const std::string quoted = "\"" + texts[i] + "\"";
+    EXPECT_EQ(ipv6.matches(quoted), v6) << texts[i];
+    EXPECT_EQ(any.matches(quoted), v6 || v4) << texts[i];
+    valid += v6;
+    compressed += v6 && texts[i].find("::") != std::string::npos;
+    dotted += v6 && texts[i].find('.') != std::string::npos;
+  }
+  EXPECT_GT(valid, 500);  // the generator's forms are valid, its near misses mostly not
+  EXPECT_GT(compressed, 150);
+  EXPECT_GT(dotted, 100);
+  EXPECT_LT(valid, 1000);
 }
 
 // A value's text as an exact rational: numerator over 10^scale (a JSON integer or decimal, no
@@ -2241,7 +2334,10 @@ TEST(JsonSchema, RefusesWhatItCannotHonourNamingWhere) {
             "'string'");
   EXPECT_EQ(refusal(R"({"type":"string","format":"iri"})"),
             "'response_format': the schema at '#': 'format' \"iri\" is not supported (date, "
-            "time, date-time, duration, uuid, ipv4, hostname, email, uri)");
+            "time, date-time, duration, uuid, uuid1, uuid3-uuid8, ipv4, ipv6, ipvanyaddress, "
+            "hostname, email, uri)");
+  EXPECT_NE(refusal(R"({"type":"string","format":"uuid2"})").find("'format' \"uuid2\" is not"),
+            std::string::npos);
   // Lengths beside a pattern: they must leave it a text, within the automaton's bounds.
   EXPECT_EQ(refusal(R"({"type":"string","pattern":"^[a-z]{2,5}$","minLength":6})"),
             "'response_format': the schema at '#': 'pattern' writes no text of 6 or more "

@@ -36,8 +36,30 @@ std::optional<StringFormat> string_format(std::string_view name) {
   if (name == "uuid")
     return StringFormat{
         "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}", 36, 36};
+  // Pydantic's UUID1 ... UUID8: that version, in RFC 4122's variant (Python's UUID.version is
+  // None in any other).
+  if (name.size() == 5 && name.starts_with("uuid") && name[4] >= '1' && name[4] <= '8' &&
+      name[4] != '2')
+    return StringFormat{"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-" + std::string(1, name[4]) +
+                            "[0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12}",
+                        36, 36};
   const std::string octet = "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])";
-  if (name == "ipv4") return StringFormat{octet + "(?:\\." + octet + "){3}", 7, 15};
+  const std::string ipv4 = octet + "(?:\\." + octet + "){3}";
+  if (name == "ipv4") return StringFormat{ipv4, 7, 15};
+  // RFC 4291 2.2's text forms: eight groups of 1-4 hex digits, or `::` for one or more groups of
+  // zeros (a groups before it, b after, a + b <= 7), the last two groups written as an IPv4
+  // address or not. Zone indices (`%eth0`) are not written.
+  const std::string hextet = "[0-9a-fA-F]{1,4}";
+  std::string ipv6 = "(?:" + hextet + ":){7}" + hextet + "|(?:" + hextet + ":){6}" + ipv4;
+  for (int a = 0; a <= 7; ++a) {
+    const std::string before = a == 0 ? ":" : "(?:" + hextet + ":){" + std::to_string(a) + "}";
+    ipv6 += "|" + before + ":";
+    if (a < 7) ipv6 += "|" + before + "(?::" + hextet + "){1," + std::to_string(7 - a) + "}";
+    if (a <= 5)
+      ipv6 += "|" + before + ":(?:" + hextet + ":){0," + std::to_string(5 - a) + "}" + ipv4;
+  }
+  if (name == "ipv6") return StringFormat{ipv6, 2, 6 * 5 + 15};
+  if (name == "ipvanyaddress") return StringFormat{ipv4 + "|" + ipv6, 2, 6 * 5 + 15};
   // RFC 1123 labels, at most four of at most 62 characters: never past 253 in all.
   const std::string label = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,60}[A-Za-z0-9])?";
   const std::string host = label + "(?:\\." + label + "){0,3}";

@@ -16,7 +16,8 @@ struct StringFormat {
 
 // The formats string_format knows, for messages.
 inline constexpr std::string_view kStringFormats =
-    "date, time, date-time, duration, uuid, ipv4, hostname, email, uri";
+    "date, time, date-time, duration, uuid, uuid1, uuid3-uuid8, ipv4, ipv6, ipvanyaddress, "
+    "hostname, email, uri";
 
 // nullopt for a format it does not know.
 std::optional<StringFormat> string_format(std::string_view name);
