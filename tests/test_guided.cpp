@@ -1609,6 +1609,154 @@ TEST(JsonSchema, BoundsAdmitExactlyTheNumbersWithinThem) {
   EXPECT_GT(checked, 20000);
 }
 
+// multipleOf (a whole number) with bounds of either kind, whole or not: the integers within them
+// that it divides, written as JSON writes integers, and nothing else; a range with none of them in
+// it is refused. Decided by a predicate on the integer's value.
+TEST(JsonSchema, MultipleOfKeepsTheMultiplesWithinTheBounds) {
+  test::Rng rng = test::make_rng();
+  int checked = 0, kept = 0;
+  for (int c = 0; c < 80; ++c) {
+    const bool integer = c % 2 == 0;
+    const std::int64_t k = c % 8 == 7 ? rng.range(900, 10000) : rng.range(1, 40);
+    struct Side {
+      bool present = false, exclusive = false;
+      double value = 0;
+    } lo, hi;
+    const std::int64_t a = rng.range(-500, 500);
+    lo = {rng.coin(0.6), rng.coin(0.5), static_cast<double>(a) + (rng.coin(0.3) ? 0.5 : 0)};
+    hi = {rng.coin(0.6), rng.coin(0.5), static_cast<double>(a + rng.range(0, 3 * k))};
+    std::string schema = str(R"({"type":")", integer ? "integer" : "number", R"(","multipleOf":)",
+                             integer || rng.coin(0.5) ? str(k) : str(k, ".0"));
+    if (lo.present)
+      schema += str(lo.exclusive ? R"(,"exclusiveMinimum":)" : R"(,"minimum":)",
+                    nlohmann::json(lo.value).dump());
+    if (hi.present)
+      schema += str(hi.exclusive ? R"(,"exclusiveMaximum":)" : R"(,"maximum":)",
+                    nlohmann::json(hi.value).dump());
+    schema += "}";
+    const auto want = [&](std::int64_t n) {
+      const auto x = static_cast<double>(n);
+      if (lo.present && (lo.exclusive ? x <= lo.value : x < lo.value)) return false;
+      if (hi.present && (hi.exclusive ? x >= hi.value : x > hi.value)) return false;
+      return n % k == 0;
+    };
+    const std::int64_t from = a - 4 * k - 50, to = a + 8 * k + 50;
+    std::string regex;
+    try {
+      regex = json_schema_regex(schema, "f");
+    } catch (const Error& e) {
+      const std::string why = e.what();
+      ASSERT_TRUE(
+          why == str("'f': the schema at '#': no multiple of ", k, " lies within its bounds") ||
+          why == "'f': the schema at '#': no integer lies within its bounds")
+          << schema << ": " << why;
+      for (std::int64_t n = from; n <= to; ++n) ASSERT_FALSE(want(n)) << schema << " holds " << n;
+      continue;
+    }
+    const RegexDfa dfa(regex);
+    std::vector<std::int64_t> values;
+    for (std::int64_t n = from; n <= to; n += k > 100 ? rng.range(1, k / 10) : 1) {
+      values.push_back(n);
+      values.push_back(n - n % k);  // a multiple near it
+    }
+    for (const std::int64_t n : values) {
+      if (n == 0 && rng.coin(0.5)) continue;
+      const bool w = want(n);
+      ASSERT_EQ(dfa.matches(std::to_string(n)), w) << schema << " on " << n;
+      kept += w;
+      ++checked;
+      if (w) {  // other spellings of the value are not written
+        ASSERT_FALSE(dfa.matches(std::to_string(n) + ".0")) << schema << " on " << n << ".0";
+        ASSERT_FALSE(dfa.matches((n < 0 ? "-0" : "0") + std::to_string(std::llabs(n))))
+            << schema << " on " << n;
+      }
+    }
+    for (const std::string& t : random_matches(dfa, rng.engine(), 20)) {
+      ASSERT_TRUE(std::regex_match(t, std::regex("-?(0|[1-9][0-9]*)"))) << schema << " wrote " << t;
+      if (t.size() <= 18) {
+        ASSERT_TRUE(want(std::stoll(t))) << schema << " wrote " << t;
+        continue;
+      }
+      // Past 64 bits (a side without a bound): divided digit by digit.
+      std::int64_t remainder = 0;
+      for (const char d : t) remainder = d == '-' ? 0 : (remainder * 10 + (d - '0')) % k;
+      ASSERT_TRUE(remainder == 0 && !(t[0] == '-' ? lo.present : hi.present))
+          << schema << " wrote " << t;
+    }
+  }
+  EXPECT_GT(checked, 20000);
+  EXPECT_GT(kept, 2000);
+  // A multipleOf that is not a whole number, or is out of range, is refused by name.
+  const auto refused = [](const char* schema) {
+    try {
+      json_schema_regex(schema, "f");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(refused(R"({"type":"number","multipleOf":0.5})"),
+            "'f': the schema at '#': 'multipleOf' 0.5 is not supported (a whole number from 1 to "
+            "10000)");
+  EXPECT_EQ(refused(R"({"type":"integer","multipleOf":10001})"),
+            "'f': the schema at '#': 'multipleOf' 10001 is not supported (a whole number from 1 to "
+            "10000)");
+  for (const char* bad :
+       {R"({"type":"integer","multipleOf":0})", R"({"type":"integer","multipleOf":-5})",
+        R"({"type":"integer","multipleOf":"5"})"})
+    EXPECT_EQ(refused(bad), "'f': the schema at '#': 'multipleOf' must be a number above 0") << bad;
+  EXPECT_EQ(refused(R"({"type":"string","multipleOf":5})"),
+            "'f': the schema at '#': 'multipleOf' does not apply to type 'string'");
+}
+
+// A multiple group keeps the texts of its pattern that are whole numbers its k divides: long
+// digit strings (past 64 bits), signs and leading zeros, against Python's int.
+TEST(RegexDfa, MultipleGroupsKeepTheWholeNumbersTheirDivisorDivides) {
+  test::Rng rng = test::make_rng();
+  nlohmann::json cases = nlohmann::json::array();
+  for (int i = 0; i < 60; ++i) {
+    const std::int64_t k = i % 6 == 5 ? rng.range(1000, 10000) : rng.range(1, 60);
+    nlohmann::json texts = nlohmann::json::array();
+    for (int j = 0; j < 200; ++j) {
+      std::string t = rng.coin(0.3) ? "-" : "";
+      for (std::int64_t n = rng.range(1, 30); n > 0; --n)
+        t += static_cast<char>('0' + rng.range(0, 9));
+      texts.push_back(t);
+    }
+    texts.push_back("x");
+    texts.push_back("");
+    texts.push_back("1.0");
+    cases.push_back({k, texts});
+  }
+  const auto verdicts = python_oracle(cases, R"(import json, re, sys
+cases = json.load(open(sys.argv[1]))
+json.dump([[bool(re.fullmatch(r'-?[0-9]+', t)) and int(t) % k == 0 for t in texts]
+           for k, texts in cases], open(sys.argv[2], 'w'))
+)");
+  if (!verdicts) GTEST_SKIP() << "/usr/bin/python3 is not installed";
+  int divided = 0;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const std::int64_t k = cases[i][0];
+    const RegexDfa dfa(str("(?multiple{", k, "}:-?[0-9]+|x)"));
+    for (std::size_t j = 0; j < cases[i][1].size(); ++j) {
+      const std::string t = cases[i][1][j];
+      const bool want = (*verdicts)[i][j];
+      divided += want;
+      EXPECT_EQ(dfa.matches(t), want) << "k " << k << " on " << t;
+    }
+  }
+  EXPECT_GT(divided, 200);
+  EXPECT_EQ(
+      refusal("(?multiple{0}:1)"),
+      "'guided_regex': a multiple group opens with (?multiple{k}: for a whole k of 1 to 10000 "
+      "at byte 11 of the pattern");
+  EXPECT_EQ(
+      refusal("(?multiple{5}1)"),
+      "'guided_regex': a multiple group opens with (?multiple{k}: for a whole k of 1 to 10000 "
+      "at byte 11 of the pattern");
+  EXPECT_EQ(refusal_kind("(?multiple{7}:1|2)"), RegexError::Kind::no_text);
+}
+
 // 'enum' and 'const' with 'type': only the listed values that are of the type (an integer is a
 // number with no fraction).
 TEST(JsonSchema, EnumAndConstKeepToTheirType) {
@@ -2264,8 +2412,9 @@ TEST(JsonSchema, RefusesWhatItCannotHonourNamingWhere) {
   EXPECT_EQ(json_nesting("12"), 0u);
   EXPECT_EQ(json_nesting(nested(100000)), 200001u);
   const auto& refusal = schema_refusal;
-  EXPECT_EQ(refusal(R"({"type":"object","properties":{"n":{"type":"integer","multipleOf":2}}})"),
-            "'response_format': the schema at '#/properties/n': 'multipleOf' is not supported");
+  EXPECT_EQ(refusal(R"({"type":"object","properties":{"n":{"type":"integer","multipleOf":2.5}}})"),
+            "'response_format': the schema at '#/properties/n': 'multipleOf' 2.5 is not supported "
+            "(a whole number from 1 to 10000)");
   EXPECT_EQ(refusal(R"({"not":{"type":"null"}})"),
             "'response_format': the schema at '#': 'not' is not supported");
   EXPECT_EQ(refusal(R"({"allOf":[{"type":"null"},{"type":"null"}]})"),

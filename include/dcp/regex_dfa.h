@@ -11,10 +11,12 @@
 // `$` ending an alternative of the pattern or of a length or JSON group (the match is whole
 // anyway). A `{` that does not open a quantifier is a literal.
 //
-// Two extensions, which a JSON Schema's string patterns need: a length group `(?{n,m}:X)` (or
-// `{n}`, `{n,}`, `{,m}`) matches the texts X matches that are n to m characters long; a JSON
-// group `(?json:X)` matches X's texts as a JSON string's body writes them (json.dumps' escapes
-// for a quote, a backslash and control characters, every other character as itself).
+// Three extensions, which JSON Schemas need: a length group `(?{n,m}:X)` (or `{n}`, `{n,}`,
+// `{,m}`) matches the texts X matches that are n to m characters long; a JSON group `(?json:X)`
+// matches X's texts as a JSON string's body writes them (json.dumps' escapes for a quote, a
+// backslash and control characters, every other character as itself); a multiple group
+// `(?multiple{k}:X)` (k from 1 to kMaxMultiple) matches the texts of X that are a whole number,
+// `-?[0-9]+`, divisible by k.
 //
 // Look-aheads `(?=X)` and `(?!X)` may open an alternative of the pattern or of a length or JSON
 // group (after its `^`), each looking at the whole text that pattern or group matches: that text
@@ -58,6 +60,7 @@ class RegexDfa final : public ByteGrammar {
  public:
   static constexpr int kMaxRepeat = 1000;       // largest n or m of {n,m}
   static constexpr int kMaxCountedLength = 100000;  // largest n or m of a length group (?{n,m}:
+  static constexpr int kMaxMultiple = 10000;        // largest k of a multiple group (?multiple{k}:
   static constexpr std::size_t kMaxGroupNesting = 256;
   static constexpr int kMaxNfaStates = 200000;  // before determinization
   static constexpr int kMaxSubsetStates = 100000;  // of the subset construction

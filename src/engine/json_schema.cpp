@@ -64,6 +64,7 @@ const std::set<std::string, std::less<>> kKeywords = {
     "exclusiveMinimum",
     "maximum",
     "exclusiveMaximum",
+    "multipleOf",
 };
 
 // OpenAPI's 'discriminator' names the property that tells a oneOf's schemas apart, which the
@@ -358,7 +359,8 @@ class Compiler {
       return "\"" + string_body(s, where) + "\"";
     }
     if (t == "integer" || t == "number") {
-      allow(s, t, where, {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"});
+      allow(s, t, where,
+            {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"});
       return number(s, t == "integer", where);
     }
     if (t == "boolean") {
@@ -699,8 +701,37 @@ class Compiler {
     });
   }
 
-  // An integer or a number, within its bounds when it has any.
+  // An integer or a number, within its bounds when it has any, and a multiple of `multipleOf`.
   std::string number(const Json& s, bool integer, const std::string& where) const {
+    // A multiple of a whole number is whole: such a number is read as an integer (bounds round
+    // inward), its multiples kept by a multiple group. A fractional multipleOf is refused.
+    std::int64_t multiple = 1;
+    if (s.contains("multipleOf")) {
+      const Json& m = s["multipleOf"];
+      if (!m.is_number() || !(m.get<double>() > 0))
+        fail(where, "'multipleOf' must be a number above 0");
+      const double x = m.get<double>();
+      if (x != std::floor(x) || x > RegexDfa::kMaxMultiple)
+        fail(where, str("'multipleOf' ", m.dump(), " is not supported (a whole number from 1 to ",
+                        RegexDfa::kMaxMultiple, ")"));
+      multiple = static_cast<std::int64_t>(x);
+      integer = true;
+    }
+    const std::string r = bounded_number(s, integer, where);
+    if (multiple == 1) return r;
+    const std::string group = str("(?multiple{", multiple, "}:", r, ")");
+    try {
+      shared_regex(group, field_);  // compiled once: the whole schema's compile is another
+    } catch (const RegexError& e) {
+      if (e.kind() == RegexError::Kind::no_text)
+        fail(where, str("no multiple of ", multiple, " lies within its bounds"));
+      fail(where,
+           str("the multiples of ", multiple, " within its bounds are too large an automaton"));
+    }
+    return group;
+  }
+
+  std::string bounded_number(const Json& s, bool integer, const std::string& where) const {
     std::optional<WholeBound> lo, hi;
     // A bound as a whole number: an integer's bounds round inward (x >= 0.5 is x >= 1 among
     // integers); a number's must be whole. The tighter of two bounds on one side holds.

@@ -52,6 +52,7 @@ struct Node {
     guarded,     // kids: the body, then its look-aheads
     look_ahead,  // kid: the texts it admits (followed by any text where it did not end in `$`)
     end_anchor,  // a `$` ending a look-ahead's alternative, until the look-ahead is read
+    multiple,    // -?[0-9]+ whose value is a multiple of min
   } kind = empty;
   Ranges ranges;          // set
   std::vector<int> kids;  // concat, alt, guarded; repeat, counted, json_escaped, look_ahead: one
@@ -260,7 +261,19 @@ class Parser {
         fail(str("groups nest more than ", RegexDfa::kMaxGroupNesting, " deep"));
       // A plain group is its inner pattern; a length or JSON group wraps it in a node of its own.
       Node group;
+      int multiple = 0;
       if (eat("?:") || named_group()) {
+      } else if (eat("?multiple{")) {
+        const std::size_t open = at_;
+        long long k = 0;
+        while (more() && peek() >= '0' && peek() <= '9')
+          k = std::min<long long>(k * 10 + (p_[at_++] - '0'), 1LL << 40);
+        if (open == at_ || k < 1 || k > RegexDfa::kMaxMultiple || !eat("}:")) {
+          at_ = open;
+          fail(str("a multiple group opens with (?multiple{k}: for a whole k of 1 to ",
+                   RegexDfa::kMaxMultiple));
+        }
+        multiple = static_cast<int>(k);
       } else if (eat("?json:")) {
         group.kind = Node::json_escaped;
       } else if (p_.substr(at_, 2) == "?{") {
@@ -283,6 +296,18 @@ class Parser {
       scope_level_ = outer;
       if (!eat(')')) fail("missing ')'");
       --groups_open_;
+      if (multiple) {  // the inner texts whose value is a multiple: a look-ahead of the whole text
+        Node digits;
+        digits.kind = Node::multiple;
+        digits.min = multiple;
+        Node look;
+        look.kind = Node::look_ahead;
+        look.kids = {add(std::move(digits))};
+        Node guarded;
+        guarded.kind = Node::guarded;
+        guarded.kids = {inner, add(std::move(look))};
+        return add(std::move(guarded));
+      }
       if (group.kind == Node::empty) return inner;
       group.kids = {inner};
       return add(std::move(group));
@@ -550,6 +575,29 @@ class Nfa {
         const Frag g = build(nodes, n.kids[0]);
         json_escape(first, states.size());
         return g;
+      }
+      case Node::multiple: {
+        // The remainder of the digits read so far, modulo n.min: a digit d takes r to 10r + d.
+        const int s = add(), minus = add(), e = add();
+        std::vector<int> remainder(static_cast<std::size_t>(n.min));
+        for (int& r : remainder) r = add();
+        states[static_cast<std::size_t>(s)].edges.push_back({'-', '-', minus});
+        const auto digits = [&](int from, int r) {
+          for (int d = 0; d < 10; ++d) {
+            const int to = remainder[static_cast<std::size_t>((10 * r + d) % n.min)];
+            std::vector<Edge>& edges = states[static_cast<std::size_t>(from)].edges;
+            const auto b = static_cast<std::uint8_t>('0' + d);
+            if (d > 0 && edges.back().to == to)
+              edges.back().hi = b;
+            else
+              edges.push_back({b, b, to});
+          }
+        };
+        digits(s, 0);
+        digits(minus, 0);
+        for (int r = 0; r < n.min; ++r) digits(remainder[static_cast<std::size_t>(r)], r);
+        link(remainder[0], e);
+        return {s, e};
       }
       case Node::look_ahead:  // read by `guarded`, whose kids they are
       case Node::end_anchor:  // replaced when its look-ahead is read
