@@ -179,6 +179,13 @@ TEST(RegexDfa, RefusesWhatItDoesNotImplementNamingTheField) {
                 .find("the pattern is too large (its automaton's states before minimization hold "
                       "more than 8388608 NFA states in all)"),
             std::string::npos);
+  // Look-aheads and multiple groups build automata apart: bounded in all, not only each.
+  std::string groups;
+  for (int i = 0; i < 100; ++i) groups += "(?multiple{10000}:[0-9]+)x";
+  EXPECT_EQ(refusal(groups),
+            "'guided_regex': the pattern is too large (its look-aheads and multiple groups build "
+            "more than 1048576 states in all)");
+  EXPECT_NO_THROW(RegexDfa(groups.substr(0, groups.size() / 50)));  // two of them
   // Those two refusals are told apart by kind, not by text; syntax errors are neither.
   using Kind = RegexError::Kind;
   EXPECT_EQ(refusal_kind("(?{2,3}:a{4})"), Kind::no_text);

@@ -483,6 +483,14 @@ class Parser {
   std::vector<Node> nodes_;
 };
 
+// Look-aheads and multiple groups build automata apart and discard them: what they build in all is
+// bounded, so that no pattern of many such groups takes unbounded time.
+[[noreturn]] void guards_too_large(std::string_view field) {
+  throw RegexError(RegexError::Kind::too_large,
+                   str("'", field, "': the pattern is too large (its look-aheads and multiple ",
+                       "groups build more than ", RegexDfa::kMaxGuardWork, " states in all)"));
+}
+
 // Thompson's construction over bytes.
 class Nfa {
  public:
@@ -608,6 +616,10 @@ class Nfa {
 
  private:
   Frag guarded(const std::vector<Node>& nodes, const Node& n);
+  void spend(std::size_t work) {
+    if (work > guard_budget_) guards_too_large(field_);
+    guard_budget_ -= work;
+  }
 
   void link(int from, int to) { states[static_cast<std::size_t>(from)].eps.push_back(to); }
 
@@ -798,6 +810,7 @@ class Nfa {
   }
 
   std::string_view field_;
+  std::size_t guard_budget_ = RegexDfa::kMaxGuardWork;
 };
 
 // The first byte of each class of bytes that no edge of states [first, last) tells apart.
@@ -817,9 +830,11 @@ std::vector<std::uint8_t> class_starts(const std::vector<Nfa::State>& states, st
 
 // Subset construction from NFA state `start` over the classes beginning at `starts`, `accept`
 // the accepting NFA state; not yet minimized. The sets' sizes are bounded in all too: a pattern
-// like (?:a?){1000} holds a thousand NFA states in every set.
+// like (?:a?){1000} holds a thousand NFA states in every set; where `budget` is given, they are
+// taken from it as well.
 DfaTable determinized(const std::vector<Nfa::State>& states, int start, int accept,
-                      const std::vector<std::uint8_t>& starts, std::string_view field) {
+                      const std::vector<std::uint8_t>& starts, std::string_view field,
+                      std::size_t* budget = nullptr) {
   std::vector<int> mark(states.size(), -1);
   int stamp = 0;
   const auto closure = [&](std::vector<int> seeds) {
@@ -856,6 +871,8 @@ DfaTable determinized(const std::vector<Nfa::State>& states, int start, int acce
             ids.emplace(closure(std::move(moved)), static_cast<std::int32_t>(sets.size()));
         if (added) {
           entries += it->first.size();
+          if (budget && it->first.size() > *budget) guards_too_large(field);
+          if (budget) *budget -= it->first.size();
           if (sets.size() >= static_cast<std::size_t>(RegexDfa::kMaxSubsetStates))
             throw RegexError(
                 RegexError::Kind::too_large,
@@ -888,11 +905,15 @@ Nfa::Frag Nfa::guarded(const std::vector<Node>& nodes, const Node& n) {
     const Node& k = nodes[static_cast<std::size_t>(kid)];
     parts.push_back(build(nodes, k.kind == Node::look_ahead ? k.kids[0] : kid));
   }
+  spend(states.size() - first);
   const std::vector<std::uint8_t> starts = class_starts(states, first, states.size());
   const std::size_t classes = starts.size();
   std::vector<DfaTable> dfas;
-  for (const Frag& f : parts)
-    dfas.push_back(minimized(determinized(states, f.start, f.end, starts, field_)));
+  for (const Frag& f : parts) {
+    DfaTable d = determinized(states, f.start, f.end, starts, field_, &guard_budget_);
+    spend(d.next.size());  // its transitions, which minimizing reads
+    dfas.push_back(minimized(d));
+  }
   states.resize(first);
   const auto negative = [&](std::size_t i) {  // kids[0] is the body
     return i > 0 && nodes[static_cast<std::size_t>(n.kids[i])].min == 1;
@@ -909,6 +930,7 @@ Nfa::Frag Nfa::guarded(const std::vector<Node>& nodes, const Node& n) {
       if (t[i] == RegexDfa::kDead && !negative(i)) return RegexDfa::kDead;
     const auto [it, added] = ids.emplace(t, static_cast<std::int32_t>(tuples.size()));
     if (added) {
+      spend(t.size() * classes);  // the transitions it will be given
       if (tuples.size() >= static_cast<std::size_t>(RegexDfa::kMaxSubsetStates))
         throw RegexError(RegexError::Kind::too_large,
                          str("'", field_, "': the pattern is too large (more than ",
