@@ -1504,6 +1504,22 @@ json.dump([[reads(ipaddress.IPv6Address, v), reads(ipaddress.IPv4Address, v)] fo
   EXPECT_LT(valid, 1000);
 }
 
+// Meta-data keywords (readOnly, writeOnly, deprecated) and the password format change nothing:
+// Pydantic's computed fields, SecretStr and deprecated fields compile as the plain schema does.
+TEST(JsonSchema, MetaDataAndThePasswordFormatChangeNothing) {
+  const std::string plain = json_schema_regex(
+      R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+          "key": {"type": "string"}, "old": {"type": "integer"}}, "required": ["name", "key"]})");
+  EXPECT_EQ(json_schema_regex(
+                R"({"type": "object", "properties": {
+                    "name": {"type": "string", "maxLength": 8, "readOnly": true},
+                    "key": {"type": "string", "format": "password", "writeOnly": true},
+                    "old": {"type": "integer", "deprecated": true}}, "required": ["name", "key"]})"),
+            plain);
+  const RegexDfa dfa(plain);
+  EXPECT_TRUE(dfa.matches(R"({"name":"ann","key":"s3cr\"et"})"));
+}
+
 // A value's text as an exact rational: numerator over 10^scale (a JSON integer or decimal, no
 // exponent); nullopt for any other text.
 struct Scaled {
@@ -2480,7 +2496,7 @@ TEST(JsonSchema, RefusesWhatItCannotHonourNamingWhere) {
   EXPECT_EQ(refusal(R"({"type":"string","format":"iri"})"),
             "'response_format': the schema at '#': 'format' \"iri\" is not supported (date, "
             "time, date-time, duration, uuid, uuid1, uuid3-uuid8, ipv4, ipv6, ipvanyaddress, "
-            "hostname, email, uri)");
+            "hostname, email, uri, password)");
   EXPECT_NE(refusal(R"({"type":"string","format":"uuid2"})").find("'format' \"uuid2\" is not"),
             std::string::npos);
   // Lengths beside a pattern: they must leave it a text, within the automaton's bounds.

@@ -68,10 +68,11 @@ const std::set<std::string, std::less<>> kKeywords = {
 };
 
 // OpenAPI's 'discriminator' names the property that tells a oneOf's schemas apart, which the
-// schemas' own 'const's already enforce.
+// schemas' own 'const's already enforce; readOnly, writeOnly and deprecated (which Pydantic writes
+// for computed fields, SecretStr and deprecated fields) are meta-data, as 2020-12 has them.
 const std::set<std::string, std::less<>> kAnnotations = {
-    "title", "description", "default", "examples",    "$schema",
-    "$id",   "$comment",    "$defs",   "definitions", "discriminator",
+    "title", "description", "default",       "examples", "$schema",   "$id",        "$comment",
+    "$defs", "definitions", "discriminator", "readOnly", "writeOnly", "deprecated",
 };
 
 // `text` as a regex literal.
@@ -808,7 +809,8 @@ class Compiler {
   std::string string_body(const Json& s, const std::string& where) {
     if (s.contains("pattern") && s.contains("format"))
       fail(where, "'pattern' does not combine with 'format'");
-    if (s.contains("format")) {
+    // OpenAPI's password format (Pydantic's SecretStr) asks a form to hide the text: any string.
+    if (s.contains("format") && s["format"] != "password") {
       const std::string name = s["format"].is_string() ? s["format"].get<std::string>() : "";
       const std::optional<StringFormat> f = string_format(name);
       if (!f)

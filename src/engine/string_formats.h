@@ -14,10 +14,11 @@ struct StringFormat {
   int min_chars, max_chars;
 };
 
-// The formats string_format knows, for messages.
+// The formats a schema may name, for messages: those string_format knows, and password (any
+// string), which the schema compiler reads as no format.
 inline constexpr std::string_view kStringFormats =
     "date, time, date-time, duration, uuid, uuid1, uuid3-uuid8, ipv4, ipv6, ipvanyaddress, "
-    "hostname, email, uri";
+    "hostname, email, uri, password";
 
 // nullopt for a format it does not know.
 std::optional<StringFormat> string_format(std::string_view name);
