@@ -547,11 +547,12 @@ std::vector<std::string> texts_for(const Tree& t, test::Rng& rng, int n) {
 
 // Byte by byte, both automata are live, accepting and extendable alike. Past a state that dropped
 // parses (GbnfGrammar::whole: an ambiguous grammar, such as a repeat of nullable repeats, can
-// hold more than kMaxParses), only one direction holds: what the grammar keeps, the regex has.
+// hold more than kMaxParses), only one direction holds: what the grammar keeps, the regex has;
+// and once the memory bound refused states, a dead byte may be one the regex allows.
 TEST(GbnfGrammar, AgreesWithRegexDfaByteByByteOnRandomRegularGrammars) {
   test::Rng rng = test::make_rng();
   TreeMaker maker(rng, false);
-  int accepted = 0, dead = 0, too_large = 0, checked = 0, trimmed = 0;
+  int accepted = 0, dead = 0, too_large = 0, checked = 0, cut = 0;
   for (int g = 0; g < 300; ++g) {
     const Tree t = maker.make();
     const std::string text = gbnf_text(t, rng), pattern = regex_of(t, t.rules[0]);
@@ -564,6 +565,7 @@ TEST(GbnfGrammar, AgreesWithRegexDfaByteByByteOnRandomRegularGrammars) {
       continue;
     }
     const RegexDfa& dfa = *compiled;
+    bool trimmed = false;
     for (const std::string& s : texts_for(t, rng, 20)) {
       std::int32_t a = gbnf.start(), b = dfa.start();
       bool whole = true;
@@ -573,8 +575,9 @@ TEST(GbnfGrammar, AgreesWithRegexDfaByteByByteOnRandomRegularGrammars) {
                  std::to_string(k);
         };
         if (a != ByteGrammar::kDead) whole = whole && gbnf.whole(a);
-        ++(whole ? checked : trimmed);
-        if (whole) {
+        trimmed = trimmed || !whole;
+        checked += whole;
+        if (whole && !gbnf.exhausted()) {
           ASSERT_EQ(a == ByteGrammar::kDead, b == ByteGrammar::kDead) << where();
         } else if (a != ByteGrammar::kDead) {
           ASSERT_NE(b, ByteGrammar::kDead) << where();
@@ -601,11 +604,13 @@ TEST(GbnfGrammar, AgreesWithRegexDfaByteByByteOnRandomRegularGrammars) {
         b = dfa.walk(b, s.substr(k, 1));
       }
     }
+    cut += trimmed || gbnf.exhausted();
   }
   EXPECT_GT(accepted, 1000);  // both kinds of text were met often
   EXPECT_GT(dead, 600);
   EXPECT_LT(too_large, 10);
-  EXPECT_LT(trimmed, checked / 20);  // grammars whose parses multiply past the bound are rare
+  EXPECT_GT(checked, 20000);
+  EXPECT_LT(cut, 15);  // grammars whose parses multiply past a bound are rare
 }
 
 // The bytes the random grammars' texts are written in: ASCII and the alphabet's characters'.
@@ -644,16 +649,18 @@ std::optional<std::string> completion(const GbnfGrammar& g, std::int32_t state) 
 // Every prefix that ends on a whole character is live exactly when the recognizer says a text of
 // the grammar begins so, and accepting exactly when it derives it (prefixes inside a character
 // are RegexDfa's test above), over random and mutated texts and random walks over live bytes.
-// Past a state that dropped parses (GbnfGrammar::whole), only the first halves hold: what is
-// live begins a text of the grammar, and what is accepted is one.
+// Past a state that dropped parses (GbnfGrammar::whole), or once the memory bound has refused
+// states (GbnfGrammar::exhausted: a grammar whose parses multiply fills it), only the first halves
+// hold: what is live begins a text of the grammar, and what is accepted is one.
 TEST(GbnfGrammar, AgreesWithASpanRecognizerOnRandomRecursiveGrammars) {
   test::Rng rng = test::make_rng();
   TreeMaker maker(rng, true);
-  int accepted = 0, dead = 0, walked_bytes = 0, checked = 0, trimmed = 0;
+  int accepted = 0, dead = 0, walked_bytes = 0, checked = 0, cut = 0;
   for (int g = 0; g < 150; ++g) {
     const Tree t = maker.make();
     const std::string text = gbnf_text(t, rng);
     const GbnfGrammar gbnf(text);
+    bool trimmed = false;
     std::vector<std::string> texts = texts_for(t, rng, 20);
     for (int w = 0; w < 3; ++w) {  // random walks over the bytes that keep the text live
       std::string walked;
@@ -676,15 +683,17 @@ TEST(GbnfGrammar, AgreesWithASpanRecognizerOnRandomRecursiveGrammars) {
       for (std::size_t k = 0; k <= s.size(); ++k) {
         const std::string prefix = s.substr(0, k);
         if (state == ByteGrammar::kDead) {
-          // Once a state on the way dropped parses, a text that begins so may be out of reach.
-          if (whole) {
+          // Once a state on the way dropped parses, or the memory bound refused states, a text
+          // that begins so may be out of reach.
+          if (whole && !gbnf.exhausted()) {
             ASSERT_FALSE(begins(t, prefix)) << "grammar:\n" << text << "prefix: " << prefix;
           }
           ++dead;
           break;
         }
         whole = whole && gbnf.whole(state);
-        ++(whole ? checked : trimmed);
+        trimmed = trimmed || !whole;
+        checked += whole;
         if (code_points(prefix)) {
           ASSERT_TRUE(begins(t, prefix)) << "grammar:\n" << text << "prefix: " << prefix;
           if (whole || gbnf.accepting(state)) {
@@ -695,11 +704,13 @@ TEST(GbnfGrammar, AgreesWithASpanRecognizerOnRandomRecursiveGrammars) {
         if (k < s.size()) state = gbnf.walk(state, s.substr(k, 1));
       }
     }
+    cut += trimmed || gbnf.exhausted();
   }
   EXPECT_GT(accepted, 300);  // each kind of text was met often
   EXPECT_GT(dead, 300);
   EXPECT_GT(walked_bytes, 1500);
-  EXPECT_LT(trimmed, checked / 20);  // grammars whose parses multiply past the bound are rare
+  EXPECT_GT(checked, 10000);
+  EXPECT_LT(cut, 15);  // grammars whose parses multiply past a bound are rare
 }
 
 TEST(GbnfGrammar, RefusesWhatItCannotWalkNamingWhere) {
@@ -790,7 +801,9 @@ TEST(GbnfGrammar, BoundsHowDeepAParseNestsAndHowManyAStateKeeps) {
   }
   const GbnfGrammar counters(rules);
   EXPECT_TRUE(counters.matches("AAAB"));
+  EXPECT_FALSE(counters.exhausted());
   EXPECT_FALSE(live(counters, text));
+  EXPECT_TRUE(counters.exhausted());
   EXPECT_GE(counters.bytes(), GbnfGrammar::kMaxBytes - (1u << 16));
   EXPECT_LE(counters.bytes(), GbnfGrammar::kMaxBytes);
   EXPECT_TRUE(counters.matches("AAAB"));

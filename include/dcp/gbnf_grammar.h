@@ -62,6 +62,9 @@ class GbnfGrammar final : public ByteGrammar {
   bool whole(std::int32_t state) const noexcept;
   // Memory the states built so far hold (at most kMaxBytes past the first state).
   std::size_t bytes() const noexcept { return bytes_; }
+  // Whether the memory bound has refused a new state: since then a byte found not allowed may be
+  // one the grammar allows.
+  bool exhausted() const noexcept { return exhausted_; }
 
   // The open parses and the bytes of an incomplete character.
   struct Config {
@@ -78,6 +81,7 @@ class GbnfGrammar final : public ByteGrammar {
   mutable std::unordered_map<std::string, std::int32_t> ids_;
   mutable std::vector<std::array<std::int32_t, 256>> next_;  // kUnknown until first asked
   mutable std::size_t bytes_ = 0;
+  mutable bool exhausted_ = false;
 };
 
 }  // namespace dcp

@@ -168,7 +168,10 @@ std::int32_t GbnfGrammar::intern(Config c) const {
   // What the state holds: its transitions, its key, its parses.
   std::size_t cost = sizeof(next_[0]) + 2 * key.size() + sizeof(Config) + 64;
   cost += c.stacks.size() * (sizeof(Stack) + 16);
-  if (bytes_ + cost > kMaxBytes && !configs_.empty()) return kDead;
+  if (bytes_ + cost > kMaxBytes && !configs_.empty()) {
+    exhausted_ = true;
+    return kDead;
+  }
   bytes_ += cost;
   const auto id = static_cast<std::int32_t>(configs_.size());
   ids_.emplace(std::move(key), id);
@@ -183,7 +186,10 @@ std::int32_t GbnfGrammar::next(std::int32_t state, std::uint8_t b) const {
   if (next_[static_cast<std::size_t>(state)][b] != gbnf_walk::kUnknown)
     return next_[static_cast<std::size_t>(state)][b];
   // Past the budget nothing new is worked out: a byte not walked before ends the text here.
-  if (bytes_ >= kMaxBytes) return next_[static_cast<std::size_t>(state)][b] = kDead;
+  if (bytes_ >= kMaxBytes) {
+    exhausted_ = true;
+    return next_[static_cast<std::size_t>(state)][b] = kDead;
+  }
   Config c = gbnf_walk::step(*rules_, configs_[static_cast<std::size_t>(state)], b);
   const std::int32_t to = c.stacks.empty() ? kDead : intern(std::move(c));
   next_[static_cast<std::size_t>(state)][b] = to;  // intern may have moved the table
