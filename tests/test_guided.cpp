@@ -538,6 +538,31 @@ json.dump(out, open(sys.argv[2], 'w'))
   EXPECT_LT(too_large, 8);
 }
 
+// The automaton of `pattern`; nullopt where it is refused, as too large (counted in `too_large`)
+// or as matching no text, which Python's verdicts on its texts must then agree with.
+std::optional<RegexDfa> compiled_or_refused(const std::string& pattern,
+                                            const nlohmann::json& verdicts, int& too_large) {
+  try {
+    return RegexDfa(pattern);
+  } catch (const RegexError& e) {
+    if (e.kind() == RegexError::Kind::no_text) {
+      for (const auto& want : verdicts) EXPECT_FALSE(want == true) << pattern;
+    } else {
+      ++too_large;
+    }
+  }
+  return std::nullopt;
+}
+
+// The automaton of `pattern`, nullopt where it does not compile.
+std::optional<RegexDfa> compiled_if_it_can(const std::string& pattern) {
+  try {
+    return RegexDfa(pattern);
+  } catch (const Error&) {
+  }
+  return std::nullopt;
+}
+
 // A length group keeps exactly the matches of its pattern that have its number of characters
 // (code points, as Python's len counts them); the characters around it do not count.
 TEST(RegexDfa, LengthGroupsKeepTheMatchesOfTheirLength) {
@@ -572,22 +597,11 @@ json.dump([decided(texts, lambda t: verdict(p, lo, hi, t)) for p, lo, hi, texts 
     const int lo = cases[i][1], hi = cases[i][2];
     const std::string pattern =
         str("«(?{", lo, hi == lo ? "" : ",", hi > lo ? std::to_string(hi) : "", "}:", inner, ")»");
-    std::optional<RegexDfa> compiled;
-    try {
-      compiled.emplace(pattern);
-    } catch (const RegexError& e) {  // too large, or no match of those lengths: no wrong answer
-      if (e.kind() == RegexError::Kind::no_text) {
-        for (const auto& want : (*verdicts)[i]) EXPECT_FALSE(want == true) << pattern;
-      } else {
-        ++too_large;
-      }
-      continue;
-    }
-    std::optional<RegexDfa> plain;  // to count the matches cut; itself too large at times
-    try {
-      plain.emplace(inner);
-    } catch (const Error&) {
-    }
+    const std::optional<RegexDfa> compiled =
+        compiled_or_refused(pattern, (*verdicts)[i], too_large);
+    if (!compiled) continue;
+    // To count the matches cut; itself too large at times.
+    const std::optional<RegexDfa> plain = compiled_if_it_can(inner);
     for (std::size_t k = 0; k < cases[i][3].size(); ++k) {
       const std::string text = cases[i][3][k];
       if ((*verdicts)[i][k].is_null()) continue;
@@ -670,22 +684,11 @@ json.dump([decided(texts, lambda t: bool(re.fullmatch(p, t[1:-1] if scoped else 
   int matched = 0, kept_out = 0, too_large = 0;
   for (std::size_t i = 0; i < cases.size(); ++i) {
     const std::string pattern = cases[i][0];
-    std::optional<RegexDfa> compiled;
-    try {
-      compiled.emplace(pattern);
-    } catch (const RegexError& e) {  // too large, or a scope that admits nothing: no wrong answer
-      if (e.kind() == RegexError::Kind::no_text) {
-        for (const auto& want : (*verdicts)[i]) EXPECT_FALSE(want == true) << pattern;
-      } else {
-        ++too_large;
-      }
-      continue;
-    }
-    std::optional<RegexDfa> body;  // to count the matches the look-aheads keep out
-    try {
-      body.emplace(cases[i][2].get<std::string>());
-    } catch (const Error&) {
-    }
+    const std::optional<RegexDfa> compiled =
+        compiled_or_refused(pattern, (*verdicts)[i], too_large);
+    if (!compiled) continue;
+    // To count the matches the look-aheads keep out.
+    const std::optional<RegexDfa> body = compiled_if_it_can(cases[i][2].get<std::string>());
     const bool scoped = cases[i][3];
     for (std::size_t k = 0; k < cases[i][4].size(); ++k) {
       const std::string text = cases[i][4][k];
