@@ -184,8 +184,8 @@ TEST(RegexDfa, RefusesWhatItDoesNotImplementNamingTheField) {
   for (int i = 0; i < 100; ++i) groups += "(?multiple{10000}:[0-9]+)x";
   EXPECT_EQ(refusal(groups),
             "'guided_regex': the pattern is too large (its look-aheads and multiple groups build "
-            "more than 1048576 states in all)");
-  EXPECT_NO_THROW(RegexDfa(groups.substr(0, groups.size() / 50)));  // two of them
+            "more than 524288 states in all)");
+  EXPECT_NO_THROW(RegexDfa(groups.substr(0, groups.size() / 100)));  // one of them
   // Those two refusals are told apart by kind, not by text; syntax errors are neither.
   using Kind = RegexError::Kind;
   EXPECT_EQ(refusal_kind("(?{2,3}:a{4})"), Kind::no_text);

@@ -63,7 +63,7 @@ class RegexDfa final : public ByteGrammar {
   static constexpr int kMaxMultiple = 10000;        // largest k of a multiple group (?multiple{k}:
   // What look-aheads and multiple groups may build in all (NFA states, sets of the subset
   // construction, transitions of the product), so that many of them cannot take unbounded time.
-  static constexpr std::size_t kMaxGuardWork = std::size_t{1} << 20;
+  static constexpr std::size_t kMaxGuardWork = std::size_t{1} << 19;
   static constexpr std::size_t kMaxGroupNesting = 256;
   static constexpr int kMaxNfaStates = 200000;  // before determinization
   static constexpr int kMaxSubsetStates = 100000;  // of the subset construction
