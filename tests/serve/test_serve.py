@@ -553,7 +553,7 @@ def case_structured_outputs(s):
     for bad_body, words in [({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag"),
                             ({"structured_outputs": {"regex": "a"}, "guided_regex": "a"}, "not both"),
                             ({"structured_outputs": {"regex": "("}}, "structured_outputs.regex"),
-                            ({"structured_outputs": {"json": {"type": "integer", "multipleOf": 2}}},
+                            ({"structured_outputs": {"json": {"type": "integer", "multipleOf": 2.5}}},
                              "structured_outputs.json"),
                             ({"structured_outputs": {"choice": "red"}}, "structured_outputs.choice"),
                             ({"structured_outputs": ["regex"]}, "must be an object")]:
@@ -801,7 +801,7 @@ def case_errors(s):
     expect(400, {"text": "hi", "sampling_params": {"regex": "a{0}"}}, "regex", path="/generate")
     expect(400, {"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {}}}, "response_format")
     expect(400, {"prompt": "hi", "response_format": {"type": "json_schema", "json_schema": {"schema": {
-        "type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}}}}}}, "response_format")
+        "type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2.5}}}}}}, "response_format")
     expect(400, {"prompt": "hi", "guided_json": {"type": "object", "properties": {}}, "response_format": {
         "type": "json_schema", "json_schema": {"schema": {"type": "null"}}}}, "guided_json")
     expect(400, {"prompt": "hi", "guided_json": "{not json"}, "guided_json")
@@ -1065,7 +1065,7 @@ def case_tools():
                             ({**base, "tools": TOOLS, "tool_choice": {"type": 5}}, "tool_choice"),
                             ({**base, "messages": [{"role": "user", "content": [{"type": 3}]}]}, "messages"),
                             ({**base, "tools": [{"type": "function", "function": {"name": "a", "parameters": {
-                                "type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}}}}}],
+                                "type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2.5}}}}}],
                               "tool_choice": "required"}, "tools"),
                             ({"prompt": "x", "tools": TOOLS}, "tools"),
                             ({**base, "functions": [{"name": "f"}]}, "functions")]:
@@ -1073,7 +1073,7 @@ def case_tools():
             status, r = s.post(path, body)
             check(status == 400 and r["error"]["param"] == param, f"refused naming {param}: {body} -> {status} {r}")
         status, r = s.post("/v1/chat/completions", {**base, "tools": [{"type": "function", "function": {
-            "name": "a", "parameters": {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}}}}}],
+            "name": "a", "parameters": {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2.5}}}}}],
             "tool_choice": "required"})
         check("tools[0].function.parameters" in r.get("error", {}).get("message", ""),
               f"the schema's fault is placed: {r}")
