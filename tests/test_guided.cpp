@@ -1671,7 +1671,11 @@ TEST(JsonSchema, MultipleOfKeepsTheMultiplesWithinTheBounds) {
     try {
       regex = json_schema_regex(schema, "f");
     } catch (const Error& e) {
+      // Past a thousand, the remainders times a bound's states may pass the automaton's bounds.
       const std::string why = e.what();
+      if (k > 1000 && why == str("'f': the schema at '#': the multiples of ", k,
+                                 " within its bounds are too large an automaton"))
+        continue;
       ASSERT_TRUE(
           why == str("'f': the schema at '#': no multiple of ", k, " lies within its bounds") ||
           why == "'f': the schema at '#': no integer lies within its bounds")
