@@ -29,8 +29,8 @@
 #include "dcp/json_schema.h"
 #include "dcp/regex_dfa.h"
 #include "dcp/token_guide.h"
-#include "engine/dfa_minimize.h"
 #include "engine_util.h"
+#include "guide/dfa_minimize.h"
 #include "test_util.h"
 
 namespace dcp {

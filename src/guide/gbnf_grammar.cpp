@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "dcp/error.h"
-#include "engine/gbnf_rules.h"
+#include "guide/gbnf_rules.h"
 
 namespace dcp {
 namespace gbnf_walk {  // named: a unity build shares one file's anonymous namespace
@@ -81,8 +81,12 @@ std::size_t utf8_length(std::uint8_t lead) {
 // The range of the byte after `lead` in valid UTF-8 (no overlong forms, no surrogates, nothing
 // past U+10FFFF); bytes after the second are 80-BF.
 std::pair<std::uint8_t, std::uint8_t> second_byte(std::uint8_t lead) {
-  return {lead == 0xE0 ? 0xA0 : lead == 0xF0 ? 0x90 : 0x80,
-          lead == 0xED ? 0x9F : lead == 0xF4 ? 0x8F : 0xBF};
+  return {lead == 0xE0   ? 0xA0
+          : lead == 0xF0 ? 0x90
+                         : 0x80,
+          lead == 0xED   ? 0x9F
+          : lead == 0xF4 ? 0x8F
+                         : 0xBF};
 }
 
 // The code points a valid UTF-8 character beginning with `partial` can be (one, when whole).

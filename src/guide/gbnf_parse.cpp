@@ -6,7 +6,7 @@
 
 #include "dcp/error.h"
 #include "dcp/gbnf_grammar.h"
-#include "engine/gbnf_rules.h"
+#include "guide/gbnf_rules.h"
 
 namespace dcp {
 namespace gbnf_reader {  // named: a unity build shares one file's anonymous namespace
