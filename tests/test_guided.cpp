@@ -331,26 +331,6 @@ TEST(RegexDfa, CopiesOfASubpatternMerge) {
   EXPECT_EQ(twice.states(), 4);  // start (again after a comma), after a, after c, after a pair
 }
 
-// Python decides each case: runs `script` with the cases' JSON file and the answers' file
-// (byte strings travel as hex); nullopt when Debian's python3 is missing.
-std::optional<nlohmann::json> python_oracle(const nlohmann::json& cases,
-                                            const std::string& script) {
-  const char* python = "/usr/bin/python3";
-  if (!std::filesystem::exists(python)) return std::nullopt;
-  const auto dir =
-      std::filesystem::temp_directory_path() / ("dcp_oracle_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir / "cases.json") << cases.dump();
-  std::ofstream(dir / "oracle.py") << script;
-  const std::string command = std::string(python) + " " + (dir / "oracle.py").string() + " " +
-                              (dir / "cases.json").string() + " " +
-                              (dir / "expected.json").string();
-  EXPECT_EQ(std::system(command.c_str()), 0) << command;
-  nlohmann::json out = nlohmann::json::parse(std::ifstream(dir / "expected.json"));
-  std::filesystem::remove_all(dir);
-  return out;
-}
-
 // Python's re backtracks, exponentially on some random patterns and texts. The oracles below run
 // each text under `decided`: from the first text of a pattern that Python has not decided in a
 // second of its CPU time (CPU time, so that a loaded machine leaves out no more), the pattern's
@@ -507,7 +487,7 @@ TEST(RegexDfa, AgreesWithPythonReOnRandomPatternsAndTexts) {
     for (int k = 0; k < 15; ++k) texts.push_back(maker.text());
     cases.push_back({pattern, texts});
   }
-  const auto verdicts = python_oracle(cases, R"(import json, re, sys
+  const auto verdicts = test::python_oracle(cases, R"(import json, re, sys
 cases = json.load(open(sys.argv[1]))
 out = [[bool(re.fullmatch(p, t, re.ASCII)) for t in texts] for p, texts in cases]
 json.dump(out, open(sys.argv[2], 'w'))
@@ -583,7 +563,7 @@ TEST(RegexDfa, LengthGroupsKeepTheMatchesOfTheirLength) {
     for (int k = 0; k < 12; ++k) texts.push_back("«" + maker.text() + "»");
     cases.push_back({pattern, lo, hi, texts});
   }
-  const auto verdicts = python_oracle(cases, std::string(kDecided) + R"(import json, re, sys
+  const auto verdicts = test::python_oracle(cases, std::string(kDecided) + R"(import json, re, sys
 def verdict(p, lo, hi, t):
     return bool(re.fullmatch(p, t[1:-1], re.ASCII)) and lo <= len(t) - 2 and (hi < 0 or len(t) - 2 <= hi)
 cases = json.load(open(sys.argv[1]))
@@ -675,7 +655,7 @@ TEST(RegexDfa, LookAheadsKeepTheTextsTheyAdmitWithinTheirScope) {
     for (int k = 0; k < 10; ++k) texts.push_back(wrap(maker.text()));
     cases.push_back({ours, python, body, scoped, texts});
   }
-  const auto verdicts = python_oracle(cases, std::string(kDecided) + R"(import json, re, sys
+  const auto verdicts = test::python_oracle(cases, std::string(kDecided) + R"(import json, re, sys
 cases = json.load(open(sys.argv[1]))
 json.dump([decided(texts, lambda t: bool(re.fullmatch(p, t[1:-1] if scoped else t, re.ASCII)))
            for _, p, _, scoped, texts in cases], open(sys.argv[2], 'w'))
@@ -832,7 +812,7 @@ TEST(JsonGrammar, AgreesWithPythonJsonOnRandomAndMutatedObjects) {
     texts.push_back(t);
   nlohmann::json cases = nlohmann::json::array();
   for (const std::string& t : texts) cases.push_back(hex(t));
-  const auto expected = python_oracle(cases, R"(import json, sys
+  const auto expected = test::python_oracle(cases, R"(import json, sys
 def ok(b):
     try:
         t = b.decode('utf-8')
@@ -1007,7 +987,7 @@ TEST(RegexDfa, JsonGroupsWriteTheirTextsAsJsonStrings) {
     }
     cases.push_back({p, texts});
   }
-  const auto verdicts = python_oracle(cases, std::string(kDecided) + R"(import json, re, sys
+  const auto verdicts = test::python_oracle(cases, std::string(kDecided) + R"(import json, re, sys
 def ok(p, body):
     try:
         text = '"' + bytes.fromhex(body).decode() + '"'
@@ -1111,7 +1091,7 @@ TEST(JsonSchema, PatternsWriteTheirTextsOfTheirLengthsAsJsonStrings) {
     cases.push_back({pattern, lo, hi, texts});
   }
   // A look-ahead's `$` is the end of the text, Python's \Z; \d is ASCII, as ECMA-262 has it.
-  const auto verdicts = python_oracle(cases, R"(import json, re, sys
+  const auto verdicts = test::python_oracle(cases, R"(import json, re, sys
 def verdict(p, lo, hi, t):  # [a match within the bounds, a match of the pattern]
     try:
         v = json.loads(t)  # written as json.dumps writes it, or not at all
@@ -1170,7 +1150,7 @@ TEST(JsonSchema, MatchesOnlyValidInstancesAndThoseJsonDumpsWrites) {
       (std::filesystem::temp_directory_path() / ("dcp_schema_" + std::to_string(::getpid())))
           .string();
   std::ofstream(schema_file) << kPersonSchema;
-  const auto verdicts = python_oracle(cases, R"(import json, re, sys, uuid
+  const auto verdicts = test::python_oracle(cases, R"(import json, re, sys, uuid
 schema = json.load(open(')" + schema_file + R"('))
 def valid(v, s):
     if '$ref' in s:
@@ -1304,7 +1284,7 @@ TEST(JsonSchema, FormatsWriteOnlyValidAddressesAndNames) {
   EXPECT_NO_THROW(
       json_schema_regex(R"({"type":"string","format":"uri","minLength":1,"maxLength":2083})"));
   const auto verdicts =
-      python_oracle(cases, R"(import datetime, ipaddress, json, re, sys, urllib.parse, uuid
+      test::python_oracle(cases, R"(import datetime, ipaddress, json, re, sys, urllib.parse, uuid
 def label_ok(l):
     return 1 <= len(l) <= 63 and re.fullmatch(r'[A-Za-z0-9-]+', l) and l[0] != '-' and l[-1] != '-'
 def host_ok(h):
@@ -1477,7 +1457,7 @@ TEST(JsonSchema, IpAddressFormatsMatchWhatPythonsIpaddressReads) {
                         "1:2:3:4:5:6:7:1.2.3.4", "1::2::3", ":::", "::", "1:::2", ":1::", "::1:"})
     texts.push_back(t);
   nlohmann::json cases = texts;
-  const auto verdicts = python_oracle(cases, R"(import ipaddress, json, sys
+  const auto verdicts = test::python_oracle(cases, R"(import ipaddress, json, sys
 def reads(kind, v):
     try:
         kind(v)
@@ -1758,7 +1738,7 @@ TEST(RegexDfa, MultipleGroupsKeepTheWholeNumbersTheirDivisorDivides) {
     texts.push_back("1.0");
     cases.push_back({k, texts});
   }
-  const auto verdicts = python_oracle(cases, R"(import json, re, sys
+  const auto verdicts = test::python_oracle(cases, R"(import json, re, sys
 cases = json.load(open(sys.argv[1]))
 json.dump([[bool(re.fullmatch(r'-?[0-9]+', t)) and int(t) % k == 0 for t in texts]
            for k, texts in cases], open(sys.argv[2], 'w'))

@@ -184,6 +184,132 @@ TEST(ToolCalls, RandomRepliesAndTheirPrefixes) {
   }
 }
 
+// tool_choice "required": the list of calls, each call's arguments as json.dumps separates them,
+// every string and number spelt as written. Python writes random lists with random blank space
+// (json.dumps with blank separators and indents) and the arguments it expects (json.dumps' own
+// separators, strings escaped alike), then spoils copies by one character: Python's json.loads
+// decides which still read as a list of calls, and the values their arguments must hold.
+TEST(ToolCalls, ListedCallsKeepTheirArgumentsAsWritten) {
+  const auto cases =
+      test::python_oracle({{"seed", test::test_seed() % 1000000007}}, R"(import json, random, sys
+rng = random.Random(json.load(open(sys.argv[1]))["seed"])
+def string():
+    return "".join(rng.choice(['a', 'Z', ' ', '"', '\\', '\n', '\t', '\x01', '/', 'é', '中', '😀', '\u2028'])
+                   for _ in range(rng.randint(0, 6)))
+def number():
+    k = rng.randint(0, 3)
+    if k == 0: return rng.randint(-10**40, 10**40)
+    if k == 1: return rng.randint(-5, 5)
+    if k == 2: return rng.uniform(-1e6, 1e6)
+    return rng.choice([0.0, -0.0, 1e300, 5e-324, 1.5e-10, 1e22, -2.5])
+def value(depth):
+    k = rng.randint(0, 5 if depth < 4 else 2)
+    if k == 0: return string()
+    if k == 1: return number()
+    if k == 2: return rng.choice([True, False, None])
+    if k == 3: return [value(depth + 1) for _ in range(rng.randint(0, 3))]
+    return {string(): value(depth + 1) for _ in range(rng.randint(0, 3))}
+blank = [' ', '\n', '\t', '\r', '', '']
+def calls_of(v):
+    ok = (isinstance(v, list) and len(v) > 0 and all(
+        isinstance(c, dict) and set(c) == {"name", "parameters"} and isinstance(c["name"], str)
+        and isinstance(c["parameters"], dict) for c in v))
+    return [[c["name"], json.dumps(c["parameters"])] for c in v] if ok else None
+out = []
+for _ in range(300):
+    calls = [{"name": "f%d" % rng.randint(0, 99), "parameters": {string(): value(1) for _ in range(rng.randint(0, 4))}}
+             for _ in range(rng.randint(1, 3))]
+    ascii = rng.random() < 0.3
+    text = json.dumps(calls, ensure_ascii=ascii, indent=rng.choice([None, None, 0, 2, "\t"]),
+                      separators=(rng.choice(blank) + "," + rng.choice(blank), rng.choice(blank) + ":" + rng.choice(blank)))
+    text = rng.choice(blank) + text + rng.choice(blank)
+    out.append({"text": text, "spelt": [[c["name"], json.dumps(c["parameters"], ensure_ascii=ascii)] for c in calls]})
+    for _ in range(3):  # one character dropped or put in
+        i = rng.randint(0, len(text) - 1)
+        spoilt = text[:i] + text[i + 1:] if rng.random() < 0.5 else text[:i] + rng.choice(',:[]{}"\\ 0-.eE1a') + text[i:]
+        try:
+            read = calls_of(json.loads(spoilt))
+        except ValueError:
+            read = None
+        out.append({"text": spoilt, "values": read})
+json.dump(out, open(sys.argv[2], "w"))
+)");
+  if (!cases) GTEST_SKIP() << "/usr/bin/python3 is not installed";
+  int spelt = 0, refused = 0;
+  nlohmann::json kept = nlohmann::json::array();  // [arguments, the parameters Python read]
+  for (const nlohmann::json& c : *cases) {
+    const std::string text = c["text"];
+    SCOPED_TRACE(text);
+    const std::optional<std::vector<ToolCall>> got = read_listed_calls(text);
+    const nlohmann::json& want = c.contains("spelt") ? c["spelt"] : c["values"];
+    if (want.is_null()) {
+      EXPECT_FALSE(got.has_value());
+      ++refused;
+      continue;
+    }
+    ASSERT_TRUE(got.has_value());
+    ASSERT_EQ(got->size(), want.size());
+    for (std::size_t k = 0; k < want.size(); ++k) {
+      EXPECT_EQ((*got)[k].name, want[k][0].get<std::string>());
+      EXPECT_TRUE((*got)[k].id.empty());
+      if (c.contains("spelt")) {
+        EXPECT_EQ((*got)[k].arguments, want[k][1].get<std::string>());
+        ++spelt;
+      } else {
+        kept.push_back({(*got)[k].arguments, want[k][1]});
+      }
+    }
+  }
+  // The value Python reads from each call's arguments is the one it read from the list.
+  const auto same = test::python_oracle(kept, R"(import json, sys
+pairs = json.load(open(sys.argv[1]))
+json.dump([json.dumps(json.loads(a)) == json.dumps(json.loads(b)) for a, b in pairs], open(sys.argv[2], "w"))
+)");
+  for (std::size_t k = 0; k < kept.size(); ++k)
+    EXPECT_TRUE((*same)[k].get<bool>()) << kept[k][0] << " vs " << kept[k][1];
+  EXPECT_GT(spelt, 300);
+  EXPECT_GT(refused, 300);     // most spoilt copies are not JSON any more
+  EXPECT_GT(kept.size(), 5u);  // some are (a digit more, a blank space)
+}
+
+// What a double cannot hold is kept as written; a list that is not one of calls is no list.
+TEST(ToolCalls, ListedCallsByHand) {
+  const auto args = [](const std::string& text) {
+    const auto calls = read_listed_calls(text);
+    return calls && calls->size() == 1 ? (*calls)[0].arguments : std::string("(none)");
+  };
+  EXPECT_EQ(args(R"([{"name":"f","parameters":{"a":1e400,"b":-123456789012345678901234567890}}])"),
+            R"({"a": 1e400, "b": -123456789012345678901234567890})");
+  EXPECT_EQ(args("[{\"name\": \"f\", \"parameters\": {\"s\": \"\\u00e9\\/\\\"\", \"n\": [1E+5, -0, "
+                 "0.0e-0, {}, []]}}]"),
+            "{\"s\": \"\\u00e9\\/\\\"\", \"n\": [1E+5, -0, 0.0e-0, {}, []]}");
+  EXPECT_EQ(args(" \n[ { \"parameters\" : { } , \"name\" : \"g\" } ]\t"), "{}");
+  // JSON's grammar allows a lone surrogate's escape (Python reads it): kept in the arguments; a
+  // name cannot hold one (no function is named so).
+  EXPECT_EQ(args(R"([{"name":"f","parameters":{"\udddd":"\ud800"}}])"), R"({"\udddd": "\ud800"})");
+  for (const char* bad : {"[]",
+                          "{}",
+                          "[{}]",
+                          R"([{"name":"f"}])",
+                          R"([{"parameters":{}}])",
+                          R"([{"name":"f","parameters":[]}])",
+                          R"([{"name":1,"parameters":{}}])",
+                          R"([{"name":"f","parameters":{},"x":0}])",
+                          R"([{"name":"f","name":"f","parameters":{}}])",
+                          R"([{"name":"f","parameters":{}},])",
+                          R"([{"name":"f","parameters":{"a":01}}])",
+                          R"([{"name":"f","parameters":{"a":1.}}])",
+                          R"([{"name":"f","parameters":{"a":.5}}])",
+                          R"([{"name":"f","parameters":{"a":"\q"}}])",
+                          "[{\"name\":\"f\",\"parameters\":{\"a\":\"\x01\"}}]",
+                          R"([{"name":"f","parameters":{"a":tru}}])",
+                          R"([{"name":"f","parameters":{"a":NaN}}])",
+                          R"([{"name":"f","parameters":{"a":1}}] x)",
+                          R"([{"name":"f","parameters":{"a":1})",
+                          "[{\"name\":\"f\",\"parameters\":{\"a\":\"\xff\"}}]"})
+    EXPECT_EQ(args(bad), "(none)") << bad;
+}
+
 // A tokenizer with only the bytes and `specials` as added tokens.
 Tokenizer tokenizer_with(const std::vector<std::string>& specials) {
   nlohmann::json vocab = nlohmann::json::object();

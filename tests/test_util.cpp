@@ -1,7 +1,11 @@
 #include "test_util.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <numeric>
 #include <string>
@@ -259,6 +263,24 @@ std::string byte_char(int b) {
     u += static_cast<char>(0x80 | (cp & 0x3F));
   }
   return u;
+}
+
+std::optional<nlohmann::json> python_oracle(const nlohmann::json& cases,
+                                            const std::string& script) {
+  const char* python = "/usr/bin/python3";
+  if (!std::filesystem::exists(python)) return std::nullopt;
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("dcp_oracle_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "cases.json") << cases.dump();
+  std::ofstream(dir / "oracle.py") << script;
+  const std::string command = std::string(python) + " " + (dir / "oracle.py").string() + " " +
+                              (dir / "cases.json").string() + " " +
+                              (dir / "expected.json").string();
+  EXPECT_EQ(std::system(command.c_str()), 0) << command;
+  nlohmann::json out = nlohmann::json::parse(std::ifstream(dir / "expected.json"));
+  std::filesystem::remove_all(dir);
+  return out;
 }
 
 }  // namespace dcp::test

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -101,5 +103,9 @@ ref::FullAttentionInput random_context(const ContextSpec& spec, KvDtype dtype, R
 // ! .. ~, 0xA1 .. 0xAC and 0xAE .. 0xFF stand for themselves; the rest, in byte order, for U+0100,
 // U+0101, ...
 std::string byte_char(int b);
+
+// Python decides each case: runs `script` with the cases' JSON file and the answers' file
+// (byte strings travel as hex); nullopt when Debian's python3 is missing.
+std::optional<nlohmann::json> python_oracle(const nlohmann::json& cases, const std::string& script);
 
 }  // namespace dcp::test

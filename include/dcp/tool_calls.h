@@ -41,4 +41,20 @@ struct ParsedToolCalls {
 // no calls, so that nothing the model wrote is lost.
 ParsedToolCalls parse_tool_calls(std::string_view text, ToolCallFormat format);
 
+// Reads the list of calls a reply guided by tool_choice "required" writes (vLLM's form):
+// `[{"name": NAME, "parameters": OBJECT}, ...]`, one call or more, surrounded by whitespace or
+// not. Each call's arguments are its parameters as Python's json.dumps separates them (", " and
+// ": ", no other whitespace between tokens), every string and number spelt as the model wrote it:
+// read into doubles, an integer of 30 digits would come back rounded and 1e400 would not be read
+// at all. nullopt when the text is not such a list of valid JSON (RFC 8259).
+std::optional<std::vector<ToolCall>> read_listed_calls(std::string_view text);
+
+// The JSON value at the start of `text` (after whitespace) respelt as read_listed_calls writes
+// arguments, and the index just past it; nullopt when no valid JSON value starts there.
+struct RespeltJson {
+  std::string text;
+  std::size_t end = 0;
+};
+std::optional<RespeltJson> respelt_json(std::string_view text);
+
 }  // namespace dcp

@@ -1,6 +1,9 @@
 // Reading tool calls back out of a reply's text (see dcp/tool_calls.h).
 #include "dcp/tool_calls.h"
 
+#include <cctype>
+#include <nlohmann/json.hpp>
+
 namespace dcp {
 namespace {
 
@@ -77,7 +80,189 @@ std::optional<ToolCall> read_call(std::string_view call, ToolCallFormat f) {
   return out;
 }
 
+// The index past the JSON string that opens at text[i] (a quote), or npos when it is not one:
+// an unescaped control character, an unknown escape, or bytes that are not UTF-8.
+std::size_t string_end(std::string_view text, std::size_t i) {
+  const std::size_t begin = i++;
+  while (i < text.size()) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x20) return std::string_view::npos;
+    if (c == '"') {
+      const std::string_view s = text.substr(begin, i + 1 - begin);
+      return utf8_lossy(s) == s ? i + 1 : std::string_view::npos;
+    }
+    if (c != '\\') {
+      ++i;
+      continue;
+    }
+    if (++i == text.size()) return std::string_view::npos;
+    if (text[i] == 'u') {
+      for (int k = 1; k <= 4; ++k)
+        if (i + k >= text.size() || !std::isxdigit(static_cast<unsigned char>(text[i + k])))
+          return std::string_view::npos;
+      i += 5;
+    } else if (std::string_view("\"\\/bfnrt").find(text[i]) != std::string_view::npos) {
+      ++i;
+    } else {
+      return std::string_view::npos;
+    }
+  }
+  return std::string_view::npos;
+}
+
+// The index past the JSON number at text[i], or npos: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+std::size_t number_end(std::string_view text, std::size_t i) {
+  const auto digit = [&](std::size_t k) {
+    return k < text.size() && text[k] >= '0' && text[k] <= '9';
+  };
+  const auto digits = [&](std::size_t k) {  // past one or more digits, or npos
+    if (!digit(k)) return std::string_view::npos;
+    while (digit(k)) ++k;
+    return k;
+  };
+  if (i < text.size() && text[i] == '-') ++i;
+  if (!digit(i)) return std::string_view::npos;
+  i = text[i] == '0' ? i + 1 : digits(i);
+  if (i < text.size() && text[i] == '.') {
+    i = digits(i + 1);
+    if (i == std::string_view::npos) return i;
+  }
+  if (i < text.size() && (text[i] == 'e' || text[i] == 'E')) {
+    ++i;
+    if (i < text.size() && (text[i] == '+' || text[i] == '-')) ++i;
+    return digits(i);
+  }
+  return i;
+}
+
+// A JSON string's text (quotes included) decoded, or nullopt where an escape names a lone
+// surrogate.
+std::optional<std::string> decoded_string(std::string_view quoted) {
+  const nlohmann::json v = nlohmann::json::parse(quoted, nullptr, false);
+  if (!v.is_string()) return std::nullopt;
+  return v.get<std::string>();
+}
+
+std::size_t skip_space(std::string_view text, std::size_t i) {
+  while (i < text.size() && is_space(text[i])) ++i;
+  return i;
+}
+
 }  // namespace
+
+std::optional<RespeltJson> respelt_json(std::string_view text) {
+  constexpr std::size_t npos = std::string_view::npos;
+  RespeltJson out;
+  std::string& w = out.text;
+  std::vector<char> open;  // the containers the value is inside, innermost last
+  std::size_t i = 0;
+  // A member's name and its colon (inside an object, after '{' or ',').
+  const auto name = [&] {
+    i = skip_space(text, i);
+    if (i >= text.size() || text[i] != '"') return false;
+    const std::size_t end = string_end(text, i);
+    if (end == npos) return false;
+    w.append(text.substr(i, end - i));
+    i = skip_space(text, end);
+    if (i >= text.size() || text[i] != ':') return false;
+    w += ": ";
+    ++i;
+    return true;
+  };
+  while (true) {
+    // A value.
+    i = skip_space(text, i);
+    if (i >= text.size()) return std::nullopt;
+    const char c = text[i];
+    if (c == '{' || c == '[') {
+      w += c;
+      const char close = c == '{' ? '}' : ']';
+      i = skip_space(text, i + 1);
+      if (i < text.size() && text[i] == close) {
+        w += close;
+        ++i;
+      } else {
+        open.push_back(close);
+        if (close == '}' && !name()) return std::nullopt;
+        continue;
+      }
+    } else {
+      std::size_t end = npos;
+      if (c == '"') {
+        end = string_end(text, i);
+      } else if (c == '-' || (c >= '0' && c <= '9')) {
+        end = number_end(text, i);
+      } else {
+        for (std::string_view word : {"true", "false", "null"})
+          if (text.substr(i, word.size()) == word) end = i + word.size();
+      }
+      if (end == npos) return std::nullopt;
+      w.append(text.substr(i, end - i));
+      i = end;
+    }
+    // After a value: close what it ends, then the next member or item.
+    while (true) {
+      if (open.empty()) {
+        out.end = i;
+        return out;
+      }
+      i = skip_space(text, i);
+      if (i >= text.size()) return std::nullopt;
+      if (text[i] == open.back()) {
+        w += text[i++];
+        open.pop_back();
+        continue;
+      }
+      if (text[i] != ',') return std::nullopt;
+      w += ", ";
+      ++i;
+      if (open.back() == '}' && !name()) return std::nullopt;
+      break;
+    }
+  }
+}
+
+std::optional<std::vector<ToolCall>> read_listed_calls(std::string_view text) {
+  const std::optional<RespeltJson> list = respelt_json(text);
+  if (!list || skip_space(text, list->end) != text.size() || list->text.front() != '[')
+    return std::nullopt;
+  // The respelt list holds no whitespace but after its separators: read it by those.
+  const std::string_view t = list->text;
+  std::vector<ToolCall> calls;
+  std::size_t i = 1;
+  while (i < t.size() && t[i] == '{') {
+    ++i;
+    std::optional<std::string> name, arguments;
+    while (true) {
+      if (t[i] != '"') return std::nullopt;  // {}
+      const std::size_t key_end = string_end(t, i);
+      // A lone surrogate's escape reads as no string (nlohmann refuses it): no call.
+      const auto key = decoded_string(t.substr(i, key_end - i));
+      if (!key) return std::nullopt;
+      i = key_end + 2;  // past ": "
+      const std::optional<RespeltJson> v = respelt_json(t.substr(i));
+      const std::string_view value = t.substr(i, v->end);
+      if (*key == "name" && value.front() == '"' && !name) {
+        name = decoded_string(value);
+        if (!name) return std::nullopt;
+      } else if (*key == "parameters" && value.front() == '{' && !arguments) {
+        arguments = std::string(value);
+      } else {
+        return std::nullopt;
+      }
+      i += v->end;
+      if (t[i] == '}') break;
+      i += 2;  // past ", "
+    }
+    if (!name || !arguments) return std::nullopt;
+    calls.push_back(ToolCall{"", std::move(*name), std::move(*arguments)});
+    ++i;  // past '}'
+    if (t[i] == ']') break;
+    i += 2;  // past ", "
+  }
+  if (calls.empty() || i + 1 != t.size()) return std::nullopt;
+  return calls;
+}
 
 std::optional<ToolCallFormat> tool_call_format_named(std::string_view name) {
   if (name == "deepseek_v3") return ToolCallFormat::deepseek_v3;

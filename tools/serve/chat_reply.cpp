@@ -2,34 +2,12 @@
 // it makes, whole or as deltas (see chat_reply.h).
 #include "serve/chat_reply.h"
 
+#include <optional>
+#include <vector>
+
 #include "dcp/error.h"
 
 namespace dcp::serve {
-namespace {
-
-// JSON text as Python's json.dumps writes it (", " and ": ", non-ASCII kept), as vLLM returns the
-// arguments of a call it read from JSON.
-std::string dumps(const nlohmann::ordered_json& v) {
-  if (v.is_object()) {
-    std::string out = "{";
-    for (auto it = v.begin(); it != v.end(); ++it) {
-      if (it != v.begin()) out += ", ";
-      out.append(nlohmann::ordered_json(it.key()).dump()).append(": ").append(dumps(it.value()));
-    }
-    return out + "}";
-  }
-  if (v.is_array()) {
-    std::string out = "[";
-    for (std::size_t i = 0; i < v.size(); ++i) {
-      if (i) out += ", ";
-      out += dumps(v[i]);
-    }
-    return out + "]";
-  }
-  return v.dump();
-}
-
-}  // namespace
 
 ChatReply::ChatReply(ToolUse use, std::string call_id, bool reasoning, bool include_reasoning,
                      std::string opens_content)
@@ -61,15 +39,14 @@ ChatReply::Read ChatReply::read(const std::string& text, bool complete) const {
       break;
     case ToolUse::Mode::required: {
       // The guide kept the text to the list's grammar; cut short, it is content.
-      nlohmann::ordered_json list;
-      if (complete) list = nlohmann::ordered_json::parse(text, nullptr, false);
-      if (!list.is_array()) {
+      std::optional<std::vector<ToolCall>> calls;
+      if (complete) calls = read_listed_calls(text);
+      if (!calls) {
         r.content = text;
         break;
       }
-      for (std::size_t k = 0; k < list.size(); ++k)
-        r.calls.push_back(
-            call_json(k, "", list[k]["name"].get<std::string>(), dumps(list[k]["parameters"])));
+      for (std::size_t k = 0; k < calls->size(); ++k)
+        r.calls.push_back(call_json(k, "", (*calls)[k].name, (*calls)[k].arguments));
       break;
     }
     case ToolUse::Mode::read_auto: {
