@@ -114,13 +114,13 @@ TEST(RegexDfa, RefusesWhatItDoesNotImplementNamingTheField) {
             "'guided_regex': back-references are not supported at byte 4 of the pattern");
   EXPECT_EQ(refusal("a(?=b)"),
             "'guided_regex': a look-ahead only opens an alternative of the pattern or of a "
-            "length or JSON group at byte 2 of the pattern");
+            "length, JSON or search group at byte 2 of the pattern");
   EXPECT_EQ(refusal("(?:(?!a)b)"),
             "'guided_regex': a look-ahead only opens an alternative of the pattern or of a "
-            "length or JSON group at byte 4 of the pattern");
+            "length, JSON or search group at byte 4 of the pattern");
   EXPECT_EQ(refusal("(?=(?=a)a)a"),
             "'guided_regex': a look-ahead only opens an alternative of the pattern or of a "
-            "length or JSON group at byte 4 of the pattern");
+            "length, JSON or search group at byte 4 of the pattern");
   EXPECT_EQ(refusal("(?<!a)b"),
             "'guided_regex': look-behinds, inline flags and atomic groups are not supported at "
             "byte 1 of the pattern");
@@ -129,20 +129,20 @@ TEST(RegexDfa, RefusesWhatItDoesNotImplementNamingTheField) {
             "byte 1 of the pattern");
   EXPECT_EQ(refusal("(?=a$b)a"),
             "'guided_regex': '$' other than at the end of an alternative of the pattern, of a "
-            "length or JSON group or of a look-ahead at byte 4 of the pattern");
+            "length, JSON or search group or of a look-ahead at byte 4 of the pattern");
   EXPECT_EQ(refusal("(?=(?:a$))a"),
             "'guided_regex': '$' other than at the end of an alternative of the pattern, of a "
-            "length or JSON group or of a look-ahead at byte 7 of the pattern");
+            "length, JSON or search group or of a look-ahead at byte 7 of the pattern");
   EXPECT_EQ(refusal("(?=a)^a"),
             "'guided_regex': '^' other than at the start of an alternative of the pattern, of a "
-            "length or JSON group or of a look-ahead at byte 5 of the pattern");
+            "length, JSON or search group or of a look-ahead at byte 5 of the pattern");
   EXPECT_EQ(refusal("\\bword"),
             "'guided_regex': '\\b' is not a supported escape at byte 1 of the pattern");
   EXPECT_EQ(refusal("[[:alpha:]]"),
             "'guided_regex': POSIX classes ([:name:]) are not supported at byte 1 of the pattern");
   EXPECT_EQ(refusal("a^b"),
             "'guided_regex': '^' other than at the start of an alternative of the pattern, of a "
-            "length or JSON group or of a look-ahead at byte 1 of the pattern");
+            "length, JSON or search group or of a look-ahead at byte 1 of the pattern");
   EXPECT_EQ(refusal("[z-a]"),
             "'guided_regex': a class range whose end comes before its start at "
             "byte 4 of the pattern");
@@ -703,6 +703,90 @@ json.dump([decided(texts, lambda t: bool(re.fullmatch(p, t[1:-1] if scoped else 
   EXPECT_EQ(refusal_kind("(?=a)b"), RegexError::Kind::no_text);
 }
 
+// A search group matches the texts in which Python's re.search finds its pattern: random
+// alternatives, each opening with `^` or not and ending with `$` or not, some opening with
+// look-aheads (which then read the text from where the match starts), against Python's re.search
+// on random texts around a sample of the pattern; inside a length group or not.
+TEST(RegexDfa, SearchGroupsMatchWherePythonsSearchFindsAMatch) {
+  test::Rng rng = test::make_rng();
+  PatternMaker maker(rng.engine());
+  const auto pick = [&](int lo, int hi) {
+    return std::uniform_int_distribution<int>(lo, hi)(rng.engine());
+  };
+  nlohmann::json cases = nlohmann::json::array();
+  for (int i = 0; i < 300; ++i) {
+    std::string ours, python;
+    std::vector<std::string> samples;
+    for (int alternatives = pick(1, 2), a = 0; a < alternatives; ++a) {
+      if (a) ours += "|", python += "|";
+      const std::string caret = pick(0, 2) ? "" : "^";
+      ours += caret, python += caret;
+      if (pick(0, 3) == 0) {  // a look-ahead
+        const std::string x = maker.make(1).first, open = pick(0, 1) ? "(?=" : "(?!";
+        const bool to_end = pick(0, 3) == 0;
+        ours += open + x + (to_end ? "$)" : ")");
+        python += open + x + (to_end ? "\\Z)" : ")");
+      }
+      auto [body, sample] = maker.make(1);
+      const bool to_end = pick(0, 2) == 0;
+      ours += body + (to_end ? "$" : "");
+      python += body + (to_end ? "\\Z" : "");
+      samples.push_back(sample);
+    }
+    const bool scoped = pick(0, 1);
+    ours = scoped ? "«(?{0,}:(?search:" + ours + "))»" : "(?search:" + ours + ")";
+    nlohmann::json texts = nlohmann::json::array();
+    const auto wrap = [&](const std::string& t) { return scoped ? "«" + t + "»" : t; };
+    for (const std::string& sample : samples) {
+      texts.push_back(wrap(sample));
+      texts.push_back(wrap(maker.text() + sample));
+      texts.push_back(wrap(sample + maker.text()));
+      texts.push_back(wrap(maker.text() + sample + maker.text()));
+    }
+    for (int k = 0; k < 6; ++k) texts.push_back(wrap(maker.text()));
+    cases.push_back({ours, python, scoped, texts});
+  }
+  const auto verdicts = test::python_oracle(cases, std::string(kDecided) + R"(import json, re, sys
+cases = json.load(open(sys.argv[1]))
+json.dump([decided(texts, lambda t: bool(re.search(p, t[1:-1] if scoped else t, re.ASCII)))
+           for _, p, scoped, texts in cases], open(sys.argv[2], 'w'))
+)");
+  if (!verdicts) GTEST_SKIP() << "/usr/bin/python3 is not installed";
+  int found = 0, not_found = 0, too_large = 0;
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    const std::string pattern = cases[i][0];
+    const std::optional<RegexDfa> compiled =
+        compiled_or_refused(pattern, (*verdicts)[i], too_large);
+    if (!compiled) continue;
+    for (std::size_t k = 0; k < cases[i][3].size(); ++k) {
+      const std::string text = cases[i][3][k];
+      if ((*verdicts)[i][k].is_null()) continue;
+      const bool want = (*verdicts)[i][k];
+      (want ? found : not_found) += 1;
+      EXPECT_EQ(compiled->matches(text), want) << "pattern '" << pattern << "' text '" << text;
+    }
+  }
+  EXPECT_GT(found, 1000);
+  EXPECT_GT(not_found, 300);
+  EXPECT_LT(too_large, 8);
+  EXPECT_LT(undecided(*verdicts), 3);
+
+  // A positive look-ahead's `^` holds where the text starts only; a negative one's is read where
+  // the match starts, which leaves out the matches after the start (fewer texts, each a match).
+  const RegexDfa first_x("(?search:(?=^x)x)");
+  EXPECT_TRUE(first_x.matches("xy"));
+  EXPECT_FALSE(first_x.matches("yx"));
+  const RegexDfa not_first("(?search:(?!^ab)a)");
+  EXPECT_TRUE(not_first.matches("ac"));
+  EXPECT_FALSE(not_first.matches("ab"));
+  EXPECT_FALSE(not_first.matches("xab"));  // Python finds "a" here; a subset
+  // Groups nested in a search group are matched whole; `^` and `$` hold at the group's ends.
+  const RegexDfa nested("(?search:^a(?json:b)$|c)");
+  EXPECT_TRUE(nested.matches("ab"));
+  EXPECT_FALSE(nested.matches("abx"));
+  EXPECT_TRUE(nested.matches("xcx"));
+}
+
 std::string hex(std::string_view bytes) {
   static const char* digits = "0123456789abcdef";
   std::string h;
@@ -1032,9 +1116,9 @@ json.dump([decided(texts, lambda t: ok(p, t)) for p, texts in cases], open(sys.a
   EXPECT_FALSE(outside.matches("\\\"\\\""));
 }
 
-// A pattern's texts are written as json.dumps writes them, and lengths that cut them keep those
-// that have them, in characters: every random text of the automaton and every candidate string is
-// checked by Python's json, re and len.
+// A pattern's texts (strings it matches part of, as re.search reads it) are written as json.dumps
+// writes them, and lengths that cut them keep those that have them, in characters: every random
+// text of the automaton and every candidate string is checked by Python's json, re and len.
 TEST(JsonSchema, PatternsWriteTheirTextsOfTheirLengthsAsJsonStrings) {
   test::Rng rng = test::make_rng();
   const std::vector<std::tuple<std::string, int, int>> schemas = {
@@ -1043,7 +1127,7 @@ TEST(JsonSchema, PatternsWriteTheirTextsOfTheirLengthsAsJsonStrings) {
       {"^\\d{5}(-\\d{4})?$", 0, 9},
       {"\u00e9{2}x?", 3, -1},
       {"\u00e9{2}x?", 0, 2},
-      {"(ab|c)*d", 1, 1000},
+      {"(ab|c)*d", 1, 200},
       {"^[a-d0-9]+(?:-[a-d0-9]+)*$", 3, 8},
       {"[\u20aca]*", 2, 4},
       {"(?:x|\u00e9\u00e9)*", 3, 3},
@@ -1090,15 +1174,16 @@ TEST(JsonSchema, PatternsWriteTheirTextsOfTheirLengthsAsJsonStrings) {
     }
     cases.push_back({pattern, lo, hi, texts});
   }
-  // A look-ahead's `$` is the end of the text, Python's \Z; \d is ASCII, as ECMA-262 has it.
+  // `$` is the end of the text, Python's \Z (its `$` also matches before a final newline); \d is
+  // ASCII, as ECMA-262 has it.
   const auto verdicts = test::python_oracle(cases, R"(import json, re, sys
 def verdict(p, lo, hi, t):  # [a match within the bounds, a match of the pattern]
     try:
         v = json.loads(t)  # written as json.dumps writes it, or not at all
     except ValueError:
         return [False, False]
-    p = re.sub(r'\$(?=[)|])', r'\\Z', p)
-    plain = bool(re.fullmatch(p, v, re.ASCII)) and json.dumps(v, ensure_ascii=False) == t
+    p = re.sub(r'\$(?=[)|]|$)', r'\\Z', p)
+    plain = bool(re.search(p, v, re.ASCII)) and json.dumps(v, ensure_ascii=False) == t
     return [plain and lo <= len(v) and (hi < 0 or len(v) <= hi), plain]
 cases = json.load(open(sys.argv[1]))
 json.dump([[verdict(p, lo, hi, t) for t in texts] for p, lo, hi, texts in cases],
@@ -1128,6 +1213,12 @@ json.dump([[verdict(p, lo, hi, t) for t in texts] for p, lo, hi, texts in cases]
   EXPECT_FALSE(dfas[2].matches("\"\u00e9\u00e9\""));
   EXPECT_TRUE(dfas[6].matches("\"\u20ac\u20ac\u20ac\u20ac\""));
   EXPECT_FALSE(dfas[6].matches("\"\u20ac\u20ac\u20ac\u20ac\u20ac\""));
+  // Where a pattern searched for would pass the automaton's bounds (here: any text around it, its
+  // quotes and backslashes escaped, counted to a thousand characters), it is matched whole.
+  const RegexDfa whole(json_schema_regex(
+      R"({"type": "string", "pattern": "(ab|c)*d", "minLength": 1, "maxLength": 1000})"));
+  EXPECT_TRUE(whole.matches("\"abcd\""));
+  EXPECT_FALSE(whole.matches("\"abcdx\""));
   // Pydantic's Decimal field: a number, or a string of a number's text.
   const RegexDfa decimal(json_schema_regex(
       R"({"anyOf": [{"type": "number"}, {"type": "string",
@@ -2491,7 +2582,7 @@ TEST(JsonSchema, RefusesWhatItCannotHonourNamingWhere) {
             "'response_format': the schema at '#': 'pattern' writes no text of 6 or more "
             "characters (it writes 2 to 5 characters)");
   EXPECT_EQ(
-      refusal(R"({"type":"string","pattern":"\\d{5}(-\\d{4})?","minLength":6,"maxLength":9})"),
+      refusal(R"({"type":"string","pattern":"^\\d{5}(-\\d{4})?$","minLength":6,"maxLength":9})"),
       "'response_format': the schema at '#': 'pattern' writes no text of 6 to 9 characters "
       "(it writes 5 to 10 characters)");
   EXPECT_EQ(refusal(R"({"type":"string","pattern":"a{3}","minLength":4,"maxLength":2})"),

@@ -7,17 +7,18 @@
 // no others are written, which every "additionalProperties" allows); objects without "properties"
 // (any names, values under "additionalProperties", up to "maxProperties", "minProperties" 0 or
 // 1); arrays' "items" and "prefixItems" with "minItems"/"maxItems"; strings' "minLength"/
-// "maxLength", "pattern" and "format" (date, time, date-time, uuid, ipv4, hostname, email, uri;
-// lengths beside a format or pattern only where they hold all its texts);
+// "maxLength", "pattern" (strings in which it finds a match, as ECMA-262's search does; matched
+// whole where that automaton would be too large) and "format" (date, time, date-time, uuid, ipv4,
+// hostname, email, uri; lengths beside a format or pattern keep its texts of those lengths);
 // integers' and numbers' bounds; "enum", "const", "anyOf", "oneOf" of schemas that exclude each
 // other (types, single values, or a required property's const), "allOf" of one schema, "$ref" to
 // "#", "#/$defs/..." or "#/definitions/..." (recursion written down to kMaxRecursion levels). A
 // value the schema leaves free ({}, true, an object or array with nothing said of its members) is
 // any JSON value whose arrays and objects nest at most kFreeFormNesting levels, itself included.
 // Annotations (title, description, default, examples, $schema, $id, $comment, discriminator) are
-// ignored. Anything else that would constrain a value (multipleOf, not, patternProperties, ...)
-// is refused by name. Between tokens the text holds at most one space (compact or as json.dumps
-// writes it).
+// ignored. Anything else that would constrain a value (not, allOf of several schemas, a
+// fractional multipleOf, ...) is refused by name. Between tokens the text holds at most one space
+// (compact or as json.dumps writes it).
 #pragma once
 
 #include <cstddef>

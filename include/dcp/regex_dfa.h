@@ -8,20 +8,25 @@
 // punctuation character; groups `(...)`, `(?:...)` and `(?P<name>...)`/`(?<name>...)` (names
 // ignored); alternation `|`; quantifiers `*`, `+`, `?`, `{n}`, `{n,}`, `{,m}`, `{n,m}` (a
 // trailing `?` or `+`, lazy or possessive, changes nothing for a whole match); `^` opening and
-// `$` ending an alternative of the pattern or of a length or JSON group (the match is whole
-// anyway). A `{` that does not open a quantifier is a literal.
+// `$` ending an alternative of the pattern or of a length, JSON or search group (the match is
+// whole anyway, but in a search group). A `{` that does not open a quantifier is a literal.
 //
-// Three extensions, which JSON Schemas need: a length group `(?{n,m}:X)` (or `{n}`, `{n,}`,
+// Four extensions, which JSON Schemas need: a length group `(?{n,m}:X)` (or `{n}`, `{n,}`,
 // `{,m}`) matches the texts X matches that are n to m characters long; a JSON group `(?json:X)`
 // matches X's texts as a JSON string's body writes them (json.dumps' escapes for a quote, a
 // backslash and control characters, every other character as itself); a multiple group
 // `(?multiple{k}:X)` (k from 1 to kMaxMultiple) matches the texts of X that are a whole number,
-// `-?[0-9]+`, divisible by k.
+// `-?[0-9]+`, divisible by k; a search group `(?search:X)` matches the texts in which Python's
+// re.search (and ECMA-262's) finds X: an alternative of X that does not open with `^` may have
+// any text before it, one that does not end with `$` any text after it (which its look-aheads
+// see, as they are read where the match starts; a positive look-ahead opening with `^` makes its
+// alternative start at the text's start, and a negative one's `^` is read where the match starts,
+// leaving out the matches found after it).
 //
-// Look-aheads `(?=X)` and `(?!X)` may open an alternative of the pattern or of a length or JSON
-// group (after its `^`), each looking at the whole text that pattern or group matches: that text
-// must (or must not) begin with a match of X, and an alternative of X ending in `$` must match to
-// its end. Pydantic's Decimal pattern `^(?!^[-+.]*$)[+-]?0*\d*\.?\d*$` and a password's
+// Look-aheads `(?=X)` and `(?!X)` may open an alternative of the pattern or of a length, JSON or
+// search group (after its `^`), each looking at the whole text that pattern or group matches: that
+// text must (or must not) begin with a match of X, and an alternative of X ending in `$` must match
+// to its end. Pydantic's Decimal pattern `^(?!^[-+.]*$)[+-]?0*\d*\.?\d*$` and a password's
 // `^(?=.*\d)(?=.*[A-Z]).{8,}$` are such. `$` is the end of the text, as in ECMA-262 (JSON
 // Schema's dialect), not also before a final newline as in Python.
 //

@@ -822,16 +822,27 @@ class Compiler {
     }
     if (s.contains("pattern")) {
       if (!s["pattern"].is_string()) fail(where, "'pattern' must be a string");
-      std::string p = s["pattern"].get<std::string>();
-      if (p.starts_with("^")) p.erase(0, 1);
-      if (p.ends_with("$") && !p.ends_with("\\$")) p.pop_back();
+      const std::string whole = s["pattern"].get<std::string>();
+      const std::string field = str(field_, "' pattern at '", where);
       // The pattern holds of the string's characters, which the JSON text writes as json.dumps
-      // does: a quote, a backslash or a control character by its escape (a JSON group). The
-      // group is the pattern's scope, so look-aheads that open it look at the string's text.
-      const RegexDfa dfa(p, str(field_, "' pattern at '", where));
-      const auto [min_chars, max_chars] = pattern_span(dfa);
-      return "(?json:" + length_cut(s, where, "'pattern'", p, min_chars, max_chars).value_or(p) +
-             ")";
+      // does: a quote, a backslash or a control character by its escape (a JSON group).
+      const auto string_of = [&](const std::string& p) {
+        const auto [min_chars, max_chars] = pattern_span(RegexDfa(p, field));
+        return "(?json:" + length_cut(s, where, "'pattern'", p, min_chars, max_chars).value_or(p) +
+               ")";
+      };
+      static_cast<void>(RegexDfa(whole, field));  // its syntax errors name its own byte offsets
+      // A string holds a pattern where some part of it matches (JSON Schema reads patterns as
+      // ECMA-262's search does): a search group, unless its automaton (its lengths cut, its
+      // characters escaped) is too large, and then the strings it matches whole, fewer texts,
+      // each a match. (Where the search finds no text of the lengths, neither does the whole.)
+      try {
+        std::string searched = string_of("(?search:" + whole + ")");
+        shared_regex(searched, field_);
+        return searched;
+      } catch (const Error&) {
+      }
+      return string_of(whole);
     }
     const int lo = count(s, "minLength", where, 0), hi = count(s, "maxLength", where, -1);
     if (hi >= 0 && hi < lo) fail(where, "'maxLength' is below 'minLength'");

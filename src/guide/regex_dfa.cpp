@@ -141,14 +141,7 @@ class Parser {
       n.kids.pop_back();
       return n.kids.size() == 1 ? n.kids[0] : add(std::move(n));
     }
-    Node any;
-    any.kind = Node::repeat;
-    any.max = -1;
-    any.kids = {set_node({{0, kMaxCodePoint}})};
-    Node then;
-    then.kind = Node::concat;
-    then.kids = {i, add(std::move(any))};
-    return add(std::move(then));
+    return concat({i, any_text()});
   }
 
   int alternation() {
@@ -164,17 +157,51 @@ class Parser {
   int sequence() {
     // An alternative of a scope may open with `^` and look-aheads, one of a look-ahead with `^`.
     const bool in_scope = groups_open_ == scope_level_;
-    if (in_scope || groups_open_ == look_level_) eat('^');
+    const bool searched = in_scope && groups_open_ == search_level_;
+    bool from_start = false;
+    if (in_scope || groups_open_ == look_level_) {
+      const bool caret = eat('^');
+      if (in_scope) from_start = caret;
+      if (!in_scope) caret_in_look_ = caret_in_look_ || caret;  // inside a look-ahead
+    }
+    // A positive look-ahead's `^` holds at the text's start only: the match starts there. (A
+    // negative one's also holds later, which is left out: its texts are fewer, all matches.)
     std::vector<int> looks;
-    while (in_scope && (p_.substr(at_, 3) == "(?=" || p_.substr(at_, 3) == "(?!"))
+    while (in_scope && (p_.substr(at_, 3) == "(?=" || p_.substr(at_, 3) == "(?!")) {
+      const bool positive = p_[at_ + 2] == '=';
+      caret_in_look_ = false;
       looks.push_back(look_ahead());
-    const int body = items();
-    if (looks.empty()) return body;
+      from_start = from_start || (positive && caret_in_look_);
+    }
+    int body = items();
+    // In a search group, an alternative that does not end in `$` may have any text after it,
+    // which its look-aheads see too, as Python's re.search reads them at the match's start.
+    if (searched && dollar_end_ != at_) body = concat({body, any_text()});
+    int alternative = body;
+    if (!looks.empty()) {
+      Node n;
+      n.kind = Node::guarded;
+      n.kids = {body};
+      n.kids.insert(n.kids.end(), looks.begin(), looks.end());
+      alternative = add(std::move(n));
+    }
+    // ... and one that does not open with `^` any text before it.
+    return searched && !from_start ? concat({any_text(), alternative}) : alternative;
+  }
+
+  int concat(std::vector<int> kids) {
     Node n;
-    n.kind = Node::guarded;
-    n.kids = {body};
-    n.kids.insert(n.kids.end(), looks.begin(), looks.end());
+    n.kind = Node::concat;
+    n.kids = std::move(kids);
     return add(std::move(n));
+  }
+
+  int any_text() {
+    Node any;
+    any.kind = Node::repeat;
+    any.max = -1;
+    any.kids = {set_node({{0, kMaxCodePoint}})};
+    return add(std::move(any));
   }
 
   int items() {
@@ -262,6 +289,7 @@ class Parser {
       // A plain group is its inner pattern; a length or JSON group wraps it in a node of its own.
       Node group;
       int multiple = 0;
+      bool search = false;
       if (eat("?:") || named_group()) {
       } else if (eat("?multiple{")) {
         const std::size_t open = at_;
@@ -276,6 +304,8 @@ class Parser {
         multiple = static_cast<int>(k);
       } else if (eat("?json:")) {
         group.kind = Node::json_escaped;
+      } else if (eat("?search:")) {
+        search = true;
       } else if (p_.substr(at_, 2) == "?{") {
         ++at_;
         const std::size_t open = at_;
@@ -286,14 +316,18 @@ class Parser {
           fail("a length group opens with (?{n}:, (?{n,}:, (?{,m}: or (?{n,m}:");
         }
       } else if (p_.substr(at_, 2) == "?=" || p_.substr(at_, 2) == "?!") {
-        fail("a look-ahead only opens an alternative of the pattern or of a length or JSON group");
+        fail(
+            "a look-ahead only opens an alternative of the pattern or of a length, JSON or "
+            "search group");
       } else if (more() && peek() == '?') {
         fail("look-behinds, inline flags and atomic groups are not supported");
       }
-      const std::size_t outer = scope_level_;
-      if (group.kind != Node::empty) scope_level_ = groups_open_;
+      const std::size_t outer = scope_level_, outer_search = search_level_;
+      if (group.kind != Node::empty || search) scope_level_ = groups_open_;
+      if (search) search_level_ = groups_open_;
       const int inner = alternation();
       scope_level_ = outer;
+      search_level_ = outer_search;
       if (!eat(')')) fail("missing ')'");
       --groups_open_;
       if (multiple) {  // the inner texts whose value is a multiple: a look-ahead of the whole text
@@ -317,13 +351,15 @@ class Parser {
     if (c == '$' && (groups_open_ == scope_level_ || groups_open_ == look_level_) &&
         (at_ + 1 == p_.size() || p_[at_ + 1] == ')' || p_[at_ + 1] == '|')) {
       ++at_;  // a scope is matched whole: its `$` holds anyway, a look-ahead's until it is read
+      if (groups_open_ == scope_level_) dollar_end_ = at_;
       Node end;
       if (groups_open_ == look_level_) end.kind = Node::end_anchor;
       return add(std::move(end));
     }
     if (c == '^' || c == '$')
       fail(str("'", c, "' other than at the ", c == '^' ? "start" : "end",
-               " of an alternative of the pattern, of a length or JSON group or of a look-ahead"));
+               " of an alternative of the pattern, of a length, JSON or search group or of a "
+               "look-ahead"));
     if (eat('\\')) {
       Ranges r;
       if (class_escape(r)) return set_node(std::move(r));
@@ -480,6 +516,9 @@ class Parser {
   std::size_t at_ = 0, groups_open_ = 0;
   std::size_t scope_level_ = 0;        // groups_open_ inside the innermost scope
   std::size_t look_level_ = SIZE_MAX;  // groups_open_ inside the look-ahead being read
+  std::size_t search_level_ = SIZE_MAX;  // groups_open_ inside the innermost search group
+  std::size_t dollar_end_ = SIZE_MAX;    // at_ just past the last `$` ending a scope's alternative
+  bool caret_in_look_ = false;  // an alternative of the look-ahead being read opened with `^`
   std::vector<Node> nodes_;
 };
 

@@ -492,21 +492,24 @@ def case_json_schema(s):
                                            "guided_json": free})
     done = [c["text"] for c in r.get("choices", []) if c["finish_reason"] == "stop"]
     check(status == 200 and done and all(valid_free(t) for t in done), f"free values: {r}")
-    # Patterns that write what JSON escapes, one cut by maxLength (Pydantic's constr); a dict keyed
-    # by an enum (propertyNames) and one keyed by a constr (patternProperties).
+    # Patterns that write what JSON escapes, one cut by maxLength (Pydantic's constr), one found
+    # inside its string (unanchored: re.search); a dict keyed by an enum (propertyNames) and one
+    # keyed by a constr (patternProperties).
     patterned = {"type": "object", "properties": {
         "mail": {"type": "string", "pattern": "^[^@]+@[^@]+$", "maxLength": 12},
         "line": {"type": "string", "pattern": "^.*$"},
+        "tag": {"type": "string", "pattern": "[0-9]-", "maxLength": 10},
         "by_color": {"type": "object", "propertyNames": {"enum": ["red", "green"]},
                      "additionalProperties": {"type": "integer"}, "maxProperties": 2},
         "env": {"type": "object", "patternProperties": {"^[A-Z]+$": {"type": "boolean"}}, "maxProperties": 2}},
-        "required": ["mail", "line", "by_color", "env"]}
+        "required": ["mail", "line", "tag", "by_color", "env"]}
 
     def valid_patterned(text):
         v = json.loads(text)
-        return (list(v) == ["mail", "line", "by_color", "env"]
+        return (list(v) == ["mail", "line", "tag", "by_color", "env"]
                 and re.fullmatch("[^@]+@[^@]+", v["mail"]) is not None
                 and len(v["mail"]) <= 12 and re.fullmatch(".*", v["line"]) is not None
+                and re.search("[0-9]-", v["tag"]) is not None and len(v["tag"]) <= 10
                 and all(k in ("red", "green") and type(x) is int for k, x in v["by_color"].items())
                 and all(re.fullmatch("[A-Z]+", k) and type(x) is bool for k, x in v["env"].items()))
     status, r = s.post("/v1/completions", {**body, "temperature": 1, "seed": 5, "n": 4, "max_tokens": 300,
