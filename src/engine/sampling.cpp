@@ -57,6 +57,11 @@ std::vector<Weighted> kept_tokens(const float* logits, int vocab, const Sampling
     while (keep < w.size() && mass < p.top_p * total) mass += w[keep++].weight;
     w.resize(std::max<std::size_t>(keep, 1));
   }
+  // A draw walks the kept tokens in id order: in likelihood order, two tokens whose logits differ
+  // by a rounding (another DCP size's merge order) could trade places and the draw between them.
+  if (sorted)
+    std::sort(w.begin(), w.end(),
+              [](const Weighted& a, const Weighted& b) { return a.token < b.token; });
   // The most likely token has weight 1 (logits were shifted by their maximum). Tokens of weight 0
   // go too (masked, or beyond exp's range), so that no rounding at the end of a draw picks one.
   const double floor = p.min_p;
