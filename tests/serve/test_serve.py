@@ -860,26 +860,38 @@ def case_errors(s):
 
 
 def case_disconnect(s):
-    """A client that goes away mid-stream: its request ends and its KV is freed."""
-    sock = socket.create_connection(("127.0.0.1", s.port))
-    body = json.dumps({"prompt": PROMPT, "max_tokens": 1000, "temperature": 0, "ignore_eos": True, "stream": True})
-    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
-    got = b""
-    while got.count(b"data: ") < 3:
-        got += sock.recv(4096)
-    before = s.metrics()
-    check(before.get("dcp_num_running_reqs") == 1, f"one request runs: {before.get('dcp_num_running_reqs')}")
-    sock.close()
-    deadline = time.time() + 10
-    m = s.metrics()
-    while time.time() < deadline and (m["dcp_num_running_reqs"] != 0 or m['dcp_kv_rows_used{rank="0"}'] != 0):
-        time.sleep(0.05)
+    """A client that goes away mid-reply, streamed or whole: its request ends and its KV is freed."""
+    for stream in (True, False):
+        sock = socket.create_connection(("127.0.0.1", s.port))
+        body = json.dumps({"prompt": PROMPT, "max_tokens": 1000, "temperature": 0, "ignore_eos": True,
+                           "stream": stream})
+        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\n\r\n{body}".encode())
+        if stream:
+            got = b""
+            while got.count(b"data: ") < 3:
+                got += sock.recv(4096)
+        else:  # a whole reply: wait until it runs and has made some tokens
+            start = s.metrics()["dcp_generation_tokens_total"]
+            deadline = time.time() + 10
+            while time.time() < deadline and s.metrics()["dcp_generation_tokens_total"] < start + 3:
+                time.sleep(0.02)
+        before = s.metrics()
+        check(before.get("dcp_num_running_reqs") == 1,
+              f"stream {stream}: one request runs: {before.get('dcp_num_running_reqs')}")
+        sock.close()
+        deadline = time.time() + 10
         m = s.metrics()
-    check(m["dcp_num_running_reqs"] == 0, "the abandoned request stopped")
-    check(m['dcp_kv_rows_used{rank="0"}'] == 0 and m['dcp_kv_rows_used{rank="1"}'] == 0, "its KV was freed")
-    check(m['dcp_requests_total{outcome="cancelled"}'] >= 1, "counted as cancelled")
-    check(m["dcp_generation_tokens_total"] < before["dcp_generation_tokens_total"] + 900, "it did not run to the end")
+        while time.time() < deadline and (m["dcp_num_running_reqs"] != 0 or m['dcp_kv_rows_used{rank="0"}'] != 0):
+            time.sleep(0.05)
+            m = s.metrics()
+        check(m["dcp_num_running_reqs"] == 0, f"stream {stream}: the abandoned request stopped")
+        check(m['dcp_kv_rows_used{rank="0"}'] == 0 and m['dcp_kv_rows_used{rank="1"}'] == 0,
+              f"stream {stream}: its KV was freed")
+        check(m['dcp_requests_total{outcome="cancelled"}'] > before['dcp_requests_total{outcome="cancelled"}'],
+              f"stream {stream}: counted as cancelled")
+        check(m["dcp_generation_tokens_total"] < before["dcp_generation_tokens_total"] + 900,
+              f"stream {stream}: it did not run to the end")
 
 
 def case_concurrent_streams(s):

@@ -1,8 +1,11 @@
 #include "serve/http_server.h"
 
 #include <httplib.h>
+#include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
 
+#include <filesystem>
 #include <string_view>
 
 #include "dcp/error.h"
@@ -33,6 +36,47 @@ void answer(httplib::Response& res, Handled h) {
         sink.done();
         return true;
       });
+}
+
+// A socket address as the numbers cpp-httplib writes in a Request ("127.0.0.1", "::1") and its
+// port.
+std::pair<std::string, int> numeric(const sockaddr_storage& a, socklen_t size) {
+  char host[NI_MAXHOST], port[NI_MAXSERV];
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&a), size, host, sizeof host, port, sizeof port,
+                  NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+    return {"", -1};
+  return {host, std::atoi(port)};
+}
+
+// The socket of the connection `req` came on, found by its two ends' addresses among the
+// process's descriptors (cpp-httplib 0.11 gives a handler no socket); -1 when none is found
+// (no /proc), and then the client is never seen to go.
+int connection_socket(const httplib::Request& req) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    const int fd = std::atoi(entry.path().filename().c_str());
+    sockaddr_storage peer{}, local{};
+    socklen_t peer_size = sizeof peer, local_size = sizeof local;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_size) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_size) != 0)
+      continue;
+    if (numeric(peer, peer_size) == std::pair{req.remote_addr, req.remote_port} &&
+        numeric(local, local_size) == std::pair{req.local_addr, req.local_port})
+      return fd;
+  }
+  return -1;
+}
+
+// Whether the client of `req` has closed its connection (or its sending half, as a client that
+// gave up does; uvicorn takes that for a disconnect too). The connection stays open while its
+// handler runs, so the descriptor found first stays its own.
+ClientGone client_gone(const httplib::Request& req) {
+  return [&req, fd = std::optional<int>()]() mutable {
+    if (!fd) fd = connection_socket(req);
+    if (*fd < 0) return false;
+    pollfd p{*fd, POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+  };
 }
 
 // Whether an Authorization header carries the key, compared in time independent of where it
@@ -75,13 +119,13 @@ HttpServer::HttpServer(OpenAiApi& api, HttpOptions options) : impl_(std::make_un
     impl->listen_fd = fd;
   });
   s.Post("/v1/completions", [&api](const httplib::Request& req, httplib::Response& res) {
-    answer(res, api.completions(req.body));
+    answer(res, api.completions(req.body, client_gone(req)));
   });
   s.Post("/v1/chat/completions", [&api](const httplib::Request& req, httplib::Response& res) {
-    answer(res, api.chat_completions(req.body));
+    answer(res, api.chat_completions(req.body, client_gone(req)));
   });
   s.Post("/generate", [&api](const httplib::Request& req, httplib::Response& res) {
-    answer(res, api.generate(req.body));
+    answer(res, api.generate(req.body, client_gone(req)));
   });
   s.Post("/tokenize", [&api](const httplib::Request& req, httplib::Response& res) {
     reply(res, api.tokenize(req.body));

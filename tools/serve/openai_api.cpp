@@ -337,9 +337,15 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
   return job;
 }
 
-Handled OpenAiApi::completions(const std::string& body) { return handle(body, Kind::completion); }
-Handled OpenAiApi::chat_completions(const std::string& body) { return handle(body, Kind::chat); }
-Handled OpenAiApi::generate(const std::string& body) { return handle(body, Kind::generate); }
+Handled OpenAiApi::completions(const std::string& body, const ClientGone& gone) {
+  return handle(body, Kind::completion, gone);
+}
+Handled OpenAiApi::chat_completions(const std::string& body, const ClientGone& gone) {
+  return handle(body, Kind::chat, gone);
+}
+Handled OpenAiApi::generate(const std::string& body, const ClientGone& gone) {
+  return handle(body, Kind::generate, gone);
+}
 
 namespace {
 
@@ -385,7 +391,7 @@ std::string pull_news(Choice& c, const std::vector<std::int32_t>& stop_ids,
 
 }  // namespace
 
-Handled OpenAiApi::handle(const std::string& body, Kind kind) {
+Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& gone) {
   Job job;
   try {
     job = parse(body, kind);
@@ -522,8 +528,16 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind) {
   };
 
   if (!job.stream) {
+    // A client that hangs up (a timeout, then perhaps a retry) has its choices cancelled within
+    // a fifth of a second, as a stream's are at its next token: no one would read the reply.
     for (Choice& c : *choices) {
-      while (!c.finished) pull_news(c, job.request.stop_token_ids, 1s);
+      while (!c.finished) {
+        pull_news(c, job.request.stop_token_ids, 200ms);
+        if (!c.finished && gone && gone()) {
+          for (Choice& d : *choices) d.stream->cancel();
+          return {error(499, "the client closed its connection before the reply"), {}};
+        }
+      }
     }
     if (const Choice* f = failed(*choices)) return {error(500, f->error), {}};
     json reply;

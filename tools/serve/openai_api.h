@@ -24,6 +24,10 @@ struct HttpReply {
 // Writes one piece of a streamed reply; false once the client is gone.
 using ChunkWriter = std::function<bool(const std::string&)>;
 
+// Whether the client of a request has gone away (closed its connection); a whole reply's wait
+// asks it, and cancels the request's choices once it says so.
+using ClientGone = std::function<bool()>;
+
 // A handled request: a whole reply, or a stream to run with the connection's writer.
 struct Handled {
   std::optional<HttpReply> reply;
@@ -52,9 +56,11 @@ class OpenAiApi {
   // `tokenizer` may be null: then prompts must be token ids and replies carry ids, no text.
   OpenAiApi(ServingDeployment& deployment, const Tokenizer* tokenizer, ApiOptions options);
 
-  Handled completions(const std::string& body);       // POST /v1/completions
-  Handled chat_completions(const std::string& body);  // POST /v1/chat/completions
-  Handled generate(const std::string& body);          // POST /generate (SGLang)
+  // POST /v1/completions, /v1/chat/completions and /generate (SGLang); `gone`, when given, is
+  // asked while a whole reply is generated.
+  Handled completions(const std::string& body, const ClientGone& gone = {});
+  Handled chat_completions(const std::string& body, const ClientGone& gone = {});
+  Handled generate(const std::string& body, const ClientGone& gone = {});
   // vLLM's: text or a chat (rendered by the template) to token ids, and token ids to text.
   HttpReply tokenize(const std::string& body) const;    // POST /tokenize
   HttpReply detokenize(const std::string& body) const;  // POST /detokenize
@@ -69,7 +75,8 @@ class OpenAiApi {
  private:
   struct Job;
   enum class Kind { completion, chat, generate };
-  Handled handle(const std::string& body, Kind kind);  // parse, submit, reply or stream
+  // Parse, submit, reply or stream.
+  Handled handle(const std::string& body, Kind kind, const ClientGone& gone);
   Job parse(const std::string& body, Kind kind) const;
   // The fields that constrain the reply (guided_fields.cpp), read from `src`: the body, or its
   // `within` object (/generate's sampling_params); `body` is the raw text (a schema's key order).
