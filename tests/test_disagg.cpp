@@ -92,11 +92,14 @@ struct DraftCase {
   int tokens = 0;
 };
 
-// Runs disaggregated on threads and returns the decode side's results (first decode rank).
+// Runs disaggregated on threads and returns the decode side's results (first decode rank), and
+// the first prefill rank's outcome in `prefill` when given; `engine` adjusts the engine options.
 DisaggOutcome run_disagg(const ModelConfig& c, const WeightSource& w, const DisaggCase& k,
                          const std::vector<RequestSpec>& reqs,
                          const TransportOptions& transport = {},
-                         const std::optional<DraftCase>& draft = std::nullopt) {
+                         const std::optional<DraftCase>& draft = std::nullopt,
+                         const std::function<void(EngineOptions&)>& engine = {},
+                         DisaggOutcome* prefill = nullptr) {
   DisaggOutcome outcome;
   set_blas_threads(1);
   run_threads(k.prefill_dcp + k.decode_tp, [&](Communicator& world) {
@@ -120,7 +123,9 @@ DisaggOutcome run_disagg(const ModelConfig& c, const WeightSource& w, const Disa
       cfg.draft->config = draft->config;
       cfg.draft->weights = &w;
     }
+    if (engine) engine(cfg.engine);
     DisaggOutcome o = run_disaggregated(world, cfg, reqs);
+    if (world.rank() == 0 && prefill) *prefill = o;
     if (world.rank() == k.prefill_dcp) outcome = std::move(o);
   });
   return outcome;
@@ -213,6 +218,55 @@ TEST(Disaggregation, SpeculativeDecodingAfterTransferEqualsGreedy) {
     EXPECT_GT(got.decode_stats.spec_accepted, 0) << what;
     EXPECT_EQ(got.decode_stats.spec_proposed, speculative.stats.spec_proposed) << what;
     EXPECT_EQ(got.decode_stats.spec_accepted, speculative.stats.spec_accepted) << what;
+  }
+}
+
+// The prefix cache serves the prefill side: prompts that share a prefix compute it once (one
+// request runs at a time there, so each later one finds the earlier ones' pages), with a host
+// tier or without; the decode side receives whole prompts and decodes as the monolithic engine
+// does.
+TEST(Disaggregation, ThePrefillSidesPrefixCacheSharesPromptsPrefixes) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 2);
+  const auto w = make_synthetic_weights(57);
+  const std::vector<std::int32_t> shared = test::random_tokens(rng, 150, c.vocab_size);
+  std::vector<RequestSpec> reqs;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<std::int32_t> prompt = shared;
+    for (std::int32_t t : test::random_tokens(rng, 5 + 13 * i, c.vocab_size)) prompt.push_back(t);
+    reqs.push_back(test::request(i, prompt, 6));
+  }
+  for (const std::int64_t host_tokens : {0, 1024}) {
+    for (const DisaggCase& k : {DisaggCase{1, 2, 2, 16}, DisaggCase{2, 4, 2, 16}}) {
+      const std::string what =
+          str(k.prefill_dcp, " -> ", k.decode_dcp, ", host tier ", host_tokens);
+      const auto expect = test::run_engine(c, *w, monolithic(k), reqs);
+      DisaggOutcome prefill;
+      const DisaggOutcome got = run_disagg(
+          c, *w, k, reqs, {}, std::nullopt,
+          [&](EngineOptions& e) {
+            e.enable_prefix_cache = true;
+            e.host_kv_capacity_tokens = host_tokens;
+            e.max_running_requests = 1;
+          },
+          &prefill);
+      ASSERT_TRUE(got.is_decode);
+      for (std::size_t i = 0; i < reqs.size(); ++i) {
+        ASSERT_EQ(got.results[i].state, RequestState::finished)
+            << what << " " << got.results[i].error;
+        EXPECT_EQ(got.results[i].output_tokens, expect.results[i].output_tokens)
+            << what << " request " << i;
+        EXPECT_TRUE(test::close_runs(got.results[i].step_logits, expect.results[i].step_logits,
+                                     {1e-10, 1e-4}, what.c_str()));
+      }
+      ASSERT_FALSE(prefill.is_decode);
+      ASSERT_TRUE(prefill.prefill_cache.has_value()) << what;
+      // Each later request finds the shared prefix's whole pages, of page_size x the prefill
+      // side's DCP size tokens (the widened allocator's): 144 or 128 of its 150 tokens.
+      const int page = k.page * k.prefill_dcp;
+      EXPECT_EQ(prefill.prefill_cache->hit_tokens, 3 * (150 / page * page)) << what;
+      EXPECT_FALSE(got.prefill_cache.has_value()) << what;  // the decode side has no cache
+    }
   }
 }
 

@@ -121,6 +121,7 @@ struct DisaggOutcome {
   std::int64_t logical_capacity_tokens = 0;  // of the decode side's KV cache
   double prefill_ms = 0, transfer_ms = 0;
   EngineStats decode_stats;
+  std::optional<PrefixCacheStats> prefill_cache;  // on prefill ranks, with the prefix cache on
 };
 
 // Prefill on the prefill group (max_new_tokens 1, KV kept), first tokens broadcast, KV moved by

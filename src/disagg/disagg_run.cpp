@@ -42,8 +42,13 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
   EngineOptions prefill_options = c.engine;
   prefill_options.record_logits = true;
   prefill_options.num_draft_tokens = 0;
+  // The prefix cache (and its host tier) serves the prefill side, which computes prompts: a
+  // prompt whose prefix it holds computes the rest only. The decode side receives whole prompts.
+  EngineOptions decode_options = c.engine;
+  decode_options.enable_prefix_cache = false;
+  decode_options.host_kv_capacity_tokens = 0;
   RankSystem sys(*side, is_decode ? decode_topo : prefill_topo, c.model, c.model_options,
-                 is_decode ? c.engine : prefill_options,
+                 is_decode ? decode_options : prefill_options,
                  is_decode ? c.draft : std::optional<ModelSource>{});
   MlaModel& model = sys.model();
   if (is_decode && c.poison_decode_pools) {
@@ -77,6 +82,7 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
       std::copy(r.step_logits.begin(), r.step_logits.end(),
                 first.begin() + static_cast<std::ptrdiff_t>(i * (1 + vocab) + 1));
     }
+    if (prefill.prefix_cache()) out.prefill_cache = prefill.prefix_cache()->stats();
   }
   out.prefill_ms = ms_since(t0);
   world.broadcast(first.data(), first.size() * sizeof(float), 0);
@@ -144,8 +150,6 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
 Launched<DeploymentReport> run_disaggregated_deployment(const DeploymentSpec& spec,
                                                         int prefill_dcp_size) {
   check_runs_here(spec.parallel);
-  DCP_ARG_CHECK(!spec.engine.enable_prefix_cache,
-                "disaggregation does not combine with the prefix cache yet");
   DisaggConfig c;
   c.model = spec.model;
   c.prefill_dcp_size = prefill_dcp_size;
@@ -167,6 +171,12 @@ Launched<DeploymentReport> run_disaggregated_deployment(const DeploymentSpec& sp
     world.all_gather(&o.bytes_received, bytes.data(), sizeof(std::int64_t));
     // Every rank gets every result (a teacher-forced rerun follows in lockstep on all ranks).
     report.results = gather_results(world, world.rank() == reporter, o.results);
+    if (spec.engine.enable_prefix_cache) {  // the prefill ranks' caches (the decode side has none)
+      const PrefixCacheStats mine = o.prefill_cache.value_or(PrefixCacheStats{});
+      report.cache.resize(static_cast<std::size_t>(world.size()));
+      world.all_gather(&mine, report.cache.data(), sizeof mine);
+      report.cache.resize(static_cast<std::size_t>(prefill_dcp_size));  // world ranks 0.. prefill
+    }
     report.disaggregated = true;
     report.backend = spec.parallel.dcp_size > 1 ? decode_topo.backend : CombineBackend::ag_rs;
     report.bytes_per_decode_rank.assign(bytes.begin() + prefill_dcp_size, bytes.end());

@@ -38,6 +38,7 @@ stderr_has() { grep -q -- "$1" "$err"; }
 # The captured stderr exists and does not match (a missing file must not pass as "no match").
 stderr_lacks() { [ -f "$err" ] && ! grep -q -- "$1" "$err"; }
 stdout_has() { grep -q -- "$1" "$out"; }
+stdout_lacks() { [ -s "$out" ] && ! grep -q -- "$1" "$out"; }
 stdout_empty() { [ ! -s "$out" ]; }
 stdout_lacks_verify_false() { [ -s "$out" ] && ! grep -q -- "--verify.*{false}" "$out"; }
 stderr_lines() { [ "$(wc -l <"$err")" -eq "$1" ]; }
@@ -464,6 +465,11 @@ case_run_disagg() {
   expect 0 "disaggregate with speculative decoding on the decode side" -- run --disaggregate --prefill-dcp-size 1 --speculative-num-draft-tokens 3 --speculative-draft target:1 --batch 3 --prompt-len 130 --max-new-tokens 8 --json "$tmp/run.json"
   check "disagg + speculation verifies" json_has '"passed": true'
   check "disagg + speculation: drafts accepted" json_has '"acceptance_rate": 0\.[0-9]*[1-9]'
+  expect 0 "disaggregate with the prefix cache on the prefill side" -- run --disaggregate --prefill-dcp-size 1 --enable-prefix-cache --host-kv-capacity-tokens 1024 --shared-prefix-len 200 --batch 4 --prompt-len 260 --max-new-tokens 3 --max-running-requests 1 --json "$tmp/run.json"
+  check "disagg + cache: hits" json_has '"hit_tokens": [1-9]'
+  check "disagg + cache: the prefill rank's host tier" stdout_has "  rank 0: .* B to host"
+  check "disagg + cache: no decode rank's" stdout_lacks "  rank 1: .* B to host"
+  check "disagg + cache verifies" json_has '"passed": true'
   expect 2 "disaggregate 2 -> 4 is refused" -- run --disaggregate --prefill-dcp-size 2
   check "names both sizes" stderr_has "prefill DCP size 2 -> decode DCP size 4 is not supported"
   check "refused before any rank started" stderr_lines 1

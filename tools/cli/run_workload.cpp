@@ -91,8 +91,6 @@ Workload build_workload(const RunOptions& o) {
   s.engine.max_running_requests = o.max_running;
   DCP_ARG_CHECK(o.shared_prefix_len < o.prompt_len, "--shared-prefix-len ", o.shared_prefix_len,
                 " must be below --prompt-len ", o.prompt_len);
-  DCP_ARG_CHECK(!o.prefix_cache || !o.disaggregate,
-                "--enable-prefix-cache does not combine with --disaggregate yet");
   w.disaggregate = o.disaggregate;
   w.prefill_dcp_size = o.prefill_dcp_size;
   if (o.disaggregate) {  // refuse an unsupported pair before any rank starts
