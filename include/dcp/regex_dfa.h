@@ -1,6 +1,6 @@
 // A regular expression compiled to a deterministic automaton over bytes, for guided generation
-// (vLLM's guided_regex): the whole output must match the pattern, so there are no anchors to
-// search with and no capture groups.
+// (vLLM's guided_regex): the whole output must match the pattern (a search group, below, asks
+// for a match inside it instead), and there are no capture groups.
 //
 // Syntax: literal characters (UTF-8; a non-ASCII character is its bytes in sequence); `.` (any
 // character but a newline); classes `[abc]`, `[a-z]`, `[^...]` over code points; escapes \d \D

@@ -98,9 +98,9 @@ class Parser {
     return add(std::move(n));
   }
 
-  // (?=X) or (?!X) opening an alternative of a scope (the pattern, or a length or JSON group's
-  // body, which is matched whole): the scope's text begins (or does not begin) with a match of X,
-  // as Python's re reads one at the start of the text it matches. An alternative of X may open
+  // (?=X) or (?!X) opening an alternative of a scope (the pattern, or a length, JSON or search
+  // group's body): the text the alternative matches begins (or does not begin) with a match of X,
+  // as Python's re reads one where a match starts. An alternative of X may open
   // with `^` (the scope's start, where X is read anyway) and end with `$` (the scope's end: then
   // the whole text must match it).
   int look_ahead() {
