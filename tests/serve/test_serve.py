@@ -144,7 +144,11 @@ def case_stream_equals_whole(s):
             want = whole["choices"][0]["text"]
         check(text == want, f"{path}: streamed {text!r} != whole {want!r}")
         check(chunks[-1]["choices"][0]["finish_reason"] == whole["choices"][0]["finish_reason"], f"{path}: finish_reason")
-        check(len(chunks) > 2, f"{path}: {len(chunks)} chunks, expected one per token or so")
+        # How many chunks carry the tokens depends on when the handler wakes (under load it may
+        # find them all at once); that they come while the request runs is case_disconnect's.
+        least = 2 if "chat" in path else 1  # chat's first chunk names the role alone
+        check(least <= len(chunks) <= whole["usage"]["completion_tokens"] + 2,
+              f"{path}: {len(chunks)} chunks for {whole['usage']['completion_tokens']} tokens")
         usage = events[-2].get("usage")
         check(usage == whole["usage"], f"{path}: stream usage {usage} != {whole['usage']}")
         check(all("usage" not in c for c in chunks), f"{path}: no usage per chunk unless asked")
