@@ -1,7 +1,9 @@
-// A model's reply read for tool calls: the two formats' markers (parse_tool_calls) and the JSON
+// A model's reply read for tool calls: the two formats' markers (parse_tool_calls, and a
+// ToolCallReader fed the same text in pieces, as a stream reads it) and the JSON
 // list tool_choice "required" guides (read_listed_calls, respelt_json). The respelt JSON is
 // checked against nlohmann's parser, which must accept the same texts (but for numbers past a
 // double, which it refuses, and lone surrogates) and read the same values from the respelling.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -48,6 +50,32 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const dcp::ParsedToolCalls parsed = dcp::parse_tool_calls(text, f);
     for (const dcp::ToolCall& c : parsed.calls)
       if (c.name.empty() || c.arguments.empty()) __builtin_trap();
+    if (parsed.calls.empty() && parsed.content != text) __builtin_trap();
+    // Read in pieces (a stream; their lengths from the text's own bytes), the calls come in the
+    // same order and stay read, and the whole reads the same.
+    dcp::ToolCallReader reader(f);
+    std::size_t at = 0, read = 0, resumes = dcp::ToolCallReader::npos;
+    while (at < text.size()) {
+      at = std::min(text.size(), at + 1 + static_cast<unsigned char>(text[at]) % 9);
+      reader.read(text.substr(0, at));
+      if (reader.calls().size() < read || reader.calls().size() > parsed.calls.size())
+        __builtin_trap();
+      read = reader.calls().size();
+      const std::size_t now = reader.content_resumes(false);
+      if (resumes != dcp::ToolCallReader::npos && now != resumes) __builtin_trap();
+      resumes = now;
+    }
+    if (read != parsed.calls.size()) __builtin_trap();
+    for (std::size_t k = 0; k < read; ++k)
+      if (reader.calls()[k].name != parsed.calls[k].name ||
+          reader.calls()[k].arguments != parsed.calls[k].arguments ||
+          reader.calls()[k].id != parsed.calls[k].id)
+        __builtin_trap();
+    if (reader.calls_begin() != dcp::ToolCallReader::npos &&
+        std::string(text.substr(0, reader.calls_begin())) +
+                std::string(text.substr(reader.content_resumes(true))) !=
+            parsed.content)
+      __builtin_trap();
   }
   return 0;
 }

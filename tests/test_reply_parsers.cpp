@@ -106,28 +106,44 @@ TEST(ToolCalls, EachFormatReadsBackWhatItWrites) {
   EXPECT_EQ(dotted.calls[0].id, "functions.a.b:12");
 }
 
-// Calls that do not all parse leave the whole reply as content: nothing the model wrote is lost.
-TEST(ToolCalls, ASpoiledCallLeavesTheReplyAsContent) {
+// A call that does not read ends the calls: those read before it stay calls and the text from it on
+// is content; where no call was read, the whole reply is content. Nothing the model wrote is lost.
+TEST(ToolCalls, ASpoiledCallEndsTheCalls) {
+  const std::string good = kDsCallBegin + "f" + kDsSep + "{}" + kDsCallEnd;
   const std::vector<std::string> spoiled = {
-      kDsCallsBegin + kDsCallBegin + "function" + kDsSep + "f\n```json\n{}\n" + kDsCallEnd,
-      kDsCallsBegin + kDsCallBegin + "function" + kDsSep + "f{}" + kDsCallEnd,
-      kDsCallsBegin + kDsCallBegin + "f{}" + kDsCallEnd,
-      kDsCallsBegin + kDsCallBegin + kDsSep + "{}" + kDsCallEnd,
-      kDsCallsBegin + kDsCallBegin + "f" + kDsSep + kDsCallEnd,
-      kDsCallsBegin + "text" + kDsCallBegin + "f" + kDsSep + "{}" + kDsCallEnd,
-      kDsCallsBegin + kDsCallsEnd,
-      kDsCallsBegin + kDsCallBegin + "f" + kDsSep + "{}" + kDsCallEnd + "x" + kDsCallBegin,
+      kDsCallBegin + "function" + kDsSep + "f\n```json\n{}\n" + kDsCallEnd,
+      kDsCallBegin + "function" + kDsSep + "f{}" + kDsCallEnd,
+      kDsCallBegin + "f{}" + kDsCallEnd,
+      kDsCallBegin + kDsSep + "{}" + kDsCallEnd,
+      kDsCallBegin + "f" + kDsSep + kDsCallEnd,
+      "text" + kDsCallBegin + "f" + kDsSep + "{}" + kDsCallEnd,
+      "x" + kDsCallBegin,
+      kDsCallBegin + "f" + kDsSep + "{}",  // cut short
+      kDsCallBegin.substr(0, 5),
   };
-  for (const std::string& text : spoiled) {
-    const ParsedToolCalls got = parse_tool_calls(cat("a ", text), ToolCallFormat::deepseek_v3);
-    EXPECT_EQ(got.content, cat("a ", text));
-    EXPECT_TRUE(got.calls.empty()) << text;
+  for (const std::string& bad : spoiled) {
+    SCOPED_TRACE(bad);
+    const std::string none = cat("a ", kDsCallsBegin, bad);
+    ParsedToolCalls got = parse_tool_calls(none, ToolCallFormat::deepseek_v3);
+    EXPECT_EQ(got.content, none);
+    EXPECT_TRUE(got.calls.empty());
+    // After one call read, and the blank space after it.
+    got = parse_tool_calls(cat("a ", kDsCallsBegin, good, " \n", bad, kDsCallsEnd, " b"),
+                           ToolCallFormat::deepseek_v3);
+    EXPECT_EQ(got.content, cat("a ", bad, kDsCallsEnd, " b"));
+    ASSERT_EQ(got.calls.size(), 1u);
+    EXPECT_EQ(got.calls[0].name, "f");
+    EXPECT_EQ(got.calls[0].arguments, "{}");
   }
+  // The closing marker right after the opening one: no call, all content.
+  const std::string empty = cat("a ", kDsCallsBegin, kDsCallsEnd);
+  EXPECT_EQ(parse_tool_calls(empty, ToolCallFormat::deepseek_v3).content, empty);
 }
 
 // Random calls in each format: read back whole; and any prefix of the reply (a generation cut by
-// max_tokens) gives the calls completed so far where only blank space follows the last one's end
-// marker, and otherwise all content: never a call half read.
+// max_tokens) gives the calls whose end marker it holds, and after them, as content, the text
+// from the first that is not blank (nothing when the closing marker is whole); with no call
+// ended, all content.
 TEST(ToolCalls, RandomRepliesAndTheirPrefixes) {
   test::Rng rng = test::make_rng();
   const std::string alphabet = "abcxyz_-09 {}[]\":,.\n`<|>｜▁é";
@@ -150,6 +166,7 @@ TEST(ToolCalls, RandomRepliesAndTheirPrefixes) {
     const Style style = static_cast<Style>(rng.range(0, 2));
     const ToolCallFormat f = format_of(style);
     const std::string marker = std::string(tool_calls_begin(f));
+    const std::string closing = style == Style::kimi ? kKimiCallsEnd : kDsCallsEnd;
     std::string content = random_text(12);
     if (content.find(marker) != std::string::npos) content.clear();
     std::vector<Call> calls(static_cast<std::size_t>(rng.range(1, 4)));
@@ -169,18 +186,60 @@ TEST(ToolCalls, RandomRepliesAndTheirPrefixes) {
       const ParsedToolCalls got = parse_tool_calls(text.substr(0, cut), f);
       std::size_t ended = 0;
       while (ended < ends.size() && ends[ended] <= cut) ++ended;
-      const bool clean =
-          cut == text.size() ||
-          (ended > 0 &&
-           text.substr(ends[ended - 1], cut - ends[ended - 1]).find_first_not_of(" \n") ==
-               std::string::npos);
-      if (!clean) {
+      if (ended == 0) {
         EXPECT_EQ(got.content, text.substr(0, cut));
         EXPECT_TRUE(got.calls.empty()) << cut;
         continue;
       }
-      expect_calls(got, content, std::vector<Call>(calls.begin(), calls.begin() + ended), style);
+      const std::size_t rest = std::min(text.find_first_not_of(" \n", ends[ended - 1]), cut);
+      std::string tail = text.substr(rest, cut - rest);
+      if (tail == closing) tail.clear();
+      expect_calls(got, content + tail, std::vector<Call>(calls.begin(), calls.begin() + ended),
+                   style);
     }
+  }
+}
+
+// A stream's reading: the reply in random pieces, read as it grows. Each call is read as soon as
+// the text holds its end marker, the content resumes once the closing marker is whole (or a byte
+// no marker begins follows the calls), and the whole text reads as parse_tool_calls reads it.
+TEST(ToolCalls, AReaderReadsEachCallOnceItsEndMarkerArrives) {
+  test::Rng rng = test::make_rng();
+  for (int round = 0; round < 300; ++round) {
+    const Style style = static_cast<Style>(rng.range(0, 2));
+    const ToolCallFormat f = format_of(style);
+    const std::string closing = style == Style::kimi ? kKimiCallsEnd : kDsCallsEnd;
+    std::vector<Call> calls(static_cast<std::size_t>(rng.range(1, 4)));
+    for (std::size_t k = 0; k < calls.size(); ++k)
+      calls[k] = {cat("g", std::to_string(k)), cat("{\"k\": ", std::to_string(k), "}")};
+    std::vector<std::size_t> ends;
+    const bool close = rng.coin();
+    std::string text = write(style, rng.coin() ? "Look: " : "", calls, close, &ends);
+    // The content resumes past the closing marker, or without one at text no marker begins.
+    std::size_t resumes = close ? text.size() : ToolCallReader::npos, known = resumes;
+    if (rng.coin()) {
+      text += " after";
+      if (!close) resumes = text.size() - 5, known = resumes + 1;
+    }
+    SCOPED_TRACE(text);
+    ToolCallReader reader(f);
+    std::size_t at = 0;
+    while (at < text.size()) {
+      at = std::min(text.size(), at + static_cast<std::size_t>(rng.range(1, 12)));
+      reader.read(std::string_view(text).substr(0, at));
+      std::size_t ended = 0;
+      while (ended < ends.size() && ends[ended] <= at) ++ended;
+      ASSERT_EQ(reader.calls().size(), ended) << at;
+      EXPECT_EQ(reader.content_resumes(false), at >= known ? resumes : ToolCallReader::npos) << at;
+    }
+    const ParsedToolCalls whole = parse_tool_calls(text, f);
+    ASSERT_EQ(reader.calls().size(), whole.calls.size());
+    for (std::size_t k = 0; k < whole.calls.size(); ++k) {
+      EXPECT_EQ(reader.calls()[k].name, whole.calls[k].name);
+      EXPECT_EQ(reader.calls()[k].arguments, whole.calls[k].arguments);
+    }
+    EXPECT_EQ(cat(text.substr(0, reader.calls_begin()), text.substr(reader.content_resumes(true))),
+              whole.content);
   }
 }
 

@@ -36,9 +36,36 @@ struct ParsedToolCalls {
   std::vector<ToolCall> calls;  // in the order written
 };
 
-// Reads `text` (a whole reply, special tokens kept). A reply without the opening marker is all
-// content; one whose calls do not all parse (cut short, a marker missing) is all content too, with
-// no calls, so that nothing the model wrote is lost.
+// Reads a reply's calls as its text grows, each call once its end marker is read, so that a stream
+// sends calls as they are written. The calls read stay calls: the first stretch that does not read
+// as one (a spoiled call, text between calls, a call cut short at the end) ends them, and the text
+// from there on is content, as is the text after the calls' closing marker. Where no call is read
+// at all, the text from the opening marker on is content: nothing the model wrote is lost.
+class ToolCallReader {
+ public:
+  static constexpr std::size_t npos = std::string_view::npos;
+
+  explicit ToolCallReader(ToolCallFormat format) : format_(format) {}
+  // Reads on into `text`: the whole reply so far, which extends the text of the last call.
+  void read(std::string_view text);
+  // Where the calls' opening marker starts (the content before it ends), npos while none is read.
+  std::size_t calls_begin() const noexcept { return begin_; }
+  const std::vector<ToolCall>& calls() const noexcept { return calls_; }
+  // Where the content goes on after the calls, to the end of the text; npos while calls may still
+  // follow. `finished`: the text is whole, so a call still open was cut short.
+  std::size_t content_resumes(bool finished) const noexcept;
+
+ private:
+  enum class State { before, calls, closed, spoiled };
+  ToolCallFormat format_;
+  State state_ = State::before;
+  std::size_t begin_ = npos;
+  std::size_t at_ = 0;  // where reading goes on: the marker's search, or past the last call read
+  std::vector<ToolCall> calls_;
+};
+
+// Reads `text` (a whole reply, special tokens kept) as ToolCallReader does. A reply without the
+// opening marker is all content.
 ParsedToolCalls parse_tool_calls(std::string_view text, ToolCallFormat format);
 
 // Reads the list of calls a reply guided by tool_choice "required" writes (vLLM's form):

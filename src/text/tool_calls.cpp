@@ -285,31 +285,58 @@ std::string_view tool_calls_begin(ToolCallFormat format) {
   return markers(format).calls_begin;
 }
 
-ParsedToolCalls parse_tool_calls(std::string_view text, ToolCallFormat format) {
-  const Markers& m = markers(format);
-  ParsedToolCalls all_content{std::string(text), {}};
-  const std::size_t begin = text.find(m.calls_begin);
-  if (begin == std::string_view::npos) return all_content;
-  ParsedToolCalls out;
-  out.content = std::string(text.substr(0, begin));
-  std::string_view rest = text.substr(begin + m.calls_begin.size());
-  while (true) {
-    rest = trim(rest);
-    if (rest.empty()) break;  // the closing marker left out (DeepSeek-V3's template omits it)
-    if (rest.substr(0, m.calls_end.size()) == m.calls_end) {
-      out.content += std::string(rest.substr(m.calls_end.size()));  // text after the calls
-      break;
+void ToolCallReader::read(std::string_view text) {
+  const Markers& m = markers(format_);
+  if (state_ == State::before) {
+    begin_ = text.find(m.calls_begin, at_);
+    if (begin_ == npos) {
+      // The marker may yet end in a tail of the text that begins it.
+      const std::size_t tail = m.calls_begin.size() - 1;
+      at_ = text.size() > tail ? text.size() - tail : 0;
+      return;
     }
-    if (rest.substr(0, m.call_begin.size()) != m.call_begin) return all_content;
-    rest.remove_prefix(m.call_begin.size());
-    const std::size_t end = rest.find(m.call_end);
-    if (end == std::string_view::npos) return all_content;  // cut short
-    std::optional<ToolCall> call = read_call(rest.substr(0, end), format);
-    if (!call) return all_content;
-    out.calls.push_back(std::move(*call));
-    rest.remove_prefix(end + m.call_end.size());
+    state_ = State::calls;
+    at_ = begin_ + m.calls_begin.size();
   }
-  if (out.calls.empty()) return all_content;
+  const auto begins = [](std::string_view s, std::string_view prefix) {
+    return s.substr(0, prefix.size()) == prefix;
+  };
+  while (state_ == State::calls) {
+    at_ = skip_space(text, at_);
+    const std::string_view rest = text.substr(at_);
+    if (begins(rest, m.calls_end)) {
+      state_ = State::closed;
+      at_ += m.calls_end.size();
+    } else if (begins(rest, m.call_begin)) {
+      const std::size_t end = rest.find(m.call_end, m.call_begin.size());
+      if (end == npos) return;  // the call goes on
+      std::optional<ToolCall> call =
+          read_call(rest.substr(m.call_begin.size(), end - m.call_begin.size()), format_);
+      if (!call) {
+        state_ = State::spoiled;
+        return;
+      }
+      calls_.push_back(std::move(*call));
+      at_ += end + m.call_end.size();
+    } else if (!begins(m.call_begin, rest) && !begins(m.calls_end, rest)) {
+      state_ = State::spoiled;  // text that no marker could begin
+    } else {
+      return;  // a marker may be on its way
+    }
+  }
+}
+
+std::size_t ToolCallReader::content_resumes(bool finished) const noexcept {
+  if (state_ == State::before || (state_ == State::calls && !finished)) return npos;
+  return calls_.empty() ? begin_ : at_;
+}
+
+ParsedToolCalls parse_tool_calls(std::string_view text, ToolCallFormat format) {
+  ToolCallReader reader(format);
+  reader.read(text);
+  if (reader.calls_begin() == ToolCallReader::npos) return {std::string(text), {}};
+  ParsedToolCalls out{std::string(text.substr(0, reader.calls_begin())), reader.calls()};
+  out.content += text.substr(reader.content_resumes(true));
   return out;
 }
 

@@ -101,6 +101,20 @@ const namedFinal = await namedStream.finalChatCompletion();
 check(JSON.stringify(calls(namedFinal.choices[0].message)) === JSON.stringify(calls(named.choices[0].message)),
   `a named call streamed as its arguments come: ${JSON.stringify(namedFinal.choices[0])}`);
 
+// "auto": the model's own calls in DeepSeek V3's format (forced by a guided_regex: the random model
+// writes none), two of them; the stream sends each as it is read, and the helper's assembly equals
+// the whole reply.
+const dsCall = (name, args) => `<｜tool▁call▁begin｜>function<｜tool▁sep｜>${name}\n\`\`\`json\n${args}\n\`\`\`<｜tool▁call▁end｜>`;
+const written = `Sure. <｜tool▁calls▁begin｜>${dsCall("get_weather", '{"city": "Paris"}')}\n${dsCall("get_weather", '{"city": "Oslo"}')}<｜tool▁calls▁end｜>`;
+const forced = { ...ask, max_tokens: 400, guided_regex: written.replace(/[.*+?^${}()|[\]\\]/g, "\\$&") };
+const auto = await client.chat.completions.create(forced);
+const autoFinal = await client.beta.chat.completions.stream(forced).finalChatCompletion();
+const wantAuto = JSON.stringify([["get_weather", '{"city": "Paris"}'], ["get_weather", '{"city": "Oslo"}']]);
+check(JSON.stringify(calls(auto.choices[0].message)) === wantAuto && auto.choices[0].message.content === "Sure. "
+  && auto.choices[0].finish_reason === "tool_calls", `auto tool calls: ${JSON.stringify(auto.choices[0])}`);
+check(JSON.stringify(calls(autoFinal.choices[0].message)) === wantAuto && autoFinal.choices[0].message.content === "Sure. "
+  && autoFinal.choices[0].finish_reason === "tool_calls", `auto tool calls streamed: ${JSON.stringify(autoFinal.choices[0])}`);
+
 // Errors arrive as the client's typed errors.
 try {
   await client.completions.create({ ...body, max_tokens: 0 });

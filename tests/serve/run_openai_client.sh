@@ -30,7 +30,8 @@ tmp=$(mktemp -d)
 trap '[ -n "${server:-}" ] && kill -KILL "$server" 2>/dev/null; rm -rf "$tmp"' EXIT
 "$dcp" gen-checkpoint --out "$tmp/ckpt" --num-layers 2 >/dev/null || { echo "gen-checkpoint failed"; exit 1; }
 key="dcp-test-$$"  # the client sends it as OpenAI's api_key
-flags=(serve --model-path "$tmp/ckpt" --port 0 --tp-size 2 --dcp-size 2 --served-model-name tiny-mla --api-key "$key")
+flags=(serve --model-path "$tmp/ckpt" --port 0 --tp-size 2 --dcp-size 2 --served-model-name tiny-mla --api-key "$key"
+       --tool-call-parser deepseek_v3)
 if [ -n "$mpiexec" ]; then
   "$mpiexec" -np 4 "$dcp" "${flags[@]}" --comm mpi --dp-size 2 >"$tmp/out" 2>"$tmp/err" &
 else

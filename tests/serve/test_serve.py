@@ -1056,11 +1056,42 @@ def case_tools():
               and finish == "tool_calls", f"auto streamed: {content!r} {calls} {finish}")
         check(all("<" not in (e["choices"][0]["delta"].get("content") or "") for e in events[:-1]),
               f"no piece of a marker is streamed as content: {events}")
-        # Cut short by max_tokens: what was written is content, no call.
-        status, r = s.post("/v1/chat/completions", {**forced, "max_tokens": 60})
-        c = r["choices"][0] if status == 200 else {}
-        check(status == 200 and c["finish_reason"] == "length" and "tool_calls" not in c["message"]
-              and c["message"]["content"].startswith("Sure. <｜tool▁calls▁begin｜>"), f"auto cut: {r}")
+        # parallel_tool_calls false: the first call only, whole and streamed.
+        one = {**forced, "parallel_tool_calls": False}
+        status, r1 = s.post("/v1/chat/completions", one)
+        c = r1["choices"][0] if status == 200 else {"message": {}}
+        status2, _, events1 = s.stream("/v1/chat/completions", {**one, "stream": True})
+        content1, calls1, finish1 = joined_stream(events1)
+        check(status == status2 == 200 and c["message"].get("content") == content1 == "Sure. "
+              and [(t["name"], t["arguments"]) for t in flat_calls(c["message"])] == ds_calls[:1]
+              and [(t["name"], t["arguments"]) for t in calls1] == ds_calls[:1]
+              and c["finish_reason"] == finish1 == "tool_calls", f"auto, one call: {r1} {calls1}")
+        # Cut short by max_tokens at points across the reply: the calls whose end marker was
+        # written are calls, the text from the first non-blank byte after them content (all of it
+        # where no call ended); the same streamed; finish_reason "length". What was written comes
+        # from tool_choice "none".
+        full = "Sure. " + ds
+        call_ends = [m.end() for m in re.finditer(re.escape("<｜tool▁call▁end｜>"), full)]
+        written = r["usage"]["completion_tokens"]
+        for cut in sorted({1, 2, written - 1} | set(range(5, written, max(1, written // 9)))):
+            status, plain = s.post("/v1/chat/completions", {**forced, "max_tokens": cut, "tool_choice": "none"})
+            text = plain["choices"][0]["message"]["content"] if status == 200 else ""
+            ended = [e for e in call_ends if e <= len(text)]
+            want_content = text
+            if ended:
+                rest = text[ended[-1]:].lstrip(" \n")
+                want_content = "Sure. " + ("" if rest == "<｜tool▁calls▁end｜>" else rest)
+            want = {"content": want_content or None, "calls": ds_calls[:len(ended)]}
+            status, r = s.post("/v1/chat/completions", {**forced, "max_tokens": cut})
+            c = r["choices"][0] if status == 200 else {"message": {}}
+            got = {"content": c["message"].get("content"),
+                   "calls": [(t["name"], t["arguments"]) for t in flat_calls(c["message"])]}
+            check(status == 200 and full.startswith(text.rstrip("\ufffd")) and c["finish_reason"] == "length" and got == want,
+                  f"auto cut at {cut} tokens ({text!r}): {got} vs {want}")
+            status, _, events = s.stream("/v1/chat/completions", {**forced, "max_tokens": cut, "stream": True})
+            content, calls, finish = joined_stream(events)
+            check(status == 200 and {"content": content or None, "calls": [(t["name"], t["arguments"]) for t in calls]}
+                  == want and finish == "length", f"auto cut at {cut} tokens, streamed: {content!r} {calls} {finish}")
         # auto where the model calls nothing: its text, as without tools.
         status, r = s.post("/v1/chat/completions", {**base, "tools": TOOLS, "skip_special_tokens": False})
         status2, p2 = s.post("/v1/chat/completions", {**base, "skip_special_tokens": False})

@@ -16,7 +16,9 @@ ChatReply::ChatReply(ToolUse use, std::string call_id, bool reasoning, bool incl
       reasoning_(reasoning),
       include_reasoning_(include_reasoning),
       opens_content_(std::move(opens_content)),
-      split_(opens_content_) {}
+      split_(opens_content_) {
+  if (use_.mode == ToolUse::Mode::read_auto) calls_.emplace(use_.format);
+}
 
 json ChatReply::call_json(std::size_t index, const std::string& id, const std::string& name,
                           const std::string& arguments) const {
@@ -65,7 +67,7 @@ ChatReply::Read ChatReply::read(const std::string& text, bool complete) const {
   return r;
 }
 
-json ChatReply::content_delta(const std::string& text) {
+json ChatReply::content_delta(const std::string& text, bool finished, bool complete) {
   text_ += text;
   switch (use_.mode) {
     case ToolUse::Mode::none:
@@ -81,34 +83,55 @@ json ChatReply::content_delta(const std::string& text) {
       }
       return {{"tool_calls", json::array({call})}};
     }
-    case ToolUse::Mode::required: return nullptr;  // a list is read whole, at the end
-    case ToolUse::Mode::read_auto: {
-      // Content up to the calls' marker, or up to a tail that could begin it.
-      const std::string_view marker = tool_calls_begin(use_.format);
-      std::size_t safe = text_.find(marker);
-      if (safe == std::string::npos) {
-        safe = text_.size();
-        for (std::size_t n = std::min(marker.size() - 1, text_.size()); n > 0; --n) {
-          if (text_.compare(text_.size() - n, n, marker.substr(0, n)) == 0) {
-            safe = text_.size() - n;
-            break;
-          }
-        }
-      }
-      if (safe <= sent_) return nullptr;
-      json d = {{"content", text_.substr(sent_, safe - sent_)}};
-      sent_ = safe;
-      return d;
-    }
+    case ToolUse::Mode::required: return finished ? last_delta(complete) : nullptr;
+    case ToolUse::Mode::read_auto: return auto_delta(finished);
   }
   return nullptr;
 }
 
+json ChatReply::auto_delta(bool finished) {
+  ToolCallReader& reader = *calls_;
+  reader.read(text_);
+  // The content is the text up to the calls' marker, then the text from where it resumes after
+  // them; before the marker, a tail that could begin it is held back.
+  std::size_t head = reader.calls_begin();
+  if (head == ToolCallReader::npos) {
+    head = text_.size();
+    if (!finished) {
+      const std::string_view marker = tool_calls_begin(use_.format);
+      for (std::size_t n = std::min(marker.size() - 1, text_.size()); n > 0; --n) {
+        if (text_.compare(text_.size() - n, n, marker.substr(0, n)) == 0) {
+          head = text_.size() - n;
+          break;
+        }
+      }
+    }
+  }
+  std::string content;
+  if (sent_ < head) content = text_.substr(sent_, head - sent_);
+  const std::size_t resumes = reader.content_resumes(finished);
+  if (reader.calls_begin() != ToolCallReader::npos && resumes != ToolCallReader::npos)
+    content += text_.substr(resumes + (std::max(sent_, head) - head));
+  sent_ += content.size();
+  json d = json::object();
+  if (!content.empty()) d["content"] = std::move(content);
+  // parallel_tool_calls false: the first call only.
+  json calls = json::array();
+  const std::vector<ToolCall>& read = reader.calls();
+  for (; calls_sent_ < read.size(); ++calls_sent_) {
+    if (!use_.parallel && calls_sent_ > 0) continue;
+    const ToolCall& c = read[calls_sent_];
+    calls.push_back(call_json(calls_sent_, c.id, c.name, c.arguments));
+    called_ = true;
+  }
+  if (!calls.empty()) d["tool_calls"] = std::move(calls);
+  return d.empty() ? json(nullptr) : d;
+}
+
 json ChatReply::last_delta(bool complete) {
-  if (use_.mode == ToolUse::Mode::none || use_.mode == ToolUse::Mode::named) return nullptr;
   Read r = read(text_, complete);
   json d = json::object();
-  if (r.content.size() > sent_) d["content"] = r.content.substr(sent_);
+  if (!r.content.empty()) d["content"] = std::move(r.content);
   if (!r.calls.empty()) {
     d["tool_calls"] = std::move(r.calls);
     called_ = true;
@@ -152,18 +175,9 @@ json ChatReply::delta(const std::string& text, bool finished, bool complete) {
     content = std::move(parts.content);
     if (include_reasoning_) reasoning = std::move(parts.reasoning);
   }
-  json d = content_delta(content);
-  if (!reasoning.empty()) {
-    if (d.is_null()) d = json::object();
-    d["reasoning_content"] = reasoning;
-  }
-  if (finished) {
-    json last = last_delta(complete);
-    if (d.is_null()) d = json::object();  // the last chunk goes out, if empty
-    if (last.contains("content"))
-      d["content"] = d.value("content", "") + last["content"].get<std::string>();
-    if (last.contains("tool_calls")) d["tool_calls"] = std::move(last["tool_calls"]);
-  }
+  json d = content_delta(content, finished, complete);
+  if (d.is_null() && (finished || !reasoning.empty())) d = json::object();  // a last one goes out
+  if (!reasoning.empty()) d["reasoning_content"] = reasoning;
   return d;
 }
 

@@ -3,6 +3,7 @@
 // message or streamed as deltas.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "dcp/reasoning.h"
@@ -18,14 +19,15 @@ class ChatReply {
   // `opens_content`, which starts the content: ReasoningSplit).
   ChatReply(ToolUse use, std::string call_id, bool reasoning, bool include_reasoning,
             std::string opens_content = {});
-  // Streaming: the delta for newly generated `text`, and with `finished` what was held back and
-  // the calls read at the end (`complete`: not cut by max_tokens); null when nothing is to be sent
-  // yet (a finished reply always sends one).
+  // Streaming: the delta for newly generated `text`: content, and "auto" calls each as its end
+  // marker is read; with `finished` what was held back and a "required" reply's calls (`complete`:
+  // not cut by max_tokens). Null when nothing is to be sent yet (a finished reply always sends
+  // one).
   json delta(const std::string& text, bool finished, bool complete);
   // A whole reply's message for its `text`.
   json message(const std::string& text, bool complete);
-  // finish_reason "tool_calls": the reply called a tool (a forced named call ends with "stop", as
-  // OpenAI's does).
+  // finish_reason "tool_calls" (unless cut by max_tokens, "length"): the reply called a tool (a
+  // forced named call ends with "stop", as OpenAI's does).
   bool ends_in_tool_calls() const noexcept { return called_ && use_.mode != ToolUse::Mode::named; }
 
  private:
@@ -36,8 +38,10 @@ class ChatReply {
   Read read(const std::string& text, bool complete) const;
   json call_json(std::size_t index, const std::string& id, const std::string& name,
                  const std::string& arguments) const;
-  json content_delta(const std::string& text);  // the content's part of a delta
-  json last_delta(bool complete);               // the calls read at the end
+  // The content's and calls' part of a delta.
+  json content_delta(const std::string& text, bool finished, bool complete);
+  json auto_delta(bool finished);  // "auto": the content and calls read so far, not yet sent
+  json last_delta(bool complete);  // "required": the calls read at the end
 
   ToolUse use_;
   std::string call_id_;
@@ -46,6 +50,8 @@ class ChatReply {
   ReasoningSplit split_;  // streaming: the thinking told from the content
   std::string text_;      // the content so far
   std::size_t sent_ = 0;  // content bytes sent (a prefix of the content read at the end)
+  std::optional<ToolCallReader> calls_;  // "auto": the calls read so far
+  std::size_t calls_sent_ = 0;
   bool opened_ = false;   // named: the call's head was sent
   bool called_ = false;
 };

@@ -566,7 +566,8 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
           ChatReply said(job.tools, call_id(i), job.reasoning, job.include_reasoning,
                          job.reasoning_opens_content);
           choice["message"] = said.message(c.shown, c.reason != FinishReason::length);
-          if (said.ends_in_tool_calls()) choice["finish_reason"] = "tool_calls";
+          if (said.ends_in_tool_calls() && c.reason != FinishReason::length)
+            choice["finish_reason"] = "tool_calls";
         } else {
           choice["text"] = job.echo ? *job.prompt_texts[prompt_of] + c.shown : c.shown;
         }
@@ -648,11 +649,13 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
           meta["finish_reason"] = c.finished ? json{{"type", reason(c)}} : json(nullptr);
           out = sse({{"text", c.shown}, {"output_ids", c.text.tokens()}, {"meta_info", meta}});
         } else {
-          json choice = {{"index", i},
-                         {"finish_reason", !c.finished ? json(nullptr)
-                                           : kind == Kind::chat && replies[i].ends_in_tool_calls()
-                                               ? json("tool_calls")
-                                               : json(reason(c))}};
+          json choice = {
+              {"index", i},
+              {"finish_reason", !c.finished ? json(nullptr)
+                                : kind == Kind::chat && replies[i].ends_in_tool_calls() &&
+                                        c.reason != FinishReason::length
+                                    ? json("tool_calls")
+                                    : json(reason(c))}};
           // echo: the choice's first chunk leads with its prompt (and the prompt's logprobs).
           const bool lead = job.echo && !echoed[i];
           const std::size_t prompt_of = i / static_cast<std::size_t>(job.n);
