@@ -1140,7 +1140,10 @@ TEST(JsonSchema, PatternsWriteTheirTextsOfTheirLengthsAsJsonStrings) {
       {"^(?!^[-+.]*$)[+-]?0*\\d*\\.?\\d*$", 0, 4},
       {"^(?=.*\\d)(?=.*[a-d]).+$", 3, 8},
       {"(?!.*[\"\n])(?!a$).+", 1, 6},
-      {"^(?=a)a+$|^(?!x)\\d+$", 0, 4}};
+      {"^(?=a)a+$|^(?!x)\\d+$", 0, 4},
+      // Patterns that match no text whole, and part of some: searched only.
+      {"(?=.*[0-9])[a-d]", 0, 6},
+      {"(?=[0-9]*\\.)[0-9]", 0, -1}};
   // Bodies of JSON strings: characters as themselves, escapes (canonical or not, which Python
   // reads and the automaton does not write).
   const std::vector<std::string> alphabet = {"a", "b",    "c",    "d",   "x",       "-",

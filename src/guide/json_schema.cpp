@@ -826,23 +826,35 @@ class Compiler {
       const std::string field = str(field_, "' pattern at '", where);
       // The pattern holds of the string's characters, which the JSON text writes as json.dumps
       // does: a quote, a backslash or a control character by its escape (a JSON group).
-      const auto string_of = [&](const std::string& p) {
-        const auto [min_chars, max_chars] = pattern_span(RegexDfa(p, field));
+      const auto string_of = [&](const std::string& p, const RegexDfa& dfa) {
+        const auto [min_chars, max_chars] = pattern_span(dfa);
         return "(?json:" + length_cut(s, where, "'pattern'", p, min_chars, max_chars).value_or(p) +
                ")";
       };
-      static_cast<void>(RegexDfa(whole, field));  // its syntax errors name its own byte offsets
       // A string holds a pattern where some part of it matches (JSON Schema reads patterns as
       // ECMA-262's search does): a search group, unless its automaton (its lengths cut, its
       // characters escaped) is too large, and then the strings it matches whole, fewer texts,
-      // each a match. (Where the search finds no text of the lengths, neither does the whole.)
+      // each a match. (Where the search finds no text, neither does the whole; a pattern may match
+      // no text whole and some searched: "(?=.*[0-9])[a-z]".)
+      const std::string search = "(?search:" + whole + ")";
+      std::shared_ptr<const RegexDfa> searched;
       try {
-        std::string searched = string_of("(?search:" + whole + ")");
-        shared_regex(searched, field_);
-        return searched;
+        searched = shared_regex(search, field);
+      } catch (const RegexError&) {  // too large, or no text: the whole match says which
       } catch (const Error&) {
+        static_cast<void>(
+            RegexDfa(whole, field));  // a syntax error, named at the pattern's offsets
+        throw;
       }
-      return string_of(whole);
+      if (searched) {
+        try {
+          std::string body = string_of(search, *searched);
+          shared_regex(body, field_);
+          return body;
+        } catch (const Error&) {
+        }
+      }
+      return string_of(whole, RegexDfa(whole, field));
     }
     const int lo = count(s, "minLength", where, 0), hi = count(s, "maxLength", where, -1);
     if (hi >= 0 && hi < lo) fail(where, "'maxLength' is below 'minLength'");
