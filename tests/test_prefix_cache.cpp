@@ -52,9 +52,13 @@ TEST(PrefixCache, SharedPrefixesGiveIdenticalOutputsWithTheCacheOnAndOff) {
                                    {1e-10, 1e-4}, what.c_str()));
     }
     // The first two requests start together and miss; each later one reuses the prefix's whole
-    // virtual pages (P x N tokens each).
+    // virtual pages (P x N tokens each), and its result says so.
     const std::int64_t vp = 8LL * n;
     EXPECT_EQ(got.cache_stats[0].hit_tokens, 4 * (150 / vp) * vp) << what;
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ(got.results[i].cached_prompt_tokens, i < 2 ? 0 : 150 / vp * vp) << what << " " << i;
+      EXPECT_EQ(expect.results[i].cached_prompt_tokens, 0) << what << " " << i;
+    }
   }
 }
 

@@ -84,6 +84,7 @@ struct RequestResult {
   std::vector<float> step_logits;           // [steps, vocab] when record_logits
   std::vector<StepLogprobs> logprobs;       // one per output token when spec.logprobs >= 0
   std::vector<StepLogprobs> prompt_logprobs;  // one per prompt token but the first, when asked
+  std::int64_t cached_prompt_tokens = 0;      // prompt tokens whose KV the prefix cache held
 };
 
 struct EngineOptions {

@@ -62,6 +62,7 @@ struct StreamUpdate {
   bool finished = false;
   FinishReason finish_reason = FinishReason::none;
   std::string error;  // the engine rejected it
+  std::int64_t cached_prompt_tokens = 0;  // RequestResult's, as of the latest update
 };
 
 // When the frontend saw a request arrive, its first token and its end (steady clock).

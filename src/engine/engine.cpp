@@ -361,6 +361,7 @@ void Engine::admit() {
         alloc.allocate_shared(it->spec.id, hit);
         cache_->unpin(hit);
         it->context = alloc.length(it->spec.id);
+        results_[it->result].cached_prompt_tokens = it->context;
         prefix.assign(it->feed.begin(), it->feed.begin() + it->context);
         it->feed.erase(it->feed.begin(), it->feed.begin() + it->context);
         prompt_done_ += it->context;

@@ -94,6 +94,7 @@ void write_news(ByteWriter& w, const RequestResult& r, std::size_t from) {
   write_logprobs(w, r.logprobs, from);
   write_logprobs(w, r.prompt_logprobs, from == 0 ? 0 : r.prompt_logprobs.size());
   w.vec(std::vector<char>(r.error.begin(), r.error.end()));
+  w.i64(r.cached_prompt_tokens);
 }
 
 }  // namespace
@@ -294,6 +295,7 @@ void ServingDeployment::publish(const std::vector<std::vector<std::uint8_t>>& re
       u.prompt_logprobs = read_logprobs(in);
       const std::vector<char> error = in.vec<char>();
       u.error.assign(error.begin(), error.end());
+      u.cached_prompt_tokens = in.i64();
       u.finished = state == RequestState::finished || state == RequestState::rejected;
       const auto it = std::find_if(live_.begin(), live_.end(),
                                    [&](const auto& s) { return s->id() == id; });
@@ -325,6 +327,7 @@ void ServingDeployment::publish(const std::vector<std::vector<std::uint8_t>>& re
         p.finished = u.finished;
         p.finish_reason = u.finish_reason;
         p.error = u.error;
+        p.cached_prompt_tokens = u.cached_prompt_tokens;
         if (u.finished) s.timing_.finished = now;
         s.has_news_ = true;
       }

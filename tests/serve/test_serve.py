@@ -114,8 +114,8 @@ def case_greedy_equals_run(s):
                                            "ignore_eos": True})
     check(status == 200, f"greedy completion: status {status}")
     check(r["choices"][0]["token_ids"] == want, f"greedy tokens {r['choices'][0]['token_ids']} != dcp run {want}")
-    check(r["usage"] == {"prompt_tokens": len(PROMPT), "completion_tokens": 16,
-                         "total_tokens": len(PROMPT) + 16}, f"usage {r['usage']}")
+    check(r["usage"] == {"prompt_tokens": len(PROMPT), "completion_tokens": 16, "total_tokens": len(PROMPT) + 16,
+                         "prompt_tokens_details": {"cached_tokens": 0}}, f"usage {r['usage']}")
     check(r["choices"][0]["finish_reason"] == "length", "finish_reason length")
     status, g = s.post("/generate", {"input_ids": PROMPT, "sampling_params": {
         "max_new_tokens": 16, "temperature": 0, "ignore_eos": True}})
@@ -1247,6 +1247,47 @@ def case_chat_template():
         check(code == 0, f"server exit {code}")
 
 
+def case_prefix_cache():
+    """--enable-prefix-cache: a prompt an earlier one began reuses its KV, and the usage says how
+    much: prompt_tokens_details.cached_tokens (and /generate's meta_info.cached_tokens) count the
+    whole widened pages (page size x DCP size) of the longest cached prefix shorter than the prompt,
+    and move the server's own hit counter by as much; greedy tokens are those of the first."""
+    page, dcp = 16, 2
+    widened = page * dcp
+    s = Server("--tp-size", "2", "--dcp-size", str(dcp), "--page-size", str(page), "--enable-prefix-cache",
+               "--max-total-tokens", "4096")
+    try:
+        prompt = [(7 * k * k + 3 * k + 11) % 500 + 1 for k in range(150)]
+        body = {"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+        hits = lambda: s.metrics()["dcp_prefix_cache_hit_tokens_total"]
+        before = hits()
+        status, first = s.post("/v1/completions", body)
+        check(status == 200 and first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0},
+              f"a first prompt finds nothing cached: {first.get('usage')}")
+        want = (len(prompt) - 1) // widened * widened  # 128
+        for label, extra, prompts in [("again", {}, 1), ("two choices", {"n": 2}, 2)]:
+            before = hits()
+            status, r = s.post("/v1/completions", {**body, **extra})
+            got = r["usage"]["prompt_tokens_details"]["cached_tokens"] if status == 200 else None
+            check(got == want and hits() - before == want * prompts
+                  and all(c["token_ids"] == first["choices"][0]["token_ids"] for c in r["choices"]),
+                  f"{label}: cached {got}, hits moved {hits() - before}, want {want} per choice: {r}")
+        # A prompt sharing 100 tokens: the pages those fill.
+        other = prompt[:100] + [(k * 13) % 400 + 2 for k in range(40)]
+        before = hits()
+        status, _, events = s.stream("/v1/completions", {**body, "prompt": other, "stream": True,
+                                                          "stream_options": {"include_usage": True}})
+        usage = events[-2].get("usage", {}) if status == 200 else {}
+        check(usage.get("prompt_tokens_details") == {"cached_tokens": 100 // widened * widened}
+              and hits() - before == 100 // widened * widened, f"a shared prefix, streamed: {usage}")
+        status, g = s.post("/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": 4,
+                                                                                 "temperature": 0}})
+        check(status == 200 and g["meta_info"]["cached_tokens"] == want, f"/generate: {g}")
+    finally:
+        code, _ = s.stop()
+        check(code == 0, f"server exit {code}")
+
+
 def case_api_key():
     """--api-key (and $DCP_API_KEY): 401 without the bearer key on every endpoint but the health
     probe and the metrics."""
@@ -1399,8 +1440,8 @@ CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_
                                      case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_guided_regex, case_guided_grammar, case_json_mode, case_json_schema, case_structured_outputs, case_tokenize, case_chat_options, case_min_tokens, case_echo, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
                                      case_metrics_and_models]}
 
-OWN_SERVER = {f.__name__[5:]: f for f in [case_chat_template, case_tools, case_reasoning, case_api_key,
-                                          case_queue_bound, case_shutdown]}
+OWN_SERVER = {f.__name__[5:]: f for f in [case_chat_template, case_tools, case_reasoning, case_prefix_cache,
+                                          case_api_key, case_queue_bound, case_shutdown]}
 
 
 def main():

@@ -359,6 +359,7 @@ struct Choice {
   bool finished = false;
   FinishReason reason = FinishReason::none;
   std::string error;
+  std::int64_t cached_tokens = 0;  // of its prompt, from the prefix cache
 };
 
 // Pulls what the engine produced for `c` into its text; returns the new text. `wait` bounds the
@@ -369,6 +370,7 @@ std::string pull_news(Choice& c, const std::vector<std::int32_t>& stop_ids,
   if (!u) return {};
   c.prompt_logprobs.insert(c.prompt_logprobs.end(), u->prompt_logprobs.begin(),
                            u->prompt_logprobs.end());
+  c.cached_tokens = std::max(c.cached_tokens, u->cached_prompt_tokens);
   std::string out;
   for (std::size_t k = 0; k < u->tokens.size(); ++k) {
     if (c.text.stopped()) break;
@@ -510,11 +512,19 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
     }
     return head;
   };
-  const auto usage = [prompt_tokens](const std::vector<Choice>& cs) {
+  // Each prompt counts once (its first choice's), as do the tokens of it the prefix cache held.
+  const auto cached = [n = static_cast<std::size_t>(job.n)](const std::vector<Choice>& cs) {
+    std::int64_t tokens = 0;
+    for (std::size_t k = 0; k < cs.size(); k += n) tokens += cs[k].cached_tokens;
+    return tokens;
+  };
+  const auto usage = [prompt_tokens, cached](const std::vector<Choice>& cs) {
     std::int64_t completion = 0;
     for (const Choice& c : cs) completion += static_cast<std::int64_t>(c.text.tokens().size());
-    return json{{"prompt_tokens", prompt_tokens}, {"completion_tokens", completion},
-                {"total_tokens", prompt_tokens + completion}};
+    return json{{"prompt_tokens", prompt_tokens},
+                {"completion_tokens", completion},
+                {"total_tokens", prompt_tokens + completion},
+                {"prompt_tokens_details", {{"cached_tokens", cached(cs)}}}};
   };
   const auto reason = [](const Choice& c) { return finish_text(c.reason, c.text.stopped()); };
   // The ids of choice i's tool calls where the model writes none: "call-<request>-<i>-<k>".
@@ -543,10 +553,14 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
     json reply;
     if (kind == Kind::generate) {
       const Choice& c = choices->front();
-      reply = {{"text", c.shown}, {"output_ids", c.text.tokens()},
-               {"meta_info", {{"id", job.id}, {"prompt_tokens", prompt_tokens},
-                              {"completion_tokens", c.text.tokens().size()},
-                              {"finish_reason", {{"type", reason(c)}}}}}};
+      reply = {{"text", c.shown},
+               {"output_ids", c.text.tokens()},
+               {"meta_info",
+                {{"id", job.id},
+                 {"prompt_tokens", prompt_tokens},
+                 {"completion_tokens", c.text.tokens().size()},
+                 {"cached_tokens", c.cached_tokens},
+                 {"finish_reason", {{"type", reason(c)}}}}}};
     } else {
       json list = json::array();
       for (std::size_t i = 0; i < choices->size(); ++i) {
@@ -644,8 +658,10 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
         }
         std::string out;
         if (kind == Kind::generate) {
-          json meta = {
-              {"id", job.id}, {"prompt_tokens", prompt_tokens}, {"completion_tokens", kept}};
+          json meta = {{"id", job.id},
+                       {"prompt_tokens", prompt_tokens},
+                       {"completion_tokens", kept},
+                       {"cached_tokens", c.cached_tokens}};
           meta["finish_reason"] = c.finished ? json{{"type", reason(c)}} : json(nullptr);
           out = sse({{"text", c.shown}, {"output_ids", c.text.tokens()}, {"meta_info", meta}});
         } else {
