@@ -31,7 +31,7 @@ const char* const kDeepSeekV2Lite = R"({
   "norm_topk_prob": false, "scoring_func": "softmax", "rms_norm_eps": 1e-06,
   "rope_theta": 10000, "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40,
   "mscale": 0.707, "mscale_all_dim": 0.707, "original_max_position_embeddings": 4096,
-  "type": "yarn"}})";
+  "type": "yarn"}, "max_position_embeddings": 163840})";
 
 const char* const kDeepSeekV3 = R"({
   "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
@@ -45,6 +45,7 @@ const char* const kDeepSeekV3 = R"({
   "scoring_func": "sigmoid", "rms_norm_eps": 1e-06, "rope_theta": 10000,
   "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
   "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"},
+  "max_position_embeddings": 163840,
   "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",
   "quant_method": "fp8", "weight_block_size": [128, 128]}})";
 
@@ -60,6 +61,7 @@ const char* const kKimiK2 = R"({
   "scoring_func": "sigmoid", "rms_norm_eps": 1e-06, "rope_theta": 50000.0,
   "rope_scaling": {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 32.0, "mscale": 1.0,
   "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"},
+  "max_position_embeddings": 131072,
   "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",
   "quant_method": "fp8", "weight_block_size": [128, 128]}})";
 
@@ -77,6 +79,7 @@ const char* const kKimiK2Thinking = R"({
   "scoring_func": "sigmoid", "rms_norm_eps": 1e-06, "rope_theta": 50000.0,
   "rope_scaling": {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 64.0, "mscale": 1.0,
   "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"},
+  "max_position_embeddings": 262144,
   "quantization_config": {"config_groups": {"group_0": {"input_activations": null,
   "output_activations": null, "targets": ["Linear"], "weights": {"actorder": null,
   "block_structure": null, "dynamic": false, "group_size": 32, "num_bits": 4,
@@ -95,7 +98,7 @@ const char* const kMoonlight = R"({
   "qk_nope_head_dim": 128, "topk_method": "noaux_tc", "n_group": 1, "topk_group": 1,
   "num_experts_per_tok": 6, "moe_layer_freq": 1, "first_k_dense_replace": 1,
   "norm_topk_prob": true, "scoring_func": "sigmoid", "rms_norm_eps": 1e-05,
-  "rope_theta": 50000.0, "rope_scaling": null})";
+  "rope_theta": 50000.0, "rope_scaling": null, "max_position_embeddings": 8192})";
 
 void expect_same_geometry(const ModelConfig& got, const ModelConfig& want, const char* name) {
   EXPECT_EQ(got.model_type, want.model_type) << name;
@@ -112,6 +115,7 @@ void expect_same_geometry(const ModelConfig& got, const ModelConfig& want, const
   EXPECT_EQ(got.v_head_dim, want.v_head_dim) << name;
   EXPECT_DOUBLE_EQ(got.rms_norm_eps, want.rms_norm_eps) << name;
   EXPECT_DOUBLE_EQ(got.rope_theta, want.rope_theta) << name;
+  EXPECT_EQ(got.max_position_embeddings, want.max_position_embeddings) << name;
   ASSERT_EQ(got.rope_scaling.has_value(), want.rope_scaling.has_value()) << name;
   if (want.rope_scaling) {
     EXPECT_DOUBLE_EQ(got.rope_scaling->factor, want.rope_scaling->factor) << name;
@@ -209,6 +213,14 @@ TEST(Presets, ConfigFieldsOutOfRangeAreRefusedNamingTheField) {
                       "routed_scaling_factor = -2.5 must be > 0"));
   EXPECT_TRUE(refused([](auto& j) { j["norm_topk_prob"] = 1; },
                       "field 'norm_topk_prob' = 1 must be true or false"));
+  EXPECT_TRUE(refused([](auto& j) { j["max_position_embeddings"] = 0; },
+                      "max_position_embeddings = 0 must be >= 1"));
+  // Absent: the Transformers config class's default (DeepseekV2Config 2048, DeepseekV3Config 4096).
+  nlohmann::json v3 = good, v2 = nlohmann::json::parse(kDeepSeekV2Lite);
+  v3.erase("max_position_embeddings");
+  v2.erase("max_position_embeddings");
+  EXPECT_EQ(parse_model_config(v3.dump()).max_position_embeddings, 4096);
+  EXPECT_EQ(parse_model_config(v2.dump()).max_position_embeddings, 2048);
 }
 
 // A family config small enough to draw whole tensors, FP8 in blocks of 32 (edge blocks partial).

@@ -34,6 +34,10 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000;
   std::optional<RopeScaling> rope_scaling;
+  // The context the model was trained for (with YaRN: factor x original): prompt and generated
+  // tokens together may not pass it. Absent from config.json: the Hugging Face config class's
+  // default (2048 for deepseek_v2, 4096 otherwise), as Transformers and vLLM read it.
+  int max_position_embeddings = 163840;
   bool skip_rope = false;         // Kimi-K3: no rotary embedding
   bool attn_output_gate = false;  // Kimi-K3: x * sigmoid(g_proj(hidden)) before o_proj
   // The family, from model_type: deepseek_v2 (V2, V2-Lite), deepseek_v3 (V3, R1, Moonlight) or

@@ -41,6 +41,7 @@ struct ServeRequest {
 // Why submit() refused a request: HTTP maps each to its status.
 enum class Refusal : std::uint8_t {
   invalid,        // a field outside its legal range (400)
+  past_context,   // the prompt alone reaches the model's context, max_model_len (400)
   too_long,       // the prompt alone exceeds the KV cache (413)
   queue_full,     // max_queued_requests wait already (503)
   shutting_down,  // shutdown() was called (503)
@@ -97,6 +98,9 @@ class RequestStream {
 
 struct ServeOptions {
   int max_queued_requests = 256;  // submitted but not yet admitted; beyond: Refusal::queue_full
+  // A request's prompt and new tokens together at most; 0: the model's max_position_embeddings,
+  // which it may not pass.
+  std::int64_t max_model_len = 0;
   std::chrono::milliseconds idle_tick{50};
 };
 
@@ -150,6 +154,9 @@ class ServingDeployment {
   }
   // The logical KV capacity in tokens (every DP replica's is the same), known once ready.
   std::int64_t kv_capacity_tokens() const;
+  std::int64_t max_model_len() const noexcept { return options_.max_model_len; }
+  // The longest request (prompt and new tokens) served: the lesser of the two above.
+  std::int64_t context_tokens() const;
 
  private:
   void rank_loop(Communicator& world);

@@ -327,11 +327,15 @@ void Engine::admit() {
     const std::int64_t capacity = draft_ ? std::min(alloc.capacity_tokens(),
                                                     draft_->allocator().capacity_tokens())
                                          : alloc.capacity_tokens();
-    if (final_len > capacity) {
+    const int positions = model_.config().max_position_embeddings;
+    if (final_len > capacity || final_len > positions) {
       RequestResult& r = results_[it->result];
       r.state = RequestState::rejected;
-      r.error = str("needs ", final_len, " tokens of KV; the cache holds ", capacity,
-                    " (raise kv_capacity_tokens)");
+      r.error = final_len > positions
+                    ? str("needs ", final_len, " positions; the model's context is ", positions,
+                          " (max_position_embeddings)")
+                    : str("needs ", final_len, " tokens of KV; the cache holds ", capacity,
+                          " (raise kv_capacity_tokens)");
       if (it->context > 0) {
         alloc.free(it->spec.id);
         if (draft_) draft_->allocator().free(it->spec.id);

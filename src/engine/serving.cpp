@@ -113,7 +113,9 @@ RequestSpec ServeRequest::spec(RequestId id) const {
 }
 
 RefusedError::RefusedError(Refusal why, const std::string& message)
-    : Error(why == Refusal::invalid ? ErrorCategory::invalid_argument : ErrorCategory::capacity,
+    : Error(why == Refusal::invalid || why == Refusal::past_context
+                ? ErrorCategory::invalid_argument
+                : ErrorCategory::capacity,
             message),
       why_(why) {}
 
@@ -155,6 +157,11 @@ ServingDeployment::ServingDeployment(DeploymentSpec spec, ServeOptions options)
   DCP_ARG_CHECK(options_.max_queued_requests >= 1, "max_queued_requests = ",
                 options_.max_queued_requests, " must be >= 1");
   DCP_ARG_CHECK(options_.idle_tick.count() >= 1, "idle_tick must be >= 1 ms");
+  const int positions = spec_.model.config.max_position_embeddings;
+  if (options_.max_model_len == 0) options_.max_model_len = positions;
+  DCP_ARG_CHECK(options_.max_model_len >= 1 && options_.max_model_len <= positions,
+                "max_model_len = ", options_.max_model_len,
+                " must be in [1, max_position_embeddings = ", positions, "] (the model's context)");
   spec_.engine.record_logits = false;  // a server never keeps whole logit rows
   metrics_.kv_rows_used.assign(static_cast<std::size_t>(topology_.world_size), 0);
   metrics_.kv_rows_capacity.assign(static_cast<std::size_t>(topology_.world_size), 0);
@@ -170,6 +177,10 @@ bool ServingDeployment::ready() const {
 std::int64_t ServingDeployment::kv_capacity_tokens() const {
   std::lock_guard lock(mutex_);
   return capacity_tokens_;
+}
+
+std::int64_t ServingDeployment::context_tokens() const {
+  return std::min(kv_capacity_tokens(), options_.max_model_len);
 }
 
 ServeMetrics ServingDeployment::metrics() const {
@@ -212,13 +223,18 @@ std::shared_ptr<RequestStream> ServingDeployment::submit(const ServeRequest& req
   refuse_if(stopping_, Refusal::shutting_down, "the server is shutting down");
   refuse_if(!ready_, Refusal::shutting_down, "the model is still loading");
   const std::int64_t prompt = static_cast<std::int64_t>(req.prompt.size());
+  const std::int64_t model_len = options_.max_model_len;
+  refuse_if(prompt >= model_len, Refusal::past_context,
+            str("the prompt holds ", prompt, " tokens; the model's context is ", model_len,
+                " tokens (max_model_len; prompt and new tokens together)"));
   refuse_if(prompt >= capacity_tokens_, Refusal::too_long,
             str("the prompt holds ", prompt, " tokens; the KV cache holds ", capacity_tokens_,
                 " (prompt and new tokens together)"));
-  refuse_if(prompt + req.max_new_tokens > capacity_tokens_, Refusal::invalid,
+  const std::int64_t context = std::min(capacity_tokens_, model_len);
+  refuse_if(prompt + req.max_new_tokens > context, Refusal::invalid,
             str("max_tokens = ", req.max_new_tokens, " with a prompt of ", prompt,
-                " tokens exceeds the context of ", capacity_tokens_, " tokens (at most ",
-                capacity_tokens_ - prompt, ")"));
+                " tokens exceeds the context of ", context, " tokens (at most ", context - prompt,
+                "; ", context == model_len ? "max_model_len" : "the KV cache", ")"));
   const std::int64_t queued = metrics_.queued + static_cast<std::int64_t>(incoming_.size());
   refuse_if(queued >= options_.max_queued_requests, Refusal::queue_full,
             str(queued, " requests wait for KV already (the bound is ",

@@ -29,6 +29,7 @@ void ModelConfig::validate() const {
     DCP_CHECK(v >= 1, io, "model config: ", field, " = ", v, " must be >= 1");
   };
   positive(vocab_size, "vocab_size");
+  positive(max_position_embeddings, "max_position_embeddings");
   positive(hidden_size, "hidden_size");
   positive(intermediate_size, "intermediate_size");
   positive(num_hidden_layers, "num_hidden_layers");
@@ -304,6 +305,9 @@ ModelConfig parse_model_config(const std::string& text) {
   c.v_head_dim = get<int>(j, "v_head_dim");
   c.rms_norm_eps = get_or<double>(j, "rms_norm_eps", 1e-6);
   c.rope_theta = get_or<double>(j, "rope_theta", 10000.0);
+  c.max_position_embeddings = get_or<int>(
+      j, "max_position_embeddings",
+      get_or<std::string>(j, "model_type", "deepseek_v3") == "deepseek_v2" ? 2048 : 4096);
   DCP_CHECK(
       !j.contains("rope_scaling") || j["rope_scaling"].is_null() || j["rope_scaling"].is_object(),
       io, "config.json: field 'rope_scaling' = ",
@@ -400,6 +404,7 @@ std::string model_config_to_json(const ModelConfig& c) {
   j["v_head_dim"] = c.v_head_dim;
   j["rms_norm_eps"] = c.rms_norm_eps;
   j["rope_theta"] = c.rope_theta;
+  j["max_position_embeddings"] = c.max_position_embeddings;
   if (c.rope_scaling) {
     const RopeScaling& s = *c.rope_scaling;
     j["rope_scaling"] = {{"type", "yarn"},
@@ -543,6 +548,7 @@ ModelConfig family_config(const std::string& family) {
     c.topk_method = "noaux_tc";
     c.norm_topk_prob = true;
     c.routed_scaling_factor = 2.827;
+    c.max_position_embeddings = 131072;
     if (family == "kimi-k2") {
       c.quant_method = "fp8";
       c.weight_block_rows = c.weight_block_cols = 32;
@@ -562,6 +568,7 @@ ModelConfig family_config(const std::string& family) {
     c.topk_method = "noaux_tc";
     c.norm_topk_prob = true;
     c.routed_scaling_factor = 2.446;
+    c.max_position_embeddings = 8192;
   } else {
     throw Error(ErrorCategory::invalid_argument,
                 str("family = '", family, "' is not one of: ", family_names()));
@@ -649,6 +656,7 @@ ModelConfig preset_config(const std::string& name, int num_layers) {
     c.v_head_dim = 32;
     c.rope_theta = 10000;
     c.rope_scaling = RopeScaling{4.0, 1024, 32, 1, 1.0, 1.0};
+    c.max_position_embeddings = 163840;     // as V3's, so long synthetic contexts run
   } else if (name == "deepseek-v2-lite") {  // deepseek-ai/DeepSeek-V2-Lite
     c = lite_shape();
     c.model_type = "deepseek_v2";
@@ -666,6 +674,7 @@ ModelConfig preset_config(const std::string& name, int num_layers) {
     c.intermediate_size = 11264;
     c.rms_norm_eps = 1e-5;
     c.rope_theta = 50000;
+    c.max_position_embeddings = 8192;
     c.scoring_func = "sigmoid";
     c.topk_method = "noaux_tc";
     c.norm_topk_prob = true;
@@ -689,10 +698,12 @@ ModelConfig preset_config(const std::string& name, int num_layers) {
     c.routed_scaling_factor = 2.827;
     c.rope_theta = 50000;
     c.rope_scaling = RopeScaling{32, 4096, 1, 1, 1.0, 1.0};
+    c.max_position_embeddings = 131072;
   } else if (name == "kimi-k2-thinking") {  // moonshotai/Kimi-K2-Thinking: INT4 experts
     c = preset_config("kimi-k2", 0);
     quantize_experts_int4(c);
     c.rope_scaling = RopeScaling{64, 4096, 1, 1, 1.0, 1.0};
+    c.max_position_embeddings = 262144;
   } else if (name == "deepseek-v3-attn") {
     // DeepSeek-V3's attention with a small dense MLP and vocabulary: what the attention and DCP
     // benchmarks run, where the feed-forward half would only add time.
@@ -712,6 +723,7 @@ ModelConfig preset_config(const std::string& name, int num_layers) {
     c.rope_scaling.reset();
     c.skip_rope = true;
     c.attn_output_gate = true;
+    c.max_position_embeddings = 1048576;  // the contexts its plans are made for
   } else {
     throw Error(ErrorCategory::invalid_argument,
                 str("preset = '", name, "' is not one of: ", preset_names()));

@@ -114,6 +114,13 @@ case_run_rejected() {
   check "verify does not pass on nothing" stdout_has "verify vs dcp 1: nothing to compare, no request finished in both runs: FAIL"
   check "json says the reason" json_has '"error": "needs 4032 tokens of KV'
   check "json says not passed" json_has '"passed": false'
+  # Past the model's context (its config's max_position_embeddings, cut to 64 here).
+  expect 0 "gen-checkpoint" -- gen-checkpoint --out "$tmp/short"
+  /usr/bin/python3 -c 'import json, sys; p = sys.argv[1] + "/config.json"; c = json.load(open(p)); c["max_position_embeddings"] = 64; json.dump(c, open(p, "w"))' "$tmp/short"
+  expect 0 "run past the model's context" -- run --model-path "$tmp/short" --batch 1 --prompt-len 60 --max-new-tokens 8 --no-verify
+  check "says the model's context" stdout_has "REJECTED: needs 68 positions; the model's context is 64 (max_position_embeddings)"
+  expect 0 "run within it" -- run --model-path "$tmp/short" --batch 1 --prompt-len 60 --max-new-tokens 4 --no-verify
+  check "runs it" stdout_lacks "REJECTED"
 }
 
 # the combine backends' collective counts, prompt tokens and the logits file
@@ -758,6 +765,8 @@ case_serve_flags() {
   check "names --host and --port" stderr_has "--host 127.0.0.1 --port $(cat "$tmp/port"): cannot listen there"
   kill "$holder" 2>/dev/null
   bad_value "--seed is not a serve flag" "--seed" -- serve --model-path "$tmp/ck" --seed 3
+  bad_value "--max-model-len past the model's" "--max-model-len 200000 passes the model's context, max_position_embeddings = 163840 (legal: 1 to 163840)" -- serve --model-path "$tmp/ck" --max-model-len 200000 --port 0
+  bad_value "--max-model-len 0" "--max-model-len" -- serve --model-path "$tmp/ck" --max-model-len 0 --port 0
   bad_value "serve, --pcp-size 2" "--pcp-size 2: prefill context parallelism is not implemented" -- serve --pcp-size 2 --port 0
 }
 

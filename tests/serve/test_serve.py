@@ -1288,6 +1288,40 @@ def case_prefix_cache():
         check(code == 0, f"server exit {code}")
 
 
+def case_max_model_len():
+    """--max-model-len: a request's prompt and new tokens together at most; past it a 400 naming
+    max_tokens, or the prompt's own field where the prompt alone reaches it; without max_tokens the
+    reply stops there; /v1/models and /tokenize report it."""
+    s = Server("--max-model-len", "64", "--tp-size", "2", "--dcp-size", "2")
+    try:
+        check("context 64" in s.banner, f"the banner says the context: {s.banner}")
+        status, r = s.request("GET", "/v1/models")
+        check(status == 200 and r["data"][0]["max_model_len"] == 64, f"/v1/models: {r}")
+        status, r = s.post("/tokenize", {"prompt": "hi"})
+        check(status == 200 and r["max_model_len"] == 64, f"/tokenize: {r}")
+        prompt = [(k * 37) % 400 + 3 for k in range(60)]
+        base = {"prompt": prompt, "temperature": 0, "ignore_eos": True}
+        status, r = s.post("/v1/completions", {**base, "max_tokens": 4})
+        check(status == 200 and r["usage"]["completion_tokens"] == 4, f"60 + 4 fits: {status} {r}")
+        status, r = s.post("/v1/completions", {**base, "max_tokens": 5})
+        check(status == 400 and r["error"]["param"] == "max_tokens" and "max_model_len" in r["error"]["message"],
+              f"60 + 5 does not: {status} {r}")
+        status, r = s.post("/v1/completions", base)
+        check(status == 200 and r["usage"]["completion_tokens"] == 4 and r["choices"][0]["finish_reason"] == "length",
+              f"without max_tokens, up to the context: {status} {r}")
+        long = [(k * 37) % 400 + 3 for k in range(64)]
+        for path, body, param in [("/v1/completions", {"prompt": long}, "prompt"),
+                                  ("/generate", {"input_ids": long}, "input_ids"),
+                                  ("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 80}]},
+                                   "messages")]:
+            status, r = s.post(path, body)
+            check(status == 400 and r["error"]["param"] == param and "model's context is 64" in r["error"]["message"],
+                  f"{path}: a prompt that reaches the context: {status} {r}")
+    finally:
+        code, _ = s.stop()
+        check(code == 0, f"server exit {code}")
+
+
 def case_api_key():
     """--api-key (and $DCP_API_KEY): 401 without the bearer key on every endpoint but the health
     probe and the metrics."""
@@ -1441,7 +1475,7 @@ CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_
                                      case_metrics_and_models]}
 
 OWN_SERVER = {f.__name__[5:]: f for f in [case_chat_template, case_tools, case_reasoning, case_prefix_cache,
-                                          case_api_key, case_queue_bound, case_shutdown]}
+                                          case_max_model_len, case_api_key, case_queue_bound, case_shutdown]}
 
 
 def main():

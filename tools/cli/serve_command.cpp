@@ -37,6 +37,7 @@ struct ServeFlags {
   std::string api_key;  // empty: no key asked
   int max_queued = 256;
   int default_max_tokens = 128;
+  std::int64_t max_model_len = 0;         // 0: the model's max_position_embeddings
   std::string tool_call_parser = "auto";  // how tool_choice "auto" reads the model's calls
   std::string reasoning_parser = "none";  // how a chat reply's thinking is told from its content
 };
@@ -93,6 +94,11 @@ int serve(const ServeFlags& f) {
     w.spec.engine.guide_vocabulary = guide_vocabulary(*tokenizer, w.spec.model.config.vocab_size);
   ServeOptions so;
   so.max_queued_requests = f.max_queued;
+  const int positions = w.spec.model.config.max_position_embeddings;
+  DCP_ARG_CHECK(f.max_model_len <= positions, "--max-model-len ", f.max_model_len,
+                " passes the model's context, max_position_embeddings = ", positions,
+                " (legal: 1 to ", positions, ")");
+  so.max_model_len = f.max_model_len;
   ServingDeployment deployment(w.spec, so);
   if (!frontend) {  // follows rank 0's decisions until it shuts down
     deployment.run();
@@ -145,10 +151,11 @@ int serve(const ServeFlags& f) {
                     : "";
       std::printf(
           "dcp serve: listening on http://%s:%d (model '%s', %d ranks, TP %d, DCP %d, "
-          "KV %lld tokens, %s%s)\n",
+          "KV %lld tokens, context %lld, %s%s)\n",
           f.host.c_str(), port, ao.model_name.c_str(), w.spec.parallel.world_size(),
           w.spec.parallel.tp_size, w.spec.parallel.dcp_size,
           static_cast<long long>(deployment.kv_capacity_tokens()),
+          static_cast<long long>(deployment.max_model_len()),
           tokenizer ? "text and token ids" : "token ids only: no tokenizer", readers.c_str());
       std::fflush(stdout);
     });
@@ -223,6 +230,10 @@ void add_serve_command(CLI::App& app) {
                   "requests that may wait for KV; beyond, HTTP 503")
       ->check(at_least(1))
       ->capture_default_str();
+  cmd->add_option("--max-model-len", f->max_model_len,
+                  "a request's prompt + completion at most (default: the model's "
+                  "max_position_embeddings, its most)")
+      ->check(at_least(1));
   cmd->add_option("--default-max-tokens", f->default_max_tokens,
                   "new tokens when a request sets no max_tokens (capped by the context)")
       ->check(at_least(1))

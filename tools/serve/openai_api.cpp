@@ -76,6 +76,7 @@ struct OpenAiApi::Job {
   ServeRequest request;  // its prompt: the first of `prompts`
   // /v1/completions takes a list of prompts: each runs n choices, numbered prompt x n + choice.
   std::vector<std::vector<std::int32_t>> prompts;
+  std::string prompt_field = "prompt";  // the field the prompts came in
   std::vector<std::string> stop;
   int n = 1;
   bool stream = false, include_usage = false, skip_special = true, seeded = false;
@@ -155,6 +156,7 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
     prompt = job.prompts.front();
   } else if (kind == Kind::chat) {
     need_tokenizer_for("messages");
+    job.prompt_field = "messages";
     // The template writes the special tokens: none are added unless asked for (vLLM's default).
     prompt = tokenizer_->encode(chat_prompt_text(*tokenizer_, b),
                                 boolean(b, "add_special_tokens").value_or(false));
@@ -162,6 +164,7 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
     const json* text = field(b, "text");
     const json* ids = field(b, "input_ids");
     if (!text == !ids) bad("text", "give exactly one of 'text' and 'input_ids'");
+    job.prompt_field = text ? "text" : "input_ids";
     if (text) {
       if (!text->is_string()) bad("text", "'text' must be a string (one prompt per request)");
       need_tokenizer_for("text");
@@ -248,8 +251,7 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
     if (*keep == 0)
       bad("truncate_prompt_tokens",
           "'truncate_prompt_tokens' = 0 must be >= 1 or -1 (the context)");
-    const auto last =
-        static_cast<std::ptrdiff_t>(*keep < 0 ? deployment_.kv_capacity_tokens() : *keep);
+    const auto last = static_cast<std::ptrdiff_t>(*keep < 0 ? deployment_.context_tokens() : *keep);
     for (std::size_t i = 0; i < job.prompts.size(); ++i) {
       std::vector<std::int32_t>& p = job.prompts[i];
       if (static_cast<std::ptrdiff_t>(p.size()) <= last) continue;
@@ -286,7 +288,7 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
       static_cast<int>(integer(*src, kind == Kind::generate ? "min_new_tokens" : "min_tokens", 0,
                                std::numeric_limits<int>::max())
                            .value_or(0));
-  const std::int64_t context = deployment_.kv_capacity_tokens();
+  const std::int64_t context = deployment_.context_tokens();
   std::size_t longest = 0;
   for (const auto& p : job.prompts) longest = std::max(longest, p.size());
   const std::int64_t room = context - static_cast<std::int64_t>(longest);
@@ -428,10 +430,13 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
            {}});
     } catch (const RefusedError& e) {
       for (Choice& c : *choices) c.stream->cancel();
-      const int status = e.why() == Refusal::too_long  ? 413
-                         : e.why() == Refusal::invalid ? 400
-                                                       : 503;
-      return {error(status, e.what(), e.why() == Refusal::invalid ? "max_tokens" : ""), {}};
+      const int status = e.why() == Refusal::too_long                                      ? 413
+                         : e.why() == Refusal::invalid || e.why() == Refusal::past_context ? 400
+                                                                                           : 503;
+      const std::string param = e.why() == Refusal::invalid        ? "max_tokens"
+                                : e.why() == Refusal::past_context ? job.prompt_field
+                                                                   : "";
+      return {error(status, e.what(), param), {}};
     }
   }
   const std::string model = options_.model_name;
@@ -722,7 +727,7 @@ json model_object(const std::string& name, std::int64_t created, std::int64_t co
 }  // namespace
 
 HttpReply OpenAiApi::models() const {
-  const json m = model_object(options_.model_name, created_, deployment_.kv_capacity_tokens());
+  const json m = model_object(options_.model_name, created_, deployment_.context_tokens());
   return {200, "application/json", text_of(json{{"object", "list"}, {"data", json::array({m})}})};
 }
 
@@ -733,7 +738,7 @@ HttpReply OpenAiApi::model(const std::string& id) const {
         str("the model '", id, "' does not exist; this server serves '", options_.model_name, "'"),
         "model");
   return {200, "application/json",
-          text_of(model_object(options_.model_name, created_, deployment_.kv_capacity_tokens()))};
+          text_of(model_object(options_.model_name, created_, deployment_.context_tokens()))};
 }
 
 HttpReply OpenAiApi::health() const {

@@ -25,9 +25,8 @@ HttpReply OpenAiApi::tokenize(const std::string& body) const {
     } else {
       ids = tokenizer_->encode(chat_prompt_text(*tokenizer_, b), special);
     }
-    json reply = {{"count", ids.size()},
-                  {"max_model_len", deployment_.kv_capacity_tokens()},
-                  {"tokens", ids}};
+    json reply = {
+        {"count", ids.size()}, {"max_model_len", deployment_.context_tokens()}, {"tokens", ids}};
     if (boolean(b, "return_token_strs").value_or(false)) {
       json strs = json::array();
       for (std::int32_t id : ids) strs.push_back(token_text(id));
