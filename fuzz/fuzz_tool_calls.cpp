@@ -1,6 +1,7 @@
 // A model's reply read for tool calls: the two formats' markers (parse_tool_calls, and a
-// ToolCallReader fed the same text in pieces, as a stream reads it) and the JSON
-// list tool_choice "required" guides (read_listed_calls, respelt_json). The respelt JSON is
+// ToolCallReader fed the same text in pieces, as a stream reads it) and the JSON list
+// tool_choice "required" guides (read_listed_calls, respelt_json, and a ListedCallReader in
+// pieces). The respelt JSON is
 // checked against nlohmann's parser, which must accept the same texts (but for numbers past a
 // double, which it refuses, and lone surrogates) and read the same values from the respelling.
 #include <algorithm>
@@ -39,12 +40,34 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string_view text(reinterpret_cast<const char*>(data), size);
   check_respelt(text);
   if (nlohmann::json::accept(text) && !dcp::respelt_json(text)) __builtin_trap();
-  if (const auto calls = dcp::read_listed_calls(text)) {
+  const auto calls = dcp::read_listed_calls(text);
+  if (calls) {
     if (calls->empty()) __builtin_trap();
     for (const dcp::ToolCall& c : *calls) {
       const auto args = dcp::respelt_json(c.arguments);
       if (!args || args->text != c.arguments || c.arguments.front() != '{') __builtin_trap();
     }
+  }
+  {  // The list read in pieces: calls stay read, and the content's start, once known, stays.
+    dcp::ListedCallReader reader;
+    std::size_t at = 0, read = 0, from = dcp::ListedCallReader::npos;
+    while (at < text.size()) {
+      at = std::min(text.size(), at + 1 + static_cast<unsigned char>(text[at]) % 9);
+      reader.read(text.substr(0, at));
+      if (reader.calls().size() < read) __builtin_trap();
+      read = reader.calls().size();
+      const std::size_t now = reader.content_resumes(false);
+      if (from != dcp::ListedCallReader::npos && now != from) __builtin_trap();
+      from = now;
+    }
+    if (reader.whole() != calls.has_value()) __builtin_trap();
+    if (calls &&
+        (calls->size() != read || reader.content_resumes(true) != dcp::ListedCallReader::npos))
+      __builtin_trap();
+    for (std::size_t k = 0; calls && k < read; ++k)
+      if (reader.calls()[k].arguments != (*calls)[k].arguments ||
+          reader.calls()[k].name != (*calls)[k].name)
+        __builtin_trap();
   }
   for (dcp::ToolCallFormat f : {dcp::ToolCallFormat::deepseek_v3, dcp::ToolCallFormat::kimi_k2}) {
     const dcp::ParsedToolCalls parsed = dcp::parse_tool_calls(text, f);

@@ -369,6 +369,78 @@ TEST(ToolCalls, ListedCallsByHand) {
     EXPECT_EQ(args(bad), "(none)") << bad;
 }
 
+// A "required" reply read as it grows: random lists with random blank space, in random pieces and
+// cut anywhere. Each call is read once its object closes; a whole list has no content; a cut one
+// keeps the calls read and the text after the last of them is content (all of it with none).
+TEST(ToolCalls, AListedCallReaderReadsEachCallOnceItsObjectCloses) {
+  test::Rng rng = test::make_rng();
+  const std::vector<std::pair<std::string, std::string>> items = {
+      {R"({"name": "f", "parameters": {}})", "{}"},
+      {R"({ "parameters" : {"a":[1, {"b":"}]"}]} ,"name":"g"})", R"({"a": [1, {"b": "}]"}]})"},
+      {R"({"name":"h\u00e9","parameters":{"n":-12.5e+3}})", R"({"n": -12.5e+3})"}};
+  const auto blank = [&] { return std::string(static_cast<std::size_t>(rng.range(0, 2)), ' '); };
+  for (int round = 0; round < 300; ++round) {
+    std::vector<std::size_t> picked, ends;
+    std::string text = blank() + "[";
+    for (int k = static_cast<int>(rng.range(1, 3)); k > 0; --k) {
+      picked.push_back(static_cast<std::size_t>(rng.range(0, 2)));
+      text += blank() + items[picked.back()].first;
+      ends.push_back(text.size());
+      text += blank() + (k > 1 ? "," : "]");
+    }
+    text += blank();
+    SCOPED_TRACE(text);
+    ListedCallReader reader;
+    std::size_t at = 0;
+    while (at < text.size()) {
+      at = std::min(text.size(), at + static_cast<std::size_t>(rng.range(1, 9)));
+      reader.read(std::string_view(text).substr(0, at));
+      std::size_t ended = 0;
+      while (ended < ends.size() && ends[ended] <= at) ++ended;
+      ASSERT_EQ(reader.calls().size(), ended) << at;
+      EXPECT_EQ(reader.content_resumes(false), ListedCallReader::npos) << at;
+    }
+    ASSERT_TRUE(reader.whole());
+    EXPECT_EQ(reader.content_resumes(true), ListedCallReader::npos);
+    const auto whole = read_listed_calls(text);
+    ASSERT_TRUE(whole);
+    ASSERT_EQ(whole->size(), picked.size());
+    for (std::size_t k = 0; k < picked.size(); ++k) {
+      EXPECT_EQ((*whole)[k].arguments, items[picked[k]].second);
+      EXPECT_EQ(reader.calls()[k].arguments, items[picked[k]].second);
+      EXPECT_EQ(reader.calls()[k].name, (*whole)[k].name);
+    }
+    // Cut short: the calls ended are calls, the rest content; cut after ']' it is whole.
+    const std::size_t cut =
+        static_cast<std::size_t>(rng.range(0, static_cast<std::int64_t>(text.size())));
+    ListedCallReader part;
+    part.read(std::string_view(text).substr(0, cut));
+    std::size_t ended = 0;
+    while (ended < ends.size() && ends[ended] <= cut) ++ended;
+    ASSERT_EQ(part.calls().size(), ended) << cut;
+    const bool closed = text.find_last_of(']') < cut;
+    EXPECT_EQ(part.whole(), closed) << cut;
+    EXPECT_EQ(part.content_resumes(true), closed  ? ListedCallReader::npos
+                                          : ended ? ends[ended - 1]
+                                                  : 0)
+        << cut;
+  }
+  // What does not go on with a list ends it: the calls before stay, the rest is content.
+  for (const auto& [text, calls, from] :
+       std::vector<std::tuple<std::string, std::size_t, std::size_t>>{
+           {"x[]", 0, 0},
+           {"[1]", 0, 0},
+           {R"([{"name": "f", "parameters": {}} x])", 1, 32},
+           {R"([{"name": "f", "parameters": {}}, {"name": 1, "parameters": {}}])", 1, 32},
+           {R"([{"name": "f", "parameters": {}}] ,)", 1, 32}}) {
+    ListedCallReader reader;
+    reader.read(text);
+    EXPECT_EQ(reader.calls().size(), calls) << text;
+    EXPECT_FALSE(reader.whole()) << text;
+    EXPECT_EQ(reader.content_resumes(false), from) << text;  // known before the end
+  }
+}
+
 // A tokenizer with only the bytes and `specials` as added tokens.
 Tokenizer tokenizer_with(const std::vector<std::string>& specials) {
   nlohmann::json vocab = nlohmann::json::object();

@@ -76,6 +76,31 @@ ParsedToolCalls parse_tool_calls(std::string_view text, ToolCallFormat format);
 // at all. nullopt when the text is not such a list of valid JSON (RFC 8259).
 std::optional<std::vector<ToolCall>> read_listed_calls(std::string_view text);
 
+// Reads such a list as its text grows, each call once its object closes (a stream's deltas).
+// Where the text is not a whole list (cut short, an item that is not a call, text after it), the
+// calls read stay calls and the text after the last of them is content (all of it where none was
+// read); read_listed_calls reads only whole lists.
+class ListedCallReader {
+ public:
+  static constexpr std::size_t npos = std::string_view::npos;
+
+  // Reads on into `text`: the whole reply so far, which extends the text of the last call.
+  void read(std::string_view text);
+  const std::vector<ToolCall>& calls() const noexcept { return calls_; }
+  // Where the content starts, to the end of the text; npos while the list may go on, and where it
+  // is whole. `finished`: the text is whole, so a list still open was cut short.
+  std::size_t content_resumes(bool finished) const noexcept;
+  // The text so far is a whole list (only blank space after its ']').
+  bool whole() const noexcept { return state_ == State::closed && !calls_.empty(); }
+
+ private:
+  enum class State { before, item, after_item, closed, spoiled };
+  State state_ = State::before;
+  std::size_t at_ = 0;    // where reading goes on
+  std::size_t last_ = 0;  // past the last call read
+  std::vector<ToolCall> calls_;
+};
+
 // The JSON value at the start of `text` (after whitespace) respelt as read_listed_calls writes
 // arguments, and the index just past it; nullopt when no valid JSON value starts there.
 struct RespeltJson {

@@ -222,46 +222,79 @@ std::optional<RespeltJson> respelt_json(std::string_view text) {
   }
 }
 
-std::optional<std::vector<ToolCall>> read_listed_calls(std::string_view text) {
-  const std::optional<RespeltJson> list = respelt_json(text);
-  if (!list || skip_space(text, list->end) != text.size() || list->text.front() != '[')
-    return std::nullopt;
-  // The respelt list holds no whitespace but after its separators: read it by those.
-  const std::string_view t = list->text;
-  std::vector<ToolCall> calls;
+namespace {
+
+// One item of a listed reply, respelt (respelt_json): a call when it is an object of a "name"
+// (a string) and "parameters" (an object), each once and nothing else.
+std::optional<ToolCall> listed_call(std::string_view t) {
+  if (t.front() != '{' || t == "{}") return std::nullopt;
+  // The respelt object holds no whitespace but after its separators: read it by those.
+  std::optional<std::string> name, arguments;
   std::size_t i = 1;
-  while (i < t.size() && t[i] == '{') {
-    ++i;
-    std::optional<std::string> name, arguments;
-    while (true) {
-      if (t[i] != '"') return std::nullopt;  // {}
-      const std::size_t key_end = string_end(t, i);
-      // A lone surrogate's escape reads as no string (nlohmann refuses it): no call.
-      const auto key = decoded_string(t.substr(i, key_end - i));
-      if (!key) return std::nullopt;
-      i = key_end + 2;  // past ": "
-      const std::optional<RespeltJson> v = respelt_json(t.substr(i));
-      const std::string_view value = t.substr(i, v->end);
-      if (*key == "name" && value.front() == '"' && !name) {
-        name = decoded_string(value);
-        if (!name) return std::nullopt;
-      } else if (*key == "parameters" && value.front() == '{' && !arguments) {
-        arguments = std::string(value);
-      } else {
-        return std::nullopt;
-      }
-      i += v->end;
-      if (t[i] == '}') break;
-      i += 2;  // past ", "
+  while (true) {
+    const std::size_t key_end = string_end(t, i);
+    // A lone surrogate's escape reads as no string (nlohmann refuses it): no call.
+    const auto key = decoded_string(t.substr(i, key_end - i));
+    if (!key) return std::nullopt;
+    i = key_end + 2;  // past ": "
+    const std::optional<RespeltJson> v = respelt_json(t.substr(i));
+    const std::string_view value = t.substr(i, v->end);
+    if (*key == "name" && value.front() == '"' && !name) {
+      name = decoded_string(value);
+      if (!name) return std::nullopt;
+    } else if (*key == "parameters" && value.front() == '{' && !arguments) {
+      arguments = std::string(value);
+    } else {
+      return std::nullopt;
     }
-    if (!name || !arguments) return std::nullopt;
-    calls.push_back(ToolCall{"", std::move(*name), std::move(*arguments)});
-    ++i;  // past '}'
-    if (t[i] == ']') break;
+    i += v->end;
+    if (t[i] == '}') break;
     i += 2;  // past ", "
   }
-  if (calls.empty() || i + 1 != t.size()) return std::nullopt;
-  return calls;
+  if (!name || !arguments) return std::nullopt;
+  return ToolCall{"", std::move(*name), std::move(*arguments)};
+}
+
+}  // namespace
+
+void ListedCallReader::read(std::string_view text) {
+  while (state_ != State::spoiled) {
+    const std::size_t at = skip_space(text, at_);
+    if (at == text.size()) return;  // blank so far
+    const char c = text[at];
+    if (state_ == State::before) {
+      if (c != '[') break;
+      state_ = State::item;
+      at_ = at + 1;
+    } else if (state_ == State::item) {
+      // An item that does not read yet may still be cut short: it waits for the end.
+      const std::optional<RespeltJson> item = respelt_json(text.substr(at));
+      if (!item) return;
+      std::optional<ToolCall> call = listed_call(item->text);
+      if (!call) break;
+      calls_.push_back(std::move(*call));
+      last_ = at_ = at + item->end;
+      state_ = State::after_item;
+    } else if (state_ == State::after_item && (c == ',' || c == ']')) {
+      state_ = c == ',' ? State::item : State::closed;
+      at_ = at + 1;
+    } else {
+      break;  // after an item, or after the list, text that does not go on with it
+    }
+  }
+  state_ = State::spoiled;
+}
+
+std::size_t ListedCallReader::content_resumes(bool finished) const noexcept {
+  if (state_ == State::closed || (state_ != State::spoiled && !finished)) return npos;
+  return last_;  // 0 where no call was read: all of the text
+}
+
+std::optional<std::vector<ToolCall>> read_listed_calls(std::string_view text) {
+  ListedCallReader reader;
+  reader.read(text);
+  if (!reader.whole()) return std::nullopt;
+  return reader.calls();
 }
 
 std::optional<ToolCallFormat> tool_call_format_named(std::string_view name) {

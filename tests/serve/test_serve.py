@@ -979,6 +979,38 @@ def joined_stream(events):
     return content, [calls[k] for k in sorted(calls)], finish
 
 
+def listed_calls(text):
+    """A "required" reply's calls as Python's json reads its list item by item: (name, parameters)
+    of each item read whole, and the content: None for a whole list, else the text after the last
+    call read (all of it where none was)."""
+    blank, decoder = " \t\n\r", json.JSONDecoder()
+    calls, last = [], 0
+    i = len(text) - len(text.lstrip(blank))
+    if text[i:i + 1] != "[":
+        return calls, text or None
+    i += 1
+    while True:
+        while i < len(text) and text[i] in blank:
+            i += 1
+        try:
+            item, end = decoder.raw_decode(text, i)
+        except ValueError:
+            break
+        if not (isinstance(item, dict) and set(item) == {"name", "parameters"} and isinstance(item["name"], str)
+                and isinstance(item["parameters"], dict)):
+            break
+        calls.append((item["name"], item["parameters"]))
+        last = i = end
+        while i < len(text) and text[i] in blank:
+            i += 1
+        if text[i:i + 1] == "]" and not text[i + 1:].strip(blank):
+            return calls, None
+        if text[i:i + 1] != ",":
+            break
+        i += 1
+    return calls, (text[last:] if calls else text) or None
+
+
 def flat_calls(message):
     return [{"id": t["id"], "name": t["function"]["name"], "arguments": t["function"]["arguments"]}
             for t in message.get("tool_calls", [])]
@@ -1030,6 +1062,24 @@ def case_tools():
         want = drop_id(flat_calls(whole["choices"][0]["message"]))
         check(content == "" and drop_id(calls) == want
               and finish == "tool_calls", f"required streamed: {calls} vs {want}")
+        # Cut short by max_tokens at points across the reply: the calls whose object closed are
+        # calls, the text after the last of them content (all of it with none), whole and streamed
+        # alike, as Python's json reads the text the tokens spell item by item.
+        written = whole["usage"]["completion_tokens"]
+        for cut in sorted({1, written - 1} | set(range(4, written, max(1, written // 7)))):
+            body = {**base, "max_tokens": cut, "tools": TOOLS, "tool_choice": "required"}
+            status, r = s.post("/v1/chat/completions", body)
+            c = r["choices"][0] if status == 200 else {"message": {}, "token_ids": []}
+            _, text = s.post("/detokenize", {"tokens": c["token_ids"]})
+            want_calls, want_content = listed_calls(text.get("prompt", ""))
+            got = [(t["name"], json.loads(t["arguments"])) for t in flat_calls(c["message"])]
+            check(status == 200 and c["finish_reason"] == "length" and got == want_calls
+                  and c["message"]["content"] == want_content, f"required cut at {cut}: {text} -> {c}")
+            status, _, events = s.stream("/v1/chat/completions", {**body, "stream": True})
+            content, calls, finish = joined_stream(events)
+            check(status == 200 and (content or None) == c["message"]["content"] and finish == "length"
+                  and [(t["name"], t["arguments"]) for t in calls] == [(t["name"], t["arguments"]) for t in flat_calls(c["message"])],
+                  f"required cut at {cut}, streamed: {content!r} {calls} vs {c['message']}")
         # A named function: its arguments, as the model wrote them, valid under its schema.
         named = {"type": "function", "function": {"name": "get_weather"}}
         status, r = s.post("/v1/chat/completions", {**base, "max_tokens": 200, "tools": TOOLS, "tool_choice": named})

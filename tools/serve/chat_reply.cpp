@@ -28,7 +28,7 @@ json ChatReply::call_json(std::size_t index, const std::string& id, const std::s
           {"function", {{"name", name}, {"arguments", arguments}}}};
 }
 
-ChatReply::Read ChatReply::read(const std::string& text, bool complete) const {
+ChatReply::Read ChatReply::read(const std::string& text) const {
   Read r;
   switch (use_.mode) {
     case ToolUse::Mode::none: r.content = text; break;
@@ -40,15 +40,14 @@ ChatReply::Read ChatReply::read(const std::string& text, bool complete) const {
       }
       break;
     case ToolUse::Mode::required: {
-      // The guide kept the text to the list's grammar; cut short, it is content.
-      std::optional<std::vector<ToolCall>> calls;
-      if (complete) calls = read_listed_calls(text);
-      if (!calls) {
-        r.content = text;
-        break;
-      }
-      for (std::size_t k = 0; k < calls->size(); ++k)
-        r.calls.push_back(call_json(k, "", (*calls)[k].name, (*calls)[k].arguments));
+      // The guide keeps the text to the list's grammar; cut short, what follows the calls read is
+      // content.
+      ListedCallReader reader;
+      reader.read(text);
+      for (std::size_t k = 0; k < reader.calls().size(); ++k)
+        r.calls.push_back(call_json(k, "", reader.calls()[k].name, reader.calls()[k].arguments));
+      if (const std::size_t from = reader.content_resumes(true); from != ListedCallReader::npos)
+        r.content = text.substr(from);
       break;
     }
     case ToolUse::Mode::read_auto: {
@@ -67,7 +66,7 @@ ChatReply::Read ChatReply::read(const std::string& text, bool complete) const {
   return r;
 }
 
-json ChatReply::content_delta(const std::string& text, bool finished, bool complete) {
+json ChatReply::content_delta(const std::string& text, bool finished) {
   text_ += text;
   switch (use_.mode) {
     case ToolUse::Mode::none:
@@ -83,7 +82,7 @@ json ChatReply::content_delta(const std::string& text, bool finished, bool compl
       }
       return {{"tool_calls", json::array({call})}};
     }
-    case ToolUse::Mode::required: return finished ? last_delta(complete) : nullptr;
+    case ToolUse::Mode::required: return listed_delta(finished);
     case ToolUse::Mode::read_auto: return auto_delta(finished);
   }
   return nullptr;
@@ -113,33 +112,34 @@ json ChatReply::auto_delta(bool finished) {
   if (reader.calls_begin() != ToolCallReader::npos && resumes != ToolCallReader::npos)
     content += text_.substr(resumes + (std::max(sent_, head) - head));
   sent_ += content.size();
-  json d = json::object();
+  json d = new_calls(reader.calls());
   if (!content.empty()) d["content"] = std::move(content);
-  // parallel_tool_calls false: the first call only.
+  return d.empty() ? json(nullptr) : d;
+}
+
+json ChatReply::listed_delta(bool finished) {
+  listed_.read(text_);
+  json d = new_calls(listed_.calls());
+  if (const std::size_t from = listed_.content_resumes(finished); from != ListedCallReader::npos) {
+    std::string content = text_.substr(from + sent_);
+    sent_ += content.size();
+    if (!content.empty()) d["content"] = std::move(content);
+  }
+  return d.empty() ? json(nullptr) : d;
+}
+
+json ChatReply::new_calls(const std::vector<ToolCall>& read) {
   json calls = json::array();
-  const std::vector<ToolCall>& read = reader.calls();
   for (; calls_sent_ < read.size(); ++calls_sent_) {
     if (!use_.parallel && calls_sent_ > 0) continue;
     const ToolCall& c = read[calls_sent_];
     calls.push_back(call_json(calls_sent_, c.id, c.name, c.arguments));
     called_ = true;
   }
-  if (!calls.empty()) d["tool_calls"] = std::move(calls);
-  return d.empty() ? json(nullptr) : d;
+  return calls.empty() ? json::object() : json{{"tool_calls", std::move(calls)}};
 }
 
-json ChatReply::last_delta(bool complete) {
-  Read r = read(text_, complete);
-  json d = json::object();
-  if (!r.content.empty()) d["content"] = std::move(r.content);
-  if (!r.calls.empty()) {
-    d["tool_calls"] = std::move(r.calls);
-    called_ = true;
-  }
-  return d.empty() ? json(nullptr) : d;
-}
-
-json ChatReply::message(const std::string& text, bool complete) {
+json ChatReply::message(const std::string& text) {
   // A reasoning model's thinking, then its content (which tool calls are read from).
   ReasoningSplit split(opens_content_);
   ReasoningSplit::Parts parts{"", text};
@@ -149,7 +149,7 @@ json ChatReply::message(const std::string& text, bool complete) {
     parts.reasoning += rest.reasoning;
     parts.content += rest.content;
   }
-  Read r = read(parts.content, complete);
+  Read r = read(parts.content);
   called_ = !r.calls.empty();
   json m = {{"role", "assistant"}};
   // null: the calls say it all, or the reply never got past its thinking.
@@ -163,7 +163,7 @@ json ChatReply::message(const std::string& text, bool complete) {
   return m;
 }
 
-json ChatReply::delta(const std::string& text, bool finished, bool complete) {
+json ChatReply::delta(const std::string& text, bool finished) {
   std::string content = text, reasoning;
   if (reasoning_) {
     ReasoningSplit::Parts parts = split_.push(text);
@@ -175,7 +175,7 @@ json ChatReply::delta(const std::string& text, bool finished, bool complete) {
     content = std::move(parts.content);
     if (include_reasoning_) reasoning = std::move(parts.reasoning);
   }
-  json d = content_delta(content, finished, complete);
+  json d = content_delta(content, finished);
   if (d.is_null() && (finished || !reasoning.empty())) d = json::object();  // a last one goes out
   if (!reasoning.empty()) d["reasoning_content"] = reasoning;
   return d;

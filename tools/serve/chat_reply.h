@@ -19,13 +19,13 @@ class ChatReply {
   // `opens_content`, which starts the content: ReasoningSplit).
   ChatReply(ToolUse use, std::string call_id, bool reasoning, bool include_reasoning,
             std::string opens_content = {});
-  // Streaming: the delta for newly generated `text`: content, and "auto" calls each as its end
-  // marker is read; with `finished` what was held back and a "required" reply's calls (`complete`:
-  // not cut by max_tokens). Null when nothing is to be sent yet (a finished reply always sends
-  // one).
-  json delta(const std::string& text, bool finished, bool complete);
+  // Streaming: the delta for newly generated `text`: content, "auto" and "required" calls each as
+  // it is read whole, a named call's arguments as they come; with `finished`, what was held back.
+  // Null when nothing is to be sent yet (a finished reply always sends one). The deltas join to
+  // the whole reply's message.
+  json delta(const std::string& text, bool finished);
   // A whole reply's message for its `text`.
-  json message(const std::string& text, bool complete);
+  json message(const std::string& text);
   // finish_reason "tool_calls" (unless cut by max_tokens, "length"): the reply called a tool (a
   // forced named call ends with "stop", as OpenAI's does).
   bool ends_in_tool_calls() const noexcept { return called_ && use_.mode != ToolUse::Mode::named; }
@@ -35,13 +35,15 @@ class ChatReply {
     std::string content;
     json calls = json::array();
   };
-  Read read(const std::string& text, bool complete) const;
+  Read read(const std::string& text) const;
   json call_json(std::size_t index, const std::string& id, const std::string& name,
                  const std::string& arguments) const;
   // The content's and calls' part of a delta.
-  json content_delta(const std::string& text, bool finished, bool complete);
-  json auto_delta(bool finished);  // "auto": the content and calls read so far, not yet sent
-  json last_delta(bool complete);  // "required": the calls read at the end
+  json content_delta(const std::string& text, bool finished);
+  json auto_delta(bool finished);    // "auto": the content and calls read so far, not yet sent
+  json listed_delta(bool finished);  // "required": likewise
+  // The calls of `read` not sent yet (all but the first where parallel_tool_calls is false).
+  json new_calls(const std::vector<ToolCall>& read);
 
   ToolUse use_;
   std::string call_id_;
@@ -51,8 +53,9 @@ class ChatReply {
   std::string text_;      // the content so far
   std::size_t sent_ = 0;  // content bytes sent (a prefix of the content read at the end)
   std::optional<ToolCallReader> calls_;  // "auto": the calls read so far
+  ListedCallReader listed_;              // "required": likewise
   std::size_t calls_sent_ = 0;
-  bool opened_ = false;   // named: the call's head was sent
+  bool opened_ = false;  // named: the call's head was sent
   bool called_ = false;
 };
 

@@ -584,7 +584,7 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
         if (kind == Kind::chat) {
           ChatReply said(job.tools, call_id(i), job.reasoning, job.include_reasoning,
                          job.reasoning_opens_content);
-          choice["message"] = said.message(c.shown, c.reason != FinishReason::length);
+          choice["message"] = said.message(c.shown);
           if (said.ends_in_tool_calls() && c.reason != FinishReason::length)
             choice["finish_reason"] = "tool_calls";
         } else {
@@ -658,7 +658,7 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
         // Chat: the delta (the thinking apart; tool calls read at the end: text may wait).
         json delta;
         if (kind == Kind::chat) {
-          delta = replies[i].delta(text, c.finished, c.reason != FinishReason::length);
+          delta = replies[i].delta(text, c.finished);
           if (delta.is_null() && job.top_logprobs < 0) continue;
         }
         std::string out;
