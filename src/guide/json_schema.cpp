@@ -842,8 +842,8 @@ class Compiler {
         searched = shared_regex(search, field);
       } catch (const RegexError&) {  // too large, or no text: the whole match says which
       } catch (const Error&) {
-        static_cast<void>(
-            RegexDfa(whole, field));  // a syntax error, named at the pattern's offsets
+        // A syntax error: named at the pattern's own byte offsets.
+        static_cast<void>(RegexDfa(whole, field));
         throw;
       }
       if (searched) {

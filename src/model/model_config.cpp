@@ -656,7 +656,8 @@ ModelConfig preset_config(const std::string& name, int num_layers) {
     c.v_head_dim = 32;
     c.rope_theta = 10000;
     c.rope_scaling = RopeScaling{4.0, 1024, 32, 1, 1.0, 1.0};
-    c.max_position_embeddings = 163840;     // as V3's, so long synthetic contexts run
+    // V3's context, so long synthetic contexts run.
+    c.max_position_embeddings = 163840;
   } else if (name == "deepseek-v2-lite") {  // deepseek-ai/DeepSeek-V2-Lite
     c = lite_shape();
     c.model_type = "deepseek_v2";
