@@ -327,6 +327,47 @@ TEST(Serving, CancelFreesTheKvWithinAStepAndTheOthersFinish) {
   EXPECT_GT(m.kv_rows_capacity[0], 0);
 }
 
+// max_model_len bounds a request's prompt and new tokens below the KV cache's capacity, and may
+// not pass the model's max_position_embeddings.
+TEST(Serving, MaxModelLenBoundsPromptAndNewTokens) {
+  auto rng = test::make_rng();
+  const auto w = make_synthetic_weights(25);
+  ServeOptions o;
+  o.max_model_len = 40;
+  Running server(small_spec(*w, 1, 1, 1, 512), o);
+  EXPECT_EQ(server->context_tokens(), 40);
+  const auto refused = [&](const ServeRequest& r, Refusal why, const char* text) {
+    try {
+      server->submit(r);
+    } catch (const RefusedError& e) {
+      return e.why() == why && std::string(e.what()).find(text) != std::string::npos;
+    }
+    return false;
+  };
+  EXPECT_TRUE(refused(greedy(test::random_tokens(rng, 40, 64), 1), Refusal::past_context,
+                      "the prompt holds 40 tokens; the model's context is 40 tokens"));
+  EXPECT_TRUE(refused(greedy(test::random_tokens(rng, 30, 64), 11), Refusal::invalid,
+                      "exceeds the context of 40 tokens (at most 10; max_model_len)"));
+  const auto s = server->submit(greedy(test::random_tokens(rng, 30, 64), 10));
+  std::size_t tokens = 0;
+  for (int i = 0; i < 2000; ++i) {
+    const auto u = s->next(std::chrono::milliseconds(50));
+    if (!u) continue;
+    tokens += u->tokens.size();
+    if (u->finished) break;
+  }
+  EXPECT_EQ(tokens, 10u);
+  const int positions = preset_config("tiny", 2).max_position_embeddings;
+  for (std::int64_t bad : {std::int64_t{-1}, std::int64_t{positions} + 1}) {
+    ServeOptions too = o;
+    too.max_model_len = bad;
+    EXPECT_TRUE(test::throws_error([&] { ServingDeployment(small_spec(*w, 1, 1), too); },
+                                   ErrorCategory::invalid_argument,
+                                   str("max_model_len = ", bad, " must be in [1, ")))
+        << bad;
+  }
+}
+
 TEST(Serving, RefusesWhatItCannotServeAndKeepsServing) {
   auto rng = test::make_rng();
   const auto w = make_synthetic_weights(24);

@@ -51,7 +51,8 @@ class SamplingParams:
     the logits of tokens the output holds (vLLM's meanings and order). allowed_token_ids keeps
     only those tokens; bad_words (strings: each as it tokenizes at the start of a text and after a
     space) are never generated: a word's last token is masked where its others end the output.
-    truncate_prompt_tokens k keeps each prompt's last k tokens (-1: max_total_tokens of them).
+    truncate_prompt_tokens k keeps each prompt's last k tokens (-1: the context's worth: the lesser
+    of max_total_tokens and max_model_len).
     guided_decoding (GuidedDecodingParams) constrains the text to a regex, a choice or a JSON
     object; it needs a tokenizer. structured_outputs (StructuredOutputsParams, vLLM's newer name)
     is the same, in its place.
@@ -152,7 +153,8 @@ class LLM:
                  dcp_kv_cache_interleave_size: int = 1,
                  kv_cache_dtype: str = "bf16", attention_kernel: str = "automatic",
                  weight_kernel: str = "automatic", threads_per_rank: int = 1,
-                 max_total_tokens: int = 65536, chunked_prefill_size: int = 2048,
+                 max_total_tokens: int = 65536, max_model_len: Optional[int] = None,
+                 chunked_prefill_size: int = 2048,
                  max_running_requests: int = 64, comm_timeout_s: float = 300.0):
         c = _dcp._LlmConfig()
         c.model = str(model)
@@ -172,10 +174,10 @@ class LLM:
         c.weight_kernel = str(weight_kernel)
         c.threads_per_rank = int(threads_per_rank)
         c.max_total_tokens = int(max_total_tokens)
+        c.max_model_len = 0 if max_model_len is None else int(max_model_len)
         c.chunked_prefill_size = int(chunked_prefill_size)
         c.max_running_requests = int(max_running_requests)
         c.comm_timeout_s = float(comm_timeout_s)
-        self._max_total_tokens = c.max_total_tokens
         self._llm = _dcp._Llm(c)
 
     def __enter__(self):
@@ -310,8 +312,8 @@ class LLM:
                 continue
             if isinstance(keep, bool) or not isinstance(keep, int) or not (keep == -1 or keep >= 1):
                 raise ValueError(f"truncate_prompt_tokens = {keep!r} must be an int >= 1 or -1 "
-                                 "(max_total_tokens)")
-            keep = self._max_total_tokens if keep == -1 else keep
+                                 "(the context)")
+            keep = self._llm.context_tokens if keep == -1 else keep
             if len(ids[i]) > keep:  # the prompt becomes the tokens kept
                 ids[i] = ids[i][-keep:]
                 texts[i] = None if texts[i] is None else self.decode(ids[i], False)

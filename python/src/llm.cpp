@@ -44,6 +44,7 @@ struct LlmConfig {
   std::string weight_kernel = "automatic";
   int threads_per_rank = 1;
   std::int64_t max_total_tokens = 65536;
+  std::int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
   int chunked_prefill_size = 2048;
   int max_running_requests = 64;
   double comm_timeout_s = 300;
@@ -198,6 +199,7 @@ class Llm {
     ServeOptions serve;
     // Offline: every prompt of a generate() call waits in the queue; none is refused for it.
     serve.max_queued_requests = std::numeric_limits<int>::max();
+    serve.max_model_len = c.max_model_len;
     deployment_ = std::make_unique<ServingDeployment>(std::move(spec), serve);
     auto ready = std::make_shared<std::promise<void>>();
     std::future<void> loaded = ready->get_future();
@@ -365,6 +367,7 @@ class Llm {
   std::int64_t kv_capacity_tokens() const {
     return deployment_ ? deployment_->kv_capacity_tokens() : 0;
   }
+  std::int64_t context_tokens() const { return deployment_ ? deployment_->context_tokens() : 0; }
 
  private:
   void rethrow_failure() {
@@ -402,6 +405,7 @@ void bind_llm(py::module_& m) {
       .def_readwrite("attention_kernel", &LlmConfig::attention_kernel)
       .def_readwrite("weight_kernel", &LlmConfig::weight_kernel)
       .def_readwrite("max_total_tokens", &LlmConfig::max_total_tokens)
+      .def_readwrite("max_model_len", &LlmConfig::max_model_len)
       .def_readwrite("chunked_prefill_size", &LlmConfig::chunked_prefill_size)
       .def_readwrite("max_running_requests", &LlmConfig::max_running_requests)
       .def_readwrite("comm_timeout_s", &LlmConfig::comm_timeout_s);
@@ -477,6 +481,7 @@ void bind_llm(py::module_& m) {
       .def_property_readonly("has_tokenizer", &Llm::has_tokenizer)
       .def_property_readonly("vocab_size", &Llm::vocab_size)
       .def_property_readonly("kv_capacity_tokens", &Llm::kv_capacity_tokens)
+      .def_property_readonly("context_tokens", &Llm::context_tokens)
       .def(
           "encode",
           [](const Llm& l, const std::string& text, bool add_special_tokens) {

@@ -15,8 +15,9 @@ PYBIND11_MODULE(_dcp, m) {
     try {
       if (e) std::rethrow_exception(e);
     } catch (const dcp::RefusedError& err) {  // a request the deployment will not take
-      const bool bad_request =
-          err.why() == dcp::Refusal::invalid || err.why() == dcp::Refusal::too_long;
+      const bool bad_request = err.why() == dcp::Refusal::invalid ||
+                               err.why() == dcp::Refusal::past_context ||
+                               err.why() == dcp::Refusal::too_long;
       PyErr_SetString(bad_request ? PyExc_ValueError : PyExc_RuntimeError, err.what());
     } catch (const dcp::Error& err) {
       PyObject* type = PyExc_RuntimeError;

@@ -348,6 +348,22 @@ def test_bad_requests_raise_and_leave_the_llm_usable(text_llm, prompts, params, 
     assert len(ok[0].outputs[0].token_ids) == 2
 
 
+def test_max_model_len_bounds_prompt_and_new_tokens():
+    with dcp.LLM("tiny", max_model_len=64) as llm:
+        prompt = [1 + t % 500 for t in range(60)]
+        out = llm.generate([prompt], dcp.SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+        assert len(out[0].outputs[0].token_ids) == 4
+        with pytest.raises(ValueError) as e:
+            llm.generate([prompt], dcp.SamplingParams(max_tokens=5))
+        assert "max_model_len" in str(e.value)
+        # truncate_prompt_tokens -1 keeps the context's worth, 64 tokens, which leave no room.
+        with pytest.raises(ValueError) as e:
+            llm.generate([prompt * 2], dcp.SamplingParams(max_tokens=1, truncate_prompt_tokens=-1))
+        assert "the prompt holds 64 tokens; the model's context is 64" in str(e.value)
+        cut = llm.generate([prompt * 2], dcp.SamplingParams(max_tokens=1, truncate_prompt_tokens=63))
+        assert cut[0].prompt_token_ids == (prompt * 2)[-63:]
+
+
 def test_a_refused_request_drops_the_whole_batch(text_llm):
     # The first request is valid, the second too long: nothing of the batch runs.
     with pytest.raises(ValueError):
@@ -365,6 +381,7 @@ def test_a_refused_request_drops_the_whole_batch(text_llm):
     (dict(model="tiny", page_size=16, dcp_kv_cache_interleave_size=3),
      "dcp_kv_cache_interleave_size = 3 must divide page_size = 16"),
     (dict(model="tiny", threads_per_rank=0), "threads_per_rank = 0 must be in [1, 256]"),
+    (dict(model="tiny", max_model_len=200000), "max_model_len = 200000 must be in [1, max_position_embeddings = 163840]"),
     (dict(model="tiny", weight_kernel="bogus"), "weight_kernel = 'bogus': kernel path 'bogus'"),
     (dict(model="tiny", weight_kernel="amx_bf16"), "weight_kernel = amx_bf16: kernel path amx_bf16 is an attention path"),
     # tiny's weights are fp32: nothing to pair (or, without AVX512-BF16, the path is unavailable)
