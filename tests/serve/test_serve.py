@@ -1359,6 +1359,13 @@ def case_max_model_len():
         status, r = s.post("/v1/completions", base)
         check(status == 200 and r["usage"]["completion_tokens"] == 4 and r["choices"][0]["finish_reason"] == "length",
               f"without max_tokens, up to the context: {status} {r}")
+        # The field the client bounded its tokens by is the one named.
+        for path, body, param in [("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                             "max_completion_tokens": 64}, "max_completion_tokens"),
+                                  ("/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": 5}},
+                                   "max_new_tokens")]:
+            status, r = s.post(path, body)
+            check(status == 400 and r["error"]["param"] == param, f"{path}: past the context names {param}: {r}")
         long = [(k * 37) % 400 + 3 for k in range(64)]
         for path, body, param in [("/v1/completions", {"prompt": long}, "prompt"),
                                   ("/generate", {"input_ids": long}, "input_ids"),

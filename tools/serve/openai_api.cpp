@@ -76,7 +76,8 @@ struct OpenAiApi::Job {
   ServeRequest request;  // its prompt: the first of `prompts`
   // /v1/completions takes a list of prompts: each runs n choices, numbered prompt x n + choice.
   std::vector<std::vector<std::int32_t>> prompts;
-  std::string prompt_field = "prompt";  // the field the prompts came in
+  std::string prompt_field = "prompt";   // the field the prompts came in
+  std::string max_field = "max_tokens";  // the field that bounds the new tokens
   std::vector<std::string> stop;
   int n = 1;
   bool stream = false, include_usage = false, skip_special = true, seeded = false;
@@ -292,6 +293,7 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
   std::size_t longest = 0;
   for (const auto& p : job.prompts) longest = std::max(longest, p.size());
   const std::int64_t room = context - static_cast<std::int64_t>(longest);
+  job.max_field = max_key;
   if (const auto max = integer(*src, max_key, 1, std::numeric_limits<int>::max())) {
     r.max_new_tokens = static_cast<int>(*max);  // beyond the context: submit() says so
   } else {
@@ -433,7 +435,7 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
       const int status = e.why() == Refusal::too_long                                      ? 413
                          : e.why() == Refusal::invalid || e.why() == Refusal::past_context ? 400
                                                                                            : 503;
-      const std::string param = e.why() == Refusal::invalid        ? "max_tokens"
+      const std::string param = e.why() == Refusal::invalid        ? job.max_field
                                 : e.why() == Refusal::past_context ? job.prompt_field
                                                                    : "";
       return {error(status, e.what(), param), {}};
