@@ -155,7 +155,7 @@ int serve(const ServeFlags& f) {
           f.host.c_str(), port, ao.model_name.c_str(), w.spec.parallel.world_size(),
           w.spec.parallel.tp_size, w.spec.parallel.dcp_size,
           static_cast<long long>(deployment.kv_capacity_tokens()),
-          static_cast<long long>(deployment.max_model_len()),
+          static_cast<long long>(deployment.context_tokens()),
           tokenizer ? "text and token ids" : "token ids only: no tokenizer", readers.c_str());
       std::fflush(stdout);
     });
