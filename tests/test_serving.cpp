@@ -327,6 +327,18 @@ TEST(Serving, CancelFreesTheKvWithinAStepAndTheOthersFinish) {
   EXPECT_GT(m.kv_rows_capacity[0], 0);
 }
 
+// `r` is refused for `why`, the message holding `text`; the deployment is unchanged.
+void expect_refusal(ServingDeployment& server, const ServeRequest& r, Refusal why,
+                    const char* text) {
+  try {
+    server.submit(r);
+    ADD_FAILURE() << "accepted: " << text;
+  } catch (const RefusedError& e) {
+    EXPECT_EQ(e.why(), why) << e.what();
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+  }
+}
+
 // max_model_len bounds a request's prompt and new tokens below the KV cache's capacity, and may
 // not pass the model's max_position_embeddings.
 TEST(Serving, MaxModelLenBoundsPromptAndNewTokens) {
@@ -336,18 +348,10 @@ TEST(Serving, MaxModelLenBoundsPromptAndNewTokens) {
   o.max_model_len = 40;
   Running server(small_spec(*w, 1, 1, 1, 512), o);
   EXPECT_EQ(server->context_tokens(), 40);
-  const auto refused = [&](const ServeRequest& r, Refusal why, const char* text) {
-    try {
-      server->submit(r);
-    } catch (const RefusedError& e) {
-      return e.why() == why && std::string(e.what()).find(text) != std::string::npos;
-    }
-    return false;
-  };
-  EXPECT_TRUE(refused(greedy(test::random_tokens(rng, 40, 64), 1), Refusal::past_context,
-                      "the prompt holds 40 tokens; the model's context is 40 tokens"));
-  EXPECT_TRUE(refused(greedy(test::random_tokens(rng, 30, 64), 11), Refusal::invalid,
-                      "exceeds the context of 40 tokens (at most 10; max_model_len)"));
+  expect_refusal(*server, greedy(test::random_tokens(rng, 40, 64), 1), Refusal::past_context,
+                 "the prompt holds 40 tokens; the model's context is 40 tokens");
+  expect_refusal(*server, greedy(test::random_tokens(rng, 30, 64), 11), Refusal::invalid,
+                 "exceeds the context of 40 tokens (at most 10; max_model_len)");
   const auto s = server->submit(greedy(test::random_tokens(rng, 30, 64), 10));
   std::size_t tokens = 0;
   for (int i = 0; i < 2000; ++i) {
@@ -378,35 +382,26 @@ TEST(Serving, RefusesWhatItCannotServeAndKeepsServing) {
   Running server(small_spec(*w, 1, 1, 1, 512), o);
   const std::int64_t cap = server->kv_capacity_tokens();
   ASSERT_GE(cap, 512);
-  const auto expect_refusal = [&](const ServeRequest& r, Refusal why, const char* text) {
-    try {
-      server->submit(r);
-      ADD_FAILURE() << "accepted: " << text;
-    } catch (const RefusedError& e) {
-      EXPECT_EQ(e.why(), why) << e.what();
-      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
-    }
-  };
-  expect_refusal(greedy(test::random_tokens(rng, static_cast<int>(cap), 64), 1), Refusal::too_long,
+  expect_refusal(*server, greedy(test::random_tokens(rng, static_cast<int>(cap), 64), 1), Refusal::too_long,
                  "the KV cache holds");
-  expect_refusal(greedy(test::random_tokens(rng, 10, 64), static_cast<int>(cap)), Refusal::invalid,
+  expect_refusal(*server, greedy(test::random_tokens(rng, 10, 64), static_cast<int>(cap)), Refusal::invalid,
                  "exceeds the context");
-  expect_refusal(greedy({}, 3), Refusal::invalid, "at least one token");
-  expect_refusal(greedy({server->config().vocab_size}, 3), Refusal::invalid,
+  expect_refusal(*server, greedy({}, 3), Refusal::invalid, "at least one token");
+  expect_refusal(*server, greedy({server->config().vocab_size}, 3), Refusal::invalid,
                  "outside the vocabulary");
-  expect_refusal(greedy({1}, 0), Refusal::invalid, "max_tokens = 0");
+  expect_refusal(*server, greedy({1}, 0), Refusal::invalid, "max_tokens = 0");
   ServeRequest hot = greedy({1, 2}, 3);
   hot.sampling.top_p = 0;
-  expect_refusal(hot, Refusal::invalid, "top_p");
+  expect_refusal(*server, hot, Refusal::invalid, "top_p");
   ServeRequest biased = greedy({1, 2}, 3);
   biased.sampling.logit_bias[server->config().vocab_size] = 2;
-  expect_refusal(biased, Refusal::invalid, "logit_bias: token 512 is outside the vocabulary");
+  expect_refusal(*server, biased, Refusal::invalid, "logit_bias: token 512 is outside the vocabulary");
   ServeRequest held = greedy({1, 2}, 3);
   held.min_tokens = 4;
-  expect_refusal(held, Refusal::invalid, "min_tokens = 4 must be in [0, max_tokens = 3]");
+  expect_refusal(*server, held, Refusal::invalid, "min_tokens = 4 must be in [0, max_tokens = 3]");
   ServeRequest scored = greedy({1, 2}, 3);
   scored.prompt_logprobs = 21;
-  expect_refusal(scored, Refusal::invalid, "prompt_logprobs = 21 must be in [0, 20]");
+  expect_refusal(*server, scored, Refusal::invalid, "prompt_logprobs = 21 must be in [0, 20]");
   // One request takes nearly the whole cache; the next waits; a third is past the queue bound.
   const auto big =
       server->submit(greedy(test::random_tokens(rng, 30, 64), static_cast<int>(cap) - 34));
@@ -416,12 +411,12 @@ TEST(Serving, RefusesWhatItCannotServeAndKeepsServing) {
   const std::optional<StreamUpdate> first = big->next(10s);
   ASSERT_TRUE(first.has_value());
   const auto queued = server->submit(greedy(test::random_tokens(rng, 30, 64), 8));
-  expect_refusal(greedy({1, 2}, 2), Refusal::queue_full, "retry later");
+  expect_refusal(*server, greedy({1, 2}, 2), Refusal::queue_full, "retry later");
   EXPECT_EQ((first->finished ? *first : drain_stream(*big)).finish_reason, FinishReason::length);
   EXPECT_EQ(drain_stream(*queued).tokens.size(), 8u);
   EXPECT_EQ(drain_stream(*server->submit(greedy({5, 6, 7}, 4))).tokens.size(), 4u);
   server.stop(true);
-  expect_refusal(greedy({1, 2}, 2), Refusal::shutting_down, "shutting down");
+  expect_refusal(*server, greedy({1, 2}, 2), Refusal::shutting_down, "shutting down");
 }
 
 TEST(Serving, ShutdownCancelsOrDrainsTheRequestsInFlight) {
