@@ -31,6 +31,8 @@ TEST(Deployment, ResultsRoundTripExactlyPastFloatPrecision) {
   in[0].output_tokens = {(1 << 24) + 1, 0, std::numeric_limits<std::int32_t>::max()};
   in[0].step_logits = {1.5f, -0.0f, std::numeric_limits<float>::quiet_NaN(),
                        -std::numeric_limits<float>::infinity(), 1e-40f};
+  in[0].prompt_logprobs = {{{3, -2.0f}, {{3, -2.0f}}}};
+  in[0].cached_prompt_tokens = (std::int64_t{1} << 33) + 1;
   in[1].id = -7;
   in[1].state = RequestState::rejected;
   in[1].error = std::string("needs \0 bytes \xff too", 19);
@@ -45,14 +47,19 @@ TEST(Deployment, ResultsRoundTripExactlyPastFloatPrecision) {
     EXPECT_TRUE(same_bits(out[i].step_logits, in[i].step_logits)) << "request " << i;
     EXPECT_EQ(out[i].error, in[i].error);
     EXPECT_EQ(out[i].finish_reason, in[i].finish_reason);
-    ASSERT_EQ(out[i].logprobs.size(), in[i].logprobs.size());
-    for (std::size_t k = 0; k < in[i].logprobs.size(); ++k) {
-      EXPECT_EQ(out[i].logprobs[k].chosen.token, in[i].logprobs[k].chosen.token);
-      EXPECT_EQ(out[i].logprobs[k].chosen.logprob, in[i].logprobs[k].chosen.logprob);
-      ASSERT_EQ(out[i].logprobs[k].top.size(), in[i].logprobs[k].top.size());
-      for (std::size_t j = 0; j < in[i].logprobs[k].top.size(); ++j) {
-        EXPECT_EQ(out[i].logprobs[k].top[j].token, in[i].logprobs[k].top[j].token);
-        EXPECT_EQ(out[i].logprobs[k].top[j].logprob, in[i].logprobs[k].top[j].logprob);
+    EXPECT_EQ(out[i].cached_prompt_tokens, in[i].cached_prompt_tokens);
+    for (const auto member : {&RequestResult::logprobs, &RequestResult::prompt_logprobs}) {
+      const std::vector<StepLogprobs>& a = out[i].*member;
+      const std::vector<StepLogprobs>& b = in[i].*member;
+      ASSERT_EQ(a.size(), b.size());
+      for (std::size_t k = 0; k < b.size(); ++k) {
+        EXPECT_EQ(a[k].chosen.token, b[k].chosen.token);
+        EXPECT_EQ(a[k].chosen.logprob, b[k].chosen.logprob);
+        ASSERT_EQ(a[k].top.size(), b[k].top.size());
+        for (std::size_t j = 0; j < b[k].top.size(); ++j) {
+          EXPECT_EQ(a[k].top[j].token, b[k].top[j].token);
+          EXPECT_EQ(a[k].top[j].logprob, b[k].top[j].logprob);
+        }
       }
     }
   }

@@ -186,6 +186,7 @@ std::vector<std::uint8_t> pack_results(const std::vector<RequestResult>& results
     w.raw(r.error.data(), r.error.size());
     write_logprobs(w, r.logprobs);
     write_logprobs(w, r.prompt_logprobs);
+    w.i64(r.cached_prompt_tokens);
   }
   return bytes;
 }
@@ -206,6 +207,7 @@ std::vector<RequestResult> unpack_results(const std::vector<std::uint8_t>& bytes
     in.raw(r.error.data(), r.error.size());
     r.logprobs = read_logprobs(in);
     r.prompt_logprobs = read_logprobs(in);
+    r.cached_prompt_tokens = in.i64();
     out.push_back(std::move(r));
   }
   return out;
