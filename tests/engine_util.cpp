@@ -51,7 +51,11 @@ EngineRun run_engine_phases(const ModelConfig& config, const WeightSource& weigh
     Engine& engine = sys.engine();
     for (const auto& phase : phases) {
       for (const RequestSpec& r : phase) engine.submit(r);
-      engine.run();
+      if (s.after_step) {
+        engine.run([&](const Engine& e) { s.after_step(world.rank(), e); });
+      } else {
+        engine.run();
+      }
     }
     EngineRun out;
     out.results = engine.results();

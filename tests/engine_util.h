@@ -1,6 +1,7 @@
 // Running the engine on thread ranks, for the model, speculative and extend tests.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -33,6 +34,8 @@ struct EngineSetup {
   std::int64_t host_tokens = 0;
   int max_running = 64;
   std::shared_ptr<const GuideVocabulary> guide_vocabulary;  // for requests with a regex
+  // Called on every rank's thread after each engine step (with that rank's world rank).
+  std::function<void(int, const Engine&)> after_step;
 };
 
 struct EngineRun {

@@ -51,14 +51,80 @@ TEST(PrefixCache, SharedPrefixesGiveIdenticalOutputsWithTheCacheOnAndOff) {
       EXPECT_TRUE(test::close_runs(got.results[i].step_logits, expect.results[i].step_logits,
                                    {1e-10, 1e-4}, what.c_str()));
     }
-    // The first two requests start together and miss; each later one reuses the prefix's whole
-    // virtual pages (P x N tokens each), and its result says so.
+    // The first request misses; the second, which arrives with it, waits for the prefix's pages
+    // to be written, and it and each later one reuse the prefix's whole virtual pages (P x N
+    // tokens each), and its result says so.
     const std::int64_t vp = 8LL * n;
-    EXPECT_EQ(got.cache_stats[0].hit_tokens, 4 * (150 / vp) * vp) << what;
+    EXPECT_EQ(got.cache_stats[0].hit_tokens, 5 * (150 / vp) * vp) << what;
     for (std::size_t i = 0; i < reqs.size(); ++i) {
-      EXPECT_EQ(got.results[i].cached_prompt_tokens, i < 2 ? 0 : 150 / vp * vp) << what << " " << i;
+      EXPECT_EQ(got.results[i].cached_prompt_tokens, i < 1 ? 0 : 150 / vp * vp) << what << " " << i;
       EXPECT_EQ(expect.results[i].cached_prompt_tokens, 0) << what << " " << i;
     }
+  }
+}
+
+// Requests that arrive together and share a prompt's prefix (the choices of one prompt, a system
+// prompt) compute it once: a request waits while another's prefill writes pages it would hit, and
+// requests behind it that share nothing pass it meanwhile. Tokens as with the cache off.
+TEST(PrefixCache, ARequestWaitsForThePagesAnotherPrefillIsWriting) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 2);
+  const auto w = make_synthetic_weights(71);
+  const std::vector<std::int32_t> a = test::random_tokens(rng, 200, c.vocab_size);
+  std::vector<std::int32_t> b(a.begin(), a.begin() + 170);  // then 10 others
+  const std::vector<std::int32_t> tail = test::random_tokens(rng, 10, c.vocab_size);
+  b.insert(b.end(), tail.begin(), tail.end());
+  b[170] = (a[170] + 1) % c.vocab_size;
+  std::vector<RequestSpec> reqs = {test::request(0, a, 4), test::request(1, b, 4),
+                                   test::request(2, test::random_tokens(rng, 40, c.vocab_size), 4),
+                                   test::request(3, a, 4), test::request(4, a, 4)};
+  for (int i : {3, 4}) {  // two more choices of the first prompt, sampled
+    reqs[static_cast<std::size_t>(i)].sampling.temperature = 1;
+    reqs[static_cast<std::size_t>(i)].sampling.seed = static_cast<std::uint64_t>(i);
+  }
+  for (int n : {1, 2}) {
+    test::EngineSetup off;
+    off.tp = 2;
+    off.dcp = n;
+    off.backend = CombineBackend::a2a;
+    off.page_size = 8;
+    off.chunk = 64;  // the first prompt takes 4 steps
+    const auto expect = test::run_engine(c, *w, off, reqs);
+    test::EngineSetup on = off;
+    on.prefix_cache = true;
+    // The step after which each request left the queue (world rank 0's engine).
+    std::vector<int> admitted(reqs.size(), -1);
+    int steps = 0;
+    on.after_step = [&](int rank, const Engine& e) {
+      if (rank != 0) return;
+      ++steps;
+      for (std::size_t i = 0; i < reqs.size(); ++i) {
+        if (admitted[i] < 0 && e.results()[i].state != RequestState::waiting) admitted[i] = steps;
+      }
+    };
+    const auto got = test::run_engine(c, *w, on, reqs);
+    const std::string what = "dcp " + std::to_string(n);
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      ASSERT_EQ(got.results[i].output_tokens, expect.results[i].output_tokens)
+          << what << " request " << i;
+      EXPECT_TRUE(test::close_runs(got.results[i].step_logits, expect.results[i].step_logits,
+                                   {1e-10, 1e-4}, what.c_str()));
+    }
+    const std::int64_t vp = 8LL * n;
+    const std::vector<std::int64_t> cached = {0, 170 / vp * vp, 0, 199 / vp * vp, 199 / vp * vp};
+    std::int64_t prompts = 0;
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ(got.results[i].cached_prompt_tokens, cached[i]) << what << " request " << i;
+      prompts += static_cast<std::int64_t>(reqs[i].prompt.size());
+    }
+    // A waiting request is looked up once, when it is admitted, and its hit counted once.
+    EXPECT_EQ(got.cache_stats[0].lookup_tokens, prompts) << what;
+    EXPECT_EQ(got.cache_stats[0].hit_tokens, cached[1] + cached[3] + cached[4]) << what;
+    // The unrelated request went first; the others waited for pages the first writes 64 a step.
+    EXPECT_EQ(admitted[0], 1) << what;
+    EXPECT_EQ(admitted[2], 1) << what;
+    for (std::size_t i : {1, 3, 4})
+      EXPECT_GE(admitted[i], (cached[i] + 63) / 64 + 1) << what << " request " << i;
   }
 }
 
@@ -92,8 +158,8 @@ TEST(PrefixCache, SpeculativeDecodingOverACachedPrefixEqualsGreedy) {
       EXPECT_EQ(got.results[i].output_tokens, expect.results[i].output_tokens)
           << what << " request " << i;
     }
-    const std::int64_t vp = 8LL * n;
-    EXPECT_EQ(got.cache_stats[0].hit_tokens, 4 * (150 / vp) * vp) << what;
+    const std::int64_t vp = 8LL * n;  // every request but the first hits
+    EXPECT_EQ(got.cache_stats[0].hit_tokens, 5 * (150 / vp) * vp) << what;
     // The draft's KV of the cached prefix is right: it proposes what it proposes without the
     // cache (same draft, same tokens), so as many drafts are accepted.
     test::EngineSetup spec_only = spec;

@@ -7,7 +7,9 @@
 // running requests have reserved; run prefill chunks (at most chunked_prefill_size prompt
 // tokens per step, the upstream extend path); then one decode forward for every request that
 // has finished its prefill. Finished requests free their KV. A request larger than the whole
-// cache is rejected (never crashes); one that fits later waits in the queue.
+// cache is rejected (never crashes); one that fits later waits in the queue. With the prefix
+// cache, a prompt's whole pages are cached as its prefill writes them, and a request that would
+// hit pages another prefill is still writing waits for them (requests behind it may pass).
 #pragma once
 
 #include <cstdint>
@@ -186,6 +188,9 @@ class Engine {
   // Pages the running requests will still take in `allocator` (the target's or the draft's).
   std::int64_t reserved_pages(const KvAllocator& allocator) const;
   void admit();
+  // Whole virtual pages of `prompt` (leaving its last token) that a running request's prefill is
+  // writing and will put in the prefix cache: the longest prefix shared with a cacheable prompt.
+  std::int64_t pages_in_flight(const std::vector<std::int32_t>& prompt) const;
   // Pages the draft lacks to hold request `id` at final length final_len beside the running
   // requests' reservations; <= 0 when it fits (always without a draft). The prefix cache lets
   // the target admit more than the draft holds.

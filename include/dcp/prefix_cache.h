@@ -48,6 +48,9 @@ class PrefixCache {
   // reference) until unpin(): pass them to KvAllocator::allocate_shared first.
   std::vector<std::int32_t> match(const std::vector<std::int32_t>& tokens);
   void unpin(const std::vector<std::int32_t>& pages);
+  // How many pages match() would find for `tokens` (either tier), with no side effect: no
+  // reload, no pin, no statistics.
+  std::int64_t cached_pages(const std::vector<std::int32_t>& tokens) const;
 
   // Caches the whole prompt pages of `request`, whose KV holds `tokens` in order.
   void insert(const std::vector<std::int32_t>& tokens, RequestId request);
@@ -75,6 +78,10 @@ class PrefixCache {
     int children = 0;
   };
   std::uint64_t key(std::uint64_t parent, const std::int32_t* tokens) const;
+  // Whether `node` is the page of `tokens` after `parent` (not a hash collision).
+  bool holds(const Node& node, std::uint64_t parent, const std::int32_t* tokens) const;
+  // Whole pages of `tokens` a hit may cover: one token at least is left to prefill.
+  std::int64_t usable_pages(const std::vector<std::int32_t>& tokens) const;
   void copy_page(bool to_host, Node& node);
   bool offload_or_drop_one();  // frees one device page; false if nothing can go
   bool drop_host_leaf();       // frees one host page

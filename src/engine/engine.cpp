@@ -296,6 +296,20 @@ std::int64_t Engine::reserved_pages(const KvAllocator& a) const {
   return r;
 }
 
+std::int64_t Engine::pages_in_flight(const std::vector<std::int32_t>& prompt) const {
+  const std::int64_t vp = model_.allocator().virtual_page_size();
+  const auto usable = static_cast<std::ptrdiff_t>(prompt.size()) - 1;  // as a cache hit leaves
+  std::int64_t best = 0;
+  for (const Live& l : running_) {
+    if (!l.cacheable || results_[l.result].state != RequestState::prefill) continue;
+    const std::vector<std::int32_t>& p = l.spec.prompt;
+    const auto n = std::min<std::ptrdiff_t>(usable, static_cast<std::ptrdiff_t>(p.size()));
+    const auto common = std::mismatch(prompt.begin(), prompt.begin() + n, p.begin()).first;
+    best = std::max<std::int64_t>(best, (common - prompt.begin()) / vp);
+  }
+  return best;
+}
+
 std::int64_t Engine::draft_pages_short(RequestId id, std::int64_t final_len) const {
   // The draft holds every token of every request itself (no prefix sharing), so with the prefix
   // cache the target may admit what the draft cannot hold yet.
@@ -344,6 +358,14 @@ void Engine::admit() {
       continue;
     }
     if (static_cast<int>(running_.size()) >= options_.max_running_requests) break;
+    // A prompt that another request's prefill is computing pages of (the choices of one prompt, a
+    // shared system prompt) waits for them to enter the cache rather than computing them again.
+    // Later requests may pass it meanwhile: it waits at most until those pages are written.
+    if (it->cacheable && it->spec.prompt_logprobs < 0 &&
+        pages_in_flight(it->feed) > cache_->cached_pages(it->feed)) {
+      ++it;
+      continue;
+    }
     // A prefix-cache hit: whole pages the request shares instead of computing (pinned for now).
     std::vector<std::int32_t> hit, prefix;
     if (it->cacheable && it->spec.prompt_logprobs < 0) hit = cache_->match(it->feed);
@@ -539,9 +561,9 @@ bool Engine::run_prefill() {
     row += static_cast<std::size_t>(q);
     l.prefilled += q;
     prompt_done_ += q;
+    // The whole prompt pages written so far, for later requests (and those waiting for them).
+    if (l.cacheable) cache_->insert(l.spec.prompt, l.spec.id);
     if (l.prefilled == static_cast<std::int64_t>(l.feed.size())) {
-      if (l.cacheable)
-        cache_->insert(l.spec.prompt, l.spec.id);  // whole prompt pages, for later requests
       emit(l, last);  // the prompt's last logits give the first new token
       l.draft_pending = {results_[l.result].output_tokens.back()};
       results_[l.result].state = RequestState::decode;

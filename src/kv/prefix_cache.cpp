@@ -138,10 +138,34 @@ std::int64_t PrefixCache::make_room(std::int64_t pages) {
   return alloc_.free_pages();
 }
 
+std::int64_t PrefixCache::usable_pages(const std::vector<std::int32_t>& tokens) const {
+  // Leave >= 1 token to prefill: its logits give the first new token.
+  return (static_cast<std::int64_t>(tokens.size()) - 1) / alloc_.virtual_page_size();
+}
+
+bool PrefixCache::holds(const Node& node, std::uint64_t parent, const std::int32_t* tokens) const {
+  return node.parent == parent &&
+         std::equal(tokens, tokens + alloc_.virtual_page_size(), node.tokens.begin());
+}
+
+std::int64_t PrefixCache::cached_pages(const std::vector<std::int32_t>& tokens) const {
+  const std::int64_t vp = alloc_.virtual_page_size();
+  const std::int64_t usable = usable_pages(tokens);
+  std::uint64_t parent = 0;
+  std::int64_t k = 0;
+  for (; k < usable; ++k) {
+    const std::int32_t* t = tokens.data() + k * vp;
+    const std::uint64_t h = key(parent, t);
+    const auto it = nodes_.find(h);
+    if (it == nodes_.end() || !holds(it->second, parent, t)) break;
+    parent = h;
+  }
+  return k;
+}
+
 std::vector<std::int32_t> PrefixCache::match(const std::vector<std::int32_t>& tokens) {
   const std::int64_t vp = alloc_.virtual_page_size();
-  const std::int64_t usable =
-      (static_cast<std::int64_t>(tokens.size()) - 1) / vp;  // leave >= 1 token to prefill
+  const std::int64_t usable = usable_pages(tokens);
   stats_.lookup_tokens += static_cast<std::int64_t>(tokens.size());
   std::vector<std::int32_t> pages;
   std::uint64_t parent = 0;
@@ -149,9 +173,7 @@ std::vector<std::int32_t> PrefixCache::match(const std::vector<std::int32_t>& to
     const std::int32_t* t = tokens.data() + k * vp;
     const std::uint64_t h = key(parent, t);
     auto it = nodes_.find(h);
-    if (it == nodes_.end() || it->second.parent != parent ||
-        !std::equal(t, t + vp, it->second.tokens.begin()))
-      break;
+    if (it == nodes_.end() || !holds(it->second, parent, t)) break;
     Node& node = it->second;
     node.last_used = ++clock_;
     if (!node.on_device) {  // bring it back: a fresh device page, this rank's rows copied in
@@ -187,8 +209,7 @@ void PrefixCache::insert(const std::vector<std::int32_t>& tokens, RequestId requ
     const std::uint64_t h = key(parent, t);
     auto it = nodes_.find(h);
     if (it != nodes_.end()) {
-      if (it->second.parent != parent || !std::equal(t, t + vp, it->second.tokens.begin()))
-        return;  // collision: stop
+      if (!holds(it->second, parent, t)) return;  // collision: stop
       it->second.last_used = ++clock_;
     } else {
       Node node;
