@@ -74,6 +74,7 @@ StreamUpdate drain_stream(RequestStream& s, int* updates = nullptr) {
     all.logprobs.insert(all.logprobs.end(), u->logprobs.begin(), u->logprobs.end());
     all.prompt_logprobs.insert(all.prompt_logprobs.end(), u->prompt_logprobs.begin(),
                                u->prompt_logprobs.end());
+    all.cached_prompt_tokens = u->cached_prompt_tokens;
     if (u->finished) {
       all.finished = true;
       all.finish_reason = u->finish_reason;
@@ -153,6 +154,42 @@ TEST(Serving, SeededSamplingGivesTheSameTextUnderAnyDcpSize) {
     outs.push_back(u.tokens);
   }
   EXPECT_EQ(outs[0], outs[1]);
+}
+
+// With the prefix cache, the choices of one prompt go to one DP replica, which computes the
+// prompt's whole pages once (the first choice's prefill; the others wait for them): the served
+// tokens are those without the cache, and every choice but the first reports the pages it reused.
+TEST(Serving, ChoicesOfOnePromptShareItsPrefillOnOneReplica) {
+  auto rng = test::make_rng();
+  const auto w = make_synthetic_weights(23);
+  ServeRequest r = greedy(test::random_tokens(rng, 41, 64), 6);
+  r.sampling.temperature = 1;
+  for (const auto [tp, dcp, dp] : {std::array{1, 1, 2}, std::array{2, 2, 2}}) {
+    const std::string what =
+        "TP " + std::to_string(tp) + " DCP " + std::to_string(dcp) + " DP " + std::to_string(dp);
+    std::vector<std::vector<std::int32_t>> want;
+    for (const bool cache : {false, true}) {
+      DeploymentSpec spec = small_spec(*w, tp, dcp, dp);
+      spec.engine.enable_prefix_cache = cache;
+      Running server(spec);
+      std::vector<std::shared_ptr<RequestStream>> streams;
+      for (std::uint64_t i = 0; i < 3; ++i) {  // as the server submits a request's n choices
+        r.sampling.seed = 100 + i;
+        streams.push_back(server->submit(r));
+      }
+      for (std::size_t i = 0; i < streams.size(); ++i) {
+        const StreamUpdate u = drain_stream(*streams[i]);
+        if (!cache) {
+          want.push_back(u.tokens);
+          EXPECT_EQ(u.cached_prompt_tokens, 0) << what;
+          continue;
+        }
+        EXPECT_EQ(u.tokens, want[i]) << what << " choice " << i;
+        const std::int64_t vp = 4LL * dcp;  // page 4 x DCP
+        EXPECT_EQ(u.cached_prompt_tokens, i == 0 ? 0 : 40 / vp * vp) << what << " choice " << i;
+      }
+    }
+  }
 }
 
 // The request run as a batch on the deployment the tests below serve (TP 2, DCP 2, DP 2).

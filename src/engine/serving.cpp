@@ -382,6 +382,10 @@ void ServingDeployment::rank_loop(Communicator& world) {
     }
     if (on_ready_) on_ready_();
   }
+  // With the prefix cache, the choices of one prompt (consecutive arrivals of the same prompt)
+  // go to one group, where they compute the prompt once: the group and prompt dealt last.
+  int last_group = -1;
+  std::vector<std::int32_t> last_prompt;
   std::unordered_map<RequestId, std::size_t> reported;  // tokens already reported, per request
   std::vector<RequestResult> refused;                    // submit() threw this step
   bool busy_anywhere = false;
@@ -399,7 +403,13 @@ void ServingDeployment::rank_loop(Communicator& world) {
       // the lower group), the same choice on every rank.
       const std::int64_t tokens =
           static_cast<std::int64_t>(spec.prompt.size()) + spec.max_new_tokens;
-      if (deal_request(group_load, tokens) != me.dp_rank) continue;
+      if (spec_.engine.enable_prefix_cache && last_group >= 0 && spec.prompt == last_prompt) {
+        group_load[static_cast<std::size_t>(last_group)] += tokens;
+      } else {
+        last_group = deal_request(group_load, tokens);
+        if (spec_.engine.enable_prefix_cache) last_prompt = spec.prompt;
+      }
+      if (last_group != me.dp_rank) continue;
       mine[spec.id] = tokens;
       try {
         engine.submit(spec);
