@@ -105,6 +105,9 @@ class RequestOutput:
     # With SamplingParams.prompt_logprobs: None for the first prompt token, then per token
     # {token_id: logprob} (its own and the k most likely there).
     prompt_logprobs: Optional[list] = None
+    # Prompt tokens whose KV the prefix cache held (LLM(enable_prefix_cache=True)), as the
+    # first completion found them: with n > 1 the others reuse the pages it computes.
+    num_cached_tokens: int = 0
 
 
 def _guided(p: SamplingParams):
@@ -155,7 +158,8 @@ class LLM:
                  weight_kernel: str = "automatic", threads_per_rank: int = 1,
                  max_total_tokens: int = 65536, max_model_len: Optional[int] = None,
                  chunked_prefill_size: int = 2048,
-                 max_running_requests: int = 64, comm_timeout_s: float = 300.0):
+                 max_running_requests: int = 64, enable_prefix_cache: bool = False,
+                 host_kv_capacity_tokens: int = 0, comm_timeout_s: float = 300.0):
         c = _dcp._LlmConfig()
         c.model = str(model)
         c.tokenizer = "" if tokenizer is None else str(tokenizer)
@@ -177,6 +181,8 @@ class LLM:
         c.max_model_len = 0 if max_model_len is None else int(max_model_len)
         c.chunked_prefill_size = int(chunked_prefill_size)
         c.max_running_requests = int(max_running_requests)
+        c.enable_prefix_cache = bool(enable_prefix_cache)
+        c.host_kv_capacity_tokens = int(host_kv_capacity_tokens)
         c.comm_timeout_s = float(comm_timeout_s)
         self._llm = _dcp._Llm(c)
 
@@ -332,7 +338,8 @@ class LLM:
                 prompt_lp = [None] + list(generated[0].prompt_logprobs)
             outputs.append(RequestOutput(i, texts[i], ids[i], completions,
                                          min(g.time_to_first_token_s for g in generated),
-                                         max(g.latency_s for g in generated), prompt_lp))
+                                         max(g.latency_s for g in generated), prompt_lp,
+                                         generated[0].cached_prompt_tokens))
         return outputs
 
     def _prompt(self, i, p):

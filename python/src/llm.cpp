@@ -47,6 +47,8 @@ struct LlmConfig {
   std::int64_t max_model_len = 0;  // 0: the model's max_position_embeddings
   int chunked_prefill_size = 2048;
   int max_running_requests = 64;
+  bool enable_prefix_cache = false;
+  std::int64_t host_kv_capacity_tokens = 0;  // needs enable_prefix_cache
   double comm_timeout_s = 300;
 };
 
@@ -72,6 +74,7 @@ struct Generated {
   std::string finish_reason;  // "length", "stop", "cancelled"
   std::vector<StepLogprobs> logprobs;
   std::vector<StepLogprobs> prompt_logprobs;  // one per prompt token but the first, when asked
+  std::int64_t cached_prompt_tokens = 0;      // whose KV the prefix cache held
   double time_to_first_token_s = 0, latency_s = 0;
 };
 
@@ -168,6 +171,13 @@ DeploymentSpec make_spec(const LlmConfig& c) {
   s.model_options.kv_capacity_tokens = c.max_total_tokens;
   s.engine.chunked_prefill_size = c.chunked_prefill_size;
   s.engine.max_running_requests = c.max_running_requests;
+  if (c.host_kv_capacity_tokens < 0 || (c.host_kv_capacity_tokens > 0 && !c.enable_prefix_cache)) {
+    throw py::value_error(
+        "host_kv_capacity_tokens = " + std::to_string(c.host_kv_capacity_tokens) +
+        (c.host_kv_capacity_tokens < 0 ? " must be >= 0" : " needs enable_prefix_cache=True"));
+  }
+  s.engine.enable_prefix_cache = c.enable_prefix_cache;
+  s.engine.host_kv_capacity_tokens = c.host_kv_capacity_tokens;
   s.transport = RankTransport::threads;
   s.comm_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(c.comm_timeout_s * 1000));
   return s;
@@ -318,6 +328,7 @@ class Llm {
             if (text && !g.text) g.text.emplace();
             std::move(u->prompt_logprobs.begin(), u->prompt_logprobs.end(),
                       std::back_inserter(g.prompt_logprobs));
+            g.cached_prompt_tokens = u->cached_prompt_tokens;
             for (std::size_t k = 0; k < u->tokens.size() && !(text && text->stopped()); ++k) {
               g.tokens.push_back(u->tokens[k]);
               if (k < u->logprobs.size()) g.logprobs.push_back(std::move(u->logprobs[k]));
@@ -408,6 +419,8 @@ void bind_llm(py::module_& m) {
       .def_readwrite("max_model_len", &LlmConfig::max_model_len)
       .def_readwrite("chunked_prefill_size", &LlmConfig::chunked_prefill_size)
       .def_readwrite("max_running_requests", &LlmConfig::max_running_requests)
+      .def_readwrite("enable_prefix_cache", &LlmConfig::enable_prefix_cache)
+      .def_readwrite("host_kv_capacity_tokens", &LlmConfig::host_kv_capacity_tokens)
       .def_readwrite("comm_timeout_s", &LlmConfig::comm_timeout_s);
 
   py::class_<GenerateRequest>(m, "_GenerateRequest")
@@ -462,6 +475,7 @@ void bind_llm(py::module_& m) {
       .def_readonly("token_ids", &Generated::tokens)
       .def_readonly("text", &Generated::text)
       .def_readonly("finish_reason", &Generated::finish_reason)
+      .def_readonly("cached_prompt_tokens", &Generated::cached_prompt_tokens)
       .def_readonly("time_to_first_token_s", &Generated::time_to_first_token_s)
       .def_readonly("latency_s", &Generated::latency_s)
       .def_property_readonly("logprobs",

@@ -364,6 +364,23 @@ def test_max_model_len_bounds_prompt_and_new_tokens():
         assert cut[0].prompt_token_ids == (prompt * 2)[-63:]
 
 
+def test_prefix_cache_computes_a_prompt_once_for_its_completions():
+    prompt = [1 + (7 * t) % 500 for t in range(100)]
+    sampled = dcp.SamplingParams(n=3, seed=7, max_tokens=5, temperature=1.0, ignore_eos=True)
+    with dcp.LLM("tiny", page_size=8, tp_size=2, dcp_size=2) as plain:
+        want = [c.token_ids for c in plain.generate([prompt], sampled)[0].outputs]
+        assert plain.generate([prompt], sampled)[0].num_cached_tokens == 0
+    with dcp.LLM("tiny", page_size=8, tp_size=2, dcp_size=2, enable_prefix_cache=True,
+                 host_kv_capacity_tokens=1024) as llm:
+        first = llm.generate([prompt], sampled)[0]
+        # The first completion computed the prompt (nothing cached yet); the same prompt again
+        # finds its whole widened pages (8 x DCP 2) but the last token's.
+        again = llm.generate([prompt], sampled)[0]
+        assert (first.num_cached_tokens, again.num_cached_tokens) == (0, 99 // 16 * 16)
+        for out in (first, again):
+            assert [c.token_ids for c in out.outputs] == want
+
+
 def test_a_refused_request_drops_the_whole_batch(text_llm):
     # The first request is valid, the second too long: nothing of the batch runs.
     with pytest.raises(ValueError):
@@ -381,6 +398,9 @@ def test_a_refused_request_drops_the_whole_batch(text_llm):
     (dict(model="tiny", page_size=16, dcp_kv_cache_interleave_size=3),
      "dcp_kv_cache_interleave_size = 3 must divide page_size = 16"),
     (dict(model="tiny", threads_per_rank=0), "threads_per_rank = 0 must be in [1, 256]"),
+    (dict(model="tiny", host_kv_capacity_tokens=64), "host_kv_capacity_tokens = 64 needs enable_prefix_cache=True"),
+    (dict(model="tiny", enable_prefix_cache=True, host_kv_capacity_tokens=-1),
+     "host_kv_capacity_tokens = -1 must be >= 0"),
     (dict(model="tiny", max_model_len=200000), "max_model_len = 200000 must be in [1, max_position_embeddings = 163840]"),
     (dict(model="tiny", weight_kernel="bogus"), "weight_kernel = 'bogus': kernel path 'bogus'"),
     (dict(model="tiny", weight_kernel="amx_bf16"), "weight_kernel = amx_bf16: kernel path amx_bf16 is an attention path"),
