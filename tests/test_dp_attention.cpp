@@ -9,6 +9,7 @@
 
 #include "dcp/deployment.h"
 #include "dcp/error.h"
+#include "dcp/prefix_router.h"
 #include "engine_util.h"
 #include "test_util.h"
 
@@ -71,6 +72,51 @@ TEST(DpAttention, RequestsGoToTheGroupWithTheMostFreeKv) {
   EXPECT_EQ(deal_request(load, 1), 2);
   EXPECT_TRUE(test::throws_error([] { deal_requests({1}, 0); }, ErrorCategory::invalid_argument,
                                  "groups = 0 must be >= 1"));
+}
+
+TEST(DpAttention, ThePrefixRouterSendsAPromptWhereItsLongestPrefixWent) {
+  const std::vector<std::int32_t> a = {1, 2, 3, 4, 5, 6, 7, 8};
+  const std::vector<std::int32_t> b = {9, 9, 9, 9, 8, 8, 8, 8};
+  const auto longer = [](std::vector<std::int32_t> p, std::vector<std::int32_t> more) {
+    p.insert(p.end(), more.begin(), more.end());
+    return p;
+  };
+  PrefixRouter router(4, 10);  // blocks of 4 tokens; up to 10 tokens past the least loaded
+  std::vector<std::int64_t> load{0, 0};
+  EXPECT_EQ(router.route(load, a, 10), 0);  // nothing known: the least loaded, as dealt
+  EXPECT_EQ(router.route(load, b, 10), 1);
+  EXPECT_EQ(load, (std::vector<std::int64_t>{10, 10}));
+  // A conversation's next turn goes where its earlier turn went, ties or not.
+  EXPECT_EQ(router.route(load, longer(b, {1, 2, 3, 4, 5}), 15), 1);
+  EXPECT_EQ(router.route(load, longer(a, {7}), 5), 0);
+  EXPECT_EQ(load, (std::vector<std::int64_t>{15, 25}));
+  // Sharing the first block only: a's group holds that block too, but the last to take it wins.
+  EXPECT_EQ(router.route(load, {9, 9, 9, 9, 0, 0, 0, 0}, 1), 1);
+  // Too loaded (25 + 1 > 15 + 10): the least loaded group instead, which now holds b's prefix.
+  load = {15, 26};
+  EXPECT_EQ(router.route(load, b, 3), 0);
+  EXPECT_EQ(load, (std::vector<std::int64_t>{18, 26}));
+  EXPECT_EQ(router.route(load, longer(b, {4}), 3), 0);
+  // Shorter than a block: nothing to share, dealt by load.
+  EXPECT_EQ(router.route(load, {1, 2, 3}, 1), 0);
+  load = {30, 0};
+  EXPECT_EQ(router.route(load, {1, 2, 3}, 1), 1);
+
+  // It remembers a bounded number of prefixes, the oldest forgotten first.
+  PrefixRouter small(2, 100, 3);
+  std::vector<std::int64_t> two{0, 5};
+  EXPECT_EQ(small.route(two, {1, 1, 2, 2, 3, 3, 4, 4}, 1), 0);  // four prefixes, the first lost
+  EXPECT_EQ(small.remembered(), 3U);
+  two = {5, 0};
+  EXPECT_EQ(small.route(two, {1, 1, 7, 7}, 1), 1);  // only the first block: forgotten
+  two = {5, 0};
+  EXPECT_EQ(small.route(two, {1, 1, 2, 2, 3, 3, 4, 4, 5}, 1), 0);  // the longest is kept
+  EXPECT_TRUE(test::throws_error([] { PrefixRouter(0, 1); }, ErrorCategory::invalid_argument,
+                                 "block = 0 must be >= 1"));
+  EXPECT_TRUE(test::throws_error([] { PrefixRouter(4, -1); }, ErrorCategory::invalid_argument,
+                                 "slack = -1 must be >= 0"));
+  EXPECT_TRUE(test::throws_error([] { PrefixRouter(4, 1, 0); }, ErrorCategory::invalid_argument,
+                                 "remember = 0 must be >= 1"));
 }
 
 DeploymentSpec spec_for(const ModelConfig& config, const std::vector<int>& prompt_lens,

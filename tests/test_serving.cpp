@@ -192,6 +192,40 @@ TEST(Serving, ChoicesOfOnePromptShareItsPrefillOnOneReplica) {
   }
 }
 
+// With the prefix cache, a conversation's next turn goes to the DP replica that served its last
+// one, whose cache holds it, even when load alone would send it to the other replica.
+TEST(Serving, AConversationsNextTurnGoesToTheReplicaHoldingItsPrefix) {
+  auto rng = test::make_rng();
+  const auto w = make_synthetic_weights(24);
+  const std::vector<std::int32_t> a1 = test::random_tokens(rng, 30, 64);
+  const std::vector<std::int32_t> b1 = test::random_tokens(rng, 30, 64);
+  for (const auto [tp, dcp, dp] : {std::array{1, 1, 2}, std::array{2, 2, 2}}) {
+    const std::string what =
+        "TP " + std::to_string(tp) + " DCP " + std::to_string(dcp) + " DP " + std::to_string(dp);
+    DeploymentSpec spec = small_spec(*w, tp, dcp, dp);
+    spec.engine.enable_prefix_cache = true;
+    Running server(spec);
+    // Turn 1, together: a to the first replica, b to the second (both empty).
+    const auto sa = server->submit(greedy(a1, 4));
+    const auto sb = server->submit(greedy(b1, 4));
+    const StreamUpdate ra = drain_stream(*sa), rb = drain_stream(*sb);
+    // Turn 2, b's first: by load (both replicas idle again) it would go to the first replica.
+    const auto next = [&](std::vector<std::int32_t> p, const StreamUpdate& reply) {
+      p.insert(p.end(), reply.tokens.begin(), reply.tokens.end());
+      const std::vector<std::int32_t> more = test::random_tokens(rng, 6, 64);
+      p.insert(p.end(), more.begin(), more.end());
+      return greedy(p, 4);
+    };
+    const auto sb2 = server->submit(next(b1, rb));
+    const StreamUpdate rb2 = drain_stream(*sb2);
+    const auto sa2 = server->submit(next(a1, ra));
+    const StreamUpdate ra2 = drain_stream(*sa2);
+    const std::int64_t vp = 4LL * dcp;  // page 4 x DCP: the first turn's whole prompt pages
+    EXPECT_EQ(rb2.cached_prompt_tokens, 30 / vp * vp) << what;
+    EXPECT_EQ(ra2.cached_prompt_tokens, 30 / vp * vp) << what;
+  }
+}
+
 // The request run as a batch on the deployment the tests below serve (TP 2, DCP 2, DP 2).
 DeploymentReport batch_run(const WeightSource& w, const ServeRequest& r) {
   DeploymentSpec batch = small_spec(w, 2, 2, 2);

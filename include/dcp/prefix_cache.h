@@ -33,6 +33,10 @@ struct PrefixCacheStats {
   }
 };
 
+// The hash of a prefix of tokens, from the hash of the prefix before it (0 for none) and its last
+// n tokens: pages are chained so that a page is found only after the pages before it.
+std::uint64_t chain_hash(std::uint64_t parent, const std::int32_t* tokens, std::int64_t n);
+
 class PrefixCache {
  public:
   // device: this rank's pool of every layer (sharing the allocator's page ids).

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <unordered_map>
 
 #include "core/bytes.h"
+#include "dcp/prefix_router.h"
 #include "engine/logprobs_bytes.h"
 
 namespace dcp {
@@ -382,10 +384,12 @@ void ServingDeployment::rank_loop(Communicator& world) {
     }
     if (on_ready_) on_ready_();
   }
-  // With the prefix cache, the choices of one prompt (consecutive arrivals of the same prompt)
-  // go to one group, where they compute the prompt once: the group and prompt dealt last.
-  int last_group = -1;
-  std::vector<std::int32_t> last_prompt;
+  // With the prefix cache, a request goes to the group whose cache likely holds its prefix,
+  // unless that group holds a quarter of a group's KV more than the least loaded one.
+  std::optional<PrefixRouter> router;
+  if (spec_.engine.enable_prefix_cache && replicas > 1) {
+    router.emplace(model.allocator().virtual_page_size(), model.allocator().capacity_tokens() / 4);
+  }
   std::unordered_map<RequestId, std::size_t> reported;  // tokens already reported, per request
   std::vector<RequestResult> refused;                    // submit() threw this step
   bool busy_anywhere = false;
@@ -400,16 +404,12 @@ void ServingDeployment::rank_loop(Communicator& world) {
     for (std::int64_t k = 0; k < arrivals; ++k) {
       const RequestSpec spec = read_spec(in);
       // To the group with the most free KV: the fewest tokens dealt and unfinished (ties to
-      // the lower group), the same choice on every rank.
+      // the lower group), or the router's; the same choice on every rank.
       const std::int64_t tokens =
           static_cast<std::int64_t>(spec.prompt.size()) + spec.max_new_tokens;
-      if (spec_.engine.enable_prefix_cache && last_group >= 0 && spec.prompt == last_prompt) {
-        group_load[static_cast<std::size_t>(last_group)] += tokens;
-      } else {
-        last_group = deal_request(group_load, tokens);
-        if (spec_.engine.enable_prefix_cache) last_prompt = spec.prompt;
-      }
-      if (last_group != me.dp_rank) continue;
+      const int group = router ? router->route(group_load, spec.prompt, tokens)
+                               : deal_request(group_load, tokens);
+      if (group != me.dp_rank) continue;
       mine[spec.id] = tokens;
       try {
         engine.submit(spec);

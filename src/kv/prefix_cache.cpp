@@ -29,13 +29,18 @@ PrefixCache::PrefixCache(KvAllocator& allocator, std::vector<LatentPool*> device
 
 PrefixCache::~PrefixCache() = default;
 
-std::uint64_t PrefixCache::key(std::uint64_t parent, const std::int32_t* tokens) const {
+std::uint64_t chain_hash(std::uint64_t parent, const std::int32_t* tokens, std::int64_t n) {
   std::uint64_t h = parent ^ 0x9e3779b97f4a7c15ull;
-  for (std::int64_t i = 0; i < alloc_.virtual_page_size(); ++i) {
+  for (std::int64_t i = 0; i < n; ++i) {
     h ^= static_cast<std::uint32_t>(tokens[i]);
     h *= 1099511628211ull;
     h ^= h >> 29;
   }
+  return h;
+}
+
+std::uint64_t PrefixCache::key(std::uint64_t parent, const std::int32_t* tokens) const {
+  const std::uint64_t h = chain_hash(parent, tokens, alloc_.virtual_page_size());
   return h == 0 ? 1 : h;  // 0 is the root's key
 }
 
