@@ -331,16 +331,13 @@ void ToolCallReader::read(std::string_view text) {
     state_ = State::calls;
     at_ = begin_ + m.calls_begin.size();
   }
-  const auto begins = [](std::string_view s, std::string_view prefix) {
-    return s.substr(0, prefix.size()) == prefix;
-  };
   while (state_ == State::calls) {
     at_ = skip_space(text, at_);
     const std::string_view rest = text.substr(at_);
-    if (begins(rest, m.calls_end)) {
+    if (rest.starts_with(m.calls_end)) {
       state_ = State::closed;
       at_ += m.calls_end.size();
-    } else if (begins(rest, m.call_begin)) {
+    } else if (rest.starts_with(m.call_begin)) {
       const std::size_t end = rest.find(m.call_end, m.call_begin.size());
       if (end == npos) return;  // the call goes on
       std::optional<ToolCall> call =
@@ -351,7 +348,7 @@ void ToolCallReader::read(std::string_view text) {
       }
       calls_.push_back(std::move(*call));
       at_ += end + m.call_end.size();
-    } else if (!begins(m.call_begin, rest) && !begins(m.calls_end, rest)) {
+    } else if (!m.call_begin.starts_with(rest) && !m.calls_end.starts_with(rest)) {
       state_ = State::spoiled;  // text that no marker could begin
     } else {
       return;  // a marker may be on its way
