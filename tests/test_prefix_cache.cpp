@@ -27,30 +27,44 @@ std::vector<RequestSpec> shared_prefix_requests(test::Rng& rng, int vocab, int p
   return reqs;
 }
 
+// TP x DCP (a2a) with pages of 8 tokens and prefill chunks of 64: prompts span several of each.
+test::EngineSetup small_pages(int tp, int dcp) {
+  test::EngineSetup s;
+  s.tp = tp;
+  s.dcp = dcp;
+  s.backend = CombineBackend::a2a;
+  s.page_size = 8;
+  s.chunk = 64;
+  return s;
+}
+
+// The cache changes what is computed, not the result: the same tokens, and logits within the
+// rounding of attention over a cached prefix (an extend) instead of one prefill.
+void expect_as_without_cache(const test::EngineRun& got, const test::EngineRun& want,
+                             const std::string& what) {
+  ASSERT_EQ(got.results.size(), want.results.size()) << what;
+  for (std::size_t i = 0; i < want.results.size(); ++i) {
+    ASSERT_EQ(got.results[i].output_tokens, want.results[i].output_tokens)
+        << what << " request " << i;
+    EXPECT_TRUE(test::close_runs(got.results[i].step_logits, want.results[i].step_logits,
+                                 {1e-10, 1e-4}, what.c_str()));
+  }
+}
+
 TEST(PrefixCache, SharedPrefixesGiveIdenticalOutputsWithTheCacheOnAndOff) {
   auto rng = test::make_rng();
   const ModelConfig c = preset_config("tiny", 2);
   const auto w = make_synthetic_weights(61);
   const auto reqs = shared_prefix_requests(rng, c.vocab_size, 150, 6);
   for (int n : {1, 2, 4}) {
-    test::EngineSetup off;
-    off.tp = 4;
-    off.dcp = n;
-    off.backend = CombineBackend::a2a;
-    off.page_size = 8;
-    off.chunk = 64;
+    test::EngineSetup off = small_pages(4, n);
     off.max_running = 2;  // later requests arrive after earlier prompts are cached
     const auto expect = test::run_engine(c, *w, off, reqs);
     test::EngineSetup on = off;
     on.prefix_cache = true;
     const auto got = test::run_engine(c, *w, on, reqs);
     const std::string what = "dcp " + std::to_string(n);
-    for (std::size_t i = 0; i < reqs.size(); ++i) {
-      ASSERT_EQ(got.results[i].output_tokens, expect.results[i].output_tokens)
-          << what << " request " << i;
-      EXPECT_TRUE(test::close_runs(got.results[i].step_logits, expect.results[i].step_logits,
-                                   {1e-10, 1e-4}, what.c_str()));
-    }
+    expect_as_without_cache(got, expect, what);
     // The first request misses; the second, which arrives with it, waits for the prefix's pages
     // to be written, and it and each later one reuse the prefix's whole virtual pages (P x N
     // tokens each), and its result says so.
@@ -83,12 +97,7 @@ TEST(PrefixCache, ARequestWaitsForThePagesAnotherPrefillIsWriting) {
     reqs[static_cast<std::size_t>(i)].sampling.seed = static_cast<std::uint64_t>(i);
   }
   for (int n : {1, 2}) {
-    test::EngineSetup off;
-    off.tp = 2;
-    off.dcp = n;
-    off.backend = CombineBackend::a2a;
-    off.page_size = 8;
-    off.chunk = 64;  // the first prompt takes 4 steps
+    const test::EngineSetup off = small_pages(2, n);  // the first prompt takes 4 steps
     const auto expect = test::run_engine(c, *w, off, reqs);
     test::EngineSetup on = off;
     on.prefix_cache = true;
@@ -104,12 +113,7 @@ TEST(PrefixCache, ARequestWaitsForThePagesAnotherPrefillIsWriting) {
     };
     const auto got = test::run_engine(c, *w, on, reqs);
     const std::string what = "dcp " + std::to_string(n);
-    for (std::size_t i = 0; i < reqs.size(); ++i) {
-      ASSERT_EQ(got.results[i].output_tokens, expect.results[i].output_tokens)
-          << what << " request " << i;
-      EXPECT_TRUE(test::close_runs(got.results[i].step_logits, expect.results[i].step_logits,
-                                   {1e-10, 1e-4}, what.c_str()));
-    }
+    expect_as_without_cache(got, expect, what);
     const std::int64_t vp = 8LL * n;
     const std::vector<std::int64_t> cached = {0, 170 / vp * vp, 0, 199 / vp * vp, 199 / vp * vp};
     std::int64_t prompts = 0;
@@ -137,12 +141,7 @@ TEST(PrefixCache, SpeculativeDecodingOverACachedPrefixEqualsGreedy) {
   auto reqs = shared_prefix_requests(rng, c.vocab_size, 150, 6);
   for (RequestSpec& r : reqs) r.max_new_tokens = 7;
   for (int n : {1, 2}) {
-    test::EngineSetup plain;
-    plain.tp = 2;
-    plain.dcp = n;
-    plain.backend = CombineBackend::a2a;
-    plain.page_size = 8;
-    plain.chunk = 64;
+    test::EngineSetup plain = small_pages(2, n);
     plain.max_running = 2;
     const auto expect = test::run_engine(c, *w, plain, reqs);
     test::EngineSetup spec = plain;
