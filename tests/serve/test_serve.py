@@ -1301,7 +1301,8 @@ def case_prefix_cache():
     """--enable-prefix-cache: a prompt an earlier one began reuses its KV, and the usage says how
     much: prompt_tokens_details.cached_tokens (and /generate's meta_info.cached_tokens) count the
     whole widened pages (page size x DCP size) of the longest cached prefix shorter than the prompt,
-    and move the server's own hit counter by as much; greedy tokens are those of the first."""
+    and move the server's own hit counter by as much; greedy tokens are those of the first. The
+    choices of a new prompt compute it once."""
     page, dcp = 16, 2
     widened = page * dcp
     s = Server("--tp-size", "2", "--dcp-size", str(dcp), "--page-size", str(page), "--enable-prefix-cache",
@@ -1322,6 +1323,20 @@ def case_prefix_cache():
             check(got == want and hits() - before == want * prompts
                   and all(c["token_ids"] == first["choices"][0]["token_ids"] for c in r["choices"]),
                   f"{label}: cached {got}, hits moved {hits() - before}, want {want} per choice: {r}")
+        # A new prompt with three choices: the first computes it, the other two wait for its pages
+        # and reuse them (usage counts the prompt once, as its first choice found the cache); each
+        # choice is the request alone with its seed.
+        fresh = [(11 * k + 5) % 450 + 3 for k in range(150)]
+        sampled = {**body, "prompt": fresh, "temperature": 0.8, "seed": 5}
+        before = hits()
+        status, r = s.post("/v1/completions", {**sampled, "n": 3})
+        moved = hits() - before
+        check(status == 200 and r["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+              and moved == 2 * want, f"three choices of a new prompt: hits moved {moved}, want {2 * want}: {r}")
+        for i in range(3):
+            status, one = s.post("/v1/completions", {**sampled, "seed": 5 + i})
+            check(status == 200 and one["choices"][0]["token_ids"] == r["choices"][i]["token_ids"],
+                  f"choice {i} is the request alone with seed {5 + i}: {one} against {r}")
         # A prompt sharing 100 tokens: the pages those fill.
         other = prompt[:100] + [(k * 13) % 400 + 2 for k in range(40)]
         before = hits()
