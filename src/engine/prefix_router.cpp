@@ -29,13 +29,13 @@ int PrefixRouter::route(std::vector<std::int64_t>& group_load,
   // The group of the longest remembered prefix, if it is not loaded too far past the least.
   const std::int64_t least = *std::min_element(group_load.begin(), group_load.end());
   int group = -1;
-  for (std::size_t b = keys.size(); b-- > 0 && group < 0;) {
+  for (std::size_t b = keys.size(); b-- > 0;) {
     const auto it = groups_.find(keys[b]);
     if (it == groups_.end()) continue;
     if (it->second < static_cast<int>(group_load.size()) &&
         group_load[static_cast<std::size_t>(it->second)] <= least + slack_)
       group = it->second;
-    break;  // a longer prefix's group is the one that holds the most; no shorter one is tried
+    break;  // the longest prefix's group holds the most of it; no shorter one is tried
   }
   if (group < 0) {
     group = deal_request(group_load, kv_tokens);
