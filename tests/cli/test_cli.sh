@@ -197,6 +197,14 @@ case_run_prefix_cache() {
   check "json has per-rank tier bytes" json_has '"bytes_to_host"'
   check "cache run verifies" json_has '"tokens_match": true'
   check "summary reports the hit rate" stdout_has "prefix cache: hit rate"
+  # Arriving together, the later requests wait for the first one's pages of the shared prefix:
+  # each reuses min(200, its prompt - 1) tokens in whole pages of 16 x DCP 4.
+  expect 0 "prefix cache, requests arriving together" -- run --enable-prefix-cache --shared-prefix-len 200 --batch 4 --prompt-len 260 --max-new-tokens 3 --page-size 16 --json "$tmp/run.json"
+  check "each later request reuses the shared pages" /usr/bin/python3 -c 'import json, sys
+r = json.load(open(sys.argv[1]))["requests"]
+want = [0] + [min(200, q["prompt_len"] - 1) // 64 * 64 for q in r[1:]]
+sys.exit(0 if [q["cached_prompt_tokens"] for q in r] == want and want[1] > 0 else 1)' "$tmp/run.json"
+  check "the summary says what each reused" stdout_has "(prompt [0-9]*, [0-9]* cached)"
   expect 0 "prefix cache with speculative decoding" -- run --enable-prefix-cache --speculative-num-draft-tokens 3 --speculative-draft target:1 --shared-prefix-len 150 --batch 4 --prompt-len 200 --max-new-tokens 6 --max-running-requests 1 --page-size 8 --json "$tmp/run.json"
   check "cache + speculation: hits" json_has '"hit_tokens": [1-9]'
   check "cache + speculation: drafts accepted" json_has '"acceptance_rate": 0\.[0-9]*[1-9]'

@@ -170,9 +170,10 @@ ordered_json report_json(const RunOptions& o, const Workload& w, const Deploymen
   for (std::size_t i = 0; i < r.results.size(); ++i) {
     const RequestResult& q = r.results[i];
     ordered_json e = {{"id", q.id},
-              {"prompt_len", w.spec.requests[i].prompt.size()},
-              {"output_tokens", q.output_tokens},
-              {"state", q.state == RequestState::finished ? "finished" : "rejected"}};
+                      {"prompt_len", w.spec.requests[i].prompt.size()},
+                      {"cached_prompt_tokens", q.cached_prompt_tokens},
+                      {"output_tokens", q.output_tokens},
+                      {"state", q.state == RequestState::finished ? "finished" : "rejected"}};
     if (!q.error.empty()) e["error"] = with_flag_names(q.error);
     reqs.push_back(e);
   }
@@ -291,8 +292,10 @@ void print_summary(const ordered_json& j) {
     }
     const bool finished = r["state"].get<std::string>() == "finished";
     const std::string why = r.contains("error") ? ": " + r["error"].get<std::string>() : "";
-    std::printf("  request %lld (prompt %lld): %s\n", r["id"].get<long long>(),
+    const long long cached = r["cached_prompt_tokens"].get<long long>();
+    std::printf("  request %lld (prompt %lld%s): %s\n", r["id"].get<long long>(),
                 r["prompt_len"].get<long long>(),
+                cached > 0 ? str(", ", cached, " cached").c_str() : "",
                 finished ? toks.c_str() : ("REJECTED" + why).c_str());
   }
   if (j["speculative"]["num_draft_tokens"].get<int>() > 0) {
