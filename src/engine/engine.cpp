@@ -361,14 +361,15 @@ void Engine::admit() {
     // A prompt that another request's prefill is computing pages of (the choices of one prompt, a
     // shared system prompt) waits for them to enter the cache rather than computing them again.
     // Later requests may pass it meanwhile: it waits at most until those pages are written.
-    if (it->cacheable && it->spec.prompt_logprobs < 0 &&
-        pages_in_flight(it->feed) > cache_->cached_pages(it->feed)) {
+    // A prompt with prompt_logprobs is computed whole: it neither hits the cache nor waits.
+    const bool may_hit = it->cacheable && it->spec.prompt_logprobs < 0;
+    if (may_hit && pages_in_flight(it->feed) > cache_->cached_pages(it->feed)) {
       ++it;
       continue;
     }
     // A prefix-cache hit: whole pages the request shares instead of computing (pinned for now).
     std::vector<std::int32_t> hit, prefix;
-    if (it->cacheable && it->spec.prompt_logprobs < 0) hit = cache_->match(it->feed);
+    if (may_hit) hit = cache_->match(it->feed);
     const std::int64_t held = it->context > 0
                                   ? static_cast<std::int64_t>(alloc.pages(it->spec.id).size())
                                   : static_cast<std::int64_t>(hit.size());
