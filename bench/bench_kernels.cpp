@@ -1,4 +1,5 @@
-// Google Benchmark binaries for the local MLA kernel and the merge. The performance issue
+// Google Benchmark binaries for the local MLA kernel, the merge and the prefix cache's eviction.
+// The performance issue
 // adds machine ceilings (sgemm, STREAM-like read) measured in the same run; these report the
 // raw rates (FLOP/s, KV bytes/s) so they can be put beside those ceilings. They repeat each call
 // on warm caches, and this host's 480 MiB L3 holds KV of tens of MiB after a few calls: for
@@ -13,6 +14,7 @@
 
 #include "dcp/attention.h"
 #include "dcp/merge.h"
+#include "dcp/prefix_cache.h"
 
 namespace {
 
@@ -88,6 +90,41 @@ void BM_Merge(benchmark::State& state) {
                                                   benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(BM_Merge)->ArgNames({"parts", "rows"})->ArgsProduct({{2, 4, 8}, {16 * 128}});
+
+// Eviction under pressure: a prefix cache holding `pages` pages of finished prompts (1024 pages
+// of 16 tokens each, only the cache holds them) frees an eighth of them, with or without a host
+// tier. The time per page freed should not grow with the cache.
+void BM_PrefixCacheMakeRoom(benchmark::State& state) {
+  const std::int64_t pages = state.range(0), page = 16, prompt_pages = 1024;
+  const bool host = state.range(1) != 0;
+  std::mt19937 gen(5);
+  std::vector<std::vector<std::int32_t>> prompts(static_cast<std::size_t>(pages / prompt_pages));
+  for (auto& t : prompts) {
+    t.resize(static_cast<std::size_t>(prompt_pages * page));
+    for (std::int32_t& x : t) x = static_cast<std::int32_t>(gen() % 32000);
+  }
+  const std::int64_t total = pages + pages / 8;
+  for (auto _ : state) {
+    state.PauseTiming();
+    dcp::KvAllocator alloc(1, static_cast<int>(page), total);
+    dcp::LatentPool pool(total, static_cast<int>(page),
+                         dcp::LatentGeometry{8, 4, dcp::KvDtype::bf16});
+    dcp::PrefixCache cache(alloc, {&pool}, 0, host ? pages / 4 * page : 0);
+    dcp::RequestId id = 0;
+    for (const auto& t : prompts) {
+      alloc.allocate(id, static_cast<std::int64_t>(t.size()));
+      cache.insert(t, id);
+      alloc.free(id++);
+    }
+    state.ResumeTiming();
+    benchmark::DoNotOptimize(cache.make_room(total - pages + pages / 8));
+  }
+  state.SetItemsProcessed(state.iterations() * (pages / 8));
+}
+BENCHMARK(BM_PrefixCacheMakeRoom)
+    ->ArgNames({"pages", "host"})
+    ->ArgsProduct({{4096, 16384, 65536}, {0, 1}})
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -2,7 +2,10 @@
 // bit-exact, each rank moves 1/N of a page, pages in use are never evicted.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <cstring>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -298,6 +301,176 @@ TEST(PrefixCache, OffloadAndReloadAreBitExactAndInUsePagesStay) {
     cache.unpin(hit);
     alloc.check_invariants();
     EXPECT_EQ(alloc.length(2), 2 * vp);
+  }
+}
+
+// A cache over one layer of small pages (N = 2, P = 2: virtual pages of 4 tokens), filled with
+// the whole pages of prompts whose requests have finished: only the cache holds them.
+struct FinishedPrompts {
+  static constexpr int n = 2, page = 2, pages = 12;
+  KvAllocator alloc{n, page, pages};
+  LatentPool pool{pages, page, LatentGeometry{8, 4, KvDtype::bf16}};
+  PrefixCache cache;
+  explicit FinishedPrompts(std::int64_t host_tokens) : cache(alloc, {&pool}, 0, host_tokens) {}
+  // Three whole pages and one token more: a hit can cover all three pages.
+  std::vector<std::int32_t> prompt(std::int32_t first) const {
+    std::vector<std::int32_t> t(3 * n * page + 1);
+    for (std::size_t i = 0; i < t.size(); ++i) t[i] = first + static_cast<std::int32_t>(i);
+    return t;
+  }
+  void finish(RequestId id, const std::vector<std::int32_t>& tokens) {
+    alloc.allocate(id, static_cast<std::int64_t>(tokens.size()));
+    cache.insert(tokens, id);
+    alloc.free(id);
+  }
+  void touch(const std::vector<std::int32_t>& tokens) { cache.unpin(cache.match(tokens)); }
+};
+
+// Without a host tier, pressure drops the least recently used page that no request holds and no
+// cached page follows (a page is found only through the pages before it): the oldest prompt
+// loses its pages from the end, pages a request shares stay.
+TEST(PrefixCache, EvictionDropsTheLeastRecentlyUsedUnsharedPagesFromTheirEnd) {
+  FinishedPrompts f(0);
+  const auto a = f.prompt(100), b = f.prompt(200), c = f.prompt(300);
+  f.finish(1, a);
+  f.finish(2, b);
+  f.finish(3, c);
+  f.touch(a);  // used last: b, then c, then a
+  ASSERT_EQ(f.alloc.free_pages(), 3);
+  EXPECT_EQ(f.cache.make_room(5), 5);
+  EXPECT_EQ(f.cache.cached_pages(b), 1);
+  EXPECT_EQ(f.cache.cached_pages(c), 3);
+  EXPECT_EQ(f.cache.cached_pages(a), 3);
+  EXPECT_EQ(f.cache.make_room(8), 8);
+  EXPECT_EQ(f.cache.cached_pages(b), 0);
+  EXPECT_EQ(f.cache.cached_pages(c), 1);
+  EXPECT_EQ(f.cache.cached_pages(a), 3);
+  // A request shares a's pages: they stay under any pressure, c's last page goes.
+  const std::vector<std::int32_t> hit = f.cache.match(a);
+  f.alloc.allocate_shared(7, hit);
+  f.cache.unpin(hit);
+  EXPECT_EQ(f.cache.make_room(f.pages), f.pages - 3);
+  EXPECT_EQ(f.cache.cached_pages(c), 0);
+  EXPECT_EQ(f.cache.cached_pages(a), 3);
+  EXPECT_EQ(f.cache.device_pages(), 3);
+  f.alloc.free(7);
+  EXPECT_EQ(f.cache.make_room(f.pages), f.pages);
+  EXPECT_EQ(f.cache.device_pages(), 0);
+  EXPECT_EQ(f.cache.stats().pages_dropped, 9);
+  f.alloc.check_invariants();
+}
+
+// With a host tier of two pages, the least recently used unshared pages move there; when the
+// host tier is full of pages that lead to device pages, the oldest device page with nothing after
+// it is dropped instead, and the host page it followed can then make room.
+TEST(PrefixCache, EvictionFillsTheHostTierOldestFirstThenDrops) {
+  FinishedPrompts f(2 * FinishedPrompts::n * FinishedPrompts::page);
+  const auto a = f.prompt(100), b = f.prompt(200), c = f.prompt(300);
+  f.finish(1, a);
+  f.finish(2, b);
+  f.finish(3, c);
+  f.touch(a);
+  EXPECT_EQ(f.cache.make_room(5), 5);  // b's first two pages to the host tier
+  EXPECT_EQ(f.cache.host_pages(), 2);
+  EXPECT_EQ(f.cache.device_pages(), 7);
+  EXPECT_EQ(f.cache.cached_pages(b), 3);
+  EXPECT_EQ(f.cache.make_room(6), 6);  // the host tier is full: b's last page is dropped
+  EXPECT_EQ(f.cache.cached_pages(b), 2);
+  EXPECT_EQ(f.cache.stats().pages_dropped, 1);
+  EXPECT_EQ(f.cache.make_room(7), 7);  // b's second page leaves the host tier for c's first
+  EXPECT_EQ(f.cache.cached_pages(b), 1);
+  EXPECT_EQ(f.cache.cached_pages(c), 3);
+  EXPECT_EQ(f.cache.cached_pages(a), 3);
+  EXPECT_EQ(f.cache.host_pages(), 2);
+  EXPECT_EQ(f.cache.device_pages(), 5);
+  EXPECT_EQ(f.cache.stats().pages_offloaded, 3);
+  EXPECT_EQ(f.cache.stats().pages_dropped, 2);
+  // c's first page comes back to the device on a hit.
+  const std::vector<std::int32_t> hit = f.cache.match(c);
+  EXPECT_EQ(hit.size(), 3u);
+  EXPECT_EQ(f.cache.stats().pages_reloaded, 1);
+  EXPECT_EQ(f.cache.host_pages(), 1);
+  f.cache.unpin(hit);
+  f.alloc.check_invariants();
+}
+
+// Random prompts sharing random prefixes finish, start and end requests over cached prefixes,
+// and meet random pressure, with and without a host tier: eviction frees exactly what is asked
+// while it can, everything but the pages live requests share when asked for all, and never a
+// page a live request shares.
+TEST(PrefixCache, RandomPressureFreesWhatIsAskedAndKeepsSharedPages) {
+  auto rng = test::make_rng();
+  constexpr int n = 2, page = 2, pages = 40, vp = n * page;
+  for (const std::int64_t host_pages : {0, 3, 8}) {
+    KvAllocator alloc(n, page, pages);
+    LatentPool pool(pages, page, LatentGeometry{8, 4, KvDtype::bf16});
+    PrefixCache cache(alloc, {&pool}, 0, host_pages * vp);
+    std::vector<std::vector<std::int32_t>> prompts;
+    std::map<RequestId, std::pair<std::vector<std::int32_t>, std::int64_t>> live;  // prompt, hit
+    RequestId next = 1;
+    const auto held_by_requests = [&] {
+      std::set<std::int32_t> held;
+      for (const auto& [id, l] : live) held.insert(alloc.pages(id).begin(), alloc.pages(id).end());
+      return static_cast<std::int64_t>(held.size());
+    };
+    for (int op = 0; op < 400; ++op) {
+      const std::string what =
+          "host pages " + std::to_string(host_pages) + " op " + std::to_string(op);
+      const std::int64_t kind = rng.range(0, 3);
+      if (kind == 0) {  // a prompt finishes, sharing a prefix of an earlier one or not
+        std::vector<std::int32_t> t;
+        if (!prompts.empty() && rng.coin()) {
+          const auto& from = prompts[static_cast<std::size_t>(
+              rng.range(0, static_cast<std::int64_t>(prompts.size()) - 1))];
+          t.assign(from.begin(),
+                   from.begin() + vp * rng.range(0, static_cast<std::int64_t>(from.size()) / vp));
+        }
+        const std::int64_t tail = rng.range(1, 5 * vp);
+        for (std::int64_t i = 0; i < tail; ++i)
+          t.push_back(static_cast<std::int32_t>(rng.range(0, 3)));
+        const std::int64_t need = (static_cast<std::int64_t>(t.size()) + vp - 1) / vp;
+        if (cache.make_room(need) < need) continue;
+        const RequestId id = next++;
+        alloc.allocate(id, static_cast<std::int64_t>(t.size()));
+        cache.insert(t, id);
+        alloc.free(id);
+        prompts.push_back(std::move(t));
+      } else if (kind == 1 && !prompts.empty()) {  // a request starts over a cached prefix
+        const auto& t = prompts[static_cast<std::size_t>(
+            rng.range(0, static_cast<std::int64_t>(prompts.size()) - 1))];
+        const std::vector<std::int32_t> hit = cache.match(t);
+        if (hit.empty()) continue;
+        const RequestId id = next++;
+        alloc.allocate_shared(id, hit);
+        cache.unpin(hit);
+        live[id] = {t, static_cast<std::int64_t>(hit.size())};
+      } else if (kind == 2 && !live.empty()) {  // a request ends
+        auto it = live.begin();
+        std::advance(it, rng.range(0, static_cast<std::int64_t>(live.size()) - 1));
+        alloc.free(it->first);
+        live.erase(it);
+      } else {  // pressure
+        const std::int64_t want = rng.coin(0.2) ? pages : rng.range(0, pages);
+        const std::int64_t before = alloc.free_pages();
+        const std::int64_t reachable = pages - held_by_requests();
+        EXPECT_EQ(cache.make_room(want), before >= want ? before : std::min(want, reachable))
+            << what;
+      }
+      alloc.check_invariants();
+      EXPECT_LE(cache.host_pages(), host_pages) << what;
+      for (const auto& [id, l] : live)
+        ASSERT_GE(cache.cached_pages(l.first), l.second) << what << ": a shared page went";
+    }
+    // The run met pressure: pages were dropped, and moved through the host tier where it exists.
+    const PrefixCacheStats& st = cache.stats();
+    std::printf("host pages %lld: dropped %lld, offloaded %lld, reloaded %lld\n",
+                static_cast<long long>(host_pages), static_cast<long long>(st.pages_dropped),
+                static_cast<long long>(st.pages_offloaded),
+                static_cast<long long>(st.pages_reloaded));
+    EXPECT_GT(st.pages_dropped, 0);
+    if (host_pages > 0) {
+      EXPECT_GT(st.pages_reloaded, 0);
+    }
   }
 }
 

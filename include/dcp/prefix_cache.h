@@ -59,12 +59,16 @@ class PrefixCache {
   // Caches the whole prompt pages of `request`, whose KV holds `tokens` in order.
   void insert(const std::vector<std::int32_t>& tokens, RequestId request);
 
-  // Evicts until `pages` device pages are free or nothing more can go. Returns the free count.
+  // Evicts until `pages` device pages are free or nothing more can go: the least recently used
+  // pages no request holds move to the host tier; where it has no room, the least recently used
+  // of them with no cached page after them are dropped. Returns the free count.
   std::int64_t make_room(std::int64_t pages);
 
   const PrefixCacheStats& stats() const noexcept { return stats_; }
-  std::int64_t device_pages() const noexcept;
-  std::int64_t host_pages() const noexcept;
+  std::int64_t device_pages() const noexcept { return on_device_; }
+  std::int64_t host_pages() const noexcept {
+    return static_cast<std::int64_t>(nodes_.size()) - on_device_;
+  }
   std::int64_t host_capacity_pages() const noexcept { return host_pages_total_; }
   // This rank's host rows of a cached page (tests: bit-exactness of offload and reload).
   const LatentPool* host_pool(int layer) const {
@@ -87,8 +91,6 @@ class PrefixCache {
   // Whole pages of `tokens` a hit may cover: one token at least is left to prefill.
   std::int64_t usable_pages(const std::vector<std::int32_t>& tokens) const;
   void copy_page(bool to_host, Node& node);
-  bool offload_or_drop_one();  // frees one device page; false if nothing can go
-  bool drop_host_leaf();       // frees one host page
   void drop(std::uint64_t key);
 
   KvAllocator& alloc_;
@@ -98,6 +100,7 @@ class PrefixCache {
   std::int64_t host_pages_total_ = 0;
   std::vector<std::int64_t> host_free_;
   std::unordered_map<std::uint64_t, Node> nodes_;
+  std::int64_t on_device_ = 0;  // nodes on device
   std::uint64_t clock_ = 0;
   PrefixCacheStats stats_;
 };

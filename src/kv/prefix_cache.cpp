@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
+#include <queue>
+#include <utility>
 
 #include "dcp/error.h"
 
@@ -44,16 +47,6 @@ std::uint64_t PrefixCache::key(std::uint64_t parent, const std::int32_t* tokens)
   return h == 0 ? 1 : h;  // 0 is the root's key
 }
 
-std::int64_t PrefixCache::device_pages() const noexcept {
-  std::int64_t n = 0;
-  for (const auto& [k, node] : nodes_) n += node.on_device;
-  return n;
-}
-
-std::int64_t PrefixCache::host_pages() const noexcept {
-  return static_cast<std::int64_t>(nodes_.size()) - device_pages();
-}
-
 void PrefixCache::copy_page(bool to_host, Node& node) {
   const int p = alloc_.page_size();
   std::int64_t bytes = 0;
@@ -78,6 +71,7 @@ void PrefixCache::drop(std::uint64_t k) {
   Node& node = nodes_.at(k);
   if (node.on_device) {
     alloc_.release(node.device_page);
+    --on_device_;
   } else {
     host_free_.push_back(node.host_page);
   }
@@ -89,56 +83,68 @@ void PrefixCache::drop(std::uint64_t k) {
   ++stats_.pages_dropped;
 }
 
-bool PrefixCache::drop_host_leaf() {
-  std::uint64_t victim = 0, oldest = UINT64_MAX;
-  for (const auto& [k, node] : nodes_) {
-    if (!node.on_device && node.children == 0 && node.last_used < oldest) {
-      oldest = node.last_used;
-      victim = k;
-    }
-  }
-  if (victim == 0) return false;
-  drop(victim);
-  return true;
-}
-
-bool PrefixCache::offload_or_drop_one() {
-  // The least recently used device page that no request holds (only the cache's reference).
-  std::uint64_t victim = 0, oldest = UINT64_MAX;
-  for (const auto& [k, node] : nodes_) {
-    if (node.on_device && alloc_.ref_count(node.device_page) == 1 && node.last_used < oldest) {
-      oldest = node.last_used;
-      victim = k;
-    }
-  }
-  if (victim == 0) return false;
-  Node& node = nodes_.at(victim);
-  if (host_pages_total_ > 0 && (!host_free_.empty() || drop_host_leaf())) {
-    node.host_page = host_free_.back();
-    host_free_.pop_back();
-    copy_page(true, node);
-    alloc_.release(node.device_page);
-    node.device_page = -1;
-    node.on_device = false;
-    ++stats_.pages_offloaded;
-    return true;
-  }
-  if (node.children == 0) {  // no host tier: drop it (descendants first would be needed otherwise)
-    drop(victim);
-    return true;
-  }
-  // An interior page without a host tier: drop its deepest unused descendants first.
-  for (const auto& [k, n2] : nodes_) {
-    if (n2.on_device && n2.children == 0 && alloc_.ref_count(n2.device_page) == 1) {
-      drop(k);
-      return true;
-    }
-  }
-  return false;
-}
-
 std::int64_t PrefixCache::make_room(std::int64_t pages) {
-  while (alloc_.free_pages() < pages && offload_or_drop_one()) {
+  if (alloc_.free_pages() >= pages) return alloc_.free_pages();
+  // One pass over the cache finds what may go; each eviction then pops the oldest candidate, and
+  // a page whose last cached successor goes becomes a candidate itself. Freeing k pages of a
+  // cache of n costs O(n + k log n), not a scan per page.
+  using Aged = std::pair<std::uint64_t, std::uint64_t>;  // (last used, key)
+  using OldestFirst = std::priority_queue<Aged, std::vector<Aged>, std::greater<>>;
+  const auto unused = [&](const Node& n) {  // a device page only the cache holds
+    return n.on_device && alloc_.ref_count(n.device_page) == 1;
+  };
+  const auto unused_leaf = [&](const Node& n) { return unused(n) && n.children == 0; };
+  const auto host_leaf = [](const Node& n) { return !n.on_device && n.children == 0; };
+  OldestFirst offloadable, droppable, host_droppable;
+  for (const auto& [k, n] : nodes_) {
+    if (unused(n)) offloadable.emplace(n.last_used, k);
+    if (unused_leaf(n)) droppable.emplace(n.last_used, k);
+    if (host_leaf(n)) host_droppable.emplace(n.last_used, k);
+  }
+  // The oldest candidate still meeting `valid` (0 if none): entries go stale as pages move.
+  const auto oldest = [&](OldestFirst& q, const auto& valid) -> std::uint64_t {
+    for (; !q.empty(); q.pop()) {
+      const auto it = nodes_.find(q.top().second);
+      if (it != nodes_.end() && valid(it->second)) return it->first;
+    }
+    return 0;
+  };
+  const auto drop_and_offer_parent = [&](std::uint64_t k) {
+    const std::uint64_t parent = nodes_.at(k).parent;
+    drop(k);
+    const auto it = nodes_.find(parent);
+    if (it == nodes_.end() || it->second.children != 0) return;
+    if (unused_leaf(it->second)) droppable.emplace(it->second.last_used, parent);
+    if (host_leaf(it->second)) host_droppable.emplace(it->second.last_used, parent);
+  };
+  const auto host_slot = [&] {
+    if (!host_free_.empty()) return true;
+    const std::uint64_t k = oldest(host_droppable, host_leaf);
+    if (k == 0) return false;
+    drop_and_offer_parent(k);
+    return !host_free_.empty();
+  };
+  while (alloc_.free_pages() < pages) {
+    // With a host tier, the least recently used unused page moves there (a hit brings it back);
+    // without one, or with the host tier full of pages that lead to device pages, the least
+    // recently used unused page with no cached successor is dropped.
+    const std::uint64_t victim = host_pages_total_ > 0 ? oldest(offloadable, unused) : 0;
+    if (victim != 0 && host_slot()) {
+      Node& node = nodes_.at(victim);
+      node.host_page = host_free_.back();
+      host_free_.pop_back();
+      copy_page(true, node);
+      alloc_.release(node.device_page);
+      node.device_page = -1;
+      node.on_device = false;
+      --on_device_;
+      ++stats_.pages_offloaded;
+      if (node.children == 0) host_droppable.emplace(node.last_used, victim);
+      continue;
+    }
+    const std::uint64_t leaf = oldest(droppable, unused_leaf);
+    if (leaf == 0) break;
+    drop_and_offer_parent(leaf);
   }
   return alloc_.free_pages();
 }
@@ -189,6 +195,7 @@ std::vector<std::int32_t> PrefixCache::match(const std::vector<std::int32_t>& to
       host_free_.push_back(node.host_page);
       node.host_page = -1;
       node.on_device = true;
+      ++on_device_;
       ++stats_.pages_reloaded;
     }
     alloc_.retain(node.device_page);  // pinned until unpin()
@@ -225,6 +232,7 @@ void PrefixCache::insert(const std::vector<std::int32_t>& tokens, RequestId requ
       alloc_.retain(node.device_page);
       if (parent != 0) ++nodes_.at(parent).children;
       nodes_.emplace(h, std::move(node));
+      ++on_device_;
     }
     parent = h;
   }
