@@ -111,6 +111,22 @@ TEST(DpAttention, ThePrefixRouterSendsAPromptWhereItsLongestPrefixWent) {
   EXPECT_EQ(small.route(two, {1, 1, 7, 7}, 1), 1);  // only the first block: forgotten
   two = {5, 0};
   EXPECT_EQ(small.route(two, {1, 1, 2, 2, 3, 3, 4, 4, 5}, 1), 0);  // the longest is kept
+  // The least recently routed prefix is forgotten, not the first learned: a prompt routed again
+  // (a system prompt every conversation opens with) stays.
+  PrefixRouter lru(2, 100, 3);
+  two = {0, 5};
+  EXPECT_EQ(lru.route(two, {1, 1, 2, 2}, 1), 0);  // two prefixes, to group 0
+  two = {5, 0};
+  EXPECT_EQ(lru.route(two, {5, 5}, 1), 1);  // a third, to group 1
+  two = {0, 0};
+  EXPECT_EQ(lru.route(two, {1, 1, 2, 2}, 1), 0);  // the first two routed again
+  two = {0, 0};
+  EXPECT_EQ(lru.route(two, {6, 6}, 1), 0);  // a fourth: {5, 5} is forgotten
+  EXPECT_EQ(lru.remembered(), 3U);
+  two = {5, 0};
+  EXPECT_EQ(lru.route(two, {1, 1, 9, 9}, 1), 0);  // {1, 1} remembered: group 0 despite its load
+  two = {0, 5};
+  EXPECT_EQ(lru.route(two, {5, 5, 9, 9}, 1), 0);  // {5, 5} forgotten: by load, not group 1
   EXPECT_TRUE(test::throws_error([] { PrefixRouter(0, 1); }, ErrorCategory::invalid_argument,
                                  "block = 0 must be >= 1"));
   EXPECT_TRUE(test::throws_error([] { PrefixRouter(4, -1); }, ErrorCategory::invalid_argument,

@@ -11,7 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <deque>
+#include <list>
 #include <unordered_map>
 #include <vector>
 
@@ -20,8 +20,9 @@ namespace dcp {
 class PrefixRouter {
  public:
   // block >= 1 tokens; slack >= 0 tokens: how far past the least loaded group's load the group
-  // holding a prefix may be and still get the request; remember >= 1 prefixes are kept, the
-  // oldest forgotten first. Throws dcp::Error (invalid_argument) naming the parameter.
+  // holding a prefix may be and still get the request; remember >= 1 prefixes are kept, the least
+  // recently routed forgotten first (a hot system prompt stays). Throws dcp::Error
+  // (invalid_argument) naming the parameter.
   PrefixRouter(std::int64_t block, std::int64_t slack, std::size_t remember = 1 << 16);
 
   // The group for `prompt` holding kv_tokens (prompt + new tokens): its load in `group_load`
@@ -34,8 +35,12 @@ class PrefixRouter {
  private:
   std::int64_t block_, slack_;
   std::size_t remember_;
-  std::unordered_map<std::uint64_t, int> groups_;  // chained hash of a prefix -> its last group
-  std::deque<std::uint64_t> order_;                // remembered prefixes, oldest first
+  struct Remembered {
+    int group;                                // the last group given the prefix
+    std::list<std::uint64_t>::iterator used;  // its place in recency_
+  };
+  std::unordered_map<std::uint64_t, Remembered> groups_;  // chained hash of a prefix -> ...
+  std::list<std::uint64_t> recency_;  // remembered prefixes, least recently routed first
 };
 
 }  // namespace dcp

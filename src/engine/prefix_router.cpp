@@ -32,9 +32,10 @@ int PrefixRouter::route(std::vector<std::int64_t>& group_load,
   for (std::size_t b = keys.size(); b-- > 0;) {
     const auto it = groups_.find(keys[b]);
     if (it == groups_.end()) continue;
-    if (it->second < static_cast<int>(group_load.size()) &&
-        group_load[static_cast<std::size_t>(it->second)] <= least + slack_)
-      group = it->second;
+    const int held = it->second.group;
+    if (held < static_cast<int>(group_load.size()) &&
+        group_load[static_cast<std::size_t>(held)] <= least + slack_)
+      group = held;
     break;  // the longest prefix's group holds the most of it; no shorter one is tried
   }
   if (group < 0) {
@@ -42,13 +43,18 @@ int PrefixRouter::route(std::vector<std::int64_t>& group_load,
   } else {
     group_load[static_cast<std::size_t>(group)] += kv_tokens;
   }
-  for (const std::uint64_t k : keys) {
-    const auto [it, fresh] = groups_.insert_or_assign(k, group);
-    if (fresh) order_.push_back(k);
+  for (const std::uint64_t k : keys) {  // each prefix now the most recently routed
+    const auto it = groups_.find(k);
+    if (it == groups_.end()) {
+      groups_.emplace(k, Remembered{group, recency_.insert(recency_.end(), k)});
+    } else {
+      it->second.group = group;
+      recency_.splice(recency_.end(), recency_, it->second.used);
+    }
   }
   while (groups_.size() > remember_) {
-    groups_.erase(order_.front());
-    order_.pop_front();
+    groups_.erase(recency_.front());
+    recency_.pop_front();
   }
   return group;
 }
