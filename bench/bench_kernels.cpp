@@ -126,6 +126,49 @@ BENCHMARK(BM_PrefixCacheMakeRoom)
     ->ArgsProduct({{4096, 16384, 65536}, {0, 1}})
     ->Unit(benchmark::kMillisecond);
 
+// A hit on a prompt of `pages` / 32 pages that went to the host tier, the device full of other
+// finished prompts: each page comes back in place of the least recently used device page.
+void BM_PrefixCacheHostHit(benchmark::State& state) {
+  const std::int64_t pages = state.range(0), page = 16, prompt_pages = 1024, hot = pages / 32;
+  std::mt19937 gen(7);
+  const auto prompt = [&](std::int64_t n) {
+    std::vector<std::int32_t> t(static_cast<std::size_t>(n * page));
+    for (std::int32_t& x : t) x = static_cast<std::int32_t>(gen() % 32000);
+    return t;
+  };
+  std::vector<std::int32_t> hot_prompt = prompt(hot);
+  hot_prompt.push_back(1);  // a token past its pages: the hit may cover all of them
+  std::vector<std::vector<std::int32_t>> others;
+  for (std::int64_t p = 0; p < pages; p += prompt_pages) others.push_back(prompt(prompt_pages));
+  for (auto _ : state) {
+    state.PauseTiming();
+    dcp::KvAllocator alloc(1, static_cast<int>(page), pages);
+    dcp::LatentPool pool(pages, static_cast<int>(page),
+                         dcp::LatentGeometry{8, 4, dcp::KvDtype::bf16});
+    dcp::PrefixCache cache(alloc, {&pool}, 0, hot * page);
+    dcp::RequestId id = 0;
+    const auto finish = [&](const std::vector<std::int32_t>& t) {
+      alloc.allocate(id, static_cast<std::int64_t>(t.size()));
+      cache.insert(t, id);
+      alloc.free(id++);
+    };
+    finish(hot_prompt);
+    cache.make_room(pages);  // all of it to the host tier
+    for (const auto& t : others) finish(t);
+    state.ResumeTiming();
+    const std::vector<std::int32_t> hit = cache.match(hot_prompt);
+    if (static_cast<std::int64_t>(hit.size()) != hot) state.SkipWithError("the hit was cut short");
+    benchmark::DoNotOptimize(hit.data());
+  }
+  state.SetItemsProcessed(state.iterations() * hot);
+}
+BENCHMARK(BM_PrefixCacheHostHit)
+    ->ArgNames({"pages"})
+    ->Arg(4096)
+    ->Arg(16384)
+    ->Arg(65536)
+    ->Unit(benchmark::kMillisecond);
+
 }  // namespace
 
 BENCHMARK_MAIN();

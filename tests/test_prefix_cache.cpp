@@ -394,6 +394,34 @@ TEST(PrefixCache, EvictionFillsTheHostTierOldestFirstThenDrops) {
   f.alloc.check_invariants();
 }
 
+// A hit on a prompt whose pages all went to a full host tier, with no device page free: each page
+// coming back frees the host slot the next evicted page takes, and the hit's own pages are never
+// evicted to make room for each other.
+TEST(PrefixCache, AHitOnHostPagesSwapsThemWithTheOldestDevicePages) {
+  FinishedPrompts f(3 * FinishedPrompts::n * FinishedPrompts::page);
+  const auto a = f.prompt(100), b = f.prompt(200), c = f.prompt(300), d = f.prompt(400);
+  f.finish(1, a);
+  EXPECT_EQ(f.cache.make_room(FinishedPrompts::pages), FinishedPrompts::pages);
+  EXPECT_EQ(f.cache.host_pages(), 3);  // the host tier is full of a
+  f.finish(2, b);
+  f.finish(3, c);
+  f.finish(4, d);
+  f.alloc.allocate(9, 3 * FinishedPrompts::n * FinishedPrompts::page);  // the last free pages
+  ASSERT_EQ(f.alloc.free_pages(), 0);
+  const std::vector<std::int32_t> hit = f.cache.match(a);
+  EXPECT_EQ(hit.size(), 3u);
+  EXPECT_EQ(f.cache.stats().pages_reloaded, 3);
+  // The first page back found no host slot: b's last page was dropped; then b's first two pages
+  // took the slots a's pages left.
+  EXPECT_EQ(f.cache.stats().pages_dropped, 1);
+  EXPECT_EQ(f.cache.cached_pages(b), 2);
+  EXPECT_EQ(f.cache.host_pages(), 2);
+  EXPECT_EQ(f.cache.cached_pages(c), 3);
+  EXPECT_EQ(f.cache.cached_pages(d), 3);
+  f.cache.unpin(hit);
+  f.alloc.check_invariants();
+}
+
 // Random prompts sharing random prefixes finish, start and end requests over cached prefixes,
 // and meet random pressure, with and without a host tier: eviction frees exactly what is asked
 // while it can, everything but the pages live requests share when asked for all, and never a

@@ -47,9 +47,9 @@ class PrefixCache {
   ~PrefixCache();
 
   // The device pages holding the longest cached prefix of `tokens` shorter than tokens.size()
-  // (whole virtual pages). Host pages on the path are copied back first (evicting to make room
-  // if needed; the path stops where no room can be made). The pages returned are pinned (extra
-  // reference) until unpin(): pass them to KvAllocator::allocate_shared first.
+  // (whole virtual pages). Host pages on the path are copied back first (evicting other pages to
+  // make room if needed; the path stops where no room can be made). The pages returned are pinned
+  // (extra reference) until unpin(): pass them to KvAllocator::allocate_shared first.
   std::vector<std::int32_t> match(const std::vector<std::int32_t>& tokens);
   void unpin(const std::vector<std::int32_t>& pages);
   // How many pages match() would find for `tokens` (either tier), with no side effect: no
@@ -85,9 +85,12 @@ class PrefixCache {
     std::uint64_t last_used = 0;
     int children = 0;
   };
+  class Eviction;  // one pass: candidates found once, taken least recently used first
   std::uint64_t key(std::uint64_t parent, const std::int32_t* tokens) const;
   // Whether `node` is the page of `tokens` after `parent` (not a hash collision).
   bool holds(const Node& node, std::uint64_t parent, const std::int32_t* tokens) const;
+  // The keys of the cached pages (either tier) a hit on `tokens` may cover, in order.
+  std::vector<std::uint64_t> path(const std::vector<std::int32_t>& tokens) const;
   // Whole pages of `tokens` a hit may cover: one token at least is left to prefill.
   std::int64_t usable_pages(const std::vector<std::int32_t>& tokens) const;
   void copy_page(bool to_host, Node& node);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <queue>
 #include <utility>
 
@@ -83,68 +84,90 @@ void PrefixCache::drop(std::uint64_t k) {
   ++stats_.pages_dropped;
 }
 
-std::int64_t PrefixCache::make_room(std::int64_t pages) {
-  if (alloc_.free_pages() >= pages) return alloc_.free_pages();
-  // One pass over the cache finds what may go; each eviction then pops the oldest candidate, and
-  // a page whose last cached successor goes becomes a candidate itself. Freeing k pages of a
-  // cache of n costs O(n + k log n), not a scan per page.
-  using Aged = std::pair<std::uint64_t, std::uint64_t>;  // (last used, key)
-  using OldestFirst = std::priority_queue<Aged, std::vector<Aged>, std::greater<>>;
-  const auto unused = [&](const Node& n) {  // a device page only the cache holds
-    return n.on_device && alloc_.ref_count(n.device_page) == 1;
-  };
-  const auto unused_leaf = [&](const Node& n) { return unused(n) && n.children == 0; };
-  const auto host_leaf = [](const Node& n) { return !n.on_device && n.children == 0; };
-  OldestFirst offloadable, droppable, host_droppable;
-  for (const auto& [k, n] : nodes_) {
-    if (unused(n)) offloadable.emplace(n.last_used, k);
-    if (unused_leaf(n)) droppable.emplace(n.last_used, k);
-    if (host_leaf(n)) host_droppable.emplace(n.last_used, k);
-  }
-  // The oldest candidate still meeting `valid` (0 if none): entries go stale as pages move.
-  const auto oldest = [&](OldestFirst& q, const auto& valid) -> std::uint64_t {
-    for (; !q.empty(); q.pop()) {
-      const auto it = nodes_.find(q.top().second);
-      if (it != nodes_.end() && valid(it->second)) return it->first;
+// One eviction pass: the cache is looked over once for what may go, then each page freed pops
+// the oldest candidate, and a page whose last cached successor goes becomes a candidate itself.
+// Freeing k pages of a cache of n costs O(n + k log n), not a scan per page. Pages used at or
+// after `keep_from` (the path of a match in progress) are never taken.
+class PrefixCache::Eviction {
+ public:
+  Eviction(PrefixCache& cache, std::uint64_t keep_from) : c_(cache), keep_from_(keep_from) {
+    for (const auto& [k, n] : c_.nodes_) {
+      if (unused(n)) offloadable_.emplace(n.last_used, k);
+      if (unused_leaf(n)) droppable_.emplace(n.last_used, k);
+      if (host_leaf(n)) host_droppable_.emplace(n.last_used, k);
     }
-    return 0;
-  };
-  const auto drop_and_offer_parent = [&](std::uint64_t k) {
-    const std::uint64_t parent = nodes_.at(k).parent;
-    drop(k);
-    const auto it = nodes_.find(parent);
-    if (it == nodes_.end() || it->second.children != 0) return;
-    if (unused_leaf(it->second)) droppable.emplace(it->second.last_used, parent);
-    if (host_leaf(it->second)) host_droppable.emplace(it->second.last_used, parent);
-  };
-  const auto host_slot = [&] {
-    if (!host_free_.empty()) return true;
-    const std::uint64_t k = oldest(host_droppable, host_leaf);
-    if (k == 0) return false;
-    drop_and_offer_parent(k);
-    return !host_free_.empty();
-  };
-  while (alloc_.free_pages() < pages) {
-    // With a host tier, the least recently used unused page moves there (a hit brings it back);
-    // without one, or with the host tier full of pages that lead to device pages, the least
-    // recently used unused page with no cached successor is dropped.
-    const std::uint64_t victim = host_pages_total_ > 0 ? oldest(offloadable, unused) : 0;
+  }
+
+  // Frees one device page; false if nothing more can go. With a host tier, the least recently
+  // used unused page moves there (a hit brings it back); without one, or with the host tier full
+  // of pages that lead to device pages, the least recently used unused page with no cached
+  // successor is dropped.
+  bool free_one() {
+    const std::uint64_t victim =
+        c_.host_pages_total_ > 0 ? oldest(offloadable_, &Eviction::unused) : 0;
     if (victim != 0 && host_slot()) {
-      Node& node = nodes_.at(victim);
-      node.host_page = host_free_.back();
-      host_free_.pop_back();
-      copy_page(true, node);
-      alloc_.release(node.device_page);
+      Node& node = c_.nodes_.at(victim);
+      node.host_page = c_.host_free_.back();
+      c_.host_free_.pop_back();
+      c_.copy_page(true, node);
+      c_.alloc_.release(node.device_page);
       node.device_page = -1;
       node.on_device = false;
-      --on_device_;
-      ++stats_.pages_offloaded;
-      if (node.children == 0) host_droppable.emplace(node.last_used, victim);
-      continue;
+      --c_.on_device_;
+      ++c_.stats_.pages_offloaded;
+      if (node.children == 0) host_droppable_.emplace(node.last_used, victim);
+      return true;
     }
-    const std::uint64_t leaf = oldest(droppable, unused_leaf);
-    if (leaf == 0) break;
+    const std::uint64_t leaf = oldest(droppable_, &Eviction::unused_leaf);
+    if (leaf == 0) return false;
     drop_and_offer_parent(leaf);
+    return true;
+  }
+
+ private:
+  using Aged = std::pair<std::uint64_t, std::uint64_t>;  // (last used, key)
+  using OldestFirst = std::priority_queue<Aged, std::vector<Aged>, std::greater<>>;
+
+  bool unused(const Node& n) const {  // a device page only the cache holds
+    return n.on_device && n.last_used < keep_from_ && c_.alloc_.ref_count(n.device_page) == 1;
+  }
+  bool unused_leaf(const Node& n) const { return unused(n) && n.children == 0; }
+  bool host_leaf(const Node& n) const {
+    return !n.on_device && n.children == 0 && n.last_used < keep_from_;
+  }
+  // The oldest candidate still meeting `valid` (0 if none): entries go stale as pages move.
+  std::uint64_t oldest(OldestFirst& q, bool (Eviction::*valid)(const Node&) const) {
+    for (; !q.empty(); q.pop()) {
+      const auto it = c_.nodes_.find(q.top().second);
+      if (it != c_.nodes_.end() && (this->*valid)(it->second)) return it->first;
+    }
+    return 0;
+  }
+  void drop_and_offer_parent(std::uint64_t k) {
+    const std::uint64_t parent = c_.nodes_.at(k).parent;
+    c_.drop(k);
+    const auto it = c_.nodes_.find(parent);
+    if (it == c_.nodes_.end() || it->second.children != 0) return;
+    if (unused_leaf(it->second)) droppable_.emplace(it->second.last_used, parent);
+    if (host_leaf(it->second)) host_droppable_.emplace(it->second.last_used, parent);
+  }
+  bool host_slot() {
+    if (!c_.host_free_.empty()) return true;
+    const std::uint64_t k = oldest(host_droppable_, &Eviction::host_leaf);
+    if (k == 0) return false;
+    drop_and_offer_parent(k);
+    return !c_.host_free_.empty();
+  }
+
+  PrefixCache& c_;
+  std::uint64_t keep_from_;
+  OldestFirst offloadable_, droppable_, host_droppable_;
+};
+
+std::int64_t PrefixCache::make_room(std::int64_t pages) {
+  if (alloc_.free_pages() >= pages) return alloc_.free_pages();
+  Eviction eviction(*this, UINT64_MAX);
+  while (alloc_.free_pages() < pages && eviction.free_one()) {
   }
   return alloc_.free_pages();
 }
@@ -159,37 +182,47 @@ bool PrefixCache::holds(const Node& node, std::uint64_t parent, const std::int32
          std::equal(tokens, tokens + alloc_.virtual_page_size(), node.tokens.begin());
 }
 
-std::int64_t PrefixCache::cached_pages(const std::vector<std::int32_t>& tokens) const {
+std::vector<std::uint64_t> PrefixCache::path(const std::vector<std::int32_t>& tokens) const {
   const std::int64_t vp = alloc_.virtual_page_size();
   const std::int64_t usable = usable_pages(tokens);
-  std::uint64_t parent = 0;
-  std::int64_t k = 0;
-  for (; k < usable; ++k) {
-    const std::int32_t* t = tokens.data() + k * vp;
-    const std::uint64_t h = key(parent, t);
-    const auto it = nodes_.find(h);
-    if (it == nodes_.end() || !holds(it->second, parent, t)) break;
-    parent = h;
-  }
-  return k;
-}
-
-std::vector<std::int32_t> PrefixCache::match(const std::vector<std::int32_t>& tokens) {
-  const std::int64_t vp = alloc_.virtual_page_size();
-  const std::int64_t usable = usable_pages(tokens);
-  stats_.lookup_tokens += static_cast<std::int64_t>(tokens.size());
-  std::vector<std::int32_t> pages;
+  std::vector<std::uint64_t> keys;
   std::uint64_t parent = 0;
   for (std::int64_t k = 0; k < usable; ++k) {
     const std::int32_t* t = tokens.data() + k * vp;
     const std::uint64_t h = key(parent, t);
-    auto it = nodes_.find(h);
+    const auto it = nodes_.find(h);
     if (it == nodes_.end() || !holds(it->second, parent, t)) break;
-    Node& node = it->second;
+    keys.push_back(h);
+    parent = h;
+  }
+  return keys;
+}
+
+std::int64_t PrefixCache::cached_pages(const std::vector<std::int32_t>& tokens) const {
+  return static_cast<std::int64_t>(path(tokens).size());
+}
+
+std::vector<std::int32_t> PrefixCache::match(const std::vector<std::int32_t>& tokens) {
+  stats_.lookup_tokens += static_cast<std::int64_t>(tokens.size());
+  const std::vector<std::uint64_t> keys = path(tokens);
+  // The path's pages are touched and its device pages pinned first: bringing its host pages
+  // back, one at a time as the old copies free host slots, then evicts only other pages.
+  const std::uint64_t touched_from = clock_ + 1;
+  for (const std::uint64_t k : keys) {
+    Node& node = nodes_.at(k);
     node.last_used = ++clock_;
+    if (node.on_device) alloc_.retain(node.device_page);
+  }
+  std::optional<Eviction> eviction;  // looked over at the first page that needs room
+  std::vector<std::int32_t> pages;
+  std::size_t i = 0;
+  for (; i < keys.size(); ++i) {
+    Node& node = nodes_.at(keys[i]);
     if (!node.on_device) {  // bring it back: a fresh device page, this rank's rows copied in
-      if (alloc_.free_pages() == 0) make_room(1);
-      if (alloc_.free_pages() == 0) break;
+      if (alloc_.free_pages() == 0) {
+        if (!eviction) eviction.emplace(*this, touched_from);
+        if (!eviction->free_one()) break;
+      }
       node.device_page = alloc_.acquire_page();
       copy_page(false, node);
       host_free_.push_back(node.host_page);
@@ -197,12 +230,16 @@ std::vector<std::int32_t> PrefixCache::match(const std::vector<std::int32_t>& to
       node.on_device = true;
       ++on_device_;
       ++stats_.pages_reloaded;
+      alloc_.retain(node.device_page);
     }
-    alloc_.retain(node.device_page);  // pinned until unpin()
-    pages.push_back(node.device_page);
-    parent = h;
+    pages.push_back(node.device_page);  // pinned until unpin()
   }
-  stats_.hit_tokens += static_cast<std::int64_t>(pages.size()) * vp;
+  // Past a page that could not come back the rest is no prefix: unpin its device pages.
+  for (; i < keys.size(); ++i) {
+    const Node& node = nodes_.at(keys[i]);
+    if (node.on_device) alloc_.release(node.device_page);
+  }
+  stats_.hit_tokens += static_cast<std::int64_t>(pages.size()) * alloc_.virtual_page_size();
   return pages;
 }
 
