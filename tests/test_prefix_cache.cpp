@@ -2,6 +2,7 @@
 // bit-exact, each rank moves 1/N of a page, pages in use are never evicted.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -132,6 +133,57 @@ TEST(PrefixCache, ARequestWaitsForThePagesAnotherPrefillIsWriting) {
     EXPECT_EQ(admitted[2], 1) << what;
     for (std::size_t i : {1, 3, 4})
       EXPECT_GE(admitted[i], (cached[i] + 63) / 64 + 1) << what << " request " << i;
+  }
+}
+
+// A finished request leaves its reply's whole pages in the cache beside its prompt's: the next
+// turn of a conversation (the prompt, the reply, a new message) finds both. Its last token never
+// entered the KV, so the cache holds the prompt and the reply but that token. The reply here is
+// teacher-forced: the cache holds the tokens fed, not those the model would have chosen.
+TEST(PrefixCache, AConversationsNextTurnFindsTheReplyCached) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 2);
+  const auto w = make_synthetic_weights(73);
+  const std::vector<std::int32_t> prompt = test::random_tokens(rng, 101, c.vocab_size);
+  const std::vector<std::int32_t> reply = test::random_tokens(rng, 40, c.vocab_size);
+  std::vector<std::int32_t> next = prompt;
+  next.insert(next.end(), reply.begin(), reply.end());
+  const std::vector<std::int32_t> message = test::random_tokens(rng, 10, c.vocab_size);
+  next.insert(next.end(), message.begin(), message.end());
+  const std::vector<std::vector<RequestSpec>> turns = {{test::request(0, prompt, 40, reply)},
+                                                       {test::request(1, next, 4)}};
+  for (int n : {1, 2, 4}) {
+    const test::EngineSetup off = small_pages(std::max(n, 2), n);
+    const auto expect = test::run_engine_phases(c, *w, off, turns);
+    test::EngineSetup on = off;
+    on.prefix_cache = true;
+    const auto got = test::run_engine_phases(c, *w, on, turns);
+    const std::string what = "dcp " + std::to_string(n);
+    expect_as_without_cache(got, expect, what);
+    const std::int64_t vp = 8LL * n, written = 101 + 40 - 1;  // the prompt's alone: 96
+    EXPECT_EQ(got.results[1].cached_prompt_tokens, written / vp * vp) << what;
+
+    // A greedy reply under speculative decoding: the KV the cache keeps is that of the tokens
+    // verified, which are the greedy ones.
+    const RequestSpec first = test::request(0, prompt, 40);
+    const auto greedy = test::run_engine(c, *w, off, {first});
+    std::vector<std::int32_t> again = prompt;
+    const std::vector<std::int32_t>& said = greedy.results[0].output_tokens;
+    again.insert(again.end(), said.begin(), said.end());
+    again.insert(again.end(), message.begin(), message.end());
+    const std::vector<std::vector<RequestSpec>> greedy_turns = {{first},
+                                                                {test::request(1, again, 4)}};
+    const auto plain = test::run_engine_phases(c, *w, off, greedy_turns);
+    test::EngineSetup spec = on;
+    spec.num_draft_tokens = 3;
+    spec.draft_config = preset_config("tiny", 1);
+    spec.draft_weights = w.get();
+    const auto drafted = test::run_engine_phases(c, *w, spec, greedy_turns);
+    for (std::size_t i = 0; i < 2; ++i)
+      EXPECT_EQ(drafted.results[i].output_tokens, plain.results[i].output_tokens)
+          << what << " drafted, turn " << i + 1;
+    EXPECT_GT(drafted.stats.spec_accepted, 0) << what;
+    EXPECT_EQ(drafted.results[1].cached_prompt_tokens, written / vp * vp) << what << " drafted";
   }
 }
 

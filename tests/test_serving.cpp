@@ -193,7 +193,7 @@ TEST(Serving, ChoicesOfOnePromptShareItsPrefillOnOneReplica) {
 }
 
 // With the prefix cache, a conversation's next turn goes to the DP replica that served its last
-// one, whose cache holds it, even when load alone would send it to the other replica.
+// one, whose cache holds it (prompt and reply), even when load alone would send it elsewhere.
 TEST(Serving, AConversationsNextTurnGoesToTheReplicaHoldingItsPrefix) {
   auto rng = test::make_rng();
   const auto w = make_synthetic_weights(24);
@@ -220,9 +220,14 @@ TEST(Serving, AConversationsNextTurnGoesToTheReplicaHoldingItsPrefix) {
     const StreamUpdate rb2 = drain_stream(*sb2);
     const auto sa2 = server->submit(next(a1, ra));
     const StreamUpdate ra2 = drain_stream(*sa2);
-    const std::int64_t vp = 4LL * dcp;  // page 4 x DCP: the first turn's whole prompt pages
-    EXPECT_EQ(rb2.cached_prompt_tokens, 30 / vp * vp) << what;
-    EXPECT_EQ(ra2.cached_prompt_tokens, 30 / vp * vp) << what;
+    // Page 4 x DCP: the whole pages of the first turn's prompt and reply (but its last token,
+    // which never entered the KV).
+    const std::int64_t vp = 4LL * dcp;
+    const auto turn = [](const StreamUpdate& r) {
+      return 30 + static_cast<std::int64_t>(r.tokens.size()) - 1;
+    };
+    EXPECT_EQ(rb2.cached_prompt_tokens, turn(rb) / vp * vp) << what;
+    EXPECT_EQ(ra2.cached_prompt_tokens, turn(ra) / vp * vp) << what;
   }
 }
 

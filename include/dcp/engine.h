@@ -180,11 +180,13 @@ class Engine {
     std::vector<std::int32_t> feed;  // tokens to prefill: [last output of the turn before] + prompt
     std::int64_t context = 0;        // tokens already in the KV when admitted (continuations)
     std::vector<std::int32_t> draft_pending;  // tokens the draft has not seen yet
-    bool cacheable = false;  // its prompt goes into the prefix cache when prefilled
+    bool cacheable = false;  // its prompt (and, when it ends, reply) go into the prefix cache
     bool stopped = false;    // it emitted a stop token
     std::shared_ptr<TokenGuide> guide;  // its regex over the vocabulary, if it has one
   };
   std::int64_t pages_for(std::int64_t tokens) const;
+  // The token fed after output k of `l`: its own, or the one teacher forcing gives.
+  std::int32_t fed_after(const Live& l, std::size_t k) const;
   // Pages the running requests will still take in `allocator` (the target's or the draft's).
   std::int64_t reserved_pages(const KvAllocator& allocator) const;
   void admit();

@@ -285,6 +285,11 @@ std::int64_t Engine::pages_for(std::int64_t tokens) const {
   return dcp::pages_for(model_.allocator(), tokens);
 }
 
+std::int32_t Engine::fed_after(const Live& l, std::size_t k) const {
+  return k < l.spec.forced_outputs.size() ? l.spec.forced_outputs[k]
+                                          : results_[l.result].output_tokens[k];
+}
+
 std::int64_t Engine::reserved_pages(const KvAllocator& a) const {
   // Pages running requests will still take in `a` before they finish.
   std::int64_t r = 0;
@@ -480,6 +485,12 @@ void Engine::finish(std::size_t i, FinishReason reason) {
     }
     kept_.push_back(l.spec.id);
   } else {
+    if (l.cacheable) {  // the reply's whole pages too: a conversation's next turn opens with them
+      std::vector<std::int32_t> written = l.spec.prompt;
+      for (std::size_t k = 0; k < results_[l.result].output_tokens.size(); ++k)
+        written.push_back(fed_after(l, k));
+      cache_->insert(written, l.spec.id);  // as far as the KV holds them (not the last token)
+    }
     model_.allocator().free(l.spec.id);
     if (draft_) draft_->allocator().free(l.spec.id);
   }
@@ -583,12 +594,9 @@ bool Engine::run_decode() {
     Live& l = running_[i];
     RequestResult& r = results_[l.result];
     if (r.state != RequestState::decode) continue;
-    const std::size_t k = r.output_tokens.size() - 1;  // feed the last emitted token
-    const std::int32_t token =
-        k < l.spec.forced_outputs.size() ? l.spec.forced_outputs[k] : r.output_tokens[k];
     model_.extend(l.spec.id, 1);
     batch.entries.push_back({l.spec.id, 1});
-    batch.tokens.push_back(token);
+    batch.tokens.push_back(fed_after(l, r.output_tokens.size() - 1));  // the last emitted
     members.push_back(i);
   }
   if (!any_group(!members.empty())) return false;

@@ -1302,7 +1302,7 @@ def case_prefix_cache():
     much: prompt_tokens_details.cached_tokens (and /generate's meta_info.cached_tokens) count the
     whole widened pages (page size x DCP size) of the longest cached prefix shorter than the prompt,
     and move the server's own hit counter by as much; greedy tokens are those of the first. The
-    choices of a new prompt compute it once."""
+    choices of a new prompt compute it once; a conversation's next turn finds the reply cached."""
     page, dcp = 16, 2
     widened = page * dcp
     s = Server("--tp-size", "2", "--dcp-size", str(dcp), "--page-size", str(page), "--enable-prefix-cache",
@@ -1348,6 +1348,18 @@ def case_prefix_cache():
         status, g = s.post("/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": 4,
                                                                                  "temperature": 0}})
         check(status == 200 and g["meta_info"]["cached_tokens"] == want, f"/generate: {g}")
+        # A conversation's next turn: the first turn's prompt and reply are cached (but the reply's
+        # last token, which never entered the KV), not the prompt alone.
+        turn = [(17 * k + 9) % 430 + 4 for k in range(100)]
+        status, r1 = s.post("/v1/completions", {**body, "prompt": turn, "max_tokens": 40})
+        reply = r1["choices"][0]["token_ids"] if status == 200 else []
+        following = turn + reply + [(k * 7) % 300 + 5 for k in range(10)]
+        before = hits()
+        status, r2 = s.post("/v1/completions", {**body, "prompt": following})
+        written = (len(turn) + len(reply) - 1) // widened * widened  # 128; the prompt's alone: 96
+        check(len(reply) == 40 and status == 200
+              and r2["usage"]["prompt_tokens_details"] == {"cached_tokens": written}
+              and hits() - before == written, f"the next turn finds the reply cached: {r2.get('usage')}")
     finally:
         code, _ = s.stop()
         check(code == 0, f"server exit {code}")
