@@ -228,6 +228,10 @@ TEST(Serving, AConversationsNextTurnGoesToTheReplicaHoldingItsPrefix) {
     };
     EXPECT_EQ(rb2.cached_prompt_tokens, turn(rb) / vp * vp) << what;
     EXPECT_EQ(ra2.cached_prompt_tokens, turn(ra) / vp * vp) << what;
+    // The server's counters add both replicas' caches: every prompt looked up, both hits.
+    const ServeMetrics m = server->metrics();
+    EXPECT_EQ(m.prefix_hit_tokens, rb2.cached_prompt_tokens + ra2.cached_prompt_tokens) << what;
+    EXPECT_EQ(m.prefix_lookup_tokens, 2 * 30 + (turn(ra) + 1 + 6) + (turn(rb) + 1 + 6)) << what;
   }
 }
 

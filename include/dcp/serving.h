@@ -120,7 +120,7 @@ struct ServeMetrics {
   std::int64_t requests_finished = 0, requests_cancelled = 0, requests_rejected = 0;
   std::vector<std::int64_t> kv_rows_used;      // per world rank, per layer
   std::vector<std::int64_t> kv_rows_capacity;  // per world rank, per layer
-  std::int64_t prefix_lookup_tokens = 0, prefix_hit_tokens = 0;  // world rank 0's cache
+  std::int64_t prefix_lookup_tokens = 0, prefix_hit_tokens = 0;  // over every DP group's cache
   std::int64_t steps = 0;
   LatencyHistogram time_to_first_token, inter_token_latency;
 };

@@ -288,6 +288,7 @@ void ServingDeployment::publish(const std::vector<std::vector<std::uint8_t>>& re
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard lock(mutex_);
   metrics_.running = metrics_.queued = 0;
+  metrics_.prefix_lookup_tokens = metrics_.prefix_hit_tokens = 0;
   ++metrics_.steps;
   for (std::size_t rank = 0; rank < reports.size(); ++rank) {
     ByteReader in(reports[rank]);
@@ -295,14 +296,12 @@ void ServingDeployment::publish(const std::vector<std::vector<std::uint8_t>>& re
     in.raw(&load, sizeof load);
     metrics_.kv_rows_used[rank] = load.kv_rows;
     metrics_.kv_rows_capacity[rank] = load.kv_capacity_rows;
-    if (rank == 0) {
-      metrics_.prefix_lookup_tokens = load.lookup_tokens;
-      metrics_.prefix_hit_tokens = load.hit_tokens;
-    }
     const std::int64_t news = in.i64();
     if (news < 0) continue;  // not a replica's first rank: load only
     metrics_.running += load.running;
     metrics_.queued += load.waiting;
+    metrics_.prefix_lookup_tokens += load.lookup_tokens;  // each DP group's cache once
+    metrics_.prefix_hit_tokens += load.hit_tokens;
     for (std::int64_t k = 0; k < news; ++k) {
       StreamUpdate u;
       const RequestId id = in.i64();
