@@ -481,6 +481,36 @@ TEST(PrefixCache, AHitOnHostPagesSwapsThemWithTheOldestDevicePages) {
   f.alloc.check_invariants();
 }
 
+// clear() forgets every page: those only the cache held are free again, on the device and in the
+// host tier; a page a request shares stays the request's until it ends.
+TEST(PrefixCache, ClearFreesEveryPageNoRequestUses) {
+  FinishedPrompts f(2 * FinishedPrompts::n * FinishedPrompts::page);
+  const auto a = f.prompt(100), b = f.prompt(200), c = f.prompt(300);
+  f.finish(1, a);
+  f.finish(2, b);
+  EXPECT_EQ(f.cache.make_room(8), 8);  // a's first two pages to the host tier
+  EXPECT_EQ(f.cache.host_pages(), 2);
+  f.finish(3, c);
+  const std::vector<std::int32_t> hit = f.cache.match(c);
+  f.alloc.allocate_shared(7, hit);  // a request shares c's pages
+  f.cache.unpin(hit);
+  EXPECT_EQ(f.cache.clear(), 7);  // a's last page, b's three, c's three
+  EXPECT_EQ(f.cache.device_pages(), 0);
+  EXPECT_EQ(f.cache.host_pages(), 0);
+  for (const auto* p : {&a, &b, &c}) EXPECT_EQ(f.cache.cached_pages(*p), 0);
+  EXPECT_EQ(f.alloc.free_pages(), FinishedPrompts::pages - 3);
+  EXPECT_EQ(f.alloc.pages(7), hit);
+  f.alloc.check_invariants();
+  f.alloc.free(7);
+  EXPECT_EQ(f.alloc.free_pages(), FinishedPrompts::pages);
+  // The host slots are free again: a prompt cached anew fills them.
+  f.finish(4, a);
+  EXPECT_EQ(f.cache.make_room(FinishedPrompts::pages), FinishedPrompts::pages);
+  EXPECT_EQ(f.cache.host_pages(), 2);
+  EXPECT_EQ(f.cache.cached_pages(a), 2);
+  f.alloc.check_invariants();
+}
+
 // Random prompts sharing random prefixes finish, start and end requests over cached prefixes,
 // and meet random pressure, with and without a host tier: eviction frees exactly what is asked
 // while it can, everything but the pages live requests share when asked for all, and never a

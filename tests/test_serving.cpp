@@ -235,6 +235,44 @@ TEST(Serving, AConversationsNextTurnGoesToTheReplicaHoldingItsPrefix) {
   }
 }
 
+// reset_prefix_cache: every replica's cache forgets its pages before the next step, so the next
+// request finds nothing cached and computes the same tokens; the cache fills again after it.
+// Without the cache the call is refused by name.
+TEST(Serving, AResetPrefixCacheForgetsEveryReplicasPages) {
+  auto rng = test::make_rng();
+  const auto w = make_synthetic_weights(25);
+  const std::vector<std::int32_t> a = test::random_tokens(rng, 30, 64);
+  const std::vector<std::int32_t> b = test::random_tokens(rng, 30, 64);
+  DeploymentSpec spec = small_spec(*w, 2, 2, 2);
+  spec.engine.enable_prefix_cache = true;
+  Running server(spec);
+  // Both prompts at once: one replica each (by load), which then caches it.
+  const auto both = [&] {
+    const auto sa = server->submit(greedy(a, 4));
+    const auto sb = server->submit(greedy(b, 4));
+    return std::pair{drain_stream(*sa), drain_stream(*sb)};
+  };
+  const auto [a1, b1] = both();
+  const std::int64_t whole = 29 / 8 * 8;  // pages of 4 x DCP 2, the last token left
+  const auto [a_hit, b_hit] = both();
+  EXPECT_EQ(a_hit.cached_prompt_tokens, whole);
+  EXPECT_EQ(b_hit.cached_prompt_tokens, whole);
+  const std::int64_t hits = server->metrics().prefix_hit_tokens;
+  server->reset_prefix_cache();
+  const auto [a2, b2] = both();
+  EXPECT_EQ(a2.cached_prompt_tokens, 0);
+  EXPECT_EQ(b2.cached_prompt_tokens, 0);
+  EXPECT_EQ(a2.tokens, a1.tokens);
+  EXPECT_EQ(b2.tokens, b1.tokens);
+  EXPECT_EQ(server->metrics().prefix_hit_tokens, hits);
+  EXPECT_EQ(both().first.cached_prompt_tokens, whole);  // cached again after the reset
+
+  DeploymentSpec off = small_spec(*w, 1, 1);
+  Running plain(off);
+  EXPECT_TRUE(test::throws_error([&] { plain->reset_prefix_cache(); },
+                                 ErrorCategory::invalid_argument, "enable_prefix_cache"));
+}
+
 // The request run as a batch on the deployment the tests below serve (TP 2, DCP 2, DP 2).
 DeploymentReport batch_run(const WeightSource& w, const ServeRequest& r) {
   DeploymentSpec batch = small_spec(w, 2, 2, 2);

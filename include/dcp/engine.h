@@ -171,6 +171,7 @@ class Engine {
   std::int64_t prompt_tokens_total() const noexcept { return prompt_total_; }
   // The prefix cache, when enabled (else null).
   const PrefixCache* prefix_cache() const noexcept { return cache_.get(); }
+  PrefixCache* prefix_cache() noexcept { return cache_.get(); }
 
  private:
   struct Live {

@@ -59,6 +59,11 @@ class PrefixCache {
   // Caches the whole prompt pages of `request`, whose KV holds `tokens` in order.
   void insert(const std::vector<std::int32_t>& tokens, RequestId request);
 
+  // Forgets every cached page: pages only the cache held are free again (device pages and host
+  // slots alike); pages requests still use stay theirs. Statistics are kept. Returns the device
+  // pages the cache held.
+  std::int64_t clear();
+
   // Evicts until `pages` device pages are free or nothing more can go: the least recently used
   // pages no request holds move to the host tier; where it has no room, the least recently used
   // of them with no cached page after them are dropped. Returns the free count.

@@ -31,6 +31,11 @@ class PrefixRouter {
             std::int64_t kv_tokens);
 
   std::size_t remembered() const noexcept { return groups_.size(); }
+  // Forgets every prefix (the groups' caches were cleared).
+  void clear() noexcept {
+    groups_.clear();
+    recency_.clear();
+  }
 
  private:
   std::int64_t block_, slack_;

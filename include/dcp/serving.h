@@ -142,6 +142,11 @@ class ServingDeployment {
   // Frontend only, any thread. Throws RefusedError; the deployment is unchanged then.
   std::shared_ptr<RequestStream> submit(const ServeRequest& request);
   ServeMetrics metrics() const;
+  // Frontend only, any thread: every DP group's prefix cache forgets its pages before the next
+  // step, ahead of the requests submitted by then (running requests keep the pages they use).
+  // Throws dcp::Error (invalid_argument) naming enable_prefix_cache when the cache is off.
+  void reset_prefix_cache();
+  bool prefix_cache_enabled() const noexcept { return spec_.engine.enable_prefix_cache; }
   // Stops accepting; `drain`: in-flight requests finish, else they are cancelled. run() returns
   // once nothing is left.
   void shutdown(bool drain);
@@ -170,6 +175,7 @@ class ServingDeployment {
   std::condition_variable wake_;
   std::function<void()> on_ready_;
   bool ready_ = false, stopping_ = false, drain_ = true;
+  bool reset_cache_ = false;  // asked by reset_prefix_cache, not yet sent to the ranks
   std::int64_t capacity_tokens_ = 0;
   RequestId next_id_ = 0;
   std::vector<std::pair<ServeRequest, std::shared_ptr<RequestStream>>> incoming_;

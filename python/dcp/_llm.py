@@ -196,6 +196,11 @@ class LLM:
         """Stops the ranks (requests still running are cancelled); the LLM is unusable after."""
         self._llm.close()
 
+    def reset_prefix_cache(self):
+        """Empties the prefix cache before the next request, as vLLM's does (a benchmark's cold
+        start without reloading the weights); ValueError when the LLM has no prefix cache."""
+        self._llm.reset_prefix_cache()
+
     @property
     def vocab_size(self) -> int:
         return self._llm.vocab_size

@@ -249,6 +249,13 @@ class Llm {
     deployment_.reset();
   }
 
+  void reset_prefix_cache() {
+    if (!deployment_) throw py::value_error("this LLM was closed");
+    if (!deployment_->prefix_cache_enabled())
+      throw py::value_error("reset_prefix_cache: the prefix cache is off (enable_prefix_cache)");
+    deployment_->reset_prefix_cache();
+  }
+
   std::vector<Generated> generate(const std::vector<GenerateRequest>& requests) {
     if (!deployment_) throw py::value_error("this LLM was closed");
     rethrow_failure();
@@ -492,6 +499,7 @@ void bind_llm(py::module_& m) {
       .def(py::init<const LlmConfig&>(), py::arg("config"))
       .def("generate", &Llm::generate, py::arg("requests"))
       .def("close", &Llm::close)
+      .def("reset_prefix_cache", &Llm::reset_prefix_cache)
       .def_property_readonly("has_tokenizer", &Llm::has_tokenizer)
       .def_property_readonly("vocab_size", &Llm::vocab_size)
       .def_property_readonly("kv_capacity_tokens", &Llm::kv_capacity_tokens)

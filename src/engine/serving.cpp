@@ -192,6 +192,14 @@ ServeMetrics ServingDeployment::metrics() const {
   return m;
 }
 
+void ServingDeployment::reset_prefix_cache() {
+  DCP_ARG_CHECK(spec_.engine.enable_prefix_cache,
+                "reset_prefix_cache: the prefix cache is off (enable_prefix_cache = false)");
+  std::lock_guard lock(mutex_);
+  reset_cache_ = true;
+  wake_.notify_all();
+}
+
 void ServingDeployment::shutdown(bool drain) {
   std::lock_guard lock(mutex_);
   if (!stopping_) drain_ = drain;
@@ -255,7 +263,7 @@ std::shared_ptr<RequestStream> ServingDeployment::submit(const ServeRequest& req
 std::vector<std::uint8_t> ServingDeployment::take_control(bool busy) {
   std::unique_lock lock(mutex_);
   const auto news = [&] {
-    if (!incoming_.empty() || stopping_) return true;
+    if (!incoming_.empty() || stopping_ || reset_cache_) return true;
     for (const auto& s : live_) {
       std::lock_guard sl(s->mutex_);
       if (s->cancel_asked_) return true;
@@ -263,11 +271,14 @@ std::vector<std::uint8_t> ServingDeployment::take_control(bool busy) {
     return false;
   };
   if (!busy && !news())
-    wake_.wait_for(lock, options_.idle_tick, [&] { return !incoming_.empty() || stopping_; });
+    wake_.wait_for(lock, options_.idle_tick,
+                   [&] { return !incoming_.empty() || stopping_ || reset_cache_; });
   std::vector<std::uint8_t> bytes;
   ByteWriter w(bytes);
   w.i64(stopping_);
   w.i64(drain_);
+  w.i64(reset_cache_);
+  reset_cache_ = false;
   w.i64(static_cast<std::int64_t>(incoming_.size()));
   for (const auto& [req, stream] : incoming_) {
     write_spec(w, req.spec(stream->id()));
@@ -399,6 +410,10 @@ void ServingDeployment::rank_loop(Communicator& world) {
     ByteReader in(control);
     const bool stopping = in.i64() != 0;
     const bool drain = in.i64() != 0;
+    if (in.i64() != 0) {  // before this step's arrivals, which then find nothing cached
+      engine.prefix_cache()->clear();
+      if (router) router->clear();
+    }
     const std::int64_t arrivals = in.i64();
     for (std::int64_t k = 0; k < arrivals; ++k) {
       const RequestSpec spec = read_spec(in);

@@ -172,6 +172,20 @@ std::int64_t PrefixCache::make_room(std::int64_t pages) {
   return alloc_.free_pages();
 }
 
+std::int64_t PrefixCache::clear() {
+  const std::int64_t held = on_device_;
+  for (const auto& [k, node] : nodes_) {
+    if (node.on_device) {
+      alloc_.release(node.device_page);  // a request sharing it keeps its own reference
+    } else {
+      host_free_.push_back(node.host_page);
+    }
+  }
+  nodes_.clear();
+  on_device_ = 0;
+  return held;
+}
+
 std::int64_t PrefixCache::usable_pages(const std::vector<std::int32_t>& tokens) const {
   // Leave >= 1 token to prefill: its logits give the first new token.
   return (static_cast<std::int64_t>(tokens.size()) - 1) / alloc_.virtual_page_size();

@@ -377,8 +377,15 @@ def test_prefix_cache_computes_a_prompt_once_for_its_completions():
         # finds its whole widened pages (8 x DCP 2) but the last token's.
         again = llm.generate([prompt], sampled)[0]
         assert (first.num_cached_tokens, again.num_cached_tokens) == (0, 99 // 16 * 16)
-        for out in (first, again):
+        # After a reset the prompt is computed again, then found again.
+        llm.reset_prefix_cache()
+        cold = llm.generate([prompt], sampled)[0]
+        warm = llm.generate([prompt], sampled)[0]
+        assert (cold.num_cached_tokens, warm.num_cached_tokens) == (0, 99 // 16 * 16)
+        for out in (first, again, cold, warm):
             assert [c.token_ids for c in out.outputs] == want
+    with dcp.LLM("tiny") as plain, pytest.raises(ValueError, match="enable_prefix_cache"):
+        plain.reset_prefix_cache()
 
 
 def test_a_refused_request_drops_the_whole_batch(text_llm):

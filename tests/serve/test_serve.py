@@ -858,6 +858,9 @@ def case_errors(s):
     expect(413, {"prompt": [i % 500 for i in range(5000)]})
     status, r = s.request("GET", "/v1/nothing")
     check(status == 404 and "error" in r, f"unknown route: {status} {r}")
+    status, r = s.post("/reset_prefix_cache", {})
+    check(status == 400 and "--enable-prefix-cache" in r["error"]["message"],
+          f"a cache reset without the cache: {status} {r}")
     # Unknown fields are ignored; the server still serves after every error above.
     status, r = s.post("/v1/completions", {"prompt": "hi", "max_tokens": 2, "user": "x", "something_new": {"a": 1}})
     check(status == 200 and r["usage"]["completion_tokens"] <= 2, f"unknown fields ignored: {status} {r}")
@@ -1302,7 +1305,8 @@ def case_prefix_cache():
     much: prompt_tokens_details.cached_tokens (and /generate's meta_info.cached_tokens) count the
     whole widened pages (page size x DCP size) of the longest cached prefix shorter than the prompt,
     and move the server's own hit counter by as much; greedy tokens are those of the first. The
-    choices of a new prompt compute it once; a conversation's next turn finds the reply cached."""
+    choices of a new prompt compute it once; a conversation's next turn finds the reply cached;
+    POST /reset_prefix_cache empties it."""
     page, dcp = 16, 2
     widened = page * dcp
     s = Server("--tp-size", "2", "--dcp-size", str(dcp), "--page-size", str(page), "--enable-prefix-cache",
@@ -1360,6 +1364,14 @@ def case_prefix_cache():
         check(len(reply) == 40 and status == 200
               and r2["usage"]["prompt_tokens_details"] == {"cached_tokens": written}
               and hits() - before == written, f"the next turn finds the reply cached: {r2.get('usage')}")
+        # POST /reset_prefix_cache: the next request finds nothing cached, the one after it again.
+        status, r = s.post("/reset_prefix_cache", {})
+        check(status == 200 and r == {}, f"reset: {status} {r}")
+        for label, cached in [("after the reset", 0), ("once more", want)]:
+            status, r = s.post("/v1/completions", body)
+            check(status == 200 and r["usage"]["prompt_tokens_details"] == {"cached_tokens": cached}
+                  and r["choices"][0]["token_ids"] == first["choices"][0]["token_ids"],
+                  f"{label}: {r.get('usage')}")
     finally:
         code, _ = s.stop()
         check(code == 0, f"server exit {code}")

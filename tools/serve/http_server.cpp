@@ -142,6 +142,9 @@ HttpServer::HttpServer(OpenAiApi& api, HttpOptions options) : impl_(std::make_un
         [&api](const httplib::Request&, httplib::Response& res) { reply(res, api.health()); });
   s.Get("/metrics",
         [&api](const httplib::Request&, httplib::Response& res) { reply(res, api.metrics()); });
+  s.Post("/reset_prefix_cache", [&api](const httplib::Request&, httplib::Response& res) {
+    reply(res, api.reset_prefix_cache());
+  });
   // Anything else: an OpenAI-style 404 (or 405 for a known path with the wrong method).
   s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;

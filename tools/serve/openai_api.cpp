@@ -743,6 +743,13 @@ HttpReply OpenAiApi::model(const std::string& id) const {
           text_of(model_object(options_.model_name, created_, deployment_.context_tokens()))};
 }
 
+HttpReply OpenAiApi::reset_prefix_cache() {
+  if (!deployment_.prefix_cache_enabled())
+    return error(400, "the prefix cache is off: start dcp serve with --enable-prefix-cache");
+  deployment_.reset_prefix_cache();
+  return {200, "application/json", "{}"};
+}
+
 HttpReply OpenAiApi::health() const {
   if (!deployment_.ready()) return error(503, "the model is loading");
   return {200, "application/json", "{}"};

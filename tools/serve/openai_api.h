@@ -68,6 +68,9 @@ class OpenAiApi {
   HttpReply model(const std::string& id) const;       // GET /v1/models/{id}
   HttpReply health() const;                           // GET /health
   HttpReply metrics() const;                          // GET /metrics (Prometheus text)
+  // vLLM's: every DP replica's prefix cache forgets its pages before the next step (benchmarks
+  // start cold without a restart); 400 naming --enable-prefix-cache when the cache is off.
+  HttpReply reset_prefix_cache();  // POST /reset_prefix_cache
 
   // An OpenAI-style error body.
   static HttpReply error(int status, const std::string& message, const std::string& param = "");
