@@ -56,7 +56,8 @@ class PrefixCache {
   // reload, no pin, no statistics.
   std::int64_t cached_pages(const std::vector<std::int32_t>& tokens) const;
 
-  // Caches the whole prompt pages of `request`, whose KV holds `tokens` in order.
+  // Caches the whole pages of `request`'s KV, which holds `tokens` in order (as far as its
+  // length: a prompt being prefilled, or a finished request's prompt and reply).
   void insert(const std::vector<std::int32_t>& tokens, RequestId request);
 
   // Forgets every cached page: pages only the cache held are free again (device pages and host
