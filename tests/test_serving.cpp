@@ -382,12 +382,19 @@ TEST(Serving, GuideAfterReachesEveryRank) {
       static_cast<std::size_t>(spec.model.config.vocab_size));
   for (std::size_t t = 1; t < texts.size(); ++t) texts[t] = std::string(1, 'a' + t % 26);
   spec.engine.guide_vocabulary = std::make_shared<const GuideVocabulary>(texts);
-  ServeRequest r = greedy(test::random_tokens(rng, 20, 64), 12);
+  ServeRequest r = greedy({}, 12);
   r.sampling.regex = "(ab|cd)+e?";
   r.stop_token_ids = {0};
   Running server(spec);
-  const std::vector<std::int32_t> free = drain_stream(*server->submit(greedy(r.prompt, 12))).tokens;
-  ASSERT_GE(free.size(), 2u);
+  // A prompt whose unguided reply does not open with the stop token, which would end the guided
+  // request inside its marker.
+  std::vector<std::int32_t> free;
+  const auto marker_free_of_stop = [&] { return free.size() >= 2 && free[0] != 0 && free[1] != 0; };
+  for (int tries = 0; tries < 20 && !marker_free_of_stop(); ++tries) {
+    r.prompt = test::random_tokens(rng, 20, 64);
+    free = drain_stream(*server->submit(greedy(r.prompt, 12))).tokens;
+  }
+  ASSERT_TRUE(marker_free_of_stop());
   r.sampling.guide_after = {free[0], free[1]};
   DeploymentSpec batch = spec;
   batch.requests.push_back(r.spec(0));
