@@ -230,8 +230,13 @@ TEST(Serving, AConversationsNextTurnGoesToTheReplicaHoldingItsPrefix) {
     EXPECT_EQ(ra2.cached_prompt_tokens, turn(ra) / vp * vp) << what;
     // The server's counters add both replicas' caches: every prompt looked up, both hits.
     const ServeMetrics m = server->metrics();
-    EXPECT_EQ(m.prefix_hit_tokens, rb2.cached_prompt_tokens + ra2.cached_prompt_tokens) << what;
-    EXPECT_EQ(m.prefix_lookup_tokens, 2 * 30 + (turn(ra) + 1 + 6) + (turn(rb) + 1 + 6)) << what;
+    EXPECT_EQ(m.prefix_cache.hit, rb2.cached_prompt_tokens + ra2.cached_prompt_tokens) << what;
+    EXPECT_EQ(m.prefix_cache.lookup, 2 * 30 + (turn(ra) + 1 + 6) + (turn(rb) + 1 + 6)) << what;
+    // Each replica holds one conversation's pages: its second turn's prompt and reply but the last.
+    const auto held = [&](const StreamUpdate& first, const StreamUpdate& second) {
+      return (turn(first) + 1 + 6 + static_cast<std::int64_t>(second.tokens.size()) - 1) / vp * vp;
+    };
+    EXPECT_EQ(m.prefix_cache.on_device, held(ra, ra2) + held(rb, rb2)) << what;
   }
 }
 
@@ -257,14 +262,14 @@ TEST(Serving, AResetPrefixCacheForgetsEveryReplicasPages) {
   const auto [a_hit, b_hit] = both();
   EXPECT_EQ(a_hit.cached_prompt_tokens, whole);
   EXPECT_EQ(b_hit.cached_prompt_tokens, whole);
-  const std::int64_t hits = server->metrics().prefix_hit_tokens;
+  const std::int64_t hits = server->metrics().prefix_cache.hit;
   server->reset_prefix_cache();
   const auto [a2, b2] = both();
   EXPECT_EQ(a2.cached_prompt_tokens, 0);
   EXPECT_EQ(b2.cached_prompt_tokens, 0);
   EXPECT_EQ(a2.tokens, a1.tokens);
   EXPECT_EQ(b2.tokens, b1.tokens);
-  EXPECT_EQ(server->metrics().prefix_hit_tokens, hits);
+  EXPECT_EQ(server->metrics().prefix_cache.hit, hits);
   EXPECT_EQ(both().first.cached_prompt_tokens, whole);  // cached again after the reset
 
   DeploymentSpec off = small_spec(*w, 1, 1);
@@ -282,6 +287,54 @@ DeploymentReport batch_run(const WeightSource& w, const ServeRequest& r) {
 
 // Penalties, biases, masks and min_tokens travel with the request to every rank: the served tokens
 // equal a batch run's with the same parameters (and differ from the plain request's).
+// The metrics follow the cache's pages across its tiers: a replica of 8 pages (4 x DCP 2 tokens)
+// and a host tier of 4 caches a prompt, has it pushed to the host tier by a second, brings it back
+// for a hit, and loses pages for good to a third prompt that needs the whole device. Every page a
+// finished request cached is on the device, on the host, or dropped: the tokens of the three stay
+// the page arithmetic of the prompts. (The sum over DP replicas: the conversation test above.)
+TEST(Serving, TheMetricsFollowThePrefixCachesPagesAcrossTiers) {
+  auto rng = test::make_rng();
+  const auto w = make_synthetic_weights(26);
+  DeploymentSpec spec = small_spec(*w, 2, 2, 1, 64);
+  spec.engine.enable_prefix_cache = true;
+  spec.engine.host_kv_capacity_tokens = 32;
+  Running server(spec);
+  const auto run = [&](const std::vector<std::int32_t>& prompt) {
+    return drain_stream(*server->submit(greedy(prompt, 1)));
+  };
+  // A prompt of 33 tokens with one new token leaves its 4 whole pages of 8; 57 tokens leave 7.
+  const auto a = test::random_tokens(rng, 33, 64), b = test::random_tokens(rng, 33, 64),
+             c = test::random_tokens(rng, 57, 64);
+  run(a);
+  PrefixCacheTokens m = server->metrics().prefix_cache;
+  EXPECT_EQ(m.on_device, 32);
+  EXPECT_EQ(m.on_host + m.offloaded + m.reloaded + m.dropped, 0);
+
+  run(b);  // 5 pages, 4 free: some of a's pages go to the host tier, which has room
+  m = server->metrics().prefix_cache;
+  EXPECT_EQ(m.on_device + m.on_host, 32 + 32);
+  EXPECT_GT(m.on_host, 0);
+  EXPECT_EQ(m.offloaded, m.on_host);
+  EXPECT_EQ(m.dropped + m.reloaded, 0);
+
+  const std::int64_t a_on_host = m.on_host;
+  EXPECT_EQ(run(a).cached_prompt_tokens, 32);  // all a's host pages back (b's go out for them)
+  m = server->metrics().prefix_cache;
+  EXPECT_EQ(m.reloaded, a_on_host);
+  EXPECT_GT(m.offloaded, a_on_host);
+  EXPECT_EQ(m.on_device + m.on_host, 32 + 32);
+  EXPECT_EQ(m.dropped, 0);
+  EXPECT_EQ(m.hit, 32);
+
+  run(c);  // 8 pages: all 8 cached pages leave the device, and 4 host slots hold at most 4
+  m = server->metrics().prefix_cache;
+  EXPECT_EQ(m.on_device, 56);
+  EXPECT_LE(m.on_host, 32);
+  EXPECT_GE(m.dropped, 32);
+  EXPECT_EQ(m.on_device + m.on_host + m.dropped, 32 + 32 + 56);
+  EXPECT_EQ(m.lookup, 33 + 33 + 33 + 57);
+}
+
 TEST(Serving, PenaltiesBiasMasksAndMinTokensReachEveryRank) {
   auto rng = test::make_rng();
   const auto w = make_synthetic_weights(25);

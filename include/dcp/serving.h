@@ -114,13 +114,21 @@ struct LatencyHistogram {
   void observe(double seconds);
 };
 
+// A prefix cache's state in tokens (whole virtual pages: page size x DCP size each).
+struct PrefixCacheTokens {
+  std::int64_t lookup = 0, hit = 0;         // prompt tokens looked up, and of those found cached
+  std::int64_t on_device = 0, on_host = 0;  // cached now, per tier
+  std::int64_t offloaded = 0, reloaded = 0, dropped = 0;  // evicted to host, back, for good
+  PrefixCacheTokens& operator+=(const PrefixCacheTokens& o);
+};
+
 struct ServeMetrics {
   std::int64_t running = 0, queued = 0;  // over all DP replicas
   std::int64_t prompt_tokens = 0, generation_tokens = 0;
   std::int64_t requests_finished = 0, requests_cancelled = 0, requests_rejected = 0;
   std::vector<std::int64_t> kv_rows_used;      // per world rank, per layer
   std::vector<std::int64_t> kv_rows_capacity;  // per world rank, per layer
-  std::int64_t prefix_lookup_tokens = 0, prefix_hit_tokens = 0;  // over every DP group's cache
+  PrefixCacheTokens prefix_cache;              // over every DP group's cache
   std::int64_t steps = 0;
   LatencyHistogram time_to_first_token, inter_token_latency;
 };

@@ -80,7 +80,7 @@ RequestSpec read_spec(ByteReader& in) {
 // news since the last report.
 struct RankLoad {
   std::int64_t kv_rows = 0, kv_capacity_rows = 0, running = 0, waiting = 0;
-  std::int64_t lookup_tokens = 0, hit_tokens = 0;
+  PrefixCacheTokens cache;
   // KV tokens its DP group's unfinished requests will hold (prompt + max_new_tokens each): every
   // rank deals the next arrivals by these, from the same reports, so all deal alike.
   std::int64_t dealt_tokens = 0;
@@ -127,6 +127,17 @@ void LatencyHistogram::observe(double seconds) {
   ++counts[b];
   sum_s += seconds;
   ++count;
+}
+
+PrefixCacheTokens& PrefixCacheTokens::operator+=(const PrefixCacheTokens& o) {
+  lookup += o.lookup;
+  hit += o.hit;
+  on_device += o.on_device;
+  on_host += o.on_host;
+  offloaded += o.offloaded;
+  reloaded += o.reloaded;
+  dropped += o.dropped;
+  return *this;
 }
 
 std::optional<StreamUpdate> RequestStream::next(std::chrono::milliseconds timeout) {
@@ -299,7 +310,7 @@ void ServingDeployment::publish(const std::vector<std::vector<std::uint8_t>>& re
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard lock(mutex_);
   metrics_.running = metrics_.queued = 0;
-  metrics_.prefix_lookup_tokens = metrics_.prefix_hit_tokens = 0;
+  metrics_.prefix_cache = {};
   ++metrics_.steps;
   for (std::size_t rank = 0; rank < reports.size(); ++rank) {
     ByteReader in(reports[rank]);
@@ -311,8 +322,7 @@ void ServingDeployment::publish(const std::vector<std::vector<std::uint8_t>>& re
     if (news < 0) continue;  // not a replica's first rank: load only
     metrics_.running += load.running;
     metrics_.queued += load.waiting;
-    metrics_.prefix_lookup_tokens += load.lookup_tokens;  // each DP group's cache once
-    metrics_.prefix_hit_tokens += load.hit_tokens;
+    metrics_.prefix_cache += load.cache;  // each DP group's cache once
     for (std::int64_t k = 0; k < news; ++k) {
       StreamUpdate u;
       const RequestId id = in.i64();
@@ -459,9 +469,16 @@ void ServingDeployment::rank_loop(Communicator& world) {
     }
     for (const RequestResult& r : refused) mine.erase(r.id);
     for (const auto& entry : mine) load.dealt_tokens += entry.second;
-    if (engine.prefix_cache()) {
-      load.lookup_tokens = engine.prefix_cache()->stats().lookup_tokens;
-      load.hit_tokens = engine.prefix_cache()->stats().hit_tokens;
+    if (const PrefixCache* cache = engine.prefix_cache()) {
+      const PrefixCacheStats& s = cache->stats();
+      const std::int64_t page = spec_.model_options.page_size * spec_.parallel.dcp_size;
+      load.cache = {s.lookup_tokens,
+                    s.hit_tokens,
+                    cache->device_pages() * page,
+                    cache->host_pages() * page,
+                    s.pages_offloaded * page,
+                    s.pages_reloaded * page,
+                    s.pages_dropped * page};
     }
     w.raw(&load, sizeof load);
     std::vector<RequestId> done;

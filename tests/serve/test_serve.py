@@ -941,7 +941,9 @@ def case_metrics_and_models(s):
     m = s.metrics()
     for key in ["dcp_time_to_first_token_seconds_count", "dcp_inter_token_latency_seconds_count",
                 'dcp_kv_rows_capacity{rank="1"}', "dcp_prompt_tokens_total", "dcp_num_queued_reqs",
-                "dcp_prefix_cache_hit_tokens_total"]:
+                "dcp_prefix_cache_hit_tokens_total", 'dcp_prefix_cache_tokens{tier="host"}',
+                "dcp_prefix_cache_offloaded_tokens_total", "dcp_prefix_cache_reloaded_tokens_total",
+                "dcp_prefix_cache_dropped_tokens_total"]:
         check(key in m, f"/metrics has {key}")
     check(m.get('dcp_time_to_first_token_seconds_bucket{le="+Inf"}') == m.get("dcp_time_to_first_token_seconds_count"),
           "histogram +Inf bucket equals its count")
@@ -1320,6 +1322,10 @@ def case_prefix_cache():
         check(status == 200 and first["usage"]["prompt_tokens_details"] == {"cached_tokens": 0},
               f"a first prompt finds nothing cached: {first.get('usage')}")
         want = (len(prompt) - 1) // widened * widened  # 128
+        # The cache holds the pages of the prompt and the reply but its last token: 157 tokens.
+        held = lambda: s.metrics()['dcp_prefix_cache_tokens{tier="device"}']
+        check(held() == (len(prompt) + 8 - 1) // widened * widened,
+              f"the cache holds the first request's whole pages: {held()}")
         for label, extra, prompts in [("again", {}, 1), ("two choices", {"n": 2}, 2)]:
             before = hits()
             status, r = s.post("/v1/completions", {**body, **extra})
@@ -1364,7 +1370,9 @@ def case_prefix_cache():
         check(len(reply) == 40 and status == 200
               and r2["usage"]["prompt_tokens_details"] == {"cached_tokens": written}
               and hits() - before == written, f"the next turn finds the reply cached: {r2.get('usage')}")
-        # POST /reset_prefix_cache: the next request finds nothing cached, the one after it again.
+        # POST /reset_prefix_cache: the next request finds nothing cached, the one after it again;
+        # the cache then holds that prompt's pages alone.
+        before = held()
         status, r = s.post("/reset_prefix_cache", {})
         check(status == 200 and r == {}, f"reset: {status} {r}")
         for label, cached in [("after the reset", 0), ("once more", want)]:
@@ -1372,6 +1380,7 @@ def case_prefix_cache():
             check(status == 200 and r["usage"]["prompt_tokens_details"] == {"cached_tokens": cached}
                   and r["choices"][0]["token_ids"] == first["choices"][0]["token_ids"],
                   f"{label}: {r.get('usage')}")
+        check(before > 128 and held() == 128, f"cached tokens: {before} before the reset, {held()} after")
     finally:
         code, _ = s.stop()
         check(code == 0, f"server exit {code}")

@@ -779,12 +779,26 @@ HttpReply OpenAiApi::metrics() const {
   o << "dcp_requests_total{outcome=\"finished\"} " << m.requests_finished << "\n"
     << "dcp_requests_total{outcome=\"cancelled\"} " << m.requests_cancelled << "\n"
     << "dcp_requests_total{outcome=\"rejected\"} " << m.requests_rejected << "\n";
+  const PrefixCacheTokens& pc = m.prefix_cache;
   metric("dcp_prefix_cache_lookup_tokens_total", "counter",
          "Prompt tokens looked up in the prefix cache.");
-  o << "dcp_prefix_cache_lookup_tokens_total " << m.prefix_lookup_tokens << "\n";
+  o << "dcp_prefix_cache_lookup_tokens_total " << pc.lookup << "\n";
   metric("dcp_prefix_cache_hit_tokens_total", "counter",
          "Prompt tokens served from the prefix cache.");
-  o << "dcp_prefix_cache_hit_tokens_total " << m.prefix_hit_tokens << "\n";
+  o << "dcp_prefix_cache_hit_tokens_total " << pc.hit << "\n";
+  metric("dcp_prefix_cache_tokens", "gauge",
+         "Tokens of the pages the prefix cache holds, by tier.");
+  o << "dcp_prefix_cache_tokens{tier=\"device\"} " << pc.on_device << "\n"
+    << "dcp_prefix_cache_tokens{tier=\"host\"} " << pc.on_host << "\n";
+  metric("dcp_prefix_cache_offloaded_tokens_total", "counter",
+         "Tokens of cached pages evicted from the device to the host tier.");
+  o << "dcp_prefix_cache_offloaded_tokens_total " << pc.offloaded << "\n";
+  metric("dcp_prefix_cache_reloaded_tokens_total", "counter",
+         "Tokens of cached pages brought back from the host tier for a hit.");
+  o << "dcp_prefix_cache_reloaded_tokens_total " << pc.reloaded << "\n";
+  metric("dcp_prefix_cache_dropped_tokens_total", "counter",
+         "Tokens of cached pages evicted for good (from either tier).");
+  o << "dcp_prefix_cache_dropped_tokens_total " << pc.dropped << "\n";
   const auto histogram = [&](const char* name, const char* help, const LatencyHistogram& h) {
     metric(name, "histogram", help);
     std::int64_t cum = 0;
