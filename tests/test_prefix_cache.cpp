@@ -155,6 +155,45 @@ TEST(PrefixCache, ARequestWaitsForThePagesAnotherPrefillIsWriting) {
   }
 }
 
+// A request that hits the cache but waits for KV (another request holds the rest) is matched
+// again each step; its lookup and hit count once, when it is admitted, so the hit rate stays a
+// rate of prompts. Tokens as with the cache off.
+TEST(PrefixCache, ARequestWaitingForKvIsCountedOnceWhenAdmitted) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 2);
+  const auto w = make_synthetic_weights(72);
+  const std::vector<std::int32_t> a = test::random_tokens(rng, 40, c.vocab_size);
+  std::vector<std::int32_t> b(a.begin(), a.begin() + 32);  // then 18 others
+  const std::vector<std::int32_t> tail = test::random_tokens(rng, 18, c.vocab_size);
+  b.insert(b.end(), tail.begin(), tail.end());
+  b[32] = (a[32] + 1) % c.vocab_size;
+  // 60 and 70 tokens of KV in a cache of 96: the second waits until the first ends.
+  const std::vector<RequestSpec> reqs = {test::request(0, a, 20), test::request(1, b, 20)};
+  for (int n : {1, 2}) {
+    test::EngineSetup off = small_pages(n, n);
+    off.capacity = 96;
+    const auto expect = test::run_engine(c, *w, off, reqs);
+    test::EngineSetup on = off;
+    on.prefix_cache = true;
+    std::vector<int> admitted(reqs.size(), -1);
+    int steps = 0;
+    on.after_step = [&](int rank, const Engine& e) {
+      if (rank != 0) return;
+      ++steps;
+      for (std::size_t i = 0; i < reqs.size(); ++i) {
+        if (admitted[i] < 0 && e.results()[i].state != RequestState::waiting) admitted[i] = steps;
+      }
+    };
+    const auto got = test::run_engine(c, *w, on, reqs);
+    const std::string what = "dcp " + std::to_string(n);
+    expect_as_without_cache(got, expect, what);
+    EXPECT_GE(admitted[1], 20) << what << ": the second request did not wait for the first";
+    EXPECT_EQ(got.results[1].cached_prompt_tokens, 32) << what;
+    EXPECT_EQ(got.cache_stats[0].lookup_tokens, 40 + 50) << what;
+    EXPECT_EQ(got.cache_stats[0].hit_tokens, 32) << what;
+  }
+}
+
 // A finished request leaves its reply's whole pages in the cache beside its prompt's: the next
 // turn of a conversation (the prompt, the reply, a new message) finds both. Its last token never
 // entered the KV, so the cache holds the prompt and the reply but that token. The reply here is

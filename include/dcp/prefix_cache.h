@@ -49,8 +49,12 @@ class PrefixCache {
   // The device pages holding the longest cached prefix of `tokens` shorter than tokens.size()
   // (whole virtual pages). Host pages on the path are copied back first (evicting other pages to
   // make room if needed; the path stops where no room can be made). The pages returned are pinned
-  // (extra reference) until unpin(): pass them to KvAllocator::allocate_shared first.
+  // (extra reference) until unpin(): pass them to KvAllocator::allocate_shared first. Counts no
+  // statistics: a request waiting for KV is matched again each step.
   std::vector<std::int32_t> match(const std::vector<std::int32_t>& tokens);
+  // Counts a lookup of `tokens` prompt tokens that found `hit_pages` pages, once per request (when
+  // it is admitted with the hit).
+  void count_lookup(std::int64_t tokens, std::int64_t hit_pages);
   void unpin(const std::vector<std::int32_t>& pages);
   // How many pages match() would find for `tokens` (either tier), with no side effect: no
   // reload, no pin, no statistics.

@@ -386,6 +386,9 @@ void Engine::admit() {
       if (cache_) cache_->unpin(hit);  // FIFO: wait for KV
       break;
     }
+    if (may_hit)
+      cache_->count_lookup(static_cast<std::int64_t>(it->feed.size()),
+                           static_cast<std::int64_t>(hit.size()));
     if (it->context == 0) {
       if (hit.empty()) {
         alloc.allocate(it->spec.id, 0);

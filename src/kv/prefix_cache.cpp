@@ -217,7 +217,6 @@ std::int64_t PrefixCache::cached_pages(const std::vector<std::int32_t>& tokens) 
 }
 
 std::vector<std::int32_t> PrefixCache::match(const std::vector<std::int32_t>& tokens) {
-  stats_.lookup_tokens += static_cast<std::int64_t>(tokens.size());
   const std::vector<std::uint64_t> keys = path(tokens);
   // The path's pages are touched and its device pages pinned first: bringing its host pages
   // back, one at a time as the old copies free host slots, then evicts only other pages.
@@ -253,8 +252,12 @@ std::vector<std::int32_t> PrefixCache::match(const std::vector<std::int32_t>& to
     const Node& node = nodes_.at(keys[i]);
     if (node.on_device) alloc_.release(node.device_page);
   }
-  stats_.hit_tokens += static_cast<std::int64_t>(pages.size()) * alloc_.virtual_page_size();
   return pages;
+}
+
+void PrefixCache::count_lookup(std::int64_t tokens, std::int64_t hit_pages) {
+  stats_.lookup_tokens += tokens;
+  stats_.hit_tokens += hit_pages * alloc_.virtual_page_size();
 }
 
 void PrefixCache::unpin(const std::vector<std::int32_t>& pages) {
