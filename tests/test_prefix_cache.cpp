@@ -194,6 +194,42 @@ TEST(PrefixCache, ARequestWaitingForKvIsCountedOnceWhenAdmitted) {
   }
 }
 
+// A request waiting for KV that eviction cannot give it evicts nothing: the cache keeps its pages
+// while the request waits, and gives up what the request needs when it can be admitted. Pages of
+// 8 x DCP tokens, 12 of them: a finished prompt leaves 3; a request of 8 pages runs; the next needs
+// 9, which only the end of the first makes possible (with the first's 7 cached pages then unused).
+TEST(PrefixCache, AWaitingRequestEvictsNothingUntilEvictionAdmitsIt) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 2);
+  const auto w = make_synthetic_weights(73);
+  for (int n : {1, 2}) {
+    const int vp = 8 * n;
+    test::EngineSetup setup = small_pages(n, n);
+    setup.capacity = 12 * vp;
+    const auto prompt = [&](int pages) {
+      return test::random_tokens(rng, pages * vp, c.vocab_size);
+    };
+    const std::vector<std::vector<RequestSpec>> phases = {
+        {test::request(0, prompt(3), 1)},
+        {test::request(1, prompt(5), 3 * vp), test::request(2, prompt(5), 4 * vp)}};
+    std::int64_t dropped_while_waiting = 0;
+    int waited = 0;
+    setup.after_step = [&](int rank, const Engine& e) {
+      if (rank != 0 || !e.prefix_cache() || e.results().size() < 3) return;
+      if (e.results()[2].state != RequestState::waiting) return;
+      ++waited;
+      dropped_while_waiting =
+          std::max(dropped_while_waiting, e.prefix_cache()->stats().pages_dropped);
+    };
+    const std::string what = "dcp " + std::to_string(n);
+    const test::EngineRun got = run_with_the_cache(c, *w, setup, phases, what);
+    EXPECT_GE(waited, 3 * vp - 1) << what << ": the last request did not wait for the other";
+    EXPECT_EQ(dropped_while_waiting, 0) << what;
+    // Admitting it: 2 pages free, 7 dropped (the first prompt's 3, then the oldest of the other's).
+    EXPECT_EQ(got.cache_stats[0].pages_dropped, 7) << what;
+  }
+}
+
 // A finished request leaves its reply's whole pages in the cache beside its prompt's: the next
 // turn of a conversation (the prompt, the reply, a new message) finds both. Its last token never
 // entered the KV, so the cache holds the prompt and the reply but that token. The reply here is
@@ -609,6 +645,7 @@ TEST(PrefixCache, RandomPressureFreesWhatIsAskedAndKeepsSharedPages) {
         const std::int64_t want = rng.coin(0.2) ? pages : rng.range(0, pages);
         const std::int64_t before = alloc.free_pages();
         const std::int64_t reachable = pages - held_by_requests();
+        EXPECT_EQ(cache.unused_pages(), reachable - before) << what;
         EXPECT_EQ(cache.make_room(want), before >= want ? before : std::min(want, reachable))
             << what;
       }

@@ -74,6 +74,9 @@ class PrefixCache {
   // of them with no cached page after them are dropped. Returns the free count.
   std::int64_t make_room(std::int64_t pages);
 
+  // Device pages no request holds (nor a match's pin): what make_room can free.
+  std::int64_t unused_pages() const;
+
   const PrefixCacheStats& stats() const noexcept { return stats_; }
   std::int64_t device_pages() const noexcept { return on_device_; }
   std::int64_t host_pages() const noexcept {

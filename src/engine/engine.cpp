@@ -379,10 +379,12 @@ void Engine::admit() {
                                   ? static_cast<std::int64_t>(alloc.pages(it->spec.id).size())
                                   : static_cast<std::int64_t>(hit.size());
     const std::int64_t need = pages_for(final_len) - held;
-    if (cache_ && need > alloc.free_pages() - reserved_pages(alloc))
+    const bool draft_short = draft_pages_short(it->spec.id, final_len) > 0;
+    // Evict only what admits the request: while it waits anyway, the cache keeps its pages.
+    const std::int64_t short_of = need - (alloc.free_pages() - reserved_pages(alloc));
+    if (cache_ && short_of > 0 && !draft_short && short_of <= cache_->unused_pages())
       cache_->make_room(need + reserved_pages(alloc));
-    if (need > alloc.free_pages() - reserved_pages(alloc) ||
-        draft_pages_short(it->spec.id, final_len) > 0) {
+    if (need > alloc.free_pages() - reserved_pages(alloc) || draft_short) {
       if (cache_) cache_->unpin(hit);  // FIFO: wait for KV
       break;
     }

@@ -172,6 +172,15 @@ std::int64_t PrefixCache::make_room(std::int64_t pages) {
   return alloc_.free_pages();
 }
 
+std::int64_t PrefixCache::unused_pages() const {
+  // A request holding a page holds the pages before it, so every cached page after an unused one
+  // is unused too: eviction can free them all (dropping leaves where the host tier is full).
+  std::int64_t n = 0;
+  for (const auto& [k, node] : nodes_)
+    n += node.on_device && alloc_.ref_count(node.device_page) == 1;
+  return n;
+}
+
 std::int64_t PrefixCache::clear() {
   const std::int64_t held = on_device_;
   for (const auto& [k, node] : nodes_) {
