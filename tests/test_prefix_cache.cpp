@@ -230,6 +230,39 @@ TEST(PrefixCache, AWaitingRequestEvictsNothingUntilEvictionAdmitsIt) {
   }
 }
 
+// A waiting request's hit on host pages takes no page a running request will still need: while
+// only reserved pages are free, each page it brings back replaces an unused one. Pages of 8 x DCP
+// tokens, 12 of them, a host tier of 4: a prompt leaves 3 pages; then, together, a request that
+// will grow to 5 pages, one whose 6 push the prompt's first 2 pages to the host tier, and one that
+// opens with the prompt, which waits for the first to end and then finds all 3 pages.
+TEST(PrefixCache, AWaitingRequestsHitTakesNoPageARunningRequestNeeds) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 2);
+  const auto w = make_synthetic_weights(74);
+  for (int n : {1, 2}) {
+    const int vp = 8 * n;
+    test::EngineSetup off = small_pages(n, n);
+    off.capacity = 12 * vp;
+    const auto prompt = [&](int tokens) { return test::random_tokens(rng, tokens, c.vocab_size); };
+    const std::vector<std::int32_t> x = prompt(3 * vp);
+    std::vector<std::int32_t> wx = x;
+    const std::vector<std::int32_t> more = prompt(5 * vp);
+    wx.insert(wx.end(), more.begin(), more.end());
+    const std::vector<std::vector<RequestSpec>> phases = {
+        {test::request(0, x, 1)},
+        {test::request(1, prompt(2 * vp), 3 * vp), test::request(2, prompt(5 * vp), 1),
+         test::request(3, wx, 3 * vp)}};
+    const std::string what = "dcp " + std::to_string(n);
+    test::EngineSetup on = off;
+    on.prefix_cache = true;
+    on.host_tokens = 4 * vp;
+    const test::EngineRun got = test::run_engine_phases(c, *w, on, phases);
+    expect_as_without_cache(got, test::run_engine_phases(c, *w, off, phases), what);
+    EXPECT_EQ(got.results[3].cached_prompt_tokens, 3 * vp) << what;
+    EXPECT_EQ(got.cache_stats[0].pages_reloaded, 2) << what;
+  }
+}
+
 // A finished request leaves its reply's whole pages in the cache beside its prompt's: the next
 // turn of a conversation (the prompt, the reply, a new message) finds both. Its last token never
 // entered the KV, so the cache holds the prompt and the reply but that token. The reply here is

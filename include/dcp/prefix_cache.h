@@ -47,11 +47,13 @@ class PrefixCache {
   ~PrefixCache();
 
   // The device pages holding the longest cached prefix of `tokens` shorter than tokens.size()
-  // (whole virtual pages). Host pages on the path are copied back first (evicting other pages to
-  // make room if needed; the path stops where no room can be made). The pages returned are pinned
-  // (extra reference) until unpin(): pass them to KvAllocator::allocate_shared first. Counts no
-  // statistics: a request waiting for KV is matched again each step.
-  std::vector<std::int32_t> match(const std::vector<std::int32_t>& tokens);
+  // (whole virtual pages). Host pages on the path are copied back first, into free pages while
+  // more than `keep_free` are free (the pages running requests will still take), else in place
+  // of other pages evicted for them; the path stops where no room can be made. The pages returned
+  // are pinned (extra reference) until unpin(): pass them to KvAllocator::allocate_shared first.
+  // Counts no statistics: a request waiting for KV is matched again each step.
+  std::vector<std::int32_t> match(const std::vector<std::int32_t>& tokens,
+                                  std::int64_t keep_free = 0);
   // Counts a lookup of `tokens` prompt tokens that found `hit_pages` pages, once per request (when
   // it is admitted with the hit).
   void count_lookup(std::int64_t tokens, std::int64_t hit_pages);

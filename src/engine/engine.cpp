@@ -374,7 +374,7 @@ void Engine::admit() {
     }
     // A prefix-cache hit: whole pages the request shares instead of computing (pinned for now).
     std::vector<std::int32_t> hit, prefix;
-    if (may_hit) hit = cache_->match(it->feed);
+    if (may_hit) hit = cache_->match(it->feed, reserved_pages(alloc));
     const std::int64_t held = it->context > 0
                                   ? static_cast<std::int64_t>(alloc.pages(it->spec.id).size())
                                   : static_cast<std::int64_t>(hit.size());

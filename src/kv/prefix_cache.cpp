@@ -225,7 +225,8 @@ std::int64_t PrefixCache::cached_pages(const std::vector<std::int32_t>& tokens) 
   return static_cast<std::int64_t>(path(tokens).size());
 }
 
-std::vector<std::int32_t> PrefixCache::match(const std::vector<std::int32_t>& tokens) {
+std::vector<std::int32_t> PrefixCache::match(const std::vector<std::int32_t>& tokens,
+                                             std::int64_t keep_free) {
   const std::vector<std::uint64_t> keys = path(tokens);
   // The path's pages are touched and its device pages pinned first: bringing its host pages
   // back, one at a time as the old copies free host slots, then evicts only other pages.
@@ -241,7 +242,7 @@ std::vector<std::int32_t> PrefixCache::match(const std::vector<std::int32_t>& to
   for (; i < keys.size(); ++i) {
     Node& node = nodes_.at(keys[i]);
     if (!node.on_device) {  // bring it back: a fresh device page, this rank's rows copied in
-      if (alloc_.free_pages() == 0) {
+      if (alloc_.free_pages() <= keep_free) {
         if (!eviction) eviction.emplace(*this, touched_from);
         if (!eviction->free_one()) break;
       }
