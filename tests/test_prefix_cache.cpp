@@ -263,6 +263,73 @@ TEST(PrefixCache, AWaitingRequestsHitTakesNoPageARunningRequestNeeds) {
   }
 }
 
+// Random workloads under KV pressure: prompts sharing random prefixes of a few others, arriving
+// in waves, in a KV of a few pages, with and without a host tier, under DCP 1 and 2, some with
+// speculative decoding. Nothing fails, every request gives the tokens of the cache off, and each
+// hit is whole pages short of its prompt.
+TEST(PrefixCache, RandomWorkloadsUnderKvPressureGiveTheTokensOfTheCacheOff) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 2);
+  const auto w = make_synthetic_weights(75);
+  std::int64_t hits = 0, reloaded = 0;
+  for (int round = 0; round < 40; ++round) {
+    const int n = round % 2 == 0 ? 1 : 2;
+    const int vp = 4 * n;
+    test::EngineSetup off = small_pages(n, n);
+    off.page_size = 4;
+    off.chunk = static_cast<int>(rng.range(1, 4)) * vp;
+    const int pages = static_cast<int>(rng.range(10, 16));
+    off.capacity = pages * vp;
+    off.max_running = static_cast<int>(rng.range(1, 4));
+    const bool drafted = round % 3 == 2;
+    if (drafted) {  // the draft, on both sides; the cache only on the second
+      off = cached_and_drafted(off, *w);
+      off.prefix_cache = false;
+    }
+    std::vector<std::vector<std::int32_t>> bases;
+    for (int b = 0; b < 3; ++b)
+      bases.push_back(
+          test::random_tokens(rng, static_cast<int>(rng.range(vp, 5 * vp)), c.vocab_size));
+    std::vector<std::vector<RequestSpec>> phases(static_cast<std::size_t>(rng.range(1, 3)));
+    std::vector<std::size_t> prompts;
+    RequestId id = 0;
+    for (auto& phase : phases) {
+      for (std::int64_t k = rng.range(1, 5); k > 0; --k) {
+        const auto& base = bases[static_cast<std::size_t>(rng.range(0, 2))];
+        std::vector<std::int32_t> p(
+            base.begin(), base.begin() + rng.range(1, static_cast<std::int64_t>(base.size())));
+        const auto tail =
+            test::random_tokens(rng, static_cast<int>(rng.range(0, 2 * vp)), c.vocab_size);
+        p.insert(p.end(), tail.begin(), tail.end());
+        const std::int64_t room = off.capacity - static_cast<std::int64_t>(p.size()) - 4;
+        prompts.push_back(p.size());
+        phase.push_back(test::request(
+            id++, p, static_cast<int>(rng.range(1, std::min<std::int64_t>(room, 3 * vp)))));
+      }
+    }
+    const std::string what = "round " + std::to_string(round) + " dcp " + std::to_string(n) +
+                             (drafted ? " drafted" : "");
+    const test::EngineRun want = test::run_engine_phases(c, *w, off, phases);
+    test::EngineSetup on = off;
+    on.prefix_cache = true;
+    on.host_tokens = (round % 4 == 3 ? 0 : rng.range(1, 4)) * vp;
+    const test::EngineRun got = test::run_engine_phases(c, *w, on, phases);
+    ASSERT_EQ(got.results.size(), want.results.size()) << what;
+    for (std::size_t i = 0; i < want.results.size(); ++i) {
+      const RequestResult& r = got.results[i];
+      ASSERT_EQ(r.state, RequestState::finished) << what << " request " << i << ": " << r.error;
+      EXPECT_EQ(r.output_tokens, want.results[i].output_tokens) << what << " request " << i;
+      EXPECT_EQ(r.cached_prompt_tokens % vp, 0) << what << " request " << i;
+      EXPECT_LT(r.cached_prompt_tokens, static_cast<std::int64_t>(prompts[i])) << what;
+      hits += r.cached_prompt_tokens > 0;
+    }
+    reloaded += got.cache_stats[0].pages_reloaded;
+  }
+  EXPECT_GT(hits, 0);  // the workloads did share prefixes
+  std::printf("requests that hit: %lld, pages reloaded: %lld\n", static_cast<long long>(hits),
+              static_cast<long long>(reloaded));
+}
+
 // A finished request leaves its reply's whole pages in the cache beside its prompt's: the next
 // turn of a conversation (the prompt, the reply, a new message) finds both. Its last token never
 // entered the KV, so the cache holds the prompt and the reply but that token. The reply here is
