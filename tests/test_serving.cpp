@@ -134,6 +134,8 @@ TEST(Serving, StreamedTokensEqualABatchRunUnderConcurrentClients) {
     EXPECT_EQ(m.generation_tokens, 60);
     EXPECT_EQ(m.time_to_first_token.count, 6);
     EXPECT_EQ(m.inter_token_latency.count, 54);
+    EXPECT_EQ(m.request_latency.count, 6);  // each request's from arrival to its last token:
+    EXPECT_GE(m.request_latency.sum_s, m.time_to_first_token.sum_s);  // its first, then more
   }
 }
 

@@ -131,6 +131,7 @@ struct ServeMetrics {
   PrefixCacheTokens prefix_cache;              // over every DP group's cache
   std::int64_t steps = 0;
   LatencyHistogram time_to_first_token, inter_token_latency;
+  LatencyHistogram request_latency;  // arrival to last token, of the requests that finished
 };
 
 class ServingDeployment {

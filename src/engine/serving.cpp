@@ -377,6 +377,8 @@ void ServingDeployment::publish(const std::vector<std::vector<std::uint8_t>>& re
           ++metrics_.requests_cancelled;
         } else {
           ++metrics_.requests_finished;
+          metrics_.request_latency.observe(
+              std::chrono::duration<double>(now - s.timing_.submitted).count());
         }
         live_.erase(it);
       }

@@ -945,8 +945,9 @@ def case_metrics_and_models(s):
                 "dcp_prefix_cache_offloaded_tokens_total", "dcp_prefix_cache_reloaded_tokens_total",
                 "dcp_prefix_cache_dropped_tokens_total"]:
         check(key in m, f"/metrics has {key}")
-    check(m.get('dcp_time_to_first_token_seconds_bucket{le="+Inf"}') == m.get("dcp_time_to_first_token_seconds_count"),
-          "histogram +Inf bucket equals its count")
+    for h in ["dcp_time_to_first_token_seconds", "dcp_e2e_request_latency_seconds"]:
+        check(m.get(h + '_bucket{le="+Inf"}') == m.get(h + "_count") is not None,
+              f"{h}: its +Inf bucket equals its count")
 
 
 TOOLS = [

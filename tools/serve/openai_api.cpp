@@ -813,6 +813,9 @@ HttpReply OpenAiApi::metrics() const {
             m.time_to_first_token);
   histogram("dcp_inter_token_latency_seconds", "Time between a request's tokens.",
             m.inter_token_latency);
+  histogram("dcp_e2e_request_latency_seconds",
+            "Time from arrival to the last token, of the requests that finished.",
+            m.request_latency);
   return {200, "text/plain; version=0.0.4", o.str()};
 }
 
