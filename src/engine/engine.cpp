@@ -372,19 +372,20 @@ void Engine::admit() {
       ++it;
       continue;
     }
+    const std::int64_t reserved = reserved_pages(alloc);  // what running requests will take
     // A prefix-cache hit: whole pages the request shares instead of computing (pinned for now).
     std::vector<std::int32_t> hit, prefix;
-    if (may_hit) hit = cache_->match(it->feed, reserved_pages(alloc));
+    if (may_hit) hit = cache_->match(it->feed, reserved);
     const std::int64_t held = it->context > 0
                                   ? static_cast<std::int64_t>(alloc.pages(it->spec.id).size())
                                   : static_cast<std::int64_t>(hit.size());
     const std::int64_t need = pages_for(final_len) - held;
     const bool draft_short = draft_pages_short(it->spec.id, final_len) > 0;
     // Evict only what admits the request: while it waits anyway, the cache keeps its pages.
-    const std::int64_t short_of = need - (alloc.free_pages() - reserved_pages(alloc));
+    const std::int64_t short_of = need - (alloc.free_pages() - reserved);
     if (cache_ && short_of > 0 && !draft_short && short_of <= cache_->unused_pages())
-      cache_->make_room(need + reserved_pages(alloc));
-    if (need > alloc.free_pages() - reserved_pages(alloc) || draft_short) {
+      cache_->make_room(need + reserved);
+    if (need > alloc.free_pages() - reserved || draft_short) {
       if (cache_) cache_->unpin(hit);  // FIFO: wait for KV
       break;
     }
