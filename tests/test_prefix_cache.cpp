@@ -42,6 +42,13 @@ test::EngineSetup small_pages(int tp, int dcp) {
   return s;
 }
 
+// small_pages(n, n) with a KV of `pages` virtual pages (8 x n tokens each).
+test::EngineSetup kv_of_pages(int n, int pages) {
+  test::EngineSetup s = small_pages(n, n);
+  s.capacity = static_cast<std::int64_t>(pages) * 8 * n;
+  return s;
+}
+
 // The cache changes what is computed, not the result: the same tokens, and logits within the
 // rounding of attention over a cached prefix (an extend) instead of one prefill.
 void expect_as_without_cache(const test::EngineRun& got, const test::EngineRun& want,
@@ -77,6 +84,34 @@ test::EngineSetup cached_and_drafted(test::EngineSetup s, const WeightSource& w)
   s.draft_config = preset_config("tiny", 1);
   s.draft_weights = &w;
   return s;
+}
+
+// run_with_the_cache of one phase, which also gives the step after which each request left the
+// queue in the run with the cache (world rank 0's engine).
+struct AdmittedRun {
+  test::EngineRun run;
+  std::vector<int> admitted;
+};
+AdmittedRun run_recording_admissions(const ModelConfig& c, const WeightSource& w,
+                                     const test::EngineSetup& off,
+                                     const std::vector<RequestSpec>& reqs,
+                                     const std::string& what) {
+  const auto expect = test::run_engine(c, w, off, reqs);
+  test::EngineSetup on = off;
+  on.prefix_cache = true;
+  std::vector<int> admitted(reqs.size(), -1);
+  int steps = 0;
+  on.after_step = [&](int rank, const Engine& e) {
+    if (rank != 0) return;
+    ++steps;
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      if (admitted[i] < 0 && e.results()[i].state != RequestState::waiting) admitted[i] = steps;
+    }
+  };
+  AdmittedRun got{test::run_engine(c, w, on, reqs), {}};
+  expect_as_without_cache(got.run, expect, what);
+  got.admitted = std::move(admitted);
+  return got;
 }
 
 TEST(PrefixCache, SharedPrefixesGiveIdenticalOutputsWithTheCacheOnAndOff) {
@@ -120,23 +155,9 @@ TEST(PrefixCache, ARequestWaitsForThePagesAnotherPrefillIsWriting) {
     reqs[static_cast<std::size_t>(i)].sampling.seed = static_cast<std::uint64_t>(i);
   }
   for (int n : {1, 2}) {
-    const test::EngineSetup off = small_pages(2, n);  // the first prompt takes 4 steps
-    const auto expect = test::run_engine(c, *w, off, reqs);
-    test::EngineSetup on = off;
-    on.prefix_cache = true;
-    // The step after which each request left the queue (world rank 0's engine).
-    std::vector<int> admitted(reqs.size(), -1);
-    int steps = 0;
-    on.after_step = [&](int rank, const Engine& e) {
-      if (rank != 0) return;
-      ++steps;
-      for (std::size_t i = 0; i < reqs.size(); ++i) {
-        if (admitted[i] < 0 && e.results()[i].state != RequestState::waiting) admitted[i] = steps;
-      }
-    };
-    const auto got = test::run_engine(c, *w, on, reqs);
     const std::string what = "dcp " + std::to_string(n);
-    expect_as_without_cache(got, expect, what);
+    // The first prompt takes 4 steps.
+    const auto [got, admitted] = run_recording_admissions(c, *w, small_pages(2, n), reqs, what);
     const std::int64_t vp = 8LL * n;
     const std::vector<std::int64_t> cached = {0, 170 / vp * vp, 0, 199 / vp * vp, 199 / vp * vp};
     std::int64_t prompts = 0;
@@ -172,21 +193,8 @@ TEST(PrefixCache, ARequestWaitingForKvIsCountedOnceWhenAdmitted) {
   for (int n : {1, 2}) {
     test::EngineSetup off = small_pages(n, n);
     off.capacity = 96;
-    const auto expect = test::run_engine(c, *w, off, reqs);
-    test::EngineSetup on = off;
-    on.prefix_cache = true;
-    std::vector<int> admitted(reqs.size(), -1);
-    int steps = 0;
-    on.after_step = [&](int rank, const Engine& e) {
-      if (rank != 0) return;
-      ++steps;
-      for (std::size_t i = 0; i < reqs.size(); ++i) {
-        if (admitted[i] < 0 && e.results()[i].state != RequestState::waiting) admitted[i] = steps;
-      }
-    };
-    const auto got = test::run_engine(c, *w, on, reqs);
     const std::string what = "dcp " + std::to_string(n);
-    expect_as_without_cache(got, expect, what);
+    const auto [got, admitted] = run_recording_admissions(c, *w, off, reqs, what);
     EXPECT_GE(admitted[1], 20) << what << ": the second request did not wait for the first";
     EXPECT_EQ(got.results[1].cached_prompt_tokens, 32) << what;
     EXPECT_EQ(got.cache_stats[0].lookup_tokens, 40 + 50) << what;
@@ -204,8 +212,7 @@ TEST(PrefixCache, AWaitingRequestEvictsNothingUntilEvictionAdmitsIt) {
   const auto w = make_synthetic_weights(73);
   for (int n : {1, 2}) {
     const int vp = 8 * n;
-    test::EngineSetup setup = small_pages(n, n);
-    setup.capacity = 12 * vp;
+    test::EngineSetup setup = kv_of_pages(n, 12);
     const auto prompt = [&](int pages) {
       return test::random_tokens(rng, pages * vp, c.vocab_size);
     };
@@ -241,8 +248,7 @@ TEST(PrefixCache, AWaitingRequestsHitTakesNoPageARunningRequestNeeds) {
   const auto w = make_synthetic_weights(74);
   for (int n : {1, 2}) {
     const int vp = 8 * n;
-    test::EngineSetup off = small_pages(n, n);
-    off.capacity = 12 * vp;
+    test::EngineSetup off = kv_of_pages(n, 12);
     const auto prompt = [&](int tokens) { return test::random_tokens(rng, tokens, c.vocab_size); };
     const std::vector<std::int32_t> x = prompt(3 * vp);
     std::vector<std::int32_t> wx = x;
