@@ -271,8 +271,8 @@ TEST(PrefixCache, AWaitingRequestsHitTakesNoPageARunningRequestNeeds) {
 
 // Random workloads under KV pressure: prompts sharing random prefixes of a few others, arriving
 // in waves, in a KV of a few pages, with and without a host tier, under DCP 1 and 2, some with
-// speculative decoding. Nothing fails, every request gives the tokens of the cache off, and each
-// hit is whole pages short of its prompt.
+// speculative decoding, a few with prompt_logprobs (computed whole). Nothing fails, every request
+// gives the tokens of the cache off, and each hit is whole pages short of its prompt.
 TEST(PrefixCache, RandomWorkloadsUnderKvPressureGiveTheTokensOfTheCacheOff) {
   auto rng = test::make_rng();
   const ModelConfig c = preset_config("tiny", 2);
@@ -298,6 +298,7 @@ TEST(PrefixCache, RandomWorkloadsUnderKvPressureGiveTheTokensOfTheCacheOff) {
           test::random_tokens(rng, static_cast<int>(rng.range(vp, 5 * vp)), c.vocab_size));
     std::vector<std::vector<RequestSpec>> phases(static_cast<std::size_t>(rng.range(1, 3)));
     std::vector<std::size_t> prompts;
+    std::vector<bool> scored;  // with prompt_logprobs: no hit
     RequestId id = 0;
     for (auto& phase : phases) {
       for (std::int64_t k = rng.range(1, 5); k > 0; --k) {
@@ -311,6 +312,8 @@ TEST(PrefixCache, RandomWorkloadsUnderKvPressureGiveTheTokensOfTheCacheOff) {
         prompts.push_back(p.size());
         phase.push_back(test::request(
             id++, p, static_cast<int>(rng.range(1, std::min<std::int64_t>(room, 3 * vp)))));
+        if (!drafted && rng.coin(0.15)) phase.back().prompt_logprobs = 1;  // computed whole
+        scored.push_back(phase.back().prompt_logprobs >= 0);
       }
     }
     const std::string what = "round " + std::to_string(round) + " dcp " + std::to_string(n) +
@@ -327,6 +330,10 @@ TEST(PrefixCache, RandomWorkloadsUnderKvPressureGiveTheTokensOfTheCacheOff) {
       EXPECT_EQ(r.output_tokens, want.results[i].output_tokens) << what << " request " << i;
       EXPECT_EQ(r.cached_prompt_tokens % vp, 0) << what << " request " << i;
       EXPECT_LT(r.cached_prompt_tokens, static_cast<std::int64_t>(prompts[i])) << what;
+      if (scored[i]) {
+        EXPECT_EQ(r.cached_prompt_tokens, 0) << what << " request " << i;
+        EXPECT_EQ(r.prompt_logprobs.size(), prompts[i] - 1) << what << " request " << i;
+      }
       hits += r.cached_prompt_tokens > 0;
     }
     reloaded += got.cache_stats[0].pages_reloaded;
