@@ -270,9 +270,10 @@ TEST(PrefixCache, AWaitingRequestsHitTakesNoPageARunningRequestNeeds) {
 }
 
 // Random workloads under KV pressure: prompts sharing random prefixes of a few others, arriving
-// in waves, in a KV of a few pages, with and without a host tier, under DCP 1 and 2, some with
-// speculative decoding, a few with prompt_logprobs (computed whole). Nothing fails, every request
-// gives the tokens of the cache off, and each hit is whole pages short of its prompt.
+// in waves, in a KV of a few pages, with and without a host tier, under DCP 1 and 2, some in DP
+// attention groups, some with speculative decoding, a few with prompt_logprobs (computed whole).
+// Nothing fails, every request gives the tokens of the cache off, and each hit is whole pages short
+// of its prompt.
 TEST(PrefixCache, RandomWorkloadsUnderKvPressureGiveTheTokensOfTheCacheOff) {
   auto rng = test::make_rng();
   const ModelConfig c = preset_config("tiny", 2);
@@ -287,6 +288,11 @@ TEST(PrefixCache, RandomWorkloadsUnderKvPressureGiveTheTokensOfTheCacheOff) {
     const int pages = static_cast<int>(rng.range(10, 16));
     off.capacity = pages * vp;
     off.max_running = static_cast<int>(rng.range(1, 4));
+    const bool attention_groups = round % 4 == 1;  // DP attention: two groups of TP n
+    if (attention_groups) {
+      off.tp = 2 * n;
+      off.dp_attention = 2;
+    }
     const bool drafted = round % 3 == 2;
     if (drafted) {  // the draft, on both sides; the cache only on the second
       off = cached_and_drafted(off, *w);
@@ -317,7 +323,8 @@ TEST(PrefixCache, RandomWorkloadsUnderKvPressureGiveTheTokensOfTheCacheOff) {
       }
     }
     const std::string what = "round " + std::to_string(round) + " dcp " + std::to_string(n) +
-                             (drafted ? " drafted" : "");
+                             (drafted ? " drafted" : "") +
+                             (attention_groups ? " dp attention" : "");
     const test::EngineRun want = test::run_engine_phases(c, *w, off, phases);
     test::EngineSetup on = off;
     on.prefix_cache = true;
