@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -465,8 +466,15 @@ TEST(Engine, PromptLogprobsAreTheLogSoftmaxOfEachPrefix) {
     std::vector<int> order(static_cast<std::size_t>(vocab));
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return l[a] > l[b]; });
+    // Rank k holds a token whose reference logit is the k-th largest: the very token, or one
+    // whose logit is within the two runs' rounding of it (such a pair may come in either order).
+    std::set<std::int32_t> distinct;
     for (std::size_t k = 0; k < 3; ++k) {
-      EXPECT_EQ(lp.top[k].token, order[k]) << "position " << p + 1 << " rank " << k;
+      const std::int32_t t = lp.top[k].token;
+      ASSERT_TRUE(t >= 0 && t < vocab && distinct.insert(t).second) << "position " << p + 1;
+      if (t != order[k]) {
+        EXPECT_NEAR(l[t], l[order[k]], 1e-4) << "position " << p + 1 << " rank " << k;
+      }
       EXPECT_NEAR(lp.top[k].logprob, l[order[k]] - lse, 1e-3) << "position " << p + 1;
     }
   }
