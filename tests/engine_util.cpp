@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "dcp/deployment.h"
 #include "dcp/error.h"
 
@@ -77,6 +79,31 @@ EngineRun run_engine_phases(const ModelConfig& config, const WeightSource& weigh
     return out;
   });
   return launched.report;
+}
+
+::testing::AssertionResult same_greedy_run(const RequestResult& got, const RequestResult& ref,
+                                           int vocab, Tolerance tol, double tie) {
+  const std::vector<std::int32_t>& a = got.output_tokens;
+  const std::vector<std::int32_t>& b = ref.output_tokens;
+  const auto v = static_cast<std::size_t>(vocab);
+  const std::size_t part = static_cast<std::size_t>(
+      std::mismatch(a.begin(), a.end(), b.begin(), b.end()).first - a.begin());
+  if (a == b) return close_runs(got.step_logits, ref.step_logits, tol, "step logits");
+  const std::size_t n = (part + 1) * v;  // the logits compared: up to the step where they part
+  if (part >= a.size() || part >= b.size() || ref.step_logits.size() < n ||
+      got.step_logits.size() < n)
+    return ::testing::AssertionFailure() << "tokens part at step " << part << " (" << a.size()
+                                         << " against " << b.size() << " tokens)";
+  const float* l = ref.step_logits.data() + part * v;
+  const double gap = static_cast<double>(l[b[part]]) - l[a[part]];
+  if (gap < 0 || gap > tie)
+    return ::testing::AssertionFailure()
+           << "tokens part at step " << part << ": " << a[part] << " where the reference chose "
+           << b[part] << ", whose logit is higher by " << gap << " (a tie is within " << tie << ")";
+  const auto upto = [n](const std::vector<float>& x) {
+    return std::vector<float>(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(n));
+  };
+  return close_runs(upto(got.step_logits), upto(ref.step_logits), tol, "step logits");
 }
 
 RequestSpec request(RequestId id, std::vector<std::int32_t> prompt, int max_new,

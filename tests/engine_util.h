@@ -62,6 +62,13 @@ void expect_same_under_dcp2_and_a_draft(const ModelConfig& c, const WeightSource
                                         const std::vector<RequestSpec>& reqs,
                                         const EngineRun& want);
 
+// A greedy request against a reference run's (both with recorded logits): the same tokens and
+// step logits within `tol`, to the end or to a step where the reference's logits put both runs'
+// tokens within `tie` of each other: a near-tie that two runs' rounding may break either way. The
+// texts part there, and the steps after it are not compared.
+::testing::AssertionResult same_greedy_run(const RequestResult& got, const RequestResult& ref,
+                                           int vocab, Tolerance tol, double tie = 1e-5);
+
 RequestSpec request(RequestId id, std::vector<std::int32_t> prompt, int max_new,
                     std::vector<std::int32_t> forced = {});
 std::vector<std::int32_t> random_tokens(Rng& rng, int n, int vocab);

@@ -174,10 +174,9 @@ TEST(Disaggregation, DecodeAfterTransferEqualsMonolithic) {
     for (int i = 0; i < 4; ++i) {
       ASSERT_EQ(got.results[i].state, RequestState::finished)
           << what << " " << got.results[i].error;
-      ASSERT_EQ(got.results[i].output_tokens, expect.results[i].output_tokens)
+      EXPECT_TRUE(
+          test::same_greedy_run(got.results[i], expect.results[i], c.vocab_size, {1e-10, 1e-4}))
           << what << " request " << i;
-      EXPECT_TRUE(test::close_runs(got.results[i].step_logits, expect.results[i].step_logits,
-                                   {1e-10, 1e-4}, what.c_str()));
       expect_bytes += layout::count(lengths[i], 0, k.decode_dcp) * 80 * 4 * 2 +
                       32;  // rows x width x fp32 x layers + header
     }
@@ -219,15 +218,20 @@ TEST(Disaggregation, SpeculativeDecodingAfterTransferEqualsGreedy) {
     const auto plain = test::run_engine(c, *w, mono, reqs);
     const DisaggOutcome got = run_disagg(c, *w, k, reqs, {}, d);
     ASSERT_TRUE(got.is_decode);
+    bool exact = true;
     for (std::size_t i = 0; i < reqs.size(); ++i) {
       ASSERT_EQ(got.results[i].state, RequestState::finished)
           << what << " " << got.results[i].error;
-      EXPECT_EQ(got.results[i].output_tokens, plain.results[i].output_tokens)
+      EXPECT_TRUE(
+          test::same_greedy_run(got.results[i], plain.results[i], c.vocab_size, {1e-10, 1e-4}))
           << what << " request " << i;
+      exact = exact && got.results[i].output_tokens == speculative.results[i].output_tokens;
     }
     EXPECT_GT(got.decode_stats.spec_accepted, 0) << what;
-    EXPECT_EQ(got.decode_stats.spec_proposed, speculative.stats.spec_proposed) << what;
-    EXPECT_EQ(got.decode_stats.spec_accepted, speculative.stats.spec_accepted) << what;
+    if (exact) {  // where a near-tie parted the texts, the drafts accepted may differ too
+      EXPECT_EQ(got.decode_stats.spec_proposed, speculative.stats.spec_proposed) << what;
+      EXPECT_EQ(got.decode_stats.spec_accepted, speculative.stats.spec_accepted) << what;
+    }
   }
 }
 
@@ -264,10 +268,9 @@ TEST(Disaggregation, ThePrefillSidesPrefixCacheSharesPromptsPrefixes) {
       for (std::size_t i = 0; i < reqs.size(); ++i) {
         ASSERT_EQ(got.results[i].state, RequestState::finished)
             << what << " " << got.results[i].error;
-        EXPECT_EQ(got.results[i].output_tokens, expect.results[i].output_tokens)
+        EXPECT_TRUE(
+            test::same_greedy_run(got.results[i], expect.results[i], c.vocab_size, {1e-10, 1e-4}))
             << what << " request " << i;
-        EXPECT_TRUE(test::close_runs(got.results[i].step_logits, expect.results[i].step_logits,
-                                     {1e-10, 1e-4}, what.c_str()));
       }
       ASSERT_FALSE(prefill.is_decode);
       ASSERT_TRUE(prefill.prefill_cache.has_value()) << what;
