@@ -102,6 +102,8 @@ class PrefixCache {
   };
   class Eviction;  // one pass: candidates found once, taken least recently used first
   std::uint64_t key(std::uint64_t parent, const std::int32_t* tokens) const;
+  // A device page no request holds (nor a pin): eviction may take it.
+  bool only_cached(const Node& node) const;
   // Whether `node` is the page of `tokens` after `parent` (not a hash collision).
   bool holds(const Node& node, std::uint64_t parent, const std::int32_t* tokens) const;
   // The keys of the cached pages (either tier) a hit on `tokens` may cover, in order.

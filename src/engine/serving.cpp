@@ -473,7 +473,7 @@ void ServingDeployment::rank_loop(Communicator& world) {
     for (const auto& entry : mine) load.dealt_tokens += entry.second;
     if (const PrefixCache* cache = engine.prefix_cache()) {
       const PrefixCacheStats& s = cache->stats();
-      const std::int64_t page = spec_.model_options.page_size * spec_.parallel.dcp_size;
+      const std::int64_t page = model.allocator().virtual_page_size();
       load.cache = {s.lookup_tokens,
                     s.hit_tokens,
                     cache->device_pages() * page,

@@ -128,9 +128,7 @@ class PrefixCache::Eviction {
   using Aged = std::pair<std::uint64_t, std::uint64_t>;  // (last used, key)
   using OldestFirst = std::priority_queue<Aged, std::vector<Aged>, std::greater<>>;
 
-  bool unused(const Node& n) const {  // a device page only the cache holds
-    return n.on_device && n.last_used < keep_from_ && c_.alloc_.ref_count(n.device_page) == 1;
-  }
+  bool unused(const Node& n) const { return c_.only_cached(n) && n.last_used < keep_from_; }
   bool unused_leaf(const Node& n) const { return unused(n) && n.children == 0; }
   bool host_leaf(const Node& n) const {
     return !n.on_device && n.children == 0 && n.last_used < keep_from_;
@@ -172,12 +170,15 @@ std::int64_t PrefixCache::make_room(std::int64_t pages) {
   return alloc_.free_pages();
 }
 
+bool PrefixCache::only_cached(const Node& node) const {
+  return node.on_device && alloc_.ref_count(node.device_page) == 1;
+}
+
 std::int64_t PrefixCache::unused_pages() const {
   // A request holding a page holds the pages before it, so every cached page after an unused one
   // is unused too: eviction can free them all (dropping leaves where the host tier is full).
   std::int64_t n = 0;
-  for (const auto& [k, node] : nodes_)
-    n += node.on_device && alloc_.ref_count(node.device_page) == 1;
+  for (const auto& [k, node] : nodes_) n += only_cached(node);
   return n;
 }
 

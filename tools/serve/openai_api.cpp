@@ -761,44 +761,42 @@ HttpReply OpenAiApi::metrics() const {
   const auto metric = [&](const char* name, const char* type, const char* help) {
     o << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
   };
-  metric("dcp_num_running_reqs", "gauge", "Requests in a running batch.");
-  o << "dcp_num_running_reqs " << m.running << "\n";
-  metric("dcp_num_queued_reqs", "gauge", "Requests waiting for KV.");
-  o << "dcp_num_queued_reqs " << m.queued << "\n";
+  // A series of one value, unlabelled: its name is written once.
+  const auto single = [&](const char* name, const char* type, const char* help,
+                          std::int64_t value) {
+    metric(name, type, help);
+    o << name << " " << value << "\n";
+  };
+  single("dcp_num_running_reqs", "gauge", "Requests in a running batch.", m.running);
+  single("dcp_num_queued_reqs", "gauge", "Requests waiting for KV.", m.queued);
   metric("dcp_kv_rows_used", "gauge", "KV rows held per layer on each rank (its DCP shard).");
   for (std::size_t r = 0; r < m.kv_rows_used.size(); ++r)
     o << "dcp_kv_rows_used{rank=\"" << r << "\"} " << m.kv_rows_used[r] << "\n";
   metric("dcp_kv_rows_capacity", "gauge", "KV rows per layer each rank can hold.");
   for (std::size_t r = 0; r < m.kv_rows_capacity.size(); ++r)
     o << "dcp_kv_rows_capacity{rank=\"" << r << "\"} " << m.kv_rows_capacity[r] << "\n";
-  metric("dcp_prompt_tokens_total", "counter", "Prompt tokens of accepted requests.");
-  o << "dcp_prompt_tokens_total " << m.prompt_tokens << "\n";
-  metric("dcp_generation_tokens_total", "counter", "Tokens generated.");
-  o << "dcp_generation_tokens_total " << m.generation_tokens << "\n";
+  single("dcp_prompt_tokens_total", "counter", "Prompt tokens of accepted requests.",
+         m.prompt_tokens);
+  single("dcp_generation_tokens_total", "counter", "Tokens generated.", m.generation_tokens);
   metric("dcp_requests_total", "counter", "Requests ended, by outcome.");
   o << "dcp_requests_total{outcome=\"finished\"} " << m.requests_finished << "\n"
     << "dcp_requests_total{outcome=\"cancelled\"} " << m.requests_cancelled << "\n"
     << "dcp_requests_total{outcome=\"rejected\"} " << m.requests_rejected << "\n";
   const PrefixCacheTokens& pc = m.prefix_cache;
-  metric("dcp_prefix_cache_lookup_tokens_total", "counter",
-         "Prompt tokens looked up in the prefix cache.");
-  o << "dcp_prefix_cache_lookup_tokens_total " << pc.lookup << "\n";
-  metric("dcp_prefix_cache_hit_tokens_total", "counter",
-         "Prompt tokens served from the prefix cache.");
-  o << "dcp_prefix_cache_hit_tokens_total " << pc.hit << "\n";
+  single("dcp_prefix_cache_lookup_tokens_total", "counter",
+         "Prompt tokens looked up in the prefix cache.", pc.lookup);
+  single("dcp_prefix_cache_hit_tokens_total", "counter",
+         "Prompt tokens served from the prefix cache.", pc.hit);
   metric("dcp_prefix_cache_tokens", "gauge",
          "Tokens of the pages the prefix cache holds, by tier.");
   o << "dcp_prefix_cache_tokens{tier=\"device\"} " << pc.on_device << "\n"
     << "dcp_prefix_cache_tokens{tier=\"host\"} " << pc.on_host << "\n";
-  metric("dcp_prefix_cache_offloaded_tokens_total", "counter",
-         "Tokens of cached pages evicted from the device to the host tier.");
-  o << "dcp_prefix_cache_offloaded_tokens_total " << pc.offloaded << "\n";
-  metric("dcp_prefix_cache_reloaded_tokens_total", "counter",
-         "Tokens of cached pages brought back from the host tier for a hit.");
-  o << "dcp_prefix_cache_reloaded_tokens_total " << pc.reloaded << "\n";
-  metric("dcp_prefix_cache_dropped_tokens_total", "counter",
-         "Tokens of cached pages evicted for good (from either tier).");
-  o << "dcp_prefix_cache_dropped_tokens_total " << pc.dropped << "\n";
+  single("dcp_prefix_cache_offloaded_tokens_total", "counter",
+         "Tokens of cached pages evicted from the device to the host tier.", pc.offloaded);
+  single("dcp_prefix_cache_reloaded_tokens_total", "counter",
+         "Tokens of cached pages brought back from the host tier for a hit.", pc.reloaded);
+  single("dcp_prefix_cache_dropped_tokens_total", "counter",
+         "Tokens of cached pages evicted for good (from either tier).", pc.dropped);
   const auto histogram = [&](const char* name, const char* help, const LatencyHistogram& h) {
     metric(name, "histogram", help);
     std::int64_t cum = 0;
