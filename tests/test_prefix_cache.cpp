@@ -399,11 +399,27 @@ TEST(PrefixCache, SpeculativeDecodingOverACachedPrefixEqualsGreedy) {
   auto rng = test::make_rng();
   const ModelConfig c = preset_config("tiny", 2);
   const auto w = make_synthetic_weights(67);
-  auto reqs = shared_prefix_requests(rng, c.vocab_size, 150, 6);
-  for (RequestSpec& r : reqs) r.max_new_tokens = 7;
+  const auto draw = [&] {
+    auto reqs = shared_prefix_requests(rng, c.vocab_size, 150, 6);
+    for (RequestSpec& r : reqs) r.max_new_tokens = 7;
+    return reqs;
+  };
+  const auto setup = [](int n) {
+    test::EngineSetup s = small_pages(2, n);
+    s.max_running = 2;
+    return s;
+  };
+  // Prompts whose drafts are accepted without the cache, so that the comparisons below cover
+  // accepted tokens: now and then a random draw has the one-layer draft accept none.
+  const auto accepts = [&](const std::vector<RequestSpec>& reqs) {
+    test::EngineSetup s = cached_and_drafted(setup(1), *w);
+    s.prefix_cache = false;
+    return test::run_engine(c, *w, s, reqs).stats.spec_accepted > 0;
+  };
+  std::vector<RequestSpec> reqs = draw();
+  for (int tries = 0; !accepts(reqs) && tries < 10; ++tries) reqs = draw();
   for (int n : {1, 2}) {
-    test::EngineSetup plain = small_pages(2, n);
-    plain.max_running = 2;
+    const test::EngineSetup plain = setup(n);
     const auto expect = test::run_engine(c, *w, plain, reqs);
     const test::EngineSetup spec = cached_and_drafted(plain, *w);
     const auto got = test::run_engine(c, *w, spec, reqs);
