@@ -18,13 +18,20 @@
 namespace dcp {
 namespace {
 
+// `count` prompts of a random `prefix_len`-token prefix and random tails that part at their first
+// token, so that two prompts share exactly the prefix (tails drawn alone sometimes share a token or
+// two, and with them a page more).
 std::vector<RequestSpec> shared_prefix_requests(test::Rng& rng, int vocab, int prefix_len,
                                                 int count) {
   const std::vector<std::int32_t> prefix = test::random_tokens(rng, prefix_len, vocab);
   std::vector<RequestSpec> reqs;
+  std::vector<std::int32_t> firsts;
   for (int i = 0; i < count; ++i) {
     std::vector<std::int32_t> prompt = prefix;
-    const auto tail = test::random_tokens(rng, 5 + 7 * i, vocab);
+    auto tail = test::random_tokens(rng, 5 + 7 * i, vocab);
+    while (std::find(firsts.begin(), firsts.end(), tail[0]) != firsts.end())
+      tail[0] = static_cast<std::int32_t>(rng.range(0, vocab - 1));
+    firsts.push_back(tail[0]);
     prompt.insert(prompt.end(), tail.begin(), tail.end());
     reqs.push_back(test::request(i, prompt, 4));
   }
