@@ -11,6 +11,7 @@
 #include "dcp/error.h"
 #include "dcp/prefix_router.h"
 #include "engine_util.h"
+#include "naive_model.h"
 #include "test_util.h"
 
 namespace dcp {
@@ -154,10 +155,17 @@ DeploymentSpec spec_for(const ModelConfig& config, const std::vector<int>& promp
   return s;
 }
 
+// A router choice closer than this to a tie in the float64 model (the gap between the last expert
+// or group chosen and the first not) may go either way in two fp32 runs that round differently
+// (about 1e-7 of scores near 1): a hundred times that rounding.
+constexpr double kRoutingTie = 1e-5;
+
 // Runs `spec` with DP attention, then the same requests at the same TP with one attention group
-// and DCP 1, fed the first run's tokens, and compares.
+// and DCP 1, fed the first run's tokens, and compares. With `routing` (the model's weights, for a
+// mixture of experts), a request whose logits part is excused when the float64 model routes one of
+// its tokens within kRoutingTie of a tie; at most one request may be excused.
 void expect_equals_one_group(DeploymentSpec spec, const ParallelConfig& parallel,
-                             test::Tolerance tol) {
+                             test::Tolerance tol, const WeightSource* routing = nullptr) {
   spec.parallel = parallel;
   const Launched<DeploymentReport> run = run_deployment(spec);
   ASSERT_TRUE(run.reporting);
@@ -168,15 +176,29 @@ void expect_equals_one_group(DeploymentSpec spec, const ParallelConfig& parallel
     ref.requests[i].forced_outputs = run.report.results[i].output_tokens;
   const Launched<DeploymentReport> one = run_deployment(ref);
   ASSERT_EQ(run.report.results.size(), spec.requests.size());
+  int excused = 0;
   for (std::size_t i = 0; i < spec.requests.size(); ++i) {
     const RequestResult& a = run.report.results[i];
     const RequestResult& b = one.report.results[i];
     ASSERT_EQ(a.state, RequestState::finished) << "request " << i << ": " << a.error;
     EXPECT_EQ(a.output_tokens.size(), static_cast<std::size_t>(spec.requests[i].max_new_tokens));
     EXPECT_EQ(a.output_tokens, b.output_tokens) << "request " << i;
-    EXPECT_TRUE(test::close_runs(a.step_logits, b.step_logits, tol, "DP attention vs DP 1"))
-        << "request " << i;
+    const ::testing::AssertionResult same =
+        test::close_runs(a.step_logits, b.step_logits, tol, "DP attention vs DP 1");
+    if (!same && routing != nullptr) {
+      // The tokens the forwards saw: the prompt and every output but the last.
+      std::vector<std::int32_t> seen = spec.requests[i].prompt;
+      seen.insert(seen.end(), a.output_tokens.begin(), a.output_tokens.end() - 1);
+      double margin = 0;
+      test::naive_logits(spec.model.config, *routing, seen, &margin);
+      if (margin < kRoutingTie) {
+        ++excused;
+        continue;
+      }
+    }
+    EXPECT_TRUE(same) << "request " << i;
   }
+  EXPECT_LE(excused, 1) << "requests whose routing came within " << kRoutingTie << " of a tie";
   // Every group served what the deal gave it, and holds only its own requests' KV.
   std::vector<std::int64_t> kv_tokens;
   for (const RequestSpec& r : spec.requests)
@@ -206,10 +228,14 @@ TEST(DpAttention, DenseEqualsOneAttentionGroupWithUnevenGroups) {
 TEST(DpAttention, MixtureOfExpertsEqualsOneAttentionGroup) {
   // DeepSeek-V3's family: FP8 projections, noaux_tc routing, a shared expert; the experts are
   // sharded over all 8 ranks while attention runs in groups of 4 and 2.
+  // A token the router sends within rounding of a tie may rightly go to other experts in one of
+  // the runs: such a request's logits are not compared (kRoutingTie).
   const DeploymentSpec spec =
       spec_for(family_config("deepseek-v3"), {33, 12, 20, 7, 15}, {3, 5, 4, 2, 3});
-  expect_equals_one_group(spec, dp_attention(8, 2, 2), {1e-7, 1e-3});
-  expect_equals_one_group(spec, dp_attention(8, 4, 2), {1e-7, 1e-3});
+  const auto weights =
+      make_synthetic_weights(spec.model.synthetic_seed, spec.model.config, spec.model.synthetic_dtype);
+  expect_equals_one_group(spec, dp_attention(8, 2, 2), {1e-7, 1e-3}, weights.get());
+  expect_equals_one_group(spec, dp_attention(8, 4, 2), {1e-7, 1e-3}, weights.get());
 }
 
 TEST(DpAttention, IdleGroupsTakePartWithoutKv) {
