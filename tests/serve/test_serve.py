@@ -676,7 +676,7 @@ def case_min_tokens(s):
 def case_echo(s):
     """echo: the prompt comes back before the text; with logprobs, the prompt's own. A prompt that
     is the model's greedy continuation has, at each of those tokens, the logprob decoding gave
-    it."""
+    it. With max_tokens 0, the prompt alone."""
     base = {"max_tokens": 6, "temperature": 0, "ignore_eos": True}
     status, r = s.post("/v1/completions", {**base, "prompt": "Once upon a time"})
     plain = r["choices"][0]
@@ -699,9 +699,32 @@ def case_echo(s):
     status, r = s.post("/v1/completions", {**base, "prompt": [[1, 2], [4, 5, 6]], "echo": True, "logprobs": 0})
     check(status == 200 and [len(c["logprobs"]["tokens"]) for c in r["choices"]] == [8, 9],
           f"each prompt of a batch echoes itself: {r}")
+    # max_tokens 0 with echo (OpenAI's, as harnesses score a text): the prompt and its logprobs
+    # alone, those the echo of a longer request gives it.
+    status, alone = s.post("/v1/completions", {**base, "max_tokens": 0, "prompt": prompt, "echo": True, "logprobs": 2})
+    c = alone["choices"][0] if status == 200 else {}
+    check(status == 200 and c["token_ids"] == [] and c["finish_reason"] == "length",
+          f"max_tokens 0 with echo: no token, finish_reason length: {status} {alone}")
+    check(alone.get("usage", {}).get("completion_tokens") == 0 and
+          alone["usage"]["total_tokens"] == alone["usage"]["prompt_tokens"] == len(prompt),
+          f"max_tokens 0 counts no completion token: {alone.get('usage')}")
+    got_lp = c.get("logprobs") or {}
+    check(got_lp.get("tokens") == lp["tokens"][:len(prompt)] and
+          got_lp.get("text_offset") == lp["text_offset"][:len(prompt)] and
+          all((a is None and b is None) or abs(a - b) < 1e-4
+              for a, b in zip(got_lp["token_logprobs"], lp["token_logprobs"][:len(prompt)])) and
+          [set(t or {}) for t in got_lp["top_logprobs"]] == [set(t or {}) for t in lp["top_logprobs"][:len(prompt)]],
+          f"max_tokens 0: the prompt's logprobs {got_lp} != the echo's {lp}")
+    status, text_alone = s.post("/v1/completions", {**base, "max_tokens": 0, "prompt": "Once upon a time", "echo": True})
+    check(status == 200 and text_alone["choices"][0]["text"] == "Once upon a time",
+          f"max_tokens 0 with echo: the prompt's text alone: {text_alone}")
+    for extra, param in [({}, "max_tokens"), ({"echo": True, "min_tokens": 1}, "min_tokens")]:
+        status, r = s.post("/v1/completions", {**base, "max_tokens": 0, "prompt": prompt, **extra})
+        check(status == 400 and r["error"]["param"] == param, f"max_tokens 0 with {extra}: {status} {r}")
     # Streamed: each choice's first chunk leads with its prompt; the pieces join to the whole reply.
     for body in [{**base, "prompt": "Once upon a time", "echo": True},
                  {**base, "max_tokens": 2, "prompt": prompt, "echo": True, "logprobs": 2},
+                 {**base, "max_tokens": 0, "prompt": prompt, "echo": True, "logprobs": 2},
                  {**base, "prompt": [[1, 2], [4, 5, 6]], "echo": True, "logprobs": 0, "n": 2}]:
         status, whole = s.post("/v1/completions", body)
         status, _, events = s.stream("/v1/completions", {**body, "stream": True})

@@ -85,6 +85,9 @@ struct OpenAiApi::Job {
   bool tokens_as_ids = false;     // return_tokens_as_token_ids
   bool include_stop = false;  // the text keeps the stop string that ended it
   bool echo = false;          // completions: the prompt comes back before each choice's text
+  // completions with max_tokens 0 and echo (OpenAI's): the prompt (and its logprobs) alone. One
+  // token is still sampled, from the prefill's last logits, and not returned.
+  bool echo_only = false;
   // Each prompt's text: as sent, or (with echo) made from its ids.
   std::vector<std::optional<std::string>> prompt_texts;
   int top_logprobs = -1;  // -1: no logprobs
@@ -294,8 +297,23 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
   for (const auto& p : job.prompts) longest = std::max(longest, p.size());
   const std::int64_t room = context - static_cast<std::int64_t>(longest);
   job.max_field = max_key;
-  if (const auto max = integer(*src, max_key, 1, std::numeric_limits<int>::max())) {
-    r.max_new_tokens = static_cast<int>(*max);  // beyond the context: submit() says so
+  const bool echo = kind == Kind::completion && boolean(b, "echo").value_or(false);
+  const int least = kind == Kind::completion ? 0 : 1;  // 0: OpenAI's echo of the prompt alone
+  if (const auto max = integer(*src, max_key, least, std::numeric_limits<int>::max())) {
+    job.echo_only = *max == 0;
+    // Beyond the context: submit() says so.
+    r.max_new_tokens = job.echo_only ? 1 : static_cast<int>(*max);
+    if (job.echo_only && !echo)
+      bad(max_key,
+          "'max_tokens' = 0 returns the prompt alone and needs 'echo': true (else it "
+          "must be >= 1)");
+    if (job.echo_only && r.min_tokens > 0)
+      bad("min_tokens", str("'min_tokens' = ", r.min_tokens,
+                            " with 'max_tokens' = 0 (the prompt alone) must be 0"));
+    if (job.echo_only && room < 1)
+      bad(job.prompt_field, str("a prompt of ", longest, " tokens fills the context of ", context,
+                                " tokens: 'max_tokens' = 0 still samples one token it does not "
+                                "return, which needs room for one"));
   } else {
     r.max_new_tokens =
         static_cast<int>(std::clamp<std::int64_t>(room, 1, options_.default_max_tokens));
@@ -316,7 +334,7 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
   if (kind == Kind::completion) {
     if (const auto lp = integer(b, "logprobs", 0, 20)) job.top_logprobs = static_cast<int>(*lp);
     // The prompt's logprobs come with the echo when logprobs are asked for.
-    job.echo = boolean(b, "echo").value_or(false);
+    job.echo = echo;
     if (job.echo) r.prompt_logprobs = job.top_logprobs;
     for (std::size_t i = 0; job.echo && i < job.prompts.size(); ++i) {
       if (!job.prompt_texts[i]) {  // ids beyond the tokenizer's (a larger model vocabulary) have no
@@ -367,16 +385,17 @@ struct Choice {
 };
 
 // Pulls what the engine produced for `c` into its text; returns the new text. `wait` bounds the
-// wait for news; the stop token that ends the choice (one of `stop_ids`) writes no text.
+// wait for news; the stop token that ends the choice (one of `stop_ids`) writes no text. With
+// `echo_only` the tokens are dropped (max_tokens 0) and a choice that ran out ends by length.
 std::string pull_news(Choice& c, const std::vector<std::int32_t>& stop_ids,
-                      std::chrono::milliseconds wait) {
+                      std::chrono::milliseconds wait, bool echo_only) {
   const std::optional<StreamUpdate> u = c.stream->next(wait);
   if (!u) return {};
   c.prompt_logprobs.insert(c.prompt_logprobs.end(), u->prompt_logprobs.begin(),
                            u->prompt_logprobs.end());
   c.cached_tokens = std::max(c.cached_tokens, u->cached_prompt_tokens);
   std::string out;
-  for (std::size_t k = 0; k < u->tokens.size(); ++k) {
+  for (std::size_t k = 0; k < u->tokens.size() && !echo_only; ++k) {
     if (c.text.stopped()) break;
     const bool ends = u->finished && u->finish_reason == FinishReason::stop &&
                       k + 1 == u->tokens.size() &&
@@ -387,7 +406,8 @@ std::string pull_news(Choice& c, const std::vector<std::int32_t>& stop_ids,
   if (c.text.stopped() && !u->finished) c.stream->cancel();  // a stop string: end it now
   if (u->finished) {
     c.finished = true;
-    c.reason = u->finish_reason;
+    c.reason = echo_only && u->finish_reason == FinishReason::stop ? FinishReason::length
+                                                                   : u->finish_reason;
     c.error = u->error;
     out += c.text.finish();
   }
@@ -549,7 +569,7 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
     // a fifth of a second, as a stream's are at its next token: no one would read the reply.
     for (Choice& c : *choices) {
       while (!c.finished) {
-        pull_news(c, job.request.stop_token_ids, 200ms);
+        pull_news(c, job.request.stop_token_ids, 200ms, job.echo_only);
         if (!c.finished && gone && gone()) {
           for (Choice& d : *choices) d.stream->cancel();
           return {error(499, "the client closed its connection before the reply"), {}};
@@ -647,7 +667,8 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
         if (closed[i]) continue;
         const std::string text = pull_news(
             c, job.request.stop_token_ids,
-            choices->size() == 1 ? std::chrono::milliseconds(1000) : std::chrono::milliseconds(5));
+            choices->size() == 1 ? std::chrono::milliseconds(1000) : std::chrono::milliseconds(5),
+            job.echo_only);
         const std::size_t kept = c.text.tokens().size();
         // A token that completes no character (or is held back for a stop string) sends nothing,
         // unless the client follows ids or logprobs.
