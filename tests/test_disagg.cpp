@@ -313,7 +313,9 @@ TEST(Disaggregation, ACorruptedTransferFailsOnlyItsRequest) {
   EXPECT_NE(got.results[1].error.find("checksum"), std::string::npos) << got.results[1].error;
   for (int i : {0, 2}) {
     EXPECT_EQ(got.results[i].state, RequestState::finished);
-    EXPECT_EQ(got.results[i].output_tokens, clean.results[i].output_tokens) << "request " << i;
+    EXPECT_TRUE(
+        test::same_greedy_run(got.results[i], clean.results[i], c.vocab_size, {1e-10, 1e-4}))
+        << "request " << i;
   }
 }
 

@@ -392,9 +392,11 @@ TEST(PrefixCache, AConversationsNextTurnFindsTheReplyCached) {
                                                                 {test::request(1, again, 4)}};
     const auto plain = test::run_engine_phases(c, *w, off, greedy_turns);
     const auto drafted = test::run_engine_phases(c, *w, cached_and_drafted(off, *w), greedy_turns);
-    for (std::size_t i = 0; i < 2; ++i)
-      EXPECT_EQ(drafted.results[i].output_tokens, plain.results[i].output_tokens)
+    for (std::size_t i = 0; i < 2; ++i) {
+      EXPECT_TRUE(
+          test::same_greedy_run(drafted.results[i], plain.results[i], c.vocab_size, {1e-10, 1e-4}))
           << what << " drafted, turn " << i + 1;
+    }
     EXPECT_GT(drafted.stats.spec_accepted, 0) << what;
     EXPECT_EQ(drafted.results[1].cached_prompt_tokens, written / vp * vp) << what << " drafted";
   }
@@ -434,19 +436,26 @@ TEST(PrefixCache, SpeculativeDecodingOverACachedPrefixEqualsGreedy) {
     for (std::size_t i = 0; i < reqs.size(); ++i) {
       ASSERT_EQ(got.results[i].state, RequestState::finished)
           << what << ": " << got.results[i].error;
-      EXPECT_EQ(got.results[i].output_tokens, expect.results[i].output_tokens)
+      EXPECT_TRUE(
+          test::same_greedy_run(got.results[i], expect.results[i], c.vocab_size, {1e-10, 1e-4}))
           << what << " request " << i;
     }
     const std::int64_t vp = 8LL * n;  // every request but the first hits
     EXPECT_EQ(got.cache_stats[0].hit_tokens, 5 * (150 / vp) * vp) << what;
     // The draft's KV of the cached prefix is right: it proposes what it proposes without the
-    // cache (same draft, same tokens), so as many drafts are accepted.
+    // cache (same draft, same tokens), so as many drafts are accepted (compared where the two
+    // runs' texts did not part at a near-tie).
     test::EngineSetup spec_only = spec;
     spec_only.prefix_cache = false;
     const auto uncached = test::run_engine(c, *w, spec_only, reqs);
     EXPECT_GT(uncached.stats.spec_accepted, 0) << what;
-    EXPECT_EQ(got.stats.spec_proposed, uncached.stats.spec_proposed) << what;
-    EXPECT_EQ(got.stats.spec_accepted, uncached.stats.spec_accepted) << what;
+    bool same_texts = true;
+    for (std::size_t i = 0; i < reqs.size(); ++i)
+      same_texts = same_texts && got.results[i].output_tokens == uncached.results[i].output_tokens;
+    if (same_texts) {
+      EXPECT_EQ(got.stats.spec_proposed, uncached.stats.spec_proposed) << what;
+      EXPECT_EQ(got.stats.spec_accepted, uncached.stats.spec_accepted) << what;
+    }
     // Where the target shares the prefix but the draft holds every token: a cache that fits all
     // six requests in the target (one prefix) but about two in the draft. Admission waits for
     // the draft instead of overrunning it.
@@ -457,7 +466,8 @@ TEST(PrefixCache, SpeculativeDecodingOverACachedPrefixEqualsGreedy) {
     for (std::size_t i = 0; i < reqs.size(); ++i) {
       ASSERT_EQ(waited.results[i].state, RequestState::finished)
           << what << ": " << waited.results[i].error;
-      EXPECT_EQ(waited.results[i].output_tokens, expect.results[i].output_tokens)
+      EXPECT_TRUE(
+          test::same_greedy_run(waited.results[i], expect.results[i], c.vocab_size, {1e-10, 1e-4}))
           << what << " request " << i << " (tight)";
     }
     EXPECT_LT(waited.stats.peak_running, 6) << what << ": the draft's capacity limited admission";
@@ -492,10 +502,9 @@ TEST(PrefixCache, UnderPressurePagesGoToTheHostTierAndComeBackExactly) {
     on.host_tokens = host;
     const auto got = test::run_engine(c, *w, on, reqs);
     for (std::size_t i = 0; i < reqs.size(); ++i) {
-      ASSERT_EQ(got.results[i].output_tokens, expect.results[i].output_tokens)
+      EXPECT_TRUE(
+          test::same_greedy_run(got.results[i], expect.results[i], c.vocab_size, {1e-10, 1e-4}))
           << "host " << host << " request " << i;
-      EXPECT_TRUE(test::close_runs(got.results[i].step_logits, expect.results[i].step_logits,
-                                   {1e-10, 1e-4}, "pressure"));
     }
     const PrefixCacheStats& st = got.cache_stats[0];
     if (host > 0) {
