@@ -45,6 +45,7 @@ EngineRun run_engine_phases(const ModelConfig& config, const WeightSource& weigh
   eo.enable_prefix_cache = s.prefix_cache;
   eo.host_kv_capacity_tokens = s.host_tokens;
   eo.max_running_requests = s.max_running;
+  eo.record_step_timings = s.step_timings;
 
   LaunchOptions lo;
   lo.world_size = topo.world_size;

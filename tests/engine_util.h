@@ -33,6 +33,7 @@ struct EngineSetup {
   bool prefix_cache = false;
   std::int64_t host_tokens = 0;
   int max_running = 64;
+  bool step_timings = true;                                 // EngineOptions::record_step_timings
   std::shared_ptr<const GuideVocabulary> guide_vocabulary;  // for requests with a regex
   // Called on every rank's thread after each engine step (with that rank's world rank).
   std::function<void(int, const Engine&)> after_step;

@@ -482,6 +482,35 @@ TEST(Engine, PromptLogprobsAreTheLogSoftmaxOfEachPrefix) {
   }
 }
 
+// Each decode forward's time and split are kept for reports only when asked: a server, which runs
+// for days, turns them off and then the engine keeps no list that grows with its steps. Nothing
+// else changes.
+TEST(Engine, StepTimingsAreKeptOnlyWhenAsked) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 1);
+  const auto w = make_synthetic_weights(12);
+  std::vector<RequestSpec> reqs;
+  for (int i = 0; i < 3; ++i)
+    reqs.push_back(request(i, random_tokens(rng, 9 + 7 * i, c.vocab_size), 6 + i));
+  EngineSetup s;
+  s.tp = 2;
+  s.dcp = 2;
+  const EngineRun kept = run_engine(c, *w, s, reqs);
+  s.step_timings = false;
+  const EngineRun dropped = run_engine(c, *w, s, reqs);
+  // The longest request decodes 7 more tokens after its prefill's first: 7 decode forwards.
+  EXPECT_GE(kept.stats.decode_step_ms.size(), 7u);
+  EXPECT_EQ(kept.stats.decode_timings.size(), kept.stats.decode_step_ms.size());
+  EXPECT_TRUE(dropped.stats.decode_step_ms.empty());
+  EXPECT_TRUE(dropped.stats.decode_timings.empty());
+  EXPECT_EQ(dropped.stats.steps, kept.stats.steps);
+  EXPECT_EQ(dropped.stats.decode_tokens, kept.stats.decode_tokens);
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(dropped.results[i].output_tokens, kept.results[i].output_tokens) << "request " << i;
+    EXPECT_EQ(dropped.results[i].step_logits, kept.results[i].step_logits) << "request " << i;
+  }
+}
+
 TEST(Engine, CancelFreesTheKvAndLeavesTheOtherRequestsUntouched) {
   auto rng = test::make_rng();
   const ModelConfig c = preset_config("tiny", 1);

@@ -599,6 +599,20 @@ TEST(Serving, RefusesWhatItCannotServeAndKeepsServing) {
   expect_refusal(*server, greedy({1, 2}, 2), Refusal::shutting_down, "shutting down");
 }
 
+// A server keeps no record that grows with its steps: whatever the spec asks, its engines keep
+// neither logit rows nor each step's timings (Engine.StepTimingsAreKeptOnlyWhenAsked).
+TEST(Serving, KeepsNoRecordThatGrowsWithItsSteps) {
+  const auto w = make_synthetic_weights(27);
+  DeploymentSpec spec = small_spec(*w, 2, 2);
+  spec.engine.record_logits = true;
+  spec.engine.record_step_timings = true;
+  Running server(spec);
+  EXPECT_FALSE(server->engine_options().record_logits);
+  EXPECT_FALSE(server->engine_options().record_step_timings);
+  const StreamUpdate u = drain_stream(*server->submit(greedy({5, 6, 7}, 4)));
+  EXPECT_EQ(u.tokens.size(), 4u);
+}
+
 TEST(Serving, ShutdownCancelsOrDrainsTheRequestsInFlight) {
   auto rng = test::make_rng();
   const auto w = make_synthetic_weights(25);

@@ -23,6 +23,7 @@
 #include "dcp/model.h"
 #include "dcp/prefix_cache.h"
 #include "dcp/sampling.h"
+#include "dcp/timing.h"
 #include "dcp/token_guide.h"
 
 namespace dcp {
@@ -93,6 +94,10 @@ struct EngineOptions {
   int chunked_prefill_size = 2048;  // prompt tokens per step (>= 1)
   int max_running_requests = 64;
   bool record_logits = false;
+  // Keep every decode forward's wall time and its split in EngineStats (decode_step_ms,
+  // decode_timings), for run reports and benchmarks. A server turns it off: it runs for days,
+  // and the lists would grow by a few hundred bytes a step without end.
+  bool record_step_timings = true;
   // Prefill chunks over a cached prefix: ForwardMode::extend (gather, upstream) or
   // ForwardMode::extend_native (DCP-native).
   ForwardMode extend_mode = ForwardMode::extend;
@@ -225,6 +230,8 @@ class Engine {
   bool any_group(bool mine);
   // DP attention: this group's part in a decode forward another group runs (no tokens here).
   bool idle_decode(const ForwardBatch& empty);
+  // A decode forward started at t0 with split t: into the stats (record_step_timings).
+  void record_step(Clock::time_point t0, const ForwardTimings& t);
 
   MlaModel& model_;
   MlaModel* draft_;

@@ -162,6 +162,9 @@ class ServingDeployment {
   bool ready() const;
 
   const ModelConfig& config() const noexcept { return spec_.model.config; }
+  // The engine options every rank runs: the spec's, but with neither logit rows nor step
+  // records kept (a server runs for days; they would grow with every step).
+  const EngineOptions& engine_options() const noexcept { return spec_.engine; }
   // The vocabulary bytes guided requests are masked with (null: regexes are refused).
   const std::shared_ptr<const GuideVocabulary>& guide_vocabulary() const noexcept {
     return spec_.engine.guide_vocabulary;

@@ -610,8 +610,7 @@ bool Engine::run_decode() {
   ForwardTimings t;
   const auto t0 = Clock::now();
   const std::vector<float> logits = model_.forward(batch, &t);
-  stats_.decode_step_ms.push_back(ms_since(t0));
-  stats_.decode_timings.push_back(t);
+  record_step(t0, t);
   stats_.decode_tokens += static_cast<std::int64_t>(members.size());
   const int vocab = model_.config().vocab_size;
   for (std::size_t k = 0; k < members.size(); ++k)
@@ -691,8 +690,7 @@ bool Engine::run_speculative() {
     batch.tokens.insert(batch.tokens.end(), drafts[m].begin(), drafts[m].end());
   }
   const std::vector<float> logits = model_.forward(batch, &t);
-  stats_.decode_step_ms.push_back(ms_since(t0));
-  stats_.decode_timings.push_back(t);
+  record_step(t0, t);
   const int vocab = model_.config().vocab_size;
   std::size_t row = 0;
   for (std::size_t m = 0; m < members.size(); ++m) {
@@ -735,13 +733,18 @@ bool Engine::run_speculative() {
   return true;
 }
 
+void Engine::record_step(Clock::time_point t0, const ForwardTimings& t) {
+  if (!options_.record_step_timings) return;
+  stats_.decode_step_ms.push_back(ms_since(t0));
+  stats_.decode_timings.push_back(t);
+}
+
 bool Engine::idle_decode(const ForwardBatch& empty) {
   // Timed like a decode step: the deployment's steps are the same in every attention group.
   ForwardTimings t;
   const auto t0 = Clock::now();
   model_.forward(empty, &t);
-  stats_.decode_step_ms.push_back(ms_since(t0));
-  stats_.decode_timings.push_back(t);
+  record_step(t0, t);
   return false;
 }
 

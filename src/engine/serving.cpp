@@ -176,6 +176,7 @@ ServingDeployment::ServingDeployment(DeploymentSpec spec, ServeOptions options)
                 "max_model_len = ", options_.max_model_len,
                 " must be in [1, max_position_embeddings = ", positions, "] (the model's context)");
   spec_.engine.record_logits = false;  // a server never keeps whole logit rows
+  spec_.engine.record_step_timings = false;  // nor a record of every step it ran
   metrics_.kv_rows_used.assign(static_cast<std::size_t>(topology_.world_size), 0);
   metrics_.kv_rows_capacity.assign(static_cast<std::size_t>(topology_.world_size), 0);
 }
