@@ -169,8 +169,13 @@ TEST(Model, DcpEqualsDcpOne) {
                                  " " + std::string(to_string(k.backend)) +
                                  (k.replicate ? " replicated" : "") + " request " +
                                  std::to_string(i);
-        EXPECT_TRUE(test::same_greedy_run(got.results[i], ref.results[i], c.vocab_size, tol))
-            << what;
+        if (dtype == KvDtype::fp32) {
+          EXPECT_TRUE(test::same_greedy_run(got.results[i], ref.results[i], c.vocab_size, tol))
+              << what;
+        } else {  // fed the same tokens, each run's own choices may part at a near-tie
+          EXPECT_TRUE(test::close_runs(got.results[i].step_logits, ref.results[i].step_logits, tol,
+                                       what.c_str()));
+        }
       }
     }
   }
