@@ -1,10 +1,12 @@
 #include "comm_checks.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dcp/dcp_attention.h"
@@ -173,6 +175,34 @@ void check_collectives(Communicator& comm, std::size_t max_bytes) {
   check_all_reduce_type<std::int32_t>(comm, ScalarType::i32, 5);
   check_all_reduce_type<std::int64_t>(comm, ScalarType::i64, 1);
   comm.barrier();
+}
+
+void check_patient_broadcast(Communicator& comm) {
+  const int n = comm.size(), r = comm.rank();
+  for (int root = 0; root < n; ++root) {
+    for (const int late_ms : {0, 3, 30}) {
+      if (r == root) std::this_thread::sleep_for(std::chrono::milliseconds(late_ms));
+      std::uint64_t word = r == root ? 0x5eed0000u + static_cast<std::uint64_t>(root) : 0;
+      comm.broadcast_patiently(&word, sizeof word, root);
+      EXPECT_OR_THROW(word == 0x5eed0000u + static_cast<std::uint64_t>(root),
+                      "broadcast_patiently from ", root, " after ", late_ms, " ms");
+      if (r == root) std::this_thread::sleep_for(std::chrono::milliseconds(late_ms));
+      std::vector<std::uint8_t> bytes;
+      if (r == root) {
+        for (int i = 0; i < 37 + root; ++i) bytes.push_back(pattern(root, late_ms, i));
+      }
+      broadcast_bytes(comm, bytes, root, true);
+      EXPECT_OR_THROW(bytes.size() == static_cast<std::size_t>(37 + root),
+                      "patient broadcast_bytes from ", root, ": ", bytes.size(), " bytes");
+      for (std::size_t i = 0; i < bytes.size(); ++i) {
+        EXPECT_OR_THROW(bytes[i] == pattern(root, late_ms, i), "patient broadcast_bytes from ",
+                        root, " at ", i);
+      }
+      int sum = 0;
+      comm.all_reduce(&r, &sum, 1, ScalarType::i32);
+      EXPECT_OR_THROW(sum == n * (n - 1) / 2, "all_reduce after a patient broadcast: ", sum);
+    }
+  }
 }
 
 void check_split(Communicator& comm) {

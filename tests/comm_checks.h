@@ -14,6 +14,10 @@ namespace dcp::test {
 void check_collectives(Communicator& comm, std::size_t max_bytes);
 // split(): colour/key ordering and traffic inside the new groups.
 void check_split(Communicator& comm);
+// broadcast_patiently and broadcast_bytes(patiently) from every root, which comes late (past the
+// others' spin, into their sleeping polls) or at once: every rank gets the root's bytes, and the
+// collectives after them still pair up.
+void check_patient_broadcast(Communicator& comm);
 // Measured bytes per collective equal the documented formulas.
 void check_byte_accounting(Communicator& comm);
 // The DCP attention step equals float64 full attention for every mask variant, both combine

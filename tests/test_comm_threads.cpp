@@ -29,6 +29,12 @@ TEST(CommThreads, Split) {
   }
 }
 
+TEST(CommThreads, PatientBroadcast) {
+  for (int n : kSizes) {
+    run_threads(n, [](Communicator& c) { test::check_patient_broadcast(c); });
+  }
+}
+
 TEST(CommThreads, ByteAccounting) {
   for (int n : kSizes) {
     run_threads(n, [](Communicator& c) { test::check_byte_accounting(c); });

@@ -36,6 +36,9 @@ TEST(CommMpi, Collectives) {
 TEST(CommMpi, Split) {
   on_all_ranks([](Communicator& c) { test::check_split(c); });
 }
+TEST(CommMpi, PatientBroadcast) {
+  on_all_ranks([](Communicator& c) { test::check_patient_broadcast(c); });
+}
 TEST(CommMpi, ByteAccounting) {
   on_all_ranks([](Communicator& c) { test::check_byte_accounting(c); });
 }

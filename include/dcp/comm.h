@@ -84,6 +84,12 @@ class Communicator {
   virtual void all_reduce(const void* send, void* recv, std::size_t count, ScalarType type,
                           ReduceOp op = ReduceOp::sum) = 0;
   virtual void broadcast(void* buf, std::size_t bytes, int root) = 0;
+  // A broadcast the other ranks may wait long for (an idle server's next step): they wait
+  // without keeping a core busy, and may see it later by up to the time they waited (at most a
+  // millisecond). The threads backend's waits already sleep after a short spin.
+  virtual void broadcast_patiently(void* buf, std::size_t bytes, int root) {
+    broadcast(buf, bytes, root);
+  }
   virtual void barrier() = 0;
   virtual void send(const void* buf, std::size_t bytes, int peer, int tag) = 0;
   virtual void recv(void* buf, std::size_t bytes, int peer, int tag) = 0;
@@ -113,6 +119,8 @@ class Communicator {
 // gets every rank's bytes (in rank order), or the root's.
 std::vector<std::vector<std::uint8_t>> all_gather_bytes(Communicator& group,
                                                         const std::vector<std::uint8_t>& mine);
-void broadcast_bytes(Communicator& group, std::vector<std::uint8_t>& bytes, int root);
+// `patiently`: the ranks may wait long for the root (Communicator::broadcast_patiently).
+void broadcast_bytes(Communicator& group, std::vector<std::uint8_t>& bytes, int root,
+                     bool patiently = false);
 
 }  // namespace dcp

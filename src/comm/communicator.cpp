@@ -82,9 +82,14 @@ std::vector<std::vector<std::uint8_t>> all_gather_bytes(Communicator& group,
   return out;
 }
 
-void broadcast_bytes(Communicator& group, std::vector<std::uint8_t>& bytes, int root) {
+void broadcast_bytes(Communicator& group, std::vector<std::uint8_t>& bytes, int root,
+                     bool patiently) {
   std::int64_t size = static_cast<std::int64_t>(bytes.size());
-  group.broadcast(&size, sizeof size, root);
+  if (patiently) {  // the wait is for the size; the bytes follow at once
+    group.broadcast_patiently(&size, sizeof size, root);
+  } else {
+    group.broadcast(&size, sizeof size, root);
+  }
   bytes.resize(static_cast<std::size_t>(size));
   if (size > 0) group.broadcast(bytes.data(), bytes.size(), root);
 }

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dcp/comm_mpi.h"
@@ -64,22 +65,42 @@ int world_rank() noexcept {
   return rank;
 }
 
+// How a patient wait polls once it has spun for kPatientSpin (a busy server's ranks wait less than
+// that between steps, and spin as in every other wait): a test, then a sleep, from
+// kPatientPollMin doubling to kPatientPollMax (a short wait is noticed soon, a long one costs about
+// a thousand wake-ups a second). An idle server's ranks wait up to its idle tick (50 ms) for the
+// next step; spinning there kept every rank but the first at a whole core.
+constexpr std::chrono::microseconds kPatientSpin{1000}, kPatientPollMin{50}, kPatientPollMax{1000};
+
 // Waits for `req`, polling, until the collective timeout; then throws naming the collective and
-// the group's world ranks (one of which stalled, died or took another path).
-void wait(MPI_Request& req, MPI_Status* status, const char* what, MPI_Comm comm) {
+// the group's world ranks (one of which stalled, died or took another path). `patient`: after
+// kPatientSpin, it sleeps between polls (MPI makes progress only in them, so a collective that
+// forwards data through this rank would slow: only for a small broadcast that may come late).
+void wait(MPI_Request& req, MPI_Status* status, const char* what, MPI_Comm comm,
+          bool patient = false) {
   const std::int64_t limit_ms = g_timeout_ms.load(std::memory_order_relaxed);
-  if (limit_ms <= 0) {
+  if (limit_ms <= 0 && !patient) {
     check(MPI_Wait(&req, status ? status : MPI_STATUS_IGNORE), what);
     return;
   }
   using Clock = std::chrono::steady_clock;
-  const auto deadline = Clock::now() + std::chrono::milliseconds(limit_ms);
+  const auto start = Clock::now();
+  const auto deadline =
+      limit_ms > 0 ? start + std::chrono::milliseconds(limit_ms) : Clock::time_point::max();
+  bool sleeping = false;  // patient, and past its spin: a test per sleep
+  std::chrono::microseconds nap = kPatientPollMin;
   for (unsigned spin = 0;; ++spin) {
     int done = 0;
     check(MPI_Test(&req, &done, status ? status : MPI_STATUS_IGNORE), what);
     if (done) return;
-    if (spin % 256 == 255) {
+    if (sleeping) {
       if (Clock::now() > deadline) break;
+      std::this_thread::sleep_for(nap);
+      nap = std::min(2 * nap, kPatientPollMax);
+    } else if (spin % 256 == 255) {
+      const auto now = Clock::now();
+      if (now > deadline) break;
+      sleeping = patient && now - start > kPatientSpin;
       sched_yield();  // ranks may oversubscribe the cores
     }
   }
@@ -185,6 +206,14 @@ class MpiCommunicator final : public Communicator {
     MPI_Request req;
     check(MPI_Ibcast(buf, mpi_count(bytes, "broadcast"), MPI_BYTE, root, comm_, &req), "Bcast");
     wait(req, nullptr, "Bcast", comm_);
+    count(Collective::broadcast, rank_ == root ? (size_ - 1) * bytes : 0);
+  }
+
+  void broadcast_patiently(void* buf, std::size_t bytes, int root) override {
+    check_root(root, "broadcast");
+    MPI_Request req;
+    check(MPI_Ibcast(buf, mpi_count(bytes, "broadcast"), MPI_BYTE, root, comm_, &req), "Bcast");
+    wait(req, nullptr, "Bcast", comm_, true);
     count(Collective::broadcast, rank_ == root ? (size_ - 1) * bytes : 0);
   }
 

@@ -419,7 +419,7 @@ void ServingDeployment::rank_loop(Communicator& world) {
   for (;;) {
     std::vector<std::uint8_t> control;
     if (frontend) control = take_control(busy_anywhere);
-    broadcast_bytes(world, control, 0);
+    broadcast_bytes(world, control, 0, true);  // an idle server's next step may be a tick away
     ByteReader in(control);
     const bool stopping = in.i64() != 0;
     const bool drain = in.i64() != 0;
