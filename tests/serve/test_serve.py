@@ -952,6 +952,37 @@ def case_concurrent_streams(s):
         check(got[i][0] == text, f"stream {i}: {got[i][0]!r} != {text!r}")
 
 
+def case_idle_connections(s):
+    """Connections that stay open and send nothing (a client's keep-alive pool, a socket opened
+    early) hold no one else up: with 300 of them open (more than a fixed pool of 128 threads
+    served), a request is answered while every one of them is still open, which a server that had
+    to time them out first could not do. Closing them leaves the server as it was."""
+    idle = [socket.create_connection(("127.0.0.1", s.port), timeout=60) for _ in range(300)]
+    try:
+        status, r = s.post("/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 3, "temperature": 0})
+        check(status == 200 and len(r["choices"][0]["token_ids"]) == 3, f"a request beside 300 idle sockets: {status} {r}")
+        closed = 0
+        for sock in idle:
+            sock.setblocking(False)
+            try:
+                closed += sock.recv(1) == b""  # the server closed it (a read timeout)
+            except BlockingIOError:
+                pass  # open and silent, as a connection that holds no one up stays
+        check(closed == 0, f"{closed} of the 300 idle sockets were closed before the request was answered")
+        _, _, events = s.stream("/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 3, "temperature": 0,
+                                                    "stream": True})
+        check(events[-1:] == ["[DONE]"], f"a stream beside 300 idle sockets: {events}")
+    finally:
+        for sock in idle:
+            sock.close()
+    status, _ = s.post("/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 3})
+    check(status == 200, f"after the idle sockets closed: {status}")
+    # A socket each: the server lifts its soft limit on open files to the hard one.
+    with open(f"/proc/{s.proc.pid}/limits") as f:
+        soft, hard = next(l for l in f if l.startswith("Max open files")).split()[3:5]
+    check(hard == "unlimited" or soft == hard, f"open files: soft limit {soft}, hard {hard}")
+
+
 def case_metrics_and_models(s):
     status, r = s.request("GET", "/v1/models")
     check(status == 200 and r["data"][0]["id"] == CKPT, f"/v1/models {r}")
@@ -1601,6 +1632,7 @@ def case_mpi(mpiexec):
 
 CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_whole, case_seeds,
                                      case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_guided_regex, case_guided_grammar, case_json_mode, case_json_schema, case_structured_outputs, case_tokenize, case_chat_options, case_min_tokens, case_echo, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
+                                     case_idle_connections,
                                      case_metrics_and_models]}
 
 OWN_SERVER = {f.__name__[5:]: f for f in [case_chat_template, case_tools, case_reasoning, case_prefix_cache,

@@ -3,12 +3,14 @@
 #include <httplib.h>
 #include <netdb.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <filesystem>
 #include <string_view>
 
 #include "dcp/error.h"
+#include "serve/connection_threads.h"
 
 namespace dcp::serve {
 
@@ -18,6 +20,18 @@ struct HttpServer::Impl {
 };
 
 namespace {
+
+// cpp-httplib's task queue for its connections: a thread each, as many as the clients hold open
+// (serve/connection_threads.h); the bound keeps a flood of connections from exhausting the
+// process's threads, and past it connections wait their turn.
+class HttpConnectionQueue final : public httplib::TaskQueue {
+ public:
+  void enqueue(std::function<void()> fn) override { threads_.enqueue(std::move(fn)); }
+  void shutdown() override { threads_.shutdown(); }
+
+ private:
+  ConnectionThreads threads_{16, 4096, std::chrono::seconds(30)};
+};
 
 void reply(httplib::Response& res, const HttpReply& r) {
   res.status = r.status;
@@ -108,8 +122,7 @@ HttpServer::HttpServer(OpenAiApi& api, HttpOptions options) : impl_(std::make_un
       return httplib::Server::HandlerResponse::Handled;
     });
   }
-  // Every open stream holds a worker for its whole generation: size the pool for many clients.
-  s.new_task_queue = [] { return new httplib::ThreadPool(128); };
+  s.new_task_queue = [] { return new HttpConnectionQueue(); };
   s.set_payload_max_length(64u << 20);  // beyond: 413 from httplib
   // The library listens with a backlog of 5: a burst of clients connecting at once would see
   // dropped handshakes. Keep the socket to listen on it again with a deep queue after bind.
@@ -169,12 +182,26 @@ HttpServer::HttpServer(OpenAiApi& api, HttpOptions options) : impl_(std::make_un
 
 HttpServer::~HttpServer() = default;
 
+namespace {
+
+// A socket per connection: lift the soft limit on open files (often 1024) to the hard one, as
+// servers do, so a thousand clients do not leave accept() failing while threads are free.
+void raise_open_file_limit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
+  limit.rlim_cur = limit.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &limit);  // best effort: the old limit still serves
+}
+
+}  // namespace
+
 int HttpServer::bind(const std::string& host, int port) {
   const int bound = port == 0 ? impl_->server.bind_to_any_port(host.c_str())
                               : (impl_->server.bind_to_port(host.c_str(), port) ? port : -1);
   DCP_CHECK(bound > 0, io, "--host ", host, " --port ", port,
             ": cannot listen there (the port is taken, or the address is not this machine's)");
   if (impl_->listen_fd >= 0) ::listen(impl_->listen_fd, SOMAXCONN);
+  raise_open_file_limit();
   return bound;
 }
 
