@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets everything up (packages, configure, build) and runs the whole test suite of one
 # preset (default: release). Usage: scripts/test.sh [release|debug|asan|tsan]
-# (tsan builds and runs only the suites that run ranks as threads or the worker pool).
+# (tsan builds and runs only the suites that run ranks as threads, the worker pool or the
+# HTTP connection threads).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 preset="${1:-release}"

@@ -49,9 +49,10 @@ struct Holders {
   }
 };
 
+// Each test declares its tasks' state before the threads, which join before it goes.
 TEST(ConnectionThreads, TasksThatHoldTheirThreadDoNotKeepOthersWaiting) {
+  Holders h, again;
   ConnectionThreads threads(2, 64, 30s);
-  Holders h;
   // 40 tasks on 2 warm threads: each starts a thread of its own, or the 40 never run at once.
   for (int i = 0; i < 40; ++i) threads.enqueue(h.task());
   EXPECT_TRUE(h.wait_until([](Holders& s) { return s.running == 40; })) << h.running;
@@ -64,7 +65,6 @@ TEST(ConnectionThreads, TasksThatHoldTheirThreadDoNotKeepOthersWaiting) {
   while (threads.idle_threads() < 40 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(1ms);
   EXPECT_EQ(threads.idle_threads(), 40u);
-  Holders again;
   for (int i = 0; i < 40; ++i) threads.enqueue(again.task());
   EXPECT_TRUE(again.wait_until([](Holders& s) { return s.running == 40; }));
   EXPECT_EQ(threads.peak_threads(), 40u);
@@ -72,8 +72,8 @@ TEST(ConnectionThreads, TasksThatHoldTheirThreadDoNotKeepOthersWaiting) {
 }
 
 TEST(ConnectionThreads, PastTheBoundTasksWaitForAThread) {
-  ConnectionThreads threads(1, 4, 30s);
   Holders h;
+  ConnectionThreads threads(1, 4, 30s);
   for (int i = 0; i < 10; ++i) threads.enqueue(h.task());
   EXPECT_TRUE(h.wait_until([](Holders& s) { return s.running == 4; }));
   EXPECT_EQ(threads.threads(), 4u);
@@ -84,8 +84,8 @@ TEST(ConnectionThreads, PastTheBoundTasksWaitForAThread) {
 }
 
 TEST(ConnectionThreads, IdleThreadsEndDownToTheWarmOnes) {
+  Holders h, again;
   ConnectionThreads threads(3, 32, 20ms);
-  Holders h;
   for (int i = 0; i < 12; ++i) threads.enqueue(h.task());
   EXPECT_TRUE(h.wait_until([](Holders& s) { return s.running == 12; }));
   h.release();
@@ -97,7 +97,6 @@ TEST(ConnectionThreads, IdleThreadsEndDownToTheWarmOnes) {
   std::this_thread::sleep_for(100ms);  // five idle periods more: the warm threads stay
   EXPECT_EQ(threads.threads(), 3u);
   // Ended threads are joined, and the pool grows again when asked.
-  Holders again;
   for (int i = 0; i < 8; ++i) threads.enqueue(again.task());
   EXPECT_TRUE(again.wait_until([](Holders& s) { return s.running == 8; }));
   again.release();
@@ -105,8 +104,8 @@ TEST(ConnectionThreads, IdleThreadsEndDownToTheWarmOnes) {
 }
 
 TEST(ConnectionThreads, ShutdownRunsWhatIsQueuedAndJoinsEveryThread) {
-  ConnectionThreads threads(1, 1, 30s);
   std::atomic<int> ran{0};
+  ConnectionThreads threads(1, 1, 30s);
   for (int i = 0; i < 20; ++i) {
     threads.enqueue([&ran] {
       std::this_thread::sleep_for(1ms);
