@@ -124,6 +124,10 @@ HttpServer::HttpServer(OpenAiApi& api, HttpOptions options) : impl_(std::make_un
   }
   s.new_task_queue = [] { return new HttpConnectionQueue(); };
   s.set_payload_max_length(64u << 20);  // beyond: 413 from httplib
+  // Without it a reply's body waits behind its headers for the client's delayed ACK: a client
+  // that keeps its connection for the next request (keep-alive, as OpenAI's SDK does) waited
+  // 26 ms for each tiny-model reply, 0.45 ms with it.
+  s.set_tcp_nodelay(true);
   // The library listens with a backlog of 5: a burst of clients connecting at once would see
   // dropped handshakes. Keep the socket to listen on it again with a deep queue after bind.
   s.set_socket_options([impl = impl_.get()](socket_t fd) {
