@@ -972,6 +972,26 @@ def case_idle_connections(s):
         _, _, events = s.stream("/v1/completions", {"prompt": [5, 6, 7], "max_tokens": 3, "temperature": 0,
                                                     "stream": True})
         check(events[-1:] == ["[DONE]"], f"a stream beside 300 idle sockets: {events}")
+        # A connection that waits for its next request sleeps until it comes: cpp-httplib's own
+        # loop polled every 10 ms, 18000 thread wake-ups a second for 100 such connections.
+        for sock in idle[:100]:
+            sock.setblocking(True)
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        for sock in idle[:100]:
+            check(sock.recv(4096).startswith(b"HTTP/1.1 200"), "a kept-alive connection's /health")
+        def switches():  # context switches of all the server's threads so far
+            total = 0
+            for task in os.listdir(f"/proc/{s.proc.pid}/task"):
+                try:
+                    with open(f"/proc/{s.proc.pid}/task/{task}/status") as f:
+                        total += sum(int(l.split()[1]) for l in f if "ctxt_switches" in l)
+                except FileNotFoundError:
+                    pass  # a thread that just ended
+            return total
+        before = switches()
+        time.sleep(1)
+        woken = switches() - before
+        check(woken < 2000, f"100 kept-alive connections woke the server {woken} times in a second")
     finally:
         for sock in idle:
             sock.close()
@@ -981,6 +1001,37 @@ def case_idle_connections(s):
     with open(f"/proc/{s.proc.pid}/limits") as f:
         soft, hard = next(l for l in f if l.startswith("Max open files")).split()[3:5]
     check(hard == "unlimited" or soft == hard, f"open files: soft limit {soft}, hard {hard}")
+
+
+def case_pipelined_requests(s):
+    """Requests a client sends one after another on one connection without waiting for the replies
+    (HTTP/1.1 pipelining) are each answered, in order; cpp-httplib's own loop answered the first
+    and dropped the rest it had read ahead."""
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    want = [s.post("/v1/completions", {"prompt": p, "max_tokens": 3, "temperature": 0})[1]["choices"][0]["token_ids"]
+            for p in prompts]
+    sent = b""
+    for p in prompts:
+        body = json.dumps({"prompt": p, "max_tokens": 3, "temperature": 0}).encode()
+        sent += (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    sent += b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    sock = socket.create_connection(("127.0.0.1", s.port), timeout=120)
+    sock.sendall(sent)
+    got = b""
+    while chunk := sock.recv(65536):
+        got += chunk
+    sock.close()
+    replies = []  # (status, body) in order; whole replies carry Content-Length
+    while got:
+        head, _, rest = got.partition(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")
+        length = next(int(l.split(":")[1]) for l in lines if l.lower().startswith("content-length:"))
+        replies.append((int(lines[0].split()[1]), rest[:length]))
+        got = rest[length:]
+    check([status for status, _ in replies] == [200] * 4, f"pipelined replies' statuses {replies}")
+    ids = [json.loads(body)["choices"][0]["token_ids"] for _, body in replies[:3]]
+    check(ids == want, f"pipelined completions {ids} != one at a time {want}")
 
 
 def case_metrics_and_models(s):
@@ -1632,7 +1683,7 @@ def case_mpi(mpiexec):
 
 CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_whole, case_seeds,
                                      case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_guided_regex, case_guided_grammar, case_json_mode, case_json_schema, case_structured_outputs, case_tokenize, case_chat_options, case_min_tokens, case_echo, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
-                                     case_idle_connections,
+                                     case_idle_connections, case_pipelined_requests,
                                      case_metrics_and_models]}
 
 OWN_SERVER = {f.__name__[5:]: f for f in [case_chat_template, case_tools, case_reasoning, case_prefix_cache,

@@ -1,21 +1,76 @@
 #include "serve/http_server.h"
 
 #include <httplib.h>
-#include <netdb.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
-#include <filesystem>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
 #include <string_view>
 
 #include "dcp/error.h"
 #include "serve/connection_threads.h"
+#include "serve/socket_stream.h"
 
 namespace dcp::serve {
 
+namespace {
+
+// The socket of the connection this thread serves: set by ConnectionServer around each
+// connection, whose handlers run on its thread.
+thread_local int t_connection_socket = -1;
+
+}  // namespace
+
+// cpp-httplib's server with dcp's loop over a connection's requests (serve/socket_stream.h): one
+// blocking wait for each request instead of the library's 10 ms polls, the connection's socket
+// known to its handlers, and idle connections closed at once when the server stops.
+class ConnectionServer final : public httplib::Server {
+ public:
+  ConnectionServer() : stop_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+    DCP_CHECK(stop_fd_ >= 0, io, "dcp serve: eventfd: ", std::strerror(errno));
+  }
+  ~ConnectionServer() override { ::close(stop_fd_); }
+
+  // Stops accepting and wakes every connection that waits for a request; they close. Replies in
+  // progress go on to their end.
+  void stop_all() {
+    const std::uint64_t one = 1;
+    [[maybe_unused]] const ssize_t n = ::write(stop_fd_, &one, sizeof one);  // stays readable
+    stop();
+  }
+
+ private:
+  bool process_and_close_socket(socket_t sock) override {
+    using std::chrono::milliseconds;
+    SocketStream strm(sock, milliseconds(read_timeout_sec_ * 1000 + read_timeout_usec_ / 1000),
+                      milliseconds(write_timeout_sec_ * 1000 + write_timeout_usec_ / 1000));
+    t_connection_socket = sock;
+    bool ok = false;
+    for (std::size_t left = keep_alive_max_count_; left > 0; --left) {
+      if (svr_sock_ == INVALID_SOCKET ||
+          !strm.wait_for_request(stop_fd_, std::chrono::seconds(keep_alive_timeout_sec_)))
+        break;
+      bool closed = false;
+      ok = process_request(strm, /*close_connection=*/left == 1, closed, nullptr);
+      if (!ok || closed) break;
+    }
+    t_connection_socket = -1;
+    ::shutdown(sock, SHUT_RDWR);
+    ::close(sock);
+    return ok;
+  }
+
+  const int stop_fd_;
+};
+
 struct HttpServer::Impl {
-  httplib::Server server;
+  ConnectionServer server;
   int listen_fd = -1;  // the listening socket, seen by the socket-options hook
 };
 
@@ -52,43 +107,13 @@ void answer(httplib::Response& res, Handled h) {
       });
 }
 
-// A socket address as the numbers cpp-httplib writes in a Request ("127.0.0.1", "::1") and its
-// port.
-std::pair<std::string, int> numeric(const sockaddr_storage& a, socklen_t size) {
-  char host[NI_MAXHOST], port[NI_MAXSERV];
-  if (getnameinfo(reinterpret_cast<const sockaddr*>(&a), size, host, sizeof host, port, sizeof port,
-                  NI_NUMERICHOST | NI_NUMERICSERV) != 0)
-    return {"", -1};
-  return {host, std::atoi(port)};
-}
-
-// The socket of the connection `req` came on, found by its two ends' addresses among the
-// process's descriptors (cpp-httplib 0.11 gives a handler no socket); -1 when none is found
-// (no /proc), and then the client is never seen to go.
-int connection_socket(const httplib::Request& req) {
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
-    const int fd = std::atoi(entry.path().filename().c_str());
-    sockaddr_storage peer{}, local{};
-    socklen_t peer_size = sizeof peer, local_size = sizeof local;
-    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_size) != 0 ||
-        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_size) != 0)
-      continue;
-    if (numeric(peer, peer_size) == std::pair{req.remote_addr, req.remote_port} &&
-        numeric(local, local_size) == std::pair{req.local_addr, req.local_port})
-      return fd;
-  }
-  return -1;
-}
-
-// Whether the client of `req` has closed its connection (or its sending half, as a client that
-// gave up does; uvicorn takes that for a disconnect too). The connection stays open while its
-// handler runs, so the descriptor found first stays its own.
-ClientGone client_gone(const httplib::Request& req) {
-  return [&req, fd = std::optional<int>()]() mutable {
-    if (!fd) fd = connection_socket(req);
-    if (*fd < 0) return false;
-    pollfd p{*fd, POLLRDHUP, 0};
+// Whether the client of the request being handled has closed its connection (or its sending
+// half, as a client that gave up does; uvicorn takes that for a disconnect too). The socket stays
+// open while the handler runs.
+ClientGone client_gone() {
+  return [fd = t_connection_socket] {
+    if (fd < 0) return false;
+    pollfd p{fd, POLLRDHUP, 0};
     return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
   };
 }
@@ -136,13 +161,13 @@ HttpServer::HttpServer(OpenAiApi& api, HttpOptions options) : impl_(std::make_un
     impl->listen_fd = fd;
   });
   s.Post("/v1/completions", [&api](const httplib::Request& req, httplib::Response& res) {
-    answer(res, api.completions(req.body, client_gone(req)));
+    answer(res, api.completions(req.body, client_gone()));
   });
   s.Post("/v1/chat/completions", [&api](const httplib::Request& req, httplib::Response& res) {
-    answer(res, api.chat_completions(req.body, client_gone(req)));
+    answer(res, api.chat_completions(req.body, client_gone()));
   });
   s.Post("/generate", [&api](const httplib::Request& req, httplib::Response& res) {
-    answer(res, api.generate(req.body, client_gone(req)));
+    answer(res, api.generate(req.body, client_gone()));
   });
   s.Post("/tokenize", [&api](const httplib::Request& req, httplib::Response& res) {
     reply(res, api.tokenize(req.body));
@@ -211,6 +236,8 @@ int HttpServer::bind(const std::string& host, int port) {
 
 void HttpServer::listen() { impl_->server.listen_after_bind(); }
 
-void HttpServer::stop() { impl_->server.stop(); }
+void HttpServer::stop() {
+  impl_->server.stop_all();
+}
 
 }  // namespace dcp::serve
