@@ -13,6 +13,7 @@ import http.client
 import json
 import os
 import re
+import resource
 import signal
 import socket
 import subprocess
@@ -1691,6 +1692,11 @@ OWN_SERVER = {f.__name__[5:]: f for f in [case_chat_template, case_tools, case_r
 
 
 def main():
+    # The servers inherit a soft open-file limit below the hard one, as a login shell's often is,
+    # so that idle_connections sees the server lift it.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > 1024:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
     subprocess.run([DCP, "gen-checkpoint", "--out", CKPT, "--num-layers", "2"], check=True, stdout=subprocess.DEVNULL)
     args = sys.argv[2:]
     if args[:1] == ["mpi"]:

@@ -11,16 +11,20 @@
 namespace dcp::serve {
 namespace {
 
-// poll() on one descriptor, restarted after a signal with the time left.
-int poll_one(int fd, short events, std::chrono::milliseconds timeout) {
+// poll() on `fds`, restarted after a signal with the time left.
+int poll_within(pollfd* fds, nfds_t count, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
-    pollfd p{fd, events, 0};
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
-    const int n = ::poll(&p, 1, static_cast<int>(std::max<std::int64_t>(0, left.count())));
+    const int n = ::poll(fds, count, static_cast<int>(std::max<std::int64_t>(0, left.count())));
     if (n >= 0 || errno != EINTR) return n;
   }
+}
+
+int poll_one(int fd, short events, std::chrono::milliseconds timeout) {
+  pollfd p{fd, events, 0};
+  return poll_within(&p, 1, timeout);
 }
 
 void numeric_name(const sockaddr_storage& a, socklen_t size, std::string& ip, int& port) {
@@ -96,16 +100,8 @@ void SocketStream::get_local_ip_and_port(std::string& ip, int& port) const {
 
 bool SocketStream::wait_for_request(int stop_fd, std::chrono::milliseconds timeout) const {
   if (begin_ < end_) return true;
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    pollfd p[2] = {{sock_, POLLIN, 0}, {stop_fd, POLLIN, 0}};
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    const int n = ::poll(p, 2, static_cast<int>(std::max<std::int64_t>(0, left.count())));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0 || p[1].revents != 0) return false;
-    return p[0].revents != 0;
-  }
+  pollfd p[2] = {{sock_, POLLIN, 0}, {stop_fd, POLLIN, 0}};
+  return poll_within(p, 2, timeout) > 0 && p[1].revents == 0 && p[0].revents != 0;
 }
 
 }  // namespace dcp::serve
