@@ -1035,6 +1035,25 @@ def case_pipelined_requests(s):
     check(ids == want, f"pipelined completions {ids} != one at a time {want}")
 
 
+def case_kept_alive_requests(s):
+    """A client that sends its requests one after another on one connection (OpenAI's SDK does)
+    keeps that connection: 40 requests, none answered with "Connection: close", all over the one
+    socket (cpp-httplib's default closed it after the fifth)."""
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=120)
+    body = json.dumps({"prompt": [5, 6, 7], "max_tokens": 1, "temperature": 0})
+    sockets = set()
+    for i in range(40):
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        sockets.add(conn.sock.getsockname())
+        r = conn.getresponse()
+        r.read()
+        check(r.status == 200, f"kept-alive request {i}: status {r.status}")
+        check((r.getheader("Connection") or "").lower() != "close",
+              f"kept-alive request {i} answered with Connection: close")
+    conn.close()
+    check(len(sockets) == 1, f"40 kept-alive requests used {len(sockets)} connections")
+
+
 def case_metrics_and_models(s):
     status, r = s.request("GET", "/v1/models")
     check(status == 200 and r["data"][0]["id"] == CKPT, f"/v1/models {r}")
@@ -1684,7 +1703,7 @@ def case_mpi(mpiexec):
 
 CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_whole, case_seeds,
                                      case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_guided_regex, case_guided_grammar, case_json_mode, case_json_schema, case_structured_outputs, case_tokenize, case_chat_options, case_min_tokens, case_echo, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
-                                     case_idle_connections, case_pipelined_requests,
+                                     case_idle_connections, case_pipelined_requests, case_kept_alive_requests,
                                      case_metrics_and_models]}
 
 OWN_SERVER = {f.__name__[5:]: f for f in [case_chat_template, case_tools, case_reasoning, case_prefix_cache,

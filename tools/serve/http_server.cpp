@@ -153,6 +153,9 @@ HttpServer::HttpServer(OpenAiApi& api, HttpOptions options) : impl_(std::make_un
   // that keeps its connection for the next request (keep-alive, as OpenAI's SDK does) waited
   // 26 ms for each tiny-model reply, 0.45 ms with it.
   s.set_tcp_nodelay(true);
+  // The library closes a kept-alive connection after its fifth request, so a client sending its
+  // requests one after another reconnected every fifth one; nginx's bound instead.
+  s.set_keep_alive_max_count(1000);
   // The library listens with a backlog of 5: a burst of clients connecting at once would see
   // dropped handshakes. Keep the socket to listen on it again with a deep queue after bind.
   s.set_socket_options([impl = impl_.get()](socket_t fd) {
