@@ -1054,6 +1054,46 @@ def case_kept_alive_requests(s):
     check(len(sockets) == 1, f"40 kept-alive requests used {len(sockets)} connections")
 
 
+def http_replies(data):
+    """The (status, headers, body) of each whole reply in bytes read from one connection."""
+    replies = []
+    while data:
+        head, _, rest = data.partition(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")
+        headers = {l.split(":", 1)[0].lower(): l.split(":", 1)[1].strip() for l in lines[1:]}
+        length = int(headers["content-length"])
+        replies.append((int(lines[0].split()[1]), headers, rest[:length]))
+        data = rest[length:]
+    return replies
+
+
+def case_malformed_requests(s):
+    """A request the server cannot read to its end (a header past the HTTP library's line limit, a
+    broken chunked body) gets one 400 and the connection closes: what is left of it would be read
+    as more requests (cpp-httplib answered the rest of a long header line with a second 400, which
+    a kept-alive client would take for the reply to its next request). A pipelined request after
+    it is not answered; the server goes on serving."""
+    health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    for what, sent in [("a 20000-byte header", b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " +
+                        b"a" * 20000 + b"\r\n\r\n"),
+                       ("a broken chunked body", b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                        b"Transfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n")]:
+        sock = socket.create_connection(("127.0.0.1", s.port), timeout=60)
+        sock.sendall(sent + health)
+        got = b""
+        while chunk := sock.recv(65536):  # the server closes (60 s: far past its 5 s keep-alive)
+            got += chunk
+        sock.close()
+        replies = http_replies(got)
+        check([status for status, _, _ in replies] == [400], f"{what}: replies {replies}")
+        check(replies and replies[0][1].get("connection") == "close",
+              f"{what}: the 400 says Connection: close ({replies})")
+        check(replies and "malformed" in json.loads(replies[0][2])["error"]["message"],
+              f"{what}: the 400 says why ({replies})")
+    status, _ = s.request("GET", "/health")
+    check(status == 200, f"/health after malformed requests: {status}")
+
+
 def case_metrics_and_models(s):
     status, r = s.request("GET", "/v1/models")
     check(status == 200 and r["data"][0]["id"] == CKPT, f"/v1/models {r}")
@@ -1704,6 +1744,7 @@ def case_mpi(mpiexec):
 CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_whole, case_seeds,
                                      case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_guided_regex, case_guided_grammar, case_json_mode, case_json_schema, case_structured_outputs, case_tokenize, case_chat_options, case_min_tokens, case_echo, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
                                      case_idle_connections, case_pipelined_requests, case_kept_alive_requests,
+                                     case_malformed_requests,
                                      case_metrics_and_models]}
 
 OWN_SERVER = {f.__name__[5:]: f for f in [case_chat_template, case_tools, case_reasoning, case_prefix_cache,

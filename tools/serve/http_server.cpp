@@ -25,6 +25,27 @@ namespace {
 // connection, whose handlers run on its thread.
 thread_local int t_connection_socket = -1;
 
+// Set when this thread's reply is the HTTP library's 400 for a request it could not read (a
+// request line or header past its limits, a broken chunked body): the rest of that request is
+// still in the socket and would be read as another, so the connection closes after the reply.
+thread_local bool t_close_after_reply = false;
+
+// Closes a connection whose client may still be sending (a request cut short by a 400): its
+// sending half first, then what arrives is read and dropped for up to a second, so that the
+// close does not reset the connection before the client has read the reply.
+void close_lingering(int sock) {
+  ::shutdown(sock, SHUT_WR);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  char sink[4096];
+  for (auto now = std::chrono::steady_clock::now(); now < deadline;
+       now = std::chrono::steady_clock::now()) {
+    pollfd p{sock, POLLIN, 0};
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
+    if (::poll(&p, 1, static_cast<int>(left.count()) + 1) <= 0) break;
+    if (::recv(sock, sink, sizeof sink, 0) <= 0) break;
+  }
+}
+
 }  // namespace
 
 // cpp-httplib's server with dcp's loop over a connection's requests (serve/socket_stream.h): one
@@ -51,6 +72,7 @@ class ConnectionServer final : public httplib::Server {
     SocketStream strm(sock, milliseconds(read_timeout_sec_ * 1000 + read_timeout_usec_ / 1000),
                       milliseconds(write_timeout_sec_ * 1000 + write_timeout_usec_ / 1000));
     t_connection_socket = sock;
+    t_close_after_reply = false;
     bool ok = false;
     for (std::size_t left = keep_alive_max_count_; left > 0; --left) {
       if (svr_sock_ == INVALID_SOCKET ||
@@ -58,9 +80,10 @@ class ConnectionServer final : public httplib::Server {
         break;
       bool closed = false;
       ok = process_request(strm, /*close_connection=*/left == 1, closed, nullptr);
-      if (!ok || closed) break;
+      if (!ok || closed || t_close_after_reply) break;
     }
     t_connection_socket = -1;
+    if (t_close_after_reply) close_lingering(sock);
     ::shutdown(sock, SHUT_RDWR);
     ::close(sock);
     return ok;
@@ -193,9 +216,16 @@ HttpServer::HttpServer(OpenAiApi& api, HttpOptions options) : impl_(std::make_un
   // Anything else: an OpenAI-style 404 (or 405 for a known path with the wrong method).
   s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
+    // The library's own 400: the request could not be read whole (its end is unknown).
+    if (res.status == 400) {
+      t_close_after_reply = true;
+      res.set_header("Connection", "close");
+    }
     const HttpReply r = OpenAiApi::error(
-        res.status, res.status == 404
-                        ? str("no route ", req.method, " ", req.path)
+        res.status, res.status == 404 ? str("no route ", req.method, " ", req.path)
+                    : res.status == 400
+                        ? "malformed HTTP request: a request line or header too long or not "
+                          "well formed, or a broken chunked body"
                         : str("HTTP ", res.status, " for ", req.method, " ", req.path));
     res.set_content(r.body, r.content_type.c_str());
   });
