@@ -2,95 +2,17 @@
 
 #include <httplib.h>
 #include <poll.h>
-#include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
-#include <cstdint>
-#include <cstring>
 #include <string_view>
 
 #include "dcp/error.h"
+#include "serve/connection_server.h"
 #include "serve/connection_threads.h"
-#include "serve/socket_stream.h"
 
 namespace dcp::serve {
-
-namespace {
-
-// The socket of the connection this thread serves: set by ConnectionServer around each
-// connection, whose handlers run on its thread.
-thread_local int t_connection_socket = -1;
-
-// Set when this thread's reply is the HTTP library's 400 for a request it could not read (a
-// request line or header past its limits, a broken chunked body): the rest of that request is
-// still in the socket and would be read as another, so the connection closes after the reply.
-thread_local bool t_close_after_reply = false;
-
-// Closes a connection whose client may still be sending (a request cut short by a 400): its
-// sending half first, then what arrives is read and dropped for up to a second, so that the
-// close does not reset the connection before the client has read the reply.
-void close_lingering(int sock) {
-  ::shutdown(sock, SHUT_WR);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-  char sink[4096];
-  for (auto now = std::chrono::steady_clock::now(); now < deadline;
-       now = std::chrono::steady_clock::now()) {
-    pollfd p{sock, POLLIN, 0};
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
-    if (::poll(&p, 1, static_cast<int>(left.count()) + 1) <= 0) break;
-    if (::recv(sock, sink, sizeof sink, 0) <= 0) break;
-  }
-}
-
-}  // namespace
-
-// cpp-httplib's server with dcp's loop over a connection's requests (serve/socket_stream.h): one
-// blocking wait for each request instead of the library's 10 ms polls, the connection's socket
-// known to its handlers, and idle connections closed at once when the server stops.
-class ConnectionServer final : public httplib::Server {
- public:
-  ConnectionServer() : stop_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
-    DCP_CHECK(stop_fd_ >= 0, io, "dcp serve: eventfd: ", std::strerror(errno));
-  }
-  ~ConnectionServer() override { ::close(stop_fd_); }
-
-  // Stops accepting and wakes every connection that waits for a request; they close. Replies in
-  // progress go on to their end.
-  void stop_all() {
-    const std::uint64_t one = 1;
-    [[maybe_unused]] const ssize_t n = ::write(stop_fd_, &one, sizeof one);  // stays readable
-    stop();
-  }
-
- private:
-  bool process_and_close_socket(socket_t sock) override {
-    using std::chrono::milliseconds;
-    SocketStream strm(sock, milliseconds(read_timeout_sec_ * 1000 + read_timeout_usec_ / 1000),
-                      milliseconds(write_timeout_sec_ * 1000 + write_timeout_usec_ / 1000));
-    t_connection_socket = sock;
-    t_close_after_reply = false;
-    bool ok = false;
-    for (std::size_t left = keep_alive_max_count_; left > 0; --left) {
-      if (svr_sock_ == INVALID_SOCKET ||
-          !strm.wait_for_request(stop_fd_, std::chrono::seconds(keep_alive_timeout_sec_)))
-        break;
-      bool closed = false;
-      ok = process_request(strm, /*close_connection=*/left == 1, closed, nullptr);
-      if (!ok || closed || t_close_after_reply) break;
-    }
-    t_connection_socket = -1;
-    if (t_close_after_reply) close_lingering(sock);
-    ::shutdown(sock, SHUT_RDWR);
-    ::close(sock);
-    return ok;
-  }
-
-  const int stop_fd_;
-};
 
 struct HttpServer::Impl {
   ConnectionServer server;
@@ -134,7 +56,7 @@ void answer(httplib::Response& res, Handled h) {
 // half, as a client that gave up does; uvicorn takes that for a disconnect too). The socket stays
 // open while the handler runs.
 ClientGone client_gone() {
-  return [fd = t_connection_socket] {
+  return [fd = ConnectionServer::connection_socket()] {
     if (fd < 0) return false;
     pollfd p{fd, POLLRDHUP, 0};
     return ::poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
@@ -218,7 +140,7 @@ HttpServer::HttpServer(OpenAiApi& api, HttpOptions options) : impl_(std::make_un
     if (!res.body.empty()) return;
     // The library's own 400: the request could not be read whole (its end is unknown).
     if (res.status == 400) {
-      t_close_after_reply = true;
+      ConnectionServer::close_after_reply();
       res.set_header("Connection", "close");
     }
     const HttpReply r = OpenAiApi::error(
@@ -256,6 +178,10 @@ void raise_open_file_limit() {
 }
 
 }  // namespace
+
+void HttpServer::serve_socket(int sock) {
+  impl_->server.serve_socket(sock);
+}
 
 int HttpServer::bind(const std::string& host, int port) {
   const int bound = port == 0 ? impl_->server.bind_to_any_port(host.c_str())

@@ -23,6 +23,8 @@ class HttpServer {
   // Serves on the bound socket until stop() (call from another thread).
   void listen();
   void stop();
+  // Serves one connected socket on this thread until it closes (after bind); for the fuzzer.
+  void serve_socket(int sock);
 
  private:
   struct Impl;
