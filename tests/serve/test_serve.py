@@ -863,6 +863,10 @@ def case_errors(s):
     expect(400, {"text": "hi", "sampling_params": {"json_schema": '{"not": {}}'}}, "json_schema", path="/generate")
     expect(400, {"text": "hi", "sampling_params": {"structural_tag": "{}"}}, "structural_tag", path="/generate")
     expect(400, {"text": "hi", "sampling_params": {"n": 2}}, "n", path="/generate")
+    # SGLang's batches: one prompt per request here, and the error says so.
+    for batch in [{"text": ["a", "b"]}, {"input_ids": [[1, 2], [3]]}]:
+        status, r = s.request("POST", "/generate", batch)
+        check(status == 400 and "one prompt per request" in r["error"]["message"], f"{batch}: {status} {r}")
     expect(400, {"text": "hi", "custom_logit_processor": "x"}, "custom_logit_processor", path="/generate")
     expect(400, {"prompt": "hi", "priority": 1}, "priority")
     status, r = s.post("/v1/completions", {"prompt": "hi", "max_tokens": 1, "bad_words": [], "use_beam_search": False,

@@ -174,6 +174,8 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
       need_tokenizer_for("text");
       prompt = tokenizer_->encode(text->get<std::string>(), true);
     } else {
+      if (ids->is_array() && !ids->empty() && (*ids)[0].is_array())
+        bad("input_ids", "'input_ids' must be one list of token ids (one prompt per request)");
       prompt = token_ids(*ids, "input_ids", vocab);
     }
     for (const char* key : {"return_logprob", "return_text_in_logprobs"}) {
