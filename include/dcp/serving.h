@@ -172,6 +172,7 @@ class ServingDeployment {
   // The logical KV capacity in tokens (every DP replica's is the same), known once ready.
   std::int64_t kv_capacity_tokens() const;
   std::int64_t max_model_len() const noexcept { return options_.max_model_len; }
+  int max_queued_requests() const noexcept { return options_.max_queued_requests; }
   // The longest request (prompt and new tokens) served: the lesser of the two above.
   std::int64_t context_tokens() const;
 

@@ -1655,6 +1655,15 @@ def case_queue_bound():
         second.join()
         check(results["first"][0] == 200 and results["second"][0] == 200, "the running and the queued request finish")
         check(results["second"][1]["usage"]["completion_tokens"] == 30, "the queued request ran in full")
+        # More choices than the queue holds, on an idle server: a 400 naming the field, not a
+        # "retry later" that every retry gets again.
+        for body, param in [({"prompt": PROMPT, "max_tokens": 2, "n": 2}, "n"),
+                            ({"prompt": [PROMPT, PROMPT], "max_tokens": 2}, "prompt")]:
+            status, r = s.post("/v1/completions", body)
+            check(status == 400 and r["error"]["param"] == param and "--max-queued-requests" in r["error"]["message"],
+                  f"{param}: more choices than the queue bound: {status} {r}")
+        status, r = s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 2})
+        check(status == 200, f"a request within the bound after those: {status} {r}")
     finally:
         s.stop()
 

@@ -431,6 +431,18 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
                                                         : "";
   static std::atomic<std::int64_t> serial{0};
   job.id = prefix + std::to_string(created_) + "-" + std::to_string(serial++);
+  // A request with more choices than the queue may hold would be refused as "retry later" on an
+  // idle server too, every time: refused as too large instead.
+  const std::int64_t samples = static_cast<std::int64_t>(job.prompts.size()) * job.n;
+  if (samples > deployment_.max_queued_requests()) {
+    return {error(400,
+                  str("this request asks for ", samples, " completions (", job.prompts.size(),
+                      " prompt(s) x n = ", job.n, "); the server queues at most ",
+                      deployment_.max_queued_requests(),
+                      " (--max-queued-requests): send fewer prompts or a smaller n"),
+                  job.n > 1 ? "n" : job.prompt_field),
+            {}};
+  }
   // Submit every choice (n of each prompt); a refusal withdraws the ones already in.
   auto choices = std::make_shared<std::vector<Choice>>();
   std::random_device entropy;
