@@ -1107,6 +1107,18 @@ def case_metrics_and_models(s):
     check(status == 404 and one["error"]["param"] == "model", f"/v1/models/gpt-5: {status} {one}")
     status, _ = s.request("GET", "/health")
     check(status == 200, "/health")
+    # A known path asked with another method: 405 and the methods it takes; an unknown one: 404.
+    for method, path, allow in [("GET", "/v1/completions", "POST"), ("PUT", "/v1/models/x", "GET, HEAD"),
+                                ("DELETE", "/health", "GET, HEAD")]:
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+        conn.request(method, path, "{}" if method == "PUT" else None)
+        r = conn.getresponse()
+        body = json.loads(r.read())
+        conn.close()
+        check(r.status == 405 and r.getheader("Allow") == allow and body["error"]["code"] == 405,
+              f"{method} {path}: {r.status}, Allow {r.getheader('Allow')}, {body}")
+    status, r = s.request("POST", "/v1/embeddings", {"input": "hi"})
+    check(status == 404 and "no route" in r["error"]["message"], f"POST /v1/embeddings: {status} {r}")
     m = s.metrics()
     for key in ["dcp_time_to_first_token_seconds_count", "dcp_inter_token_latency_seconds_count",
                 'dcp_kv_rows_capacity{rank="1"}', "dcp_prompt_tokens_total", "dcp_num_queued_reqs",

@@ -6,7 +6,11 @@
 #include <sys/socket.h>
 
 #include <chrono>
+#include <regex>
+#include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "dcp/error.h"
 #include "serve/connection_server.h"
@@ -17,6 +21,9 @@ namespace dcp::serve {
 struct HttpServer::Impl {
   ConnectionServer server;
   int listen_fd = -1;  // the listening socket, seen by the socket-options hook
+  // Every route's method and path pattern, as registered: a known path asked with another
+  // method is a 405 naming the ones it takes.
+  std::vector<std::pair<std::string, std::regex>> routes;
 };
 
 namespace {
@@ -108,36 +115,58 @@ HttpServer::HttpServer(OpenAiApi& api, HttpOptions options) : impl_(std::make_un
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);  // what the default hook does
     impl->listen_fd = fd;
   });
-  s.Post("/v1/completions", [&api](const httplib::Request& req, httplib::Response& res) {
+  const auto post = [&s, impl = impl_.get()](const std::string& path, httplib::Server::Handler h) {
+    s.Post(path, std::move(h));
+    impl->routes.emplace_back("POST", std::regex(path));
+  };
+  const auto get = [&s, impl = impl_.get()](const std::string& path, httplib::Server::Handler h) {
+    s.Get(path, std::move(h));  // HEAD too: the library answers it from the GET handler
+    impl->routes.emplace_back("GET, HEAD", std::regex(path));
+  };
+  post("/v1/completions", [&api](const httplib::Request& req, httplib::Response& res) {
     answer(res, api.completions(req.body, client_gone()));
   });
-  s.Post("/v1/chat/completions", [&api](const httplib::Request& req, httplib::Response& res) {
+  post("/v1/chat/completions", [&api](const httplib::Request& req, httplib::Response& res) {
     answer(res, api.chat_completions(req.body, client_gone()));
   });
-  s.Post("/generate", [&api](const httplib::Request& req, httplib::Response& res) {
+  post("/generate", [&api](const httplib::Request& req, httplib::Response& res) {
     answer(res, api.generate(req.body, client_gone()));
   });
-  s.Post("/tokenize", [&api](const httplib::Request& req, httplib::Response& res) {
+  post("/tokenize", [&api](const httplib::Request& req, httplib::Response& res) {
     reply(res, api.tokenize(req.body));
   });
-  s.Post("/detokenize", [&api](const httplib::Request& req, httplib::Response& res) {
+  post("/detokenize", [&api](const httplib::Request& req, httplib::Response& res) {
     reply(res, api.detokenize(req.body));
   });
-  s.Get("/v1/models",
-        [&api](const httplib::Request&, httplib::Response& res) { reply(res, api.models()); });
-  s.Get(R"(/v1/models/(.+))", [&api](const httplib::Request& req, httplib::Response& res) {
+  get("/v1/models",
+      [&api](const httplib::Request&, httplib::Response& res) { reply(res, api.models()); });
+  get(R"(/v1/models/(.+))", [&api](const httplib::Request& req, httplib::Response& res) {
     reply(res, api.model(req.matches[1]));  // OpenAI's retrieve (model names may hold '/')
   });
-  s.Get("/health",
-        [&api](const httplib::Request&, httplib::Response& res) { reply(res, api.health()); });
-  s.Get("/metrics",
-        [&api](const httplib::Request&, httplib::Response& res) { reply(res, api.metrics()); });
-  s.Post("/reset_prefix_cache", [&api](const httplib::Request&, httplib::Response& res) {
+  get("/health",
+      [&api](const httplib::Request&, httplib::Response& res) { reply(res, api.health()); });
+  get("/metrics",
+      [&api](const httplib::Request&, httplib::Response& res) { reply(res, api.metrics()); });
+  post("/reset_prefix_cache", [&api](const httplib::Request&, httplib::Response& res) {
     reply(res, api.reset_prefix_cache());
   });
-  // Anything else: an OpenAI-style 404 (or 405 for a known path with the wrong method).
-  s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+  // Anything else: an OpenAI-style 404, or 405 for a known path with another method.
+  s.set_error_handler([impl = impl_.get()](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
+    if (res.status == 404) {
+      std::string allowed;
+      for (const auto& [method, pattern] : impl->routes) {
+        if (std::regex_match(req.path, pattern)) allowed += (allowed.empty() ? "" : ", ") + method;
+      }
+      if (!allowed.empty()) {
+        res.status = 405;
+        res.set_header("Allow", allowed);
+        const HttpReply r = OpenAiApi::error(
+            405, str(req.method, " ", req.path, " is not served (it takes ", allowed, ")"));
+        res.set_content(r.body, r.content_type.c_str());
+        return;
+      }
+    }
     // The library's own 400: the request could not be read whole (its end is unknown).
     if (res.status == 400) {
       ConnectionServer::close_after_reply();
@@ -147,7 +176,7 @@ HttpServer::HttpServer(OpenAiApi& api, HttpOptions options) : impl_(std::make_un
         res.status, res.status == 404 ? str("no route ", req.method, " ", req.path)
                     : res.status == 400
                         ? "malformed HTTP request: a request line or header too long or not "
-                          "well formed, or a broken chunked body"
+                          "well formed, a POST without Content-Length, or a broken chunked body"
                         : str("HTTP ", res.status, " for ", req.method, " ", req.path));
     res.set_content(r.body, r.content_type.c_str());
   });
