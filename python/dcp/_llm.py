@@ -9,10 +9,35 @@ The ranks run as threads of this process for as long as the LLM lives (``close()
 """
 import dataclasses
 import json
+import numbers
+import operator
 import random
 from typing import Dict, List, Optional, Sequence, Union
 
 from . import _dcp
+
+
+def _integer(value, name):
+    """value as an int: Python's and numpy's integers only. A float, a bool or a string is refused
+    rather than truncated or parsed (int(1.5) is 1, int("7") is 7)."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise ValueError(f"{name} = {value!r} must be an integer")
+
+
+def _real(value, name):
+    """value as a float: any real number but a bool (a string is refused, not parsed)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    raise ValueError(f"{name} = {value!r} must be a number")
+
+
+def _token_ids(values, name):
+    """A sequence of token ids as ints, each an integer (see _integer)."""
+    return [_integer(t, f"{name}[{k}]") for k, t in enumerate(values)]
 
 
 @dataclasses.dataclass
@@ -163,27 +188,27 @@ class LLM:
         c = _dcp._LlmConfig()
         c.model = str(model)
         c.tokenizer = "" if tokenizer is None else str(tokenizer)
-        c.num_layers = int(num_layers)
-        c.tp_size = int(tp_size)
-        c.dcp_size = int(dcp_size)
-        c.dp_size = int(dp_size)
+        c.num_layers = _integer(num_layers, "num_layers")
+        c.tp_size = _integer(tp_size, "tp_size")
+        c.dcp_size = _integer(dcp_size, "dcp_size")
+        c.dp_size = _integer(dp_size, "dp_size")
         c.enable_dp_attention = bool(enable_dp_attention)
-        c.ep_size = int(ep_size)
+        c.ep_size = _integer(ep_size, "ep_size")
         c.dcp_comm_backend = "" if dcp_comm_backend is None else str(dcp_comm_backend)
         c.dcp_replicate_q_proj = bool(dcp_replicate_q_proj)
-        c.page_size = int(page_size)
-        c.dcp_kv_cache_interleave_size = int(dcp_kv_cache_interleave_size)
+        c.page_size = _integer(page_size, "page_size")
+        c.dcp_kv_cache_interleave_size = _integer(dcp_kv_cache_interleave_size, "dcp_kv_cache_interleave_size")
         c.kv_cache_dtype = str(kv_cache_dtype)
         c.attention_kernel = str(attention_kernel)
         c.weight_kernel = str(weight_kernel)
-        c.threads_per_rank = int(threads_per_rank)
-        c.max_total_tokens = int(max_total_tokens)
-        c.max_model_len = 0 if max_model_len is None else int(max_model_len)
-        c.chunked_prefill_size = int(chunked_prefill_size)
-        c.max_running_requests = int(max_running_requests)
+        c.threads_per_rank = _integer(threads_per_rank, "threads_per_rank")
+        c.max_total_tokens = _integer(max_total_tokens, "max_total_tokens")
+        c.max_model_len = 0 if max_model_len is None else _integer(max_model_len, "max_model_len")
+        c.chunked_prefill_size = _integer(chunked_prefill_size, "chunked_prefill_size")
+        c.max_running_requests = _integer(max_running_requests, "max_running_requests")
         c.enable_prefix_cache = bool(enable_prefix_cache)
-        c.host_kv_capacity_tokens = int(host_kv_capacity_tokens)
-        c.comm_timeout_s = float(comm_timeout_s)
+        c.host_kv_capacity_tokens = _integer(host_kv_capacity_tokens, "host_kv_capacity_tokens")
+        c.comm_timeout_s = _real(comm_timeout_s, "comm_timeout_s")
         self._llm = _dcp._Llm(c)
 
     def __enter__(self):
@@ -361,7 +386,7 @@ class LLM:
                                  "token ids, or LLM(..., tokenizer=PATH)")
             return p, self.encode(p, add_special_tokens=True)
         try:
-            tokens = [int(t) for t in p]
+            tokens = _token_ids(p, f"prompts[{i}]")
         except TypeError:
             raise ValueError(f"prompts[{i}] must be a string or a list of token ids, got "
                              f"{type(p).__name__}") from None
@@ -370,27 +395,31 @@ class LLM:
         return None, tokens
 
     def _request(self, tokens, p: SamplingParams, completion: int):
-        stop = [int(t) for t in p.stop_token_ids]
+        stop = _token_ids(p.stop_token_ids, "stop_token_ids")
         eos = self._llm.eos_token_id
         if not p.ignore_eos and eos is not None:
             stop.append(eos)
-        top_k = 0 if p.top_k == -1 else int(p.top_k)
-        if p.seed is not None and int(p.seed) < 0:
+        top_k = _integer(p.top_k, "top_k")
+        top_k = 0 if top_k == -1 else top_k
+        if p.seed is not None and _integer(p.seed, "seed") < 0:
             raise ValueError(f"seed = {p.seed} must be >= 0")
-        seed = random.getrandbits(63) if p.seed is None else int(p.seed) + completion
-        logprobs = -1 if p.logprobs is None else int(p.logprobs)
+        seed = random.getrandbits(63) if p.seed is None else _integer(p.seed, "seed") + completion
+        logprobs = -1 if p.logprobs is None else _integer(p.logprobs, "logprobs")
         # One completion of each prompt computes them: its others share the prompt.
-        prompt_logprobs = -1 if p.prompt_logprobs is None or completion > 0 else int(p.prompt_logprobs)
+        prompt_logprobs = (-1 if p.prompt_logprobs is None or completion > 0
+                           else _integer(p.prompt_logprobs, "prompt_logprobs"))
         stop_strings = [p.stop] if isinstance(p.stop, str) else list(p.stop or ())
         for s in stop_strings:  # an empty one is refused with the request (TextStream)
             if not isinstance(s, str):
                 raise ValueError(f"stop = {p.stop!r}: each stop string must be a str")
-        try:
-            bias = {int(t): float(b) for t, b in (p.logit_bias or {}).items()}
+        try:  # keys as ints, or as the decimal strings of OpenAI's JSON
+            bias = {int(t) if isinstance(t, str) and t.isascii() and t.isdigit()
+                    else _integer(t, "logit_bias key"): _real(b, "logit_bias value")
+                    for t, b in (p.logit_bias or {}).items()}
         except (AttributeError, TypeError, ValueError):
             raise ValueError(f"logit_bias = {p.logit_bias!r} must map token ids to numbers") from None
         try:
-            allowed = [int(t) for t in (p.allowed_token_ids or ())]
+            allowed = _token_ids(p.allowed_token_ids or (), "allowed_token_ids")
         except (TypeError, ValueError):
             raise ValueError(f"allowed_token_ids = {p.allowed_token_ids!r} must be token ids") from None
         if p.allowed_token_ids is not None and not allowed:
@@ -400,11 +429,14 @@ class LLM:
             if not isinstance(w, str):
                 raise ValueError(f"bad_words = {p.bad_words!r}: each bad word must be a str")
         regex, choice, json_object, grammar = _guided(p)
-        return _dcp._GenerateRequest(tokens, int(p.max_tokens), float(p.temperature),
-                                     float(p.top_p), top_k, float(p.min_p),
-                                     float(p.presence_penalty), float(p.frequency_penalty),
-                                     float(p.repetition_penalty), bias, allowed, bad_words, seed, stop,
-                                     int(p.min_tokens), stop_strings,
+        return _dcp._GenerateRequest(tokens, _integer(p.max_tokens, "max_tokens"),
+                                     _real(p.temperature, "temperature"), _real(p.top_p, "top_p"),
+                                     top_k, _real(p.min_p, "min_p"),
+                                     _real(p.presence_penalty, "presence_penalty"),
+                                     _real(p.frequency_penalty, "frequency_penalty"),
+                                     _real(p.repetition_penalty, "repetition_penalty"), bias,
+                                     allowed, bad_words, seed, stop,
+                                     _integer(p.min_tokens, "min_tokens"), stop_strings,
                                      bool(p.include_stop_str_in_output), prompt_logprobs,
                                      bool(p.skip_special_tokens), logprobs, regex, choice,
                                      json_object, grammar)

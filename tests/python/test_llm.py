@@ -7,6 +7,7 @@ import math
 import subprocess
 import tempfile
 
+import numpy as np
 import pytest
 
 import dcp
@@ -280,6 +281,13 @@ def test_bad_penalties_raise(text_llm, params, message):
     assert message in str(e.value)
 
 
+def test_numpy_integers_are_token_ids(text_llm):
+    params = dcp.SamplingParams(max_tokens=2, temperature=np.float32(0))
+    want = text_llm.generate([[1, 2, 3]], params)[0].outputs[0].token_ids
+    for prompt in [np.array([1, 2, 3]), [np.int64(1), np.int32(2), np.uint8(3)]]:
+        assert text_llm.generate([prompt], params)[0].outputs[0].token_ids == want
+
+
 @pytest.mark.parametrize("n", [0, 1.5, True])
 def test_bad_n_raises(text_llm, n):
     with pytest.raises(ValueError, match="must be an int >= 1"):
@@ -339,6 +347,14 @@ def test_logprobs_and_timing(text_llm):
     ([[1, 10**6]], dcp.SamplingParams(), "vocab"),
     ([[1 + t % 500 for t in range(5000)]], dcp.SamplingParams(), "the KV cache holds 4096"),
     ([[1], [2]], [dcp.SamplingParams()], "sampling_params has 1 entries for 2 prompts"),
+    # Numbers of the wrong kind are refused, not truncated or parsed.
+    ([[1, 2.0]], dcp.SamplingParams(), "prompts[0][1] = 2.0 must be an integer"),
+    ([{"prompt_token_ids": ["7"]}], dcp.SamplingParams(), "prompts[0][0] = '7' must be an integer"),
+    ([[True]], dcp.SamplingParams(), "prompts[0][0] = True must be an integer"),
+    ([[1, 2]], dcp.SamplingParams(max_tokens=2.5), "max_tokens = 2.5 must be an integer"),
+    ([[1, 2]], dcp.SamplingParams(temperature="0"), "temperature = '0' must be a number"),
+    ([[1, 2]], dcp.SamplingParams(stop_token_ids=[3.0]), "stop_token_ids[0] = 3.0 must be an integer"),
+    ([[1, 2]], dcp.SamplingParams(seed=1.5), "seed = 1.5 must be an integer"),
 ])
 def test_bad_requests_raise_and_leave_the_llm_usable(text_llm, prompts, params, message):
     with pytest.raises(ValueError) as e:
@@ -401,6 +417,7 @@ def test_a_refused_request_drops_the_whole_batch(text_llm):
     (dict(model="tiny", tp_size=4, dcp_size=3), "legal dcp_size values"),
     (dict(model="tiny", kv_cache_dtype="fp8"), "fp32"),
     (dict(model="tiny", max_total_tokens=0), "max_total_tokens = 0 must be >= 1"),
+    (dict(model="tiny", tp_size=2.0), "tp_size = 2.0 must be an integer"),
     (dict(model="tiny", tp_size=2, ep_size=2), "ep_size = 2 must divide the model's routed experts (0;"),
     (dict(model="tiny", page_size=16, dcp_kv_cache_interleave_size=3),
      "dcp_kv_cache_interleave_size = 3 must divide page_size = 16"),
