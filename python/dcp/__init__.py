@@ -15,6 +15,7 @@ torch tensors sharing their memory when the query was a torch tensor. Every kern
 GIL while it runs.
 """
 from ._arrays import as_kernel_array, like_input
+from ._numbers import boolean, integer, real
 from ._layout import chunk_share, local_count, owner, position, row, topology
 from ._llm import (LLM, CompletionOutput, GuidedDecodingParams, RequestOutput, SamplingParams,
                    StructuredOutputsParams)
@@ -51,10 +52,12 @@ def mla_decode(q, kv_pool, page_table, seq_lens, *, scale, kv_lora_rank=512, que
         qa, as_kernel_array(kv_pool, "kv_pool"), as_kernel_array(page_table, "page_table"),
         as_kernel_array(seq_lens, "seq_lens"),
         None if query_lens is None else as_kernel_array(query_lens, "query_lens"),
-        float(scale), int(kv_lora_rank), int(dcp_size), int(dcp_rank), int(interleave),
-        bool(causal), int(window), float(softcap),
-        None if sinks is None else as_kernel_array(sinks, "sinks"),
-        None if topk is None else as_kernel_array(topk, "topk"), int(num_threads), str(kernel))
+        real(scale, "scale"), integer(kv_lora_rank, "kv_lora_rank"),
+        integer(dcp_size, "dcp_size"), integer(dcp_rank, "dcp_rank"),
+        integer(interleave, "interleave"), boolean(causal, "causal"), integer(window, "window"),
+        real(softcap, "softcap"), None if sinks is None else as_kernel_array(sinks, "sinks"),
+        None if topk is None else as_kernel_array(topk, "topk"),
+        integer(num_threads, "num_threads"), str(kernel))
     o, lse = _dcp._mla_decode(args)
     return like_input(q, o), like_input(q, lse)
 

@@ -9,6 +9,7 @@ import json
 import numpy as np
 
 from . import _dcp
+from ._numbers import boolean, integer
 
 
 def _vectorised(fn, x, *args):
@@ -21,22 +22,22 @@ def _vectorised(fn, x, *args):
 
 def owner(p, n, interleave=1):
     """The DCP rank that stores position p."""
-    return _vectorised(_dcp._owner, p, int(n), int(interleave))
+    return _vectorised(_dcp._owner, p, integer(n, "n"), integer(interleave, "interleave"))
 
 
 def row(p, n, interleave=1):
     """Position p's local row on its owner."""
-    return _vectorised(_dcp._row, p, int(n), int(interleave))
+    return _vectorised(_dcp._row, p, integer(n, "n"), integer(interleave, "interleave"))
 
 
 def local_count(x, r, n, interleave=1):
     """How many positions of [0, x) rank r stores: its local length of a sequence of length x."""
-    return _vectorised(_dcp._local_count, x, int(r), int(n), int(interleave))
+    return _vectorised(_dcp._local_count, x, integer(r, "r"), integer(n, "n"), integer(interleave, "interleave"))
 
 
 def position(local_row, r, n, interleave=1):
     """The global position of rank r's local row (the inverse of row)."""
-    return _vectorised(_dcp._position, local_row, int(r), int(n), int(interleave))
+    return _vectorised(_dcp._position, local_row, integer(r, "r"), integer(n, "n"), integer(interleave, "interleave"))
 
 
 def chunk_share(start, length, r, n, interleave=1):
@@ -56,7 +57,9 @@ def topology(tp_size, dcp_size=1, dp_size=1, enable_dp_attention=False, pcp_size
 
     Raises ValueError naming the argument and its legal values for an invalid configuration.
     """
-    text = _dcp._topology_json(int(tp_size), int(dcp_size), int(dp_size),
-                               bool(enable_dp_attention), int(pcp_size), dcp_comm_backend,
-                               bool(replicate_q_proj), str(platform))
+    text = _dcp._topology_json(integer(tp_size, "tp_size"), integer(dcp_size, "dcp_size"),
+                               integer(dp_size, "dp_size"),
+                               boolean(enable_dp_attention, "enable_dp_attention"),
+                               integer(pcp_size, "pcp_size"), dcp_comm_backend,
+                               boolean(replicate_q_proj, "replicate_q_proj"), str(platform))
     return json.loads(text)

@@ -9,35 +9,12 @@ The ranks run as threads of this process for as long as the LLM lives (``close()
 """
 import dataclasses
 import json
-import numbers
-import operator
 import random
 from typing import Dict, List, Optional, Sequence, Union
 
 from . import _dcp
-
-
-def _integer(value, name):
-    """value as an int: Python's and numpy's integers only. A float, a bool or a string is refused
-    rather than truncated or parsed (int(1.5) is 1, int("7") is 7)."""
-    if not isinstance(value, bool):
-        try:
-            return operator.index(value)
-        except TypeError:
-            pass
-    raise ValueError(f"{name} = {value!r} must be an integer")
-
-
-def _real(value, name):
-    """value as a float: any real number but a bool (a string is refused, not parsed)."""
-    if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return float(value)
-    raise ValueError(f"{name} = {value!r} must be a number")
-
-
-def _token_ids(values, name):
-    """A sequence of token ids as ints, each an integer (see _integer)."""
-    return [_integer(t, f"{name}[{k}]") for k, t in enumerate(values)]
+from ._numbers import boolean as _boolean, integer as _integer, real as _real
+from ._numbers import token_ids as _token_ids
 
 
 @dataclasses.dataclass
@@ -192,10 +169,10 @@ class LLM:
         c.tp_size = _integer(tp_size, "tp_size")
         c.dcp_size = _integer(dcp_size, "dcp_size")
         c.dp_size = _integer(dp_size, "dp_size")
-        c.enable_dp_attention = bool(enable_dp_attention)
+        c.enable_dp_attention = _boolean(enable_dp_attention, "enable_dp_attention")
         c.ep_size = _integer(ep_size, "ep_size")
         c.dcp_comm_backend = "" if dcp_comm_backend is None else str(dcp_comm_backend)
-        c.dcp_replicate_q_proj = bool(dcp_replicate_q_proj)
+        c.dcp_replicate_q_proj = _boolean(dcp_replicate_q_proj, "dcp_replicate_q_proj")
         c.page_size = _integer(page_size, "page_size")
         c.dcp_kv_cache_interleave_size = _integer(dcp_kv_cache_interleave_size, "dcp_kv_cache_interleave_size")
         c.kv_cache_dtype = str(kv_cache_dtype)
@@ -206,7 +183,7 @@ class LLM:
         c.max_model_len = 0 if max_model_len is None else _integer(max_model_len, "max_model_len")
         c.chunked_prefill_size = _integer(chunked_prefill_size, "chunked_prefill_size")
         c.max_running_requests = _integer(max_running_requests, "max_running_requests")
-        c.enable_prefix_cache = bool(enable_prefix_cache)
+        c.enable_prefix_cache = _boolean(enable_prefix_cache, "enable_prefix_cache")
         c.host_kv_capacity_tokens = _integer(host_kv_capacity_tokens, "host_kv_capacity_tokens")
         c.comm_timeout_s = _real(comm_timeout_s, "comm_timeout_s")
         self._llm = _dcp._Llm(c)
@@ -397,7 +374,7 @@ class LLM:
     def _request(self, tokens, p: SamplingParams, completion: int):
         stop = _token_ids(p.stop_token_ids, "stop_token_ids")
         eos = self._llm.eos_token_id
-        if not p.ignore_eos and eos is not None:
+        if not _boolean(p.ignore_eos, "ignore_eos") and eos is not None:
             stop.append(eos)
         top_k = _integer(p.top_k, "top_k")
         top_k = 0 if top_k == -1 else top_k
@@ -437,6 +414,6 @@ class LLM:
                                      _real(p.repetition_penalty, "repetition_penalty"), bias,
                                      allowed, bad_words, seed, stop,
                                      _integer(p.min_tokens, "min_tokens"), stop_strings,
-                                     bool(p.include_stop_str_in_output), prompt_logprobs,
-                                     bool(p.skip_special_tokens), logprobs, regex, choice,
+                                     _boolean(p.include_stop_str_in_output, "include_stop_str_in_output"), prompt_logprobs,
+                                     _boolean(p.skip_special_tokens, "skip_special_tokens"), logprobs, regex, choice,
                                      json_object, grammar)

@@ -183,6 +183,9 @@ def _one_request():
     (lambda a: a.update(num_threads=0), "num_threads = 0"),
     (lambda a: a.update(query_lens=np.array([11], dtype=np.int64)), "query_lens = 11"),
     (lambda a: a.update(q=[[1.0]]), "q must be a numpy array or a torch tensor"),
+    (lambda a: a.update(window=2.5), "window = 2.5 must be an integer"),
+    (lambda a: a.update(causal="no"), "causal = 'no' must be True or False"),
+    (lambda a: a.update(scale="0.3"), "scale = '0.3' must be a number"),
 ])
 def test_bad_arguments_raise_value_error(change, message):
     q, pool, table, seq_lens = _one_request()

@@ -46,6 +46,10 @@ def test_layout_scalars_stay_scalars_and_shapes_are_kept():
     (lambda: dcp.row(3, 2, interleave=0), "interleave = 0 must be >= 1"),
     (lambda: dcp.local_count(10, 2, 2), "r = 2 must be in [0, n = 2)"),
     (lambda: dcp.owner(np.array([1.5]), 2), "positions must be integers"),
+    # Sizes of the wrong kind are refused, not truncated or parsed.
+    (lambda: dcp.owner(5, 2.7), "n = 2.7 must be an integer"),
+    (lambda: dcp.position(3, "1", 2), "r = '1' must be an integer"),
+    (lambda: dcp.row(3, 2, interleave=True), "interleave = True must be an integer"),
 ])
 def test_layout_errors(call, message):
     with pytest.raises(ValueError) as e:
@@ -87,6 +91,9 @@ def test_topology_groups():
     (dict(tp_size=4, dcp_size=2, dcp_comm_backend="nccl"), "ag_rs"),
     (dict(tp_size=4, dcp_size=2, platform="tpu"), "blackwell-mnnvl"),
     (dict(tp_size=0, dcp_size=1), "tp_size"),
+    (dict(tp_size=4.0, dcp_size=2), "tp_size = 4.0 must be an integer"),
+    (dict(tp_size=4, dcp_size=2, dp_size=2, enable_dp_attention="no"),
+     "enable_dp_attention = 'no' must be True or False"),
     (dict(tp_size=4, dcp_size=2, dcp_comm_backend="ag_rs", replicate_q_proj=True),
      "replicate_q_proj needs an all-to-all combine"),
 ])
