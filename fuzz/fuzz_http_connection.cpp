@@ -7,39 +7,19 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <filesystem>
 #include <optional>
-#include <string>
 #include <thread>
 
-#include "dcp/serving.h"
-#include "dcp/text_stream.h"
-#include "dcp/tokenizer.h"
+#include "api_fixture.h"
 #include "serve/http_server.h"
-#include "serve/openai_api.h"
 
 namespace {
 
-struct Fixture {
+struct Fixture : ApiFixture {
   Fixture() {
-    dir = std::filesystem::temp_directory_path() / ("dcp_fuzz_http_" + std::to_string(getpid()));
-    std::filesystem::create_directories(dir);
-    dcp::write_small_tokenizer(dir.string(), 512);
-    tokenizer.emplace(dcp::Tokenizer::from_dir(dir.string()));
-    std::filesystem::remove_all(dir);
-    dcp::DeploymentSpec spec;
-    spec.model.config = dcp::preset_config("tiny", 1);
-    deployment.emplace(spec);  // built, not running: a request that parses is refused
-    api.emplace(*deployment, &*tokenizer,
-                dcp::serve::ApiOptions{"tiny", 16, dcp::ToolCallFormat::deepseek_v3,
-                                       dcp::serve::ReasoningParser::none});
     http.emplace(*api, dcp::serve::HttpOptions{});
     http->bind("127.0.0.1", 0);  // the connection loop serves only while the server is bound
   }
-  std::filesystem::path dir;
-  std::optional<dcp::Tokenizer> tokenizer;
-  std::optional<dcp::ServingDeployment> deployment;
-  std::optional<dcp::serve::OpenAiApi> api;
   std::optional<dcp::serve::HttpServer> http;
 };
 
