@@ -132,7 +132,18 @@ void expect_same_under_dcp2_and_a_draft(const ModelConfig& c, const WeightSource
   s.draft_weights = &w;
   s.draft_config = c;
   const EngineRun spec = run_engine(c, w, s, reqs);
-  EXPECT_GT(spec.stats.spec_accepted, 0);
+  // The draft is the target, so each round's first proposal is the request's next token: a
+  // request that goes on past its first decode token has one accepted. One that ends there (a
+  // guide that closes "{}" at once) is verified without an acceptance; the seeds where every
+  // request does so prove only that the draft ran.
+  std::size_t longest = 0;
+  for (const RequestResult& r : want.results) longest = std::max(longest, r.output_tokens.size());
+  if (longest >= 2) {
+    EXPECT_GT(spec.stats.spec_verifications, 0);
+  }
+  if (longest >= 3) {
+    EXPECT_GT(spec.stats.spec_accepted, 0);
+  }
   for (std::size_t i = 0; i < reqs.size(); ++i) {
     EXPECT_EQ(two.results[i].output_tokens, want.results[i].output_tokens) << "request " << i;
     EXPECT_EQ(spec.results[i].output_tokens, want.results[i].output_tokens) << "request " << i;
