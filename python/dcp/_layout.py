@@ -32,12 +32,14 @@ def row(p, n, interleave=1):
 
 def local_count(x, r, n, interleave=1):
     """How many positions of [0, x) rank r stores: its local length of a sequence of length x."""
-    return _vectorised(_dcp._local_count, x, integer(r, "r"), integer(n, "n"), integer(interleave, "interleave"))
+    return _vectorised(_dcp._local_count, x, integer(r, "r"), integer(n, "n"),
+                       integer(interleave, "interleave"))
 
 
 def position(local_row, r, n, interleave=1):
     """The global position of rank r's local row (the inverse of row)."""
-    return _vectorised(_dcp._position, local_row, integer(r, "r"), integer(n, "n"), integer(interleave, "interleave"))
+    return _vectorised(_dcp._position, local_row, integer(r, "r"), integer(n, "n"),
+                       integer(interleave, "interleave"))
 
 
 def chunk_share(start, length, r, n, interleave=1):

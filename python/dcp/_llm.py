@@ -174,7 +174,8 @@ class LLM:
         c.dcp_comm_backend = "" if dcp_comm_backend is None else str(dcp_comm_backend)
         c.dcp_replicate_q_proj = _boolean(dcp_replicate_q_proj, "dcp_replicate_q_proj")
         c.page_size = _integer(page_size, "page_size")
-        c.dcp_kv_cache_interleave_size = _integer(dcp_kv_cache_interleave_size, "dcp_kv_cache_interleave_size")
+        c.dcp_kv_cache_interleave_size = _integer(dcp_kv_cache_interleave_size,
+                                                  "dcp_kv_cache_interleave_size")
         c.kv_cache_dtype = str(kv_cache_dtype)
         c.attention_kernel = str(attention_kernel)
         c.weight_kernel = str(weight_kernel)
@@ -378,9 +379,10 @@ class LLM:
             stop.append(eos)
         top_k = _integer(p.top_k, "top_k")
         top_k = 0 if top_k == -1 else top_k
-        if p.seed is not None and _integer(p.seed, "seed") < 0:
+        seed = None if p.seed is None else _integer(p.seed, "seed")
+        if seed is not None and seed < 0:
             raise ValueError(f"seed = {p.seed} must be >= 0")
-        seed = random.getrandbits(63) if p.seed is None else _integer(p.seed, "seed") + completion
+        seed = random.getrandbits(63) if seed is None else seed + completion
         logprobs = -1 if p.logprobs is None else _integer(p.logprobs, "logprobs")
         # One completion of each prompt computes them: its others share the prompt.
         prompt_logprobs = (-1 if p.prompt_logprobs is None or completion > 0
@@ -414,6 +416,8 @@ class LLM:
                                      _real(p.repetition_penalty, "repetition_penalty"), bias,
                                      allowed, bad_words, seed, stop,
                                      _integer(p.min_tokens, "min_tokens"), stop_strings,
-                                     _boolean(p.include_stop_str_in_output, "include_stop_str_in_output"), prompt_logprobs,
-                                     _boolean(p.skip_special_tokens, "skip_special_tokens"), logprobs, regex, choice,
-                                     json_object, grammar)
+                                     _boolean(p.include_stop_str_in_output,
+                                              "include_stop_str_in_output"),
+                                     prompt_logprobs,
+                                     _boolean(p.skip_special_tokens, "skip_special_tokens"),
+                                     logprobs, regex, choice, json_object, grammar)

@@ -1,6 +1,5 @@
 #include "serve/connection_server.h"
 
-#include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -21,22 +20,6 @@ namespace {
 thread_local int t_connection_socket = -1;
 // Set by a handler whose reply must end the connection.
 thread_local bool t_close_after_reply = false;
-
-// Closes a connection whose client may still be sending (a request cut short by a 400): its
-// sending half first, then what arrives is read and dropped for up to a second, so that the
-// close does not reset the connection before the client has read the reply.
-void close_lingering(int sock) {
-  ::shutdown(sock, SHUT_WR);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-  char sink[4096];
-  for (auto now = std::chrono::steady_clock::now(); now < deadline;
-       now = std::chrono::steady_clock::now()) {
-    pollfd p{sock, POLLIN, 0};
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now);
-    if (::poll(&p, 1, static_cast<int>(left.count()) + 1) <= 0) break;
-    if (::recv(sock, sink, sizeof sink, 0) <= 0) break;
-  }
-}
 
 }  // namespace
 
@@ -78,7 +61,7 @@ bool ConnectionServer::process_and_close_socket(socket_t sock) {
     if (!ok || closed || t_close_after_reply) break;
   }
   t_connection_socket = -1;
-  if (t_close_after_reply) close_lingering(sock);
+  if (t_close_after_reply) strm.finish_sending(std::chrono::seconds(1));  // a request cut short
   ::shutdown(sock, SHUT_RDWR);
   ::close(sock);
   return ok;

@@ -101,9 +101,8 @@ HttpServer::HttpServer(OpenAiApi& api, HttpOptions options) : impl_(std::make_un
   }
   s.new_task_queue = [] { return new HttpConnectionQueue(); };
   s.set_payload_max_length(64u << 20);  // beyond: 413 from httplib
-  // Without it a reply's body waits behind its headers for the client's delayed ACK: a client
-  // that keeps its connection for the next request (keep-alive, as OpenAI's SDK does) waited
-  // 26 ms for each tiny-model reply, 0.45 ms with it.
+  // Without it a reply's body waits behind its headers for the client's delayed ACK, tens of
+  // milliseconds for each reply on a kept-alive connection (docs/serving.md).
   s.set_tcp_nodelay(true);
   // The library closes a kept-alive connection after its fifth request, so a client sending its
   // requests one after another reconnected every fifth one; nginx's bound instead.

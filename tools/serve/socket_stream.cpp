@@ -104,4 +104,17 @@ bool SocketStream::wait_for_request(int stop_fd, std::chrono::milliseconds timeo
   return poll_within(p, 2, timeout) > 0 && p[1].revents == 0 && p[0].revents != 0;
 }
 
+void SocketStream::finish_sending(std::chrono::milliseconds limit) {
+  ::shutdown(sock_, SHUT_WR);
+  begin_ = end_ = 0;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0 || poll_one(sock_, POLLIN, left) <= 0 ||
+        ::recv(sock_, buffer_, sizeof buffer_, 0) <= 0)
+      return;
+  }
+}
+
 }  // namespace dcp::serve

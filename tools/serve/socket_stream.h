@@ -33,6 +33,11 @@ class SocketStream final : public httplib::Stream {
   // count as arrived.
   bool wait_for_request(int stop_fd, std::chrono::milliseconds timeout) const;
 
+  // Ends the sending half, then reads and drops what the client still sends until it closes or
+  // `limit` passes: a close with unread bytes would reset the connection, and the client could
+  // lose the last reply before reading it.
+  void finish_sending(std::chrono::milliseconds limit);
+
  private:
   int sock_;
   std::chrono::milliseconds read_timeout_, write_timeout_;
