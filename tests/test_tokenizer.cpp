@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -380,9 +381,9 @@ TEST(ChatTemplate, ScopesLikeJinja) {
 }
 
 TEST(ChatTemplate, RefusesWhatItDoesNotRunNamingTheLine) {
-  EXPECT_TRUE(test::throws_error([] { ChatTemplate("a\n{% macro f() %}{% endmacro %}"); },
+  EXPECT_TRUE(test::throws_error([] { ChatTemplate("a\n{% call f() %}x{% endcall %}"); },
                                  ErrorCategory::invalid_argument,
-                                 "chat template line 2: '{% macro %}' is not supported"));
+                                 "chat template line 2: '{% call %}' is not supported"));
   EXPECT_TRUE(test::throws_error([] { ChatTemplate("{% if x %}"); },
                                  ErrorCategory::invalid_argument, "'{% endif %}' is missing"));
   EXPECT_TRUE(test::throws_error([] { ChatTemplate("{{ x | nosuch }}").render("{}"); },
@@ -401,6 +402,179 @@ TEST(ChatTemplate, RefusesWhatItDoesNotRunNamingTheLine) {
 
 namespace dcp {
 namespace {
+
+// Macros, loop controls and the rest of what Kimi's published templates use. Each expected text
+// is what Python's Jinja 3.1 renders with Hugging Face's settings (trim_blocks, lstrip_blocks,
+// loop controls).
+TEST(ChatTemplate, MacrosTakeArgumentsAsJinjaPassesThem) {
+  // Defaults are evaluated at the call and see the parameters before them; a parameter left
+  // without a value is undefined; keywords bind by name.
+  EXPECT_EQ(render("{% macro m(a, b=a~'!') %}{{ a }}{{ b }}{% endmacro %}"
+                   "{{ m(1) }}{{ m(1, 2) }}{{ m(b=3, a=4) }}"),
+            "11!1243");
+  EXPECT_EQ(render("{% macro m(a, b) %}{{ a }}{{ b is defined }}{% endmacro %}{{ m(1) }}"),
+            "1False");
+  EXPECT_EQ(render("{% macro m(a='x') %}{{ a }}{% endmacro %}{{ m(none) }}"), "None");
+  // Extra arguments only where the body reads varargs or kwargs.
+  EXPECT_EQ(render("{% macro m(x) %}{{ varargs | length }}{{ kwargs.c }}{% endmacro %}"
+                   "{{ m(1, 2, 3, c=4) }}"),
+            "24");
+  EXPECT_TRUE(test::throws_error(
+      [] { render("{% macro m(a) %}{{ a }}{% endmacro %}{{ m(1, 2) }}"); },
+      ErrorCategory::invalid_argument, "the macro 'm' takes at most 1 arguments, not 2"));
+  EXPECT_TRUE(test::throws_error([] { render("{% macro m(a) %}{% endmacro %}{{ m(c=1) }}"); },
+                                 ErrorCategory::invalid_argument,
+                                 "the macro 'm' has no parameter 'c'"));
+  EXPECT_TRUE(test::throws_error([] { ChatTemplate("{% macro m(a=1, b) %}{% endmacro %}"); },
+                                 ErrorCategory::invalid_argument,
+                                 "parameter 'b' without a default follows one with a default"));
+  EXPECT_TRUE(test::throws_error([] { ChatTemplate("{% macro m(a, a) %}{% endmacro %}"); },
+                                 ErrorCategory::invalid_argument, "names its parameter 'a' twice"));
+  // Whitespace control inside the body; the result is a string.
+  EXPECT_EQ(render("{%- macro m(msg) -%}\n  {{ msg }}\n{%- endmacro -%}\n{{ m('q') }}"), "q");
+  EXPECT_EQ(render("{% macro m() %}a{% endmacro %}{{ m() | length }}{{ m() ~ 'b' }}"
+                   "{{ m() is string }}"),
+            "1abTrue");
+}
+
+TEST(ChatTemplate, MacrosSeeTheScopesTheyAreDefinedIn) {
+  // The template's variables as they are at the call, set before or after the definition.
+  EXPECT_EQ(render("{% set x = 1 %}{% macro m() %}[{{ x }}]{% endmacro %}{% set x = 2 %}{{ m() }}"),
+            "[2]");
+  // A loop's variables inside that loop; never the caller's loop variables or `loop`.
+  EXPECT_EQ(
+      render("{% for i in [1, 2] %}{% macro m() %}{{ i }}{% endmacro %}{{ m() }}{% endfor %}"),
+      "12");
+  EXPECT_EQ(render("{% macro m() %}{{ x }}{{ loop }}{% endmacro %}"
+                   "{% for x in [1, 2] %}{{ m() }}{% endfor %}"),
+            "");
+  // The body's sets stay in it; a namespace carries values out.
+  EXPECT_EQ(render("{% macro m() %}{% set x = 3 %}{{ x }}{% endmacro %}{% set x = 1 %}"
+                   "{{ m() }}{{ x }}"),
+            "31");
+  EXPECT_EQ(render("{% set ns = namespace(v=0) %}{% macro m(s) %}{% set s.v = s.v + 7 %}"
+                   "{% endmacro %}{{ m(ns) }}{{ ns.v }}"),
+            "7");
+  // Defined inside an if, visible after it; calling one another, and themselves.
+  EXPECT_EQ(render("{% if true %}{% macro m() %}{{ n() }}{% endmacro %}{% endif %}"
+                   "{% macro n() %}two{% endmacro %}{{ m() }}"),
+            "two");
+  EXPECT_EQ(render("{% macro m(x) %}{% if x > 0 %}{{ x }}{{ m(x - 1) }}{% endif %}{% endmacro %}"
+                   "{{ m(3) }}"),
+            "321");
+  // dcp's one refusal: a macro taken out of the loop it is defined in.
+  EXPECT_TRUE(test::throws_error(
+      [] {
+        render(
+            "{% set ns = namespace() %}{% for i in [1] %}{% macro m() %}{{ i }}{% endmacro %}"
+            "{% set ns.f = m %}{% endfor %}{{ ns.f() }}");
+      },
+      ErrorCategory::invalid_argument, "the macro 'm' is called after the loop it is defined in"));
+}
+
+TEST(ChatTemplate, RecursiveMacrosAreBounded) {
+  EXPECT_TRUE(test::throws_error([] { render("{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}"); },
+                                 ErrorCategory::invalid_argument,
+                                 "the rendering nests deeper than 1000"));
+  EXPECT_TRUE(test::throws_error(
+      [] {
+        render(
+            "{% macro m(n) %}{% if n %}{{ m(n - 1) }}{{ m(n - 1) }}{% endif %}{% endmacro %}"
+            "{{ m(40) }}");
+      },
+      ErrorCategory::invalid_argument, "more than 1000000 macro calls"));
+}
+
+TEST(ChatTemplate, BreakAndContinueEndTheirLoop) {
+  EXPECT_EQ(render("{% for i in range(5) %}{% if i == 3 %}{% break %}{% endif %}{{ i }}"
+                   "{% endfor %}"),
+            "012");
+  EXPECT_EQ(render("{% for i in range(5) %}{% if i % 2 %}{% continue %}{% endif %}{{ i }}"
+                   "{% endfor %}"),
+            "024");
+  EXPECT_EQ(render("{% for i in range(3) %}{% for j in range(3) %}{% if j == 1 %}{% break %}"
+                   "{% endif %}{{ i }}{{ j }} {% endfor %}{% endfor %}"),
+            "00 10 20 ");
+  EXPECT_EQ(render("{% for i in range(4) %}{{ loop.index }}{% if loop.last %}L{% endif %}"
+                   "{% if i == 1 %}{% continue %}{% endif %}x{% endfor %}"),
+            "1x23x4Lx");
+  // Jinja runs a loop's else when no iteration reached the end of its body.
+  EXPECT_EQ(render("{% for i in range(3) %}{{ i }}{% break %}{% else %}E{% endfor %}"), "0E");
+  EXPECT_EQ(render("{% for i in range(3) %}{{ i }}{% if i == 1 %}{% break %}{% endif %}"
+                   "{% else %}E{% endfor %}"),
+            "01");
+  EXPECT_EQ(render("{% for i in range(3) %}{{ i }}{% continue %}{% else %}E{% endfor %}"), "012E");
+  // A break in a loop's else ends the loop around it.
+  EXPECT_EQ(render("{% for j in [1, 2] %}{% for i in [] %}{% else %}{% break %}{% endfor %}"
+                   "{{ j }}{% endfor %}"),
+            "");
+  for (const char* outside :
+       {"{% break %}", "{% for i in [] %}{% else %}{% continue %}{% endfor %}",
+        "{% for i in [1] %}{% macro m() %}{% break %}{% endmacro %}"
+        "{% endfor %}"})
+    EXPECT_TRUE(test::throws_error([&] { ChatTemplate{outside}; }, ErrorCategory::invalid_argument,
+                                   "outside a loop"))
+        << outside;
+}
+
+TEST(ChatTemplate, ForLoopsFilterTheirItems) {
+  // The `if` after the iterable filters items: it is not a conditional expression.
+  EXPECT_EQ(render("{% for i in range(3) if i > 5 %}{{ i }}{% else %}E{% endfor %}"), "E");
+  EXPECT_EQ(render("{% for m in messages if m.role == 'user' %}{{ m.content }}{{ loop.length }}"
+                   "{% endfor %}",
+                   R"({"messages": [{"role": "user", "content": "a"},)"
+                   R"( {"role": "system", "content": "b"}, {"role": "user", "content": "c"}]})"),
+            "a2c2");
+}
+
+TEST(ChatTemplate, TagsEndWhereTheirBracketsClose) {
+  EXPECT_EQ(render("{{ {'y': {}} }}"), "{'y': {}}");
+  EXPECT_EQ(render("{{ [{'a': [1]}][0]['a'] }}}"), "[1]}");
+  // A comment ends at its first #}, quotes or not.
+  EXPECT_EQ(render("a{# don't #}b"), "ab");
+}
+
+TEST(ChatTemplate, TojsonTakesHuggingFacesArguments) {
+  const std::string x = R"({"x": {"b": [1, {"é": 2}], "a": 1.5}})";
+  EXPECT_EQ(render("{{ x | tojson(indent=2) }}", x),
+            "{\n  \"b\": [\n    1,\n    {\n      \"é\": 2\n    }\n  ],\n  \"a\": 1.5\n}");
+  EXPECT_EQ(render("{{ x | tojson(ensure_ascii=true) }}", x),
+            R"({"b": [1, {"\u00e9": 2}], "a": 1.5})");
+  EXPECT_EQ(render("{{ x | tojson(separators=(',', ':'), sort_keys=true) }}", x),
+            R"({"a":1.5,"b":[1,{"é":2}]})");
+  EXPECT_EQ(render("{{ x | tojson(indent='\t', sort_keys=true) }}", x),
+            "{\n\t\"a\": 1.5,\n\t\"b\": [\n\t\t1,\n\t\t{\n\t\t\t\"é\": 2\n\t\t}\n\t]\n}");
+  EXPECT_EQ(render("{{ x | tojson(indent=2, separators=(';', '=')) }}", R"({"x": {"b": 1}})"),
+            "{\n  \"b\"=1\n}");
+  EXPECT_EQ(render("{{ [1] | tojson(indent=-2) }}"), "[\n1\n]");
+  EXPECT_EQ(render("{{ ['\\x7f', '\\U0001F600'] | tojson(ensure_ascii=true) }}"),
+            R"(["\u007f", "\ud83d\ude00"])");
+  EXPECT_EQ(render("{{ [1.0e308 * 10, -1.0e308 * 10] | tojson }}"), "[Infinity, -Infinity]");
+  EXPECT_TRUE(test::throws_error([] { render("{{ [1] | tojson(foo=1) }}"); },
+                                 ErrorCategory::invalid_argument,
+                                 "tojson() has no argument 'foo' (legal: ensure_ascii, indent, "
+                                 "separators, sort_keys)"));
+}
+
+TEST(ChatTemplate, DictsortOrdersPairsAsJinja) {
+  const std::string d = R"({"d": {"b": 1, "A": 2, "a": 3}})";
+  EXPECT_EQ(render("{% for k, v in d | dictsort %}{{ k }}{{ v }}{% endfor %}", d), "A2a3b1");
+  EXPECT_EQ(render("{% for k, v in d | dictsort(true) %}{{ k }}{{ v }}{% endfor %}", d), "A2a3b1");
+  EXPECT_EQ(
+      render("{% for k, v in d | dictsort(by='value', reverse=true) %}{{ k }}{% endfor %}", d),
+      "aAb");
+  EXPECT_TRUE(test::throws_error([] { render("{{ {'b': 1, 'a': 'x'} | dictsort(by='value') }}"); },
+                                 ErrorCategory::invalid_argument,
+                                 "dictsort() cannot order a string and a integer"));
+}
+
+TEST(ChatTemplate, StringLiteralsTakePythonsEscapes) {
+  EXPECT_EQ(render("{{ '\\x41\\u00e9\\U0001F600\\a' }}"), "A\xc3\xa9\xf0\x9f\x98\x80\a");
+  EXPECT_TRUE(test::throws_error([] { ChatTemplate("{{ '\\x4' }}"); },
+                                 ErrorCategory::invalid_argument, "'\\x' needs 2 hex digits"));
+  EXPECT_TRUE(test::throws_error([] { ChatTemplate("{{ '\\ud800' }}"); },
+                                 ErrorCategory::invalid_argument, "not a Unicode scalar value"));
+}
 
 // Found by fuzz_chat_template: numbers past 64 bits are refused naming the line, not thrown as
 // std::out_of_range (or computed with undefined overflow).
@@ -465,6 +639,27 @@ TEST(SmallTokenizer, GeneratedCheckpointsTakeAndGiveText) {
   EXPECT_TRUE(test::throws_error([&] { write_small_tokenizer(dir.string(), 259); },
                                  ErrorCategory::invalid_argument,
                                  "vocab_size = 259 must be >= 260"));
+  fs::remove_all(dir);
+}
+
+// Kimi K2 ships its chat template as chat_template.jinja beside the tokenizer files; transformers
+// takes it over tokenizer_config.json's.
+TEST(SmallTokenizer, ChatTemplateJinjaBesideTheFilesIsTheTemplate) {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() / ("dcp_template_file_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  write_small_tokenizer(dir.string(), 320);
+  const std::string from_config = *Tokenizer::from_dir(dir.string()).chat_template();
+  const std::string own =
+      "{%- macro turn(m) -%}[{{ m.role }}]{%- endmacro -%}"
+      "{% for m in messages %}{{ turn(m) }}{% endfor %}";
+  std::ofstream(dir / "chat_template.jinja") << own;
+  const Tokenizer t = Tokenizer::from_dir(dir.string());
+  ASSERT_TRUE(t.chat_template().has_value());
+  EXPECT_EQ(*t.chat_template(), own);
+  EXPECT_NE(from_config, own);
+  EXPECT_EQ(apply_chat_template(t, R"([{"role": "user", "content": "a"}])", false), "[user]");
   fs::remove_all(dir);
 }
 

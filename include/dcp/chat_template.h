@@ -3,11 +3,13 @@
 // newline dropped).
 //
 // The engine covers the Jinja that chat templates use: {{ }}, {% if/elif/else %}, {% for %} (with
-// loop.*, else, tuple targets), {% set %} (names and namespace attributes), whitespace control,
-// comments; expressions with Python's operators, literals, lists and dicts, attribute and item
-// access, slices, the conditional expression, tests (is defined, none, string, ...), filters
-// (length, trim, tojson, join, default, ...), string and dict methods, and the globals
-// namespace(), range() and raise_exception(). Anything else is refused with the construct and its
+// loop.*, else, tuple targets, an `if` filter), {% break %} and {% continue %}, {% set %} (names
+// and namespace attributes), {% macro %} (defaults, keywords, varargs and kwargs), whitespace
+// control, comments; expressions with Python's operators, literals, lists and dicts, attribute
+// and item access, slices, the conditional expression, tests (is defined, none, string, ...),
+// filters (length, trim, tojson with transformers' arguments, join, default, dictsort, ...),
+// string and dict methods, and the globals namespace(), range() and raise_exception(). Anything
+// else ({% call %}, blocks, includes, an unknown filter) is refused with the construct and its
 // line, never rendered approximately.
 #pragma once
 

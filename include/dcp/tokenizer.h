@@ -20,8 +20,9 @@ namespace dcp {
 
 class Tokenizer {
  public:
-  // DIR/tokenizer.json and, when present, DIR/tokenizer_config.json. Throws dcp::Error (io)
-  // naming the file and the field on anything it cannot read exactly (an unknown model,
+  // DIR/tokenizer.json and, when present, DIR/tokenizer_config.json and DIR/chat_template.jinja
+  // (the chat template, over tokenizer_config.json's, as transformers reads it). Throws dcp::Error
+  // (io) naming the file and the field on anything it cannot read exactly (an unknown model,
   // normalizer, pre-tokenizer or decoder type, a regex PCRE2 refuses, a merge of unknown tokens).
   static Tokenizer from_dir(const std::string& dir);
   // The same from the two files' text (config_json may be empty).
@@ -57,7 +58,8 @@ class Tokenizer {
   std::int32_t vocab_size() const noexcept;
   std::optional<std::int32_t> bos_id() const noexcept;
   std::optional<std::int32_t> eos_id() const noexcept;
-  // tokenizer_config.json's chat_template, when it has one (a string), or the one set below.
+  // The chat template: from_dir's chat_template.jinja, else tokenizer_config.json's chat_template
+  // (a string, or the one named "default" of a list), or the one set below.
   const std::optional<std::string>& chat_template() const noexcept;
   // Replaces the chat template (a model's own overridden, or one given to a tokenizer without).
   void set_chat_template(std::string jinja);

@@ -503,8 +503,13 @@ Tokenizer Tokenizer::from_dir(const std::string& dir) {
             dir, " has neither tokenizer.json nor tiktoken.model");
   try {
     const std::string config = fs::is_regular_file(c) ? read_file(c) : std::string();
-    if (!fs::is_regular_file(t)) return from_tiktoken(read_file(tiktoken), config);
-    return from_json(read_file(t), config);
+    Tokenizer tok = fs::is_regular_file(t) ? from_json(read_file(t), config)
+                                           : from_tiktoken(read_file(tiktoken), config);
+    // As transformers (4.47 on) reads a checkpoint: a chat_template.jinja beside the tokenizer
+    // files is the chat template, over tokenizer_config.json's (Kimi K2 ships its template so).
+    const fs::path jinja = fs::path(dir) / "chat_template.jinja";
+    if (fs::is_regular_file(jinja)) tok.set_chat_template(read_file(jinja));
+    return tok;
   } catch (const Error& e) {
     throw Error(e.category(), str(dir, ": ", e.what()));
   }

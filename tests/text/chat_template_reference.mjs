@@ -153,6 +153,19 @@ const templates = {
   raise_exception: "{% if messages[0].role != 'user' %}{{ raise_exception('Conversation must start with a user message') }}{% endif %}",
   for_else: "{% for m in [] %}x{% else %}none{% endfor %}",
   list_and_dict_literals: "{% set d = {'a': 1, 'b': [1, 2]} %}{{ d['b'][1] }} {{ [1, 2, 3][1:] | length }}",
+  nested_braces_in_a_tag: "{{ {'a': {'b': [1, {'c': 2}]}}['a']['b'][1]['c'] }}",
+  // What Kimi's templates are built from: macros with defaults and keywords, a backward scan that
+  // breaks at the last assistant turn, content as a string or a list of parts.
+  macros_and_loop_controls: "{%- macro head(m) -%}<|{{ m.role }}|>{{ m.get('name') or m.role }}:{%- endmacro -%}\n" +
+    "{%- macro body(m, sep='') -%}{%- set c = m.get('content') -%}{%- if c is string -%}{{ c }}{%- elif c is not none -%}" +
+    "{%- for p in c -%}{{ p.text }}{{ sep if not loop.last }}{%- endfor -%}{%- endif -%}{%- endmacro -%}\n" +
+    "{%- set ns = namespace(last=-1) -%}\n" +
+    "{%- for i in range(messages | length - 1, -1, -1) -%}{%- if messages[i].role == 'assistant' -%}{%- set ns.last = i -%}{%- break -%}{%- endif -%}{%- endfor -%}\n" +
+    "{%- for m in messages -%}{{ head(m) }}{{ body(m) }}{{ '*' if loop.index0 == ns.last }};{%- endfor -%}\n" +
+    "{{ body({'content': [{'text': 'p'}, {'text': 'q'}]}, sep='|') }}{{ body({'content': none}) }}",
+  continue_and_break: "{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}{% if m.content == 'c' %}{% break %}{% endif %}{{ m.content }}{% endfor %}",
+  for_filter: "{% for m in messages if m.role != 'system' %}{{ loop.index }}/{{ loop.length }}{{ m.content }}{% endfor %}",
+  dictsort_and_indented_json: "{% for k, v in tool | dictsort %}{{ k }}={{ v }};{% endfor %}{{ tool | tojson(indent=2) }}",
 };
 const vars = { messages: msgs, x: 1, y: null, tool: { name: "f", n: 2 } };
 for (const [name, t] of Object.entries(templates)) check(`jinja.${name}`, small, t, vars);

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <utility>
 
 namespace dcp::jinja {
 namespace {
@@ -54,7 +56,9 @@ class Renderer {
   }
 
   void render(const Body& body, std::string& out) {
+    const Nesting nesting(*this, body.empty() ? 0 : body.front()->line);
     for (const auto& n : body) {
+      if (jump_ != Jump::none) return;  // a break or continue skips the rest of its loop body
       if (out.size() > kMaxOutput)
         fail(n->line, str("the rendering exceeds ", kMaxOutput, " bytes"));
       switch (n->kind) {
@@ -82,6 +86,9 @@ class Renderer {
           break;
         }
         case Node::for_loop: render_for(*n, out); break;
+        case Node::macro: define_macro(n); break;
+        case Node::loop_break: jump_ = Jump::stop_loop; return;
+        case Node::loop_continue: jump_ = Jump::next_item; return;
       }
     }
   }
@@ -131,6 +138,7 @@ class Renderer {
              str("cannot unpack a ", kind_name(item), " into ", n.targets.size(), " names"));
       for (std::size_t k = 0; k < n.targets.size(); ++k) set(n.targets[k], (*item.l)[k]);
     };
+    bool completed = false;
     if (n.filter) {
       List kept;
       for (const Value& item : items) {
@@ -155,12 +163,84 @@ class Renderer {
                 {"nextitem", k + 1 < items.size() ? items[k + 1] : Value()}};
       set("loop", Value::Dct(std::move(loop)));
       render(n.body, out);
+      const Jump jump = std::exchange(jump_, Jump::none);
+      if (jump == Jump::stop_loop) break;
+      // Jinja runs the else block when no iteration reached the end of its body (a break or
+      // continue in every iteration counts as none), not only when there were no items.
+      if (jump == Jump::none) completed = true;
     }
     scopes_.pop_back();
-    if (items.empty()) render(n.else_body, out);
+    if (!completed) render(n.else_body, out);
+  }
+
+  // {% macro %}: a function of the scopes it is defined in (a macro inside a loop sees the loop's
+  // variables), held by weak references, since the macro is itself stored in one of them.
+  void define_macro(const std::shared_ptr<Node>& n) {
+    std::vector<std::weak_ptr<Dict>> closure(scopes_.begin(), scopes_.end());
+    set(n->text, Value::Fn([this, n, closure](const Args& args, const Kwargs& kwargs) {
+          return call_macro(*n, closure, args, kwargs);
+        }));
+  }
+
+  Value call_macro(const Node& n, const std::vector<std::weak_ptr<Dict>>& closure, const Args& args,
+                   const Kwargs& kwargs) {
+    if (++macro_calls_ > kMaxMacroCalls)
+      fail(n.line, str("more than ", kMaxMacroCalls, " macro calls in one rendering"));
+    std::vector<std::shared_ptr<Dict>> scopes;
+    for (const auto& weak : closure) {
+      scopes.push_back(weak.lock());
+      if (!scopes.back())
+        fail(n.line, str("the macro '", n.text, "' is called after the loop it is defined in"));
+    }
+    scopes.push_back(std::make_shared<Dict>());
+    // The body runs in the macro's own scopes; the caller's come back however it ends.
+    struct Swap {
+      std::vector<std::shared_ptr<Dict>>& a;
+      std::vector<std::shared_ptr<Dict>>& b;
+      ~Swap() { a.swap(b); }
+    } restore{scopes_, scopes};
+    scopes_.swap(scopes);
+    const std::size_t params = n.targets.size();
+    if (args.size() > params && !n.varargs)
+      fail(n.line,
+           str("the macro '", n.text, "' takes at most ", params, " arguments, not ", args.size()));
+    set("loop", Value());  // a caller's loop is not the macro's
+    std::vector<bool> bound(params, false);
+    for (std::size_t k = 0; k < params && k < args.size(); ++k) {
+      set(n.targets[k], args[k]);
+      bound[k] = true;
+    }
+    Dict extra;
+    for (const auto& [key, v] : kwargs) {
+      const auto at = std::find(n.targets.begin(), n.targets.end(), key);
+      if (at == n.targets.end()) {
+        if (!n.kwargs) fail(n.line, str("the macro '", n.text, "' has no parameter '", key, "'"));
+        assign(extra, key, v);
+        continue;
+      }
+      const auto k = static_cast<std::size_t>(at - n.targets.begin());
+      if (bound[k])
+        fail(n.line, str("the macro '", n.text, "' gets '", key, "' twice (by position too)"));
+      set(key, v);
+      bound[k] = true;
+    }
+    // Defaults are evaluated at the call, seeing the parameters before them; a parameter left
+    // without one is undefined (never the caller's variable of that name).
+    for (std::size_t k = 0; k < params; ++k)
+      if (!bound[k]) set(n.targets[k], n.defaults[k] ? eval(*n.defaults[k]) : Value());
+    if (n.varargs)
+      set("varargs",
+          Value::Lst(args.size() > params
+                         ? List(args.begin() + static_cast<std::ptrdiff_t>(params), args.end())
+                         : List()));
+    if (n.kwargs) set("kwargs", Value::Dct(std::move(extra)));
+    std::string out;
+    render(n.body, out);
+    return Value::Str(std::move(out));
   }
 
   Value eval(const Expr& e) {
+    const Nesting nesting(*this, e.line);
     switch (e.kind) {
       case Expr::literal: return e.value;
       case Expr::name: return lookup(e.text);
@@ -539,6 +619,102 @@ class Renderer {
     fail(e.line, str("the test 'is ", t, "' is not supported"));
   }
 
+  // Jinja's dictsort(d, case_sensitive=False, by='key', reverse=False): [key, value] pairs.
+  static Value dictsort(const Value& v, const Args& a, const Kwargs& kwargs, int line) {
+    if (v.kind != Value::dict) fail(line, str("'|dictsort' on a ", kind_name(v)));
+    static const char* const names[] = {"case_sensitive", "by", "reverse"};
+    bool case_sensitive = false, reverse = false, by_value = false;
+    if (a.size() > std::size(names)) fail(line, "dictsort() takes at most 3 arguments");
+    std::vector<std::pair<std::string, Value>> given;
+    for (std::size_t k = 0; k < a.size(); ++k) given.emplace_back(names[k], a[k]);
+    given.insert(given.end(), kwargs.begin(), kwargs.end());
+    for (const auto& [key, x] : given) {
+      if (key == "case_sensitive") {
+        case_sensitive = truthy(x);
+      } else if (key == "reverse") {
+        reverse = truthy(x);
+      } else if (key == "by" && x.kind == Value::string && (x.s == "key" || x.s == "value")) {
+        by_value = x.s == "value";
+      } else {
+        fail(line, str("dictsort(): '", key, "' ",
+                       key == "by" ? "must be 'key' or 'value'"
+                                   : "is not an argument (legal: case_sensitive, by, reverse)"));
+      }
+    }
+    // Python's comparison of the sort keys: strings (lowered unless case-sensitive) or numbers.
+    const auto sort_key = [&](const Value& x) {
+      return x.kind == Value::string && !case_sensitive ? string_method(x.s, "lower", {}, line) : x;
+    };
+    const auto less = [&](const Value& x, const Value& y) {
+      if (x.numeric() && y.numeric()) return x.as_real() < y.as_real();
+      if (x.kind == Value::string && y.kind == Value::string) return x.s < y.s;
+      fail(line, str("dictsort() cannot order a ", kind_name(x), " and a ", kind_name(y)));
+    };
+    List pairs;
+    std::vector<Value> keys;
+    for (const auto& [k, x] : *v.m) {
+      pairs.push_back(Value::Lst({Value::Str(k), x}));
+      keys.push_back(sort_key(by_value ? x : Value::Str(k)));
+    }
+    std::vector<std::size_t> order(pairs.size());
+    for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
+      return reverse ? less(keys[y], keys[x]) : less(keys[x], keys[y]);
+    });
+    List sorted;
+    for (std::size_t k : order) sorted.push_back(pairs[k]);
+    return Value::Lst(std::move(sorted));
+  }
+
+  // Hugging Face's tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False),
+  // which calls json.dumps with them.
+  static JsonStyle json_style(const Args& a, const Kwargs& kwargs, int line) {
+    static const char* const names[] = {"ensure_ascii", "indent", "separators", "sort_keys"};
+    if (a.size() > std::size(names)) fail(line, "tojson() takes at most 4 arguments");
+    std::vector<std::pair<std::string, Value>> given;
+    for (std::size_t k = 0; k < a.size(); ++k) given.emplace_back(names[k], a[k]);
+    for (const auto& [key, x] : kwargs) {
+      if (std::find(std::begin(names), std::end(names), key) == std::end(names))
+        fail(line, str("tojson() has no argument '", key,
+                       "' (legal: ensure_ascii, indent, separators, sort_keys)"));
+      given.emplace_back(key, x);
+    }
+    JsonStyle style;
+    for (const auto& [key, x] : given) {
+      if (key == "ensure_ascii") {
+        style.ensure_ascii = truthy(x);
+      } else if (key == "sort_keys") {
+        style.sort_keys = truthy(x);
+      } else if (key == "indent") {
+        if (x.kind == Value::integer) {
+          if (x.i > static_cast<std::int64_t>(kMaxOutput))
+            fail(line, str("tojson(): an indent past ", kMaxOutput, " spaces"));
+          style.indent = std::string(static_cast<std::size_t>(std::max<std::int64_t>(x.i, 0)), ' ');
+        } else if (x.kind == Value::string)
+          style.indent = x.s;
+        else if (x.kind != Value::none && x.kind != Value::undefined)
+          fail(line,
+               str("tojson(): indent must be an integer, a string or none, not a ", kind_name(x)));
+      } else if (x.kind != Value::none && x.kind != Value::undefined) {  // separators
+        if (x.kind != Value::list || x.l->size() != 2 || (*x.l)[0].kind != Value::string ||
+            (*x.l)[1].kind != Value::string)
+          fail(line, "tojson(): separators must be two strings (item, key)");
+        style.item_separator = (*x.l)[0].s;
+        style.key_separator = (*x.l)[1].s;
+        continue;
+      }
+      if (key == "indent" && style.indent && !kwarg_given(given, "separators"))
+        style.item_separator = ",";  // json.dumps' default with an indent
+    }
+    return style;
+  }
+  static bool kwarg_given(const std::vector<std::pair<std::string, Value>>& given,
+                          const char* key) {
+    for (const auto& [k, x] : given)
+      if (k == key && x.kind != Value::none && x.kind != Value::undefined) return true;
+    return false;
+  }
+
   Value filter(const Expr& e) {
     const std::string& f = e.text;
     const Value v = eval(*e.args[0]);
@@ -587,11 +763,8 @@ class Renderer {
     }
     if (f == "float") return Value::Real(v.numeric() ? v.as_real() : 0.0);
     if (f == "tojson") {
-      const Value* indent = kwarg("indent");
-      if (!indent && !a.empty()) indent = &a[0];
       std::string out;
-      dump_json(v, out, indent && indent->kind == Value::integer ? static_cast<int>(indent->i) : -1,
-                0);
+      dump_json(v, out, json_style(a, kwargs, e.line));
       return Value::Str(out);
     }
     if (f == "default" || f == "d") {
@@ -600,6 +773,7 @@ class Renderer {
       const bool use_default = v.kind == Value::undefined || (boolean && !truthy(v));
       return use_default ? (a.empty() ? Value::Str("") : a[0]) : v;
     }
+    if (f == "dictsort") return dictsort(v, a, kwargs, e.line);
     if (f == "items")
       return attribute(v, "items", e.line).kind == Value::function
                  ? (*attribute(v, "items", e.line).f)({}, {})
@@ -698,9 +872,28 @@ class Renderer {
     fail(e.line, str("the filter '|", f, "' is not supported"));
   }
 
+  // Counts a level of the rendering's recursion (a block, an expression, a macro call) for its
+  // lifetime: the parser bounds how deep a template nests, a macro calling itself does not.
+  struct Nesting {
+    Renderer& r;
+    Nesting(Renderer& renderer, int line) : r(renderer) {
+      if (++r.nesting_ > kMaxNesting)
+        fail(line, str("the rendering nests deeper than ", kMaxNesting,
+                       " blocks, expressions and macro calls"));
+    }
+    ~Nesting() { --r.nesting_; }
+    Nesting(const Nesting&) = delete;
+    Nesting& operator=(const Nesting&) = delete;
+  };
+  static constexpr int kMaxNesting = 1000;  // above what the parser lets a template nest
+
+  enum class Jump { none, stop_loop, next_item };  // a {% break %} or {% continue %} pending
+
   std::vector<std::unique_ptr<Dict>> namespaces_;  // first: destroyed after the scopes
   std::vector<std::shared_ptr<Dict>> scopes_;
-  std::size_t iterations_ = 0;
+  std::size_t iterations_ = 0, macro_calls_ = 0;
+  int nesting_ = 0;
+  Jump jump_ = Jump::none;
 };
 
 }  // namespace

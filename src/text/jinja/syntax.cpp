@@ -22,6 +22,24 @@ struct Segment {  // raw text, or a tag's tokens
   int line = 1;
 };
 
+void append_utf8(std::string& s, std::uint32_t cp) {
+  if (cp < 0x80) {
+    s += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    s += static_cast<char>(0xC0 | (cp >> 6));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    s += static_cast<char>(0xE0 | (cp >> 12));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    s += static_cast<char>(0xF0 | (cp >> 18));
+    s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    s += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
 std::vector<Token> lex_expression(const std::string& src, int line) {
   std::vector<Token> out;
   std::size_t i = 0;
@@ -80,6 +98,22 @@ std::vector<Token> lex_expression(const std::string& src, int line) {
             case 'b': s += '\b'; break;
             case 'f': s += '\f'; break;
             case 'v': s += '\v'; break;
+            case 'a': s += '\a'; break;
+            case 'x':
+            case 'u':
+            case 'U': {  // Python's \xHH, \uHHHH and \UHHHHHHHH
+              const std::size_t digits = e == 'x' ? 2 : e == 'u' ? 4 : 8;
+              std::uint32_t cp = 0;
+              const auto r = std::from_chars(
+                  src.data() + j + 2, src.data() + std::min(src.size(), j + 2 + digits), cp, 16);
+              if (r.ec != std::errc() || r.ptr != src.data() + j + 2 + digits)
+                fail(line, str("'\\", std::string(1, e), "' needs ", digits, " hex digits"));
+              if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+                fail(line, "a string literal's escape is not a Unicode scalar value");
+              append_utf8(s, cp);
+              j += 2 + digits;
+              continue;
+            }
             case '\\': s += '\\'; break;
             case '\'': s += '\''; break;
             case '"': s += '"'; break;
@@ -119,19 +153,28 @@ std::vector<Token> lex_expression(const std::string& src, int line) {
   return out;
 }
 
-// The end of a tag opened at `from` ("}}", "%}" or "#}"), skipping string literals.
+// The end of a tag opened at `from` ("}}", "%}" or "#}"), skipping string literals and, as
+// Jinja's lexer does, brackets still open ({{ {'a': {}} }} ends at the last "}}").
 std::size_t tag_end(const std::string& s, std::size_t from, const char* close, int line) {
+  const bool comment = close[0] == '#';
   char quote = 0;
+  int open = 0;
   for (std::size_t i = from; i + 1 < s.size(); ++i) {
-    if (quote) {
+    if (comment) {
+      if (s[i] == close[0] && s[i + 1] == close[1]) return i;
+    } else if (quote) {
       if (s[i] == '\\')
         ++i;
       else if (s[i] == quote)
         quote = 0;
     } else if (s[i] == '\'' || s[i] == '"') {
       quote = s[i];
-    } else if (s[i] == close[0] && s[i + 1] == close[1]) {
+    } else if (open == 0 && s[i] == close[0] && s[i + 1] == close[1]) {
       return i;
+    } else if (s[i] == '(' || s[i] == '[' || s[i] == '{') {
+      ++open;
+    } else if ((s[i] == ')' || s[i] == ']' || s[i] == '}') && open > 0) {
+      --open;
     }
   }
   fail(line, str("a tag is not closed with '", close, "'"));
@@ -250,6 +293,12 @@ class Parser {
       return make(Expr::cond, line, {e, c, otherwise ? otherwise : literal(Value(), line)});
     }
     return e;
+  }
+  // An expression without the conditional form at its top, as a for loop's iterable: the `if` of
+  // `{% for x in xs if x %}` filters the items.
+  ExprPtr expression_without_condition() {
+    const DepthGuard guard(depth_, peek().line, "expressions");
+    return or_expr();
   }
   // A comma-separated list without brackets becomes a tuple (a list value).
   ExprPtr tuple_or_expression() {
@@ -587,10 +636,21 @@ class TreeBuilder {
         n->expr = p.tuple_or_expression();
         p.expect_end();
         out.push_back(n);
+      } else if (keyword == "macro") {
+        out.push_back(parse_macro(p, seg.line));
+      } else if (keyword == "break" || keyword == "continue") {
+        // Hugging Face renders with Jinja's loop controls on.
+        p.expect_end();
+        if (loops_ == 0) fail(seg.line, str("'{% ", keyword, " %}' outside a loop"));
+        auto n = std::make_shared<Node>();
+        n->kind = keyword == "break" ? Node::loop_break : Node::loop_continue;
+        n->line = seg.line;
+        out.push_back(n);
       } else if (keyword == "generation" || keyword == "endgeneration") {
         // Hugging Face's marker for assistant tokens in training masks: renders nothing.
       } else {
-        fail(seg.line, str("'{% ", keyword, " %}' is not supported (legal: if, for, set)"));
+        fail(seg.line, str("'{% ", keyword,
+                           " %}' is not supported (legal: if, for, set, macro, break, continue)"));
       }
     }
     if (!stops.empty())
@@ -641,7 +701,7 @@ class TreeBuilder {
     }
     if (!p.is_name("in")) fail(line, "expected 'in' in the for statement");
     p.next();
-    n->expr = p.expression();
+    n->expr = p.expression_without_condition();
     if (p.is_name("if")) {
       p.next();
       n->filter = p.expression();
@@ -649,7 +709,9 @@ class TreeBuilder {
     if (p.is_name("recursive")) fail(line, "recursive loops are not supported");
     p.expect_end();
     std::string stop;
+    ++loops_;
     n->body = parse_body({"else", "endfor"}, stop);
+    --loops_;  // a break in the else block ends an enclosing loop, as in Jinja
     Parser q(s_[i_].tokens);
     q.next();
     q.expect_end();
@@ -664,9 +726,72 @@ class TreeBuilder {
     return n;
   }
 
+  // {% macro name(a, b=default, ...) %}...{% endmacro %}
+  std::shared_ptr<Node> parse_macro(Parser& p, int line) {
+    auto n = std::make_shared<Node>();
+    n->kind = Node::macro;
+    n->line = line;
+    n->text = p.expect_name();
+    p.expect_op("(");
+    while (!p.is_op(")")) {
+      std::string name = p.expect_name();
+      if (std::find(n->targets.begin(), n->targets.end(), name) != n->targets.end())
+        fail(line, str("the macro '", n->text, "' names its parameter '", name, "' twice"));
+      ExprPtr fallback;
+      if (p.is_op("=")) {
+        p.next();
+        fallback = p.expression();
+      } else if (!n->defaults.empty() && n->defaults.back()) {
+        fail(line, str("the macro '", n->text, "': parameter '", name,
+                       "' without a default follows one with a default"));
+      }
+      n->targets.push_back(std::move(name));
+      n->defaults.push_back(std::move(fallback));
+      if (!p.is_op(",")) break;
+      p.next();
+    }
+    p.expect_op(")");
+    p.expect_end();
+    const int enclosing_loops = loops_;
+    loops_ = 0;  // a loop around the definition is not around the body
+    std::string stop;
+    n->body = parse_body({"endmacro"}, stop);
+    loops_ = enclosing_loops;
+    Parser q(s_[i_].tokens);
+    q.next();
+    q.expect_end();
+    ++i_;
+    // As Jinja: a macro takes extra arguments only if its body reads them.
+    n->varargs = reads_name(n->body, "varargs");
+    n->kwargs = reads_name(n->body, "kwargs");
+    return n;
+  }
+
+  static bool reads_name(const Expr* e, const std::string& name) {
+    if (!e) return false;
+    if (e->kind == Expr::name && e->text == name) return true;
+    for (const ExprPtr& a : e->args)
+      if (reads_name(a.get(), name)) return true;
+    for (const auto& [key, a] : e->kwargs)
+      if (reads_name(a.get(), name)) return true;
+    return false;
+  }
+  static bool reads_name(const Body& body, const std::string& name) {
+    for (const auto& n : body) {
+      bool found = reads_name(n->expr.get(), name) || reads_name(n->filter.get(), name) ||
+                   reads_name(n->body, name) || reads_name(n->else_body, name);
+      for (const auto& [cond, b] : n->branches)
+        found = found || reads_name(cond.get(), name) || reads_name(b, name);
+      for (const ExprPtr& d : n->defaults) found = found || reads_name(d.get(), name);
+      if (found) return true;
+    }
+    return false;
+  }
+
   const std::vector<Segment>& s_;
   std::size_t i_ = 0;
   int depth_ = 0;
+  int loops_ = 0;  // for bodies around the statement being parsed (a break needs one)
 };
 
 }  // namespace

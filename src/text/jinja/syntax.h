@@ -31,14 +31,16 @@ struct Expr {
 struct Node;
 using Body = std::vector<std::shared_ptr<Node>>;
 struct Node {
-  enum Kind { text_node, output, if_chain, for_loop, set } kind;
+  enum Kind { text_node, output, if_chain, for_loop, set, macro, loop_break, loop_continue } kind;
   int line = 0;
-  std::string text;                                // text
+  std::string text;                                // text; macro: its name
   ExprPtr expr;                                    // output, for's iterable, set's value
   std::vector<std::pair<ExprPtr, Body>> branches;  // if/elif (null condition: else)
-  std::vector<std::string> targets;                // for's loop variables; set: name [, attr]
-  ExprPtr filter;                                  // for ... if filter
-  Body body, else_body;                            // for
+  std::vector<std::string> targets;  // for's loop variables; set: name [, attr]; macro: parameters
+  std::vector<ExprPtr> defaults;     // macro: each parameter's default (null: none)
+  bool varargs = false, kwargs = false;  // macro: its body reads `varargs` / `kwargs`
+  ExprPtr filter;                        // for ... if filter
+  Body body, else_body;                  // for; macro: body
 };
 
 // Parses a template; throws dcp::Error (invalid_argument) naming the line of a syntax error or

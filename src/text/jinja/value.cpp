@@ -169,22 +169,37 @@ Value from_json(const ordered_json& j, int depth) {
   }
 }
 
-void dump_json(const Value& v, std::string& out, int indent, int depth) {
+void dump_json(const Value& v, std::string& out, const JsonStyle& style, int depth) {
   if (depth > kMaxDepth) too_deep();
   const auto newline = [&](int d) {
-    if (indent < 0) return;
+    if (!style.indent) return;
+    if (out.size() > kMaxOutput)
+      throw Error(ErrorCategory::invalid_argument,
+                  str("chat template: tojson() past ", kMaxOutput, " bytes"));
     out += '\n';
-    out.append(static_cast<std::size_t>(indent * d), ' ');
+    for (int k = 0; k < d; ++k) out += *style.indent;
+  };
+  const auto string = [&](const std::string& s) {
+    const std::string text =
+        ordered_json(s).dump(-1, ' ', style.ensure_ascii, ordered_json::error_handler_t::replace);
+    if (!style.ensure_ascii) {
+      out += text;
+      return;
+    }
+    for (char c : text)
+      out += c == '\x7f' ? std::string("\\u007f") : std::string(1, c);  // as Python
   };
   switch (v.kind) {
     case Value::undefined:
     case Value::none: out += "null"; return;
     case Value::boolean: out += v.b ? "true" : "false"; return;
     case Value::integer: out += std::to_string(v.i); return;
-    case Value::real: out += real_repr(v.d) == "inf" ? "Infinity" : real_repr(v.d); return;
-    case Value::string:
-      out += ordered_json(v.s).dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+    case Value::real:  // Python writes the non-finite numbers as JavaScript names them
+      out += std::isnan(v.d)   ? "NaN"
+             : std::isinf(v.d) ? (v.d > 0 ? "Infinity" : "-Infinity")
+                               : real_repr(v.d);
       return;
+    case Value::string: string(v.s); return;
     case Value::list: {
       if (v.l->empty()) {
         out += "[]";
@@ -192,9 +207,9 @@ void dump_json(const Value& v, std::string& out, int indent, int depth) {
       }
       out += '[';
       for (std::size_t k = 0; k < v.l->size(); ++k) {
-        if (k) out += indent < 0 ? ", " : ",";
+        if (k) out += style.item_separator;
         newline(depth + 1);
-        dump_json((*v.l)[k], out, indent, depth + 1);
+        dump_json((*v.l)[k], out, style, depth + 1);
       }
       newline(depth);
       out += ']';
@@ -205,14 +220,18 @@ void dump_json(const Value& v, std::string& out, int indent, int depth) {
         out += "{}";
         return;
       }
+      std::vector<const std::pair<std::string, Value>*> items;
+      for (const auto& item : *v.m) items.push_back(&item);
+      if (style.sort_keys)
+        std::stable_sort(items.begin(), items.end(),
+                         [](const auto* a, const auto* b) { return a->first < b->first; });
       out += '{';
-      bool first = true;
-      for (const auto& [k, x] : *v.m) {
-        if (!first) out += indent < 0 ? ", " : ",";
-        first = false;
+      for (std::size_t k = 0; k < items.size(); ++k) {
+        if (k) out += style.item_separator;
         newline(depth + 1);
-        out += ordered_json(k).dump(-1, ' ', false, ordered_json::error_handler_t::replace) + ": ";
-        dump_json(x, out, indent, depth + 1);
+        string(items[k]->first);
+        out += style.key_separator;
+        dump_json(items[k]->second, out, style, depth + 1);
       }
       newline(depth);
       out += '}';

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -66,6 +67,8 @@ struct Value {
 // Bounds on one rendering: a chat template renders a prompt, and a template that would loop or
 // grow without end (a typo, a hostile file) fails instead of taking the machine.
 constexpr std::size_t kMaxRange = 100000, kMaxIterations = 10000000, kMaxOutput = 64u << 20;
+// A macro call costs about what five loop iterations do (its scope and arguments).
+constexpr std::size_t kMaxMacroCalls = 1000000;
 // Nesting: of values (a namespace may hold itself) and of expressions in the source.
 constexpr int kMaxDepth = 200;
 
@@ -83,7 +86,13 @@ std::string repr(const Value& v, int depth = 0);
 bool equal(const Value& a, const Value& b, int depth = 0);
 Value from_json(const nlohmann::ordered_json& j, int depth = 0);
 // Python's json.dumps (ensure_ascii off, ", " and ": " separators, or `indent`).
-void dump_json(const Value& v, std::string& out, int indent, int depth);
+// How tojson writes JSON: Hugging Face's tojson filter is Python's json.dumps with these options.
+struct JsonStyle {
+  std::optional<std::string> indent;  // one level's indentation; none: all on one line
+  std::string item_separator = ", ", key_separator = ": ";
+  bool sort_keys = false, ensure_ascii = false;
+};
+void dump_json(const Value& v, std::string& out, const JsonStyle& style, int depth = 0);
 
 // Counts one level of a recursion for its lifetime; past kMaxDepth levels, fails naming `what`.
 class DepthGuard {
