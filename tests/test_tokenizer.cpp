@@ -576,6 +576,64 @@ TEST(ChatTemplate, StringLiteralsTakePythonsEscapes) {
                                  ErrorCategory::invalid_argument, "not a Unicode scalar value"));
 }
 
+// vLLM's detection of the content format, on the shapes of the published templates.
+TEST(ChatTemplate, ReadsContentPartsWhereALoopGoesOverAMessagesContent) {
+  const auto parts = [](const std::string& t) { return ChatTemplate(t).reads_content_parts(); };
+  // Kimi K2's: a loop over message['content'] of a loop over messages.
+  EXPECT_TRUE(
+      parts("{% for message in messages %}{% if message['content'] is string %}"
+            "{{ message['content'] }}{% else %}{% for part in message['content'] %}"
+            "{{ part['text'] }}{% endfor %}{% endif %}{% endfor %}"));
+  // Through a variable set from the messages, an attribute, a filter; or a loop over `content`.
+  EXPECT_TRUE(
+      parts("{% set rest = messages[1:] %}{% set turns = rest %}{% for m in turns %}"
+            "{% for p in m.content | list %}{{ p.text }}{% endfor %}{% endfor %}"));
+  EXPECT_TRUE(
+      parts("{% for m in messages %}{% set content = m.content %}"
+            "{% for p in content %}{{ p }}{% endfor %}{% endfor %}"));
+  // DeepSeek's (content written as a string), and a macro looping over a variable of another
+  // name (Kimi K2 Thinking's): strings.
+  EXPECT_FALSE(parts("{% for message in messages %}{{ message['content'] }}{% endfor %}"));
+  EXPECT_FALSE(
+      parts("{% macro body(msg) %}{% set c = msg.get('content') %}{% for p in c %}"
+            "{{ p.text }}{% endfor %}{% endmacro %}"
+            "{% for message in messages %}{{ body(message) }}{% endfor %}"));
+  EXPECT_FALSE(parts("{% for m in other %}{% for p in m.content %}{% endfor %}{% endfor %}"));
+}
+
+TEST(ChatTemplate, OpenAIMessagesTakeTheFormTheTemplateReads) {
+  const std::string as_string = "{% for m in messages %}{{ m.content }}{% endfor %}";
+  const std::string as_parts =
+      "{% for m in messages %}{% for p in m.content %}{{ p.text }}{% endfor %}{% endfor %}";
+  const std::string msgs =
+      R"([{"role": "user", "content": [{"type": "text", "text": "a", "x": 1},)"
+      R"( {"type": "text", "text": "b"}]}, {"role": "tool", "content": [{"type": "text",)"
+      R"( "text": "c"}, {"type": "text", "text": "d"}]}, {"role": "assistant", "content": null},)"
+      R"( {"role": "system"}])";
+  EXPECT_EQ(openai_chat_messages(msgs, as_string),
+            R"([{"role":"user","content":"a\nb"},{"role":"tool","content":"c\nd"},)"
+            R"({"role":"assistant","content":null},{"role":"system"}])");
+  EXPECT_EQ(openai_chat_messages(msgs, as_parts),
+            R"([{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},)"
+            R"({"role":"tool","content":"c\nd"},{"role":"assistant","content":null},)"
+            R"({"role":"system"}])");
+  const auto refuses = [&](const std::string& m, const std::string& words) {
+    return test::throws_error([&] { openai_chat_messages(m, as_string); },
+                              ErrorCategory::invalid_argument, words);
+  };
+  EXPECT_TRUE(refuses(R"({"role": "user"})", "messages must be a list of messages"));
+  EXPECT_TRUE(refuses(R"([{"role": "user"}, {"content": "x"}])",
+                      "messages[1] must be an object with a string 'role'"));
+  EXPECT_TRUE(refuses(R"([{"role": "user", "content": 3}])",
+                      "messages[0].content must be a string, null or a list of text parts"));
+  EXPECT_TRUE(refuses(R"([{"role": "user", "content": [{"type": "text", "text": "a"},)"
+                      R"( {"type": "input_audio", "input_audio": {}}]}])",
+                      "messages[0].content[1] is a part of type 'input_audio': this engine reads "
+                      "text only"));
+  EXPECT_TRUE(refuses(R"([{"role": "user", "content": ["a"]}])",
+                      R"(messages[0].content[0] must be {"type": "text", "text": "..."})"));
+}
+
 // Found by fuzz_chat_template: numbers past 64 bits are refused naming the line, not thrown as
 // std::out_of_range (or computed with undefined overflow).
 TEST(ChatTemplate, NumbersPast64BitsAreRefused) {

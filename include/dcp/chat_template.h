@@ -32,6 +32,9 @@ class ChatTemplate {
   // Renders with the variables of `context_json`, a JSON object (messages, add_generation_prompt,
   // bos_token, tools, ...). Throws dcp::Error on a runtime error (raise_exception included).
   std::string render(const std::string& context_json) const;
+  // Whether the template loops over a message's content as a list of parts (Kimi K2's does) rather
+  // than writing it as one string (DeepSeek's do), as vLLM detects it.
+  bool reads_content_parts() const;
 
  private:
   struct Impl;
@@ -48,6 +51,16 @@ std::string apply_chat_template(const Tokenizer& tokenizer, const std::string& c
 // call. Throws dcp::Error (invalid_argument) when it does not parse, naming the line.
 std::string apply_chat_template(const Tokenizer& tokenizer, const std::string& context_json,
                                 bool add_generation_prompt, const std::string& chat_template);
+
+// OpenAI's chat messages made what `chat_template` (Jinja source) reads, as vLLM's chat front
+// makes them: `messages_json` is a JSON list of messages, each an object with a string 'role' and
+// a 'content' that is a string, null (or absent), or a list of text parts ({"type": "text",
+// "text": ...}). A list stays a list of those parts for a template that reads parts; otherwise,
+// and always for a tool message, it becomes its texts joined by "\n". Returns the messages as
+// JSON. Throws dcp::Error (invalid_argument) naming messages[i] (or messages[i].content[j]) on
+// anything else; this engine reads text, so an image or audio part is refused.
+std::string openai_chat_messages(const std::string& messages_json,
+                                 const std::string& chat_template);
 
 // vLLM's continue_final_message: `rendered` (a chat rendered without the generation prompt) cut
 // right after the last message's content, so that generation continues that message instead of

@@ -277,22 +277,36 @@ class LLM:
             raise ValueError("continue_final_message needs add_generation_prompt=False (the reply "
                              "continues the final message instead of starting a turn)")
         messages = list(messages)
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        if not messages:
+            raise ValueError("messages is empty: give a conversation (a list of message dicts) "
+                             "or a list of them")
+        one = isinstance(messages[0], dict)
+        conversations = [messages] if one else messages
         params = self._params(sampling_params, len(conversations), "conversations")
         texts, ids = [], []
         for i, conversation in enumerate(conversations):
+            where = "" if one else f"conversation {i}: "
             if not isinstance(conversation, (list, tuple)):
                 raise ValueError(f"messages[{i}] must be a list of message dicts, got "
                                  f"{type(conversation).__name__}")
+            if not conversation:
+                raise ValueError(f"{where}the conversation has no messages")
             try:
-                context = json.dumps({**variables, "messages": list(conversation),
-                                      "add_generation_prompt": generation_prompt})
+                listed = json.dumps(list(conversation))
             except (TypeError, ValueError) as e:
-                raise ValueError(f"messages[{i}] is not JSON: {e}") from None
+                raise ValueError(f"{where}messages are not JSON: {e}") from None
+            try:
+                # Content parts in the form the template reads, as dcp serve (and vLLM) hand them.
+                plain = json.loads(self._llm.openai_chat_messages(listed, chat_template))
+            except ValueError as e:
+                raise ValueError(f"{where}{e}") from None
+            context = json.dumps({**variables, "messages": plain,
+                                  "add_generation_prompt": generation_prompt})
             text = self._llm.apply_chat_template(context, generation_prompt, chat_template)
             if continue_final_message:
-                last = conversation[-1] if conversation else {}
-                content = last.get("content") if isinstance(last, dict) else None
+                content = plain[-1].get("content")
+                if isinstance(content, list) and content:  # its last part, as transformers takes
+                    content = content[-1]["text"]
                 text = self._llm.continue_final_message(text, content if isinstance(content, str) else "")
             tokens = self.encode(text, add_special_tokens=False)
             if not tokens:

@@ -527,6 +527,16 @@ void bind_llm(py::module_& m) {
                        : apply_chat_template(l.tokenizer(), context_json, add_generation_prompt);
           },
           py::arg("context_json"), py::arg("add_generation_prompt"), py::arg("chat_template"))
+      // OpenAI's messages (JSON) in the form the template reads, as dcp serve hands them to it.
+      .def(
+          "openai_chat_messages",
+          [](const Llm& l, const std::string& messages_json,
+             const std::optional<std::string>& chat_template) {
+            return openai_chat_messages(
+                messages_json,
+                chat_template ? *chat_template : l.tokenizer().chat_template().value_or(""));
+          },
+          py::arg("messages_json"), py::arg("chat_template"))
       .def_static("continue_final_message", &continue_final_message, py::arg("rendered"),
                   py::arg("final_content"))
       .def_property_readonly("eos_token_id", [](const Llm& l) -> std::optional<std::int32_t> {

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dcp/error.h"
+#include "jinja/content_format.h"
 #include "jinja/render.h"
 #include "jinja/syntax.h"
 #include "jinja/value.h"
@@ -34,6 +35,10 @@ std::string ChatTemplate::render(const std::string& context_json) const {
   }
   DCP_ARG_CHECK(j.is_object(), "chat template context must be a JSON object");
   return jinja::render(impl_->body, jinja::from_json(j));
+}
+
+bool ChatTemplate::reads_content_parts() const {
+  return jinja::loops_over_message_content(impl_->body);
 }
 
 std::string apply_chat_template(const Tokenizer& tokenizer, const std::string& context_json,

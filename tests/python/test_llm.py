@@ -474,6 +474,22 @@ def test_chat_renders_the_template_then_generates(dcp_bin, checkpoint, text_llm)
     assert out.prompt == "get_weather;now;"
 
 
+def test_chat_content_parts_take_the_form_the_template_reads(text_llm):
+    # As dcp serve (and vLLM) hand them: text parts joined by a newline for a template that writes
+    # content as a string, passed as parts to one that loops over them.
+    params = dcp.SamplingParams(max_tokens=1)
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Hi"},
+                                          {"type": "text", "text": "there"}]}]
+    assert text_llm.chat(parts, params)[0].prompt == "<s><|user|>Hi\nthere<|assistant|>"
+    loop = "{% for m in messages %}{% for p in m['content'] %}({{ p.text }}){% endfor %}{% endfor %}"
+    assert text_llm.chat(parts, params, chat_template=loop)[0].prompt == "(Hi)(there)"
+    # continue_final_message continues the last part, as transformers does.
+    turns = parts + [{"role": "assistant", "content": [{"type": "text", "text": "Hello"},
+                                                       {"type": "text", "text": "the"}]}]
+    out = text_llm.chat(turns, params, add_generation_prompt=False, continue_final_message=True)
+    assert out[0].prompt == "<s><|user|>Hi\nthere<|assistant|>Hello\nthe"
+
+
 @pytest.mark.parametrize("messages,kwargs,message", [
     ([{"role": "user", "content": "Hi"}], dict(continue_final_message=True),
      "continue_final_message needs add_generation_prompt=False"),
@@ -486,7 +502,15 @@ def test_chat_renders_the_template_then_generates(dcp_bin, checkpoint, text_llm)
     ([{"role": "user", "content": "Hi"}], dict(tools={"name": "f"}), "tools must be a list of tool dicts"),
     ([{"role": "user", "content": "Hi"}], dict(tools=[{"f": {1}}]), "is not JSON"),
     (["not a conversation"], {}, "messages[0] must be a list of message dicts"),
-    ([{"role": "user", "content": {1, 2}}], {}, "messages[0] is not JSON"),
+    ([{"role": "user", "content": {1, 2}}], {}, "messages are not JSON"),
+    ([], {}, "messages is empty"),
+    ([[{"role": "user", "content": "a"}], []], {}, "conversation 1: the conversation has no messages"),
+    ([{"content": "Hi"}], {}, "messages[0] must be an object with a string 'role'"),
+    ([{"role": "user", "content": 5}], {}, "messages[0].content must be a string, null or a list"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], {},
+     "messages[0].content[0] is a part of type 'image_url': this engine reads text only"),
+    ([[{"role": "user", "content": "a"}], [{"role": "user", "content": [{"text": "b"}]}]], {},
+     "conversation 1: messages[0].content[0] must be {\"type\": \"text\""),
     ([[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}]],
      dict(sampling_params=[dcp.SamplingParams()]), "sampling_params has 1 entries for 2 conversations"),
 ])

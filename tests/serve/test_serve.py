@@ -637,6 +637,24 @@ def case_chat_options(s):
     status, r = s.post("/v1/completions", {"prompt": "Name a color.", "max_tokens": 1, "add_special_tokens": False})
     check(status == 200 and r["usage"]["prompt_tokens"] == len(ids("Name a color.")),
           f"a completion without the BOS: {r}")
+    # Content as a list of text parts, as vLLM hands it to a template: joined by "\n" for one that
+    # writes content as a string (this checkpoint's), passed as parts to one that loops over them.
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Name"}, {"type": "text", "text": "a color."}]}]
+    status, r = s.post("/tokenize", {"messages": parts})
+    check(status == 200 and r["tokens"] == ids("<s><|user|>Name\na color.<|assistant|>"),
+          f"text parts joined by a newline: {r}")
+    loop = "{% for m in messages %}{% for p in m['content'] %}({{ p.text }}){% endfor %}{% endfor %}"
+    status, r = s.post("/tokenize", {"messages": parts, "chat_template": loop})
+    check(status == 200 and r["tokens"] == ids("(Name)(a color.)"), f"parts to a template that reads them: {r}")
+    status, r = s.post("/tokenize", {"messages": parts + [{"role": "assistant", "content": [{"type": "text", "text": "The"},
+                                                                                           {"type": "text", "text": "color is"}]}],
+                                     "add_generation_prompt": False, "continue_final_message": True})
+    check(status == 200 and r["tokens"] == ids("<s><|user|>Name\na color.<|assistant|>The\ncolor is"),
+          f"continue_final_message on parts: {r}")
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    status, r = s.post("/v1/chat/completions", {"messages": image, "max_tokens": 1})
+    check(status == 400 and r["error"]["param"] == "messages" and "messages[0].content[0]" in r["error"]["message"]
+          and "'image_url'" in r["error"]["message"], f"an image part: {status} {r}")
 
 
 def case_min_tokens(s):

@@ -130,24 +130,23 @@ std::string chat_prompt_text(const Tokenizer& tokenizer, const json& b) {
   const json* msgs = field(b, "messages");
   if (!msgs || !msgs->is_array() || msgs->empty())
     bad("messages", "'messages' must be a non-empty list");
-  json plain = json::array();  // content parts joined: templates expect strings
-  for (const json& m : *msgs) {
-    if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
-      bad("messages", "each message must be an object with a string 'role'");
-    json copy = m;
-    if (m.contains("content") && m["content"].is_array()) {
-      std::string text;
-      for (const json& part : m["content"]) {
-        if (!part.is_object() || part.value("type", json()) != "text" || !part.contains("text") ||
-            !part["text"].is_string())
-          bad("messages", "message content parts must be {\"type\": \"text\", \"text\": ...}");
-        text += part["text"].get<std::string>();
-      }
-      copy["content"] = text;
-    } else if (m.contains("content") && !m["content"].is_string() && !m["content"].is_null()) {
-      bad("messages", "a message's 'content' must be a string or a list of text parts");
+  std::optional<std::string> own;  // a template for this request only
+  if (const json* t = field(b, "chat_template")) {
+    if (!t->is_string()) bad("chat_template", "'chat_template' must be a string of Jinja");
+    try {
+      ChatTemplate parsed(t->get<std::string>());
+    } catch (const Error& e) {
+      bad("chat_template", str("'chat_template' does not parse: ", e.what()));
     }
-    plain.push_back(copy);
+    own = t->get<std::string>();
+  }
+  // Content parts in the form the template reads, as vLLM hands them.
+  json plain;
+  try {
+    plain = json::parse(openai_chat_messages(
+        msgs->dump(), own ? *own : tokenizer.chat_template().value_or(std::string())));
+  } catch (const Error& e) {
+    bad("messages", e.what());
   }
   // vLLM's order: the request's template variables, overridden by chat_template_kwargs.
   json context = {{"messages", plain},
@@ -171,16 +170,6 @@ std::string chat_prompt_text(const Tokenizer& tokenizer, const json& b) {
     bad("continue_final_message",
         "'continue_final_message' needs 'add_generation_prompt': false (the reply continues the "
         "final message instead of starting a turn)");
-  std::optional<std::string> own;  // a template for this request only
-  if (const json* t = field(b, "chat_template")) {
-    if (!t->is_string()) bad("chat_template", "'chat_template' must be a string of Jinja");
-    try {
-      ChatTemplate parsed(t->get<std::string>());
-    } catch (const Error& e) {
-      bad("chat_template", str("'chat_template' does not parse: ", e.what()));
-    }
-    own = t->get<std::string>();
-  }
   std::string text;
   try {
     text = own ? apply_chat_template(tokenizer, text_of(context), true, *own)
@@ -189,11 +178,13 @@ std::string chat_prompt_text(const Tokenizer& tokenizer, const json& b) {
     bad("messages", str("the chat template failed: ", e.what()));
   }
   if (open_end) {
-    const json& last = plain.back();
+    // The final message's text (of its last part, as transformers takes a list's).
+    const json content = plain.back().value("content", json());
+    const json& final_text =
+        content.is_array() && !content.empty() ? content.back()["text"] : content;
     try {
-      text = continue_final_message(text, last.contains("content") && last["content"].is_string()
-                                              ? last["content"].get<std::string>()
-                                              : "");
+      text =
+          continue_final_message(text, final_text.is_string() ? final_text.get<std::string>() : "");
     } catch (const Error& e) {
       bad("continue_final_message", e.what());
     }
