@@ -14,6 +14,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import signal
 import socket
 import subprocess
@@ -1497,6 +1498,32 @@ def case_chat_template():
               f"the chat reply is the reply to the file's prompt: {g} {r}")
         status, t = s.post("/tokenize", {"messages": messages})
         check(status == 200 and t["tokens"] == want, f"/tokenize renders the file's template: {t}")
+    finally:
+        code, _ = s.stop()
+        check(code == 0, f"server exit {code}")
+    # A tokenizer folder with chat_template.jinja, as Kimi K2 ships it (macros, a loop that
+    # breaks): that file is the template, over tokenizer_config.json's.
+    kimi = os.path.join(TMP, "kimi_tokenizer")
+    os.makedirs(kimi, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(CKPT, name), kimi)
+    with open(os.path.join(kimi, "chat_template.jinja"), "w") as f:
+        f.write("{%- macro head(m) -%}<{{ m.get('name') or m.role }}>{%- endmacro -%}\n"
+                "{%- set ns = namespace(last=-1) -%}\n"
+                "{%- for i in range(messages | length - 1, -1, -1) -%}{%- if messages[i].role == 'user' -%}"
+                "{%- set ns.last = i -%}{%- break -%}{%- endif -%}{%- endfor -%}\n"
+                "{%- for m in messages -%}{{ head(m) }}{{ m.content }}{{ '!' if loop.index0 == ns.last }}{%- endfor -%}\n"
+                "{%- if add_generation_prompt -%}<assistant>{%- endif -%}\n")
+    turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"},
+             {"role": "user", "name": "ann", "content": "Name a color."}]
+    plain = subprocess.run([DCP, "tokenize", "--tokenizer-path", CKPT], capture_output=True, text=True, check=True,
+                           input="<user>Hi<assistant>Yo<ann>Name a color.!<assistant>").stdout
+    s = Server("--tokenizer-path", kimi)
+    try:
+        status, t = s.post("/tokenize", {"messages": turns})
+        check(status == 200 and t["tokens"] == json.loads(plain), f"chat_template.jinja renders the chat: {t}")
+        status, r = s.post("/v1/chat/completions", {"messages": turns, "max_tokens": 2, "temperature": 0})
+        check(status == 200 and r["usage"]["prompt_tokens"] == len(json.loads(plain)), f"and the chat runs: {status} {r}")
     finally:
         code, _ = s.stop()
         check(code == 0, f"server exit {code}")
