@@ -568,6 +568,25 @@ TEST(ChatTemplate, DictsortOrdersPairsAsJinja) {
                                  "dictsort() cannot order a string and a integer"));
 }
 
+// DeepSeek-V3.1's template keeps what follows the first </think> with split('</think>', 1).
+TEST(ChatTemplate, StringMethodsTakePythonsArguments) {
+  EXPECT_EQ(render("{{ 'a</t>b</t>c'.split('</t>', 1)[1] }}|{{ 'a b  c '.split(None, 1)[1] }}|"
+                   "{{ ' a b  c '.split(maxsplit=1)[1] }}|{{ 'a,b,c'.split(',', 0)[0] }}|"
+                   "{{ 'a b'.split(sep=' ') | length }}"),
+            "b</t>c|b  c |b  c |a,b,c|2");
+  EXPECT_EQ(render("{{ 'aaa'.replace('a', 'b', 2) }} {{ 'aaa' | replace('a', 'b', 1) }}"),
+            "bba baa");
+  EXPECT_EQ(render("{{ 'abc'.startswith(('x', 'a')) }} {{ 'abc'.endswith(('x', 'y')) }}"),
+            "True False");
+  // Offsets and counts in characters, as Python's str has them.
+  EXPECT_EQ(render("{{ '\xe6\xb7\xb1\xe5\xba\xa6x'.find('x') }} {{ 'abc'.count('') }}"), "2 4");
+  EXPECT_TRUE(test::throws_error([] { render("{{ 'abc'.find('b', 1) }}"); },
+                                 ErrorCategory::invalid_argument,
+                                 "find() takes at most 1 arguments here, not 2"));
+  EXPECT_TRUE(test::throws_error([] { render("{{ 'abc'.split(foo=1) }}"); },
+                                 ErrorCategory::invalid_argument, "split() has no argument 'foo'"));
+}
+
 TEST(ChatTemplate, StringLiteralsTakePythonsEscapes) {
   EXPECT_EQ(render("{{ '\\x41\\u00e9\\U0001F600\\a' }}"), "A\xc3\xa9\xf0\x9f\x98\x80\a");
   EXPECT_TRUE(test::throws_error([] { ChatTemplate("{{ '\\x4' }}"); },

@@ -165,6 +165,7 @@ const templates = {
     "{{ body({'content': [{'text': 'p'}, {'text': 'q'}]}, sep='|') }}{{ body({'content': none}) }}",
   continue_and_break: "{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}{% if m.content == 'c' %}{% break %}{% endif %}{{ m.content }}{% endfor %}",
   for_filter: "{% for m in messages if m.role != 'system' %}{{ loop.index }}/{{ loop.length }}{{ m.content }}{% endfor %}",
+  split_with_maxsplit: "{% for m in messages %}{{ (m.content ~ '</think>x</think>y').split('</think>', 1)[1] }};{% endfor %}{{ 'a b  c'.split(none, 1) | join('/') }}",
   dictsort_and_indented_json: "{% for k, v in tool | dictsort %}{{ k }}={{ v }};{% endfor %}{{ tool | tojson(indent=2) }}",
 };
 const vars = { messages: msgs, x: 1, y: null, tool: { name: "f", n: 2 } };

@@ -481,8 +481,8 @@ class Renderer {
       if (std::find_if(std::begin(methods), std::end(methods),
                        [&](const char* m) { return name == m; }) == std::end(methods))
         fail(line, str("strings have no method '", name, "' here"));
-      return Value::Fn([s, name, line](const Args& a, const Kwargs&) {
-        return string_method(s, name, a, line);
+      return Value::Fn([s, name, line](const Args& a, const Kwargs& kwargs) {
+        return string_method(s, name, method_arguments(name, a, kwargs, line), line);
       });
     }
     if (obj.kind == Value::undefined || obj.kind == Value::none) {
@@ -492,8 +492,48 @@ class Renderer {
     return Value();
   }
 
+  // A string method's arguments by position, keywords placed by their names; what the method does
+  // not take is refused rather than ignored (start and end offsets among them).
+  static Args method_arguments(const std::string& name, const Args& a, const Kwargs& kwargs,
+                               int line) {
+    static const std::vector<std::pair<std::string, std::vector<std::string>>> params = {
+        {"strip", {"chars"}},
+        {"lstrip", {"chars"}},
+        {"rstrip", {"chars"}},
+        {"split", {"sep", "maxsplit"}},
+        {"replace", {"old", "new", "count"}},
+        {"startswith", {"prefix"}},
+        {"endswith", {"suffix"}},
+        {"find", {"sub"}},
+        {"count", {"sub"}}};
+    std::vector<std::string> names;
+    for (const auto& [method, list] : params)
+      if (method == name) names = list;
+    if (a.size() > names.size())
+      fail(line, str(name, "() takes at most ", names.size(), " arguments here, not ", a.size()));
+    Args out = a;
+    for (const auto& [key, v] : kwargs) {
+      const auto at = std::find(names.begin(), names.end(), key);
+      if (at == names.end()) fail(line, str(name, "() has no argument '", key, "'"));
+      const auto k = static_cast<std::size_t>(at - names.begin());
+      if (k < a.size()) fail(line, str(name, "() gets '", key, "' twice"));
+      if (out.size() <= k) out.resize(k + 1);  // undefined: not given
+      out[k] = v;
+    }
+    return out;
+  }
+
   static Value string_method(const std::string& s, const std::string& name, const Args& a,
                              int line) {
+    const auto given = [&](std::size_t k) {
+      return k < a.size() && a[k].kind != Value::undefined && a[k].kind != Value::none;
+    };
+    // Python's count and maxsplit: a negative one means all.
+    const auto limit = [&](std::size_t k, const char* what) -> std::int64_t {
+      if (!given(k)) return -1;
+      if (a[k].kind != Value::integer) fail(line, str(name, "(): ", what, " must be an integer"));
+      return a[k].i;
+    };
     const std::string ws = " \t\n\r\f\v";
     const std::string chars = !a.empty() && a[0].kind == Value::string ? a[0].s : ws;
     if (name == "strip" || name == "lstrip" || name == "rstrip") {
@@ -526,30 +566,43 @@ class Renderer {
       return Value::Str(r);
     }
     if (name == "startswith" || name == "endswith") {
-      if (a.empty() || a[0].kind != Value::string) fail(line, str(name, "() needs a string"));
-      const std::string& p = a[0].s;
-      const bool r = p.size() <= s.size() &&
-                     (name == "startswith" ? s.compare(0, p.size(), p) == 0
-                                           : s.compare(s.size() - p.size(), p.size(), p) == 0);
+      // A string, or a tuple of them (any matches).
+      List options = a.empty() ? List() : a[0].kind == Value::list ? *a[0].l : List{a[0]};
+      if (a.empty()) fail(line, str(name, "() needs a string"));
+      bool r = false;
+      for (const Value& o : options) {
+        if (o.kind != Value::string) fail(line, str(name, "() needs strings"));
+        const std::string& p = o.s;
+        r = r || (p.size() <= s.size() &&
+                  (name == "startswith" ? s.compare(0, p.size(), p) == 0
+                                        : s.compare(s.size() - p.size(), p.size(), p) == 0));
+      }
       return Value::Bool(r);
     }
     if (name == "split") {
+      std::int64_t splits = limit(1, "maxsplit");
       List out;
-      if (a.empty() || a[0].kind != Value::string) {  // on runs of whitespace
+      if (!given(0)) {  // on runs of whitespace; past maxsplit, the rest without its leading run
         std::size_t k = 0;
         while (k < s.size()) {
           while (k < s.size() && ws.find(s[k]) != std::string::npos) ++k;
+          if (k == s.size()) break;
+          if (splits-- == 0) {
+            out.push_back(Value::Str(s.substr(k)));
+            break;
+          }
           std::size_t e = k;
           while (e < s.size() && ws.find(s[e]) == std::string::npos) ++e;
-          if (e > k) out.push_back(Value::Str(s.substr(k, e - k)));
+          out.push_back(Value::Str(s.substr(k, e - k)));
           k = e;
         }
       } else {
+        if (a[0].kind != Value::string) fail(line, "split() needs a string separator");
         const std::string& sep = a[0].s;
         if (sep.empty()) fail(line, "split() with an empty separator");
         std::size_t k = 0;
         while (true) {
-          const std::size_t e = s.find(sep, k);
+          const std::size_t e = splits-- == 0 ? std::string::npos : s.find(sep, k);
           out.push_back(
               Value::Str(s.substr(k, e == std::string::npos ? std::string::npos : e - k)));
           if (e == std::string::npos) break;
@@ -562,10 +615,11 @@ class Renderer {
       if (a.size() < 2 || a[0].kind != Value::string || a[1].kind != Value::string ||
           a[0].s.empty())
         fail(line, "replace() needs two strings, the first not empty");
+      std::int64_t times = limit(2, "count");
       std::string r;
       std::size_t k = 0;
       while (true) {
-        const std::size_t e = s.find(a[0].s, k);
+        const std::size_t e = times-- == 0 ? std::string::npos : s.find(a[0].s, k);
         r += s.substr(k, e == std::string::npos ? std::string::npos : e - k);
         if (e == std::string::npos) break;
         r += a[1].s;
@@ -575,10 +629,13 @@ class Renderer {
     }
     if (name == "find" || name == "count") {
       if (a.empty() || a[0].kind != Value::string) fail(line, str(name, "() needs a string"));
-      if (name == "find") {
+      if (name == "find") {  // a character index, as Python's str counts
         const std::size_t e = s.find(a[0].s);
-        return Value::Int(e == std::string::npos ? -1 : static_cast<std::int64_t>(e));
+        if (e == std::string::npos) return Value::Int(-1);
+        return Value::Int(static_cast<std::int64_t>(characters(s.substr(0, e)).size()));
       }
+      if (a[0].s.empty())  // between every two characters and at both ends
+        return Value::Int(static_cast<std::int64_t>(characters(s).size()) + 1);
       std::int64_t n = 0;
       if (!a[0].s.empty())
         for (std::size_t k = s.find(a[0].s); k != std::string::npos;
