@@ -1527,6 +1527,23 @@ def case_chat_template():
     finally:
         code, _ = s.stop()
         check(code == 0, f"server exit {code}")
+    # A template dcp cannot run: the server says so at startup, refuses chats naming the construct
+    # and serves completions.
+    with open(os.path.join(kimi, "chat_template.jinja"), "w") as f:
+        f.write("{% call m() %}x{% endcall %}")
+    s = Server("--tokenizer-path", kimi)
+    try:
+        status, r = s.post("/v1/chat/completions", {"messages": turns, "max_tokens": 2})
+        check(status == 400 and "'{% call %}' is not supported" in r["error"]["message"], f"a chat: {status} {r}")
+        status, r = s.post("/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+        check(status == 200, f"a completion: {status} {r}")
+    finally:
+        code, _ = s.stop()
+        check(code == 0, f"server exit {code}")
+    with open(os.path.join(TMP, "server.log")) as f:
+        log = f.read()
+    check("warning: the chat template of" in log and "chat requests will be refused" in log,
+          f"the startup warning: {log}")
 
 
 def case_prefix_cache():

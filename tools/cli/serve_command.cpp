@@ -14,6 +14,7 @@
 #include "cli/cli_checks.h"
 #include "cli/commands.h"
 #include "cli/run_workload.h"
+#include "dcp/chat_template.h"
 #include "dcp/error.h"
 #include "dcp/serving.h"
 #include "dcp/text_stream.h"
@@ -59,7 +60,19 @@ std::unique_ptr<Tokenizer> load_tokenizer(const ServeFlags& f, int model_vocab) 
   auto tok = with_flag(flag, [&] { return std::make_unique<Tokenizer>(Tokenizer::from_dir(dir)); });
   DCP_ARG_CHECK(tok->vocab_size() <= model_vocab, flag, " ", dir, ": the tokenizer's ",
                 tok->vocab_size(), " ids exceed the model's vocabulary of ", model_vocab);
-  if (!f.chat_template.empty()) use_chat_template_file(*tok, f.chat_template);
+  if (!f.chat_template.empty()) {
+    use_chat_template_file(*tok, f.chat_template);
+  } else if (tok->chat_template()) {
+    // The server still serves completions and token ids; say now why chats will be refused.
+    try {
+      ChatTemplate parsed(*tok->chat_template());
+    } catch (const Error& e) {
+      std::fprintf(stderr,
+                   "dcp serve: warning: the chat template of %s does not parse (%s); chat "
+                   "requests will be refused: --chat-template FILE gives one that does\n",
+                   dir.c_str(), e.what());
+    }
+  }
   return tok;
 }
 
