@@ -28,8 +28,11 @@ struct ApiFixture {
     spec.engine.guide_vocabulary = dcp::guide_vocabulary(*tokenizer, spec.model.config.vocab_size);
     deployment.emplace(spec);
     api.emplace(*deployment, &*tokenizer,
-                dcp::serve::ApiOptions{"tiny", 16, dcp::ToolCallFormat::deepseek_v3,
-                                       dcp::serve::ReasoningParser::deepseek_v3});
+                dcp::serve::ApiOptions{"tiny",
+                                       16,
+                                       dcp::ToolCallFormat::deepseek_v3,
+                                       dcp::serve::ReasoningParser::deepseek_v3,
+                                       {}});
   }
   std::optional<dcp::Tokenizer> tokenizer;
   std::optional<dcp::ServingDeployment> deployment;

@@ -17,6 +17,7 @@
 
 #include "dcp/deployment.h"
 #include "dcp/error.h"
+#include "dcp/generation_config.h"
 #include "dcp/model_config.h"
 #include "dcp/weights.h"
 #include "engine_util.h"
@@ -514,6 +515,36 @@ TEST(Families, ConfigsRoundTripAndKeepTheirFields) {
   }
   EXPECT_TRUE(test::throws_error([] { family_config("llama"); }, ErrorCategory::invalid_argument,
                                  "family = 'llama' is not one of: deepseek-v2-lite"));
+}
+
+// Kimi's checkpoints end a turn with a token that is not the tokenizer's eos_token, and say so in
+// generation_config.json (and config.json).
+TEST_F(FamilyCheckpoint, EosTokenIdsAreTheGenerationConfigsElseTheConfigs) {
+  std::filesystem::create_directories(dir_);
+  const auto write = [&](const char* name, const std::string& text) {
+    std::ofstream(dir_ / name) << text;
+  };
+  const std::string d = dir_.string();
+  EXPECT_TRUE(checkpoint_eos_token_ids(d, 100).empty());
+  write("config.json", R"({"eos_token_id": 7, "vocab_size": 100})");
+  EXPECT_EQ(checkpoint_eos_token_ids(d, 100), std::vector<std::int32_t>{7});
+  write("generation_config.json", R"({"eos_token_id": [9, 3], "max_length": 10})");
+  EXPECT_EQ(checkpoint_eos_token_ids(d, 100), (std::vector<std::int32_t>{9, 3}));
+  write("generation_config.json", R"({"eos_token_id": 11})");
+  EXPECT_EQ(checkpoint_eos_token_ids(d, 100), std::vector<std::int32_t>{11});
+  // A generation_config.json that states none is the answer: none.
+  write("generation_config.json", R"({"temperature": 0.6})");
+  EXPECT_TRUE(checkpoint_eos_token_ids(d, 100).empty());
+  write("generation_config.json", R"({"eos_token_id": [9, 100]})");
+  EXPECT_TRUE(test::throws_error([&] { checkpoint_eos_token_ids(d, 100); }, ErrorCategory::io,
+                                 "generation_config.json: eos_token_id [9,100] must be a token id "
+                                 "in [0, 100)"));
+  write("generation_config.json", R"({"eos_token_id": "2"})");
+  EXPECT_TRUE(test::throws_error([&] { checkpoint_eos_token_ids(d, 100); }, ErrorCategory::io,
+                                 "must be a token id"));
+  write("generation_config.json", "{");
+  EXPECT_TRUE(test::throws_error([&] { checkpoint_eos_token_ids(d, 100); }, ErrorCategory::io,
+                                 "generation_config.json is not valid JSON"));
 }
 
 }  // namespace

@@ -41,7 +41,8 @@ class SamplingParams:
 
     temperature 0 is greedy; top_k 0 or -1 is off; seed None draws a fresh seed per request.
     Generation stops after max_tokens, or at a token of stop_token_ids, or at the tokenizer's
-    EOS token unless ignore_eos, or where the text comes to contain a string of stop (the text
+    EOS token or the checkpoint's (generation_config.json's eos_token_id) unless ignore_eos, or
+    where the text comes to contain a string of stop (the text
     ends before it, or after it with include_stop_str_in_output; the token that completed it is
     the last); none of these before min_tokens
     tokens (a stop string must end in a later token's text). logprobs k (0-20) returns each
@@ -388,9 +389,8 @@ class LLM:
 
     def _request(self, tokens, p: SamplingParams, completion: int):
         stop = _token_ids(p.stop_token_ids, "stop_token_ids")
-        eos = self._llm.eos_token_id
-        if not _boolean(p.ignore_eos, "ignore_eos") and eos is not None:
-            stop.append(eos)
+        if not _boolean(p.ignore_eos, "ignore_eos"):  # the tokenizer's and the checkpoint's
+            stop += [i for i in self._llm.eos_token_ids if i not in stop]
         top_k = _integer(p.top_k, "top_k")
         top_k = 0 if top_k == -1 else top_k
         seed = None if p.seed is None else _integer(p.seed, "seed")

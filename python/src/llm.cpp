@@ -3,6 +3,7 @@
 // ServingDeployment as `dcp serve`, so scheduling, sampling and stop tokens behave alike.
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <filesystem>
@@ -19,6 +20,7 @@
 #include "bindings.h"
 #include "dcp/chat_template.h"
 #include "dcp/error.h"
+#include "dcp/generation_config.h"
 #include "dcp/json_schema.h"
 #include "dcp/serving.h"
 #include "dcp/text_stream.h"
@@ -204,6 +206,12 @@ class Llm {
       }
     }
     vocab_ = vocab;
+    // What ends a request besides the tokenizer's EOS: the checkpoint's own (Kimi's end of turn).
+    if (tokenizer_ && tokenizer_->eos_id()) eos_token_ids_.push_back(*tokenizer_->eos_id());
+    if (!spec.model.path.empty())
+      for (std::int32_t id : checkpoint_eos_token_ids(spec.model.path, vocab))
+        if (std::find(eos_token_ids_.begin(), eos_token_ids_.end(), id) == eos_token_ids_.end())
+          eos_token_ids_.push_back(id);
     // Guided decoding masks tokens by their bytes.
     if (tokenizer_) spec.engine.guide_vocabulary = guide_vocabulary(*tokenizer_, vocab);
     ServeOptions serve;
@@ -382,6 +390,7 @@ class Llm {
     return *tokenizer_;
   }
   int vocab_size() const noexcept { return vocab_; }
+  const std::vector<std::int32_t>& eos_token_ids() const noexcept { return eos_token_ids_; }
   std::int64_t kv_capacity_tokens() const {
     return deployment_ ? deployment_->kv_capacity_tokens() : 0;
   }
@@ -399,6 +408,7 @@ class Llm {
   std::mutex failure_mutex_;
   std::exception_ptr failure_;  // what stopped the ranks, set by the runner thread
   int vocab_ = 0;
+  std::vector<std::int32_t> eos_token_ids_;  // the tokenizer's EOS, then the checkpoint's
 };
 
 }  // namespace
@@ -539,9 +549,7 @@ void bind_llm(py::module_& m) {
           py::arg("messages_json"), py::arg("chat_template"))
       .def_static("continue_final_message", &continue_final_message, py::arg("rendered"),
                   py::arg("final_content"))
-      .def_property_readonly("eos_token_id", [](const Llm& l) -> std::optional<std::int32_t> {
-        return l.has_tokenizer() ? l.tokenizer().eos_id() : std::nullopt;
-      });
+      .def_property_readonly("eos_token_ids", &Llm::eos_token_ids);
 }
 
 }  // namespace dcp::python

@@ -4,6 +4,7 @@ against `dcp tokenize --chat`), sampling seeds, stop tokens and strings, logprob
 errors."""
 import json
 import math
+import shutil
 import subprocess
 import tempfile
 
@@ -472,6 +473,25 @@ def test_chat_renders_the_template_then_generates(dcp_bin, checkpoint, text_llm)
     out = text_llm.chat(messages, params, tools=tools,
                         chat_template="{% for t in tools %}{{ t.function.name }};{% endfor %}")[0]
     assert out.prompt == "get_weather;now;"
+
+
+def test_the_checkpoints_eos_token_ids_end_a_request(checkpoint, text_llm, tmp_path):
+    # Kimi's turns end with a token that is not the tokenizer's eos_token; the checkpoint's
+    # generation_config.json names it, and it ends a request as the tokenizer's EOS does.
+    prompt = [5, 17, 9, 33]
+    ids = text_llm.generate([prompt], dcp.SamplingParams(max_tokens=8, temperature=0,
+                                                         ignore_eos=True))[0].outputs[0].token_ids
+    eos, tokenizer_eos = ids[3], text_llm.encode("</s>")[0]
+    k = min(j for j, t in enumerate(ids) if t in (eos, tokenizer_eos))
+    own = tmp_path / "model"
+    shutil.copytree(checkpoint, own)
+    (own / "generation_config.json").write_text(json.dumps({"eos_token_id": [eos]}))
+    with dcp.LLM(str(own), tp_size=2, dcp_size=2, max_total_tokens=4096) as llm:
+        out = llm.generate([prompt], dcp.SamplingParams(max_tokens=8, temperature=0))[0].outputs[0]
+        assert out.token_ids == ids[:k + 1] and out.finish_reason == "stop"
+        out = llm.generate([prompt], dcp.SamplingParams(max_tokens=8, temperature=0,
+                                                        ignore_eos=True))[0].outputs[0]
+        assert out.token_ids == ids and out.finish_reason == "length"
 
 
 def test_chat_content_parts_take_the_form_the_template_reads(text_llm):

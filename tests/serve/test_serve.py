@@ -36,9 +36,9 @@ def check(cond, what):
 
 
 class Server:
-    def __init__(self, *flags, launcher=()):
+    def __init__(self, *flags, launcher=(), model=None):
         self.log = open(os.path.join(TMP, "server.log"), "w+")
-        self.proc = subprocess.Popen([*launcher, DCP, "serve", "--model-path", CKPT, "--port", "0", *flags],
+        self.proc = subprocess.Popen([*launcher, DCP, "serve", "--model-path", model or CKPT, "--port", "0", *flags],
                                      stdout=subprocess.PIPE, stderr=self.log, text=True)
         line = self.proc.stdout.readline()
         m = re.search(r"http://127\.0\.0\.1:(\d+)", line)
@@ -1630,6 +1630,36 @@ def case_prefix_cache():
         check(code == 0, f"server exit {code}")
 
 
+def case_checkpoint_eos():
+    """A checkpoint's generation_config.json eos_token_id ends a request as the tokenizer's EOS
+    does (Kimi's end of turn is not its eos_token): the greedy reply stops at its first such
+    token, finish_reason stop; ignore_eos runs on."""
+    prompt = [5, 17, 9, 33]
+    ids = run_tokens(prompt, 8)  # greedy, through any EOS
+    eos = ids[3]
+    tokenizer_eos = json.loads(subprocess.run([DCP, "tokenize", "--tokenizer-path", CKPT], input="</s>",
+                                              capture_output=True, text=True, check=True).stdout)[0]
+    k = min(j for j, t in enumerate(ids) if t in (eos, tokenizer_eos))  # the reply ends there
+    own = os.path.join(TMP, "ckpt_with_eos")
+    shutil.copytree(CKPT, own, dirs_exist_ok=True)
+    with open(os.path.join(own, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": [eos], "max_length": 4096}, f)
+    s = Server(model=own)
+    try:
+        status, r = s.post("/v1/completions", {"prompt": prompt, "max_tokens": 8, "temperature": 0})
+        c = r["choices"][0]
+        check(status == 200 and c["token_ids"] == ids[:k + 1] and c["finish_reason"] == "stop",
+              f"stops at the checkpoint's EOS {eos}: {r} (alone: {ids})")
+        status, r = s.post("/v1/completions", {"prompt": prompt, "max_tokens": 8, "temperature": 0,
+                                               "ignore_eos": True})
+        c = r["choices"][0]
+        check(status == 200 and c["token_ids"] == ids and c["finish_reason"] == "length",
+              f"ignore_eos runs on: {r}")
+    finally:
+        code, _ = s.stop()
+        check(code == 0, f"server exit {code}")
+
+
 def case_max_model_len():
     """--max-model-len: a request's prompt and new tokens together at most; past it a 400 naming
     max_tokens, or the prompt's own field where the prompt alone reaches it; without max_tokens the
@@ -1834,7 +1864,7 @@ CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_
                                      case_malformed_requests,
                                      case_metrics_and_models]}
 
-OWN_SERVER = {f.__name__[5:]: f for f in [case_chat_template, case_tools, case_reasoning, case_prefix_cache,
+OWN_SERVER = {f.__name__[5:]: f for f in [case_chat_template, case_tools, case_reasoning, case_prefix_cache, case_checkpoint_eos,
                                           case_max_model_len, case_api_key, case_queue_bound, case_shutdown]}
 
 

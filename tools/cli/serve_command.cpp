@@ -16,6 +16,7 @@
 #include "cli/run_workload.h"
 #include "dcp/chat_template.h"
 #include "dcp/error.h"
+#include "dcp/generation_config.h"
 #include "dcp/serving.h"
 #include "dcp/text_stream.h"
 #include "dcp/tokenizer.h"
@@ -119,6 +120,10 @@ int serve(const ServeFlags& f) {
   }
   serve::ApiOptions ao;
   ao.model_name = f.served_model_name.empty() ? w.model_label : f.served_model_name;
+  if (!f.run.model_path.empty())
+    ao.eos_token_ids = with_flag("--model-path", [&] {
+      return checkpoint_eos_token_ids(f.run.model_path, w.spec.model.config.vocab_size);
+    });
   ao.default_max_tokens = f.default_max_tokens;
   ao.reasoning_parser = f.reasoning_parser == "deepseek_r1"   ? serve::ReasoningParser::deepseek_r1
                         : f.reasoning_parser == "deepseek_v3" ? serve::ReasoningParser::deepseek_v3

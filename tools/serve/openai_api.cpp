@@ -283,8 +283,12 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
   job.skip_special = boolean(*src, "skip_special_tokens").value_or(true);
   // The calls' markers are special tokens: the text that is read for them keeps them.
   if (job.tools.mode == ToolUse::Mode::read_auto) job.skip_special = false;
-  if (!boolean(*src, "ignore_eos").value_or(false) && tokenizer_ && tokenizer_->eos_id())
-    r.stop_token_ids.push_back(*tokenizer_->eos_id());
+  if (!boolean(*src, "ignore_eos").value_or(false)) {
+    if (tokenizer_ && tokenizer_->eos_id()) r.stop_token_ids.push_back(*tokenizer_->eos_id());
+    for (std::int32_t id : options_.eos_token_ids)
+      if (std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), id) == r.stop_token_ids.end())
+        r.stop_token_ids.push_back(id);
+  }
   const char* max_key = kind == Kind::generate ? "max_new_tokens"
                         : kind == Kind::chat && field(b, "max_completion_tokens")
                             ? "max_completion_tokens"

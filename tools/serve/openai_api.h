@@ -7,6 +7,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "dcp/serving.h"
 #include "dcp/tokenizer.h"
@@ -49,6 +50,9 @@ struct ApiOptions {
   // How the model writes tool calls (tool_choice "auto" reads them); none: "auto" is refused.
   std::optional<ToolCallFormat> tool_call_format;
   ReasoningParser reasoning_parser = ReasoningParser::none;
+  // The checkpoint's end-of-generation ids (generation_config.json), which end a request unless
+  // it sets ignore_eos, as the tokenizer's EOS does.
+  std::vector<std::int32_t> eos_token_ids;
 };
 
 class OpenAiApi {
