@@ -547,5 +547,34 @@ TEST_F(FamilyCheckpoint, EosTokenIdsAreTheGenerationConfigsElseTheConfigs) {
                                  "generation_config.json is not valid JSON"));
 }
 
+// DeepSeek-V3 recommends temperature 0.6 and top_p 0.95 in its generation_config.json.
+TEST_F(FamilyCheckpoint, SamplingDefaultsAreWhatGenerationConfigStates) {
+  std::filesystem::create_directories(dir_);
+  const auto write = [&](const std::string& text) {
+    std::ofstream(dir_ / "generation_config.json") << text;
+  };
+  const std::string d = dir_.string();
+  SamplingDefaults s = checkpoint_sampling_defaults(d);
+  EXPECT_FALSE(s.temperature || s.top_p || s.top_k || s.min_p || s.repetition_penalty);
+  write(R"({"do_sample": true, "temperature": 0.6, "top_p": 0.95, "eos_token_id": 1})");
+  s = checkpoint_sampling_defaults(d);
+  EXPECT_EQ(s.temperature, 0.6);
+  EXPECT_EQ(s.top_p, 0.95);
+  EXPECT_FALSE(s.top_k || s.min_p || s.repetition_penalty);
+  write(R"({"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1})");
+  s = checkpoint_sampling_defaults(d);
+  EXPECT_EQ(s.top_k, 20);
+  EXPECT_EQ(s.min_p, 0.05);
+  EXPECT_EQ(s.repetition_penalty, 1.1);
+  write(R"({"top_k": 50})");  // transformers' own default: vLLM leaves it out
+  EXPECT_FALSE(checkpoint_sampling_defaults(d).top_k);
+  write(R"({"top_p": 0})");
+  EXPECT_TRUE(test::throws_error([&] { checkpoint_sampling_defaults(d); }, ErrorCategory::io,
+                                 "top_p = 0 must be a number in (0, 1]"));
+  write(R"({"top_k": 2.5})");
+  EXPECT_TRUE(test::throws_error([&] { checkpoint_sampling_defaults(d); }, ErrorCategory::io,
+                                 "top_k = 2.5 must be an integer"));
+}
+
 }  // namespace
 }  // namespace dcp

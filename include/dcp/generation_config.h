@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,5 +15,16 @@ namespace dcp {
 // its eos_token is [EOS]. Throws dcp::Error (io) naming the file and the field when one is not
 // JSON, or an id is not an integer in [0, vocab_size).
 std::vector<std::int32_t> checkpoint_eos_token_ids(const std::string& model_dir, int vocab_size);
+
+// The sampling a checkpoint's generation_config.json recommends (DeepSeek-V3's: temperature 0.6,
+// top_p 0.95), which vLLM applies to a request that does not set the field: each of temperature,
+// top_p, top_k, min_p and repetition_penalty the file states (a top_k of 50, transformers' own
+// default, is left out, as vLLM leaves it). None when there is no such file. Throws dcp::Error
+// (io) naming the file and the field when a value is out of its range.
+struct SamplingDefaults {
+  std::optional<double> temperature, top_p, min_p, repetition_penalty;
+  std::optional<int> top_k;
+};
+SamplingDefaults checkpoint_sampling_defaults(const std::string& model_dir);
 
 }  // namespace dcp

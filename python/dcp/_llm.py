@@ -162,7 +162,12 @@ class LLM:
                  max_total_tokens: int = 65536, max_model_len: Optional[int] = None,
                  chunked_prefill_size: int = 2048,
                  max_running_requests: int = 64, enable_prefix_cache: bool = False,
-                 host_kv_capacity_tokens: int = 0, comm_timeout_s: float = 300.0):
+                 host_kv_capacity_tokens: int = 0, comm_timeout_s: float = 300.0,
+                 generation_config: str = "auto"):
+        if generation_config not in ("auto", "vllm"):
+            raise ValueError(f"generation_config = {generation_config!r} must be 'auto' (the "
+                             "checkpoint's generation_config.json sampling defaults) or 'vllm'")
+        self._generation_config = generation_config
         c = _dcp._LlmConfig()
         c.model = str(model)
         c.tokenizer = "" if tokenizer is None else str(tokenizer)
@@ -316,9 +321,17 @@ class LLM:
             ids.append(tokens)
         return self._run(texts, ids, params)
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What generate and chat use without sampling_params (vLLM's): with
+        generation_config="auto", the sampling fields the checkpoint's generation_config.json
+        states (temperature, top_p, top_k, min_p, repetition_penalty), else SamplingParams()."""
+        if self._generation_config == "vllm":
+            return SamplingParams()
+        return SamplingParams(**self._llm.sampling_defaults)
+
     def _params(self, sampling_params, count, what):
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
             return [sampling_params] * count
         params = list(sampling_params)

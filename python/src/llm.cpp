@@ -209,6 +209,8 @@ class Llm {
     // What ends a request besides the tokenizer's EOS: the checkpoint's own (Kimi's end of turn).
     if (tokenizer_ && tokenizer_->eos_id()) eos_token_ids_.push_back(*tokenizer_->eos_id());
     if (!spec.model.path.empty())
+      sampling_defaults_ = checkpoint_sampling_defaults(spec.model.path);
+    if (!spec.model.path.empty())
       for (std::int32_t id : checkpoint_eos_token_ids(spec.model.path, vocab))
         if (std::find(eos_token_ids_.begin(), eos_token_ids_.end(), id) == eos_token_ids_.end())
           eos_token_ids_.push_back(id);
@@ -391,6 +393,17 @@ class Llm {
   }
   int vocab_size() const noexcept { return vocab_; }
   const std::vector<std::int32_t>& eos_token_ids() const noexcept { return eos_token_ids_; }
+  // generation_config.json's sampling fields, by SamplingParams' names.
+  py::dict sampling_defaults() const {
+    py::dict d;
+    const SamplingDefaults& s = sampling_defaults_;
+    if (s.temperature) d["temperature"] = *s.temperature;
+    if (s.top_p) d["top_p"] = *s.top_p;
+    if (s.top_k) d["top_k"] = *s.top_k;
+    if (s.min_p) d["min_p"] = *s.min_p;
+    if (s.repetition_penalty) d["repetition_penalty"] = *s.repetition_penalty;
+    return d;
+  }
   std::int64_t kv_capacity_tokens() const {
     return deployment_ ? deployment_->kv_capacity_tokens() : 0;
   }
@@ -409,6 +422,7 @@ class Llm {
   std::exception_ptr failure_;  // what stopped the ranks, set by the runner thread
   int vocab_ = 0;
   std::vector<std::int32_t> eos_token_ids_;  // the tokenizer's EOS, then the checkpoint's
+  SamplingDefaults sampling_defaults_;
 };
 
 }  // namespace
@@ -549,7 +563,8 @@ void bind_llm(py::module_& m) {
           py::arg("messages_json"), py::arg("chat_template"))
       .def_static("continue_final_message", &continue_final_message, py::arg("rendered"),
                   py::arg("final_content"))
-      .def_property_readonly("eos_token_ids", &Llm::eos_token_ids);
+      .def_property_readonly("eos_token_ids", &Llm::eos_token_ids)
+      .def_property_readonly("sampling_defaults", &Llm::sampling_defaults);
 }
 
 }  // namespace dcp::python

@@ -40,4 +40,41 @@ std::vector<std::int32_t> checkpoint_eos_token_ids(const std::string& model_dir,
   return {};
 }
 
+SamplingDefaults checkpoint_sampling_defaults(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  const fs::path path = fs::path(model_dir) / "generation_config.json";
+  SamplingDefaults d;
+  if (!fs::is_regular_file(path)) return d;
+  std::ifstream in(path, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorCategory::io, str(path.string(), " is not valid JSON: ", e.what()));
+  }
+  if (!j.is_object()) return d;
+  // A number in [lo, hi] (lo excluded where `open_low`), or none when the field is absent.
+  const auto number = [&](const char* key, double lo, double hi,
+                          bool open_low) -> std::optional<double> {
+    if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+    const nlohmann::json& v = j[key];
+    DCP_CHECK(v.is_number() && (open_low ? v.get<double>() > lo : v.get<double>() >= lo) &&
+                  v.get<double>() <= hi,
+              io, path.string(), ": ", key, " = ", v.dump(), " must be a number in ",
+              open_low ? "(" : "[", lo, ", ", hi, "]");
+    return v.get<double>();
+  };
+  d.temperature = number("temperature", 0, 100, false);
+  d.top_p = number("top_p", 0, 1, true);
+  d.min_p = number("min_p", 0, 1, false);
+  d.repetition_penalty = number("repetition_penalty", 0, 1e30, true);
+  if (const auto k = number("top_k", -1, 1 << 30, false)) {
+    DCP_CHECK(*k == static_cast<double>(static_cast<int>(*k)), io, path.string(),
+              ": top_k = ", j["top_k"].dump(), " must be an integer");
+    if (*k != 50) d.top_k = static_cast<int>(*k);  // 50 is transformers' default: vLLM drops it
+  }
+  return d;
+}
+
 }  // namespace dcp

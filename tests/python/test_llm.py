@@ -494,6 +494,25 @@ def test_the_checkpoints_eos_token_ids_end_a_request(checkpoint, text_llm, tmp_p
         assert out.token_ids == ids and out.finish_reason == "length"
 
 
+def test_generation_config_gives_the_default_sampling(checkpoint, text_llm, tmp_path):
+    # vLLM's generation_config="auto": without sampling_params, the checkpoint's recommended
+    # sampling (top_k 1 here: the greedy tokens whatever the temperature).
+    prompt = [5, 17, 9, 33]
+    greedy = text_llm.generate([prompt], dcp.SamplingParams(temperature=0))[0].outputs[0].token_ids
+    own = tmp_path / "model"
+    shutil.copytree(checkpoint, own)
+    (own / "generation_config.json").write_text(json.dumps({"top_k": 1, "temperature": 0.7}))
+    with dcp.LLM(str(own), max_total_tokens=4096) as llm:
+        d = llm.get_default_sampling_params()
+        assert (d.top_k, d.temperature, d.top_p) == (1, 0.7, 1.0)
+        assert llm.generate([prompt])[0].outputs[0].token_ids == greedy
+    with dcp.LLM(str(own), max_total_tokens=4096, generation_config="vllm") as llm:
+        d = llm.get_default_sampling_params()
+        assert (d.top_k, d.temperature) == (dcp.SamplingParams().top_k, 1.0)
+    with pytest.raises(ValueError, match="generation_config = 'model' must be 'auto'"):
+        dcp.LLM(str(own), generation_config="model")
+
+
 def test_chat_content_parts_take_the_form_the_template_reads(text_llm):
     # As dcp serve (and vLLM) hand them: text parts joined by a newline for a template that writes
     # content as a string, passed as parts to one that loops over them.

@@ -1660,6 +1660,40 @@ def case_checkpoint_eos():
         check(code == 0, f"server exit {code}")
 
 
+def case_generation_config():
+    """--generation-config auto (the default): a request that leaves out a sampling field takes the
+    checkpoint's generation_config.json value, as vLLM does; a field the request sets wins; vllm:
+    the API's defaults."""
+    prompt = [5, 17, 9, 33]
+    greedy = run_tokens(prompt, 8)
+    own = os.path.join(TMP, "ckpt_with_sampling")
+    shutil.copytree(CKPT, own, dirs_exist_ok=True)
+    with open(os.path.join(own, "generation_config.json"), "w") as f:
+        json.dump({"top_k": 1, "do_sample": True}, f)
+    body = {"prompt": prompt, "max_tokens": 8, "seed": 5, "ignore_eos": True}
+    s = Server(model=own)
+    try:
+        status, r = s.post("/v1/completions", body)
+        check(status == 200 and r["choices"][0]["token_ids"] == greedy,
+              f"top_k 1 from generation_config.json samples the greedy tokens: {r} {greedy}")
+        status, r = s.post("/v1/completions", {**body, "top_k": 0})
+        overridden = r["choices"][0]["token_ids"]
+    finally:
+        code, _ = s.stop()
+        check(code == 0, f"server exit {code}")
+    with open(os.path.join(TMP, "server.log")) as f:
+        log = f.read()
+    check("sample with the checkpoint's generation_config.json: top_k 1" in log, f"the startup note: {log}")
+    s = Server("--generation-config", "vllm", model=own)
+    try:
+        status, r = s.post("/v1/completions", body)
+        check(status == 200 and r["choices"][0]["token_ids"] == overridden,
+              f"vllm: the API's defaults, as a request setting top_k 0 gets under auto: {r} {overridden}")
+    finally:
+        code, _ = s.stop()
+        check(code == 0, f"server exit {code}")
+
+
 def case_max_model_len():
     """--max-model-len: a request's prompt and new tokens together at most; past it a 400 naming
     max_tokens, or the prompt's own field where the prompt alone reaches it; without max_tokens the
@@ -1865,6 +1899,7 @@ CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_
                                      case_metrics_and_models]}
 
 OWN_SERVER = {f.__name__[5:]: f for f in [case_chat_template, case_tools, case_reasoning, case_prefix_cache, case_checkpoint_eos,
+                                          case_generation_config,
                                           case_max_model_len, case_api_key, case_queue_bound, case_shutdown]}
 
 

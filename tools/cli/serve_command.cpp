@@ -39,10 +39,25 @@ struct ServeFlags {
   std::string api_key;  // empty: no key asked
   int max_queued = 256;
   int default_max_tokens = 128;
+  std::string generation_config = "auto";  // auto: the checkpoint's sampling defaults; vllm: none
   std::int64_t max_model_len = 0;         // 0: the model's max_position_embeddings
   std::string tool_call_parser = "auto";  // how tool_choice "auto" reads the model's calls
   std::string reasoning_parser = "none";  // how a chat reply's thinking is told from its content
 };
+
+// "temperature 0.6, top_p 0.95": the defaults a checkpoint states, for the startup log.
+std::string describe(const SamplingDefaults& d) {
+  std::string out;
+  const auto add = [&](const char* name, auto v) {
+    if (v) out += str(out.empty() ? "" : ", ", name, " ", *v);
+  };
+  add("temperature", d.temperature);
+  add("top_p", d.top_p);
+  add("top_k", d.top_k);
+  add("min_p", d.min_p);
+  add("repetition_penalty", d.repetition_penalty);
+  return out;
+}
 
 std::unique_ptr<Tokenizer> load_tokenizer(const ServeFlags& f, int model_vocab) {
   std::string dir = f.tokenizer_path;
@@ -125,6 +140,16 @@ int serve(const ServeFlags& f) {
       return checkpoint_eos_token_ids(f.run.model_path, w.spec.model.config.vocab_size);
     });
   ao.default_max_tokens = f.default_max_tokens;
+  if (f.generation_config == "auto" && !f.run.model_path.empty()) {
+    ao.sampling_defaults = with_flag(
+        "--generation-config", [&] { return checkpoint_sampling_defaults(f.run.model_path); });
+    const std::string stated = describe(ao.sampling_defaults);
+    if (!stated.empty())
+      std::fprintf(stderr,
+                   "dcp serve: requests that leave them out sample with the checkpoint's "
+                   "generation_config.json: %s (--generation-config vllm: the API's defaults)\n",
+                   stated.c_str());
+  }
   ao.reasoning_parser = f.reasoning_parser == "deepseek_r1"   ? serve::ReasoningParser::deepseek_r1
                         : f.reasoning_parser == "deepseek_v3" ? serve::ReasoningParser::deepseek_v3
                         : f.reasoning_parser == "kimi_k2"     ? serve::ReasoningParser::kimi_k2
@@ -255,6 +280,12 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--default-max-tokens", f->default_max_tokens,
                   "new tokens when a request sets no max_tokens (capped by the context)")
       ->check(at_least(1))
+      ->capture_default_str();
+  cmd->add_option("--generation-config", f->generation_config,
+                  "auto: a request that leaves out temperature, top_p, top_k, min_p or "
+                  "repetition_penalty takes the checkpoint's generation_config.json value (as "
+                  "vLLM); vllm: the API's defaults")
+      ->check(CLI::IsMember({"auto", "vllm"}))
       ->capture_default_str();
   cmd->callback([f] { set_exit_code(serve(*f)); });
 }

@@ -200,16 +200,21 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
           "/v1/completions)");
   }
   ServeRequest& r = job.request;
-  r.sampling.temperature = number(*src, "temperature", 0, 100).value_or(1.0);
-  r.sampling.top_p = number(*src, "top_p", 0, 1).value_or(1.0);
+  // A field the request leaves out: the checkpoint's recommendation, else the API's default.
+  const SamplingDefaults& d = options_.sampling_defaults;
+  r.sampling.temperature =
+      number(*src, "temperature", 0, 100).value_or(d.temperature.value_or(1.0));
+  r.sampling.top_p = number(*src, "top_p", 0, 1).value_or(d.top_p.value_or(1.0));
   if (r.sampling.top_p == 0) bad("top_p", "'top_p' = 0 must be in (0, 1]");
-  const std::int64_t k = integer(*src, "top_k", -1, std::int64_t{1} << 30).value_or(0);
+  const std::int64_t k =
+      integer(*src, "top_k", -1, std::int64_t{1} << 30).value_or(d.top_k.value_or(0));
   r.sampling.top_k = k < 0 ? 0 : static_cast<int>(k);
-  r.sampling.min_p = number(*src, "min_p", 0, 1).value_or(0.0);
+  r.sampling.min_p = number(*src, "min_p", 0, 1).value_or(d.min_p.value_or(0.0));
   r.sampling.presence_penalty = number(*src, "presence_penalty", -2, 2).value_or(0.0);
   r.sampling.frequency_penalty = number(*src, "frequency_penalty", -2, 2).value_or(0.0);
   r.sampling.repetition_penalty =
-      number(*src, "repetition_penalty", 0, std::numeric_limits<double>::max()).value_or(1.0);
+      number(*src, "repetition_penalty", 0, std::numeric_limits<double>::max())
+          .value_or(d.repetition_penalty.value_or(1.0));
   if (r.sampling.repetition_penalty == 0)
     bad("repetition_penalty", "'repetition_penalty' = 0 must be > 0 (1: off)");
   r.sampling.logit_bias = logit_bias(*src, vocab);

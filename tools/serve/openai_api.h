@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "dcp/generation_config.h"
 #include "dcp/serving.h"
 #include "dcp/tokenizer.h"
 #include "serve/request_fields.h"
@@ -53,6 +54,9 @@ struct ApiOptions {
   // The checkpoint's end-of-generation ids (generation_config.json), which end a request unless
   // it sets ignore_eos, as the tokenizer's EOS does.
   std::vector<std::int32_t> eos_token_ids;
+  // What a request that leaves a sampling field out gets (generation_config.json's), before the
+  // API's own defaults.
+  SamplingDefaults sampling_defaults;
 };
 
 class OpenAiApi {
