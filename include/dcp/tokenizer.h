@@ -103,6 +103,9 @@ std::string utf8_lossy(std::string_view bytes);
 // equals what a stream would show: an incomplete last character (that more bytes could complete)
 // is held back; invalid bytes are not.
 std::size_t utf8_complete_prefix(std::string_view bytes);
+// Appends the UTF-8 bytes of `code_point` (a Unicode scalar value: at most U+10FFFF, not a
+// surrogate).
+void append_utf8(std::string& out, char32_t code_point);
 
 // Rewrites each character class [A&&[B]] of `pattern` as (?:(?=[B])[A]): PCRE2 reads "&&" inside
 // a class as two ampersands, so an intersection would silently match the wrong characters.

@@ -4,6 +4,8 @@
 #include <charconv>
 #include <cstdint>
 
+#include "dcp/tokenizer.h"
+
 namespace dcp::jinja {
 namespace {
 
@@ -21,24 +23,6 @@ struct Segment {  // raw text, or a tag's tokens
   std::vector<Token> tokens;
   int line = 1;
 };
-
-void append_utf8(std::string& s, std::uint32_t cp) {
-  if (cp < 0x80) {
-    s += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    s += static_cast<char>(0xC0 | (cp >> 6));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    s += static_cast<char>(0xE0 | (cp >> 12));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    s += static_cast<char>(0xF0 | (cp >> 18));
-    s += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    s += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    s += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
 
 std::vector<Token> lex_expression(const std::string& src, int line) {
   std::vector<Token> out;
@@ -110,7 +94,7 @@ std::vector<Token> lex_expression(const std::string& src, int line) {
                 fail(line, str("'\\", std::string(1, e), "' needs ", digits, " hex digits"));
               if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
                 fail(line, "a string literal's escape is not a Unicode scalar value");
-              append_utf8(s, cp);
+              append_utf8(s, static_cast<char32_t>(cp));
               j += 2 + digits;
               continue;
             }
