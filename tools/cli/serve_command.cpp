@@ -233,7 +233,8 @@ void add_serve_command(CLI::App& app) {
   add_parallel_flags(cmd, o.parallel);
   add_deployment_flags(cmd, o);
   cmd->add_option("--tokenizer-path", f->tokenizer_path,
-                  "folder with tokenizer.json, or Kimi's tiktoken.model (default: --model-path "
+                  "folder with tokenizer.json, or Kimi's tiktoken.model, and the chat template "
+                  "(chat_template.jinja, else tokenizer_config.json's) (default: --model-path "
                   "when it has one)");
   cmd->add_option("--chat-template", f->chat_template, kChatTemplateHelp)->type_name("FILE");
   cmd->add_option("--tool-call-parser", f->tool_call_parser,

@@ -90,7 +90,8 @@ void add_tokenize_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "tokenize", "Text on stdin -> token ids (JSON array); --decode: ids on stdin -> text");
   cmd->add_option("--tokenizer-path", o->tokenizer_path,
-                  "folder with tokenizer.json (and tokenizer_config.json)")
+                  "folder with tokenizer.json or Kimi's tiktoken.model (and tokenizer_config.json; "
+                  "chat_template.jinja, when there, is the chat template)")
       ->required();
   CLI::Option* decode =
       cmd->add_flag("--decode", o->decode, "read a JSON array of ids, print the text");
