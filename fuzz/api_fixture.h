@@ -32,6 +32,7 @@ struct ApiFixture {
                                        16,
                                        dcp::ToolCallFormat::deepseek_v3,
                                        dcp::serve::ReasoningParser::deepseek_v3,
+                                       {},
                                        {}});
   }
   std::optional<dcp::Tokenizer> tokenizer;
