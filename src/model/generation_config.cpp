@@ -8,21 +8,28 @@
 #include "dcp/error.h"
 
 namespace dcp {
+namespace {
+
+// One of the checkpoint's JSON files; errors name it.
+nlohmann::json read_json(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  DCP_CHECK(in.good() || in.eof(), io, "cannot read ", path.string());
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorCategory::io, str(path.string(), " is not valid JSON: ", e.what()));
+  }
+}
+
+}  // namespace
 
 std::vector<std::int32_t> checkpoint_eos_token_ids(const std::string& model_dir, int vocab_size) {
   namespace fs = std::filesystem;
   for (const char* name : {"generation_config.json", "config.json"}) {
     const fs::path path = fs::path(model_dir) / name;
     if (!fs::is_regular_file(path)) continue;
-    std::ifstream in(path, std::ios::binary);
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    DCP_CHECK(in.good() || in.eof(), io, "cannot read ", path.string());
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(ErrorCategory::io, str(path.string(), " is not valid JSON: ", e.what()));
-    }
+    const nlohmann::json j = read_json(path);
     // generation_config.json, when there is one, is the whole answer (as vLLM reads it).
     if (!j.is_object() || !j.contains("eos_token_id") || j["eos_token_id"].is_null()) return {};
     const nlohmann::json& v = j["eos_token_id"];
@@ -45,14 +52,7 @@ SamplingDefaults checkpoint_sampling_defaults(const std::string& model_dir) {
   const fs::path path = fs::path(model_dir) / "generation_config.json";
   SamplingDefaults d;
   if (!fs::is_regular_file(path)) return d;
-  std::ifstream in(path, std::ios::binary);
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(ErrorCategory::io, str(path.string(), " is not valid JSON: ", e.what()));
-  }
+  const nlohmann::json j = read_json(path);
   if (!j.is_object()) return d;
   // A number in [lo, hi] (lo excluded where `open_low`), or none when the field is absent.
   const auto number = [&](const char* key, double lo, double hi,
