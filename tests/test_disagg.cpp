@@ -284,6 +284,22 @@ TEST(Disaggregation, ThePrefillSidesPrefixCacheSharesPromptsPrefixes) {
 }
 
 // The prefill side hands over one token, not the prompt's logprobs: refused, naming the field.
+// The prefill side's token ends a request that stops there: adopting it does not decode on.
+TEST(Disaggregation, AFirstTokenThatStopsEndsTheRequest) {
+  auto rng = test::make_rng();
+  const ModelConfig c = preset_config("tiny", 1);
+  const auto w = make_synthetic_weights(55);
+  const DisaggCase k{1, 2, 2, 16};
+  RequestSpec r = test::request(0, test::random_tokens(rng, 12, c.vocab_size), 6);
+  const auto plain = test::run_engine(c, *w, monolithic(k), {r});
+  const std::int32_t first = plain.results[0].output_tokens[0];
+  r.stop_token_ids = {first};
+  const DisaggOutcome got = run_disagg(c, *w, k, {r});
+  ASSERT_EQ(got.results[0].state, RequestState::finished) << got.results[0].error;
+  EXPECT_EQ(got.results[0].output_tokens, std::vector<std::int32_t>{first});
+  EXPECT_EQ(got.results[0].finish_reason, FinishReason::stop);
+}
+
 TEST(Disaggregation, RefusesPromptLogprobs) {
   const ModelConfig c = preset_config("tiny", 1);
   const auto w = make_synthetic_weights(54);

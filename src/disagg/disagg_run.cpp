@@ -137,6 +137,7 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
     auto it = std::find_if(merged.begin(), merged.end(),
                            [&](const RequestResult& m) { return m.id == r.id; });
     it->state = r.state;
+    it->finish_reason = r.finish_reason;
     it->output_tokens = r.output_tokens;
     if (c.engine.record_logits)
       it->step_logits.insert(it->step_logits.end(), r.step_logits.begin(), r.step_logits.end());

@@ -259,9 +259,18 @@ void Engine::adopt(const RequestSpec& spec, std::int32_t first_token) {
             false,
             std::move(guide)};
   live.draft_pending = {first_token};
-  live.stopped = guide_ends(live, results_.back().output_tokens);
+  // The first token ends the request as emit() would have ended it there (a stop token the
+  // prefill side could choose only with min_tokens 0, a choice, a guide's end).
+  const std::vector<std::int32_t>& output = results_.back().output_tokens;
+  const auto& stops = spec.stop_token_ids;
+  live.stopped = std::find(stops.begin(), stops.end(), first_token) != stops.end() ||
+                 spec.sampling.completes_choice(output) || guide_ends(live, output);
   running_.push_back(std::move(live));
-  if (spec.max_new_tokens == 1) finish(running_.size() - 1, FinishReason::length);
+  if (running_.back().stopped) {
+    finish(running_.size() - 1, FinishReason::stop);
+  } else if (spec.max_new_tokens == 1) {
+    finish(running_.size() - 1, FinishReason::length);
+  }
 }
 
 std::int64_t Engine::waiting() const noexcept {
