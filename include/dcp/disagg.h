@@ -130,6 +130,14 @@ struct DisaggOutcome {
 DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& config,
                                 const std::vector<RequestSpec>& requests);
 
+// The prefill group: one group with TP = DCP = prefill_dcp_size.
+ParallelConfig prefill_group_config(int prefill_dcp_size);
+
+// What every disaggregated deployment needs of `spec` (its decode side) and the prefill group:
+// one decode replica, a prefill group that resolves, DCP sizes a transfer plan takes. Throws
+// dcp::Error (invalid_argument) naming the field.
+void check_disaggregation(const DeploymentSpec& spec, int prefill_dcp_size);
+
 // A whole disaggregated run through the deployment's launcher (threads or MPI): spec.parallel is
 // the decode group, spec.requests the workload; speculative decoding and the prefix cache are
 // refused. The report is the first decode rank's; every process receives every result.

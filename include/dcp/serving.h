@@ -102,6 +102,12 @@ struct ServeOptions {
   // which it may not pass.
   std::int64_t max_model_len = 0;
   std::chrono::milliseconds idle_tick{50};
+  // Prefill/decode disaggregation: > 0 puts a prefill group of this DCP (= TP) size in front of
+  // the deployment, as world ranks [0, prefill_dcp_size); the deployment's ranks follow it and
+  // decode. Each request's prompt (and first token) is computed there, its KV moved to the
+  // decode group when that group can hold the whole request, and decoded there (DisaggConfig's
+  // rules: one decode replica; the DCP sizes a transfer plan takes).
+  int prefill_dcp_size = 0;
 };
 
 // A latency histogram with fixed bucket bounds in seconds (Prometheus-style, cumulative on output).
@@ -178,12 +184,17 @@ class ServingDeployment {
 
  private:
   void rank_loop(Communicator& world);
+  // ServeOptions::prefill_dcp_size > 0: the prefill and decode groups' loop (src/disagg).
+  void disaggregated_rank_loop(Communicator& world);
+  // Frontend: the deployment has loaded; requests of up to `capacity_tokens` may come.
+  void become_ready(std::int64_t capacity_tokens);
   std::vector<std::uint8_t> take_control(bool engine_busy);
   void publish(const std::vector<std::vector<std::uint8_t>>& reports);
 
   DeploymentSpec spec_;
   ServeOptions options_;
-  Topology topology_;
+  Topology topology_;   // the decoding ranks' (all of them without disaggregation)
+  int world_size_ = 0;  // with the prefill group, when disaggregated
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::function<void()> on_ready_;

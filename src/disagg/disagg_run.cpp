@@ -6,17 +6,25 @@
 #include "dcp/timing.h"
 
 namespace dcp {
-namespace {
 
-// The prefill side is one group with TP = DCP = prefill_dcp_size.
-ParallelConfig prefill_side(int prefill_dcp_size) {
+ParallelConfig prefill_group_config(int prefill_dcp_size) {
   ParallelConfig p;
   p.tp_size = prefill_dcp_size;
   p.dcp_size = prefill_dcp_size;
   return p;
 }
 
-}  // namespace
+void check_disaggregation(const DeploymentSpec& spec, int prefill_dcp_size) {
+  DCP_ARG_CHECK(prefill_dcp_size >= 1, "disaggregation: prefill_dcp_size = ", prefill_dcp_size,
+                " must be >= 1");
+  DCP_ARG_CHECK(spec.parallel.dp_size == 1,
+                "disaggregation: decode dp_size = ", spec.parallel.dp_size,
+                " is not supported (legal: 1)");
+  resolve(prefill_group_config(prefill_dcp_size));
+  const ModelOptions& m = spec.model_options;
+  make_transfer_plan({prefill_dcp_size, m.page_size, m.kv_dtype, m.kv_interleave},
+                     {spec.parallel.dcp_size, m.page_size, m.kv_dtype, m.kv_interleave}, 0, 0);
+}
 
 DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
                                 const std::vector<RequestSpec>& requests) {
@@ -27,7 +35,7 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
     DCP_ARG_CHECK(r.prompt_logprobs < 0, "disaggregation: request ", r.id,
                   ": prompt_logprobs is not supported (legal: -1)");
   }
-  const Topology prefill_topo = resolve(prefill_side(a));
+  const Topology prefill_topo = resolve(prefill_group_config(a));
   const Topology decode_topo = resolve(c.decode);
   DCP_ARG_CHECK(world.size() == a + t, "disaggregation needs ", a + t, " ranks (prefill_dcp_size ",
                 a, " + decode tp_size ", t, "), the world has ", world.size());
@@ -158,7 +166,7 @@ Launched<DeploymentReport> run_disaggregated_deployment(const DeploymentSpec& sp
   c.model_options = spec.model_options;
   c.engine = spec.engine;
   c.draft = spec.draft;
-  resolve(prefill_side(prefill_dcp_size));
+  resolve(prefill_group_config(prefill_dcp_size));
   const Topology decode_topo = resolve(spec.parallel);
   LaunchOptions lo;
   lo.transport = spec.transport;

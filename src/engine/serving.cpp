@@ -6,100 +6,12 @@
 #include <unordered_map>
 
 #include "core/bytes.h"
+#include "dcp/disagg.h"
 #include "dcp/prefix_router.h"
 #include "engine/logprobs_bytes.h"
+#include "engine/serving_wire.h"
 
 namespace dcp {
-namespace {
-
-void write_spec(ByteWriter& w, const RequestSpec& r) {
-  w.i64(r.id);
-  w.vec(r.prompt);
-  w.i64(r.max_new_tokens);
-  w.f64(r.sampling.temperature);
-  w.f64(r.sampling.top_p);
-  w.i64(r.sampling.top_k);
-  w.f64(r.sampling.min_p);
-  w.i64(static_cast<std::int64_t>(r.sampling.seed));
-  w.f64(r.sampling.repetition_penalty);
-  w.f64(r.sampling.presence_penalty);
-  w.f64(r.sampling.frequency_penalty);
-  w.i64(static_cast<std::int64_t>(r.sampling.logit_bias.size()));
-  for (const auto& [token, bias] : r.sampling.logit_bias) {
-    w.i64(token);
-    w.f64(bias);
-  }
-  w.vec(r.sampling.allowed_token_ids);
-  w.i64(static_cast<std::int64_t>(r.sampling.bad_words.size()));
-  for (const auto& word : r.sampling.bad_words) w.vec(word);
-  w.i64(static_cast<std::int64_t>(r.sampling.choices.size()));
-  for (const auto& choice : r.sampling.choices) w.vec(choice);
-  w.str(r.sampling.regex);
-  w.i64(r.sampling.json_object ? 1 : 0);
-  w.str(r.sampling.grammar);
-  w.vec(r.sampling.guide_after);
-  w.vec(r.stop_token_ids);
-  w.i64(r.min_tokens);
-  w.i64(r.logprobs);
-  w.i64(r.prompt_logprobs);
-}
-
-RequestSpec read_spec(ByteReader& in) {
-  RequestSpec r;
-  r.id = in.i64();
-  r.prompt = in.vec<std::int32_t>();
-  r.max_new_tokens = static_cast<int>(in.i64());
-  r.sampling.temperature = in.f64();
-  r.sampling.top_p = in.f64();
-  r.sampling.top_k = static_cast<int>(in.i64());
-  r.sampling.min_p = in.f64();
-  r.sampling.seed = static_cast<std::uint64_t>(in.i64());
-  r.sampling.repetition_penalty = in.f64();
-  r.sampling.presence_penalty = in.f64();
-  r.sampling.frequency_penalty = in.f64();
-  for (std::int64_t n = in.i64(); n > 0; --n) {
-    const auto token = static_cast<std::int32_t>(in.i64());
-    r.sampling.logit_bias[token] = in.f64();
-  }
-  r.sampling.allowed_token_ids = in.vec<std::int32_t>();
-  for (std::int64_t n = in.i64(); n > 0; --n)
-    r.sampling.bad_words.push_back(in.vec<std::int32_t>());
-  for (std::int64_t n = in.i64(); n > 0; --n) r.sampling.choices.push_back(in.vec<std::int32_t>());
-  r.sampling.regex = in.str();
-  r.sampling.json_object = in.i64() != 0;
-  r.sampling.grammar = in.str();
-  r.sampling.guide_after = in.vec<std::int32_t>();
-  r.stop_token_ids = in.vec<std::int32_t>();
-  r.min_tokens = static_cast<int>(in.i64());
-  r.logprobs = static_cast<int>(in.i64());
-  r.prompt_logprobs = static_cast<int>(in.i64());
-  return r;
-}
-
-// What one rank reports after a step: its load, then (DP replicas' first ranks) each request's
-// news since the last report.
-struct RankLoad {
-  std::int64_t kv_rows = 0, kv_capacity_rows = 0, running = 0, waiting = 0;
-  PrefixCacheTokens cache;
-  // KV tokens its DP group's unfinished requests will hold (prompt + max_new_tokens each): every
-  // rank deals the next arrivals by these, from the same reports, so all deal alike.
-  std::int64_t dealt_tokens = 0;
-};
-
-// A request's news since `from` tokens were reported; its prompt logprobs go with the first.
-void write_news(ByteWriter& w, const RequestResult& r, std::size_t from) {
-  w.i64(r.id);
-  w.i64(static_cast<std::int64_t>(r.state));
-  w.i64(static_cast<std::int64_t>(r.finish_reason));
-  w.vec(std::vector<std::int32_t>(r.output_tokens.begin() + static_cast<std::ptrdiff_t>(from),
-                                  r.output_tokens.end()));
-  write_logprobs(w, r.logprobs, from);
-  write_logprobs(w, r.prompt_logprobs, from == 0 ? 0 : r.prompt_logprobs.size());
-  w.vec(std::vector<char>(r.error.begin(), r.error.end()));
-  w.i64(r.cached_prompt_tokens);
-}
-
-}  // namespace
 
 RequestSpec ServeRequest::spec(RequestId id) const {
   RequestSpec r;
@@ -177,8 +89,13 @@ ServingDeployment::ServingDeployment(DeploymentSpec spec, ServeOptions options)
                 " must be in [1, max_position_embeddings = ", positions, "] (the model's context)");
   spec_.engine.record_logits = false;  // a server never keeps whole logit rows
   spec_.engine.record_step_timings = false;  // nor a record of every step it ran
-  metrics_.kv_rows_used.assign(static_cast<std::size_t>(topology_.world_size), 0);
-  metrics_.kv_rows_capacity.assign(static_cast<std::size_t>(topology_.world_size), 0);
+  world_size_ = topology_.world_size;
+  if (options_.prefill_dcp_size > 0) {
+    check_disaggregation(spec_, options_.prefill_dcp_size);
+    world_size_ += options_.prefill_dcp_size;
+  }
+  metrics_.kv_rows_used.assign(static_cast<std::size_t>(world_size_), 0);
+  metrics_.kv_rows_capacity.assign(static_cast<std::size_t>(world_size_), 0);
 }
 
 ServingDeployment::~ServingDeployment() = default;
@@ -387,6 +304,15 @@ void ServingDeployment::publish(const std::vector<std::vector<std::uint8_t>>& re
   }
 }
 
+void ServingDeployment::become_ready(std::int64_t capacity_tokens) {
+  {
+    std::lock_guard lock(mutex_);
+    capacity_tokens_ = capacity_tokens;
+    ready_ = true;
+  }
+  if (on_ready_) on_ready_();
+}
+
 void ServingDeployment::rank_loop(Communicator& world) {
   RankSystem sys(world, topology_, spec_.model, spec_.model_options, spec_.engine, spec_.draft);
   Engine& engine = sys.engine();
@@ -399,14 +325,7 @@ void ServingDeployment::rank_loop(Communicator& world) {
   std::vector<std::int64_t> group_load(static_cast<std::size_t>(replicas), 0);
   std::unordered_map<RequestId, std::int64_t> mine;
   const bool frontend = world.rank() == 0;
-  if (frontend) {
-    {
-      std::lock_guard lock(mutex_);
-      capacity_tokens_ = model.allocator().capacity_tokens();
-      ready_ = true;
-    }
-    if (on_ready_) on_ready_();
-  }
+  if (frontend) become_ready(model.allocator().capacity_tokens());
   // With the prefix cache, a request goes to the group whose cache likely holds its prefix,
   // unless that group holds a quarter of a group's KV more than the least loaded one.
   std::optional<PrefixRouter> router;
@@ -535,10 +454,16 @@ void ServingDeployment::run(const std::function<void()>& on_ready) {
   on_ready_ = on_ready;
   LaunchOptions lo;
   lo.transport = spec_.transport;
-  lo.world_size = topology_.world_size;
+  lo.world_size = world_size_;
   lo.comm_timeout = spec_.comm_timeout;
   try {
-    launch_ranks(lo, [&](Communicator& world, bool) { rank_loop(world); });
+    launch_ranks(lo, [&](Communicator& world, bool) {
+      if (options_.prefill_dcp_size > 0) {
+        disaggregated_rank_loop(world);
+      } else {
+        rank_loop(world);
+      }
+    });
   } catch (const std::exception& e) {
     // Nothing will answer the open requests: end them with the reason, then report it.
     std::lock_guard lock(mutex_);

@@ -1694,6 +1694,77 @@ def case_generation_config():
         check(code == 0, f"server exit {code}")
 
 
+def case_disaggregate():
+    """--disaggregate: a prefill group of DCP 1 computes prompts, their KV moves to the decode group
+    (TP 2 x DCP 2), which finishes them: greedy tokens are dcp run's undivided; seeded sampling,
+    logprobs, the prompt's logprobs (echo) and a stop token at the first token are what the
+    undivided server gives; the KV of every rank is free afterwards; 16 clients at once each get
+    the text of their request alone."""
+    flags = ("--tp-size", "2", "--dcp-size", "2", "--max-total-tokens", "512")
+    bodies = [
+        {"prompt": PROMPT, "max_tokens": 16, "temperature": 0, "ignore_eos": True},
+        {"prompt": PROMPT, "max_tokens": 12, "temperature": 0.9, "top_k": 30, "seed": 3, "logprobs": 2,
+         "ignore_eos": True},
+        {"prompt": PROMPT[:5], "max_tokens": 4, "temperature": 0, "echo": True, "logprobs": 1, "ignore_eos": True},
+        {"prompt": PROMPT[:2], "max_tokens": 1, "temperature": 0, "ignore_eos": True},
+    ]
+    undivided = Server(*flags)
+    try:
+        want = [undivided.post("/v1/completions", b)[1]["choices"][0] for b in bodies]
+        first = want[0]["token_ids"][0]
+        stop_body = {**bodies[0], "stop_token_ids": [first]}
+        want.append(undivided.post("/v1/completions", stop_body)[1]["choices"][0])
+    finally:
+        undivided.stop()
+    bodies.append(stop_body)
+    s = Server("--disaggregate", "--prefill-dcp-size", "1", *flags)
+    try:
+        check("3 ranks, prefill DCP 1 + decode TP 2, DCP 2" in s.banner, f"banner: {s.banner}")
+        run = run_tokens(PROMPT, 16, "--tp-size", "2", "--dcp-size", "2")
+        for body, w in zip(bodies, want):
+            status, r = s.post("/v1/completions", body)
+            c = r["choices"][0] if status == 200 else {}
+            same = c.get("token_ids") == w["token_ids"] and c.get("finish_reason") == w["finish_reason"]
+            lp, wlp = c.get("logprobs"), w["logprobs"]
+            if wlp:
+                same = same and lp["tokens"] == wlp["tokens"] and all(
+                    (a is None and b is None) or abs(a - b) < 1e-4
+                    for a, b in zip(lp["token_logprobs"], wlp["token_logprobs"]))
+            check(same, f"disaggregated {body}: {r} against {w}")
+        check(want[0]["token_ids"] == run, f"undivided server {want[0]['token_ids']} != dcp run {run}")
+        check(want[-1]["token_ids"] == [first] and want[-1]["finish_reason"] == "stop",
+              f"a stop token as the first token: {want[-1]}")
+        status, _, events = s.stream("/v1/completions", {**bodies[0], "stream": True})
+        streamed = "".join(e["choices"][0]["text"] for e in events[:-1] if e["choices"])
+        check(status == 200 and events[-1] == "[DONE]" and streamed == want[0]["text"],
+              f"a disaggregated stream gives the whole reply's text: {streamed!r} against {want[0]['text']!r}")
+        got = {}
+
+        def client(i):
+            body = {"prompt": PROMPT[i % 7:] + [i + 1], "max_tokens": 6 + i % 5, "temperature": 0,
+                    "ignore_eos": True}
+            got[i] = (body, s.post("/v1/completions", body))
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for i in range(16):
+            body, (status, r) = got[i]
+            alone = s.post("/v1/completions", body)[1]
+            check(status == 200 and r["choices"][0]["token_ids"] == alone["choices"][0]["token_ids"],
+                  f"client {i} at once {r} against alone {alone}")
+        for _ in range(100):  # the last step's report may still be on its way
+            rows = [v for k, v in s.metrics().items() if k.startswith("dcp_kv_rows_used")]
+            if all(v == 0 for v in rows):
+                break
+            time.sleep(0.02)
+        check(len(rows) == 3 and all(v == 0 for v in rows), f"every rank's KV is free: {rows}")
+    finally:
+        code, _ = s.stop()
+        check(code == 0, f"server exit {code}")
+
+
 def case_max_model_len():
     """--max-model-len: a request's prompt and new tokens together at most; past it a 400 naming
     max_tokens, or the prompt's own field where the prompt alone reaches it; without max_tokens the
@@ -1833,12 +1904,18 @@ def case_shutdown():
     check(code == 0 and "stopped" in out, f"exit {code}: {out!r}")
 
 
-def case_mpi(mpiexec):
+def case_mpi(mpiexec, disaggregate=False):
     """Under mpirun, one rank per process (DP attention: two attention groups of TP 2 x DCP 2
-    in a TP 4 group): rank 0 serves, the others follow; greedy tokens equal dcp run's, with two
-    requests at once (the second goes to the other group, which has more free KV)."""
-    flags = ("--tp-size", "4", "--dp-size", "2", "--enable-dp-attention", "--dcp-size", "2")
-    s = Server("--comm", "mpi", *flags, launcher=(mpiexec, "-np", "4"))
+    in a TP 4 group; or disaggregated: a prefill rank and a decode group of TP 2 x DCP 2, the KV
+    moving between processes): rank 0 serves, the others follow; greedy tokens equal dcp run's,
+    with two requests at once (with DP attention the second goes to the other group, which has more
+    free KV)."""
+    if disaggregate:
+        flags = ("--tp-size", "2", "--dcp-size", "2")
+        s = Server("--comm", "mpi", "--disaggregate", *flags, launcher=(mpiexec, "-np", "3"))
+    else:
+        flags = ("--tp-size", "4", "--dp-size", "2", "--enable-dp-attention", "--dcp-size", "2")
+        s = Server("--comm", "mpi", *flags, launcher=(mpiexec, "-np", "4"))
     try:
         want = run_tokens(PROMPT, 12, *flags)
         got = {}
@@ -1866,7 +1943,8 @@ def case_mpi(mpiexec):
         c = r["choices"][0] if status == 200 else {}
         check(status == 200 and (c["finish_reason"] == "length" or isinstance(json.loads(c["text"]), dict)),
               f"mpi json_object: {r}")
-        print("mpi: greedy with DP attention, a chat stream, a regex and JSON mode checked", flush=True)
+        print("mpi: greedy", "disaggregated" if disaggregate else "with DP attention",
+              "a chat stream, a regex and JSON mode checked", flush=True)
     finally:
         # mpirun exits 1 when it is signalled itself, even if every rank exits 0: signal rank 0,
         # which shuts the job down, as an operator would.
@@ -1899,7 +1977,7 @@ CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_
                                      case_metrics_and_models]}
 
 OWN_SERVER = {f.__name__[5:]: f for f in [case_chat_template, case_tools, case_reasoning, case_prefix_cache, case_checkpoint_eos,
-                                          case_generation_config,
+                                          case_generation_config, case_disaggregate,
                                           case_max_model_len, case_api_key, case_queue_bound, case_shutdown]}
 
 
@@ -1911,8 +1989,8 @@ def main():
         resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
     subprocess.run([DCP, "gen-checkpoint", "--out", CKPT, "--num-layers", "2"], check=True, stdout=subprocess.DEVNULL)
     args = sys.argv[2:]
-    if args[:1] == ["mpi"]:
-        case_mpi(args[1])
+    if args[:1] in (["mpi"], ["mpi_disaggregate"]):
+        case_mpi(args[1], disaggregate=args[0] == "mpi_disaggregate")
     else:
         wanted = args or list(CASES) + list(OWN_SERVER)
         shared = [n for n in wanted if n in CASES]

@@ -166,14 +166,6 @@ void add_run_command(CLI::App& app) {
                                    ->capture_default_str();
   // Given prompts leave nothing for the synthetic workload's flags to shape.
   prompt_tokens->excludes(batch)->excludes(prompt_len)->excludes(shared_prefix);
-  CLI::Option* disaggregate =
-      cmd->add_flag("--disaggregate", o->disaggregate,
-                    "prefill on its own group, move the KV, decode on the --dcp-size group");
-  cmd->add_option("--prefill-dcp-size", o->prefill_dcp_size,
-                  "DCP (= TP) size of the prefill group with --disaggregate")
-      ->check(at_least(1))
-      ->capture_default_str()
-      ->needs(disaggregate);
   cmd->callback([o] { set_exit_code(run(*o)); });
 }
 

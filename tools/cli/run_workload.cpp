@@ -291,6 +291,15 @@ void add_deployment_flags(CLI::App* cmd, RunOptions& o) {
   cmd->add_option("--dcp-extend", o.dcp_extend, "prefill over a cached prefix: gather or native")
       ->check(one_of({"gather", "native"}))
       ->capture_default_str();
+  CLI::Option* disaggregate = cmd->add_flag(
+      "--disaggregate", o.disaggregate,
+      "prefill on a group of its own (world ranks before the others), move the KV, decode on "
+      "the --tp-size/--dcp-size group");
+  cmd->add_option("--prefill-dcp-size", o.prefill_dcp_size,
+                  "DCP (= TP) size of the prefill group with --disaggregate")
+      ->check(at_least(1))
+      ->capture_default_str()
+      ->needs(disaggregate);
 }
 
 int launcher_world_size() {

@@ -128,6 +128,7 @@ int serve(const ServeFlags& f) {
                 " passes the model's context, max_position_embeddings = ", positions,
                 " (legal: 1 to ", positions, ")");
   so.max_model_len = f.max_model_len;
+  so.prefill_dcp_size = o.disaggregate ? o.prefill_dcp_size : 0;
   ServingDeployment deployment(w.spec, so);
   if (!frontend) {  // follows rank 0's decisions until it shuts down
     deployment.run();
@@ -192,10 +193,13 @@ int serve(const ServeFlags& f) {
                                               : "required or named only",
                           ", reasoning: ", f.reasoning_parser)
                     : "";
+      const std::string prefill =
+          so.prefill_dcp_size > 0 ? str("prefill DCP ", so.prefill_dcp_size, " + decode ") : "";
       std::printf(
-          "dcp serve: listening on http://%s:%d (model '%s', %d ranks, TP %d, DCP %d, "
+          "dcp serve: listening on http://%s:%d (model '%s', %d ranks, %sTP %d, DCP %d, "
           "KV %lld tokens, context %lld, %s%s)\n",
-          f.host.c_str(), port, ao.model_name.c_str(), w.spec.parallel.world_size(),
+          f.host.c_str(), port, ao.model_name.c_str(),
+          w.spec.parallel.world_size() + so.prefill_dcp_size, prefill.c_str(),
           w.spec.parallel.tp_size, w.spec.parallel.dcp_size,
           static_cast<long long>(deployment.kv_capacity_tokens()),
           static_cast<long long>(deployment.context_tokens()),
