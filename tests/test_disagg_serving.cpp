@@ -81,20 +81,37 @@ std::vector<StreamUpdate> serve_all(ServingDeployment& server,
   return got;
 }
 
+struct Split {
+  int prefill_dcp, tp, dcp, dp;
+  bool dp_attention;
+};
+
+DeploymentSpec decode_spec(const WeightSource& w, const Split& k) {
+  DeploymentSpec s = small_spec(w, k.tp, k.dcp, k.dp);
+  s.parallel.enable_dp_attention = k.dp_attention;
+  return s;
+}
+
 TEST(DisaggregatedServing, StreamsWhatAnUndividedServerStreams) {
   const auto w = make_synthetic_weights(41);
   const std::vector<ServeRequest> requests = workload(*w);
-  std::vector<StreamUpdate> want;
-  {
-    Running undivided(small_spec(*w, 2, 2));
-    want = serve_all(*undivided, requests);
-  }
-  // Prefill DCP 1 relayouts into decode DCP 2; prefill DCP 2 moves pages as they are.
-  for (const int prefill : {1, 2}) {
-    Running server(small_spec(*w, 2, 2), disaggregated(prefill));
+  // Prefill DCP 1 relayouts into decode DCP 2; prefill DCP 2 moves pages as they are; decode
+  // replicas (two attention groups of TP 2 x DCP 2 in TP 4; two TP 1 replicas) each take what
+  // their KV holds.
+  for (const Split split : {Split{1, 2, 2, 1, false}, Split{2, 2, 2, 1, false},
+                            Split{1, 4, 2, 2, true}, Split{1, 1, 1, 2, false}}) {
+    std::vector<StreamUpdate> want;
+    {
+      Running undivided(decode_spec(*w, split));
+      want = serve_all(*undivided, requests);
+    }
+    Running server(decode_spec(*w, split), disaggregated(split.prefill_dcp));
     const std::vector<StreamUpdate> got = serve_all(*server, requests);
+    const int prefill = split.prefill_dcp;
     for (std::size_t i = 0; i < requests.size(); ++i) {
-      SCOPED_TRACE(testing::Message() << "prefill DCP " << prefill << ", request " << i);
+      SCOPED_TRACE(testing::Message()
+                   << "prefill DCP " << prefill << ", decode TP " << split.tp << " DCP "
+                   << split.dcp << " DP " << split.dp << ", request " << i);
       EXPECT_TRUE(got[i].error.empty()) << got[i].error;
       EXPECT_EQ(got[i].tokens, want[i].tokens);
       EXPECT_EQ(got[i].finish_reason, want[i].finish_reason);
@@ -120,7 +137,8 @@ TEST(DisaggregatedServing, StreamsWhatAnUndividedServerStreams) {
     for (const StreamUpdate& u : got) tokens += static_cast<std::int64_t>(u.tokens.size());
     EXPECT_EQ(m.generation_tokens, tokens);
     EXPECT_EQ(m.time_to_first_token.count, static_cast<std::int64_t>(requests.size()));
-    ASSERT_EQ(m.kv_rows_used.size(), static_cast<std::size_t>(prefill + 2));  // + TP 2
+    const int decode_ranks = split.dp_attention ? split.tp : split.tp * split.dp;
+    ASSERT_EQ(m.kv_rows_used.size(), static_cast<std::size_t>(prefill + decode_ranks));
     for (const std::int64_t rows : settled_kv_rows(*server)) EXPECT_EQ(rows, 0);
   }
 }
@@ -144,6 +162,42 @@ TEST(DisaggregatedServing, ComputedPromptsWaitForTheDecodeGroupsKv) {
     EXPECT_TRUE(got[i].error.empty()) << got[i].error;
   }
   EXPECT_EQ(server->metrics().requests_finished, 5);
+  for (const std::int64_t rows : settled_kv_rows(*server)) EXPECT_EQ(rows, 0);
+}
+
+// Two decode replicas (attention groups of TP 2 x DCP 2): a request the first cannot hold beside
+// its running one goes to the second, which decodes it at once (it would wait for the first
+// request's 1000 tokens otherwise).
+TEST(DisaggregatedServing, EachDecodeReplicaTakesWhatItsKvHolds) {
+  auto rng = test::make_rng();
+  const auto w = make_synthetic_weights(45);
+  DeploymentSpec spec = small_spec(*w, 4, 2, 2, 1100);
+  spec.parallel.enable_dp_attention = true;
+  Running server(spec, disaggregated(1));
+  const auto a = server->submit(greedy(test::random_tokens(rng, 10, 64), 1000));
+  std::size_t a_tokens = 0;
+  while (a_tokens < 2) {
+    const std::optional<StreamUpdate> u = a->next(10s);
+    ASSERT_TRUE(u.has_value());
+    a_tokens += u->tokens.size();
+  }
+  const auto b = server->submit(greedy(test::random_tokens(rng, 10, 64), 200));
+  std::size_t b_tokens = 0;
+  while (b_tokens < 2) {  // its second token: decoded, so moved
+    const std::optional<StreamUpdate> u = b->next(10s);
+    ASSERT_TRUE(u.has_value());
+    ASSERT_FALSE(u->finished);
+    b_tokens += u->tokens.size();
+  }
+  const ServeMetrics m = server->metrics();
+  ASSERT_EQ(m.kv_rows_used.size(), 5u);  // world rank 0 prefills; 1-2 and 3-4 decode
+  EXPECT_FALSE(a->timing().finished.has_value());
+  for (std::size_t rank = 1; rank < 5; ++rank)
+    EXPECT_GT(m.kv_rows_used[rank], 0) << "decode rank " << rank << " holds no request";
+  a->cancel();
+  b->cancel();
+  EXPECT_EQ(drain_stream(*a).finish_reason, FinishReason::cancelled);
+  EXPECT_EQ(drain_stream(*b).finish_reason, FinishReason::cancelled);
   for (const std::int64_t rows : settled_kv_rows(*server)) EXPECT_EQ(rows, 0);
 }
 
@@ -191,8 +245,8 @@ TEST(DisaggregatedServing, CancelAndShutdownEndRequestsAtEveryStage) {
 TEST(DisaggregatedServing, RefusesWhatItCannotMove) {
   const auto w = make_synthetic_weights(44);
   EXPECT_TRUE(
-      test::throws_error([&] { ServingDeployment(small_spec(*w, 1, 1, 2), disaggregated(1)); },
-                         ErrorCategory::invalid_argument, "dp_size"));
+      test::throws_error([&] { ServingDeployment(small_spec(*w, 1, 1), disaggregated(-1)); },
+                         ErrorCategory::invalid_argument, "prefill_dcp_size = -1"));
   // Prefill DCP 2 -> decode DCP 3: neither equal sizes nor a DCP 1 prefill.
   EXPECT_TRUE(test::throws_error([&] { ServingDeployment(small_spec(*w, 3, 3), disaggregated(2)); },
                                  ErrorCategory::invalid_argument,

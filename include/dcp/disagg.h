@@ -85,10 +85,11 @@ struct TransportOptions {
 
 // Moves the KV of `items` (all layers) from the prefill shards to the decode shards. Every
 // world rank calls it with the same items; a prefill rank passes its shards (one per layer) and
-// no decode allocator, a decode rank its shards and the allocator replica to allocate in. A
-// request whose payload fails its checksum on any decode rank, or does not fit, fails on every
-// decode rank and leaves every other request's KV untouched. Returns the decode side's results
-// (empty on prefill ranks).
+// no decode allocator, a decode rank its shards, the allocator replica to allocate in and the
+// group that holds the requests (every rank of roles.decode_ranks: its attention group); a rank
+// in neither role (another decode replica's) passes nothing. A request whose payload fails its
+// checksum on any decode rank, or does not fit, fails on every decode rank and leaves every
+// other request's KV untouched. Returns the decode side's results (empty on other ranks).
 std::vector<TransferResult> transfer_kv(Communicator& world, Communicator* decode_group,
                                         const DisaggRoles& roles,
                                         const std::vector<TransferItem>& items,
@@ -134,8 +135,8 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& config,
 ParallelConfig prefill_group_config(int prefill_dcp_size);
 
 // What every disaggregated deployment needs of `spec` (its decode side) and the prefill group:
-// one decode replica, a prefill group that resolves, DCP sizes a transfer plan takes. Throws
-// dcp::Error (invalid_argument) naming the field.
+// a prefill group that resolves, DCP sizes a transfer plan takes. Throws dcp::Error
+// (invalid_argument) naming the field.
 void check_disaggregation(const DeploymentSpec& spec, int prefill_dcp_size);
 
 // A whole disaggregated run through the deployment's launcher (threads or MPI): spec.parallel is

@@ -17,9 +17,6 @@ ParallelConfig prefill_group_config(int prefill_dcp_size) {
 void check_disaggregation(const DeploymentSpec& spec, int prefill_dcp_size) {
   DCP_ARG_CHECK(prefill_dcp_size >= 1, "disaggregation: prefill_dcp_size = ", prefill_dcp_size,
                 " must be >= 1");
-  DCP_ARG_CHECK(spec.parallel.dp_size == 1,
-                "disaggregation: decode dp_size = ", spec.parallel.dp_size,
-                " is not supported (legal: 1)");
   resolve(prefill_group_config(prefill_dcp_size));
   const ModelOptions& m = spec.model_options;
   make_transfer_plan({prefill_dcp_size, m.page_size, m.kv_dtype, m.kv_interleave},
@@ -110,8 +107,8 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
   std::vector<KvShard*> shards;
   for (int l = 0; l < model.config().num_hidden_layers; ++l) shards.push_back(&model.kv_shard(l));
   t0 = Clock::now();
-  out.transfers = transfer_kv(world, is_decode ? &sys.dcp_group() : nullptr, roles, items, shards,
-                              is_decode ? &model.allocator() : nullptr, c.transport);
+  out.transfers = transfer_kv(world, is_decode ? &sys.attn_tp_group() : nullptr, roles, items,
+                              shards, is_decode ? &model.allocator() : nullptr, c.transport);
   out.transfer_ms = ms_since(t0);
   for (const TransferResult& r : out.transfers) out.bytes_received += r.bytes_received;
   world.barrier();

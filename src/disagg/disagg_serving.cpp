@@ -62,39 +62,45 @@ void ServingDeployment::disaggregated_rank_loop(Communicator& world) {
   Engine& engine = sys.engine();
   MlaModel& model = sys.model();
   const bool frontend = world.rank() == 0;
-  const bool reporter = world.rank() == 0 || world.rank() == prefill_size;
+  // The prefill group's first rank, and each decode replica's (DP replica or attention group).
+  const bool reporter = world.rank() == 0 || (is_decode && sys.placement().attn_tp_rank == 0);
+  const int replicas = spec_.parallel.dp_size;
 
   // Each group's logical capacity (the decode group's draft's too) and virtual page: a request
   // must fit both groups, and the decode group's reservations count whole pages.
-  std::int64_t mine[2] = {model.allocator().capacity_tokens(),
-                          model.allocator().virtual_page_size()};
+  std::int64_t sized[2] = {model.allocator().capacity_tokens(),
+                           model.allocator().virtual_page_size()};
   if (MlaModel* draft = sys.draft())
-    mine[0] = std::min(mine[0], draft->allocator().capacity_tokens());
+    sized[0] = std::min(sized[0], draft->allocator().capacity_tokens());
   std::vector<std::int64_t> sizes(2 * static_cast<std::size_t>(world.size()));
-  world.all_gather(mine, sizes.data(), sizeof mine);
+  world.all_gather(sized, sizes.data(), sizeof sized);
   const std::int64_t decode_page = sizes[2 * static_cast<std::size_t>(prefill_size) + 1];
   // Whole pages (a draft's capacity need not be), so that every request that fits is moved.
   const std::int64_t decode_capacity =
       sizes[2 * static_cast<std::size_t>(prefill_size)] / decode_page * decode_page;
   if (frontend) become_ready(std::min(sizes[0], decode_capacity));
 
-  DisaggRoles roles;
-  roles.prefill = {prefill_size, spec_.model_options.page_size, spec_.model_options.kv_dtype,
-                   spec_.model_options.kv_interleave};
-  roles.decode = {spec_.parallel.dcp_size, spec_.model_options.page_size,
-                  spec_.model_options.kv_dtype, spec_.model_options.kv_interleave};
-  for (int r = 0; r < prefill_size; ++r) roles.prefill_ranks.push_back(r);
+  // Who takes part in a move to each decode replica: the prefill group and that replica's ranks.
+  std::vector<DisaggRoles> roles(static_cast<std::size_t>(replicas));
+  for (DisaggRoles& r : roles) {
+    r.prefill = {prefill_size, spec_.model_options.page_size, spec_.model_options.kv_dtype,
+                 spec_.model_options.kv_interleave};
+    r.decode = {spec_.parallel.dcp_size, spec_.model_options.page_size,
+                spec_.model_options.kv_dtype, spec_.model_options.kv_interleave};
+    for (int k = 0; k < prefill_size; ++k) r.prefill_ranks.push_back(k);
+  }
   for (const RankPlacement& p : topology_.ranks) {
-    roles.decode_ranks.push_back(prefill_size + p.global_rank);
-    roles.decode_dcp_rank.push_back(p.dcp_rank);
+    DisaggRoles& r = roles[static_cast<std::size_t>(p.dp_rank)];
+    r.decode_ranks.push_back(prefill_size + p.global_rank);
+    r.decode_dcp_rank.push_back(p.dcp_rank);
   }
   std::vector<KvShard*> shards;
   for (int l = 0; l < model.config().num_hidden_layers; ++l) shards.push_back(&model.kv_shard(l));
 
-  // Every rank alike: computed prompts waiting to move, in order, and the decode group's
+  // Every rank alike: computed prompts waiting to move, in order, and each decode replica's
   // reservations as its last report gave them.
   std::deque<Handoff> ready;
-  std::int64_t decode_reserved = 0;
+  std::vector<std::int64_t> decode_reserved(static_cast<std::size_t>(replicas), 0);
   // The prefill group: what arrived, until it leaves; results already handed off or reported.
   std::unordered_map<RequestId, RequestSpec> arrived;
   std::unordered_set<RequestId> settled;
@@ -238,10 +244,13 @@ void ServingDeployment::disaggregated_rank_loop(Communicator& world) {
       std::memcpy(&l, bytes.data(), sizeof l);
       busy_anywhere = busy_anywhere || l.running > 0 || l.waiting > 0;
     }
-    RankLoad decode_load;
-    std::memcpy(&decode_load, reports[static_cast<std::size_t>(prefill_size)].data(),
-                sizeof decode_load);
-    decode_reserved = decode_load.dealt_tokens;
+    for (const RankPlacement& p : topology_.ranks) {
+      if (p.attn_tp_rank != 0) continue;
+      RankLoad l;
+      std::memcpy(&l, reports[static_cast<std::size_t>(prefill_size + p.global_rank)].data(),
+                  sizeof l);
+      decode_reserved[static_cast<std::size_t>(p.dp_rank)] = l.dealt_tokens;
+    }
 
     // This step's handoffs, from the prefill group's first rank to every rank.
     {
@@ -261,29 +270,42 @@ void ServingDeployment::disaggregated_rank_loop(Communicator& world) {
       ready.push_back(std::move(h));
     }
 
-    // Move, in order, what the decode group can hold beside what it holds (a cancelling
-    // shutdown moves nothing: the next step ends them).
-    std::vector<Handoff> moving;
-    while (!ready.empty() && !(stopping && !drain) &&
-           decode_reserved + ready.front().reserve <= decode_capacity) {
-      decode_reserved += ready.front().reserve;
-      moving.push_back(std::move(ready.front()));
+    // Move, in order, what the decode replicas can hold beside what they hold, each to the
+    // replica with the fewest tokens reserved (ties to the lower; a cancelling shutdown moves
+    // nothing: the next step ends them).
+    std::vector<std::vector<Handoff>> moving(static_cast<std::size_t>(replicas));
+    bool moved_any = false;
+    while (!ready.empty() && !(stopping && !drain)) {
+      const std::int64_t need = ready.front().reserve;
+      std::size_t to = decode_reserved.size();
+      for (std::size_t g = 0; g < decode_reserved.size(); ++g) {
+        if (decode_reserved[g] + need <= decode_capacity &&
+            (to == decode_reserved.size() || decode_reserved[g] < decode_reserved[to]))
+          to = g;
+      }
+      if (to == decode_reserved.size()) break;
+      decode_reserved[to] += need;
+      moving[to].push_back(std::move(ready.front()));
       ready.pop_front();
+      moved_any = true;
     }
-    if (!moving.empty()) {
+    for (std::size_t g = 0; g < moving.size(); ++g) {
+      if (moving[g].empty()) continue;
+      const bool mine = is_decode && sys.placement().dp_rank == static_cast<int>(g);
       std::vector<TransferItem> items;
-      for (const Handoff& h : moving)
+      for (const Handoff& h : moving[g])
         items.push_back({h.spec.id, static_cast<std::int64_t>(h.spec.prompt.size())});
       const std::vector<TransferResult> results =
-          transfer_kv(world, is_decode ? &sys.dcp_group() : nullptr, roles, items, shards,
-                      is_decode ? &model.allocator() : nullptr);
-      for (std::size_t i = 0; i < moving.size(); ++i) {
-        const Handoff& h = moving[i];
+          transfer_kv(world, mine ? &sys.attn_tp_group() : nullptr, roles[g], items, shards,
+                      mine ? &model.allocator() : nullptr);
+      for (std::size_t i = 0; i < moving[g].size(); ++i) {
+        const Handoff& h = moving[g][i];
         const RequestId id = h.spec.id;
         if (!is_decode) {
           leave_prefill(id, true);
           continue;
         }
+        if (!mine) continue;
         if (!results[i].ok) {
           endings.push_back(
               ending(id, FinishReason::none,
@@ -303,7 +325,7 @@ void ServingDeployment::disaggregated_rank_loop(Communicator& world) {
       }
     }
     // (Every rank knows both; a decode rank's endings come from these moves.)
-    busy_anywhere = busy_anywhere || !ready.empty() || !moving.empty();
+    busy_anywhere = busy_anywhere || !ready.empty() || moved_any;
     if (stopping && !busy_anywhere) break;
   }
 }

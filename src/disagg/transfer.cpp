@@ -66,8 +66,9 @@ std::vector<TransferResult> transfer_kv(Communicator& world, Communicator* decod
   const auto decode_it = std::find(roles.decode_ranks.begin(), roles.decode_ranks.end(), me);
   const bool is_prefill = prefill_it != roles.prefill_ranks.end();
   const bool is_decode = decode_it != roles.decode_ranks.end();
-  DCP_ARG_CHECK(is_prefill != is_decode, "world rank ", me,
-                " must be exactly one of prefill or decode");
+  DCP_ARG_CHECK(!(is_prefill && is_decode), "world rank ", me,
+                " must not be both a prefill and a decode rank");
+  if (!is_prefill && !is_decode) return {};  // another decode replica's transfer
   DCP_ARG_CHECK(!is_decode || (decode_allocator && decode_group),
                 "a decode rank needs its allocator and group");
   const std::size_t row_bytes =

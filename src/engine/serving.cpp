@@ -89,6 +89,8 @@ ServingDeployment::ServingDeployment(DeploymentSpec spec, ServeOptions options)
                 " must be in [1, max_position_embeddings = ", positions, "] (the model's context)");
   spec_.engine.record_logits = false;  // a server never keeps whole logit rows
   spec_.engine.record_step_timings = false;  // nor a record of every step it ran
+  DCP_ARG_CHECK(options_.prefill_dcp_size >= 0, "prefill_dcp_size = ", options_.prefill_dcp_size,
+                " must be >= 0 (0: prefill and decode on the same ranks)");
   world_size_ = topology_.world_size;
   if (options_.prefill_dcp_size > 0) {
     check_disaggregation(spec_, options_.prefill_dcp_size);

@@ -1906,15 +1906,13 @@ def case_shutdown():
 
 def case_mpi(mpiexec, disaggregate=False):
     """Under mpirun, one rank per process (DP attention: two attention groups of TP 2 x DCP 2
-    in a TP 4 group; or disaggregated: a prefill rank and a decode group of TP 2 x DCP 2, the KV
-    moving between processes): rank 0 serves, the others follow; greedy tokens equal dcp run's,
-    with two requests at once (with DP attention the second goes to the other group, which has more
-    free KV)."""
+    in a TP 4 group; disaggregated, a prefill rank ahead of them, the KV moving between
+    processes): rank 0 serves, the others follow; greedy tokens equal dcp run's, with two requests
+    at once (the second goes to the other group, which has more free KV)."""
+    flags = ("--tp-size", "4", "--dp-size", "2", "--enable-dp-attention", "--dcp-size", "2")
     if disaggregate:
-        flags = ("--tp-size", "2", "--dcp-size", "2")
-        s = Server("--comm", "mpi", "--disaggregate", *flags, launcher=(mpiexec, "-np", "3"))
+        s = Server("--comm", "mpi", "--disaggregate", *flags, launcher=(mpiexec, "-np", "5"))
     else:
-        flags = ("--tp-size", "4", "--dp-size", "2", "--enable-dp-attention", "--dcp-size", "2")
         s = Server("--comm", "mpi", *flags, launcher=(mpiexec, "-np", "4"))
     try:
         want = run_tokens(PROMPT, 12, *flags)
