@@ -284,6 +284,44 @@ TEST(Disaggregation, ThePrefillSidesPrefixCacheSharesPromptsPrefixes) {
 }
 
 // The prefill side hands over one token, not the prompt's logprobs: refused, naming the field.
+// A decode side of DP replicas (two TP 1 replicas; two attention groups of TP 2 x DCP 2 in TP 4):
+// each request moves to the replica it is dealt to, which finishes it; the tokens are an
+// undivided run's, and every replica served some.
+TEST(Disaggregation, DecodeReplicasEachFinishTheRequestsDealtThem) {
+  auto rng = test::make_rng();
+  const auto w = make_synthetic_weights(56);
+  for (const bool dp_attention : {false, true}) {
+    DeploymentSpec spec;
+    spec.model.config = preset_config("tiny", 2);
+    spec.model.weights = w.get();
+    spec.parallel.tp_size = dp_attention ? 4 : 1;
+    spec.parallel.dp_size = 2;
+    spec.parallel.dcp_size = dp_attention ? 2 : 1;
+    spec.parallel.enable_dp_attention = dp_attention;
+    spec.model_options.kv_dtype = KvDtype::fp32;
+    spec.model_options.page_size = 16;
+    spec.model_options.kv_capacity_tokens = 4096;
+    for (const int len : {5, 70, 33, 130, 1})
+      spec.requests.push_back(test::request(static_cast<RequestId>(spec.requests.size()),
+                                            test::random_tokens(rng, len, 64), 6));
+    const DeploymentReport want = run_deployment(spec).report;
+    const DeploymentReport got = run_disaggregated_deployment(spec, 1).report;
+    ASSERT_EQ(got.results.size(), spec.requests.size());
+    for (std::size_t i = 0; i < spec.requests.size(); ++i) {
+      EXPECT_EQ(got.results[i].state, RequestState::finished) << got.results[i].error;
+      EXPECT_EQ(got.results[i].output_tokens, want.results[i].output_tokens)
+          << "DP attention " << dp_attention << ", request " << i;
+    }
+    ASSERT_EQ(got.ranks.size(), static_cast<std::size_t>(spec.parallel.world_size()));
+    std::int64_t served[2] = {0, 0};
+    for (const RankKv& k : got.ranks)
+      if (k.dcp_rank == 0) served[k.dp_rank] += k.requests;
+    EXPECT_GT(served[0], 0);
+    EXPECT_GT(served[1], 0);
+    EXPECT_EQ(served[0] + served[1], 5);
+  }
+}
+
 // The prefill side's token ends a request that stops there: adopting it does not decode on.
 TEST(Disaggregation, AFirstTokenThatStopsEndsTheRequest) {
   auto rng = test::make_rng();

@@ -102,8 +102,8 @@ std::vector<TransferResult> transfer_kv(Communicator& world, Communicator* decod
 struct DisaggConfig {
   ModelSource model;
   int prefill_dcp_size = 1;  // prefill group: TP = DCP = this, world ranks [0, prefill_dcp_size)
-  // The decode group, the next decode.tp_size world ranks (tp_size, dcp_size, backend; one
-  // replica, no attention DP).
+  // The decode side, the next world ranks (as many as its topology has): its DP replicas or
+  // attention groups each take the requests deal_requests gives them.
   ParallelConfig decode;
   ModelOptions model_options;  // page size, KV dtype, capacity (both sides)
   EngineOptions engine;
@@ -116,7 +116,10 @@ struct DisaggConfig {
 
 struct DisaggOutcome {
   bool is_decode = false;
-  std::vector<RequestResult> results;     // on decode ranks: first token (prefill) + decode steps
+  // On decode ranks, this replica's requests: first token (prefill) + decode steps.
+  std::vector<RequestResult> results;
+  bool reports_results = false;  // the first rank of a decode replica
+  RankKv kv;  // on decode ranks: the KV it held and the requests its replica served
   std::vector<TransferResult> transfers;  // on decode ranks
   std::int64_t bytes_received = 0;        // by this decode rank
   std::int64_t logical_capacity_tokens = 0;  // of the decode side's KV cache
@@ -127,7 +130,7 @@ struct DisaggOutcome {
 
 // Prefill on the prefill group (max_new_tokens 1, KV kept), first tokens broadcast, KV moved by
 // transfer_kv, decode adopts and finishes the requests. World size must be
-// prefill_dcp_size + decode.tp_size.
+// prefill_dcp_size + the decode topology's world size.
 DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& config,
                                 const std::vector<RequestSpec>& requests);
 
@@ -140,8 +143,9 @@ ParallelConfig prefill_group_config(int prefill_dcp_size);
 void check_disaggregation(const DeploymentSpec& spec, int prefill_dcp_size);
 
 // A whole disaggregated run through the deployment's launcher (threads or MPI): spec.parallel is
-// the decode group, spec.requests the workload; speculative decoding and the prefix cache are
-// refused. The report is the first decode rank's; every process receives every result.
+// the decode side (its DP replicas or attention groups included), spec.requests the workload;
+// the draft runs on the decode side, the prefix cache on the prefill side. The report is the first
+// decode rank's, with every decode rank's KV; every process receives every result.
 Launched<DeploymentReport> run_disaggregated_deployment(const DeploymentSpec& spec,
                                                         int prefill_dcp_size);
 

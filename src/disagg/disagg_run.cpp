@@ -25,17 +25,16 @@ void check_disaggregation(const DeploymentSpec& spec, int prefill_dcp_size) {
 
 DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
                                 const std::vector<RequestSpec>& requests) {
-  const int a = c.prefill_dcp_size, t = c.decode.tp_size;
-  DCP_ARG_CHECK(c.decode.dp_size == 1, "disaggregation: decode dp_size = ", c.decode.dp_size,
-                " is not supported (legal: 1)");
+  const int a = c.prefill_dcp_size;
   for (const RequestSpec& r : requests) {  // the prefill side hands over one token, not the rest
     DCP_ARG_CHECK(r.prompt_logprobs < 0, "disaggregation: request ", r.id,
                   ": prompt_logprobs is not supported (legal: -1)");
   }
   const Topology prefill_topo = resolve(prefill_group_config(a));
   const Topology decode_topo = resolve(c.decode);
+  const int t = decode_topo.world_size;
   DCP_ARG_CHECK(world.size() == a + t, "disaggregation needs ", a + t, " ranks (prefill_dcp_size ",
-                a, " + decode tp_size ", t, "), the world has ", world.size());
+                a, " + the decode side's ", t, "), the world has ", world.size());
   const KvLayoutSpec pre{a, c.model_options.page_size, c.model_options.kv_dtype,
                          c.model_options.kv_interleave};
   const KvLayoutSpec dec{c.decode.dcp_size, c.model_options.page_size, c.model_options.kv_dtype,
@@ -62,11 +61,13 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
 
   DisaggOutcome out;
   out.is_decode = is_decode;
+  out.reports_results = is_decode && sys.placement().attn_tp_rank == 0;
   const int vocab = model.config().vocab_size;
   const std::size_t n = requests.size();
   // 1. Prefill: the prompt and the first token; the KV stays for the transfer.
   std::vector<float> first(n * static_cast<std::size_t>(1 + vocab),
                            0.0f);  // [token, logits...] per request
+  world.barrier();                 // both sides loaded: the prefill time is the same on both
   auto t0 = Clock::now();
   if (!is_decode) {
     Engine& prefill = sys.engine();
@@ -89,26 +90,43 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
     }
     if (prefill.prefix_cache()) out.prefill_cache = prefill.prefix_cache()->stats();
   }
-  out.prefill_ms = ms_since(t0);
   world.broadcast(first.data(), first.size() * sizeof(float), 0);
+  out.prefill_ms = ms_since(t0);  // the decode side's too: it waits for the first tokens
 
-  // 2. Transfer.
-  DisaggRoles roles;
-  roles.prefill = pre;
-  roles.decode = dec;
-  for (int r = 0; r < a; ++r) roles.prefill_ranks.push_back(r);
-  for (int r = 0; r < t; ++r) {
-    roles.decode_ranks.push_back(a + r);
-    roles.decode_dcp_rank.push_back(decode_topo.ranks[static_cast<std::size_t>(r)].dcp_rank);
-  }
-  std::vector<TransferItem> items;
+  // 2. Transfer, each request to the decode replica (DP replica or attention group) it is dealt to.
+  const int replicas = c.decode.dp_size;
+  std::vector<std::int64_t> kv_tokens;
   for (const RequestSpec& r : requests)
-    items.push_back({r.id, static_cast<std::int64_t>(r.prompt.size())});
+    kv_tokens.push_back(static_cast<std::int64_t>(r.prompt.size()) + r.max_new_tokens);
+  const std::vector<int> dealt = deal_requests(kv_tokens, replicas);
+  const int my_replica = is_decode ? sys.placement().dp_rank : -1;
   std::vector<KvShard*> shards;
   for (int l = 0; l < model.config().num_hidden_layers; ++l) shards.push_back(&model.kv_shard(l));
   t0 = Clock::now();
-  out.transfers = transfer_kv(world, is_decode ? &sys.attn_tp_group() : nullptr, roles, items,
-                              shards, is_decode ? &model.allocator() : nullptr, c.transport);
+  std::vector<std::size_t> mine;  // indices of this replica's requests, in the order moved
+  for (int g = 0; g < replicas; ++g) {
+    DisaggRoles roles;
+    roles.prefill = pre;
+    roles.decode = dec;
+    for (int r = 0; r < a; ++r) roles.prefill_ranks.push_back(r);
+    for (const RankPlacement& p : decode_topo.ranks) {
+      if (p.dp_rank != g) continue;
+      roles.decode_ranks.push_back(a + p.global_rank);
+      roles.decode_dcp_rank.push_back(p.dcp_rank);
+    }
+    std::vector<TransferItem> items;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (dealt[i] != g) continue;
+      items.push_back({requests[i].id, static_cast<std::int64_t>(requests[i].prompt.size())});
+      if (g == my_replica) mine.push_back(i);
+    }
+    if (items.empty()) continue;
+    const bool member = g == my_replica;
+    std::vector<TransferResult> moved =
+        transfer_kv(world, member ? &sys.attn_tp_group() : nullptr, roles, items, shards,
+                    member ? &model.allocator() : nullptr, c.transport);
+    std::move(moved.begin(), moved.end(), std::back_inserter(out.transfers));
+  }
   out.transfer_ms = ms_since(t0);
   for (const TransferResult& r : out.transfers) out.bytes_received += r.bytes_received;
   world.barrier();
@@ -116,25 +134,26 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
 
   // 3. Decode: adopt what arrived, finish it.
   Engine& decode = sys.engine();
-  std::vector<RequestResult> merged(n);
-  for (std::size_t i = 0; i < n; ++i) {
-    merged[i].id = requests[i].id;
-    merged[i].output_tokens.push_back(static_cast<std::int32_t>(first[i * (1 + vocab)]));
+  std::vector<RequestResult> merged(mine.size());
+  for (std::size_t k = 0; k < mine.size(); ++k) {
+    const std::size_t i = mine[k];
+    RequestResult& m = merged[k];
+    m.id = requests[i].id;
+    m.output_tokens.push_back(static_cast<std::int32_t>(first[i * (1 + vocab)]));
     if (c.engine.record_logits) {
-      merged[i].step_logits.assign(
-          first.begin() + static_cast<std::ptrdiff_t>(i * (1 + vocab) + 1),
-          first.begin() + static_cast<std::ptrdiff_t>((i + 1) * (1 + vocab)));
+      m.step_logits.assign(first.begin() + static_cast<std::ptrdiff_t>(i * (1 + vocab) + 1),
+                           first.begin() + static_cast<std::ptrdiff_t>((i + 1) * (1 + vocab)));
     }
-    if (!out.transfers[i].ok) {
-      merged[i].state = RequestState::rejected;
-      merged[i].error = out.transfers[i].error;
+    if (!out.transfers[k].ok) {
+      m.state = RequestState::rejected;
+      m.error = out.transfers[k].error;
       continue;
     }
     try {
-      decode.adopt(requests[i], merged[i].output_tokens[0]);
+      decode.adopt(requests[i], m.output_tokens[0]);
     } catch (const Error& e) {
-      merged[i].state = RequestState::rejected;
-      merged[i].error = e.what();
+      m.state = RequestState::rejected;
+      m.error = e.what();
     }
   }
   decode.run();
@@ -150,6 +169,17 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
   out.results = std::move(merged);
   out.logical_capacity_tokens = model.allocator().capacity_tokens();
   out.decode_stats = decode.stats();
+  const std::int64_t peak_rows = decode.stats().peak_kv_rows;
+  out.kv = {world.rank(),
+            sys.dcp_group().rank(),
+            my_replica,
+            static_cast<std::int64_t>(mine.size()),
+            peak_rows,
+            static_cast<std::int64_t>(model.kv_bytes()),
+            peak_rows * static_cast<std::int64_t>(model.kv_shard(0).pool().geometry().row_bytes()) *
+                model.config().num_hidden_layers,
+            static_cast<std::int64_t>(model.weight_bytes() +
+                                      (sys.draft() ? sys.draft()->weight_bytes() : 0))};
   return out;
 }
 
@@ -176,13 +206,16 @@ Launched<DeploymentReport> run_disaggregated_deployment(const DeploymentSpec& sp
     std::vector<std::int64_t> bytes(static_cast<std::size_t>(world.size()));
     world.all_gather(&o.bytes_received, bytes.data(), sizeof(std::int64_t));
     // Every rank gets every result (a teacher-forced rerun follows in lockstep on all ranks).
-    report.results = gather_results(world, world.rank() == reporter, o.results);
+    report.results = gather_results(world, o.reports_results, o.results);
     if (spec.engine.enable_prefix_cache) {  // the prefill ranks' caches (the decode side has none)
       const PrefixCacheStats mine = o.prefill_cache.value_or(PrefixCacheStats{});
       report.cache.resize(static_cast<std::size_t>(world.size()));
       world.all_gather(&mine, report.cache.data(), sizeof mine);
       report.cache.resize(static_cast<std::size_t>(prefill_dcp_size));  // world ranks 0.. prefill
     }
+    report.ranks.resize(static_cast<std::size_t>(world.size()));  // the decode ranks' KV
+    world.all_gather(&o.kv, report.ranks.data(), sizeof o.kv);
+    report.ranks.erase(report.ranks.begin(), report.ranks.begin() + prefill_dcp_size);
     report.disaggregated = true;
     report.backend = spec.parallel.dcp_size > 1 ? decode_topo.backend : CombineBackend::ag_rs;
     report.bytes_per_decode_rank.assign(bytes.begin() + prefill_dcp_size, bytes.end());
@@ -190,6 +223,13 @@ Launched<DeploymentReport> run_disaggregated_deployment(const DeploymentSpec& sp
     report.logical_capacity_tokens = o.logical_capacity_tokens;
     report.stats = o.decode_stats;
     report.stats.prefill_ms = o.prefill_ms;
+    if (spec.parallel.enable_dp_attention) {  // the groups step together: their tokens add up
+      std::vector<std::int64_t> tokens(static_cast<std::size_t>(world.size()));
+      const std::int64_t mine = o.reports_results ? o.decode_stats.decode_tokens : 0;
+      world.all_gather(&mine, tokens.data(), sizeof mine);
+      report.stats.decode_tokens = 0;
+      for (const std::int64_t k : tokens) report.stats.decode_tokens += k;
+    }
     return report;
   });
 }

@@ -170,9 +170,14 @@ Workload build_workload(const RunOptions& o) {
   std::vector<std::int64_t> need(static_cast<std::size_t>(s.parallel.dp_size), 0);
   for (std::size_t i = 0; i < lengths.size(); ++i)
     need[static_cast<std::size_t>(group[i])] += lengths[i] + o.max_new_tokens + vp;
-  const std::int64_t capacity = o.max_total_tokens > 0
-                                    ? o.max_total_tokens
-                                    : *std::max_element(need.begin(), need.end());
+  std::int64_t busiest = *std::max_element(need.begin(), need.end());
+  if (o.disaggregate) {  // the prefill group holds every prompt (and its first token) at once
+    const std::int64_t prefill_vp = static_cast<std::int64_t>(o.page_size) * o.prefill_dcp_size;
+    std::int64_t prompts_need = 0;
+    for (const std::int64_t len : lengths) prompts_need += len + 1 + prefill_vp;
+    busiest = std::max(busiest, prompts_need);
+  }
+  const std::int64_t capacity = o.max_total_tokens > 0 ? o.max_total_tokens : busiest;
   s.model_options.kv_capacity_tokens = capacity;
   {
     // Every rank of this process holds capacity / N rows per layer; the --verify reference, run
