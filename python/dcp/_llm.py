@@ -163,7 +163,8 @@ class LLM:
                  chunked_prefill_size: int = 2048,
                  max_running_requests: int = 64, enable_prefix_cache: bool = False,
                  host_kv_capacity_tokens: int = 0, comm_timeout_s: float = 300.0,
-                 generation_config: str = "auto"):
+                 generation_config: str = "auto", disaggregate: bool = False,
+                 prefill_dcp_size: Optional[int] = None):
         if generation_config not in ("auto", "vllm"):
             raise ValueError(f"generation_config = {generation_config!r} must be 'auto' (the "
                              "checkpoint's generation_config.json sampling defaults) or 'vllm'")
@@ -193,6 +194,13 @@ class LLM:
         c.enable_prefix_cache = _boolean(enable_prefix_cache, "enable_prefix_cache")
         c.host_kv_capacity_tokens = _integer(host_kv_capacity_tokens, "host_kv_capacity_tokens")
         c.comm_timeout_s = _real(comm_timeout_s, "comm_timeout_s")
+        if _boolean(disaggregate, "disaggregate"):
+            c.prefill_dcp_size = 1 if prefill_dcp_size is None else _integer(prefill_dcp_size,
+                                                                             "prefill_dcp_size")
+            if c.prefill_dcp_size < 1:
+                raise ValueError(f"prefill_dcp_size = {c.prefill_dcp_size} must be >= 1")
+        elif prefill_dcp_size is not None:
+            raise ValueError("prefill_dcp_size needs disaggregate=True")
         self._llm = _dcp._Llm(c)
 
     def __enter__(self):

@@ -52,6 +52,7 @@ struct LlmConfig {
   bool enable_prefix_cache = false;
   std::int64_t host_kv_capacity_tokens = 0;  // needs enable_prefix_cache
   double comm_timeout_s = 300;
+  int prefill_dcp_size = 0;  // > 0: disaggregated, a prefill group of this DCP size
 };
 
 // One request as generate() receives it from the Python side.
@@ -155,10 +156,14 @@ DeploymentSpec make_spec(const LlmConfig& c) {
                           " must divide the model's routed experts (" + std::to_string(experts) +
                           "; a model without experts takes ep_size = 1)");
   }
-  if (p.world_size() > kMaxThreadRanks) {
-    throw py::value_error("the configuration needs " + std::to_string(p.world_size()) +
-                          " ranks (tp_size x dp_size); one process runs at most " +
-                          std::to_string(kMaxThreadRanks) + " as threads");
+  if (c.prefill_dcp_size < 0)
+    throw py::value_error("prefill_dcp_size = " + std::to_string(c.prefill_dcp_size) +
+                          " must be >= 1");
+  if (p.world_size() + c.prefill_dcp_size > kMaxThreadRanks) {
+    throw py::value_error(
+        "the configuration needs " + std::to_string(p.world_size() + c.prefill_dcp_size) +
+        " ranks (tp_size x dp_size, and prefill_dcp_size); one process runs at most " +
+        std::to_string(kMaxThreadRanks) + " as threads");
   }
   s.model_options.kv_dtype = parse_kv_dtype(c.kv_cache_dtype);
   s.model_options.page_size = c.page_size;
@@ -220,6 +225,7 @@ class Llm {
     // Offline: every prompt of a generate() call waits in the queue; none is refused for it.
     serve.max_queued_requests = std::numeric_limits<int>::max();
     serve.max_model_len = c.max_model_len;
+    serve.prefill_dcp_size = c.prefill_dcp_size;
     deployment_ = std::make_unique<ServingDeployment>(std::move(spec), serve);
     auto ready = std::make_shared<std::promise<void>>();
     std::future<void> loaded = ready->get_future();
@@ -452,6 +458,7 @@ void bind_llm(py::module_& m) {
       .def_readwrite("max_running_requests", &LlmConfig::max_running_requests)
       .def_readwrite("enable_prefix_cache", &LlmConfig::enable_prefix_cache)
       .def_readwrite("host_kv_capacity_tokens", &LlmConfig::host_kv_capacity_tokens)
+      .def_readwrite("prefill_dcp_size", &LlmConfig::prefill_dcp_size)
       .def_readwrite("comm_timeout_s", &LlmConfig::comm_timeout_s);
 
   py::class_<GenerateRequest>(m, "_GenerateRequest")

@@ -39,6 +39,11 @@ def run_tokens(dcp_bin, model_flags, prompts, max_new, *flags):
      ["--tp-size", "2", "--dcp-size", "2", "--page-size", "16", "--dcp-kv-cache-interleave-size",
       "4"]),
     (dict(tp_size=2, dcp_size=2, threads_per_rank=3), ["--tp-size", "2", "--dcp-size", "2"]),
+    # Disaggregated: a prefill rank, then the decode side (one group; two attention groups).
+    (dict(tp_size=2, dcp_size=2, disaggregate=True), ["--tp-size", "2", "--dcp-size", "2"]),
+    (dict(tp_size=4, dp_size=2, enable_dp_attention=True, dcp_size=2, disaggregate=True,
+          prefill_dcp_size=2),
+     ["--tp-size", "4", "--dp-size", "2", "--enable-dp-attention", "--dcp-size", "2"]),
 ])
 def test_greedy_tokens_equal_dcp_run_on_a_preset(dcp_bin, config, flags):
     with dcp.LLM("tiny", **config) as llm:
@@ -427,6 +432,10 @@ def test_a_refused_request_drops_the_whole_batch(text_llm):
     (dict(model="tiny", enable_prefix_cache=True, host_kv_capacity_tokens=-1),
      "host_kv_capacity_tokens = -1 must be >= 0"),
     (dict(model="tiny", max_model_len=200000), "max_model_len = 200000 must be in [1, max_position_embeddings = 163840]"),
+    (dict(model="tiny", prefill_dcp_size=2), "prefill_dcp_size needs disaggregate=True"),
+    (dict(model="tiny", disaggregate=True, prefill_dcp_size=0), "prefill_dcp_size = 0 must be >= 1"),
+    (dict(model="tiny", tp_size=2, dcp_size=2, disaggregate=True, prefill_dcp_size=3),
+     "prefill DCP size 3 -> decode DCP size 2 is not supported"),
     (dict(model="tiny", weight_kernel="bogus"), "weight_kernel = 'bogus': kernel path 'bogus'"),
     (dict(model="tiny", weight_kernel="amx_bf16"), "weight_kernel = amx_bf16: kernel path amx_bf16 is an attention path"),
     # tiny's weights are fp32: nothing to pair (or, without AVX512-BF16, the path is unavailable)
