@@ -1117,6 +1117,32 @@ def case_malformed_requests(s):
     check(status == 200, f"/health after malformed requests: {status}")
 
 
+def case_bodyless_posts(s):
+    """A POST with neither Content-Length nor Transfer-Encoding has an empty body (RFC 9112), as
+    `curl -X POST URL` sends vLLM's POST /reset_prefix_cache: it is answered at once (not after
+    the read timeout, with a 400), on a connection that goes on serving; an empty body to a route
+    that reads JSON is that route's 400; an unknown path a 404, a GET path a 405."""
+    sock = socket.create_connection(("127.0.0.1", s.port), timeout=60)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n"
+                 b"POST /nowhere HTTP/1.1\r\nHost: x\r\n\r\n"
+                 b"POST /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                 b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    started, got = time.monotonic(), b""
+    while len(http_replies(got)) < 4 and (chunk := sock.recv(65536)):
+        got += chunk
+    waited = time.monotonic() - started
+    sock.close()
+    replies = http_replies(got)
+    check([status for status, _, _ in replies] == [400, 404, 405, 200], f"bodyless POSTs: {replies}")
+    check(replies and "not JSON" in json.loads(replies[0][2])["error"]["message"],
+          f"an empty body is the route's 400: {replies[:1]}")
+    check(waited < 4, f"bodyless POSTs answered at once, not after the read timeout: {waited:.1f} s")
+    # vLLM's documented call; this server has no prefix cache, which the route's 400 says.
+    run = subprocess.run(["curl", "-s", "-X", "POST", f"http://127.0.0.1:{s.port}/reset_prefix_cache"],
+                         capture_output=True, text=True, timeout=60) if shutil.which("curl") else None
+    check(run is None or "prefix cache is off" in run.stdout, f"curl -X POST: {run and run.stdout}")
+
+
 def case_metrics_and_models(s):
     status, r = s.request("GET", "/v1/models")
     check(status == 200 and r["data"][0]["id"] == CKPT, f"/v1/models {r}")
@@ -1971,7 +1997,7 @@ def case_mpi(mpiexec, disaggregate=False):
 CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_whole, case_seeds,
                                      case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_guided_regex, case_guided_grammar, case_json_mode, case_json_schema, case_structured_outputs, case_tokenize, case_chat_options, case_min_tokens, case_echo, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
                                      case_idle_connections, case_pipelined_requests, case_kept_alive_requests,
-                                     case_malformed_requests,
+                                     case_malformed_requests, case_bodyless_posts,
                                      case_metrics_and_models]}
 
 OWN_SERVER = {f.__name__[5:]: f for f in [case_chat_template, case_tools, case_reasoning, case_prefix_cache, case_checkpoint_eos,

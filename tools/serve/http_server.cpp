@@ -24,6 +24,8 @@ struct HttpServer::Impl {
   // Every route's method and path pattern, as registered: a known path asked with another
   // method is a 405 naming the ones it takes.
   std::vector<std::pair<std::string, std::regex>> routes;
+  // The POST routes' handlers, for a request without a body (below).
+  std::vector<std::pair<std::string, httplib::Server::Handler>> post_handlers;
 };
 
 namespace {
@@ -86,19 +88,31 @@ bool authorized(const std::string& header, const std::string& key) {
 
 HttpServer::HttpServer(OpenAiApi& api, HttpOptions options) : impl_(std::make_unique<Impl>()) {
   httplib::Server& s = impl_->server;
-  if (!options.api_key.empty()) {
-    s.set_pre_routing_handler([key = options.api_key](const httplib::Request& req,
-                                                      httplib::Response& res) {
-      const bool open = req.method == "GET" && (req.path == "/health" || req.path == "/metrics");
-      if (open || authorized(req.get_header_value("Authorization"), key))
-        return httplib::Server::HandlerResponse::Unhandled;
+  s.set_pre_routing_handler([key = options.api_key, impl = impl_.get()](const httplib::Request& req,
+                                                                        httplib::Response& res) {
+    const bool open = req.method == "GET" && (req.path == "/health" || req.path == "/metrics");
+    if (!key.empty() && !open && !authorized(req.get_header_value("Authorization"), key)) {
       reply(res, OpenAiApi::error(401,
                                   "a valid API key is required: send the header "
                                   "'Authorization: Bearer <key>' (dcp serve --api-key)"));
       res.set_header("WWW-Authenticate", "Bearer");
       return httplib::Server::HandlerResponse::Handled;
-    });
-  }
+    }
+    // A POST with neither Content-Length nor Transfer-Encoding has no body (RFC 9112 6.3), as
+    // `curl -X POST URL` sends it: the library would wait for the connection to close instead,
+    // then answer 400. Its route runs here with the empty body.
+    if (req.method == "POST" && !req.has_header("Content-Length") &&
+        !req.has_header("Transfer-Encoding")) {
+      for (const auto& [path, handler] : impl->post_handlers) {
+        if (path != req.path) continue;
+        handler(req, res);
+        return httplib::Server::HandlerResponse::Handled;
+      }
+      res.status = 404;  // the error handler words it (404, or 405 for a GET path)
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
   s.new_task_queue = [] { return new HttpConnectionQueue(); };
   s.set_payload_max_length(64u << 20);  // beyond: 413 from httplib
   // Without it a reply's body waits behind its headers for the client's delayed ACK, tens of
@@ -115,8 +129,9 @@ HttpServer::HttpServer(OpenAiApi& api, HttpOptions options) : impl_(std::make_un
     impl->listen_fd = fd;
   });
   const auto post = [&s, impl = impl_.get()](const std::string& path, httplib::Server::Handler h) {
-    s.Post(path, std::move(h));
+    s.Post(path, h);
     impl->routes.emplace_back("POST", std::regex(path));
+    impl->post_handlers.emplace_back(path, std::move(h));
   };
   const auto get = [&s, impl = impl_.get()](const std::string& path, httplib::Server::Handler h) {
     s.Get(path, std::move(h));  // HEAD too: the library answers it from the GET handler
@@ -175,7 +190,7 @@ HttpServer::HttpServer(OpenAiApi& api, HttpOptions options) : impl_(std::make_un
         res.status, res.status == 404 ? str("no route ", req.method, " ", req.path)
                     : res.status == 400
                         ? "malformed HTTP request: a request line or header too long or not "
-                          "well formed, a POST without Content-Length, or a broken chunked body"
+                          "well formed, or a broken chunked body"
                         : str("HTTP ", res.status, " for ", req.method, " ", req.path));
     res.set_content(r.body, r.content_type.c_str());
   });
