@@ -143,6 +143,42 @@ TEST(DisaggregatedServing, StreamsWhatAnUndividedServerStreams) {
   }
 }
 
+// Speculative decoding on the decode side (the target's first layer as the draft, computing each
+// moved prompt's draft KV itself) and the prefix cache on the prefill side: greedy tokens are an
+// undivided server's without either.
+TEST(DisaggregatedServing, SpeculationAndThePrefixCacheKeepTheTokens) {
+  auto rng = test::make_rng();
+  const auto w = make_synthetic_weights(46);
+  std::vector<ServeRequest> requests;
+  const std::vector<std::int32_t> shared = test::random_tokens(rng, 40, 64);
+  for (int i = 0; i < 4; ++i) {
+    std::vector<std::int32_t> prompt = shared;  // whole pages shared: the cache serves them
+    for (const std::int32_t t : test::random_tokens(rng, 3 + 5 * i, 64)) prompt.push_back(t);
+    requests.push_back(greedy(prompt, 9));
+  }
+  std::vector<StreamUpdate> want;
+  {
+    Running undivided(small_spec(*w, 2, 2));
+    want = serve_all(*undivided, requests);
+  }
+  DeploymentSpec spec = small_spec(*w, 2, 2);
+  spec.engine.num_draft_tokens = 2;
+  spec.draft.emplace();
+  spec.draft->config = preset_config("tiny", 1);
+  spec.draft->weights = w.get();
+  spec.engine.enable_prefix_cache = true;
+  Running server(spec, disaggregated(1));
+  std::vector<StreamUpdate> got;
+  for (const ServeRequest& r : requests) got.push_back(drain_stream(*server->submit(r)));
+  std::int64_t cached = 0;
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i << ": " << got[i].error;
+    cached += got[i].cached_prompt_tokens;
+  }
+  EXPECT_GT(cached, 0) << "the prefill group's cache served none of the shared prefix";
+  for (const std::int64_t rows : settled_kv_rows(*server)) EXPECT_EQ(rows, 0);
+}
+
 // A decode group that holds one request at a time: the others' prompts are computed and wait,
 // KV kept, until it frees; every text is the undivided server's.
 TEST(DisaggregatedServing, ComputedPromptsWaitForTheDecodeGroupsKv) {
