@@ -213,26 +213,10 @@ void ServingDeployment::disaggregated_rank_loop(Communicator& world) {
     }
     endings.clear();
 
-    RankLoad load;
-    for (const RequestId id : model.allocator().requests())
-      load.kv_rows += model.kv_shard(0).local_length(id);
-    load.kv_capacity_rows = model.allocator().num_pages() * spec_.model_options.page_size;
-    load.running = engine.running();
+    RankLoad load = current_load(model, engine, spec_.model_options.page_size);
     // Prompts computed but not moved wait for KV as queued requests do.
-    load.waiting =
-        engine.waiting() + (is_decode ? 0 : static_cast<std::int64_t>(ready.size()) + moved);
+    if (!is_decode) load.waiting += static_cast<std::int64_t>(ready.size()) + moved;
     for (const auto& entry : held) load.dealt_tokens += entry.second;
-    if (const PrefixCache* cache = engine.prefix_cache()) {
-      const PrefixCacheStats& s = cache->stats();
-      const std::int64_t page = model.allocator().virtual_page_size();
-      load.cache = {s.lookup_tokens,
-                    s.hit_tokens,
-                    cache->device_pages() * page,
-                    cache->host_pages() * page,
-                    s.pages_offloaded * page,
-                    s.pages_reloaded * page,
-                    s.pages_dropped * page};
-    }
     w.raw(&load, sizeof load);
     w.i64(reporter ? count : -1);
     if (reporter) w.raw(news.data(), news.size());

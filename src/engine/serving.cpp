@@ -382,28 +382,12 @@ void ServingDeployment::rank_loop(Communicator& world) {
 
     std::vector<std::uint8_t> report;
     ByteWriter w(report);
-    RankLoad load;
-    for (const RequestId id : model.allocator().requests())
-      load.kv_rows += model.kv_shard(0).local_length(id);
-    load.kv_capacity_rows = model.allocator().num_pages() * spec_.model_options.page_size;
-    load.running = engine.running();
-    load.waiting = engine.waiting();
+    RankLoad load = current_load(model, engine, spec_.model_options.page_size);
     for (const RequestResult& r : engine.results()) {  // finished ones no longer hold KV
       if (r.state == RequestState::finished || r.state == RequestState::rejected) mine.erase(r.id);
     }
     for (const RequestResult& r : refused) mine.erase(r.id);
     for (const auto& entry : mine) load.dealt_tokens += entry.second;
-    if (const PrefixCache* cache = engine.prefix_cache()) {
-      const PrefixCacheStats& s = cache->stats();
-      const std::int64_t page = model.allocator().virtual_page_size();
-      load.cache = {s.lookup_tokens,
-                    s.hit_tokens,
-                    cache->device_pages() * page,
-                    cache->host_pages() * page,
-                    s.pages_offloaded * page,
-                    s.pages_reloaded * page,
-                    s.pages_dropped * page};
-    }
     w.raw(&load, sizeof load);
     std::vector<RequestId> done;
     if (reporter) {

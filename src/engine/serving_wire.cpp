@@ -1,5 +1,6 @@
 #include "engine/serving_wire.h"
 
+#include "dcp/prefix_cache.h"
 #include "engine/logprobs_bytes.h"
 
 namespace dcp {
@@ -66,6 +67,27 @@ RequestSpec read_spec(ByteReader& in) {
   r.logprobs = static_cast<int>(in.i64());
   r.prompt_logprobs = static_cast<int>(in.i64());
   return r;
+}
+
+RankLoad current_load(MlaModel& model, const Engine& engine, int page_size) {
+  RankLoad load;
+  for (const RequestId id : model.allocator().requests())
+    load.kv_rows += model.kv_shard(0).local_length(id);
+  load.kv_capacity_rows = model.allocator().num_pages() * page_size;
+  load.running = engine.running();
+  load.waiting = engine.waiting();
+  if (const PrefixCache* cache = engine.prefix_cache()) {
+    const PrefixCacheStats& s = cache->stats();
+    const std::int64_t page = model.allocator().virtual_page_size();
+    load.cache = {s.lookup_tokens,
+                  s.hit_tokens,
+                  cache->device_pages() * page,
+                  cache->host_pages() * page,
+                  s.pages_offloaded * page,
+                  s.pages_reloaded * page,
+                  s.pages_dropped * page};
+  }
+  return load;
 }
 
 void write_split_news(ByteWriter& w, const RequestResult& r, std::size_t from,

@@ -7,6 +7,7 @@
 
 #include "core/bytes.h"
 #include "dcp/engine.h"
+#include "dcp/model.h"
 #include "dcp/serving.h"
 
 namespace dcp {
@@ -23,6 +24,10 @@ struct RankLoad {
   // rank deals the next arrivals by these, from the same reports, so all deal alike.
   std::int64_t dealt_tokens = 0;
 };
+
+// This rank's load as its engine and KV cache stand: KV rows held and held at most, the requests
+// running and waiting, its prefix cache's tokens (dealt_tokens is the caller's).
+RankLoad current_load(MlaModel& model, const Engine& engine, int page_size);
 
 // A request's news since `from` tokens were reported; its prompt logprobs go with the first.
 void write_news(ByteWriter& w, const RequestResult& r, std::size_t from);
