@@ -197,8 +197,17 @@ TEST(DisaggregatedServing, ComputedPromptsWaitForTheDecodeGroupsKv) {
     EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
     EXPECT_TRUE(got[i].error.empty()) << got[i].error;
   }
-  EXPECT_EQ(server->metrics().requests_finished, 5);
   for (const std::int64_t rows : settled_kv_rows(*server)) EXPECT_EQ(rows, 0);
+  const ServeMetrics m = server->metrics();
+  EXPECT_EQ(m.requests_finished, 5);
+  EXPECT_EQ(m.kv_transfers, 5);
+  EXPECT_EQ(m.awaiting_transfer, 0);
+  // Every prompt's rows (80 fp32 values, 2 layers), over the two decode ranks, and each rank's
+  // header per request.
+  std::int64_t bytes = 0;
+  for (const ServeRequest& r : requests)
+    bytes += static_cast<std::int64_t>(r.prompt.size()) * 80 * 4 * 2 + 2 * 32;
+  EXPECT_EQ(m.kv_transfer_bytes, bytes);
 }
 
 // Two decode replicas (attention groups of TP 2 x DCP 2): a request the first cannot hold beside

@@ -135,6 +135,9 @@ struct ServeMetrics {
   std::vector<std::int64_t> kv_rows_used;      // per world rank, per layer
   std::vector<std::int64_t> kv_rows_capacity;  // per world rank, per layer
   PrefixCacheTokens prefix_cache;              // over every DP group's cache
+  // Disaggregated: requests whose KV moved to the decode side, the bytes the decode ranks
+  // received, and computed prompts waiting for the decode side's KV (also in `queued`).
+  std::int64_t kv_transfers = 0, kv_transfer_bytes = 0, awaiting_transfer = 0;
   std::int64_t steps = 0;
   LatencyHistogram time_to_first_token, inter_token_latency;
   LatencyHistogram request_latency;  // arrival to last token, of the requests that finished
@@ -162,6 +165,7 @@ class ServingDeployment {
   // Throws dcp::Error (invalid_argument) naming enable_prefix_cache when the cache is off.
   void reset_prefix_cache();
   bool prefix_cache_enabled() const noexcept { return spec_.engine.enable_prefix_cache; }
+  bool disaggregated() const noexcept { return options_.prefill_dcp_size > 0; }
   // Stops accepting; `drain`: in-flight requests finish, else they are cancelled. run() returns
   // once nothing is left.
   void shutdown(bool drain);

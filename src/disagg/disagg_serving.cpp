@@ -109,6 +109,7 @@ void ServingDeployment::disaggregated_rank_loop(Communicator& world) {
   std::unordered_map<RequestId, std::int64_t> held;
   std::unordered_map<RequestId, std::pair<std::size_t, std::int64_t>> reported;
   std::vector<RequestResult> endings;  // ended outside the engine, reported after the next step
+  std::int64_t moved_requests = 0, moved_bytes = 0;  // into this decode rank, so far
   bool busy_anywhere = false;
   // Prefill group: a request it no longer holds (moved, or ended there).
   const auto leave_prefill = [&](RequestId id, bool kept) {
@@ -215,7 +216,12 @@ void ServingDeployment::disaggregated_rank_loop(Communicator& world) {
 
     RankLoad load = current_load(model, engine, spec_.model_options.page_size);
     // Prompts computed but not moved wait for KV as queued requests do.
-    if (!is_decode) load.waiting += static_cast<std::int64_t>(ready.size()) + moved;
+    if (!is_decode) {
+      load.awaiting_transfer = static_cast<std::int64_t>(ready.size()) + moved;
+      load.waiting += load.awaiting_transfer;
+    }
+    load.moved_requests = moved_requests;
+    load.moved_bytes = moved_bytes;
     for (const auto& entry : held) load.dealt_tokens += entry.second;
     w.raw(&load, sizeof load);
     w.i64(reporter ? count : -1);
@@ -290,6 +296,7 @@ void ServingDeployment::disaggregated_rank_loop(Communicator& world) {
           continue;
         }
         if (!mine) continue;
+        moved_bytes += results[i].bytes_received;
         if (!results[i].ok) {
           endings.push_back(
               ending(id, FinishReason::none,
@@ -300,6 +307,7 @@ void ServingDeployment::disaggregated_rank_loop(Communicator& world) {
           RequestSpec spec = h.spec;
           spec.prompt_logprobs = -1;  // reported by the prefill group
           engine.adopt(spec, h.first_token);
+          ++moved_requests;
           held[id] = h.reserve;
           reported[id] = {1, h.cached_prompt_tokens};
         } catch (const Error& e) {

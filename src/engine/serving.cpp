@@ -231,6 +231,7 @@ void ServingDeployment::publish(const std::vector<std::vector<std::uint8_t>>& re
   std::lock_guard lock(mutex_);
   metrics_.running = metrics_.queued = 0;
   metrics_.prefix_cache = {};
+  metrics_.kv_transfers = metrics_.kv_transfer_bytes = metrics_.awaiting_transfer = 0;
   ++metrics_.steps;
   for (std::size_t rank = 0; rank < reports.size(); ++rank) {
     ByteReader in(reports[rank]);
@@ -238,11 +239,14 @@ void ServingDeployment::publish(const std::vector<std::vector<std::uint8_t>>& re
     in.raw(&load, sizeof load);
     metrics_.kv_rows_used[rank] = load.kv_rows;
     metrics_.kv_rows_capacity[rank] = load.kv_capacity_rows;
+    metrics_.kv_transfer_bytes += load.moved_bytes;
     const std::int64_t news = in.i64();
     if (news < 0) continue;  // not a replica's first rank: load only
     metrics_.running += load.running;
     metrics_.queued += load.waiting;
     metrics_.prefix_cache += load.cache;  // each DP group's cache once
+    metrics_.kv_transfers += load.moved_requests;
+    metrics_.awaiting_transfer += load.awaiting_transfer;
     for (std::int64_t k = 0; k < news; ++k) {
       StreamUpdate u;
       const RequestId id = in.i64();

@@ -23,6 +23,9 @@ struct RankLoad {
   // KV tokens its DP group's unfinished requests will hold (prompt + max_new_tokens each): every
   // rank deals the next arrivals by these, from the same reports, so all deal alike.
   std::int64_t dealt_tokens = 0;
+  // Disaggregated, so far: requests moved in (a decode replica's first rank), bytes this rank
+  // received; computed prompts waiting to move (the prefill group's first rank).
+  std::int64_t moved_requests = 0, moved_bytes = 0, awaiting_transfer = 0;
 };
 
 // This rank's load as its engine and KV cache stand: KV rows held and held at most, the requests

@@ -1786,6 +1786,11 @@ def case_disaggregate():
                 break
             time.sleep(0.02)
         check(len(rows) == 3 and all(v == 0 for v in rows), f"every rank's KV is free: {rows}")
+        m = s.metrics()
+        moved = m.get("dcp_disagg_kv_transfers_total")
+        # Every request but the one-token and the stop-at-once ones moved: 3 + 1 + 16 + 16 alone.
+        check(moved == len(bodies) - 2 + 1 + 32 and m.get("dcp_disagg_kv_transfer_bytes_total", 0) > 0
+              and m.get("dcp_disagg_awaiting_transfer") == 0, f"transfer metrics: {m}")
     finally:
         code, _ = s.stop()
         check(code == 0, f"server exit {code}")

@@ -841,6 +841,16 @@ HttpReply OpenAiApi::metrics() const {
          "Tokens of cached pages brought back from the host tier for a hit.", pc.reloaded);
   single("dcp_prefix_cache_dropped_tokens_total", "counter",
          "Tokens of cached pages evicted for good (from either tier).", pc.dropped);
+  if (deployment_.disaggregated()) {
+    single("dcp_disagg_kv_transfers_total", "counter",
+           "Requests whose prompt KV moved from the prefill group to the decode side.",
+           m.kv_transfers);
+    single("dcp_disagg_kv_transfer_bytes_total", "counter",
+           "Bytes of prompt KV the decode ranks received (headers included).", m.kv_transfer_bytes);
+    single("dcp_disagg_awaiting_transfer", "gauge",
+           "Computed prompts waiting for the decode side's KV (counted in the queue too).",
+           m.awaiting_transfer);
+  }
   const auto histogram = [&](const char* name, const char* help, const LatencyHistogram& h) {
     metric(name, "histogram", help);
     std::int64_t cum = 0;
