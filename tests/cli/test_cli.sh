@@ -488,6 +488,11 @@ case_run_disagg() {
   expect 2 "disaggregate 2 -> 4 is refused" -- run --disaggregate --prefill-dcp-size 2
   check "names both sizes" stderr_has "prefill DCP size 2 -> decode DCP size 4 is not supported"
   check "refused before any rank started" stderr_lines 1
+  expect 0 "disaggregate onto two DP-attention groups" -- run --disaggregate --tp-size 4 --dp-size 2 --enable-dp-attention --dcp-size 2 --batch 4 --prompt-len 120 --max-new-tokens 4 --json "$tmp/run.json"
+  check "disagg onto DP attention verifies" json_has '"passed": true'
+  check "each group served requests" stdout_has "dp group 1: 2 requests"
+  expect 2 "serve: disaggregate 2 -> 4 is refused" -- serve --disaggregate --prefill-dcp-size 2 --tp-size 4 --dcp-size 4 --port 0
+  check "serve names both sizes" stderr_has "prefill DCP size 2 -> decode DCP size 4 is not supported"
 
 }
 
