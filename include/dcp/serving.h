@@ -104,9 +104,9 @@ struct ServeOptions {
   std::chrono::milliseconds idle_tick{50};
   // Prefill/decode disaggregation: > 0 puts a prefill group of this DCP (= TP) size in front of
   // the deployment, as world ranks [0, prefill_dcp_size); the deployment's ranks follow it and
-  // decode. Each request's prompt (and first token) is computed there, its KV moved to the
-  // decode group when that group can hold the whole request, and decoded there (DisaggConfig's
-  // rules: one decode replica; the DCP sizes a transfer plan takes).
+  // decode. Each request's prompt (and first token) is computed there, and its KV moved to the
+  // decode replica (DP replica or attention group) with the fewest tokens reserved that can hold
+  // the whole request, which decodes it (check_disaggregation: the DCP sizes a transfer takes).
   int prefill_dcp_size = 0;
 };
 
