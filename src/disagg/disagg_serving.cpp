@@ -1,6 +1,6 @@
 // A served deployment split in two: the prefill group computes each prompt and its first token
-// and keeps the KV; once the decode group can hold the whole request (prompt + max_new_tokens)
-// the KV moves there (transfer_kv) and the decode group finishes the request. Both groups follow
+// and keeps the KV; once a decode replica can hold the whole request (prompt + max_new_tokens)
+// the KV moves there (transfer_kv) and that replica finishes the request. Both groups follow
 // world rank 0's control in lockstep, as the undivided loop does, and each group's first rank
 // reports its part of a request's news: the prefill group the first token (and the prompt's
 // logprobs), the decode group the rest.
