@@ -137,10 +137,17 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& config,
 // The prefill group: one group with TP = DCP = prefill_dcp_size.
 ParallelConfig prefill_group_config(int prefill_dcp_size);
 
-// What every disaggregated deployment needs of `spec` (its decode side) and the prefill group:
-// a prefill group that resolves, DCP sizes a transfer plan takes. Throws dcp::Error
-// (invalid_argument) naming the field.
-void check_disaggregation(const DeploymentSpec& spec, int prefill_dcp_size);
+// What every disaggregated deployment needs of its decode side and prefill group: a prefill group
+// that resolves, DCP sizes, page sizes, dtypes and interleaves a transfer plan takes. Throws
+// dcp::Error (invalid_argument) naming the field.
+void check_disaggregation(const ParallelConfig& decode, const ModelOptions& model_options,
+                          int prefill_dcp_size);
+
+// Who takes part in a move to each decode replica (DP replica or attention group), by dp_rank:
+// the prefill group (world ranks [0, prefill_dcp_size)) and that replica's ranks, which follow it
+// in the world as in `decode`.
+std::vector<DisaggRoles> replica_roles(int prefill_dcp_size, const Topology& decode,
+                                       const ModelOptions& model_options);
 
 // A whole disaggregated run through the deployment's launcher (threads or MPI): spec.parallel is
 // the decode side (its DP replicas or attention groups included), spec.requests the workload;

@@ -215,6 +215,9 @@ class Engine {
   std::shared_ptr<TokenGuide> guide_of(const RequestSpec& spec, const std::string& who) const;
   // Whether l's guide ends the request after `output` (false without a guide).
   bool guide_ends(const Live& l, std::span<const std::int32_t> output) const;
+  // Whether `output` (not empty) ends l there: its last token a stop token, a guided choice
+  // completed, the guide's end.
+  bool stops_after(const Live& l, std::span<const std::int32_t> output) const;
   // The token request l chooses from `logits` after emitting `output`.
   std::int32_t choose(const Live& l, const float* logits,
                       std::span<const std::int32_t> output) const;

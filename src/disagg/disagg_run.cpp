@@ -14,13 +14,29 @@ ParallelConfig prefill_group_config(int prefill_dcp_size) {
   return p;
 }
 
-void check_disaggregation(const DeploymentSpec& spec, int prefill_dcp_size) {
+void check_disaggregation(const ParallelConfig& decode, const ModelOptions& m,
+                          int prefill_dcp_size) {
   DCP_ARG_CHECK(prefill_dcp_size >= 1, "disaggregation: prefill_dcp_size = ", prefill_dcp_size,
                 " must be >= 1");
   resolve(prefill_group_config(prefill_dcp_size));
-  const ModelOptions& m = spec.model_options;
   make_transfer_plan({prefill_dcp_size, m.page_size, m.kv_dtype, m.kv_interleave},
-                     {spec.parallel.dcp_size, m.page_size, m.kv_dtype, m.kv_interleave}, 0, 0);
+                     {decode.dcp_size, m.page_size, m.kv_dtype, m.kv_interleave}, 0, 0);
+}
+
+std::vector<DisaggRoles> replica_roles(int prefill_dcp_size, const Topology& decode,
+                                       const ModelOptions& m) {
+  std::vector<DisaggRoles> roles(static_cast<std::size_t>(decode.config.dp_size));
+  for (DisaggRoles& r : roles) {
+    r.prefill = {prefill_dcp_size, m.page_size, m.kv_dtype, m.kv_interleave};
+    r.decode = {decode.config.dcp_size, m.page_size, m.kv_dtype, m.kv_interleave};
+    for (int k = 0; k < prefill_dcp_size; ++k) r.prefill_ranks.push_back(k);
+  }
+  for (const RankPlacement& p : decode.ranks) {
+    DisaggRoles& r = roles[static_cast<std::size_t>(p.dp_rank)];
+    r.decode_ranks.push_back(prefill_dcp_size + p.global_rank);
+    r.decode_dcp_rank.push_back(p.dcp_rank);
+  }
+  return roles;
 }
 
 DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
@@ -30,16 +46,12 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
     DCP_ARG_CHECK(r.prompt_logprobs < 0, "disaggregation: request ", r.id,
                   ": prompt_logprobs is not supported (legal: -1)");
   }
+  check_disaggregation(c.decode, c.model_options, a);  // before any work
   const Topology prefill_topo = resolve(prefill_group_config(a));
   const Topology decode_topo = resolve(c.decode);
   const int t = decode_topo.world_size;
   DCP_ARG_CHECK(world.size() == a + t, "disaggregation needs ", a + t, " ranks (prefill_dcp_size ",
                 a, " + the decode side's ", t, "), the world has ", world.size());
-  const KvLayoutSpec pre{a, c.model_options.page_size, c.model_options.kv_dtype,
-                         c.model_options.kv_interleave};
-  const KvLayoutSpec dec{c.decode.dcp_size, c.model_options.page_size, c.model_options.kv_dtype,
-                         c.model_options.kv_interleave};
-  make_transfer_plan(pre, dec, 0, 0);  // refuses unsupported pairs before any work
 
   const bool is_decode = world.rank() >= a;
   const auto side = world.split(is_decode ? 1 : 0, world.rank());
@@ -104,16 +116,8 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
   for (int l = 0; l < model.config().num_hidden_layers; ++l) shards.push_back(&model.kv_shard(l));
   t0 = Clock::now();
   std::vector<std::size_t> mine;  // indices of this replica's requests, in the order moved
+  const std::vector<DisaggRoles> roles = replica_roles(a, decode_topo, c.model_options);
   for (int g = 0; g < replicas; ++g) {
-    DisaggRoles roles;
-    roles.prefill = pre;
-    roles.decode = dec;
-    for (int r = 0; r < a; ++r) roles.prefill_ranks.push_back(r);
-    for (const RankPlacement& p : decode_topo.ranks) {
-      if (p.dp_rank != g) continue;
-      roles.decode_ranks.push_back(a + p.global_rank);
-      roles.decode_dcp_rank.push_back(p.dcp_rank);
-    }
     std::vector<TransferItem> items;
     for (std::size_t i = 0; i < n; ++i) {
       if (dealt[i] != g) continue;
@@ -122,9 +126,9 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
     }
     if (items.empty()) continue;
     const bool member = g == my_replica;
-    std::vector<TransferResult> moved =
-        transfer_kv(world, member ? &sys.attn_tp_group() : nullptr, roles, items, shards,
-                    member ? &model.allocator() : nullptr, c.transport);
+    std::vector<TransferResult> moved = transfer_kv(
+        world, member ? &sys.attn_tp_group() : nullptr, roles[static_cast<std::size_t>(g)], items,
+        shards, member ? &model.allocator() : nullptr, c.transport);
     std::move(moved.begin(), moved.end(), std::back_inserter(out.transfers));
   }
   out.transfer_ms = ms_since(t0);

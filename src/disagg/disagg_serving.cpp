@@ -80,20 +80,8 @@ void ServingDeployment::disaggregated_rank_loop(Communicator& world) {
       sizes[2 * static_cast<std::size_t>(prefill_size)] / decode_page * decode_page;
   if (frontend) become_ready(std::min(sizes[0], decode_capacity));
 
-  // Who takes part in a move to each decode replica: the prefill group and that replica's ranks.
-  std::vector<DisaggRoles> roles(static_cast<std::size_t>(replicas));
-  for (DisaggRoles& r : roles) {
-    r.prefill = {prefill_size, spec_.model_options.page_size, spec_.model_options.kv_dtype,
-                 spec_.model_options.kv_interleave};
-    r.decode = {spec_.parallel.dcp_size, spec_.model_options.page_size,
-                spec_.model_options.kv_dtype, spec_.model_options.kv_interleave};
-    for (int k = 0; k < prefill_size; ++k) r.prefill_ranks.push_back(k);
-  }
-  for (const RankPlacement& p : topology_.ranks) {
-    DisaggRoles& r = roles[static_cast<std::size_t>(p.dp_rank)];
-    r.decode_ranks.push_back(prefill_size + p.global_rank);
-    r.decode_dcp_rank.push_back(p.dcp_rank);
-  }
+  const std::vector<DisaggRoles> roles =
+      replica_roles(prefill_size, topology_, spec_.model_options);
   std::vector<KvShard*> shards;
   for (int l = 0; l < model.config().num_hidden_layers; ++l) shards.push_back(&model.kv_shard(l));
 

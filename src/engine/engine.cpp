@@ -261,10 +261,7 @@ void Engine::adopt(const RequestSpec& spec, std::int32_t first_token) {
   live.draft_pending = {first_token};
   // The first token ends the request as emit() would have ended it there (a stop token the
   // prefill side could choose only with min_tokens 0, a choice, a guide's end).
-  const std::vector<std::int32_t>& output = results_.back().output_tokens;
-  const auto& stops = spec.stop_token_ids;
-  live.stopped = std::find(stops.begin(), stops.end(), first_token) != stops.end() ||
-                 spec.sampling.completes_choice(output) || guide_ends(live, output);
+  live.stopped = stops_after(live, results_.back().output_tokens);
   running_.push_back(std::move(live));
   if (running_.back().stopped) {
     finish(running_.size() - 1, FinishReason::stop);
@@ -473,10 +470,14 @@ void Engine::emit(Live& l, const float* logits) {
   if (l.spec.logprobs >= 0)
     r.logprobs.push_back(step_logprobs(logits, vocab, token, l.spec.logprobs));
   r.output_tokens.push_back(token);
+  if (stops_after(l, r.output_tokens)) l.stopped = true;
+}
+
+bool Engine::stops_after(const Live& l, std::span<const std::int32_t> output) const {
   const auto& stops = l.spec.stop_token_ids;
-  if (std::find(stops.begin(), stops.end(), token) != stops.end()) l.stopped = true;
-  if (l.spec.sampling.completes_choice(r.output_tokens)) l.stopped = true;  // a guided choice
-  if (guide_ends(l, r.output_tokens)) l.stopped = true;
+  return std::find(stops.begin(), stops.end(), output.back()) != stops.end() ||
+         l.spec.sampling.completes_choice(output) ||  // a guided choice
+         guide_ends(l, output);
 }
 
 void Engine::finish(std::size_t i, FinishReason reason) {

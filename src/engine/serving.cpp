@@ -93,7 +93,7 @@ ServingDeployment::ServingDeployment(DeploymentSpec spec, ServeOptions options)
                 " must be >= 0 (0: prefill and decode on the same ranks)");
   world_size_ = topology_.world_size;
   if (options_.prefill_dcp_size > 0) {
-    check_disaggregation(spec_, options_.prefill_dcp_size);
+    check_disaggregation(spec_.parallel, spec_.model_options, options_.prefill_dcp_size);
     world_size_ += options_.prefill_dcp_size;
   }
   metrics_.kv_rows_used.assign(static_cast<std::size_t>(world_size_), 0);

@@ -93,11 +93,8 @@ Workload build_workload(const RunOptions& o) {
                 " must be below --prompt-len ", o.prompt_len);
   w.disaggregate = o.disaggregate;
   w.prefill_dcp_size = o.prefill_dcp_size;
-  if (o.disaggregate) {  // refuse an unsupported pair before any rank starts
-    const KvDtype dtype = s.model_options.kv_dtype;
-    make_transfer_plan({o.prefill_dcp_size, o.page_size, dtype},
-                       {s.parallel.dcp_size, o.page_size, dtype}, 0, 0);
-  }
+  if (o.disaggregate)  // refuse an unsupported pair before any rank starts
+    check_disaggregation(s.parallel, s.model_options, o.prefill_dcp_size);
   s.engine.extend_mode =
       o.dcp_extend == "native" ? ForwardMode::extend_native : ForwardMode::extend;
   if (o.spec_tokens > 0) {
