@@ -175,6 +175,26 @@ TEST(Sampling, LogprobsAreTheFloat64LogSoftmax) {
   EXPECT_TRUE(step_logprobs(logits.data(), vocab, 0, 0).top.empty());
 }
 
+// The rank is the token's place in the descending order, ties by id, counted by sorting the
+// whole vocabulary: every token of a vocabulary with repeated logits.
+TEST(Sampling, RanksArePlacesInTheDescendingOrder) {
+  auto rng = test::make_rng();
+  const int vocab = 97;
+  std::vector<float> logits = random_logits(rng, vocab, 2.0f);
+  for (int i = 0; i < vocab; i += 3) logits[static_cast<std::size_t>(i)] = logits[0];  // ties
+  std::vector<int> order(vocab);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
+  for (int place = 0; place < vocab; ++place) {
+    const int token = order[static_cast<std::size_t>(place)];
+    const StepLogprobs lp = step_logprobs(logits.data(), vocab, token, 3);
+    EXPECT_EQ(lp.rank, place + 1) << "token " << token;
+    if (place < 3) {
+      EXPECT_EQ(lp.top[static_cast<std::size_t>(place)].token, token);
+    }
+  }
+}
+
 TEST(Sampling, RefusesParametersOutsideTheirRanges) {
   const auto refused = [](SamplingParams p, const char* what) {
     return test::throws_error([&] { validate(p, 50); }, ErrorCategory::invalid_argument, what);

@@ -101,6 +101,9 @@ struct TokenLogprob {
 struct StepLogprobs {
   TokenLogprob chosen;
   std::vector<TokenLogprob> top;
+  // The chosen token's place in that order over the whole vocabulary (1 = the most likely), as
+  // vLLM reports it beside a prompt token's logprob.
+  std::int64_t rank = 0;
 };
 
 // The most likely token (the first on ties): the greedy choice, and what speculative
@@ -111,7 +114,7 @@ std::int32_t greedy_token(const float* logits, int vocab);
 std::int32_t sample_token(const float* logits, int vocab, const SamplingParams& p,
                           std::uint64_t step);
 
-// Log-softmax of the raw logits at `token`, plus the `top` (>= 0) most likely tokens.
+// Log-softmax of the raw logits at `token`, its rank, plus the `top` (>= 0) most likely tokens.
 StepLogprobs step_logprobs(const float* logits, int vocab, std::int32_t token, int top);
 
 // The distribution sample_token draws from, in float64 (zero outside the kept set); for tests and

@@ -282,6 +282,9 @@ StepLogprobs step_logprobs(const float* logits, int vocab, std::int32_t token, i
   const double lse = m + std::log(sum);
   StepLogprobs out;
   out.chosen = {token, static_cast<float>(logits[token] - lse)};
+  out.rank = 1;
+  for (int i = 0; i < vocab; ++i)
+    out.rank += logits[i] > logits[token] || (logits[i] == logits[token] && i < token);
   const int k = std::clamp(top, 0, vocab);
   std::vector<std::int32_t> ids(static_cast<std::size_t>(vocab));
   std::iota(ids.begin(), ids.end(), 0);

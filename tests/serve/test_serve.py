@@ -762,6 +762,77 @@ def case_echo(s):
                 check(same, f"streamed echo logprobs {joined} != {c['logprobs']}")
 
 
+def case_prompt_logprobs(s):
+    """vLLM's prompt_logprobs: null for the first prompt token, then an object keyed by token id
+    holding the prompt's token (its logprob and rank over the vocabulary) and the k most likely,
+    ranked 1 to k. A prompt that is the model's greedy continuation has, at those tokens, rank 1
+    and the logprob decoding gave it; a rank within the top 20 is the token's place among 20
+    alternatives; each text is what /detokenize gives for the token alone (none for an id past the
+    tokenizer's vocabulary)."""
+    base = {"max_tokens": 3, "temperature": 0, "ignore_eos": True}
+    status, r = s.post("/v1/completions", {**base, "prompt": [1, 2, 3], "logprobs": 1})
+    greedy, decoded = r["choices"][0]["token_ids"], r["choices"][0]["logprobs"]["token_logprobs"]
+    prompt = [1, 2, 3] + greedy + [7, 400, 12]
+    status, r = s.post("/v1/completions", {**base, "prompt": prompt, "prompt_logprobs": 4})
+    check(status == 200, f"prompt_logprobs: {status} {r}")
+    plp = r["choices"][0]["prompt_logprobs"] if status == 200 else [None]
+    check(len(plp) == len(prompt) and plp[0] is None, f"one entry per prompt token, the first null: {plp}")
+    status, wide = s.post("/v1/completions", {**base, "prompt": prompt, "prompt_logprobs": 20})
+    wide = wide["choices"][0]["prompt_logprobs"]
+    status, echo = s.post("/v1/completions", {**base, "max_tokens": 0, "prompt": prompt, "echo": True, "logprobs": 4})
+    echoed = echo["choices"][0]["logprobs"]["token_logprobs"]
+    texts = {}
+    for p in range(1, len(plp)):
+        at, own = plp[p], str(prompt[p])
+        if own not in at:
+            check(False, f"position {p}: the prompt's token {own} is missing: {at}")
+            continue
+        ranked = sorted(at.values(), key=lambda e: e["rank"])
+        alternatives = [e for e in ranked if e["rank"] <= 4]
+        check([e["rank"] for e in alternatives] == [1, 2, 3, 4] and len(at) in (4, 5),
+              f"position {p}: four alternatives ranked 1-4 and the prompt's token: {at}")
+        check(all(a["logprob"] >= b["logprob"] for a, b in zip(ranked, ranked[1:])),
+              f"position {p}: logprobs fall with the rank: {at}")
+        check(abs(at[own]["logprob"] - echoed[p]) < 1e-4, f"position {p}: {at[own]} != the echo's {echoed[p]}")
+        order = sorted(wide[p].items(), key=lambda kv: -kv[1]["logprob"])
+        if at[own]["rank"] <= 20:
+            check(order[at[own]["rank"] - 1][0] == own, f"position {p}: rank {at[own]['rank']} is the place among 20: {order}")
+        else:
+            check(own not in [k for k, e in order if e["rank"] <= 20] and at[own]["logprob"] <= order[19][1]["logprob"],
+                  f"position {p}: a rank above 20 is below the 20 alternatives: {at[own]} {order}")
+        for k, e in at.items():
+            texts[int(k)] = e["decoded_token"]
+    for p in range(3, 3 + len(greedy)):
+        e = plp[p][str(prompt[p])]
+        check(e["rank"] == 1 and abs(e["logprob"] - decoded[p - 3]) < 0.05,
+              f"position {p}: the greedy token has rank 1 and decoding's logprob {decoded[p - 3]}: {e}")
+    compared = 0
+    for token, text in texts.items():  # ids past the tokenizer's vocabulary (the model's is larger) have none
+        status, d = s.post("/detokenize", {"tokens": [token]})
+        compared += status == 200
+        check(d["prompt"] == text if status == 200 else text == "", f"token {token}: decoded_token {text!r}, /detokenize {d}")
+    check(compared >= 5, f"decoded tokens compared: {compared}")
+    # 0: the prompt's token alone; a batch of prompts with n = 2: each choice its prompt's.
+    status, r = s.post("/v1/completions", {**base, "prompt": [[1, 2], [4, 5, 6]], "n": 2, "prompt_logprobs": 0})
+    check(status == 200 and [len(c["prompt_logprobs"]) for c in r["choices"]] == [2, 2, 3, 3] and
+          all(len(e) == 1 for c in r["choices"] for e in c["prompt_logprobs"][1:]),
+          f"prompt_logprobs 0 over a batch: {r}")
+    status, plain = s.post("/v1/completions", {**base, "prompt": prompt})
+    check("prompt_logprobs" not in plain["choices"][0], "no prompt_logprobs unless asked for")
+    # Chat: one list beside the choices, over the templated prompt.
+    status, r = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                                                "prompt_logprobs": 1})
+    check(status == 200 and len(r["prompt_logprobs"]) == r["usage"]["prompt_tokens"] and r["prompt_logprobs"][0] is None,
+          f"chat prompt_logprobs: {r}")
+    for path, body in [("/v1/completions", {**base, "prompt": prompt, "prompt_logprobs": 2, "stream": True}),
+                       ("/v1/completions", {**base, "prompt": prompt, "prompt_logprobs": -1}),
+                       ("/v1/completions", {**base, "prompt": prompt, "prompt_logprobs": 21}),
+                       ("/v1/completions", {**base, "prompt": prompt, "prompt_logprobs": "2"}),
+                       ("/generate", {"input_ids": prompt, "prompt_logprobs": 2})]:
+        status, r = s.post(path, body)
+        check(status == 400 and r["error"]["param"] == "prompt_logprobs", f"{path} {body}: {status} {r}")
+
+
 def case_logprobs(s):
     status, r = s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 3,
                                            "ignore_eos": True})
@@ -824,8 +895,9 @@ def case_errors(s):
     expect(400, {"prompt": "hi", "min_tokens": -1}, "min_tokens")
     expect(400, {"messages": [{"role": "user", "content": "hi"}], "echo": True}, "echo", path="/v1/chat/completions")
     # vLLM's and SGLang's extensions that would change the result are refused, not ignored.
-    for key, value in [("prompt_logprobs", 1), ("structural_tag", "{}"), ("use_beam_search", True)]:
+    for key, value in [("structural_tag", "{}"), ("use_beam_search", True)]:
         expect(400, {"prompt": "hi", key: value}, key)
+    expect(400, {"text": "hi", "sampling_params": {"prompt_logprobs": 1}}, "prompt_logprobs", path="/generate")
     # Deep nesting is refused before the body is parsed (a parser copies deep objects by recursion).
     status, r = s.request("POST", "/v1/completions", raw='{"prompt": "hi", "x": ' + '{"a": ' * 100000 + "1" + "}" * 100001)
     check(status == 400 and "nests arrays and objects more than 300 levels" in r["error"]["message"], f"deep body: {status} {r}")
@@ -2000,7 +2072,7 @@ def case_mpi(mpiexec, disaggregate=False):
 
 
 CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_whole, case_seeds,
-                                     case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_guided_regex, case_guided_grammar, case_json_mode, case_json_schema, case_structured_outputs, case_tokenize, case_chat_options, case_min_tokens, case_echo, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
+                                     case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_guided_regex, case_guided_grammar, case_json_mode, case_json_schema, case_structured_outputs, case_tokenize, case_chat_options, case_min_tokens, case_echo, case_prompt_logprobs, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
                                      case_idle_connections, case_pipelined_requests, case_kept_alive_requests,
                                      case_malformed_requests, case_bodyless_posts,
                                      case_metrics_and_models]}

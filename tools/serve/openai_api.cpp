@@ -22,7 +22,8 @@ constexpr std::size_t kMaxPrompts = 256;
 constexpr std::size_t kMaxBadWords = 256;
 
 // Fields with a meaning this server does not implement: refused unless they ask for nothing.
-void refuse_unsupported(const json& b) {
+// `prompt_logprobs` is vLLM's field of the OpenAI endpoints, not SGLang's /generate.
+void refuse_unsupported(const json& b, bool takes_prompt_logprobs) {
   if (const json* v = field(b, "best_of");
       v && !(v->is_number_integer() && v->get<std::int64_t>() == 1))
     bad("best_of", "'best_of' is not supported (only 1)");
@@ -31,10 +32,12 @@ void refuse_unsupported(const json& b) {
   if (const json* v = field(b, "functions"); v && !(v->is_array() && v->empty()))
     bad("functions", "'functions' is not supported (send 'tools')");
   // vLLM's and SGLang's extensions that would change the result: refused rather than ignored.
-  for (const char* key : {"prompt_logprobs", "structural_tag", "logprob_start_len",
-                          "custom_logit_processor", "logits_processors"}) {
+  for (const char* key :
+       {"structural_tag", "logprob_start_len", "custom_logit_processor", "logits_processors"}) {
     if (field(b, key)) bad(key, str("'", key, "' is not supported"));
   }
+  if (!takes_prompt_logprobs && field(b, "prompt_logprobs"))
+    bad("prompt_logprobs", "'prompt_logprobs' is not supported on /generate");
   if (const json* v = field(b, "priority");
       v && !(v->is_number_integer() && v->get<std::int64_t>() == 0))
     bad("priority", "'priority' is not supported (requests are served first come, first served)");
@@ -91,6 +94,7 @@ struct OpenAiApi::Job {
   // Each prompt's text: as sent, or (with echo) made from its ids.
   std::vector<std::optional<std::string>> prompt_texts;
   int top_logprobs = -1;  // -1: no logprobs
+  int prompt_top = -1;    // vLLM's prompt_logprobs: alternatives per prompt token (-1: none)
   ToolUse tools;          // chat: what the reply does with tools
   bool reasoning = false;         // chat: the reply's thinking comes first (--reasoning-parser)
   bool include_reasoning = true;  // vLLM's: the reply carries it as reasoning_content
@@ -134,7 +138,7 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
   Job job;
   job.kind = kind;
   check_model(b, options_.model_name);
-  refuse_unsupported(b);
+  refuse_unsupported(b, kind != Kind::generate);
   // The prompt.
   std::vector<std::int32_t>& prompt = job.request.prompt;
   if (kind == Kind::completion) {
@@ -192,7 +196,7 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
     src = field(b, "sampling_params");
     if (src && !src->is_object()) bad("sampling_params", "'sampling_params' must be an object");
     if (!src) src = &empty;
-    refuse_unsupported(*src);
+    refuse_unsupported(*src, false);
     if (const json* n = field(*src, "n");
         n && !(n->is_number_integer() && n->get<std::int64_t>() == 1))
       bad("n",
@@ -365,6 +369,14 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
       bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
     }
   }
+  // vLLM's prompt_logprobs: each prompt token's logprob and rank, with that many alternatives, in
+  // the whole reply (vLLM refuses it on a stream, whose chunks have no place for it).
+  if (const auto top = integer(b, "prompt_logprobs", 0, 20); top && kind != Kind::generate) {
+    if (job.stream)
+      bad("prompt_logprobs", "'prompt_logprobs' is not available with 'stream': true");
+    job.prompt_top = static_cast<int>(*top);
+    r.prompt_logprobs = std::max(r.prompt_logprobs, job.prompt_top);
+  }
   r.logprobs = job.top_logprobs;
   job.tokens_as_ids = boolean(b, "return_tokens_as_token_ids").value_or(false);
   return job;
@@ -530,8 +542,8 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
   // With echo: the prompt's tokens (the first without a logprob, as OpenAI gives it), their text
   // offsets from 0; the completion's follow them (`join`), offsets running on. (Captures by value:
   // a stream runs it after this function has returned.)
-  const auto prompt_logprobs_json = [this, label](const Choice& c,
-                                                  const std::vector<std::int32_t>& prompt) {
+  const auto prompt_logprobs_json = [this, label, top = job.top_logprobs](
+                                        const Choice& c, const std::vector<std::int32_t>& prompt) {
     json tokens = json::array(), lps = json::array(), tops = json::array(), offsets = json::array();
     std::int64_t offset = 0;
     for (std::size_t p = 0; p < prompt.size(); ++p) {
@@ -546,15 +558,38 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
       }
       const StepLogprobs& lp = c.prompt_logprobs[p - 1];
       lps.push_back(lp.chosen.logprob);
-      json top = json::object();
-      for (const TokenLogprob& a : lp.top) top[label(a.token)] = a.logprob;
-      tops.push_back(top);
+      json alternatives = json::object();
+      for (std::size_t i = 0; i < lp.top.size() && i < static_cast<std::size_t>(top); ++i)
+        alternatives[label(lp.top[i].token)] = lp.top[i].logprob;
+      tops.push_back(alternatives);
     }
     return std::pair{json{{"tokens", tokens},
                           {"token_logprobs", lps},
                           {"top_logprobs", tops},
                           {"text_offset", offsets}},
                      offset};
+  };
+  // vLLM's prompt_logprobs: null for the first token, then for each an object keyed by token id
+  // holding the prompt's token and the `prompt_top` most likely, each with its logprob (-inf
+  // written as vLLM's -9999), rank and text.
+  const auto vllm_prompt_logprobs = [this, k = job.prompt_top](const Choice& c,
+                                                               std::size_t prompt_length) {
+    const auto entry = [this](std::int32_t token, float logprob, std::int64_t rank) {
+      return json{{"logprob", logprob > -9999.0f ? logprob : -9999.0f},
+                  {"rank", rank},
+                  {"decoded_token", token_text(token)}};
+    };
+    json list = json::array({nullptr});
+    for (std::size_t p = 0; p + 1 < prompt_length && p < c.prompt_logprobs.size(); ++p) {
+      const StepLogprobs& lp = c.prompt_logprobs[p];
+      json at = json::object();
+      at[std::to_string(lp.chosen.token)] = entry(lp.chosen.token, lp.chosen.logprob, lp.rank);
+      for (std::size_t i = 0; i < lp.top.size() && i < static_cast<std::size_t>(k); ++i)
+        at[std::to_string(lp.top[i].token)] =
+            entry(lp.top[i].token, lp.top[i].logprob, static_cast<std::int64_t>(i) + 1);
+      list.push_back(std::move(at));
+    }
+    return list;
   };
   const auto join = [](json head, json tail) {
     for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
@@ -634,6 +669,8 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
             choice["finish_reason"] = "tool_calls";
         } else {
           choice["text"] = job.echo ? *job.prompt_texts[prompt_of] + c.shown : c.shown;
+          if (job.prompt_top >= 0)
+            choice["prompt_logprobs"] = vllm_prompt_logprobs(c, job.prompts[prompt_of].size());
         }
         list.push_back(choice);
       }
@@ -643,6 +680,10 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
                {"model", model},
                {"choices", list},
                {"usage", usage(*choices)}};
+      // Chat: one prompt, its logprobs beside the choices (vLLM's place for them).
+      if (kind == Kind::chat && job.prompt_top >= 0)
+        reply["prompt_logprobs"] =
+            vllm_prompt_logprobs(choices->front(), job.prompts.front().size());
     }
     return {HttpReply{200, "application/json", text_of(reply)}, {}};
   }
