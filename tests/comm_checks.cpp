@@ -205,6 +205,39 @@ void check_patient_broadcast(Communicator& comm) {
   }
 }
 
+void check_probe_and_messages(Communicator& comm) {
+  const int n = comm.size(), r = comm.rank();
+  constexpr int kTag = 4100;
+  if (n < 2) return;
+  if (r <= 1) {
+    EXPECT_OR_THROW(!comm.probe(1 - r, kTag), "probe before anything was sent");
+  }
+  comm.barrier();
+  const auto message = [](int from, int length) {
+    std::vector<std::uint8_t> bytes;
+    for (int i = 0; i < length; ++i) bytes.push_back(pattern(from, length, i));
+    return bytes;
+  };
+  if (r == 0) {
+    send_bytes(comm, message(0, 41), 1, kTag);
+    send_bytes(comm, {}, 1, kTag);  // an empty message is one too
+    // The reply comes late: a patient receive waits for it.
+    EXPECT_OR_THROW(recv_bytes(comm, 1, kTag, true) == message(1, 1000), "the reply");
+  } else if (r == 1) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!comm.probe(0, kTag)) {
+      EXPECT_OR_THROW(std::chrono::steady_clock::now() < deadline, "probe never saw the message");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_OR_THROW(recv_bytes(comm, 0, kTag) == message(0, 41), "the message");
+    EXPECT_OR_THROW(recv_bytes(comm, 0, kTag).empty(), "the empty message");
+    EXPECT_OR_THROW(!comm.probe(0, kTag), "probe after the messages were received");
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    send_bytes(comm, message(1, 1000), 0, kTag);
+  }
+  comm.barrier();
+}
+
 void check_split(Communicator& comm) {
   const int n = comm.size(), r = comm.rank();
   // Two colours; within a colour, reverse order of parent rank (key = -rank).

@@ -18,6 +18,9 @@ void check_split(Communicator& comm);
 // others' spin, into their sleeping polls) or at once: every rank gets the root's bytes, and the
 // collectives after them still pair up.
 void check_patient_broadcast(Communicator& comm);
+// probe, send_bytes and recv_bytes (patient or not): nothing waits before a message is sent, a
+// message sent is seen by probe before it is received and not after, bytes arrive whole.
+void check_probe_and_messages(Communicator& comm);
 // Measured bytes per collective equal the documented formulas.
 void check_byte_accounting(Communicator& comm);
 // The DCP attention step equals float64 full attention for every mask variant, both combine

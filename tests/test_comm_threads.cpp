@@ -35,6 +35,12 @@ TEST(CommThreads, PatientBroadcast) {
   }
 }
 
+TEST(CommThreads, ProbeAndMessages) {
+  for (int n : kSizes) {
+    run_threads(n, [](Communicator& c) { test::check_probe_and_messages(c); });
+  }
+}
+
 TEST(CommThreads, ByteAccounting) {
   for (int n : kSizes) {
     run_threads(n, [](Communicator& c) { test::check_byte_accounting(c); });

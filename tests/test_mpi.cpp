@@ -39,6 +39,9 @@ TEST(CommMpi, Split) {
 TEST(CommMpi, PatientBroadcast) {
   on_all_ranks([](Communicator& c) { test::check_patient_broadcast(c); });
 }
+TEST(CommMpi, ProbeAndMessages) {
+  on_all_ranks([](Communicator& c) { test::check_probe_and_messages(c); });
+}
 TEST(CommMpi, ByteAccounting) {
   on_all_ranks([](Communicator& c) { test::check_byte_accounting(c); });
 }

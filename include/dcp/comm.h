@@ -14,6 +14,7 @@
 //   broadcast       buf [bytes] on root     -> buf on every rank
 //   send / recv     point to point, matched by (peer, tag), in order. send may block until
 //                   the matching recv is posted (as MPI_Send and NCCL do): order them so.
+//   probe           whether a message from (peer, tag) waits to be received; never blocks
 // In place: all_gather with send == recv + rank * bytes, all_reduce with send == recv.
 // Other overlaps between send and recv are not allowed.
 //
@@ -93,6 +94,12 @@ class Communicator {
   virtual void barrier() = 0;
   virtual void send(const void* buf, std::size_t bytes, int peer, int tag) = 0;
   virtual void recv(void* buf, std::size_t bytes, int peer, int tag) = 0;
+  // A receive the rank may wait long for: as broadcast_patiently waits.
+  virtual void recv_patiently(void* buf, std::size_t bytes, int peer, int tag) {
+    recv(buf, bytes, peer, tag);
+  }
+  // Lets a loop that must not wait on a peer look before it receives.
+  virtual bool probe(int peer, int tag) = 0;
 
   // Collective over this group, like MPI_Comm_split: ranks with equal `color` form a new
   // group, ordered by (key, rank). Every rank gets the group it belongs to.
@@ -122,5 +129,10 @@ std::vector<std::vector<std::uint8_t>> all_gather_bytes(Communicator& group,
 // `patiently`: the ranks may wait long for the root (Communicator::broadcast_patiently).
 void broadcast_bytes(Communicator& group, std::vector<std::uint8_t>& bytes, int root,
                      bool patiently = false);
+// A variable-size message to one peer: its size with `tag`, then its bytes with `tag + 1`
+// (probe for `tag`).
+void send_bytes(Communicator& group, const std::vector<std::uint8_t>& bytes, int peer, int tag);
+std::vector<std::uint8_t> recv_bytes(Communicator& group, int peer, int tag,
+                                     bool patiently = false);
 
 }  // namespace dcp

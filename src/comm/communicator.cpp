@@ -94,4 +94,23 @@ void broadcast_bytes(Communicator& group, std::vector<std::uint8_t>& bytes, int 
   if (size > 0) group.broadcast(bytes.data(), bytes.size(), root);
 }
 
+void send_bytes(Communicator& group, const std::vector<std::uint8_t>& bytes, int peer, int tag) {
+  const std::int64_t size = static_cast<std::int64_t>(bytes.size());
+  group.send(&size, sizeof size, peer, tag);
+  if (size > 0) group.send(bytes.data(), bytes.size(), peer, tag + 1);
+}
+
+std::vector<std::uint8_t> recv_bytes(Communicator& group, int peer, int tag, bool patiently) {
+  std::int64_t size = 0;
+  if (patiently) {  // the wait is for the size; the bytes follow at once
+    group.recv_patiently(&size, sizeof size, peer, tag);
+  } else {
+    group.recv(&size, sizeof size, peer, tag);
+  }
+  DCP_CHECK(size >= 0, comm, "recv_bytes from rank ", peer, " tag ", tag, ": a size of ", size);
+  std::vector<std::uint8_t> bytes(static_cast<std::size_t>(size));
+  if (size > 0) group.recv(bytes.data(), bytes.size(), peer, tag + 1);
+  return bytes;
+}
+
 }  // namespace dcp

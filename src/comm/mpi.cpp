@@ -233,15 +233,18 @@ class MpiCommunicator final : public Communicator {
   }
 
   void recv(void* buf, std::size_t bytes, int peer, int tag) override {
-    check_peer(peer, "recv");
-    MPI_Status status;
-    MPI_Request req;
-    check(MPI_Irecv(buf, mpi_count(bytes, "recv"), MPI_BYTE, peer, tag, comm_, &req), "Recv");
-    wait(req, &status, "Recv", comm_);
-    int got = 0;
-    check(MPI_Get_count(&status, MPI_BYTE, &got), "Get_count");
-    DCP_CHECK(static_cast<std::size_t>(got) == bytes, comm, "recv from rank ", peer, " tag ", tag,
-              ": expected ", bytes, " bytes, the message has ", got);
+    receive(buf, bytes, peer, tag, false);
+  }
+
+  void recv_patiently(void* buf, std::size_t bytes, int peer, int tag) override {
+    receive(buf, bytes, peer, tag, true);
+  }
+
+  bool probe(int peer, int tag) override {
+    check_peer(peer, "probe");
+    int waiting = 0;
+    check(MPI_Iprobe(peer, tag, comm_, &waiting, MPI_STATUS_IGNORE), "Iprobe");
+    return waiting != 0;
   }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
@@ -252,6 +255,18 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  void receive(void* buf, std::size_t bytes, int peer, int tag, bool patient) {
+    check_peer(peer, "recv");
+    MPI_Status status;
+    MPI_Request req;
+    check(MPI_Irecv(buf, mpi_count(bytes, "recv"), MPI_BYTE, peer, tag, comm_, &req), "Recv");
+    wait(req, &status, "Recv", comm_, patient);
+    int got = 0;
+    check(MPI_Get_count(&status, MPI_BYTE, &got), "Get_count");
+    DCP_CHECK(static_cast<std::size_t>(got) == bytes, comm, "recv from rank ", peer, " tag ", tag,
+              ": expected ", bytes, " bytes, the message has ", got);
+  }
+
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 1;

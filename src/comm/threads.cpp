@@ -273,6 +273,13 @@ class ThreadCommunicator final : public Communicator {
     if (bytes > 0) std::memcpy(buf, msg.data(), bytes);
   }
 
+  bool probe(int peer, int tag) override {
+    check_peer(peer, "probe");
+    std::lock_guard lk(g_->mu);
+    const auto it = g_->mail.find({peer, rank_, tag});
+    return it != g_->mail.end() && !it->second.empty();
+  }
+
   std::unique_ptr<Communicator> split(int color, int key) override {
     {
       std::lock_guard lk(g_->mu);
