@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <thread>
 
 #include "dcp/serving.h"
@@ -243,14 +246,69 @@ TEST(DisaggregatedServing, EachDecodeReplicaTakesWhatItsKvHolds) {
     b_tokens += u->tokens.size();
   }
   const ServeMetrics m = server->metrics();
-  ASSERT_EQ(m.kv_rows_used.size(), 5u);  // world rank 0 prefills; 1-2 and 3-4 decode
+  ASSERT_EQ(m.kv_rows_used.size(), 5u);  // world ranks 0-1 and 2-3 decode; 4 prefills
   EXPECT_FALSE(a->timing().finished.has_value());
-  for (std::size_t rank = 1; rank < 5; ++rank)
+  for (std::size_t rank = 0; rank < 4; ++rank)
     EXPECT_GT(m.kv_rows_used[rank], 0) << "decode rank " << rank << " holds no request";
   a->cancel();
   b->cancel();
   EXPECT_EQ(drain_stream(*a).finish_reason, FinishReason::cancelled);
   EXPECT_EQ(drain_stream(*b).finish_reason, FinishReason::cancelled);
+  for (const std::int64_t rows : settled_kv_rows(*server)) EXPECT_EQ(rows, 0);
+}
+
+// The decode side never waits for the prefill group: with the prefill group held before its next
+// step, a request already decoding streams 30 more tokens while one that arrived meanwhile gets
+// nothing; released, the second is served. (Stepping the groups together, the first would stop.)
+TEST(DisaggregatedServing, DecodeStepsDoNotWaitForThePrefillGroup) {
+  auto rng = test::make_rng();
+  const auto w = make_synthetic_weights(46);
+  std::mutex mutex;
+  std::condition_variable released;
+  bool hold = false;
+  ServeOptions o = disaggregated(1);
+  o.prefill_step_hook = [&] {
+    std::unique_lock lock(mutex);
+    released.wait(lock, [&] { return !hold; });
+  };
+  Running server(small_spec(*w, 2, 2), o);
+  const auto release = [&] {
+    {
+      std::lock_guard lock(mutex);
+      hold = false;
+    }
+    released.notify_all();
+  };
+  struct OnExit {  // a failed check still lets the prefill group go before the server stops
+    std::function<void()> f;
+    ~OnExit() { f(); }
+  } release_on_exit{release};
+  const auto a = server->submit(greedy(test::random_tokens(rng, 10, 64), 200));
+  std::size_t a_tokens = 0;
+  while (a_tokens < 2) {  // decoding
+    const std::optional<StreamUpdate> u = a->next(10s);
+    ASSERT_TRUE(u.has_value());
+    a_tokens += u->tokens.size();
+  }
+  {
+    std::lock_guard lock(mutex);
+    hold = true;
+  }
+  const auto b = server->submit(greedy(test::random_tokens(rng, 20, 64), 4));
+  const std::size_t before = a_tokens;
+  while (a_tokens < before + 30) {
+    const std::optional<StreamUpdate> u = a->next(10s);
+    ASSERT_TRUE(u.has_value()) << "decoding stopped after " << a_tokens << " tokens";
+    ASSERT_FALSE(u->finished);
+    a_tokens += u->tokens.size();
+  }
+  EXPECT_FALSE(b->timing().first_token.has_value());
+  release();
+  const StreamUpdate rest = drain_stream(*b);
+  EXPECT_EQ(rest.tokens.size(), 4u);
+  EXPECT_EQ(rest.finish_reason, FinishReason::length);
+  a->cancel();
+  EXPECT_EQ(drain_stream(*a).finish_reason, FinishReason::cancelled);
   for (const std::int64_t rows : settled_kv_rows(*server)) EXPECT_EQ(rows, 0);
 }
 

@@ -144,10 +144,12 @@ void check_disaggregation(const ParallelConfig& decode, const ModelOptions& mode
                           int prefill_dcp_size);
 
 // Who takes part in a move to each decode replica (DP replica or attention group), by dp_rank:
-// the prefill group (world ranks [0, prefill_dcp_size)) and that replica's ranks, which follow it
-// in the world as in `decode`.
+// the prefill group and that replica's ranks. The world holds the prefill group (world ranks
+// [0, prefill_dcp_size)) and then the decode ranks as in `decode`, or with `decode_first` (a
+// server's: its frontend is a decode rank) the decode ranks and then the prefill group.
 std::vector<DisaggRoles> replica_roles(int prefill_dcp_size, const Topology& decode,
-                                       const ModelOptions& model_options);
+                                       const ModelOptions& model_options,
+                                       bool decode_first = false);
 
 // A whole disaggregated run through the deployment's launcher (threads or MPI): spec.parallel is
 // the decode side (its DP replicas or attention groups included), spec.requests the workload;

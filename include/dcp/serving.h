@@ -102,12 +102,16 @@ struct ServeOptions {
   // which it may not pass.
   std::int64_t max_model_len = 0;
   std::chrono::milliseconds idle_tick{50};
-  // Prefill/decode disaggregation: > 0 puts a prefill group of this DCP (= TP) size in front of
-  // the deployment, as world ranks [0, prefill_dcp_size); the deployment's ranks follow it and
-  // decode. Each request's prompt (and first token) is computed there, and its KV moved to the
-  // decode replica (DP replica or attention group) with the fewest tokens reserved that can hold
-  // the whole request, which decodes it (check_disaggregation: the DCP sizes a transfer takes).
+  // Prefill/decode disaggregation: > 0 puts a prefill group of this DCP (= TP) size after the
+  // deployment's ranks (which decode; world rank 0, the frontend, is the first of them). Each
+  // request's prompt (and first token) is computed there, and its KV moved to the decode replica
+  // (DP replica or attention group) with the fewest tokens reserved that can hold the whole
+  // request, which decodes it (check_disaggregation: the DCP sizes a transfer takes). Each group
+  // steps at its own pace.
   int prefill_dcp_size = 0;
+  // Tests: called on every prefill rank before each of its steps, so that a test can hold the
+  // prefill group and see the decode side go on without it.
+  std::function<void()> prefill_step_hook;
 };
 
 // A latency histogram with fixed bucket bounds in seconds (Prometheus-style, cumulative on output).
@@ -188,12 +192,20 @@ class ServingDeployment {
 
  private:
   void rank_loop(Communicator& world);
-  // ServeOptions::prefill_dcp_size > 0: the prefill and decode groups' loop (src/disagg).
+  // ServeOptions::prefill_dcp_size > 0: the decode and prefill groups' loops (src/disagg), each
+  // stepping at its own pace.
+  struct DisaggregatedSide;
   void disaggregated_rank_loop(Communicator& world);
+  void disaggregated_decode_loop(Communicator& world, DisaggregatedSide& side);
+  void disaggregated_prefill_loop(Communicator& world, DisaggregatedSide& side);
   // Frontend: the deployment has loaded; requests of up to `capacity_tokens` may come.
   void become_ready(std::int64_t capacity_tokens);
-  std::vector<std::uint8_t> take_control(bool engine_busy);
-  void publish(const std::vector<std::vector<std::uint8_t>>& reports);
+  // What the ranks apply before the next step; waits up to `idle_wait` unless `engine_busy` or
+  // something came.
+  std::vector<std::uint8_t> take_control(bool engine_busy, std::chrono::milliseconds idle_wait);
+  // Every world rank's report of a step: a RankLoad, then its news (-1: a rank that reports
+  // none). `counts_step`: the reports are of an engine step (the decode side's, disaggregated).
+  void publish(const std::vector<std::vector<std::uint8_t>>& reports, bool counts_step = true);
 
   DeploymentSpec spec_;
   ServeOptions options_;

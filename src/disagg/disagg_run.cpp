@@ -24,16 +24,18 @@ void check_disaggregation(const ParallelConfig& decode, const ModelOptions& m,
 }
 
 std::vector<DisaggRoles> replica_roles(int prefill_dcp_size, const Topology& decode,
-                                       const ModelOptions& m) {
+                                       const ModelOptions& m, bool decode_first) {
+  const int first_prefill = decode_first ? decode.world_size : 0;
+  const int first_decode = decode_first ? 0 : prefill_dcp_size;
   std::vector<DisaggRoles> roles(static_cast<std::size_t>(decode.config.dp_size));
   for (DisaggRoles& r : roles) {
     r.prefill = {prefill_dcp_size, m.page_size, m.kv_dtype, m.kv_interleave};
     r.decode = {decode.config.dcp_size, m.page_size, m.kv_dtype, m.kv_interleave};
-    for (int k = 0; k < prefill_dcp_size; ++k) r.prefill_ranks.push_back(k);
+    for (int k = 0; k < prefill_dcp_size; ++k) r.prefill_ranks.push_back(first_prefill + k);
   }
   for (const RankPlacement& p : decode.ranks) {
     DisaggRoles& r = roles[static_cast<std::size_t>(p.dp_rank)];
-    r.decode_ranks.push_back(prefill_dcp_size + p.global_rank);
+    r.decode_ranks.push_back(first_decode + p.global_rank);
     r.decode_dcp_rank.push_back(p.dcp_rank);
   }
   return roles;

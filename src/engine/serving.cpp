@@ -189,9 +189,10 @@ std::shared_ptr<RequestStream> ServingDeployment::submit(const ServeRequest& req
   return stream;
 }
 
-// Frontend: what the ranks apply before the next step. Waits up to one idle tick when nothing
+// Frontend: what the ranks apply before the next step. Waits up to `idle_wait` when nothing
 // runs anywhere and nothing arrived.
-std::vector<std::uint8_t> ServingDeployment::take_control(bool busy) {
+std::vector<std::uint8_t> ServingDeployment::take_control(bool busy,
+                                                          std::chrono::milliseconds idle_wait) {
   std::unique_lock lock(mutex_);
   const auto news = [&] {
     if (!incoming_.empty() || stopping_ || reset_cache_) return true;
@@ -202,7 +203,7 @@ std::vector<std::uint8_t> ServingDeployment::take_control(bool busy) {
     return false;
   };
   if (!busy && !news())
-    wake_.wait_for(lock, options_.idle_tick,
+    wake_.wait_for(lock, idle_wait,
                    [&] { return !incoming_.empty() || stopping_ || reset_cache_; });
   std::vector<std::uint8_t> bytes;
   ByteWriter w(bytes);
@@ -226,13 +227,14 @@ std::vector<std::uint8_t> ServingDeployment::take_control(bool busy) {
 }
 
 // Frontend: every rank's report of the step that just ran.
-void ServingDeployment::publish(const std::vector<std::vector<std::uint8_t>>& reports) {
+void ServingDeployment::publish(const std::vector<std::vector<std::uint8_t>>& reports,
+                                bool counts_step) {
   const auto now = std::chrono::steady_clock::now();
   std::lock_guard lock(mutex_);
   metrics_.running = metrics_.queued = 0;
   metrics_.prefix_cache = {};
   metrics_.kv_transfers = metrics_.kv_transfer_bytes = metrics_.awaiting_transfer = 0;
-  ++metrics_.steps;
+  if (counts_step) ++metrics_.steps;
   for (std::size_t rank = 0; rank < reports.size(); ++rank) {
     ByteReader in(reports[rank]);
     RankLoad load;
@@ -343,7 +345,7 @@ void ServingDeployment::rank_loop(Communicator& world) {
   bool busy_anywhere = false;
   for (;;) {
     std::vector<std::uint8_t> control;
-    if (frontend) control = take_control(busy_anywhere);
+    if (frontend) control = take_control(busy_anywhere, options_.idle_tick);
     broadcast_bytes(world, control, 0, true);  // an idle server's next step may be a tick away
     ByteReader in(control);
     const bool stopping = in.i64() != 0;
