@@ -378,11 +378,24 @@ TEST(Merge, EmptyNanAndInfinitePartsAreEmpty) {
 
 TEST(Merge, BaseTwoLseGivesTheSameResult) {
   auto rng = test::make_rng();
-  const Partition p = random_partition(rng, 5, 12, 4.0, 0.0);
-  std::vector<float> o, lse;
-  p.float_parts(o, lse);
-  std::vector<float> lse2(lse.size());
-  for (std::size_t k = 0; k < lse.size(); ++k) lse2[k] = static_cast<float>(lse[k] / std::log(2.0));
+  // A partition on which the base matters: drawn again while a float64 merge that misreads its
+  // base-2 LSEs as natural ones stays close to the right result (one part alone holding tokens,
+  // or parts of nearly equal LSEs, give the same result either way).
+  Partition p;
+  std::vector<float> o, lse, lse2;
+  for (bool base_matters = false; !base_matters;) {
+    p = random_partition(rng, 5, 12, 4.0, 0.0);
+    p.float_parts(o, lse);
+    lse2.resize(lse.size());
+    for (std::size_t k = 0; k < lse.size(); ++k)
+      lse2[k] = static_cast<float>(lse[k] / std::log(2.0));
+    const ref::AttentionResult misread =
+        ref::merge(std::vector<double>(o.begin(), o.end()),
+                   std::vector<double>(lse2.begin(), lse2.end()), 5, 1, p.dim);
+    double ref_lse;
+    base_matters = !test::close(std::vector<float>(misread.out.begin(), misread.out.end()),
+                                p.full(&ref_lse), {1e-6, 1e-3}, "misread in float64");
+  }
   std::vector<float> out(p.dim);
   float out_lse;
   merge_attention_states(o.data(), lse2.data(), 5, 1, p.dim, LseBase::two, out.data(), &out_lse);
