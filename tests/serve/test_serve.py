@@ -775,7 +775,9 @@ def case_prompt_logprobs(s):
     prompt = [1, 2, 3] + greedy + [7, 400, 12]
     status, r = s.post("/v1/completions", {**base, "prompt": prompt, "prompt_logprobs": 4})
     check(status == 200, f"prompt_logprobs: {status} {r}")
-    plp = r["choices"][0]["prompt_logprobs"] if status == 200 else [None]
+    if status != 200:
+        return
+    plp = r["choices"][0]["prompt_logprobs"]
     check(len(plp) == len(prompt) and plp[0] is None, f"one entry per prompt token, the first null: {plp}")
     status, wide = s.post("/v1/completions", {**base, "prompt": prompt, "prompt_logprobs": 20})
     wide = wide["choices"][0]["prompt_logprobs"]
