@@ -68,9 +68,6 @@ Handoff read_handoff(ByteReader& in) {
   return h;
 }
 
-// The moves of one answer: per decode replica, the requests and their prompt lengths.
-using Moves = std::vector<std::vector<TransferItem>>;
-
 bool over(const RequestResult& r) {
   return r.state == RequestState::finished || r.state == RequestState::rejected;
 }
