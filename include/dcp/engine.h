@@ -157,6 +157,8 @@ class Engine {
   // Ends a waiting or running request now (finish_reason cancelled) and frees its KV, kept or
   // not; its tokens so far stay in its result. False when no such request is unfinished.
   bool cancel(RequestId id);
+  // cancel() for every waiting or running request (a server's cancelling shutdown).
+  void cancel_all();
   // Drops a finished or rejected request's result (a server's memory stays bounded); its id may
   // be submitted again. False when the request is unknown, unfinished or keeps its KV.
   bool forget(RequestId id);

@@ -202,10 +202,7 @@ void ServingDeployment::disaggregated_prefill_loop(Communicator& world, Disaggre
       }
     }
     for (const RequestId id : in.vec<std::int64_t>()) engine.cancel(id);
-    if (stopping && !drain) {
-      for (const RequestResult& r : engine.results())
-        if (!over(r)) engine.cancel(r.id);
-    }
+    if (stopping && !drain) engine.cancel_all();
     // Computed prompts the frontend ended while they waited to move (cancelled): their KV goes.
     for (const RequestId id : in.vec<std::int64_t>()) leave(id, true);
     for (std::int64_t g = in.i64(); g > 0; --g) {
@@ -460,10 +457,7 @@ void ServingDeployment::disaggregated_decode_loop(Communicator& world, Disaggreg
     const bool drained = in.i64() != 0;
     const bool prefill_done = in.i64() != 0;
     for (const RequestId id : in.vec<std::int64_t>()) engine.cancel(id);
-    if (stop && !drained) {
-      for (const RequestResult& r : engine.results())
-        if (!over(r)) engine.cancel(r.id);
-    }
+    if (stop && !drained) engine.cancel_all();
     // The moves, replica by replica: only the prefill group and that replica's ranks take part.
     for (std::size_t g = 0; g < replicas; ++g) {
       std::vector<Handoff> moving(static_cast<std::size_t>(in.i64()));

@@ -181,6 +181,15 @@ void Engine::release(RequestId id) {
   kept_.erase(kept);
 }
 
+void Engine::cancel_all() {
+  std::vector<RequestId> open;
+  for (const RequestResult& r : results_) {
+    if (r.state != RequestState::finished && r.state != RequestState::rejected)
+      open.push_back(r.id);
+  }
+  for (const RequestId id : open) cancel(id);
+}
+
 bool Engine::cancel(RequestId id) {
   for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
     if (it->spec.id != id) continue;

@@ -376,14 +376,7 @@ void ServingDeployment::rank_loop(Communicator& world) {
       }
     }
     for (const std::int64_t id : in.vec<std::int64_t>()) engine.cancel(id);
-    if (stopping && !drain) {
-      std::vector<RequestId> open;
-      for (const RequestResult& r : engine.results()) {
-        if (r.state != RequestState::finished && r.state != RequestState::rejected)
-          open.push_back(r.id);
-      }
-      for (const RequestId id : open) engine.cancel(id);
-    }
+    if (stopping && !drain) engine.cancel_all();
     engine.step();
 
     std::vector<std::uint8_t> report;
