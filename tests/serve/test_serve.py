@@ -835,6 +835,85 @@ def case_prompt_logprobs(s):
         check(status == 400 and r["error"]["param"] == "prompt_logprobs", f"{path} {body}: {status} {r}")
 
 
+def case_generate_logprobs(s):
+    """SGLang's /generate logprobs: meta_info holds [logprob, token id, text or null] for the output
+    tokens and, from logprob_start_len on, the prompt's (its first token without a logprob); with
+    top_logprobs_num the most likely tokens at each. A prompt that is the model's greedy
+    continuation has, at those tokens, the logprob decoding gave them; a later start is the same
+    list cut; texts are what /detokenize gives; a stream carries everything so far."""
+    base = {"sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}, "return_logprob": True}
+    status, r = s.post("/generate", {**base, "input_ids": [1, 2, 3]})
+    meta = r.get("meta_info", {})
+    out = meta.get("output_token_logprobs")
+    check(status == 200 and out is not None and [e[1] for e in out] == r["output_ids"] and len(out) == 4 and
+          all(e[2] is None and e[0] <= 0 for e in out), f"output_token_logprobs: {status} {r}")
+    check(meta.get("input_token_logprobs") == [] and "output_top_logprobs" not in meta,
+          f"by default no prompt logprobs and no alternatives: {meta}")
+    if status != 200:
+        return
+    status, v = s.post("/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+                                           "logprobs": 0})
+    check([e[0] for e in out] == v["choices"][0]["logprobs"]["token_logprobs"],
+          f"the logprobs /v1/completions gives: {out} {v['choices'][0]['logprobs']}")
+    greedy = r["output_ids"]
+    prompt = [1, 2, 3] + greedy + [7, 400]
+    body = {**base, "input_ids": prompt, "logprob_start_len": 0, "top_logprobs_num": 3, "return_text_in_logprobs": True}
+    status, whole = s.post("/generate", body)
+    meta = whole.get("meta_info", {})
+    inp, tops = meta.get("input_token_logprobs", []), meta.get("input_top_logprobs", [])
+    check(status == 200 and [e[1] for e in inp] == prompt and inp[0][0] is None and tops[0] is None and
+          len(tops) == len(prompt), f"the prompt's from position 0: {status} {whole}")
+    if status != 200:
+        return
+    check(all(abs(inp[3 + i][0] - out[i][0]) < 0.05 for i in range(len(greedy))),
+          f"a greedy continuation's prompt logprobs {inp[3:3 + len(greedy)]} equal decoding's {out}")
+    for lists in [tops[1:], meta["output_top_logprobs"]]:
+        check(all(len(t) == 3 and all(a[0] >= b[0] for a, b in zip(t, t[1:])) for t in lists),
+              f"three alternatives each, most likely first: {lists}")
+    check(all(abs(t[0][0] - e[0]) < 1e-5 and t[0][1] == e[1] for t, e in zip(meta["output_top_logprobs"],
+                                                                             meta["output_token_logprobs"])),
+          "greedy chooses the most likely token")
+    check(all(e[0] <= t[0][0] + 1e-5 for e, t in zip(inp[1:], tops[1:])), "no prompt token above the most likely")
+    texts = {e[1]: e[2] for e in inp + meta["output_token_logprobs"]} | {a[1]: a[2] for t in tops[1:] for a in t}
+    compared = 0
+    for token, text in texts.items():  # ids past the tokenizer's vocabulary have no text
+        status, d = s.post("/detokenize", {"tokens": [token]})
+        compared += status == 200
+        check(d["prompt"] == text if status == 200 else text == "", f"token {token}: text {text!r}, /detokenize {d}")
+    check(compared >= 5, f"texts compared: {compared}")
+    # A later start: the same entries, cut; the prompt's length: none of them.
+    for start in [4, len(prompt)]:
+        status, cut = s.post("/generate", {**body, "logprob_start_len": start})
+        got = cut["meta_info"]["input_token_logprobs"] if status == 200 else None
+        check(got is not None and [e[1] for e in got] == prompt[start:] and
+              all(abs(a[0] - b[0]) < 1e-4 for a, b in zip(got, inp[start:])) and
+              len(cut["meta_info"]["input_top_logprobs"]) == len(prompt) - start,
+              f"logprob_start_len {start}: {status} {cut}")
+    # Streamed: every event holds the lists so far; the last equals the whole reply.
+    status, _, events = s.stream("/generate", {**body, "stream": True})
+    last = events[-2]["meta_info"] if len(events) >= 2 else {}
+    check(all(len(e["meta_info"]["output_token_logprobs"]) == len(e["output_ids"]) for e in events[:-1]),
+          f"each event: a logprob per token so far: {events}")
+    check(last.get("input_token_logprobs", [None])[0] == inp[0] and
+          [e[1] for e in last.get("output_token_logprobs", [])] == [e[1] for e in meta["output_token_logprobs"]] and
+          all((a[0] is None and b[0] is None) or abs(a[0] - b[0]) < 1e-4
+              for a, b in zip(last["input_token_logprobs"] + last["output_token_logprobs"],
+                              inp + meta["output_token_logprobs"])),
+          f"the stream's last event {last} != the whole reply {meta}")
+    for extra, param in [({"top_logprobs_num": 21}, "top_logprobs_num"),
+                         ({"logprob_start_len": len(prompt) + 1}, "logprob_start_len"),
+                         ({"logprob_start_len": -2}, "logprob_start_len"),
+                         ({"return_logprob": False, "logprob_start_len": 0}, "logprob_start_len"),
+                         ({"return_logprob": False, "top_logprobs_num": 2}, "top_logprobs_num"),
+                         ({"return_logprob": False, "return_text_in_logprobs": True}, "return_text_in_logprobs"),
+                         ({"token_ids_logprob": [1, 2]}, "token_ids_logprob"),
+                         ({"sampling_params": {"max_new_tokens": 2, "top_logprobs_num": 2}}, "top_logprobs_num")]:
+        status, r = s.post("/generate", {**base, "input_ids": prompt, **extra})
+        check(status == 400 and r["error"]["param"] == param, f"/generate {extra}: {status} {r}")
+    status, r = s.post("/v1/completions", {"prompt": prompt, "max_tokens": 2, "logprob_start_len": 0})
+    check(status == 400 and r["error"]["param"] == "logprob_start_len", f"logprob_start_len on completions: {r}")
+
+
 def case_logprobs(s):
     status, r = s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 3,
                                            "ignore_eos": True})
@@ -2074,7 +2153,7 @@ def case_mpi(mpiexec, disaggregate=False):
 
 
 CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_whole, case_seeds,
-                                     case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_guided_regex, case_guided_grammar, case_json_mode, case_json_schema, case_structured_outputs, case_tokenize, case_chat_options, case_min_tokens, case_echo, case_prompt_logprobs, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
+                                     case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_guided_regex, case_guided_grammar, case_json_mode, case_json_schema, case_structured_outputs, case_tokenize, case_chat_options, case_min_tokens, case_echo, case_prompt_logprobs, case_generate_logprobs, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
                                      case_idle_connections, case_pipelined_requests, case_kept_alive_requests,
                                      case_malformed_requests, case_bodyless_posts,
                                      case_metrics_and_models]}

@@ -22,8 +22,9 @@ constexpr std::size_t kMaxPrompts = 256;
 constexpr std::size_t kMaxBadWords = 256;
 
 // Fields with a meaning this server does not implement: refused unless they ask for nothing.
-// `prompt_logprobs` is vLLM's field of the OpenAI endpoints, not SGLang's /generate.
-void refuse_unsupported(const json& b, bool takes_prompt_logprobs) {
+// `prompt_logprobs` is vLLM's field of the OpenAI endpoints, `logprob_start_len` SGLang's of
+// /generate: each is refused on the others.
+void refuse_unsupported(const json& b, bool openai) {
   if (const json* v = field(b, "best_of");
       v && !(v->is_number_integer() && v->get<std::int64_t>() == 1))
     bad("best_of", "'best_of' is not supported (only 1)");
@@ -33,11 +34,15 @@ void refuse_unsupported(const json& b, bool takes_prompt_logprobs) {
     bad("functions", "'functions' is not supported (send 'tools')");
   // vLLM's and SGLang's extensions that would change the result: refused rather than ignored.
   for (const char* key :
-       {"structural_tag", "logprob_start_len", "custom_logit_processor", "logits_processors"}) {
+       {"structural_tag", "custom_logit_processor", "logits_processors", "token_ids_logprob"}) {
     if (field(b, key)) bad(key, str("'", key, "' is not supported"));
   }
-  if (!takes_prompt_logprobs && field(b, "prompt_logprobs"))
+  if (!openai && field(b, "prompt_logprobs"))
     bad("prompt_logprobs", "'prompt_logprobs' is not supported on /generate");
+  if (openai && field(b, "logprob_start_len"))
+    bad("logprob_start_len",
+        "'logprob_start_len' is /generate's (SGLang's): send 'prompt_logprobs' or 'echo' with "
+        "'logprobs'");
   if (const json* v = field(b, "priority");
       v && !(v->is_number_integer() && v->get<std::int64_t>() == 0))
     bad("priority", "'priority' is not supported (requests are served first come, first served)");
@@ -95,6 +100,10 @@ struct OpenAiApi::Job {
   std::vector<std::optional<std::string>> prompt_texts;
   int top_logprobs = -1;  // -1: no logprobs
   int prompt_top = -1;    // vLLM's prompt_logprobs: alternatives per prompt token (-1: none)
+  // /generate's return_logprob (SGLang's): the prompt's logprobs from this position on (-1:
+  // none), and whether each entry carries its token's text (return_text_in_logprobs).
+  std::int64_t logprob_start = -1;
+  bool logprob_texts = false;
   ToolUse tools;          // chat: what the reply does with tools
   bool reasoning = false;         // chat: the reply's thinking comes first (--reasoning-parser)
   bool include_reasoning = true;  // vLLM's: the reply carries it as reasoning_content
@@ -182,9 +191,6 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
         bad("input_ids", "'input_ids' must be one list of token ids (one prompt per request)");
       prompt = token_ids(*ids, "input_ids", vocab);
     }
-    for (const char* key : {"return_logprob", "return_text_in_logprobs"}) {
-      if (boolean(b, key).value_or(false)) bad(key, str("'", key, "' is not supported"));
-    }
   }
   if (prompt.empty()) bad("prompt", "the prompt must hold at least one token");
   if (job.prompts.empty()) job.prompts.push_back(prompt);
@@ -197,6 +203,10 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
     if (src && !src->is_object()) bad("sampling_params", "'sampling_params' must be an object");
     if (!src) src = &empty;
     refuse_unsupported(*src, false);
+    for (const char* key : {"return_logprob", "logprob_start_len", "top_logprobs_num"}) {
+      if (field(*src, key))
+        bad(key, str("'", key, "' belongs in the request, not in sampling_params"));
+    }
     if (const json* n = field(*src, "n");
         n && !(n->is_number_integer() && n->get<std::int64_t>() == 1))
       bad("n",
@@ -377,9 +387,36 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
     job.prompt_top = static_cast<int>(*top);
     r.prompt_logprobs = std::max(r.prompt_logprobs, job.prompt_top);
   }
+  if (kind == Kind::generate) parse_sglang_logprobs(b, job);  // after truncate_prompt_tokens
   r.logprobs = job.top_logprobs;
   job.tokens_as_ids = boolean(b, "return_tokens_as_token_ids").value_or(false);
   return job;
+}
+
+void OpenAiApi::parse_sglang_logprobs(const json& b, Job& job) const {
+  const bool wanted = boolean(b, "return_logprob").value_or(false);
+  const auto start = integer(b, "logprob_start_len", -1, std::numeric_limits<std::int64_t>::max());
+  const auto top = integer(b, "top_logprobs_num", 0, 20);
+  const bool texts = boolean(b, "return_text_in_logprobs").value_or(false);
+  if (!wanted) {  // SGLang ignores them then; here a field that would be ignored is refused
+    if (start && *start >= 0)
+      bad("logprob_start_len", "'logprob_start_len' needs 'return_logprob': true");
+    if (top && *top > 0) bad("top_logprobs_num", "'top_logprobs_num' needs 'return_logprob': true");
+    if (texts)
+      bad("return_text_in_logprobs", "'return_text_in_logprobs' needs 'return_logprob': true");
+    return;
+  }
+  if (texts) need_tokenizer_for("return_text_in_logprobs");
+  const auto length = static_cast<std::int64_t>(job.request.prompt.size());
+  if (start && *start > length)
+    bad("logprob_start_len", str("'logprob_start_len' = ", *start, " is past the prompt's ", length,
+                                 " tokens (-1: none of the prompt, 0 to ", length, ")"));
+  job.top_logprobs = static_cast<int>(top.value_or(0));
+  job.logprob_start = start.value_or(-1);
+  job.logprob_texts = texts;
+  // The engine computes the prompt's logprobs whole; the reply keeps those from the start on.
+  if (job.logprob_start >= 0 && job.logprob_start < length)
+    job.request.prompt_logprobs = job.top_logprobs;
 }
 
 Handled OpenAiApi::completions(const std::string& body, const ClientGone& gone) {
@@ -591,6 +628,44 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
     }
     return list;
   };
+  // /generate's (SGLang's) logprobs in meta_info: each entry [logprob, token id, text or null];
+  // the prompt's from logprob_start_len on (its first token has no logprob), the output's, and
+  // with top_logprobs_num the most likely tokens at each (none at the prompt's first).
+  const auto sglang_logprobs = [this, start = job.logprob_start, k = job.top_logprobs,
+                                texts = job.logprob_texts,
+                                prompt = job.prompts.front()](const Choice& c, json& meta) {
+    const auto entry = [&](std::optional<float> logprob, std::int32_t token) {
+      return json::array({logprob ? json(std::max(*logprob, -9999.0f)) : json(nullptr), token,
+                          texts ? json(token_text(token)) : json(nullptr)});
+    };
+    const auto tops = [&](const StepLogprobs& lp) {
+      json list = json::array();
+      for (std::size_t i = 0; i < lp.top.size() && i < static_cast<std::size_t>(k); ++i)
+        list.push_back(entry(lp.top[i].logprob, lp.top[i].token));
+      return list;
+    };
+    json in = json::array(), in_top = json::array(), out = json::array(), out_top = json::array();
+    for (auto p = static_cast<std::size_t>(std::max<std::int64_t>(start, 0));
+         start >= 0 && p < prompt.size(); ++p) {
+      if (p == 0) {
+        in.push_back(entry(std::nullopt, prompt[0]));
+        in_top.push_back(nullptr);
+      } else if (p - 1 < c.prompt_logprobs.size()) {
+        in.push_back(entry(c.prompt_logprobs[p - 1].chosen.logprob, prompt[p]));
+        in_top.push_back(tops(c.prompt_logprobs[p - 1]));
+      }
+    }
+    for (std::size_t t = 0; t < c.text.tokens().size() && t < c.logprobs.size(); ++t) {
+      out.push_back(entry(c.logprobs[t].chosen.logprob, c.logprobs[t].chosen.token));
+      out_top.push_back(tops(c.logprobs[t]));
+    }
+    meta["input_token_logprobs"] = std::move(in);
+    meta["output_token_logprobs"] = std::move(out);
+    if (k > 0) {
+      meta["input_top_logprobs"] = std::move(in_top);
+      meta["output_top_logprobs"] = std::move(out_top);
+    }
+  };
   const auto join = [](json head, json tail) {
     for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
       for (json& x : tail[key]) head[key].push_back(std::move(x));
@@ -646,6 +721,7 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
                  {"completion_tokens", c.text.tokens().size()},
                  {"cached_tokens", c.cached_tokens},
                  {"finish_reason", {{"type", reason(c)}}}}}};
+      if (job.top_logprobs >= 0) sglang_logprobs(c, reply["meta_info"]);
     } else {
       json list = json::array();
       for (std::size_t i = 0; i < choices->size(); ++i) {
@@ -755,6 +831,7 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
                        {"completion_tokens", kept},
                        {"cached_tokens", c.cached_tokens}};
           meta["finish_reason"] = c.finished ? json{{"type", reason(c)}} : json(nullptr);
+          if (job.top_logprobs >= 0) sglang_logprobs(c, meta);  // all so far, as the text
           out = sse({{"text", c.shown}, {"output_ids", c.text.tokens()}, {"meta_info", meta}});
         } else {
           json choice = {

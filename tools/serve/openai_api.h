@@ -96,6 +96,8 @@ class OpenAiApi {
   // Chat's tools, tool_choice and parallel_tool_calls (tool_fields.cpp): "required" and a named
   // function set `p`'s guide.
   ToolUse parse_tools(const json& b, const std::string& body, SamplingParams& p) const;
+  // /generate's return_logprob, logprob_start_len, top_logprobs_num and return_text_in_logprobs.
+  void parse_sglang_logprobs(const json& b, Job& job) const;
   void check_guide(const SamplingParams& p, const std::string& param,
                    const std::string& shown) const;
   void need_tokenizer_for(const char* field_name) const;  // BadRequest naming it without one
