@@ -89,6 +89,10 @@ TEST(Engine, RejectsInvalidRequestsNamingThemAndChangingNothing) {
     scored.prompt_logprobs = 21;
     EXPECT_TRUE(throws_error([&] { engine.submit(scored); }, bad,
                              "request 1: prompt_logprobs = 21 must be in [0, 20] (-1: none)"));
+    scored.prompt_logprobs = 0;
+    scored.prompt_logprobs_start = 3;
+    EXPECT_TRUE(throws_error([&] { engine.submit(scored); }, bad,
+                             "request 1: prompt_logprobs_start = 3 must be in [0, 2]"));
     RequestSpec continued = request(1, {1, 2}, 3);
     continued.continue_from = 0;
     continued.sampling.repetition_penalty = 1.1;
@@ -425,7 +429,9 @@ TEST(Engine, StopTokenEndsTheRequestAtItsFirstOccurrenceAfterMinTokens) {
 // Prompt logprobs: the logprob of prompt token p (and the top k there) equals the log-softmax, in
 // float64, of the logits that decoding reaches after being fed the first p tokens (teacher
 // forcing); across prefill chunks (the 256-token cap), beside a request without them in the same
-// steps, under DCP 2, and with a cached copy of the prompt in the prefix cache.
+// steps, under DCP 2, and with a cached copy of the prompt in the prefix cache. A request scored
+// from a later position (prompt_logprobs_start) takes the cached pages before it and gets the same
+// logprobs from there.
 TEST(Engine, PromptLogprobsAreTheLogSoftmaxOfEachPrefix) {
   auto rng = test::make_rng();
   const ModelConfig c = preset_config("tiny", 2);
@@ -440,11 +446,26 @@ TEST(Engine, PromptLogprobsAreTheLogSoftmaxOfEachPrefix) {
   s.prefix_cache = true;
   RequestSpec asked = request(1, prompt, 2);
   asked.prompt_logprobs = 3;
+  RequestSpec late = asked;
+  late.id = 3;
+  late.prompt_logprobs_start = 203;
   // Request 0 puts the prompt into the prefix cache first; 2 runs beside 1 without logprobs.
   const test::EngineRun run = test::run_engine_phases(
-      c, *w, s, {{request(0, prompt, 1)}, {asked, request(2, random_tokens(rng, 40, vocab), 3)}});
+      c, *w, s,
+      {{request(0, prompt, 1)}, {asked, request(2, random_tokens(rng, 40, vocab), 3), late}});
   const RequestResult& got = run.results[1];
   ASSERT_EQ(got.prompt_logprobs.size(), prompt.size() - 1);
+  EXPECT_EQ(got.cached_prompt_tokens, 0) << "scored from position 1: computed whole";
+  const RequestResult& cut = run.results[3];
+  // Virtual pages of 16 tokens (page 8 x DCP 2): those wholly before position 202, whose logits
+  // score position 203.
+  EXPECT_EQ(cut.cached_prompt_tokens, 202 / 16 * 16);
+  ASSERT_EQ(cut.prompt_logprobs.size(), prompt.size() - 203);
+  for (std::size_t i = 0; i < cut.prompt_logprobs.size(); ++i) {
+    const StepLogprobs &a = cut.prompt_logprobs[i], &b = got.prompt_logprobs[202 + i];
+    EXPECT_EQ(a.chosen.token, b.chosen.token) << "position " << 203 + i;
+    EXPECT_NEAR(a.chosen.logprob, b.chosen.logprob, 1e-4) << "position " << 203 + i;
+  }
   EXPECT_TRUE(run.results[0].prompt_logprobs.empty());
   EXPECT_TRUE(run.results[2].prompt_logprobs.empty());
   EXPECT_EQ(got.output_tokens[0], run.results[0].output_tokens[0]) << "the same first token";

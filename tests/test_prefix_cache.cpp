@@ -277,14 +277,14 @@ TEST(PrefixCache, AWaitingRequestsHitTakesNoPageARunningRequestNeeds) {
 
 // Random workloads under KV pressure: prompts sharing random prefixes of a few others, arriving
 // in waves, in a KV of a few pages, with and without a host tier, under DCP 1 and 2, some in DP
-// attention groups, some with speculative decoding, a few with prompt_logprobs (computed whole).
-// Nothing fails, every request gives the tokens of the cache off, and each hit is whole pages short
-// of its prompt.
+// attention groups, some with speculative decoding, some with prompt_logprobs from a random
+// position (a hit stops before it). Nothing fails, every request gives the tokens (and prompt
+// logprobs) of the cache off, and each hit is whole pages short of its prompt.
 TEST(PrefixCache, RandomWorkloadsUnderKvPressureGiveTheTokensOfTheCacheOff) {
   auto rng = test::make_rng();
   const ModelConfig c = preset_config("tiny", 2);
   const auto w = make_synthetic_weights(75);
-  std::int64_t hits = 0, reloaded = 0;
+  std::int64_t hits = 0, reloaded = 0, scored_hits = 0;
   for (int round = 0; round < 40; ++round) {
     const int n = round % 2 == 0 ? 1 : 2;
     const int vp = 4 * n;
@@ -310,7 +310,8 @@ TEST(PrefixCache, RandomWorkloadsUnderKvPressureGiveTheTokensOfTheCacheOff) {
           test::random_tokens(rng, static_cast<int>(rng.range(vp, 5 * vp)), c.vocab_size));
     std::vector<std::vector<RequestSpec>> phases(static_cast<std::size_t>(rng.range(1, 3)));
     std::vector<std::size_t> prompts;
-    std::vector<bool> scored;  // with prompt_logprobs: no hit
+    std::vector<bool> scored;  // with prompt_logprobs: a hit only before the first scored token
+    std::vector<const RequestSpec*> specs;
     RequestId id = 0;
     for (auto& phase : phases) {
       for (std::int64_t k = rng.range(1, 5); k > 0; --k) {
@@ -324,10 +325,18 @@ TEST(PrefixCache, RandomWorkloadsUnderKvPressureGiveTheTokensOfTheCacheOff) {
         prompts.push_back(p.size());
         phase.push_back(test::request(
             id++, p, static_cast<int>(rng.range(1, std::min<std::int64_t>(room, 3 * vp)))));
-        if (!drafted && rng.coin(0.15)) phase.back().prompt_logprobs = 1;  // computed whole
+        if (!drafted && rng.coin(0.25)) {  // computed from the token before the first scored
+          phase.back().prompt_logprobs = 1;
+          const auto length = static_cast<std::int64_t>(p.size());
+          if (rng.coin(0.8))  // mostly late in the prompt, where a shared prefix may hit
+            phase.back().prompt_logprobs_start =
+                rng.coin(0.25) ? rng.range(0, length) : rng.range(length / 2, length);
+        }
         scored.push_back(phase.back().prompt_logprobs >= 0);
       }
     }
+    for (const auto& phase : phases)
+      for (const RequestSpec& r : phase) specs.push_back(&r);
     const std::string what = "round " + std::to_string(round) + " dcp " + std::to_string(n) +
                              (drafted ? " drafted" : "") +
                              (attention_groups ? " dp attention" : "");
@@ -344,16 +353,29 @@ TEST(PrefixCache, RandomWorkloadsUnderKvPressureGiveTheTokensOfTheCacheOff) {
           << what << " request " << i;
       EXPECT_EQ(r.cached_prompt_tokens % vp, 0) << what << " request " << i;
       EXPECT_LT(r.cached_prompt_tokens, static_cast<std::int64_t>(prompts[i])) << what;
-      if (scored[i]) {
-        EXPECT_EQ(r.cached_prompt_tokens, 0) << what << " request " << i;
-        EXPECT_EQ(r.prompt_logprobs.size(), prompts[i] - 1) << what << " request " << i;
+      if (scored[i]) {  // the logprobs of the cache off, from the first scored position on
+        const std::int64_t first = std::max<std::int64_t>(specs[i]->prompt_logprobs_start, 1);
+        EXPECT_LT(r.cached_prompt_tokens, first) << what << " request " << i;
+        ASSERT_EQ(r.prompt_logprobs.size(), prompts[i] - static_cast<std::size_t>(first))
+            << what << " request " << i;
+        ASSERT_EQ(want.results[i].prompt_logprobs.size(), r.prompt_logprobs.size()) << what;
+        for (std::size_t k = 0; k < r.prompt_logprobs.size(); ++k) {
+          EXPECT_EQ(r.prompt_logprobs[k].chosen.token,
+                    want.results[i].prompt_logprobs[k].chosen.token);
+          EXPECT_NEAR(r.prompt_logprobs[k].chosen.logprob,
+                      want.results[i].prompt_logprobs[k].chosen.logprob, 1e-4)
+              << what << " request " << i << " position " << first + static_cast<std::int64_t>(k);
+        }
+        scored_hits += r.cached_prompt_tokens > 0;
       }
       hits += r.cached_prompt_tokens > 0;
     }
     reloaded += got.cache_stats[0].pages_reloaded;
   }
   EXPECT_GT(hits, 0);  // the workloads did share prefixes
-  std::printf("requests that hit: %lld, pages reloaded: %lld\n", static_cast<long long>(hits),
+  EXPECT_GT(scored_hits, 0);  // and some scored from a later position hit
+  std::printf("requests that hit: %lld (scored: %lld), pages reloaded: %lld\n",
+              static_cast<long long>(hits), static_cast<long long>(scored_hits),
               static_cast<long long>(reloaded));
 }
 

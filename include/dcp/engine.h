@@ -52,9 +52,13 @@ struct RequestSpec {
   int logprobs = -1;
   // -1: none; k in [0, 20]: for every prompt token after the first, its logprob given the tokens
   // before it and the k most likely tokens there (vLLM's prompt_logprobs). The prompt is then
-  // computed whole: no prefix-cache hit, and prefill steps of at most kPromptLogprobsChunk tokens
-  // (each needs logits for every token).
+  // computed whole from prompt_logprobs_start on: a prefix-cache hit stops before it, and the
+  // steps that reach it prefill at most kPromptLogprobsChunk tokens (each needs logits for every
+  // token).
   int prompt_logprobs = -1;
+  // [0, prompt size]: the first prompt position given a logprob (SGLang's logprob_start_len); the
+  // first token never has one, so 0 and 1 both mean the whole prompt.
+  std::int64_t prompt_logprobs_start = 0;
 };
 inline constexpr int kPromptLogprobsChunk = 256;
 
@@ -86,7 +90,8 @@ struct RequestResult {
   std::vector<std::int32_t> output_tokens;  // the chosen tokens, one per step
   std::vector<float> step_logits;           // [steps, vocab] when record_logits
   std::vector<StepLogprobs> logprobs;       // one per output token when spec.logprobs >= 0
-  std::vector<StepLogprobs> prompt_logprobs;  // one per prompt token but the first, when asked
+  // When asked: one per prompt token from position max(1, prompt_logprobs_start) on.
+  std::vector<StepLogprobs> prompt_logprobs;
   std::int64_t cached_prompt_tokens = 0;      // prompt tokens whose KV the prefix cache held
 };
 

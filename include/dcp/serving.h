@@ -33,6 +33,7 @@ struct ServeRequest {
   int min_tokens = 0;                        // see RequestSpec::min_tokens
   int logprobs = -1;                         // see RequestSpec::logprobs
   int prompt_logprobs = -1;                  // see RequestSpec::prompt_logprobs
+  std::int64_t prompt_logprobs_start = 0;    // see RequestSpec::prompt_logprobs_start
 
   // The engine request it becomes (every rank builds the same one).
   RequestSpec spec(RequestId id) const;

@@ -10,6 +10,13 @@
 #include "dcp/timing.h"
 
 namespace dcp {
+namespace {
+// The first prompt position a request's prompt logprobs cover (the first token has none).
+std::int64_t first_scored(const RequestSpec& spec) {
+  return std::max<std::int64_t>(spec.prompt_logprobs_start, 1);
+}
+}  // namespace
+
 std::string_view to_string(FinishReason r) noexcept {
   switch (r) {
     case FinishReason::none: return "none";
@@ -67,6 +74,10 @@ void check_request_choice(const RequestSpec& spec, int vocab, std::string_view b
                 " must be in [0, 20] (-1: none)");
   DCP_ARG_CHECK(spec.prompt_logprobs >= -1 && spec.prompt_logprobs <= 20,
                 "prompt_logprobs = ", spec.prompt_logprobs, " must be in [0, 20] (-1: none)");
+  DCP_ARG_CHECK(spec.prompt_logprobs_start >= 0 &&
+                    spec.prompt_logprobs_start <= static_cast<std::int64_t>(spec.prompt.size()),
+                "prompt_logprobs_start = ", spec.prompt_logprobs_start, " must be in [0, ",
+                spec.prompt.size(), "] (the prompt's positions)");
 }
 
 std::shared_ptr<TokenGuide> request_guide(const RequestSpec& spec,
@@ -381,16 +392,23 @@ void Engine::admit() {
     // A prompt that another request's prefill is computing pages of (the choices of one prompt, a
     // shared system prompt) waits for them to enter the cache rather than computing them again.
     // Later requests may pass it meanwhile: it waits at most until those pages are written.
-    // A prompt with prompt_logprobs is computed whole: it neither hits the cache nor waits.
-    const bool may_hit = it->cacheable && it->spec.prompt_logprobs < 0;
-    if (may_hit && pages_in_flight(it->feed) > cache_->cached_pages(it->feed)) {
+    // A prompt with prompt_logprobs is computed from the token before its first scored one: the
+    // cache is looked up (and waited for) over the prompt up to that token only.
+    std::vector<std::int32_t> unscored;
+    const std::vector<std::int32_t>* lookup = &it->feed;
+    if (it->spec.prompt_logprobs >= 0) {
+      unscored.assign(it->feed.begin(), it->feed.begin() + first_scored(it->spec));
+      lookup = &unscored;
+    }
+    const bool may_hit = it->cacheable && lookup->size() > 1;
+    if (may_hit && pages_in_flight(*lookup) > cache_->cached_pages(*lookup)) {
       ++it;
       continue;
     }
     const std::int64_t reserved = reserved_pages(alloc);  // what running requests will take
     // A prefix-cache hit: whole pages the request shares instead of computing (pinned for now).
     std::vector<std::int32_t> hit, prefix;
-    if (may_hit) hit = cache_->match(it->feed, reserved);
+    if (may_hit) hit = cache_->match(*lookup, reserved);
     const std::int64_t held = it->context > 0
                                   ? static_cast<std::int64_t>(alloc.pages(it->spec.id).size())
                                   : static_cast<std::int64_t>(hit.size());
@@ -545,9 +563,11 @@ bool Engine::run_prefill() {
   batch.mode = options_.extend_mode;
   std::vector<std::size_t> members;
   std::int64_t budget = options_.chunked_prefill_size;
-  // Prompt logprobs need logits for every token of the step: bound the step, and so its logits.
+  // Prompt logprobs need logits for every token of the step: bound the step, and so its logits,
+  // once it may reach the row before the first scored token.
   for (const Live& l : running_) {
-    if (results_[l.result].state == RequestState::prefill && l.spec.prompt_logprobs >= 0) {
+    if (results_[l.result].state == RequestState::prefill && l.spec.prompt_logprobs >= 0 &&
+        l.context + l.prefilled + options_.chunked_prefill_size >= first_scored(l.spec)) {
       budget = std::min<std::int64_t>(budget, kPromptLogprobsChunk);
       batch.all_logits = true;
     }
@@ -584,11 +604,13 @@ bool Engine::run_prefill() {
   for (std::size_t k = 0; k < members.size(); ++k) {
     Live& l = running_[members[k]];
     const std::int32_t q = batch.entries[k].q_len;
-    if (l.spec.prompt_logprobs >= 0) {  // row j predicts the token after position prefilled + j
+    if (l.spec.prompt_logprobs >= 0 && batch.all_logits) {
+      // Row j predicts the token after feed position prefilled + j (prompt position context +
+      // prefilled + j: a cache hit took the feed's first `context` tokens).
       RequestResult& r = results_[l.result];
       for (std::int32_t j = 0; j < q; ++j) {
         const auto next = static_cast<std::size_t>(l.prefilled + j + 1);
-        if (next < l.feed.size()) {
+        if (next < l.feed.size() && l.context + l.prefilled + j + 1 >= first_scored(l.spec)) {
           r.prompt_logprobs.push_back(step_logprobs(logits.data() + (row + j) * vocab, vocab,
                                                     l.feed[next], l.spec.prompt_logprobs));
         }

@@ -23,6 +23,7 @@ RequestSpec ServeRequest::spec(RequestId id) const {
   r.min_tokens = min_tokens;
   r.logprobs = logprobs;
   r.prompt_logprobs = prompt_logprobs;
+  r.prompt_logprobs_start = prompt_logprobs_start;
   return r;
 }
 

@@ -35,6 +35,7 @@ void write_spec(ByteWriter& w, const RequestSpec& r) {
   w.i64(r.min_tokens);
   w.i64(r.logprobs);
   w.i64(r.prompt_logprobs);
+  w.i64(r.prompt_logprobs_start);
 }
 
 RequestSpec read_spec(ByteReader& in) {
@@ -66,6 +67,7 @@ RequestSpec read_spec(ByteReader& in) {
   r.min_tokens = static_cast<int>(in.i64());
   r.logprobs = static_cast<int>(in.i64());
   r.prompt_logprobs = static_cast<int>(in.i64());
+  r.prompt_logprobs_start = in.i64();
   return r;
 }
 

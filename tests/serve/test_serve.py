@@ -1756,6 +1756,17 @@ def case_prefix_cache():
             check(got == want and hits() - before == want * prompts
                   and all(c["token_ids"] == first["choices"][0]["token_ids"] for c in r["choices"]),
                   f"{label}: cached {got}, hits moved {hits() - before}, want {want} per choice: {r}")
+        # /generate scoring the prompt from a late position takes the cached pages before it, and
+        # its logprobs are those of the prompt computed whole (echo).
+        status, echo = s.post("/v1/completions", {**body, "max_tokens": 0, "echo": True, "logprobs": 0})
+        whole = echo["choices"][0]["logprobs"]["token_logprobs"] if status == 200 else []
+        status, r = s.post("/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": 1},
+                                         "return_logprob": True, "logprob_start_len": 140})
+        meta = r.get("meta_info", {}) if status == 200 else {}
+        scored = [e[0] for e in meta.get("input_token_logprobs", [])]
+        check(meta.get("cached_tokens") == want and len(scored) == 10 and
+              all(abs(a - b) < 1e-4 for a, b in zip(scored, whole[140:])),
+              f"logprob_start_len 140: cached {meta.get('cached_tokens')} (want {want}), {scored} != {whole[140:]}")
         # A new prompt with three choices: the first computes it, the other two wait for its pages
         # and reuse them (usage counts the prompt once, as its first choice found the cache); each
         # choice is the request alone with its seed.

@@ -414,9 +414,11 @@ void OpenAiApi::parse_sglang_logprobs(const json& b, Job& job) const {
   job.top_logprobs = static_cast<int>(top.value_or(0));
   job.logprob_start = start.value_or(-1);
   job.logprob_texts = texts;
-  // The engine computes the prompt's logprobs whole; the reply keeps those from the start on.
-  if (job.logprob_start >= 0 && job.logprob_start < length)
+  // The engine scores the prompt from the start on (a cached prefix before it is not computed).
+  if (job.logprob_start >= 0 && job.logprob_start < length) {
     job.request.prompt_logprobs = job.top_logprobs;
+    job.request.prompt_logprobs_start = job.logprob_start;
+  }
 }
 
 Handled OpenAiApi::completions(const std::string& body, const ClientGone& gone) {
@@ -645,14 +647,15 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
       return list;
     };
     json in = json::array(), in_top = json::array(), out = json::array(), out_top = json::array();
-    for (auto p = static_cast<std::size_t>(std::max<std::int64_t>(start, 0));
-         start >= 0 && p < prompt.size(); ++p) {
+    const auto first = static_cast<std::size_t>(std::max<std::int64_t>(start, 0));
+    for (std::size_t p = first; start >= 0 && p < prompt.size(); ++p) {
       if (p == 0) {
         in.push_back(entry(std::nullopt, prompt[0]));
         in_top.push_back(nullptr);
-      } else if (p - 1 < c.prompt_logprobs.size()) {
-        in.push_back(entry(c.prompt_logprobs[p - 1].chosen.logprob, prompt[p]));
-        in_top.push_back(tops(c.prompt_logprobs[p - 1]));
+      } else if (const std::size_t i = p - std::max<std::size_t>(first, 1);
+                 i < c.prompt_logprobs.size()) {  // they start at the first scored position
+        in.push_back(entry(c.prompt_logprobs[i].chosen.logprob, prompt[p]));
+        in_top.push_back(tops(c.prompt_logprobs[i]));
       }
     }
     for (std::size_t t = 0; t < c.text.tokens().size() && t < c.logprobs.size(); ++t) {
