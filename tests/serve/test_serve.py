@@ -914,6 +914,47 @@ def case_generate_logprobs(s):
     check(status == 400 and r["error"]["param"] == "logprob_start_len", f"logprob_start_len on completions: {r}")
 
 
+def case_generate_batch(s):
+    """SGLang's batched /generate: `text` or `input_ids` as a list answers with a list, in order,
+    each reply the one that prompt gets alone; sampling_params and the logprob fields given as
+    lists apply per prompt; a stream's events name their prompt's index and end as the whole
+    replies; a batch one of whose prompts cannot be served is refused whole, its KV freed."""
+    prompts = [[1, 2, 3], [50, 60], PROMPT]
+    params = [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in (3, 5, 2)]
+    alone = [s.post("/generate", {"input_ids": p, "sampling_params": sp})[1] for p, sp in zip(prompts, params)]
+    status, r = s.post("/generate", {"input_ids": prompts, "sampling_params": params})
+    check(status == 200 and isinstance(r, list) and [x["output_ids"] for x in r] == [a["output_ids"] for a in alone]
+          and [x["meta_info"]["prompt_tokens"] for x in r] == [3, 2, len(PROMPT)],
+          f"a batch of token-id prompts: {status} {r} vs alone {alone}")
+    if status == 200:
+        check(len({x["meta_info"]["id"] for x in r}) == 3, f"each prompt its own id: {r}")
+    status, r = s.post("/generate", {"text": ["Once upon", "a time"], "sampling_params": params[0]})
+    texts = [s.post("/generate", {"text": t, "sampling_params": params[0]})[1] for t in ["Once upon", "a time"]]
+    check(status == 200 and [x["text"] for x in r] == [t["text"] for t in texts],
+          f"a batch of texts with one sampling_params for all: {r} vs {texts}")
+    status, r = s.post("/generate", {"input_ids": prompts, "sampling_params": params,
+                                     "return_logprob": [True, False, True], "top_logprobs_num": [2, 0, 0]})
+    metas = [x["meta_info"] for x in r] if status == 200 else [{}, {}, {}]
+    check(len(metas[0].get("output_top_logprobs", [])) == 3 and "output_token_logprobs" not in metas[1] and
+          len(metas[2].get("output_token_logprobs", [])) == 2 and "output_top_logprobs" not in metas[2],
+          f"logprob fields per prompt: {status} {metas}")
+    status, _, events = s.stream("/generate", {"input_ids": prompts, "sampling_params": params, "stream": True})
+    last = {}
+    for e in events[:-1]:
+        last[e["index"]] = e
+    check(events[-1] == "[DONE]" and sorted(last) == [0, 1, 2] and
+          all(last[i]["output_ids"] == alone[i]["output_ids"] and last[i]["meta_info"]["finish_reason"]["type"] == "length"
+              for i in range(3)), f"a streamed batch: {events}")
+    # One prompt too long for the context: the whole batch is refused, nothing left running.
+    status, r = s.post("/generate", {"input_ids": [[1, 2], [1] * 5000], "sampling_params": {"max_new_tokens": 2}})
+    check(status in (400, 413) and r["error"]["param"] in ("input_ids", None), f"a batch with a prompt too long: {status} {r}")
+    deadline = time.time() + 10
+    while time.time() < deadline and s.metrics().get("dcp_num_running_reqs", 1) + s.metrics().get("dcp_num_queued_reqs", 1) > 0:
+        time.sleep(0.1)
+    check(s.metrics().get("dcp_num_running_reqs") == 0 and s.metrics().get("dcp_num_queued_reqs") == 0,
+          "a refused batch leaves nothing running")
+
+
 def case_logprobs(s):
     status, r = s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 3,
                                            "ignore_eos": True})
@@ -1035,10 +1076,15 @@ def case_errors(s):
     expect(400, {"text": "hi", "sampling_params": {"json_schema": '{"not": {}}'}}, "json_schema", path="/generate")
     expect(400, {"text": "hi", "sampling_params": {"structural_tag": "{}"}}, "structural_tag", path="/generate")
     expect(400, {"text": "hi", "sampling_params": {"n": 2}}, "n", path="/generate")
-    # SGLang's batches: one prompt per request here, and the error says so.
-    for batch in [{"text": ["a", "b"]}, {"input_ids": [[1, 2], [3]]}]:
-        status, r = s.request("POST", "/generate", batch)
-        check(status == 400 and "one prompt per request" in r["error"]["message"], f"{batch}: {status} {r}")
+    # SGLang's batches: the error names the field and, for one prompt's, the prompt.
+    expect(400, {"text": []}, "text", path="/generate")
+    expect(400, {"text": [["a"]]}, "text", path="/generate")
+    expect(400, {"input_ids": [[[1]]]}, "input_ids", path="/generate")
+    expect(400, {"input_ids": [[1], [2]], "sampling_params": [{}]}, "sampling_params", path="/generate")
+    expect(400, {"input_ids": [[1], [2]], "return_logprob": [True, False, True]}, "return_logprob", path="/generate")
+    status, r = s.post("/generate", {"input_ids": [[1], [2]], "sampling_params": [{}, {"temperature": -1}]})
+    check(status == 400 and r["error"]["param"] == "temperature" and r["error"]["message"].startswith("prompt 1: "),
+          f"a batch's second prompt at fault: {status} {r}")
     expect(400, {"text": "hi", "custom_logit_processor": "x"}, "custom_logit_processor", path="/generate")
     expect(400, {"prompt": "hi", "priority": 1}, "priority")
     status, r = s.post("/v1/completions", {"prompt": "hi", "max_tokens": 1, "bad_words": [], "use_beam_search": False,
@@ -2164,7 +2210,7 @@ def case_mpi(mpiexec, disaggregate=False):
 
 
 CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_whole, case_seeds,
-                                     case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_guided_regex, case_guided_grammar, case_json_mode, case_json_schema, case_structured_outputs, case_tokenize, case_chat_options, case_min_tokens, case_echo, case_prompt_logprobs, case_generate_logprobs, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
+                                     case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_guided_regex, case_guided_grammar, case_json_mode, case_json_schema, case_structured_outputs, case_tokenize, case_chat_options, case_min_tokens, case_echo, case_prompt_logprobs, case_generate_logprobs, case_generate_batch, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
                                      case_idle_connections, case_pipelined_requests, case_kept_alive_requests,
                                      case_malformed_requests, case_bodyless_posts,
                                      case_metrics_and_models]}

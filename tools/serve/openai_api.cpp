@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "dcp/text_stream.h"
+#include "serve/api_job.h"
 #include "serve/chat_reply.h"
 #include "serve/request_fields.h"
 
@@ -68,47 +69,7 @@ bool reasoning_reply(ReasoningParser parser, const json& b) {
   return kwargs && kwargs->is_object() ? kwargs->value("thinking", json(kimi)) == json(true) : kimi;
 }
 
-std::string sse(const json& j) { return "data: " + text_of(j) + "\n\n"; }
-
-std::string finish_text(FinishReason r, bool stop_string) {
-  if (stop_string || r == FinishReason::stop) return "stop";
-  if (r == FinishReason::length) return "length";
-  return "abort";  // cancelled: the server shut down
-}
-
 }  // namespace
-
-struct OpenAiApi::Job {
-  Kind kind = Kind::completion;
-  std::string id;
-  ServeRequest request;  // its prompt: the first of `prompts`
-  // /v1/completions takes a list of prompts: each runs n choices, numbered prompt x n + choice.
-  std::vector<std::vector<std::int32_t>> prompts;
-  std::string prompt_field = "prompt";   // the field the prompts came in
-  std::string max_field = "max_tokens";  // the field that bounds the new tokens
-  std::vector<std::string> stop;
-  int n = 1;
-  bool stream = false, include_usage = false, skip_special = true, seeded = false;
-  bool continuous_usage = false;  // stream_options.continuous_usage_stats
-  bool tokens_as_ids = false;     // return_tokens_as_token_ids
-  bool include_stop = false;  // the text keeps the stop string that ended it
-  bool echo = false;          // completions: the prompt comes back before each choice's text
-  // completions with max_tokens 0 and echo (OpenAI's): the prompt (and its logprobs) alone. One
-  // token is still sampled, from the prefill's last logits, and not returned.
-  bool echo_only = false;
-  // Each prompt's text: as sent, or (with echo) made from its ids.
-  std::vector<std::optional<std::string>> prompt_texts;
-  int top_logprobs = -1;  // -1: no logprobs
-  int prompt_top = -1;    // vLLM's prompt_logprobs: alternatives per prompt token (-1: none)
-  // /generate's return_logprob (SGLang's): the prompt's logprobs from this position on (-1:
-  // none), and whether each entry carries its token's text (return_text_in_logprobs).
-  std::int64_t logprob_start = -1;
-  bool logprob_texts = false;
-  ToolUse tools;          // chat: what the reply does with tools
-  bool reasoning = false;         // chat: the reply's thinking comes first (--reasoning-parser)
-  bool include_reasoning = true;  // vLLM's: the reply carries it as reasoning_content
-  std::string reasoning_opens_content;  // a marker that also ends the thinking (ReasoningSplit)
-};
 
 OpenAiApi::OpenAiApi(ServingDeployment& deployment, const Tokenizer* tokenizer, ApiOptions options)
     : deployment_(deployment),
@@ -183,12 +144,13 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
     if (!text == !ids) bad("text", "give exactly one of 'text' and 'input_ids'");
     job.prompt_field = text ? "text" : "input_ids";
     if (text) {
-      if (!text->is_string()) bad("text", "'text' must be a string (one prompt per request)");
+      if (!text->is_string()) bad("text", "'text' must be a string or a list of strings (a batch)");
       need_tokenizer_for("text");
       prompt = tokenizer_->encode(text->get<std::string>(), true);
     } else {
       if (ids->is_array() && !ids->empty() && (*ids)[0].is_array())
-        bad("input_ids", "'input_ids' must be one list of token ids (one prompt per request)");
+        bad("input_ids",
+            "'input_ids' must be a list of token ids or a list of such lists (a batch)");
       prompt = token_ids(*ids, "input_ids", vocab);
     }
   }
@@ -393,91 +355,56 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
   return job;
 }
 
-void OpenAiApi::parse_sglang_logprobs(const json& b, Job& job) const {
-  const bool wanted = boolean(b, "return_logprob").value_or(false);
-  const auto start = integer(b, "logprob_start_len", -1, std::numeric_limits<std::int64_t>::max());
-  const auto top = integer(b, "top_logprobs_num", 0, 20);
-  const bool texts = boolean(b, "return_text_in_logprobs").value_or(false);
-  if (!wanted) {  // SGLang ignores them then; here a field that would be ignored is refused
-    if (start && *start >= 0)
-      bad("logprob_start_len", "'logprob_start_len' needs 'return_logprob': true");
-    if (top && *top > 0) bad("top_logprobs_num", "'top_logprobs_num' needs 'return_logprob': true");
-    if (texts)
-      bad("return_text_in_logprobs", "'return_text_in_logprobs' needs 'return_logprob': true");
-    return;
-  }
-  if (texts) need_tokenizer_for("return_text_in_logprobs");
-  const auto length = static_cast<std::int64_t>(job.request.prompt.size());
-  if (start && *start > length)
-    bad("logprob_start_len", str("'logprob_start_len' = ", *start, " is past the prompt's ", length,
-                                 " tokens (-1: none of the prompt, 0 to ", length, ")"));
-  job.top_logprobs = static_cast<int>(top.value_or(0));
-  job.logprob_start = start.value_or(-1);
-  job.logprob_texts = texts;
-  // The engine scores the prompt from the start on (a cached prefix before it is not computed).
-  if (job.logprob_start >= 0 && job.logprob_start < length) {
-    job.request.prompt_logprobs = job.top_logprobs;
-    job.request.prompt_logprobs_start = job.logprob_start;
-  }
-}
-
 Handled OpenAiApi::completions(const std::string& body, const ClientGone& gone) {
   return handle(body, Kind::completion, gone);
 }
 Handled OpenAiApi::chat_completions(const std::string& body, const ClientGone& gone) {
   return handle(body, Kind::chat, gone);
 }
-Handled OpenAiApi::generate(const std::string& body, const ClientGone& gone) {
-  return handle(body, Kind::generate, gone);
+
+std::string OpenAiApi::new_id(const std::string& prefix) const {
+  static std::atomic<std::int64_t> serial{0};
+  return prefix + std::to_string(created_) + "-" + std::to_string(serial++);
 }
 
-namespace {
-
-// One choice in progress: its engine stream and the text it has shown.
-struct Choice {
-  std::shared_ptr<RequestStream> stream;
-  TextStream text;
-  std::vector<StepLogprobs> logprobs;
-  std::vector<StepLogprobs> prompt_logprobs;  // when the prompt is echoed with logprobs
-  std::string shown;
-  bool finished = false;
-  FinishReason reason = FinishReason::none;
-  std::string error;
-  std::int64_t cached_tokens = 0;  // of its prompt, from the prefix cache
-};
-
-// Pulls what the engine produced for `c` into its text; returns the new text. `wait` bounds the
-// wait for news; the stop token that ends the choice (one of `stop_ids`) writes no text. With
-// `echo_only` the tokens are dropped (max_tokens 0) and a choice that ran out ends by length.
-std::string pull_news(Choice& c, const std::vector<std::int32_t>& stop_ids,
-                      std::chrono::milliseconds wait, bool echo_only) {
-  const std::optional<StreamUpdate> u = c.stream->next(wait);
-  if (!u) return {};
-  c.prompt_logprobs.insert(c.prompt_logprobs.end(), u->prompt_logprobs.begin(),
-                           u->prompt_logprobs.end());
-  c.cached_tokens = std::max(c.cached_tokens, u->cached_prompt_tokens);
-  std::string out;
-  for (std::size_t k = 0; k < u->tokens.size() && !echo_only; ++k) {
-    if (c.text.stopped()) break;
-    const bool ends = u->finished && u->finish_reason == FinishReason::stop &&
-                      k + 1 == u->tokens.size() &&
-                      std::find(stop_ids.begin(), stop_ids.end(), u->tokens[k]) != stop_ids.end();
-    out += ends ? c.text.push_stop_token(u->tokens[k]) : c.text.push(u->tokens[k]);
-    if (k < u->logprobs.size()) c.logprobs.push_back(u->logprobs[k]);
-  }
-  if (c.text.stopped() && !u->finished) c.stream->cancel();  // a stop string: end it now
-  if (u->finished) {
-    c.finished = true;
-    c.reason = echo_only && u->finish_reason == FinishReason::stop ? FinishReason::length
-                                                                   : u->finish_reason;
-    c.error = u->error;
-    out += c.text.finish();
-  }
-  c.shown += out;
-  return out;
+std::optional<HttpReply> OpenAiApi::too_many_samples(std::int64_t samples, const Job& job) const {
+  // A request with more choices than the queue may hold would be refused as "retry later" on an
+  // idle server too, every time: refused as too large instead.
+  if (samples <= deployment_.max_queued_requests()) return std::nullopt;
+  return error(400,
+               str("this request asks for ", samples, " completions (", job.prompts.size(),
+                   " prompt(s) x n = ", job.n, "); the server queues at most ",
+                   deployment_.max_queued_requests(),
+                   " (--max-queued-requests): send fewer prompts or a smaller n"),
+               job.n > 1 ? "n" : job.prompt_field);
 }
 
-}  // namespace
+Choice OpenAiApi::submit_choice(const Job& job, const std::vector<std::int32_t>& prompt,
+                                std::size_t index) {
+  ServeRequest r = job.request;
+  r.prompt = prompt;
+  static thread_local std::random_device entropy;
+  r.sampling.seed = job.seeded ? job.request.sampling.seed + static_cast<std::uint64_t>(index)
+                               : (static_cast<std::uint64_t>(entropy()) << 32) ^ entropy();
+  return {deployment_.submit(r),
+          TextStream(tokenizer_, job.stop, job.skip_special, r.min_tokens, job.include_stop),
+          {},
+          {},
+          {},
+          false,
+          FinishReason::none,
+          {}};
+}
+
+HttpReply OpenAiApi::refused(const RefusedError& e, const Job& job) {
+  const int status = e.why() == Refusal::too_long                                      ? 413
+                     : e.why() == Refusal::invalid || e.why() == Refusal::past_context ? 400
+                                                                                       : 503;
+  const std::string param = e.why() == Refusal::invalid        ? job.max_field
+                            : e.why() == Refusal::past_context ? job.prompt_field
+                                                               : "";
+  return error(status, e.what(), param);
+}
 
 Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& gone) {
   Job job;
@@ -486,53 +413,22 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
   } catch (const BadRequest& e) {
     return {error(e.status, e.what(), e.param), {}};
   }
-  const std::string prefix = kind == Kind::chat         ? "chatcmpl-"
-                             : kind == Kind::completion ? "cmpl-"
-                                                        : "";
-  static std::atomic<std::int64_t> serial{0};
-  job.id = prefix + std::to_string(created_) + "-" + std::to_string(serial++);
-  // A request with more choices than the queue may hold would be refused as "retry later" on an
-  // idle server too, every time: refused as too large instead.
+  const std::string prefix = kind == Kind::chat ? "chatcmpl-" : "cmpl-";
+  job.id = new_id(prefix);
   const std::int64_t samples = static_cast<std::int64_t>(job.prompts.size()) * job.n;
-  if (samples > deployment_.max_queued_requests()) {
-    return {error(400,
-                  str("this request asks for ", samples, " completions (", job.prompts.size(),
-                      " prompt(s) x n = ", job.n, "); the server queues at most ",
-                      deployment_.max_queued_requests(),
-                      " (--max-queued-requests): send fewer prompts or a smaller n"),
-                  job.n > 1 ? "n" : job.prompt_field),
-            {}};
-  }
+  if (std::optional<HttpReply> refusal = too_many_samples(samples, job)) return {*refusal, {}};
   // Submit every choice (n of each prompt); a refusal withdraws the ones already in.
   auto choices = std::make_shared<std::vector<Choice>>();
-  std::random_device entropy;
   std::int64_t prompt_tokens = 0;
   for (std::size_t k = 0; k < job.prompts.size() * static_cast<std::size_t>(job.n); ++k) {
     const std::size_t i = k % static_cast<std::size_t>(job.n);
-    ServeRequest r = job.request;
-    r.prompt = job.prompts[k / static_cast<std::size_t>(job.n)];
-    if (i == 0) prompt_tokens += static_cast<std::int64_t>(r.prompt.size());
-    r.sampling.seed = job.seeded ? job.request.sampling.seed + static_cast<std::uint64_t>(i)
-                                 : (static_cast<std::uint64_t>(entropy()) << 32) ^ entropy();
+    const std::vector<std::int32_t>& prompt = job.prompts[k / static_cast<std::size_t>(job.n)];
+    if (i == 0) prompt_tokens += static_cast<std::int64_t>(prompt.size());
     try {
-      choices->push_back(
-          {deployment_.submit(r),
-           TextStream(tokenizer_, job.stop, job.skip_special, r.min_tokens, job.include_stop),
-           {},
-           {},
-           {},
-           false,
-           FinishReason::none,
-           {}});
+      choices->push_back(submit_choice(job, prompt, i));
     } catch (const RefusedError& e) {
       for (Choice& c : *choices) c.stream->cancel();
-      const int status = e.why() == Refusal::too_long                                      ? 413
-                         : e.why() == Refusal::invalid || e.why() == Refusal::past_context ? 400
-                                                                                           : 503;
-      const std::string param = e.why() == Refusal::invalid        ? job.max_field
-                                : e.why() == Refusal::past_context ? job.prompt_field
-                                                                   : "";
-      return {error(status, e.what(), param), {}};
+      return {refused(e, job), {}};
     }
   }
   const std::string model = options_.model_name;
@@ -630,45 +526,6 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
     }
     return list;
   };
-  // /generate's (SGLang's) logprobs in meta_info: each entry [logprob, token id, text or null];
-  // the prompt's from logprob_start_len on (its first token has no logprob), the output's, and
-  // with top_logprobs_num the most likely tokens at each (none at the prompt's first).
-  const auto sglang_logprobs = [this, start = job.logprob_start, k = job.top_logprobs,
-                                texts = job.logprob_texts,
-                                prompt = job.prompts.front()](const Choice& c, json& meta) {
-    const auto entry = [&](std::optional<float> logprob, std::int32_t token) {
-      return json::array({logprob ? json(std::max(*logprob, -9999.0f)) : json(nullptr), token,
-                          texts ? json(token_text(token)) : json(nullptr)});
-    };
-    const auto tops = [&](const StepLogprobs& lp) {
-      json list = json::array();
-      for (std::size_t i = 0; i < lp.top.size() && i < static_cast<std::size_t>(k); ++i)
-        list.push_back(entry(lp.top[i].logprob, lp.top[i].token));
-      return list;
-    };
-    json in = json::array(), in_top = json::array(), out = json::array(), out_top = json::array();
-    const auto first = static_cast<std::size_t>(std::max<std::int64_t>(start, 0));
-    for (std::size_t p = first; start >= 0 && p < prompt.size(); ++p) {
-      if (p == 0) {
-        in.push_back(entry(std::nullopt, prompt[0]));
-        in_top.push_back(nullptr);
-      } else if (const std::size_t i = p - std::max<std::size_t>(first, 1);
-                 i < c.prompt_logprobs.size()) {  // they start at the first scored position
-        in.push_back(entry(c.prompt_logprobs[i].chosen.logprob, prompt[p]));
-        in_top.push_back(tops(c.prompt_logprobs[i]));
-      }
-    }
-    for (std::size_t t = 0; t < c.text.tokens().size() && t < c.logprobs.size(); ++t) {
-      out.push_back(entry(c.logprobs[t].chosen.logprob, c.logprobs[t].chosen.token));
-      out_top.push_back(tops(c.logprobs[t]));
-    }
-    meta["input_token_logprobs"] = std::move(in);
-    meta["output_token_logprobs"] = std::move(out);
-    if (k > 0) {
-      meta["input_top_logprobs"] = std::move(in_top);
-      meta["output_top_logprobs"] = std::move(out_top);
-    }
-  };
   const auto join = [](json head, json tail) {
     for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
       for (json& x : tail[key]) head[key].push_back(std::move(x));
@@ -713,57 +570,42 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
       }
     }
     if (const Choice* f = failed(*choices)) return {error(500, f->error), {}};
-    json reply;
-    if (kind == Kind::generate) {
-      const Choice& c = choices->front();
-      reply = {{"text", c.shown},
-               {"output_ids", c.text.tokens()},
-               {"meta_info",
-                {{"id", job.id},
-                 {"prompt_tokens", prompt_tokens},
-                 {"completion_tokens", c.text.tokens().size()},
-                 {"cached_tokens", c.cached_tokens},
-                 {"finish_reason", {{"type", reason(c)}}}}}};
-      if (job.top_logprobs >= 0) sglang_logprobs(c, reply["meta_info"]);
-    } else {
-      json list = json::array();
-      for (std::size_t i = 0; i < choices->size(); ++i) {
-        const Choice& c = (*choices)[i];
-        json choice = {{"index", i}, {"finish_reason", reason(c)}, {"token_ids", c.text.tokens()}};
-        const std::size_t prompt_of = i / static_cast<std::size_t>(job.n);
-        const std::size_t kept = c.text.tokens().size();
-        if (job.top_logprobs < 0) {
-          choice["logprobs"] = nullptr;
-        } else if (job.echo) {
-          auto [head, end] = prompt_logprobs_json(c, job.prompts[prompt_of]);
-          choice["logprobs"] = join(std::move(head), logprobs_json(c, 0, kept, end));
-        } else {
-          choice["logprobs"] = logprobs_json(c, 0, kept, 0);
-        }
-        if (kind == Kind::chat) {
-          ChatReply said(job.tools, call_id(i), job.reasoning, job.include_reasoning,
-                         job.reasoning_opens_content);
-          choice["message"] = said.message(c.shown);
-          if (said.ends_in_tool_calls() && c.reason != FinishReason::length)
-            choice["finish_reason"] = "tool_calls";
-        } else {
-          choice["text"] = job.echo ? *job.prompt_texts[prompt_of] + c.shown : c.shown;
-          if (job.prompt_top >= 0)
-            choice["prompt_logprobs"] = vllm_prompt_logprobs(c, job.prompts[prompt_of].size());
-        }
-        list.push_back(choice);
+    json list = json::array();
+    for (std::size_t i = 0; i < choices->size(); ++i) {
+      const Choice& c = (*choices)[i];
+      json choice = {{"index", i}, {"finish_reason", reason(c)}, {"token_ids", c.text.tokens()}};
+      const std::size_t prompt_of = i / static_cast<std::size_t>(job.n);
+      const std::size_t kept = c.text.tokens().size();
+      if (job.top_logprobs < 0) {
+        choice["logprobs"] = nullptr;
+      } else if (job.echo) {
+        auto [head, end] = prompt_logprobs_json(c, job.prompts[prompt_of]);
+        choice["logprobs"] = join(std::move(head), logprobs_json(c, 0, kept, end));
+      } else {
+        choice["logprobs"] = logprobs_json(c, 0, kept, 0);
       }
-      reply = {{"id", job.id},
-               {"object", kind == Kind::chat ? "chat.completion" : "text_completion"},
-               {"created", created},
-               {"model", model},
-               {"choices", list},
-               {"usage", usage(*choices)}};
-      // Chat: one prompt, its logprobs beside the choices (vLLM's place for them).
-      if (kind == Kind::chat && job.prompt_top >= 0)
-        reply["prompt_logprobs"] =
-            vllm_prompt_logprobs(choices->front(), job.prompts.front().size());
+      if (kind == Kind::chat) {
+        ChatReply said(job.tools, call_id(i), job.reasoning, job.include_reasoning,
+                       job.reasoning_opens_content);
+        choice["message"] = said.message(c.shown);
+        if (said.ends_in_tool_calls() && c.reason != FinishReason::length)
+          choice["finish_reason"] = "tool_calls";
+      } else {
+        choice["text"] = job.echo ? *job.prompt_texts[prompt_of] + c.shown : c.shown;
+        if (job.prompt_top >= 0)
+          choice["prompt_logprobs"] = vllm_prompt_logprobs(c, job.prompts[prompt_of].size());
+      }
+      list.push_back(choice);
     }
+    json reply = {{"id", job.id},
+                  {"object", kind == Kind::chat ? "chat.completion" : "text_completion"},
+                  {"created", created},
+                  {"model", model},
+                  {"choices", list},
+                  {"usage", usage(*choices)}};
+    // Chat: one prompt, its logprobs beside the choices (vLLM's place for them).
+    if (kind == Kind::chat && job.prompt_top >= 0)
+      reply["prompt_logprobs"] = vllm_prompt_logprobs(choices->front(), job.prompts.front().size());
     return {HttpReply{200, "application/json", text_of(reply)}, {}};
   }
 
@@ -815,7 +657,7 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
         const std::size_t kept = c.text.tokens().size();
         // A token that completes no character (or is held back for a stop string) sends nothing,
         // unless the client follows ids or logprobs.
-        const bool ids_matter = job.top_logprobs >= 0 || kind == Kind::generate;
+        const bool ids_matter = job.top_logprobs >= 0;
         if (text.empty() && !c.finished && (kept == sent_lp[i] || !ids_matter)) continue;
         if (!c.error.empty()) {
           write(sse({{"error", json::parse(error(500, c.error).body)["error"]}}));
@@ -827,42 +669,30 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
           delta = replies[i].delta(text, c.finished);
           if (delta.is_null() && job.top_logprobs < 0) continue;
         }
-        std::string out;
-        if (kind == Kind::generate) {
-          json meta = {{"id", job.id},
-                       {"prompt_tokens", prompt_tokens},
-                       {"completion_tokens", kept},
-                       {"cached_tokens", c.cached_tokens}};
-          meta["finish_reason"] = c.finished ? json{{"type", reason(c)}} : json(nullptr);
-          if (job.top_logprobs >= 0) sglang_logprobs(c, meta);  // all so far, as the text
-          out = sse({{"text", c.shown}, {"output_ids", c.text.tokens()}, {"meta_info", meta}});
+        json choice = {{"index", i},
+                       {"finish_reason", !c.finished ? json(nullptr)
+                                         : kind == Kind::chat && replies[i].ends_in_tool_calls() &&
+                                                 c.reason != FinishReason::length
+                                             ? json("tool_calls")
+                                             : json(reason(c))}};
+        // echo: the choice's first chunk leads with its prompt (and the prompt's logprobs).
+        const bool lead = job.echo && !echoed[i];
+        const std::size_t prompt_of = i / static_cast<std::size_t>(job.n);
+        json head;
+        if (lead && job.top_logprobs >= 0)
+          std::tie(head, offsets[i]) = prompt_logprobs_json(c, job.prompts[prompt_of]);
+        choice["logprobs"] = job.top_logprobs < 0 ? json(nullptr)
+                             : lead ? join(head, logprobs_json(c, sent_lp[i], kept, offsets[i]))
+                                    : logprobs_json(c, sent_lp[i], kept, offsets[i]);
+        for (std::size_t k = sent_lp[i]; k < kept && k < c.logprobs.size(); ++k)
+          offsets[i] += static_cast<std::int64_t>(token_text(c.logprobs[k].chosen.token).size());
+        if (kind == Kind::chat) {
+          choice["delta"] = delta.is_null() ? json{{"content", ""}} : delta;
         } else {
-          json choice = {
-              {"index", i},
-              {"finish_reason", !c.finished ? json(nullptr)
-                                : kind == Kind::chat && replies[i].ends_in_tool_calls() &&
-                                        c.reason != FinishReason::length
-                                    ? json("tool_calls")
-                                    : json(reason(c))}};
-          // echo: the choice's first chunk leads with its prompt (and the prompt's logprobs).
-          const bool lead = job.echo && !echoed[i];
-          const std::size_t prompt_of = i / static_cast<std::size_t>(job.n);
-          json head;
-          if (lead && job.top_logprobs >= 0)
-            std::tie(head, offsets[i]) = prompt_logprobs_json(c, job.prompts[prompt_of]);
-          choice["logprobs"] = job.top_logprobs < 0 ? json(nullptr)
-                               : lead ? join(head, logprobs_json(c, sent_lp[i], kept, offsets[i]))
-                                      : logprobs_json(c, sent_lp[i], kept, offsets[i]);
-          for (std::size_t k = sent_lp[i]; k < kept && k < c.logprobs.size(); ++k)
-            offsets[i] += static_cast<std::int64_t>(token_text(c.logprobs[k].chosen.token).size());
-          if (kind == Kind::chat) {
-            choice["delta"] = delta.is_null() ? json{{"content", ""}} : delta;
-          } else {
-            choice["text"] = lead ? *job.prompt_texts[prompt_of] + text : text;
-          }
-          if (lead) echoed[i] = true;
-          out = chunk(json::array({choice}), job.prompts[prompt_of].size(), kept);
+          choice["text"] = lead ? *job.prompt_texts[prompt_of] + text : text;
         }
+        if (lead) echoed[i] = true;
+        const std::string out = chunk(json::array({choice}), job.prompts[prompt_of].size(), kept);
         sent_lp[i] = kept;
         if (!write(out)) return abandon();
         if (c.finished) {
@@ -871,7 +701,7 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
         }
       }
     }
-    if (job.include_usage && kind != Kind::generate) {
+    if (job.include_usage) {
       json u = {{"id", job.id}, {"object", object}, {"created", created}, {"model", model},
                 {"choices", json::array()}, {"usage", usage(*choices)}};
       if (!write(sse(u))) return;

@@ -17,6 +17,8 @@
 
 namespace dcp::serve {
 
+struct Choice;  // api_job.h
+
 struct HttpReply {
   int status = 200;
   std::string content_type = "application/json";
@@ -96,8 +98,21 @@ class OpenAiApi {
   // Chat's tools, tool_choice and parallel_tool_calls (tool_fields.cpp): "required" and a named
   // function set `p`'s guide.
   ToolUse parse_tools(const json& b, const std::string& body, SamplingParams& p) const;
-  // /generate's return_logprob, logprob_start_len, top_logprobs_num and return_text_in_logprobs.
+  // /generate's return_logprob, logprob_start_len, top_logprobs_num and return_text_in_logprobs
+  // (generate_api.cpp).
   void parse_sglang_logprobs(const json& b, Job& job) const;
+  // A /generate reply (or a streamed event) for `c` so far: text, output_ids, meta_info.
+  json generate_reply(const Job& job, const Choice& c) const;
+  void add_sglang_logprobs(const Job& job, const Choice& c, json& meta) const;
+  // A fresh request id: prefix, the server's start time, a serial number.
+  std::string new_id(const std::string& prefix) const;
+  // The 400 of a request whose choices exceed what the queue may hold (none when they fit).
+  std::optional<HttpReply> too_many_samples(std::int64_t samples, const Job& job) const;
+  // Submits choice `index` of `prompt` (its seed: the request's + index, or a fresh one); throws
+  // RefusedError as ServingDeployment::submit does.
+  Choice submit_choice(const Job& job, const std::vector<std::int32_t>& prompt, std::size_t index);
+  // The reply to a refused submission, naming the field at fault.
+  static HttpReply refused(const RefusedError& e, const Job& job);
   void check_guide(const SamplingParams& p, const std::string& param,
                    const std::string& shown) const;
   void need_tokenizer_for(const char* field_name) const;  // BadRequest naming it without one

@@ -1,0 +1,220 @@
+// SGLang's native /generate over the parsing and engine streams the OpenAI endpoints use: one
+// prompt, or a batch (`text` or `input_ids` as a list), each answered with its text, output_ids
+// and meta_info (SGLang's fields, with the logprobs when asked).
+#include <algorithm>
+#include <chrono>
+#include <limits>
+
+#include "serve/api_job.h"
+#include "serve/openai_api.h"
+#include "serve/request_fields.h"
+
+namespace dcp::serve {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Prompts one batch may hold (as /v1/completions).
+constexpr std::size_t kMaxBatch = 256;
+// The fields a batch may give per prompt (a list as long as the batch) instead of once for all.
+constexpr const char* kPerPrompt[] = {"sampling_params", "return_logprob", "logprob_start_len",
+                                      "top_logprobs_num", "return_text_in_logprobs"};
+
+// The request bodies of a /generate body: itself, or one per prompt of a batch (its keys kept in
+// the client's order: a JSON Schema's properties are read in that order).
+std::vector<std::string> generate_bodies(const std::string& body, bool& batch) {
+  const json b = parse_object(body);  // BadRequest on bad JSON
+  const char* key = field(b, "text") ? "text" : "input_ids";
+  const json* prompts = field(b, key);
+  batch = prompts && prompts->is_array() &&
+          (*key == 't' || (!prompts->empty() && (*prompts)[0].is_array()));
+  if (!batch) return {body};
+  if (prompts->empty()) bad(key, str("'", key, "' holds no prompt"));
+  if (prompts->size() > kMaxBatch)
+    bad(key, str("'", key, "' holds ", prompts->size(), " prompts; at most ", kMaxBatch));
+  const auto all = nlohmann::ordered_json::parse(body);
+  std::vector<std::string> bodies;
+  for (std::size_t i = 0; i < prompts->size(); ++i) {
+    nlohmann::ordered_json one = all;
+    one[key] = all[key][i];
+    for (const char* k : kPerPrompt) {
+      if (!one.contains(k) || !one[k].is_array()) continue;
+      if (one[k].size() != prompts->size())
+        bad(k, str("'", k, "' lists ", one[k].size(), " values for ", prompts->size(),
+                   " prompts (give one for all, or one per prompt)"));
+      one[k] = all[k][i];
+    }
+    bodies.push_back(one.dump());
+  }
+  return bodies;
+}
+
+}  // namespace
+
+void OpenAiApi::parse_sglang_logprobs(const json& b, Job& job) const {
+  const bool wanted = boolean(b, "return_logprob").value_or(false);
+  const auto start = integer(b, "logprob_start_len", -1, std::numeric_limits<std::int64_t>::max());
+  const auto top = integer(b, "top_logprobs_num", 0, 20);
+  const bool texts = boolean(b, "return_text_in_logprobs").value_or(false);
+  if (!wanted) {  // SGLang ignores them then; here a field that would be ignored is refused
+    if (start && *start >= 0)
+      bad("logprob_start_len", "'logprob_start_len' needs 'return_logprob': true");
+    if (top && *top > 0) bad("top_logprobs_num", "'top_logprobs_num' needs 'return_logprob': true");
+    if (texts)
+      bad("return_text_in_logprobs", "'return_text_in_logprobs' needs 'return_logprob': true");
+    return;
+  }
+  if (texts) need_tokenizer_for("return_text_in_logprobs");
+  const auto length = static_cast<std::int64_t>(job.request.prompt.size());
+  if (start && *start > length)
+    bad("logprob_start_len", str("'logprob_start_len' = ", *start, " is past the prompt's ", length,
+                                 " tokens (-1: none of the prompt, 0 to ", length, ")"));
+  job.top_logprobs = static_cast<int>(top.value_or(0));
+  job.logprob_start = start.value_or(-1);
+  job.logprob_texts = texts;
+  // The engine scores the prompt from the start on (a cached prefix before it is not computed).
+  if (job.logprob_start >= 0 && job.logprob_start < length) {
+    job.request.prompt_logprobs = job.top_logprobs;
+    job.request.prompt_logprobs_start = job.logprob_start;
+  }
+}
+
+void OpenAiApi::add_sglang_logprobs(const Job& job, const Choice& c, json& meta) const {
+  // Each entry: [logprob, token id, text or null]; the prompt's from logprob_start_len on (its
+  // first token has none), the output's, and with top_logprobs_num the most likely tokens at each
+  // (none at the prompt's first).
+  const std::int64_t start = job.logprob_start;
+  const auto k = static_cast<std::size_t>(std::max(job.top_logprobs, 0));
+  const std::vector<std::int32_t>& prompt = job.prompts.front();
+  const auto entry = [&](std::optional<float> logprob, std::int32_t token) {
+    return json::array({logprob ? json(std::max(*logprob, -9999.0f)) : json(nullptr), token,
+                        job.logprob_texts ? json(token_text(token)) : json(nullptr)});
+  };
+  const auto tops = [&](const StepLogprobs& lp) {
+    json list = json::array();
+    for (std::size_t i = 0; i < lp.top.size() && i < k; ++i)
+      list.push_back(entry(lp.top[i].logprob, lp.top[i].token));
+    return list;
+  };
+  json in = json::array(), in_top = json::array(), out = json::array(), out_top = json::array();
+  const auto first = static_cast<std::size_t>(std::max<std::int64_t>(start, 0));
+  for (std::size_t p = first; start >= 0 && p < prompt.size(); ++p) {
+    if (p == 0) {
+      in.push_back(entry(std::nullopt, prompt[0]));
+      in_top.push_back(nullptr);
+    } else if (const std::size_t i = p - std::max<std::size_t>(first, 1);
+               i < c.prompt_logprobs.size()) {  // they start at the first scored position
+      in.push_back(entry(c.prompt_logprobs[i].chosen.logprob, prompt[p]));
+      in_top.push_back(tops(c.prompt_logprobs[i]));
+    }
+  }
+  for (std::size_t t = 0; t < c.text.tokens().size() && t < c.logprobs.size(); ++t) {
+    out.push_back(entry(c.logprobs[t].chosen.logprob, c.logprobs[t].chosen.token));
+    out_top.push_back(tops(c.logprobs[t]));
+  }
+  meta["input_token_logprobs"] = std::move(in);
+  meta["output_token_logprobs"] = std::move(out);
+  if (k > 0) {
+    meta["input_top_logprobs"] = std::move(in_top);
+    meta["output_top_logprobs"] = std::move(out_top);
+  }
+}
+
+json OpenAiApi::generate_reply(const Job& job, const Choice& c) const {
+  json meta = {{"id", job.id},
+               {"prompt_tokens", job.prompts.front().size()},
+               {"completion_tokens", c.text.tokens().size()},
+               {"cached_tokens", c.cached_tokens}};
+  meta["finish_reason"] =
+      c.finished ? json{{"type", finish_text(c.reason, c.text.stopped())}} : json(nullptr);
+  if (job.top_logprobs >= 0) add_sglang_logprobs(job, c, meta);
+  return {{"text", c.shown}, {"output_ids", c.text.tokens()}, {"meta_info", meta}};
+}
+
+Handled OpenAiApi::generate(const std::string& body, const ClientGone& gone) {
+  // Each prompt is a request of its own (its own id and fields); a batch's replies come as a
+  // list in its order, its stream's events each name their prompt's index.
+  std::vector<Job> jobs;
+  bool batch = false;
+  try {
+    const std::vector<std::string> bodies = generate_bodies(body, batch);
+    for (std::size_t i = 0; i < bodies.size(); ++i) {
+      try {
+        jobs.push_back(parse(bodies[i], Kind::generate));
+      } catch (const BadRequest& e) {
+        if (!batch) throw;
+        throw BadRequest(e.status, e.param, str("prompt ", i, ": ", e.what()));
+      }
+    }
+  } catch (const BadRequest& e) {
+    return {error(e.status, e.what(), e.param), {}};
+  }
+  if (std::optional<HttpReply> refusal =
+          too_many_samples(static_cast<std::int64_t>(jobs.size()), jobs.front()))
+    return {*refusal, {}};
+  auto choices = std::make_shared<std::vector<Choice>>();
+  for (Job& job : jobs) {
+    job.id = new_id("");
+    try {
+      choices->push_back(submit_choice(job, job.prompts.front(), 0));
+    } catch (const RefusedError& e) {  // the batch is withdrawn whole
+      for (Choice& c : *choices) c.stream->cancel();
+      return {refused(e, job), {}};
+    }
+  }
+  if (!jobs.front().stream) {
+    // A client that hangs up has its requests cancelled within a fifth of a second.
+    for (std::size_t i = 0; i < choices->size(); ++i) {
+      Choice& c = (*choices)[i];
+      while (!c.finished) {
+        pull_news(c, jobs[i].request.stop_token_ids, 200ms, false);
+        if (!c.finished && gone && gone()) {
+          for (Choice& d : *choices) d.stream->cancel();
+          return {error(499, "the client closed its connection before the reply"), {}};
+        }
+      }
+    }
+    for (const Choice& c : *choices)
+      if (!c.error.empty()) return {error(500, c.error), {}};
+    json reply = json::array();
+    for (std::size_t i = 0; i < choices->size(); ++i)
+      reply.push_back(generate_reply(jobs[i], (*choices)[i]));
+    return {HttpReply{200, "application/json", text_of(batch ? reply : reply.front())}, {}};
+  }
+  // Streamed: an event per prompt whenever it has news, each with everything so far (SGLang's
+  // text, logprobs included), then data: [DONE].
+  Handled h;
+  h.stream = [this, jobs = std::move(jobs), choices, batch](const ChunkWriter& write) {
+    const auto abandon = [&] {  // the client went away: free its KV now
+      for (Choice& c : *choices) c.stream->cancel();
+    };
+    std::vector<std::size_t> sent(choices->size(), 0);
+    std::vector<bool> closed(choices->size(), false);
+    std::size_t open = choices->size();
+    while (open > 0) {
+      for (std::size_t i = 0; i < choices->size(); ++i) {
+        Choice& c = (*choices)[i];
+        if (closed[i]) continue;
+        const std::string text = pull_news(c, jobs[i].request.stop_token_ids,
+                                           choices->size() == 1 ? 1000ms : 5ms, false);
+        if (text.empty() && !c.finished && c.text.tokens().size() == sent[i]) continue;
+        if (!c.error.empty()) {
+          write(sse({{"error", json::parse(error(500, c.error).body)["error"]}}));
+          return abandon();
+        }
+        json event = generate_reply(jobs[i], c);
+        if (batch) event["index"] = i;
+        sent[i] = c.text.tokens().size();
+        if (!write(sse(event))) return abandon();
+        if (c.finished) {
+          closed[i] = true;
+          --open;
+        }
+      }
+    }
+    write("data: [DONE]\n\n");
+  };
+  return h;
+}
+
+}  // namespace dcp::serve
