@@ -33,6 +33,8 @@ struct ApiFixture {
                                        dcp::ToolCallFormat::deepseek_v3,
                                        dcp::serve::ReasoningParser::deepseek_v3,
                                        {},
+                                       {},
+                                       {},
                                        {}});
   }
   std::optional<dcp::Tokenizer> tokenizer;

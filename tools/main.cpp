@@ -11,11 +11,13 @@
 #include "dcp/blas.h"
 #include "dcp/comm_mpi.h"
 #include "dcp/error.h"
+#include "dcp/version.h"
 
 int main(int argc, char** argv) {
   // First, before any thread or MPI starts: OpenBLAS on generic kernels is started over.
   dcp::restart_with_better_blas_kernels(argv);
   CLI::App app{"dcp: decode context parallelism for MLA attention"};
+  app.set_version_flag("--version", dcp::kVersion);
   app.require_subcommand(1);
   dcp::cli::add_demo_command(app);
   dcp::cli::add_topology_command(app);

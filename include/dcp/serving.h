@@ -171,6 +171,9 @@ class ServingDeployment {
   void reset_prefix_cache();
   bool prefix_cache_enabled() const noexcept { return spec_.engine.enable_prefix_cache; }
   bool disaggregated() const noexcept { return options_.prefill_dcp_size > 0; }
+  // The deployment served (its parallel layout, KV and engine options) and how.
+  const DeploymentSpec& spec() const noexcept { return spec_; }
+  const ServeOptions& options() const noexcept { return options_; }
   // Stops accepting; `drain`: in-flight requests finish, else they are cancelled. run() returns
   // once nothing is left.
   void shutdown(bool drain);

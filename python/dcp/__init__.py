@@ -17,15 +17,16 @@ GIL while it runs.
 from ._arrays import as_kernel_array, like_input
 from ._numbers import boolean, integer, real
 from ._layout import chunk_share, local_count, owner, position, row, topology
-from ._llm import (LLM, CompletionOutput, GuidedDecodingParams, RequestOutput, SamplingParams,
-                   StructuredOutputsParams)
+from ._llm import (LLM, CompletionOutput, GuidedDecodingParams, Logprob, RequestOutput,
+                   SamplingParams, StructuredOutputsParams)
 from . import _dcp
 
 __all__ = ["owner", "row", "local_count", "position", "chunk_share", "topology", "mla_decode",
            "merge_states", "kernel_paths", "LLM", "SamplingParams", "GuidedDecodingParams", "StructuredOutputsParams",
-           "RequestOutput", "CompletionOutput"]
+           "RequestOutput", "CompletionOutput", "Logprob"]
 
 kernel_paths = _dcp.kernel_paths
+__version__ = _dcp.__version__  # the C++ library's, as `dcp --version` prints it
 
 
 def mla_decode(q, kv_pool, page_table, seq_lens, *, scale, kv_lora_rank=512, query_lens=None,

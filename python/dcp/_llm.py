@@ -87,12 +87,21 @@ class SamplingParams:
 
 
 @dataclasses.dataclass
+class Logprob:
+    """One token's logprob (vLLM's): its rank among the vocabulary's by logprob (1: the most
+    likely; ties by token id) and its text alone (None without a tokenizer)."""
+    logprob: float
+    rank: Optional[int] = None
+    decoded_token: Optional[str] = None
+
+
+@dataclasses.dataclass
 class CompletionOutput:
     index: int
     text: Optional[str]  # None without a tokenizer
     token_ids: List[int]
     finish_reason: str  # "length", "stop" (a stop token or EOS) or "cancelled"
-    logprobs: Optional[list]  # per step {token_id: logprob}, when asked for
+    logprobs: Optional[list]  # per step {token_id: Logprob}, when asked for
 
 
 @dataclasses.dataclass
@@ -106,7 +115,7 @@ class RequestOutput:
     time_to_first_token_s: float
     latency_s: float
     # With SamplingParams.prompt_logprobs: None for the first prompt token, then per token
-    # {token_id: logprob} (its own and the k most likely there).
+    # {token_id: Logprob} (its own and the k most likely there).
     prompt_logprobs: Optional[list] = None
     # Prompt tokens whose KV the prefix cache held (LLM(enable_prefix_cache=True)), as the
     # first completion found them: with n > 1 the others reuse the pages it computes.
@@ -375,16 +384,23 @@ class LLM:
         for i in range(len(ids)):
             generated = [next(results) for _ in range(counts[i])]
             completions = [CompletionOutput(j, g.text, list(g.token_ids), g.finish_reason,
-                                            g.logprobs if params[i].logprobs is not None else None)
+                                            self._logprobs(g.logprobs)
+                                            if params[i].logprobs is not None else None)
                            for j, g in enumerate(generated)]
             prompt_lp = None
             if params[i].prompt_logprobs is not None:
-                prompt_lp = [None] + list(generated[0].prompt_logprobs)
+                prompt_lp = [None] + self._logprobs(generated[0].prompt_logprobs)
             outputs.append(RequestOutput(i, texts[i], ids[i], completions,
                                          min(g.time_to_first_token_s for g in generated),
                                          max(g.latency_s for g in generated), prompt_lp,
                                          generated[0].cached_prompt_tokens))
         return outputs
+
+    def _logprobs(self, steps):
+        """vLLM's per step {token_id: Logprob} from the engine's (token, logprob, rank) lists."""
+        ids = sorted({t for step in steps for t, _, _ in step})
+        texts = dict(zip(ids, self._llm.token_texts(ids)))
+        return [{t: Logprob(lp, rank, texts[t]) for t, lp, rank in step} for step in steps]
 
     def _prompt(self, i, p):
         if isinstance(p, dict):

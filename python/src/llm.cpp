@@ -81,14 +81,19 @@ struct Generated {
   double time_to_first_token_s = 0, latency_s = 0;
 };
 
-// Per step {token_id: logprob}: the chosen token's and its alternatives', as vLLM lists them.
+// Per step [(token_id, logprob, rank)]: the chosen token (its rank over the vocabulary) first,
+// then its alternatives ranked 1 to k (the chosen one not again); Python makes vLLM's
+// {token_id: Logprob} of them.
 py::list logprobs_list(const std::vector<StepLogprobs>& lps) {
   py::list steps;
   for (const StepLogprobs& s : lps) {
-    py::dict d;
-    d[py::int_(s.chosen.token)] = s.chosen.logprob;
-    for (const TokenLogprob& t : s.top) d[py::int_(t.token)] = t.logprob;
-    steps.append(d);
+    py::list step;
+    step.append(py::make_tuple(s.chosen.token, s.chosen.logprob, s.rank));
+    for (std::size_t i = 0; i < s.top.size(); ++i) {
+      if (s.top[i].token != s.chosen.token)
+        step.append(py::make_tuple(s.top[i].token, s.top[i].logprob, i + 1));
+    }
+    steps.append(step);
   }
   return steps;
 }
@@ -547,6 +552,21 @@ void bind_llm(py::module_& m) {
             return l.tokenizer().decode(ids, skip_special);
           },
           py::arg("ids"), py::arg("skip_special_tokens"))
+      // Each token's text alone (lossy UTF-8); None without a tokenizer, or for an id past its
+      // vocabulary (a model's may be larger).
+      .def(
+          "token_texts",
+          [](const Llm& l, const std::vector<std::int32_t>& ids) {
+            std::vector<std::optional<std::string>> texts;
+            for (const std::int32_t id : ids) {
+              if (l.has_tokenizer() && l.tokenizer().contains(id))
+                texts.emplace_back(utf8_lossy(l.tokenizer().token_bytes(id)));
+              else
+                texts.emplace_back();
+            }
+            return texts;
+          },
+          py::arg("ids"))
       // The tokenizer's chat template (or `chat_template`, Jinja source) over a JSON context.
       .def(
           "apply_chat_template",

@@ -6,11 +6,13 @@
 #include "bindings.h"
 #include "dcp/error.h"
 #include "dcp/serving.h"
+#include "dcp/version.h"
 
 namespace py = pybind11;
 
 PYBIND11_MODULE(_dcp, m) {
   m.doc() = "Decode Context Parallelism for MLA attention (C++ core)";
+  m.attr("__version__") = dcp::kVersion;
   py::register_exception_translator([](std::exception_ptr e) {
     try {
       if (e) std::rethrow_exception(e);

@@ -101,3 +101,8 @@ def test_topology_errors_name_the_legal_values(config, message):
     with pytest.raises(ValueError) as e:
         dcp.topology(**config)
     assert message in str(e.value)
+
+
+def test_version_is_the_command_lines(dcp_bin):
+    cli = subprocess.run([dcp_bin, "--version"], check=True, capture_output=True, text=True)
+    assert dcp.__version__ == cli.stdout.strip() and dcp.__version__.count(".") == 2

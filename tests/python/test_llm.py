@@ -257,8 +257,9 @@ def test_prompt_logprobs_of_a_greedy_continuation_equal_decodings(text_llm):
     for p, (token, step) in enumerate(zip(first.token_ids, first.logprobs)):
         scored = out.prompt_logprobs[3 + p]
         assert token in scored and len(scored) <= 3
-        assert abs(scored[token] - step[token]) < 0.05
-        assert scored[token] == max(scored.values())
+        assert abs(scored[token].logprob - step[token].logprob) < 0.05
+        assert scored[token].logprob == max(e.logprob for e in scored.values())
+        assert scored[token].rank == 1 and step[token].rank == 1
     assert text_llm.generate([prompt], dcp.SamplingParams(max_tokens=1))[0].prompt_logprobs is None
 
 
@@ -332,16 +333,28 @@ def test_bad_stop_strings_raise(text_llm, stop, message):
         text_llm.generate("Hi", dcp.SamplingParams(stop=stop))
 
 
-def test_logprobs_and_timing(text_llm):
+def test_logprobs_and_timing(text_llm, checkpoint):
+    known = tokenizer_ids(checkpoint)
     out = text_llm.generate([[10, 11, 12]], dcp.SamplingParams(max_tokens=4, temperature=0,
                                                                logprobs=3, ignore_eos=True))[0]
     c = out.outputs[0]
     assert len(c.logprobs) == 4
     for token, step in zip(c.token_ids, c.logprobs):
         assert token in step and len(step) >= 3
-        assert step[token] == max(step.values())  # greedy picks the most likely
-        assert all(lp <= 0 for lp in step.values())
-        assert sum(math.exp(lp) for lp in step.values()) <= 1 + 1e-5
+        lps = [e.logprob for e in step.values()]
+        assert step[token].logprob == max(lps) and step[token].rank == 1  # greedy: the most likely
+        assert all(lp <= 0 for lp in lps)
+        assert sum(math.exp(lp) for lp in lps) <= 1 + 1e-5
+        # vLLM's Logprob: the alternatives ranked 1 to 3 by logprob, each with its text alone.
+        ranked = sorted(step.values(), key=lambda e: e.rank)
+        assert [e.rank for e in ranked] == [1, 2, 3]
+        assert all(a.logprob >= b.logprob for a, b in zip(ranked, ranked[1:]))
+        for t, e in step.items():
+            assert isinstance(e, dcp.Logprob)
+            if t in known:
+                assert e.decoded_token == text_llm.decode([t], skip_special_tokens=False)
+            else:
+                assert e.decoded_token is None
     assert 0 < out.time_to_first_token_s <= out.latency_s
 
 

@@ -955,6 +955,32 @@ def case_generate_batch(s):
           "a refused batch leaves nothing running")
 
 
+def case_server_info(s):
+    """SGLang's descriptions of the model and the server, and vLLM's /version: what the server
+    was started with (TP 2, DCP 2, 4096 tokens of KV, a generated checkpoint with its tokenizer),
+    the context /v1/models gives, the version `dcp --version` prints; /health_generate serves a
+    one-token request."""
+    version = subprocess.run([DCP, "--version"], capture_output=True, text=True, check=True).stdout.strip()
+    status, models = s.request("GET", "/v1/models")
+    for path in ["/get_model_info", "/model_info"]:
+        status, r = s.request("GET", path)
+        check(status == 200 and r.get("model_path") == CKPT and r.get("tokenizer_path") == CKPT and
+              r.get("is_generation") is True and r.get("served_model_name") == models["data"][0]["id"],
+              f"{path}: {status} {r}")
+    for path in ["/get_server_info", "/server_info"]:
+        status, r = s.request("GET", path)
+        check(status == 200 and r.get("tp_size") == 2 and r.get("dcp_size") == 2 and r.get("dp_size") == 1 and
+              r.get("max_total_num_tokens") == 4096 and r.get("context_length") == models["data"][0]["max_model_len"] and
+              r.get("version") == version and r.get("disable_radix_cache") is True and
+              r.get("internal_states", [{}])[0].get("num_running_reqs") == 0, f"{path}: {status} {r}")
+    status, r = s.request("GET", "/version")
+    check(status == 200 and r == {"version": version} and re.fullmatch(r"\d+\.\d+\.\d+", version), f"/version: {r}")
+    before = s.metrics()["dcp_requests_total{outcome=\"finished\"}"]
+    status, r = s.request("GET", "/health_generate")
+    check(status == 200 and s.metrics()["dcp_requests_total{outcome=\"finished\"}"] == before + 1,
+          f"/health_generate serves a request: {status} {r}")
+
+
 def case_logprobs(s):
     status, r = s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 3,
                                            "ignore_eos": True})
@@ -1104,9 +1130,10 @@ def case_errors(s):
     expect(413, {"prompt": [i % 500 for i in range(5000)]})
     status, r = s.request("GET", "/v1/nothing")
     check(status == 404 and "error" in r, f"unknown route: {status} {r}")
-    status, r = s.post("/reset_prefix_cache", {})
-    check(status == 400 and "--enable-prefix-cache" in r["error"]["message"],
-          f"a cache reset without the cache: {status} {r}")
+    for method, path in [("POST", "/reset_prefix_cache"), ("POST", "/flush_cache"), ("GET", "/flush_cache")]:
+        status, r = s.request(method, path, {})
+        check(status == 400 and "--enable-prefix-cache" in r["error"]["message"],
+              f"{method} {path} without the cache: {status} {r}")
     # Unknown fields are ignored; the server still serves after every error above.
     status, r = s.post("/v1/completions", {"prompt": "hi", "max_tokens": 2, "user": "x", "something_new": {"a": 1}})
     check(status == 200 and r["usage"]["completion_tokens"] <= 2, f"unknown fields ignored: {status} {r}")
@@ -1861,6 +1888,13 @@ def case_prefix_cache():
                   and r["choices"][0]["token_ids"] == first["choices"][0]["token_ids"],
                   f"{label}: {r.get('usage')}")
         check(before > 128 and held() == 128, f"cached tokens: {before} before the reset, {held()} after")
+        # SGLang's /flush_cache (GET or POST) is the same reset: the next request finds nothing.
+        for method in ["GET", "POST"]:
+            s.post("/v1/completions", body)
+            status, r = s.request(method, "/flush_cache")
+            status2, r2 = s.post("/v1/completions", body)
+            check(status == 200 and status2 == 200 and r2["usage"]["prompt_tokens_details"] == {"cached_tokens": 0},
+                  f"{method} /flush_cache: {status} {r}, then {r2.get('usage')}")
     finally:
         code, _ = s.stop()
         check(code == 0, f"server exit {code}")
@@ -2210,7 +2244,7 @@ def case_mpi(mpiexec, disaggregate=False):
 
 
 CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_whole, case_seeds,
-                                     case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_guided_regex, case_guided_grammar, case_json_mode, case_json_schema, case_structured_outputs, case_tokenize, case_chat_options, case_min_tokens, case_echo, case_prompt_logprobs, case_generate_logprobs, case_generate_batch, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
+                                     case_prompt_batch, case_stop_strings, case_penalties, case_masks, case_guided_regex, case_guided_grammar, case_json_mode, case_json_schema, case_structured_outputs, case_tokenize, case_chat_options, case_min_tokens, case_echo, case_prompt_logprobs, case_generate_logprobs, case_generate_batch, case_server_info, case_logprobs, case_errors, case_disconnect, case_concurrent_streams,
                                      case_idle_connections, case_pipelined_requests, case_kept_alive_requests,
                                      case_malformed_requests, case_bodyless_posts,
                                      case_metrics_and_models]}

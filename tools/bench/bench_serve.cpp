@@ -133,8 +133,9 @@ void bench_serve(const ServeBenchOptions& o) {
 
   // The server, once for all concurrencies.
   ServingDeployment deployment(spec);
-  serve::OpenAiApi api(deployment, nullptr,
-                       {"bench", o.max_tokens, std::nullopt, serve::ReasoningParser::none, {}, {}});
+  serve::OpenAiApi api(
+      deployment, nullptr,
+      {"bench", o.max_tokens, std::nullopt, serve::ReasoningParser::none, {}, {}, {}, {}});
   serve::HttpServer http(api);
   const int port = http.bind("127.0.0.1", 0);
   std::thread listener([&] { http.listen(); });

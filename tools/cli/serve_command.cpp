@@ -136,6 +136,8 @@ int serve(const ServeFlags& f) {
   }
   serve::ApiOptions ao;
   ao.model_name = f.served_model_name.empty() ? w.model_label : f.served_model_name;
+  ao.model_path = f.run.model_path;
+  if (tokenizer) ao.tokenizer_path = f.tokenizer_path.empty() ? f.run.model_path : f.tokenizer_path;
   if (!f.run.model_path.empty())
     ao.eos_token_ids = with_flag("--model-path", [&] {
       return checkpoint_eos_token_ids(f.run.model_path, w.spec.model.config.vocab_size);

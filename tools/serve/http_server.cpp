@@ -164,6 +164,24 @@ HttpServer::HttpServer(OpenAiApi& api, HttpOptions options) : impl_(std::make_un
   post("/reset_prefix_cache", [&api](const httplib::Request&, httplib::Response& res) {
     reply(res, api.reset_prefix_cache());
   });
+  get("/version",
+      [&api](const httplib::Request&, httplib::Response& res) { reply(res, api.version()); });
+  // SGLang's: the model's and the server's description, a health check that generates, and its
+  // name for emptying the prefix cache (GET or POST, as SGLang takes it).
+  for (const char* path : {"/get_model_info", "/model_info"})
+    get(path,
+        [&api](const httplib::Request&, httplib::Response& res) { reply(res, api.model_info()); });
+  for (const char* path : {"/get_server_info", "/server_info"})
+    get(path,
+        [&api](const httplib::Request&, httplib::Response& res) { reply(res, api.server_info()); });
+  get("/health_generate", [&api](const httplib::Request&, httplib::Response& res) {
+    reply(res, api.health_generate());
+  });
+  const auto flush = [&api](const httplib::Request&, httplib::Response& res) {
+    reply(res, api.reset_prefix_cache());
+  };
+  get("/flush_cache", flush);
+  post("/flush_cache", flush);
   // Anything else: an OpenAI-style 404, or 405 for a known path with another method.
   s.set_error_handler([impl = impl_.get()](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;

@@ -3,6 +3,7 @@
 // bodies in and writes what comes back.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -59,6 +60,9 @@ struct ApiOptions {
   // What a request that leaves a sampling field out gets (generation_config.json's), before the
   // API's own defaults.
   SamplingDefaults sampling_defaults;
+  // Where the weights and the tokenizer came from (SGLang's /get_model_info); empty: generated
+  // weights, or no tokenizer.
+  std::string model_path, tokenizer_path;
 };
 
 class OpenAiApi {
@@ -80,7 +84,13 @@ class OpenAiApi {
   HttpReply metrics() const;                          // GET /metrics (Prometheus text)
   // vLLM's: every DP replica's prefix cache forgets its pages before the next step (benchmarks
   // start cold without a restart); 400 naming --enable-prefix-cache when the cache is off.
-  HttpReply reset_prefix_cache();  // POST /reset_prefix_cache
+  HttpReply reset_prefix_cache();  // POST /reset_prefix_cache (SGLang's /flush_cache too)
+  // SGLang's (sglang_api.cpp): where the model came from; how it is served, with the queue now;
+  // a one-token greedy request served within `timeout` (200) or not (503).
+  HttpReply model_info() const;   // GET /get_model_info, /model_info
+  HttpReply server_info() const;  // GET /get_server_info, /server_info
+  HttpReply health_generate(std::chrono::milliseconds timeout = std::chrono::seconds(20));
+  HttpReply version() const;  // GET /version (vLLM's)
 
   // An OpenAI-style error body.
   static HttpReply error(int status, const std::string& message, const std::string& param = "");
@@ -99,7 +109,7 @@ class OpenAiApi {
   // function set `p`'s guide.
   ToolUse parse_tools(const json& b, const std::string& body, SamplingParams& p) const;
   // /generate's return_logprob, logprob_start_len, top_logprobs_num and return_text_in_logprobs
-  // (generate_api.cpp).
+  // (sglang_api.cpp).
   void parse_sglang_logprobs(const json& b, Job& job) const;
   // A /generate reply (or a streamed event) for `c` so far: text, output_ids, meta_info.
   json generate_reply(const Job& job, const Choice& c) const;

@@ -1,10 +1,12 @@
-// SGLang's native /generate over the parsing and engine streams the OpenAI endpoints use: one
-// prompt, or a batch (`text` or `input_ids` as a list), each answered with its text, output_ids
-// and meta_info (SGLang's fields, with the logprobs when asked).
+// SGLang's native endpoints. /generate runs over the parsing and engine streams the OpenAI
+// endpoints use: one prompt, or a batch (`text` or `input_ids` as a list), each answered with its
+// text, output_ids and meta_info (SGLang's fields, with the logprobs when asked). Beside it: the
+// model's and the server's description, and a health check that generates.
 #include <algorithm>
 #include <chrono>
 #include <limits>
 
+#include "dcp/version.h"
 #include "serve/api_job.h"
 #include "serve/openai_api.h"
 #include "serve/request_fields.h"
@@ -215,6 +217,85 @@ Handled OpenAiApi::generate(const std::string& body, const ClientGone& gone) {
     write("data: [DONE]\n\n");
   };
   return h;
+}
+
+HttpReply OpenAiApi::model_info() const {
+  const auto path_or_null = [](const std::string& p) {
+    return p.empty() ? json(nullptr) : json(p);
+  };
+  // The sampling defaults of a request that leaves them out (generation_config.json's).
+  json preferred = json::object();
+  const SamplingDefaults& d = options_.sampling_defaults;
+  if (d.temperature) preferred["temperature"] = *d.temperature;
+  if (d.top_p) preferred["top_p"] = *d.top_p;
+  if (d.top_k) preferred["top_k"] = *d.top_k;
+  if (d.min_p) preferred["min_p"] = *d.min_p;
+  if (d.repetition_penalty) preferred["repetition_penalty"] = *d.repetition_penalty;
+  const json info = {
+      {"model_path", options_.model_path.empty() ? options_.model_name : options_.model_path},
+      {"tokenizer_path", path_or_null(options_.tokenizer_path)},
+      {"served_model_name", options_.model_name},
+      {"is_generation", true},
+      {"preferred_sampling_params", preferred.empty() ? json(nullptr) : preferred}};
+  return {200, "application/json", text_of(info)};
+}
+
+HttpReply OpenAiApi::server_info() const {
+  const DeploymentSpec& spec = deployment_.spec();
+  const ParallelConfig& p = spec.parallel;
+  const EngineOptions& e = deployment_.engine_options();
+  const ServeMetrics m = deployment_.metrics();
+  json info = {
+      {"model_path", options_.model_path.empty() ? options_.model_name : options_.model_path},
+      {"served_model_name", options_.model_name},
+      {"version", kVersion},
+      {"tp_size", p.tp_size},
+      {"dp_size", p.dp_size},
+      {"enable_dp_attention", p.enable_dp_attention},
+      {"dcp_size", p.dcp_size},
+      {"ep_size", p.ep_size},
+      {"page_size", spec.model_options.page_size},
+      {"kv_cache_dtype", std::string(to_string(spec.model_options.kv_dtype))},
+      {"context_length", deployment_.context_tokens()},
+      {"chunked_prefill_size", e.chunked_prefill_size},
+      {"max_running_requests", e.max_running_requests},
+      {"max_queued_requests", deployment_.max_queued_requests()},
+      {"disable_radix_cache", !e.enable_prefix_cache},
+      {"speculative_num_draft_tokens", e.num_draft_tokens},
+      {"disaggregation_prefill_dcp_size", deployment_.options().prefill_dcp_size},
+      // What the scheduler holds now, over every replica.
+      {"internal_states",
+       json::array({{{"num_running_reqs", m.running}, {"num_queued_reqs", m.queued}}})}};
+  // Known once the ranks have loaded.
+  if (deployment_.ready()) info["max_total_num_tokens"] = deployment_.kv_capacity_tokens();
+  return {200, "application/json", text_of(info)};
+}
+
+HttpReply OpenAiApi::health_generate(std::chrono::milliseconds timeout) {
+  if (!deployment_.ready()) return error(503, "the model is loading");
+  ServeRequest probe;
+  probe.prompt = {0};
+  probe.max_new_tokens = 1;
+  std::shared_ptr<RequestStream> stream;
+  try {
+    stream = deployment_.submit(probe);
+  } catch (const RefusedError& e) {
+    return error(503, str("the health check's request was refused: ", e.what()));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    const std::optional<StreamUpdate> u = stream->next(100ms);
+    if (!u || !u->finished) continue;
+    if (!u->error.empty()) return error(503, str("the health check's request failed: ", u->error));
+    return {200, "application/json", "{}"};
+  }
+  stream->cancel();
+  return error(503, str("the health check's one-token request was not served within ",
+                        timeout.count(), " ms"));
+}
+
+HttpReply OpenAiApi::version() const {
+  return {200, "application/json", text_of(json{{"version", kVersion}})};
 }
 
 }  // namespace dcp::serve
