@@ -945,6 +945,24 @@ def case_generate_batch(s):
     check(events[-1] == "[DONE]" and sorted(last) == [0, 1, 2] and
           all(last[i]["output_ids"] == alone[i]["output_ids"] and last[i]["meta_info"]["finish_reason"]["type"] == "length"
               for i in range(3)), f"a streamed batch: {events}")
+    # SGLang's n: each prompt's samples in a row, sample j seeded seed + j as /v1/completions seeds
+    # its choices.
+    sampled = {"max_new_tokens": 6, "temperature": 0.9, "sampling_seed": 5, "ignore_eos": True}
+    status, c = s.post("/v1/completions", {"prompt": prompts[0], "max_tokens": 6, "temperature": 0.9, "seed": 5,
+                                           "ignore_eos": True, "n": 3})
+    want = [x["token_ids"] for x in c["choices"]]
+    status, r = s.post("/generate", {"input_ids": prompts[0], "sampling_params": {**sampled, "n": 3}})
+    check(status == 200 and isinstance(r, list) and [x["output_ids"] for x in r] == want and len(set(map(str, want))) > 1
+          and len({x["meta_info"]["id"] for x in r}) == 3, f"n = 3: {status} {r} vs {want}")
+    status, r = s.post("/generate", {"input_ids": prompts[:2], "sampling_params": [{**sampled, "n": 2}, params[1]]})
+    check(status == 200 and [x["output_ids"] for x in r] == want[:2] + [alone[1]["output_ids"]],
+          f"a batch with n = 2 for its first prompt: {status} {r}")
+    status, _, events = s.stream("/generate", {"input_ids": prompts[0], "sampling_params": {**sampled, "n": 3},
+                                               "stream": True})
+    last = {}
+    for e in events[:-1]:
+        last[e["index"]] = e["output_ids"]
+    check([last.get(i) for i in range(3)] == want, f"n = 3 streamed: {last} vs {want}")
     # One prompt too long for the context: the whole batch is refused, nothing left running.
     status, r = s.post("/generate", {"input_ids": [[1, 2], [1] * 5000], "sampling_params": {"max_new_tokens": 2}})
     check(status in (400, 413) and r["error"]["param"] in ("input_ids", None), f"a batch with a prompt too long: {status} {r}")
@@ -1101,7 +1119,7 @@ def case_errors(s):
     expect(400, {"prompt": "hi", "allowed_token_ids": [9], "stop_token_ids": [9], "min_tokens": 1})
     expect(400, {"text": "hi", "sampling_params": {"json_schema": '{"not": {}}'}}, "json_schema", path="/generate")
     expect(400, {"text": "hi", "sampling_params": {"structural_tag": "{}"}}, "structural_tag", path="/generate")
-    expect(400, {"text": "hi", "sampling_params": {"n": 2}}, "n", path="/generate")
+    expect(400, {"text": "hi", "sampling_params": {"n": 17}}, "n", path="/generate")
     # SGLang's batches: the error names the field and, for one prompt's, the prompt.
     expect(400, {"text": []}, "text", path="/generate")
     expect(400, {"text": [["a"]]}, "text", path="/generate")
@@ -2146,6 +2164,11 @@ def case_queue_bound():
             status, r = s.post("/v1/completions", body)
             check(status == 400 and r["error"]["param"] == param and "--max-queued-requests" in r["error"]["message"],
                   f"{param}: more choices than the queue bound: {status} {r}")
+        for body, param in [({"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 2, "n": 2}}, "n"),
+                            ({"input_ids": [PROMPT, PROMPT], "sampling_params": {"max_new_tokens": 2}}, "input_ids")]:
+            status, r = s.post("/generate", body)
+            check(status == 400 and r["error"]["param"] == param and "--max-queued-requests" in r["error"]["message"],
+                  f"/generate {param}: more samples than the queue bound: {status} {r}")
         status, r = s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 2})
         check(status == 200, f"a request within the bound after those: {status} {r}")
     finally:

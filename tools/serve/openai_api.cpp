@@ -169,11 +169,7 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
       if (field(*src, key))
         bad(key, str("'", key, "' belongs in the request, not in sampling_params"));
     }
-    if (const json* n = field(*src, "n");
-        n && !(n->is_number_integer() && n->get<std::int64_t>() == 1))
-      bad("n",
-          "'n' > 1 is not supported on /generate (send a request per sample, or use "
-          "/v1/completions)");
+    job.n = static_cast<int>(integer(*src, "n", 1, 16).value_or(1));  // SGLang's parallel samples
   }
   ServeRequest& r = job.request;
   // A field the request leaves out: the checkpoint's recommendation, else the API's default.
@@ -367,13 +363,14 @@ std::string OpenAiApi::new_id(const std::string& prefix) const {
   return prefix + std::to_string(created_) + "-" + std::to_string(serial++);
 }
 
-std::optional<HttpReply> OpenAiApi::too_many_samples(std::int64_t samples, const Job& job) const {
+std::optional<HttpReply> OpenAiApi::too_many_samples(std::int64_t samples, std::size_t prompts,
+                                                     const Job& job) const {
   // A request with more choices than the queue may hold would be refused as "retry later" on an
   // idle server too, every time: refused as too large instead.
   if (samples <= deployment_.max_queued_requests()) return std::nullopt;
   return error(400,
-               str("this request asks for ", samples, " completions (", job.prompts.size(),
-                   " prompt(s) x n = ", job.n, "); the server queues at most ",
+               str("this request asks for ", samples, " completions (", prompts,
+                   " prompt(s), n samples each); the server queues at most ",
                    deployment_.max_queued_requests(),
                    " (--max-queued-requests): send fewer prompts or a smaller n"),
                job.n > 1 ? "n" : job.prompt_field);
@@ -416,7 +413,8 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
   const std::string prefix = kind == Kind::chat ? "chatcmpl-" : "cmpl-";
   job.id = new_id(prefix);
   const std::int64_t samples = static_cast<std::int64_t>(job.prompts.size()) * job.n;
-  if (std::optional<HttpReply> refusal = too_many_samples(samples, job)) return {*refusal, {}};
+  if (std::optional<HttpReply> refusal = too_many_samples(samples, job.prompts.size(), job))
+    return {*refusal, {}};
   // Submit every choice (n of each prompt); a refusal withdraws the ones already in.
   auto choices = std::make_shared<std::vector<Choice>>();
   std::int64_t prompt_tokens = 0;

@@ -112,12 +112,13 @@ class OpenAiApi {
   // (sglang_api.cpp).
   void parse_sglang_logprobs(const json& b, Job& job) const;
   // A /generate reply (or a streamed event) for `c` so far: text, output_ids, meta_info.
-  json generate_reply(const Job& job, const Choice& c) const;
+  json generate_reply(const Job& job, const Choice& c, const std::string& id) const;
   void add_sglang_logprobs(const Job& job, const Choice& c, json& meta) const;
   // A fresh request id: prefix, the server's start time, a serial number.
   std::string new_id(const std::string& prefix) const;
   // The 400 of a request whose choices exceed what the queue may hold (none when they fit).
-  std::optional<HttpReply> too_many_samples(std::int64_t samples, const Job& job) const;
+  std::optional<HttpReply> too_many_samples(std::int64_t samples, std::size_t prompts,
+                                            const Job& job) const;
   // Submits choice `index` of `prompt` (its seed: the request's + index, or a fresh one); throws
   // RefusedError as ServingDeployment::submit does.
   Choice submit_choice(const Job& job, const std::vector<std::int32_t>& prompt, std::size_t index);

@@ -122,8 +122,8 @@ void OpenAiApi::add_sglang_logprobs(const Job& job, const Choice& c, json& meta)
   }
 }
 
-json OpenAiApi::generate_reply(const Job& job, const Choice& c) const {
-  json meta = {{"id", job.id},
+json OpenAiApi::generate_reply(const Job& job, const Choice& c, const std::string& id) const {
+  json meta = {{"id", id},
                {"prompt_tokens", job.prompts.front().size()},
                {"completion_tokens", c.text.tokens().size()},
                {"cached_tokens", c.cached_tokens}};
@@ -134,8 +134,9 @@ json OpenAiApi::generate_reply(const Job& job, const Choice& c) const {
 }
 
 Handled OpenAiApi::generate(const std::string& body, const ClientGone& gone) {
-  // Each prompt is a request of its own (its own id and fields); a batch's replies come as a
-  // list in its order, its stream's events each name their prompt's index.
+  // Each prompt is a request of its own (its own id and fields), each of its n samples a choice;
+  // a batch's (or n's) replies come as a list, prompt by prompt and sample by sample, its
+  // stream's events each name their place in that list.
   std::vector<Job> jobs;
   bool batch = false;
   try {
@@ -151,17 +152,27 @@ Handled OpenAiApi::generate(const std::string& body, const ClientGone& gone) {
   } catch (const BadRequest& e) {
     return {error(e.status, e.what(), e.param), {}};
   }
-  if (std::optional<HttpReply> refusal =
-          too_many_samples(static_cast<std::int64_t>(jobs.size()), jobs.front()))
+  // Each prompt's n samples (sampling_params.n), in order: sample j seeded seed + j.
+  std::int64_t samples = 0;
+  for (const Job& job : jobs) samples += job.n;
+  if (std::optional<HttpReply> refusal = too_many_samples(samples, jobs.size(), jobs.front()))
     return {*refusal, {}};
+  const bool listed = batch || samples > 1;  // a list of replies, events naming their index
   auto choices = std::make_shared<std::vector<Choice>>();
-  for (Job& job : jobs) {
+  std::vector<std::size_t> job_of;  // each choice's prompt
+  std::vector<std::string> ids;     // each choice's id
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    Job& job = jobs[i];
     job.id = new_id("");
-    try {
-      choices->push_back(submit_choice(job, job.prompts.front(), 0));
-    } catch (const RefusedError& e) {  // the batch is withdrawn whole
-      for (Choice& c : *choices) c.stream->cancel();
-      return {refused(e, job), {}};
+    for (int j = 0; j < job.n; ++j) {
+      try {
+        choices->push_back(submit_choice(job, job.prompts.front(), static_cast<std::size_t>(j)));
+      } catch (const RefusedError& e) {  // the batch is withdrawn whole
+        for (Choice& c : *choices) c.stream->cancel();
+        return {refused(e, job), {}};
+      }
+      job_of.push_back(i);
+      ids.push_back(job.n > 1 ? str(job.id, "-", j) : job.id);
     }
   }
   if (!jobs.front().stream) {
@@ -169,7 +180,7 @@ Handled OpenAiApi::generate(const std::string& body, const ClientGone& gone) {
     for (std::size_t i = 0; i < choices->size(); ++i) {
       Choice& c = (*choices)[i];
       while (!c.finished) {
-        pull_news(c, jobs[i].request.stop_token_ids, 200ms, false);
+        pull_news(c, jobs[job_of[i]].request.stop_token_ids, 200ms, false);
         if (!c.finished && gone && gone()) {
           for (Choice& d : *choices) d.stream->cancel();
           return {error(499, "the client closed its connection before the reply"), {}};
@@ -180,13 +191,14 @@ Handled OpenAiApi::generate(const std::string& body, const ClientGone& gone) {
       if (!c.error.empty()) return {error(500, c.error), {}};
     json reply = json::array();
     for (std::size_t i = 0; i < choices->size(); ++i)
-      reply.push_back(generate_reply(jobs[i], (*choices)[i]));
-    return {HttpReply{200, "application/json", text_of(batch ? reply : reply.front())}, {}};
+      reply.push_back(generate_reply(jobs[job_of[i]], (*choices)[i], ids[i]));
+    return {HttpReply{200, "application/json", text_of(listed ? reply : reply.front())}, {}};
   }
   // Streamed: an event per prompt whenever it has news, each with everything so far (SGLang's
   // text, logprobs included), then data: [DONE].
   Handled h;
-  h.stream = [this, jobs = std::move(jobs), choices, batch](const ChunkWriter& write) {
+  h.stream = [this, jobs = std::move(jobs), choices, listed, job_of = std::move(job_of),
+              ids = std::move(ids)](const ChunkWriter& write) {
     const auto abandon = [&] {  // the client went away: free its KV now
       for (Choice& c : *choices) c.stream->cancel();
     };
@@ -204,8 +216,8 @@ Handled OpenAiApi::generate(const std::string& body, const ClientGone& gone) {
           write(sse({{"error", json::parse(error(500, c.error).body)["error"]}}));
           return abandon();
         }
-        json event = generate_reply(jobs[i], c);
-        if (batch) event["index"] = i;
+        json event = generate_reply(jobs[job_of[i]], c, ids[i]);
+        if (listed) event["index"] = i;
         sent[i] = c.text.tokens().size();
         if (!write(sse(event))) return abandon();
         if (c.finished) {
