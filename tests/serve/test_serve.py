@@ -999,6 +999,74 @@ def case_server_info(s):
           f"/health_generate serves a request: {status} {r}")
 
 
+def case_abort_request():
+    """SGLang's rid and /abort_request: a /generate request keeps the id its client gave it, which
+    no other running request may take; aborting it (or all) ends it with finish_reason abort and
+    frees its KV; then the id is free again. Its own server, with KV for requests long enough
+    (tens of thousands of tokens) that an abort surely reaches them running."""
+    s = Server("--max-total-tokens", "65536")
+    try:
+        abort_cases(s)
+    finally:
+        code, _ = s.stop()
+        check(code == 0, f"server exit {code}")
+
+
+def abort_cases(s):
+    long = {"max_new_tokens": 30000, "temperature": 0, "ignore_eos": True}
+    got = {}
+
+    def streamed():
+        got["stream"] = s.stream("/generate", {"input_ids": [1, 2, 3], "sampling_params": long, "rid": "job-1",
+                                               "stream": True})
+
+    t = threading.Thread(target=streamed)
+    t.start()
+    deadline = time.time() + 30
+    while time.time() < deadline and s.metrics().get("dcp_num_running_reqs", 0) < 1:
+        time.sleep(0.05)
+    status, r = s.post("/generate", {"input_ids": [4, 5], "rid": "job-1"})
+    check(status == 400 and r["error"]["param"] == "rid", f"a running request's rid taken again: {status} {r}")
+    status, r = s.post("/abort_request", {"rid": "job-1"})
+    check(status == 200 and r == {}, f"abort: {status} {r}")
+    t.join(60)
+    events = got.get("stream", (0, "", []))[2]
+    last = events[-2] if len(events) >= 2 else {}
+    check(last.get("meta_info", {}).get("finish_reason", {}).get("type") == "abort" and
+          last["meta_info"]["id"] == "job-1" and len(last["output_ids"]) < 30000,
+          f"the aborted stream ends with abort: {last}")
+    status, r = s.post("/generate", {"input_ids": [4, 5], "rid": "job-1", "sampling_params": {"max_new_tokens": 2}})
+    check(status == 200 and r["meta_info"]["id"] == "job-1", f"the rid is free again: {status} {r}")
+    # abort_all: two whole replies waiting, both end with abort.
+    replies = []
+
+    def whole(rid):
+        replies.append(s.post("/generate", {"input_ids": [7, 8], "sampling_params": long, "rid": rid}))
+
+    threads = [threading.Thread(target=whole, args=(f"all-{k}",)) for k in range(2)]
+    for th in threads:
+        th.start()
+    deadline = time.time() + 30
+    while time.time() < deadline and s.metrics().get("dcp_num_running_reqs", 0) < 2:
+        time.sleep(0.05)
+    status, r = s.post("/abort_request", {"abort_all": True})
+    for th in threads:
+        th.join(60)
+    check(status == 200 and len(replies) == 2 and
+          all(st == 200 and x["meta_info"]["finish_reason"]["type"] == "abort" for st, x in replies),
+          f"abort_all: {status} {replies}")
+    for body, want in [({"rid": "nothing-1"}, 404), ({}, 400), ({"rid": 5}, 400)]:
+        status, r = s.post("/abort_request", body)
+        check(status == want and r["error"]["param"] == "rid", f"/abort_request {body}: {status} {r}")
+    for rid in ["", 7, "x" * 257]:
+        status, r = s.post("/generate", {"input_ids": [1], "rid": rid})
+        check(status == 400 and r["error"]["param"] == "rid", f"rid {rid!r}: {status} {r}")
+    deadline = time.time() + 10
+    while time.time() < deadline and s.metrics().get("dcp_num_running_reqs", 1) > 0:
+        time.sleep(0.1)
+    check(s.metrics().get("dcp_num_running_reqs") == 0, "nothing left running after the aborts")
+
+
 def case_logprobs(s):
     status, r = s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 3,
                                            "ignore_eos": True})
@@ -2273,7 +2341,7 @@ CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_
                                      case_metrics_and_models]}
 
 OWN_SERVER = {f.__name__[5:]: f for f in [case_chat_template, case_tools, case_reasoning, case_prefix_cache, case_checkpoint_eos,
-                                          case_generation_config, case_disaggregate,
+                                          case_generation_config, case_disaggregate, case_abort_request,
                                           case_max_model_len, case_api_key, case_queue_bound, case_shutdown]}
 
 

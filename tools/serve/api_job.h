@@ -41,6 +41,7 @@ struct OpenAiApi::Job {
   // none), and whether each entry carries its token's text (return_text_in_logprobs).
   std::int64_t logprob_start = -1;
   bool logprob_texts = false;
+  std::string rid;  // /generate: the id the client gave the request (SGLang's rid), else empty
   ToolUse tools;                  // chat: what the reply does with tools
   bool reasoning = false;         // chat: the reply's thinking comes first (--reasoning-parser)
   bool include_reasoning = true;  // vLLM's: the reply carries it as reasoning_content

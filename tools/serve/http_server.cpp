@@ -182,6 +182,9 @@ HttpServer::HttpServer(OpenAiApi& api, HttpOptions options) : impl_(std::make_un
   };
   get("/flush_cache", flush);
   post("/flush_cache", flush);
+  post("/abort_request", [&api](const httplib::Request& req, httplib::Response& res) {
+    reply(res, api.abort_request(req.body));
+  });
   // Anything else: an OpenAI-style 404, or 405 for a known path with another method.
   s.set_error_handler([impl = impl_.get()](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;

@@ -345,7 +345,7 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
     job.prompt_top = static_cast<int>(*top);
     r.prompt_logprobs = std::max(r.prompt_logprobs, job.prompt_top);
   }
-  if (kind == Kind::generate) parse_sglang_logprobs(b, job);  // after truncate_prompt_tokens
+  if (kind == Kind::generate) parse_sglang_fields(b, job);  // after truncate_prompt_tokens
   r.logprobs = job.top_logprobs;
   job.tokens_as_ids = boolean(b, "return_tokens_as_token_ids").value_or(false);
   return job;

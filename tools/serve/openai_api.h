@@ -6,6 +6,9 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -91,6 +94,9 @@ class OpenAiApi {
   HttpReply server_info() const;  // GET /get_server_info, /server_info
   HttpReply health_generate(std::chrono::milliseconds timeout = std::chrono::seconds(20));
   HttpReply version() const;  // GET /version (vLLM's)
+  // SGLang's: {"rid": id} cancels that /generate request (its rid, or the meta_info.id it was
+  // given), {"abort_all": true} every one; the reply then ends with finish_reason "abort".
+  HttpReply abort_request(const std::string& body);  // POST /abort_request
 
   // An OpenAI-style error body.
   static HttpReply error(int status, const std::string& message, const std::string& param = "");
@@ -108,9 +114,9 @@ class OpenAiApi {
   // Chat's tools, tool_choice and parallel_tool_calls (tool_fields.cpp): "required" and a named
   // function set `p`'s guide.
   ToolUse parse_tools(const json& b, const std::string& body, SamplingParams& p) const;
-  // /generate's return_logprob, logprob_start_len, top_logprobs_num and return_text_in_logprobs
-  // (sglang_api.cpp).
-  void parse_sglang_logprobs(const json& b, Job& job) const;
+  // /generate's own fields (sglang_api.cpp): rid, return_logprob, logprob_start_len,
+  // top_logprobs_num and return_text_in_logprobs.
+  void parse_sglang_fields(const json& b, Job& job) const;
   // A /generate reply (or a streamed event) for `c` so far: text, output_ids, meta_info.
   json generate_reply(const Job& job, const Choice& c, const std::string& id) const;
   void add_sglang_logprobs(const Job& job, const Choice& c, json& meta) const;
@@ -134,6 +140,12 @@ class OpenAiApi {
   const Tokenizer* tokenizer_;
   ApiOptions options_;
   std::int64_t created_ = 0;
+  // /generate's requests by id (their rid), for /abort_request: the streams of their samples,
+  // held weakly (a finished request's reply lets them go).
+  std::mutex ids_mutex_;
+  std::map<std::string, std::vector<std::weak_ptr<RequestStream>>> generate_ids_;
+  // Registers `id`'s streams; false when a request with that id is still running.
+  bool register_id(const std::string& id, std::vector<std::weak_ptr<RequestStream>> streams);
 };
 
 }  // namespace dcp::serve

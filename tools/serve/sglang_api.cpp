@@ -19,8 +19,11 @@ using namespace std::chrono_literals;
 // Prompts one batch may hold (as /v1/completions).
 constexpr std::size_t kMaxBatch = 256;
 // The fields a batch may give per prompt (a list as long as the batch) instead of once for all.
-constexpr const char* kPerPrompt[] = {"sampling_params", "return_logprob", "logprob_start_len",
-                                      "top_logprobs_num", "return_text_in_logprobs"};
+constexpr const char* kPerPrompt[] = {"sampling_params",         "return_logprob",
+                                      "logprob_start_len",       "top_logprobs_num",
+                                      "return_text_in_logprobs", "rid"};
+// The longest id a client may give a request.
+constexpr std::size_t kMaxRid = 256;
 
 // The request bodies of a /generate body: itself, or one per prompt of a batch (its keys kept in
 // the client's order: a JSON Schema's properties are read in that order).
@@ -53,7 +56,14 @@ std::vector<std::string> generate_bodies(const std::string& body, bool& batch) {
 
 }  // namespace
 
-void OpenAiApi::parse_sglang_logprobs(const json& b, Job& job) const {
+void OpenAiApi::parse_sglang_fields(const json& b, Job& job) const {
+  if (const json* rid = field(b, "rid")) {  // read here: the fields only /generate has
+    if (!rid->is_string() || rid->get<std::string>().empty() ||
+        rid->get<std::string>().size() > kMaxRid)
+      bad("rid", str("'rid' must be a non-empty string of at most ", kMaxRid,
+                     " bytes (a list of them for a batch)"));
+    job.rid = rid->get<std::string>();
+  }
   const bool wanted = boolean(b, "return_logprob").value_or(false);
   const auto start = integer(b, "logprob_start_len", -1, std::numeric_limits<std::int64_t>::max());
   const auto top = integer(b, "top_logprobs_num", 0, 20);
@@ -163,7 +173,7 @@ Handled OpenAiApi::generate(const std::string& body, const ClientGone& gone) {
   std::vector<std::string> ids;     // each choice's id
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     Job& job = jobs[i];
-    job.id = new_id("");
+    job.id = job.rid.empty() ? new_id("") : job.rid;
     for (int j = 0; j < job.n; ++j) {
       try {
         choices->push_back(submit_choice(job, job.prompts.front(), static_cast<std::size_t>(j)));
@@ -173,6 +183,18 @@ Handled OpenAiApi::generate(const std::string& body, const ClientGone& gone) {
       }
       job_of.push_back(i);
       ids.push_back(job.n > 1 ? str(job.id, "-", j) : job.id);
+    }
+  }
+  // Each request by its id, for /abort_request; an id still running refuses the request.
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    std::vector<std::weak_ptr<RequestStream>> streams;
+    for (std::size_t k = 0; k < choices->size(); ++k)
+      if (job_of[k] == i) streams.push_back((*choices)[k].stream);
+    if (!register_id(jobs[i].id, std::move(streams))) {
+      for (Choice& c : *choices) c.stream->cancel();
+      return {
+          error(400, str("'rid' = '", jobs[i].id, "' is the id of a request still running"), "rid"),
+          {}};
     }
   }
   if (!jobs.front().stream) {
@@ -304,6 +326,41 @@ HttpReply OpenAiApi::health_generate(std::chrono::milliseconds timeout) {
   stream->cancel();
   return error(503, str("the health check's one-token request was not served within ",
                         timeout.count(), " ms"));
+}
+
+bool OpenAiApi::register_id(const std::string& id,
+                            std::vector<std::weak_ptr<RequestStream>> streams) {
+  const auto running = [](const std::vector<std::weak_ptr<RequestStream>>& held) {
+    return std::any_of(held.begin(), held.end(), [](const auto& w) { return !w.expired(); });
+  };
+  std::lock_guard lock(ids_mutex_);
+  std::erase_if(generate_ids_, [&](const auto& entry) { return !running(entry.second); });
+  return generate_ids_.emplace(id, std::move(streams)).second;
+}
+
+HttpReply OpenAiApi::abort_request(const std::string& body) {
+  std::vector<std::shared_ptr<RequestStream>> targets;
+  try {
+    const json b = parse_object(body);
+    const bool all = boolean(b, "abort_all").value_or(false);
+    const json* rid = field(b, "rid");
+    if (!all && !(rid && rid->is_string()))
+      bad("rid", "give 'rid' (a /generate request's id) or \"abort_all\": true");
+    std::lock_guard lock(ids_mutex_);
+    for (const auto& [id, streams] : generate_ids_) {
+      if (!all && id != rid->get<std::string>()) continue;
+      for (const auto& w : streams)
+        if (auto s = w.lock()) targets.push_back(std::move(s));
+    }
+    if (!all && targets.empty())
+      return error(404,
+                   str("no /generate request with rid '", rid->get<std::string>(), "' is running"),
+                   "rid");
+  } catch (const BadRequest& e) {
+    return error(e.status, e.what(), e.param);
+  }
+  for (const auto& s : targets) s->cancel();
+  return {200, "application/json", "{}"};
 }
 
 HttpReply OpenAiApi::version() const {
