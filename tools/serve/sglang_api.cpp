@@ -231,7 +231,7 @@ Handled OpenAiApi::generate(const std::string& body, const ClientGone& gone) {
       for (std::size_t i = 0; i < choices->size(); ++i) {
         Choice& c = (*choices)[i];
         if (closed[i]) continue;
-        const std::string text = pull_news(c, jobs[i].request.stop_token_ids,
+        const std::string text = pull_news(c, jobs[job_of[i]].request.stop_token_ids,
                                            choices->size() == 1 ? 1000ms : 5ms, false);
         if (text.empty() && !c.finished && c.text.tokens().size() == sent[i]) continue;
         if (!c.error.empty()) {
