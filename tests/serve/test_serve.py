@@ -1198,6 +1198,17 @@ def case_errors(s):
     check(status == 400 and r["error"]["param"] == "temperature" and r["error"]["message"].startswith("prompt 1: "),
           f"a batch's second prompt at fault: {status} {r}")
     expect(400, {"text": "hi", "custom_logit_processor": "x"}, "custom_logit_processor", path="/generate")
+    # Inputs and adapters this engine has no place for, and a JSON whitespace pattern: refused
+    # unless empty.
+    for key, value in [("image_data", "http://x/y.png"), ("input_embeds", [[0.1]]), ("lora_path", "adapter"),
+                       ("return_hidden_states", True), ("session_params", {"id": "s"})]:
+        expect(400, {"text": "hi", key: value}, key, path="/generate")
+    expect(400, {"prompt": "hi", "prompt_embeds": "AAAA"}, "prompt_embeds")
+    expect(400, {"prompt": "hi", "guided_json": {"type": "object"}, "guided_whitespace_pattern": "[ ]*"},
+           "guided_whitespace_pattern")
+    status, r = s.post("/generate", {"text": "hi", "image_data": [], "return_hidden_states": False, "lora_path": None,
+                                     "sampling_params": {"max_new_tokens": 1}})
+    check(status == 200, f"empty inputs ask for nothing: {status} {r}")
     expect(400, {"prompt": "hi", "priority": 1}, "priority")
     status, r = s.post("/v1/completions", {"prompt": "hi", "max_tokens": 1, "bad_words": [], "use_beam_search": False,
                                            "priority": 0})

@@ -38,6 +38,16 @@ void refuse_unsupported(const json& b, bool openai) {
        {"structural_tag", "custom_logit_processor", "logits_processors", "token_ids_logprob"}) {
     if (field(b, key)) bad(key, str("'", key, "' is not supported"));
   }
+  // Inputs and adapters this engine has no place for (embeddings instead of ids, images, audio,
+  // video, LoRA adapters, SGLang's sessions and hidden states), and vLLM's JSON whitespace
+  // pattern (JSON is guided with at most one space between tokens): refused unless empty.
+  for (const char* key :
+       {"prompt_embeds", "input_embeds", "image_data", "video_data", "audio_data", "lora_path",
+        "session_params", "return_hidden_states", "guided_whitespace_pattern"}) {
+    const json* v = field(b, key);
+    if (v && !(*v == false || ((v->is_string() || v->is_array() || v->is_object()) && v->empty())))
+      bad(key, str("'", key, "' is not supported"));
+  }
   if (!openai && field(b, "prompt_logprobs"))
     bad("prompt_logprobs", "'prompt_logprobs' is not supported on /generate");
   if (openai && field(b, "logprob_start_len"))
