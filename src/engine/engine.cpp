@@ -400,7 +400,9 @@ void Engine::admit() {
       unscored.assign(it->feed.begin(), it->feed.begin() + first_scored(it->spec));
       lookup = &unscored;
     }
-    const bool may_hit = it->cacheable && lookup->size() > 1;
+    // (Scored from position 1: nothing before it to hit.)
+    const bool may_hit =
+        it->cacheable && (it->spec.prompt_logprobs < 0 || first_scored(it->spec) > 1);
     if (may_hit && pages_in_flight(*lookup) > cache_->cached_pages(*lookup)) {
       ++it;
       continue;

@@ -32,6 +32,24 @@ std::string pull_news(Choice& c, const std::vector<std::int32_t>& stop_ids,
   return out;
 }
 
+std::optional<HttpReply> wait_for_all(
+    std::vector<Choice>& choices,
+    const std::function<const std::vector<std::int32_t>&(std::size_t)>& stop_ids, bool echo_only,
+    const ClientGone& gone) {
+  for (std::size_t i = 0; i < choices.size(); ++i) {
+    while (!choices[i].finished) {
+      pull_news(choices[i], stop_ids(i), std::chrono::milliseconds(200), echo_only);
+      if (!choices[i].finished && gone && gone()) {
+        for (Choice& d : choices) d.stream->cancel();
+        return OpenAiApi::error(499, "the client closed its connection before the reply");
+      }
+    }
+  }
+  for (const Choice& c : choices)
+    if (!c.error.empty()) return OpenAiApi::error(500, c.error);
+  return std::nullopt;
+}
+
 std::string sse(const json& j) {
   return "data: " + text_of(j) + "\n\n";
 }

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -66,6 +67,15 @@ struct Choice {
 // `echo_only` the tokens are dropped (max_tokens 0) and a choice that ran out ends by length.
 std::string pull_news(Choice& c, const std::vector<std::int32_t>& stop_ids,
                       std::chrono::milliseconds wait, bool echo_only);
+
+// A whole reply's wait: until every choice has finished, pulling its news (choice i's stop tokens
+// are stop_ids(i)). A client that hangs up (`gone`) has every choice cancelled within a fifth of a
+// second, as a stream's are at its next token (no one would read the reply): its 499 is returned;
+// so is the 500 of a choice the engine failed. Nothing when all finished well.
+std::optional<HttpReply> wait_for_all(
+    std::vector<Choice>& choices,
+    const std::function<const std::vector<std::int32_t>&(std::size_t)>& stop_ids, bool echo_only,
+    const ClientGone& gone);
 
 // One server-sent event holding `j`.
 std::string sse(const json& j);

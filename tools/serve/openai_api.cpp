@@ -559,25 +559,12 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
   const auto call_id = [id = job.id.substr(prefix.size())](std::size_t i) {
     return str("call-", id, "-", i);
   };
-  const auto failed = [](const std::vector<Choice>& cs) -> const Choice* {
-    for (const Choice& c : cs)
-      if (!c.error.empty()) return &c;
-    return nullptr;
-  };
-
   if (!job.stream) {
-    // A client that hangs up (a timeout, then perhaps a retry) has its choices cancelled within
-    // a fifth of a second, as a stream's are at its next token: no one would read the reply.
-    for (Choice& c : *choices) {
-      while (!c.finished) {
-        pull_news(c, job.request.stop_token_ids, 200ms, job.echo_only);
-        if (!c.finished && gone && gone()) {
-          for (Choice& d : *choices) d.stream->cancel();
-          return {error(499, "the client closed its connection before the reply"), {}};
-        }
-      }
-    }
-    if (const Choice* f = failed(*choices)) return {error(500, f->error), {}};
+    const auto stops = [&job](std::size_t) -> const std::vector<std::int32_t>& {
+      return job.request.stop_token_ids;
+    };
+    if (std::optional<HttpReply> ended = wait_for_all(*choices, stops, job.echo_only, gone))
+      return {*ended, {}};
     json list = json::array();
     for (std::size_t i = 0; i < choices->size(); ++i) {
       const Choice& c = (*choices)[i];

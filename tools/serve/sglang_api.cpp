@@ -198,19 +198,11 @@ Handled OpenAiApi::generate(const std::string& body, const ClientGone& gone) {
     }
   }
   if (!jobs.front().stream) {
-    // A client that hangs up has its requests cancelled within a fifth of a second.
-    for (std::size_t i = 0; i < choices->size(); ++i) {
-      Choice& c = (*choices)[i];
-      while (!c.finished) {
-        pull_news(c, jobs[job_of[i]].request.stop_token_ids, 200ms, false);
-        if (!c.finished && gone && gone()) {
-          for (Choice& d : *choices) d.stream->cancel();
-          return {error(499, "the client closed its connection before the reply"), {}};
-        }
-      }
-    }
-    for (const Choice& c : *choices)
-      if (!c.error.empty()) return {error(500, c.error), {}};
+    const auto stops = [&](std::size_t i) -> const std::vector<std::int32_t>& {
+      return jobs[job_of[i]].request.stop_token_ids;
+    };
+    if (std::optional<HttpReply> ended = wait_for_all(*choices, stops, false, gone))
+      return {*ended, {}};
     json reply = json::array();
     for (std::size_t i = 0; i < choices->size(); ++i)
       reply.push_back(generate_reply(jobs[job_of[i]], (*choices)[i], ids[i]));
