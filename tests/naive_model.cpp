@@ -58,13 +58,31 @@ Vec rms_norm(Vec x, const Vec& weight, double eps) {
   return x;
 }
 
-// HF DeepSeek rope written out directly: de-interleave pairs, then rotate-half.
+// HF DeepSeek rope written out directly: de-interleave pairs, then rotate-half. MiniCPM3's
+// (model_type minicpm3) rotates the halves as they are, with LongRoPE's per-frequency factors.
 Vec rope(const Vec& x, std::int64_t pos, const ModelConfig& c) {
   if (c.skip_rope) return x;
   const int d = static_cast<int>(x.size()), half = d / 2;
   Vec inv(half);
   double mscale = 1.0;
   for (int i = 0; i < half; ++i) inv[i] = 1.0 / std::pow(c.rope_theta, 2.0 * i / d);
+  if (c.model_type == "minicpm3") {
+    if (c.longrope) {
+      const LongRope& r = *c.longrope;
+      const bool long_range = static_cast<double>(pos) >= r.original_max_position_embeddings;
+      for (int i = 0; i < half; ++i)
+        inv[i] = 1.0 / ((long_range ? r.long_factor[i] : r.short_factor[i]) *
+                        std::pow(c.rope_theta, 2.0 * i / d));
+      mscale = r.attention_factor;
+    }
+    Vec out(d);
+    for (int i = 0; i < d; ++i) {  // x * cos + rotate_half(x) * sin
+      const double angle = static_cast<double>(pos) * inv[i % half];
+      const double rotated = i < half ? -x[i + half] : x[i - half];
+      out[i] = (x[i] * std::cos(angle) + rotated * std::sin(angle)) * mscale;
+    }
+    return out;
+  }
   if (c.rope_scaling && c.rope_scaling->factor > 1) {
     const RopeScaling& s = *c.rope_scaling;
     const auto corr = [&](double rot) {
@@ -203,8 +221,15 @@ std::vector<double> naive_logits(const ModelConfig& c, const WeightSource& w,
             qhd = c.q_head_dim();
   const Mat embed(w, "model.embed_tokens.weight", c.vocab_size, hidden);
   std::vector<Vec> x(static_cast<std::size_t>(L));
-  for (std::int64_t t = 0; t < L; ++t)
+  // MiniCPM's muP: embeddings times scale_emb, branches times scale_depth / sqrt(layers), the
+  // final state divided by hidden_size / dim_model_base (1, 1 and 1 for DeepSeek).
+  const bool mup = c.model_type == "minicpm3";
+  const double branch = mup ? c.scale_depth / std::sqrt(double(c.num_hidden_layers)) : 1.0;
+  for (std::int64_t t = 0; t < L; ++t) {
     x[t] = Vec(embed.v.begin() + tokens[t] * hidden, embed.v.begin() + (tokens[t] + 1) * hidden);
+    if (mup)
+      for (double& e : x[t]) e *= c.scale_emb;
+  }
   for (int layer = 0; layer < c.num_hidden_layers; ++layer) {
     const std::string p = "model.layers." + std::to_string(layer) + ".";
     const Vec in_norm = load_vec(w, p + "input_layernorm.weight", hidden);
@@ -272,7 +297,7 @@ std::vector<double> naive_logits(const ModelConfig& c, const WeightSource& w,
         for (std::size_t i = 0; i < attn.size(); ++i) attn[i] *= 1.0 / (1.0 + std::exp(-g[i]));
       }
       const Vec o = o_proj.apply(attn);
-      for (std::int64_t i = 0; i < hidden; ++i) x[t][i] += o[i];
+      for (std::int64_t i = 0; i < hidden; ++i) x[t][i] += branch * o[i];
     }
     // The MLP: dense, or mixture of experts (layer >= first_k_dense_replace, every
     // moe_layer_freq-th), written from the Hugging Face rule rather than taken from dcp.
@@ -296,14 +321,18 @@ std::vector<double> naive_logits(const ModelConfig& c, const WeightSource& w,
       const Vec d =
           moe ? naive_moe(c, w, p, hn, experts, shared.empty() ? nullptr : &shared[0], &margin)
               : experts[0].apply(hn);
-      for (std::int64_t i = 0; i < hidden; ++i) x[t][i] += d[i];
+      for (std::int64_t i = 0; i < hidden; ++i) x[t][i] += branch * d[i];
     }
   }
   const Vec final_norm = load_vec(w, "model.norm.weight", hidden);
-  const Mat lm_head(w, "lm_head.weight", c.vocab_size, hidden);
+  const Mat lm_head(w, c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight",
+                    c.vocab_size, hidden);
   std::vector<double> logits;
   for (std::int64_t t = 0; t < L; ++t) {
-    const Vec l = lm_head.apply(rms_norm(x[t], final_norm, c.rms_norm_eps));
+    Vec h = rms_norm(x[t], final_norm, c.rms_norm_eps);
+    if (mup)
+      for (double& e : h) e /= hidden / c.dim_model_base;
+    const Vec l = lm_head.apply(h);
     logits.insert(logits.end(), l.begin(), l.end());
   }
   if (route_margin) *route_margin = margin;

@@ -1,6 +1,6 @@
-// Every MLA family as published (DeepSeek-V2-Lite, V2, V3, Kimi-K2 and K2-Thinking, Moonlight):
-// mixture-of-experts routing as the Hugging Face code does it, against an independent float64
-// model, at every TP and DCP size.
+// Every MLA family as published (DeepSeek-V2-Lite, V2, V3, Kimi-K2 and K2-Thinking, Moonlight,
+// MiniCPM3): mixture-of-experts routing, rotary variants and muP scaling as the Hugging Face code
+// does them, against an independent float64 model, at every TP and DCP size.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -30,6 +30,9 @@ namespace {
 
 const char* const kFamilies[] = {"deepseek-v2-lite", "deepseek-v2",      "deepseek-v3",
                                  "kimi-k2",          "kimi-k2-thinking", "moonlight"};
+// The mixture-of-experts families and the dense one.
+const char* const kAllFamilies[] = {"deepseek-v2-lite", "deepseek-v2", "deepseek-v3", "kimi-k2",
+                                    "kimi-k2-thinking", "moonlight",   "minicpm3"};
 
 // Step logits of the engine (fp32 KV, teacher-forced) against the float64 model at the same
 // positions, to 1e-4 relative to the largest logit.
@@ -118,7 +121,7 @@ TEST(Families, ExpertParallelismAndDpAttentionEqualFloat64) {
 // experts make of the token, which no tolerance describes.
 TEST(Families, Bf16KvStaysWithinItsStatedErrorOfFloat64) {
   auto rng = test::make_rng();
-  for (const char* family : kFamilies) {
+  for (const char* family : kAllFamilies) {
     ModelConfig c = family_config(family);
     c.n_routed_experts = 0;  // every layer dense
     const auto w = make_synthetic_weights(rng.range(1, 1000));
@@ -161,7 +164,7 @@ class FamilyCheckpoint : public ::testing::Test {
 // loaded in its own dtype, against the float64 model of the same stored values.
 TEST_F(FamilyCheckpoint, LoadsInItsDtypeAndEqualsFloat64) {
   auto rng = test::make_rng();
-  for (const char* family : kFamilies) {
+  for (const char* family : kAllFamilies) {
     const ModelConfig c = family_config(family);
     write_checkpoint(dir_.string(), c, *make_synthetic_weights(rng.range(1, 1000)), "BF16", 3);
     ASSERT_TRUE(std::filesystem::exists(dir_ / "model.safetensors.index.json"));
@@ -495,13 +498,15 @@ TEST_F(FamilyCheckpoint, Int4RefusesWhatItCannotRunExactly) {
 }
 
 TEST(Families, ConfigsRoundTripAndKeepTheirFields) {
-  for (const char* family : kFamilies) {
+  for (const char* family : kAllFamilies) {
     const ModelConfig c = family_config(family);
     const ModelConfig back = parse_model_config(model_config_to_json(c));
     EXPECT_EQ(back.model_type, c.model_type) << family;
     EXPECT_EQ(back.architecture, c.architecture) << family;
-    EXPECT_EQ(back.topk_method, c.topk_method) << family;
-    EXPECT_EQ(back.scoring_func, c.scoring_func) << family;
+    if (c.n_routed_experts > 0) {  // a dense model has no router
+      EXPECT_EQ(back.topk_method, c.topk_method) << family;
+      EXPECT_EQ(back.scoring_func, c.scoring_func) << family;
+    }
     EXPECT_EQ(back.n_routed_experts, c.n_routed_experts) << family;
     EXPECT_EQ(back.n_group, c.n_group) << family;
     EXPECT_EQ(back.topk_group, c.topk_group) << family;
@@ -512,6 +517,19 @@ TEST(Families, ConfigsRoundTripAndKeepTheirFields) {
     EXPECT_EQ(back.int4_group_size, c.int4_group_size) << family;
     EXPECT_EQ(back.int4_ignore, c.int4_ignore) << family;
     EXPECT_EQ(back.q_lora_rank.has_value(), c.q_lora_rank.has_value()) << family;
+    EXPECT_EQ(back.rope_interleaved, c.rope_interleaved) << family;
+    EXPECT_EQ(back.longrope.has_value(), c.longrope.has_value()) << family;
+    if (back.longrope) {
+      EXPECT_EQ(back.longrope->short_factor, c.longrope->short_factor) << family;
+      EXPECT_EQ(back.longrope->long_factor, c.longrope->long_factor) << family;
+      EXPECT_DOUBLE_EQ(back.longrope->original_max_position_embeddings,
+                       c.longrope->original_max_position_embeddings);
+      EXPECT_DOUBLE_EQ(back.longrope->attention_factor, c.longrope->attention_factor);
+    }
+    EXPECT_DOUBLE_EQ(back.scale_emb, c.scale_emb) << family;
+    EXPECT_DOUBLE_EQ(back.scale_depth, c.scale_depth) << family;
+    EXPECT_DOUBLE_EQ(back.dim_model_base, c.dim_model_base) << family;
+    EXPECT_EQ(back.tie_word_embeddings, c.tie_word_embeddings) << family;
   }
   EXPECT_TRUE(test::throws_error([] { family_config("llama"); }, ErrorCategory::invalid_argument,
                                  "family = 'llama' is not one of: deepseek-v2-lite"));
@@ -574,6 +592,135 @@ TEST_F(FamilyCheckpoint, SamplingDefaultsAreWhatGenerationConfigStates) {
   write(R"({"top_k": 2.5})");
   EXPECT_TRUE(test::throws_error([&] { checkpoint_sampling_defaults(d); }, ErrorCategory::io,
                                  "top_k = 2.5 must be an integer"));
+}
+
+// MiniCPM3: dense MLA with GPT-NeoX rotary halves, LongRoPE (the test's 22 positions cross its
+// trained context of 16 into the long factors) and muP scaling, untied and tied, at every TP and
+// DCP size and under DP attention.
+TEST(Families, MiniCpm3EqualsFloat64AtEveryTpAndDcp) {
+  auto rng = test::make_rng();
+  for (const bool tied : {false, true}) {
+    ModelConfig c = family_config("minicpm3");
+    c.tie_word_embeddings = tied;
+    const auto w = make_synthetic_weights(rng.range(1, 1000));
+    const Case k = clear_case(c, *w, rng, 3);
+    for (const auto& [tp, dcp] : {std::pair{1, 1}, {2, 1}, {2, 2}, {4, 2}, {4, 4}})
+      expect_family_matches_float64(c, *w, tp, dcp, k);
+    test::EngineSetup s;
+    s.tp = 4;
+    s.dcp = 2;
+    s.dp_attention = 2;
+    s.backend = CombineBackend::a2a;
+    const test::EngineRun run = test::run_engine(c, *w, s, {k.request});
+    ASSERT_EQ(run.results[0].state, RequestState::finished) << run.results[0].error;
+    EXPECT_TRUE(test::close(run.results[0].step_logits, k.expect, {1e-9, 1e-4}, "dp attention"));
+  }
+}
+
+// Each MiniCPM3 feature moves the logits at least ten times past the tolerance above: an engine
+// that dropped or misread any of them would fail the comparison with the float64 model.
+TEST(Families, EachMiniCpm3FeatureChangesTheLogits) {
+  auto rng = test::make_rng();
+  const ModelConfig c = family_config("minicpm3");
+  const auto w = make_synthetic_weights(rng.range(1, 1000));
+  const Case k = clear_case(c, *w, rng, 3);
+  const std::vector<std::pair<const char*, std::function<void(ModelConfig&)>>> changes = {
+      {"interleaved rope", [](ModelConfig& m) { m.rope_interleaved = true; }},
+      {"no scale_emb", [](ModelConfig& m) { m.scale_emb = 1; }},
+      {"no scale_depth", [](ModelConfig& m) { m.scale_depth = std::sqrt(3.0); }},
+      {"no dim_model_base", [](ModelConfig& m) { m.dim_model_base = m.hidden_size; }},
+      {"short factors only",
+       [](ModelConfig& m) { m.longrope->long_factor = m.longrope->short_factor; }},
+      {"long factors only",
+       [](ModelConfig& m) { m.longrope->short_factor = m.longrope->long_factor; }},
+      {"attention factor 1", [](ModelConfig& m) { m.longrope->attention_factor = 1; }},
+      {"tied", [](ModelConfig& m) { m.tie_word_embeddings = true; }},
+  };
+  for (const auto& [what, change] : changes) {
+    ModelConfig changed = c;
+    change(changed);
+    test::EngineSetup s;
+    const test::EngineRun run = test::run_engine(changed, *w, s, {k.request});
+    ASSERT_EQ(run.results[0].state, RequestState::finished) << run.results[0].error;
+    double worst = 0, scale = 0;
+    for (std::size_t i = 0; i < k.expect.size(); ++i) {
+      worst = std::max(worst, std::fabs(run.results[0].step_logits[i] - k.expect[i]));
+      scale = std::max(scale, std::fabs(k.expect[i]));
+    }
+    EXPECT_GT(worst, 1e-3 * scale) << what;  // ten times the tolerance
+  }
+}
+
+// A MiniCPM3 config.json as published (no v_head_dim, LongRoPE in rope_scaling, the muP fields)
+// parses to its geometry; what dcp cannot run exactly is refused by name.
+TEST(Families, MiniCpm3ConfigAsPublishedParses) {
+  nlohmann::json j = {{"architectures", {"MiniCPM3ForCausalLM"}},
+                      {"model_type", "minicpm3"},
+                      {"vocab_size", 73448},
+                      {"hidden_size", 2560},
+                      {"intermediate_size", 6400},
+                      {"num_hidden_layers", 62},
+                      {"num_attention_heads", 40},
+                      {"num_key_value_heads", 40},
+                      {"q_lora_rank", 768},
+                      {"kv_lora_rank", 256},
+                      {"qk_nope_head_dim", 64},
+                      {"qk_rope_head_dim", 32},
+                      {"rms_norm_eps", 1e-5},
+                      {"rope_theta", 10000.0},
+                      {"max_position_embeddings", 32768},
+                      {"rope_scaling",
+                       {{"type", "longrope"},
+                        {"long_factor", std::vector<double>(16, 1.5)},
+                        {"short_factor", std::vector<double>(16, 1.25)},
+                        {"original_max_position_embeddings", 32768}}},
+                      {"scale_emb", 12},
+                      {"scale_depth", 1.4},
+                      {"dim_model_base", 256},
+                      {"tie_word_embeddings", false},
+                      {"hidden_act", "silu"}};
+  const ModelConfig c = parse_model_config(j.dump());
+  EXPECT_EQ(c.v_head_dim, 64);  // hidden_size / num_attention_heads
+  EXPECT_FALSE(c.rope_interleaved);
+  ASSERT_TRUE(c.longrope.has_value());
+  EXPECT_DOUBLE_EQ(c.longrope->attention_factor, 1.0);  // the trained context, not extended
+  EXPECT_EQ(c.n_routed_experts, 0);
+  EXPECT_NEAR(c.residual_scale(), 1.4 / std::sqrt(62.0), 1e-15);
+  EXPECT_NEAR(c.logit_scale(), 0.1, 1e-15);
+  nlohmann::json longer = j;
+  longer["max_position_embeddings"] = 131072;
+  EXPECT_NEAR(parse_model_config(longer.dump()).longrope->attention_factor,
+              std::sqrt(1 + std::log(4.0) / std::log(32768.0)), 1e-12);
+  const auto refused = [&](const std::function<void(nlohmann::json&)>& change,
+                           ErrorCategory category, const std::string& message) {
+    nlohmann::json bad = j;
+    change(bad);
+    return test::throws_error([&] { parse_model_config(bad.dump()); }, category, message);
+  };
+  EXPECT_TRUE(refused(
+      [](nlohmann::json& b) {
+        b["rope_scaling"]["short_factor"] = {1.0, 2.0};
+      },
+      ErrorCategory::io, "short_factor holds 2 factors; qk_rope_head_dim / 2 = 16"));
+  EXPECT_TRUE(refused([](nlohmann::json& b) { b["rope_scaling"]["long_factor"][3] = -1.0; },
+                      ErrorCategory::io, "long_factor holds -1"));
+  EXPECT_TRUE(refused(
+      [](nlohmann::json& b) { b["rope_scaling"].erase("original_max_position_embeddings"); },
+      ErrorCategory::io, "original_max_position_embeddings must be a number"));
+  EXPECT_TRUE(refused([](nlohmann::json& b) { b["rope_scaling"]["type"] = "dynamic"; },
+                      ErrorCategory::unsupported, "legal: yarn, longrope"));
+  EXPECT_TRUE(refused([](nlohmann::json& b) { b["num_experts"] = 8; }, ErrorCategory::unsupported,
+                      "num_experts = 8"));
+  EXPECT_TRUE(refused([](nlohmann::json& b) { b["architectures"] = {"DeepseekV3ForCausalLM"}; },
+                      ErrorCategory::unsupported, "legal: MiniCPM3ForCausalLM"));
+  EXPECT_TRUE(refused([](nlohmann::json& b) { b["scale_depth"] = 0; }, ErrorCategory::io,
+                      "scale_depth = 0"));
+  // Phi-3 keeps the trained context beside rope_scaling.
+  nlohmann::json beside = j;
+  beside["rope_scaling"].erase("original_max_position_embeddings");
+  beside["original_max_position_embeddings"] = 4096;
+  EXPECT_DOUBLE_EQ(parse_model_config(beside.dump()).longrope->original_max_position_embeddings,
+                   4096);
 }
 
 }  // namespace

@@ -187,8 +187,9 @@ TEST(Presets, ConfigFieldsOutOfRangeAreRefusedNamingTheField) {
     edit(j);
     return test::throws_error([&] { parse_model_config(j.dump()); }, ErrorCategory::io, needle);
   };
-  EXPECT_TRUE(refused([](auto& j) { j["rope_scaling"] = "yarn"; },
-                      "field 'rope_scaling' = \"yarn\" must be an object (type yarn) or null"));
+  EXPECT_TRUE(
+      refused([](auto& j) { j["rope_scaling"] = "yarn"; },
+              "field 'rope_scaling' = \"yarn\" must be an object (type yarn or longrope) or null"));
   EXPECT_TRUE(refused([](auto& j) { j["rope_scaling"] = 40; }, "field 'rope_scaling' = 40"));
   EXPECT_TRUE(refused([](auto& j) { j["rope_scaling"]["factor"] = -40; },
                       "rope_scaling.factor = -40 must be a finite number > 0"));

@@ -1,6 +1,6 @@
-// Model geometry: the fields of a Hugging Face DeepSeek-V2/V3 (and Kimi-K2, Moonlight)
-// config.json that dcp uses, plus the Kimi-K3 extensions (output gate, skip_rope), and the
-// synthetic presets.
+// Model geometry: the fields of a Hugging Face DeepSeek-V2/V3 (and Kimi-K2, Moonlight) or
+// MiniCPM3 config.json that dcp uses, plus the Kimi-K3 extensions (output gate, skip_rope), and
+// the synthetic presets.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +19,17 @@ struct RopeScaling {  // rope_scaling with type "yarn"
   double mscale_all_dim = 0;
 };
 
+// rope_scaling with type "longrope" (MiniCPM3): each rotary frequency divided by its factor,
+// short_factor at positions below original_max_position_embeddings and long_factor from there
+// (vLLM's choice per position), cos and sin times attention_factor.
+struct LongRope {
+  std::vector<double> short_factor, long_factor;  // qk_rope_head_dim / 2 each
+  double original_max_position_embeddings = 0;
+  // rope_scaling.attention_factor, else sqrt(1 + ln(s) / ln(original)) for
+  // s = max_position_embeddings / original > 1, else 1.
+  double attention_factor = 1.0;
+};
+
 struct ModelConfig {
   std::string name = "custom";
   int vocab_size = 0;
@@ -34,14 +45,26 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000;
   std::optional<RopeScaling> rope_scaling;
+  std::optional<LongRope> longrope;  // instead of rope_scaling, never both
+  // DeepSeek's rotary embedding takes the rope dims as interleaved pairs (x0, x1), (x2, x3), ...;
+  // MiniCPM3's as two halves (x[i], x[i + d/2]), GPT-NeoX style.
+  bool rope_interleaved = true;
   // The context the model was trained for (with YaRN: factor x original): prompt and generated
   // tokens together may not pass it. Absent from config.json: the Hugging Face config class's
   // default (2048 for deepseek_v2, 4096 otherwise), as Transformers and vLLM read it.
   int max_position_embeddings = 163840;
   bool skip_rope = false;         // Kimi-K3: no rotary embedding
   bool attn_output_gate = false;  // Kimi-K3: x * sigmoid(g_proj(hidden)) before o_proj
-  // The family, from model_type: deepseek_v2 (V2, V2-Lite), deepseek_v3 (V3, R1, Moonlight) or
-  // kimi_k2; architectures[0] is DeepseekV2ForCausalLM or DeepseekV3ForCausalLM.
+  // MiniCPM's muP scaling (model_type minicpm3): embeddings times scale_emb, each attention and
+  // MLP output times scale_depth / sqrt(num_hidden_layers) before it joins the residual, the
+  // final hidden state divided by hidden_size / dim_model_base before lm_head. 1 elsewhere.
+  double scale_emb = 1.0;
+  double scale_depth = 1.0;
+  double dim_model_base = 1.0;
+  bool tie_word_embeddings = false;  // lm_head is model.embed_tokens (no lm_head.weight)
+  // The family, from model_type: deepseek_v2 (V2, V2-Lite), deepseek_v3 (V3, R1, Moonlight),
+  // kimi_k2 or minicpm3; architectures[0] is DeepseekV2ForCausalLM, DeepseekV3ForCausalLM or
+  // MiniCPM3ForCausalLM.
   std::string model_type = "deepseek_v3";
   std::string architecture = "DeepseekV3ForCausalLM";
   // quantization_config: "" (none), "fp8" (E4M3 weights with F32 weight_scale_inv blocks) or
@@ -76,6 +99,11 @@ struct ModelConfig {
   // DeepSeek-V2's gate scales by routed_scaling_factor only when it does not normalise; V3's
   // (and Kimi-K2's) always does.
   bool scale_always() const noexcept { return model_type != "deepseek_v2"; }
+  bool mup() const noexcept { return model_type == "minicpm3"; }
+  // What an attention or MLP output is multiplied by before it joins the residual stream.
+  double residual_scale() const noexcept;
+  // What the final normed hidden state is multiplied by before lm_head.
+  double logit_scale() const noexcept;
   int q_head_dim() const noexcept { return qk_nope_head_dim + qk_rope_head_dim; }
   int latent_width() const noexcept { return kv_lora_rank + qk_rope_head_dim; }
   bool is_moe_layer(int layer) const noexcept {
@@ -104,6 +132,8 @@ std::string model_config_to_json(const ModelConfig& c);
 //                         the published configs at full width: MoE layers where the model has
 //                         them, FP8 projections for deepseek-v3 and kimi-k2, INT4 routed experts
 //                         for kimi-k2-thinking
+//   minicpm3-4b           MiniCPM3-4B's geometry (dense, muP scaling), without its LongRoPE
+//                         factors
 //   deepseek-v3-attn      DeepSeek-V3's attention with a small dense MLP and vocabulary
 //   kimi-k3               Kimi-K3's attention (96 heads, output gate, no RoPE), small MLP
 // Throws naming the legal presets otherwise.
@@ -112,7 +142,8 @@ ModelConfig preset_config(const std::string& name, int num_layers = 0);
 const char* preset_names() noexcept;
 
 // The MLA families as published, scaled down so that a random checkpoint of one runs in seconds:
-// "deepseek-v2-lite", "deepseek-v2", "deepseek-v3", "kimi-k2", "kimi-k2-thinking", "moonlight".
+// "deepseek-v2-lite", "deepseek-v2", "deepseek-v3", "kimi-k2", "kimi-k2-thinking", "moonlight",
+// "minicpm3" (dense, LongRoPE over a trained context cut to 16 tokens, muP scaling).
 // Each keeps its family's config fields (model_type, architecture, routing, q-LoRA or not, RoPE,
 // weight dtype: FP8 block-quantized for deepseek-v3 and kimi-k2, INT4 routed experts for
 // kimi-k2-thinking) and the real ratios where it can (experts per token, groups); widths and

@@ -96,7 +96,9 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
   vocab_end_ = std::min<std::int64_t>(c.vocab_size, vocab_begin_ + vocab_chunk_);
   const std::vector<std::int64_t> vocab_shape{c.vocab_size, hidden};
   embed_ = w.load_matrix("model.embed_tokens.weight", vocab_shape, {vocab_begin_, vocab_end_});
-  lm_head_ = w.load_matrix("lm_head.weight", vocab_shape, {vocab_begin_, vocab_end_});
+  // Tied: lm_head is the same rows of the embedding, held twice (the head reads them whole).
+  lm_head_ = w.load_matrix(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight",
+                           vocab_shape, {vocab_begin_, vocab_end_});
   final_norm_ = w.load("model.norm.weight", {hidden});
 
   const std::int64_t vp = static_cast<std::int64_t>(options.page_size) * n;
@@ -174,9 +176,7 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
     L->pool = std::make_unique<LatentPool>(
         pages, options.page_size, LatentGeometry{kvl, c.qk_rope_head_dim, options.kv_dtype});
     L->shard = std::make_unique<KvShard>(*allocator_, *L->pool, dcp.rank());
-    if (!c.skip_rope)
-      L->rope =
-          ops::Rope(c.qk_rope_head_dim, c.rope_theta, c.rope_scaling ? &*c.rope_scaling : nullptr);
+    if (!c.skip_rope) L->rope = ops::Rope(c);
     layers_.push_back(std::move(L));
   }
   DCP_ARG_CHECK(options.weight_kernel != KernelPath::avx512_bf16 ||
@@ -416,6 +416,11 @@ std::vector<float> MlaModel::forward(const ForwardBatch& batch, ForwardTimings* 
   t0 = Clock::now();
   if (tp_.size() > 1 && T > 0) tp_.all_reduce(x.data(), x.data(), x.size(), ScalarType::f32);
   t.tp_comm_ms += ms_since(t0);
+  if (c.scale_emb != 1.0) {
+    const float scale = static_cast<float>(c.scale_emb);
+    for (float& v : x) v *= scale;
+  }
+  const float residual = static_cast<float>(c.residual_scale());
 
   std::vector<float> xn(x.size()), y(x.size());
   for (std::size_t li = 0; li < layers_.size(); ++li) {
@@ -427,12 +432,12 @@ std::vector<float> MlaModel::forward(const ForwardBatch& batch, ForwardTimings* 
       t0 = Clock::now();
       if (tp_.size() > 1) tp_.all_reduce(y.data(), y.data(), y.size(), ScalarType::f32);
       t.tp_comm_ms += ms_since(t0);
-      for (std::size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] += residual * y[i];
       xn = x;
       ops::rms_norm(xn.data(), T, hidden, L.post_norm.data(), c.rms_norm_eps);
     }
     feed_forward(L, xn.data(), T, y.data(), t);
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] += y[i];
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] += residual * y[i];
   }
 
   // Rows that need logits, final norm, vocab-parallel LM head, TP gather.
@@ -447,6 +452,10 @@ std::vector<float> MlaModel::forward(const ForwardBatch& batch, ForwardTimings* 
   for (std::int64_t r = 0; r < R; ++r)
     std::copy_n(x.data() + rows[r] * hidden, hidden, h.data() + r * hidden);
   ops::rms_norm(h.data(), R, hidden, final_norm_.data(), c.rms_norm_eps);
+  if (c.logit_scale() != 1.0) {
+    const float scale = static_cast<float>(c.logit_scale());
+    for (float& v : h) v *= scale;
+  }
   std::vector<float> local(static_cast<std::size_t>(R * vocab_chunk_), 0.0f);
   ops::linear(h.data(), R, lm_head_, local.data(), hidden, vocab_chunk_);
   std::vector<float> logits(static_cast<std::size_t>(R) * c.vocab_size);

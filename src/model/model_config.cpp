@@ -24,6 +24,14 @@ double ModelConfig::softmax_scale() const {
   return s;
 }
 
+double ModelConfig::residual_scale() const noexcept {
+  return mup() ? scale_depth / std::sqrt(static_cast<double>(num_hidden_layers)) : 1.0;
+}
+
+double ModelConfig::logit_scale() const noexcept {
+  return mup() ? dim_model_base / static_cast<double>(hidden_size) : 1.0;
+}
+
 void ModelConfig::validate() const {
   const auto positive = [](int v, const char* field) {
     DCP_CHECK(v >= 1, io, "model config: ", field, " = ", v, " must be >= 1");
@@ -59,13 +67,51 @@ void ModelConfig::validate() const {
               io, "model config: rope_scaling.mscale = ", r.mscale, " and mscale_all_dim = ",
               r.mscale_all_dim, " must be finite numbers >= 0");
   }
-  DCP_CHECK(model_type == "deepseek_v2" || model_type == "deepseek_v3" || model_type == "kimi_k2",
+  if (longrope) {
+    const LongRope& r = *longrope;
+    DCP_CHECK(!rope_scaling, io, "model config: rope_scaling is either yarn or longrope, not both");
+    const std::size_t half = static_cast<std::size_t>(qk_rope_head_dim / 2);
+    for (const auto& [factors, field] :
+         {std::pair{&r.short_factor, "short_factor"}, std::pair{&r.long_factor, "long_factor"}}) {
+      DCP_CHECK(factors->size() == half, io, "model config: rope_scaling.", field, " holds ",
+                factors->size(), " factors; qk_rope_head_dim / 2 = ", half, " are needed");
+      for (double f : *factors) {
+        DCP_CHECK(f > 0 && std::isfinite(f), io, "model config: rope_scaling.", field, " holds ", f,
+                  "; every factor must be a finite number > 0");
+      }
+    }
+    DCP_CHECK(r.original_max_position_embeddings >= 1 &&
+                  std::isfinite(r.original_max_position_embeddings),
+              io, "model config: rope_scaling.original_max_position_embeddings = ",
+              r.original_max_position_embeddings, " must be >= 1");
+    DCP_CHECK(r.attention_factor > 0 && std::isfinite(r.attention_factor), io,
+              "model config: rope_scaling.attention_factor = ", r.attention_factor,
+              " must be a finite number > 0");
+  }
+  DCP_CHECK(model_type == "deepseek_v2" || model_type == "deepseek_v3" || model_type == "kimi_k2" ||
+                model_type == "minicpm3",
             unsupported, "model config: model_type = '", model_type,
-            "' is not an MLA family dcp runs (legal: deepseek_v2, deepseek_v3, kimi_k2)");
-  DCP_CHECK(architecture == "DeepseekV2ForCausalLM" || architecture == "DeepseekV3ForCausalLM",
-            unsupported, "model config: architectures = ['", architecture,
-            "'] is not an MLA architecture dcp runs (legal: DeepseekV2ForCausalLM, "
-            "DeepseekV3ForCausalLM)");
+            "' is not an MLA family dcp runs (legal: deepseek_v2, deepseek_v3, kimi_k2, "
+            "minicpm3)");
+  if (mup()) {
+    DCP_CHECK(architecture == "MiniCPM3ForCausalLM", unsupported,
+              "model config: architectures = ['", architecture,
+              "'] is not the architecture of model_type minicpm3 (legal: MiniCPM3ForCausalLM)");
+    DCP_CHECK(n_routed_experts == 0, unsupported,
+              "model config: n_routed_experts = ", n_routed_experts,
+              " for minicpm3, whose layers are all dense (legal: 0)");
+    for (const auto& [v, field] :
+         {std::pair{scale_emb, "scale_emb"}, std::pair{scale_depth, "scale_depth"},
+          std::pair{dim_model_base, "dim_model_base"}}) {
+      DCP_CHECK(v > 0 && std::isfinite(v), io, "model config: ", field, " = ", v,
+                " must be a finite number > 0");
+    }
+  } else {
+    DCP_CHECK(architecture == "DeepseekV2ForCausalLM" || architecture == "DeepseekV3ForCausalLM",
+              unsupported, "model config: architectures = ['", architecture,
+              "'] is not an MLA architecture dcp runs for model_type ", model_type,
+              " (legal: DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)");
+  }
   DCP_CHECK(quant_method.empty() || quant_method == "fp8" || quant_method == "compressed-tensors",
             unsupported, "model config: quantization_config.quant_method = '", quant_method,
             "' is not supported (legal: fp8, compressed-tensors, or no quantization_config)");
@@ -281,6 +327,50 @@ void parse_compressed_tensors(const nlohmann::json& q, ModelConfig& c) {
   }
 }
 
+// rope_scaling of type longrope (or its first name, su): the factors, the original context
+// (in rope_scaling or, as Phi-3 has it, beside it) and the attention factor.
+LongRope parse_longrope(const nlohmann::json& j, int max_position_embeddings) {
+  const auto field = [](const nlohmann::json& o, const char* key) {
+    return o.contains(key) ? o[key] : nlohmann::json();
+  };
+  const nlohmann::json& rs = j["rope_scaling"];
+  LongRope r;
+  for (const auto& [out, key] :
+       {std::pair{&r.short_factor, "short_factor"}, std::pair{&r.long_factor, "long_factor"}}) {
+    const nlohmann::json v = field(rs, key);
+    DCP_CHECK(v.is_array(), io, "config.json: rope_scaling.", key,
+              " must be a list of numbers, got ", v.dump());
+    for (const auto& f : v) {
+      DCP_CHECK(f.is_number(), io, "config.json: rope_scaling.", key, " holds ", f.dump(),
+                ", not a number");
+      out->push_back(f.get<double>());
+    }
+  }
+  const nlohmann::json inner = field(rs, "original_max_position_embeddings");
+  const nlohmann::json outer = field(j, "original_max_position_embeddings");
+  const nlohmann::json& original = inner.is_null() ? outer : inner;
+  DCP_CHECK(original.is_number(), io,
+            "config.json: rope_scaling.original_max_position_embeddings must be a number (longrope "
+            "needs the context it was trained at), got ",
+            original.dump());
+  r.original_max_position_embeddings = original.get<double>();
+  const nlohmann::json factor = field(rs, "attention_factor");
+  if (!factor.is_null()) {
+    DCP_CHECK(factor.is_number(), io,
+              "config.json: rope_scaling.attention_factor must be a "
+              "number, got ",
+              factor.dump());
+    r.attention_factor = factor.get<double>();
+  } else {
+    const double scale = max_position_embeddings / r.original_max_position_embeddings;
+    r.attention_factor =
+        scale <= 1.0
+            ? 1.0
+            : std::sqrt(1.0 + std::log(scale) / std::log(r.original_max_position_embeddings));
+  }
+  return r;
+}
+
 }  // namespace
 
 ModelConfig parse_model_config(const std::string& text) {
@@ -302,7 +392,11 @@ ModelConfig parse_model_config(const std::string& text) {
   c.kv_lora_rank = get<int>(j, "kv_lora_rank");
   c.qk_nope_head_dim = get<int>(j, "qk_nope_head_dim");
   c.qk_rope_head_dim = get<int>(j, "qk_rope_head_dim");
-  c.v_head_dim = get<int>(j, "v_head_dim");
+  const bool minicpm3 = get_or<std::string>(j, "model_type", "") == "minicpm3";
+  // MiniCPM3's value heads default to hidden_size / num_attention_heads, as its config class has.
+  c.v_head_dim = minicpm3 && !j.contains("v_head_dim")
+                     ? c.hidden_size / std::max(1, c.num_attention_heads)
+                     : get<int>(j, "v_head_dim");
   c.rms_norm_eps = get_or<double>(j, "rms_norm_eps", 1e-6);
   c.rope_theta = get_or<double>(j, "rope_theta", 10000.0);
   c.max_position_embeddings = get_or<int>(
@@ -312,13 +406,21 @@ ModelConfig parse_model_config(const std::string& text) {
       !j.contains("rope_scaling") || j["rope_scaling"].is_null() || j["rope_scaling"].is_object(),
       io, "config.json: field 'rope_scaling' = ",
       j.contains("rope_scaling") ? j["rope_scaling"].dump() : "",
-      " must be an object (type yarn) or null");
+      " must be an object (type yarn or longrope) or null");
   if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
     const auto& rs = j["rope_scaling"];
     const std::string type =
         get_or<std::string>(rs, "type", get_or<std::string>(rs, "rope_type", ""));
-    DCP_CHECK(type == "yarn", unsupported, "config.json: rope_scaling type '", type,
-              "' is not supported (legal: yarn)");
+    DCP_CHECK(type == "yarn" || type == "longrope" || type == "su", unsupported,
+              "config.json: rope_scaling type '", type,
+              "' is not supported (legal: yarn, longrope)");
+  }
+  if (j.contains("rope_scaling") && j["rope_scaling"].is_object() &&
+      get_or<std::string>(j["rope_scaling"], "type",
+                          get_or<std::string>(j["rope_scaling"], "rope_type", "")) != "yarn") {
+    c.longrope = parse_longrope(j, c.max_position_embeddings);
+  } else if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) {
+    const auto& rs = j["rope_scaling"];
     RopeScaling s;
     s.factor = get<double>(rs, "factor");
     s.original_max_position_embeddings =
@@ -330,6 +432,17 @@ ModelConfig parse_model_config(const std::string& text) {
     c.rope_scaling = s;
   }
   c.skip_rope = get_or<bool>(j, "skip_rope", false);
+  c.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", false);
+  if (minicpm3) {  // the defaults of MiniCPM's config class
+    c.rope_interleaved = false;
+    c.scale_emb = get_or<double>(j, "scale_emb", 1.0);
+    c.scale_depth = get_or<double>(j, "scale_depth", 1.0);
+    c.dim_model_base = get_or<double>(j, "dim_model_base", 1.0);
+    DCP_CHECK(get_or<int>(j, "num_experts", 0) == 0, unsupported,
+              "config.json: num_experts = ", get_or<int>(j, "num_experts", 0),
+              " for minicpm3: MiniCPM's mixture of experts is not an MLA model dcp runs "
+              "(legal: 0 or absent)");
+  }
   c.attn_output_gate = get_or<bool>(j, "attn_output_gate", false);
   c.model_type = get_or<std::string>(j, "model_type", "deepseek_v3");
   c.name = c.model_type;
@@ -339,8 +452,9 @@ ModelConfig parse_model_config(const std::string& text) {
               "config.json: field 'architectures' must be a list of one name, got ", a.dump());
     c.architecture = a[0].get<std::string>();
   } else {
-    c.architecture =
-        c.model_type == "deepseek_v2" ? "DeepseekV2ForCausalLM" : "DeepseekV3ForCausalLM";
+    c.architecture = minicpm3                        ? "MiniCPM3ForCausalLM"
+                     : c.model_type == "deepseek_v2" ? "DeepseekV2ForCausalLM"
+                                                     : "DeepseekV3ForCausalLM";
   }
   if (j.contains("quantization_config") && !j["quantization_config"].is_null()) {
     const auto& q = j["quantization_config"];
@@ -414,10 +528,23 @@ std::string model_config_to_json(const ModelConfig& c) {
                          {"beta_slow", s.beta_slow},
                          {"mscale", s.mscale},
                          {"mscale_all_dim", s.mscale_all_dim}};
+  } else if (c.longrope) {
+    const LongRope& s = *c.longrope;
+    j["rope_scaling"] = {{"type", "longrope"},
+                         {"short_factor", s.short_factor},
+                         {"long_factor", s.long_factor},
+                         {"original_max_position_embeddings", s.original_max_position_embeddings},
+                         {"attention_factor", s.attention_factor}};
   } else {
     j["rope_scaling"] = nullptr;
   }
   if (c.skip_rope) j["skip_rope"] = true;
+  if (c.tie_word_embeddings) j["tie_word_embeddings"] = true;
+  if (c.mup()) {
+    j["scale_emb"] = c.scale_emb;
+    j["scale_depth"] = c.scale_depth;
+    j["dim_model_base"] = c.dim_model_base;
+  }
   if (c.attn_output_gate) j["attn_output_gate"] = true;
   j["n_routed_experts"] = c.n_routed_experts > 0 ? nlohmann::ordered_json(c.n_routed_experts)
                                                  : nlohmann::ordered_json(nullptr);
@@ -472,7 +599,8 @@ void quantize_experts_int4(ModelConfig& c) {
 }
 
 const char* family_names() noexcept {
-  return "deepseek-v2-lite, deepseek-v2, deepseek-v3, kimi-k2, kimi-k2-thinking, moonlight";
+  return "deepseek-v2-lite, deepseek-v2, deepseek-v3, kimi-k2, kimi-k2-thinking, moonlight, "
+         "minicpm3";
 }
 
 ModelConfig family_config(const std::string& family) {
@@ -569,6 +697,25 @@ ModelConfig family_config(const std::string& family) {
     c.norm_topk_prob = true;
     c.routed_scaling_factor = 2.446;
     c.max_position_embeddings = 8192;
+  } else if (family == "minicpm3") {
+    // Dense, q-LoRA, GPT-NeoX rotary halves with LongRoPE, muP scaling (12, 1.4, 256). The
+    // trained context is cut to 16 so that a short test crosses into the long factors.
+    c.model_type = "minicpm3";
+    c.architecture = "MiniCPM3ForCausalLM";
+    c.q_lora_rank = 48;
+    c.rms_norm_eps = 1e-5;
+    c.rope_interleaved = false;
+    c.max_position_embeddings = 8192;
+    LongRope r;
+    r.short_factor = {1.0, 1.05, 1.2, 1.5, 2.1, 3.4, 5.2, 7.9};
+    r.long_factor = {1.0, 1.1, 1.6, 2.9, 5.5, 9.8, 16.0, 24.5};
+    r.original_max_position_embeddings = 16;
+    r.attention_factor = std::sqrt(1.0 + std::log(8192.0 / 16) / std::log(16.0));
+    c.longrope = r;
+    c.scale_emb = 12;
+    c.scale_depth = 1.4;
+    c.dim_model_base = 256;
+    c.first_k_dense_replace = 0;
   } else {
     throw Error(ErrorCategory::invalid_argument,
                 str("family = '", family, "' is not one of: ", family_names()));
@@ -580,7 +727,7 @@ ModelConfig family_config(const std::string& family) {
 
 const char* preset_names() noexcept {
   return "tiny, deepseek-v2-lite, deepseek-v3, kimi-k2, kimi-k2-thinking, moonlight, "
-         "deepseek-v3-attn, kimi-k3";
+         "minicpm3-4b, deepseek-v3-attn, kimi-k3";
 }
 
 namespace {
@@ -705,6 +852,26 @@ ModelConfig preset_config(const std::string& name, int num_layers) {
     quantize_experts_int4(c);
     c.rope_scaling = RopeScaling{64, 4096, 1, 1, 1.0, 1.0};
     c.max_position_embeddings = 262144;
+  } else if (name == "minicpm3-4b") {  // openbmb/MiniCPM3-4B: dense, 40 heads of a 256 latent
+    c.model_type = "minicpm3";
+    c.architecture = "MiniCPM3ForCausalLM";
+    c.vocab_size = 73448;
+    c.hidden_size = 2560;
+    c.intermediate_size = 6400;
+    c.num_hidden_layers = 62;
+    c.num_attention_heads = 40;
+    c.q_lora_rank = 768;
+    c.kv_lora_rank = 256;
+    c.qk_nope_head_dim = 64;
+    c.qk_rope_head_dim = 32;
+    c.v_head_dim = 64;
+    c.rms_norm_eps = 1e-5;
+    c.rope_interleaved = false;
+    c.max_position_embeddings = 32768;  // the trained context: LongRoPE's short factors (not
+                                        // in the preset; a checkpoint brings its own)
+    c.scale_emb = 12;
+    c.scale_depth = 1.4;
+    c.dim_model_base = 256;
   } else if (name == "deepseek-v3-attn") {
     // DeepSeek-V3's attention with a small dense MLP and vocabulary: what the attention and DCP
     // benchmarks run, where the feed-forward half would only add time.

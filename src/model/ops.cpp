@@ -157,11 +157,26 @@ double correction_dim(double rotations, int dim, double base, double max_pos) {
 
 }  // namespace
 
-Rope::Rope(int dim, double theta, const RopeScaling* yarn) {
-  DCP_ARG_CHECK(dim >= 0 && dim % 2 == 0, "rope dim ", dim, " must be even");
+Rope::Rope(const ModelConfig& c) : interleaved_(c.rope_interleaved) {
+  const int dim = c.qk_rope_head_dim;
+  const double theta = c.rope_theta;
+  DCP_ARG_CHECK(dim >= 0 && dim % 2 == 0 && dim <= 512, "rope dim ", dim,
+                " must be even and at most 512");
   const int half = dim / 2;
   inv_freq_.resize(half);
   for (int i = 0; i < half; ++i) inv_freq_[i] = 1.0 / std::pow(theta, 2.0 * i / dim);
+  if (c.longrope) {
+    const LongRope& r = *c.longrope;
+    long_inv_freq_ = inv_freq_;
+    for (int i = 0; i < half; ++i) {
+      inv_freq_[i] /= r.short_factor[i];
+      long_inv_freq_[i] /= r.long_factor[i];
+    }
+    long_from_ = static_cast<std::int64_t>(r.original_max_position_embeddings);
+    mscale_ = r.attention_factor;
+    return;
+  }
+  const RopeScaling* yarn = c.rope_scaling ? &*c.rope_scaling : nullptr;
   if (!yarn || yarn->factor <= 1.0) return;
   // Interpolate low frequencies by `factor`, keep high ones, ramp in between.
   const double low =
@@ -183,12 +198,14 @@ Rope::Rope(int dim, double theta, const RopeScaling* yarn) {
 
 void Rope::apply(float* x, std::int64_t pos) const {
   const int half = static_cast<int>(inv_freq_.size());
+  const std::vector<double>& inv =
+      !long_inv_freq_.empty() && pos >= long_from_ ? long_inv_freq_ : inv_freq_;
   float tmp[512];
-  DCP_CHECK(2 * half <= 512, unsupported, "rope dim ", 2 * half, " exceeds 512");
   for (int i = 0; i < half; ++i) {
-    const double angle = static_cast<double>(pos) * inv_freq_[i];
+    const double angle = static_cast<double>(pos) * inv[i];
     const double c = std::cos(angle) * mscale_, s = std::sin(angle) * mscale_;
-    const double a = x[2 * i], b = x[2 * i + 1];
+    const double a = interleaved_ ? x[2 * i] : x[i];
+    const double b = interleaved_ ? x[2 * i + 1] : x[i + half];
     tmp[i] = static_cast<float>(a * c - b * s);
     tmp[i + half] = static_cast<float>(b * c + a * s);
   }

@@ -37,24 +37,26 @@ void silu_mul(const float* gate, const float* up, float* out, std::int64_t n);
 // BLAS threads per call (1 when ranks run as threads, so ranks do not oversubscribe cores).
 void set_blas_threads(int threads);
 
-// Rotary embedding as the Hugging Face DeepSeek-V2/V3 code applies it: the rope dims are taken
-// as interleaved pairs (x0, x1), (x2, x3), ... and written back in rotate-half order:
-//   out[i] = a cos - b sin,  out[i + d/2] = b cos + a sin,  a = x[2i], b = x[2i+1],
-// with cos/sin of position * inv_freq[i], times YaRN's mscale.
+// Rotary embedding as the Hugging Face code of the model's family applies it. DeepSeek-V2/V3 take
+// the rope dims as interleaved pairs and write them back in rotate-half order:
+//   out[i] = a cos - b sin,  out[i + d/2] = b cos + a sin,  a = x[2i], b = x[2i+1];
+// MiniCPM3 (rope_interleaved false) rotates the halves in place: a = x[i], b = x[i + d/2].
+// cos/sin of position * inv_freq[i], times YaRN's mscale or LongRoPE's attention factor.
 class Rope {
  public:
   Rope() = default;
-  // inv_freq and mscale from rope_theta and rope_scaling (YaRN) of the model config.
-  Rope(int dim, double theta, const RopeScaling* yarn);
+  // Frequencies and magnitude from the config's rope_theta, rope_scaling (YaRN) or longrope.
+  explicit Rope(const ModelConfig& c);
   // In place on `x` [d] at global position `pos`.
   void apply(float* x, std::int64_t pos) const;
   int dim() const noexcept { return static_cast<int>(inv_freq_.size() * 2); }
-  const std::vector<double>& inv_freq() const noexcept { return inv_freq_; }
-  double mscale() const noexcept { return mscale_; }
 
  private:
   std::vector<double> inv_freq_;
+  std::vector<double> long_inv_freq_;  // LongRoPE: from position long_from_ on
+  std::int64_t long_from_ = 0;
   double mscale_ = 1.0;
+  bool interleaved_ = true;
 };
 
 }  // namespace dcp::ops

@@ -54,7 +54,7 @@ void add_gen_checkpoint_command(CLI::App& app) {
              "dtypes: FP8 with scales, or compressed-tensors INT4 experts, where it ships them): ",
              family_names()))
       ->check(one_of({"deepseek-v2-lite", "deepseek-v2", "deepseek-v3", "kimi-k2",
-                      "kimi-k2-thinking", "moonlight"}))
+                      "kimi-k2-thinking", "moonlight", "minicpm3"}))
       ->excludes(cmd->get_option("--preset"));
   cmd->add_option("--out", o->out, "output directory")->required();
   cmd->add_option("--dtype", o->dtype, "tensor dtype: BF16, F16, F32")

@@ -235,8 +235,9 @@ Workload build_workload(const RunOptions& o) {
 }
 
 void add_deployment_flags(CLI::App* cmd, RunOptions& o) {
-  CLI::Option* model_path = cmd->add_option("--model-path", o.model_path,
-                                            "Hugging Face DeepSeek-V2/V3 checkpoint directory");
+  CLI::Option* model_path =
+      cmd->add_option("--model-path", o.model_path,
+                      "Hugging Face checkpoint directory (DeepSeek-V2/V3, Kimi-K2, MiniCPM3)");
   cmd->add_option("--preset", o.preset, std::string("synthetic model: ") + preset_names())
       ->capture_default_str()
       ->excludes(model_path);

@@ -86,14 +86,16 @@ WeightTraffic weight_traffic(const ModelConfig& c, int tp, double tokens,
     for (const std::int64_t d : shape) values *= static_cast<double>(d);
     const double share = is_replicated_weight(name, shape) ? 1.0 : 1.0 / tp;
     const bool expert = name.find(".mlp.experts.") != std::string::npos;
-    if (name == "model.embed_tokens.weight") {
+    const bool head =
+        name == "lm_head.weight" || (c.tie_word_embeddings && name == "model.embed_tokens.weight");
+    if (name == "model.embed_tokens.weight" && !head) {  // a row per token
       t.bytes +=
           std::min(tokens, static_cast<double>(shape[0])) * shape[1] * element_bytes(name) * share;
       continue;
     }
     t.bytes += values * element_bytes(name) * share * (expert ? touched : 1.0);
     if (shape.size() == 2) t.params += values * share * (expert ? used : 1.0);
-    if (name == "lm_head.weight") t.head_params += values * share;
+    if (head) t.head_params += values * share;
   }
   return t;
 }
