@@ -1,7 +1,10 @@
 // Text through a small byte-level BPE tokenizer (DeepSeek-V3's pre-tokenizer patterns, a few
-// merges, added tokens): any bytes encode, and decoding gives back the text as UTF-8 reads it.
+// merges, added tokens) and a small SentencePiece-style one (byte fallback, U+2581 spaces): any
+// bytes encode, and decoding gives back the text as UTF-8 reads it (streamed SentencePiece text
+// keeps the space its normalizer put first).
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -56,16 +59,67 @@ const dcp::Tokenizer& tokenizer() {
   return t;
 }
 
+// <unk> <s> </s>, the byte tokens, U+2581, a few letters and merges; no added tokens (after one,
+// the normalizer's mark would decode as a space the text did not have, as in Hugging Face).
+const dcp::Tokenizer& sentencepiece_tokenizer() {
+  static const dcp::Tokenizer t = [] {
+    using json = nlohmann::json;
+    const std::string mark = "\xE2\x96\x81";
+    json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
+    for (int b = 0; b < 256; ++b) {
+      char name[8];
+      std::snprintf(name, sizeof name, "<0x%02X>", b);
+      vocab[name] = 3 + b;
+    }
+    int next = 259;
+    for (const std::string& piece : {mark, std::string("t"), std::string("h"), std::string("e"),
+                                     mark + "t", std::string("he"), mark + "the"})
+      vocab[piece] = next++;
+    const json merges = {mark + " t", "h e", mark + "t he"};
+    const json t = {
+        {"model",
+         {{"type", "BPE"},
+          {"vocab", vocab},
+          {"merges", merges},
+          {"unk_token", "<unk>"},
+          {"byte_fallback", true}}},
+        {"normalizer",
+         {{"type", "Sequence"},
+          {"normalizers",
+           json::array(
+               {{{"type", "Prepend"}, {"prepend", mark}},
+                {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", mark}}})}}},
+        {"pre_tokenizer", nullptr},
+        {"decoder",
+         {{"type", "Sequence"},
+          {"decoders",
+           json::array({{{"type", "Replace"}, {"pattern", {{"String", mark}}}, {"content", " "}},
+                        {{"type", "ByteFallback"}},
+                        {{"type", "Fuse"}},
+                        {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}}}};
+    return dcp::Tokenizer::from_json(t.dump());
+  }();
+  return t;
+}
+
+// Decoded whole and streamed, `ids` give `want` (streamed: `streamed_prefix` first).
+void check_round_trip(const dcp::Tokenizer& tok, const std::vector<std::int32_t>& ids,
+                      const std::string& want, const std::string& streamed_prefix) {
+  if (tok.decode(ids) != want) __builtin_trap();
+  dcp::StreamDecoder stream(tok);
+  std::string streamed;
+  for (std::int32_t id : ids) streamed += stream.push(id);
+  streamed += stream.finish();
+  if (streamed != streamed_prefix + want) __builtin_trap();
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);
-  const std::vector<std::int32_t> ids = tokenizer().encode(text);
-  if (tokenizer().decode(ids) != dcp::utf8_lossy(text)) __builtin_trap();
-  dcp::StreamDecoder stream(tokenizer());
-  std::string streamed;
-  for (std::int32_t id : ids) streamed += stream.push(id);
-  streamed += stream.finish();
-  if (streamed != dcp::utf8_lossy(text)) __builtin_trap();
+  const std::string want = dcp::utf8_lossy(text);
+  check_round_trip(tokenizer(), tokenizer().encode(text), want, "");
+  check_round_trip(sentencepiece_tokenizer(), sentencepiece_tokenizer().encode(text), want,
+                   text.empty() ? "" : " ");
   return 0;
 }

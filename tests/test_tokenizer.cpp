@@ -1,12 +1,15 @@
-// The byte-level BPE tokenizer on small tokenizer.json files written here, and the chat template
-// engine (the real DeepSeek-V3 files are compared with the reference implementations by
-// tests/text/).
+// The byte-level and SentencePiece-style BPE tokenizers on small tokenizer.json files written
+// here, and the chat template engine (the real DeepSeek-V3 and Llama 2 files are compared with the
+// reference implementations by tests/text/).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -285,6 +288,138 @@ TEST(Tokenizer, RefusesWhatItCannotReadExactly) {
                       "added token '<s>': lstrip = true is not supported"));
   EXPECT_TRUE(test::throws_error([] { Tokenizer::from_json("{"); }, ErrorCategory::io,
                                  "tokenizer.json is not valid JSON"));
+}
+
+// SentencePiece-style: <unk> <s> </s>, the 256 byte tokens <0x00>..<0xFF> (ids 3..258), then
+// "▁" 259, "a" 260, "b" 261 and the merges' results from 262.
+const std::string kMark = "\xE2\x96\x81";  // U+2581
+
+json sentencepiece_tokenizer(bool byte_tokens = true) {
+  json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    if (byte_tokens) vocab[name] = 3 + b;
+  }
+  vocab[kMark] = 259;
+  vocab["a"] = 260;
+  vocab["b"] = 261;
+  vocab[kMark + "a"] = 262;
+  vocab["ab"] = 263;
+  vocab[kMark + "ab"] = 264;
+  const json merges = {kMark + " a", kMark + "a b", "a b"};
+  const json replace_space = {
+      {"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", kMark}};
+  return {
+      {"model",
+       {{"type", "BPE"},
+        {"vocab", vocab},
+        {"merges", merges},
+        {"unk_token", "<unk>"},
+        {"fuse_unk", true},
+        {"byte_fallback", true}}},
+      {"normalizer",
+       {{"type", "Sequence"},
+        {"normalizers", json::array({{{"type", "Prepend"}, {"prepend", kMark}}, replace_space})}}},
+      {"pre_tokenizer", nullptr},
+      {"post_processor",
+       {{"type", "TemplateProcessing"},
+        {"single", json::array({{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+                                {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})}}},
+      {"decoder",
+       {{"type", "Sequence"},
+        {"decoders",
+         json::array({{{"type", "Replace"}, {"pattern", {{"String", kMark}}}, {"content", " "}},
+                      {{"type", "ByteFallback"}},
+                      {{"type", "Fuse"}},
+                      {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}}},
+      {"added_tokens", json::array({{{"id", 0}, {"content", "<unk>"}, {"special", true}},
+                                    {{"id", 1}, {"content", "<s>"}, {"special", true}},
+                                    {{"id", 2}, {"content", "</s>"}, {"special", true}}})}};
+}
+
+TEST(SentencePieceBpe, SpacesBecomeMarksAndMergesRunOverTheWholeText) {
+  const Tokenizer tok = make(sentencepiece_tokenizer());
+  // "▁ab▁ab": "▁ a" (rank 0) then "▁a b" (rank 1) at both places; "a b" never gets its turn.
+  EXPECT_EQ(tok.encode("ab ab"), (std::vector<std::int32_t>{264, 264}));
+  EXPECT_EQ(tok.encode("b  a"), (std::vector<std::int32_t>{259, 261, 259, 262}));
+  // One mark before each stretch of text between added tokens.
+  EXPECT_EQ(tok.encode("<s>ab</s>a"), (std::vector<std::int32_t>{1, 264, 2, 262}));
+  EXPECT_EQ(tok.token_bytes(264), " ab");
+  EXPECT_EQ(tok.decode({264, 264}), "ab ab");  // the leading space the normalizer added goes
+  EXPECT_EQ(tok.decode({1, 264}), "<s> ab");   // only at the very start of the text
+  EXPECT_EQ(tok.decode({1, 264}, true), "ab");
+}
+
+TEST(SentencePieceBpe, CharactersOutsideTheVocabularyFallBackToBytesElseUnk) {
+  const Tokenizer tok = make(sentencepiece_tokenizer());
+  // "é" is C3 A9.
+  EXPECT_EQ(tok.encode("\xC3\xA9"), (std::vector<std::int32_t>{259, 3 + 0xC3, 3 + 0xA9}));
+  EXPECT_EQ(tok.token_bytes(3 + 0xC3), "\xC3");
+  EXPECT_EQ(tok.decode({259, 3 + 0xC3, 3 + 0xA9, 260}),
+            "\xC3\xA9"
+            "a");
+  EXPECT_EQ(tok.decode({3 + 0xC3}), "\xEF\xBF\xBD");  // half a character: U+FFFD
+  // Without byte tokens an unknown character is <unk>, a run of them one <unk> (fuse_unk).
+  const Tokenizer no_bytes = make(sentencepiece_tokenizer(false));
+  EXPECT_EQ(no_bytes.encode("\xC3\xA9\xC3\xA9"
+                            "a"),
+            (std::vector<std::int32_t>{259, 0, 260}));
+  json unfused = sentencepiece_tokenizer(false);
+  unfused["model"]["fuse_unk"] = false;
+  EXPECT_EQ(make(unfused).encode("\xC3\xA9\xC3\xA9"), (std::vector<std::int32_t>{259, 0, 0}));
+}
+
+TEST(SentencePieceBpe, SpecialTokensComeFromThePostProcessorUnlessTheConfigSays) {
+  const Tokenizer tok = make(sentencepiece_tokenizer());
+  EXPECT_EQ(tok.encode("a", true), (std::vector<std::int32_t>{1, 262}));
+  EXPECT_EQ(tok.bos_id(), std::optional<std::int32_t>(1));
+  EXPECT_EQ(make(sentencepiece_tokenizer(), {{"add_bos_token", false}}).encode("a", true),
+            (std::vector<std::int32_t>{262}));
+  json with_eos = sentencepiece_tokenizer();
+  with_eos["post_processor"]["single"].push_back({{"SpecialToken", {{"id", "</s>"}}}});
+  EXPECT_EQ(make(with_eos).encode("a", true), (std::vector<std::int32_t>{1, 262, 2}));
+  EXPECT_EQ(make(with_eos).eos_id(), std::optional<std::int32_t>(2));
+}
+
+TEST(SentencePieceBpe, RefusesAnyOtherPipeline) {
+  const auto refused = [](const std::function<void(json&)>& edit, const std::string& needle) {
+    json t = sentencepiece_tokenizer();
+    edit(t);
+    return test::throws_error([&] { make(t); }, ErrorCategory::io, needle);
+  };
+  EXPECT_TRUE(refused(
+      [](json& t) {
+        t["normalizer"] = {{"type", "NFKC"}};
+      },
+      "the normalizer must be a Sequence of Prepend"));
+  EXPECT_TRUE(refused([](json& t) { t["normalizer"]["normalizers"][0]["prepend"] = "_"; },
+                      "the normalizer must be a Sequence of Prepend"));
+  EXPECT_TRUE(refused(
+      [](json& t) {
+        t["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", kMark}};
+      },
+      "pre_tokenizer must be null (got type Metaspace)"));
+  EXPECT_TRUE(refused([](json& t) { t["decoder"]["decoders"].erase(1); },
+                      "the decoder must be a Sequence of Replace"));
+  EXPECT_TRUE(refused([](json& t) { t["decoder"]["decoders"][3]["start"] = 2; },
+                      "the decoder must be a Sequence of Replace"));
+  EXPECT_TRUE(refused([](json& t) { t["model"]["unk_token"] = "<oov>"; },
+                      "model.unk_token '<oov>' is not in the vocabulary"));
+  EXPECT_TRUE(refused(
+      [](json& t) {
+        auto& single = t["post_processor"]["single"];
+        single.insert(single.begin(), single[0]);
+      },
+      "post_processor.single ="));
+  EXPECT_TRUE(
+      refused([](json& t) { t["post_processor"]["single"][0]["SpecialToken"]["id"] = "<x>"; },
+              "post_processor special token '<x>' is not a token"));
+  EXPECT_TRUE(refused(
+      [](json& t) {
+        t["post_processor"] = {{"type", "BertProcessing"}};
+      },
+      "post_processor 'BertProcessing' is not supported"));
 }
 
 TEST(Utf8, LossyDecodingReplacesEachMaximalInvalidSubpart) {
@@ -692,8 +827,9 @@ TEST(SmallTokenizer, GeneratedCheckpointsTakeAndGiveText) {
   const fs::path dir =
       fs::temp_directory_path() / ("dcp_small_tokenizer_" + std::to_string(::getpid()));
   fs::create_directories(dir);
-  for (int vocab : {260, 320, 512}) {
-    write_small_tokenizer(dir.string(), vocab);
+  for (const auto& [vocab, sentencepiece] :
+       {std::pair{260, false}, {320, false}, {512, false}, {288, true}, {320, true}, {512, true}}) {
+    write_small_tokenizer(dir.string(), vocab, sentencepiece);
     const Tokenizer t = Tokenizer::from_dir(dir.string());
     EXPECT_LE(t.vocab_size(), vocab);
     const std::string text = "the thing is in the string, 深度 🙂";
@@ -705,6 +841,11 @@ TEST(SmallTokenizer, GeneratedCheckpointsTakeAndGiveText) {
     if (vocab > 300) {
       EXPECT_LT(ids.size(), text.size());  // merges shorten English
     }
+    // SentencePiece-style: spaces are U+2581 in the pieces; the text keeps them.
+    if (sentencepiece) {
+      EXPECT_EQ(t.token_bytes(t.encode("the")[0]).front(), ' ');
+    }
+    EXPECT_EQ(t.decode(t.encode("the")), "the");
     ASSERT_TRUE(t.chat_template().has_value());
     const std::string prompt = ChatTemplate(*t.chat_template())
                                    .render(R"({"messages": [{"role": "system", "content": "S"},)"
@@ -716,6 +857,9 @@ TEST(SmallTokenizer, GeneratedCheckpointsTakeAndGiveText) {
   EXPECT_TRUE(test::throws_error([&] { write_small_tokenizer(dir.string(), 259); },
                                  ErrorCategory::invalid_argument,
                                  "vocab_size = 259 must be >= 260"));
+  EXPECT_TRUE(test::throws_error([&] { write_small_tokenizer(dir.string(), 287, true); },
+                                 ErrorCategory::invalid_argument,
+                                 "vocab_size = 287 must be >= 288"));
   fs::remove_all(dir);
 }
 

@@ -1,9 +1,14 @@
-// Text in and out: a Hugging Face byte-level BPE tokenizer (tokenizer.json) with the special
-// tokens of tokenizer_config.json, as DeepSeek-V2/V3 ship them.
+// Text in and out: a Hugging Face BPE tokenizer (tokenizer.json) with the special tokens of
+// tokenizer_config.json: byte-level, as DeepSeek-V2/V3 ship it, or SentencePiece-style with byte
+// fallback, as Llama-family vocabularies (MiniCPM3's) are converted.
 //
 // Encoding follows the Hugging Face pipeline: added tokens are matched first (leftmost, longest),
 // the rest goes through the pre-tokenizer (Split regexes run by PCRE2 with Unicode properties,
-// then the byte-to-unicode map) and BPE merges by rank. Text that is not valid UTF-8 is first
+// then the byte-to-unicode map) and BPE merges by rank. SentencePiece-style: each stretch between
+// added tokens has its spaces turned into U+2581 and one U+2581 prepended, and is merged whole;
+// a character missing from the vocabulary becomes its bytes' <0xXX> tokens. With special tokens,
+// BOS/EOS as tokenizer_config.json's add_bos_token/add_eos_token say, else as tokenizer.json's
+// TemplateProcessing post-processor adds them. Text that is not valid UTF-8 is first
 // decoded as a browser's TextDecoder does (each maximal invalid subpart becomes U+FFFD).
 // Decoding maps tokens back to bytes; StreamDecoder does it one token at a time and never emits
 // half a character.
@@ -43,13 +48,15 @@ class Tokenizer {
   ~Tokenizer();
 
   // Token ids of `text` (bytes; invalid UTF-8 is replaced as described above). With
-  // add_special_tokens, the BOS token first when tokenizer_config.json sets add_bos_token.
+  // add_special_tokens, BOS first (and EOS last) as described above.
   std::vector<std::int32_t> encode(std::string_view text, bool add_special_tokens = false) const;
   // UTF-8 text of `ids` (invalid byte sequences become U+FFFD). skip_special_tokens drops the
   // special added tokens (BOS, EOS, ...). Throws dcp::Error naming an id outside the vocabulary.
   std::string decode(const std::vector<std::int32_t>& ids, bool skip_special_tokens = false) const;
 
-  // The bytes one token stands for (a special token's text, or its byte-level BPE bytes).
+  // The bytes one token stands for (a special token's text, its byte-level BPE bytes, or its
+  // SentencePiece piece with U+2581 as a space). decode() of a SentencePiece text drops its one
+  // leading space; the concatenated token_bytes keep it.
   std::string token_bytes(std::int32_t id) const;
   bool is_special(std::int32_t id) const;
   // Whether `id` names a token (ids below vocab_size() may be unused in a sparse vocabulary).
@@ -89,12 +96,13 @@ class StreamDecoder {
   std::string pending_;  // bytes not yet emitted: the start of an incomplete character
 };
 
-// Writes DIR/tokenizer.json and DIR/tokenizer_config.json of a small byte-level BPE tokenizer whose
-// ids are all below `vocab_size`: the 256 bytes, merges of frequent English pieces while ids are
-// left, the special tokens <s> (BOS), </s> (EOS), <|user|> and <|assistant|>, and a chat template.
-// For generated checkpoints, so that a random model takes and gives text. Throws naming
-// vocab_size when it is under 260.
-void write_small_tokenizer(const std::string& dir, int vocab_size);
+// Writes DIR/tokenizer.json and DIR/tokenizer_config.json of a small BPE tokenizer whose ids are
+// all below `vocab_size`: byte-level (the 256 bytes) or, with `sentencepiece`, SentencePiece-style
+// (<unk>, the 256 <0xXX> byte tokens, U+2581 and a-z), merges of frequent English pieces while
+// ids are left, the special tokens <s> (BOS), </s> (EOS), <|user|> and <|assistant|>, and a chat
+// template. For generated checkpoints, so that a random model takes and gives text. Throws naming
+// vocab_size when it is under 260 (288 SentencePiece-style).
+void write_small_tokenizer(const std::string& dir, int vocab_size, bool sentencepiece = false);
 
 // Text as a WHATWG TextDecoder (and Rust's from_utf8_lossy) reads bytes: valid UTF-8 kept, each
 // maximal invalid subpart replaced by U+FFFD.

@@ -1,5 +1,5 @@
-// A small byte-level BPE tokenizer for generated checkpoints, so that a random model takes and
-// gives text like a real one.
+// A small BPE tokenizer for generated checkpoints, so that a random model takes and gives text
+// like a real one: byte-level as DeepSeek's, or SentencePiece-style as MiniCPM3's.
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -40,9 +40,112 @@ const char* const kMerges[][2] = {
     {"c", "t"},   {"_", "y"},   {"_", "S"},   {"_", "I"},   {"_", "A"},
 };
 
+// tokenizer.json as given, and tokenizer_config.json with a plain chat format: system text first,
+// then the turns, each assistant turn closed by EOS.
+void write_files(const std::string& dir, const ordered_json& tokenizer) {
+  const std::string chat_template =
+      "{{ bos_token }}{% for m in messages %}{% if m.role == 'system' %}{{ m.content }}\n"
+      "{% elif m.role == 'user' %}<|user|>{{ m.content }}{% elif m.role == 'assistant' %}"
+      "<|assistant|>{{ m.content }}{{ eos_token }}{% endif %}{% endfor %}"
+      "{% if add_generation_prompt %}<|assistant|>{% endif %}";
+  const ordered_json config = {{"add_bos_token", true},
+                               {"add_eos_token", false},
+                               {"bos_token", "<s>"},
+                               {"eos_token", "</s>"},
+                               {"chat_template", chat_template}};
+  namespace fs = std::filesystem;
+  for (const auto& [name, j] :
+       {std::pair{"tokenizer.json", &tokenizer}, std::pair{"tokenizer_config.json", &config}}) {
+    std::ofstream out(fs::path(dir) / name);
+    out << j->dump(1) << "\n";
+    DCP_CHECK(out.good(), io, "cannot write ", (fs::path(dir) / name).string());
+  }
+}
+
 }  // namespace
 
-void write_small_tokenizer(const std::string& dir, int vocab_size) {
+namespace {
+
+// SentencePiece-style: <unk> <s> </s>, the 256 byte tokens, U+2581 and the lowercase letters, the
+// merges that fit; characters outside the vocabulary fall back to their bytes.
+void write_sentencepiece(const std::string& dir, int vocab_size) {
+  const std::string mark = "\xE2\x96\x81";
+  const int n_turns = 2;  // <|user|>, <|assistant|>
+  DCP_ARG_CHECK(
+      vocab_size >= 3 + 256 + 1 + 26 + n_turns, "vocab_size = ", vocab_size,
+      " must be >= ", 3 + 256 + 1 + 26 + n_turns,
+      " for a SentencePiece-style tokenizer (3 specials, 256 bytes, U+2581, a-z, 2 turns)");
+  ordered_json vocab = {{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}};
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    vocab[name] = 3 + b;
+  }
+  int next = 259;
+  vocab[mark] = next++;
+  for (char ch = 'a'; ch <= 'z'; ++ch) vocab[std::string(1, ch)] = next++;
+  const auto piece = [&](const char* p) {
+    std::string out;
+    for (const char* c = p; *c; ++c) out += *c == '_' ? mark : std::string(1, *c);
+    return out;
+  };
+  ordered_json merges = ordered_json::array();
+  for (const auto& m : kMerges) {
+    if (next >= vocab_size - n_turns) break;
+    const std::string a = piece(m[0]), b = piece(m[1]);
+    if (!vocab.contains(a) || !vocab.contains(b) || vocab.contains(a + b)) continue;
+    vocab[a + b] = next++;
+    merges.push_back(a + " " + b);
+  }
+  ordered_json added = ordered_json::array();
+  const char* const specials[] = {"<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>"};
+  for (int k = 0; k < 5; ++k) {
+    added.push_back({{"id", k < 3 ? k : next + k - 3},
+                     {"content", specials[k]},
+                     {"single_word", false},
+                     {"lstrip", false},
+                     {"rstrip", false},
+                     {"normalized", false},
+                     {"special", true}});
+  }
+  const ordered_json replace_space = {
+      {"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", mark}};
+  const ordered_json tokenizer = {
+      {"version", "1.0"},
+      {"added_tokens", added},
+      {"normalizer",
+       {{"type", "Sequence"},
+        {"normalizers",
+         ordered_json::array({{{"type", "Prepend"}, {"prepend", mark}}, replace_space})}}},
+      {"pre_tokenizer", nullptr},
+      {"post_processor",
+       {{"type", "TemplateProcessing"},
+        {"single", ordered_json::array({{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+                                        {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})}}},
+      {"decoder",
+       {{"type", "Sequence"},
+        {"decoders", ordered_json::array(
+                         {{{"type", "Replace"}, {"pattern", {{"String", mark}}}, {"content", " "}},
+                          {{"type", "ByteFallback"}},
+                          {{"type", "Fuse"}},
+                          {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}}},
+      {"model",
+       {{"type", "BPE"},
+        {"unk_token", "<unk>"},
+        {"fuse_unk", true},
+        {"byte_fallback", true},
+        {"vocab", vocab},
+        {"merges", merges}}}};
+  write_files(dir, tokenizer);
+}
+
+}  // namespace
+
+void write_small_tokenizer(const std::string& dir, int vocab_size, bool sentencepiece) {
+  if (sentencepiece) {
+    write_sentencepiece(dir, vocab_size);
+    return;
+  }
   const char* const specials[] = {"<s>", "</s>", "<|user|>", "<|assistant|>"};
   const int n_special = static_cast<int>(std::size(specials));
   DCP_ARG_CHECK(vocab_size >= 256 + n_special, "vocab_size = ", vocab_size, " must be >= ",
@@ -79,24 +182,7 @@ void write_small_tokenizer(const std::string& dir, int vocab_size) {
       {"post_processor", nullptr},
       {"decoder", {{"type", "ByteLevel"}}},
       {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}}};
-  // A plain chat format: system text first, then the turns, each assistant turn closed by EOS.
-  const std::string chat_template =
-      "{{ bos_token }}{% for m in messages %}{% if m.role == 'system' %}{{ m.content }}\n"
-      "{% elif m.role == 'user' %}<|user|>{{ m.content }}{% elif m.role == 'assistant' %}"
-      "<|assistant|>{{ m.content }}{{ eos_token }}{% endif %}{% endfor %}"
-      "{% if add_generation_prompt %}<|assistant|>{% endif %}";
-  const ordered_json config = {{"add_bos_token", true},
-                               {"add_eos_token", false},
-                               {"bos_token", "<s>"},
-                               {"eos_token", "</s>"},
-                               {"chat_template", chat_template}};
-  namespace fs = std::filesystem;
-  for (const auto& [name, j] : {std::pair{"tokenizer.json", &tokenizer},
-                                std::pair{"tokenizer_config.json", &config}}) {
-    std::ofstream out(fs::path(dir) / name);
-    out << j->dump(1) << "\n";
-    DCP_CHECK(out.good(), io, "cannot write ", (fs::path(dir) / name).string());
-  }
+  write_files(dir, tokenizer);
 }
 
 }  // namespace dcp

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -144,8 +145,6 @@ void Tokenizer::Impl::load(const json& t) {
   const std::string model_type = type_of(m, "tokenizer.json: 'model'");
   DCP_CHECK(model_type == "BPE", io, "tokenizer.json: model type '", model_type,
             "' is not supported (legal: BPE)");
-  DCP_CHECK(!flag(m, "byte_fallback", false), io,
-            "tokenizer.json: model.byte_fallback = true is not supported (byte-level BPE only)");
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix", "dropout"}) {
     DCP_CHECK(!m.contains(key) || m[key].is_null(), io, "tokenizer.json: model.", key,
               " is not supported (must be null)");
@@ -232,6 +231,19 @@ void Tokenizer::Impl::load(const json& t) {
     ++rank;
   }
 
+  if (m.contains("unk_token") && !m["unk_token"].is_null()) {
+    DCP_CHECK(m["unk_token"].is_string(), io, "tokenizer.json: model.unk_token must be a string");
+    const auto it = vocab.find(m["unk_token"].get<std::string>());
+    DCP_CHECK(it != vocab.end(), io, "tokenizer.json: model.unk_token '",
+              m["unk_token"].get<std::string>(), "' is not in the vocabulary");
+    unk = it->second;
+  }
+  fuse_unk = flag(m, "fuse_unk", false);
+  load_post_processor(t);
+  if (flag(m, "byte_fallback", false)) {  // SentencePiece-style (sentencepiece_bpe.cpp)
+    load_metaspace(t);
+    return;
+  }
   // Normalizer: none (DeepSeek ships an empty Sequence).
   if (t.contains("normalizer") && !t["normalizer"].is_null()) {
     const json& n = t["normalizer"];
@@ -304,11 +316,47 @@ void Tokenizer::Impl::load(const json& t) {
     DCP_CHECK(type == "ByteLevel", io, "tokenizer.json: decoder '", type,
               "' is not supported (legal: ByteLevel)");
   }
-  if (t.contains("post_processor") && !t["post_processor"].is_null()) {
-    // ByteLevel post-processing only trims offsets; it adds no token.
-    const std::string type = type_of(t["post_processor"], "tokenizer.json: 'post_processor'");
-    DCP_CHECK(type == "ByteLevel", io, "tokenizer.json: post_processor '", type,
-              "' is not supported (legal: ByteLevel)");
+}
+
+void Tokenizer::Impl::load_post_processor(const json& t) {
+  if (!t.contains("post_processor") || t["post_processor"].is_null()) return;
+  const json& p = t["post_processor"];
+  const std::string type = type_of(p, "tokenizer.json: 'post_processor'");
+  if (type == "ByteLevel") return;  // it only trims offsets; it adds no token
+  DCP_CHECK(type == "TemplateProcessing", io, "tokenizer.json: post_processor '", type,
+            "' is not supported (legal: ByteLevel, TemplateProcessing)");
+  // One sequence with at most a special token before and one after: what encoding with special
+  // tokens adds (tokenizer_config.json's add_bos_token / add_eos_token, when set, decide).
+  const json single = p.contains("single") ? p["single"] : json();
+  DCP_CHECK(single.is_array(), io, "tokenizer.json: post_processor.single must be a list");
+  std::size_t seq = single.size();
+  for (std::size_t i = 0; i < single.size(); ++i)
+    if (single[i].is_object() && single[i].contains("Sequence")) seq = i;
+  const auto special_at = [&](std::size_t i) -> std::int32_t {
+    const json& item = single[i];
+    DCP_CHECK(item.is_object() && item.contains("SpecialToken") &&
+                  item["SpecialToken"].contains("id") && item["SpecialToken"]["id"].is_string(),
+              io, "tokenizer.json: post_processor.single[", i,
+              "] must be a SpecialToken or the Sequence");
+    const std::string name = item["SpecialToken"]["id"].get<std::string>();
+    for (std::size_t id = 0; id < id_to_token.size(); ++id)
+      if (id_to_token[id] == name) return static_cast<std::int32_t>(id);
+    throw Error(ErrorCategory::io,
+                str("tokenizer.json: post_processor special token '", name, "' is not a token"));
+  };
+  DCP_CHECK(seq < single.size() && seq <= 1 && single.size() - seq <= 2, io,
+            "tokenizer.json: post_processor.single = ", single.dump().substr(0, 200),
+            " is not supported (legal: the sequence with at most one special token before and "
+            "one after)");
+  if (seq == 1) {
+    bos = special_at(0);
+    bos_text = id_to_token[static_cast<std::size_t>(*bos)];
+    add_bos = true;
+  }
+  if (seq + 2 == single.size()) {
+    eos = special_at(seq + 1);
+    eos_text = id_to_token[static_cast<std::size_t>(*eos)];
+    add_eos = true;
   }
 }
 
@@ -329,16 +377,20 @@ void Tokenizer::Impl::load_config(const json& c) {
     throw Error(ErrorCategory::io, str("tokenizer_config.json: ", key, " '", text,
                                        "' is not a token of tokenizer.json"));
   };
-  bos_text = token_text("bos_token");
-  eos_text = token_text("eos_token");
-  bos = id_of(bos_text, "bos_token");
-  eos = id_of(eos_text, "eos_token");
+  if (c.contains("bos_token")) {
+    bos_text = token_text("bos_token");
+    bos = id_of(bos_text, "bos_token");
+  }
+  if (c.contains("eos_token")) {
+    eos_text = token_text("eos_token");
+    eos = id_of(eos_text, "eos_token");
+  }
   // Hugging Face would edit decoded text ("a ." -> "a."); dcp decodes bytes exactly.
   DCP_CHECK(!flag(c, "clean_up_tokenization_spaces", false), io,
             "tokenizer_config.json: clean_up_tokenization_spaces = true is not supported "
             "(legal: false)");
-  add_bos = flag(c, "add_bos_token", false);
-  add_eos = flag(c, "add_eos_token", false);
+  add_bos = flag(c, "add_bos_token", add_bos);
+  add_eos = flag(c, "add_eos_token", add_eos);
   DCP_CHECK(!add_bos || bos, io, "tokenizer_config.json: add_bos_token without a bos_token");
   DCP_CHECK(!add_eos || eos, io, "tokenizer_config.json: add_eos_token without an eos_token");
   if (c.contains("chat_template") && !c["chat_template"].is_null()) {
@@ -413,15 +465,18 @@ void Tokenizer::Impl::bpe(const std::string& word, std::vector<std::int32_t>& ou
     int prev, next;
     bool alive;
   };
-  std::vector<Symbol> sym;
+  std::vector<std::int32_t> initial;
   for (std::size_t i = 0; i < word.size();) {
     const std::size_t n = char_len(static_cast<unsigned char>(word[i]));
-    const auto it = vocab.find(word.substr(i, n));
-    DCP_CHECK(it != vocab.end(), io, "tokenizer: the byte-level character '", word.substr(i, n),
-              "' is not in the vocabulary");
-    const int k = static_cast<int>(sym.size());
-    sym.push_back({it->second, k - 1, k + 1, true});
+    DCP_CHECK(initial_symbols(std::string_view(word).substr(i, n), initial), io,
+              "tokenizer: the character '", word.substr(i, n),
+              "' is not in the vocabulary and has no fallback");
     i += n;
+  }
+  std::vector<Symbol> sym;
+  for (std::int32_t id : initial) {
+    const int k = static_cast<int>(sym.size());
+    sym.push_back({id, k - 1, k + 1, true});
   }
   if (!sym.empty()) sym.back().next = -1;
   struct Candidate {
@@ -461,6 +516,7 @@ void Tokenizer::Impl::bpe(const std::string& word, std::vector<std::int32_t>& ou
   for (const Symbol& s : sym)
     if (s.alive) ids.push_back(s.id);
   out.insert(out.end(), ids.begin(), ids.end());
+  if (word.size() > 256) return;  // a whole SentencePiece text: not worth keeping
   std::lock_guard<std::mutex> lock(cache_mutex);
   if (cache.size() > 200000) cache.clear();  // bounded: long texts of unique words
   cache.emplace(word, std::move(ids));
@@ -468,6 +524,14 @@ void Tokenizer::Impl::bpe(const std::string& word, std::vector<std::int32_t>& ou
 
 void Tokenizer::Impl::encode_plain(const std::string& text, std::vector<std::int32_t>& out) const {
   if (text.empty()) return;
+  if (metaspace) {  // one word: U+2581 prepended and for every space
+    const std::string mark = "\xE2\x96\x81";
+    std::string word = mark;
+    word.reserve(text.size() + 3);
+    for (char ch : text) word += ch == ' ' ? mark : std::string(1, ch);
+    bpe(word, out);
+    return;
+  }
   for (const std::string& word : pre_tokenize(text)) bpe(word, out);
 }
 
@@ -556,6 +620,25 @@ std::string Tokenizer::token_bytes(std::int32_t id) const {
                     (!m.id_to_token[static_cast<std::size_t>(id)].empty()),
                 "token id ", id, " is not in the vocabulary (", m.id_to_token.size(), " ids)");
   const std::string& tok = m.id_to_token[static_cast<std::size_t>(id)];
+  if (m.metaspace) {  // <0xXX> is its byte; U+2581 is a space
+    if (tok.size() == 6 && tok.compare(0, 3, "<0x") == 0 && tok[5] == '>' &&
+        std::isxdigit(static_cast<unsigned char>(tok[3])) &&
+        std::isxdigit(static_cast<unsigned char>(tok[4]))) {
+      const int b = std::stoi(tok.substr(3, 2), nullptr, 16);
+      if (m.byte_tokens[static_cast<std::size_t>(b)] == id)
+        return std::string(1, static_cast<char>(b));
+    }
+    std::string bytes;
+    for (std::size_t i = 0; i < tok.size();) {
+      if (tok.compare(i, 3, "\xE2\x96\x81") == 0) {
+        bytes += ' ';
+        i += 3;
+      } else {
+        bytes += tok[i++];
+      }
+    }
+    return bytes;
+  }
   // As the ByteLevel decoder: a token whose characters all map to bytes becomes those bytes;
   // one that does not (an added token's text) stays as it is.
   const ByteLevelMap& map = byte_level_map();
@@ -576,6 +659,8 @@ std::string Tokenizer::decode(const std::vector<std::int32_t>& ids, bool skip_sp
     if (skip_special && is_special(id)) continue;
     bytes += token_bytes(id);
   }
+  // SentencePiece's decoder drops the space its normalizer put before the text.
+  if (impl_->strip_leading_space && !bytes.empty() && bytes[0] == ' ') bytes.erase(0, 1);
   return utf8_lossy(bytes);
 }
 

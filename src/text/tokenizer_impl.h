@@ -53,6 +53,15 @@ struct Tokenizer::Impl {
   std::vector<Added> added;  // longest first within a first byte
   std::array<std::vector<std::size_t>, 256> added_by_first_byte;
   std::vector<text_internal::PreStep> pre;
+  // SentencePiece-style BPE (Llama, MiniCPM): no pre-tokenizer, spaces become U+2581 with one
+  // prepended to each stretch of text between added tokens, characters missing from the
+  // vocabulary fall back to their bytes' <0xXX> tokens, and decoding undoes it (dropping the one
+  // leading space of a decoded text). False: byte-level BPE.
+  bool metaspace = false;
+  std::array<std::int32_t, 256> byte_tokens{};  // metaspace: <0xXX> ids (-1: absent)
+  std::optional<std::int32_t> unk;              // the model's unk_token, for what has no bytes
+  bool fuse_unk = false;                        // a run of unknown characters is one unk
+  bool strip_leading_space = false;             // the decoder's Strip(" ", 1, 0)
   std::optional<std::int32_t> bos, eos;
   std::string bos_text, eos_text;
   bool add_bos = false, add_eos = false;
@@ -62,7 +71,14 @@ struct Tokenizer::Impl {
   mutable std::unordered_map<std::string, std::vector<std::int32_t>> cache;
 
   void load(const nlohmann::json& t);
+  // metaspace: the normalizer, pre-tokenizer and decoder checked (sentencepiece_bpe.cpp).
+  void load_metaspace(const nlohmann::json& t);
+  // The symbols BPE starts from for one character of a word (its vocabulary id, else its bytes'
+  // tokens under metaspace, else unk); false when there are none.
+  bool initial_symbols(std::string_view ch, std::vector<std::int32_t>& out) const;
   void load_config(const nlohmann::json& c);
+  // post_processor: ByteLevel, or TemplateProcessing adding a BOS and/or an EOS token.
+  void load_post_processor(const nlohmann::json& t);
   std::vector<std::string> pre_tokenize(const std::string& text) const;
   void bpe(const std::string& word, std::vector<std::int32_t>& out) const;
   void encode_plain(const std::string& text, std::vector<std::int32_t>& out) const;

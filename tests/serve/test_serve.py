@@ -2061,6 +2061,50 @@ def case_generation_config():
         check(code == 0, f"server exit {code}")
 
 
+def case_minicpm3():
+    """A MiniCPM3 checkpoint (dense MLA, LongRoPE, muP scaling, a SentencePiece-style vocabulary
+    with byte fallback) served from text: the prompt's ids are /tokenize's, the greedy reply is
+    `dcp run`'s for them, its text continues the prompt's decoded text as vLLM's incremental
+    detokenizer writes it (the piece's leading space kept), and chat and non-ASCII text round-trip."""
+    model = os.path.join(TMP, "minicpm3")
+    subprocess.run([DCP, "gen-checkpoint", "--family", "minicpm3", "--out", model], check=True,
+                   stdout=subprocess.DEVNULL)
+    text = "the cat sat in the hat"
+    s = Server("--tp-size", "2", "--dcp-size", "2", model=model)
+    try:
+        status, tok = s.post("/tokenize", {"prompt": text})
+        ids = tok["tokens"]
+        check(status == 200 and ids[0] == 1 and len(ids) < len(text),
+              f"BOS and merged pieces from the SentencePiece vocabulary: {tok}")
+        status, r = s.post("/v1/completions", {"prompt": text, "max_tokens": 8, "temperature": 0,
+                                               "ignore_eos": True})
+        c = r["choices"][0]
+        out = os.path.join(TMP, "minicpm3_run.json")
+        subprocess.run([DCP, "run", "--model-path", model, "--prompt-tokens", ",".join(map(str, ids)),
+                        "--max-new-tokens", "8", "--no-verify", "--json", out], check=True,
+                       stdout=subprocess.DEVNULL)
+        with open(out) as f:
+            want = json.load(f)["requests"][0]["output_tokens"]
+        check(status == 200 and c["token_ids"] == want, f"greedy tokens {r} != dcp run's {want}")
+        _, whole = s.post("/detokenize", {"tokens": ids + c["token_ids"]})
+        _, prompt = s.post("/detokenize", {"tokens": ids})
+        check(whole["prompt"] == prompt["prompt"] + c["text"],
+              f"the reply's text {c['text']!r} continues the prompt's {prompt['prompt']!r}: {whole['prompt']!r}")
+        check(prompt["prompt"] == "<s> " + text,
+              f"the prompt decodes back: {prompt}")
+        odd = "héllo wörld 🙂 深度 x"
+        _, r = s.post("/tokenize", {"prompt": odd, "add_special_tokens": False})
+        _, back = s.post("/detokenize", {"tokens": r["tokens"]})
+        check(back["prompt"] == odd, f"byte fallback round-trips {odd!r}: {r} -> {back}")
+        status, r = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi there"}],
+                                                    "max_tokens": 4, "temperature": 0})
+        check(status == 200 and r["usage"]["completion_tokens"] >= 1
+              and isinstance(r["choices"][0]["message"]["content"], str), f"a chat reply: {r}")
+    finally:
+        code, _ = s.stop()
+        check(code == 0, f"server exit {code}")
+
+
 def case_disaggregate():
     """--disaggregate: a prefill group of DCP 1 computes prompts, their KV moves to the decode group
     (TP 2 x DCP 2), which finishes them: greedy tokens are dcp run's undivided; seeded sampling,
@@ -2352,7 +2396,8 @@ CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_
                                      case_metrics_and_models]}
 
 OWN_SERVER = {f.__name__[5:]: f for f in [case_chat_template, case_tools, case_reasoning, case_prefix_cache, case_checkpoint_eos,
-                                          case_generation_config, case_disaggregate, case_abort_request,
+                                          case_generation_config, case_minicpm3, case_disaggregate,
+                                          case_abort_request,
                                           case_max_model_len, case_api_key, case_queue_bound, case_shutdown]}
 
 

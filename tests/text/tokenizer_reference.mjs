@@ -1,5 +1,6 @@
-// dcp's tokenizer against the reference (@huggingface/tokenizers) on the real DeepSeek-V3
-// tokenizer: identical ids for every text of a corpus written for the purpose, and identical
+// dcp's tokenizer against the reference (@huggingface/tokenizers) on a real tokenizer (DeepSeek-V3's
+// byte-level BPE, Llama 2's SentencePiece-style BPE with byte fallback): identical ids for every
+// text of a corpus written for the purpose, with and without special tokens, and identical
 // decoded text. Usage: node tokenizer_reference.mjs TOKENIZER_DIR path/to/dcp
 import { Tokenizer } from "@huggingface/tokenizers";
 import { execFileSync } from "node:child_process";
@@ -32,6 +33,8 @@ const texts = {
   empty: "",
   only_spaces: "        ",
   combining: "e\u0301 a\u0308 n\u0303 \u0915\u094d\u0937 \u0e01\u0e34",
+  llama_specials_inside: "<s>[INST] Hi </s> there<unk>x <s> ▁already marked▁ <0x41> ",
+  leading_and_rare: " 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 ꙮ 𓀀 \u{10ffff}",
 };
 const bytes = {
   invalid_continuation: Buffer.from([0x61, 0x80, 0x62, 0xbf, 0x63]),
@@ -98,6 +101,30 @@ for (const c of cases) {
     continue;
   }
   console.log(`ok ${name}: ${want.length} ids, ${input.length} bytes`);
+}
+// With special tokens, as a server encodes a completion prompt. The reference adds what
+// tokenizer.json's post_processor says; transformers' Llama tokenizers (DeepSeek-V3's class) add
+// BOS as tokenizer_config.json's add_bos_token says, over a post_processor that adds none, and so
+// does dcp: there the expected ids are BOS and the reference's ids without special tokens.
+const tokenizerJson = JSON.parse(fs.readFileSync(`${dir}/tokenizer.json`, "utf8"));
+const config = JSON.parse(fs.readFileSync(`${dir}/tokenizer_config.json`, "utf8"));
+const post = tokenizerJson.post_processor;
+const templateBos = post?.type === "TemplateProcessing" && post.single[0]?.SpecialToken !== undefined;
+const configBos = config.add_bos_token === true;
+for (const t of ["Hello there", " leading space", ""]) {
+  let want = tok.encode(t).ids;
+  if (configBos && !templateBos) {
+    const bos = typeof config.bos_token === "string" ? config.bos_token : config.bos_token.content;
+    want = [tok.token_to_id(bos), ...tok.encode(t, { add_special_tokens: false }).ids];
+  }
+  const got = JSON.parse(tokenize(["--add-special-tokens"], t).toString());
+  const same = got.length === want.length && got.every((v, i) => v === want[i]);
+  if (!same) {
+    failed++;
+    console.log(`FAIL special tokens of ${JSON.stringify(t)}: dcp ${JSON.stringify(got)}, reference ${JSON.stringify(want)}`);
+  } else {
+    console.log(`ok special tokens of ${JSON.stringify(t)}: ${JSON.stringify(got)}`);
+  }
 }
 console.log(`${cases.length - failed} passed, ${failed} failed`);
 process.exit(failed ? 1 : 0);

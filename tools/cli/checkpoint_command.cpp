@@ -75,10 +75,12 @@ void add_gen_checkpoint_command(CLI::App& app) {
     if (o->no_q_lora) c.q_lora_rank.reset();
     const int files = o->num_files > 0 ? o->num_files : (family ? 3 : 1);
     check_checkpoint_fits(c, o->dtype, o->out);
-    const bool with_tokenizer = c.vocab_size >= 260;  // 256 bytes and 4 special tokens
+    // MiniCPM3's vocabulary is SentencePiece-style; the others' byte-level.
+    const bool sentencepiece = c.model_type == "minicpm3";
+    const bool with_tokenizer = c.vocab_size >= (sentencepiece ? 288 : 260);
     with_flag("--out", [&] {
       write_checkpoint(o->out, c, *make_synthetic_weights(o->seed), o->dtype, files);
-      if (with_tokenizer) write_small_tokenizer(o->out, c.vocab_size);
+      if (with_tokenizer) write_small_tokenizer(o->out, c.vocab_size, sentencepiece);
     });
     std::printf(
         "wrote %s: %s (%s), %d layers, %s%s, %d file(s)%s\n", o->out.c_str(),
@@ -87,8 +89,9 @@ void add_gen_checkpoint_command(CLI::App& app) {
         : c.quant_method == "compressed-tensors" ? "INT4 experts (compressed-tensors), rest "
                                                  : "",
         o->dtype.c_str(), files,
-        with_tokenizer ? ", and a small byte-level tokenizer with a chat template"
-                       : " (no tokenizer: a vocabulary under 260 ids)");
+        !with_tokenizer ? " (no tokenizer: a vocabulary too small for one)"
+        : sentencepiece ? ", and a small SentencePiece-style tokenizer with a chat template"
+                        : ", and a small byte-level tokenizer with a chat template");
   });
 }
 

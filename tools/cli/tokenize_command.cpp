@@ -96,7 +96,8 @@ void add_tokenize_command(CLI::App& app) {
   CLI::Option* decode =
       cmd->add_flag("--decode", o->decode, "read a JSON array of ids, print the text");
   cmd->add_flag("--add-special-tokens", o->add_special,
-                "start with BOS when tokenizer_config.json sets add_bos_token")
+                "add BOS (and EOS) as tokenizer_config.json's add_bos_token (add_eos_token) say, "
+                "else as tokenizer.json's post_processor adds them")
       ->excludes(decode);
   cmd->add_flag("--skip-special-tokens", o->skip_special, "leave special tokens out of the text")
       ->needs(decode);

@@ -1,0 +1,102 @@
+// SentencePiece-style BPE as Hugging Face tokenizer.json holds it for Llama-family vocabularies
+// (Llama 2, MiniCPM): the normalizer turns spaces into U+2581 and prepends one, BPE runs over the
+// whole normalized text with byte fallback, and the decoder maps U+2581 back to spaces, <0xXX>
+// tokens to their bytes, and drops the one space the normalizer added. Only that exact pipeline
+// is accepted: any other normalizer, pre-tokenizer or decoder is refused by name.
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "dcp/error.h"
+#include "tokenizer_impl.h"
+
+namespace dcp {
+namespace {
+
+using json = nlohmann::json;
+
+const char* const kSpaceMark = "\xE2\x96\x81";  // U+2581, SentencePiece's visible space
+
+std::string type_or_null(const json& j) {
+  return j.is_object() && j.contains("type") && j["type"].is_string()
+             ? j["type"].get<std::string>()
+             : std::string(j.is_null() ? "null" : "(no type)");
+}
+
+// A {"String": s} pattern equal to `want`.
+bool string_pattern_is(const json& step, const std::string& want) {
+  return step.contains("pattern") && step["pattern"].is_object() &&
+         step["pattern"].contains("String") && step["pattern"]["String"] == want;
+}
+
+}  // namespace
+
+void Tokenizer::Impl::load_metaspace(const json& t) {
+  const auto field = [&](const char* key) { return t.contains(key) ? t[key] : json(); };
+  // Normalizer: Prepend(U+2581) then Replace(" " -> U+2581), as the Llama conversion writes it.
+  const json n = field("normalizer");
+  const bool legacy = type_or_null(n) == "Sequence" && n.contains("normalizers") &&
+                      n["normalizers"].is_array() && n["normalizers"].size() == 2 &&
+                      type_or_null(n["normalizers"][0]) == "Prepend" &&
+                      n["normalizers"][0].value("prepend", "") == kSpaceMark &&
+                      type_or_null(n["normalizers"][1]) == "Replace" &&
+                      string_pattern_is(n["normalizers"][1], " ") &&
+                      n["normalizers"][1].value("content", "") == kSpaceMark;
+  DCP_CHECK(legacy, io,
+            "tokenizer.json: with model.byte_fallback, the normalizer must be a Sequence of "
+            "Prepend(\"\u2581\") and Replace(\" \", \"\u2581\") (SentencePiece's, as Llama's "
+            "tokenizer.json has it); got ",
+            n.dump().substr(0, 200));
+  DCP_CHECK(field("pre_tokenizer").is_null(), io,
+            "tokenizer.json: with model.byte_fallback, pre_tokenizer must be null (got type ",
+            type_or_null(field("pre_tokenizer")), ")");
+  // Decoder: Replace(U+2581 -> " "), ByteFallback, Fuse, and Strip(" ", 1, 0) or nothing.
+  const json d = field("decoder");
+  bool ok = type_or_null(d) == "Sequence" && d.contains("decoders") && d["decoders"].is_array() &&
+            (d["decoders"].size() == 3 || d["decoders"].size() == 4);
+  if (ok) {
+    const json& s = d["decoders"];
+    ok = type_or_null(s[0]) == "Replace" && string_pattern_is(s[0], kSpaceMark) &&
+         s[0].value("content", "") == " " && type_or_null(s[1]) == "ByteFallback" &&
+         type_or_null(s[2]) == "Fuse";
+    if (ok && s.size() == 4) {
+      ok = type_or_null(s[3]) == "Strip" && s[3].value("content", "") == " " &&
+           s[3].value("start", -1) == 1 && s[3].value("stop", -1) == 0;
+      strip_leading_space = ok;
+    }
+  }
+  DCP_CHECK(ok, io,
+            "tokenizer.json: with model.byte_fallback, the decoder must be a Sequence of "
+            "Replace(\"\u2581\", \" \"), ByteFallback, Fuse and optionally Strip(\" \", 1, 0); "
+            "got ",
+            d.dump().substr(0, 200));
+  byte_tokens.fill(-1);
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    std::snprintf(name, sizeof name, "<0x%02X>", b);
+    const auto it = vocab.find(name);
+    if (it != vocab.end()) byte_tokens[static_cast<std::size_t>(b)] = it->second;
+  }
+  metaspace = true;
+}
+
+bool Tokenizer::Impl::initial_symbols(std::string_view ch, std::vector<std::int32_t>& out) const {
+  const auto it = vocab.find(std::string(ch));
+  if (it != vocab.end()) {
+    out.push_back(it->second);
+    return true;
+  }
+  if (metaspace) {  // byte fallback: every byte's token, else the whole character is unknown
+    bool all = true;
+    for (unsigned char b : ch) all = all && byte_tokens[b] >= 0;
+    if (all) {
+      for (unsigned char b : ch) out.push_back(byte_tokens[b]);
+      return true;
+    }
+  }
+  if (!unk) return false;
+  if (!fuse_unk || out.empty() || out.back() != *unk) out.push_back(*unk);
+  return true;
+}
+
+}  // namespace dcp
