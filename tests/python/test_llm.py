@@ -67,6 +67,25 @@ def test_greedy_tokens_equal_dcp_run_on_an_moe_checkpoint(dcp_bin, tmp_path, ep_
     assert [o.outputs[0].token_ids for o in got] == want
 
 
+def test_minicpm3_checkpoint_takes_and_gives_text(dcp_bin, tmp_path):
+    """MiniCPM3 (dense MLA, LongRoPE, muP scaling) with its SentencePiece-style vocabulary: the
+    greedy tokens of a text prompt are `dcp run`'s for its ids, and the reply's text continues the
+    prompt's decoded text (the first piece's space kept, as vLLM's detokenizer writes it)."""
+    ckpt = str(tmp_path / "minicpm3")
+    subprocess.run([dcp_bin, "gen-checkpoint", "--family", "minicpm3", "--out", ckpt],
+                   check=True, stdout=subprocess.DEVNULL)
+    with dcp.LLM(ckpt, tp_size=2, dcp_size=2) as llm:
+        out = llm.generate("the cat sat in the hat",
+                           dcp.SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))[0]
+        prompt_ids, reply = out.prompt_token_ids, out.outputs[0]
+        assert prompt_ids[0] == 1  # BOS, as the tokenizer's post-processor adds it
+        assert llm.decode(prompt_ids + reply.token_ids, False) == \
+            llm.decode(prompt_ids, False) + reply.text
+    want = run_tokens(dcp_bin, ["--model-path", ckpt], [prompt_ids], 8, "--tp-size", "2",
+                      "--dcp-size", "2")
+    assert reply.token_ids == want[0]
+
+
 def tokenizer_ids(checkpoint):
     """The ids the checkpoint's tokenizer has (the model's vocabulary is larger; the other ids
     have no text)."""
