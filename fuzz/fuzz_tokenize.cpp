@@ -1,7 +1,7 @@
 // Text through a small byte-level BPE tokenizer (DeepSeek-V3's pre-tokenizer patterns, a few
 // merges, added tokens) and a small SentencePiece-style one (byte fallback, U+2581 spaces): any
-// bytes encode, and decoding gives back the text as UTF-8 reads it (streamed SentencePiece text
-// keeps the space its normalizer put first).
+// bytes encode, and decoding gives back the text as UTF-8 reads it (SentencePiece: with U+2581 as
+// a space, and streamed, with the space its normalizer put first).
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -119,7 +119,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const std::string text(reinterpret_cast<const char*>(data), size);
   const std::string want = dcp::utf8_lossy(text);
   check_round_trip(tokenizer(), tokenizer().encode(text), want, "");
-  check_round_trip(sentencepiece_tokenizer(), sentencepiece_tokenizer().encode(text), want,
+  // SentencePiece cannot tell a U+2581 of the text from a space: both decode as a space.
+  std::string spaced;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    if (want.compare(i, 3, "\xE2\x96\x81") == 0) {
+      spaced += ' ';
+      i += 2;
+    } else {
+      spaced += want[i];
+    }
+  }
+  check_round_trip(sentencepiece_tokenizer(), sentencepiece_tokenizer().encode(text), spaced,
                    text.empty() ? "" : " ");
   return 0;
 }

@@ -23,10 +23,19 @@ std::string type_or_null(const json& j) {
              : std::string(j.is_null() ? "null" : "(no type)");
 }
 
+// o[key] when it is a string equal to `want` (any other type or value: false).
+bool is(const json& o, const char* key, const std::string& want) {
+  return o.is_object() && o.contains(key) && o[key].is_string() && o[key] == want;
+}
+
+// o[key] when it is an integer equal to `want`.
+bool is(const json& o, const char* key, int want) {
+  return o.is_object() && o.contains(key) && o[key].is_number_integer() && o[key] == want;
+}
+
 // A {"String": s} pattern equal to `want`.
 bool string_pattern_is(const json& step, const std::string& want) {
-  return step.contains("pattern") && step["pattern"].is_object() &&
-         step["pattern"].contains("String") && step["pattern"]["String"] == want;
+  return step.is_object() && step.contains("pattern") && is(step["pattern"], "String", want);
 }
 
 }  // namespace
@@ -35,18 +44,17 @@ void Tokenizer::Impl::load_metaspace(const json& t) {
   const auto field = [&](const char* key) { return t.contains(key) ? t[key] : json(); };
   // Normalizer: Prepend(U+2581) then Replace(" " -> U+2581), as the Llama conversion writes it.
   const json n = field("normalizer");
-  const bool legacy = type_or_null(n) == "Sequence" && n.contains("normalizers") &&
-                      n["normalizers"].is_array() && n["normalizers"].size() == 2 &&
-                      type_or_null(n["normalizers"][0]) == "Prepend" &&
-                      n["normalizers"][0].value("prepend", "") == kSpaceMark &&
-                      type_or_null(n["normalizers"][1]) == "Replace" &&
-                      string_pattern_is(n["normalizers"][1], " ") &&
-                      n["normalizers"][1].value("content", "") == kSpaceMark;
+  const bool legacy =
+      type_or_null(n) == "Sequence" && n.contains("normalizers") && n["normalizers"].is_array() &&
+      n["normalizers"].size() == 2 && type_or_null(n["normalizers"][0]) == "Prepend" &&
+      is(n["normalizers"][0], "prepend", kSpaceMark) &&
+      type_or_null(n["normalizers"][1]) == "Replace" &&
+      string_pattern_is(n["normalizers"][1], " ") && is(n["normalizers"][1], "content", kSpaceMark);
   DCP_CHECK(legacy, io,
             "tokenizer.json: with model.byte_fallback, the normalizer must be a Sequence of "
             "Prepend(\"\u2581\") and Replace(\" \", \"\u2581\") (SentencePiece's, as Llama's "
             "tokenizer.json has it); got ",
-            n.dump().substr(0, 200));
+            n.dump());
   DCP_CHECK(field("pre_tokenizer").is_null(), io,
             "tokenizer.json: with model.byte_fallback, pre_tokenizer must be null (got type ",
             type_or_null(field("pre_tokenizer")), ")");
@@ -57,11 +65,11 @@ void Tokenizer::Impl::load_metaspace(const json& t) {
   if (ok) {
     const json& s = d["decoders"];
     ok = type_or_null(s[0]) == "Replace" && string_pattern_is(s[0], kSpaceMark) &&
-         s[0].value("content", "") == " " && type_or_null(s[1]) == "ByteFallback" &&
+         is(s[0], "content", " ") && type_or_null(s[1]) == "ByteFallback" &&
          type_or_null(s[2]) == "Fuse";
     if (ok && s.size() == 4) {
-      ok = type_or_null(s[3]) == "Strip" && s[3].value("content", "") == " " &&
-           s[3].value("start", -1) == 1 && s[3].value("stop", -1) == 0;
+      ok = type_or_null(s[3]) == "Strip" && is(s[3], "content", " ") && is(s[3], "start", 1) &&
+           is(s[3], "stop", 0);
       strip_leading_space = ok;
     }
   }
@@ -69,7 +77,7 @@ void Tokenizer::Impl::load_metaspace(const json& t) {
             "tokenizer.json: with model.byte_fallback, the decoder must be a Sequence of "
             "Replace(\"\u2581\", \" \"), ByteFallback, Fuse and optionally Strip(\" \", 1, 0); "
             "got ",
-            d.dump().substr(0, 200));
+            d.dump());
   byte_tokens.fill(-1);
   for (int b = 0; b < 256; ++b) {
     char name[8];

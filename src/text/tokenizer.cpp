@@ -345,7 +345,7 @@ void Tokenizer::Impl::load_post_processor(const json& t) {
                 str("tokenizer.json: post_processor special token '", name, "' is not a token"));
   };
   DCP_CHECK(seq < single.size() && seq <= 1 && single.size() - seq <= 2, io,
-            "tokenizer.json: post_processor.single = ", single.dump().substr(0, 200),
+            "tokenizer.json: post_processor.single = ", single.dump(),
             " is not supported (legal: the sequence with at most one special token before and "
             "one after)");
   if (seq == 1) {
