@@ -148,7 +148,7 @@ case_run_refusals() {
   check "names --dcp-size" stderr_has "--dcp-size 3 must divide --tp-size 4"
   expect 2 "bad kv dtype" -- run --kv-cache-dtype fp8
   expect 2 "bad preset" -- run --preset llama
-  check "lists presets" stderr_has "tiny, deepseek-v2-lite, deepseek-v3, kimi-k2, kimi-k2-thinking, moonlight, deepseek-v3-attn, kimi-k3"
+  check "lists presets" stderr_has "tiny, deepseek-v2-lite, deepseek-v3, kimi-k2, kimi-k2-thinking, moonlight, minicpm3-4b, deepseek-v3-attn, kimi-k3"
   expect 2 "bad token id" -- run --prompt-tokens "1,x"
   expect 2 "token outside vocab" -- run --prompt-tokens "100000" --max-new-tokens 1
   check "names the vocabulary" stderr_has "outside the vocabulary"
