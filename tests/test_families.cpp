@@ -715,6 +715,10 @@ TEST(Families, MiniCpm3ConfigAsPublishedParses) {
                       ErrorCategory::unsupported, "legal: MiniCPM3ForCausalLM"));
   EXPECT_TRUE(refused([](nlohmann::json& b) { b["scale_depth"] = 0; }, ErrorCategory::io,
                       "scale_depth = 0"));
+  EXPECT_TRUE(refused([](nlohmann::json& b) { b["attention_bias"] = true; },
+                      ErrorCategory::unsupported, "attention_bias = true is not supported"));
+  EXPECT_TRUE(refused([](nlohmann::json& b) { b["hidden_act"] = "gelu"; },
+                      ErrorCategory::unsupported, "hidden_act = 'gelu' is not supported"));
   // Phi-3 keeps the trained context beside rope_scaling.
   nlohmann::json beside = j;
   beside["rope_scaling"].erase("original_max_position_embeddings");

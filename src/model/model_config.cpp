@@ -431,6 +431,14 @@ ModelConfig parse_model_config(const std::string& text) {
     s.mscale_all_dim = get_or<double>(rs, "mscale_all_dim", 0);
     c.rope_scaling = s;
   }
+  // What the projections and MLPs compute: biases and other activations are not run, so a
+  // config asking for them is refused rather than run without them.
+  DCP_CHECK(!get_or<bool>(j, "attention_bias", false), unsupported,
+            "config.json: attention_bias = true is not supported (legal: false; the attention "
+            "projections are run without biases)");
+  const std::string act = get_or<std::string>(j, "hidden_act", "silu");
+  DCP_CHECK(act == "silu", unsupported, "config.json: hidden_act = '", act,
+            "' is not supported (legal: silu)");
   c.skip_rope = get_or<bool>(j, "skip_rope", false);
   c.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", false);
   if (minicpm3) {  // the defaults of MiniCPM's config class
