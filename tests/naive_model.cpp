@@ -325,8 +325,8 @@ std::vector<double> naive_logits(const ModelConfig& c, const WeightSource& w,
     }
   }
   const Vec final_norm = load_vec(w, "model.norm.weight", hidden);
-  const Mat lm_head(w, c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight",
-                    c.vocab_size, hidden);
+  const bool tied = c.tie_word_embeddings ? *c.tie_word_embeddings : !w.contains("lm_head.weight");
+  const Mat lm_head(w, tied ? "model.embed_tokens.weight" : "lm_head.weight", c.vocab_size, hidden);
   std::vector<double> logits;
   for (std::int64_t t = 0; t < L; ++t) {
     Vec h = rms_norm(x[t], final_norm, c.rms_norm_eps);

@@ -178,6 +178,35 @@ TEST_F(FamilyCheckpoint, LoadsInItsDtypeAndEqualsFloat64) {
   }
 }
 
+// A tied checkpoint has no lm_head.weight. Its config.json may say so, or say nothing (Transformers
+// then ties by default): either way lm_head is the embedding. Saying false is refused, naming
+// the tensor it lacks.
+TEST_F(FamilyCheckpoint, TiedEmbeddingsWithOrWithoutTheConfigField) {
+  auto rng = test::make_rng();
+  ModelConfig c = family_config("minicpm3");
+  c.tie_word_embeddings = true;
+  const auto synthetic = make_synthetic_weights(rng.range(1, 1000));
+  write_checkpoint(dir_.string(), c, *synthetic, "BF16", 1);
+  const auto w = open_checkpoint(dir_.string());
+  EXPECT_FALSE(w->contains("lm_head.weight"));
+  const Case k = clear_case(c, *w, rng, 3);
+  expect_family_matches_float64(read_checkpoint_config(dir_.string()), *w, 2, 2, k);
+  const auto rewrite = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = nlohmann::json::parse(model_config_to_json(c));
+    edit(j);
+    std::ofstream(dir_ / "config.json") << j.dump();
+  };
+  rewrite([](nlohmann::json& j) { j.erase("tie_word_embeddings"); });
+  const ModelConfig unsaid = read_checkpoint_config(dir_.string());
+  EXPECT_FALSE(unsaid.tie_word_embeddings.has_value());
+  expect_family_matches_float64(unsaid, *w, 2, 2, k);
+  rewrite([](nlohmann::json& j) { j["tie_word_embeddings"] = false; });
+  test::EngineSetup s;
+  EXPECT_TRUE(test::throws_error(
+      [&] { test::run_engine(read_checkpoint_config(dir_.string()), *w, s, {k.request}); },
+      ErrorCategory::io, "lm_head.weight"));
+}
+
 // A slice of an FP8 weight that starts inside a scale block scales exactly like the whole.
 TEST_F(FamilyCheckpoint, Fp8SlicesIndexTheirScaleBlocksByGlobalPosition) {
   const ModelConfig c = family_config("deepseek-v3");
@@ -601,7 +630,7 @@ TEST(Families, MiniCpm3EqualsFloat64AtEveryTpAndDcp) {
   auto rng = test::make_rng();
   for (const bool tied : {false, true}) {
     ModelConfig c = family_config("minicpm3");
-    c.tie_word_embeddings = tied;
+    c.tie_word_embeddings = tied;  // synthetic weights have every tensor, lm_head.weight too
     const auto w = make_synthetic_weights(rng.range(1, 1000));
     const Case k = clear_case(c, *w, rng, 3);
     for (const auto& [tp, dcp] : {std::pair{1, 1}, {2, 1}, {2, 2}, {4, 2}, {4, 4}})

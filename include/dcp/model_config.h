@@ -61,7 +61,12 @@ struct ModelConfig {
   double scale_emb = 1.0;
   double scale_depth = 1.0;
   double dim_model_base = 1.0;
-  bool tie_word_embeddings = false;  // lm_head is model.embed_tokens (no lm_head.weight)
+  // lm_head is model.embed_tokens. Absent from config.json: tied when the checkpoint has no
+  // lm_head.weight (Transformers ties by default and saves a tied head once; DeepSeek's configs
+  // say false).
+  std::optional<bool> tie_word_embeddings;
+  // Whether lm_head reads the embedding, for weights that have (or lack) lm_head.weight.
+  bool ties(bool has_lm_head) const noexcept { return tie_word_embeddings.value_or(!has_lm_head); }
   // The family, from model_type: deepseek_v2 (V2, V2-Lite), deepseek_v3 (V3, R1, Moonlight),
   // kimi_k2 or minicpm3; architectures[0] is DeepseekV2ForCausalLM, DeepseekV3ForCausalLM or
   // MiniCPM3ForCausalLM.

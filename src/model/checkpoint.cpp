@@ -446,7 +446,7 @@ std::vector<std::pair<std::string, std::vector<std::int64_t>>> checkpoint_tensor
     }
   }
   t.push_back({"model.norm.weight", Shape{h}});
-  if (!c.tie_word_embeddings) t.push_back({"lm_head.weight", Shape{c.vocab_size, h}});
+  if (!c.ties(true)) t.push_back({"lm_head.weight", Shape{c.vocab_size, h}});
   return t;
 }
 

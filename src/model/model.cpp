@@ -97,8 +97,9 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
   const std::vector<std::int64_t> vocab_shape{c.vocab_size, hidden};
   embed_ = w.load_matrix("model.embed_tokens.weight", vocab_shape, {vocab_begin_, vocab_end_});
   // Tied: lm_head is the same rows of the embedding, held twice (the head reads them whole).
-  lm_head_ = w.load_matrix(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight",
-                           vocab_shape, {vocab_begin_, vocab_end_});
+  lm_head_ = w.load_matrix(
+      c.ties(w.contains("lm_head.weight")) ? "model.embed_tokens.weight" : "lm_head.weight",
+      vocab_shape, {vocab_begin_, vocab_end_});
   final_norm_ = w.load("model.norm.weight", {hidden});
 
   const std::int64_t vp = static_cast<std::int64_t>(options.page_size) * n;

@@ -440,7 +440,8 @@ ModelConfig parse_model_config(const std::string& text) {
   DCP_CHECK(act == "silu", unsupported, "config.json: hidden_act = '", act,
             "' is not supported (legal: silu)");
   c.skip_rope = get_or<bool>(j, "skip_rope", false);
-  c.tie_word_embeddings = get_or<bool>(j, "tie_word_embeddings", false);
+  if (j.contains("tie_word_embeddings") && !j["tie_word_embeddings"].is_null())
+    c.tie_word_embeddings = get<bool>(j, "tie_word_embeddings");
   if (minicpm3) {  // the defaults of MiniCPM's config class
     c.rope_interleaved = false;
     c.scale_emb = get_or<double>(j, "scale_emb", 1.0);
@@ -547,7 +548,7 @@ std::string model_config_to_json(const ModelConfig& c) {
     j["rope_scaling"] = nullptr;
   }
   if (c.skip_rope) j["skip_rope"] = true;
-  if (c.tie_word_embeddings) j["tie_word_embeddings"] = true;
+  if (c.tie_word_embeddings) j["tie_word_embeddings"] = *c.tie_word_embeddings;
   if (c.mup()) {
     j["scale_emb"] = c.scale_emb;
     j["scale_depth"] = c.scale_depth;

@@ -87,7 +87,7 @@ WeightTraffic weight_traffic(const ModelConfig& c, int tp, double tokens,
     const double share = is_replicated_weight(name, shape) ? 1.0 : 1.0 / tp;
     const bool expert = name.find(".mlp.experts.") != std::string::npos;
     const bool head =
-        name == "lm_head.weight" || (c.tie_word_embeddings && name == "model.embed_tokens.weight");
+        name == "lm_head.weight" || (c.ties(true) && name == "model.embed_tokens.weight");
     if (name == "model.embed_tokens.weight" && !head) {  // a row per token
       t.bytes +=
           std::min(tokens, static_cast<double>(shape[0])) * shape[1] * element_bytes(name) * share;
