@@ -81,9 +81,9 @@ void ModelConfig::validate() const {
       }
     }
     DCP_CHECK(r.original_max_position_embeddings >= 1 &&
-                  std::isfinite(r.original_max_position_embeddings),
+                  r.original_max_position_embeddings <= 2147483647.0,
               io, "model config: rope_scaling.original_max_position_embeddings = ",
-              r.original_max_position_embeddings, " must be >= 1");
+              r.original_max_position_embeddings, " must be in [1, 2^31)");
     DCP_CHECK(r.attention_factor > 0 && std::isfinite(r.attention_factor), io,
               "model config: rope_scaling.attention_factor = ", r.attention_factor,
               " must be a finite number > 0");
@@ -362,11 +362,10 @@ LongRope parse_longrope(const nlohmann::json& j, int max_position_embeddings) {
               factor.dump());
     r.attention_factor = factor.get<double>();
   } else {
-    const double scale = max_position_embeddings / r.original_max_position_embeddings;
+    const double trained = r.original_max_position_embeddings;
+    const double scale = max_position_embeddings / trained;  // ln(1) = 0: no factor for 1
     r.attention_factor =
-        scale <= 1.0
-            ? 1.0
-            : std::sqrt(1.0 + std::log(scale) / std::log(r.original_max_position_embeddings));
+        trained < 2 || !(scale > 1.0) ? 1.0 : std::sqrt(1.0 + std::log(scale) / std::log(trained));
   }
   return r;
 }
