@@ -1,7 +1,9 @@
 // A small BPE tokenizer for generated checkpoints, so that a random model takes and gives text
 // like a real one: byte-level as DeepSeek's, or SentencePiece-style as MiniCPM3's.
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "dcp/error.h"
@@ -39,6 +41,21 @@ const char* const kMerges[][2] = {
     {"_", "e"},   {"r", "o"},   {"l", "y"},   {"_b", "e"},  {"_", "g"},    {"_", "T"},
     {"c", "t"},   {"_", "y"},   {"_", "S"},   {"_", "I"},   {"_", "A"},
 };
+
+// kMerges whose pieces (spelled by `piece`) are in `vocab`, each result added to it from id
+// `next` while ids stay below `limit`; the merges in tokenizer.json's "a b" form.
+ordered_json add_merges(ordered_json& vocab, const std::function<std::string(const char*)>& piece,
+                        int& next, int limit) {
+  ordered_json merges = ordered_json::array();
+  for (const auto& m : kMerges) {
+    if (next >= limit) break;
+    const std::string a = piece(m[0]), b = piece(m[1]);
+    if (!vocab.contains(a) || !vocab.contains(b) || vocab.contains(a + b)) continue;
+    vocab[a + b] = next++;
+    merges.push_back(a + " " + b);
+  }
+  return merges;
+}
 
 // tokenizer.json as given, and tokenizer_config.json with a plain chat format: system text first,
 // then the turns, each assistant turn closed by EOS.
@@ -89,14 +106,7 @@ void write_sentencepiece(const std::string& dir, int vocab_size) {
     for (const char* c = p; *c; ++c) out += *c == '_' ? mark : std::string(1, *c);
     return out;
   };
-  ordered_json merges = ordered_json::array();
-  for (const auto& m : kMerges) {
-    if (next >= vocab_size - n_turns) break;
-    const std::string a = piece(m[0]), b = piece(m[1]);
-    if (!vocab.contains(a) || !vocab.contains(b) || vocab.contains(a + b)) continue;
-    vocab[a + b] = next++;
-    merges.push_back(a + " " + b);
-  }
+  const ordered_json merges = add_merges(vocab, piece, next, vocab_size - n_turns);
   ordered_json added = ordered_json::array();
   const char* const specials[] = {"<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>"};
   for (int k = 0; k < 5; ++k) {
@@ -159,15 +169,8 @@ void write_small_tokenizer(const std::string& dir, int vocab_size, bool sentence
       s += *c == '_' ? byte_char(' ') : byte_char(static_cast<unsigned char>(*c));
     return s;
   };
-  ordered_json merges = ordered_json::array();
   int next = 256;
-  for (const auto& m : kMerges) {
-    if (next >= vocab_size - n_special) break;
-    const std::string a = piece(m[0]), b = piece(m[1]);
-    if (!vocab.contains(a) || !vocab.contains(b) || vocab.contains(a + b)) continue;
-    vocab[a + b] = next++;
-    merges.push_back(a + " " + b);
-  }
+  const ordered_json merges = add_merges(vocab, piece, next, vocab_size - n_special);
   ordered_json added = ordered_json::array();
   for (int k = 0; k < n_special; ++k) {
     added.push_back({{"id", next + k}, {"content", specials[k]}, {"single_word", false},
