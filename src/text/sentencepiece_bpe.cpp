@@ -79,11 +79,14 @@ void Tokenizer::Impl::load_metaspace(const json& t) {
             "got ",
             d.dump());
   byte_tokens.fill(-1);
+  byte_of_id.assign(id_to_token.size(), -1);
   for (int b = 0; b < 256; ++b) {
     char name[8];
     std::snprintf(name, sizeof name, "<0x%02X>", b);
     const auto it = vocab.find(name);
-    if (it != vocab.end()) byte_tokens[static_cast<std::size_t>(b)] = it->second;
+    if (it == vocab.end()) continue;
+    byte_tokens[static_cast<std::size_t>(b)] = it->second;
+    byte_of_id[static_cast<std::size_t>(it->second)] = static_cast<std::int16_t>(b);
   }
   metaspace = true;
 }
@@ -105,6 +108,29 @@ bool Tokenizer::Impl::initial_symbols(std::string_view ch, std::vector<std::int3
   if (!unk) return false;
   if (!fuse_unk || out.empty() || out.back() != *unk) out.push_back(*unk);
   return true;
+}
+
+std::string Tokenizer::Impl::metaspace_word(const std::string& text) const {
+  std::string word = kSpaceMark;
+  word.reserve(text.size() + 3);
+  for (char ch : text) word += ch == ' ' ? std::string(kSpaceMark) : std::string(1, ch);
+  return word;
+}
+
+std::string Tokenizer::Impl::metaspace_bytes(std::int32_t id) const {
+  const auto at = static_cast<std::size_t>(id);
+  if (byte_of_id[at] >= 0) return std::string(1, static_cast<char>(byte_of_id[at]));
+  const std::string& piece = id_to_token[at];
+  std::string bytes;
+  for (std::size_t i = 0; i < piece.size();) {
+    if (piece.compare(i, 3, kSpaceMark) == 0) {
+      bytes += ' ';
+      i += 3;
+    } else {
+      bytes += piece[i++];
+    }
+  }
+  return bytes;
 }
 
 }  // namespace dcp

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -524,12 +523,8 @@ void Tokenizer::Impl::bpe(const std::string& word, std::vector<std::int32_t>& ou
 
 void Tokenizer::Impl::encode_plain(const std::string& text, std::vector<std::int32_t>& out) const {
   if (text.empty()) return;
-  if (metaspace) {  // one word: U+2581 prepended and for every space
-    const std::string mark = "\xE2\x96\x81";
-    std::string word = mark;
-    word.reserve(text.size() + 3);
-    for (char ch : text) word += ch == ' ' ? mark : std::string(1, ch);
-    bpe(word, out);
+  if (metaspace) {
+    bpe(metaspace_word(text), out);
     return;
   }
   for (const std::string& word : pre_tokenize(text)) bpe(word, out);
@@ -620,25 +615,7 @@ std::string Tokenizer::token_bytes(std::int32_t id) const {
                     (!m.id_to_token[static_cast<std::size_t>(id)].empty()),
                 "token id ", id, " is not in the vocabulary (", m.id_to_token.size(), " ids)");
   const std::string& tok = m.id_to_token[static_cast<std::size_t>(id)];
-  if (m.metaspace) {  // <0xXX> is its byte; U+2581 is a space
-    if (tok.size() == 6 && tok.compare(0, 3, "<0x") == 0 && tok[5] == '>' &&
-        std::isxdigit(static_cast<unsigned char>(tok[3])) &&
-        std::isxdigit(static_cast<unsigned char>(tok[4]))) {
-      const int b = std::stoi(tok.substr(3, 2), nullptr, 16);
-      if (m.byte_tokens[static_cast<std::size_t>(b)] == id)
-        return std::string(1, static_cast<char>(b));
-    }
-    std::string bytes;
-    for (std::size_t i = 0; i < tok.size();) {
-      if (tok.compare(i, 3, "\xE2\x96\x81") == 0) {
-        bytes += ' ';
-        i += 3;
-      } else {
-        bytes += tok[i++];
-      }
-    }
-    return bytes;
-  }
+  if (m.metaspace) return m.metaspace_bytes(id);
   // As the ByteLevel decoder: a token whose characters all map to bytes becomes those bytes;
   // one that does not (an added token's text) stays as it is.
   const ByteLevelMap& map = byte_level_map();

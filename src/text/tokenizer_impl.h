@@ -59,6 +59,7 @@ struct Tokenizer::Impl {
   // leading space of a decoded text). False: byte-level BPE.
   bool metaspace = false;
   std::array<std::int32_t, 256> byte_tokens{};  // metaspace: <0xXX> ids (-1: absent)
+  std::vector<std::int16_t> byte_of_id;         // metaspace: per id, its byte (-1: not <0xXX>)
   std::optional<std::int32_t> unk;              // the model's unk_token, for what has no bytes
   bool fuse_unk = false;                        // a run of unknown characters is one unk
   bool strip_leading_space = false;             // the decoder's Strip(" ", 1, 0)
@@ -76,6 +77,10 @@ struct Tokenizer::Impl {
   // The symbols BPE starts from for one character of a word (its vocabulary id, else its bytes'
   // tokens under metaspace, else unk); false when there are none.
   bool initial_symbols(std::string_view ch, std::vector<std::int32_t>& out) const;
+  // metaspace: the one BPE word of a stretch of text (U+2581 first and for every space), and the
+  // bytes of token `id` (a <0xXX> token's byte, else its piece with U+2581 as a space).
+  std::string metaspace_word(const std::string& text) const;
+  std::string metaspace_bytes(std::int32_t id) const;
   void load_config(const nlohmann::json& c);
   // post_processor: ByteLevel, or TemplateProcessing adding a BOS and/or an EOS token.
   void load_post_processor(const nlohmann::json& t);
