@@ -420,6 +420,11 @@ TEST(SentencePieceBpe, RefusesAnyOtherPipeline) {
         t["post_processor"] = {{"type", "BertProcessing"}};
       },
       "post_processor 'BertProcessing' is not supported"));
+  EXPECT_TRUE(refused(
+      [](json& t) {
+        t["added_tokens"].push_back({{"id", 265}, {"content", "a b"}, {"normalized", true}});
+      },
+      "added token 'a b': normalized = true with a space in it is not supported"));
 }
 
 TEST(Utf8, LossyDecodingReplacesEachMaximalInvalidSubpart) {

@@ -251,6 +251,11 @@ T get_or(const nlohmann::json& j, const char* key, T fallback) {
   return get<T>(j, key);
 }
 
+// o[key], or null when o has no such key.
+nlohmann::json field(const nlohmann::json& o, const char* key) {
+  return o.contains(key) ? o[key] : nlohmann::json();
+}
+
 // compressed-tensors' pack-quantized INT4, as Kimi-K2-Thinking ships its experts: one group of
 // Linear targets with symmetric 4-bit integer weights, a scale per group of columns, activations
 // unquantized. Every field that changes what the weights mean is read: a value dcp does not run
@@ -260,9 +265,6 @@ void parse_compressed_tensors(const nlohmann::json& q, ModelConfig& c) {
                                 const char* legal) {
     DCP_CHECK(ok, unsupported, "config.json: quantization_config.", field, " = ", v.dump(),
               " is not supported (legal: ", legal, ")");
-  };
-  const auto field = [&](const nlohmann::json& o, const char* key) {
-    return o.contains(key) ? o[key] : nlohmann::json();
   };
   const nlohmann::json format = field(q, "format");
   refuse_unless(format == "pack-quantized", "format", format, "\"pack-quantized\"");
@@ -330,9 +332,6 @@ void parse_compressed_tensors(const nlohmann::json& q, ModelConfig& c) {
 // rope_scaling of type longrope (or its first name, su): the factors, the original context
 // (in rope_scaling or, as Phi-3 has it, beside it) and the attention factor.
 LongRope parse_longrope(const nlohmann::json& j, int max_position_embeddings) {
-  const auto field = [](const nlohmann::json& o, const char* key) {
-    return o.contains(key) ? o[key] : nlohmann::json();
-  };
   const nlohmann::json& rs = j["rope_scaling"];
   LongRope r;
   for (const auto& [out, key] :

@@ -78,6 +78,18 @@ void Tokenizer::Impl::load_metaspace(const json& t) {
             "Replace(\"\u2581\", \" \"), ByteFallback, Fuse and optionally Strip(\" \", 1, 0); "
             "got ",
             d.dump());
+  // An added token is matched in the raw text; one marked normalized would be matched in the
+  // U+2581-spelled text instead, which differs from the raw one where it holds a space.
+  if (t.contains("added_tokens") && t["added_tokens"].is_array()) {
+    for (const json& a : t["added_tokens"]) {
+      const std::string content = a["content"].get<std::string>();
+      DCP_CHECK(!(a.contains("normalized") && a["normalized"] == true &&
+                  content.find(' ') != std::string::npos),
+                io, "tokenizer.json: added token '", content,
+                "': normalized = true with a space in it is not supported with "
+                "model.byte_fallback");
+    }
+  }
   byte_tokens.fill(-1);
   byte_of_id.assign(id_to_token.size(), -1);
   for (int b = 0; b < 256; ++b) {
