@@ -322,8 +322,13 @@ HttpReply OpenAiApi::health_generate(std::chrono::milliseconds timeout) {
 
 bool OpenAiApi::register_id(const std::string& id,
                             std::vector<std::weak_ptr<RequestStream>> streams) {
+  // Running until the loop has ended it: a handler may still hold a finished stream (a reply
+  // being written) after its client has read the end and sent the id again.
   const auto running = [](const std::vector<std::weak_ptr<RequestStream>>& held) {
-    return std::any_of(held.begin(), held.end(), [](const auto& w) { return !w.expired(); });
+    return std::any_of(held.begin(), held.end(), [](const auto& w) {
+      const std::shared_ptr<RequestStream> s = w.lock();
+      return s && !s->timing().finished;
+    });
   };
   std::lock_guard lock(ids_mutex_);
   std::erase_if(generate_ids_, [&](const auto& entry) { return !running(entry.second); });
