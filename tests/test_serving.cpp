@@ -547,7 +547,9 @@ TEST(Serving, ShutdownCancelsOrDrainsTheRequestsInFlight) {
   const auto w = make_synthetic_weights(25);
   for (const bool drain : {false, true}) {
     Running server(small_spec(*w, 2, 2));
-    const auto s = server->submit(greedy(test::random_tokens(rng, 20, 64), 60));
+    // Cancelled: long enough that it cannot end before stop() even when this thread loses its
+    // core for a while (60 tokens could, on a loaded machine, and then finish by length).
+    const auto s = server->submit(greedy(test::random_tokens(rng, 20, 64), drain ? 60 : 2000));
     ASSERT_TRUE(s->next(10s).has_value());
     server.stop(drain);
     const StreamUpdate u = drain_stream(*s);
