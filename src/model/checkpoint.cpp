@@ -1,4 +1,5 @@
-// Checkpoint directories: config.json plus safetensors files, optionally with an index.
+// Checkpoint directories: config.json plus safetensors files (else torch.save's
+// pytorch_model.bin), optionally with an index.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include "dcp/error.h"
 #include "dcp/weights.h"
 #include "safetensors.h"
+#include "torch_file.h"
 
 namespace dcp {
 namespace fs = std::filesystem;
@@ -106,42 +108,34 @@ class CheckpointWeights final : public WeightSource {
       block_cols_ = c.weight_block_cols;
       int4_group_ = c.quant_method == "compressed-tensors" ? c.int4_group_size : 0;
     }
+    // Hugging Face's order: safetensors (indexed, else every file), then torch.save's
+    // pytorch_model.bin (indexed, else the one file).
+    const fs::path root(dir);
     std::vector<fs::path> files;
     std::map<std::string, std::string> indexed;  // tensor -> the file the index names
-    const fs::path index = fs::path(dir) / "model.safetensors.index.json";
-    if (fs::exists(index)) {
-      nlohmann::json j;
-      try {
-        j = nlohmann::json::parse(read_text(index));
-      } catch (const nlohmann::json::exception& e) {
-        throw Error(ErrorCategory::io, str(index.string(), ": malformed JSON: ", e.what()));
-      }
-      DCP_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), io,
-                index.string(), ": field 'weight_map' must be an object of tensor -> file");
-      std::map<std::string, bool> seen;
-      for (const auto& [name, file] : j["weight_map"].items()) {
-        DCP_CHECK(file.is_string(), io, index.string(), ": weight_map['", name,
-                  "'] must be a file name (a string), got ", file.dump());
-        const std::string f = file.get<std::string>();
-        // A shard is a file of the checkpoint directory, never a path out of it.
-        DCP_CHECK(!f.empty() && f.find('/') == std::string::npos && f != "." && f != "..", io,
-                  index.string(), ": weight_map['", name, "'] = '", f,
-                  "' must be a file name in the checkpoint directory");
-        DCP_CHECK(fs::exists(fs::path(dir) / f), io, index.string(), ": weight_map names shard '",
-                  f, "' (for '", name, "'), which is missing from ", dir);
-        indexed[name] = f;
-        if (!seen[f]) files.push_back(fs::path(dir) / f);
-        seen[f] = true;
-      }
+    bool torch = false;
+    if (fs::exists(root / "model.safetensors.index.json")) {
+      files = read_index(root / "model.safetensors.index.json", indexed);
     } else {
       for (const auto& e : fs::directory_iterator(dir)) {
         if (e.path().extension() == ".safetensors") files.push_back(e.path());
       }
       std::sort(files.begin(), files.end());
+      torch = files.empty();
+      if (torch && fs::exists(root / "pytorch_model.bin.index.json")) {
+        files = read_index(root / "pytorch_model.bin.index.json", indexed);
+      } else if (torch && fs::exists(root / "pytorch_model.bin")) {
+        files.push_back(root / "pytorch_model.bin");
+      }
     }
-    DCP_CHECK(!files.empty(), io, "model_path = ", dir, " holds no .safetensors files");
+    DCP_CHECK(!files.empty(), io, "model_path = ", dir,
+              " holds no .safetensors files and no pytorch_model.bin");
     for (const fs::path& f : files) {
-      files_.push_back(std::make_unique<safetensors::File>(f.string()));
+      if (torch) {
+        files_.push_back(std::make_unique<torch_file::File>(f.string()));
+      } else {
+        files_.push_back(std::make_unique<safetensors::File>(f.string()));
+      }
       for (const auto& [name, info] : files_.back()->tensors()) {
         DCP_CHECK(where_.count(name) == 0, io, "tensor '", name, "' appears in two files");
         where_[name] = files_.back().get();
@@ -188,7 +182,7 @@ class CheckpointWeights final : public WeightSource {
     m.dtype = info.dtype == "BF16" ? WeightDtype::bf16 : WeightDtype::f8_e4m3;
     m.rows = r1 - r0;
     m.cols = c1 - c0;
-    const std::size_t eb = safetensors::dtype_bytes(info.dtype);
+    const std::size_t eb = dtype_bytes(info.dtype);
     m.data.resize(static_cast<std::size_t>(m.rows * m.cols) * eb);
     const std::uint8_t* src = file->bytes(info);
     for (std::int64_t r = r0; r < r1; ++r) {
@@ -208,7 +202,7 @@ class CheckpointWeights final : public WeightSource {
     const auto it = where_.find(sname);
     DCP_CHECK(it != where_.end(), io, "checkpoint ", dir_, ": FP8 tensor '", name,
               "' has no scale tensor '", sname, "'");
-    const safetensors::TensorInfo& si = it->second->tensors().at(sname);
+    const TensorInfo& si = it->second->tensors().at(sname);
     const std::vector<std::int64_t> want{ceil_div(n_rows, block_rows_),
                                          ceil_div(n_cols, block_cols_)};
     DCP_CHECK(si.dtype == "F32" && si.shape == want, io, "checkpoint ", dir_, ": scale tensor '",
@@ -236,7 +230,7 @@ class CheckpointWeights final : public WeightSource {
   }
 
  private:
-  std::pair<const safetensors::File*, const safetensors::TensorInfo&> find(
+  std::pair<const TensorFile*, const TensorInfo&> find(
       const std::string& name, const std::vector<std::int64_t>& shape) const {
     const auto it = where_.find(name);
     DCP_CHECK(it != where_.end(), io, "checkpoint ", dir_, ": missing tensor '", name, "'");
@@ -252,13 +246,13 @@ class CheckpointWeights final : public WeightSource {
   }
 
   // One tensor of compressed-tensors' INT4 weight `name`: its dtype and shape checked.
-  const safetensors::TensorInfo& int4_part(const std::string& name, const std::string& part,
-                                           const std::vector<std::string>& dtypes,
-                                           const std::vector<std::int64_t>& shape) const {
+  const TensorInfo& int4_part(const std::string& name, const std::string& part,
+                              const std::vector<std::string>& dtypes,
+                              const std::vector<std::int64_t>& shape) const {
     const auto it = where_.find(name + part);
     DCP_CHECK(it != where_.end(), io, "checkpoint ", dir_, ": INT4 tensor '", name,
               "_packed' has no '", name, part, "' beside it");
-    const safetensors::TensorInfo& info = it->second->tensors().at(name + part);
+    const TensorInfo& info = it->second->tensors().at(name + part);
     const bool dtype_ok = std::find(dtypes.begin(), dtypes.end(), info.dtype) != dtypes.end();
     std::string legal;
     for (const std::string& d : dtypes) legal += (legal.empty() ? "" : " or ") + d;
@@ -286,11 +280,10 @@ class CheckpointWeights final : public WeightSource {
               ": INT4 weight '", name, "' would be split at column ", c0 % group ? c0 : c1,
               ", inside a group of ", group,
               " columns (choose a tp_size that splits it into whole groups)");
-    const safetensors::TensorInfo& words =
-        int4_part(name, "_packed", {"I32"}, {n_rows, n_cols / 8});
+    const TensorInfo& words = int4_part(name, "_packed", {"I32"}, {n_rows, n_cols / 8});
     int4_part(name, "_scale", {"BF16", "F16", "F32"}, {n_rows, n_cols / group});
     if (where_.count(name + "_shape")) {
-      const safetensors::TensorInfo& dims = int4_part(name, "_shape", {"I32", "I64"}, {2});
+      const TensorInfo& dims = int4_part(name, "_shape", {"I32", "I64"}, {2});
       const std::uint8_t* p = where_.at(name + "_shape")->bytes(dims);
       std::int64_t stored[2];
       for (int i = 0; i < 2; ++i) {
@@ -328,11 +321,42 @@ class CheckpointWeights final : public WeightSource {
     return m;
   }
 
+  // The shards an index's weight_map names, each once, in the order first named; `indexed` gets
+  // tensor -> shard.
+  std::vector<fs::path> read_index(const fs::path& index,
+                                   std::map<std::string, std::string>& indexed) const {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(read_text(index));
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(ErrorCategory::io, str(index.string(), ": malformed JSON: ", e.what()));
+    }
+    DCP_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(), io,
+              index.string(), ": field 'weight_map' must be an object of tensor -> file");
+    std::vector<fs::path> files;
+    std::map<std::string, bool> seen;
+    for (const auto& [name, file] : j["weight_map"].items()) {
+      DCP_CHECK(file.is_string(), io, index.string(), ": weight_map['", name,
+                "'] must be a file name (a string), got ", file.dump());
+      const std::string f = file.get<std::string>();
+      // A shard is a file of the checkpoint directory, never a path out of it.
+      DCP_CHECK(!f.empty() && f.find('/') == std::string::npos && f != "." && f != "..", io,
+                index.string(), ": weight_map['", name, "'] = '", f,
+                "' must be a file name in the checkpoint directory");
+      DCP_CHECK(fs::exists(fs::path(dir_) / f), io, index.string(), ": weight_map names shard '", f,
+                "' (for '", name, "'), which is missing from ", dir_);
+      indexed[name] = f;
+      if (!seen[f]) files.push_back(fs::path(dir_) / f);
+      seen[f] = true;
+    }
+    return files;
+  }
+
   std::string dir_;
   int block_rows_ = 128, block_cols_ = 128;
   int int4_group_ = 0;  // compressed-tensors' group size; 0 without it
-  std::vector<std::unique_ptr<safetensors::File>> files_;
-  std::map<std::string, const safetensors::File*> where_;
+  std::vector<std::unique_ptr<TensorFile>> files_;
+  std::map<std::string, const TensorFile*> where_;
 };
 
 }  // namespace

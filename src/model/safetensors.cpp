@@ -1,10 +1,5 @@
 #include "safetensors.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -16,25 +11,6 @@
 
 namespace dcp::safetensors {
 namespace {
-
-float half_to_float(std::uint16_t h) noexcept {
-  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
-  const std::uint32_t exp = (h >> 10) & 0x1fu;
-  const std::uint32_t man = h & 0x3ffu;
-  float f;
-  if (exp == 0) {
-    f = std::ldexp(static_cast<float>(man), -24);  // zero or subnormal
-  } else if (exp == 31) {
-    f = man == 0 ? INFINITY : NAN;
-  } else {
-    f = std::ldexp(static_cast<float>(man | 0x400u), static_cast<int>(exp) - 25);
-  }
-  std::uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  bits |= sign;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
 
 std::uint16_t float_to_half(float f) noexcept {
   // Round to nearest even through float arithmetic; enough for writing test checkpoints.
@@ -60,148 +36,84 @@ std::uint16_t float_to_half(float f) noexcept {
 
 }  // namespace
 
-std::size_t dtype_bytes(const std::string& d) {
-  if (d == "F64" || d == "I64" || d == "U64") return 8;
-  if (d == "F32" || d == "I32" || d == "U32") return 4;
-  if (d == "F16" || d == "BF16" || d == "I16" || d == "U16") return 2;
-  if (d == "I8" || d == "U8" || d == "BOOL" || d == "F8_E4M3" || d == "F8_E5M2") return 1;
-  return 0;
-}
-
-File::File(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY);
-  DCP_CHECK(fd >= 0, io, "cannot open ", path, ": ", std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    throw Error(ErrorCategory::io, str("cannot stat ", path));
-  }
-  size_ = static_cast<std::size_t>(st.st_size);
-  if (size_ < 8) {
-    ::close(fd);
-    throw Error(ErrorCategory::io,
-                str(path, ": truncated safetensors file (", size_, " bytes, no header)"));
-  }
-  void* m = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  DCP_CHECK(m != MAP_FAILED, io, "cannot map ", path, ": ", std::strerror(errno));
-  map_ = static_cast<const std::uint8_t*>(m);
+File::File(const std::string& path) : TensorFile(path, "safetensors file") {
+  const std::uint8_t* file = map();
+  const std::size_t file_size = size();
+  std::uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | file[i];
+  DCP_CHECK(header_len <= file_size - 8, io, path, ": header length ", header_len,
+            " exceeds the file (", file_size - 8, " bytes after the length)");
+  set_data(file + 8 + header_len);
+  const std::size_t data_size = file_size - 8 - header_len;
+  nlohmann::json header;
   try {
-    std::uint64_t header_len = 0;
-    for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | map_[i];
-    DCP_CHECK(header_len <= size_ - 8, io, path, ": header length ", header_len,
-              " exceeds the file (", size_ - 8, " bytes after the length)");
-    data_ = map_ + 8 + header_len;
-    const std::size_t data_size = size_ - 8 - header_len;
-    nlohmann::json header;
+    header = nlohmann::json::parse(file + 8, file + 8 + header_len);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorCategory::io, str(path, ": malformed header: ", e.what()));
+  }
+  DCP_CHECK(header.is_object(), io, path, ": header is not a JSON object");
+  for (const auto& [name, v] : header.items()) {
+    if (name == "__metadata__") continue;
+    DCP_CHECK(
+        v.is_object() && v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
+        io, path, ": tensor '", name, "' lacks dtype, shape or data_offsets");
+    TensorInfo t;
     try {
-      header = nlohmann::json::parse(map_ + 8, map_ + 8 + header_len);
+      t.dtype = v["dtype"].get<std::string>();
+      // Integers only: a number past 64 bits parses as a float, and converting that is
+      // undefined, so it is refused here.
+      DCP_CHECK(v["shape"].is_array(), io, path, ": tensor '", name, "' shape must be a list");
+      for (const auto& d : v["shape"]) {
+        DCP_CHECK(d.is_number_integer(), io, path, ": tensor '", name, "' shape entry ", d.dump(),
+                  " is not a 64-bit integer");
+        t.shape.push_back(d.get<std::int64_t>());
+      }
+      const auto& off = v["data_offsets"];
+      DCP_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() &&
+                    off[1].is_number_unsigned(),
+                io, path, ": tensor '", name,
+                "' data_offsets must be two unsigned 64-bit integers, got ", off.dump());
+      t.begin = off[0].get<std::uint64_t>();
+      t.end = off[1].get<std::uint64_t>();
     } catch (const nlohmann::json::exception& e) {
-      throw Error(ErrorCategory::io, str(path, ": malformed header: ", e.what()));
+      throw Error(ErrorCategory::io,
+                  str(path, ": tensor '", name, "' has a malformed entry: ", e.what()));
     }
-    DCP_CHECK(header.is_object(), io, path, ": header is not a JSON object");
-    for (const auto& [name, v] : header.items()) {
-      if (name == "__metadata__") continue;
-      DCP_CHECK(
-          v.is_object() && v.contains("dtype") && v.contains("shape") && v.contains("data_offsets"),
-          io, path, ": tensor '", name, "' lacks dtype, shape or data_offsets");
-      TensorInfo t;
-      try {
-        t.dtype = v["dtype"].get<std::string>();
-        // Integers only: a number past 64 bits parses as a float, and converting that is
-        // undefined, so it is refused here.
-        DCP_CHECK(v["shape"].is_array(), io, path, ": tensor '", name, "' shape must be a list");
-        for (const auto& d : v["shape"]) {
-          DCP_CHECK(d.is_number_integer(), io, path, ": tensor '", name, "' shape entry ",
-                    d.dump(), " is not a 64-bit integer");
-          t.shape.push_back(d.get<std::int64_t>());
-        }
-        const auto& off = v["data_offsets"];
-        DCP_CHECK(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() &&
-                      off[1].is_number_unsigned(),
-                  io, path, ": tensor '", name,
-                  "' data_offsets must be two unsigned 64-bit integers, got ", off.dump());
-        t.begin = off[0].get<std::uint64_t>();
-        t.end = off[1].get<std::uint64_t>();
-      } catch (const nlohmann::json::exception& e) {
-        throw Error(ErrorCategory::io,
-                    str(path, ": tensor '", name, "' has a malformed entry: ", e.what()));
-      }
-      const std::size_t eb = dtype_bytes(t.dtype);
-      DCP_CHECK(eb > 0, io, path, ": tensor '", name, "' has unknown dtype '", t.dtype, "'");
-      std::uint64_t elems = 1;
-      for (std::int64_t d : t.shape) {
-        DCP_CHECK(d >= 0, io, path, ": tensor '", name, "' has a negative dimension");
-        DCP_CHECK(d == 0 || elems <= data_size / static_cast<std::uint64_t>(d), io, path,
-                  ": tensor '", name, "' has a shape larger than the file");
-        elems *= static_cast<std::uint64_t>(d);
-      }
-      DCP_CHECK(t.begin <= t.end && t.end <= data_size, io, path, ": tensor '", name, "' data [",
-                t.begin, ", ", t.end, ") lies outside the data section of ", data_size,
-                " bytes (truncated file?)");
-      DCP_CHECK(t.end - t.begin == elems * eb, io, path, ": tensor '", name, "' claims ",
-                t.end - t.begin, " bytes but its shape and dtype ", t.dtype, " need ", elems * eb);
-      DCP_CHECK(tensors_.count(name) == 0, io, path, ": tensor '", name, "' appears twice");
-      tensors_.emplace(name, std::move(t));
+    const std::size_t eb = dtype_bytes(t.dtype);
+    DCP_CHECK(eb > 0, io, path, ": tensor '", name, "' has unknown dtype '", t.dtype, "'");
+    std::uint64_t elems = 1;
+    for (std::int64_t d : t.shape) {
+      DCP_CHECK(d >= 0, io, path, ": tensor '", name, "' has a negative dimension");
+      DCP_CHECK(d == 0 || elems <= data_size / static_cast<std::uint64_t>(d), io, path,
+                ": tensor '", name, "' has a shape larger than the file");
+      elems *= static_cast<std::uint64_t>(d);
     }
-    // The tensors tile the data section, in some order, without a gap or an overlap (as the
-    // format requires): two tensors sharing bytes would let the model run on aliased weights.
-    std::vector<std::pair<std::uint64_t, const std::string*>> order;
-    for (const auto& [name, t] : tensors_) order.emplace_back(t.begin, &name);
-    std::sort(order.begin(), order.end());
-    std::uint64_t next = 0;
-    const std::string* prev = nullptr;
-    for (const auto& [begin, name] : order) {
-      const TensorInfo& t = tensors_.at(*name);
-      DCP_CHECK(begin >= next, io, path, ": tensor '", *name, "' data [", t.begin, ", ", t.end,
-                ") overlaps tensor '", prev ? *prev : std::string(), "' (ending at ", next, ")");
-      DCP_CHECK(begin == next, io, path, ": the data section has ", begin - next,
-                " bytes no tensor holds, before tensor '", *name, "'");
-      next = t.end;
-      prev = name;
-    }
-    DCP_CHECK(next == data_size, io, path, ": the data section has ", data_size - next,
-              " bytes no tensor holds at its end (", data_size, " bytes, tensors end at ", next,
-              ")");
-  } catch (...) {
-    ::munmap(const_cast<std::uint8_t*>(map_), size_);
-    throw;
+    DCP_CHECK(t.begin <= t.end && t.end <= data_size, io, path, ": tensor '", name, "' data [",
+              t.begin, ", ", t.end, ") lies outside the data section of ", data_size,
+              " bytes (truncated file?)");
+    DCP_CHECK(t.end - t.begin == elems * eb, io, path, ": tensor '", name, "' claims ",
+              t.end - t.begin, " bytes but its shape and dtype ", t.dtype, " need ", elems * eb);
+    DCP_CHECK(tensors_.count(name) == 0, io, path, ": tensor '", name, "' appears twice");
+    tensors_.emplace(name, std::move(t));
   }
-}
-
-File::~File() {
-  if (map_) ::munmap(const_cast<std::uint8_t*>(map_), size_);
-}
-
-std::vector<float> File::read(const std::string& name, std::int64_t r0, std::int64_t r1,
-                              std::int64_t c0, std::int64_t c1) const {
-  const TensorInfo& t = tensors_.at(name);
-  const std::int64_t cols = t.shape.size() == 2 ? t.shape[1] : 1;
-  const std::uint8_t* base = data_ + t.begin;
-  std::vector<float> out(static_cast<std::size_t>((r1 - r0) * (c1 - c0)));
-  std::size_t k = 0;
-  for (std::int64_t r = r0; r < r1; ++r) {
-    for (std::int64_t c = c0; c < c1; ++c) {
-      const std::size_t i = static_cast<std::size_t>(r * cols + c);
-      if (t.dtype == "F32") {
-        std::memcpy(&out[k], base + 4 * i, 4);
-      } else if (t.dtype == "BF16") {
-        std::uint16_t h;
-        std::memcpy(&h, base + 2 * i, 2);
-        out[k] = bf16_to_float(h);
-      } else if (t.dtype == "F16") {
-        std::uint16_t h;
-        std::memcpy(&h, base + 2 * i, 2);
-        out[k] = half_to_float(h);
-      } else {
-        throw Error(ErrorCategory::unsupported,
-                    str(path_, ": tensor '", name, "' has dtype ", t.dtype,
-                        "; dcp reads F32, F16, BF16 and F8_E4M3 (with its weight_scale_inv)"));
-      }
-      ++k;
-    }
+  // The tensors tile the data section, in some order, without a gap or an overlap (as the
+  // format requires): two tensors sharing bytes would let the model run on aliased weights.
+  std::vector<std::pair<std::uint64_t, const std::string*>> order;
+  for (const auto& [name, t] : tensors_) order.emplace_back(t.begin, &name);
+  std::sort(order.begin(), order.end());
+  std::uint64_t next = 0;
+  const std::string* prev = nullptr;
+  for (const auto& [begin, name] : order) {
+    const TensorInfo& t = tensors_.at(*name);
+    DCP_CHECK(begin >= next, io, path, ": tensor '", *name, "' data [", t.begin, ", ", t.end,
+              ") overlaps tensor '", prev ? *prev : std::string(), "' (ending at ", next, ")");
+    DCP_CHECK(begin == next, io, path, ": the data section has ", begin - next,
+              " bytes no tensor holds, before tensor '", *name, "'");
+    next = t.end;
+    prev = name;
   }
-  return out;
+  DCP_CHECK(next == data_size, io, path, ": the data section has ", data_size - next,
+            " bytes no tensor holds at its end (", data_size, " bytes, tensors end at ", next, ")");
 }
 
 void write_file(const std::string& path, const std::vector<NamedTensor>& tensors) {
