@@ -222,6 +222,14 @@ case_plan() {
   check "plan explains capacity" stdout_has "without DCP the KV does not fit"
   expect 0 "plan as json" -- plan --hardware this-cpu --preset tiny --tp-size 4 --contexts 4096 --json
   check "plan json has rows" stdout_has '"per_layer"'
+  # MiniCPM3-4B's context is 32768 (max_position_embeddings): longer contexts are priced but
+  # marked, never recommended.
+  expect 0 "plan past the model's context" -- plan --preset minicpm3-4b --tp-size 2 --contexts 32768,65536
+  check "plans within it" stdout_has "-> context 32768: DCP"
+  check "marks beyond it" stdout_has "-> context 65536: beyond the model's context (max_position_embeddings 32768)"
+  expect 0 "plan past the model's context, json" -- plan --preset minicpm3-4b --tp-size 2 --contexts 32768,65536 --json
+  check "json names the model's context" stdout_has '"max_position_embeddings": 32768'
+  check "json marks the row" stdout_has '"within_model_context": false'
   # Replicated query projection: each rank holds the DCP group's q_b_proj and kv_b_proj rows, at
   # DCP 2 for Kimi-K3 at TP 8: 2 x 12 heads x (192 x 1536 + 256 x 512) x 2 bytes; its step reads
   # the other rank's 12 heads of q_b_proj and w_kc: 12 x (192 x 1536 + 128 x 512) x 2 bytes at

@@ -126,6 +126,7 @@ void plan(const PlanOptions& o) {
                      {"link_latency_s", hw.link_latency},
                      {"memory_bytes", hw.memory_bytes},
                      {"source", hw.source}};
+    j["max_position_embeddings"] = c.max_position_embeddings;
     j["tp_size"] = o.tp_size;
     j["batch"] = o.batch;
     j["weights_bytes_per_rank"] = weights;
@@ -146,7 +147,8 @@ void plan(const PlanOptions& o) {
                      {"replicated_weight_bytes_per_layer", r.replicated_weight_bytes},
                      {"replicated_gemm_ms", r.replicated_gemm_ms},
                      {"capacity_tokens", r.capacity_tokens},
-                     {"fits", r.fits}});
+                     {"fits", r.fits},
+                     {"within_model_context", r.context <= c.max_position_embeddings}});
     }
     j["per_layer"] = arr;
     std::cout << j.dump(2) << "\n";
@@ -179,7 +181,13 @@ void plan(const PlanOptions& o) {
                   r.fits ? "yes" : "no");
       if (r.fits && (!best || r.total_ms < best->total_ms)) best = &r;
     }
-    if (!best) {
+    if (s > c.max_position_embeddings) {
+      // The rows stay (the cost model holds there), but no request of this model gets that long.
+      std::printf(
+          "  -> context %lld: beyond the model's context (max_position_embeddings %d); no request "
+          "reaches it\n",
+          static_cast<long long>(s), c.max_position_embeddings);
+    } else if (!best) {
       std::printf(
           "  -> context %lld: no configuration holds batch %d x %lld tokens; lower the batch or "
           "raise TP\n",
