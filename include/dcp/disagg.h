@@ -123,6 +123,7 @@ struct DisaggOutcome {
   std::vector<TransferResult> transfers;  // on decode ranks
   std::int64_t bytes_received = 0;        // by this decode rank
   std::int64_t logical_capacity_tokens = 0;  // of the decode side's KV cache
+  double load_ms = 0;  // from the start until every rank of both sides had its weights
   double prefill_ms = 0, transfer_ms = 0;
   EngineStats decode_stats;
   std::optional<PrefixCacheStats> prefill_cache;  // on prefill ranks, with the prefix cache on

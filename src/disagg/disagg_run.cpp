@@ -43,6 +43,7 @@ std::vector<DisaggRoles> replica_roles(int prefill_dcp_size, const Topology& dec
 
 DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
                                 const std::vector<RequestSpec>& requests) {
+  const auto start = Clock::now();
   const int a = c.prefill_dcp_size;
   for (const RequestSpec& r : requests) {  // the prefill side hands over one token, not the rest
     DCP_ARG_CHECK(r.prompt_logprobs < 0, "disaggregation: request ", r.id,
@@ -82,6 +83,7 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
   std::vector<float> first(n * static_cast<std::size_t>(1 + vocab),
                            0.0f);  // [token, logits...] per request
   world.barrier();                 // both sides loaded: the prefill time is the same on both
+  out.load_ms = ms_since(start);   // until the slowest rank had its weights
   auto t0 = Clock::now();
   if (!is_decode) {
     Engine& prefill = sys.engine();
@@ -96,8 +98,15 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
     prefill.run();
     for (std::size_t i = 0; i < n; ++i) {
       const RequestResult& r = prefill.results()[i];
-      DCP_CHECK(r.state == RequestState::finished, capacity, "prefill could not run request ", r.id,
-                ": ", r.error);
+      // A request the engine never admitted has no error of its own: the prefill group holds
+      // every prompt's KV until the transfer, so all of them must fit at once.
+      DCP_CHECK(
+          r.state == RequestState::finished, capacity, "prefill could not run request ", r.id, ": ",
+          r.error.empty()
+              ? str("the prefill group holds every prompt's KV until the transfer, and ", n,
+                    " prompts do not fit its KV capacity of ", c.model_options.kv_capacity_tokens,
+                    " tokens (raise kv_capacity_tokens: dcp run's --max-total-tokens)")
+              : r.error);
       first[i * (1 + vocab)] = static_cast<float>(r.output_tokens[0]);
       std::copy(r.step_logits.begin(), r.step_logits.end(),
                 first.begin() + static_cast<std::ptrdiff_t>(i * (1 + vocab) + 1));
@@ -226,6 +235,7 @@ Launched<DeploymentReport> run_disaggregated_deployment(const DeploymentSpec& sp
     report.backend = spec.parallel.dcp_size > 1 ? decode_topo.backend : CombineBackend::ag_rs;
     report.bytes_per_decode_rank.assign(bytes.begin() + prefill_dcp_size, bytes.end());
     report.transfer_ms = o.transfer_ms;
+    report.model_load_ms = o.load_ms;
     report.logical_capacity_tokens = o.logical_capacity_tokens;
     report.stats = o.decode_stats;
     report.stats.prefill_ms = o.prefill_ms;

@@ -317,6 +317,21 @@ case_bench_guide() {
   bad_value "bench guide, no such folder" "--tokenizer-path: Directory does not exist" -- bench guide --tokenizer-path "$tmp/none"
 }
 
+# `dcp bench serve`: the server on loopback under streaming clients, colocated and disaggregated
+case_bench_serve() {
+  expect 0 "bench serve" -- bench serve --concurrency 1,3 --rounds 2 --max-tokens 4 --prompt-len 24 --csv "$tmp/serve.csv" --svg "$tmp/serve.svg"
+  check "bench serve writes a CSV row per concurrency" [ "$(wc -l <"$tmp/serve.csv")" -eq 3 ]
+  check "every request of the server ends whole" [ "$(cut -d, -f9 "$tmp/serve.csv" | tail -n +2 | sort -u)" = 0 ]
+  check "bench serve plots" grep -q "engine alone" "$tmp/serve.svg"
+  # Disaggregated: 6 requests of a 24-token prompt held at once by the prefill group.
+  expect 0 "bench serve disaggregated" -- bench serve --concurrency 1,3 --rounds 2 --max-tokens 4 --prompt-len 24 --disaggregate --prefill-dcp-size 2 --csv "$tmp/serve_pd.csv"
+  check "says the prefill group" stdout_has "TP 2, DCP 2, prefill group DCP 2"
+  check "every disaggregated request ends whole" [ "$(cut -d, -f9 "$tmp/serve_pd.csv" | tail -n +2 | sort -u)" = 0 ]
+  expect 0 "bench serve disaggregated, prefill DCP 1" -- bench serve --concurrency 2 --rounds 1 --max-tokens 3 --prompt-len 20 --disaggregate
+  bad_value "bench serve, prefill DCP 3 to decode DCP 2" "prefill DCP size 3 -> decode DCP size 2 is not supported" -- bench serve --concurrency 1 --disaggregate --prefill-dcp-size 3
+  bad_value "bench serve, a prefill size alone" "--prefill-dcp-size requires --disaggregate" -- bench serve --prefill-dcp-size 2
+}
+
 # `dcp bench step` and `dcp bench engine`
 case_bench_step_engine() {
   expect 2 "bench step with an unwritable CSV" -- bench step --preset tiny --contexts 64 --new-tokens 3 --csv /nonexistent-dir/step.csv
@@ -483,6 +498,7 @@ case_run_disagg() {
   expect 0 "disaggregate 1 -> 4" -- run --disaggregate --prefill-dcp-size 1 --batch 3 --prompt-len 130 --max-new-tokens 4 --json "$tmp/run.json"
   check "json has bytes per decode rank" json_has '"bytes_per_decode_rank"'
   check "disaggregation verifies" json_has '"tokens_match": true'
+  check "disaggregation times the loading of both sides" json_has '"model_load_ms": [1-9]'
   expect 0 "disaggregate 4 -> 4" -- run --disaggregate --prefill-dcp-size 4 --batch 2 --prompt-len 90 --max-new-tokens 3
   check "summary reports bytes moved" stdout_has "bytes received per decode rank"
   expect 0 "disaggregate with speculative decoding on the decode side" -- run --disaggregate --prefill-dcp-size 1 --speculative-num-draft-tokens 3 --speculative-draft target:1 --batch 3 --prompt-len 130 --max-new-tokens 8 --json "$tmp/run.json"
@@ -799,7 +815,7 @@ case_run_not_here() {
   expect 0 "topology still describes them" -- topology --tp-size 4 --dcp-size 4 --platform blackwell-mnnvl
 }
 
-cases="topology demo run_summary run_rejected run_combine run_refusals run_checkpoint run_speculative run_extend run_prefix_cache plan bench_comm bench_attention bench_merge bench_guide bench_step_engine run_dp run_dp_attention run_kernel run_interleave run_disagg bad_values output_files memory_limits bench_plot families presets strict_flags serve_flags run_not_here"
+cases="topology demo run_summary run_rejected run_combine run_refusals run_checkpoint run_speculative run_extend run_prefix_cache plan bench_comm bench_attention bench_merge bench_guide bench_serve bench_step_engine run_dp run_dp_attention run_kernel run_interleave run_disagg bad_values output_files memory_limits bench_plot families presets strict_flags serve_flags run_not_here"
 if [ "$case_name" = "--list" ]; then
   echo "$cases"
   exit 0

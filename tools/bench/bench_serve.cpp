@@ -15,6 +15,7 @@
 #include "bench/bench.h"
 #include "bench/bench_util.h"
 #include "dcp/deployment.h"
+#include "dcp/disagg.h"
 #include "dcp/error.h"
 #include "dcp/serving.h"
 #include "serve/http_server.h"
@@ -28,6 +29,8 @@ struct ServeBenchOptions {
   int num_layers = 2;
   int tp_size = 2;
   int dcp_size = 2;
+  bool disaggregate = false;
+  int prefill_dcp_size = 1;
   int prompt_len = 256;
   int max_tokens = 64;
   int rounds = 2;  // requests each client sends, one after the other
@@ -117,11 +120,22 @@ void bench_serve(const ServeBenchOptions& o) {
   // Room for the most clients at once, with a page of slack per request.
   spec.model_options.kv_capacity_tokens =
       most * (o.prompt_len + o.max_tokens + 64L * o.dcp_size);
+  // Disaggregated, the prefill group holds every prompt of a run at once until its transfer.
+  if (o.disaggregate) {
+    spec.model_options.kv_capacity_tokens =
+        std::max(spec.model_options.kv_capacity_tokens,
+                 most * o.rounds * (o.prompt_len + 1 + 64L * o.prefill_dcp_size));
+  }
   spec.engine.max_running_requests = static_cast<int>(most);
-  std::printf("serving %s %d layers, TP %d, DCP %d; prompts of %d tokens, %d new tokens, %d "
-              "requests per client; loopback HTTP vs the engine alone (dcp run)\n",
-              o.preset.c_str(), o.num_layers, o.tp_size, o.dcp_size, o.prompt_len, o.max_tokens,
-              o.rounds);
+  // Disaggregated: a prefill group of its own before the decode group, on both sides of the
+  // comparison (the engine alone is `dcp run --disaggregate`).
+  if (o.disaggregate) check_disaggregation(spec.parallel, spec.model_options, o.prefill_dcp_size);
+  std::printf(
+      "serving %s %d layers, TP %d, DCP %d%s; prompts of %d tokens, %d new tokens, %d "
+      "requests per client; loopback HTTP vs the engine alone (dcp run)\n",
+      o.preset.c_str(), o.num_layers, o.tp_size, o.dcp_size,
+      o.disaggregate ? str(", prefill group DCP ", o.prefill_dcp_size).c_str() : "", o.prompt_len,
+      o.max_tokens, o.rounds);
   std::printf("%5s %9s %12s %12s %11s %11s %10s %10s %12s %9s\n", "conc", "req/s", "tok/s",
               "run tok/s", "ttft p50", "ttft p99", "itl p50", "itl p99", "failures", "overhead");
   CsvFile csv(o.csv, {"concurrency", "requests_per_s", "output_tokens_per_s", "run_tokens_per_s",
@@ -132,7 +146,9 @@ void bench_serve(const ServeBenchOptions& o) {
       random_requests(most * o.rounds, o.prompt_len, o.max_tokens, config.vocab_size);
 
   // The server, once for all concurrencies.
-  ServingDeployment deployment(spec);
+  ServeOptions serve_options;
+  serve_options.prefill_dcp_size = o.disaggregate ? o.prefill_dcp_size : 0;
+  ServingDeployment deployment(spec, serve_options);
   serve::OpenAiApi api(
       deployment, nullptr,
       {"bench", o.max_tokens, std::nullopt, serve::ReasoningParser::none, {}, {}, {}, {}});
@@ -140,6 +156,19 @@ void bench_serve(const ServeBenchOptions& o) {
   const int port = http.bind("127.0.0.1", 0);
   std::thread listener([&] { http.listen(); });
   std::thread ranks([&] { deployment.run(); });
+  // The server stops and its threads end however this function leaves (an error of the engine
+  // alone's run included), so the error reaches the user instead of std::terminate.
+  struct Stop {
+    ServingDeployment& deployment;
+    serve::HttpServer& http;
+    std::thread &ranks, &listener;
+    ~Stop() {
+      deployment.shutdown(false);
+      ranks.join();
+      http.stop();
+      listener.join();
+    }
+  } stop{deployment, http, ranks, listener};
   while (!deployment.ready()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
 
   for (const std::int64_t c : concurrency) {
@@ -148,7 +177,10 @@ void bench_serve(const ServeBenchOptions& o) {
     run.engine.max_running_requests = static_cast<int>(c);
     run.requests.assign(pool.begin(), pool.begin() + c * o.rounds);
     const auto t_run = Clock::now();
-    const DeploymentReport rep = run_deployment(run).report;
+    const DeploymentReport rep =
+        (o.disaggregate ? run_disaggregated_deployment(run, o.prefill_dcp_size)
+                        : run_deployment(run))
+            .report;
     const double run_s =
         seconds(Clock::now() - t_run) - rep.model_load_ms / 1e3;  // as served: loaded
     std::int64_t run_tokens = 0;
@@ -193,10 +225,6 @@ void bench_serve(const ServeBenchOptions& o) {
     add_point(series, "dcp serve (HTTP)", static_cast<double>(c), tps);
     add_point(series, "engine alone (dcp run)", static_cast<double>(c), run_tps);
   }
-  deployment.shutdown(false);
-  ranks.join();
-  http.stop();
-  listener.join();
   if (!o.svg.empty()) {
     write_svg_chart(o.svg, "output tokens/s, loopback HTTP vs the engine alone",
                     "concurrent clients", "tokens/s", series, true);
@@ -220,6 +248,15 @@ void add_serve_bench(CLI::App* bench) {
   cmd->add_option("--dcp-size", o->dcp_size, "DCP size (divides --tp-size)")
       ->check(at_least(1))
       ->capture_default_str();
+  CLI::Option* disaggregate = cmd->add_flag(
+      "--disaggregate", o->disaggregate,
+      "prefill on a group of its own, move the KV, decode on the --tp-size/--dcp-size group (the "
+      "server and the engine alone both)");
+  cmd->add_option("--prefill-dcp-size", o->prefill_dcp_size,
+                  "DCP (= TP) size of the prefill group with --disaggregate")
+      ->check(at_least(1))
+      ->capture_default_str()
+      ->needs(disaggregate);
   cmd->add_option("--prompt-len", o->prompt_len, "prompt tokens per request")
       ->check(at_least(1))
       ->capture_default_str();
