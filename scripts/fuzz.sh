@@ -11,7 +11,7 @@ seconds="${1:-60}"
 shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(fuzz_safetensors fuzz_torch_checkpoint fuzz_checkpoint_index fuzz_model_config fuzz_prompt_tokens
-                                      fuzz_tokenizer_json fuzz_tokenize fuzz_chat_template fuzz_tiktoken
+                                      fuzz_tokenizer_json fuzz_sentencepiece_model fuzz_tokenize fuzz_chat_template fuzz_tiktoken
                                       fuzz_openai_request fuzz_http_connection fuzz_regex fuzz_grammar fuzz_json_schema
                                       fuzz_tool_calls)
 

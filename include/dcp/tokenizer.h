@@ -25,11 +25,15 @@ namespace dcp {
 
 class Tokenizer {
  public:
-  // DIR/tokenizer.json and, when present, DIR/tokenizer_config.json and DIR/chat_template.jinja
-  // (the chat template, over tokenizer_config.json's, as transformers reads it). Throws dcp::Error
-  // (io) naming the file and the field on anything it cannot read exactly (an unknown model,
-  // normalizer, pre-tokenizer or decoder type, a regex PCRE2 refuses, a merge of unknown tokens).
+  // DIR/tokenizer.json (else DIR/tiktoken.model, else DIR/tokenizer.model) and, when present,
+  // DIR/tokenizer_config.json and DIR/chat_template.jinja (the chat template, over
+  // tokenizer_config.json's, as transformers reads it). Throws dcp::Error (io) naming the file and
+  // the field on anything it cannot read exactly (an unknown model, normalizer, pre-tokenizer or
+  // decoder type, a regex PCRE2 refuses, a merge of unknown tokens).
   static Tokenizer from_dir(const std::string& dir);
+  // Whether DIR holds a tokenizer from_dir reads: tokenizer.json, tiktoken.model or
+  // SentencePiece's tokenizer.model (a checkpoint without one serves token ids only).
+  static bool found_in(const std::string& dir);
   // The same from the two files' text (config_json may be empty).
   static Tokenizer from_json(const std::string& tokenizer_json,
                              const std::string& config_json = "");

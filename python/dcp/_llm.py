@@ -155,8 +155,8 @@ def _guided(p: SamplingParams):
 class LLM:
     """A model served by ranks running as threads of this process.
 
-    model: a checkpoint folder (config.json and safetensors, tokenizer.json or tiktoken.model
-    when it has one) or a preset name (synthetic weights, token ids only: see dcp --help).
+    model: a checkpoint folder (config.json and safetensors or pytorch_model.bin; tokenizer.json,
+    tiktoken.model or SentencePiece's tokenizer.model when it has one) or a preset name (synthetic weights, token ids only: see dcp --help).
     The rest are `dcp run`'s flags under their Python names.
     """
 
@@ -278,8 +278,8 @@ class LLM:
         is text, in the model's own tool-call format where it calls one.
         """
         if not self._llm.has_tokenizer:
-            raise ValueError("chat needs a tokenizer: a checkpoint with tokenizer.json or "
-                             "tiktoken.model, or LLM(..., tokenizer=PATH)")
+            raise ValueError("chat needs a tokenizer: a checkpoint with tokenizer.json, "
+                             "tiktoken.model or tokenizer.model, or LLM(..., tokenizer=PATH)")
         variables = chat_template_kwargs or {}
         if not isinstance(variables, dict) or "messages" in variables:
             raise ValueError(f"chat_template_kwargs = {chat_template_kwargs!r} must be a dict of "

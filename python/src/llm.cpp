@@ -201,12 +201,8 @@ class Llm {
     DeploymentSpec spec = make_spec(c);
     const int vocab = spec.model.config.vocab_size;
     std::string tokenizer_dir = c.tokenizer;
-    if (tokenizer_dir.empty() && !spec.model.path.empty()) {
-      const std::filesystem::path dir(spec.model.path);
-      if (std::filesystem::exists(dir / "tokenizer.json") ||
-          std::filesystem::exists(dir / "tiktoken.model"))
-        tokenizer_dir = spec.model.path;
-    }
+    if (tokenizer_dir.empty() && !spec.model.path.empty() && Tokenizer::found_in(spec.model.path))
+      tokenizer_dir = spec.model.path;
     if (!tokenizer_dir.empty()) {
       tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_dir(tokenizer_dir));
       if (tokenizer_->vocab_size() > vocab) {

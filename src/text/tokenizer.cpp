@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "dcp/error.h"
+#include "sentencepiece_model.h"
 #include "tokenizer_impl.h"
 
 namespace dcp {
@@ -554,16 +555,28 @@ Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::str
   return Tokenizer(std::move(impl));
 }
 
+bool Tokenizer::found_in(const std::string& dir) {
+  namespace fs = std::filesystem;
+  for (const char* name : {"tokenizer.json", "tiktoken.model", "tokenizer.model"})
+    if (fs::is_regular_file(fs::path(dir) / name)) return true;
+  return false;
+}
+
 Tokenizer Tokenizer::from_dir(const std::string& dir) {
   namespace fs = std::filesystem;
   const fs::path t = fs::path(dir) / "tokenizer.json", c = fs::path(dir) / "tokenizer_config.json";
   const fs::path tiktoken = fs::path(dir) / "tiktoken.model";
-  DCP_CHECK(fs::is_regular_file(t) || fs::is_regular_file(tiktoken), io, "tokenizer directory ",
-            dir, " has neither tokenizer.json nor tiktoken.model");
+  const fs::path sentencepiece = fs::path(dir) / "tokenizer.model";
+  DCP_CHECK(found_in(dir), io, "tokenizer directory ", dir,
+            " has none of tokenizer.json, tiktoken.model and tokenizer.model");
   try {
     const std::string config = fs::is_regular_file(c) ? read_file(c) : std::string();
+    // tokenizer.json first, as Transformers prefers it; a SentencePiece model is converted the
+    // way Transformers converts it when there is none.
     Tokenizer tok = fs::is_regular_file(t) ? from_json(read_file(t), config)
-                                           : from_tiktoken(read_file(tiktoken), config);
+                    : fs::is_regular_file(tiktoken)
+                        ? from_tiktoken(read_file(tiktoken), config)
+                        : from_json(sentencepiece_model_to_json(read_file(sentencepiece)), config);
     // As transformers (4.47 on) reads a checkpoint: a chat_template.jinja beside the tokenizer
     // files is the chat template, over tokenizer_config.json's (Kimi K2 ships its template so).
     const fs::path jinja = fs::path(dir) / "chat_template.jinja";

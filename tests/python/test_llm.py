@@ -86,6 +86,37 @@ def test_minicpm3_checkpoint_takes_and_gives_text(dcp_bin, tmp_path):
     assert reply.token_ids == want[0]
 
 
+def test_a_checkpoint_with_only_a_sentencepiece_model_takes_text(dcp_bin, tmp_path):
+    """A checkpoint that ships SentencePiece's tokenizer.model and no tokenizer.json (as a slow
+    Llama-style tokenizer comes) takes and gives text through it: the prompt's ids are
+    SentencePiece's own, BOS first, and the reply's text is its ids decoded."""
+    spm = pytest.importorskip("sentencepiece")
+    ckpt = tmp_path / "minicpm3"
+    subprocess.run([dcp_bin, "gen-checkpoint", "--family", "minicpm3", "--num-layers", "1",
+                    "--out", str(ckpt)], check=True, stdout=subprocess.DEVNULL)
+    (ckpt / "tokenizer.json").unlink()
+    corpus = tmp_path / "corpus.txt"
+    words = ["the", "cat", "sat", "on", "mat", "with", "a", "hat", "number", "and", "dog",
+             "ran", "far", "away", "from", "home", "over", "hill", "under", "bridge"]
+    corpus.write_text("\n".join(" ".join(words[(i * 7 + k * 3) % len(words)] + str(k % 10)
+                                          for k in range(12)) for i in range(400)))
+    # As many pieces as the model has ids: every id the model can sample has text.
+    vocab = json.load(open(ckpt / "config.json"))["vocab_size"]
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(ckpt / "tokenizer"),
+                                   model_type="bpe", vocab_size=vocab, byte_fallback=True,
+                                   normalization_rule_name="identity",
+                                   remove_extra_whitespaces=False, minloglevel=2)
+    sp = spm.SentencePieceProcessor(model_file=str(ckpt / "tokenizer.model"))
+    with dcp.LLM(str(ckpt), tp_size=2, dcp_size=2) as llm:
+        out = llm.generate("the cat sat on a hat",
+                           dcp.SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))[0]
+        assert out.prompt_token_ids == sp.encode("the cat sat on a hat", add_bos=True)
+        reply = out.outputs[0]
+        assert len(reply.token_ids) == 6
+        assert llm.decode(out.prompt_token_ids + reply.token_ids, False) == \
+            llm.decode(out.prompt_token_ids, False) + reply.text
+
+
 def tokenizer_ids(checkpoint):
     """The ids the checkpoint's tokenizer has (the model's vocabulary is larger; the other ids
     have no text)."""

@@ -126,5 +126,23 @@ for (const t of ["Hello there", " leading space", ""]) {
     console.log(`ok special tokens of ${JSON.stringify(t)}: ${JSON.stringify(got)}`);
   }
 }
+// Random id sequences, a third of their ids among the first 300 (single bytes: byte-level
+// BPE's first tokens, SentencePiece's <0xXX> pieces), so that runs of bytes spell invalid UTF-8
+// and a sequence may begin with a space spelled as a byte.
+const vocabSize = tok.model.vocab.length ?? Object.keys(tokenizerJson.model.vocab).length;
+const sequences = [];
+for (let k = 0; k < 400; ++k) {
+  const ids = [];
+  for (let n = 1 + rand(16); n > 0; --n) ids.push(rand(3) === 0 ? rand(300) : rand(vocabSize));
+  sequences.push(ids);
+}
+let decodeFailed = 0;
+jsonl(["--decode"], sequences).forEach((text, k) => {
+  const ref = tok.decode(sequences[k], { skip_special_tokens: false });
+  if (text !== ref && decodeFailed++ < 5)
+    console.log(`FAIL decode ${JSON.stringify(sequences[k])}: dcp ${JSON.stringify(text)}, reference ${JSON.stringify(ref)}`);
+});
+if (decodeFailed) failed++;
+console.log(`${decodeFailed ? "FAIL" : "ok"} decoding ${sequences.length} random id sequences: ${decodeFailed} differ`);
 console.log(`${cases.length - failed} passed, ${failed} failed`);
 process.exit(failed ? 1 : 0);

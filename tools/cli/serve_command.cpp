@@ -62,9 +62,7 @@ std::string describe(const SamplingDefaults& d) {
 std::unique_ptr<Tokenizer> load_tokenizer(const ServeFlags& f, int model_vocab) {
   std::string dir = f.tokenizer_path;
   if (dir.empty()) {
-    const std::filesystem::path model(f.run.model_path);
-    if (f.run.model_path.empty() || (!std::filesystem::exists(model / "tokenizer.json") &&
-                                     !std::filesystem::exists(model / "tiktoken.model"))) {
+    if (f.run.model_path.empty() || !Tokenizer::found_in(f.run.model_path)) {
       DCP_ARG_CHECK(f.chat_template.empty(),
                     "--chat-template needs a tokenizer: --tokenizer-path, "
                     "or a --model-path that has one");

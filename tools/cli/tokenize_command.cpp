@@ -89,9 +89,11 @@ void add_tokenize_command(CLI::App& app) {
   auto o = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand(
       "tokenize", "Text on stdin -> token ids (JSON array); --decode: ids on stdin -> text");
-  cmd->add_option("--tokenizer-path", o->tokenizer_path,
-                  "folder with tokenizer.json or Kimi's tiktoken.model (and tokenizer_config.json; "
-                  "chat_template.jinja, when there, is the chat template)")
+  cmd->add_option(
+         "--tokenizer-path", o->tokenizer_path,
+         "folder with tokenizer.json, Kimi's tiktoken.model or SentencePiece's tokenizer.model "
+         "(and tokenizer_config.json; "
+         "chat_template.jinja, when there, is the chat template)")
       ->required();
   CLI::Option* decode =
       cmd->add_flag("--decode", o->decode, "read a JSON array of ids, print the text");

@@ -1,0 +1,22 @@
+// tokenizer.model (SentencePiece's ModelProto): every input converts, loads, and then encodes and
+// decodes, or fails with a dcp::Error.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "dcp/error.h"
+#include "dcp/tokenizer.h"
+#include "text/sentencepiece_model.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  try {
+    const dcp::Tokenizer t = dcp::Tokenizer::from_json(dcp::sentencepiece_model_to_json(
+        std::string_view(reinterpret_cast<const char*>(data), size)));
+    const auto ids =
+        t.encode("Hello,  world! 123 \xe4\xbd\xa0\xe5\xa5\xbd <|im_end|> \xf0\x9f\x98\x80\n");
+    (void)t.decode(ids);
+  } catch (const dcp::Error&) {
+  }
+  return 0;
+}

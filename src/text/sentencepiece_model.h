@@ -1,0 +1,17 @@
+// SentencePiece's own model file (tokenizer.model, a ModelProto), as Transformers converts it to
+// a fast tokenizer (LlamaConverter): what a checkpoint without tokenizer.json ships. Internal.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace dcp {
+
+// The tokenizer.json text equivalent to a BPE SentencePiece model with byte fallback: every
+// piece in the vocabulary at its id, merges from the pieces' scores (highest first), the
+// U+2581 normalizer and decoder, unknown/control/user-defined pieces as added tokens, BOS added
+// by the post-processor. Throws dcp::Error (io) naming the field of a model it cannot run the
+// same way (a unigram model, a normalization rule other than identity, collapsed spaces, ...).
+std::string sentencepiece_model_to_json(std::string_view model);
+
+}  // namespace dcp

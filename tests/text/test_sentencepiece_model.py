@@ -1,0 +1,163 @@
+"""tokenizer.model (a SentencePiece BPE model, what a checkpoint without tokenizer.json ships)
+against SentencePiece itself (Debian's python3-sentencepiece): a model trained here with byte
+fallback, then ids and decoded text of random texts compared with `dcp tokenize`; the refusals of
+models dcp would not run the same way. Exits 77 (skipped) without the sentencepiece module.
+
+Usage: test_sentencepiece_model.py path/to/dcp"""
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+
+try:
+    import sentencepiece as spm
+except ImportError:
+    print("skipped: no sentencepiece module (Debian: apt-get install python3-sentencepiece)")
+    sys.exit(77)
+
+DCP = sys.argv[1]
+SYMBOLS = ["<|im_start|>", "<|im_end|>"]
+WORDS = ["the", "cat", "sat", "on", "a", "mat", "hello", "world", "tokenizer", "byte", "über",
+         "naïve", "日本語", "テキスト", "café", "123", "4567", "x", "don't", "e-mail", "ünïcödé"]
+# Characters the training text never has: they reach the model as byte pieces.
+RARE = ["😀", "ÿ", "Ω", "\t", "\r", "€", "𝔘", "ß", "ı"]
+
+
+def train(folder, **options):
+    os.makedirs(folder, exist_ok=True)
+    rng = random.Random(7)
+    corpus = os.path.join(folder, "corpus.txt")
+    with open(corpus, "w") as f:
+        for _ in range(3000):
+            f.write(" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 14))) + "\n")
+    settings = dict(model_type="bpe", vocab_size=420, byte_fallback=True,
+                    normalization_rule_name="identity", remove_extra_whitespaces=False,
+                    user_defined_symbols=SYMBOLS, character_coverage=1.0, minloglevel=2)
+    settings.update(options)
+    spm.SentencePieceTrainer.train(input=corpus, model_prefix=os.path.join(folder, "tokenizer"),
+                                   **settings)
+    os.remove(corpus)
+    os.remove(os.path.join(folder, "tokenizer.vocab"))
+    return spm.SentencePieceProcessor(model_file=os.path.join(folder, "tokenizer.model"))
+
+
+def dcp_lines(folder, lines, *flags):
+    out = subprocess.run([DCP, "tokenize", "--tokenizer-path", folder, "--jsonl", *flags],
+                         input="\n".join(json.dumps(x) for x in lines) + "\n",
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def random_text(rng, symbols):
+    parts = []
+    for _ in range(rng.randint(0, 12)):
+        r = rng.random()
+        if r < 0.6:
+            parts.append(rng.choice(WORDS))
+        elif r < 0.8:
+            parts.append(rng.choice(RARE))
+        elif r < 0.9:
+            parts.append(" " * rng.randint(1, 3))
+        elif symbols:
+            parts.append(rng.choice(SYMBOLS))
+        else:
+            parts.append("\n")
+        if rng.random() < 0.7:
+            parts.append(" ")
+    return "".join(parts)
+
+
+def transformers_ids(sp, text):
+    """Transformers' legacy Llama tokenizer: the text split at its added tokens, each stretch
+    encoded on its own (so each begins with the U+2581 mark)."""
+    ids, rest = [], text
+    while rest:
+        hits = [(rest.find(s), s) for s in SYMBOLS if s in rest]
+        if not hits:
+            return ids + sp.encode(rest)
+        at, symbol = min(hits)
+        ids += sp.encode(rest[:at]) + [sp.piece_to_id(symbol)]
+        rest = rest[at + len(symbol):]
+    return ids
+
+
+def main():
+    rng = random.Random(11)
+    failures = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        good = os.path.join(tmp, "bpe")
+        sp = train(good)
+        # Texts without added tokens: SentencePiece's own encoding, id for id.
+        plain = [random_text(rng, False) for _ in range(1500)]
+        plain += ["", " ", "  two", "trailing  ", "\n", "x\ny", "😀😀", "ÿ", " the  cat\t"]
+        got = dcp_lines(good, plain)
+        for text, ids in zip(plain, got):
+            if ids != sp.encode(text):
+                failures += 1
+                print(f"FAIL encode {text!r}: sentencepiece {sp.encode(text)}, dcp {ids}")
+        # With added tokens, as Transformers encodes them.
+        marked = [random_text(rng, True) for _ in range(500)]
+        got = dcp_lines(good, marked)
+        for text, ids in zip(marked, got):
+            if ids != transformers_ids(sp, text):
+                failures += 1
+                print(f"FAIL encode {text!r}: expected {transformers_ids(sp, text)}, dcp {ids}")
+        # BOS from the model's bos_id.
+        bos = dcp_lines(good, ["hello world"], "--add-special-tokens")[0]
+        if bos != sp.encode("hello world", add_bos=True):
+            failures += 1
+            print(f"FAIL bos: {bos}")
+        # Decoding what SentencePiece encoded, and random sequences of its word pieces. (Byte
+        # pieces alone can spell invalid UTF-8, and a first one can be a space: there dcp decodes
+        # as Transformers' converted tokenizer does, a U+FFFD per invalid run and the first space
+        # dropped, where SentencePiece writes a U+FFFD per byte and keeps a space spelled as a
+        # byte; tokenizer_reference_llama2 checks those against @huggingface/tokenizers.)
+        words = [i for i in range(sp.get_piece_size())
+                 if not (sp.is_byte(i) or sp.is_control(i) or sp.is_unknown(i))]
+        sequences = [sp.encode(t) for t in plain[:500]]
+        sequences += [[rng.choice(words) for _ in range(rng.randint(1, 20))] for _ in range(300)]
+        sequences = [s for s in sequences if s]
+        texts = dcp_lines(good, sequences, "--decode")
+        for ids, text in zip(sequences, texts):
+            want = sp.decode(ids)
+            if text != want:
+                failures += 1
+                print(f"FAIL decode {ids}: sentencepiece {want!r}, dcp {text!r}")
+        print(f"{len(plain)} plain texts, {len(marked)} with added tokens, "
+              f"{len(sequences)} decodes compared")
+
+        # Models dcp would not tokenize as SentencePiece does: refused, naming the field.
+        for name, options, message in [
+                ("unigram", {"model_type": "unigram", "vocab_size": 330},
+                 "trainer_spec.model_type = UNIGRAM"),
+                ("nfkc", {"normalization_rule_name": "nmt_nfkc"},
+                 "normalizer_spec.name = 'nmt_nfkc'"),
+                ("collapse", {"remove_extra_whitespaces": True},
+                 "normalizer_spec.remove_extra_whitespaces = true"),
+                ("nobytes", {"byte_fallback": False, "vocab_size": 100},
+                 "trainer_spec.byte_fallback = false")]:
+            folder = os.path.join(tmp, name)
+            train(folder, **options)
+            out = subprocess.run([DCP, "tokenize", "--tokenizer-path", folder], input="hi",
+                                 capture_output=True, text=True)
+            if out.returncode == 0 or message not in out.stderr:
+                failures += 1
+                print(f"FAIL refusal {name}: rc {out.returncode}, {out.stderr.strip()}")
+        garbage = os.path.join(tmp, "garbage")
+        os.makedirs(garbage)
+        with open(os.path.join(garbage, "tokenizer.model"), "wb") as f:
+            f.write(b"\xff" * 12)
+        out = subprocess.run([DCP, "tokenize", "--tokenizer-path", garbage], input="hi",
+                             capture_output=True, text=True)
+        if out.returncode == 0 or "not a SentencePiece model?" not in out.stderr:
+            failures += 1
+            print(f"FAIL garbage: rc {out.returncode}, {out.stderr.strip()}")
+    print("PASS" if failures == 0 else f"{failures} FAILURES")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
