@@ -5,6 +5,7 @@
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -190,7 +191,7 @@ std::vector<std::size_t> char_starts(const std::string& s) {
 
 }  // namespace
 
-std::string sentencepiece_model_to_json(std::string_view data) {
+std::string sentencepiece_model_to_json(std::string_view data, const std::string& config_json) {
   const Model m = read_model(data);
   static const char* const kTypes[] = {"", "UNIGRAM", "BPE", "WORD", "CHAR"};
   const auto refuse = [](const std::string& field, const std::string& why) {
@@ -238,6 +239,52 @@ std::string sentencepiece_model_to_json(std::string_view data) {
                        {"rstrip", false},
                        {"normalized", false},
                        {"special", p.type != 4}});
+    }
+  }
+  // tokenizer_config.json's added_tokens_decoder: tokens Transformers' slow tokenizer adds to
+  // the model's pieces (MiniCPM3's chat tokens follow its pieces so), or marks among them.
+  if (!config_json.empty()) {
+    OrderedJson c;
+    try {
+      c = OrderedJson::parse(config_json);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(ErrorCategory::io, str("tokenizer_config.json: malformed JSON: ", e.what()));
+    }
+    const OrderedJson* decoder =
+        c.is_object() && c.contains("added_tokens_decoder") ? &c["added_tokens_decoder"] : nullptr;
+    if (decoder && !decoder->is_null()) {
+      DCP_CHECK(decoder->is_object(), io,
+                "tokenizer_config.json: added_tokens_decoder must map ids to tokens");
+      for (const auto& [key, a] : decoder->items()) {
+        std::size_t used = 0;
+        long long id = -1;
+        try {
+          id = std::stoll(key, &used);
+        } catch (const std::exception&) {
+        }
+        DCP_CHECK(used == key.size() && id >= 0 && id < (1LL << 30), io,
+                  "tokenizer_config.json: added_tokens_decoder key '", key,
+                  "' is not an id in [0, 2^30)");
+        DCP_CHECK(a.is_object() && a.contains("content") && a["content"].is_string(), io,
+                  "tokenizer_config.json: added_tokens_decoder['", key, "'] needs a 'content'");
+        const std::string content = a["content"].get<std::string>();
+        if (static_cast<std::size_t>(id) < m.pieces.size()) {
+          DCP_CHECK(m.pieces[static_cast<std::size_t>(id)].text == content, io,
+                    "tokenizer_config.json: added_tokens_decoder['", key, "'] is '", content,
+                    "', but piece ", id, " of tokenizer.model is '",
+                    m.pieces[static_cast<std::size_t>(id)].text, "'");
+        }
+        OrderedJson entry = a;
+        entry["id"] = id;
+        bool replaced = false;
+        for (OrderedJson& e : added) {
+          if (e["id"] == id) {
+            e = entry;
+            replaced = true;
+          }
+        }
+        if (!replaced) added.push_back(entry);
+      }
     }
   }
   // Merges: every split of a piece into two pieces, ordered by the piece's score, highest first

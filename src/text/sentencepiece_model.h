@@ -10,8 +10,11 @@ namespace dcp {
 // The tokenizer.json text equivalent to a BPE SentencePiece model with byte fallback: every
 // piece in the vocabulary at its id, merges from the pieces' scores (highest first), the
 // U+2581 normalizer and decoder, unknown/control/user-defined pieces as added tokens, BOS added
-// by the post-processor. Throws dcp::Error (io) naming the field of a model it cannot run the
-// same way (a unigram model, a normalization rule other than identity, collapsed spaces, ...).
-std::string sentencepiece_model_to_json(std::string_view model);
+// by the post-processor; with tokenizer_config.json's added_tokens_decoder (`config_json`, may
+// be empty) added as Transformers' slow tokenizer adds it. Throws dcp::Error (io) naming the
+// field of a model it cannot run the same way (a unigram model, a normalization rule other than
+// identity, collapsed spaces, ...).
+std::string sentencepiece_model_to_json(std::string_view model,
+                                        const std::string& config_json = "");
 
 }  // namespace dcp

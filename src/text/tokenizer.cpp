@@ -573,10 +573,11 @@ Tokenizer Tokenizer::from_dir(const std::string& dir) {
     const std::string config = fs::is_regular_file(c) ? read_file(c) : std::string();
     // tokenizer.json first, as Transformers prefers it; a SentencePiece model is converted the
     // way Transformers converts it when there is none.
-    Tokenizer tok = fs::is_regular_file(t) ? from_json(read_file(t), config)
-                    : fs::is_regular_file(tiktoken)
-                        ? from_tiktoken(read_file(tiktoken), config)
-                        : from_json(sentencepiece_model_to_json(read_file(sentencepiece)), config);
+    Tokenizer tok =
+        fs::is_regular_file(t) ? from_json(read_file(t), config)
+        : fs::is_regular_file(tiktoken)
+            ? from_tiktoken(read_file(tiktoken), config)
+            : from_json(sentencepiece_model_to_json(read_file(sentencepiece), config), config);
     // As transformers (4.47 on) reads a checkpoint: a chat_template.jinja beside the tokenizer
     // files is the chat template, over tokenizer_config.json's (Kimi K2 ships its template so).
     const fs::path jinja = fs::path(dir) / "chat_template.jinja";

@@ -129,6 +129,41 @@ def main():
         print(f"{len(plain)} plain texts, {len(marked)} with added tokens, "
               f"{len(sequences)} decodes compared")
 
+        # tokenizer_config.json's added_tokens_decoder: tokens after the model's pieces (as
+        # MiniCPM3's chat tokens are), matched whole in the text like the model's own.
+        n = sp.get_piece_size()
+        extra = {str(n): "<|tool_call|>", str(n + 1): "<|fim_prefix|>"}
+        config = {"added_tokens_decoder": {
+            k: {"content": v, "lstrip": False, "rstrip": False, "normalized": False,
+                "single_word": False, "special": True} for k, v in extra.items()}}
+        with open(os.path.join(good, "tokenizer_config.json"), "w") as f:
+            json.dump(config, f)
+        text = "call<|tool_call|>the cat<|fim_prefix|><|im_end|> x"
+        want = (sp.encode("call") + [n] + sp.encode("the cat") + [n + 1] +
+                [sp.piece_to_id("<|im_end|>")] + sp.encode(" x"))
+        got = dcp_lines(good, [text])[0]
+        if got != want:
+            failures += 1
+            print(f"FAIL added_tokens_decoder: expected {want}, dcp {got}")
+        # Each stretch after an added token began with the mark, which decodes as a space (as
+        # Transformers' converted tokenizer decodes it); only the text's first one is dropped.
+        decoded = dcp_lines(good, [want], "--decode")[0]
+        if decoded != "call<|tool_call|> the cat<|fim_prefix|><|im_end|>  x":
+            failures += 1
+            print(f"FAIL added_tokens_decoder: decoded {decoded!r}")
+        skipped = dcp_lines(good, [want], "--decode", "--skip-special-tokens")[0]
+        if skipped != "call the cat<|im_end|>  x":  # <|im_end|> is user-defined, not special
+            failures += 1
+            print(f"FAIL added_tokens_decoder: decoded without special tokens {skipped!r}")
+        config["added_tokens_decoder"]["5"] = {"content": "<|not piece 5|>"}
+        with open(os.path.join(good, "tokenizer_config.json"), "w") as f:
+            json.dump(config, f)
+        out = subprocess.run([DCP, "tokenize", "--tokenizer-path", good], input="hi",
+                             capture_output=True, text=True)
+        if out.returncode == 0 or "added_tokens_decoder['5'] is '<|not piece 5|>'" not in out.stderr:
+            failures += 1
+            print(f"FAIL added_tokens_decoder mismatch: rc {out.returncode}, {out.stderr.strip()}")
+
         # Models dcp would not tokenize as SentencePiece does: refused, naming the field.
         for name, options, message in [
                 ("unigram", {"model_type": "unigram", "vocab_size": 330},
