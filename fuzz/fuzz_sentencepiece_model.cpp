@@ -11,8 +11,12 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   try {
+    // Chat tokens after the pieces of the seed models, as tokenizer_config.json adds them.
+    static const std::string config =
+        R"({"added_tokens_decoder": {"300": {"content": "<|im_end|>", "special": true},)"
+        R"( "301": {"content": "<|tool_call|>", "special": true}}})";
     const dcp::Tokenizer t = dcp::Tokenizer::from_json(dcp::sentencepiece_model_to_json(
-        std::string_view(reinterpret_cast<const char*>(data), size)));
+        std::string_view(reinterpret_cast<const char*>(data), size), config));
     const auto ids =
         t.encode("Hello,  world! 123 \xe4\xbd\xa0\xe5\xa5\xbd <|im_end|> \xf0\x9f\x98\x80\n");
     (void)t.decode(ids);

@@ -785,7 +785,7 @@ case_presets() {
 case_serve_flags() {
   bad_value "a port past 65535" "--port" -- serve --port 70000
   expect 1 "a tokenizer folder that is not one" -- serve --preset tiny --tokenizer-path "$tmp/none" --port 0
-  check "names --tokenizer-path" stderr_has "--tokenizer-path: tokenizer directory $tmp/none has neither"
+  check "names --tokenizer-path" stderr_has "--tokenizer-path: tokenizer directory $tmp/none has none of tokenizer.json, tiktoken.model and tokenizer.model"
   expect 0 "gen-checkpoint" -- gen-checkpoint --out "$tmp/ck"
   bad_value "--max-queued-requests 0" "--max-queued-requests" -- serve --model-path "$tmp/ck" --max-queued-requests 0
   bad_value "an empty --api-key" "--api-key: must not be empty" -- serve --model-path "$tmp/ck" --api-key "" --port 0
