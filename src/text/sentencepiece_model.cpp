@@ -317,10 +317,20 @@ std::string sentencepiece_model_to_json(std::string_view data, const std::string
     merges_json.push_back(OrderedJson::array({s.substr(0, c.cut), s.substr(c.cut)}));
   }
 
+  const std::string bos = m.bos_id >= 0 && static_cast<std::size_t>(m.bos_id) < m.pieces.size()
+                              ? m.pieces[static_cast<std::size_t>(m.bos_id)].text
+                              : std::string();
+  return sentencepiece_tokenizer_json(std::move(added), std::move(vocab_json),
+                                      std::move(merges_json), unk, bos, m.bos_id)
+      .dump();
+}
+
+OrderedJson sentencepiece_tokenizer_json(OrderedJson added, OrderedJson vocab, OrderedJson merges,
+                                         const std::string& unk, const std::string& bos,
+                                         std::int64_t bos_id) {
   const std::string mark = "\u2581";
   OrderedJson post = nullptr;
-  if (m.bos_id >= 0 && static_cast<std::size_t>(m.bos_id) < m.pieces.size()) {
-    const std::string bos = m.pieces[static_cast<std::size_t>(m.bos_id)].text;
+  if (!bos.empty()) {
     post = {{"type", "TemplateProcessing"},
             {"single", OrderedJson::array({{{"SpecialToken", {{"id", bos}, {"type_id", 0}}}},
                                            {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
@@ -329,13 +339,13 @@ std::string sentencepiece_model_to_json(std::string_view data, const std::string
                                          {{"SpecialToken", {{"id", bos}, {"type_id", 1}}}},
                                          {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}})},
             {"special_tokens",
-             {{bos, {{"id", bos}, {"ids", {m.bos_id}}, {"tokens", OrderedJson::array({bos})}}}}}};
+             {{bos, {{"id", bos}, {"ids", {bos_id}}, {"tokens", OrderedJson::array({bos})}}}}}};
   }
-  OrderedJson t = {
+  return {
       {"version", "1.0"},
       {"truncation", nullptr},
       {"padding", nullptr},
-      {"added_tokens", added},
+      {"added_tokens", std::move(added)},
       {"normalizer",
        {{"type", "Sequence"},
         {"normalizers",
@@ -360,9 +370,8 @@ std::string sentencepiece_model_to_json(std::string_view data, const std::string
         {"fuse_unk", true},
         {"byte_fallback", true},
         {"ignore_merges", false},
-        {"vocab", vocab_json},
-        {"merges", merges_json}}}};
-  return t.dump();
+        {"vocab", std::move(vocab)},
+        {"merges", std::move(merges)}}}};
 }
 
 }  // namespace dcp

@@ -2,6 +2,8 @@
 // a fast tokenizer (LlamaConverter): what a checkpoint without tokenizer.json ships. Internal.
 #pragma once
 
+#include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 
@@ -16,5 +18,14 @@ namespace dcp {
 // identity, collapsed spaces, ...).
 std::string sentencepiece_model_to_json(std::string_view model,
                                         const std::string& config_json = "");
+
+// A SentencePiece-style tokenizer.json (the one Transformers' Llama conversion writes): the
+// U+2581 normalizer and decoder, BPE with byte fallback over `vocab` and `merges`, `added` as
+// its added tokens, `bos` (when not empty, id `bos_id`) added by the post-processor.
+nlohmann::ordered_json sentencepiece_tokenizer_json(nlohmann::ordered_json added,
+                                                    nlohmann::ordered_json vocab,
+                                                    nlohmann::ordered_json merges,
+                                                    const std::string& unk, const std::string& bos,
+                                                    std::int64_t bos_id);
 
 }  // namespace dcp

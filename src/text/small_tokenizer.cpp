@@ -8,6 +8,7 @@
 
 #include "dcp/error.h"
 #include "dcp/tokenizer.h"
+#include "sentencepiece_model.h"
 
 namespace dcp {
 namespace {
@@ -118,34 +119,8 @@ void write_sentencepiece(const std::string& dir, int vocab_size) {
                      {"normalized", false},
                      {"special", true}});
   }
-  const ordered_json replace_space = {
-      {"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", mark}};
-  const ordered_json tokenizer = {
-      {"version", "1.0"},
-      {"added_tokens", added},
-      {"normalizer",
-       {{"type", "Sequence"},
-        {"normalizers",
-         ordered_json::array({{{"type", "Prepend"}, {"prepend", mark}}, replace_space})}}},
-      {"pre_tokenizer", nullptr},
-      {"post_processor",
-       {{"type", "TemplateProcessing"},
-        {"single", ordered_json::array({{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
-                                        {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})}}},
-      {"decoder",
-       {{"type", "Sequence"},
-        {"decoders", ordered_json::array(
-                         {{{"type", "Replace"}, {"pattern", {{"String", mark}}}, {"content", " "}},
-                          {{"type", "ByteFallback"}},
-                          {{"type", "Fuse"}},
-                          {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}})}}},
-      {"model",
-       {{"type", "BPE"},
-        {"unk_token", "<unk>"},
-        {"fuse_unk", true},
-        {"byte_fallback", true},
-        {"vocab", vocab},
-        {"merges", merges}}}};
+  const ordered_json tokenizer =
+      sentencepiece_tokenizer_json(std::move(added), std::move(vocab), merges, "<unk>", "<s>", 1);
   write_files(dir, tokenizer);
 }
 
