@@ -143,6 +143,8 @@ Model read_model(std::string_view data) {
       ProtoReader t(r.bytes(), "trainer_spec");
       while (!t.done()) {
         const auto [f, w] = t.key();
+        // A field dcp reads, written with another wire type, is refused rather than skipped.
+        if (f == 3 || f == 24 || f == 35 || f == 41) t.expect(w, 0, "a trainer_spec field");
         if (f == 3 && w == 0) {
           m.model_type = static_cast<int>(t.varint());
         } else if (f == 24 && w == 0) {
@@ -160,6 +162,8 @@ Model read_model(std::string_view data) {
       ProtoReader n(r.bytes(), "normalizer_spec");
       while (!n.done()) {
         const auto [f, w] = n.key();
+        if (f == 1 || f == 2) n.expect(w, 2, "a normalizer_spec field");
+        if (f >= 3 && f <= 5) n.expect(w, 0, "a normalizer_spec field");
         if (f == 1 && w == 2) {
           m.normalizer = std::string(n.bytes());
         } else if (f == 2 && w == 2) {

@@ -181,6 +181,19 @@ def main():
             if out.returncode == 0 or message not in out.stderr:
                 failures += 1
                 print(f"FAIL refusal {name}: rc {out.returncode}, {out.stderr.strip()}")
+        # byte_fallback (trainer_spec field 35) sent again as bytes instead of a varint: a field
+        # dcp reads, in a form it cannot read, is refused rather than skipped.
+        wrong = os.path.join(tmp, "wrong_wire_type")
+        os.makedirs(wrong)
+        with open(os.path.join(good, "tokenizer.model"), "rb") as f:
+            model = f.read()
+        with open(os.path.join(wrong, "tokenizer.model"), "wb") as f:
+            f.write(model + bytes([0x12, 4, 0x9a, 0x02, 1, 1]))
+        out = subprocess.run([DCP, "tokenize", "--tokenizer-path", wrong], input="hi",
+                             capture_output=True, text=True)
+        if out.returncode == 0 or "a trainer_spec field has the wrong wire type" not in out.stderr:
+            failures += 1
+            print(f"FAIL wrong wire type: rc {out.returncode}, {out.stderr.strip()}")
         garbage = os.path.join(tmp, "garbage")
         os.makedirs(garbage)
         with open(os.path.join(garbage, "tokenizer.model"), "wb") as f:
