@@ -18,6 +18,7 @@
 #include "dcp/text_stream.h"
 #include "dcp/tokenizer.h"
 #include "test_util.h"
+#include "text/sentencepiece_normalizer.h"
 
 namespace dcp {
 namespace {
@@ -983,6 +984,78 @@ TEST(Tiktoken, RefusesAMalformedModelNamingTheLine) {
   // One sparse rank would size the id table by it (2^29 entries): refused.
   EXPECT_TRUE(test::throws_error([&] { Tokenizer::from_tiktoken(model + "YWI= 536870912\n"); }, io,
                                  "the largest id, 536870912, is far beyond the 257 tokens"));
+}
+
+}  // namespace
+}  // namespace dcp
+
+namespace dcp {
+namespace {
+
+// A precompiled_charsmap as spm_train writes it: the trie's size, darts-clone units, then the
+// replacements. Units: a node is (offset << 10) | (ends a rule << 8) | label; a rule's value unit
+// has bit 31 set and the replacement's byte offset.
+std::string charsmap(const std::vector<std::uint32_t>& units, const std::string& strings) {
+  std::string blob;
+  const auto put = [&](std::uint32_t v) {
+    for (int b = 0; b < 4; ++b) blob += static_cast<char>((v >> (8 * b)) & 0xff);
+  };
+  put(static_cast<std::uint32_t>(4 * units.size()));
+  for (std::uint32_t u : units) put(u);
+  return blob + strings;
+}
+
+// Rules "a" -> "b" and "ab" -> "X Y": root (offset 1) at 0, 'a' at 1 ^ 0x61 = 96 (a rule, offset
+// 1: its value at 97), 'b' at 97 ^ 0x62 = 3 (a rule, offset 1: its value at 2).
+std::vector<std::uint32_t> two_rules(std::uint32_t a_offset = 1, std::uint32_t ab_value = 2) {
+  std::vector<std::uint32_t> u(98, 0);
+  u[0] = 1u << 10;
+  u[96] = (a_offset << 10) | (1u << 8) | 0x61;
+  u[97] = (1u << 31) | 0;
+  u[3] = (1u << 10) | (1u << 8) | 0x62;
+  u[2] = (1u << 31) | ab_value;
+  return u;
+}
+
+TEST(SentencePieceNormalizer, LongestRuleFirstThenSpacesMarked) {
+  const std::string strings("b\0X Y\0", 6);
+  const text_internal::SentencePieceNormalizer keep(charsmap(two_rules(), strings), false);
+  // "ab" takes its own rule over "a"'s; spaces (a rule's too) become U+2581, one prepended.
+  EXPECT_EQ(keep.normalize("ab a  c"), "\u2581X\u2581Y\u2581b\u2581\u2581c");
+  EXPECT_EQ(keep.normalize(" "), "\u2581\u2581");
+  const text_internal::SentencePieceNormalizer collapse(charsmap(two_rules(), strings), true);
+  EXPECT_EQ(collapse.normalize("  ab   a  c  "), "\u2581X\u2581Y\u2581b\u2581c");
+  EXPECT_EQ(collapse.normalize("   "), "");
+  EXPECT_EQ(collapse.normalize("\u00e9 x"), "\u2581\u00e9\u2581x");  // no rule: kept whole
+  const text_internal::SentencePieceNormalizer none("", true);
+  EXPECT_EQ(none.normalize(" ab  a "), "\u2581ab\u2581a");
+}
+
+TEST(SentencePieceNormalizer, RefusesAMalformedMapNamingTheFault) {
+  const std::string strings("b\0X Y\0", 6);
+  const auto refused = [](const std::string& blob, const std::string& why) {
+    try {
+      text_internal::SentencePieceNormalizer n(blob, false);
+      ADD_FAILURE() << "accepted a map that should fail with: " << why;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("precompiled_charsmap is malformed: " + why),
+                std::string::npos)
+          << e.what();
+    }
+  };
+  refused(std::string("\x04\0\0", 3), "shorter than its 4-byte header");
+  std::string past = charsmap(two_rules(), strings);
+  past[1] = 0x10;  // a trie of 0x1088 bytes instead of 0x188
+  refused(past, "a trie of 4232 bytes in a map of 398");
+  std::string odd = charsmap(two_rules(), strings);
+  odd[0] = static_cast<char>(odd[0] + 2);
+  refused(odd, "a trie of 394 bytes");
+  refused(charsmap(two_rules(), std::string("b\0X Y", 5)),
+          "its last replacement has no terminating NUL");
+  refused(charsmap(two_rules(1, 100), strings), "a rule points at byte 100 of 6");
+  refused(charsmap(two_rules(0x100), strings), "unit 96 ends a rule past the trie");
+  refused(charsmap(two_rules(), std::string("b\0\xff\0", 4)),
+          "the replacement at byte 2 is not valid UTF-8");
 }
 
 }  // namespace

@@ -5,7 +5,8 @@
 // Encoding follows the Hugging Face pipeline: added tokens are matched first (leftmost, longest),
 // the rest goes through the pre-tokenizer (Split regexes run by PCRE2 with Unicode properties,
 // then the byte-to-unicode map) and BPE merges by rank. SentencePiece-style: each stretch between
-// added tokens has its spaces turned into U+2581 and one U+2581 prepended, and is merged whole;
+// added tokens has its spaces turned into U+2581 and one U+2581 prepended (after the model's own
+// normalization rules, for a tokenizer.model that has them), and is merged whole;
 // a character missing from the vocabulary becomes its bytes' <0xXX> tokens. With special tokens,
 // BOS/EOS as tokenizer_config.json's add_bos_token/add_eos_token say, else as tokenizer.json's
 // TemplateProcessing post-processor adds them. Text that is not valid UTF-8 is first
@@ -44,6 +45,13 @@ class Tokenizer {
   // tokenizer.json.
   static Tokenizer from_tiktoken(const std::string& model_text, const std::string& config_json = "",
                                  const std::string& pattern = kimi_pattern());
+  // SentencePiece's own model file (tokenizer.model: BPE with byte fallback, as Llama-family
+  // checkpoints without tokenizer.json ship it), converted as Transformers converts it, with
+  // tokenizer_config.json's added_tokens_decoder; its normalizer (NFKC or other compiled rules,
+  // collapsed spaces) runs as SentencePiece runs it, on each stretch between added tokens.
+  // from_dir takes this path when DIR has tokenizer.model and neither file above.
+  static Tokenizer from_sentencepiece(const std::string& model_bytes,
+                                      const std::string& config_json = "");
   // Kimi's pre-tokenizer pattern (tokenization_kimi.py's pat_str).
   static const std::string& kimi_pattern();
 

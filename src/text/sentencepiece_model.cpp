@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
@@ -104,8 +105,8 @@ struct Model {
   bool byte_fallback = false;
   bool treat_whitespace_as_suffix = false;
   std::int64_t bos_id = 1;
-  std::string normalizer = "nmt_nfkc";
-  bool has_charsmap = false;
+  std::string charsmap;                // normalizer_spec.precompiled_charsmap
+  bool denormalizer_charsmap = false;  // denormalizer_spec's: rules applied when decoding
   bool add_dummy_prefix = true, remove_extra_whitespaces = true, escape_whitespaces = true;
 };
 
@@ -162,12 +163,10 @@ Model read_model(std::string_view data) {
       ProtoReader n(r.bytes(), "normalizer_spec");
       while (!n.done()) {
         const auto [f, w] = n.key();
-        if (f == 1 || f == 2) n.expect(w, 2, "a normalizer_spec field");
+        if (f == 2) n.expect(w, 2, "a normalizer_spec field");
         if (f >= 3 && f <= 5) n.expect(w, 0, "a normalizer_spec field");
-        if (f == 1 && w == 2) {
-          m.normalizer = std::string(n.bytes());
-        } else if (f == 2 && w == 2) {
-          m.has_charsmap = !n.bytes().empty();
+        if (f == 2 && w == 2) {
+          m.charsmap = std::string(n.bytes());
         } else if (f == 3 && w == 0) {
           m.add_dummy_prefix = n.varint() != 0;
         } else if (f == 4 && w == 0) {
@@ -177,6 +176,17 @@ Model read_model(std::string_view data) {
         } else {
           n.skip(w);
         }
+      }
+    } else if (field == 5) {  // denormalizer_spec: only whether it has rules
+      r.expect(wire, 2, "denormalizer_spec");
+      ProtoReader n(r.bytes(), "denormalizer_spec");
+      while (!n.done()) {
+        const auto [f, w] = n.key();
+        if (f == 2) n.expect(w, 2, "denormalizer_spec.precompiled_charsmap");
+        if (f == 2 && w == 2)
+          m.denormalizer_charsmap = !n.bytes().empty();
+        else
+          n.skip(w);
       }
     } else {
       r.skip(wire);
@@ -195,7 +205,8 @@ std::vector<std::size_t> char_starts(const std::string& s) {
 
 }  // namespace
 
-std::string sentencepiece_model_to_json(std::string_view data, const std::string& config_json) {
+SentencePieceConversion convert_sentencepiece_model(std::string_view data,
+                                                    const std::string& config_json) {
   const Model m = read_model(data);
   static const char* const kTypes[] = {"", "UNIGRAM", "BPE", "WORD", "CHAR"};
   const auto refuse = [](const std::string& field, const std::string& why) {
@@ -208,12 +219,9 @@ std::string sentencepiece_model_to_json(std::string_view data, const std::string
   if (!m.byte_fallback) refuse("trainer_spec.byte_fallback = false", "dcp reads models with it");
   if (m.treat_whitespace_as_suffix)
     refuse("trainer_spec.treat_whitespace_as_suffix = true", "not supported (legal: false)");
-  if (m.normalizer != "identity" || m.has_charsmap)
-    refuse("normalizer_spec.name = '" + m.normalizer + "'",
-           "dcp applies no normalization rule (legal: identity, as Llama's models have it)");
-  if (m.remove_extra_whitespaces)
-    refuse("normalizer_spec.remove_extra_whitespaces = true",
-           "runs of spaces would collapse; dcp keeps them (legal: false)");
+  if (m.denormalizer_charsmap)
+    refuse("denormalizer_spec.precompiled_charsmap",
+           "dcp applies no rule when decoding (legal: none, as spm_train writes it by default)");
   if (!m.escape_whitespaces || !m.add_dummy_prefix)
     refuse(std::string("normalizer_spec.") +
                (m.escape_whitespaces ? "add_dummy_prefix" : "escape_whitespaces") + " = false",
@@ -324,9 +332,15 @@ std::string sentencepiece_model_to_json(std::string_view data, const std::string
   const std::string bos = m.bos_id >= 0 && static_cast<std::size_t>(m.bos_id) < m.pieces.size()
                               ? m.pieces[static_cast<std::size_t>(m.bos_id)].text
                               : std::string();
-  return sentencepiece_tokenizer_json(std::move(added), std::move(vocab_json),
-                                      std::move(merges_json), unk, bos, m.bos_id)
-      .dump();
+  SentencePieceConversion out;
+  out.tokenizer_json = sentencepiece_tokenizer_json(std::move(added), std::move(vocab_json),
+                                                    std::move(merges_json), unk, bos, m.bos_id)
+                           .dump();
+  // The normalizer's name only says which rules training compiled into the map: the map decides.
+  if (!m.charsmap.empty() || m.remove_extra_whitespaces)
+    out.normalizer = std::make_shared<const text_internal::SentencePieceNormalizer>(
+        m.charsmap, m.remove_extra_whitespaces);
+  return out;
 }
 
 OrderedJson sentencepiece_tokenizer_json(OrderedJson added, OrderedJson vocab, OrderedJson merges,

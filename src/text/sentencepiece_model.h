@@ -3,21 +3,30 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 
+#include "sentencepiece_normalizer.h"
+
 namespace dcp {
 
-// The tokenizer.json text equivalent to a BPE SentencePiece model with byte fallback: every
-// piece in the vocabulary at its id, merges from the pieces' scores (highest first), the
-// U+2581 normalizer and decoder, unknown/control/user-defined pieces as added tokens, BOS added
-// by the post-processor; with tokenizer_config.json's added_tokens_decoder (`config_json`, may
-// be empty) added as Transformers' slow tokenizer adds it. Throws dcp::Error (io) naming the
-// field of a model it cannot run the same way (a unigram model, a normalization rule other than
-// identity, collapsed spaces, ...).
-std::string sentencepiece_model_to_json(std::string_view model,
-                                        const std::string& config_json = "");
+// A BPE SentencePiece model with byte fallback as a tokenizer.json text: every piece in the
+// vocabulary at its id, merges from the pieces' scores (highest first), the U+2581 normalizer
+// and decoder, unknown/control/user-defined pieces as added tokens, BOS added by the
+// post-processor; with tokenizer_config.json's added_tokens_decoder (`config_json`, may be empty)
+// added as Transformers' slow tokenizer adds it. Its normalizer, when the model has one beyond
+// the U+2581 marks (a compiled character map such as NFKC's, collapsed spaces), runs as
+// SentencePiece runs it. Throws dcp::Error (io) naming the field of a model it cannot run the
+// same way (a unigram model, no byte fallback, spaces not marked with U+2581, ...).
+struct SentencePieceConversion {
+  std::string tokenizer_json;
+  // Null when the tokenizer.json's own normalizer is the model's (identity, spaces kept).
+  std::shared_ptr<const text_internal::SentencePieceNormalizer> normalizer;
+};
+SentencePieceConversion convert_sentencepiece_model(std::string_view model,
+                                                    const std::string& config_json = "");
 
 // A SentencePiece-style tokenizer.json (the one Transformers' Llama conversion writes): the
 // U+2581 normalizer and decoder, BPE with byte fallback over `vocab` and `merges`, `added` as

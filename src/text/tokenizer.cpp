@@ -525,7 +525,8 @@ void Tokenizer::Impl::bpe(const std::string& word, std::vector<std::int32_t>& ou
 void Tokenizer::Impl::encode_plain(const std::string& text, std::vector<std::int32_t>& out) const {
   if (text.empty()) return;
   if (metaspace) {
-    bpe(metaspace_word(text), out);
+    const std::string word = sp_normalizer ? sp_normalizer->normalize(text) : metaspace_word(text);
+    if (!word.empty()) bpe(word, out);  // collapsed spaces may leave nothing
     return;
   }
   for (const std::string& word : pre_tokenize(text)) bpe(word, out);
@@ -555,6 +556,14 @@ Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, const std::str
   return Tokenizer(std::move(impl));
 }
 
+Tokenizer Tokenizer::from_sentencepiece(const std::string& model_bytes,
+                                        const std::string& config_json) {
+  SentencePieceConversion c = convert_sentencepiece_model(model_bytes, config_json);
+  Tokenizer tok = from_json(c.tokenizer_json, config_json);
+  tok.impl_->sp_normalizer = std::move(c.normalizer);
+  return tok;
+}
+
 bool Tokenizer::found_in(const std::string& dir) {
   namespace fs = std::filesystem;
   for (const char* name : {"tokenizer.json", "tiktoken.model", "tokenizer.model"})
@@ -573,11 +582,10 @@ Tokenizer Tokenizer::from_dir(const std::string& dir) {
     const std::string config = fs::is_regular_file(c) ? read_file(c) : std::string();
     // tokenizer.json first, as Transformers prefers it; a SentencePiece model is converted the
     // way Transformers converts it when there is none.
-    Tokenizer tok =
-        fs::is_regular_file(t) ? from_json(read_file(t), config)
-        : fs::is_regular_file(tiktoken)
-            ? from_tiktoken(read_file(tiktoken), config)
-            : from_json(sentencepiece_model_to_json(read_file(sentencepiece), config), config);
+    Tokenizer tok = fs::is_regular_file(t) ? from_json(read_file(t), config)
+                    : fs::is_regular_file(tiktoken)
+                        ? from_tiktoken(read_file(tiktoken), config)
+                        : from_sentencepiece(read_file(sentencepiece), config);
     // As transformers (4.47 on) reads a checkpoint: a chat_template.jinja beside the tokenizer
     // files is the chat template, over tokenizer_config.json's (Kimi K2 ships its template so).
     const fs::path jinja = fs::path(dir) / "chat_template.jinja";

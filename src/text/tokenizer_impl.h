@@ -26,7 +26,8 @@ struct ByteLevelMap {
 };
 const ByteLevelMap& byte_level_map();
 
-class Regex;  // a compiled PCRE2 pattern (tokenizer.cpp)
+class Regex;                    // a compiled PCRE2 pattern (tokenizer.cpp)
+class SentencePieceNormalizer;  // a tokenizer.model's rules (sentencepiece_normalizer.cpp)
 
 struct PreStep {
   enum Kind { split, byte_level } kind = split;
@@ -63,6 +64,8 @@ struct Tokenizer::Impl {
   std::optional<std::int32_t> unk;              // the model's unk_token, for what has no bytes
   bool fuse_unk = false;                        // a run of unknown characters is one unk
   bool strip_leading_space = false;             // the decoder's Strip(" ", 1, 0)
+  // metaspace from a tokenizer.model whose normalizer has rules: it writes each stretch's word.
+  std::shared_ptr<const text_internal::SentencePieceNormalizer> sp_normalizer;
   std::optional<std::int32_t> bos, eos;
   std::string bos_text, eos_text;
   bool add_bos = false, add_eos = false;

@@ -1,7 +1,9 @@
 """tokenizer.model (a SentencePiece BPE model, what a checkpoint without tokenizer.json ships)
 against SentencePiece itself (Debian's python3-sentencepiece): a model trained here with byte
-fallback, then ids and decoded text of random texts compared with `dcp tokenize`; the refusals of
-models dcp would not run the same way. Exits 77 (skipped) without the sentencepiece module.
+fallback, then ids and decoded text of random texts compared with `dcp tokenize`; the same for
+models with normalization rules (NFKC and its variants, rules from a TSV, collapsed spaces) on
+texts full of the characters those rules rewrite; the refusals of models dcp would not run the
+same way. Exits 77 (skipped) without the sentencepiece module.
 
 Usage: test_sentencepiece_model.py path/to/dcp"""
 import json
@@ -48,7 +50,8 @@ def dcp_lines(folder, lines, *flags):
                          input="\n".join(json.dumps(x) for x in lines) + "\n",
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    return [json.loads(line) for line in out.stdout.splitlines()]
+    # One line per input; "\n" only ends one (str.splitlines would split at a U+2028 in a text).
+    return [json.loads(line) for line in out.stdout.split("\n")[:-1]]
 
 
 def random_text(rng, symbols):
@@ -66,6 +69,35 @@ def random_text(rng, symbols):
         else:
             parts.append("\n")
         if rng.random() < 0.7:
+            parts.append(" ")
+    return "".join(parts)
+
+
+# Characters NFKC rewrites (full-width and half-width forms, ligatures, compatibility and
+# circled characters, combining sequences it composes, spaces and controls nmt_nfkc maps to a
+# space or drops, case for the _cf variants), and the ASCII some rules produce.
+NFKC = ["ＡＢＣ", "ｃａｔ", "ﬁ", "ﬂ", "①", "㍿", "ｶﾀｶﾅ", "ﾊﾟ", "e\u0301", "A\u030a", "\u212b", "²", "™",
+        "…", "¼", "Ⅻ", "㈱", "ﻼ", "ǆ", "ℌ", "\u1100\u1161", "\u00a0", "\u3000", "\u200b", "\ufeff",
+        "\u2028", "\x01", "\t", "\r\n", "CAT", "Straße", "ΣΑΣ", "İ", "AB", "BA"]
+
+
+def nfkc_text(rng, symbols):
+    parts = []
+    for _ in range(rng.randint(0, 12)):
+        r = rng.random()
+        if r < 0.35:
+            parts.append(rng.choice(NFKC))
+        elif r < 0.55:
+            parts.append(rng.choice(WORDS))
+        elif r < 0.75:  # any character of the ranges compatibility forms live in
+            lo, hi = rng.choice([(0xA0, 0x24F), (0x300, 0x36F), (0x1100, 0x11FF), (0x2000, 0x33FF),
+                                 (0xF900, 0xFAFF), (0xFB00, 0xFFEF), (0x1D400, 0x1D7FF)])
+            parts.append(chr(rng.randint(lo, hi)))
+        elif r < 0.9:
+            parts.append(rng.choice([" ", "  ", "   ", "\u3000", " \u00a0 "]))
+        elif symbols:
+            parts.append(rng.choice(SYMBOLS))
+        if rng.random() < 0.5:
             parts.append(" ")
     return "".join(parts)
 
@@ -164,14 +196,53 @@ def main():
             failures += 1
             print(f"FAIL added_tokens_decoder mismatch: rc {out.returncode}, {out.stderr.strip()}")
 
+        # Normalization rules, run as SentencePiece runs them: the compiled NFKC maps (spm_train's
+        # default, nmt_nfkc, with runs of spaces collapsed), case folding, rules from a TSV
+        # (longest match first), and collapsed spaces alone.
+        rules = os.path.join(tmp, "rules.tsv")
+        with open(rules, "w") as f:  # A -> a, AB -> x, full-width A -> AB (not applied again)
+            f.write("41\t61\n41 42\t78\nFF21\t41 42\n")
+        for name, options in [
+                ("nmt_nfkc", {"normalization_rule_name": "nmt_nfkc",
+                              "remove_extra_whitespaces": True}),
+                ("nfkc_cf", {"normalization_rule_name": "nfkc_cf"}),
+                ("nmt_nfkc_keep_spaces", {"normalization_rule_name": "nmt_nfkc"}),
+                ("tsv_rules", {"normalization_rule_tsv": rules, "remove_extra_whitespaces": True}),
+                ("collapse", {"remove_extra_whitespaces": True})]:
+            folder = os.path.join(tmp, name)
+            nsp = train(folder, **options)
+            texts = [nfkc_text(rng, False) for _ in range(600)]
+            texts += ["", " ", "   ", "\u3000", "\u200b", " ＡＢ  c ", "AAB", "ＡB", "e\u0301\u0301"]
+            got = dcp_lines(folder, texts)
+            for text, ids in zip(texts, got):
+                if ids != nsp.encode(text):
+                    failures += 1
+                    print(f"FAIL {name} encode {text!r}: sentencepiece {nsp.encode(text)}, dcp {ids}")
+            marked = [nfkc_text(rng, True) for _ in range(200)]
+            got = dcp_lines(folder, marked)
+            for text, ids in zip(marked, got):
+                if ids != transformers_ids(nsp, text):
+                    failures += 1
+                    print(f"FAIL {name} encode {text!r}: expected {transformers_ids(nsp, text)}, "
+                          f"dcp {ids}")
+            sequences = [i for i in (nsp.encode(t) for t in texts) if i]
+            for ids, text in zip(sequences, dcp_lines(folder, sequences, "--decode")):
+                if text != nsp.decode(ids):
+                    failures += 1
+                    print(f"FAIL {name} decode {ids}: sentencepiece {nsp.decode(ids)!r}, "
+                          f"dcp {text!r}")
+            print(f"{name}: {len(texts)} plain texts, {len(marked)} with added tokens, "
+                  f"{len(sequences)} decodes compared")
+
         # Models dcp would not tokenize as SentencePiece does: refused, naming the field.
+        denormalize = os.path.join(tmp, "denormalize.tsv")
+        with open(denormalize, "w") as f:
+            f.write("61\t41\n")
         for name, options, message in [
                 ("unigram", {"model_type": "unigram", "vocab_size": 330},
                  "trainer_spec.model_type = UNIGRAM"),
-                ("nfkc", {"normalization_rule_name": "nmt_nfkc"},
-                 "normalizer_spec.name = 'nmt_nfkc'"),
-                ("collapse", {"remove_extra_whitespaces": True},
-                 "normalizer_spec.remove_extra_whitespaces = true"),
+                ("denormalizer", {"denormalization_rule_tsv": denormalize},
+                 "denormalizer_spec.precompiled_charsmap"),
                 ("nobytes", {"byte_fallback": False, "vocab_size": 100},
                  "trainer_spec.byte_fallback = false")]:
             folder = os.path.join(tmp, name)
