@@ -207,6 +207,36 @@ TEST_F(FamilyCheckpoint, TiedEmbeddingsWithOrWithoutTheConfigField) {
       ErrorCategory::io, "lm_head.weight"));
 }
 
+// A tied rank holds the embedding's rows once: exactly one vocabulary slice less than the same
+// model untied, and what the memory estimate (which counts the tied tensor once) predicts.
+TEST_F(FamilyCheckpoint, TiedEmbeddingsAreHeldOnce) {
+  const auto synthetic = make_synthetic_weights(4);  // has lm_head.weight: ties by config only
+  std::vector<std::size_t> bytes(2);
+  for (const bool tied : {false, true}) {
+    ModelConfig c = family_config("minicpm3");
+    c.tie_word_embeddings = tied;
+    ParallelConfig pc;
+    pc.tp_size = 2;
+    pc.dcp_size = 2;
+    const Topology topo = resolve(pc);
+    ModelSource src;
+    src.config = c;
+    src.weights = synthetic.get();
+    ModelOptions mo;
+    mo.kv_capacity_tokens = 64;
+    launch_ranks({RankTransport::threads, 2, {}}, [&](Communicator& world, bool) {
+      RankSystem sys(world, topo, src, mo, EngineOptions{});
+      if (world.rank() == 0) bytes[tied] = sys.model().weight_bytes();
+    });
+    const double estimate = weight_bytes_per_rank(c, 2, [](const std::string&) { return 4.0; });
+    EXPECT_NEAR(estimate / static_cast<double>(bytes[tied]), 1.0, 0.1) << "tied " << tied;
+  }
+  const ModelConfig c = family_config("minicpm3");
+  const std::size_t slice =
+      static_cast<std::size_t>((c.vocab_size + 1) / 2) * c.hidden_size * sizeof(float);
+  EXPECT_EQ(bytes[false] - bytes[true], slice);
+}
+
 // A slice of an FP8 weight that starts inside a scale block scales exactly like the whole.
 TEST_F(FamilyCheckpoint, Fp8SlicesIndexTheirScaleBlocksByGlobalPosition) {
   const ModelConfig c = family_config("deepseek-v3");

@@ -147,8 +147,10 @@ class MlaModel {
   int h_loc_ = 0;  // heads per TP rank
   int head0_ = 0;  // first head of this rank
   std::int64_t vocab_begin_ = 0, vocab_end_ = 0, vocab_chunk_ = 0;
-  WeightMatrix embed_;    // [vocab_end - vocab_begin, hidden]
-  WeightMatrix lm_head_;  // same rows
+  WeightMatrix embed_;         // [vocab_end - vocab_begin, hidden]
+  WeightMatrix lm_head_;       // same rows; empty when tied
+  bool lm_head_tied_ = false;  // lm_head is embed_
+  const WeightMatrix& lm_head() const noexcept { return lm_head_tied_ ? embed_ : lm_head_; }
   std::vector<float> final_norm_;
   std::vector<std::unique_ptr<Layer>> layers_;
   std::unique_ptr<KvAllocator> allocator_;

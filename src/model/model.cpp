@@ -96,10 +96,10 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
   vocab_end_ = std::min<std::int64_t>(c.vocab_size, vocab_begin_ + vocab_chunk_);
   const std::vector<std::int64_t> vocab_shape{c.vocab_size, hidden};
   embed_ = w.load_matrix("model.embed_tokens.weight", vocab_shape, {vocab_begin_, vocab_end_});
-  // Tied: lm_head is the same rows of the embedding, held twice (the head reads them whole).
-  lm_head_ = w.load_matrix(
-      c.ties(w.contains("lm_head.weight")) ? "model.embed_tokens.weight" : "lm_head.weight",
-      vocab_shape, {vocab_begin_, vocab_end_});
+  // Tied: lm_head is the embedding's rows this rank holds, held once.
+  lm_head_tied_ = c.ties(w.contains("lm_head.weight"));
+  if (!lm_head_tied_)
+    lm_head_ = w.load_matrix("lm_head.weight", vocab_shape, {vocab_begin_, vocab_end_});
   final_norm_ = w.load("model.norm.weight", {hidden});
 
   const std::int64_t vp = static_cast<std::int64_t>(options.page_size) * n;
@@ -181,10 +181,10 @@ MlaModel::MlaModel(const ModelConfig& config, const WeightSource& w, Communicato
     layers_.push_back(std::move(L));
   }
   DCP_ARG_CHECK(options.weight_kernel != KernelPath::avx512_bf16 ||
-                    lm_head_.dtype != WeightDtype::f32 || weight_dtype() != WeightDtype::f32,
+                    lm_head().dtype != WeightDtype::f32 || weight_dtype() != WeightDtype::f32,
                 "weight_kernel = avx512_bf16 multiplies bf16 and FP8 weights in pairs; this model "
                 "holds neither (its weights are ",
-                to_string(weight_dtype()), ", its lm_head ", to_string(lm_head_.dtype),
+                to_string(weight_dtype()), ", its lm_head ", to_string(lm_head().dtype),
                 "): use automatic, portable, avx2 or avx512");
   DcpAttentionOptions step;
   step.backend = n == 1 ? CombineBackend::ag_rs : options.backend;
@@ -458,7 +458,7 @@ std::vector<float> MlaModel::forward(const ForwardBatch& batch, ForwardTimings* 
     for (float& v : h) v *= scale;
   }
   std::vector<float> local(static_cast<std::size_t>(R * vocab_chunk_), 0.0f);
-  ops::linear(h.data(), R, lm_head_, local.data(), hidden, vocab_chunk_);
+  ops::linear(h.data(), R, lm_head(), local.data(), hidden, vocab_chunk_);
   std::vector<float> logits(static_cast<std::size_t>(R) * c.vocab_size);
   if (tp_.size() == 1 || R == 0) {
     for (std::int64_t r = 0; r < R; ++r)
