@@ -521,10 +521,40 @@ TEST(ChatTemplate, ScopesLikeJinja) {
   EXPECT_EQ(render("{% for a, b in [[1, 2], [3, 4]] %}{{ a * b }},{% endfor %}"), "2,12,");
 }
 
+TEST(ChatTemplate, CallBlocksPassTheirBodyAsCaller) {
+  // The body renders where the block is (its loop and variables), each time the macro calls it.
+  EXPECT_EQ(
+      render("{% macro twice() %}[{{ caller() }}{{ caller() }}]{% endmacro %}"
+             "{% set v = 'v' %}{% for i in range(2) %}{% call twice() %}{{ v }}{{ loop.index }}"
+             "{% endcall %}{% endfor %}"),
+      "[v1v1][v2v2]");
+  // Parameters of the caller, with defaults; the macro's own arguments as usual.
+  EXPECT_EQ(render("{% macro tag(t) %}<{{ t }}>{{ caller(t | upper) }}{{ caller('x', n=3) }}"
+                   "{% endmacro %}{% call(s, n=1) tag('b') %}{{ s }}{{ n }}{% endcall %}"),
+            "<b>B1x3");
+  // Recursion through call blocks, as MiniCPM3's tool template builds its classes.
+  EXPECT_EQ(render("{% macro nest(k) %}{% set ns = namespace(f=caller()) %}{% if k > 0 %}"
+                   "{% call nest(k - 1) %}({{ k }}){% endcall %}{% endif %}{{ ns.f }}{% endmacro %}"
+                   "{% call nest(2) %}top{% endcall %}"),
+            "(1)(2)top");
+  // A macro that never calls caller() refuses a call block; one that does, called without a
+  // block, finds caller undefined.
+  EXPECT_TRUE(test::throws_error(
+      [] { render("{% macro m() %}x{% endmacro %}{% call m() %}y{% endcall %}"); },
+      ErrorCategory::invalid_argument, "the macro 'm' is called by {% call %} but never calls"));
+  EXPECT_TRUE(
+      test::throws_error([] { render("{% macro m() %}{{ caller() }}{% endmacro %}{{ m() }}"); },
+                         ErrorCategory::invalid_argument, "is not callable"));
+}
+
 TEST(ChatTemplate, RefusesWhatItDoesNotRunNamingTheLine) {
-  EXPECT_TRUE(test::throws_error([] { ChatTemplate("a\n{% call f() %}x{% endcall %}"); },
+  EXPECT_TRUE(test::throws_error([] { ChatTemplate("a\n{% filter upper %}x{% endfilter %}"); },
                                  ErrorCategory::invalid_argument,
-                                 "chat template line 2: '{% call %}' is not supported"));
+                                 "chat template line 2: '{% filter %}' is not supported"));
+  EXPECT_TRUE(test::throws_error([] { ChatTemplate("{% call x %}y{% endcall %}"); },
+                                 ErrorCategory::invalid_argument, "{% call %} must call a macro"));
+  EXPECT_TRUE(test::throws_error([] { ChatTemplate("{% call m() %}y"); },
+                                 ErrorCategory::invalid_argument, "'{% endcall %}' is missing"));
   EXPECT_TRUE(test::throws_error([] { ChatTemplate("{% if x %}"); },
                                  ErrorCategory::invalid_argument, "'{% endif %}' is missing"));
   EXPECT_TRUE(test::throws_error([] { ChatTemplate("{{ x | nosuch }}").render("{}"); },

@@ -1879,11 +1879,11 @@ def case_chat_template():
     # A template dcp cannot run: the server says so at startup, refuses chats naming the construct
     # and serves completions.
     with open(os.path.join(kimi, "chat_template.jinja"), "w") as f:
-        f.write("{% call m() %}x{% endcall %}")
+        f.write("{% filter upper %}x{% endfilter %}")
     s = Server("--tokenizer-path", kimi)
     try:
         status, r = s.post("/v1/chat/completions", {"messages": turns, "max_tokens": 2})
-        check(status == 400 and "'{% call %}' is not supported" in r["error"]["message"], f"a chat: {status} {r}")
+        check(status == 400 and "'{% filter %}' is not supported" in r["error"]["message"], f"a chat: {status} {r}")
         status, r = s.post("/v1/completions", {"prompt": "Hi", "max_tokens": 2})
         check(status == 200, f"a completion: {status} {r}")
     finally:

@@ -167,8 +167,25 @@ const templates = {
   for_filter: "{% for m in messages if m.role != 'system' %}{{ loop.index }}/{{ loop.length }}{{ m.content }}{% endfor %}",
   split_with_maxsplit: "{% for m in messages %}{{ (m.content ~ '</think>x</think>y').split('</think>', 1)[1] }};{% endfor %}{{ 'a b  c'.split(none, 1) | join('/') }}",
   dictsort_and_indented_json: "{% for k, v in tool | dictsort %}{{ k }}={{ v }};{% endfor %}{{ tool | tojson(indent=2) }}",
+  // What MiniCPM3's tool template is built from: a recursive macro that starts from what its call
+  // block renders (caller() inside namespace()), call blocks inside loops and macros, a caller
+  // with parameters.
+  call_blocks: "{%- macro fields(spec, indent) -%}{%- set ns = namespace(f = caller()) -%}" +
+    "{%- for name, p in spec.properties | items -%}{%- if p.type == 'object' and p.properties -%}" +
+    "{%- call fields(p, indent ~ '  ') -%}{{ '\\nclass ' ~ name | title ~ ':\\n' }}{%- endcall -%}{%- endif -%}" +
+    "{%- set ns.f = ns.f ~ indent ~ name ~ ': ' ~ p.type ~ ('' if name in spec.required else ' = None') ~ '\\n' -%}" +
+    "{%- endfor -%}{{- ns.f -}}{%- endmacro -%}" +
+    "{%- for t in tools -%}{%- call fields(t.parameters, '    ') -%}{{ '\\ndef ' ~ t.name ~ '(' ~ loop.index ~ '):\\n' }}{%- endcall -%}{%- endfor -%}" +
+    "{%- macro wrap(tag) -%}<{{ tag }}>{{ caller(tag | upper, n=2) }}|{{ caller('z') }}</{{ tag }}>{%- endmacro -%}" +
+    "{% call(t, n=1) wrap('b') %}{{ t }}x{{ n }}{{ messages | length }}{% endcall %}",
 };
-const vars = { messages: msgs, x: 1, y: null, tool: { name: "f", n: 2 } };
+const vars = {
+  messages: msgs, x: 1, y: null, tool: { name: "f", n: 2 },
+  tools: [{ name: "get_weather", parameters: { type: "object", required: ["city"], properties: {
+              city: { type: "string" }, where: { type: "object", properties: { lat: { type: "number" },
+              area: { type: "object", properties: { name: { type: "string" } } } } }, unit: { type: "string" } } } },
+          { name: "now", parameters: { type: "object", properties: {} } }],
+};
 for (const [name, t] of Object.entries(templates)) check(`jinja.${name}`, small, t, vars);
 
 fs.rmSync(scratch, { recursive: true, force: true });

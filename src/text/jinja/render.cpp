@@ -87,6 +87,7 @@ class Renderer {
         }
         case Node::for_loop: render_for(*n, out); break;
         case Node::macro: define_macro(n); break;
+        case Node::call_block: out += to_str(call_with_caller(*n)); break;
         case Node::loop_break: jump_ = Jump::stop_loop; return;
         case Node::loop_continue: jump_ = Jump::next_item; return;
       }
@@ -182,8 +183,30 @@ class Renderer {
         }));
   }
 
+  // {% call m(...) %}body{% endcall %}: m(...) with `caller`, the body as a macro of the scopes
+  // here (it sees the variables where the block is, as a macro defined here would).
+  Value call_with_caller(const Node& n) {
+    const Expr& e = *n.expr;
+    const Value f = eval(*e.args[0]);
+    if (f.kind != Value::function) fail(e.line, str("a ", kind_name(f), " is not callable"));
+    Args args;
+    for (std::size_t k = 1; k < e.args.size(); ++k) args.push_back(eval(*e.args[k]));
+    Kwargs kwargs;
+    for (const auto& [k, v] : e.kwargs) {
+      if (k == "caller") fail(e.line, "{% call %} passes its own 'caller'");
+      kwargs.emplace_back(k, eval(*v));
+    }
+    std::vector<std::weak_ptr<Dict>> closure(scopes_.begin(), scopes_.end());
+    const std::shared_ptr<Node> body = n.caller_macro;
+    kwargs.emplace_back("caller", Value::Fn([this, body, closure](const Args& a, const Kwargs& k) {
+                          return call_macro(*body, closure, a, k, true);
+                        }));
+    return (*f.f)(args, kwargs);
+  }
+
+  // `block_body`: a call block's body, which sees the loop around the block.
   Value call_macro(const Node& n, const std::vector<std::weak_ptr<Dict>>& closure, const Args& args,
-                   const Kwargs& kwargs) {
+                   const Kwargs& kwargs, bool block_body = false) {
     if (++macro_calls_ > kMaxMacroCalls)
       fail(n.line, str("more than ", kMaxMacroCalls, " macro calls in one rendering"));
     std::vector<std::shared_ptr<Dict>> scopes;
@@ -204,7 +227,8 @@ class Renderer {
     if (args.size() > params && !n.varargs)
       fail(n.line,
            str("the macro '", n.text, "' takes at most ", params, " arguments, not ", args.size()));
-    set("loop", Value());  // a caller's loop is not the macro's
+    if (!block_body) set("loop", Value());  // a caller's loop is not the macro's
+    if (n.caller) set("caller", Value());   // undefined unless a call block passes one
     std::vector<bool> bound(params, false);
     for (std::size_t k = 0; k < params && k < args.size(); ++k) {
       set(n.targets[k], args[k]);
@@ -213,6 +237,14 @@ class Renderer {
     Dict extra;
     for (const auto& [key, v] : kwargs) {
       const auto at = std::find(n.targets.begin(), n.targets.end(), key);
+      if (key == "caller" && at == n.targets.end()) {  // from a call block
+        if (!n.caller)
+          fail(n.line, str("the macro '", n.text,
+                           "' is called by {% call %} but never calls "
+                           "caller()"));
+        set("caller", v);
+        continue;
+      }
       if (at == n.targets.end()) {
         if (!n.kwargs) fail(n.line, str("the macro '", n.text, "' has no parameter '", key, "'"));
         assign(extra, key, v);

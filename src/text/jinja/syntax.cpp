@@ -622,6 +622,8 @@ class TreeBuilder {
         out.push_back(n);
       } else if (keyword == "macro") {
         out.push_back(parse_macro(p, seg.line));
+      } else if (keyword == "call") {
+        out.push_back(parse_call(p, seg.line));
       } else if (keyword == "break" || keyword == "continue") {
         // Hugging Face renders with Jinja's loop controls on.
         p.expect_end();
@@ -633,8 +635,9 @@ class TreeBuilder {
       } else if (keyword == "generation" || keyword == "endgeneration") {
         // Hugging Face's marker for assistant tokens in training masks: renders nothing.
       } else {
-        fail(seg.line, str("'{% ", keyword,
-                           " %}' is not supported (legal: if, for, set, macro, break, continue)"));
+        fail(seg.line,
+             str("'{% ", keyword,
+                 " %}' is not supported (legal: if, for, set, macro, call, break, continue)"));
       }
     }
     if (!stops.empty())
@@ -710,12 +713,41 @@ class TreeBuilder {
     return n;
   }
 
+  // {% call [(a, b=default, ...)] macro(...) %}...{% endcall %}: the macro called with `caller`,
+  // a macro of those parameters whose body is the block's, run where the block is.
+  std::shared_ptr<Node> parse_call(Parser& p, int line) {
+    auto n = std::make_shared<Node>();
+    n->kind = Node::call_block;
+    n->line = line;
+    auto c = std::make_shared<Node>();
+    c->kind = Node::macro;
+    c->line = line;
+    c->text = "caller";
+    if (p.is_op("(")) parse_parameters(p, *c);
+    n->expr = p.expression();
+    if (n->expr->kind != Expr::call) fail(line, "{% call %} must call a macro: {% call m(...) %}");
+    p.expect_end();
+    parse_macro_body(*c, "endcall");
+    n->caller_macro = c;
+    return n;
+  }
+
   // {% macro name(a, b=default, ...) %}...{% endmacro %}
   std::shared_ptr<Node> parse_macro(Parser& p, int line) {
     auto n = std::make_shared<Node>();
     n->kind = Node::macro;
     n->line = line;
     n->text = p.expect_name();
+    parse_parameters(p, *n);
+    p.expect_end();
+    parse_macro_body(*n, "endmacro");
+    return n;
+  }
+
+  // "(a, b=default, ...)" into the macro's targets and defaults.
+  void parse_parameters(Parser& p, Node& macro) {
+    Node* n = &macro;
+    const int line = macro.line;
     p.expect_op("(");
     while (!p.is_op(")")) {
       std::string name = p.expect_name();
@@ -735,20 +767,23 @@ class TreeBuilder {
       p.next();
     }
     p.expect_op(")");
-    p.expect_end();
+  }
+
+  // The body up to `stop` (endmacro, endcall), and what it reads of the implicit arguments.
+  void parse_macro_body(Node& n, const char* stop_keyword) {
     const int enclosing_loops = loops_;
     loops_ = 0;  // a loop around the definition is not around the body
     std::string stop;
-    n->body = parse_body({"endmacro"}, stop);
+    n.body = parse_body({stop_keyword}, stop);
     loops_ = enclosing_loops;
     Parser q(s_[i_].tokens);
     q.next();
     q.expect_end();
     ++i_;
-    // As Jinja: a macro takes extra arguments only if its body reads them.
-    n->varargs = reads_name(n->body, "varargs");
-    n->kwargs = reads_name(n->body, "kwargs");
-    return n;
+    // As Jinja: a macro takes extra arguments (and a caller) only if its body reads them.
+    n.varargs = reads_name(n.body, "varargs");
+    n.kwargs = reads_name(n.body, "kwargs");
+    n.caller = reads_name(n.body, "caller");
   }
 
   static bool reads_name(const Expr* e, const std::string& name) {

@@ -1,5 +1,5 @@
 // A chat template's syntax: source -> segments (text and tags, Jinja's whitespace rules applied)
-// -> a tree of nodes (text, output, if, for, set) holding expression trees.
+// -> a tree of nodes (text, output, if, for, set, macro, call) holding expression trees.
 #pragma once
 
 #include <memory>
@@ -31,7 +31,10 @@ struct Expr {
 struct Node;
 using Body = std::vector<std::shared_ptr<Node>>;
 struct Node {
-  enum Kind { text_node, output, if_chain, for_loop, set, macro, loop_break, loop_continue } kind;
+  // clang-format off
+  enum Kind { text_node, output, if_chain, for_loop, set, macro, call_block, loop_break,
+              loop_continue } kind;
+  // clang-format on
   int line = 0;
   std::string text;                                // text; macro: its name
   ExprPtr expr;                                    // output, for's iterable, set's value
@@ -39,8 +42,11 @@ struct Node {
   std::vector<std::string> targets;  // for's loop variables; set: name [, attr]; macro: parameters
   std::vector<ExprPtr> defaults;     // macro: each parameter's default (null: none)
   bool varargs = false, kwargs = false;  // macro: its body reads `varargs` / `kwargs`
+  bool caller = false;                   // macro: its body reads `caller` (a call block's body)
   ExprPtr filter;                        // for ... if filter
   Body body, else_body;                  // for; macro: body
+  // call_block: `expr` calls a macro with `caller`, a macro of the block's parameters and body.
+  std::shared_ptr<Node> caller_macro;
 };
 
 // Parses a template; throws dcp::Error (invalid_argument) naming the line of a syntax error or
