@@ -1,9 +1,9 @@
-// A model's reply read for tool calls: the two formats' markers (parse_tool_calls, and a
+// A model's reply read for tool calls: the three formats' markers (parse_tool_calls, and a
 // ToolCallReader fed the same text in pieces, as a stream reads it) and the JSON list
 // tool_choice "required" guides (read_listed_calls, respelt_json, and a ListedCallReader in
-// pieces). The respelt JSON is
-// checked against nlohmann's parser, which must accept the same texts (but for numbers past a
-// double, which it refuses, and lone surrogates) and read the same values from the respelling.
+// pieces); MiniCPM3's Python calls must give JSON objects. The respelt JSON is checked against
+// nlohmann's parser, which must accept the same texts (but for numbers past a double, which it
+// refuses, and lone surrogates) and read the same values from the respelling.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -69,10 +69,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           reader.calls()[k].name != (*calls)[k].name)
         __builtin_trap();
   }
-  for (dcp::ToolCallFormat f : {dcp::ToolCallFormat::deepseek_v3, dcp::ToolCallFormat::kimi_k2}) {
+  for (dcp::ToolCallFormat f : {dcp::ToolCallFormat::deepseek_v3, dcp::ToolCallFormat::kimi_k2,
+                                dcp::ToolCallFormat::minicpm3}) {
     const dcp::ParsedToolCalls parsed = dcp::parse_tool_calls(text, f);
-    for (const dcp::ToolCall& c : parsed.calls)
+    for (const dcp::ToolCall& c : parsed.calls) {
       if (c.name.empty() || c.arguments.empty()) __builtin_trap();
+      // MiniCPM3's arguments are written by dcp from Python values: always a JSON object.
+      if (f == dcp::ToolCallFormat::minicpm3 &&
+          (!nlohmann::json::accept(c.arguments) || !nlohmann::json::parse(c.arguments).is_object()))
+        __builtin_trap();
+    }
     if (parsed.calls.empty() && parsed.content != text) __builtin_trap();
     // Read in pieces (a stream; their lengths from the text's own bytes), the calls come in the
     // same order and stay read, and the whole reads the same.

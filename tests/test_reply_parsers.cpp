@@ -466,6 +466,43 @@ TEST(ToolCalls, TheFormatIsNamedOrFoundInTheTokenizer) {
             ToolCallFormat::deepseek_v3);
   EXPECT_EQ(tool_call_format_of(tokenizer_with({"<s>", kKimiCallsBegin})), ToolCallFormat::kimi_k2);
   EXPECT_EQ(tool_call_format_of(tokenizer_with({"<s>", "</s>"})), std::nullopt);
+  EXPECT_EQ(tool_call_format_named("minicpm3"), ToolCallFormat::minicpm3);
+  EXPECT_STREQ(tool_call_format_name(ToolCallFormat::minicpm3), "minicpm3");
+  EXPECT_EQ(tool_call_format_of(tokenizer_with({"<|tool_call_start|>", "<|tool_call_end|>"})),
+            ToolCallFormat::minicpm3);
+}
+
+// MiniCPM3's block of Python (its values against Python itself: tests/python/test_tool_calls.py)
+// is read whole once its closing marker arrives, and gives all its calls or none.
+TEST(ToolCalls, MiniCpm3ReadsItsPythonBlockOnceItCloses) {
+  const std::string text =
+      "<|thought_start|>\nweather\n<|thought_end|>\n<|tool_call_start|>\n```python\n"
+      "get_weather(city='Paris', days=[1, 2], unit=celsius)\nnow()\n```\n<|tool_call_end|>\nOK";
+  const std::size_t begin = text.find("<|tool_call_start|>");
+  const std::size_t end = text.find("<|tool_call_end|>") + std::string("<|tool_call_end|>").size();
+  ToolCallReader reader(ToolCallFormat::minicpm3);
+  for (std::size_t at = 1; at <= text.size(); ++at) {
+    reader.read(std::string_view(text).substr(0, at));
+    SCOPED_TRACE(at);
+    ASSERT_EQ(reader.calls().size(), at >= end ? 2u : 0u);
+    EXPECT_EQ(reader.calls_begin(), at >= begin + std::string("<|tool_call_start|>").size()
+                                        ? begin
+                                        : ToolCallReader::npos);
+    EXPECT_EQ(reader.content_resumes(false), at >= end ? end : ToolCallReader::npos);
+  }
+  EXPECT_EQ(reader.calls()[0].name, "get_weather");
+  EXPECT_EQ(reader.calls()[0].arguments, R"({"city": "Paris", "days": [1, 2], "unit": "celsius"})");
+  EXPECT_EQ(reader.calls()[1].arguments, "{}");
+  const ParsedToolCalls whole = parse_tool_calls(text, ToolCallFormat::minicpm3);
+  EXPECT_EQ(whole.content, "<|thought_start|>\nweather\n<|thought_end|>\n\nOK");
+  // One statement that is not a call of literals spoils the block: all of it is content.
+  const std::string spoiled = "<|tool_call_start|>f(a=1)\ng(h(x=1))<|tool_call_end|>";
+  const ParsedToolCalls none = parse_tool_calls(spoiled, ToolCallFormat::minicpm3);
+  EXPECT_TRUE(none.calls.empty());
+  EXPECT_EQ(none.content, spoiled);
+  // Cut short (no closing marker at the end): content too.
+  EXPECT_EQ(parse_tool_calls("<|tool_call_start|>f(a=1)", ToolCallFormat::minicpm3).content,
+            "<|tool_call_start|>f(a=1)");
 }
 
 // DeepSeek-R1's split, written independently: a leading "<think>" dropped (vLLM drops all text up

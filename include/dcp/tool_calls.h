@@ -1,8 +1,10 @@
 // Tool calls as MLA chat models write them: the text a reply holds between the model's own
 // markers, read back into calls (a function's name and its JSON arguments) and the content around
-// them. DeepSeek (V3 writes "function<sep>NAME" and fenced JSON, V3.1 "NAME<sep>JSON") and Kimi K2
-// ("functions.NAME:INDEX" as the call's id) are read; the markers are special tokens, so the text
-// must be decoded with special tokens kept.
+// them. DeepSeek (V3 writes "function<sep>NAME" and fenced JSON, V3.1 "NAME<sep>JSON"), Kimi K2
+// ("functions.NAME:INDEX" as the call's id) and MiniCPM3 (Python calls `name(key=value)`, fenced
+// as ```python, between <|tool_call_start|> and <|tool_call_end|>; their arguments as Python's
+// json.dumps writes the values) are read; the markers are special tokens, so the text must be
+// decoded with special tokens kept.
 #pragma once
 
 #include <optional>
@@ -14,9 +16,10 @@
 
 namespace dcp {
 
-enum class ToolCallFormat { deepseek_v3, kimi_k2 };
+enum class ToolCallFormat { deepseek_v3, kimi_k2, minicpm3 };
 
-// "deepseek_v3" or "kimi_k2" (vLLM's --tool-call-parser names); nullopt for any other name.
+// "deepseek_v3", "kimi_k2" (vLLM's --tool-call-parser names) or "minicpm3"; nullopt for any
+// other name.
 std::optional<ToolCallFormat> tool_call_format_named(std::string_view name);
 const char* tool_call_format_name(ToolCallFormat format);
 // The format whose markers `tokenizer` holds as single tokens; nullopt when it holds neither's.
@@ -28,7 +31,9 @@ std::string_view tool_calls_begin(ToolCallFormat format);
 struct ToolCall {
   std::string id;         // the model's id (Kimi K2); empty where the format has none
   std::string name;       // the function
-  std::string arguments;  // JSON text, as the model wrote it (surrounding whitespace dropped)
+  // JSON text, as the model wrote it (surrounding whitespace dropped); MiniCPM3's: its Python
+  // values as JSON
+  std::string arguments;
 };
 
 struct ParsedToolCalls {

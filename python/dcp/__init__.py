@@ -7,6 +7,8 @@
 - ``merge_states(o_parts, lse_parts) -> (o, lse)``: the exact merge of partial results.
 - ``LLM(model=..., tp_size=..., dcp_size=...).generate(prompts, SamplingParams(...))``: offline
   generation, ranks as threads of this process.
+- ``parse_tool_calls(text, format) -> (content, calls)``: a reply's tool calls, as ``dcp serve``
+  reads them (formats ``deepseek_v3``, ``kimi_k2``, ``minicpm3``).
 
 Arrays are numpy arrays or CPU torch tensors (bf16 included: numpy has no bf16, so a bf16 cache
 may also be passed as its bits in a uint16 array). Inputs are read in place, never copied; a
@@ -23,9 +25,20 @@ from . import _dcp
 
 __all__ = ["owner", "row", "local_count", "position", "chunk_share", "topology", "mla_decode",
            "merge_states", "kernel_paths", "LLM", "SamplingParams", "GuidedDecodingParams", "StructuredOutputsParams",
-           "RequestOutput", "CompletionOutput", "Logprob"]
+           "RequestOutput", "CompletionOutput", "Logprob", "parse_tool_calls"]
 
 kernel_paths = _dcp.kernel_paths
+
+
+def parse_tool_calls(text, format):
+    """The tool calls in a reply's text (decoded with special tokens kept), as ``dcp serve``
+    reads them for tool_choice "auto": returns (content, calls), the text outside the calls and a
+    list of {"id", "name", "arguments"} dicts, arguments being JSON text. A block that does not
+    read as calls is content, whole. format: "deepseek_v3", "kimi_k2" or "minicpm3"."""
+    if not isinstance(text, str) or not isinstance(format, str):
+        raise ValueError("parse_tool_calls takes the reply's text and the format's name (strings)")
+    return _dcp._parse_tool_calls(text, format)
+
 __version__ = _dcp.__version__  # the C++ library's, as `dcp --version` prints it
 
 

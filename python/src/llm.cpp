@@ -25,6 +25,7 @@
 #include "dcp/serving.h"
 #include "dcp/text_stream.h"
 #include "dcp/tokenizer.h"
+#include "dcp/tool_calls.h"
 #include "dcp/weights.h"
 
 namespace dcp::python {
@@ -521,6 +522,26 @@ void bind_llm(py::module_& m) {
                              [](const Generated& g) { return logprobs_list(g.logprobs); })
       .def_property_readonly("prompt_logprobs",
                              [](const Generated& g) { return logprobs_list(g.prompt_logprobs); });
+
+  // A reply's tool calls, as `dcp serve` reads them for tool_choice "auto".
+  m.def(
+      "_parse_tool_calls",
+      [](const std::string& text, const std::string& format) {
+        const std::optional<ToolCallFormat> f = tool_call_format_named(format);
+        DCP_ARG_CHECK(f, "format '", format,
+                      "' is not a tool-call format (legal: deepseek_v3, kimi_k2, minicpm3)");
+        const ParsedToolCalls parsed = parse_tool_calls(text, *f);
+        py::list calls;
+        for (const ToolCall& c : parsed.calls) {
+          py::dict call;
+          call["id"] = c.id;
+          call["name"] = c.name;
+          call["arguments"] = c.arguments;
+          calls.append(call);
+        }
+        return py::make_tuple(parsed.content, calls);
+      },
+      py::arg("text"), py::arg("format"));
 
   m.def(
       "_json_schema_regex",

@@ -4,6 +4,8 @@
 #include <cctype>
 #include <nlohmann/json.hpp>
 
+#include "python_calls.h"
+
 namespace dcp {
 namespace {
 
@@ -31,8 +33,13 @@ constexpr Markers kKimi{"<|tool_calls_section_begin|>", "<|tool_call_begin|>",
                         "<|tool_call_argument_begin|>", "<|tool_call_end|>",
                         "<|tool_calls_section_end|>"};
 
+// MiniCPM3 writes all its calls as Python between one pair of markers (python_calls.cpp).
+constexpr Markers kMiniCpm3{"<|tool_call_start|>", "", "", "", "<|tool_call_end|>"};
+
 const Markers& markers(ToolCallFormat f) {
-  return f == ToolCallFormat::kimi_k2 ? kKimi : kDeepSeek;
+  return f == ToolCallFormat::kimi_k2    ? kKimi
+         : f == ToolCallFormat::minicpm3 ? kMiniCpm3
+                                         : kDeepSeek;
 }
 
 bool is_space(char c) {
@@ -300,15 +307,22 @@ std::optional<std::vector<ToolCall>> read_listed_calls(std::string_view text) {
 std::optional<ToolCallFormat> tool_call_format_named(std::string_view name) {
   if (name == "deepseek_v3") return ToolCallFormat::deepseek_v3;
   if (name == "kimi_k2") return ToolCallFormat::kimi_k2;
+  if (name == "minicpm3") return ToolCallFormat::minicpm3;
   return std::nullopt;
 }
 
 const char* tool_call_format_name(ToolCallFormat format) {
-  return format == ToolCallFormat::kimi_k2 ? "kimi_k2" : "deepseek_v3";
+  switch (format) {
+    case ToolCallFormat::kimi_k2: return "kimi_k2";
+    case ToolCallFormat::minicpm3: return "minicpm3";
+    case ToolCallFormat::deepseek_v3: break;
+  }
+  return "deepseek_v3";
 }
 
 std::optional<ToolCallFormat> tool_call_format_of(const Tokenizer& tokenizer) {
-  for (ToolCallFormat f : {ToolCallFormat::deepseek_v3, ToolCallFormat::kimi_k2}) {
+  for (ToolCallFormat f :
+       {ToolCallFormat::deepseek_v3, ToolCallFormat::kimi_k2, ToolCallFormat::minicpm3}) {
     if (tokenizer.encode(markers(f).calls_begin).size() == 1) return f;
   }
   return std::nullopt;
@@ -330,6 +344,20 @@ void ToolCallReader::read(std::string_view text) {
     }
     state_ = State::calls;
     at_ = begin_ + m.calls_begin.size();
+  }
+  if (format_ == ToolCallFormat::minicpm3 && state_ == State::calls) {
+    // One block of Python, read once its closing marker arrives: all its calls, or none.
+    const std::size_t end = text.find(m.calls_end, at_);
+    if (end == npos) return;
+    std::optional<std::vector<ToolCall>> calls = read_python_calls(text.substr(at_, end - at_));
+    if (!calls) {
+      state_ = State::spoiled;
+      return;
+    }
+    calls_ = std::move(*calls);
+    state_ = State::closed;
+    at_ = end + m.calls_end.size();
+    return;
   }
   while (state_ == State::calls) {
     at_ = skip_space(text, at_);

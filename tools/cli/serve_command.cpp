@@ -243,9 +243,10 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--chat-template", f->chat_template, kChatTemplateHelp)->type_name("FILE");
   cmd->add_option("--tool-call-parser", f->tool_call_parser,
                   "how replies to tool_choice \"auto\" are read for tool calls: deepseek_v3 "
-                  "(DeepSeek V3 and V3.1), kimi_k2, or auto (the format whose tokens the "
-                  "tokenizer holds; none: \"auto\" is refused)")
-      ->check(CLI::IsMember({"auto", "deepseek_v3", "kimi_k2"}))
+                  "(DeepSeek V3 and V3.1), kimi_k2, minicpm3 (Python calls between "
+                  "<|tool_call_start|> and <|tool_call_end|>), or auto (the format whose tokens "
+                  "the tokenizer holds; none: \"auto\" is refused)")
+      ->check(CLI::IsMember({"auto", "deepseek_v3", "kimi_k2", "minicpm3"}))
       ->capture_default_str();
   cmd->add_option("--reasoning-parser", f->reasoning_parser,
                   "how chat replies' thinking is returned apart (reasoning_content): deepseek_r1 "

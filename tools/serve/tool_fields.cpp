@@ -71,8 +71,9 @@ ToolUse OpenAiApi::parse_tools(const json& b, const std::string& body, SamplingP
     if (!options_.tool_call_format)
       bad("tool_choice",
           "'tool_choice' \"auto\" (the default with 'tools') needs a server that reads tool "
-          "calls: this tokenizer has neither DeepSeek's nor Kimi K2's tool-call tokens (start "
-          "the server with --tool-call-parser deepseek_v3|kimi_k2), or send \"required\", "
+          "calls: this tokenizer has none of DeepSeek's, Kimi K2's or MiniCPM3's tool-call "
+          "tokens (start the server with --tool-call-parser deepseek_v3|kimi_k2|minicpm3), or "
+          "send \"required\", "
           "\"none\" or a named function");
     use.mode = ToolUse::Mode::read_auto;
     use.format = *options_.tool_call_format;
