@@ -563,8 +563,10 @@ TEST(ReasoningSplit, ThinkingThenContent) {
 // the thinking and is the content's start (where its calls are read from).
 TEST(ReasoningSplit, AToolCallSectionEndsKimisThinking) {
   const std::string section = "<|tool_calls_section_begin|>";
+  ReasoningMarkers kimi;
+  kimi.opens_content = section;
   const auto whole = [&](const std::string& text) {
-    ReasoningSplit s(section);
+    ReasoningSplit s(kimi);
     ReasoningSplit::Parts p = streamed({text}, s);
     return std::tuple{p.reasoning, p.content, s.ended()};
   };
@@ -573,7 +575,7 @@ TEST(ReasoningSplit, AToolCallSectionEndsKimisThinking) {
   EXPECT_EQ(whole("a</think>b" + section), std::tuple("a", "b" + section, true));
   EXPECT_EQ(whole("a" + section + "b</think>c"), std::tuple("a", section + "b</think>c", true));
   EXPECT_EQ(whole("a<|tool_calls"), std::tuple("a<|tool_calls", "", false));
-  ReasoningSplit s(section);
+  ReasoningSplit s(kimi);
   EXPECT_EQ(s.push("hm<|tool_calls_sec").reasoning, "hm");  // held: it may be the section
   const ReasoningSplit::Parts p = s.push("tion_begin|>x");
   EXPECT_EQ(p.reasoning, "");
@@ -584,14 +586,69 @@ TEST(ReasoningSplit, AToolCallSectionEndsKimisThinking) {
   EXPECT_EQ(streamed({"a" + section}, plain).reasoning, "a" + section);
 }
 
+// MiniCPM3 thinks when it chooses to: only a reply that opens with its thought has one.
+TEST(ReasoningSplit, MiniCpm3ThinksOnlyWhereTheReplyOpensItsThought) {
+  const auto whole = [](const std::vector<std::string>& pieces) {
+    ReasoningSplit s(ReasoningMarkers::minicpm3());
+    ReasoningSplit::Parts p = streamed(pieces, s);
+    return std::tuple{p.reasoning, p.content, s.ended()};
+  };
+  EXPECT_EQ(whole({"<|thought_start|>\nplan\n<|thought_end|>\n<|tool_call_start|>"}),
+            std::tuple("\nplan\n", "\n<|tool_call_start|>", true));
+  EXPECT_EQ(whole({"Hello <|thought_start|>x<|thought_end|>"}),
+            std::tuple("", "Hello <|thought_start|>x<|thought_end|>", true));
+  EXPECT_EQ(whole({"<|thought_", "start|>cut"}), std::tuple("cut", "", false));
+  EXPECT_EQ(whole({"<|thou"}), std::tuple("", "<|thou", true));  // the whole reply: content
+  EXPECT_EQ(whole({"</think>a"}), std::tuple("", "</think>a", true));
+  ReasoningSplit s(ReasoningMarkers::minicpm3());
+  EXPECT_EQ(s.push("<|tho").content, "");  // held: it may open the thought
+  EXPECT_EQ(s.push("ught_start|>a<|thought_e").reasoning, "a");
+  EXPECT_EQ(s.push("nd|>b").content, "b");
+}
+
+// MiniCPM3's split, written independently: a reply opening with "<|thought_start|>" thinks up to
+// the first "<|thought_end|>" (all of it without one); any other reply is content.
+std::pair<std::string, std::string> reference_minicpm3(std::string text, bool* ended) {
+  const std::string open = "<|thought_start|>", close = "<|thought_end|>";
+  if (text.rfind(open, 0) != 0) {
+    *ended = true;
+    return {"", text};
+  }
+  text.erase(0, open.size());
+  const std::size_t at = text.find(close);
+  *ended = at != std::string::npos;
+  if (!*ended) return {text, ""};
+  return {text.substr(0, at), text.substr(at + close.size())};
+}
+
 // Random replies over an alphabet rich in the markers' characters, cut into random pieces: the
 // streamed parts joined equal the reference's split of the whole.
 TEST(ReasoningSplit, RandomRepliesInRandomPiecesSplitAsTheWhole) {
   test::Rng rng = test::make_rng();
   const std::string section = "<|tool_calls_section_begin|>";
-  const std::vector<std::string> atoms = {"<",  ">", "/",       "t",        "h",       "i",
-                                          "n",  "k", "<think>", "</think>", "</thi",   "x",
-                                          "\n", "é", section,   "<|",       "<|tool_", "|>"};
+  const std::vector<std::string> atoms = {"<",
+                                          ">",
+                                          "/",
+                                          "t",
+                                          "h",
+                                          "i",
+                                          "n",
+                                          "k",
+                                          "<think>",
+                                          "</think>",
+                                          "</thi",
+                                          "x",
+                                          "\n",
+                                          "é",
+                                          section,
+                                          "<|",
+                                          "<|tool_",
+                                          "|>",
+                                          "<|thought_start|>",
+                                          "<|thought_end|>",
+                                          "<|thought_",
+                                          "_end|>",
+                                          "start|>"};
   for (int round = 0; round < 2000; ++round) {
     std::string text;
     const int n = static_cast<int>(rng.range(0, 14));
@@ -607,12 +664,21 @@ TEST(ReasoningSplit, RandomRepliesInRandomPiecesSplitAsTheWhole) {
     for (const std::string& opens : {std::string(), section}) {
       bool ended = false;
       const auto [reasoning, content] = reference_split(text, &ended, opens);
-      ReasoningSplit s(opens);
+      ReasoningMarkers markers;
+      markers.opens_content = opens;
+      ReasoningSplit s(markers);
       const ReasoningSplit::Parts got = streamed(pieces, s);
       EXPECT_EQ(got.reasoning, reasoning) << text << " | " << opens;
       EXPECT_EQ(got.content, content) << text << " | " << opens;
       EXPECT_EQ(s.ended(), ended) << text << " | " << opens;
     }
+    bool ended = false;
+    const auto [reasoning, content] = reference_minicpm3(text, &ended);
+    ReasoningSplit s(ReasoningMarkers::minicpm3());
+    const ReasoningSplit::Parts got = streamed(pieces, s);
+    EXPECT_EQ(got.reasoning, reasoning) << text << " | minicpm3";
+    EXPECT_EQ(got.content, content) << text << " | minicpm3";
+    EXPECT_EQ(s.ended(), ended) << text << " | minicpm3";
   }
 }
 

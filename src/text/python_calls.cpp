@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "dcp/tokenizer.h"
+
 namespace dcp {
 namespace {
 
@@ -608,7 +610,8 @@ std::optional<std::vector<ToolCall>> read_python_calls(std::string_view code) {
     if (code.starts_with("python")) code = trim(code.substr(6));
   }
   if (code.ends_with("```")) code = trim(code.substr(0, code.size() - 3));
-  if (code.find('\0') != std::string_view::npos) return std::nullopt;  // Python refuses NUL
+  // Python reads source that is UTF-8 and holds no NUL.
+  if (code.find('\0') != std::string_view::npos || utf8_lossy(code) != code) return std::nullopt;
   return PythonReader(code).calls();
 }
 

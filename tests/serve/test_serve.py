@@ -2103,6 +2103,37 @@ def case_minicpm3():
     finally:
         code, _ = s.stop()
         check(code == 0, f"server exit {code}")
+    # MiniCPM3's thought and Python tool calls (forced by a guided_regex: the random model writes
+    # none itself): the thought is reasoning_content, the calls tool_calls with their values as
+    # JSON, the rest content, whole and streamed; a reply that does not open a thought is content.
+    reply = ("<|thought_start|>\nI need the weather.\n<|thought_end|>\n<|tool_call_start|>\n```python\n"
+             "get_weather(city='Paris', days=2)\nnow()\n```\n<|tool_call_end|>\nOne moment.")
+    calls = [("get_weather", '{"city": "Paris", "days": 2}'), ("now", "{}")]
+    s = Server("--tool-call-parser", "minicpm3", "--reasoning-parser", "minicpm3", model=model)
+    try:
+        check("tool calls: minicpm3, reasoning: minicpm3)" in s.banner, f"the banner: {s.banner}")
+        forced = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": TOOLS,
+                  "temperature": 0, "max_tokens": 400, "guided_regex": re.escape(reply)}
+        status, r = s.post("/v1/chat/completions", forced)
+        c = r["choices"][0] if status == 200 else {"message": {}}
+        check(status == 200 and c["finish_reason"] == "tool_calls"
+              and c["message"].get("reasoning_content") == "\nI need the weather.\n"
+              and c["message"]["content"] == "\n\nOne moment."
+              and [(t["name"], t["arguments"]) for t in flat_calls(c["message"])] == calls, f"minicpm3 auto: {r}")
+        status, _, events = s.stream("/v1/chat/completions", {**forced, "stream": True})
+        content, streamed, finish = joined_stream(events)
+        thought = "".join(e["choices"][0]["delta"].get("reasoning_content", "") for e in events[:-1])
+        check(status == 200 and content == "\n\nOne moment." and thought == "\nI need the weather.\n"
+              and [(t["name"], t["arguments"]) for t in streamed] == calls and finish == "tool_calls",
+              f"minicpm3 auto streamed: {content!r} {thought!r} {streamed} {finish}")
+        plain = {**forced, "guided_regex": "Hi there"}
+        status, r = s.post("/v1/chat/completions", plain)
+        m = r["choices"][0]["message"] if status == 200 else {}
+        check(status == 200 and m.get("content") == "Hi there" and not m.get("reasoning_content")
+              and "tool_calls" not in m, f"no thought, no call: content: {r}")
+    finally:
+        code, _ = s.stop()
+        check(code == 0, f"server exit {code}")
 
 
 def case_disaggregate():

@@ -154,6 +154,7 @@ int serve(const ServeFlags& f) {
   ao.reasoning_parser = f.reasoning_parser == "deepseek_r1"   ? serve::ReasoningParser::deepseek_r1
                         : f.reasoning_parser == "deepseek_v3" ? serve::ReasoningParser::deepseek_v3
                         : f.reasoning_parser == "kimi_k2"     ? serve::ReasoningParser::kimi_k2
+                        : f.reasoning_parser == "minicpm3"    ? serve::ReasoningParser::minicpm3
                                                               : serve::ReasoningParser::none;
   DCP_ARG_CHECK(ao.reasoning_parser == serve::ReasoningParser::none || tokenizer,
                 "--reasoning-parser ", f.reasoning_parser,
@@ -252,8 +253,10 @@ void add_serve_command(CLI::App& app) {
                   "how chat replies' thinking is returned apart (reasoning_content): deepseek_r1 "
                   "(every reply starts with it, closed by </think>), deepseek_v3 (the same where "
                   "chat_template_kwargs.thinking is true: V3.1), kimi_k2 (the same unless it is "
-                  "false: Kimi-K2-Thinking; a tool-call section also ends the thinking), or none")
-      ->check(CLI::IsMember({"none", "deepseek_r1", "deepseek_v3", "kimi_k2"}))
+                  "false: Kimi-K2-Thinking; a tool-call section also ends the thinking), minicpm3 "
+                  "(a reply that opens with <|thought_start|> thinks up to <|thought_end|>), or "
+                  "none")
+      ->check(CLI::IsMember({"none", "deepseek_r1", "deepseek_v3", "kimi_k2", "minicpm3"}))
       ->capture_default_str();
   cmd->add_option("--host", f->host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", f->port, "port to listen on (0: any free port)")

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "dcp/reasoning.h"
 #include "dcp/serving.h"
 #include "dcp/text_stream.h"
 #include "serve/openai_api.h"
@@ -46,7 +47,7 @@ struct OpenAiApi::Job {
   ToolUse tools;                  // chat: what the reply does with tools
   bool reasoning = false;         // chat: the reply's thinking comes first (--reasoning-parser)
   bool include_reasoning = true;  // vLLM's: the reply carries it as reasoning_content
-  std::string reasoning_opens_content;  // a marker that also ends the thinking (ReasoningSplit)
+  ReasoningMarkers reasoning_markers;  // what opens and closes the thinking (ReasoningSplit)
 };
 
 // One choice in progress: its engine stream and the text it has shown.

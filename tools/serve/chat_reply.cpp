@@ -10,13 +10,13 @@
 namespace dcp::serve {
 
 ChatReply::ChatReply(ToolUse use, std::string call_id, bool reasoning, bool include_reasoning,
-                     std::string opens_content)
+                     ReasoningMarkers markers)
     : use_(std::move(use)),
       call_id_(std::move(call_id)),
       reasoning_(reasoning),
       include_reasoning_(include_reasoning),
-      opens_content_(std::move(opens_content)),
-      split_(opens_content_) {
+      markers_(std::move(markers)),
+      split_(markers_) {
   if (use_.mode == ToolUse::Mode::read_auto) calls_.emplace(use_.format);
 }
 
@@ -141,7 +141,7 @@ json ChatReply::new_calls(const std::vector<ToolCall>& read) {
 
 json ChatReply::message(const std::string& text) {
   // A reasoning model's thinking, then its content (which tool calls are read from).
-  ReasoningSplit split(opens_content_);
+  ReasoningSplit split(markers_);
   ReasoningSplit::Parts parts{"", text};
   if (reasoning_) {
     parts = split.push(text);

@@ -15,10 +15,10 @@ namespace dcp::serve {
 class ChatReply {
  public:
   // `call_id` names the calls (numbered after it) where the model's format gives them no id;
-  // `reasoning`: the reply starts with the model's thinking (ended by "</think>", or by
-  // `opens_content`, which starts the content: ReasoningSplit).
+  // `reasoning`: the reply starts with the model's thinking, opened and closed by `markers`
+  // (ReasoningSplit).
   ChatReply(ToolUse use, std::string call_id, bool reasoning, bool include_reasoning,
-            std::string opens_content = {});
+            ReasoningMarkers markers = {});
   // Streaming: the delta for newly generated `text`: content, "auto" and "required" calls each as
   // it is read whole, a named call's arguments as they come; with `finished`, what was held back.
   // Null when nothing is to be sent yet (a finished reply always sends one). The deltas join to
@@ -48,7 +48,7 @@ class ChatReply {
   ToolUse use_;
   std::string call_id_;
   bool reasoning_, include_reasoning_;
-  std::string opens_content_;
+  ReasoningMarkers markers_;
   ReasoningSplit split_;  // streaming: the thinking told from the content
   std::string text_;      // the content so far
   std::size_t sent_ = 0;  // content bytes sent (a prefix of the content read at the end)

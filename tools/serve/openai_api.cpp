@@ -68,12 +68,13 @@ void refuse_unsupported(const json& b, bool openai) {
         "{\"type\": \"json_schema\", \"json_schema\": {\"schema\": ...}}");
 }
 
-// Whether a chat reply starts with the model's thinking: always for DeepSeek-R1; for V3.1 when
+// Whether a chat reply starts with the model's thinking: always for DeepSeek-R1 (and MiniCPM3,
+// whose split finds whether it did); for V3.1 when
 // the request turns its template's thinking mode on (chat_template_kwargs.thinking), for
 // Kimi-K2-Thinking unless it turns it off.
 bool reasoning_reply(ReasoningParser parser, const json& b) {
   if (parser == ReasoningParser::none) return false;
-  if (parser == ReasoningParser::deepseek_r1) return true;
+  if (parser == ReasoningParser::deepseek_r1 || parser == ReasoningParser::minicpm3) return true;
   const json* kwargs = field(b, "chat_template_kwargs");
   const bool kimi = parser == ReasoningParser::kimi_k2;
   return kwargs && kwargs->is_object() ? kwargs->value("thinking", json(kimi)) == json(true) : kimi;
@@ -227,11 +228,14 @@ OpenAiApi::Job OpenAiApi::parse(const std::string& body, Kind kind) const {
     job.reasoning = reasoning_reply(options_.reasoning_parser, b);
     // Kimi-K2-Thinking may go from its thinking straight to a tool call.
     if (options_.reasoning_parser == ReasoningParser::kimi_k2)
-      job.reasoning_opens_content = "<|tool_calls_section_begin|>";
+      job.reasoning_markers.opens_content = "<|tool_calls_section_begin|>";
+    if (options_.reasoning_parser == ReasoningParser::minicpm3)
+      job.reasoning_markers = ReasoningMarkers::minicpm3();
     job.include_reasoning = boolean(b, "include_reasoning").value_or(true);
-    // A guide holds only the content: it starts after the thinking closes (vLLM's).
-    if (job.reasoning && r.sampling.guided())
-      r.sampling.guide_after = tokenizer_->encode("</think>", false);
+    // A guide holds only the content: it starts after the thinking closes (vLLM's). Where the
+    // reply need not think (MiniCPM3), the guide holds the whole reply, which then has none.
+    if (job.reasoning && r.sampling.guided() && job.reasoning_markers.starts_inside)
+      r.sampling.guide_after = tokenizer_->encode(job.reasoning_markers.close, false);
   } else {
     for (const char* key : {"tools", "tool_choice"}) {
       if (const json* v = field(*src, key); v && !(v->is_array() && v->empty()))
@@ -581,7 +585,7 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
       }
       if (kind == Kind::chat) {
         ChatReply said(job.tools, call_id(i), job.reasoning, job.include_reasoning,
-                       job.reasoning_opens_content);
+                       job.reasoning_markers);
         choice["message"] = said.message(c.shown);
         if (said.ends_in_tool_calls() && c.reason != FinishReason::length)
           choice["finish_reason"] = "tool_calls";
@@ -636,7 +640,7 @@ Handled OpenAiApi::handle(const std::string& body, Kind kind, const ClientGone& 
     std::vector<ChatReply> replies;  // chat: what each choice's text says
     for (std::size_t i = 0; i < choices->size(); ++i)
       replies.emplace_back(job.tools, call_id(i), job.reasoning, job.include_reasoning,
-                           job.reasoning_opens_content);
+                           job.reasoning_markers);
     std::vector<std::size_t> sent_lp(choices->size(), 0);
     std::vector<std::int64_t> offsets(choices->size(), 0);
     std::vector<bool> closed(choices->size(), false), echoed(choices->size(), false);

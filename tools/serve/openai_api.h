@@ -49,6 +49,7 @@ enum class ReasoningParser {
   deepseek_v3,  // the same where chat_template_kwargs.thinking is true (V3.1's thinking mode)
   kimi_k2,      // the same unless chat_template_kwargs.thinking is false (Kimi-K2-Thinking); the
                 // thinking also ends where the reply opens its tool-call section
+  minicpm3,     // a reply that opens with "<|thought_start|>" thinks up to "<|thought_end|>"
 };
 
 struct ApiOptions {
