@@ -13,6 +13,8 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "dcp/deployment.h"
@@ -178,6 +180,27 @@ TEST_F(FamilyCheckpoint, LoadsInItsDtypeAndEqualsFloat64) {
   }
 }
 
+// What rank 0 of TP 2 x DCP 2 (ranks as threads) holds of model `c` with `weights`: its weight
+// bytes and dtype.
+std::pair<std::size_t, WeightDtype> rank0_weights(const ModelConfig& c,
+                                                  const WeightSource* weights) {
+  ParallelConfig pc;
+  pc.tp_size = 2;
+  pc.dcp_size = 2;
+  const Topology topo = resolve(pc);
+  ModelSource src;
+  src.config = c;
+  src.weights = weights;
+  ModelOptions mo;
+  mo.kv_capacity_tokens = 64;
+  std::pair<std::size_t, WeightDtype> held{0, WeightDtype::f32};
+  launch_ranks({RankTransport::threads, 2, {}}, [&](Communicator& world, bool) {
+    RankSystem sys(world, topo, src, mo, EngineOptions{});
+    if (world.rank() == 0) held = {sys.model().weight_bytes(), sys.model().weight_dtype()};
+  });
+  return held;
+}
+
 // A tied checkpoint has no lm_head.weight. Its config.json may say so, or say nothing (Transformers
 // then ties by default): either way lm_head is the embedding. Saying false is refused, naming
 // the tensor it lacks.
@@ -215,19 +238,7 @@ TEST_F(FamilyCheckpoint, TiedEmbeddingsAreHeldOnce) {
   for (const bool tied : {false, true}) {
     ModelConfig c = family_config("minicpm3");
     c.tie_word_embeddings = tied;
-    ParallelConfig pc;
-    pc.tp_size = 2;
-    pc.dcp_size = 2;
-    const Topology topo = resolve(pc);
-    ModelSource src;
-    src.config = c;
-    src.weights = synthetic.get();
-    ModelOptions mo;
-    mo.kv_capacity_tokens = 64;
-    launch_ranks({RankTransport::threads, 2, {}}, [&](Communicator& world, bool) {
-      RankSystem sys(world, topo, src, mo, EngineOptions{});
-      if (world.rank() == 0) bytes[tied] = sys.model().weight_bytes();
-    });
+    bytes[tied] = rank0_weights(c, synthetic.get()).first;
     const double estimate = weight_bytes_per_rank(c, 2, [](const std::string&) { return 4.0; });
     EXPECT_NEAR(estimate / static_cast<double>(bytes[tied]), 1.0, 0.1) << "tied " << tied;
   }
@@ -271,24 +282,8 @@ TEST_F(FamilyCheckpoint, Fp8WeightsStayFp8InMemory) {
   const auto fp32 = make_synthetic_weights(8);
   std::vector<std::size_t> bytes(2);
   std::vector<WeightDtype> dtype(2);
-  for (int i = 0; i < 2; ++i) {
-    ParallelConfig pc;
-    pc.tp_size = 2;
-    pc.dcp_size = 2;
-    const Topology topo = resolve(pc);
-    ModelSource src;
-    src.config = c;
-    src.weights = i == 0 ? fp8.get() : fp32.get();
-    ModelOptions mo;
-    mo.kv_capacity_tokens = 64;
-    launch_ranks({RankTransport::threads, 2, {}}, [&](Communicator& world, bool) {
-      RankSystem sys(world, topo, src, mo, EngineOptions{});
-      if (world.rank() == 0) {
-        bytes[i] = sys.model().weight_bytes();
-        dtype[i] = sys.model().weight_dtype();
-      }
-    });
-  }
+  for (int i = 0; i < 2; ++i)
+    std::tie(bytes[i], dtype[i]) = rank0_weights(c, i == 0 ? fp8.get() : fp32.get());
   // The estimate checked against memory before loading is about what a rank holds.
   const double fp8_estimate = weight_bytes_per_rank(c, 2, checkpoint_element_bytes(c, 2.0));
   const double fp32_estimate = weight_bytes_per_rank(c, 2, [](const std::string&) { return 4.0; });

@@ -36,24 +36,6 @@ bool is_keyword(std::string_view w) {
   return false;
 }
 
-void append_utf8(std::string& out, std::uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
 // A string as Python's json.dumps(..., ensure_ascii=False) writes it.
 void append_json_string(std::string& out, std::string_view s) {
   out += '"';
@@ -470,7 +452,7 @@ class PythonReader {
           continue;
       }
       if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;  // no UTF-8 for it
-      append_utf8(out, cp);
+      append_utf8(out, static_cast<char32_t>(cp));
     }
   }
 

@@ -116,27 +116,31 @@ def transformers_ids(sp, text):
     return ids
 
 
+def encode_failures(folder, sp, plain, marked, name):
+    """Texts without added tokens against SentencePiece's own encoding, id for id; texts with
+    added tokens as Transformers encodes them. Returns the number that differ."""
+    failures = 0
+    for text, ids in zip(plain, dcp_lines(folder, plain)):
+        if ids != sp.encode(text):
+            failures += 1
+            print(f"FAIL {name} encode {text!r}: sentencepiece {sp.encode(text)}, dcp {ids}")
+    for text, ids in zip(marked, dcp_lines(folder, marked)):
+        if ids != transformers_ids(sp, text):
+            failures += 1
+            print(f"FAIL {name} encode {text!r}: expected {transformers_ids(sp, text)}, dcp {ids}")
+    return failures
+
+
 def main():
     rng = random.Random(11)
     failures = 0
     with tempfile.TemporaryDirectory() as tmp:
         good = os.path.join(tmp, "bpe")
         sp = train(good)
-        # Texts without added tokens: SentencePiece's own encoding, id for id.
         plain = [random_text(rng, False) for _ in range(1500)]
         plain += ["", " ", "  two", "trailing  ", "\n", "x\ny", "😀😀", "ÿ", " the  cat\t"]
-        got = dcp_lines(good, plain)
-        for text, ids in zip(plain, got):
-            if ids != sp.encode(text):
-                failures += 1
-                print(f"FAIL encode {text!r}: sentencepiece {sp.encode(text)}, dcp {ids}")
-        # With added tokens, as Transformers encodes them.
         marked = [random_text(rng, True) for _ in range(500)]
-        got = dcp_lines(good, marked)
-        for text, ids in zip(marked, got):
-            if ids != transformers_ids(sp, text):
-                failures += 1
-                print(f"FAIL encode {text!r}: expected {transformers_ids(sp, text)}, dcp {ids}")
+        failures += encode_failures(good, sp, plain, marked, "bpe")
         # BOS from the model's bos_id.
         bos = dcp_lines(good, ["hello world"], "--add-special-tokens")[0]
         if bos != sp.encode("hello world", add_bos=True):
@@ -213,18 +217,8 @@ def main():
             nsp = train(folder, **options)
             texts = [nfkc_text(rng, False) for _ in range(600)]
             texts += ["", " ", "   ", "\u3000", "\u200b", " ＡＢ  c ", "AAB", "ＡB", "e\u0301\u0301"]
-            got = dcp_lines(folder, texts)
-            for text, ids in zip(texts, got):
-                if ids != nsp.encode(text):
-                    failures += 1
-                    print(f"FAIL {name} encode {text!r}: sentencepiece {nsp.encode(text)}, dcp {ids}")
             marked = [nfkc_text(rng, True) for _ in range(200)]
-            got = dcp_lines(folder, marked)
-            for text, ids in zip(marked, got):
-                if ids != transformers_ids(nsp, text):
-                    failures += 1
-                    print(f"FAIL {name} encode {text!r}: expected {transformers_ids(nsp, text)}, "
-                          f"dcp {ids}")
+            failures += encode_failures(folder, nsp, texts, marked, name)
             sequences = [i for i in (nsp.encode(t) for t in texts) if i]
             for ids, text in zip(sequences, dcp_lines(folder, sequences, "--decode")):
                 if text != nsp.decode(ids):
