@@ -654,6 +654,14 @@ TEST(ChatTemplate, RecursiveMacrosAreBounded) {
             "{{ m(40) }}");
       },
       ErrorCategory::invalid_argument, "more than 1000000 macro calls"));
+  // Recursion through call blocks: each body the macro calls opens another block.
+  EXPECT_TRUE(test::throws_error(
+      [] {
+        render(
+            "{% macro m() %}{% call m() %}x{% endcall %}{{ caller() }}{% endmacro %}"
+            "{% call m() %}y{% endcall %}");
+      },
+      ErrorCategory::invalid_argument, "the rendering nests deeper than 1000"));
 }
 
 TEST(ChatTemplate, BreakAndContinueEndTheirLoop) {
