@@ -521,6 +521,12 @@ TEST(ChatTemplate, ScopesLikeJinja) {
   EXPECT_EQ(render("{% for a, b in [[1, 2], [3, 4]] %}{{ a * b }},{% endfor %}"), "2,12,");
 }
 
+TEST(ChatTemplate, NoneHasNoAttributesOrItems) {
+  // Python's Jinja (and the JavaScript reference) read them as undefined, not as an error.
+  EXPECT_EQ(render("{% set x = none %}[{{ x.foo }}]{{ x.foo is defined }}{{ x['a'] is defined }}"),
+            "[]FalseFalse");
+}
+
 TEST(ChatTemplate, CallBlocksPassTheirBodyAsCaller) {
   // The body renders where the block is (its loop and variables), each time the macro calls it.
   EXPECT_EQ(

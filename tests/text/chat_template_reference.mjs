@@ -167,6 +167,7 @@ const templates = {
   for_filter: "{% for m in messages if m.role != 'system' %}{{ loop.index }}/{{ loop.length }}{{ m.content }}{% endfor %}",
   split_with_maxsplit: "{% for m in messages %}{{ (m.content ~ '</think>x</think>y').split('</think>', 1)[1] }};{% endfor %}{{ 'a b  c'.split(none, 1) | join('/') }}",
   dictsort_and_indented_json: "{% for k, v in tool | dictsort %}{{ k }}={{ v }};{% endfor %}{{ tool | tojson(indent=2) }}",
+  none_has_no_attributes: "{% set x = none %}[{{ x.foo }}]{{ 'Y' if x.foo is defined else 'N' }}{{ 'Y' if x['a'] is defined else 'N' }}{{ 'Y' if tool.missing is none else 'N' }}",
   // What MiniCPM3's tool template is built from: a recursive macro that starts from what its call
   // block renders (caller() inside namespace()), call blocks inside loops and macros, a caller
   // with parameters.

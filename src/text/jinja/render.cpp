@@ -448,7 +448,9 @@ class Renderer {
       if (k < 0 || k >= n) return Value();
       return seq[static_cast<std::size_t>(k)];
     }
-    if (obj.kind == Value::undefined || obj.kind == Value::none)
+    // As Python's Jinja: none has no items (undefined), an undefined value cannot be indexed.
+    if (obj.kind == Value::none) return Value();
+    if (obj.kind == Value::undefined)
       fail(line, str("cannot index a ", kind_name(obj), " (with ", repr(key), ")"));
     if (key.kind == Value::string) return attribute(obj, key.s, line);
     return Value();
@@ -517,11 +519,7 @@ class Renderer {
         return string_method(s, name, method_arguments(name, a, kwargs, line), line);
       });
     }
-    if (obj.kind == Value::undefined || obj.kind == Value::none) {
-      if (obj.kind == Value::none) fail(line, str("none has no attribute '", name, "'"));
-      return Value();
-    }
-    return Value();
+    return Value();  // none's attributes, as Python's Jinja reads them, and an undefined's
   }
 
   // A string method's arguments by position, keywords placed by their names; what the method does
