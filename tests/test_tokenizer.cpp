@@ -894,7 +894,12 @@ TEST(SmallTokenizer, GeneratedCheckpointsTakeAndGiveText) {
     // SentencePiece-style: spaces are U+2581 in the pieces; the text keeps them.
     if (sentencepiece) {
       EXPECT_EQ(t.token_bytes(t.encode("the")[0]).front(), ' ');
+      EXPECT_EQ(t.token_piece(t.encode("the")[0]).rfind("\u2581", 0), 0u);  // the piece's mark
+    } else {
+      EXPECT_EQ(t.token_piece(t.encode(" ")[0]), "\u0120");  // GPT-2's character for a space
     }
+    EXPECT_EQ(t.token_piece(*t.bos_id()), "<s>");
+    EXPECT_THROW((void)t.token_piece(t.vocab_size()), Error);
     EXPECT_EQ(t.decode(t.encode("the")), "the");
     ASSERT_TRUE(t.chat_template().has_value());
     const std::string prompt = ChatTemplate(*t.chat_template())

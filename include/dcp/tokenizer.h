@@ -70,6 +70,11 @@ class Tokenizer {
   // SentencePiece piece with U+2581 as a space). decode() of a SentencePiece text drops its one
   // leading space; the concatenated token_bytes keep it.
   std::string token_bytes(std::int32_t id) const;
+  // The token as its vocabulary spells it (Transformers' convert_ids_to_tokens): byte-level BPE's
+  // characters ("Ġ" for a space), a SentencePiece piece with U+2581, a special token's text; a
+  // tiktoken vocabulary in the byte-level characters dcp holds it in. Throws dcp::Error naming an
+  // id outside the vocabulary.
+  const std::string& token_piece(std::int32_t id) const;
   bool is_special(std::int32_t id) const;
   // Whether `id` names a token (ids below vocab_size() may be unused in a sparse vocabulary).
   bool contains(std::int32_t id) const noexcept;

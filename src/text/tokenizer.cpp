@@ -631,6 +631,12 @@ bool Tokenizer::contains(std::int32_t id) const noexcept {
          !impl_->id_to_token[static_cast<std::size_t>(id)].empty();
 }
 
+const std::string& Tokenizer::token_piece(std::int32_t id) const {
+  DCP_ARG_CHECK(contains(id), "token id ", id, " is not in the vocabulary (",
+                impl_->id_to_token.size(), " ids)");
+  return impl_->id_to_token[static_cast<std::size_t>(id)];
+}
+
 std::string Tokenizer::token_bytes(std::int32_t id) const {
   const Impl& m = *impl_;
   DCP_ARG_CHECK(id >= 0 && static_cast<std::size_t>(id) < m.id_to_token.size() &&

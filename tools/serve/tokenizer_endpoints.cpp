@@ -29,7 +29,8 @@ HttpReply OpenAiApi::tokenize(const std::string& body) const {
         {"count", ids.size()}, {"max_model_len", deployment_.context_tokens()}, {"tokens", ids}};
     if (boolean(b, "return_token_strs").value_or(false)) {
       json strs = json::array();
-      for (std::int32_t id : ids) strs.push_back(token_text(id));
+      // vLLM's: each token as the vocabulary spells it (convert_ids_to_tokens), not its text.
+      for (std::int32_t id : ids) strs.push_back(tokenizer_->token_piece(id));
       reply["token_strs"] = strs;
     }
     return {200, "application/json", text_of(reply)};
