@@ -1,7 +1,6 @@
 #include "torch_file.h"
 
 #include <algorithm>
-#include <cstring>
 #include <deque>
 #include <map>
 #include <unordered_map>

@@ -260,7 +260,7 @@ class PythonReader {
     if (is_digit(c) || c == '.' || c == '-' || c == '+') return number(json);
     std::string word;
     if (!identifier(word)) return false;
-    if (string_starts() || peek() == '"' || peek() == '\'') return false;  // b"", f"", ...
+    if (peek() == '"' || peek() == '\'') return false;  // b"", f"", ...
     if (word == "True") {
       json += "true";
     } else if (word == "False") {

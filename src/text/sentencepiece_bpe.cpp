@@ -8,6 +8,7 @@
 #include <string>
 
 #include "dcp/error.h"
+#include "sentencepiece_normalizer.h"
 #include "tokenizer_impl.h"
 
 namespace dcp {
@@ -100,6 +101,8 @@ void Tokenizer::Impl::load_metaspace(const json& t) {
     byte_tokens[static_cast<std::size_t>(b)] = it->second;
     byte_of_id[static_cast<std::size_t>(it->second)] = static_cast<std::int16_t>(b);
   }
+  // The normalizer above: U+2581 first and for each space, no other rule.
+  sp_normalizer = std::make_shared<const text_internal::SentencePieceNormalizer>("", false);
   metaspace = true;
 }
 
@@ -120,13 +123,6 @@ bool Tokenizer::Impl::initial_symbols(std::string_view ch, std::vector<std::int3
   if (!unk) return false;
   if (!fuse_unk || out.empty() || out.back() != *unk) out.push_back(*unk);
   return true;
-}
-
-std::string Tokenizer::Impl::metaspace_word(const std::string& text) const {
-  std::string word = kSpaceMark;
-  word.reserve(text.size() + 3);
-  for (char ch : text) word += ch == ' ' ? std::string(kSpaceMark) : std::string(1, ch);
-  return word;
 }
 
 std::string Tokenizer::Impl::metaspace_bytes(std::int32_t id) const {

@@ -525,7 +525,7 @@ void Tokenizer::Impl::bpe(const std::string& word, std::vector<std::int32_t>& ou
 void Tokenizer::Impl::encode_plain(const std::string& text, std::vector<std::int32_t>& out) const {
   if (text.empty()) return;
   if (metaspace) {
-    const std::string word = sp_normalizer ? sp_normalizer->normalize(text) : metaspace_word(text);
+    const std::string word = sp_normalizer->normalize(text);
     if (!word.empty()) bpe(word, out);  // collapsed spaces may leave nothing
     return;
   }
@@ -560,7 +560,7 @@ Tokenizer Tokenizer::from_sentencepiece(const std::string& model_bytes,
                                         const std::string& config_json) {
   SentencePieceConversion c = convert_sentencepiece_model(model_bytes, config_json);
   Tokenizer tok = from_json(c.tokenizer_json, config_json);
-  tok.impl_->sp_normalizer = std::move(c.normalizer);
+  if (c.normalizer) tok.impl_->sp_normalizer = std::move(c.normalizer);
   return tok;
 }
 

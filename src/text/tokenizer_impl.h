@@ -64,7 +64,7 @@ struct Tokenizer::Impl {
   std::optional<std::int32_t> unk;              // the model's unk_token, for what has no bytes
   bool fuse_unk = false;                        // a run of unknown characters is one unk
   bool strip_leading_space = false;             // the decoder's Strip(" ", 1, 0)
-  // metaspace from a tokenizer.model whose normalizer has rules: it writes each stretch's word.
+  // metaspace: writes each stretch's word (U+2581 marks, and a tokenizer.model's own rules).
   std::shared_ptr<const text_internal::SentencePieceNormalizer> sp_normalizer;
   std::optional<std::int32_t> bos, eos;
   std::string bos_text, eos_text;
@@ -80,9 +80,8 @@ struct Tokenizer::Impl {
   // The symbols BPE starts from for one character of a word (its vocabulary id, else its bytes'
   // tokens under metaspace, else unk); false when there are none.
   bool initial_symbols(std::string_view ch, std::vector<std::int32_t>& out) const;
-  // metaspace: the one BPE word of a stretch of text (U+2581 first and for every space), and the
-  // bytes of token `id` (a <0xXX> token's byte, else its piece with U+2581 as a space).
-  std::string metaspace_word(const std::string& text) const;
+  // metaspace: the bytes of token `id` (a <0xXX> token's byte, else its piece with U+2581 as a
+  // space).
   std::string metaspace_bytes(std::int32_t id) const;
   void load_config(const nlohmann::json& c);
   // post_processor: ByteLevel, or TemplateProcessing adding a BOS and/or an EOS token.
