@@ -9,7 +9,7 @@ packages=(g++ cmake ninja-build pkg-config libgtest-dev libgmock-dev libbenchmar
           libcli11-dev nlohmann-json3-dev libopenblas-dev libopenmpi-dev openmpi-bin libpcre2-dev
           libcpp-httplib-dev curl python3
           pybind11-dev python3-dev python3-numpy python3-pytest python3-torch
-          python3-sentencepiece)
+          python3-sentencepiece python3-jinja2)
 # The sanitizer and fuzz presets build with clang (its ASan + UBSan build compiles several times
 # faster than GCC's) and the fuzz preset links its libFuzzer runtime, only a recommendation of
 # clang's, so named here.

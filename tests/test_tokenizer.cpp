@@ -780,6 +780,96 @@ TEST(ChatTemplate, StringLiteralsTakePythonsEscapes) {
                                  ErrorCategory::invalid_argument, "not a Unicode scalar value"));
 }
 
+// Case and whitespace by Python's Unicode rules (the expected texts are Python 3.11's, with
+// Jinja2 3.1's `title` filter): full mappings, titlecase digraphs, the final sigma, spaces past
+// ASCII; Jinja's `title` filter is not str.title().
+TEST(ChatTemplate, CaseAndWhitespaceFollowPythonsUnicodeRules) {
+  const std::string greek =
+      "Stra\u00dfe \u01c5emal \u039f\u0394\u03a5\u03a3\u03a3\u0395\u03a5\u03a3 "
+      "\u03a3\u0391\u03a3' \u0130 \ufb01";
+  const auto with = [](const std::string& t, const std::string& s) {
+    return ChatTemplate(t).render(json{{"s", s}}.dump());
+  };
+  EXPECT_EQ(with("{{ s.upper() }}", greek),
+            "STRASSE \u01c4EMAL \u039f\u0394\u03a5\u03a3\u03a3\u0395\u03a5\u03a3 "
+            "\u03a3\u0391\u03a3' \u0130 FI");
+  EXPECT_EQ(with("{{ s|lower }}", greek),
+            "stra\u00dfe \u01c6emal \u03bf\u03b4\u03c5\u03c3\u03c3\u03b5\u03c5\u03c2 "
+            "\u03c3\u03b1\u03c2' i\u0307 \ufb01");
+  EXPECT_EQ(with("{{ s.title() }}", greek),
+            "Stra\u00dfe \u01c5emal \u039f\u03b4\u03c5\u03c3\u03c3\u03b5\u03c5\u03c2 "
+            "\u03a3\u03b1\u03c2' \u0130 Fi");
+  EXPECT_EQ(with("{{ s|capitalize }}", greek),
+            "Stra\u00dfe \u01c6emal \u03bf\u03b4\u03c5\u03c3\u03c3\u03b5\u03c5\u03c2 "
+            "\u03c3\u03b1\u03c2' i\u0307 \ufb01");
+  EXPECT_EQ(with("{{ s|title }}", greek),
+            "Stra\u00dfe \u01c4emal \u039f\u03b4\u03c5\u03c3\u03c3\u03b5\u03c5\u03c2 "
+            "\u03a3\u03b1\u03c2' \u0130 FI");
+  EXPECT_EQ(with("{{ s.title() }}|{{ s|title }}", "it's unit_name x-ray(y)"),
+            "It'S Unit_Name X-Ray(Y)|It's Unit_name X-Ray(Y)");
+  const std::string spaced = "\u00a0 a\u3000b \u2028";
+  EXPECT_EQ(with("{{ s.split()|tojson }}{{ s.strip()|tojson }}{{ s|trim|tojson }}", spaced),
+            "[\"a\", \"b\"]\"a\u3000b\"\"a\u3000b\"");
+  // Characters to strip are characters, not bytes: U+00E9 and U+00E8 share their first byte.
+  EXPECT_EQ(with("{{ s.strip('\u00e9') }}", "\u00e9\u00e8\u00e9"), "\u00e8");
+}
+
+// Filters, methods and statements of Jinja past the common core; each expected text is what
+// Python's Jinja2 renders.
+TEST(ChatTemplate, MoreFiltersMethodsAndBlockSetRenderAsJinja) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{{ 'a\nb'|indent(2) }}", "a\n  b"},
+      {"{{ 'a\r\nb\n\nc'|indent(first=true, blank=true) }}", "    a\n    b\n    \n    c"},
+      {"{{ 'a\n\nb'|indent('> ') }}", "a\n\n> b"},
+      {"{{ ['b','A','a']|sort }}", "['A', 'a', 'b']"},
+      {"{{ ['b','A','a']|sort(case_sensitive=true, reverse=true) }}", "['b', 'a', 'A']"},
+      {"{{ ['b','A','a']|unique|list }}", "['b', 'A']"},
+      {"{{ [[2, 'b'], [1, 'a']]|sort(attribute='0,1') }}", "[[1, 'a'], [2, 'b']]"},
+      {"{{ [{'a': 2}, {'a': 1}]|sort(attribute='a')|map(attribute='a')|list }}", "[1, 2]"},
+      {"{{ [1,2]|sum }} {{ [1,2.5]|sum }} {{ [{'n': 2}]|sum(attribute='n', start=1) }}", "3 3.5 3"},
+      {"{{ ['b','C']|max }} {{ ['b','C']|max(case_sensitive=true) }} {{ []|max }}|", "C b |"},
+      {"{{ -3|abs }} {{ 1 - 2|abs }} {{ -[1, 2][0] }}", "3 -1 -1"},
+      {"{{ 2.5|round }} {{ 0.125|round(2) }} {{ 1.005|round(2) }} {{ 2.675|round(2) }}",
+       "2.0 0.12 1.0 2.67"},
+      {"{{ 2.5|round(method='ceil') }} {{ 7|round }} {{ (5/7)|round(1, 'floor') }}", "3.0 7 0.7"},
+      {"{{ ' 1_000 '|int }} {{ '3.9e2'|int }} {{ 'x'|int(7) }} {{ '1_'|int }} {{ 'nan'|int }}",
+       "1000 390 7 0 0"},
+      {"{{ '1e3'|float }} {{ '-Infinity'|float }} {{ '.5'|float }} {{ '1e'|float }}",
+       "1000.0 -inf 0.5 0.0"},
+      {"{% set x %}a{{ 1 }}b{% endset %}{{ x }}{{ x|length }}", "a1b3"},
+      {"{{ ', '.join(['a','b']) }} {{ '-'.join('xy') }}", "a, b x-y"},
+      {"{{ 'a,b,c'.rsplit(',', 1) }} {{ '  a b'.rsplit(none, 1) }} {{ 'a  b '.rsplit() }}",
+       "['a,b', 'c'] ['  a', 'b'] ['a', 'b']"},
+      {"{{ 'abc'.removeprefix('a') }} {{ 'abc'.removesuffix('bc') }} {{ 'abc'.rfind('c') }}",
+       "bc a 2"},
+      {"{{ 'x\ny\r\n\nz'.splitlines() }} {{ 'x\ny'.splitlines(true) }}",
+       "['x', 'y', '', 'z'] ['x\\n', 'y']"},
+  };
+  for (const auto& [tmpl, want] : cases) EXPECT_EQ(render(tmpl), want) << tmpl;
+  // Jinja catches int()'s ValueError, not its OverflowError.
+  EXPECT_TRUE(test::throws_error([] { render("{{ 'inf'|int(5) }}"); },
+                                 ErrorCategory::invalid_argument, "'|int' of an infinite float"));
+  EXPECT_TRUE(test::throws_error([] { render("{{ [[1], [1]]|unique|list }}"); },
+                                 ErrorCategory::invalid_argument, "not hashable"));
+  EXPECT_TRUE(test::throws_error([] { render("{{ [1, 'a']|sort }}"); },
+                                 ErrorCategory::invalid_argument,
+                                 "'|sort' cannot order a string and a integer"));
+  EXPECT_TRUE(test::throws_error([] { render("{{ ['a']|sum }}"); }, ErrorCategory::invalid_argument,
+                                 "'|sum' adds numbers"));
+  EXPECT_TRUE(test::throws_error([] { render("{{ 1.5|round(-1) }}"); },
+                                 ErrorCategory::invalid_argument, "(legal: 0-22)"));
+  EXPECT_TRUE(test::throws_error([] { render("{{ [1]|sort(key=1) }}"); },
+                                 ErrorCategory::invalid_argument,
+                                 "'|sort' has no argument 'key' (legal: reverse, case_sensitive, "
+                                 "attribute)"));
+  EXPECT_TRUE(test::throws_error([] { ChatTemplate("{% set x %}a"); },
+                                 ErrorCategory::invalid_argument, "'{% endset %}' is missing"));
+  // The local date, as datetime.now().strftime writes it.
+  const std::string year = render("{{ strftime_now('%Y') }}|{{ strftime_now('100%%') }}");
+  EXPECT_EQ(year.size(), 9u);
+  EXPECT_EQ(year.substr(4), "|100%");
+}
+
 // vLLM's detection of the content format, on the shapes of the published templates.
 TEST(ChatTemplate, ReadsContentPartsWhereALoopGoesOverAMessagesContent) {
   const auto parts = [](const std::string& t) { return ChatTemplate(t).reads_content_parts(); };
@@ -836,6 +926,95 @@ TEST(ChatTemplate, OpenAIMessagesTakeTheFormTheTemplateReads) {
                       "text only"));
   EXPECT_TRUE(refuses(R"([{"role": "user", "content": ["a"]}])",
                       R"(messages[0].content[0] must be {"type": "text", "text": "..."})"));
+}
+
+// Which templates need a tool call's arguments as a mapping, on the shapes of published ones.
+TEST(ChatTemplate, ReadsToolArgumentsAsAMappingOnlyWithoutATypeTest) {
+  const auto mapping = [](const std::string& t) {
+    return ChatTemplate(t).reads_tool_arguments_as_mapping();
+  };
+  // vLLM's MiniCPM3 template: the call replaced by its function, then `arguments|items`.
+  EXPECT_TRUE(
+      mapping("{% for m in messages %}{% for tool_call in m.tool_calls %}"
+              "{% if tool_call.function is defined %}{% set tool_call = tool_call.function %}"
+              "{% endif %}{% for k, v in tool_call.arguments|items %}{{ k }}={{ v|tojson }}"
+              "{% endfor %}{% endfor %}{% endfor %}"));
+  // Qwen2.5's: `tojson` with no test first; a dict method, a subscript, a loop, through an alias,
+  // a default, inside a macro or a call block.
+  EXPECT_TRUE(
+      mapping("{% for c in m.tool_calls %}{{ c.function.arguments | tojson }}{% endfor %}"));
+  EXPECT_TRUE(mapping("{{ c['function']['arguments'].items() | list }}"));
+  EXPECT_TRUE(mapping("{{ c.function.arguments['city'] }}"));
+  EXPECT_TRUE(mapping("{% for k in c.function.arguments %}{{ k }}{% endfor %}"));
+  EXPECT_TRUE(mapping("{% set a = c.arguments %}{% set b = a %}{{ b|dictsort }}"));
+  EXPECT_TRUE(mapping("{{ (c.arguments | default({})).keys() | list }}"));
+  EXPECT_TRUE(mapping("{% macro f(c) %}{{ c.arguments.get('x') }}{% endmacro %}"));
+  EXPECT_TRUE(
+      mapping("{% macro g() %}{{ caller() }}{% endmacro %}"
+              "{% call g() %}{{ c.arguments|items|list }}{% endcall %}"));
+  // DeepSeek's (concatenated), Kimi K2's and Qwen3's (a type test first), a template that never
+  // reads them, and a mapping use of something else: the string.
+  EXPECT_FALSE(mapping("{{ '```json\\n' + tool['function']['arguments'] + '\\n```' }}"));
+  EXPECT_FALSE(
+      mapping("{% if c['function']['arguments'] is string %}{{ c['function']['arguments'] }}"
+              "{% else %}{{ c['function']['arguments'] | tojson }}{% endif %}"));
+  EXPECT_FALSE(
+      mapping("{% if c.arguments is mapping %}{{ c.arguments|tojson }}{% else %}"
+              "{{ c.arguments }}{% endif %}"));
+  EXPECT_FALSE(mapping("{% for m in messages %}{{ m.content }}{% endfor %}"));
+  EXPECT_FALSE(
+      mapping("{% for t in tools %}{{ t.function.parameters|tojson }}{% endfor %}"
+              "{{ c.arguments|length }}"));
+}
+
+TEST(ChatTemplate, OpenAIToolArgumentsAreParsedForAMappingTemplate) {
+  const std::string as_mapping =
+      "{% for m in messages %}{% for c in m.tool_calls %}{{ c.function.arguments|tojson }}"
+      "{% endfor %}{% endfor %}";
+  const std::string as_string =
+      "{% for m in messages %}{% for c in m.tool_calls %}"
+      "{{ c.function.arguments }}{% endfor %}{% endfor %}";
+  const auto call = [](const std::string& arguments) {
+    return R"({"id": "1", "type": "function", "function": {"name": "f", "arguments": )" +
+           arguments + "}}";
+  };
+  const std::string msgs = R"([{"role": "user", "content": "hi"}, {"role": "assistant", )"
+                           R"("content": null, "tool_calls": [)" +
+                           call(R"("{\"city\": \"Paris\", \"days\": [1, 2]}")") + ", " +
+                           call(R"("")") + ", " + call("null") + ", " + call(R"({"b": 2})") +
+                           R"(]}, {"role": "tool", "content": "ok"}])";
+  const auto arguments_of = [&](const std::string& out) {
+    std::vector<std::string> a;
+    const auto messages = nlohmann::ordered_json::parse(out);
+    for (const auto& c : messages[1]["tool_calls"]) a.push_back(c["function"]["arguments"].dump());
+    return a;
+  };
+  // Parsed (keys in their order; empty and null made {}), or left as sent.
+  EXPECT_EQ(
+      arguments_of(openai_chat_messages(msgs, as_mapping)),
+      (std::vector<std::string>{R"({"city":"Paris","days":[1,2]})", "{}", "{}", R"({"b":2})"}));
+  EXPECT_EQ(arguments_of(openai_chat_messages(msgs, as_string)),
+            (std::vector<std::string>{R"("{\"city\": \"Paris\", \"days\": [1, 2]}")", R"("")",
+                                      "null", R"({"b":2})"}));
+  const auto refuses = [&](const std::string& arguments, const std::string& words) {
+    const std::string m = R"([{"role": "assistant", "tool_calls": [)" + call(R"("{}")") + ", " +
+                          call(arguments) + "]}]";
+    return test::throws_error([&] { openai_chat_messages(m, as_mapping); },
+                              ErrorCategory::invalid_argument, words);
+  };
+  EXPECT_TRUE(refuses(R"("{\"a\": ")",
+                      "messages[0].tool_calls[1].function.arguments is not JSON "
+                      "(this chat template reads a call's arguments as a "
+                      "mapping)"));
+  EXPECT_TRUE(refuses(R"("[1, 2]")",
+                      "messages[0].tool_calls[1].function.arguments must be a JSON object, not "
+                      "array"));
+  EXPECT_TRUE(refuses("7",
+                      "messages[0].tool_calls[1].function.arguments must be a JSON object "
+                      "in a string"));
+  // A template that does not read them takes anything.
+  EXPECT_NO_THROW(openai_chat_messages(
+      R"([{"role": "assistant", "tool_calls": [)" + call(R"("{\"a\": ")") + "]}]", as_string));
 }
 
 // Found by fuzz_chat_template: numbers past 64 bits are refused naming the line, not thrown as

@@ -3,14 +3,16 @@
 // newline dropped).
 //
 // The engine covers the Jinja that chat templates use: {{ }}, {% if/elif/else %}, {% for %} (with
-// loop.*, else, tuple targets, an `if` filter), {% break %} and {% continue %}, {% set %} (names
-// and namespace attributes), {% macro %} (defaults, keywords, varargs and kwargs), whitespace
-// control, comments; expressions with Python's operators, literals, lists and dicts, attribute
-// and item access, slices, the conditional expression, tests (is defined, none, string, ...),
-// filters (length, trim, tojson with transformers' arguments, join, default, dictsort, ...),
-// string and dict methods, and the globals namespace(), range() and raise_exception(). Anything
-// else ({% call %}, blocks, includes, an unknown filter) is refused with the construct and its
-// line, never rendered approximately.
+// loop.*, else, tuple targets, an `if` filter), {% break %} and {% continue %}, {% set %} (names,
+// namespace attributes, and {% set x %}...{% endset %} blocks), {% macro %} (defaults, keywords,
+// varargs and kwargs), {% call %} blocks, whitespace control, comments; expressions with Python's
+// operators, literals, lists and dicts, attribute and item access, slices, the conditional
+// expression, tests (is defined, none, string, ...), filters (length, trim, tojson with
+// transformers' arguments, join, default, dictsort, sort, unique, min, max, sum, round, indent,
+// int, float, ...), string methods with Python's Unicode case and whitespace rules, dict methods,
+// and the globals namespace(), range(), raise_exception() and strftime_now(). Anything else
+// (blocks, includes, an unknown filter) is refused with the construct and its line, never
+// rendered approximately.
 #pragma once
 
 #include <memory>
@@ -35,6 +37,10 @@ class ChatTemplate {
   // Whether the template loops over a message's content as a list of parts (Kimi K2's does) rather
   // than writing it as one string (DeepSeek's do), as vLLM detects it.
   bool reads_content_parts() const;
+  // Whether the template reads a tool call's arguments only as a mapping (`arguments|items`,
+  // `arguments|tojson` with no `is string` test first), so that OpenAI's JSON string must be
+  // parsed for it, as vLLM parses it.
+  bool reads_tool_arguments_as_mapping() const;
 
  private:
   struct Impl;
@@ -56,9 +62,13 @@ std::string apply_chat_template(const Tokenizer& tokenizer, const std::string& c
 // makes them: `messages_json` is a JSON list of messages, each an object with a string 'role' and
 // a 'content' that is a string, null (or absent), or a list of text parts ({"type": "text",
 // "text": ...}). A list stays a list of those parts for a template that reads parts; otherwise,
-// and always for a tool message, it becomes its texts joined by "\n". Returns the messages as
-// JSON. Throws dcp::Error (invalid_argument) naming messages[i] (or messages[i].content[j]) on
-// anything else; this engine reads text, so an image or audio part is refused.
+// and always for a tool message, it becomes its texts joined by "\n". An assistant message's
+// tool calls keep their arguments as the JSON string OpenAI sends, unless the template reads them
+// only as a mapping (ChatTemplate::reads_tool_arguments_as_mapping): then each string is parsed
+// into its object (an empty or missing one into {}). Returns the messages as JSON. Throws
+// dcp::Error (invalid_argument) naming messages[i] (or messages[i].content[j], or
+// messages[i].tool_calls[j].function.arguments when it is not a JSON object such a template can
+// read) on anything else; this engine reads text, so an image or audio part is refused.
 std::string openai_chat_messages(const std::string& messages_json,
                                  const std::string& chat_template);
 

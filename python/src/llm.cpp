@@ -543,6 +543,17 @@ void bind_llm(py::module_& m) {
       },
       py::arg("text"), py::arg("format"));
 
+  // A chat template (Jinja source) rendered over a JSON context, and OpenAI's messages made the
+  // form it reads: what `dcp serve` does with a chat request, without a model.
+  m.def(
+      "_render_chat_template",
+      [](const std::string& chat_template, const std::string& context_json) {
+        return ChatTemplate(chat_template).render(context_json);
+      },
+      py::arg("chat_template"), py::arg("context_json"));
+  m.def("_openai_chat_messages", &openai_chat_messages, py::arg("messages_json"),
+        py::arg("chat_template"));
+
   m.def(
       "_json_schema_regex",
       [](const std::string& schema) { return json_schema_regex(schema, "guided_decoding.json"); },

@@ -1,12 +1,38 @@
 // OpenAI's chat messages as an OpenAI-compatible front hands them to a chat template
-// (dcp/chat_template.h): content parts made the form the template reads.
+// (dcp/chat_template.h): content parts and tool-call arguments made the form the template reads.
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "dcp/chat_template.h"
 #include "dcp/error.h"
 
 namespace dcp {
+namespace {
+
+// A tool call's arguments (OpenAI's JSON string) parsed into the object a template that reads
+// them as a mapping needs; an empty or missing one is {}, as vLLM makes it.
+void parse_call_arguments(nlohmann::ordered_json& function, const std::string& at) {
+  if (!function.contains("arguments") || function["arguments"].is_null() ||
+      (function["arguments"].is_string() && function["arguments"].get<std::string>().empty())) {
+    function["arguments"] = nlohmann::ordered_json::object();
+    return;
+  }
+  nlohmann::ordered_json& arguments = function["arguments"];
+  if (arguments.is_object()) return;
+  const std::string why = " (this chat template reads a call's arguments as a mapping)";
+  DCP_ARG_CHECK(arguments.is_string(), at, " must be a JSON object in a string", why);
+  nlohmann::ordered_json parsed;
+  try {
+    parsed = nlohmann::ordered_json::parse(arguments.get<std::string>());
+  } catch (const nlohmann::ordered_json::exception& e) {
+    throw Error(ErrorCategory::invalid_argument, str(at, " is not JSON", why, ": ", e.what()));
+  }
+  DCP_ARG_CHECK(parsed.is_object(), at, " must be a JSON object, not ", parsed.type_name(), why);
+  arguments = std::move(parsed);
+}
+
+}  // namespace
 
 std::string openai_chat_messages(const std::string& messages_json,
                                  const std::string& chat_template) {
@@ -17,12 +43,28 @@ std::string openai_chat_messages(const std::string& messages_json,
     throw Error(ErrorCategory::invalid_argument, str("messages are not JSON: ", e.what()));
   }
   DCP_ARG_CHECK(messages.is_array(), "messages must be a list of messages");
-  bool parts_read = false, format_known = false;  // the template is parsed if a list needs it
+  std::optional<ChatTemplate> parsed;  // the template, parsed once a message needs it
+  const auto parsed_template = [&]() -> const ChatTemplate& {
+    if (!parsed) parsed.emplace(chat_template);
+    return *parsed;
+  };
+  std::optional<bool> parts_read, arguments_as_mapping;
   for (std::size_t i = 0; i < messages.size(); ++i) {
     nlohmann::ordered_json& m = messages[i];
     const std::string at = str("messages[", i, "]");
     DCP_ARG_CHECK(m.is_object() && m.contains("role") && m["role"].is_string(), at,
                   " must be an object with a string 'role'");
+    if (m["role"] == "assistant" && m.contains("tool_calls") && m["tool_calls"].is_array() &&
+        !m["tool_calls"].empty()) {
+      if (!arguments_as_mapping)
+        arguments_as_mapping = parsed_template().reads_tool_arguments_as_mapping();
+      for (std::size_t j = 0; *arguments_as_mapping && j < m["tool_calls"].size(); ++j) {
+        nlohmann::ordered_json& call = m["tool_calls"][j];
+        if (call.is_object() && call.contains("function") && call["function"].is_object())
+          parse_call_arguments(call["function"],
+                               str(at, ".tool_calls[", j, "].function.arguments"));
+      }
+    }
     if (!m.contains("content") || m["content"].is_null() || m["content"].is_string()) continue;
     DCP_ARG_CHECK(m["content"].is_array(), at,
                   ".content must be a string, null or a list of text parts");
@@ -42,12 +84,9 @@ std::string openai_chat_messages(const std::string& messages_json,
       parts.push_back({{"type", "text"}, {"text", p["text"]}});
       joined += (j ? "\n" : "") + p["text"].get<std::string>();
     }
-    if (!format_known) {
-      parts_read = ChatTemplate(chat_template).reads_content_parts();
-      format_known = true;
-    }
+    if (!parts_read) parts_read = parsed_template().reads_content_parts();
     // vLLM gives tool results as one string whatever the template reads.
-    if (parts_read && m["role"] != "tool")
+    if (*parts_read && m["role"] != "tool")
       m["content"] = parts;
     else
       m["content"] = joined;

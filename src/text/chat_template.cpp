@@ -41,6 +41,10 @@ bool ChatTemplate::reads_content_parts() const {
   return jinja::loops_over_message_content(impl_->body);
 }
 
+bool ChatTemplate::reads_tool_arguments_as_mapping() const {
+  return jinja::reads_tool_arguments_as_mapping(impl_->body);
+}
+
 std::string apply_chat_template(const Tokenizer& tokenizer, const std::string& context_json,
                                 bool add_generation_prompt) {
   DCP_ARG_CHECK(tokenizer.chat_template().has_value(),

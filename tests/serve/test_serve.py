@@ -2134,6 +2134,27 @@ def case_minicpm3():
         m = r["choices"][0]["message"] if status == 200 else {}
         check(status == 200 and m.get("content") == "Hi there" and not m.get("reasoning_content")
               and "tool_calls" not in m, f"no thought, no call: content: {r}")
+        # A past call's arguments come as OpenAI sends them, a JSON string; a template that reads
+        # them as a mapping (MiniCPM3's tool template does) gets them parsed, as vLLM parses them,
+        # and a string that is no JSON object is refused by name.
+        mapping = ("{% for m in messages %}{% for c in m.tool_calls or [] %}{{ c.function.name }}("
+                   "{% for k, v in c.function.arguments|items %}{{ k }}={{ v|tojson }};{% endfor %})"
+                   "{% endfor %}{{ m.content or '' }}|{% endfor %}")
+        history = [{"role": "user", "content": "Weather?"},
+                   {"role": "assistant", "content": None, "tool_calls": [
+                       {"id": "c1", "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city":"Paris","days":2}'}}]},
+                   {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+        status, got = s.post("/tokenize", {"messages": history, "chat_template": mapping})
+        _, want = s.post("/tokenize", {"prompt": 'Weather?|get_weather(city="Paris";days=2;)|sunny|',
+                                       "add_special_tokens": False})
+        check(status == 200 and got["tokens"] == want["tokens"], f"arguments as a mapping: {got} vs {want}")
+        history[1]["tool_calls"][0]["function"]["arguments"] = "[1]"
+        status, r = s.post("/v1/chat/completions", {"messages": history, "chat_template": mapping,
+                                                    "max_tokens": 1})
+        check(status == 400 and r["error"]["param"] == "messages"
+              and "messages[1].tool_calls[0].function.arguments must be a JSON object, not array"
+              in r["error"]["message"], f"arguments no template can read: {r}")
     finally:
         code, _ = s.stop()
         check(code == 0, f"server exit {code}")

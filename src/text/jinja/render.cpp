@@ -1,11 +1,18 @@
 #include "render.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <utility>
+
+#include "python_str.h"
 
 namespace dcp::jinja {
 namespace {
@@ -48,6 +55,23 @@ class Renderer {
                  }
                  return Value::Lst(std::move(l));
                }));
+    // transformers' strftime_now(format): the local time now, as datetime.now().strftime gives it.
+    set_global("strftime_now", Value::Fn([](const Args& a, const Kwargs&) -> Value {
+                 if (a.size() != 1 || a[0].kind != Value::string)
+                   throw Error(ErrorCategory::invalid_argument,
+                               "chat template: strftime_now() needs one format string");
+                 const std::time_t now = std::time(nullptr);
+                 std::tm local{};
+                 localtime_r(&now, &local);
+                 std::string out(64 + 8 * a[0].s.size(), '\0');
+                 const std::size_t n =
+                     std::strftime(out.data(), out.size(), a[0].s.c_str(), &local);
+                 if (n == 0 && !a[0].s.empty())
+                   throw Error(ErrorCategory::invalid_argument,
+                               "chat template: strftime_now() of a format that writes nothing");
+                 out.resize(n);
+                 return Value::Str(out);
+               }));
     set_global("raise_exception", Value::Fn([](const Args& a, const Kwargs&) -> Value {
                  throw Error(ErrorCategory::invalid_argument,
                              str("chat template: ",
@@ -73,7 +97,14 @@ class Renderer {
           }
           break;
         case Node::set: {
-          Value v = eval(*n->expr);
+          Value v;
+          if (n->expr) {
+            v = eval(*n->expr);
+          } else {  // {% set x %}...{% endset %}
+            std::string text;
+            render(n->body, text);
+            v = Value::Str(std::move(text));
+          }
           if (n->targets.size() == 1) {
             set(n->targets[0], std::move(v));
           } else {
@@ -510,8 +541,9 @@ class Renderer {
     if (obj.kind == Value::string) {
       const std::string s = obj.s;
       static const char* const methods[] = {
-          "strip",      "lstrip",   "rstrip", "upper",   "lower", "title", "capitalize",
-          "startswith", "endswith", "split",  "replace", "find",  "count"};
+          "strip",      "lstrip",   "rstrip", "upper",  "lower",     "title",        "capitalize",
+          "startswith", "endswith", "split",  "rsplit", "join",      "removeprefix", "removesuffix",
+          "replace",    "find",     "rfind",  "count",  "splitlines"};
       if (std::find_if(std::begin(methods), std::end(methods),
                        [&](const char* m) { return name == m; }) == std::end(methods))
         fail(line, str("strings have no method '", name, "' here"));
@@ -531,6 +563,12 @@ class Renderer {
         {"lstrip", {"chars"}},
         {"rstrip", {"chars"}},
         {"split", {"sep", "maxsplit"}},
+        {"rsplit", {"sep", "maxsplit"}},
+        {"join", {"iterable"}},
+        {"removeprefix", {"prefix"}},
+        {"removesuffix", {"suffix"}},
+        {"rfind", {"sub"}},
+        {"splitlines", {"keepends"}},
         {"replace", {"old", "new", "count"}},
         {"startswith", {"prefix"}},
         {"endswith", {"suffix"}},
@@ -553,6 +591,12 @@ class Renderer {
     return out;
   }
 
+  static List keys_of(const Dict& d) {
+    List keys;
+    for (const auto& [k, x] : d) keys.push_back(Value::Str(k));
+    return keys;
+  }
+
   static Value string_method(const std::string& s, const std::string& name, const Args& a,
                              int line) {
     const auto given = [&](std::size_t k) {
@@ -564,37 +608,18 @@ class Renderer {
       if (a[k].kind != Value::integer) fail(line, str(name, "(): ", what, " must be an integer"));
       return a[k].i;
     };
-    const std::string ws = " \t\n\r\f\v";
-    const std::string chars = !a.empty() && a[0].kind == Value::string ? a[0].s : ws;
     if (name == "strip" || name == "lstrip" || name == "rstrip") {
-      std::size_t b = 0, e = s.size();
-      if (name != "rstrip")
-        while (b < e && chars.find(s[b]) != std::string::npos) ++b;
-      if (name != "lstrip")
-        while (e > b && chars.find(s[e - 1]) != std::string::npos) --e;
-      return Value::Str(s.substr(b, e - b));
-    }
-    if (name == "upper" || name == "lower") {
-      std::string r = s;
-      for (char& c : r)
-        c = static_cast<char>(name == "upper" ? std::toupper(static_cast<unsigned char>(c))
-                                              : std::tolower(static_cast<unsigned char>(c)));
-      return Value::Str(r);
-    }
-    if (name == "capitalize" || name == "title") {
-      std::string r = s;
-      bool start = true;
-      for (std::size_t k = 0; k < r.size(); ++k) {
-        const auto c = static_cast<unsigned char>(r[k]);
-        if (name == "capitalize")
-          r[k] = static_cast<char>(k == 0 ? std::toupper(c) : std::tolower(c));
-        else {
-          r[k] = static_cast<char>(start ? std::toupper(c) : std::tolower(c));
-          start = !std::isalpha(c);
-        }
+      std::optional<std::string> chars;
+      if (given(0)) {
+        if (a[0].kind != Value::string) fail(line, str(name, "() needs a string or None"));
+        chars = a[0].s;
       }
-      return Value::Str(r);
+      return Value::Str(py_strip(s, chars, name != "rstrip", name != "lstrip"));
     }
+    if (name == "upper") return Value::Str(py_upper(s));
+    if (name == "lower") return Value::Str(py_lower(s));
+    if (name == "title") return Value::Str(py_title(s));
+    if (name == "capitalize") return Value::Str(py_capitalize(s));
     if (name == "startswith" || name == "endswith") {
       // A string, or a tuple of them (any matches).
       List options = a.empty() ? List() : a[0].kind == Value::list ? *a[0].l : List{a[0]};
@@ -612,20 +637,9 @@ class Renderer {
     if (name == "split") {
       std::int64_t splits = limit(1, "maxsplit");
       List out;
-      if (!given(0)) {  // on runs of whitespace; past maxsplit, the rest without its leading run
-        std::size_t k = 0;
-        while (k < s.size()) {
-          while (k < s.size() && ws.find(s[k]) != std::string::npos) ++k;
-          if (k == s.size()) break;
-          if (splits-- == 0) {
-            out.push_back(Value::Str(s.substr(k)));
-            break;
-          }
-          std::size_t e = k;
-          while (e < s.size() && ws.find(s[e]) == std::string::npos) ++e;
-          out.push_back(Value::Str(s.substr(k, e - k)));
-          k = e;
-        }
+      if (!given(0)) {
+        for (std::string& word : py_split_whitespace(s, splits))
+          out.push_back(Value::Str(std::move(word)));
       } else {
         if (a[0].kind != Value::string) fail(line, "split() needs a string separator");
         const std::string& sep = a[0].s;
@@ -639,6 +653,62 @@ class Renderer {
           k = e + sep.size();
         }
       }
+      return Value::Lst(std::move(out));
+    }
+    if (name == "rsplit") {
+      std::int64_t splits = limit(1, "maxsplit");
+      List out;
+      if (!given(0)) {
+        for (std::string& word : py_rsplit_whitespace(s, splits))
+          out.push_back(Value::Str(std::move(word)));
+        return Value::Lst(std::move(out));
+      }
+      if (a[0].kind != Value::string) fail(line, "rsplit() needs a string separator");
+      const std::string& sep = a[0].s;
+      if (sep.empty()) fail(line, "rsplit() with an empty separator");
+      std::size_t end = s.size();  // the pieces lie before `end`
+      while (true) {
+        const std::size_t at =
+            splits-- == 0 || end < sep.size() ? std::string::npos : s.rfind(sep, end - sep.size());
+        if (at == std::string::npos) {
+          out.push_back(Value::Str(s.substr(0, end)));
+          break;
+        }
+        out.push_back(Value::Str(s.substr(at + sep.size(), end - at - sep.size())));
+        end = at;
+      }
+      std::reverse(out.begin(), out.end());
+      return Value::Lst(std::move(out));
+    }
+    if (name == "join") {  // sep.join(iterable): strings only, as Python takes them
+      if (a.empty()) fail(line, "join() needs an iterable of strings");
+      const List parts = a[0].kind == Value::list     ? *a[0].l
+                         : a[0].kind == Value::string ? characters(a[0].s)
+                         : a[0].kind == Value::dict   ? keys_of(*a[0].m)
+                                                      : List{};
+      if (a[0].kind != Value::list && a[0].kind != Value::string && a[0].kind != Value::dict)
+        fail(line, str("join() of a ", kind_name(a[0])));
+      std::string out;
+      for (std::size_t k = 0; k < parts.size(); ++k) {
+        if (parts[k].kind != Value::string)
+          fail(line, str("join(): item ", k, " is a ", kind_name(parts[k]), ", not a string"));
+        out += (k ? s : "") + parts[k].s;
+      }
+      return Value::Str(out);
+    }
+    if (name == "removeprefix" || name == "removesuffix") {
+      if (a.empty() || a[0].kind != Value::string) fail(line, str(name, "() needs a string"));
+      const std::string& p = a[0].s;
+      if (p.size() > s.size()) return Value::Str(s);
+      if (name == "removeprefix")
+        return Value::Str(s.compare(0, p.size(), p) == 0 ? s.substr(p.size()) : s);
+      return Value::Str(
+          s.compare(s.size() - p.size(), p.size(), p) == 0 ? s.substr(0, s.size() - p.size()) : s);
+    }
+    if (name == "splitlines") {
+      List out;
+      for (std::string& l : py_splitlines(s, !a.empty() && truthy(a[0])))
+        out.push_back(Value::Str(std::move(l)));
       return Value::Lst(std::move(out));
     }
     if (name == "replace") {
@@ -657,10 +727,10 @@ class Renderer {
       }
       return Value::Str(r);
     }
-    if (name == "find" || name == "count") {
+    if (name == "find" || name == "rfind" || name == "count") {
       if (a.empty() || a[0].kind != Value::string) fail(line, str(name, "() needs a string"));
-      if (name == "find") {  // a character index, as Python's str counts
-        const std::size_t e = s.find(a[0].s);
+      if (name != "count") {  // a character index, as Python's str counts
+        const std::size_t e = name == "find" ? s.find(a[0].s) : s.rfind(a[0].s);
         if (e == std::string::npos) return Value::Int(-1);
         return Value::Int(static_cast<std::int64_t>(characters(s.substr(0, e)).size()));
       }
@@ -802,6 +872,196 @@ class Renderer {
     return false;
   }
 
+  // A filter's arguments by position, keywords placed by their names (undefined: not given); an
+  // argument the filter does not take is refused by name.
+  static Args placed(const std::string& f, const Args& a, const Kwargs& kwargs,
+                     const std::vector<std::string>& names, int line) {
+    if (a.size() > names.size())
+      fail(line, str("'|", f, "' takes at most ", names.size(), " arguments, not ", a.size()));
+    Args out = a;
+    out.resize(names.size());
+    for (const auto& [key, x] : kwargs) {
+      const auto at = std::find(names.begin(), names.end(), key);
+      if (at == names.end()) {
+        std::string legal;
+        for (const std::string& n : names) legal += (legal.empty() ? "" : ", ") + n;
+        fail(line, str("'|", f, "' has no argument '", key, "' (legal: ", legal, ")"));
+      }
+      const auto k = static_cast<std::size_t>(at - names.begin());
+      if (k < a.size()) fail(line, str("'|", f, "' gets '", key, "' twice"));
+      out[k] = x;
+    }
+    return out;
+  }
+  static bool given_value(const Value& v) {
+    return v.kind != Value::undefined && v.kind != Value::none;
+  }
+
+  // Jinja's attribute getter: "a.b.0" reads x['a']['b'][0] (a part of digits is an index).
+  Value attribute_path(const Value& x, const Value& attribute, int line) {
+    if (attribute.kind == Value::integer) return item(x, attribute, line);
+    if (attribute.kind != Value::string)
+      fail(line, str("attribute= must be a string or an integer, not a ", kind_name(attribute)));
+    Value v = x;
+    std::size_t start = 0;
+    while (true) {
+      const std::size_t dot = attribute.s.find('.', start);
+      const std::string part =
+          attribute.s.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+      const bool digits =
+          !part.empty() && part.size() < 19 &&
+          std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; });
+      v = item(v, digits ? Value::Int(std::stoll(part)) : Value::Str(part), line);
+      if (dot == std::string::npos) return v;
+      start = dot + 1;
+    }
+  }
+  // The key sort, unique, min and max compare: the item, or its attribute (several, comma
+  // separated, for sort), strings lowered unless case-sensitive.
+  Value order_key(const Value& x, const Value& attribute, bool case_sensitive, bool several,
+                  int line) {
+    const auto one = [&](const Value& path) {
+      Value k = given_value(path) ? attribute_path(x, path, line) : x;
+      if (k.kind == Value::string && !case_sensitive) k = Value::Str(py_lower(k.s));
+      return k;
+    };
+    if (!several || attribute.kind != Value::string || attribute.s.find(',') == std::string::npos)
+      return one(attribute);
+    List keys;
+    std::size_t start = 0;
+    while (true) {
+      const std::size_t comma = attribute.s.find(',', start);
+      keys.push_back(one(Value::Str(attribute.s.substr(
+          start, comma == std::string::npos ? std::string::npos : comma - start))));
+      if (comma == std::string::npos) return Value::Lst(std::move(keys));
+      start = comma + 1;
+    }
+  }
+  // Python's < on what chat templates sort: numbers, strings, and lists of them.
+  static bool ordered_less(const Value& x, const Value& y, const std::string& f, int line) {
+    if (x.numeric() && y.numeric()) return x.as_real() < y.as_real();
+    if (x.kind == Value::string && y.kind == Value::string) return x.s < y.s;
+    if (x.kind == Value::list && y.kind == Value::list) {
+      for (std::size_t k = 0; k < x.l->size() && k < y.l->size(); ++k)
+        if (!equal((*x.l)[k], (*y.l)[k])) return ordered_less((*x.l)[k], (*y.l)[k], f, line);
+      return x.l->size() < y.l->size();
+    }
+    fail(line, str("'|", f, "' cannot order a ", kind_name(x), " and a ", kind_name(y)));
+  }
+
+  // Python's int(text) for Jinja's |int: digits with single underscores between them, a sign,
+  // surrounding whitespace.
+  static std::optional<std::int64_t> python_int(const std::string& text) {
+    const std::string t = py_strip(text, std::nullopt, true, true);
+    std::size_t k = t.empty() || (t[0] != '+' && t[0] != '-') ? 0 : 1;
+    std::string digits;
+    for (; k < t.size(); ++k) {
+      if (t[k] == '_' && !digits.empty() && k + 1 < t.size() && t[k + 1] != '_') continue;
+      if (t[k] < '0' || t[k] > '9') return std::nullopt;
+      digits += t[k];
+    }
+    if (digits.empty()) return std::nullopt;
+    errno = 0;
+    const long long v = std::strtoll(((t[0] == '-' ? "-" : "") + digits).c_str(), nullptr, 10);
+    if (errno == ERANGE) return std::nullopt;
+    return v;
+  }
+  // Python's float(text): a decimal with optional exponent, "inf", "infinity" or "nan" in any
+  // case, underscores between digits, a sign, surrounding whitespace.
+  static std::optional<double> python_float(const std::string& text) {
+    const std::string lowered = py_lower(py_strip(text, std::nullopt, true, true));
+    std::size_t k = lowered.empty() || (lowered[0] != '+' && lowered[0] != '-') ? 0 : 1;
+    const std::string word = lowered.substr(k);
+    if (word == "inf" || word == "infinity" || word == "nan") {
+      const double v = word == "nan" ? std::nan("") : HUGE_VAL;
+      return lowered[0] == '-' ? -v : v;
+    }
+    std::string plain = lowered.substr(0, k);
+    bool digit_before = false, any_digit = false, dot = false, exponent = false;
+    for (; k < lowered.size(); ++k) {
+      const char c = lowered[k];
+      const bool digit = c >= '0' && c <= '9';
+      if (c == '_') {
+        if (!digit_before || k + 1 >= lowered.size() || lowered[k + 1] < '0' ||
+            lowered[k + 1] > '9')
+          return std::nullopt;
+        continue;
+      }
+      if (digit) {
+        any_digit = true;
+      } else if (c == '.' && !dot && !exponent) {
+        dot = true;
+      } else if (c == 'e' && any_digit && !exponent) {
+        exponent = true;
+        any_digit = false;
+        plain += c;
+        if (k + 1 < lowered.size() && (lowered[k + 1] == '+' || lowered[k + 1] == '-'))
+          plain += lowered[++k];
+        digit_before = false;
+        continue;
+      } else {
+        return std::nullopt;
+      }
+      digit_before = digit;
+      plain += c;
+    }
+    if (!any_digit) return std::nullopt;
+    return std::strtod(plain.c_str(), nullptr);
+  }
+
+  // Jinja's round(value, precision=0, method='common'): Python's round (the nearest decimal,
+  // ties to even on the exact binary value), or math.ceil / math.floor at that precision.
+  static Value round_filter(const Value& v, const Args& p, int line) {
+    if (!v.numeric()) fail(line, str("'|round' of a ", kind_name(v)));
+    std::int64_t precision = 0;
+    if (given_value(p[0])) {
+      if (p[0].kind != Value::integer) fail(line, "'|round': precision must be an integer");
+      precision = p[0].i;
+    }
+    if (precision < 0 || precision > 22)
+      fail(line, str("'|round': precision ", precision, " is not supported here (legal: 0-22)"));
+    const std::string method = given_value(p[1]) ? to_str(p[1]) : "common";
+    if (method != "common" && method != "ceil" && method != "floor")
+      fail(line, str("'|round': method '", method, "' (legal: common, ceil, floor)"));
+    if (method == "common" && v.kind != Value::real)
+      return Value::Int(v.kind == Value::boolean ? v.b : v.i);
+    const double x = v.as_real();
+    if (std::isnan(x) || std::isinf(x)) {
+      if (method != "common") fail(line, "'|round': ceil or floor of a float that is not finite");
+      return Value::Real(x);
+    }
+    const double scale = std::pow(10.0, static_cast<double>(precision));  // exact up to 10^22
+    if (method == "ceil") return Value::Real(std::ceil(x * scale) / scale);
+    if (method == "floor") return Value::Real(std::floor(x * scale) / scale);
+    // glibc's printf rounds the exact binary value to `precision` decimals, ties to even, as
+    // Python's round does.
+    char buffer[400];
+    std::snprintf(buffer, sizeof buffer, "%.*f", static_cast<int>(precision), x);
+    return Value::Real(std::strtod(buffer, nullptr));
+  }
+
+  // Jinja's indent(width=4, first=False, blank=False): every line after the first indented
+  // (`width` spaces, or a string), blank lines only with `blank`, the first with `first`.
+  static Value indent_filter(const std::string& s, const Args& p, int line) {
+    std::string indention(4, ' ');
+    if (p[0].kind == Value::string) {
+      indention = p[0].s;
+    } else if (given_value(p[0])) {
+      if (p[0].kind != Value::integer || p[0].i < 0 || p[0].i > 1000)
+        fail(line, "'|indent': width must be a string or an integer 0-1000");
+      indention = std::string(static_cast<std::size_t>(p[0].i), ' ');
+    }
+    const std::vector<std::string> lines = py_splitlines(s + "\n", false);
+    std::string out;
+    for (std::size_t k = 0; k < lines.size(); ++k) {
+      if (k > 0) out += "\n";
+      if (k > 0 && (truthy(p[2]) || !lines[k].empty())) out += indention;
+      out += lines[k];
+    }
+    if (truthy(p[1])) out = indention + out;
+    return Value::Str(out);
+  }
+
   Value filter(const Expr& e) {
     const std::string& f = e.text;
     const Value v = eval(*e.args[0]);
@@ -825,8 +1085,9 @@ class Renderer {
       fail(e.line, str("length of a ", kind_name(v)));
     }
     if (f == "trim") return string_method(to_str(v), "strip", a, e.line);
-    if (f == "upper" || f == "lower" || f == "capitalize" || f == "title")
+    if (f == "upper" || f == "lower" || f == "capitalize")
       return string_method(to_str(v), f, {}, e.line);
+    if (f == "title") return Value::Str(jinja_title(to_str(v)));
     if (f == "replace") return string_method(to_str(v), "replace", a, e.line);
     if (f == "string") return Value::Str(to_str(v));
     if (f == "safe" || f == "e" || f == "escape") {
@@ -834,21 +1095,46 @@ class Renderer {
         fail(e.line, "the 'escape' filter is not supported (chat templates render unescaped)");
       return v;
     }
-    if (f == "int") {
-      if (v.kind == Value::real) {
-        if (!(std::fabs(v.d) < 9.2e18)) fail(e.line, "int() of a float out of range");
-        return Value::Int(static_cast<std::int64_t>(v.d));
-      }
+    if (f == "int") {  // int(x), else int(float(x)), else the default (0)
+      const Args p = placed(f, a, kwargs, {"default", "base"}, e.line);
+      if (given_value(p[1]) && !(p[1].kind == Value::integer && p[1].i == 10))
+        fail(e.line, "'|int' reads base 10 only here");
+      const Value fallback = p[0].kind == Value::undefined ? Value::Int(0) : p[0];
+      const auto truncated = [&](double d) {
+        if (std::isnan(d)) return fallback;  // Python's ValueError, which Jinja catches
+        if (std::isinf(d)) fail(e.line, "'|int' of an infinite float");  // its OverflowError
+        if (!(std::fabs(d) < 9.2e18)) fail(e.line, "'|int' of a number past 64 bits");
+        return Value::Int(static_cast<std::int64_t>(d));
+      };
+      if (v.kind == Value::integer) return v;
+      if (v.kind == Value::boolean) return Value::Int(v.b);
+      if (v.kind == Value::real) return truncated(v.d);
       if (v.kind == Value::string) {
-        try {
-          return Value::Int(std::stoll(v.s));
-        } catch (const std::exception&) {
-          return Value::Int(0);
-        }
+        if (const auto i = python_int(v.s)) return Value::Int(*i);
+        if (const auto d = python_float(v.s)) return truncated(*d);
       }
-      return Value::Int(v.kind == Value::integer ? v.i : v.kind == Value::boolean ? v.b : 0);
+      return fallback;
     }
-    if (f == "float") return Value::Real(v.numeric() ? v.as_real() : 0.0);
+    if (f == "float") {  // float(x), else the default (0.0)
+      const Args p = placed(f, a, kwargs, {"default"}, e.line);
+      if (v.numeric()) return Value::Real(v.as_real());
+      if (v.kind == Value::string)
+        if (const auto d = python_float(v.s)) return Value::Real(*d);
+      return p[0].kind == Value::undefined ? Value::Real(0.0) : p[0];
+    }
+    if (f == "abs") {
+      if (v.kind == Value::boolean) return Value::Int(v.b);
+      if (v.kind == Value::real) return Value::Real(std::fabs(v.d));
+      if (v.kind != Value::integer) fail(e.line, str("'|abs' of a ", kind_name(v)));
+      if (v.i == std::numeric_limits<std::int64_t>::min())
+        fail(e.line, "'|abs' of a number past 64 bits");
+      return Value::Int(v.i < 0 ? -v.i : v.i);
+    }
+    if (f == "round")
+      return round_filter(v, placed(f, a, kwargs, {"precision", "method"}, e.line), e.line);
+    if (f == "indent")
+      return indent_filter(to_str(v), placed(f, a, kwargs, {"width", "first", "blank"}, e.line),
+                           e.line);
     if (f == "tojson") {
       std::string out;
       dump_json(v, out, json_style(a, kwargs, e.line));
@@ -949,12 +1235,68 @@ class Renderer {
       }
       return Value::Lst(std::move(out));
     }
-    if (f == "unique") {
-      List out;
+    if (f == "unique" || f == "min" || f == "max" || f == "sort") {
+      const Args p = f == "sort"
+                         ? placed(f, a, kwargs, {"reverse", "case_sensitive", "attribute"}, e.line)
+                         : placed(f, a, kwargs, {"case_sensitive", "attribute"}, e.line);
+      const std::size_t at = f == "sort" ? 1 : 0;  // where case_sensitive is
+      const bool case_sensitive = truthy(p[at]);
+      std::vector<Value> keys;
       for (const Value& x : items)
-        if (std::none_of(out.begin(), out.end(), [&](const Value& y) { return equal(x, y); }))
-          out.push_back(x);
-      return Value::Lst(std::move(out));
+        keys.push_back(order_key(x, p[at + 1], case_sensitive, f == "sort", e.line));
+      if (f == "unique") {  // the first item of each key, keys as a Python set holds them
+        List out;
+        std::vector<Value> seen;
+        for (std::size_t k = 0; k < items.size(); ++k) {
+          if (keys[k].kind == Value::list || keys[k].kind == Value::dict)
+            fail(e.line, str("'|unique' of a ", kind_name(keys[k]), " (not hashable)"));
+          if (std::none_of(seen.begin(), seen.end(),
+                           [&](const Value& y) { return equal(keys[k], y); })) {
+            seen.push_back(keys[k]);
+            out.push_back(items[k]);
+          }
+        }
+        return Value::Lst(std::move(out));
+      }
+      std::vector<std::size_t> order(items.size());
+      for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
+      if (f == "sort") {  // stable, reversed or not, as Python's sorted
+        const bool reverse = truthy(p[0]);
+        std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
+          return reverse ? ordered_less(keys[y], keys[x], f, e.line)
+                         : ordered_less(keys[x], keys[y], f, e.line);
+        });
+        List out;
+        for (std::size_t k : order) out.push_back(items[k]);
+        return Value::Lst(std::move(out));
+      }
+      if (items.empty()) return Value();  // Jinja's undefined: no item to aggregate
+      std::size_t best = 0;  // the first of the least (or greatest) keys, as Python's min and max
+      for (std::size_t k = 1; k < items.size(); ++k)
+        if (f == "min" ? ordered_less(keys[k], keys[best], f, e.line)
+                       : ordered_less(keys[best], keys[k], f, e.line))
+          best = k;
+      return items[best];
+    }
+    if (f == "sum") {  // Python's sum: integers stay integers until a float joins
+      const Args p = placed(f, a, kwargs, {"attribute", "start"}, e.line);
+      Value total = p[1].kind == Value::undefined ? Value::Int(0) : p[1];
+      for (const Value& x : items) {
+        const Value term = given_value(p[0]) ? attribute_path(x, p[0], e.line) : x;
+        if (!term.numeric() || !total.numeric())
+          fail(e.line,
+               str("'|sum' adds numbers, not a ", kind_name(term.numeric() ? total : term)));
+        if (term.kind == Value::real || total.kind == Value::real) {
+          total = Value::Real(total.as_real() + term.as_real());
+        } else {
+          std::int64_t r = 0;
+          const std::int64_t x1 = total.kind == Value::boolean ? total.b : total.i;
+          const std::int64_t x2 = term.kind == Value::boolean ? term.b : term.i;
+          if (__builtin_add_overflow(x1, x2, &r)) fail(e.line, "'|sum' past 64 bits");
+          total = Value::Int(r);
+        }
+      }
+      return total;
     }
     fail(e.line, str("the filter '|", f, "' is not supported"));
   }

@@ -420,10 +420,13 @@ class Parser {
       if (signs.size() > static_cast<std::size_t>(kMaxDepth))
         fail(signs.back().line, str("more than ", kMaxDepth, " signs in a row"));
     }
-    ExprPtr e = postfix(primary());
+    if (signs.empty()) return postfix(primary());
+    // As Jinja parses it: a sign binds tighter than a filter (-3|abs is 3), looser than an
+    // attribute, a subscript or a call.
+    ExprPtr e = postfix(primary(), false);
     for (auto t = signs.rbegin(); t != signs.rend(); ++t)
       e = make(Expr::unary, t->line, {e}, t->text);
-    return e;
+    return postfix(e);
   }
   void call_arguments(Expr& e) {
     expect_op("(");
@@ -446,7 +449,7 @@ class Parser {
     }
     expect_op(")");
   }
-  ExprPtr postfix(ExprPtr e) {
+  ExprPtr postfix(ExprPtr e, bool filters = true) {
     while (true) {
       const int line = peek().line;
       if (is_op(".")) {
@@ -475,7 +478,7 @@ class Parser {
         auto c = make(Expr::call, line, {e});
         call_arguments(*c);
         e = c;
-      } else if (is_op("|")) {
+      } else if (is_op("|") && filters) {
         next();
         auto f = make(Expr::filter, line, {e}, expect_name());
         if (is_op("(")) call_arguments(*f);
@@ -614,11 +617,22 @@ class TreeBuilder {
           p.next();
           n->targets.push_back(p.expect_name());
         }
-        if (!p.is_op("="))
-          fail(seg.line, "block assignments ({% set x %}...{% endset %}) are not supported");
-        p.next();
-        n->expr = p.tuple_or_expression();
-        p.expect_end();
+        if (p.is_op("=")) {
+          p.next();
+          n->expr = p.tuple_or_expression();
+          p.expect_end();
+        } else {  // {% set x %}...{% endset %}: the body's text
+          if (!p.at_end())
+            fail(seg.line, "a block assignment takes no filter here: {% set x %}...{% endset %}");
+          std::string endset;
+          n->body = parse_body({"endset"}, endset);
+          Parser q(s_[i_].tokens);
+          q.next();
+          q.expect_end();
+          out.push_back(n);
+          ++i_;
+          continue;
+        }
         out.push_back(n);
       } else if (keyword == "macro") {
         out.push_back(parse_macro(p, seg.line));

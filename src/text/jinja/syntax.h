@@ -37,14 +37,14 @@ struct Node {
   // clang-format on
   int line = 0;
   std::string text;                                // text; macro: its name
-  ExprPtr expr;                                    // output, for's iterable, set's value
+  ExprPtr expr;  // output, for's iterable, set's value (null: a block set, its text the body's)
   std::vector<std::pair<ExprPtr, Body>> branches;  // if/elif (null condition: else)
   std::vector<std::string> targets;  // for's loop variables; set: name [, attr]; macro: parameters
   std::vector<ExprPtr> defaults;     // macro: each parameter's default (null: none)
   bool varargs = false, kwargs = false;  // macro: its body reads `varargs` / `kwargs`
   bool caller = false;                   // macro: its body reads `caller` (a call block's body)
   ExprPtr filter;                        // for ... if filter
-  Body body, else_body;                  // for; macro: body
+  Body body, else_body;                  // for; macro and block set: body
   // call_block: `expr` calls a macro with `caller`, a macro of the block's parameters and body.
   std::shared_ptr<Node> caller_macro;
 };
