@@ -1,5 +1,5 @@
-"""Writes src/text/jinja/unicode_case_data.inc: the Unicode case data chat templates need to change
-case as Python does (str.upper, lower, title, capitalize, isspace), read off the Python that runs
+"""Writes src/text/jinja/unicode_case_data.inc: the Unicode data chat templates need to change case
+and print strings as Python does (str.upper, lower, title, capitalize, isspace, repr), read off the Python that runs
 this script, so that its Unicode version is the one the tables hold (Debian 12's Python 3.11:
 Unicode 14.0). Usage: /usr/bin/python3 scripts/gen_unicode_case.py > src/text/jinja/unicode_case_data.inc
 
@@ -7,7 +7,8 @@ Unicode 14.0). Usage: /usr/bin/python3 scripts/gen_unicode_case.py > src/text/ji
   mapping changes it; title for every code point whose title mapping differs from its upper one;
 - the code points Python counts as cased (Lowercase, Uppercase or titlecase letters) and as
   case-ignorable (what the final-sigma rule of str.lower skips), as ranges;
-- the code points str.isspace() accepts, as ranges.
+- the code points str.isspace() accepts, and those str.isprintable() refuses (repr escapes them),
+  as ranges.
 
 Case-ignorable is not exposed by Python, so it is read off str.lower itself: a code point x that is
 not cased is case-ignorable exactly when the sigma in 'A' + x + 'Σ' lowers to the final form ς
@@ -82,6 +83,7 @@ def main():
     write_ranges("kCased", ranges(cased))
     write_ranges("kCaseIgnorable", ranges(case_ignorable))
     write_ranges("kSpace", ranges(str.isspace))
+    write_ranges("kNotPrintable", ranges(lambda c: not c.isprintable()))
     print("// clang-format on")
 
 

@@ -868,6 +868,47 @@ TEST(ChatTemplate, MoreFiltersMethodsAndBlockSetRenderAsJinja) {
   const std::string year = render("{{ strftime_now('%Y') }}|{{ strftime_now('100%%') }}");
   EXPECT_EQ(year.size(), 9u);
   EXPECT_EQ(year.substr(4), "|100%");
+  // Longer than a first guess at the buffer (strftime's 0 means "too small" there).
+  std::string many;
+  for (int k = 0; k < 40; ++k) many += "%c";
+  const std::size_t one = render("{{ strftime_now('%c') }}").size();
+  EXPECT_EQ(render("{{ strftime_now('" + many + "') }}").size(), 40 * one);
+  EXPECT_GT(40 * one, 256u);
+}
+
+// Tuples, the remaining tests, loop.cycle and loop.changed, and repr's escapes; each expected
+// text is what Python's Jinja2 renders.
+TEST(ChatTemplate, TuplesTestsAndLoopHelpersRenderAsJinja) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{{ (1, 2) }}{{ (1,) }}{{ () }}{{ (1, 2) == [1, 2] }}{{ (1, 2)[1:] }}{{ (1,) + (2,) }}",
+       "(1, 2)(1,)()False(2,)(1, 2)"},
+      {"{{ {'b': 1, 'a': 2}|dictsort(by='value') }} {{ {'a': 1}.items()|list }}",
+       "[('b', 1), ('a', 2)] [('a', 1)]"},
+      {"{% macro m(a) %}{{ varargs }}{{ kwargs }}{% endmacro %}{{ m(1, 3, x=5) }}{{ m(1) }}",
+       "(3,){'x': 5}(){}"},
+      {"{% set t = 1, 'a' %}{{ t }}{{ t|tojson }}{{ t|list }}{{ [(1, 'a'), (1, 'a')]|unique|list "
+       "}}",
+       "(1, 'a')[1, \"a\"][1, 'a'][(1, 'a')]"},
+      {"{{ 6 is divisibleby 3 }}{{ 7.5 is divisibleby 2.5 }}{{ 2 is in [1, 2] }}{{ 'a' is in 'cat' "
+       "}}"
+       "{{ none is sameas none }}",
+       "TrueTrueTrueTrueTrue"},
+      {"{{ 2 is gt 1 }}{{ 2 is ge 2 }}{{ 2 is lt 1 }}{{ 'a' is le 'b' }}{{ [1, 2, 3]|select('gt', "
+       "1)|list }}{{ [1, 2, 3]|reject('in', [1, 3])|list }}",
+       "TrueTrueFalseTrue[2, 3][2]"},
+      {"{% for x in [1, 1, 2] %}{{ loop.cycle('a', 'b') }}{{ loop.changed(x) }}{{ loop.depth }}"
+       "{% endfor %}",
+       "aTrue1bFalse1aTrue1"},
+      {"{{ [\"it's\", 'a\"b', 'x\\\\y', '\u3000\x85\u200b\U000e0001\t\x7f\u00e9'] }}",
+       "[\"it's\", 'a\"b', 'x\\\\y', '\\u3000\\x85\\u200b\\U000e0001\\t\\x7f\u00e9']"},
+  };
+  for (const auto& [tmpl, want] : cases) EXPECT_EQ(render(tmpl), want) << tmpl;
+  EXPECT_TRUE(test::throws_error([] { render("{{ (1, 2) + [3] }}"); },
+                                 ErrorCategory::invalid_argument, "between a tuple and a list"));
+  EXPECT_TRUE(test::throws_error([] { render("{{ 1 is divisibleby 0 }}"); },
+                                 ErrorCategory::invalid_argument, "'is divisibleby' 0"));
+  EXPECT_TRUE(test::throws_error([] { render("{% for x in [1] %}{{ loop.cycle() }}{% endfor %}"); },
+                                 ErrorCategory::invalid_argument, "loop.cycle() needs values"));
 }
 
 // vLLM's detection of the content format, on the shapes of the published templates.
@@ -1012,6 +1053,10 @@ TEST(ChatTemplate, OpenAIToolArgumentsAreParsedForAMappingTemplate) {
   EXPECT_TRUE(refuses("7",
                       "messages[0].tool_calls[1].function.arguments must be a JSON object "
                       "in a string"));
+  // An empty list of calls is dropped, whatever the template reads.
+  EXPECT_EQ(openai_chat_messages(R"([{"role": "assistant", "content": "a", "tool_calls": []}])",
+                                 as_string),
+            R"([{"role":"assistant","content":"a"}])");
   // A template that does not read them takes anything.
   EXPECT_NO_THROW(openai_chat_messages(
       R"([{"role": "assistant", "tool_calls": [)" + call(R"("{\"a\": ")") + "]}]", as_string));

@@ -54,8 +54,11 @@ std::string openai_chat_messages(const std::string& messages_json,
     const std::string at = str("messages[", i, "]");
     DCP_ARG_CHECK(m.is_object() && m.contains("role") && m["role"].is_string(), at,
                   " must be an object with a string 'role'");
+    // An empty list of calls is no call (vLLM drops it), so the template writes a plain turn.
     if (m["role"] == "assistant" && m.contains("tool_calls") && m["tool_calls"].is_array() &&
-        !m["tool_calls"].empty()) {
+        m["tool_calls"].empty())
+      m.erase("tool_calls");
+    if (m["role"] == "assistant" && m.contains("tool_calls") && m["tool_calls"].is_array()) {
       if (!arguments_as_mapping)
         arguments_as_mapping = parsed_template().reads_tool_arguments_as_mapping();
       for (std::size_t j = 0; *arguments_as_mapping && j < m["tool_calls"].size(); ++j) {

@@ -177,6 +177,10 @@ GENERAL = [
 {{ messages|map(attribute='role')|min }} {{ messages|map(attribute='role')|max(case_sensitive=true) }} {{ [messages|length, 2.5, -1]|sum }} {{ -(messages|length)|abs }} {{ (messages|length / 3)|round(2) }} {{ (messages|length / 7)|round(1, 'floor') }} {{ 2.675|round(2) }}
 {% for m in messages %}{% if m.content is string %}{{ m.content|indent(3) }}|{{ m.content|indent('> ', first=true, blank=true) }}|{{ m.content.splitlines()|tojson }}|{{ m.content.rsplit(none, 1)|tojson }}|{{ m.content.rsplit(' ', 2)|tojson }}|{{ ' / '.join(m.content.split()) }}|{{ m.content.removeprefix('the').removesuffix('.') }}|{{ m.content.rfind('a') }}|{{ m.content|int(-1) }}|{{ m.content|float }}|{{ m.content|trim|int }}
 {% endif %}{% endfor %}{{ strftime_now('%Y-%m-%d') }}""",
+    r"""{% macro tag(name) %}<{{ name }}{% for v in varargs %} {{ v }}{% endfor %}{% for k, v in kwargs|dictsort %} {{ k }}={{ v }}{% endfor %}>{{ varargs }}{% endmacro %}
+{% for m in messages %}{{ loop.cycle('odd', 'even') }}{{ loop.changed(m.role) }}{{ tag(m.role, loop.index, loop.depth) if loop.index is divisibleby 2 else tag(m.role, first=loop.first) }}
+{% if m.role is in ['user', 'system'] and loop.index is gt 1 and loop.revindex is le 3 %}{{ m|dictsort|first }} {{ m.items()|list|last }} {{ (m.role, loop.index) }} {{ (m.role,) + (1,) }} {{ (m.role, 2) == [m.role, 2] }}{% endif %}
+{% endfor %}{{ messages|map(attribute='role')|select('in', ['tool', 'system'])|list|length }} {{ range(10)|select('divisibleby', 3)|list }} {{ [(2, 'b'), (1, 'z'), (1, 'a')]|sort }}""",
     r"""{% for m in messages %}{% for k, v in m|items %}{% if k != 'tool_calls' %}{{ k }}={{ v|tojson }};{% endif %}{% endfor %}
 {% if loop.index > 3 %}{% break %}{% endif %}{% endfor %}{{ range(3)|list }} {{ 7 // 2 }} {{ 7 % 3 }} {{ 2 ** 5 }} {{ 'x' * 3 }} {{ 1.5|int }} {{ '3'|int + 1 }} {{ 10 / 4 }} {{ [1, 2] + [3] }} {{ none }} {{ true and not false }}""",
 ]

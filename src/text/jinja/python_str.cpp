@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <iterator>
 #include <vector>
 
@@ -281,6 +282,37 @@ std::vector<std::string> py_splitlines(std::string_view s, bool keepends) {
 
 std::size_t py_length(std::string_view s) {
   return decode_units(s).size();
+}
+
+std::string py_repr(std::string_view s) {
+  const bool double_quotes =
+      s.find('\'') != std::string_view::npos && s.find('"') == std::string_view::npos;
+  const char quote = double_quotes ? '"' : '\'';
+  std::string out(1, quote);
+  for (const Unit& u : decode_units(s)) {
+    const char32_t c = u.cp;
+    if (!u.raw && (c == static_cast<char32_t>(quote) || c == '\\')) {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (!u.raw && c == '\t') {
+      out += "\\t";
+    } else if (!u.raw && c == '\n') {
+      out += "\\n";
+    } else if (!u.raw && c == '\r') {
+      out += "\\r";
+    } else if (u.raw || in_ranges(kNotPrintable, c)) {
+      char escape[16];
+      std::snprintf(escape, sizeof escape,
+                    c < 0x100     ? "\\x%02x"
+                    : c < 0x10000 ? "\\u%04x"
+                                  : "\\U%08x",
+                    static_cast<unsigned>(c));
+      out += escape;
+    } else {
+      append_unit(out, u);
+    }
+  }
+  return out + quote;
 }
 
 }  // namespace dcp::jinja

@@ -32,6 +32,9 @@ std::vector<std::string> py_split_whitespace(std::string_view s, std::int64_t ma
 std::vector<std::string> py_rsplit_whitespace(std::string_view s, std::int64_t maxsplit);
 // str.splitlines(keepends): at \n, \r, \r\n, \v, \f, \x1c-\x1e, \x85, U+2028 and U+2029.
 std::vector<std::string> py_splitlines(std::string_view s, bool keepends);
+// repr(s): quoted with ' (or " when only ' occurs), backslash escapes for the quote, \\, \t,
+// \n, \r, and every character str.isprintable() refuses (\xNN, \uNNNN, \UNNNNNNNN).
+std::string py_repr(std::string_view s);
 // The number of characters of `s` (code points; a byte that is not UTF-8 counts as one).
 std::size_t py_length(std::string_view s);
 

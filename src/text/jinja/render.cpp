@@ -63,14 +63,19 @@ class Renderer {
                  const std::time_t now = std::time(nullptr);
                  std::tm local{};
                  localtime_r(&now, &local);
-                 std::string out(64 + 8 * a[0].s.size(), '\0');
-                 const std::size_t n =
-                     std::strftime(out.data(), out.size(), a[0].s.c_str(), &local);
-                 if (n == 0 && !a[0].s.empty())
-                   throw Error(ErrorCategory::invalid_argument,
-                               "chat template: strftime_now() of a format that writes nothing");
-                 out.resize(n);
-                 return Value::Str(out);
+                 // strftime reports 0 both for a buffer too small and for an empty result.
+                 for (std::size_t size = 256; size <= kMaxOutput; size *= 4) {
+                   std::string out(size, '\0');
+                   const std::size_t n =
+                       std::strftime(out.data(), out.size(), a[0].s.c_str(), &local);
+                   if (n > 0 || size >= 64 * a[0].s.size() + 256) {
+                     out.resize(n);
+                     return Value::Str(out);
+                   }
+                 }
+                 throw Error(
+                     ErrorCategory::invalid_argument,
+                     str("chat template: strftime_now() writes more than ", kMaxOutput, " bytes"));
                }));
     set_global("raise_exception", Value::Fn([](const Args& a, const Kwargs&) -> Value {
                  throw Error(ErrorCategory::invalid_argument,
@@ -171,6 +176,10 @@ class Renderer {
       for (std::size_t k = 0; k < n.targets.size(); ++k) set(n.targets[k], (*item.l)[k]);
     };
     bool completed = false;
+    // loop.changed's last values, owned here: a value cannot own it (loop.changed(loop) would
+    // make a cycle).
+    const std::size_t changed_state = last_changed_.size();
+    last_changed_.emplace_back();
     if (n.filter) {
       List kept;
       for (const Value& item : items) {
@@ -192,7 +201,22 @@ class Renderer {
                 {"last", Value::Bool(k + 1 == items.size())},
                 {"length", Value::Int(len)},
                 {"previtem", k > 0 ? items[k - 1] : Value()},
-                {"nextitem", k + 1 < items.size() ? items[k + 1] : Value()}};
+                {"nextitem", k + 1 < items.size() ? items[k + 1] : Value()},
+                {"depth", Value::Int(1)},  // no recursive loops
+                {"depth0", Value::Int(0)},
+                {"cycle", Value::Fn([k, line = n.line](const Args& a, const Kwargs&) {
+                   if (a.empty()) fail(line, "loop.cycle() needs values to cycle through");
+                   return a[k % a.size()];
+                 })},
+                {"changed", Value::Fn([this, changed_state](const Args& a, const Kwargs&) {
+                   std::optional<List>& last = last_changed_[changed_state];
+                   if (last && last->size() == a.size() &&
+                       std::equal(a.begin(), a.end(), last->begin(),
+                                  [](const Value& x, const Value& y) { return equal(x, y); }))
+                     return Value::Bool(false);
+                   last = a;
+                   return Value::Bool(true);
+                 })}};
       set("loop", Value::Dct(std::move(loop)));
       render(n.body, out);
       const Jump jump = std::exchange(jump_, Jump::none);
@@ -293,7 +317,7 @@ class Renderer {
       if (!bound[k]) set(n.targets[k], n.defaults[k] ? eval(*n.defaults[k]) : Value());
     if (n.varargs)
       set("varargs",
-          Value::Lst(args.size() > params
+          Value::Tup(args.size() > params
                          ? List(args.begin() + static_cast<std::ptrdiff_t>(params), args.end())
                          : List()));
     if (n.kwargs) set("kwargs", Value::Dct(std::move(extra)));
@@ -310,7 +334,7 @@ class Renderer {
       case Expr::list_lit: {
         List l;
         for (const auto& a : e.args) l.push_back(eval(*a));
-        return Value::Lst(std::move(l));
+        return e.text == "tuple" ? Value::Tup(std::move(l)) : Value::Lst(std::move(l));
       }
       case Expr::dict_lit: {
         Dict d;
@@ -399,10 +423,10 @@ class Renderer {
     }
     if (op == "+") {
       if (a.kind == Value::string && b.kind == Value::string) return Value::Str(a.s + b.s);
-      if (a.kind == Value::list && b.kind == Value::list) {
+      if (a.kind == Value::list && b.kind == Value::list && a.is_tuple == b.is_tuple) {
         List l = *a.l;
         l.insert(l.end(), b.l->begin(), b.l->end());
-        return Value::Lst(std::move(l));
+        return a.is_tuple ? Value::Tup(std::move(l)) : Value::Lst(std::move(l));
       }
     }
     if (op == "*" && a.kind == Value::string && b.kind == Value::integer) {
@@ -513,7 +537,7 @@ class Renderer {
       for (const Value& v : out) s += v.s;
       return Value::Str(std::move(s));
     }
-    return Value::Lst(std::move(out));
+    return obj.is_tuple ? Value::Tup(std::move(out)) : Value::Lst(std::move(out));
   }
 
   // obj.name: a dict's key, or a method of a string or dict (bound), or undefined.
@@ -529,7 +553,7 @@ class Renderer {
           }
           List l;
           for (const auto& [k, v] : *self.m) {
-            if (name == "items") l.push_back(Value::Lst({Value::Str(k), v}));
+            if (name == "items") l.push_back(Value::Tup({Value::Str(k), v}));
             if (name == "keys") l.push_back(Value::Str(k));
             if (name == "values") l.push_back(v);
           }
@@ -773,6 +797,40 @@ class Renderer {
       const bool same = equal(v, eval(*e.args[1]));
       return t == "ne" ? !same : same;
     }
+    if (t == "lt" || t == "lessthan" || t == "le" || t == "gt" || t == "greaterthan" || t == "ge") {
+      if (e.args.size() < 2) fail(e.line, str("'is ", t, "' needs a value"));
+      const Value w = eval(*e.args[1]);
+      const bool less = ordered_less(v, w, "'is " + t + "'", e.line);
+      const bool more = ordered_less(w, v, "'is " + t + "'", e.line);
+      if (t == "lt" || t == "lessthan") return less;
+      if (t == "gt" || t == "greaterthan") return more;
+      return t == "le" ? !more : !less;
+    }
+    if (t == "divisibleby") {
+      if (e.args.size() < 2) fail(e.line, "'is divisibleby' needs a number");
+      const Value w = eval(*e.args[1]);
+      if (!v.numeric() || !w.numeric()) fail(e.line, "'is divisibleby' works on numbers");
+      if (w.as_real() == 0) fail(e.line, "'is divisibleby' 0");
+      if (v.kind != Value::real && w.kind != Value::real) {
+        const std::int64_t x = v.kind == Value::boolean ? v.b : v.i;
+        const std::int64_t y = w.kind == Value::boolean ? w.b : w.i;
+        return y == -1 || x % y == 0;
+      }
+      return std::fmod(v.as_real(), w.as_real()) == 0;
+    }
+    if (t == "in") {
+      if (e.args.size() < 2) fail(e.line, "'is in' needs a sequence");
+      const Value seq = eval(*e.args[1]);
+      if (seq.kind == Value::list)
+        return std::any_of(seq.l->begin(), seq.l->end(),
+                           [&](const Value& x) { return equal(v, x); });
+      if (seq.kind == Value::string) {
+        if (v.kind != Value::string) fail(e.line, str("'is in' a string of a ", kind_name(v)));
+        return seq.s.find(v.s) != std::string::npos;
+      }
+      if (seq.kind == Value::dict) return v.kind == Value::string && seq.find(v.s);
+      fail(e.line, str("'is in' a ", kind_name(seq)));
+    }
     fail(e.line, str("the test 'is ", t, "' is not supported"));
   }
 
@@ -810,7 +868,7 @@ class Renderer {
     List pairs;
     std::vector<Value> keys;
     for (const auto& [k, x] : *v.m) {
-      pairs.push_back(Value::Lst({Value::Str(k), x}));
+      pairs.push_back(Value::Tup({Value::Str(k), x}));
       keys.push_back(sort_key(by_value ? x : Value::Str(k)));
     }
     std::vector<std::size_t> order(pairs.size());
@@ -938,15 +996,16 @@ class Renderer {
     }
   }
   // Python's < on what chat templates sort: numbers, strings, and lists of them.
-  static bool ordered_less(const Value& x, const Value& y, const std::string& f, int line) {
+  // `what` names the filter or test in an error.
+  static bool ordered_less(const Value& x, const Value& y, const std::string& what, int line) {
     if (x.numeric() && y.numeric()) return x.as_real() < y.as_real();
     if (x.kind == Value::string && y.kind == Value::string) return x.s < y.s;
-    if (x.kind == Value::list && y.kind == Value::list) {
+    if (x.kind == Value::list && y.kind == Value::list && x.is_tuple == y.is_tuple) {
       for (std::size_t k = 0; k < x.l->size() && k < y.l->size(); ++k)
-        if (!equal((*x.l)[k], (*y.l)[k])) return ordered_less((*x.l)[k], (*y.l)[k], f, line);
+        if (!equal((*x.l)[k], (*y.l)[k])) return ordered_less((*x.l)[k], (*y.l)[k], what, line);
       return x.l->size() < y.l->size();
     }
-    fail(line, str("'|", f, "' cannot order a ", kind_name(x), " and a ", kind_name(y)));
+    fail(line, str(what, " cannot order a ", kind_name(x), " and a ", kind_name(y)));
   }
 
   // Python's int(text) for Jinja's |int: digits with single underscores between them, a sign,
@@ -1248,7 +1307,7 @@ class Renderer {
         List out;
         std::vector<Value> seen;
         for (std::size_t k = 0; k < items.size(); ++k) {
-          if (keys[k].kind == Value::list || keys[k].kind == Value::dict)
+          if ((keys[k].kind == Value::list && !keys[k].is_tuple) || keys[k].kind == Value::dict)
             fail(e.line, str("'|unique' of a ", kind_name(keys[k]), " (not hashable)"));
           if (std::none_of(seen.begin(), seen.end(),
                            [&](const Value& y) { return equal(keys[k], y); })) {
@@ -1263,8 +1322,8 @@ class Renderer {
       if (f == "sort") {  // stable, reversed or not, as Python's sorted
         const bool reverse = truthy(p[0]);
         std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
-          return reverse ? ordered_less(keys[y], keys[x], f, e.line)
-                         : ordered_less(keys[x], keys[y], f, e.line);
+          return reverse ? ordered_less(keys[y], keys[x], "'|" + f + "'", e.line)
+                         : ordered_less(keys[x], keys[y], "'|" + f + "'", e.line);
         });
         List out;
         for (std::size_t k : order) out.push_back(items[k]);
@@ -1273,8 +1332,8 @@ class Renderer {
       if (items.empty()) return Value();  // Jinja's undefined: no item to aggregate
       std::size_t best = 0;  // the first of the least (or greatest) keys, as Python's min and max
       for (std::size_t k = 1; k < items.size(); ++k)
-        if (f == "min" ? ordered_less(keys[k], keys[best], f, e.line)
-                       : ordered_less(keys[best], keys[k], f, e.line))
+        if (f == "min" ? ordered_less(keys[k], keys[best], "'|" + f + "'", e.line)
+                       : ordered_less(keys[best], keys[k], "'|" + f + "'", e.line))
           best = k;
       return items[best];
     }
@@ -1319,6 +1378,7 @@ class Renderer {
   enum class Jump { none, stop_loop, next_item };  // a {% break %} or {% continue %} pending
 
   std::vector<std::unique_ptr<Dict>> namespaces_;  // first: destroyed after the scopes
+  std::vector<std::optional<List>> last_changed_;  // each loop's loop.changed() values
   std::vector<std::shared_ptr<Dict>> scopes_;
   std::size_t iterations_ = 0, macro_calls_ = 0;
   int nesting_ = 0;

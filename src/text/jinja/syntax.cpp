@@ -284,7 +284,7 @@ class Parser {
     const DepthGuard guard(depth_, peek().line, "expressions");
     return or_expr();
   }
-  // A comma-separated list without brackets becomes a tuple (a list value).
+  // A comma-separated list without brackets becomes a tuple.
   ExprPtr tuple_or_expression() {
     ExprPtr first = expression();
     if (!is_op(",")) return first;
@@ -294,7 +294,7 @@ class Parser {
       if (at_end() || is_op(")")) break;
       items.push_back(expression());
     }
-    return make(Expr::list_lit, first->line, std::move(items));
+    return make(Expr::list_lit, first->line, std::move(items), "tuple");
   }
 
  private:
@@ -370,8 +370,13 @@ class Parser {
         if (is_op("(")) {
           call_arguments(*t);
         } else if (!at_end() && (peek().kind == Token::string || peek().kind == Token::integer ||
-                                 peek().kind == Token::real)) {
-          t->args.push_back(primary());  // "is divisibleby 3"
+                                 peek().kind == Token::real || is_op("[") || is_op("{") ||
+                                 (peek().kind == Token::name && !is_name("else") &&
+                                  !is_name("or") && !is_name("and")))) {
+          // As Jinja: one argument without parentheses ("is divisibleby 3", "is in [1, 2]",
+          // "is sameas none"), with what follows it (an attribute, a subscript).
+          if (is_name("is")) fail(line, "tests cannot be chained with 'is'");
+          t->args.push_back(postfix(primary(), false));
         }
         e = t;
       } else {
@@ -519,7 +524,7 @@ class Parser {
         if (t.text == "(") {
           if (is_op(")")) {
             next();
-            return make(Expr::list_lit, t.line, {});
+            return make(Expr::list_lit, t.line, {}, "tuple");
           }
           ExprPtr e = tuple_or_expression();
           expect_op(")");

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "python_str.h"
+
 namespace dcp::jinja {
 namespace {
 
@@ -39,7 +41,7 @@ const char* kind_name(const Value& v) {
     case Value::integer: return "integer";
     case Value::real: return "float";
     case Value::string: return "string";
-    case Value::list: return "list";
+    case Value::list: return v.is_tuple ? "tuple" : "list";
     case Value::dict: return "dict";
     case Value::function: return "function";
   }
@@ -88,22 +90,12 @@ std::string to_str(const Value& v) {
 std::string repr(const Value& v, int depth) {
   if (depth > kMaxDepth) too_deep();
   switch (v.kind) {
-    case Value::string: {
-      std::string out = "'";
-      for (char c : v.s) {
-        if (c == '\'' || c == '\\') out += '\\';
-        if (c == '\n') {
-          out += "\\n";
-          continue;
-        }
-        out += c;
-      }
-      return out + "'";
-    }
+    case Value::string: return py_repr(v.s);
     case Value::list: {
-      std::string out = "[";
+      std::string out = v.is_tuple ? "(" : "[";
       for (std::size_t k = 0; k < v.l->size(); ++k)
         out += (k ? ", " : "") + repr((*v.l)[k], depth + 1);
+      if (v.is_tuple) return out + (v.l->size() == 1 ? ",)" : ")");
       return out + "]";
     }
     case Value::dict: {
@@ -129,7 +121,7 @@ bool equal(const Value& a, const Value& b, int depth) {
     case Value::none: return true;
     case Value::string: return a.s == b.s;
     case Value::list: {
-      if (a.l->size() != b.l->size()) return false;
+      if (a.is_tuple != b.is_tuple || a.l->size() != b.l->size()) return false;
       for (std::size_t k = 0; k < a.l->size(); ++k)
         if (!equal((*a.l)[k], (*b.l)[k], depth + 1)) return false;
       return true;

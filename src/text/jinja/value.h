@@ -1,6 +1,6 @@
 // The values a chat template computes with: Python's none, booleans, numbers, strings, lists and
-// insertion-ordered dicts, plus callables; what printing, comparing and JSON make of them; and
-// the bounds every rendering keeps.
+// tuples, insertion-ordered dicts, plus callables; what printing, comparing and JSON make of them;
+// and the bounds every rendering keeps.
 #pragma once
 
 #include <cstddef>
@@ -34,6 +34,7 @@ struct Value {
   std::shared_ptr<List> l;
   std::shared_ptr<Dict> m;
   bool is_namespace = false;  // a dict whose attributes {% set ns.x %} may assign
+  bool is_tuple = false;      // a list that is Python's tuple: printed (a, b), never == a list
   std::shared_ptr<Function> f;
 
   // One line a kind.
@@ -44,6 +45,7 @@ struct Value {
   static Value Real(double x) { Value v; v.kind = real; v.d = x; return v; }
   static Value Str(std::string x) { Value v; v.kind = string; v.s = std::move(x); return v; }
   static Value Lst(List x) { Value v; v.kind = list; v.l = share(std::move(x)); return v; }
+  static Value Tup(List x) { Value v = Lst(std::move(x)); v.is_tuple = true; return v; }
   static Value Dct(Dict x) { Value v; v.kind = dict; v.m = share(std::move(x)); return v; }
   static Value Fn(Function x) { Value v; v.kind = function; v.f = share(std::move(x)); return v; }
   // clang-format on
