@@ -991,6 +991,15 @@ TEST(ChatTemplate, ReadsToolArgumentsAsAMappingOnlyWithoutATypeTest) {
   EXPECT_TRUE(mapping("{{ (c.arguments | default({})).keys() | list }}"));
   EXPECT_TRUE(mapping("{% macro f(c) %}{{ c.arguments.get('x') }}{% endmacro %}"));
   EXPECT_TRUE(
+      mapping("{% macro show(args, n=0) %}{{ args|tojson }}{% endmacro %}"
+              "{{ show(c.function.arguments) }}"));
+  EXPECT_TRUE(
+      mapping("{% macro show(n, args) %}{{ args|items|list }}{% endmacro %}"
+              "{{ show(1, args=c.arguments) }}"));
+  EXPECT_FALSE(
+      mapping("{% macro show(args) %}{{ args|tojson }}{% endmacro %}{{ show(c.name) }}"
+              "{{ c.arguments }}"));
+  EXPECT_TRUE(
       mapping("{% macro g() %}{{ caller() }}{% endmacro %}"
               "{% call g() %}{{ c.arguments|items|list }}{% endcall %}"));
   // DeepSeek's (concatenated), Kimi K2's and Qwen3's (a type test first), a template that never

@@ -102,11 +102,30 @@ bool reads_tool_arguments_as_mapping(const Body& body) {
     return e->kind == Expr::name &&
            std::find(aliases.begin(), aliases.end(), e->text) != aliases.end();
   };
+  // ...and macro parameters a call passes them to (`render_args(call.arguments)`).
+  std::vector<const Node*> macros;
+  each_node(body, [&](const Node& n) {
+    if (n.kind == Node::macro) macros.push_back(&n);
+  });
+  const auto alias = [&](const std::string& name) {
+    if (std::find(aliases.begin(), aliases.end(), name) == aliases.end()) aliases.push_back(name);
+  };
   for (std::size_t before = 0;; before = aliases.size()) {
     each_node(body, [&](const Node& n) {
-      if (n.kind == Node::set && n.targets.size() == 1 && is_arguments(n.expr.get()) &&
-          std::find(aliases.begin(), aliases.end(), n.targets[0]) == aliases.end())
-        aliases.push_back(n.targets[0]);
+      if (n.kind == Node::set && n.targets.size() == 1 && is_arguments(n.expr.get()))
+        alias(n.targets[0]);
+    });
+    each_expr(body, [&](const Expr& e) {
+      if (e.kind != Expr::call || e.args[0]->kind != Expr::name) return;
+      for (const Node* m : macros) {
+        if (m->text != e.args[0]->text) continue;
+        for (std::size_t k = 1; k < e.args.size() && k - 1 < m->targets.size(); ++k)
+          if (is_arguments(e.args[k].get())) alias(m->targets[k - 1]);
+        for (const auto& [key, value] : e.kwargs)
+          if (is_arguments(value.get()) &&
+              std::find(m->targets.begin(), m->targets.end(), key) != m->targets.end())
+            alias(key);
+      }
     });
     if (aliases.size() == before) break;
   }

@@ -15,13 +15,14 @@ namespace dcp::jinja {
 // other takes a string.
 bool loops_over_message_content(const Body& body);
 
-// True when the template reads a tool call's arguments (`x.arguments`, `x['arguments']`, or a
-// variable set from one) only as a mapping: it applies `items`, `dictsort` or `tojson` to them,
-// calls their `items()`, `keys()`, `values()` or `get()`, loops over them or subscripts them with
-// a string, and never tests them with `is string` or `is mapping`. Such a template (vLLM's for
-// MiniCPM3, Qwen2.5's) needs the arguments parsed into an object, as vLLM parses them; one that
-// concatenates them (DeepSeek's), tests their type first (Kimi K2's, Qwen3's) or never reads them
-// takes the string as the client sent it, the model's own text.
+// True when the template reads a tool call's arguments (`x.arguments`, `x['arguments']`, a
+// variable set from one, or a macro parameter given one) only as a mapping: it applies `items`,
+// `dictsort` or `tojson` to them, calls their `items()`, `keys()`, `values()` or `get()`, loops
+// over them or subscripts them with a string, and never tests them with `is string` or `is
+// mapping`. Such a template (vLLM's for MiniCPM3, Qwen2.5's) needs the arguments parsed into an
+// object, as vLLM parses them; one that concatenates them (DeepSeek's), tests their type first
+// (Kimi K2's, Qwen3's) or never reads them takes the string as the client sent it, the model's own
+// text.
 bool reads_tool_arguments_as_mapping(const Body& body);
 
 }  // namespace dcp::jinja
