@@ -1039,13 +1039,14 @@ TEST(ChatTemplate, OpenAIToolArgumentsAreParsedForAMappingTemplate) {
     for (const auto& c : messages[1]["tool_calls"]) a.push_back(c["function"]["arguments"].dump());
     return a;
   };
-  // Parsed (keys in their order; empty and null made {}), or left as sent.
+  // Parsed (keys in their order; empty and null made {}), or left as sent (an object written as
+  // its JSON text).
   EXPECT_EQ(
       arguments_of(openai_chat_messages(msgs, as_mapping)),
       (std::vector<std::string>{R"({"city":"Paris","days":[1,2]})", "{}", "{}", R"({"b":2})"}));
   EXPECT_EQ(arguments_of(openai_chat_messages(msgs, as_string)),
             (std::vector<std::string>{R"("{\"city\": \"Paris\", \"days\": [1, 2]}")", R"("")",
-                                      "null", R"({"b":2})"}));
+                                      "null", R"("{\"b\": 2}")"}));
   const auto refuses = [&](const std::string& arguments, const std::string& words) {
     const std::string m = R"([{"role": "assistant", "tool_calls": [)" + call(R"("{}")") + ", " +
                           call(arguments) + "]}]";
@@ -1062,6 +1063,20 @@ TEST(ChatTemplate, OpenAIToolArgumentsAreParsedForAMappingTemplate) {
   EXPECT_TRUE(refuses("7",
                       "messages[0].tool_calls[1].function.arguments must be a JSON object "
                       "in a string"));
+  // Arguments given as an object, for a template that reads a string: json.dumps' text of them
+  // (keys in their order, non-ASCII kept); a mapping template keeps the object.
+  const std::string object_arguments = R"([{"role": "assistant", "tool_calls": [)" +
+                                       call(R"({"city": "Zürich", "n": [1, 2.5, null], "o": {}})") +
+                                       "]}]";
+  EXPECT_EQ(
+      arguments_of(R"([{"role": "user"}, )" +
+                   openai_chat_messages(object_arguments, as_string).substr(1)),
+      std::vector<std::string>{
+          nlohmann::ordered_json("{\"city\": \"Z\u00fcrich\", \"n\": [1, 2.5, null], \"o\": {}}")
+              .dump()});
+  EXPECT_EQ(arguments_of(R"([{"role": "user"}, )" +
+                         openai_chat_messages(object_arguments, as_mapping).substr(1)),
+            std::vector<std::string>{R"({"city":"Zürich","n":[1,2.5,null],"o":{}})"});
   // An empty list of calls is dropped, whatever the template reads.
   EXPECT_EQ(openai_chat_messages(R"([{"role": "assistant", "content": "a", "tool_calls": []}])",
                                  as_string),

@@ -65,8 +65,9 @@ std::string apply_chat_template(const Tokenizer& tokenizer, const std::string& c
 // and always for a tool message, it becomes its texts joined by "\n". An assistant message's
 // tool calls keep their arguments as the JSON string OpenAI sends, unless the template reads them
 // only as a mapping (ChatTemplate::reads_tool_arguments_as_mapping): then each string is parsed
-// into its object (an empty or missing one into {}); an empty list of calls is dropped. Returns the
-// messages as JSON. Throws dcp::Error (invalid_argument) naming messages[i] (or
+// into its object (an empty or missing one into {}); for any other template, arguments given as an
+// object become the JSON text json.dumps writes of them. An empty list of calls is dropped.
+// Returns the messages as JSON. Throws dcp::Error (invalid_argument) naming messages[i] (or
 // messages[i].content[j], or messages[i].tool_calls[j].function.arguments when it is not a JSON
 // object such a template can read) on anything else; this engine reads text, so an image or audio
 // part is refused.

@@ -6,6 +6,7 @@
 
 #include "dcp/chat_template.h"
 #include "dcp/error.h"
+#include "jinja/value.h"
 
 namespace dcp {
 namespace {
@@ -30,6 +31,16 @@ void parse_call_arguments(nlohmann::ordered_json& function, const std::string& a
   }
   DCP_ARG_CHECK(parsed.is_object(), at, " must be a JSON object, not ", parsed.type_name(), why);
   arguments = std::move(parsed);
+}
+
+// Arguments given as an object (as transformers' documentation writes them) for a template that
+// reads them as a string: the JSON text Python's json.dumps writes of them (what such a
+// template's `tojson` would write too), so a template that concatenates them renders.
+void write_call_arguments(nlohmann::ordered_json& function) {
+  if (!function.contains("arguments") || !function["arguments"].is_object()) return;
+  std::string text;
+  jinja::dump_json(jinja::from_json(function["arguments"]), text, jinja::JsonStyle{});
+  function["arguments"] = text;
 }
 
 }  // namespace
@@ -61,11 +72,15 @@ std::string openai_chat_messages(const std::string& messages_json,
     if (m["role"] == "assistant" && m.contains("tool_calls") && m["tool_calls"].is_array()) {
       if (!arguments_as_mapping)
         arguments_as_mapping = parsed_template().reads_tool_arguments_as_mapping();
-      for (std::size_t j = 0; *arguments_as_mapping && j < m["tool_calls"].size(); ++j) {
+      for (std::size_t j = 0; j < m["tool_calls"].size(); ++j) {
         nlohmann::ordered_json& call = m["tool_calls"][j];
-        if (call.is_object() && call.contains("function") && call["function"].is_object())
+        if (!call.is_object() || !call.contains("function") || !call["function"].is_object())
+          continue;
+        if (*arguments_as_mapping)
           parse_call_arguments(call["function"],
                                str(at, ".tool_calls[", j, "].function.arguments"));
+        else
+          write_call_arguments(call["function"]);
       }
     }
     if (!m.contains("content") || m["content"].is_null() || m["content"].is_string()) continue;

@@ -319,6 +319,29 @@ def test_openai_tool_arguments_take_the_form_the_template_reads(name, template, 
         assert not isinstance(want, tuple) and got == want, f"{name}: {got!r} != {want!r}"
 
 
+@pytest.mark.parametrize("name,template,form", TOOL_TEMPLATES, ids=[t[0] for t in TOOL_TEMPLATES])
+def test_arguments_given_as_objects_take_the_form_the_template_reads(name, template, form):
+    # As transformers' documentation writes them (and Python callers of LLM.chat pass them): a
+    # mapping template takes the object; any other takes the text json.dumps writes of it, which
+    # is what a template testing the type would have written with tojson.
+    rng = random.Random(11)
+    for _ in range(100):
+        context = conversation(rng)
+        as_objects = vllm_messages(context["messages"])
+        served = json.loads(dcp._dcp._openai_chat_messages(json.dumps(as_objects), template))
+        got = rendered(template, {**context, "messages": served})
+        want_messages = json.loads(json.dumps(as_objects))
+        if form == "string":
+            for m in want_messages:
+                for c in m.get("tool_calls") or []:
+                    c["function"]["arguments"] = json.dumps(c["function"]["arguments"],
+                                                            ensure_ascii=False)
+        want = reference(template, {**context, "messages": want_messages})
+        assert not isinstance(want, tuple) and got == want, f"{name}: {got!r} != {want!r}"
+    if form == "string" and "is string" in template:  # the object itself renders alike there
+        assert reference(template, {**context, "messages": as_objects}) == got
+
+
 def test_vllms_parsed_arguments_break_a_concatenating_template():
     # Why such a template keeps the string: with vLLM's objects Jinja2 itself fails on it.
     rng = random.Random(3)
