@@ -903,6 +903,60 @@ TEST(ChatTemplate, TuplesTestsAndLoopHelpersRenderAsJinja) {
        "[\"it's\", 'a\"b', 'x\\\\y', '\\u3000\\x85\\u200b\\U000e0001\\t\\x7f\u00e9']"},
   };
   for (const auto& [tmpl, want] : cases) EXPECT_EQ(render(tmpl), want) << tmpl;
+  // Found by rendering random expressions with both: Python's number rules, Jinja's undefined
+  // for what cannot be indexed, its sequence and iterable tests, list methods and ordering.
+  const std::vector<std::pair<std::string, std::string>> more = {
+      {"{{ true is number }}{{ 2.5 is odd }}{{ 3.0 is odd }}{{ -3 is odd }}{{ true is odd }}"
+       "{{ -4.0 is even }}",
+       "TrueFalseTrueTrueTrueTrue"},
+      {"{{ true[0] }}|{{ 'ab'.foo }}|{{ 'ab'['k'] }}|", "|||"},
+      {"{{ 'ab' * 2 }}{{ 2 * 'ab' }}{{ true * 'x' }}{{ [1] * 2 }}{{ (1,) * 2 }}{{ 0 * [1] }}"
+       "{{ -1 * 'a' }}|",
+       "ababababx[1, 1](1, 1)[]|"},
+      {"{{ x is sequence }}{{ x is iterable }}{{ x is callable }}{{ {} is sequence }}"
+       "{{ 1 is iterable }}{{ none is sequence }}",
+       "TrueTrueTrueTrueFalseFalse"},
+      {"{{ [1, 2, 1].count(1) }}{{ ['a', 'b'].index('b') }}{{ ['b', 'a'] >= ['b', 'a'] }}"
+       "{{ [1] < [1, 0] }}{{ (2,) > (1, 5) }}",
+       "21TrueTrueTrue"},
+      {"{{ u|length }}{{ none|map('upper')|list }}{{ 0|select|list }}{{ ''|reject|list }}"
+       "{{ 1 in u }}{{ (1,) in {'a': 1} }}",
+       "0[][][]FalseFalse"},
+      // Python's float repr: positional from 1e-4 up to 1e16, an exponent outside.
+      {"{{ 0.0004 }} {{ 1e16 }} {{ 1e15 }} {{ 0.00001 }} {{ [0.0004]|tojson }} {{ 2 ** -1 }}",
+       "0.0004 1e+16 1000000000000000.0 1e-05 [0.0004] 0.5"},
+  };
+  for (const auto& [tmpl, want] : more) EXPECT_EQ(render(tmpl), want) << tmpl;
+  // What Python or Jinja raises on, raised here too.
+  for (const auto& bad : std::vector<std::pair<std::string, std::string>>{
+           {"{{ 0.0 ** -1 }}", "0 raised to a negative power"},
+           {"{{ (-8) ** 0.5 }}", "(a complex number)"},
+           {"{{ 10.0 ** 400 }}", "past the largest float"},
+           {"{{ u|tojson }}", "tojson() of an undefined value"},
+           {"{{ 'a' in none }}", "'in' a none"},
+           {"{{ [1] in {'a': 1} }}", "(not hashable)"},
+           {"{{ 'ab'|upper[0] }}", "'[' after a filter"},
+           {"{{ none|list }}", "'|list' on a none"},
+           {"{{ u|int }}", "'|int' of an undefined value"},
+           {"{{ 'ab'|items|list }}", "'|items' of a string, not a mapping"}})
+    EXPECT_TRUE(test::throws_error([&] { render(bad.first); }, ErrorCategory::invalid_argument,
+                                   bad.second))
+        << bad.first;
+  EXPECT_TRUE(test::throws_error([] { render("{{ 'ab'.isdigit() }}"); },
+                                 ErrorCategory::invalid_argument,
+                                 "strings have no method 'isdigit' here"));
+  EXPECT_TRUE(test::throws_error([] { render("{{ ['a'].index('z') }}"); },
+                                 ErrorCategory::invalid_argument, "'z' is not in the list"));
+  // A slice is Python's own subscript in Jinja (an index goes through its getitem): it raises.
+  EXPECT_TRUE(test::throws_error([] { render("{{ b[::-1] }}", R"({"b": true})"); },
+                                 ErrorCategory::invalid_argument, "cannot slice a boolean"));
+  EXPECT_TRUE(test::throws_error([] { render("{{ 'x'|title.count('a') }}"); },
+                                 ErrorCategory::invalid_argument,
+                                 "the filter '|title.count' is not supported"));
+  EXPECT_TRUE(test::throws_error([] { render("{{ {}|indent }}"); }, ErrorCategory::invalid_argument,
+                                 "'|indent' of a dict"));
+  EXPECT_TRUE(test::throws_error([] { render("{{ [''] * 1000000 }}"); },
+                                 ErrorCategory::invalid_argument, "a list repeated past"));
   EXPECT_TRUE(test::throws_error([] { render("{{ (1, 2) + [3] }}"); },
                                  ErrorCategory::invalid_argument, "between a tuple and a list"));
   EXPECT_TRUE(test::throws_error([] { render("{{ 1 is divisibleby 0 }}"); },

@@ -362,3 +362,77 @@ def test_arguments_a_mapping_template_cannot_read_are_refused_by_name():
         dcp._dcp._openai_chat_messages(json.dumps(messages), TOJSON_ARGUMENTS)
     # The string template takes them as they are.
     assert json.loads(dcp._dcp._openai_chat_messages(json.dumps(messages), CONCATENATED)) == messages
+
+
+# Random expressions over Jinja's operators, filters, tests, methods and subscripts, each rendered
+# by both. Left out: what Jinja makes lazy generators of (select, reject, map, unique, items and
+# reverse are always followed by |list here; a bare generator is truthy and prints as an object),
+# dict views printed bare, printf-style % on strings (dcp refuses it), and slices of constants.
+ATOMS = ["1", "0", "-2", "2.5", "1e3", "'ab'", "'A b'", "''", "'ß'", "'ǅx Σ'", "none", "true",
+         "false", "[1, 2]", "['b', 'a']", "[]", "{'k': 1, 'j': [2]}", "{}", "(1, 'x')", "x", "y", "s",
+         "d", "l", "undefined_name"]
+OPERATORS = ["+", "-", "*", "/", "//", "**", "~", "==", "!=", "<", ">", "<=", ">=", "and", "or",
+             "in", "not in"]
+FILTERS = ["length", "upper", "lower", "title", "capitalize", "trim", "string", "list", "first",
+           "last", "int", "float", "abs", "round", "tojson", "join", "sort", "min", "max", "sum",
+           "dictsort", "default('d')", "join(',')", "indent(2)", "round(1)", "replace('a', 'z')",
+           "sort(reverse=true)", "unique|list", "select|list", "reject|list", "map('upper')|list",
+           "items|list", "reverse|list", "int(7)", "float(1.5)", "trim('a')", "capitalize|length"]
+TESTS = ["defined", "none", "string", "number", "integer", "float", "mapping", "sequence",
+         "iterable", "odd", "even", "true", "false", "boolean", "divisibleby 2", "in [1, 'ab']",
+         "eq 1", "gt 0", "callable", "sameas none", "le 'b'"]
+METHODS = ["upper()", "lower()", "strip()", "split()", "split('b')", "startswith('a')",
+           "endswith('b')", "replace('a', 'c')", "title()", "capitalize()", "find('b')",
+           "count('a')", "rsplit(none, 1)", "splitlines()", "items()|list", "keys()|list",
+           "values()|list", "get('k')", "get('z', 5)", "rfind('a')", "lstrip('a')",
+           "removeprefix('a')", "index(1)", "count(1)", "join(['p', 'q'])"]
+
+
+def expression(rng, depth=0):
+    c = rng.random()
+    if depth > 3 or c < 0.3:
+        return rng.choice(ATOMS)
+    inner = lambda: expression(rng, depth + 1)  # noqa: E731
+    if c < 0.5:
+        return f"({inner()} {rng.choice(OPERATORS)} {inner()})"
+    if c < 0.65:
+        return f"{inner()}|{rng.choice(FILTERS)}"
+    if c < 0.75:
+        return f"({inner()} is {rng.choice(['', 'not '])}{rng.choice(TESTS)})"
+    if c < 0.85:  # parenthesized: Jinja reads x|f.m as a filter named "f.m"
+        return f"({inner()}).{rng.choice(METHODS)}"
+    if c < 0.9:  # on what depends on a variable: Jinja folds constants, and a failed fold of a
+        # literal's slice renders empty where the same slice at run time raises
+        subscript = rng.choice(['0', '-1', '1:', '::-1', chr(39) + 'k' + chr(39)])
+        return f"({inner()} if x else {inner()})[{subscript}]"
+    if c < 0.95:
+        return f"({inner()} if {inner()} else {inner()})"
+    return f"(not {inner()})"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_expressions_evaluate_as_jinja2_evaluates_them(seed):
+    rng = random.Random(1000 + seed)
+    context = {"x": 3, "y": "Hello World", "s": "a  b\tc", "d": {"k": "v", "a": 2}, "l": [3, 1, 2]}
+    compared = 0
+    for _ in range(1500):
+        template = "{{ " + expression(rng) + " }}"
+        want, got = reference(template, context), rendered(template, context)
+        assert same(got, want), f"{template}: dcp {got!r}, Jinja2 {want!r}"
+        compared += not isinstance(want, tuple)
+    assert compared >= 500, f"only {compared} expressions rendered"
+
+
+def test_floats_print_as_python_repr_and_json_dumps_write_them():
+    import struct
+    rng = random.Random(3)
+    values = [0.0004, 0.0001, 0.00001, 1e15, 1e16, 1.5e16, 1e-7, 1e22, 1e100, 1e-100, 5e-324,
+              1.7976931348623157e308, -0.0, 0.0, 2.5, -1234.5678, 0.1, 1 / 3, 100.0, 1e5]
+    for _ in range(5000):
+        values.append(struct.unpack("d", struct.pack("Q", rng.getrandbits(64)))[0])
+        values.append(rng.uniform(-1, 1) * 10 ** rng.randint(-30, 30))
+    values = [v for v in values if v == v and abs(v) != float("inf")]
+    for start in range(0, len(values), 500):
+        part = values[start:start + 500]
+        got = rendered("{% for v in vals %}{{ v }} {{ v|tojson }};{% endfor %}", {"vals": part})
+        assert got == "".join(f"{v!r} {json.dumps(v)};" for v in part)

@@ -406,8 +406,12 @@ class Renderer {
           if (equal(a, x)) return Value::Bool(true);
         return Value::Bool(false);
       }
-      if (b.kind == Value::dict) return Value::Bool(a.kind == Value::string && b.find(a.s));
-      if (b.kind == Value::undefined || b.kind == Value::none) return Value::Bool(false);
+      if (b.kind == Value::dict) {  // a key lookup: Python refuses an unhashable key
+        if (a.kind == Value::dict || (a.kind == Value::list && !a.is_tuple))
+          fail(e.line, str("'in' a dict of a ", kind_name(a), " (not hashable)"));
+        return Value::Bool(a.kind == Value::string && b.find(a.s));
+      }
+      if (b.kind == Value::undefined) return Value::Bool(false);  // Jinja's: empty
       fail(e.line, str("'in' a ", kind_name(b)));
     }
     if (op == "<" || op == ">" || op == "<=" || op == ">=") {
@@ -416,6 +420,9 @@ class Renderer {
         c = a.as_real() < b.as_real() ? -1 : a.as_real() > b.as_real() ? 1 : 0;
       } else if (a.kind == Value::string && b.kind == Value::string) {
         c = a.s.compare(b.s);
+      } else if (a.kind == Value::list && b.kind == Value::list && a.is_tuple == b.is_tuple) {
+        const std::string what = str("'", e.text, "'");  // lists compare item by item
+        c = ordered_less(a, b, what, e.line) ? -1 : ordered_less(b, a, what, e.line) ? 1 : 0;
       } else {
         fail(e.line, str("cannot compare a ", kind_name(a), " with a ", kind_name(b)));
       }
@@ -429,14 +436,37 @@ class Renderer {
         return a.is_tuple ? Value::Tup(std::move(l)) : Value::Lst(std::move(l));
       }
     }
-    if (op == "*" && a.kind == Value::string && b.kind == Value::integer) {
-      if (b.i > 0 &&
-          a.s.size() * static_cast<std::size_t>(std::min<std::int64_t>(b.i, kMaxOutput)) >
-              kMaxOutput)
-        fail(e.line, str("a string repeated past ", kMaxOutput, " bytes"));
-      std::string s;
-      for (std::int64_t k = 0; k < b.i; ++k) s += a.s;
-      return Value::Str(std::move(s));
+    // Python's repetition: a string, list or tuple times an integer (or a boolean), either side.
+    const auto count = [](const Value& x) -> std::optional<std::int64_t> {
+      if (x.kind == Value::integer) return x.i;
+      if (x.kind == Value::boolean) return x.b ? 1 : 0;
+      return std::nullopt;
+    };
+    const auto sequence = [](const Value& x) {
+      return x.kind == Value::string || x.kind == Value::list;
+    };
+    if (op == "*" && ((sequence(a) && count(b)) || (sequence(b) && count(a)))) {
+      const bool left = sequence(a);
+      const Value& seq = left ? a : b;
+      const std::int64_t times = *count(left ? b : a);
+      const std::size_t unit = seq.kind == Value::string ? seq.s.size() : seq.l->size();
+      // Bytes of a string, items of a list (each a value, far larger than a byte).
+      const std::size_t bound = seq.kind == Value::string ? kMaxOutput : kMaxRange;
+      if (unit == 0 || times <= 0)
+        return seq.kind == Value::string ? Value::Str("")
+               : seq.is_tuple            ? Value::Tup({})
+                                         : Value::Lst({});
+      if (unit * static_cast<std::size_t>(std::min<std::int64_t>(times, kMaxOutput)) > bound)
+        fail(e.line, str("a ", kind_name(seq), " repeated past ", bound,
+                         seq.kind == Value::string ? " bytes" : " items"));
+      if (seq.kind == Value::string) {
+        std::string s;
+        for (std::int64_t k = 0; k < times; ++k) s += seq.s;
+        return Value::Str(std::move(s));
+      }
+      List l;
+      for (std::int64_t k = 0; k < times; ++k) l.insert(l.end(), seq.l->begin(), seq.l->end());
+      return seq.is_tuple ? Value::Tup(std::move(l)) : Value::Lst(std::move(l));
     }
     if (!a.numeric() || !b.numeric())
       fail(e.line, str("'", op, "' between a ", kind_name(a), " and a ", kind_name(b)));
@@ -484,7 +514,15 @@ class Renderer {
           if (__builtin_mul_overflow(p, x, &p)) fail(e.line, "integer overflow in '**'");
         return Value::Int(p);
       }
-      return Value::Real(std::pow(a.as_real(), b.as_real()));
+      // Python's float power: no division by zero, no complex numbers, no overflow to inf.
+      const double base = a.as_real(), power = b.as_real();
+      if (base == 0 && power < 0) fail(e.line, "0 raised to a negative power");
+      if (base < 0 && std::isfinite(power) && std::floor(power) != power)
+        fail(e.line, "a negative number raised to a fractional power (a complex number)");
+      const double result = std::pow(base, power);
+      if (std::isinf(result) && std::isfinite(base) && std::isfinite(power))
+        fail(e.line, "'**' past the largest float");
+      return Value::Real(result);
     }
     fail(e.line, str("unknown operator '", op, "'"));
   }
@@ -519,7 +557,7 @@ class Renderer {
       src = *obj.l;
     } else if (obj.kind == Value::string) {
       src = characters(obj.s);
-    } else {
+    } else {  // Jinja slices with Python's own subscript (not its getitem), which raises
       fail(line, str("cannot slice a ", kind_name(obj)));
     }
     const auto n = static_cast<std::int64_t>(src.size());
@@ -568,11 +606,36 @@ class Renderer {
           "strip",      "lstrip",   "rstrip", "upper",  "lower",     "title",        "capitalize",
           "startswith", "endswith", "split",  "rsplit", "join",      "removeprefix", "removesuffix",
           "replace",    "find",     "rfind",  "count",  "splitlines"};
-      if (std::find_if(std::begin(methods), std::end(methods),
-                       [&](const char* m) { return name == m; }) == std::end(methods))
-        fail(line, str("strings have no method '", name, "' here"));
+      // Python's other str methods: refused by name rather than run approximately; any other
+      // attribute is undefined, as Jinja reads a missing one.
+      static const char* const others[] = {
+          "casefold",     "center",   "encode",    "expandtabs",  "format",    "format_map",
+          "index",        "isalnum",  "isalpha",   "isascii",     "isdecimal", "isdigit",
+          "isidentifier", "islower",  "isnumeric", "isprintable", "isspace",   "istitle",
+          "isupper",      "ljust",    "maketrans", "partition",   "rindex",    "rjust",
+          "rpartition",   "swapcase", "translate", "zfill"};
+      const auto among = [&](const auto& list) {
+        return std::find_if(std::begin(list), std::end(list),
+                            [&](const char* m) { return name == m; }) != std::end(list);
+      };
+      if (among(others)) fail(line, str("strings have no method '", name, "' here"));
+      if (!among(methods)) return Value();
       return Value::Fn([s, name, line](const Args& a, const Kwargs& kwargs) {
         return string_method(s, name, method_arguments(name, a, kwargs, line), line);
+      });
+    }
+    if (obj.kind == Value::list && (name == "count" || name == "index")) {
+      const Value self = obj;
+      return Value::Fn([self, name, line](const Args& a, const Kwargs& kwargs) {
+        if (a.size() != 1 || !kwargs.empty()) fail(line, str(name, "() takes one value here"));
+        std::int64_t n = 0;
+        for (std::size_t k = 0; k < self.l->size(); ++k) {
+          if (!equal((*self.l)[k], a[0])) continue;
+          if (name == "index") return Value::Int(static_cast<std::int64_t>(k));
+          ++n;
+        }
+        if (name == "index") fail(line, str("index(): ", repr(a[0]), " is not in the list"));
+        return Value::Int(n);
       });
     }
     return Value();  // none's attributes, as Python's Jinja reads them, and an undefined's
@@ -777,20 +840,26 @@ class Renderer {
     const Value v = eval(*e.args[0]);
     if (t == "none") return v.kind == Value::none;
     if (t == "string") return v.kind == Value::string;
-    if (t == "number") return v.kind == Value::integer || v.kind == Value::real;
+    if (t == "number") return v.numeric();  // Python's Number: bool is one
     if (t == "integer") return v.kind == Value::integer;
     if (t == "float") return v.kind == Value::real;
     if (t == "boolean") return v.kind == Value::boolean;
     if (t == "true") return v.kind == Value::boolean && v.b;
     if (t == "false") return v.kind == Value::boolean && !v.b;
     if (t == "mapping") return v.kind == Value::dict;
-    if (t == "sequence") return v.kind == Value::list || v.kind == Value::string;
-    if (t == "iterable")
-      return v.kind == Value::list || v.kind == Value::string || v.kind == Value::dict;
-    if (t == "callable") return v.kind == Value::function;
-    if (t == "odd" || t == "even") {
-      if (v.kind != Value::integer) fail(e.line, str("'is ", t, "' on a ", kind_name(v)));
-      return (v.i % 2 != 0) == (t == "odd");
+    // As Jinja tests them: a sequence has a length and items (a dict too); an undefined value is
+    // an empty sequence and may be called (to fail).
+    const bool container =
+        v.kind == Value::list || v.kind == Value::string || v.kind == Value::dict;
+    if (t == "sequence" || t == "iterable") return container || v.kind == Value::undefined;
+    if (t == "callable") return v.kind == Value::function || v.kind == Value::undefined;
+    if (t == "odd" || t == "even") {  // Python's value % 2 == 1 (or 0), floats and booleans too
+      if (!v.numeric()) fail(e.line, str("'is ", t, "' on a ", kind_name(v)));
+      double r = v.kind == Value::real
+                     ? std::fmod(v.d, 2.0)
+                     : static_cast<double>(v.kind == Value::boolean ? v.b : v.i % 2);
+      if (r < 0) r += 2;
+      return r == (t == "odd" ? 1.0 : 0.0);
     }
     if (t == "eq" || t == "equalto" || t == "ne" || t == "sameas") {
       if (e.args.size() < 2) fail(e.line, str("'is ", t, "' needs a value"));
@@ -1141,6 +1210,7 @@ class Renderer {
       }
       if (v.kind == Value::list) return Value::Int(static_cast<std::int64_t>(v.l->size()));
       if (v.kind == Value::dict) return Value::Int(static_cast<std::int64_t>(v.m->size()));
+      if (v.kind == Value::undefined) return Value::Int(0);  // Jinja's: empty
       fail(e.line, str("length of a ", kind_name(v)));
     }
     if (f == "trim") return string_method(to_str(v), "strip", a, e.line);
@@ -1154,6 +1224,8 @@ class Renderer {
         fail(e.line, "the 'escape' filter is not supported (chat templates render unescaped)");
       return v;
     }
+    if ((f == "int" || f == "float") && v.kind == Value::undefined)  // Jinja's Undefined raises
+      fail(e.line, str("'|", f, "' of an undefined value"));
     if (f == "int") {  // int(x), else int(float(x)), else the default (0)
       const Args p = placed(f, a, kwargs, {"default", "base"}, e.line);
       if (given_value(p[1]) && !(p[1].kind == Value::integer && p[1].i == 10))
@@ -1191,9 +1263,10 @@ class Renderer {
     }
     if (f == "round")
       return round_filter(v, placed(f, a, kwargs, {"precision", "method"}, e.line), e.line);
-    if (f == "indent")
-      return indent_filter(to_str(v), placed(f, a, kwargs, {"width", "first", "blank"}, e.line),
-                           e.line);
+    if (f == "indent") {  // Jinja appends a newline to the value itself: a string only
+      if (v.kind != Value::string) fail(e.line, str("'|indent' of a ", kind_name(v)));
+      return indent_filter(v.s, placed(f, a, kwargs, {"width", "first", "blank"}, e.line), e.line);
+    }
     if (f == "tojson") {
       std::string out;
       dump_json(v, out, json_style(a, kwargs, e.line));
@@ -1206,10 +1279,17 @@ class Renderer {
       return use_default ? (a.empty() ? Value::Str("") : a[0]) : v;
     }
     if (f == "dictsort") return dictsort(v, a, kwargs, e.line);
-    if (f == "items")
-      return attribute(v, "items", e.line).kind == Value::function
-                 ? (*attribute(v, "items", e.line).f)({}, {})
-                 : Value::Lst({});
+    if (f == "items") {  // a mapping's pairs; an undefined value has none
+      if (v.kind == Value::undefined) return Value::Lst({});
+      if (v.kind != Value::dict)
+        fail(e.line, str("'|items' of a ", kind_name(v), ", not a mapping"));
+      return (*attribute(v, "items", e.line).f)({}, {});
+    }
+    // Jinja's map, select and reject give nothing for a falsy value (none, 0, false, "")
+    // before iterating it.
+    if ((f == "map" || f == "select" || f == "reject" || f == "selectattr" || f == "rejectattr") &&
+        !truthy(v))
+      return Value::Lst({});
     List items;
     if (v.kind == Value::list)
       items = *v.l;
@@ -1217,7 +1297,7 @@ class Renderer {
       for (const auto& [k, x] : *v.m) items.push_back(Value::Str(k));
     else if (v.kind == Value::string)
       items = characters(v.s);
-    else if (v.kind != Value::undefined && v.kind != Value::none)
+    else if (v.kind != Value::undefined)  // an undefined value iterates as empty, none does not
       fail(e.line, str("'|", f, "' on a ", kind_name(v)));
     if (f == "list") return Value::Lst(items);
     if (f == "first") return items.empty() ? Value() : items.front();

@@ -455,8 +455,13 @@ class Parser {
     expect_op(")");
   }
   ExprPtr postfix(ExprPtr e, bool filters = true) {
+    bool filtered = false;  // Jinja reads no attribute or subscript after a filter
     while (true) {
       const int line = peek().line;
+      if (filtered && (is_op(".") || is_op("[")))
+        fail(line, str("'", peek().text,
+                       "' after a filter (Jinja reads none there; put the "
+                       "filtered value in parentheses)"));
       if (is_op(".")) {
         next();
         e = make(Expr::attr, line, {e}, expect_name());
@@ -485,7 +490,14 @@ class Parser {
         e = c;
       } else if (is_op("|") && filters) {
         next();
-        auto f = make(Expr::filter, line, {e}, expect_name());
+        std::string name = expect_name();
+        while (is_op(".")) {  // as Jinja reads |a.b: one (dotted) filter name
+          next();
+          name += '.';
+          name += expect_name();
+        }
+        auto f = make(Expr::filter, line, {e}, name);
+        filtered = true;
         if (is_op("(")) call_arguments(*f);
         e = f;
       } else {

@@ -12,14 +12,38 @@ namespace {
 
 using ordered_json = nlohmann::ordered_json;
 
-std::string real_repr(double d) {  // Python's repr of a float
+// Python's repr of a float: the shortest digits that read back, written positionally when the
+// decimal point falls within 4 zeros before them to 16 digits after their start ("0.0004",
+// "1000000000000000.0"), else with an exponent of at least two digits ("1e-05", "1e+16").
+std::string real_repr(double d) {
   if (std::isnan(d)) return "nan";
   if (std::isinf(d)) return d > 0 ? "inf" : "-inf";
   char buf[64];
-  const auto r = std::to_chars(buf, buf + sizeof buf, d);
-  std::string s(buf, r.ptr);
-  if (s.find_first_of(".en") == std::string::npos) s += ".0";
-  return s;
+  const auto r = std::to_chars(buf, buf + sizeof buf, d, std::chars_format::scientific);
+  const std::string text(buf, r.ptr);  // "-1.2345e-05"
+  const std::size_t e = text.find('e');
+  const bool negative = text[0] == '-';
+  std::string digits;
+  for (std::size_t k = negative ? 1 : 0; k < e; ++k)
+    if (text[k] != '.') digits += text[k];
+  const int exponent = std::stoi(text.substr(e + 1));
+  const int point = exponent + 1;  // digits before the decimal point
+  std::string out = negative ? "-" : "";
+  if (point <= -4 || point > 16) {
+    out += digits.substr(0, 1);
+    if (digits.size() > 1) out += "." + digits.substr(1);
+    const int magnitude = exponent < 0 ? -exponent : exponent;
+    out += std::string(exponent < 0 ? "e-" : "e+") + (magnitude < 10 ? "0" : "") +
+           std::to_string(magnitude);
+  } else if (point <= 0) {
+    out += "0." + std::string(static_cast<std::size_t>(-point), '0') + digits;
+  } else if (static_cast<std::size_t>(point) >= digits.size()) {
+    out += digits + std::string(static_cast<std::size_t>(point) - digits.size(), '0') + ".0";
+  } else {
+    out += digits.substr(0, static_cast<std::size_t>(point)) + "." +
+           digits.substr(static_cast<std::size_t>(point));
+  }
+  return out;
 }
 
 [[noreturn]] void too_deep() {
@@ -182,7 +206,8 @@ void dump_json(const Value& v, std::string& out, const JsonStyle& style, int dep
       out += c == '\x7f' ? std::string("\\u007f") : std::string(1, c);  // as Python
   };
   switch (v.kind) {
-    case Value::undefined:
+    case Value::undefined:  // json.dumps refuses Jinja's Undefined
+      throw Error(ErrorCategory::invalid_argument, "chat template: tojson() of an undefined value");
     case Value::none: out += "null"; return;
     case Value::boolean: out += v.b ? "true" : "false"; return;
     case Value::integer: out += std::to_string(v.i); return;
