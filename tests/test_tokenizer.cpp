@@ -750,7 +750,7 @@ TEST(ChatTemplate, DictsortOrdersPairsAsJinja) {
       "aAb");
   EXPECT_TRUE(test::throws_error([] { render("{{ {'b': 1, 'a': 'x'} | dictsort(by='value') }}"); },
                                  ErrorCategory::invalid_argument,
-                                 "dictsort() cannot order a string and a integer"));
+                                 "'|dictsort' cannot order a string and a integer"));
 }
 
 // DeepSeek-V3.1's template keeps what follows the first </think> with split('</think>', 1).

@@ -280,10 +280,6 @@ std::vector<std::string> py_splitlines(std::string_view s, bool keepends) {
   return out;
 }
 
-std::size_t py_length(std::string_view s) {
-  return decode_units(s).size();
-}
-
 std::string py_repr(std::string_view s) {
   const bool double_quotes =
       s.find('\'') != std::string_view::npos && s.find('"') == std::string_view::npos;

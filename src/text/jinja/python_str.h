@@ -35,7 +35,5 @@ std::vector<std::string> py_splitlines(std::string_view s, bool keepends);
 // repr(s): quoted with ' (or " when only ' occurs), backslash escapes for the quote, \\, \t,
 // \n, \r, and every character str.isprintable() refuses (\xNN, \uNNNN, \UNNNNNNNN).
 std::string py_repr(std::string_view s);
-// The number of characters of `s` (code points; a byte that is not UTF-8 counts as one).
-std::size_t py_length(std::string_view s);
 
 }  // namespace dcp::jinja

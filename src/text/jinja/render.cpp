@@ -664,17 +664,9 @@ class Renderer {
     std::vector<std::string> names;
     for (const auto& [method, list] : params)
       if (method == name) names = list;
-    if (a.size() > names.size())
-      fail(line, str(name, "() takes at most ", names.size(), " arguments here, not ", a.size()));
-    Args out = a;
-    for (const auto& [key, v] : kwargs) {
-      const auto at = std::find(names.begin(), names.end(), key);
-      if (at == names.end()) fail(line, str(name, "() has no argument '", key, "'"));
-      const auto k = static_cast<std::size_t>(at - names.begin());
-      if (k < a.size()) fail(line, str(name, "() gets '", key, "' twice"));
-      if (out.size() <= k) out.resize(k + 1);  // undefined: not given
-      out[k] = v;
-    }
+    Args out = placed(name + "()", a, kwargs, names, line);
+    // The arguments not given are absent, not undefined, as string_method reads them.
+    while (!out.empty() && out.back().kind == Value::undefined) out.pop_back();
     return out;
   }
 
@@ -903,51 +895,34 @@ class Renderer {
     fail(e.line, str("the test 'is ", t, "' is not supported"));
   }
 
-  // Jinja's dictsort(d, case_sensitive=False, by='key', reverse=False): [key, value] pairs.
-  static Value dictsort(const Value& v, const Args& a, const Kwargs& kwargs, int line) {
+  // Jinja's dictsort(d, case_sensitive=False, by='key', reverse=False): (key, value) pairs.
+  Value dictsort(const Value& v, const Args& a, const Kwargs& kwargs, int line) {
     if (v.kind != Value::dict) fail(line, str("'|dictsort' on a ", kind_name(v)));
-    static const char* const names[] = {"case_sensitive", "by", "reverse"};
-    bool case_sensitive = false, reverse = false, by_value = false;
-    if (a.size() > std::size(names)) fail(line, "dictsort() takes at most 3 arguments");
-    std::vector<std::pair<std::string, Value>> given;
-    for (std::size_t k = 0; k < a.size(); ++k) given.emplace_back(names[k], a[k]);
-    given.insert(given.end(), kwargs.begin(), kwargs.end());
-    for (const auto& [key, x] : given) {
-      if (key == "case_sensitive") {
-        case_sensitive = truthy(x);
-      } else if (key == "reverse") {
-        reverse = truthy(x);
-      } else if (key == "by" && x.kind == Value::string && (x.s == "key" || x.s == "value")) {
-        by_value = x.s == "value";
-      } else {
-        fail(line, str("dictsort(): '", key, "' ",
-                       key == "by" ? "must be 'key' or 'value'"
-                                   : "is not an argument (legal: case_sensitive, by, reverse)"));
-      }
-    }
-    // Python's comparison of the sort keys: strings (lowered unless case-sensitive) or numbers.
-    const auto sort_key = [&](const Value& x) {
-      return x.kind == Value::string && !case_sensitive ? string_method(x.s, "lower", {}, line) : x;
-    };
-    const auto less = [&](const Value& x, const Value& y) {
-      if (x.numeric() && y.numeric()) return x.as_real() < y.as_real();
-      if (x.kind == Value::string && y.kind == Value::string) return x.s < y.s;
-      fail(line, str("dictsort() cannot order a ", kind_name(x), " and a ", kind_name(y)));
-    };
+    const Args p = placed("'|dictsort'", a, kwargs, {"case_sensitive", "by", "reverse"}, line);
+    if (given_value(p[1]) && !(p[1].kind == Value::string && (p[1].s == "key" || p[1].s == "value")))
+      fail(line, "'|dictsort': by must be 'key' or 'value'");
+    const bool by_value = given_value(p[1]) && p[1].s == "value";
     List pairs;
     std::vector<Value> keys;
     for (const auto& [k, x] : *v.m) {
       pairs.push_back(Value::Tup({Value::Str(k), x}));
-      keys.push_back(sort_key(by_value ? x : Value::Str(k)));
+      keys.push_back(order_key(by_value ? x : Value::Str(k), Value(), truthy(p[0]), false, line));
     }
-    std::vector<std::size_t> order(pairs.size());
+    return Value::Lst(sorted_by(pairs, keys, truthy(p[2]), "'|dictsort'", line));
+  }
+
+  // `items` in the order of their `keys`, stable, reversed or not, as Python's sorted.
+  static List sorted_by(const List& items, const std::vector<Value>& keys, bool reverse,
+                        const std::string& what, int line) {
+    std::vector<std::size_t> order(items.size());
     for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
     std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
-      return reverse ? less(keys[y], keys[x]) : less(keys[x], keys[y]);
+      return reverse ? ordered_less(keys[y], keys[x], what, line)
+                     : ordered_less(keys[x], keys[y], what, line);
     });
-    List sorted;
-    for (std::size_t k : order) sorted.push_back(pairs[k]);
-    return Value::Lst(std::move(sorted));
+    List out;
+    for (std::size_t k : order) out.push_back(items[k]);
+    return out;
   }
 
   // Hugging Face's tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False),
@@ -999,12 +974,12 @@ class Renderer {
     return false;
   }
 
-  // A filter's arguments by position, keywords placed by their names (undefined: not given); an
-  // argument the filter does not take is refused by name.
-  static Args placed(const std::string& f, const Args& a, const Kwargs& kwargs,
+  // A filter's or method's arguments by position, keywords placed by their names (undefined: not
+  // given); an argument it does not take is refused by name. `what` names it in errors.
+  static Args placed(const std::string& what, const Args& a, const Kwargs& kwargs,
                      const std::vector<std::string>& names, int line) {
     if (a.size() > names.size())
-      fail(line, str("'|", f, "' takes at most ", names.size(), " arguments, not ", a.size()));
+      fail(line, str(what, " takes at most ", names.size(), " arguments here, not ", a.size()));
     Args out = a;
     out.resize(names.size());
     for (const auto& [key, x] : kwargs) {
@@ -1012,10 +987,10 @@ class Renderer {
       if (at == names.end()) {
         std::string legal;
         for (const std::string& n : names) legal += (legal.empty() ? "" : ", ") + n;
-        fail(line, str("'|", f, "' has no argument '", key, "' (legal: ", legal, ")"));
+        fail(line, str(what, " has no argument '", key, "' (legal: ", legal, ")"));
       }
       const auto k = static_cast<std::size_t>(at - names.begin());
-      if (k < a.size()) fail(line, str("'|", f, "' gets '", key, "' twice"));
+      if (k < a.size()) fail(line, str(what, " gets '", key, "' twice"));
       out[k] = x;
     }
     return out;
@@ -1192,6 +1167,7 @@ class Renderer {
 
   Value filter(const Expr& e) {
     const std::string& f = e.text;
+    const std::string label = str("'|", f, "'");  // names the filter in errors
     const Value v = eval(*e.args[0]);
     Args a;
     for (std::size_t k = 1; k < e.args.size(); ++k) a.push_back(eval(*e.args[k]));
@@ -1227,7 +1203,7 @@ class Renderer {
     if ((f == "int" || f == "float") && v.kind == Value::undefined)  // Jinja's Undefined raises
       fail(e.line, str("'|", f, "' of an undefined value"));
     if (f == "int") {  // int(x), else int(float(x)), else the default (0)
-      const Args p = placed(f, a, kwargs, {"default", "base"}, e.line);
+      const Args p = placed(label, a, kwargs, {"default", "base"}, e.line);
       if (given_value(p[1]) && !(p[1].kind == Value::integer && p[1].i == 10))
         fail(e.line, "'|int' reads base 10 only here");
       const Value fallback = p[0].kind == Value::undefined ? Value::Int(0) : p[0];
@@ -1247,7 +1223,7 @@ class Renderer {
       return fallback;
     }
     if (f == "float") {  // float(x), else the default (0.0)
-      const Args p = placed(f, a, kwargs, {"default"}, e.line);
+      const Args p = placed(label, a, kwargs, {"default"}, e.line);
       if (v.numeric()) return Value::Real(v.as_real());
       if (v.kind == Value::string)
         if (const auto d = python_float(v.s)) return Value::Real(*d);
@@ -1262,10 +1238,10 @@ class Renderer {
       return Value::Int(v.i < 0 ? -v.i : v.i);
     }
     if (f == "round")
-      return round_filter(v, placed(f, a, kwargs, {"precision", "method"}, e.line), e.line);
+      return round_filter(v, placed(label, a, kwargs, {"precision", "method"}, e.line), e.line);
     if (f == "indent") {  // Jinja appends a newline to the value itself: a string only
       if (v.kind != Value::string) fail(e.line, str("'|indent' of a ", kind_name(v)));
-      return indent_filter(v.s, placed(f, a, kwargs, {"width", "first", "blank"}, e.line), e.line);
+      return indent_filter(v.s, placed(label, a, kwargs, {"width", "first", "blank"}, e.line), e.line);
     }
     if (f == "tojson") {
       std::string out;
@@ -1376,8 +1352,8 @@ class Renderer {
     }
     if (f == "unique" || f == "min" || f == "max" || f == "sort") {
       const Args p = f == "sort"
-                         ? placed(f, a, kwargs, {"reverse", "case_sensitive", "attribute"}, e.line)
-                         : placed(f, a, kwargs, {"case_sensitive", "attribute"}, e.line);
+                         ? placed(label, a, kwargs, {"reverse", "case_sensitive", "attribute"}, e.line)
+                         : placed(label, a, kwargs, {"case_sensitive", "attribute"}, e.line);
       const std::size_t at = f == "sort" ? 1 : 0;  // where case_sensitive is
       const bool case_sensitive = truthy(p[at]);
       std::vector<Value> keys;
@@ -1397,28 +1373,17 @@ class Renderer {
         }
         return Value::Lst(std::move(out));
       }
-      std::vector<std::size_t> order(items.size());
-      for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
-      if (f == "sort") {  // stable, reversed or not, as Python's sorted
-        const bool reverse = truthy(p[0]);
-        std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
-          return reverse ? ordered_less(keys[y], keys[x], "'|" + f + "'", e.line)
-                         : ordered_less(keys[x], keys[y], "'|" + f + "'", e.line);
-        });
-        List out;
-        for (std::size_t k : order) out.push_back(items[k]);
-        return Value::Lst(std::move(out));
-      }
+      if (f == "sort") return Value::Lst(sorted_by(items, keys, truthy(p[0]), label, e.line));
       if (items.empty()) return Value();  // Jinja's undefined: no item to aggregate
       std::size_t best = 0;  // the first of the least (or greatest) keys, as Python's min and max
       for (std::size_t k = 1; k < items.size(); ++k)
-        if (f == "min" ? ordered_less(keys[k], keys[best], "'|" + f + "'", e.line)
-                       : ordered_less(keys[best], keys[k], "'|" + f + "'", e.line))
+        if (f == "min" ? ordered_less(keys[k], keys[best], label, e.line)
+                       : ordered_less(keys[best], keys[k], label, e.line))
           best = k;
       return items[best];
     }
     if (f == "sum") {  // Python's sum: integers stay integers until a float joins
-      const Args p = placed(f, a, kwargs, {"attribute", "start"}, e.line);
+      const Args p = placed(label, a, kwargs, {"attribute", "start"}, e.line);
       Value total = p[1].kind == Value::undefined ? Value::Int(0) : p[1];
       for (const Value& x : items) {
         const Value term = given_value(p[0]) ? attribute_path(x, p[0], e.line) : x;
