@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <limits>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -188,12 +190,13 @@ TEST(WeightLinear, Bf16EveryPathEveryShape) {
 }
 
 // Long bf16 rows: with one row of x they are read one row at a time, the lines 4 KB on asked for
-// as they go, while x's row fits in L1 (k <= 8192), and four rows side by side past it.
+// as they go, while x's row fits in L1 beside them (k <= 8192 on a 48 KB L1, k <= 2048 on a 32 KB
+// one), and four rows side by side past it.
 TEST(WeightLinear, Bf16LongRowsEveryPath) {
   test::Rng rng = test::make_rng();
   for (const KernelPath path : paths()) {
     for (const std::int64_t m : {1, 2, 5}) {
-      for (const std::int64_t k : {2100, 8192, 8200}) {
+      for (const std::int64_t k : {2048, 2056, 4100, 8192, 8200}) {
         check(random_bf16(rng.range(5, 40), k, rng), m, path, rng, "bf16");
       }
     }
@@ -577,21 +580,42 @@ TEST(WeightLinear, BlockedPrefillSumsEachColumnInOrder) {
   }
 }
 
-// The label names the copy each path runs: the FP8 widening follows the path and the CPU.
+// The L1 data cache size that decides where weight lines are asked ahead: as sysfs reports it.
+TEST(WeightLinear, ReadsTheL1DataCacheSize) {
+  const std::int64_t bytes = kernels::l1_data_cache_bytes();
+  EXPECT_EQ(kernels::gemv_prefetch_into_l1(), bytes >= (48 << 10));
+  std::ifstream type("/sys/devices/system/cpu/cpu0/cache/index0/type");
+  std::ifstream size("/sys/devices/system/cpu/cpu0/cache/index0/size");
+  std::string kind, text;
+  if (!(type >> kind) || kind != "Data" || !(size >> text)) {
+    EXPECT_GE(bytes, 4 << 10);  // no sysfs description here: a size, whatever glibc found
+    return;
+  }
+  ASSERT_EQ(text.back(), 'K') << text;
+  EXPECT_EQ(bytes, std::stoll(text.substr(0, text.size() - 1)) << 10);
+}
+
+// The label names the copy each path runs: the FP8 widening follows the path and the CPU, and
+// where weight lines are asked ahead follows the L1 size.
 TEST(WeightLinear, NamesTheKernelEachPathRuns) {
   EXPECT_EQ(weight_kernel_label(KernelPath::portable), "portable");
+  const std::string lines = std::string(", lines asked ahead into ") +
+                            (kernels::l1_data_cache_bytes() >= (48 << 10) ? "L1" : "L2") +
+                            " (L1d " + std::to_string(kernels::l1_data_cache_bytes() / 1024) +
+                            " KB)";
   const auto have = available_kernel_paths();
   const auto has = [&](KernelPath p) {
     return std::find(have.begin(), have.end(), p) != have.end();
   };
   if (has(KernelPath::avx2)) {
-    EXPECT_EQ(weight_kernel_label(KernelPath::avx2), "avx2, FP8 widened by F16C");
+    EXPECT_EQ(weight_kernel_label(KernelPath::avx2), "avx2, FP8 widened by F16C" + lines);
   }
   if (has(KernelPath::avx512)) {
-    EXPECT_EQ(weight_kernel_label(KernelPath::avx512),
-              __builtin_cpu_supports("avx512vbmi")
-                  ? "avx512, FP8 widened by AVX512-VBMI byte lookups"
-                  : "avx512, FP8 widened by F16C");
+    EXPECT_EQ(
+        weight_kernel_label(KernelPath::avx512),
+        (__builtin_cpu_supports("avx512vbmi") ? "avx512, FP8 widened by AVX512-VBMI byte lookups"
+                                              : "avx512, FP8 widened by F16C") +
+            lines);
   }
   EXPECT_EQ(weight_kernel_label(), weight_kernel_label(have.back()));
   EXPECT_THROW(weight_kernel_label(KernelPath::amx_bf16), Error);

@@ -260,6 +260,10 @@ std::string weight_kernel_label(KernelPath path) {
   if (gemv == kernels::gemv_avx512_vbmi) label = "avx512, FP8 widened by AVX512-VBMI byte lookups";
   if (gemv == kernels::gemv_avx512) label = "avx512, FP8 widened by F16C";
   if (gemv == kernels::gemv_avx2) label = "avx2, FP8 widened by F16C";
+  if (gemv != kernels::gemv_portable) {
+    label += str(", lines asked ahead into ", kernels::gemv_prefetch_into_l1() ? "L1" : "L2",
+                 " (L1d ", kernels::l1_data_cache_bytes() >> 10, " KB)");
+  }
   if (path != KernelPath::avx512_bf16) return label;
   if (kernels::fp8_pairs_decode_available()) {  // the exact copy runs fp32 weights only
     return str(

@@ -360,7 +360,7 @@ case_bench_step_engine() {
   check "bench decode has the columns a reader needs" grep -q '^mode,config,context,batch,threads,weights_dtype,tokens_per_s,.*roofline_fraction$' "$tmp/decode.csv"
   check "bench decode prints the ceilings it used" stdout_has "read ceiling"
   check "bench decode names its attention kernel" stdout_has "^attention kernel: \(portable\|avx2\|avx512\) (exact)$"
-  check "bench decode names its weight kernel" stdout_has "weight kernel (decode shapes): \(portable\|avx2, FP8 widened by F16C\|avx512, FP8 widened by \(F16C\|AVX512-VBMI byte lookups\)\); prefill shapes: \(BLAS sgemm, bf16/FP8 rows widened a tile at a time\|\(avx2\|avx512\), x packed once, bf16/FP8 widened in L1 chunks\)$"
+  check "bench decode names its weight kernel" stdout_has "weight kernel (decode shapes): \(portable\|avx2, FP8 widened by F16C\|avx512, FP8 widened by \(F16C\|AVX512-VBMI byte lookups\)\)\(, lines asked ahead into L[12] (L1d [0-9]* KB)\)\?; prefill shapes: \(BLAS sgemm, bf16/FP8 rows widened a tile at a time\|\(avx2\|avx512\), x packed once, bf16/FP8 widened in L1 chunks\)$"
   check "bench decode names both GEMMs of its compute ceiling" stdout_has "compute ceiling [0-9.]* GFLOP/s (1 thread; sgemm [0-9.]* with OpenBLAS [0-9.]*, [A-Za-z]* kernels\(, forced by OPENBLAS_CORETYPE\)\{0,1\}, dcp's blocked product \([0-9.]*\|not on the portable path\))"
   expect 0 "bench decode on a forced weight path" -- bench decode --preset tiny --num-layers 1 --configs tp1dcp1 --dtypes bf16 --contexts 0 --batches 1 --new-tokens 2 --prefill-tokens 20 --weight-kernel portable
   check "names the forced path's kernels" stdout_has "weight kernel (decode shapes): portable; prefill shapes: BLAS sgemm, bf16/FP8 rows widened a tile at a time$"

@@ -1,7 +1,11 @@
 // The decode-shaped weight product's portable copy and the choice among copies.
 #include "weight_gemv.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <fstream>
+#include <string>
 
 namespace dcp::kernels {
 namespace {
@@ -78,6 +82,25 @@ bool avx512_vbmi_available() {
                           __builtin_cpu_supports("avx512vl") &&
                           __builtin_cpu_supports("avx512vbmi");
   return has;
+}
+
+std::int64_t l1_data_cache_bytes() {
+  static const std::int64_t bytes = [] {
+    const long reported = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+    if (reported > 0) return std::int64_t{reported};
+    // sysfs writes it as "48K".
+    std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index0/size");
+    std::int64_t kib = 0;
+    std::string unit;
+    if (in >> kib >> unit && kib > 0 && unit == "K") return kib << 10;
+    return std::int64_t{32} << 10;
+  }();
+  return bytes;
+}
+
+bool gemv_prefetch_into_l1() {
+  static const bool into_l1 = l1_data_cache_bytes() >= (48 << 10);
+  return into_l1;
 }
 
 void widen_rows_portable(const GemvWeight& w, std::int64_t r0, std::int64_t r1, float* out) {

@@ -15,8 +15,9 @@ namespace {
 // ---- Decode shapes: columns in lanes, a weight row's 32 values against x's in one instruction.
 
 // Sums of MG rows of rounded x (stride `stride`, zero past k) against RB weight rows (stride k):
-// out[i * RB + r]. With kPrefetch the rows at `ahead` are asked into L1 as these are read.
-template <int MG, int RB, bool kPrefetch>
+// out[i * RB + r]. With kPrefetch (3: into L1, 2: into L2) the rows at `ahead` are asked for as
+// these are read.
+template <int MG, int RB, int kPrefetch>
 void dot_rows(const bf16_t* xb, std::int64_t stride, const bf16_t* w, std::int64_t k, float* out,
               const bf16_t* ahead) {
   __m512 acc[MG][RB];
@@ -30,8 +31,7 @@ void dot_rows(const bf16_t* xb, std::int64_t stride, const bf16_t* w, std::int64
     for (int i = 0; i < MG; ++i) xv[i] = as_pairs(_mm512_load_si512(xb + i * stride + c));
 #pragma GCC unroll 8
     for (int r = 0; r < RB; ++r) {
-      if constexpr (kPrefetch)
-        _mm_prefetch(reinterpret_cast<const char*>(ahead + r * k + c), _MM_HINT_T0);
+      if constexpr (kPrefetch != 0) __builtin_prefetch(ahead + r * k + c, 0, kPrefetch);
       const __m512bh wv = as_pairs(_mm512_loadu_si512(w + r * k + c));
 #pragma GCC unroll 4
       for (int i = 0; i < MG; ++i) acc[i][r] = _mm512_dpbf16_ps(acc[i][r], xv[i], wv);
@@ -107,21 +107,26 @@ void gemv_group(const bf16_t* xb, std::int64_t stride, const GemvWeight& w, std:
   }
   const std::int64_t ahead =
       2 * RB * k * static_cast<std::int64_t>(sizeof(bf16_t)) <= (32 << 10) ? 2 : 1;
+  const bool into_l1 = gemv_prefetch_into_l1();  // as the exact product asks
   float sums[MG * RB];
   std::int64_t r = r_begin;
   for (; r + RB <= r_end; r += RB) {
     const bf16_t* rows = data + r * k;
     if (prefetch && r + (ahead + 1) * RB <= w.rows) {
-      dot_rows<MG, RB, true>(xb, stride, rows, k, sums, rows + ahead * RB * k);
+      if (into_l1) {
+        dot_rows<MG, RB, 3>(xb, stride, rows, k, sums, rows + ahead * RB * k);
+      } else {
+        dot_rows<MG, RB, 2>(xb, stride, rows, k, sums, rows + ahead * RB * k);
+      }
     } else {
-      dot_rows<MG, RB, false>(xb, stride, rows, k, sums, nullptr);
+      dot_rows<MG, RB, 0>(xb, stride, rows, k, sums, nullptr);
     }
     for (int i = 0; i < MG; ++i) {
       for (int j = 0; j < RB; ++j) y[i * ldy + r + j] = sums[i * RB + j];
     }
   }
   for (; r < r_end; ++r) {
-    dot_rows<MG, 1, false>(xb, stride, data + r * k, k, sums, nullptr);
+    dot_rows<MG, 1, 0>(xb, stride, data + r * k, k, sums, nullptr);
     for (int i = 0; i < MG; ++i) y[i * ldy + r] = sums[i];
   }
 }

@@ -75,9 +75,9 @@ struct ColumnBlock {
 };
 
 // Sums of MG rows of rounded x (stride `stride`) against RB weight rows (stride k) that share
-// the scale row `scales`: out[i * RB + r]. With kPrefetch the rows at `ahead` are asked into L1
-// as these are read.
-template <int MG, int RB, bool kPrefetch>
+// the scale row `scales`: out[i * RB + r]. With kPrefetch (3: into L1, 2: into L2) the rows at
+// `ahead` are asked for as these are read.
+template <int MG, int RB, int kPrefetch>
 void dot_rows(const Widener& wd, const bf16_t* xb, std::int64_t stride, const fp8_e4m3_t* w,
               std::int64_t k, const ColumnBlock* blocks, std::int64_t nblocks, const float* scales,
               float* out, const fp8_e4m3_t* ahead) {
@@ -98,8 +98,7 @@ void dot_rows(const Widener& wd, const bf16_t* xb, std::int64_t stride, const fp
       const auto mask = n == kChunk ? ~__mmask64{0} : (__mmask64{1} << n) - 1;
 #pragma GCC unroll 8
       for (int r = 0; r < RB; ++r) {
-        if constexpr (kPrefetch)
-          _mm_prefetch(reinterpret_cast<const char*>(ahead + r * k + c), _MM_HINT_T0);
+        if constexpr (kPrefetch != 0) __builtin_prefetch(ahead + r * k + c, 0, kPrefetch);
         __m512bh w0, w1;
         wd.widen(_mm512_maskz_loadu_epi8(mask, w + r * k + c), w0, w1);
 #pragma GCC unroll 4
@@ -140,24 +139,31 @@ void gemv_group(const Slice& s, std::int64_t r_begin, std::int64_t r_end, float*
   const std::int64_t k = s.w.k, nblocks = static_cast<std::int64_t>(s.blocks.size());
   const float* scales = s.w.row_scales(r_begin);
   const std::int64_t ahead = 2 * RB * k <= (32 << 10) ? 2 : 1;
+  const bool into_l1 = gemv_prefetch_into_l1();
   float sums[MG * RB];
   std::int64_t r = r_begin;
   for (; r + RB <= r_end; r += RB) {
     const fp8_e4m3_t* rows = data + r * k;
     if (prefetch && r + (ahead + 1) * RB <= s.w.rows) {
-      dot_rows<MG, RB, true>(s.wd, s.xb, s.stride, rows, k, s.blocks.data(), nblocks, scales, sums,
-                             rows + ahead * RB * k);
+      const fp8_e4m3_t* later = rows + ahead * RB * k;
+      if (into_l1) {
+        dot_rows<MG, RB, 3>(s.wd, s.xb, s.stride, rows, k, s.blocks.data(), nblocks, scales, sums,
+                            later);
+      } else {
+        dot_rows<MG, RB, 2>(s.wd, s.xb, s.stride, rows, k, s.blocks.data(), nblocks, scales, sums,
+                            later);
+      }
     } else {
-      dot_rows<MG, RB, false>(s.wd, s.xb, s.stride, rows, k, s.blocks.data(), nblocks, scales, sums,
-                              nullptr);
+      dot_rows<MG, RB, 0>(s.wd, s.xb, s.stride, rows, k, s.blocks.data(), nblocks, scales, sums,
+                          nullptr);
     }
     for (int i = 0; i < MG; ++i) {
       for (int j = 0; j < RB; ++j) y[i * ldy + r + j] = sums[i * RB + j];
     }
   }
   for (; r < r_end; ++r) {
-    dot_rows<MG, 1, false>(s.wd, s.xb, s.stride, data + r * k, k, s.blocks.data(), nblocks, scales,
-                           sums, nullptr);
+    dot_rows<MG, 1, 0>(s.wd, s.xb, s.stride, data + r * k, k, s.blocks.data(), nblocks, scales,
+                       sums, nullptr);
     for (int i = 0; i < MG; ++i) y[i * ldy + r] = sums[i];
   }
 }

@@ -269,11 +269,11 @@ inline void scale_x(const float* xp, std::int64_t m, const GemvWeight& w, const 
 // Sums of MG rows of x against RB consecutive weight rows (stride k): out[i * RB + r]. x is
 // permuted (and for FP8 scaled by scale_x for these rows' scales). FP8: NaN codes are fixed up
 // only with kNanCodes; without it the return says whether a row held one (then the caller runs
-// the rows again with it). With kPrefetch, `prefetch` is RB rows further on whose columns are
-// asked into cache as these are read (a template choice: a run-time test in the loop makes GCC
-// spill the accumulators). A row's sum does not depend on RB (bf16 rows of up to 8192 columns
-// against one row of x are summed by dot_row_sequential, in its own order).
-template <int W, typename T, int MG, int RB, bool kNanCodes = false, bool kPrefetch = false>
+// the rows again with it). With kPrefetch (3: into L1, 2: into L2), `prefetch` is RB rows further
+// on whose columns are asked into cache as these are read (a template choice: a run-time test in
+// the loop makes GCC spill the accumulators). A row's sum does not depend on RB (bf16 rows against
+// one row of x that fits L1 beside them are summed by dot_row_sequential, in its own order).
+template <int W, typename T, int MG, int RB, bool kNanCodes = false, int kPrefetch = 0>
 bool dot_rows(const float* xp, const T* w, const GemvWeight& g, float* out,
               const T* prefetch = nullptr) {
   using S = Simd<W>;
@@ -297,9 +297,8 @@ bool dot_rows(const float* xp, const T* w, const GemvWeight& g, float* out,
       }
 #pragma GCC unroll 4
       for (int r = 0; r < RB; ++r) {
-        // Into L1 (prefetcht0): on Zen 5, a cold 102400 x 2048 weight at one row of x read 7-9%
-        // faster for FP8 and 1-3% for bf16 than asked into L2 (prefetcht1).
-        if constexpr (kPrefetch) __builtin_prefetch(prefetch + r * k + c, 0, 3);
+        // Into L1 or L2 by the CPU's L1 size (gemv_prefetch_into_l1()).
+        if constexpr (kPrefetch != 0) __builtin_prefetch(prefetch + r * k + c, 0, kPrefetch);
         vec wv[P];
         Wd::widen(w + r * k + c, wv);
         if constexpr (fp8) {
@@ -393,10 +392,15 @@ void gemv_group(const float* xp, const GemvWeight& w, std::int64_t r_begin, std:
   // by side are four streams, which the hardware prefetchers serve more slowly than one while
   // the core widens and multiplies between loads (Zen 5, cold weights: 1.2-1.35x at k = 512-2048,
   // 1.0-1.15x at k = 7168). Only while x's row stays in L1 beside the weight's lines: each
-  // weight row reads all of it (k = 12288-18432: 0.92-1.03x). fp32 is read at memory speed either
-  // way; FP8's widening needs the four rows to share each x vector loaded; two rows of x lose.
+  // weight row reads all of it (Zen 5, 48 KB: up to two thirds of it, k <= 8192; past that,
+  // k = 12288-18432: 0.92-1.03x; Zen 4, 32 KB, whose four rows ask their lines into L2: up to a
+  // quarter, k <= 2048: 1.1-1.8x at k = 512-1536, 0.85x at 4096, 0.55-0.75x at 7168). fp32 is read
+  // at memory speed either way; FP8's widening needs the four rows to share each x vector loaded;
+  // two rows of x lose.
   if constexpr (MG == 1 && std::is_same_v<T, bf16_t>) {
-    if (w.k * static_cast<std::int64_t>(sizeof(float)) <= (32 << 10)) {
+    const std::int64_t x_room =
+        gemv_prefetch_into_l1() ? l1_data_cache_bytes() * 2 / 3 : l1_data_cache_bytes() / 4;
+    if (w.k * static_cast<std::int64_t>(sizeof(float)) <= x_room) {
       const std::int64_t row_bytes = w.k * static_cast<std::int64_t>(sizeof(T));
       for (std::int64_t r = r_begin; r < r_end; ++r) {
         const T* row = data + r * w.k;
@@ -412,17 +416,19 @@ void gemv_group(const float* xp, const GemvWeight& w, std::int64_t r_begin, std:
   // asks too late; further on gains nothing), or one group on where two groups are over 32 KB:
   // asked into L1, lines that far ahead are evicted before they are read (Zen 5, cold weights
   // with k = 7168: 1.04-1.06x for FP8 and bf16). fp32 weights with one or two rows of x are read
-  // at memory speed without it, and lose by it.
+  // at memory speed without it, and lose by it. Into L1 or L2: gemv_prefetch_into_l1().
   const std::int64_t ahead =
       2 * RB * w.k * static_cast<std::int64_t>(sizeof(T)) <= (32 << 10) ? 2 : 1;
+  const bool into_l1 = gemv_prefetch_into_l1();
   std::int64_t r = r_begin;
   float sums[MG * RB];
   for (; r + RB <= r_end; r += RB) {
     const bool ask = prefetch && !(sizeof(T) == 4 && MG <= 2) && r + (ahead + 1) * RB <= w.rows;
     const T* rows = data + r * w.k;
-    const bool held =
-        ask ? dot_rows<W, T, MG, RB, false, true>(xp, rows, w, sums, rows + ahead * RB * w.k)
-            : dot_rows<W, T, MG, RB>(xp, rows, w, sums);
+    const T* later = ask ? rows + ahead * RB * w.k : nullptr;
+    const bool held = !ask      ? dot_rows<W, T, MG, RB>(xp, rows, w, sums)
+                      : into_l1 ? dot_rows<W, T, MG, RB, false, 3>(xp, rows, w, sums, later)
+                                : dot_rows<W, T, MG, RB, false, 2>(xp, rows, w, sums, later);
     if (held) dot_rows<W, T, MG, RB, true>(xp, rows, w, sums);
     for (int i = 0; i < MG; ++i) {
       for (int j = 0; j < RB; ++j) y[i * ldy + r + j] = sums[i * RB + j];
