@@ -394,7 +394,7 @@ void gemv_group(const float* xp, const GemvWeight& w, std::int64_t r_begin, std:
   // 1.0-1.15x at k = 7168). Only while x's row stays in L1 beside the weight's lines: each
   // weight row reads all of it (Zen 5, 48 KB: up to two thirds of it, k <= 8192; past that,
   // k = 12288-18432: 0.92-1.03x; Zen 4, 32 KB, whose four rows ask their lines into L2: up to a
-  // quarter, k <= 2048: 1.1-1.8x at k = 512-1536, 0.85x at 4096, 0.55-0.75x at 7168). fp32 is read
+  // quarter, k <= 2048: 1.0-1.1x at k = 1408-2048, 0.85x at 4096, 0.55x at 7168). fp32 is read
   // at memory speed either way; FP8's widening needs the four rows to share each x vector loaded;
   // two rows of x lose.
   if constexpr (MG == 1 && std::is_same_v<T, bf16_t>) {
