@@ -623,7 +623,8 @@ TEST(WeightLinear, NamesTheKernelEachPathRuns) {
     EXPECT_EQ(weight_kernel_label(KernelPath::avx512_bf16),
               __builtin_cpu_supports("avx512vbmi")
                   ? "avx512_bf16: bf16 and FP8 weights in vdpbf16ps pairs (FP8 widened by "
-                    "AVX512-VBMI byte lookups), x rounded to bf16; fp32 on avx512"
+                    "AVX512-VBMI byte lookups), x rounded to bf16; fp32 on avx512" +
+                        lines
                   : "avx512_bf16: bf16 weights in vdpbf16ps pairs, x rounded to bf16; fp32/FP8 "
                     "on " +
                         weight_kernel_label(KernelPath::avx512));

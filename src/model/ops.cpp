@@ -260,16 +260,17 @@ std::string weight_kernel_label(KernelPath path) {
   if (gemv == kernels::gemv_avx512_vbmi) label = "avx512, FP8 widened by AVX512-VBMI byte lookups";
   if (gemv == kernels::gemv_avx512) label = "avx512, FP8 widened by F16C";
   if (gemv == kernels::gemv_avx2) label = "avx2, FP8 widened by F16C";
-  if (gemv != kernels::gemv_portable) {
-    label += str(", lines asked ahead into ", kernels::gemv_prefetch_into_l1() ? "L1" : "L2",
-                 " (L1d ", kernels::l1_data_cache_bytes() >> 10, " KB)");
-  }
+  // Every copy but the portable one asks for weight lines ahead, the pairs included.
+  const std::string lines =
+      str(", lines asked ahead into ", kernels::gemv_prefetch_into_l1() ? "L1" : "L2", " (L1d ",
+          kernels::l1_data_cache_bytes() >> 10, " KB)");
+  if (gemv != kernels::gemv_portable) label += lines;
   if (path != KernelPath::avx512_bf16) return label;
   if (kernels::fp8_pairs_decode_available()) {  // the exact copy runs fp32 weights only
     return str(
         "avx512_bf16: bf16 and FP8 weights in vdpbf16ps pairs (FP8 widened by AVX512-VBMI "
         "byte lookups), x rounded to bf16; fp32 on ",
-        to_string(exact_weight_path(path)));
+        to_string(exact_weight_path(path)), lines);
   }
   return str("avx512_bf16: bf16 weights in vdpbf16ps pairs, x rounded to bf16; fp32/FP8 on ",
              label);
