@@ -88,11 +88,16 @@ std::int64_t l1_data_cache_bytes() {
   static const std::int64_t bytes = [] {
     const long reported = sysconf(_SC_LEVEL1_DCACHE_SIZE);
     if (reported > 0) return std::int64_t{reported};
-    // sysfs writes it as "48K".
-    std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index0/size");
-    std::int64_t kib = 0;
-    std::string unit;
-    if (in >> kib >> unit && kib > 0 && unit == "K") return kib << 10;
+    // sysfs describes each cache in an index folder: the level-1 data one, its size as "48K".
+    for (int i = 0; i < 8; ++i) {
+      const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(i);
+      std::ifstream level(dir + "/level"), type(dir + "/type"), size(dir + "/size");
+      int l = 0;
+      std::string kind, unit;
+      std::int64_t kib = 0;
+      if (!(level >> l) || !(type >> kind) || l != 1 || kind != "Data") continue;
+      if (size >> kib >> unit && kib > 0 && unit == "K") return kib << 10;
+    }
     return std::int64_t{32} << 10;
   }();
   return bytes;
