@@ -154,6 +154,105 @@ TEST(Sampling, GreedyIsTheFirstMaximumAndDrawsAreDeterministic) {
   EXPECT_NE(a, c) << "another seed should draw another sequence";
 }
 
+// Speculative sampling: a draft drawn from q and verified against p leaves every emitted token
+// distributed as p (the float64 reference), whatever q; it is kept at the rate sum(min(p, q)).
+TEST(Sampling, VerifiedDraftsFollowTheTargetDistribution) {
+  auto rng = test::make_rng();
+  const int vocab = 10;
+  const std::vector<float> target = random_logits(rng, vocab, 1.0f);
+  std::vector<float> near = target;  // a good draft: the target with noise
+  for (float& x : near) x += rng.normal(0.5f);
+  const std::vector<float> far = random_logits(rng, vocab, 1.5f);  // an unrelated one
+  std::vector<float> masked = target;                              // p with masked tokens
+  masked[2] = masked[7] = -INFINITY;
+  struct Case {
+    std::vector<float> p_logits, q_logits;
+    SamplingParams p, q;  // the engine gives both the request's parameters; here they may differ
+  };
+  const Case cases[] = {
+      {target, near, params(1.0, 1.0, 0, 0.0, 0), params(1.0, 1.0, 0, 0.0, 0)},
+      {target, far, params(1.0, 1.0, 0, 0.0, 0), params(1.0, 1.0, 0, 0.0, 0)},
+      {target, near, params(0.8, 0.9, 0, 0.0, 0), params(0.8, 0.9, 0, 0.0, 0)},
+      {target, far, params(1.3, 1.0, 4, 0.0, 0), params(1.3, 1.0, 4, 0.0, 0)},  // some disjoint
+      {target, near, params(1.0, 1.0, 0, 0.1, 0), params(0.5, 1.0, 3, 0.0, 0)},
+      {masked, target, params(1.0, 1.0, 0, 0.0, 0), params(1.0, 1.0, 0, 0.0, 0)},  // q covers more
+      {target, far, params(1.0, 1.0, 0, 0.0, 0), params(0.0, 1.0, 0, 0.0, 0)},     // q one token
+  };
+  for (const Case& c : cases) {
+    SamplingParams pp = c.p, qp = c.q;
+    pp.seed = qp.seed = test::test_seed();
+    const TokenDistribution p = token_distribution(c.p_logits.data(), vocab, pp);
+    const TokenDistribution q = token_distribution(c.q_logits.data(), vocab, qp);
+    const std::vector<double> want = reference_distribution(c.p_logits, pp);
+    const std::vector<double> q_ref = reference_distribution(c.q_logits, qp);
+    double overlap = 0;  // the acceptance rate
+    for (int i = 0; i < vocab; ++i)
+      overlap += std::min(want[static_cast<std::size_t>(i)], q_ref[static_cast<std::size_t>(i)]);
+    const int draws = 40000;
+    std::vector<int> count(static_cast<std::size_t>(vocab), 0);
+    int accepted = 0;
+    for (int s = 0; s < draws; ++s) {
+      const auto step = static_cast<std::uint64_t>(s);
+      const std::int32_t d = draw_token(q, draw_uniform(pp.seed, step, DrawPurpose::token));
+      ASSERT_GT(q_ref[static_cast<std::size_t>(d)], 0) << "the draft drew outside q";
+      const DraftVerdict v = verify_draft(p, q, d, pp.seed, step);
+      if (v.accepted) {
+        ASSERT_EQ(v.token, d);
+        ++accepted;
+      }
+      ++count[static_cast<std::size_t>(v.token)];
+    }
+    const std::string what = "T " + std::to_string(pp.temperature) + "/" +
+                             std::to_string(qp.temperature) + " k " + std::to_string(pp.top_k) +
+                             "/" + std::to_string(qp.top_k);
+    for (int i = 0; i < vocab; ++i) {
+      const double w = want[static_cast<std::size_t>(i)];
+      if (w == 0) {
+        EXPECT_EQ(count[static_cast<std::size_t>(i)], 0) << what << ": token " << i;
+        continue;
+      }
+      EXPECT_NEAR(count[static_cast<std::size_t>(i)], draws * w,
+                  5 * std::sqrt(draws * w * (1 - w)) + 1)
+          << what << ": token " << i;
+    }
+    EXPECT_NEAR(accepted, draws * overlap, 5 * std::sqrt(draws * overlap * (1 - overlap)) + 1)
+        << what;
+  }
+}
+
+// A draft that is the target is always kept, so the tokens are the plain draws; greedy keeps a
+// draft exactly when it is the argmax and emits the argmax otherwise.
+TEST(Sampling, AnExactDraftIsAlwaysKeptAndGreedyVerificationComparesArgmaxes) {
+  auto rng = test::make_rng();
+  const int vocab = 300;
+  const std::vector<float> logits = random_logits(rng, vocab, 1.0f);
+  for (const SamplingParams& base : parameter_grid()) {
+    SamplingParams p = base;
+    p.seed = test::test_seed();
+    const TokenDistribution d = token_distribution(logits.data(), vocab, p);
+    for (std::uint64_t s = 0; s < 20; ++s) {
+      const std::int32_t proposed = draw_token(d, draw_uniform(p.seed, s, DrawPurpose::token));
+      ASSERT_EQ(proposed, sample_token(logits.data(), vocab, p, s));
+      const DraftVerdict v = verify_draft(d, d, proposed, p.seed, s);
+      ASSERT_TRUE(v.accepted) << "T " << p.temperature << " step " << s;
+      ASSERT_EQ(v.token, proposed);
+    }
+  }
+  const std::int32_t best = greedy_token(logits.data(), vocab);
+  std::vector<float> other = logits;  // another argmax
+  other[static_cast<std::size_t>(best)] = -100;
+  const TokenDistribution p = token_distribution(logits.data(), vocab, SamplingParams{});
+  const TokenDistribution q = token_distribution(other.data(), vocab, SamplingParams{});
+  for (std::uint64_t s = 0; s < 20; ++s) {
+    const DraftVerdict kept = verify_draft(p, p, best, 5, s);
+    EXPECT_TRUE(kept.accepted);
+    EXPECT_EQ(kept.token, best);
+    const DraftVerdict replaced = verify_draft(p, q, greedy_token(other.data(), vocab), 5, s);
+    EXPECT_FALSE(replaced.accepted);
+    EXPECT_EQ(replaced.token, best);
+  }
+}
+
 TEST(Sampling, LogprobsAreTheFloat64LogSoftmax) {
   auto rng = test::make_rng();
   const int vocab = 300;

@@ -68,7 +68,7 @@ TEST(Serving, StreamedTokensEqualABatchRunUnderConcurrentClients) {
   }
 }
 
-TEST(Serving, SeededSamplingGivesTheSameTextUnderAnyDcpSize) {
+TEST(Serving, SeededSamplingGivesTheSameTextUnderAnyDcpSizeAndAnExactDraft) {
   auto rng = test::make_rng();
   const auto w = make_synthetic_weights(22);
   ServeRequest r = greedy(test::random_tokens(rng, 30, 64), 16);
@@ -85,6 +85,24 @@ TEST(Serving, SeededSamplingGivesTheSameTextUnderAnyDcpSize) {
     outs.push_back(u.tokens);
   }
   EXPECT_EQ(outs[0], outs[1]);
+  // Speculative sampling: with the target as its own draft every draft is kept and the text is
+  // the same; with its first layer as the draft the request is served to its length.
+  for (const int layers : {2, 1}) {
+    DeploymentSpec spec = small_spec(*w, 2, 2);
+    spec.engine.num_draft_tokens = 3;
+    spec.draft.emplace();
+    spec.draft->config = preset_config("tiny", layers);
+    spec.draft->weights = w.get();
+    Running server(spec);
+    const StreamUpdate u = drain_stream(*server->submit(r));
+    EXPECT_TRUE(u.error.empty()) << u.error;
+    EXPECT_EQ(u.logprobs.size(), u.tokens.size());
+    if (layers == 2) {
+      EXPECT_EQ(u.tokens, outs[0]) << "a draft that is the target";
+    } else {
+      EXPECT_EQ(u.tokens.size(), 16u);
+    }
+  }
 }
 
 // With the prefix cache, the choices of one prompt go to one DP replica, which computes the

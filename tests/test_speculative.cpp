@@ -1,10 +1,16 @@
 // Speculative decoding with DCP target verification, and the two extend paths.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "dcp/error.h"
+#include "dcp/sampling.h"
 #include "dcp/weights.h"
 #include "engine_util.h"
 #include "test_util.h"
@@ -81,6 +87,126 @@ TEST(Speculative, GreedyAcceptanceEqualsPlainGreedyDecoding) {
       }
       EXPECT_GE(got.stats.tokens_per_target_step(), 1.0) << what;
     }
+  }
+}
+
+// Sampled requests (temperature > 0, truncation, penalties) with the target as its own draft: every
+// draft is kept (it was drawn from the target's own distribution with the step's number), so the
+// tokens are plain sampling's, under DCP too.
+TEST(Speculative, SampledTokensWithAnExactDraftAreThoseOfPlainSampling) {
+  auto rng = test::make_rng();
+  const ModelConfig target = preset_config("tiny", 2);
+  const auto weights = make_synthetic_weights(21);
+  auto reqs = mixed_requests(rng, target.vocab_size);
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    SamplingParams& p = reqs[i].sampling;
+    p.temperature = 0.6 + 0.2 * static_cast<double>(i);
+    p.top_p = i % 2 ? 0.9 : 1.0;
+    p.top_k = i == 2 ? 8 : 0;
+    p.min_p = i == 3 ? 0.02 : 0.0;
+    p.presence_penalty = i == 1 ? 0.7 : 0.0;
+    p.seed = test::test_seed() + i;
+  }
+  EngineSetup plain;
+  plain.tp = 2;
+  const auto reference = run_engine(target, *weights, plain, reqs);
+  for (const int dcp : {1, 2}) {
+    for (const int k : {1, 3}) {
+      EngineSetup s = plain;
+      s.dcp = dcp;
+      s.num_draft_tokens = k;
+      s.draft_config = target;
+      s.draft_weights = weights.get();
+      const auto got = run_engine(target, *weights, s, reqs);
+      const std::string what = "dcp " + std::to_string(dcp) + " k " + std::to_string(k);
+      for (std::size_t i = 0; i < reqs.size(); ++i) {
+        EXPECT_EQ(got.results[i].output_tokens, reference.results[i].output_tokens)
+            << what << " request " << i;
+      }
+      EXPECT_GT(got.stats.spec_proposed, 0) << what;
+      EXPECT_EQ(got.stats.spec_accepted, got.stats.spec_proposed)
+          << what << ": an exact draft is always kept";
+    }
+  }
+}
+
+// The distribution request `spec` draws step `step` from, given the step's recorded logits.
+std::vector<double> step_distribution(const RequestSpec& spec, const RequestResult& r,
+                                      std::size_t step, int vocab) {
+  const std::span<const std::int32_t> before(r.output_tokens.data(), step);
+  const std::vector<float> adjusted = adjusted_logits(r.step_logits.data() + step * vocab, vocab,
+                                                      spec.sampling, spec.prompt, before);
+  return sampling_distribution(adjusted.data(), vocab, spec.sampling);
+}
+
+// With drafts that differ from the target, every token of a sampled request after the first (each
+// one verified) is distributed as its step's target distribution p, computed here from the step's
+// recorded logits with the request's penalties. The draft's distribution q at each step comes
+// from the draft alone, teacher-forced along the same tokens. Speculative sampling errs towards the
+// draft when it errs (keeping drafts too often, replacing them from p instead of max(0, p - q)):
+// over many requests, the tokens where q > p must be emitted as often as p says, and no token
+// outside p ever.
+TEST(Speculative, SampledTokensFollowTheTargetDistributionWhateverTheDraft) {
+  auto rng = test::make_rng();
+  const ModelConfig target = preset_config("tiny", 2);
+  const auto weights = make_synthetic_weights(21);
+  const auto other_weights = make_synthetic_weights(77);
+  const int vocab = target.vocab_size;
+  std::vector<RequestSpec> reqs;
+  for (int i = 0; i < 320; ++i) {
+    RequestSpec r = request(i, random_tokens(rng, 1 + i % 11, vocab), 9);
+    r.sampling.temperature = i % 3 ? 0.7 : 1.2;
+    r.sampling.top_k = i % 2 ? 5 : 0;
+    r.sampling.repetition_penalty = i % 4 ? 1.0 : 1.5;
+    r.sampling.seed = test::test_seed() * 1000 + static_cast<std::uint64_t>(i);
+    reqs.push_back(r);
+  }
+  struct Draft {
+    const char* name;
+    ModelConfig config;
+    const WeightSource* w;
+  };
+  const Draft drafts[] = {{"first layer", preset_config("tiny", 1), weights.get()},
+                          {"unrelated", preset_config("tiny", 1), other_weights.get()}};
+  for (const Draft& d : drafts) {
+    EngineSetup s;
+    s.tp = 2;
+    s.dcp = 2;
+    s.num_draft_tokens = 3;
+    s.draft_config = d.config;
+    s.draft_weights = d.w;
+    const auto got = run_engine(target, *weights, s, reqs);
+    std::vector<RequestSpec> forced = reqs;
+    for (std::size_t i = 0; i < reqs.size(); ++i)
+      forced[i].forced_outputs = got.results[i].output_tokens;
+    const auto draft_run = run_engine(d.config, *d.w, EngineSetup{}, forced);
+    double expected = 0, variance = 0;
+    int observed = 0;
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+      const RequestResult& r = got.results[i];
+      ASSERT_EQ(r.output_tokens.size(), 9u) << d.name << " request " << i;
+      for (std::size_t step = 1; step < r.output_tokens.size(); ++step) {
+        const std::vector<double> p = step_distribution(reqs[i], r, step, vocab);
+        const std::vector<double> q = step_distribution(reqs[i], draft_run.results[i], step, vocab);
+        const auto token = static_cast<std::size_t>(r.output_tokens[step]);
+        ASSERT_GT(p[token], 0) << d.name << " request " << i << " step " << step
+                               << ": a token outside the target's distribution";
+        double favoured = 0;  // p's mass where q > p
+        for (std::size_t x = 0; x < p.size(); ++x) favoured += q[x] > p[x] ? p[x] : 0;
+        expected += favoured;
+        variance += favoured * (1 - favoured);
+        observed += q[token] > p[token];
+      }
+    }
+    EXPECT_NEAR(observed, expected, 5 * std::sqrt(variance) + 1)
+        << d.name << ": tokens the draft favours, emitted against p's mass on them";
+    // Both outcomes of the test ran: drafts kept, and drafts replaced.
+    EXPECT_GT(got.stats.spec_accepted, 0) << d.name;
+    EXPECT_LT(got.stats.spec_accepted, got.stats.spec_proposed) << d.name;
+    std::printf(
+        "%s: %lld of %lld drafts kept; tokens the draft favours %d, p's mass on them %.1f\n",
+        d.name, static_cast<long long>(got.stats.spec_accepted),
+        static_cast<long long>(got.stats.spec_proposed), observed, expected);
   }
 }
 

@@ -225,13 +225,20 @@ class Engine {
   // Whether `output` (not empty) ends l there: its last token a stop token, a guided choice
   // completed, the guide's end.
   bool stops_after(const Live& l, std::span<const std::int32_t> output) const;
+  // What request l draws its next token from, given `logits` and the tokens it emitted so far
+  // (`output`): its penalties, masks and guide applied, then temperature and truncation.
+  TokenDistribution distribution(const Live& l, const float* logits,
+                                 std::span<const std::int32_t> output) const;
   // The token request l chooses from `logits` after emitting `output`.
   std::int32_t choose(const Live& l, const float* logits,
                       std::span<const std::int32_t> output) const;
-  // Feeds each request's pending tokens to the draft, then proposes up to k tokens each.
-  std::vector<std::vector<std::int32_t>> propose(const std::vector<std::size_t>& members,
-                                                 const std::vector<int>& k);
+  // Feeds each request's pending tokens to the draft, then proposes up to k tokens each, drawn as
+  // the target would choose them; `draft_distributions` gets what each was drawn from.
+  std::vector<std::vector<std::int32_t>> propose(
+      const std::vector<std::size_t>& members, const std::vector<int>& k,
+      std::vector<std::vector<TokenDistribution>>& draft_distributions);
   void emit(Live& r, const float* logits);  // records a step's logits, chooses the next token
+  void emit(Live& r, const float* logits, std::int32_t token);  // records it, emits `token`
   void finish(std::size_t live_index, FinishReason reason);
   void finish_completed();  // every running request that has all its tokens
   // DP attention: whether any attention group's engine has `mine` true (collective over the

@@ -114,6 +114,37 @@ std::int32_t greedy_token(const float* logits, int vocab);
 std::int32_t sample_token(const float* logits, int vocab, const SamplingParams& p,
                           std::uint64_t step);
 
+// The tokens a draw may pick, in ascending id order, with their unnormalised weights (all > 0);
+// greedy keeps the argmax alone. sample_token draws from it; speculative sampling compares two.
+struct TokenDistribution {
+  std::vector<std::int32_t> tokens;
+  std::vector<double> weights;
+  double total = 0;  // the weights' sum
+  // `token`'s probability (0 outside the kept tokens).
+  double probability(std::int32_t token) const;
+};
+TokenDistribution token_distribution(const float* logits, int vocab, const SamplingParams& p);
+
+// What a draw at one step uses its uniform number for. Each (seed, step, purpose) has its own
+// number; `token` is the one sample_token uses.
+enum class DrawPurpose : std::uint8_t { token, acceptance, replacement };
+double draw_uniform(std::uint64_t seed, std::uint64_t step, DrawPurpose purpose);
+// The token a uniform u in [0, 1) picks: the first whose cumulative weight passes u x total.
+std::int32_t draw_token(const TokenDistribution& d, double u);
+
+// Speculative sampling (Leviathan et al. 2023; Chen et al. 2023). At output step `step` the draft
+// proposed `proposed`, drawn from `draft` with draw_uniform(seed, step, token). The target keeps it
+// with probability min(1, p/q) (p from `target`, q from `draft`) and otherwise replaces it by a
+// draw from max(0, p - q) renormalised, so that the token emitted is distributed as `target`
+// whatever the draft. With greedy distributions (one token each) the draft is kept exactly when
+// it is the target's argmax, which replaces it otherwise.
+struct DraftVerdict {
+  bool accepted = false;
+  std::int32_t token = 0;  // the draft when accepted, else its replacement
+};
+DraftVerdict verify_draft(const TokenDistribution& target, const TokenDistribution& draft,
+                          std::int32_t proposed, std::uint64_t seed, std::uint64_t step);
+
 // Log-softmax of the raw logits at `token`, its rank, plus the `top` (>= 0) most likely tokens.
 StepLogprobs step_logprobs(const float* logits, int vocab, std::int32_t token, int top);
 

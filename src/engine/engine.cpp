@@ -145,9 +145,6 @@ void Engine::submit(const RequestSpec& spec) {
                   " is outside the vocabulary [0, ", model_.config().vocab_size, ")");
   }
   check_choice(spec, str("request ", spec.id));
-  DCP_ARG_CHECK(spec.sampling.greedy() || options_.num_draft_tokens == 0, "request ", spec.id,
-                ": sampling (temperature > 0) does not combine with speculative decoding, whose "
-                "verification is greedy");
   // A continuation's prompt is its new turn only; the earlier turns' tokens are not kept.
   DCP_ARG_CHECK(spec.sampling.repetition_penalty == 1 || !spec.continue_from, "request ", spec.id,
                 ": repetition_penalty does not combine with continue_from (the penalty covers the "
@@ -451,11 +448,10 @@ void Engine::admit() {
   stats_.max_queue = std::max(stats_.max_queue, static_cast<std::int64_t>(waiting_.size()));
 }
 
-std::int32_t Engine::choose(const Live& l, const float* logits,
-                            std::span<const std::int32_t> output) const {
+TokenDistribution Engine::distribution(const Live& l, const float* logits,
+                                       std::span<const std::int32_t> output) const {
   const SamplingParams& p = l.spec.sampling;
   const int vocab = model_.config().vocab_size;
-  const std::uint64_t step = output.size();
   const bool hold_stops = static_cast<std::int64_t>(output.size()) < l.spec.min_tokens &&
                           !l.spec.stop_token_ids.empty();
   // A guide's state; none past its end (a speculative proposal after the request would stop).
@@ -465,7 +461,7 @@ std::int32_t Engine::choose(const Live& l, const float* logits,
     if (const std::optional<std::size_t> start = p.guide_start(output))
       state = l.guide->state_after(output.subspan(*start));
   }
-  if (!p.adjusts_logits() && !hold_stops && !state) return sample_token(logits, vocab, p, step);
+  if (!p.adjusts_logits() && !hold_stops && !state) return token_distribution(logits, vocab, p);
   std::vector<float> adjusted = p.adjusts_logits()
                                     ? adjusted_logits(logits, vocab, p, l.spec.prompt, output)
                                     : std::vector<float>(logits, logits + vocab);
@@ -488,14 +484,23 @@ std::int32_t Engine::choose(const Live& l, const float* logits,
       }
     }
   }
-  return sample_token(adjusted.data(), vocab, p, step);
+  return token_distribution(adjusted.data(), vocab, p);
+}
+
+std::int32_t Engine::choose(const Live& l, const float* logits,
+                            std::span<const std::int32_t> output) const {
+  return draw_token(distribution(l, logits, output),
+                    draw_uniform(l.spec.sampling.seed, output.size(), DrawPurpose::token));
 }
 
 void Engine::emit(Live& l, const float* logits) {
+  emit(l, logits, choose(l, logits, results_[l.result].output_tokens));
+}
+
+void Engine::emit(Live& l, const float* logits, std::int32_t token) {
   RequestResult& r = results_[l.result];
   const int vocab = model_.config().vocab_size;
   if (options_.record_logits) r.step_logits.insert(r.step_logits.end(), logits, logits + vocab);
-  const std::int32_t token = choose(l, logits, r.output_tokens);
   if (l.spec.logprobs >= 0)
     r.logprobs.push_back(step_logprobs(logits, vocab, token, l.spec.logprobs));
   r.output_tokens.push_back(token);
@@ -662,9 +667,11 @@ bool Engine::run_decode() {
   return true;
 }
 
-std::vector<std::vector<std::int32_t>> Engine::propose(const std::vector<std::size_t>& members,
-                                                       const std::vector<int>& k) {
+std::vector<std::vector<std::int32_t>> Engine::propose(
+    const std::vector<std::size_t>& members, const std::vector<int>& k,
+    std::vector<std::vector<TokenDistribution>>& draft_distributions) {
   std::vector<std::vector<std::int32_t>> drafts(members.size());
+  draft_distributions.assign(members.size(), {});
   const int vocab = draft_->config().vocab_size;
   const int rounds = *std::max_element(k.begin(), k.end());
   for (int round = 0; round < rounds; ++round) {
@@ -685,12 +692,17 @@ std::vector<std::vector<std::int32_t>> Engine::propose(const std::vector<std::si
     }
     const std::vector<float> logits = draft_->forward(batch);
     for (std::size_t j = 0; j < in_round.size(); ++j) {
-      // The draft proposes what the target would choose from its logits: penalties included.
+      // The draft proposes as the target would choose from its logits (penalties, masks and
+      // guide included), drawing with the step's token number; its distribution is kept for the
+      // verification.
       const std::size_t m = in_round[j];
       const Live& l = running_[members[m]];
       std::vector<std::int32_t> output = results_[l.result].output_tokens;
       output.insert(output.end(), drafts[m].begin(), drafts[m].end());
-      drafts[m].push_back(choose(l, logits.data() + j * vocab, output));
+      TokenDistribution q = distribution(l, logits.data() + j * vocab, output);
+      drafts[m].push_back(
+          draw_token(q, draw_uniform(l.spec.sampling.seed, output.size(), DrawPurpose::token)));
+      draft_distributions[m].push_back(std::move(q));
     }
   }
   return drafts;
@@ -717,7 +729,8 @@ bool Engine::run_speculative() {
   ForwardTimings t;
   const auto t0 = Clock::now();
   std::vector<std::vector<std::int32_t>> drafts(members.size());
-  if (*std::max_element(k.begin(), k.end()) > 0) drafts = propose(members, k);
+  std::vector<std::vector<TokenDistribution>> draft_distributions(members.size());
+  if (*std::max_element(k.begin(), k.end()) > 0) drafts = propose(members, k, draft_distributions);
   // Target verification: [last, d1 .. dk] per request through the DCP step, causal on global
   // positions; logits for every one of those tokens.
   ForwardBatch batch;
@@ -738,17 +751,30 @@ bool Engine::run_speculative() {
   std::size_t row = 0;
   for (std::size_t m = 0; m < members.size(); ++m) {
     Live& l = running_[members[m]];
-    // Greedy acceptance: keep drafts while they equal the target's choice (after the request's
-    // penalties, given the drafts before); the first target choice that differs (or follows the
-    // last draft) is emitted as well.
-    std::vector<std::int32_t> output = results_[l.result].output_tokens;
+    // Keep drafts while the target accepts them (verify_draft: greedy, a draft equal to the
+    // target's choice; sampled, the speculative-sampling test, which leaves each token
+    // distributed as the target's draw), given the request's penalties, masks and guide and the
+    // drafts before. The first draft refused is replaced; after the last kept one the target
+    // chooses one token more.
+    std::vector<std::int32_t> chosen = results_[l.result].output_tokens;
+    const std::size_t before = chosen.size();
     int accepted = 0;
-    while (accepted < k[m] &&
-           choose(l, logits.data() + (row + accepted) * vocab, output) == drafts[m][accepted])
-      output.push_back(drafts[m][accepted++]);
+    bool replaced = false;
+    while (accepted < k[m] && !replaced) {
+      const TokenDistribution p = distribution(l, logits.data() + (row + accepted) * vocab, chosen);
+      const DraftVerdict v = verify_draft(p, draft_distributions[m][accepted], drafts[m][accepted],
+                                          l.spec.sampling.seed, chosen.size());
+      chosen.push_back(v.token);
+      if (v.accepted) ++accepted;
+      replaced = !v.accepted;
+    }
+    if (!replaced) chosen.push_back(choose(l, logits.data() + (row + accepted) * vocab, chosen));
     // A stop token ends the emission early: what follows it is rolled back as if rejected.
     int emitted = 0;
-    while (emitted <= accepted && !l.stopped) emit(l, logits.data() + (row + emitted++) * vocab);
+    while (emitted <= accepted && !l.stopped) {
+      emit(l, logits.data() + (row + emitted) * vocab, chosen[before + emitted]);
+      ++emitted;
+    }
     const bool cut = emitted <= accepted;
     accepted = emitted - 1;
     row += static_cast<std::size_t>(k[m]) + 1;

@@ -19,11 +19,6 @@ std::uint64_t mix(std::uint64_t z) {
   return z ^ (z >> 31);
 }
 
-// A uniform double in [0, 1) for draw `step` of `seed`.
-double uniform(std::uint64_t seed, std::uint64_t step) {
-  return static_cast<double>(mix(mix(seed) ^ step) >> 11) * 0x1.0p-53;
-}
-
 struct Weighted {
   std::int32_t token;
   double weight;  // unnormalised probability
@@ -248,29 +243,87 @@ std::optional<std::pair<std::size_t, std::size_t>> prefix_pair(
 std::int32_t sample_token(const float* logits, int vocab, const SamplingParams& p,
                           std::uint64_t step) {
   if (p.greedy()) return greedy_token(logits, vocab);
-  const std::vector<Weighted> w = kept_tokens(logits, vocab, p);
-  double total = 0;
-  for (const Weighted& x : w) total += x.weight;
-  const double target = uniform(p.seed, step) * total;
-  double cum = 0;
-  for (const Weighted& x : w) {
-    cum += x.weight;
-    if (target < cum) return x.token;
+  return draw_token(token_distribution(logits, vocab, p),
+                    draw_uniform(p.seed, step, DrawPurpose::token));
+}
+
+double TokenDistribution::probability(std::int32_t token) const {
+  const auto at = std::lower_bound(tokens.begin(), tokens.end(), token);
+  if (at == tokens.end() || *at != token) return 0;
+  return weights[static_cast<std::size_t>(at - tokens.begin())] / total;
+}
+
+TokenDistribution token_distribution(const float* logits, int vocab, const SamplingParams& p) {
+  TokenDistribution d;
+  if (p.greedy()) {
+    d.tokens = {greedy_token(logits, vocab)};
+    d.weights = {1.0};
+    d.total = 1;
+    return d;
   }
-  return w.back().token;  // rounding left target at the very end
+  const std::vector<Weighted> w = kept_tokens(logits, vocab, p);
+  d.tokens.reserve(w.size());
+  d.weights.reserve(w.size());
+  for (const Weighted& x : w) {
+    d.tokens.push_back(x.token);
+    d.weights.push_back(x.weight);
+    d.total += x.weight;
+  }
+  return d;
+}
+
+double draw_uniform(std::uint64_t seed, std::uint64_t step, DrawPurpose purpose) {
+  // The token draws keep the stream they always had; each other purpose mixes its own seed.
+  std::uint64_t stream = mix(seed);
+  if (purpose != DrawPurpose::token) stream = mix(stream + static_cast<std::uint64_t>(purpose));
+  return static_cast<double>(mix(stream ^ step) >> 11) * 0x1.0p-53;
+}
+
+std::int32_t draw_token(const TokenDistribution& d, double u) {
+  const double target = u * d.total;
+  double cum = 0;
+  for (std::size_t i = 0; i < d.tokens.size(); ++i) {
+    cum += d.weights[i];
+    if (target < cum) return d.tokens[i];
+  }
+  return d.tokens.back();  // rounding left target at the very end
+}
+
+DraftVerdict verify_draft(const TokenDistribution& target, const TokenDistribution& draft,
+                          std::int32_t proposed, std::uint64_t seed, std::uint64_t step) {
+  const double p = target.probability(proposed);
+  const double q = draft.probability(proposed);
+  // Kept with probability min(1, p / q): q > 0, as the draft drew it.
+  if (draw_uniform(seed, step, DrawPurpose::acceptance) * q < p) return {true, proposed};
+  // The replacement: max(0, p - q), nonzero only where p is, walked in id order.
+  std::vector<double> excess(target.tokens.size());
+  double total = 0;
+  for (std::size_t i = 0; i < target.tokens.size(); ++i) {
+    excess[i] =
+        std::max(0.0, target.weights[i] / target.total - draft.probability(target.tokens[i]));
+    total += excess[i];
+  }
+  const double u = draw_uniform(seed, step, DrawPurpose::replacement);
+  // Where p and q differ only in rounding the excess may sum to nothing: p itself then.
+  if (!(total > 0)) return {false, draw_token(target, u)};
+  const double at = u * total;
+  double cum = 0;
+  for (std::size_t i = 0; i < excess.size(); ++i) {
+    cum += excess[i];
+    if (excess[i] > 0 && at < cum) return {false, target.tokens[i]};
+  }
+  for (std::size_t i = excess.size(); i-- > 0;) {  // rounding left `at` at the very end
+    if (excess[i] > 0) return {false, target.tokens[i]};
+  }
+  return {false, draw_token(target, u)};  // unreachable: total > 0
 }
 
 std::vector<double> sampling_distribution(const float* logits, int vocab,
                                           const SamplingParams& p) {
   std::vector<double> out(static_cast<std::size_t>(vocab), 0.0);
-  if (p.greedy()) {
-    out[static_cast<std::size_t>(greedy_token(logits, vocab))] = 1;
-    return out;
-  }
-  const std::vector<Weighted> w = kept_tokens(logits, vocab, p);
-  double total = 0;
-  for (const Weighted& x : w) total += x.weight;
-  for (const Weighted& x : w) out[static_cast<std::size_t>(x.token)] = x.weight / total;
+  const TokenDistribution d = token_distribution(logits, vocab, p);
+  for (std::size_t i = 0; i < d.tokens.size(); ++i)
+    out[static_cast<std::size_t>(d.tokens[i])] = d.weights[i] / d.total;
   return out;
 }
 

@@ -158,9 +158,6 @@ std::shared_ptr<RequestStream> ServingDeployment::submit(const ServeRequest& req
   } catch (const Error& e) {
     throw RefusedError(Refusal::invalid, e.what());
   }
-  refuse_if(!req.sampling.greedy() && spec_.engine.num_draft_tokens > 0, Refusal::invalid,
-            "temperature > 0 does not combine with this server's speculative decoding (its "
-            "verification is greedy); use temperature 0");
   std::lock_guard lock(mutex_);
   refuse_if(stopping_, Refusal::shutting_down, "the server is shutting down");
   refuse_if(!ready_, Refusal::shutting_down, "the model is still loading");

@@ -2236,6 +2236,38 @@ def case_disaggregate():
         check(code == 0, f"server exit {code}")
 
 
+def case_speculative_sampling():
+    """--speculative-num-draft-tokens serves sampled requests (speculative sampling): with the whole
+    target as its draft every draft is kept and a seeded request's tokens are the plain server's;
+    with its first layer, sampled and greedy requests are served, greedy ones as dcp run decodes
+    them."""
+    flags = ("--tp-size", "2", "--dcp-size", "2")
+    body = {"prompt": PROMPT, "max_tokens": 14, "temperature": 0.9, "top_p": 0.95, "seed": 11,
+            "logprobs": 1, "ignore_eos": True}
+    plain = Server(*flags)
+    try:
+        want = plain.post("/v1/completions", body)[1]["choices"][0]["token_ids"]
+    finally:
+        plain.stop()
+    greedy_want = run_tokens(PROMPT, 12, *flags)
+    for draft in ("target:2", "target:1"):
+        s = Server(*flags, "--speculative-num-draft-tokens", "3", "--speculative-draft", draft)
+        try:
+            status, r = s.post("/v1/completions", body)
+            c = r["choices"][0] if status == 200 else {}
+            check(status == 200 and len(c.get("token_ids", [])) == 14
+                  and len(c["logprobs"]["token_logprobs"]) == 14, f"{draft}: sampled: {status} {r}")
+            if draft == "target:2":
+                check(c.get("token_ids") == want, f"{draft}: {c.get('token_ids')} != plain server {want}")
+            status, r = s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 12, "temperature": 0,
+                                                   "ignore_eos": True})
+            check(status == 200 and r["choices"][0]["token_ids"] == greedy_want,
+                  f"{draft}: greedy {r} != dcp run {greedy_want}")
+        finally:
+            code, _ = s.stop()
+            check(code == 0, f"server exit {code}")
+
+
 def case_max_model_len():
     """--max-model-len: a request's prompt and new tokens together at most; past it a 400 naming
     max_tokens, or the prompt's own field where the prompt alone reaches it; without max_tokens the
@@ -2452,6 +2484,7 @@ CASES = {f.__name__[5:]: f for f in [case_greedy_equals_run, case_stream_equals_
 
 OWN_SERVER = {f.__name__[5:]: f for f in [case_chat_template, case_tools, case_reasoning, case_prefix_cache, case_checkpoint_eos,
                                           case_generation_config, case_minicpm3, case_disaggregate,
+                                          case_speculative_sampling,
                                           case_abort_request,
                                           case_max_model_len, case_api_key, case_queue_bound, case_shutdown]}
 
