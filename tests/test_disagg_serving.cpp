@@ -188,6 +188,9 @@ TEST(DisaggregatedServing, SpeculationAndThePrefixCacheKeepTheTokens) {
   }
   EXPECT_GT(cached, 0) << "the prefill group's cache served none of the shared prefix";
   for (const std::int64_t rows : settled_kv_rows(*server)) EXPECT_EQ(rows, 0);
+  const ServeMetrics m = server->metrics();  // the decode group's draft, reported
+  EXPECT_GT(m.spec_verifications, 0);
+  EXPECT_GT(m.spec_proposed, 0);
 }
 
 // A decode group that holds one request at a time: the others' prompts are computed and wait,

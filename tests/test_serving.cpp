@@ -97,11 +97,20 @@ TEST(Serving, SeededSamplingGivesTheSameTextUnderAnyDcpSizeAndAnExactDraft) {
     const StreamUpdate u = drain_stream(*server->submit(r));
     EXPECT_TRUE(u.error.empty()) << u.error;
     EXPECT_EQ(u.logprobs.size(), u.tokens.size());
+    const ServeMetrics m = server->metrics();
+    EXPECT_GT(m.spec_verifications, 0);
+    EXPECT_GE(m.spec_proposed, m.spec_verifications);
     if (layers == 2) {
       EXPECT_EQ(u.tokens, outs[0]) << "a draft that is the target";
+      EXPECT_EQ(m.spec_accepted, m.spec_proposed);
     } else {
       EXPECT_EQ(u.tokens.size(), 16u);
+      EXPECT_LE(m.spec_accepted, m.spec_proposed);
     }
+    // Each verifying step emitted its kept drafts and one token more; the prefill the first, and
+    // a last step with one token left (no draft) may add one.
+    EXPECT_GE(m.generation_tokens, 1 + m.spec_verifications + m.spec_accepted);
+    EXPECT_LE(m.generation_tokens, 2 + m.spec_verifications + m.spec_accepted);
   }
 }
 

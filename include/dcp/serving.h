@@ -143,6 +143,9 @@ struct ServeMetrics {
   // Disaggregated: requests whose KV moved to the decode side, the bytes the decode ranks
   // received, and computed prompts waiting for the decode side's KV (also in `queued`).
   std::int64_t kv_transfers = 0, kv_transfer_bytes = 0, awaiting_transfer = 0;
+  // Speculative decoding, over every replica: request steps that verified drafts, draft tokens
+  // proposed, and those the target kept.
+  std::int64_t spec_verifications = 0, spec_proposed = 0, spec_accepted = 0;
   std::int64_t steps = 0;
   LatencyHistogram time_to_first_token, inter_token_latency;
   LatencyHistogram request_latency;  // arrival to last token, of the requests that finished

@@ -232,6 +232,7 @@ void ServingDeployment::publish(const std::vector<std::vector<std::uint8_t>>& re
   metrics_.running = metrics_.queued = 0;
   metrics_.prefix_cache = {};
   metrics_.kv_transfers = metrics_.kv_transfer_bytes = metrics_.awaiting_transfer = 0;
+  metrics_.spec_verifications = metrics_.spec_proposed = metrics_.spec_accepted = 0;
   if (counts_step) ++metrics_.steps;
   for (std::size_t rank = 0; rank < reports.size(); ++rank) {
     ByteReader in(reports[rank]);
@@ -247,6 +248,9 @@ void ServingDeployment::publish(const std::vector<std::vector<std::uint8_t>>& re
     metrics_.prefix_cache += load.cache;  // each DP group's cache once
     metrics_.kv_transfers += load.moved_requests;
     metrics_.awaiting_transfer += load.awaiting_transfer;
+    metrics_.spec_verifications += load.spec_verifications;  // each replica's engine once
+    metrics_.spec_proposed += load.spec_proposed;
+    metrics_.spec_accepted += load.spec_accepted;
     for (std::int64_t k = 0; k < news; ++k) {
       StreamUpdate u;
       const RequestId id = in.i64();

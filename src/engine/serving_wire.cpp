@@ -78,6 +78,9 @@ RankLoad current_load(MlaModel& model, const Engine& engine, int page_size) {
   load.kv_capacity_rows = model.allocator().num_pages() * page_size;
   load.running = engine.running();
   load.waiting = engine.waiting();
+  load.spec_verifications = engine.stats().spec_verifications;
+  load.spec_proposed = engine.stats().spec_proposed;
+  load.spec_accepted = engine.stats().spec_accepted;
   if (const PrefixCache* cache = engine.prefix_cache()) {
     const PrefixCacheStats& s = cache->stats();
     const std::int64_t page = model.allocator().virtual_page_size();

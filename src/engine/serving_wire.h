@@ -26,6 +26,9 @@ struct RankLoad {
   // Disaggregated, so far: requests moved in (a decode replica's first rank), bytes this rank
   // received; computed prompts waiting to move (the prefill group's first rank).
   std::int64_t moved_requests = 0, moved_bytes = 0, awaiting_transfer = 0;
+  // Speculative decoding, over its engine's life: request steps that verified drafts, tokens
+  // proposed, tokens kept.
+  std::int64_t spec_verifications = 0, spec_proposed = 0, spec_accepted = 0;
 };
 
 // This rank's load as its engine and KV cache stand: KV rows held and held at most, the requests

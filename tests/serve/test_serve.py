@@ -1491,6 +1491,7 @@ def case_metrics_and_models(s):
     status, r = s.request("POST", "/v1/embeddings", {"input": "hi"})
     check(status == 404 and "no route" in r["error"]["message"], f"POST /v1/embeddings: {status} {r}")
     m = s.metrics()
+    check(not any(k.startswith("dcp_spec_decode") for k in m), "no speculative metrics without a draft")
     for key in ["dcp_time_to_first_token_seconds_count", "dcp_inter_token_latency_seconds_count",
                 'dcp_kv_rows_capacity{rank="1"}', "dcp_prompt_tokens_total", "dcp_num_queued_reqs",
                 "dcp_prefix_cache_hit_tokens_total", 'dcp_prefix_cache_tokens{tier="host"}',
@@ -2263,6 +2264,14 @@ def case_speculative_sampling():
                                                    "ignore_eos": True})
             check(status == 200 and r["choices"][0]["token_ids"] == greedy_want,
                   f"{draft}: greedy {r} != dcp run {greedy_want}")
+            m = s.metrics()
+            drafts, proposed = m.get("dcp_spec_decode_drafts_total"), m.get("dcp_spec_decode_draft_tokens_total")
+            accepted = m.get("dcp_spec_decode_accepted_tokens_total")
+            check(drafts and proposed >= drafts and 0 <= accepted <= proposed
+                  and 0 <= m["dcp_generation_tokens_total"] - (2 + drafts + accepted) <= 2,
+                  f"{draft}: speculative metrics {drafts} {proposed} {accepted} of {m['dcp_generation_tokens_total']}")
+            if draft == "target:2":
+                check(accepted == proposed, f"{draft}: every draft kept: {accepted} of {proposed}")
         finally:
             code, _ = s.stop()
             check(code == 0, f"server exit {code}")

@@ -801,6 +801,15 @@ HttpReply OpenAiApi::metrics() const {
            "Computed prompts waiting for the decode side's KV (counted in the queue too).",
            m.awaiting_transfer);
   }
+  if (deployment_.spec().engine.num_draft_tokens > 0) {
+    single("dcp_spec_decode_drafts_total", "counter",
+           "Request steps that verified draft tokens (speculative decoding).",
+           m.spec_verifications);
+    single("dcp_spec_decode_draft_tokens_total", "counter", "Draft tokens proposed.",
+           m.spec_proposed);
+    single("dcp_spec_decode_accepted_tokens_total", "counter", "Draft tokens the target kept.",
+           m.spec_accepted);
+  }
   const auto histogram = [&](const char* name, const char* help, const LatencyHistogram& h) {
     metric(name, "histogram", help);
     std::int64_t cum = 0;
