@@ -251,6 +251,12 @@ TEST(Sampling, AnExactDraftIsAlwaysKeptAndGreedyVerificationComparesArgmaxes) {
     EXPECT_FALSE(replaced.accepted);
     EXPECT_EQ(replaced.token, best);
   }
+  // Every logit masked (only past a request's end, where drafts look ahead): the first maximum.
+  const std::vector<float> none(8, -INFINITY);
+  const SamplingParams sampled = params(1.0, 0.9, 3, 0.1, 1);
+  const TokenDistribution first = token_distribution(none.data(), 8, sampled);
+  EXPECT_EQ(first.tokens, std::vector<std::int32_t>{0});
+  EXPECT_EQ(sample_token(none.data(), 8, sampled, 4), 0);
 }
 
 TEST(Sampling, LogprobsAreTheFloat64LogSoftmax) {

@@ -107,9 +107,37 @@ TEST(Speculative, SampledTokensWithAnExactDraftAreThoseOfPlainSampling) {
     p.presence_penalty = i == 1 ? 0.7 : 0.0;
     p.seed = test::test_seed() + i;
   }
+  // Masks, a guided choice, a stop token held by min_tokens and one that ends a request: the
+  // draft's proposals and their
+  // verification apply them alike.
+  const int vocab = target.vocab_size;
+  RequestSpec masked = request(4, random_tokens(rng, 12, vocab), 10);
+  masked.sampling.allowed_token_ids = random_tokens(rng, 12, vocab);
+  RequestSpec chosen = request(5, random_tokens(rng, 7, vocab), 10);
+  for (const int len : {5, 6, 8}) {
+    std::vector<std::int32_t> choice = random_tokens(rng, len, vocab);
+    choice[0] = len;  // no choice begins another
+    chosen.sampling.choices.push_back(choice);
+  }
+  RequestSpec held = request(6, random_tokens(rng, 9, vocab), 12);  // stops masked at first
+  held.min_tokens = 6;
+  held.sampling.top_k = 3;
+  RequestSpec stopped = request(7, random_tokens(rng, 20, vocab), 12);
+  for (RequestSpec* r : {&masked, &chosen, &held, &stopped}) {
+    r->sampling.temperature = 1.2;
+    r->sampling.seed = test::test_seed() + static_cast<std::uint64_t>(r->id);
+    reqs.push_back(*r);
+  }
   EngineSetup plain;
   plain.tp = 2;
+  // The stop tokens: what the held request draws second without one (it may come again later),
+  // what the last draws fifth.
+  const auto first = run_engine(target, *weights, plain, reqs);
+  reqs[6].stop_token_ids = {first.results[6].output_tokens[1]};
+  reqs.back().stop_token_ids = {first.results.back().output_tokens[4]};
   const auto reference = run_engine(target, *weights, plain, reqs);
+  EXPECT_EQ(reference.results.back().finish_reason, FinishReason::stop);
+  EXPECT_EQ(reference.results[5].finish_reason, FinishReason::stop);  // a choice completed
   for (const int dcp : {1, 2}) {
     for (const int k : {1, 3}) {
       EngineSetup s = plain;
@@ -123,8 +151,11 @@ TEST(Speculative, SampledTokensWithAnExactDraftAreThoseOfPlainSampling) {
         EXPECT_EQ(got.results[i].output_tokens, reference.results[i].output_tokens)
             << what << " request " << i;
       }
-      EXPECT_GT(got.stats.spec_proposed, 0) << what;
-      EXPECT_EQ(got.stats.spec_accepted, got.stats.spec_proposed)
+      // Drafts proposed past a stop are not kept: the requests that end by their length alone.
+      const std::vector<RequestSpec> to_length(reqs.begin(), reqs.begin() + 5);
+      const auto whole = run_engine(target, *weights, s, to_length);
+      EXPECT_GT(whole.stats.spec_proposed, 0) << what;
+      EXPECT_EQ(whole.stats.spec_accepted, whole.stats.spec_proposed)
           << what << ": an exact draft is always kept";
     }
   }

@@ -115,7 +115,9 @@ std::int32_t sample_token(const float* logits, int vocab, const SamplingParams& 
                           std::uint64_t step);
 
 // The tokens a draw may pick, in ascending id order, with their unnormalised weights (all > 0);
-// greedy keeps the argmax alone. sample_token draws from it; speculative sampling compares two.
+// greedy keeps the argmax alone, as does a draw whose every logit is masked (validate() leaves
+// that only past a request's end, where speculative drafts may look). sample_token draws from it;
+// speculative sampling compares two.
 struct TokenDistribution {
   std::vector<std::int32_t> tokens;
   std::vector<double> weights;

@@ -255,13 +255,11 @@ double TokenDistribution::probability(std::int32_t token) const {
 
 TokenDistribution token_distribution(const float* logits, int vocab, const SamplingParams& p) {
   TokenDistribution d;
-  if (p.greedy()) {
-    d.tokens = {greedy_token(logits, vocab)};
-    d.weights = {1.0};
-    d.total = 1;
-    return d;
-  }
-  const std::vector<Weighted> w = kept_tokens(logits, vocab, p);
+  std::vector<Weighted> w;
+  if (!p.greedy()) w = kept_tokens(logits, vocab, p);
+  // Greedy; or every logit masked, which validate() leaves only past a request's end (where a
+  // speculative draft may look ahead): the first maximum alone.
+  if (w.empty()) w.push_back({greedy_token(logits, vocab), 1.0});
   d.tokens.reserve(w.size());
   d.weights.reserve(w.size());
   for (const Weighted& x : w) {
