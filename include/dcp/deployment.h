@@ -42,6 +42,14 @@ struct ModelSource {
   std::unique_ptr<WeightSource> open() const;
 };
 
+// The speculative draft `name` names, beside `target`: "target:N" (the target's first N layers,
+// its weights), a checkpoint folder, or a preset (synthetic weights of `preset_seed`, in the
+// preset's dtype). Throws dcp::Error starting with `option`: invalid_argument for N outside [1, the
+// target's layers], an unknown preset or a vocabulary other than the target's; io for an
+// unreadable checkpoint.
+ModelSource draft_source(const std::string& name, const ModelSource& target,
+                         std::uint64_t preset_seed, std::string_view option);
+
 struct DeploymentSpec {
   ModelSource model;
   ParallelConfig parallel;

@@ -173,7 +173,8 @@ class LLM:
                  max_running_requests: int = 64, enable_prefix_cache: bool = False,
                  host_kv_capacity_tokens: int = 0, comm_timeout_s: float = 300.0,
                  generation_config: str = "auto", disaggregate: bool = False,
-                 prefill_dcp_size: Optional[int] = None):
+                 prefill_dcp_size: Optional[int] = None, speculative_num_draft_tokens: int = 0,
+                 speculative_draft: Optional[str] = None):
         if generation_config not in ("auto", "vllm"):
             raise ValueError(f"generation_config = {generation_config!r} must be 'auto' (the "
                              "checkpoint's generation_config.json sampling defaults) or 'vllm'")
@@ -210,6 +211,9 @@ class LLM:
                 raise ValueError(f"prefill_dcp_size = {c.prefill_dcp_size} must be >= 1")
         elif prefill_dcp_size is not None:
             raise ValueError("prefill_dcp_size needs disaggregate=True")
+        c.speculative_num_draft_tokens = _integer(speculative_num_draft_tokens,
+                                                  "speculative_num_draft_tokens")
+        c.speculative_draft = "" if speculative_draft is None else str(speculative_draft)
         self._llm = _dcp._Llm(c)
 
     def __enter__(self):

@@ -54,6 +54,8 @@ struct LlmConfig {
   std::int64_t host_kv_capacity_tokens = 0;  // needs enable_prefix_cache
   double comm_timeout_s = 300;
   int prefill_dcp_size = 0;  // > 0: disaggregated, a prefill group of this DCP size
+  int speculative_num_draft_tokens = 0;  // > 0 needs speculative_draft
+  std::string speculative_draft;         // draft_source's names
 };
 
 // One request as generate() receives it from the Python side.
@@ -191,6 +193,21 @@ DeploymentSpec make_spec(const LlmConfig& c) {
   }
   s.engine.enable_prefix_cache = c.enable_prefix_cache;
   s.engine.host_kv_capacity_tokens = c.host_kv_capacity_tokens;
+  if (c.speculative_num_draft_tokens < 0 ||
+      (c.speculative_num_draft_tokens > 0) != !c.speculative_draft.empty()) {
+    throw py::value_error(
+        c.speculative_num_draft_tokens < 0
+            ? "speculative_num_draft_tokens = " + std::to_string(c.speculative_num_draft_tokens) +
+                  " must be >= 0 (0: off)"
+            : std::string(c.speculative_draft.empty()
+                              ? "speculative_num_draft_tokens needs speculative_draft"
+                              : "speculative_draft needs speculative_num_draft_tokens >= 1"));
+  }
+  if (c.speculative_num_draft_tokens > 0) {
+    s.engine.num_draft_tokens = c.speculative_num_draft_tokens;
+    s.draft =
+        draft_source(c.speculative_draft, s.model, s.model.synthetic_seed + 1, "speculative_draft");
+  }
   s.transport = RankTransport::threads;
   s.comm_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(c.comm_timeout_s * 1000));
   return s;
@@ -461,6 +478,8 @@ void bind_llm(py::module_& m) {
       .def_readwrite("enable_prefix_cache", &LlmConfig::enable_prefix_cache)
       .def_readwrite("host_kv_capacity_tokens", &LlmConfig::host_kv_capacity_tokens)
       .def_readwrite("prefill_dcp_size", &LlmConfig::prefill_dcp_size)
+      .def_readwrite("speculative_num_draft_tokens", &LlmConfig::speculative_num_draft_tokens)
+      .def_readwrite("speculative_draft", &LlmConfig::speculative_draft)
       .def_readwrite("comm_timeout_s", &LlmConfig::comm_timeout_s);
 
   py::class_<GenerateRequest>(m, "_GenerateRequest")

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <string>
 
 #include "core/bytes.h"
 #include "dcp/comm_mpi.h"
@@ -50,6 +52,48 @@ std::unique_ptr<WeightSource> ModelSource::open() const {
   if (weights) return std::make_unique<BorrowedWeights>(*weights);
   if (!path.empty()) return open_checkpoint(path);
   return make_synthetic_weights(synthetic_seed, config, synthetic_dtype);
+}
+
+ModelSource draft_source(const std::string& name, const ModelSource& target,
+                         std::uint64_t preset_seed, std::string_view option) {
+  const std::string who = str(option, " '", name, "'");
+  ModelSource d;
+  if (name.rfind("target:", 0) == 0) {
+    // The whole rest must be the count: "target:3x" is refused.
+    const std::string count = name.substr(7);
+    long long layers = 0;
+    std::size_t used = 0;
+    try {
+      layers = std::stoll(count, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != count.size() || count.empty()) layers = 0;
+    DCP_ARG_CHECK(layers >= 1 && layers <= target.config.num_hidden_layers, who,
+                  ": target:N needs 1 <= N <= ", target.config.num_hidden_layers);
+    d = target;
+    d.config.num_hidden_layers = static_cast<int>(layers);
+  } else if (std::filesystem::is_directory(name)) {
+    try {
+      d.config = read_checkpoint_config(name);
+    } catch (const Error& e) {  // the message names the folder
+      throw Error(e.category(), str(option, ": ", e.what()));
+    }
+    d.path = name;
+  } else {
+    try {
+      d.config = preset_config(name);
+      d.synthetic_dtype = preset_weight_dtype(name);
+    } catch (const Error&) {
+      throw Error(ErrorCategory::invalid_argument,
+                  str(who, " is neither target:N, a checkpoint folder nor a preset (",
+                      preset_names(), ")"));
+    }
+    d.synthetic_seed = preset_seed;
+  }
+  DCP_ARG_CHECK(d.config.vocab_size == target.config.vocab_size, who, " has a vocabulary of ",
+                d.config.vocab_size, ", the target ", target.config.vocab_size);
+  return d;
 }
 
 RankGroups carve_groups(Communicator& world, const Topology& topology) {

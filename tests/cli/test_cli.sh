@@ -179,6 +179,9 @@ case_run_speculative() {
   expect 2 "draft layers out of range" -- run --speculative-num-draft-tokens 2 --speculative-draft target:9
   check "names target:N" stderr_has "target:N needs 1 <= N <= 2"
   expect 2 "draft vocabulary mismatch" -- run --speculative-num-draft-tokens 2 --speculative-draft deepseek-v3
+  check "names both vocabularies" stderr_has "^dcp: error: --speculative-draft 'deepseek-v3' has a vocabulary of 129280, the target 512"
+  expect 2 "unknown draft" -- run --speculative-num-draft-tokens 2 --speculative-draft nosuch
+  check "says what a draft may be" stderr_has "^dcp: error: --speculative-draft 'nosuch' is neither target:N, a checkpoint folder nor a preset (tiny"
 }
 
 # DCP-native extend verifies; bench extend plots both paths

@@ -473,6 +473,27 @@ def test_prefix_cache_computes_a_prompt_once_for_its_completions():
         plain.reset_prefix_cache()
 
 
+def test_speculative_decoding_keeps_greedy_tokens_and_samples_as_without_it():
+    prompts = [[1 + (5 * t) % 500 for t in range(n)] for n in (3, 40)]
+    greedy = dcp.SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    sampled = dcp.SamplingParams(n=2, seed=11, max_tokens=12, temperature=0.9, top_p=0.95, ignore_eos=True)
+
+    def tokens(llm, params):
+        return [[c.token_ids for c in out.outputs] for out in llm.generate(prompts, params)]
+    with dcp.LLM("tiny", tp_size=2, dcp_size=2) as plain:
+        want_greedy, want_sampled = tokens(plain, greedy), tokens(plain, sampled)
+    # The whole target as its draft: every draft is kept, so sampled tokens are plain sampling's.
+    with dcp.LLM("tiny", tp_size=2, dcp_size=2, speculative_num_draft_tokens=3,
+                 speculative_draft="target:2") as llm:
+        assert tokens(llm, greedy) == want_greedy
+        assert tokens(llm, sampled) == want_sampled
+    # Its first layer: greedy tokens are the target's; sampled ones run to their length.
+    with dcp.LLM("tiny", tp_size=2, dcp_size=2, speculative_num_draft_tokens=2,
+                 speculative_draft="target:1") as llm:
+        assert tokens(llm, greedy) == want_greedy
+        assert all(len(c) == 12 for out in tokens(llm, sampled) for c in out)
+
+
 def test_a_refused_request_drops_the_whole_batch(text_llm):
     # The first request is valid, the second too long: nothing of the batch runs.
     with pytest.raises(ValueError):
@@ -499,6 +520,16 @@ def test_a_refused_request_drops_the_whole_batch(text_llm):
     (dict(model="tiny", disaggregate=True, prefill_dcp_size=0), "prefill_dcp_size = 0 must be >= 1"),
     (dict(model="tiny", tp_size=2, dcp_size=2, disaggregate=True, prefill_dcp_size=3),
      "prefill DCP size 3 -> decode DCP size 2 is not supported"),
+    (dict(model="tiny", speculative_num_draft_tokens=2), "speculative_num_draft_tokens needs speculative_draft"),
+    (dict(model="tiny", speculative_draft="target:1"), "speculative_draft needs speculative_num_draft_tokens >= 1"),
+    (dict(model="tiny", speculative_num_draft_tokens=-1, speculative_draft="target:1"),
+     "speculative_num_draft_tokens = -1 must be >= 0"),
+    (dict(model="tiny", speculative_num_draft_tokens=2, speculative_draft="target:3"),
+     "speculative_draft 'target:3': target:N needs 1 <= N <= 2"),
+    (dict(model="tiny", speculative_num_draft_tokens=2, speculative_draft="deepseek-v3"),
+     "speculative_draft 'deepseek-v3' has a vocabulary of 129280, the target 512"),
+    (dict(model="tiny", speculative_num_draft_tokens=2, speculative_draft="nosuch"),
+     "speculative_draft 'nosuch' is neither target:N, a checkpoint folder nor a preset"),
     (dict(model="tiny", weight_kernel="bogus"), "weight_kernel = 'bogus': kernel path 'bogus'"),
     (dict(model="tiny", weight_kernel="amx_bf16"), "weight_kernel = amx_bf16: kernel path amx_bf16 is an attention path"),
     # tiny's weights are fp32: nothing to pair (or, without AVX512-BF16, the path is unavailable)

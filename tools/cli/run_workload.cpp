@@ -2,9 +2,8 @@
 #include "cli/run_workload.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstdio>
-#include <filesystem>
+#include <cstdlib>
 #include <random>
 
 #include "cli/cli_checks.h"
@@ -99,35 +98,7 @@ Workload build_workload(const RunOptions& o) {
       o.dcp_extend == "native" ? ForwardMode::extend_native : ForwardMode::extend;
   if (o.spec_tokens > 0) {
     s.engine.num_draft_tokens = o.spec_tokens;
-    if (o.spec_draft.rfind("target:", 0) == 0) {  // the target's first layers, its weights
-      long long layers = 0;  // the whole rest must be the integer: "target:3x" is refused
-      const std::string count = o.spec_draft.substr(7);
-      std::size_t used = 0;
-      try {
-        layers = std::stoll(count, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used != count.size() || count.empty()) layers = 0;
-      DCP_ARG_CHECK(layers >= 1 && layers <= s.model.config.num_hidden_layers,
-                    "--speculative-draft '", o.spec_draft,
-                    "': target:N needs 1 <= N <= ", s.model.config.num_hidden_layers);
-      s.draft = s.model;
-      s.draft->config.num_hidden_layers = static_cast<int>(layers);
-    } else if (std::filesystem::is_directory(o.spec_draft)) {
-      s.draft.emplace();
-      s.draft->config =
-          with_flag("--speculative-draft", [&] { return read_checkpoint_config(o.spec_draft); });
-      s.draft->path = o.spec_draft;
-    } else {
-      s.draft.emplace();
-      s.draft->config = preset_config(o.spec_draft);
-      s.draft->synthetic_dtype = preset_weight_dtype(o.spec_draft);
-      s.draft->synthetic_seed = o.seed + 1;
-    }
-    DCP_ARG_CHECK(s.draft->config.vocab_size == s.model.config.vocab_size, "--speculative-draft '",
-                  o.spec_draft, "' has a vocabulary of ", s.draft->config.vocab_size,
-                  ", the target ", s.model.config.vocab_size);
+    s.draft = draft_source(o.spec_draft, s.model, o.seed + 1, "--speculative-draft");
   }
   if (s.transport == RankTransport::threads) {  // before anything is sized by the rank count
     DCP_ARG_CHECK(s.parallel.world_size() <= kMaxThreadRanks, "the configuration needs ",
