@@ -2254,6 +2254,7 @@ def case_speculative_sampling():
     for draft in ("target:2", "target:1"):
         s = Server(*flags, "--speculative-num-draft-tokens", "3", "--speculative-draft", draft)
         try:
+            check(f"speculative: 3 draft tokens from {draft}," in s.banner, f"banner: {s.banner}")
             status, r = s.post("/v1/completions", body)
             c = r["choices"][0] if status == 200 else {}
             check(status == 200 and len(c.get("token_ids", [])) == 14

@@ -196,14 +196,18 @@ int serve(const ServeFlags& f) {
                     : "";
       const std::string prefill =
           so.prefill_dcp_size > 0 ? str("prefill DCP ", so.prefill_dcp_size, " + decode ") : "";
+      const std::string speculative =
+          f.run.spec_tokens > 0
+              ? str(", speculative: ", f.run.spec_tokens, " draft tokens from ", f.run.spec_draft)
+              : "";
       std::printf(
           "dcp serve: listening on http://%s:%d (model '%s', %d ranks, %sTP %d, DCP %d, "
-          "KV %lld tokens, context %lld, %s%s)\n",
+          "KV %lld tokens, context %lld%s, %s%s)\n",
           f.host.c_str(), port, ao.model_name.c_str(),
           w.spec.parallel.world_size() + so.prefill_dcp_size, prefill.c_str(),
           w.spec.parallel.tp_size, w.spec.parallel.dcp_size,
           static_cast<long long>(deployment.kv_capacity_tokens()),
-          static_cast<long long>(deployment.context_tokens()),
+          static_cast<long long>(deployment.context_tokens()), speculative.c_str(),
           tokenizer ? "text and token ids" : "token ids only: no tokenizer", readers.c_str());
       std::fflush(stdout);
     });
