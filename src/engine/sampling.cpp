@@ -307,27 +307,18 @@ DraftVerdict verify_draft(const TokenDistribution& target, const TokenDistributi
   const double q = draft.probability(proposed);
   // Kept with probability min(1, p / q): q > 0, as the draft drew it.
   if (draw_uniform(seed, step, DrawPurpose::acceptance) * q < p) return {true, proposed};
-  // The replacement: max(0, p - q), nonzero only where p is, walked in id order.
-  std::vector<double> excess(target.tokens.size());
-  double total = 0;
+  // The replacement: a draw from max(0, p - q), nonzero only where p is.
+  TokenDistribution excess;
   for (std::size_t i = 0; i < target.tokens.size(); ++i) {
-    excess[i] =
-        std::max(0.0, target.weights[i] / target.total - draft.probability(target.tokens[i]));
-    total += excess[i];
+    const double e = target.weights[i] / target.total - draft.probability(target.tokens[i]);
+    if (!(e > 0)) continue;
+    excess.tokens.push_back(target.tokens[i]);
+    excess.weights.push_back(e);
+    excess.total += e;
   }
+  // Where p and q differ only in rounding the excess may be empty: p itself then.
   const double u = draw_uniform(seed, step, DrawPurpose::replacement);
-  // Where p and q differ only in rounding the excess may sum to nothing: p itself then.
-  if (!(total > 0)) return {false, draw_token(target, u)};
-  const double at = u * total;
-  double cum = 0;
-  for (std::size_t i = 0; i < excess.size(); ++i) {
-    cum += excess[i];
-    if (excess[i] > 0 && at < cum) return {false, target.tokens[i]};
-  }
-  for (std::size_t i = excess.size(); i-- > 0;) {  // rounding left `at` at the very end
-    if (excess[i] > 0) return {false, target.tokens[i]};
-  }
-  return {false, draw_token(target, u)};  // unreachable: total > 0
+  return {false, draw_token(excess.tokens.empty() ? target : excess, u)};
 }
 
 std::vector<double> sampling_distribution(const float* logits, int vocab,
