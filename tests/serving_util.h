@@ -75,6 +75,7 @@ inline StreamUpdate drain_stream(RequestStream& s, int* updates = nullptr) {
     all.prompt_logprobs.insert(all.prompt_logprobs.end(), u->prompt_logprobs.begin(),
                                u->prompt_logprobs.end());
     all.cached_prompt_tokens = u->cached_prompt_tokens;
+    all.spec_verify_steps = u->spec_verify_steps;
     if (u->finished) {
       all.finished = true;
       all.finish_reason = u->finish_reason;

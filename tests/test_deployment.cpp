@@ -33,6 +33,7 @@ TEST(Deployment, ResultsRoundTripExactlyPastFloatPrecision) {
                        -std::numeric_limits<float>::infinity(), 1e-40f};
   in[0].prompt_logprobs = {{{3, -2.0f}, {{3, -2.0f}}}};
   in[0].cached_prompt_tokens = (std::int64_t{1} << 33) + 1;
+  in[0].spec_verify_steps = (std::int64_t{1} << 35) + 9;
   in[1].id = -7;
   in[1].state = RequestState::rejected;
   in[1].error = std::string("needs \0 bytes \xff too", 19);
@@ -48,6 +49,7 @@ TEST(Deployment, ResultsRoundTripExactlyPastFloatPrecision) {
     EXPECT_EQ(out[i].error, in[i].error);
     EXPECT_EQ(out[i].finish_reason, in[i].finish_reason);
     EXPECT_EQ(out[i].cached_prompt_tokens, in[i].cached_prompt_tokens);
+    EXPECT_EQ(out[i].spec_verify_steps, in[i].spec_verify_steps);
     for (const auto member : {&RequestResult::logprobs, &RequestResult::prompt_logprobs}) {
       const std::vector<StepLogprobs>& a = out[i].*member;
       const std::vector<StepLogprobs>& b = in[i].*member;

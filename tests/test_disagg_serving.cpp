@@ -185,6 +185,9 @@ TEST(DisaggregatedServing, SpeculationAndThePrefixCacheKeepTheTokens) {
   for (std::size_t i = 0; i < requests.size(); ++i) {
     EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i << ": " << got[i].error;
     cached += got[i].cached_prompt_tokens;
+    // The decode group's steps: 8 tokens after the prefill's, 1 to 3 a step.
+    EXPECT_GE(got[i].spec_verify_steps, 3) << "request " << i;
+    EXPECT_LE(got[i].spec_verify_steps, 8) << "request " << i;
   }
   EXPECT_GT(cached, 0) << "the prefill group's cache served none of the shared prefix";
   for (const std::int64_t rows : settled_kv_rows(*server)) EXPECT_EQ(rows, 0);

@@ -82,6 +82,7 @@ TEST(Serving, SeededSamplingGivesTheSameTextUnderAnyDcpSizeAndAnExactDraft) {
     Running server(small_spec(*w, 2, dcp));
     const StreamUpdate u = drain_stream(*server->submit(r));
     EXPECT_EQ(u.logprobs.size(), u.tokens.size());
+    EXPECT_EQ(u.spec_verify_steps, 0) << "no draft, no verifying steps";
     outs.push_back(u.tokens);
   }
   EXPECT_EQ(outs[0], outs[1]);
@@ -103,9 +104,12 @@ TEST(Serving, SeededSamplingGivesTheSameTextUnderAnyDcpSizeAndAnExactDraft) {
     if (layers == 2) {
       EXPECT_EQ(u.tokens, outs[0]) << "a draft that is the target";
       EXPECT_EQ(m.spec_accepted, m.spec_proposed);
+      EXPECT_EQ(u.spec_verify_steps, 4) << "15 tokens after the first, 4 a step";
     } else {
       EXPECT_EQ(u.tokens.size(), 16u);
       EXPECT_LE(m.spec_accepted, m.spec_proposed);
+      EXPECT_GE(u.spec_verify_steps, 4);
+      EXPECT_LE(u.spec_verify_steps, 15);
     }
     // Each verifying step emitted its kept drafts and one token more; the prefill the first, and
     // a last step with one token left (no draft) may add one.

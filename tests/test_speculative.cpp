@@ -79,6 +79,16 @@ TEST(Speculative, GreedyAcceptanceEqualsPlainGreedyDecoding) {
         EXPECT_TRUE(test::same_greedy_run(got.results[i], reference.results[i], target.vocab_size,
                                           {1e-10, 1e-4}))
             << what << " request " << i;
+        // Every token after the first comes from one target step, which emits 1 to k + 1 of them;
+        // with an exact draft every step but the last emits k + 1.
+        const auto after_first = static_cast<std::int64_t>(got.results[i].output_tokens.size()) - 1;
+        const std::int64_t steps = got.results[i].spec_verify_steps;
+        EXPECT_GE(steps * (c.k + 1), after_first) << what << " request " << i;
+        EXPECT_LE(steps, after_first) << what << " request " << i;
+        if (std::string(d.name) == "target copy") {
+          EXPECT_EQ(steps, (after_first + c.k) / (c.k + 1)) << what << " request " << i;
+        }
+        EXPECT_EQ(reference.results[i].spec_verify_steps, 0) << "request " << i;
       }
       EXPECT_GT(got.stats.spec_proposed, 0) << what;
       if (std::string(d.name) == "target copy") {

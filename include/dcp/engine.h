@@ -93,6 +93,9 @@ struct RequestResult {
   // When asked: one per prompt token from position max(1, prompt_logprobs_start) on.
   std::vector<StepLogprobs> prompt_logprobs;
   std::int64_t cached_prompt_tokens = 0;      // prompt tokens whose KV the prefix cache held
+  // Speculative decoding: the target steps that verified its drafts (SGLang's spec_verify_ct);
+  // its tokens after the first over this count is its mean tokens per step.
+  std::int64_t spec_verify_steps = 0;
 };
 
 struct EngineOptions {

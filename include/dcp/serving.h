@@ -65,6 +65,7 @@ struct StreamUpdate {
   FinishReason finish_reason = FinishReason::none;
   std::string error;  // the engine rejected it
   std::int64_t cached_prompt_tokens = 0;  // RequestResult's, as of the latest update
+  std::int64_t spec_verify_steps = 0;     // RequestResult's, as of the latest update
 };
 
 // When the frontend saw a request arrive, its first token and its end (steady clock).

@@ -231,6 +231,7 @@ std::vector<std::uint8_t> pack_results(const std::vector<RequestResult>& results
     write_logprobs(w, r.logprobs);
     write_logprobs(w, r.prompt_logprobs);
     w.i64(r.cached_prompt_tokens);
+    w.i64(r.spec_verify_steps);
   }
   return bytes;
 }
@@ -252,6 +253,7 @@ std::vector<RequestResult> unpack_results(const std::vector<std::uint8_t>& bytes
     r.logprobs = read_logprobs(in);
     r.prompt_logprobs = read_logprobs(in);
     r.cached_prompt_tokens = in.i64();
+    r.spec_verify_steps = in.i64();
     out.push_back(std::move(r));
   }
   return out;

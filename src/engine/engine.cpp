@@ -797,6 +797,7 @@ bool Engine::run_speculative() {
       l.draft_pending.push_back(results_[l.result].output_tokens.back());
     }
     stats_.decode_tokens += accepted + 1;
+    ++results_[l.result].spec_verify_steps;
   }
   finish_completed();
   return true;

@@ -262,6 +262,7 @@ void ServingDeployment::publish(const std::vector<std::vector<std::uint8_t>>& re
       const std::vector<char> error = in.vec<char>();
       u.error.assign(error.begin(), error.end());
       u.cached_prompt_tokens = in.i64();
+      u.spec_verify_steps = in.i64();
       u.finished = state == RequestState::finished || state == RequestState::rejected;
       const auto it = std::find_if(live_.begin(), live_.end(),
                                    [&](const auto& s) { return s->id() == id; });
@@ -294,6 +295,7 @@ void ServingDeployment::publish(const std::vector<std::vector<std::uint8_t>>& re
         p.finish_reason = u.finish_reason;
         p.error = u.error;
         p.cached_prompt_tokens = u.cached_prompt_tokens;
+        p.spec_verify_steps = u.spec_verify_steps;
         if (u.finished) s.timing_.finished = now;
         s.has_news_ = true;
       }

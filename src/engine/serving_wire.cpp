@@ -107,6 +107,7 @@ void write_split_news(ByteWriter& w, const RequestResult& r, std::size_t from,
   write_logprobs(w, r.prompt_logprobs, from == 0 ? 0 : r.prompt_logprobs.size());
   w.vec(std::vector<char>(r.error.begin(), r.error.end()));
   w.i64(cached_prompt_tokens);
+  w.i64(r.spec_verify_steps);
 }
 
 void write_news(ByteWriter& w, const RequestResult& r, std::size_t from) {

@@ -2245,9 +2245,13 @@ def case_speculative_sampling():
     flags = ("--tp-size", "2", "--dcp-size", "2")
     body = {"prompt": PROMPT, "max_tokens": 14, "temperature": 0.9, "top_p": 0.95, "seed": 11,
             "logprobs": 1, "ignore_eos": True}
+    gen = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 14, "temperature": 0.9, "top_p": 0.95,
+                                               "seed": 11, "ignore_eos": True}}
     plain = Server(*flags)
     try:
         want = plain.post("/v1/completions", body)[1]["choices"][0]["token_ids"]
+        status, g = plain.post("/generate", gen)
+        check(status == 200 and "spec_verify_ct" not in g["meta_info"], f"no draft: /generate {g}")
     finally:
         plain.stop()
     greedy_want = run_tokens(PROMPT, 12, *flags)
@@ -2261,6 +2265,14 @@ def case_speculative_sampling():
                   and len(c["logprobs"]["token_logprobs"]) == 14, f"{draft}: sampled: {status} {r}")
             if draft == "target:2":
                 check(c.get("token_ids") == want, f"{draft}: {c.get('token_ids')} != plain server {want}")
+            # SGLang's spec_verify_ct: the target steps after the prefill's token, each emitting its
+            # kept drafts and one more (1 to 4 tokens; 4 with an exact draft).
+            status, g = s.post("/generate", gen)
+            steps = g["meta_info"].get("spec_verify_ct") if status == 200 else None
+            check(status == 200 and len(g["output_ids"]) == 14
+                  and (g["output_ids"] == want and steps == 4 if draft == "target:2"
+                       else steps is not None and 4 <= steps <= 13),
+                  f"{draft}: /generate spec_verify_ct {steps}: {g}")
             status, r = s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 12, "temperature": 0,
                                                    "ignore_eos": True})
             check(status == 200 and r["choices"][0]["token_ids"] == greedy_want,
@@ -2269,7 +2281,7 @@ def case_speculative_sampling():
             drafts, proposed = m.get("dcp_spec_decode_drafts_total"), m.get("dcp_spec_decode_draft_tokens_total")
             accepted = m.get("dcp_spec_decode_accepted_tokens_total")
             check(drafts and proposed >= drafts and 0 <= accepted <= proposed
-                  and 0 <= m["dcp_generation_tokens_total"] - (2 + drafts + accepted) <= 2,
+                  and 0 <= m["dcp_generation_tokens_total"] - (3 + drafts + accepted) <= 3,
                   f"{draft}: speculative metrics {drafts} {proposed} {accepted} of {m['dcp_generation_tokens_total']}")
             if draft == "target:2":
                 check(accepted == proposed, f"{draft}: every draft kept: {accepted} of {proposed}")

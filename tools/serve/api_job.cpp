@@ -11,6 +11,7 @@ std::string pull_news(Choice& c, const std::vector<std::int32_t>& stop_ids,
   c.prompt_logprobs.insert(c.prompt_logprobs.end(), u->prompt_logprobs.begin(),
                            u->prompt_logprobs.end());
   c.cached_tokens = std::max(c.cached_tokens, u->cached_prompt_tokens);
+  c.spec_verify_steps = std::max(c.spec_verify_steps, u->spec_verify_steps);
   std::string out;
   for (std::size_t k = 0; k < u->tokens.size() && !echo_only; ++k) {
     if (c.text.stopped()) break;

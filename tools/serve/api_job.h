@@ -61,6 +61,7 @@ struct Choice {
   FinishReason reason = FinishReason::none;
   std::string error;
   std::int64_t cached_tokens = 0;  // of its prompt, from the prefix cache
+  std::int64_t spec_verify_steps = 0;  // target steps that verified its drafts
 };
 
 // Pulls what the engine produced for `c` into its text; returns the new text. `wait` bounds the

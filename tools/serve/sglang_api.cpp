@@ -139,6 +139,9 @@ json OpenAiApi::generate_reply(const Job& job, const Choice& c, const std::strin
                {"cached_tokens", c.cached_tokens}};
   meta["finish_reason"] =
       c.finished ? json{{"type", finish_text(c.reason, c.text.stopped())}} : json(nullptr);
+  // SGLang's count of the target steps that verified drafts, once the request has finished.
+  if (c.finished && deployment_.spec().engine.num_draft_tokens > 0)
+    meta["spec_verify_ct"] = c.spec_verify_steps;
   if (job.top_logprobs >= 0) add_sglang_logprobs(job, c, meta);
   return {{"text", c.shown}, {"output_ids", c.text.tokens()}, {"meta_info", meta}};
 }
