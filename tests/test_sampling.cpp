@@ -3,12 +3,16 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <vector>
 
 #include "dcp/error.h"
+#include "dcp/kernel_path.h"
 #include "dcp/sampling.h"
+#include "kernels/cpu/exp_weights.h"
 #include "test_util.h"
 
 namespace dcp {
@@ -103,6 +107,49 @@ TEST(Sampling, DistributionEqualsTheFloat64Reference) {
         ASSERT_NEAR(got[static_cast<std::size_t>(i)], want[static_cast<std::size_t>(i)], 1e-12)
             << "vocab " << vocab << " token " << i << " T " << p.temperature << " k " << p.top_k
             << " p " << p.top_p << " min_p " << p.min_p;
+      }
+    }
+  }
+}
+
+// The weights a draw starts from, on every SIMD copy this CPU runs, against std::exp in double:
+// within one unit in the last place, subnormal results included (one unit of the smallest
+// subnormal there); 0 below exp's range, for -inf and for NaN. Rows of 0 to 40 logits cover the
+// partial last vector of every width.
+TEST(Sampling, ExpWeightsAreWithinAnUlpOfStdExpOnEveryPath) {
+  auto rng = test::make_rng();
+  std::vector<float> logits(70000);
+  for (std::size_t i = 0; i < logits.size(); ++i)
+    logits[i] = i % 2 ? rng.uniform(-800.0f, 0.0f) : rng.uniform(-3.0f, 0.0f);
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            -1e-30f,
+                            -708.5f,
+                            -745.1f,
+                            -745.2f,
+                            -746.5f,
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(),
+                            -std::ldexp(1.0f, -149)};
+  std::copy(std::begin(specials), std::end(specials), logits.begin());
+  for (const KernelPath path : available_kernel_paths()) {
+    if (is_bf16_pair_path(path)) continue;  // attention-only paths
+    for (const double inv_t : {1.0, 1.0 / 0.6, 1.0 / 1.3, 0.01, 100.0}) {
+      for (const float top : {0.0f, 0.5f}) {  // the row's maximum, or a little more
+        for (const std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{7},
+                                    std::size_t{9}, std::size_t{40}, logits.size()}) {
+          std::vector<double> got(n + 1, -1.0);
+          exp_weights(logits.data(), n, top, inv_t, got.data(), path);
+          EXPECT_EQ(got[n], -1.0) << "wrote past the row";
+          for (std::size_t i = 0; i < n; ++i) {
+            const double x = (static_cast<double>(logits[i]) - top) * inv_t;
+            const double want = std::isnan(x) ? 0.0 : std::exp(x);
+            const auto ulps =
+                std::abs(std::bit_cast<std::int64_t>(got[i]) - std::bit_cast<std::int64_t>(want));
+            ASSERT_LE(ulps, 1) << to_string(path) << " logit " << logits[i] << " top " << top
+                               << " inv_t " << inv_t << ": " << got[i] << " against " << want;
+          }
+        }
       }
     }
   }

@@ -1,11 +1,16 @@
 #include "dcp/sampling.h"
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <numeric>
+#include <utility>
 
 #include "dcp/error.h"
+#include "kernels/cpu/exp_weights.h"
 
 namespace dcp {
 namespace {
@@ -28,44 +33,114 @@ bool more_likely(const Weighted& a, const Weighted& b) {
   return a.weight > b.weight || (a.weight == b.weight && a.token < b.token);
 }
 
-// The tokens a draw may pick, with their unnormalised probabilities after temperature and the
-// truncations (top-k, then top-p over what is left, then min-p).
-std::vector<Weighted> kept_tokens(const float* logits, int vocab, const SamplingParams& p) {
-  const double inv_t = 1.0 / p.temperature;
-  const double top = logits[greedy_token(logits, vocab)];
-  std::vector<Weighted> w(static_cast<std::size_t>(vocab));
-  for (int i = 0; i < vocab; ++i)
-    w[static_cast<std::size_t>(i)] = {i, std::exp((static_cast<double>(logits[i]) - top) * inv_t)};
-  bool sorted = false;
-  if (p.top_k > 0 && p.top_k < vocab) {
+// This thread's row of exp weights: a fresh vocabulary-sized buffer per draw costs more in page
+// faults than the exp itself.
+std::vector<double>& exp_row(const float* logits, int vocab, float top, double inv_t) {
+  thread_local std::vector<double> weights;
+  weights.resize(static_cast<std::size_t>(vocab));
+  exp_weights(logits, weights.size(), top, inv_t, weights.data());
+  return weights;
+}
+
+// A weight's binary order of magnitude: its exponent field (weights lie in [0, 1]).
+int magnitude(double weight) {
+  return static_cast<int>(std::bit_cast<std::uint64_t>(weight) >> 52);
+}
+
+// Puts w's most likely tokens in order from the front, in passes (1024, then twice as many as
+// before) that sort only as many as the mass needs: a whole sort of a large vocabulary cost ten
+// times the rest of a draw. `in_order` are sorted already; `candidates` (the front) are heavier
+// than all the others, which `more` appends when called. Returns how many reach `mass`.
+std::size_t most_likely_reaching(std::vector<Weighted>& w, std::size_t in_order,
+                                 std::size_t candidates, double mass, std::function<void()> more) {
+  double reached = 0;
+  std::size_t keep = 0;
+  while (true) {
+    if (in_order < candidates) {
+      const std::size_t next = std::min(candidates, std::max<std::size_t>(2 * in_order, 1024));
+      const auto from = w.begin() + static_cast<std::ptrdiff_t>(in_order);
+      const auto to = w.begin() + static_cast<std::ptrdiff_t>(next);
+      const auto end = w.begin() + static_cast<std::ptrdiff_t>(candidates);
+      if (to != end) std::nth_element(from, to, end, more_likely);
+      std::sort(from, to, more_likely);
+      in_order = next;
+    }
+    while (keep < in_order && reached < mass) reached += w[keep++].weight;
+    if (keep < in_order) return keep;
+    if (in_order == candidates) {
+      if (more) std::exchange(more, nullptr)();
+      if (candidates == w.size()) return keep;
+      candidates = w.size();
+    }
+  }
+}
+
+// The truncations' candidates: the tokens of the heaviest binary orders of magnitude that hold
+// at least `count` tokens (top-k) or reach `mass_fraction` of the mass (top-p; with one order
+// more, against the rounding of the orders' sums), into `w` in id order. Every other token is
+// lighter than all of them, so the most likely tokens begin with these, and `rest` appends the
+// others should top-p's candidates fall short. Gathered in one pass over the weights: building
+// and ordering the whole vocabulary's list cost several times the rest of a draw.
+struct Candidates {
+  double total = 0;  // every weight, summed in id order
+  std::function<void()> rest;
+};
+
+Candidates heaviest(const std::vector<double>& weights, std::size_t count, double mass_fraction,
+                    std::vector<Weighted>& w) {
+  std::array<double, 2048> order_mass{};
+  std::array<std::size_t, 2048> order_count{};
+  Candidates c;
+  for (const double x : weights) {
+    c.total += x;
+    order_mass[static_cast<std::size_t>(magnitude(x))] += x;
+    ++order_count[static_cast<std::size_t>(magnitude(x))];
+  }
+  double reached = 0;
+  std::size_t counted = 0;
+  int cut = static_cast<int>(order_mass.size()) - 1;  // ends one order below those that suffice
+  while (cut > 0 && (counted < count || reached < mass_fraction * c.total)) {
+    reached += order_mass[static_cast<std::size_t>(cut)];
+    counted += order_count[static_cast<std::size_t>(cut--)];
+  }
+  if (counted >= count && mass_fraction == 0) ++cut;  // top-k: counts are exact
+  w.clear();
+  for (std::size_t i = 0; i < weights.size(); ++i)
+    if (magnitude(weights[i]) >= cut) w.push_back({static_cast<std::int32_t>(i), weights[i]});
+  c.rest = [&weights, &w, cut] {
+    for (std::size_t i = 0; i < weights.size(); ++i)
+      if (magnitude(weights[i]) < cut) w.push_back({static_cast<std::int32_t>(i), weights[i]});
+  };
+  return c;
+}
+
+// The tokens a draw may pick (into `w`, whose capacity is reused), with their unnormalised
+// probabilities after temperature and the truncations (top-k, then top-p over what is left, then
+// min-p).
+void kept_tokens(const float* logits, int vocab, const SamplingParams& p,
+                 std::vector<Weighted>& w) {
+  const std::vector<double>& weights =
+      exp_row(logits, vocab, logits[greedy_token(logits, vocab)], 1.0 / p.temperature);
+  const bool top_k = p.top_k > 0 && p.top_k < vocab;
+  if (top_k) {
+    heaviest(weights, static_cast<std::size_t>(p.top_k), 0, w);
     std::partial_sort(w.begin(), w.begin() + p.top_k, w.end(), more_likely);
     w.resize(static_cast<std::size_t>(p.top_k));
-    sorted = true;
-  }
-  if (p.top_p < 1) {
-    const double total = std::accumulate(w.begin(), w.end(), 0.0,
-                                         [](double s, const Weighted& x) { return s + x.weight; });
-    // The most likely tokens in order, as many as the mass needs: a whole sort of a large
-    // vocabulary cost ten times the rest of a draw. Each pass puts the next most likely ones
-    // (twice as many as before, 1024 at first) in order behind those already sorted.
-    std::size_t in_order = sorted ? w.size() : 0;
-    double mass = 0;
-    std::size_t keep = 0;
-    while (true) {
-      if (in_order < w.size()) {
-        const std::size_t next = std::min(w.size(), std::max<std::size_t>(2 * in_order, 1024));
-        const auto from = w.begin() + static_cast<std::ptrdiff_t>(in_order);
-        const auto to = w.begin() + static_cast<std::ptrdiff_t>(next);
-        if (to != w.end()) std::nth_element(from, to, w.end(), more_likely);
-        std::sort(from, to, more_likely);
-        in_order = next;
-      }
-      while (keep < in_order && mass < p.top_p * total) mass += w[keep++].weight;
-      if (keep < in_order || in_order == w.size()) break;
+    if (p.top_p < 1) {  // over the k kept, in order already
+      const double total = std::accumulate(
+          w.begin(), w.end(), 0.0, [](double s, const Weighted& x) { return s + x.weight; });
+      w.resize(std::max<std::size_t>(
+          most_likely_reaching(w, w.size(), w.size(), p.top_p * total, nullptr), 1));
     }
-    sorted = true;
-    w.resize(std::max<std::size_t>(keep, 1));
+  } else if (p.top_p < 1) {
+    Candidates c = heaviest(weights, 0, p.top_p, w);
+    w.resize(std::max<std::size_t>(
+        most_likely_reaching(w, 0, w.size(), p.top_p * c.total, std::move(c.rest)), 1));
+  } else {
+    w.resize(weights.size());
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = {static_cast<std::int32_t>(i), weights[i]};
   }
+  const bool sorted = top_k || p.top_p < 1;
   // A draw walks the kept tokens in id order: in likelihood order, two tokens whose logits differ
   // by a rounding (another DCP size's merge order) could trade places and the draw between them.
   if (sorted)
@@ -77,7 +152,6 @@ std::vector<Weighted> kept_tokens(const float* logits, int vocab, const Sampling
   w.erase(std::remove_if(w.begin(), w.end(),
                          [&](const Weighted& x) { return !(x.weight > 0) || x.weight < floor; }),
           w.end());
-  return w;
 }
 
 }  // namespace
@@ -269,8 +343,9 @@ double TokenDistribution::probability(std::int32_t token) const {
 
 TokenDistribution token_distribution(const float* logits, int vocab, const SamplingParams& p) {
   TokenDistribution d;
-  std::vector<Weighted> w;
-  if (!p.greedy()) w = kept_tokens(logits, vocab, p);
+  thread_local std::vector<Weighted> w;
+  w.clear();
+  if (!p.greedy()) kept_tokens(logits, vocab, p, w);
   // Greedy; or every logit masked, which validate() leaves only past a request's end (where a
   // speculative draft may look ahead): the first maximum alone.
   if (w.empty()) w.push_back({greedy_token(logits, vocab), 1.0});
@@ -332,10 +407,9 @@ std::vector<double> sampling_distribution(const float* logits, int vocab,
 
 StepLogprobs step_logprobs(const float* logits, int vocab, std::int32_t token, int top) {
   DCP_ARG_CHECK(token >= 0 && token < vocab, "token ", token, " is outside [0, ", vocab, ")");
-  const double m = logits[greedy_token(logits, vocab)];
-  double sum = 0;
-  for (int i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - m);
-  const double lse = m + std::log(sum);
+  const float m = logits[greedy_token(logits, vocab)];
+  const std::vector<double>& weights = exp_row(logits, vocab, m, 1.0);
+  const double lse = m + std::log(std::accumulate(weights.begin(), weights.end(), 0.0));
   StepLogprobs out;
   out.chosen = {token, static_cast<float>(logits[token] - lse)};
   out.rank = 1;

@@ -574,7 +574,7 @@ class PythonReader {
   std::size_t i_ = 0;
 };
 
-std::string_view trim(std::string_view s) {
+std::string_view trim_python_space(std::string_view s) {
   const auto space = [](char c) {
     return c == ' ' || c == '\n' || c == '\r' || c == '\t' || c == '\f' || c == '\v';
   };
@@ -586,12 +586,12 @@ std::string_view trim(std::string_view s) {
 }  // namespace
 
 std::optional<std::vector<ToolCall>> read_python_calls(std::string_view code) {
-  code = trim(code);
+  code = trim_python_space(code);
   if (code.starts_with("```")) {
-    code = trim(code.substr(3));
-    if (code.starts_with("python")) code = trim(code.substr(6));
+    code = trim_python_space(code.substr(3));
+    if (code.starts_with("python")) code = trim_python_space(code.substr(6));
   }
-  if (code.ends_with("```")) code = trim(code.substr(0, code.size() - 3));
+  if (code.ends_with("```")) code = trim_python_space(code.substr(0, code.size() - 3));
   // Python reads source that is UTF-8 and holds no NUL.
   if (code.find('\0') != std::string_view::npos || utf8_lossy(code) != code) return std::nullopt;
   return PythonReader(code).calls();
