@@ -175,6 +175,7 @@ case_run_speculative() {
   expect 0 "speculative with the target's first layer" -- run --batch 2 --prompt-len 120 --max-new-tokens 9 --speculative-num-draft-tokens 3 --speculative-draft target:1 --json "$tmp/run.json"
   check "speculative summary" stdout_has "tokens per target step"
   check "json has acceptance_rate" json_has '"acceptance_rate"'
+  check "json has each request's verifying steps" json_has '"spec_verify_steps": [2-8]$'
   check "speculation verifies" json_has '"tokens_match": true'
   expect 2 "draft layers out of range" -- run --speculative-num-draft-tokens 2 --speculative-draft target:9
   check "names target:N" stderr_has "target:N needs 1 <= N <= 2"

@@ -174,6 +174,7 @@ ordered_json report_json(const RunOptions& o, const Workload& w, const Deploymen
                       {"cached_prompt_tokens", q.cached_prompt_tokens},
                       {"output_tokens", q.output_tokens},
                       {"state", q.state == RequestState::finished ? "finished" : "rejected"}};
+    if (o.spec_tokens > 0) e["spec_verify_steps"] = q.spec_verify_steps;
     if (!q.error.empty()) e["error"] = with_flag_names(q.error);
     reqs.push_back(e);
   }
