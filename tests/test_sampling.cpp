@@ -314,20 +314,24 @@ TEST(Sampling, AnExactDraftIsAlwaysKeptAndGreedyVerificationComparesArgmaxes) {
 TEST(Sampling, LogprobsAreTheFloat64LogSoftmax) {
   auto rng = test::make_rng();
   const int vocab = 300;
-  const std::vector<float> logits = random_logits(rng, vocab, 3.0f);
+  std::vector<float> logits = random_logits(rng, vocab, 3.0f);
+  for (int i = 5; i < vocab; i += 4) logits[static_cast<std::size_t>(i)] = logits[1];  // ties
   double m = *std::max_element(logits.begin(), logits.end()), z = 0;
   for (float x : logits) z += std::exp(x - m);
   const double lse = m + std::log(z);
-  const StepLogprobs lp = step_logprobs(logits.data(), vocab, 17, 5);
-  EXPECT_EQ(lp.chosen.token, 17);
-  EXPECT_NEAR(lp.chosen.logprob, logits[17] - lse, 1e-5);
-  ASSERT_EQ(lp.top.size(), 5u);
   std::vector<int> order(vocab);
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[a] > logits[b]; });
-  for (int i = 0; i < 5; ++i) {
-    EXPECT_EQ(lp.top[static_cast<std::size_t>(i)].token, order[static_cast<std::size_t>(i)]);
-    EXPECT_NEAR(lp.top[static_cast<std::size_t>(i)].logprob, logits[order[i]] - lse, 1e-5);
+  for (const int k : {1, 5, 20, 80, vocab}) {
+    const StepLogprobs lp = step_logprobs(logits.data(), vocab, 17, k);
+    EXPECT_EQ(lp.chosen.token, 17);
+    EXPECT_NEAR(lp.chosen.logprob, logits[17] - lse, 1e-5);
+    ASSERT_EQ(lp.top.size(), static_cast<std::size_t>(k));
+    for (int i = 0; i < k; ++i) {
+      EXPECT_EQ(lp.top[static_cast<std::size_t>(i)].token, order[static_cast<std::size_t>(i)])
+          << "k " << k << " place " << i;
+      EXPECT_NEAR(lp.top[static_cast<std::size_t>(i)].logprob, logits[order[i]] - lse, 1e-5);
+    }
   }
   EXPECT_TRUE(step_logprobs(logits.data(), vocab, 0, 0).top.empty());
 }

@@ -409,19 +409,32 @@ StepLogprobs step_logprobs(const float* logits, int vocab, std::int32_t token, i
   DCP_ARG_CHECK(token >= 0 && token < vocab, "token ", token, " is outside [0, ", vocab, ")");
   const float m = logits[greedy_token(logits, vocab)];
   const std::vector<double>& weights = exp_row(logits, vocab, m, 1.0);
-  const double lse = m + std::log(std::accumulate(weights.begin(), weights.end(), 0.0));
+  double sums[4] = {0, 0, 0, 0};  // four chains: one serial sum waits on each add
+  std::size_t i = 0;
+  for (; i + 4 <= weights.size(); i += 4)
+    for (std::size_t j = 0; j < 4; ++j) sums[j] += weights[i + j];
+  for (; i < weights.size(); ++i) sums[0] += weights[i];
+  const double lse = m + std::log((sums[0] + sums[1]) + (sums[2] + sums[3]));
   StepLogprobs out;
   out.chosen = {token, static_cast<float>(logits[token] - lse)};
   out.rank = 1;
-  for (int i = 0; i < vocab; ++i)
-    out.rank += logits[i] > logits[token] || (logits[i] == logits[token] && i < token);
-  const int k = std::clamp(top, 0, vocab);
-  std::vector<std::int32_t> ids(static_cast<std::size_t>(vocab));
-  std::iota(ids.begin(), ids.end(), 0);
-  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(), [&](std::int32_t a, std::int32_t b) {
+  for (int t = 0; t < vocab; ++t)
+    out.rank += logits[t] > logits[token] || (logits[t] == logits[token] && t < token);
+  // The k most likely (ties by id) in one pass: a later id enters only above the k-th.
+  const auto k = static_cast<std::size_t>(std::clamp(top, 0, vocab));
+  const auto before = [&](std::int32_t a, std::int32_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  });
-  for (int i = 0; i < k; ++i) out.top.push_back({ids[i], static_cast<float>(logits[ids[i]] - lse)});
+  };
+  std::vector<std::int32_t> best;
+  best.reserve(k + 1);
+  float kth = -std::numeric_limits<float>::infinity();  // the k-th's logit once there are k
+  for (std::int32_t t = 0; t < vocab && k > 0; ++t) {
+    if (best.size() == k && !(logits[t] > kth)) continue;
+    best.insert(std::upper_bound(best.begin(), best.end(), t, before), t);
+    if (best.size() > k) best.pop_back();
+    if (best.size() == k) kth = logits[best.back()];
+  }
+  for (const std::int32_t t : best) out.top.push_back({t, static_cast<float>(logits[t] - lse)});
   return out;
 }
 
