@@ -41,6 +41,7 @@ EngineRun run_engine_phases(const ModelConfig& config, const WeightSource& weigh
   eo.record_logits = true;
   eo.extend_mode = s.extend_mode;
   eo.num_draft_tokens = s.num_draft_tokens;
+  eo.ngram_draft = s.ngram_draft;
   eo.guide_vocabulary = s.guide_vocabulary;
   eo.enable_prefix_cache = s.prefix_cache;
   eo.host_kv_capacity_tokens = s.host_tokens;

@@ -27,6 +27,7 @@ struct EngineSetup {
   ForwardMode extend_mode = ForwardMode::extend;
   // Speculative decoding: a draft model replicated on every rank.
   int num_draft_tokens = 0;
+  int ngram_draft = 0;  // prompt lookup instead of a draft model
   std::optional<ModelConfig> draft_config;
   const WeightSource* draft_weights = nullptr;
   // Prefix cache and host tier.

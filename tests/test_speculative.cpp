@@ -100,6 +100,79 @@ TEST(Speculative, GreedyAcceptanceEqualsPlainGreedyDecoding) {
   }
 }
 
+// Prompt lookup, written here from its definition: the tokens that followed the latest earlier
+// occurrence of the text's last n tokens, for the largest n <= max_n that has one (at most k).
+std::vector<std::int32_t> lookup_reference(const std::vector<std::int32_t>& text, int max_n,
+                                           int k) {
+  const int len = static_cast<int>(text.size());
+  for (int n = std::min(max_n, len - 1); n >= 1; --n) {
+    for (int at = len - n - 1; at >= 0; --at) {
+      bool same = true;
+      for (int j = 0; j < n && same; ++j) same = text[at + j] == text[len - n + j];
+      if (!same) continue;
+      std::vector<std::int32_t> out;
+      for (int j = at + n; j < len && static_cast<int>(out.size()) < k; ++j) out.push_back(text[j]);
+      return out;
+    }
+  }
+  return {};
+}
+
+// N-gram drafts (no draft model): greedy tokens are plain decoding's, and each request's target
+// steps, proposals and kept drafts are those a replay of plain decoding's tokens through the
+// lookup above predicts: each step proposes from the text so far and keeps the drafts that equal
+// the tokens plain decoding chose next.
+TEST(Speculative, NgramLookupProposesWhatFollowedTheLastMatchAndKeepsGreedyTokens) {
+  auto rng = test::make_rng();
+  const ModelConfig target = preset_config("tiny", 2);
+  const auto weights = make_synthetic_weights(21);
+  std::vector<RequestSpec> reqs;
+  const std::vector<std::int32_t> motif = random_tokens(rng, 6, target.vocab_size);
+  for (int i = 0; i < 4; ++i) {
+    std::vector<std::int32_t> prompt = random_tokens(rng, 1 + 7 * i, target.vocab_size);
+    for (int r = 0; r < i; ++r) prompt.insert(prompt.end(), motif.begin(), motif.end());
+    reqs.push_back(request(i, prompt, 60 + 7 * i));  // a random model repeats itself: drafts hit
+  }
+  EngineSetup plain;
+  plain.tp = 2;
+  const auto reference = run_engine(target, *weights, plain, reqs);
+  for (const int max_n : {1, 3}) {
+    for (const int k : {1, 3}) {
+      for (const int dcp : {1, 2}) {
+        EngineSetup s = plain;
+        s.dcp = dcp;
+        s.num_draft_tokens = k;
+        s.ngram_draft = max_n;
+        const auto got = run_engine(target, *weights, s, reqs);
+        const std::string what = str("ngram ", max_n, " k ", k, " dcp ", dcp);
+        std::int64_t proposed = 0, accepted = 0;
+        for (std::size_t i = 0; i < reqs.size(); ++i) {
+          EXPECT_TRUE(test::same_greedy_run(got.results[i], reference.results[i], target.vocab_size,
+                                            {1e-10, 1e-4}))
+              << what << " request " << i;
+          const std::vector<std::int32_t>& out = reference.results[i].output_tokens;
+          std::int64_t steps = 0;
+          for (std::size_t done = 1; done < out.size(); ++steps) {
+            const int room = std::min<int>(k, static_cast<int>(out.size() - done) - 1);
+            std::vector<std::int32_t> text = reqs[i].prompt;
+            text.insert(text.end(), out.begin(), out.begin() + static_cast<std::ptrdiff_t>(done));
+            const std::vector<std::int32_t> drafts = lookup_reference(text, max_n, room);
+            std::size_t kept = 0;
+            while (kept < drafts.size() && drafts[kept] == out[done + kept]) ++kept;
+            proposed += static_cast<std::int64_t>(drafts.size());
+            accepted += static_cast<std::int64_t>(kept);
+            done += kept + 1;
+          }
+          EXPECT_EQ(got.results[i].spec_verify_steps, steps) << what << " request " << i;
+        }
+        EXPECT_EQ(got.stats.spec_proposed, proposed) << what;
+        EXPECT_EQ(got.stats.spec_accepted, accepted) << what;
+        EXPECT_GT(accepted, 0) << what << ": no draft was kept";
+      }
+    }
+  }
+}
+
 // Sampled requests (temperature > 0, truncation, penalties) with the target as its own draft: every
 // draft is kept (it was drawn from the target's own distribution with the step's number), so the
 // tokens are plain sampling's, under DCP too.
@@ -251,6 +324,83 @@ TEST(Speculative, SampledTokensFollowTheTargetDistributionWhateverTheDraft) {
   }
 }
 
+// Sampled requests with n-gram drafts: a draft comes with certainty (q holds it alone), so it is
+// kept with probability p(draft) and a replacement is never the draft itself. A replay of each
+// request's tokens through the lookup above finds every step's drafts; the drafts kept must
+// number as p says (5 sigma), each step's first differing token ends its drafts, and no token
+// falls outside p.
+TEST(Speculative, SampledNgramDraftsAreKeptWithTheTargetsProbability) {
+  auto rng = test::make_rng();
+  const ModelConfig target = preset_config("tiny", 2);
+  const auto weights = make_synthetic_weights(21);
+  const int vocab = target.vocab_size;
+  // Prompts P + G + P, G the greedy continuation of P: lookup proposes G again, tokens the
+  // target often gives a good part of its mass to.
+  std::vector<RequestSpec> greedy;
+  for (int i = 0; i < 320; ++i)
+    greedy.push_back(request(i, random_tokens(rng, 3 + i % 7, vocab), 12));
+  const auto continuations = run_engine(target, *weights, EngineSetup{}, greedy);
+  std::vector<RequestSpec> reqs;
+  for (int i = 0; i < 320; ++i) {
+    std::vector<std::int32_t> prompt = greedy[static_cast<std::size_t>(i)].prompt;
+    const std::vector<std::int32_t> g =
+        continuations.results[static_cast<std::size_t>(i)].output_tokens;
+    prompt.insert(prompt.end(), g.begin(), g.end());
+    prompt.insert(prompt.end(), greedy[static_cast<std::size_t>(i)].prompt.begin(),
+                  greedy[static_cast<std::size_t>(i)].prompt.end());
+    RequestSpec r = request(i, prompt, 9);
+    r.sampling.temperature = i % 3 ? 0.3 : 1.0;  // peaked: G often drawn again
+    r.sampling.top_k = i % 2 ? 5 : 0;
+    r.sampling.repetition_penalty = i % 4 ? 1.0 : 1.5;
+    r.sampling.seed = test::test_seed() * 1000 + static_cast<std::uint64_t>(i);
+    reqs.push_back(r);
+  }
+  EngineSetup s;
+  s.tp = 2;
+  s.dcp = 2;
+  s.num_draft_tokens = 3;
+  s.ngram_draft = 2;
+  const auto got = run_engine(target, *weights, s, reqs);
+  double expected = 0, variance = 0;
+  std::int64_t kept = 0, proposed = 0;
+  for (std::size_t i = 0; i < reqs.size(); ++i) {
+    const RequestResult& r = got.results[i];
+    const std::vector<std::int32_t>& out = r.output_tokens;
+    ASSERT_EQ(out.size(), 9u) << "request " << i;
+    for (std::size_t step = 0; step < out.size(); ++step) {
+      const std::vector<double> p = step_distribution(reqs[i], r, step, vocab);
+      ASSERT_GT(p[static_cast<std::size_t>(out[step])], 0)
+          << "request " << i << " step " << step << ": a token outside the target's distribution";
+    }
+    for (std::size_t done = 1; done < out.size();) {
+      const int room = std::min<int>(3, static_cast<int>(out.size() - done) - 1);
+      std::vector<std::int32_t> text = reqs[i].prompt;
+      text.insert(text.end(), out.begin(), out.begin() + static_cast<std::ptrdiff_t>(done));
+      const std::vector<std::int32_t> drafts = lookup_reference(text, 2, room);
+      proposed += static_cast<std::int64_t>(drafts.size());
+      std::size_t j = 0;
+      for (; j < drafts.size(); ++j) {
+        const double pd =
+            step_distribution(reqs[i], r, done + j, vocab)[static_cast<std::size_t>(drafts[j])];
+        expected += pd;
+        variance += pd * (1 - pd);
+        if (out[done + j] != drafts[j]) break;  // replaced, by another token
+        ++kept;
+      }
+      done += j + 1;
+    }
+  }
+  EXPECT_EQ(got.stats.spec_proposed, proposed);
+  EXPECT_EQ(got.stats.spec_accepted, kept);
+  EXPECT_NEAR(static_cast<double>(kept), expected, 5 * std::sqrt(variance) + 1)
+      << "n-gram drafts kept against the target's probability of them";
+  EXPECT_GT(kept, 0);
+  EXPECT_LT(kept, proposed);
+  std::printf("n-gram: %lld of %lld drafts kept, %.1f expected (sigma %.1f)\n",
+              static_cast<long long>(kept), static_cast<long long>(proposed), expected,
+              std::sqrt(variance));
+}
+
 TEST(Speculative, RejectsMisuse) {
   const ModelConfig target = preset_config("tiny", 1);
   const auto weights = make_synthetic_weights(1);
@@ -271,6 +421,22 @@ TEST(Speculative, RejectsMisuse) {
       },
       ErrorCategory::invalid_argument,
       "the draft model's vocabulary (100) differs from the target's"));
+  const auto refused = [&](EngineSetup bad, const char* message) {
+    return test::throws_error(
+        [&] {
+          run_engine(target, *weights, bad, {request(0, {1, 2}, 3)});
+        },
+        ErrorCategory::invalid_argument, message);
+  };
+  s.draft_config = target;
+  s.ngram_draft = 2;
+  EXPECT_TRUE(refused(s, "takes a draft model or n-gram lookup (ngram_draft), not both"));
+  EngineSetup lookup;
+  lookup.ngram_draft = 2;
+  EXPECT_TRUE(refused(lookup, "ngram_draft = 2 needs num_draft_tokens >= 1"));
+  lookup.num_draft_tokens = 1;
+  lookup.ngram_draft = -1;
+  EXPECT_TRUE(refused(lookup, "ngram_draft = -1 must be >= 0"));
 }
 
 }  // namespace

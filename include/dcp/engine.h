@@ -109,8 +109,12 @@ struct EngineOptions {
   // Prefill chunks over a cached prefix: ForwardMode::extend (gather, upstream) or
   // ForwardMode::extend_native (DCP-native).
   ForwardMode extend_mode = ForwardMode::extend;
-  // Speculative decoding: tokens the draft model proposes per step (0: off; needs a draft).
+  // Speculative decoding: tokens the draft proposes per step (0: off). The draft is a model
+  // (Engine's `draft`), or with ngram_draft = N > 0 none (prompt lookup): the tokens that
+  // followed the latest earlier occurrence of the request's last n tokens (prompt and output),
+  // for the largest n <= N that has one; none when no n has.
   int num_draft_tokens = 0;
+  int ngram_draft = 0;
   // Prefix cache over whole virtual pages of prompts; with a host tier of this many logical
   // tokens (0: evicted pages are dropped).
   bool enable_prefix_cache = false;
@@ -240,6 +244,11 @@ class Engine {
   std::vector<std::vector<std::int32_t>> propose(
       const std::vector<std::size_t>& members, const std::vector<int>& k,
       std::vector<std::vector<TokenDistribution>>& draft_distributions);
+  // Without a draft model (ngram_draft): up to k tokens each by prompt lookup, each proposed with
+  // certainty (its distribution holds it alone); k becomes how many each got.
+  std::vector<std::vector<std::int32_t>> look_up(
+      const std::vector<std::size_t>& members, std::vector<int>& k,
+      std::vector<std::vector<TokenDistribution>>& draft_distributions) const;
   void emit(Live& r, const float* logits);  // records a step's logits, chooses the next token
   void emit(Live& r, const float* logits, std::int32_t token);  // records it, emits `token`
   void finish(std::size_t live_index, FinishReason reason);

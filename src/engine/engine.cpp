@@ -37,8 +37,15 @@ Engine::Engine(MlaModel& model, const EngineOptions& options, MlaModel* draft)
                 "extend_mode must be extend or extend_native");
   DCP_ARG_CHECK(options.num_draft_tokens >= 0, "num_draft_tokens = ", options.num_draft_tokens,
                 " must be >= 0");
-  DCP_ARG_CHECK(options.num_draft_tokens == 0 || draft != nullptr,
-                "num_draft_tokens > 0 needs a draft model");
+  DCP_ARG_CHECK(options.ngram_draft >= 0, "ngram_draft = ", options.ngram_draft,
+                " must be >= 0 (0: a draft model proposes)");
+  DCP_ARG_CHECK(
+      options.ngram_draft == 0 || draft == nullptr,
+      "speculative decoding takes a draft model or n-gram lookup (ngram_draft), not both");
+  DCP_ARG_CHECK(options.ngram_draft == 0 || options.num_draft_tokens > 0,
+                "ngram_draft = ", options.ngram_draft, " needs num_draft_tokens >= 1");
+  DCP_ARG_CHECK(options.num_draft_tokens == 0 || draft != nullptr || options.ngram_draft > 0,
+                "num_draft_tokens > 0 needs a draft model or ngram_draft >= 1");
   if (draft) {
     DCP_ARG_CHECK(draft->config().vocab_size == model.config().vocab_size,
                   "the draft model's vocabulary (", draft->config().vocab_size,
@@ -708,6 +715,37 @@ std::vector<std::vector<std::int32_t>> Engine::propose(
   return drafts;
 }
 
+std::vector<std::vector<std::int32_t>> Engine::look_up(
+    const std::vector<std::size_t>& members, std::vector<int>& k,
+    std::vector<std::vector<TokenDistribution>>& draft_distributions) const {
+  std::vector<std::vector<std::int32_t>> drafts(members.size());
+  draft_distributions.assign(members.size(), {});
+  for (std::size_t m = 0; m < members.size(); ++m) {
+    if (k[m] == 0) continue;
+    const Live& l = running_[members[m]];
+    std::vector<std::int32_t> text = l.spec.prompt;
+    const std::vector<std::int32_t>& output = results_[l.result].output_tokens;
+    text.insert(text.end(), output.begin(), output.end());
+    const auto len = static_cast<std::ptrdiff_t>(text.size());
+    // The longest suffix (up to ngram_draft tokens) seen before; its latest earlier occurrence.
+    for (std::ptrdiff_t n = std::min<std::ptrdiff_t>(options_.ngram_draft, len - 1);
+         n >= 1 && drafts[m].empty(); --n) {
+      const auto suffix = text.end() - n;
+      for (std::ptrdiff_t at = len - n - 1; at >= 0; --at) {
+        if (!std::equal(suffix, text.end(), text.begin() + at)) continue;
+        const std::ptrdiff_t from = at + n;
+        const std::ptrdiff_t to = std::min(len, from + k[m]);
+        drafts[m].assign(text.begin() + from, text.begin() + to);
+        break;
+      }
+    }
+    k[m] = static_cast<int>(drafts[m].size());
+    for (const std::int32_t t : drafts[m])
+      draft_distributions[m].push_back(TokenDistribution{{t}, {1.0}, 1.0});
+  }
+  return drafts;
+}
+
 bool Engine::run_speculative() {
   std::vector<std::size_t> members;
   std::vector<int> k;
@@ -730,7 +768,10 @@ bool Engine::run_speculative() {
   const auto t0 = Clock::now();
   std::vector<std::vector<std::int32_t>> drafts(members.size());
   std::vector<std::vector<TokenDistribution>> draft_distributions(members.size());
-  if (*std::max_element(k.begin(), k.end()) > 0) drafts = propose(members, k, draft_distributions);
+  if (*std::max_element(k.begin(), k.end()) > 0) {
+    drafts = draft_ ? propose(members, k, draft_distributions)
+                    : look_up(members, k, draft_distributions);
+  }
   // Target verification: [last, d1 .. dk] per request through the DCP step, causal on global
   // positions; logits for every one of those tokens.
   ForwardBatch batch;
@@ -781,19 +822,19 @@ bool Engine::run_speculative() {
     // Roll back what was rejected, on every rank (target) and in the replicated draft cache.
     model_.allocator().truncate(l.spec.id, base_len[m] + accepted + 1);
     if (k[m] > 0) {
-      const std::int64_t draft_len = draft_->allocator().length(l.spec.id);
-      if (accepted < k[m] || cut) {
+      if (draft_ && (accepted < k[m] || cut)) {
         draft_->allocator().truncate(l.spec.id, base_len[m] + accepted + 1);
         l.draft_pending = {results_[l.result].output_tokens.back()};
-      } else {  // every draft accepted: the draft has not yet seen its own last proposal
-        DCP_CHECK_EQ(draft_len, base_len[m] + accepted, "draft KV length");
+      } else if (draft_) {  // every draft accepted: the draft has not yet seen its last proposal
+        DCP_CHECK_EQ(draft_->allocator().length(l.spec.id), base_len[m] + accepted,
+                     "draft KV length");
         l.draft_pending = {drafts[m].back(), results_[l.result].output_tokens.back()};
       }
       ++stats_.spec_verifications;
       stats_.spec_proposed += k[m];
       stats_.spec_accepted += accepted;
       stats_.spec_emitted += accepted + 1;
-    } else {
+    } else if (draft_) {
       l.draft_pending.push_back(results_[l.result].output_tokens.back());
     }
     stats_.decode_tokens += accepted + 1;
