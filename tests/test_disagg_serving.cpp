@@ -194,6 +194,14 @@ TEST(DisaggregatedServing, SpeculationAndThePrefixCacheKeepTheTokens) {
   const ServeMetrics m = server->metrics();  // the decode group's draft, reported
   EXPECT_GT(m.spec_verifications, 0);
   EXPECT_GT(m.spec_proposed, 0);
+  // N-gram lookup instead: no draft model on the decode side, the same tokens.
+  spec.draft.reset();
+  spec.engine.ngram_draft = 2;
+  Running lookup(spec, disaggregated(1));
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const StreamUpdate u = drain_stream(*lookup->submit(requests[i]));
+    EXPECT_EQ(u.tokens, want[i].tokens) << "n-gram, request " << i << ": " << u.error;
+  }
 }
 
 // A decode group that holds one request at a time: the others' prompts are computed and wait,

@@ -42,10 +42,10 @@ struct ModelSource {
   std::unique_ptr<WeightSource> open() const;
 };
 
-// The speculative draft `name` names, beside `target`: "target:N" (the target's first N layers,
-// its weights), a checkpoint folder, or a preset (synthetic weights of `preset_seed`, in the
-// preset's dtype). Throws dcp::Error starting with `option`: invalid_argument for N outside [1, the
-// target's layers], an unknown preset or a vocabulary other than the target's; io for an
+// The speculative draft model `name` names, beside `target`: "target:N" (the target's first N
+// layers, its weights), a checkpoint folder, or a preset (synthetic weights of `preset_seed`, in
+// the preset's dtype). Throws dcp::Error starting with `option`: invalid_argument for N outside [1,
+// the target's layers], an unknown preset or a vocabulary other than the target's; io for an
 // unreadable checkpoint.
 ModelSource draft_source(const std::string& name, const ModelSource& target,
                          std::uint64_t preset_seed, std::string_view option);
@@ -64,6 +64,12 @@ struct DeploymentSpec {
   // Called on world rank 0 after every engine step (a progress line, say).
   std::function<void(const Engine&)> on_step;
 };
+
+// Speculative decoding in `spec`: `tokens` draft tokens a step (>= 1) from `draft`: "ngram:N"
+// (prompt lookup, no draft model: EngineOptions::ngram_draft = N) or a model draft_source reads
+// (`preset_seed` for a preset's weights). Errors as draft_source's, starting with `option`.
+void set_speculation(DeploymentSpec& spec, int tokens, const std::string& draft,
+                     std::uint64_t preset_seed, std::string_view option);
 
 // The communicators one rank of a topology needs, carved from the world by the topology's
 // placement (never re-derived from rank arithmetic elsewhere).

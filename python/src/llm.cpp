@@ -204,9 +204,8 @@ DeploymentSpec make_spec(const LlmConfig& c) {
                               : "speculative_draft needs speculative_num_draft_tokens >= 1"));
   }
   if (c.speculative_num_draft_tokens > 0) {
-    s.engine.num_draft_tokens = c.speculative_num_draft_tokens;
-    s.draft =
-        draft_source(c.speculative_draft, s.model, s.model.synthetic_seed + 1, "speculative_draft");
+    set_speculation(s, c.speculative_num_draft_tokens, c.speculative_draft,
+                    s.model.synthetic_seed + 1, "speculative_draft");
   }
   s.transport = RankTransport::threads;
   s.comm_timeout = std::chrono::milliseconds(static_cast<std::int64_t>(c.comm_timeout_s * 1000));

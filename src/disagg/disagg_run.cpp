@@ -61,6 +61,7 @@ DisaggOutcome run_disaggregated(Communicator& world, const DisaggConfig& c,
   EngineOptions prefill_options = c.engine;
   prefill_options.record_logits = true;
   prefill_options.num_draft_tokens = 0;
+  prefill_options.ngram_draft = 0;
   // The prefix cache (and its host tier) serves the prefill side, which computes prompts: a
   // prompt whose prefix it holds computes the rest only. The decode side receives whole prompts.
   EngineOptions decode_options = c.engine;

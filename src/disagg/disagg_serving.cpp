@@ -116,6 +116,7 @@ void ServingDeployment::disaggregated_rank_loop(Communicator& world) {
     options.host_kv_capacity_tokens = 0;
   } else {
     options.num_draft_tokens = 0;
+    options.ngram_draft = 0;
   }
   RankSystem sys(*group, is_decode ? topology_ : prefill_topology, spec_.model, spec_.model_options,
                  options, is_decode ? spec_.draft : std::optional<ModelSource>{});

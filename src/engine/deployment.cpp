@@ -86,7 +86,7 @@ ModelSource draft_source(const std::string& name, const ModelSource& target,
       d.synthetic_dtype = preset_weight_dtype(name);
     } catch (const Error&) {
       throw Error(ErrorCategory::invalid_argument,
-                  str(who, " is neither target:N, a checkpoint folder nor a preset (",
+                  str(who, " is neither ngram:N, target:N, a checkpoint folder nor a preset (",
                       preset_names(), ")"));
     }
     d.synthetic_seed = preset_seed;
@@ -94,6 +94,30 @@ ModelSource draft_source(const std::string& name, const ModelSource& target,
   DCP_ARG_CHECK(d.config.vocab_size == target.config.vocab_size, who, " has a vocabulary of ",
                 d.config.vocab_size, ", the target ", target.config.vocab_size);
   return d;
+}
+
+void set_speculation(DeploymentSpec& spec, int tokens, const std::string& draft,
+                     std::uint64_t preset_seed, std::string_view option) {
+  DCP_ARG_CHECK(tokens >= 1, "speculative draft tokens = ", tokens, " must be >= 1");
+  spec.engine.num_draft_tokens = tokens;
+  if (draft.rfind("ngram:", 0) != 0) {
+    spec.engine.ngram_draft = 0;
+    spec.draft = draft_source(draft, spec.model, preset_seed, option);
+    return;
+  }
+  // The whole rest must be the count: "ngram:3x" is refused.
+  const std::string count = draft.substr(6);
+  long long n = 0;
+  std::size_t used = 0;
+  try {
+    n = std::stoll(count, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  DCP_ARG_CHECK(!count.empty() && used == count.size() && n >= 1 && n <= 1024, option, " '", draft,
+                "': ngram:N needs 1 <= N <= 1024 (the longest suffix looked up)");
+  spec.engine.ngram_draft = static_cast<int>(n);
+  spec.draft.reset();
 }
 
 RankGroups carve_groups(Communicator& world, const Topology& topology) {

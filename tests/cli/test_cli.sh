@@ -182,7 +182,12 @@ case_run_speculative() {
   expect 2 "draft vocabulary mismatch" -- run --speculative-num-draft-tokens 2 --speculative-draft deepseek-v3
   check "names both vocabularies" stderr_has "^dcp: error: --speculative-draft 'deepseek-v3' has a vocabulary of 129280, the target 512"
   expect 2 "unknown draft" -- run --speculative-num-draft-tokens 2 --speculative-draft nosuch
-  check "says what a draft may be" stderr_has "^dcp: error: --speculative-draft 'nosuch' is neither target:N, a checkpoint folder nor a preset (tiny"
+  check "says what a draft may be" stderr_has "^dcp: error: --speculative-draft 'nosuch' is neither ngram:N, target:N, a checkpoint folder nor a preset (tiny"
+  expect 0 "speculative by n-gram lookup" -- run --batch 2 --prompt-len 120 --max-new-tokens 40 --speculative-num-draft-tokens 3 --speculative-draft ngram:3 --json "$tmp/run.json"
+  check "n-gram speculation verifies" json_has '"tokens_match": true'
+  check "n-gram draft named" json_has '"draft": "ngram:3"'
+  expect 2 "n-gram size out of range" -- run --speculative-num-draft-tokens 2 --speculative-draft ngram:0
+  check "names ngram:N" stderr_has "^dcp: error: --speculative-draft 'ngram:0': ngram:N needs 1 <= N <= 1024"
 }
 
 # DCP-native extend verifies; bench extend plots both paths

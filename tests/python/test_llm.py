@@ -492,6 +492,11 @@ def test_speculative_decoding_keeps_greedy_tokens_and_samples_as_without_it():
                  speculative_draft="target:1") as llm:
         assert tokens(llm, greedy) == want_greedy
         assert all(len(c) == 12 for out in tokens(llm, sampled) for c in out)
+    # N-gram lookup, no draft model: the same.
+    with dcp.LLM("tiny", tp_size=2, dcp_size=2, speculative_num_draft_tokens=3,
+                 speculative_draft="ngram:2") as llm:
+        assert tokens(llm, greedy) == want_greedy
+        assert all(len(c) == 12 for out in tokens(llm, sampled) for c in out)
 
 
 def test_a_refused_request_drops_the_whole_batch(text_llm):
@@ -529,7 +534,9 @@ def test_a_refused_request_drops_the_whole_batch(text_llm):
     (dict(model="tiny", speculative_num_draft_tokens=2, speculative_draft="deepseek-v3"),
      "speculative_draft 'deepseek-v3' has a vocabulary of 129280, the target 512"),
     (dict(model="tiny", speculative_num_draft_tokens=2, speculative_draft="nosuch"),
-     "speculative_draft 'nosuch' is neither target:N, a checkpoint folder nor a preset"),
+     "speculative_draft 'nosuch' is neither ngram:N, target:N, a checkpoint folder nor a preset"),
+    (dict(model="tiny", speculative_num_draft_tokens=2, speculative_draft="ngram:0"),
+     "speculative_draft 'ngram:0': ngram:N needs 1 <= N <= 1024"),
     (dict(model="tiny", weight_kernel="bogus"), "weight_kernel = 'bogus': kernel path 'bogus'"),
     (dict(model="tiny", weight_kernel="amx_bf16"), "weight_kernel = amx_bf16: kernel path amx_bf16 is an attention path"),
     # tiny's weights are fp32: nothing to pair (or, without AVX512-BF16, the path is unavailable)

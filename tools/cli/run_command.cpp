@@ -52,6 +52,7 @@ Workload reference_of(const Workload& w, const DeploymentReport& report) {
   s.parallel.replicate_q_proj = false;
   s.engine.record_logits = true;
   s.engine.num_draft_tokens = 0;
+  s.engine.ngram_draft = 0;
   s.draft.reset();
   s.engine.enable_prefix_cache = false;
   s.engine.host_kv_capacity_tokens = 0;

@@ -96,10 +96,8 @@ Workload build_workload(const RunOptions& o) {
     check_disaggregation(s.parallel, s.model_options, o.prefill_dcp_size);
   s.engine.extend_mode =
       o.dcp_extend == "native" ? ForwardMode::extend_native : ForwardMode::extend;
-  if (o.spec_tokens > 0) {
-    s.engine.num_draft_tokens = o.spec_tokens;
-    s.draft = draft_source(o.spec_draft, s.model, o.seed + 1, "--speculative-draft");
-  }
+  if (o.spec_tokens > 0)
+    set_speculation(s, o.spec_tokens, o.spec_draft, o.seed + 1, "--speculative-draft");
   if (s.transport == RankTransport::threads) {  // before anything is sized by the rank count
     DCP_ARG_CHECK(s.parallel.world_size() <= kMaxThreadRanks, "the configuration needs ",
                   s.parallel.world_size(), " ranks (--tp-size x --dp-size); --comm threads runs "
@@ -252,8 +250,11 @@ void add_deployment_flags(CLI::App* cmd, RunOptions& o) {
                                               "draft tokens per step (0: off)")
                                   ->check(at_least(0))
                                   ->capture_default_str();
-  cmd->add_option("--speculative-draft", o.spec_draft,
-                  "draft model: target:N (the target's first N layers), a preset, or a checkpoint")
+  cmd->add_option(
+         "--speculative-draft", o.spec_draft,
+         "the draft: ngram:N (no draft model: the tokens that followed the latest earlier "
+         "occurrence of the last n <= N tokens), target:N (the target's first N layers), a "
+         "preset, or a checkpoint")
       ->capture_default_str()
       ->needs(draft_tokens);
   cmd->add_flag("--enable-prefix-cache", o.prefix_cache,
