@@ -128,7 +128,7 @@ DeploymentSpec make_spec(const LlmConfig& c) {
     throw py::value_error("comm_timeout_s must be in [0, 1e9] seconds (0: wait forever)");
   }
   DeploymentSpec s;
-  if (std::filesystem::is_directory(c.model)) {
+  if (std::error_code ec; std::filesystem::is_directory(c.model, ec)) {
     s.model.config = read_checkpoint_config(c.model);
     if (c.num_layers > 0) {
       if (c.num_layers > s.model.config.num_hidden_layers) {

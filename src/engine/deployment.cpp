@@ -73,7 +73,7 @@ ModelSource draft_source(const std::string& name, const ModelSource& target,
                   ": target:N needs 1 <= N <= ", target.config.num_hidden_layers);
     d = target;
     d.config.num_hidden_layers = static_cast<int>(layers);
-  } else if (std::filesystem::is_directory(name)) {
+  } else if (std::error_code ec; std::filesystem::is_directory(name, ec)) {
     try {
       d.config = read_checkpoint_config(name);
     } catch (const Error& e) {  // the message names the folder

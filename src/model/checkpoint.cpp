@@ -101,7 +101,9 @@ void check_finite(const WeightMatrix& m, const std::string& dir, const std::stri
 class CheckpointWeights final : public WeightSource {
  public:
   explicit CheckpointWeights(const std::string& dir) : dir_(dir) {
-    DCP_CHECK(fs::is_directory(dir), io, "model_path = ", dir, " is not a directory");
+    std::error_code ec;
+    DCP_CHECK(fs::is_directory(dir, ec), io, "model_path = ", dir, " is not a directory",
+              ec ? str(" (", ec.message(), ")") : std::string());
     if (fs::exists(fs::path(dir) / "config.json")) {
       const ModelConfig c = read_checkpoint_config(dir);
       block_rows_ = c.weight_block_rows;
@@ -367,7 +369,9 @@ std::unique_ptr<WeightSource> open_checkpoint(const std::string& dir) {
 
 ModelConfig read_checkpoint_config(const std::string& dir) {
   const fs::path p = fs::path(dir) / "config.json";
-  DCP_CHECK(fs::exists(p), io, "checkpoint directory ", dir, " has no config.json");
+  std::error_code ec;  // a name the system refuses (too long) has none either
+  DCP_CHECK(fs::exists(p, ec), io, "checkpoint directory ", dir, " has no config.json",
+            ec ? str(" (", ec.message(), ")") : std::string());
   return parse_model_config(read_text(p));
 }
 

@@ -28,7 +28,8 @@ std::vector<std::int32_t> checkpoint_eos_token_ids(const std::string& model_dir,
   namespace fs = std::filesystem;
   for (const char* name : {"generation_config.json", "config.json"}) {
     const fs::path path = fs::path(model_dir) / name;
-    if (!fs::is_regular_file(path)) continue;
+    std::error_code ec;
+    if (!fs::is_regular_file(path, ec)) continue;
     const nlohmann::json j = read_json(path);
     // generation_config.json, when there is one, is the whole answer (as vLLM reads it).
     if (!j.is_object() || !j.contains("eos_token_id") || j["eos_token_id"].is_null()) return {};
@@ -51,7 +52,8 @@ SamplingDefaults checkpoint_sampling_defaults(const std::string& model_dir) {
   namespace fs = std::filesystem;
   const fs::path path = fs::path(model_dir) / "generation_config.json";
   SamplingDefaults d;
-  if (!fs::is_regular_file(path)) return d;
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return d;
   const nlohmann::json j = read_json(path);
   if (!j.is_object()) return d;
   // A number in [lo, hi] (lo excluded where `open_low`), or none when the field is absent.

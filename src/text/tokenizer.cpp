@@ -567,7 +567,7 @@ Tokenizer Tokenizer::from_sentencepiece(const std::string& model_bytes,
 bool Tokenizer::found_in(const std::string& dir) {
   namespace fs = std::filesystem;
   for (const char* name : {"tokenizer.json", "tiktoken.model", "tokenizer.model"})
-    if (fs::is_regular_file(fs::path(dir) / name)) return true;
+    if (std::error_code ec; fs::is_regular_file(fs::path(dir) / name, ec)) return true;
   return false;
 }
 

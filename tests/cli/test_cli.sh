@@ -140,6 +140,9 @@ case_run_combine() {
   check "one packed all-to-all" json_has '"collectives_per_layer": 1.0'
   expect 0 "prompt tokens, chunk not a multiple of N" -- run --prompt-tokens "5,6,7;8" --chunked-prefill-size 3 --max-new-tokens 2 --dump-logits "$tmp/logits.bin"
   check "logits file has a header" grep -q '"shape":\[4,512\]' "$tmp/logits.bin"
+  # A list longer than a file name may be is still a list, not an unreadable file.
+  expect 0 "a long inline prompt" -- run --prompt-tokens "$(seq -s, 1 300)" --max-new-tokens 2
+  check "its 300 tokens" stdout_has "request 0 (prompt 300)"
 }
 
 # configurations refused with one line naming the flag
@@ -156,6 +159,10 @@ case_run_refusals() {
   check "refused before any rank starts (no 'rank N:')" stderr_has "^dcp: error: --tp-size 16 must divide the model's 8 attention heads"
   expect 1 "missing checkpoint" -- run --model-path "$tmp/none"
   check "names --model-path" stderr_has "^dcp: error: --model-path: checkpoint directory $tmp/none has no config.json"
+  expect 1 "a checkpoint name too long for the system" -- run --model-path "$tmp/$(printf 'x%.0s' $(seq 1 300))"
+  check "names --model-path and why" stderr_has "^dcp: error: --model-path: checkpoint directory .* has no config.json (File name too long)"
+  expect 2 "a draft name too long for the system" -- run --speculative-num-draft-tokens 2 --speculative-draft "$(printf 'x%.0s' $(seq 1 300))"
+  check "names --speculative-draft" stderr_has "^dcp: error: --speculative-draft 'x*' is neither ngram:N"
   expect 1 "draft checkpoint without a config" -- run --speculative-num-draft-tokens 2 --speculative-draft "$tmp"
   check "names --speculative-draft, not --model-path" stderr_has "^dcp: error: --speculative-draft: checkpoint directory $tmp has no config.json"
   expect 2 "token id beyond int32" -- run --prompt-tokens "99999999999"

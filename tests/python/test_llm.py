@@ -509,6 +509,7 @@ def test_a_refused_request_drops_the_whole_batch(text_llm):
 
 @pytest.mark.parametrize("kwargs,message", [
     (dict(model="no-such-model"), "neither a checkpoint folder nor a preset"),
+    (dict(model="x" * 300), "neither a checkpoint folder nor a preset"),  # too long for a file name
     (dict(model="tiny", tp_size=4, dcp_size=3), "legal dcp_size values"),
     (dict(model="tiny", kv_cache_dtype="fp8"), "fp32"),
     (dict(model="tiny", max_total_tokens=0), "max_total_tokens = 0 must be >= 1"),

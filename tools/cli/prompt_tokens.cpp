@@ -63,7 +63,8 @@ std::vector<std::vector<std::int32_t>> parse_prompt_list(const std::string& text
 }
 
 std::vector<std::vector<std::int32_t>> read_prompts(const std::string& arg) {
-  if (!std::filesystem::is_regular_file(arg)) return parse_prompt_list(arg);
+  std::error_code ec;  // a long inline list is no file name: no error, just not a file
+  if (!std::filesystem::is_regular_file(arg, ec)) return parse_prompt_list(arg);
   std::vector<std::vector<std::int32_t>> prompts;
   std::ifstream in(arg);
   DCP_CHECK(in, io, "--prompt-tokens: cannot read '", arg, "'");
