@@ -54,21 +54,30 @@ std::unique_ptr<WeightSource> ModelSource::open() const {
   return make_synthetic_weights(synthetic_seed, config, synthetic_dtype);
 }
 
+namespace {
+
+// The N of "<prefix>N": the whole rest must be the number ("target:3x" is refused); 0 when it is
+// not.
+long long count_after(const std::string& name, std::string_view prefix) {
+  const std::string count = name.substr(prefix.size());
+  std::size_t used = 0;
+  long long n = 0;
+  try {
+    n = std::stoll(count, &used);
+  } catch (const std::exception&) {
+    return 0;
+  }
+  return used == count.size() ? n : 0;
+}
+
+}  // namespace
+
 ModelSource draft_source(const std::string& name, const ModelSource& target,
                          std::uint64_t preset_seed, std::string_view option) {
   const std::string who = str(option, " '", name, "'");
   ModelSource d;
   if (name.rfind("target:", 0) == 0) {
-    // The whole rest must be the count: "target:3x" is refused.
-    const std::string count = name.substr(7);
-    long long layers = 0;
-    std::size_t used = 0;
-    try {
-      layers = std::stoll(count, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != count.size() || count.empty()) layers = 0;
+    const long long layers = count_after(name, "target:");
     DCP_ARG_CHECK(layers >= 1 && layers <= target.config.num_hidden_layers, who,
                   ": target:N needs 1 <= N <= ", target.config.num_hidden_layers);
     d = target;
@@ -105,16 +114,8 @@ void set_speculation(DeploymentSpec& spec, int tokens, const std::string& draft,
     spec.draft = draft_source(draft, spec.model, preset_seed, option);
     return;
   }
-  // The whole rest must be the count: "ngram:3x" is refused.
-  const std::string count = draft.substr(6);
-  long long n = 0;
-  std::size_t used = 0;
-  try {
-    n = std::stoll(count, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  DCP_ARG_CHECK(!count.empty() && used == count.size() && n >= 1 && n <= 1024, option, " '", draft,
+  const long long n = count_after(draft, "ngram:");
+  DCP_ARG_CHECK(n >= 1 && n <= 1024, option, " '", draft,
                 "': ngram:N needs 1 <= N <= 1024 (the longest suffix looked up)");
   spec.engine.ngram_draft = static_cast<int>(n);
   spec.draft.reset();
