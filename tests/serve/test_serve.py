@@ -2252,6 +2252,9 @@ def case_speculative_sampling():
         want = plain.post("/v1/completions", body)[1]["choices"][0]["token_ids"]
         status, g = plain.post("/generate", gen)
         check(status == 200 and "spec_verify_ct" not in g["meta_info"], f"no draft: /generate {g}")
+        status, info = plain.request("GET", "/get_server_info")
+        check(status == 200 and info.get("speculative_algorithm", "absent") is None
+              and info["speculative_num_draft_tokens"] == 0, f"no draft: server info {info}")
     finally:
         plain.stop()
     greedy_want = run_tokens(PROMPT, 12, *flags)
@@ -2259,6 +2262,10 @@ def case_speculative_sampling():
         s = Server(*flags, "--speculative-num-draft-tokens", "3", "--speculative-draft", draft)
         try:
             check(f"speculative: 3 draft tokens from {draft}," in s.banner, f"banner: {s.banner}")
+            status, info = s.request("GET", "/get_server_info")
+            check(status == 200 and info["speculative_num_draft_tokens"] == 3
+                  and info["speculative_algorithm"] == ("NGRAM" if draft.startswith("ngram") else "STANDALONE"),
+                  f"{draft}: server info {info}")
             status, r = s.post("/v1/completions", body)
             c = r["choices"][0] if status == 200 else {}
             check(status == 200 and len(c.get("token_ids", [])) == 14

@@ -291,6 +291,10 @@ HttpReply OpenAiApi::server_info() const {
       {"max_queued_requests", deployment_.max_queued_requests()},
       {"disable_radix_cache", !e.enable_prefix_cache},
       {"speculative_num_draft_tokens", e.num_draft_tokens},
+      // SGLang's names: prompt lookup, or a draft model of its own.
+      {"speculative_algorithm", e.num_draft_tokens == 0 ? json(nullptr)
+                                : e.ngram_draft > 0     ? json("NGRAM")
+                                                        : json("STANDALONE")},
       {"disaggregation_prefill_dcp_size", deployment_.options().prefill_dcp_size},
       // What the scheduler holds now, over every replica.
       {"internal_states",
